@@ -1,0 +1,382 @@
+"""The full local cluster: kwokctl (binary runtime, our locally built binaries) for etcd,
+kube-apiserver, kube-controller-manager, kube-scheduler and the kwok controller with N fake
+nodes; plus the real JobSet and Kueue controllers as processes whose admission and conversion
+webhooks the apiserver calls on loopback.
+
+Everything is idempotent: ``up`` on a running cluster only fills in what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from . import addons, certs, processes
+from .controlplane import FEATURE_GATES
+from .kubectl import Kubectl
+from .versions import Binaries, binaries, cache_dir, ensure_binaries, versions
+
+DEFAULT_NAME = "jsi"
+DEFAULT_NODES = 4
+# Upstream defaults (kube-controller-manager >= 1.32): a silent node is marked Unknown after
+# node-monitor-grace-period, checked every node-monitor-period. Kept realistic on purpose: the
+# benchmarks compare against stock Kubernetes timing.
+NODE_MONITOR_GRACE_SECONDS = 50
+NODE_MONITOR_PERIOD_SECONDS = 5
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+
+
+def log(msg: str) -> None:
+    print(f"[cluster {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Ports:
+    jobset_webhook: int
+    jobset_health: int
+    jobset_metrics: int
+    kueue_webhook: int
+    kueue_health: int
+    kueue_metrics: int
+
+    @classmethod
+    def allocate(cls) -> Ports:
+        return cls(*(processes.free_port() for _ in range(6)))
+
+
+@dataclass
+class ClusterState:
+    """What ``up`` decided once and every later call reuses (``state.json``)."""
+
+    name: str
+    ports: Ports
+    pids: dict[str, int] = field(default_factory=dict)
+
+
+class LocalCluster:
+    def __init__(self, name: str = DEFAULT_NAME) -> None:
+        self.name = name
+        self.state_dir = cache_dir() / "clusters" / name
+        self.kwok_workdir = cache_dir() / "kwok"
+        self.kubeconfig = self.kwok_workdir / "clusters" / name / "kubeconfig.yaml"
+        self.logs_dir = self.state_dir / "logs"
+        self.cert_dir = self.state_dir / "webhook-certs"
+
+    # ----- state -------------------------------------------------------------------------
+    @property
+    def _state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    def _load_state(self) -> ClusterState:
+        if self._state_file.exists():
+            raw = json.loads(self._state_file.read_text())
+            return ClusterState(raw["name"], Ports(**raw["ports"]), raw.get("pids", {}))
+        return ClusterState(self.name, Ports.allocate())
+
+    def _save_state(self, state: ClusterState) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._state_file.write_text(json.dumps(asdict(state), indent=2))
+
+    # ----- kwokctl -----------------------------------------------------------------------
+    def _kwokctl(
+        self, bins: Binaries, *args: str, check: bool = True, capture: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            "KWOK_WORKDIR": str(self.kwok_workdir),
+            # kwokctl shells out to kubectl; make sure it finds the pinned one.
+            "PATH": f"{bins.kubernetes_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        return subprocess.run(
+            [str(bins.kwokctl), *args], env=env, text=True, check=check, capture_output=capture
+        )
+
+    def _kwokctl_config(self, bins: Binaries) -> Path:
+        cfg = {
+            "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+            "kind": "KwokctlConfiguration",
+            "options": {
+                "runtime": "binary",
+                "kubeVersion": versions().kubernetes,
+                "etcdVersion": versions().etcd,
+                "kwokVersion": versions().kwok,
+                "kubeApiserverBinary": str(bins.kube_apiserver),
+                "kubeControllerManagerBinary": str(bins.kube_controller_manager),
+                "kubeSchedulerBinary": str(bins.kube_scheduler),
+                "kubectlBinary": str(bins.kubectl),
+                "etcdBinary": str(bins.etcd),
+                "kwokControllerBinary": str(bins.kwok),
+                "kubeFeatureGates": FEATURE_GATES,
+                "kubeAuthorization": True,
+                "kubeAdmission": True,
+                "securePort": True,
+                "bindAddress": "127.0.0.1",
+                "heartbeatFactor": 1,
+                "kubeControllerManagerNodeMonitorGracePeriodMilliseconds": (
+                    NODE_MONITOR_GRACE_SECONDS * 1000
+                ),
+                "kubeControllerManagerNodeMonitorPeriodMilliseconds": NODE_MONITOR_PERIOD_SECONDS
+                * 1000,
+            },
+        }
+        path = self.state_dir / "kwokctl.yaml"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    def _kwok_cluster_exists(self, bins: Binaries) -> bool:
+        out = self._kwokctl(bins, "get", "clusters", check=False).stdout
+        return self.name in out.split()
+
+    def _api_ready(self) -> bool:
+        if not self.kubeconfig.exists():
+            return False
+        res = subprocess.run(
+            [
+                str(binaries().kubectl),
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "get",
+                "--raw",
+                "/readyz",
+                "--request-timeout=3s",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return res.returncode == 0
+
+    def _ensure_control_plane(self, bins: Binaries) -> None:
+        if self._kwok_cluster_exists(bins):
+            if self._api_ready():
+                log(f"control plane '{self.name}' already running")
+                return
+            log(f"control plane '{self.name}' exists but is stopped: starting it")
+            self._kwokctl(
+                bins, "start", "cluster", "--name", self.name, "--wait", "2m", capture=False
+            )
+        else:
+            log(f"creating control plane '{self.name}' with kwokctl (binary runtime) ...")
+            self._kwokctl(
+                bins,
+                "create",
+                "cluster",
+                "--name",
+                self.name,
+                "--config",
+                str(self._kwokctl_config(bins)),
+                "--kubeconfig",
+                str(self.state_dir / "kubeconfig-merged.yaml"),
+                "--wait",
+                "2m",
+                capture=False,
+            )
+        processes.wait_until("kube-apiserver", self._api_ready, 60)
+
+    def scale_nodes(self, count: int) -> None:
+        bins = ensure_binaries()
+        log(f"ensuring {count} kwok nodes ...")
+        self._kwokctl(
+            bins, "scale", "node", "--name", self.name, "--replicas", str(count), capture=False
+        )
+
+    # ----- JobSet + Kueue ----------------------------------------------------------------
+    def _controller_running(self, state: ClusterState, name: str) -> bool:
+        pid = state.pids.get(name)
+        return pid is not None and processes.pid_alive(pid)
+
+    def _start_addon(
+        self, state: ClusterState, name: str, cmd: list[str | Path], health_port: int
+    ) -> None:
+        logfile = self.logs_dir / f"{name}.log"
+        if self._controller_running(state, name):
+            log(f"{name} controller already running (pid {state.pids[name]})")
+        else:
+            proc = processes.start(
+                cmd, logfile, detach=True, env={"KUBECONFIG": str(self.kubeconfig)}
+            )
+            state.pids[name] = proc.pid
+            self._save_state(state)
+            log(f"started {name} controller (pid {proc.pid}, log {logfile})")
+        processes.wait_until(
+            f"{name} controller",
+            lambda: processes.http_ok(f"http://127.0.0.1:{health_port}/readyz"),
+            120,
+            log=logfile,
+        )
+
+    def _ensure_addons(self, bins: Binaries, state: ClusterState) -> None:
+        cert = certs.ensure_serving_cert(self.cert_dir, ips=["127.0.0.1"], dns=["localhost"])
+        kubectl = Kubectl(self.kubeconfig, bins.kubectl)
+        p = state.ports
+        jobset_src, kueue_src = addons.jobset_source(), addons.kueue_source()
+
+        log(f"installing JobSet {versions().jobset} CRDs and webhooks from {jobset_src}")
+        kubectl.apply_yaml(
+            addons.render(
+                jobset_src / "config/default",
+                f"https://127.0.0.1:{p.jobset_webhook}",
+                cert.ca_bundle(),
+                namespace="jobset-system",
+            ),
+            server_side=True,
+        )
+        log(f"installing Kueue {versions().kueue} CRDs and webhooks from {kueue_src}")
+        kubectl.apply_yaml(
+            addons.render(
+                kueue_src / "config/default",
+                f"https://127.0.0.1:{p.kueue_webhook}",
+                cert.ca_bundle(),
+                namespace="kueue-system",
+            ),
+            server_side=True,
+        )
+
+        jobset_cfg = self.state_dir / "jobset-config.yaml"
+        jobset_cfg.write_text(
+            yaml.safe_dump(
+                addons.jobset_config(
+                    webhook_port=p.jobset_webhook,
+                    health_port=p.jobset_health,
+                    metrics_port=p.jobset_metrics,
+                    cert_dir=self.cert_dir,
+                )
+            )
+        )
+        kueue_cfg = self.state_dir / "kueue-config.yaml"
+        kueue_cfg.write_text(
+            yaml.safe_dump(
+                addons.kueue_config(
+                    webhook_port=p.kueue_webhook,
+                    health_port=p.kueue_health,
+                    metrics_port=p.kueue_metrics,
+                    cert_dir=self.cert_dir,
+                )
+            )
+        )
+
+        self._start_addon(
+            state,
+            "jobset",
+            [bins.jobset, "--config", jobset_cfg, "--kubeconfig", self.kubeconfig],
+            p.jobset_health,
+        )
+        # The visibility API server needs an in-cluster APIService; it is not used here.
+        self._start_addon(
+            state,
+            "kueue",
+            [
+                bins.kueue,
+                "--config",
+                kueue_cfg,
+                "--kubeconfig",
+                self.kubeconfig,
+                "--feature-gates",
+                "VisibilityOnDemand=false",
+            ],
+            p.kueue_health,
+        )
+        kubectl.wait_crds_established(
+            [
+                "jobsets.jobset.x-k8s.io",
+                "workloads.kueue.x-k8s.io",
+                "clusterqueues.kueue.x-k8s.io",
+                "localqueues.kueue.x-k8s.io",
+            ]
+        )
+        self._wait_webhooks_serving(kubectl)
+
+    def _wait_webhooks_serving(self, kubectl: Kubectl) -> None:
+        """A server-side dry-run create goes through JobSet's and Kueue's admission webhooks:
+        it only succeeds once the apiserver really reaches both."""
+        probe = yaml.safe_dump(
+            {
+                "apiVersion": "jobset.x-k8s.io/v1alpha2",
+                "kind": "JobSet",
+                "metadata": {"name": "webhook-probe", "namespace": "default"},
+                "spec": {
+                    "replicatedJobs": [
+                        {
+                            "name": "w",
+                            "replicas": 1,
+                            "template": {
+                                "spec": {
+                                    "template": {
+                                        "spec": {
+                                            "restartPolicy": "Never",
+                                            "containers": [{"name": "c", "image": "busybox"}],
+                                        }
+                                    }
+                                }
+                            },
+                        }
+                    ]
+                },
+            }
+        )
+
+        def ok() -> bool:
+            try:
+                kubectl.run("create", "--dry-run=server", "-f", "-", stdin=probe)
+            except RuntimeError:
+                return False
+            return True
+
+        processes.wait_until("JobSet/Kueue admission webhooks", ok, 60)
+        log("JobSet and Kueue admission webhooks are serving")
+
+    # ----- public ------------------------------------------------------------------------
+    def up(self, nodes: int = DEFAULT_NODES) -> None:
+        t0 = time.monotonic()
+        bins = ensure_binaries()
+        state = self._load_state()
+        self._save_state(state)
+        self._ensure_control_plane(bins)
+        self.scale_nodes(nodes)
+        self._ensure_addons(bins, state)
+        log(f"cluster '{self.name}' ready in {time.monotonic() - t0:.1f}s")
+        self.print_info()
+
+    def is_up(self) -> bool:
+        state = self._load_state()
+        return (
+            self._api_ready()
+            and self._controller_running(state, "jobset")
+            and self._controller_running(state, "kueue")
+        )
+
+    def down(self) -> None:
+        bins = ensure_binaries()
+        state = self._load_state()
+        for name, pid in state.pids.items():
+            log(f"stopping {name} controller (pid {pid})")
+            processes.stop_pid(pid)
+        if self._kwok_cluster_exists(bins):
+            log(f"deleting control plane '{self.name}'")
+            self._kwokctl(
+                bins,
+                "delete",
+                "cluster",
+                "--name",
+                self.name,
+                "--kubeconfig",
+                str(self.state_dir / "kubeconfig-merged.yaml"),
+                capture=False,
+            )
+        if self._state_file.exists():
+            self._state_file.unlink()
+        log(f"cluster '{self.name}' is down (logs kept in {self.logs_dir})")
+
+    def print_info(self) -> None:
+        print(f"kubeconfig: {self.kubeconfig}")
+        print(f"  export KUBECONFIG={self.kubeconfig}")
+        print(f"control-plane logs: {self.kwok_workdir / 'clusters' / self.name / 'logs'}")
+        print(f"JobSet/Kueue logs:  {self.logs_dir}")

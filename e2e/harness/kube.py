@@ -1,0 +1,97 @@
+"""Small helpers over the official Kubernetes client for tests: clients from a kubeconfig,
+throwaway namespaces, bounded waits that report what they last saw."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+T = TypeVar("T")
+
+JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
+
+
+@dataclass(frozen=True)
+class Clients:
+    api: client.ApiClient
+    core: client.CoreV1Api
+    custom: client.CustomObjectsApi
+    coordination: client.CoordinationV1Api
+
+
+def clients(kubeconfig: Path) -> Clients:
+    api = config.new_client_from_config(config_file=str(kubeconfig))
+    return Clients(
+        api, client.CoreV1Api(api), client.CustomObjectsApi(api), client.CoordinationV1Api(api)
+    )
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.5) -> T:
+    """Call ``probe`` until it returns something truthy; return it. On timeout, fail with
+    ``what`` and the last value seen, so a failing test says where it got stuck."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while True:
+        last = probe()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}"
+            )
+        time.sleep(interval)
+
+
+@contextmanager
+def temporary_namespace(c: Clients, prefix: str, *, default_sa: bool = False) -> Iterator[str]:
+    """A fresh namespace, deleted afterwards whatever happened in between.
+
+    ``default_sa`` creates the ``default`` ServiceAccount, which pod admission requires and
+    which only kube-controller-manager would otherwise create (the integration control plane
+    runs none)."""
+    name = f"{prefix[:40].lower().replace('_', '-').strip('-')}-{uuid.uuid4().hex[:6]}"
+    c.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    if default_sa:
+        sa = client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="default"))
+        try:
+            c.core.create_namespaced_service_account(name, sa)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+    try:
+        yield name
+    finally:
+        try:
+            c.core.delete_namespace(name, propagation_policy="Background")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+
+def get_jobset(c: Clients, namespace: str, name: str) -> dict[str, Any]:
+    obj: dict[str, Any] = c.custom.get_namespaced_custom_object(
+        JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name
+    )
+    return obj
+
+
+def create_jobset(c: Clients, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    obj: dict[str, Any] = c.custom.create_namespaced_custom_object(
+        JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, body
+    )
+    return obj
+
+
+def node_ready_status(node: client.V1Node) -> str:
+    for cond in node.status.conditions or []:
+        if cond.type == "Ready":
+            return str(cond.status)
+    return "Missing"

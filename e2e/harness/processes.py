@@ -1,0 +1,119 @@
+"""Starting, probing and stopping local component processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(
+    cmd: Sequence[str | Path], log: Path, *, detach: bool = False, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a process with stdout+stderr appended to ``log``.
+
+    ``detach`` puts it in its own session so it outlives the caller (cluster-up)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [str(c) for c in cmd],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=detach,
+            env={**os.environ, **(env or {})},
+        )
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_pid(pid: int, timeout: float = 10) -> None:
+    """SIGTERM a detached process group, SIGKILL it if it lingers."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not pid_alive(pid):
+                return
+            time.sleep(0.1)
+
+
+def wait_until(
+    what: str,
+    check: Callable[[], bool],
+    timeout: float,
+    interval: float = 0.2,
+    log: Path | None = None,
+) -> None:
+    """Poll ``check`` until it is true; on timeout raise with the tail of ``log``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(interval)
+    tail = ""
+    if log and log.exists():
+        tail = "\n--- last lines of " + str(log) + " ---\n"
+        tail += "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+    raise TimeoutError(f"{what} not ready after {timeout:.0f}s{tail}")
+
+
+def https_ok(url: str, *, token: str | None = None, cafile: Path | None = None) -> bool:
+    """True when ``url`` answers 200 (TLS verified against ``cafile`` when given)."""
+    ctx = (
+        ssl.create_default_context(cafile=str(cafile))
+        if cafile
+        else ssl._create_unverified_context()
+    )
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=2) as resp:
+            return int(resp.status) == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, ssl.SSLError):
+        return False
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return int(resp.status) == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
