@@ -48,7 +48,7 @@ build_kubernetes() {
   for c in "${components[@]}"; do [[ -x "$dir/$c" ]] || missing=1; done
   if (( missing == 0 )); then log "cached   kubernetes $v ($dir)"; return; fi
 
-  if [[ ! -f "$mod/go.sum" ]]; then
+  if [[ ! -f "$mod/.resolved" ]]; then
     log "resolving k8s.io/kubernetes@$v (staging modules -> $staging) ..."
     (
       cd "$mod"
@@ -76,6 +76,7 @@ build_kubernetes() {
         echo ")"
       } > tools.go
       go mod tidy
+      touch .resolved
     )
   fi
   local major="${v#v}"; major="${major%%.*}"
@@ -102,7 +103,7 @@ module_build() {
   if (( missing == 0 )); then log "cached   $key $v ($dir)"; return; fi
   mkdir -p "$dir" "$mod"
   cd "$mod"
-  if [[ ! -f go.sum ]]; then
+  if [[ ! -f .resolved ]]; then
     log "resolving $module@$v ..."
     printf 'module jobset-inplace.dev/build/%s\n\ngo 1.25.0\n\nrequire %s %s\n' \
       "$key" "$module" "$v" > go.mod
@@ -111,7 +112,13 @@ module_build() {
       for pkg in "$@"; do printf '\t_ "%s"\n' "${pkg%%=*}"; done
       printf ')\n'
     } > tools.go
+    # Start from the checksums the upstream module pins for its own dependencies: some of them
+    # (e.g. Kueue's sigs.k8s.io/scheduler-library pre-release) are not in the checksum database.
+    local src
+    src="$(go mod download -json "$module@$v" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+    if [[ -f "$src/go.sum" ]]; then cp "$src/go.sum" go.sum && chmod u+w go.sum; fi
     go mod tidy
+    touch .resolved
   fi
   for pkg in "$@"; do go_build "$dir/$(bin_name "$pkg")" "${pkg%%=*}" "$ldflags"; done
 }

@@ -21,7 +21,7 @@ import yaml
 from . import addons, certs, processes
 from .controlplane import FEATURE_GATES
 from .kubectl import Kubectl
-from .versions import Binaries, binaries, cache_dir, ensure_binaries, versions
+from .versions import Binaries, binaries, cache_dir, ensure_binaries, module_source, versions
 
 DEFAULT_NAME = "jsi"
 DEFAULT_NODES = 4
@@ -31,10 +31,30 @@ DEFAULT_NODES = 4
 NODE_MONITOR_GRACE_SECONDS = 50
 NODE_MONITOR_PERIOD_SECONDS = 5
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+# Kueue (v0.19) reads its metrics serving cert from this fixed path whenever its internal
+# certificate management is off; there is no setting for it.
+KUEUE_METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
 
 
 def log(msg: str) -> None:
     print(f"[cluster {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# kwok's default Stages minus ``pod-complete``, which would finish every Job pod a moment
+# after it starts Running: training pods here run until a test says otherwise. (Passing any
+# Stage to kwokctl replaces all of its defaults, hence the full list.)
+KWOK_STAGE_FILES = (
+    "kustomize/stage/node/fast/node-initialize.yaml",
+    "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "kustomize/stage/pod/fast/pod-ready.yaml",
+    "kustomize/stage/pod/fast/pod-delete.yaml",
+)
+
+
+def kwok_stages() -> list[dict[str, object]]:
+    """The Stages above, read from the pinned kwok module source."""
+    src = module_source("sigs.k8s.io/kwok", versions().kwok)
+    return [yaml.safe_load((src / f).read_text()) for f in KWOK_STAGE_FILES]
 
 
 @dataclass
@@ -102,6 +122,20 @@ class LocalCluster:
         cfg = {
             "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
             "kind": "KwokctlConfiguration",
+            # kwokctl's kwok-controller manages all nodes by default; here it must leave real
+            # kubelet nodes alone and let a test silence one kwok node (kwoknodes.py).
+            "componentsPatches": [
+                {
+                    "name": "kwok-controller",
+                    "extraArgs": [
+                        {"key": "manage-all-nodes", "value": "false", "override": True},
+                        {
+                            "key": "manage-nodes-with-annotation-selector",
+                            "value": f"{KWOK_NODE_ANNOTATION}=fake",
+                        },
+                    ],
+                }
+            ],
             "options": {
                 "runtime": "binary",
                 "kubeVersion": versions().kubernetes,
@@ -128,7 +162,7 @@ class LocalCluster:
         }
         path = self.state_dir / "kwokctl.yaml"
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(cfg))
+        path.write_text(yaml.safe_dump_all([cfg, *kwok_stages()]))
         return path
 
     def _kwok_cluster_exists(self, bins: Binaries) -> bool:
@@ -206,12 +240,15 @@ class LocalCluster:
             state.pids[name] = proc.pid
             self._save_state(state)
             log(f"started {name} controller (pid {proc.pid}, log {logfile})")
-        processes.wait_until(
-            f"{name} controller",
-            lambda: processes.http_ok(f"http://127.0.0.1:{health_port}/readyz"),
-            120,
-            log=logfile,
-        )
+        pid = state.pids[name]
+
+        def ready() -> bool:
+            if not processes.pid_alive(pid):
+                tail = "\n".join(logfile.read_text(errors="replace").splitlines()[-15:])
+                raise RuntimeError(f"{name} controller exited; last lines of {logfile}:\n{tail}")
+            return processes.http_ok(f"http://127.0.0.1:{health_port}/readyz")
+
+        processes.wait_until(f"{name} controller", ready, 120, log=logfile)
 
     def _ensure_addons(self, bins: Binaries, state: ClusterState) -> None:
         cert = certs.ensure_serving_cert(self.cert_dir, ips=["127.0.0.1"], dns=["localhost"])
@@ -238,6 +275,12 @@ class LocalCluster:
                 namespace="kueue-system",
             ),
             server_side=True,
+        )
+
+        # Both controllers set up informers at start and exit if a kind is not served yet.
+        crds = kubectl.run("get", "crd", "-o", "jsonpath={.items[*].metadata.name}").split()
+        kubectl.wait_crds_established(
+            [c for c in crds if c.endswith((".jobset.x-k8s.io", ".kueue.x-k8s.io"))]
         )
 
         jobset_cfg = self.state_dir / "jobset-config.yaml"
@@ -269,6 +312,7 @@ class LocalCluster:
             [bins.jobset, "--config", jobset_cfg, "--kubeconfig", self.kubeconfig],
             p.jobset_health,
         )
+        self._install_kueue_metrics_cert(cert)
         # The visibility API server needs an in-cluster APIService; it is not used here.
         self._start_addon(
             state,
@@ -284,15 +328,22 @@ class LocalCluster:
             ],
             p.kueue_health,
         )
-        kubectl.wait_crds_established(
-            [
-                "jobsets.jobset.x-k8s.io",
-                "workloads.kueue.x-k8s.io",
-                "clusterqueues.kueue.x-k8s.io",
-                "localqueues.kueue.x-k8s.io",
-            ]
-        )
         self._wait_webhooks_serving(kubectl)
+
+    @staticmethod
+    def _install_kueue_metrics_cert(cert: certs.ServingCert) -> None:
+        try:
+            KUEUE_METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
+            for src in (cert.crt, cert.key):
+                dst = KUEUE_METRICS_CERT_DIR / src.name
+                if not dst.exists() or dst.read_bytes() != src.read_bytes():
+                    dst.write_bytes(src.read_bytes())
+        except PermissionError as e:
+            raise RuntimeError(
+                f"Kueue needs its metrics certificate in {KUEUE_METRICS_CERT_DIR} (fixed path in "
+                f"Kueue when internal cert management is off); cannot write there: {e}. "
+                "Run as root or create that directory writable for this user."
+            ) from e
 
     def _wait_webhooks_serving(self, kubectl: Kubectl) -> None:
         """A server-side dry-run create goes through JobSet's and Kueue's admission webhooks:

@@ -43,12 +43,13 @@ class Kubectl:
         waiting when a just-created CRD has no status yet)."""
         path = '{.status.conditions[?(@.type=="Established")].status}'
 
-        def established(name: str) -> bool:
-            out = self.run("get", f"crd/{name}", "-o", f"jsonpath={path}", check=False)
-            return out.strip() == "True"
-
         for name in names:
-            wait_until(f"CRD {name} Established", lambda n=name: established(n), timeout)
+
+            def established(name: str = name) -> bool:
+                out = self.run("get", f"crd/{name}", "-o", f"jsonpath={path}", check=False)
+                return out.strip() == "True"
+
+            wait_until(f"CRD {name} Established", established, timeout)
 
 
 def kustomize(directory: Path) -> str:

@@ -51,13 +51,12 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
 
 
 def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (exited, not yet reaped) counts as gone."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def stop_pid(pid: int, timeout: float = 10) -> None:

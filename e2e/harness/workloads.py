@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 KWOK_NODE_SELECTOR = {"type": "kwok"}
+
+
+def e2e_node_selector() -> dict[str, str]:
+    """Where e2e pods go: kwok nodes on the local cluster; ``JSI_E2E_NODE_SELECTOR``
+    (``key=value[,key=value]``) on other clusters."""
+    raw = os.environ.get("JSI_E2E_NODE_SELECTOR")
+    if not raw:
+        return dict(KWOK_NODE_SELECTOR)
+    pairs = [p.partition("=") for p in raw.split(",") if p]
+    bad = [k for k, sep, _ in pairs if not sep or not k]
+    if bad:
+        raise ValueError(f"JSI_E2E_NODE_SELECTOR must be key=value[,key=value], got {raw!r}")
+    return {k: v for k, _, v in pairs}
 
 
 def jobset(
@@ -32,7 +46,7 @@ def jobset(
                             "template": {
                                 "spec": {
                                     "restartPolicy": "Never",
-                                    "nodeSelector": node_selector or KWOK_NODE_SELECTOR,
+                                    "nodeSelector": node_selector or e2e_node_selector(),
                                     "containers": [
                                         {
                                             "name": "trainer",

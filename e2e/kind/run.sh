@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Run the e2e suite on a kind cluster (hosts with Docker only; not run by this project's CI).
+# JobSet and Kueue are installed from the pinned module sources with their release images.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$here/../.."
+source "$here/../versions.env"
+
+command -v kind >/dev/null || { echo "kind not found: install kind and a Docker engine" >&2; exit 2; }
+docker info >/dev/null 2>&1 || { echo "no Docker engine reachable: this path needs one" >&2; exit 2; }
+
+kubeconfig="${JSI_KIND_KUBECONFIG:-$HOME/.kube/jsi-kind.yaml}"
+if ! kind get clusters | grep -qx jsi; then
+  kind create cluster --config "$here/cluster.yaml" --kubeconfig "$kubeconfig" --wait 5m
+fi
+export KUBECONFIG="$kubeconfig"
+gomod="$(go env GOMODCACHE)"
+go mod download "sigs.k8s.io/jobset@$JOBSET_VERSION" "sigs.k8s.io/kueue@$KUEUE_VERSION"
+kubectl kustomize "$gomod/sigs.k8s.io/jobset@$JOBSET_VERSION/config/default" |
+  sed "s#image: .*/jobset:.*#image: registry.k8s.io/jobset/jobset:$JOBSET_VERSION#" |
+  kubectl apply --server-side -f -
+kubectl kustomize "$gomod/sigs.k8s.io/kueue@$KUEUE_VERSION/config/default" |
+  sed "s#image: .*/kueue:.*#image: registry.k8s.io/kueue/kueue:$KUEUE_VERSION#" |
+  kubectl apply --server-side -f -
+kubectl -n jobset-system rollout status deploy/jobset-controller-manager --timeout=5m
+kubectl -n kueue-system rollout status deploy/kueue-controller-manager --timeout=5m
+
+cd "$repo"
+JSI_KUBECONFIG="$kubeconfig" JSI_E2E_NODE_SELECTOR="${JSI_E2E_NODE_SELECTOR:-kubernetes.io/os=linux}" \
+  .venv/bin/python -m pytest e2e "$@"
