@@ -216,6 +216,8 @@ kill_tasks() {
         netns_inodes+=("$(stat -L -c %i "/proc/$pid/ns/net" 2>/dev/null || true)")
       fi
       ctr_ -n "$ns" tasks kill -a -s SIGKILL "$id" >/dev/null 2>&1 || true
+      # CNI result caches (loopback, bridge) of a sandbox that will get no CNI DEL.
+      rm -f /var/lib/cni/results/*-"$id"-* 2>/dev/null || true
     done < <(ctr_ -n "$ns" tasks ls 2>/dev/null)
   done
   sleep 0.5
@@ -285,6 +287,8 @@ purge() {
   rm -rf "$dir" "/var/lib/cni/networks/$netname" "/var/lib/cni/results/$netname-"*
   if ip link show "$bridge" >/dev/null 2>&1; then ip link del "$bridge"; fi
   if [[ "$(cat "$claims/$bridge" 2>/dev/null)" == "$node" ]]; then rm -f "$claims/$bridge"; fi
+  # Parent cgroups that `ctr run` creates (/<namespace>/<id>); rmdir only removes empty ones.
+  rmdir /sys/fs/cgroup/*/k8s.io /sys/fs/cgroup/*/default 2>/dev/null || true
   log "purged $dir, bridge $bridge, IPAM state of $netname"
 }
 
