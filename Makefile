@@ -7,6 +7,7 @@ PY := $(VENV)/bin/python
 JSI_CACHE_DIR ?= $(HOME)/.cache/jobset-inplace
 export JSI_CACHE_DIR
 NODES ?= 4
+REAL_NODES ?= 2
 PYTEST_ARGS ?=
 
 .PHONY: help venv binaries lint test unit integration e2e e2e-kind cluster-up cluster-down \
@@ -43,8 +44,8 @@ e2e: venv binaries ## e2e suite; JSI_KUBECONFIG=... to run against an existing c
 test: venv binaries lint ## everything: lint, unit, integration, e2e on the local cluster
 	$(PY) -m pytest tests e2e $(PYTEST_ARGS)
 
-cluster-up: venv binaries ## local cluster: control plane, NODES kwok nodes, JobSet, Kueue
-	$(PY) -m e2e.harness up --nodes $(NODES)
+cluster-up: venv binaries ## local cluster: control plane, NODES kwok + REAL_NODES kubelet nodes, JobSet, Kueue
+	$(PY) -m e2e.harness up --nodes $(NODES) --real-nodes $(REAL_NODES)
 
 cluster-down: venv ## stop and delete the local cluster
 	$(PY) -m e2e.harness down

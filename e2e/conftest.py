@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.harness.cluster import DEFAULT_NODES, LocalCluster
+from e2e.harness.cluster import DEFAULT_NODES, DEFAULT_REAL_NODES, LocalCluster
 from e2e.harness.kube import Clients, clients, temporary_namespace
 
 
@@ -21,7 +21,10 @@ def local_cluster() -> Iterator[LocalCluster | None]:
         return
     cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
     created = not cluster.is_up()
-    cluster.up(int(os.environ.get("JSI_NODES", DEFAULT_NODES)))
+    cluster.up(
+        int(os.environ.get("JSI_NODES", DEFAULT_NODES)),
+        int(os.environ.get("JSI_REAL_NODES", DEFAULT_REAL_NODES)),
+    )
     try:
         yield cluster
     finally:

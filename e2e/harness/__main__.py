@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from .cluster import DEFAULT_NAME, DEFAULT_NODES, LocalCluster
+from .cluster import DEFAULT_NAME, DEFAULT_NODES, DEFAULT_REAL_NODES, LocalCluster
 from .versions import ensure_binaries
 
 
@@ -27,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
         default=int(os.environ.get("JSI_NODES", DEFAULT_NODES)),
         help="number of kwok nodes (default: %(default)s)",
     )
+    up.add_argument(
+        "--real-nodes",
+        type=int,
+        default=int(os.environ.get("JSI_REAL_NODES", DEFAULT_REAL_NODES)),
+        help="number of real kubelet nodes (default: %(default)s; 0 for none)",
+    )
     sub.add_parser("down", help="stop and delete the cluster")
     sub.add_parser("status", help="say whether the cluster is up and where it lives")
     sub.add_parser("binaries", help="build any missing upstream binaries")
@@ -39,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "up":
         if args.nodes < 1:
             parser.error("--nodes must be a positive integer")
-        cluster.up(args.nodes)
+        if args.real_nodes < 0:
+            parser.error("--real-nodes must be 0 or a positive integer")
+        cluster.up(args.nodes, args.real_nodes)
     elif args.command == "down":
         cluster.down()
     elif args.command == "status":

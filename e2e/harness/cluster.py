@@ -25,6 +25,10 @@ from .versions import Binaries, binaries, cache_dir, ensure_binaries, module_sou
 
 DEFAULT_NAME = "jsi"
 DEFAULT_NODES = 4
+# Real kubelet nodes (containerd + runc) beside the kwok nodes: in-place restarts need them.
+DEFAULT_REAL_NODES = 2
+REAL_NODE_LABEL = "jobset-inplace.dev/real-node"
+REALNODE_DIR = Path(__file__).resolve().parent.parent / "realnode"
 # Upstream defaults (kube-controller-manager >= 1.32): a silent node is marked Unknown after
 # node-monitor-grace-period, checked every node-monitor-period. Kept realistic on purpose: the
 # benchmarks compare against stock Kubernetes timing.
@@ -78,6 +82,7 @@ class ClusterState:
     name: str
     ports: Ports
     pids: dict[str, int] = field(default_factory=dict)
+    real_nodes: list[str] = field(default_factory=list)
 
 
 class LocalCluster:
@@ -86,6 +91,7 @@ class LocalCluster:
         self.state_dir = cache_dir() / "clusters" / name
         self.kwok_workdir = cache_dir() / "kwok"
         self.kubeconfig = self.kwok_workdir / "clusters" / name / "kubeconfig.yaml"
+        self.pki = self.kwok_workdir / "clusters" / name / "pki"
         self.logs_dir = self.state_dir / "logs"
         self.cert_dir = self.state_dir / "webhook-certs"
 
@@ -97,7 +103,9 @@ class LocalCluster:
     def _load_state(self) -> ClusterState:
         if self._state_file.exists():
             raw = json.loads(self._state_file.read_text())
-            return ClusterState(raw["name"], Ports(**raw["ports"]), raw.get("pids", {}))
+            return ClusterState(
+                raw["name"], Ports(**raw["ports"]), raw.get("pids", {}), raw.get("real_nodes", [])
+            )
         return ClusterState(self.name, Ports.allocate())
 
     def _save_state(self, state: ClusterState) -> None:
@@ -126,6 +134,16 @@ class LocalCluster:
             # kubelet nodes alone and let a test silence one kwok node (kwoknodes.py).
             "componentsPatches": [
                 {
+                    # `kubectl logs/exec` on real kubelet nodes: the apiserver dials the node IP
+                    # and authenticates with the admin cert, signed by the CA the kubelets trust.
+                    "name": "kube-apiserver",
+                    "extraArgs": [
+                        {"key": "kubelet-client-certificate", "value": str(self.pki / "admin.crt")},
+                        {"key": "kubelet-client-key", "value": str(self.pki / "admin.key")},
+                        {"key": "kubelet-preferred-address-types", "value": "InternalIP"},
+                    ],
+                },
+                {
                     "name": "kwok-controller",
                     "extraArgs": [
                         {"key": "manage-all-nodes", "value": "false", "override": True},
@@ -134,7 +152,7 @@ class LocalCluster:
                             "value": f"{KWOK_NODE_ANNOTATION}=fake",
                         },
                     ],
-                }
+                },
             ],
             "options": {
                 "runtime": "binary",
@@ -384,8 +402,34 @@ class LocalCluster:
         processes.wait_until("JobSet/Kueue admission webhooks", ok, 60)
         log("JobSet and Kueue admission webhooks are serving")
 
+    # ----- real kubelet nodes ------------------------------------------------------------
+    def real_node_names(self, count: int) -> list[str]:
+        return [f"{self.name}-real-{i}" for i in range(1, count + 1)]
+
+    def _realnode(self, script: str, *args: str) -> None:
+        env = {**os.environ, "JSI_KUBELET_CLIENT_CA_FILE": str(self.pki / "ca.crt")}
+        subprocess.run(["bash", str(REALNODE_DIR / script), *args], check=True, env=env)
+
+    def _ensure_real_nodes(self, state: ClusterState, count: int) -> None:
+        if count == 0:
+            return
+        log(f"ensuring {count} real kubelet node(s) (containerd + runc, local images) ...")
+        self._realnode("install-runtime.sh")
+        self._realnode("build-images.sh")
+        for node in self.real_node_names(count):
+            if node not in state.real_nodes:
+                state.real_nodes.append(node)
+                self._save_state(state)
+            self._realnode("kubelet.sh", "up", node, str(self.kubeconfig))
+
+    def _remove_real_nodes(self, state: ClusterState) -> None:
+        for node in state.real_nodes:
+            log(f"removing real node {node} (kubelet, containerd, its containers)")
+            self._realnode("kubelet.sh", "purge", node)
+        state.real_nodes.clear()
+
     # ----- public ------------------------------------------------------------------------
-    def up(self, nodes: int = DEFAULT_NODES) -> None:
+    def up(self, nodes: int = DEFAULT_NODES, real_nodes: int = DEFAULT_REAL_NODES) -> None:
         t0 = time.monotonic()
         bins = ensure_binaries()
         state = self._load_state()
@@ -393,6 +437,7 @@ class LocalCluster:
         self._ensure_control_plane(bins)
         self.scale_nodes(nodes)
         self._ensure_addons(bins, state)
+        self._ensure_real_nodes(state, real_nodes)
         log(f"cluster '{self.name}' ready in {time.monotonic() - t0:.1f}s")
         self.print_info()
 
@@ -407,6 +452,7 @@ class LocalCluster:
     def down(self) -> None:
         bins = ensure_binaries()
         state = self._load_state()
+        self._remove_real_nodes(state)
         for name, pid in state.pids.items():
             log(f"stopping {name} controller (pid {pid})")
             processes.stop_pid(pid)
