@@ -1,0 +1,43 @@
+"""Names of jobset-inplace's API surface, defined once: the API group, the gang-state resource,
+annotation keys, labels, condition types and exit codes."""
+
+from __future__ import annotations
+
+from typing import Final
+
+GROUP: Final = "jobset-inplace.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+GANGSTATE_KIND: Final = "GangState"
+GANGSTATE_PLURAL: Final = "gangstates"
+
+# --- JobSet annotations (the user-facing opt-in and policy; see docs/annotations.md) -----------
+PREFIX: Final = f"{GROUP}/"
+ENABLED: Final = f"{PREFIX}enabled"
+INPLACE_BUDGET: Final = f"{PREFIX}inplace-budget"
+RECREATE_BUDGET: Final = f"{PREFIX}recreate-budget"
+BARRIER_TIMEOUT: Final = f"{PREFIX}barrier-timeout"
+NODE_UNHEALTHY_AFTER: Final = f"{PREFIX}node-unhealthy-after"
+UNHEALTHY_TAINTS: Final = f"{PREFIX}unhealthy-node-taints"
+UNHEALTHY_CONDITIONS: Final = f"{PREFIX}unhealthy-node-conditions"
+FORCE_DELETE: Final = f"{PREFIX}force-delete"
+MEMBER_REPEAT_LIMIT: Final = f"{PREFIX}member-repeat-limit"
+NO_COMMON_CHECKPOINT: Final = f"{PREFIX}no-common-checkpoint"
+RESTART_EXIT_CODE: Final = f"{PREFIX}restart-exit-code"
+
+# --- Pod annotations written by the agent (its only write; reports to the controller) ---------
+REPORT_EPOCH: Final = f"{PREFIX}epoch"
+REPORT_STEPS: Final = f"{PREFIX}checkpoint-steps"
+
+# --- Pod condition set by the controller to escalate through JobSet's failure policy ---------
+ESCALATION_CONDITION: Final = "JobsetInplaceEscalated"
+
+DEFAULT_RESTART_EXIT_CODE: Final = 88
+
+# --- Labels and annotations JobSet and the Job controller put on pods -------------------------
+JOBSET_NAME_LABEL: Final = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL: Final = "jobset.sigs.k8s.io/replicatedjob-name"
+JOB_INDEX_LABEL: Final = "jobset.sigs.k8s.io/job-index"
+RESTART_ATTEMPT_LABEL: Final = "jobset.sigs.k8s.io/restart-attempt"
+COMPLETION_INDEX_LABEL: Final = "batch.kubernetes.io/job-completion-index"

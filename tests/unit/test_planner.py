@@ -1,0 +1,367 @@
+"""The recovery planner, one guarantee at a time (design brief guarantees 1-6 and 8)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from jobset_inplace.model import (
+    Cause,
+    EscalatePod,
+    Event,
+    GangStatus,
+    NodeView,
+    Phase,
+    Plan,
+    ReplacePod,
+    Snapshot,
+)
+from jobset_inplace.planner import plan
+from jobset_inplace.policy import ForceDelete, NoCommonCheckpoint, Policy
+
+from .gangs import NOW, member, nodes, pods, running, snapshot, with_pod
+
+
+def events(p: Plan) -> list[str]:
+    return [a.reason for a in p.actions if isinstance(a, Event)]
+
+
+def replaced(p: Plan) -> list[ReplacePod]:
+    return [a for a in p.actions if isinstance(a, ReplacePod)]
+
+
+def recovering(epoch: int = 3, **kw: object) -> GangStatus:
+    """Status right after a recovery into ``epoch`` started (from a Running epoch-1)."""
+    first = plan(
+        snapshot(
+            pod_list=with_pod(pods(4, epoch=epoch - 1), 0, trainer_failed=True),
+            status=running(epoch - 1),
+        )
+    )
+    st = first.status
+    assert st.phase == Phase.RECOVERING
+    assert st.epoch == epoch
+    return dataclasses.replace(st, **kw)  # type: ignore[arg-type]
+
+
+# --- guarantee 1: barrier -----------------------------------------------------------------------
+def test_first_epoch_opens_when_every_member_reports_it() -> None:
+    p = plan(snapshot(status=GangStatus(), pod_list=pods(4, epoch=1)))
+    assert p.status.phase == Phase.RUNNING
+    assert p.status.barrier_open
+    assert p.status.resume_step == 200
+    assert events(p) == ["BarrierOpened"]
+    assert p.status.history == []  # opening epoch 1 is not a recovery
+
+
+def test_barrier_stays_closed_while_a_member_is_behind() -> None:
+    pl = with_pod(pods(4, epoch=3), 2, reported_epoch=2)
+    p = plan(snapshot(status=recovering(3), pod_list=pl))
+    assert not p.status.barrier_open
+    assert p.status.phase == Phase.RECOVERING
+    assert p.status.reported == 3
+    assert p.requeue_after == pytest.approx(Policy().barrier_timeout_s)
+
+
+def test_barrier_waits_for_a_missing_member() -> None:
+    p = plan(snapshot(status=recovering(3), pod_list=pods(4, epoch=3)[:3]))
+    assert not p.status.barrier_open
+
+
+# --- guarantee 2: hybrid recovery ---------------------------------------------------------------
+def test_trainer_crash_restarts_everyone_in_place_in_a_new_epoch() -> None:
+    pl = with_pod(pods(4, epoch=2), 1, trainer_failed=True)
+    p = plan(snapshot(pod_list=pl))
+    st = p.status
+    assert (st.phase, st.epoch, st.barrier_open) == (Phase.RECOVERING, 3, False)
+    assert st.recovery is not None
+    assert st.recovery.in_place == sorted(member(i) for i in range(4))
+    assert st.recovery.causes == {member(1): Cause.TRAINER_EXITED.value}
+    assert replaced(p) == []
+    assert (st.inplace_used, st.recreate_used) == (1, 0)
+    assert events(p) == ["RecoveryStarted"]
+
+
+def test_member_on_unhealthy_node_is_replaced_others_in_place() -> None:
+    nm = nodes(4)
+    nm["n2"] = NodeView("n2", ready="Unknown", ready_since=NOW - 60, lease_renewed=NOW - 100)
+    p = plan(snapshot(node_map=nm))
+    assert replaced(p) == [ReplacePod("p2", "uid-2", member(2), Cause.NODE_UNHEALTHY, True)]
+    rec = p.status.recovery
+    assert rec is not None
+    assert rec.in_place == [member(0), member(1), member(3)]
+    assert rec.recreated == {member(2): "uid-2"}
+    assert p.status.recreate_used == 1
+
+
+def test_force_delete_never_deletes_gracefully() -> None:
+    nm = nodes(4)
+    nm["n2"] = NodeView("n2", ready="False", ready_since=NOW - 60, lease_renewed=NOW)
+    p = plan(snapshot(node_map=nm, policy=Policy(force_delete=ForceDelete.NEVER)))
+    assert [r.fail_first for r in replaced(p)] == [False]
+
+
+@pytest.mark.parametrize(
+    ("cause", "change"),
+    [
+        (Cause.POD_FAILED, {"phase": "Failed"}),
+        (Cause.POD_DELETED, {"deleting": True}),
+        (Cause.RESTARTING, {"restarting": True}),
+        (Cause.DEVICE_UNHEALTHY, {"devices_unhealthy": True}),
+    ],
+)
+def test_each_pod_signal_starts_one_recovery(cause: Cause, change: dict[str, object]) -> None:
+    p = plan(snapshot(pod_list=with_pod(pods(4, epoch=2), 3, **change)))
+    assert p.status.epoch == 3
+    assert p.status.recovery is not None
+    assert p.status.recovery.causes == {member(3): cause.value}
+    # Only a device fault needs us to delete the pod; the Job controller replaces failed and
+    # deleted pods itself, and in-place causes restart through the agents.
+    assert [r.cause for r in replaced(p)] == ([cause] if cause == Cause.DEVICE_UNHEALTHY else [])
+
+
+def test_vanished_pod_counts_as_recreated() -> None:
+    p = plan(snapshot(pod_list=pods(4, epoch=2)[1:]))
+    assert p.status.recovery is not None
+    assert p.status.recovery.causes == {member(0): Cause.POD_DELETED.value}
+    assert p.status.recreate_used == 1
+
+
+def test_healthy_gang_does_nothing() -> None:
+    p = plan(snapshot())
+    assert p.actions == []
+    assert p.status == dataclasses.replace(running(), expected=4, reported=4, ready=4)
+
+
+def test_completed_member_is_not_a_failure() -> None:
+    p = plan(snapshot(pod_list=with_pod(pods(4, epoch=2), 0, phase="Succeeded")))
+    assert p.status.epoch == 2
+    assert p.actions == []
+
+
+# --- guarantee 3: fast detection, flaps ignored -------------------------------------------------
+def test_node_flap_under_threshold_does_nothing_and_looks_again_when_due() -> None:
+    nm = nodes(4)
+    nm["n1"] = NodeView("n1", ready="False", ready_since=NOW - 5, lease_renewed=NOW)
+    p = plan(snapshot(node_map=nm))
+    assert p.actions == []
+    assert p.status.epoch == 2
+    assert p.requeue_after == pytest.approx(Policy().node_unhealthy_after_s - 5)
+
+
+def test_stale_lease_is_a_signal_before_ready_changes() -> None:
+    nm = nodes(4)
+    nm["n1"] = NodeView("n1", ready="True", lease_renewed=NOW - 26)  # stale for 16 s > 15 s
+    p = plan(snapshot(node_map=nm))
+    assert [r.member for r in replaced(p)] == [member(1)]
+
+
+XID = "gpu.example.com/xid"
+XID_TAINT = {"taints": ((XID, NOW - 30),)}
+DEADLOCK = {"conditions": (("KernelDeadlock", NOW - 30),)}
+OUT_OF_SERVICE = {"taints": (("node.kubernetes.io/out-of-service", NOW - 30),)}
+
+
+@pytest.mark.parametrize(
+    ("taints", "conditions", "node", "expect"),
+    [
+        (frozenset({XID}), frozenset(), XID_TAINT, True),
+        (frozenset(), frozenset(), XID_TAINT, False),
+        (frozenset(), frozenset({"KernelDeadlock"}), DEADLOCK, True),
+        (frozenset(), frozenset(), DEADLOCK, False),
+        (frozenset(), frozenset(), OUT_OF_SERVICE, True),
+    ],
+)
+def test_configured_taints_and_conditions(
+    taints: frozenset[str], conditions: frozenset[str], node: dict[str, object], expect: bool
+) -> None:
+    nm = nodes(4)
+    nm["n0"] = dataclasses.replace(nm["n0"], **node)  # type: ignore[arg-type]
+    policy = Policy(unhealthy_taints=taints, unhealthy_conditions=conditions)
+    p = plan(snapshot(node_map=nm, policy=policy))
+    assert bool(replaced(p)) is expect
+
+
+# --- failures during the barrier wait converge --------------------------------------------------
+def test_in_place_failure_during_barrier_joins_the_same_epoch() -> None:
+    st = recovering(3)
+    pl = with_pod(pods(4, epoch=2), 2, restarting=True)  # still coming back from epoch 2
+    p = plan(snapshot(status=st, pod_list=pl))
+    assert p.status.epoch == 3
+    assert p.status.inplace_used == st.inplace_used
+    assert events(p) == []
+
+
+def test_node_failure_during_barrier_replaces_that_pod_in_the_same_epoch() -> None:
+    st = recovering(3)
+    nm = nodes(4)
+    nm["n3"] = NodeView("n3", ready="Unknown", ready_since=NOW - 40, lease_renewed=NOW - 60)
+    p = plan(snapshot(status=st, pod_list=pods(4, epoch=3), node_map=nm))
+    assert p.status.epoch == 3
+    assert not p.status.barrier_open  # the replaced member has not joined yet
+    assert [r.member for r in replaced(p)] == [member(3)]
+    assert "RecoveryExtended" in events(p)
+    assert p.status.recovery is not None
+    assert member(3) not in p.status.recovery.in_place
+
+
+def test_replacement_that_joins_opens_the_barrier() -> None:
+    st = recovering(3)
+    assert st.recovery is not None
+    st.recovery.recreated[member(3)] = "uid-3"
+    pl = with_pod(pods(4, epoch=3), 3, uid="uid-3b", name="p3b")
+    p = plan(snapshot(status=st, pod_list=pl))
+    assert p.status.barrier_open
+    assert p.status.phase == Phase.RUNNING
+    assert events(p) == ["BarrierOpened"]
+    assert len(p.status.history) == 1
+
+
+# --- guarantee 4: consistent checkpoint ---------------------------------------------------------
+def test_replacement_with_only_persistent_tier_sets_the_common_step() -> None:
+    pl = pods(4, epoch=3, steps=(100, 200, 300))
+    pl = with_pod(pl, 1, reported_steps=(100, 200))  # recreated: only the persistent tier
+    p = plan(snapshot(status=recovering(3), pod_list=pl))
+    assert p.status.resume_step == 200
+
+
+def test_no_common_step_escalates_by_default() -> None:
+    pl = with_pod(pods(4, epoch=3, steps=(300,)), 0, reported_steps=(100,))
+    p = plan(snapshot(status=recovering(3), pod_list=pl))
+    assert p.status.phase == Phase.ESCALATED
+    assert p.status.reason == "NoCommonCheckpoint"
+    assert not p.status.barrier_open
+
+
+def test_no_common_step_starts_from_scratch_when_configured() -> None:
+    pl = with_pod(pods(4, epoch=3, steps=(300,)), 0, reported_steps=(100,))
+    policy = Policy(no_common_checkpoint=NoCommonCheckpoint.SCRATCH)
+    p = plan(snapshot(status=recovering(3), pod_list=pl, policy=policy))
+    assert p.status.barrier_open
+    assert p.status.resume_step is None
+
+
+def test_no_checkpoints_at_all_starts_from_scratch() -> None:
+    p = plan(snapshot(status=GangStatus(), pod_list=pods(4, epoch=1, steps=())))
+    assert p.status.barrier_open
+    assert p.status.resume_step is None
+
+
+# --- guarantee 5: budgets and escalation --------------------------------------------------------
+def test_inplace_budget_exhausted_escalates_through_a_pod() -> None:
+    pl = with_pod(pods(4, epoch=2), 1, trainer_failed=True)
+    p = plan(snapshot(pod_list=pl, status=running(inplace_used=10)))
+    assert p.status.phase == Phase.ESCALATED
+    assert p.status.reason == "InPlaceBudgetExhausted"
+    assert next(a for a in p.actions if isinstance(a, EscalatePod)).pod == "p0"
+    assert "Escalated" in events(p)
+
+
+def test_recreate_budget_exhausted_escalates() -> None:
+    nm = nodes(4)
+    nm["n0"] = NodeView("n0", ready="Unknown", ready_since=NOW - 60, lease_renewed=NOW - 90)
+    p = plan(snapshot(node_map=nm, status=running(recreate_used=5)))
+    assert p.status.reason == "RecreateBudgetExhausted"
+    assert replaced(p) == []
+
+
+def test_member_failing_in_place_repeatedly_is_recreated() -> None:
+    pl = with_pod(pods(4, epoch=2), 1, trainer_failed=True)
+    p = plan(snapshot(pod_list=pl, status=running(member_failures={member(1): 2})))
+    assert [(r.member, r.cause) for r in replaced(p)] == [(member(1), Cause.REPEATED_FAILURE)]
+
+
+def test_consecutive_failures_are_counted_per_member() -> None:
+    pl = with_pod(pods(4, epoch=2), 1, trainer_failed=True)
+    p = plan(snapshot(pod_list=pl, status=running(member_failures={member(2): 2})))
+    assert p.status.member_failures == {member(1): 1}
+
+
+def test_barrier_deadline_recreates_laggards_then_escalates() -> None:
+    st = recovering(3)
+    assert st.recovery is not None
+    pl = with_pod(pods(4, epoch=3), 2, reported_epoch=2)
+    late = st.recovery.deadline + 1
+    p1 = plan(snapshot(status=st, pod_list=pl, now=late))
+    assert [(r.member, r.cause) for r in replaced(p1)] == [(member(2), Cause.BARRIER_TIMEOUT)]
+    assert "BarrierTimeout" in events(p1)
+    rec = p1.status.recovery
+    assert rec is not None
+    assert rec.deadline_extended
+    pl2 = with_pod(pl, 2, uid="uid-2b", name="p2b", reported_epoch=None)
+    p2 = plan(snapshot(status=p1.status, pod_list=pl2, now=rec.deadline + 1))
+    assert p2.status.phase == Phase.ESCALATED
+    assert p2.status.reason == "BarrierTimeout"
+
+
+def test_escalated_gang_waits_for_jobset_restart_then_starts_fresh() -> None:
+    st = running(inplace_used=10, phase=Phase.ESCALATED)
+    assert plan(snapshot(status=st)).actions == []
+    fresh = [
+        dataclasses.replace(pod, restart_attempt=1, reported_epoch=None)
+        for pod in pods(4, epoch=None)
+    ]
+    p = plan(snapshot(status=st, pod_list=fresh, restart_attempt=1))
+    assert (p.status.phase, p.status.epoch, p.status.inplace_used) == (Phase.RECOVERING, 3, 0)
+    assert p.status.restart_attempt == 1
+
+
+def test_finished_jobset_after_escalation_is_failed() -> None:
+    st = running(phase=Phase.ESCALATED)
+    assert plan(snapshot(status=st, finished=True)).status.phase == Phase.FAILED
+
+
+# --- guarantee 6: crash safety ------------------------------------------------------------------
+def test_replanning_the_same_world_starts_no_second_recovery() -> None:
+    nm = nodes(4)
+    nm["n2"] = NodeView("n2", ready="Unknown", ready_since=NOW - 60, lease_renewed=NOW - 100)
+    pl = with_pod(pods(4, epoch=2), 0, trainer_failed=True)
+    first = plan(snapshot(pod_list=pl, node_map=nm))
+    # The controller died after saving the status, before deleting anything: same world again.
+    again = plan(snapshot(pod_list=pl, node_map=nm, status=first.status, now=NOW + 1))
+    assert again.status.epoch == first.status.epoch
+    assert again.status.inplace_used == first.status.inplace_used
+    assert again.status.recreate_used == first.status.recreate_used
+    assert replaced(again) == replaced(first)  # the lost delete is repeated, not recharged
+    assert "RecoveryStarted" not in events(again)
+
+
+def test_plan_does_not_mutate_its_input() -> None:
+    s = snapshot(pod_list=with_pod(pods(4, epoch=2), 1, trainer_failed=True))
+    before = dataclasses.replace(s.status)
+    plan(s)
+    assert s.status == before
+
+
+# --- good citizen / bad input -------------------------------------------------------------------
+def test_suspended_jobset_stands_down_and_resumes_in_a_new_epoch() -> None:
+    down = plan(snapshot(suspended=True))
+    assert down.status.phase == Phase.STOOD_DOWN
+    assert events(down) == ["StoodDown"]
+    assert replaced(down) == []
+    back = plan(snapshot(status=down.status))
+    assert (back.status.phase, back.status.epoch) == (Phase.RECOVERING, 3)
+
+
+def test_malformed_report_is_an_event_and_never_counts() -> None:
+    pl = with_pod(
+        pods(4, epoch=3), 1, reported_epoch=None, report_error="epoch 'x' is not an integer"
+    )
+    p = plan(snapshot(status=recovering(3), pod_list=pl))
+    assert "MalformedReport" in events(p)
+    assert not p.status.barrier_open
+
+
+def test_pods_of_an_older_jobset_restart_attempt_are_ignored() -> None:
+    old = [
+        dataclasses.replace(pod, restart_attempt=0, trainer_failed=True) for pod in pods(4, epoch=2)
+    ]
+    new = [
+        dataclasses.replace(pod, uid=pod.uid + "n", restart_attempt=1) for pod in pods(4, epoch=2)
+    ]
+    st = running(restart_attempt=1)
+    p = plan(
+        Snapshot(NOW, snapshot(restart_attempt=1).gang, Policy(), tuple(old + new), nodes(4), st)
+    )
+    assert p.actions == []
