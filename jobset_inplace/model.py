@@ -86,8 +86,10 @@ class Recovery:
     epoch: int
     started: float
     deadline: float
-    causes: dict[str, str] = field(default_factory=dict)  # member -> Cause
-    in_place: list[str] = field(default_factory=list)  # members restarted in place
+    causes: dict[str, str] = field(default_factory=dict)  # failing member -> Cause
+    # Members restarted in place: every member not in ``recreated`` (a count, not a list: the
+    # GangState is watched by every agent and must stay small at thousands of members).
+    in_place: int = 0
     recreated: dict[str, str] = field(default_factory=dict)  # member -> uid of replaced pod
     deadline_extended: bool = False
     opened: float | None = None

@@ -22,6 +22,7 @@ import copy
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
+from .gangstate import rfc3339
 from .model import (
     HISTORY_LIMIT,
     RECREATE_CAUSES,
@@ -221,7 +222,6 @@ class _Planning:
         st.recovery = Recovery(st.epoch, s.now, s.now + s.policy.barrier_timeout_s)
         self.set_phase(Phase.RECOVERING, Cause.JOBSET_RESTARTED.value, why)
         self.event("EpochStarted", f"epoch {st.epoch}: {why}")
-        self.p.wake_at(s.now, st.recovery.deadline)
 
     # -- recoveries --
     def start_recovery(self, causes: dict[str, Cause]) -> None:
@@ -262,7 +262,7 @@ class _Planning:
             started=s.now,
             deadline=s.now + policy.barrier_timeout_s,
             causes={m: c.value for m, c in decided.items()},
-            in_place=sorted(m for m in s.gang.members if m not in replaced),
+            in_place=len(s.gang.members) - len(replaced),
         )
         for member, cause in sorted(replaced.items()):
             pod = self.current.get(member)
@@ -272,7 +272,7 @@ class _Planning:
         self.set_phase(Phase.RECOVERING, _main_cause(decided))
         self.event(
             "RecoveryStarted",
-            f"epoch {st.epoch}: {_describe(decided)}; {len(rec.in_place)} in place, "
+            f"epoch {st.epoch}: {_describe(decided)}; {rec.in_place} in place, "
             f"{len(rec.recreated)} recreated",
         )
         self.p.wake_at(s.now, rec.deadline)
@@ -296,6 +296,8 @@ class _Planning:
         st.reported = len(joined)
         if len(joined) == len(members):
             self.open_barrier(rec, joined)
+        elif not rec.causes:
+            pass  # a fresh epoch (start, JobSet restart, resume): pods are still being made
         elif s.now < rec.deadline:
             self.p.wake_at(s.now, rec.deadline)
         else:
@@ -324,10 +326,10 @@ class _Planning:
                 )
                 return False
             st.recreate_used += 1
+            if member not in rec.recreated:
+                rec.in_place -= 1
             rec.recreated[member] = uid
             rec.causes.setdefault(member, cause.value)
-            if member in rec.in_place:
-                rec.in_place.remove(member)
             if pod is not None and cause in RECREATE_CAUSES and not pod.deleting:
                 self.replace(pod, cause)
             self.event("RecoveryExtended", f"epoch {st.epoch}: {member} {cause.value}, recreated")
@@ -350,10 +352,10 @@ class _Planning:
             return
         for pod in live:
             st.recreate_used += 1
+            if pod.member not in rec.recreated:
+                rec.in_place -= 1
             rec.recreated[pod.member] = pod.uid
             rec.causes.setdefault(pod.member, Cause.BARRIER_TIMEOUT.value)
-            if pod.member in rec.in_place:
-                rec.in_place.remove(pod.member)
             self.replace(pod, Cause.BARRIER_TIMEOUT)
         rec.deadline_extended = True
         rec.deadline = self.s.now + policy.barrier_timeout_s
@@ -387,7 +389,7 @@ class _Planning:
         self.event(
             "BarrierOpened",
             f"epoch {st.epoch}: resume {where}; {rec.opened - rec.started:.1f}s after the first "
-            f"signal; {len(rec.in_place)} in place, {len(rec.recreated)} recreated",
+            f"signal; {rec.in_place} in place, {len(rec.recreated)} recreated",
         )
 
     def escalate(self, reason: str, message: str) -> None:
@@ -415,10 +417,10 @@ def _summary(rec: Recovery) -> dict[str, object]:
     return {
         "epoch": rec.epoch,
         "causes": dict(Counter(rec.causes.values())),
-        "inPlace": len(rec.in_place),
+        "inPlace": rec.in_place,
         "recreated": len(rec.recreated),
-        "started": rec.started,
-        "opened": rec.opened,
+        "startedAt": rfc3339(rec.started),
+        "openedAt": rfc3339(rec.opened),
         "durationSeconds": rec.duration,
         "resumeStep": rec.resume_step,
     }

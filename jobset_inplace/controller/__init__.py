@@ -1,0 +1,1 @@
+"""The recovery controller: kopf watches -> cache -> planner -> executor."""

@@ -1,0 +1,107 @@
+"""The controller's in-memory view of the cluster, fed by watch events: opted-in JobSets, their
+pods (as small :class:`~jobset_inplace.model.PodView` values, indexed by JobSet), nodes and node
+Lease renewals. Building a snapshot for one gang touches only that gang's pods."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import api
+from ..model import GangSpec, GangStatus, NodeView, PodView, Snapshot
+from ..policy import Policy
+from ..views import gang_spec, node_view, pod_view
+
+GangKey = tuple[str, str]  # (namespace, JobSet name)
+
+
+@dataclass
+class Gang:
+    key: GangKey
+    spec: GangSpec
+    policy: Policy | None  # None: the annotations are malformed (reported, nothing done)
+    policy_error: str = ""
+    jobset: dict[str, Any] = field(default_factory=dict)
+    pods: dict[str, PodView] = field(default_factory=dict)  # uid -> view
+    status: GangStatus | None = None  # last persisted; None until loaded from the API
+    reported: set[str] = field(default_factory=set)  # Event messages already posted once
+
+
+@dataclass
+class ClusterCache:
+    gangs: dict[GangKey, Gang] = field(default_factory=dict)
+    nodes: dict[str, NodeView] = field(default_factory=dict)
+    leases: dict[str, float] = field(default_factory=dict)
+    # Pods seen before their JobSet (watch order is arbitrary), kept until it shows up.
+    orphans: dict[GangKey, dict[str, PodView]] = field(default_factory=dict)
+
+    def upsert_jobset(self, jobset: Mapping[str, Any], policy: Policy | None, error: str) -> Gang:
+        spec = gang_spec(jobset)
+        key = (spec.namespace, spec.name)
+        gang = self.gangs.get(key)
+        if gang is None:
+            gang = Gang(key, spec, policy, error, pods=self.orphans.pop(key, {}))
+            self.gangs[key] = gang
+        gang.spec, gang.policy, gang.policy_error = spec, policy, error
+        gang.jobset = {
+            "apiVersion": jobset.get("apiVersion", "jobset.x-k8s.io/v1alpha2"),
+            "kind": jobset.get("kind", "JobSet"),
+            "metadata": {k: jobset["metadata"][k] for k in ("name", "namespace", "uid")},
+        }
+        return gang
+
+    def forget_jobset(self, key: GangKey) -> None:
+        self.gangs.pop(key, None)
+        self.orphans.pop(key, None)
+
+    def upsert_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> GangKey | None:
+        """Record a pod event; returns the gang it belongs to."""
+        meta = pod["metadata"]
+        jobset = (meta.get("labels") or {}).get(api.JOBSET_NAME_LABEL)
+        if not jobset:
+            return None
+        key = (meta["namespace"], jobset)
+        gang = self.gangs.get(key)
+        pods = gang.pods if gang is not None else self.orphans.setdefault(key, {})
+        view = None if deleted else pod_view(pod)
+        if view is None:
+            pods.pop(meta["uid"], None)
+        else:
+            pods[meta["uid"]] = view
+        return key
+
+    def upsert_node(self, node: Mapping[str, Any], now: float, deleted: bool = False) -> None:
+        name = node["metadata"]["name"]
+        if deleted:
+            self.nodes.pop(name, None)
+        else:
+            self.nodes[name] = node_view(node, None, now)
+
+    def set_lease(self, node: str, renewed: float | None) -> None:
+        if renewed is None:
+            self.leases.pop(node, None)
+        else:
+            self.leases[node] = renewed
+
+    def gangs_on_node(self, node: str) -> list[GangKey]:
+        return [k for k, g in self.gangs.items() if any(p.node == node for p in g.pods.values())]
+
+    def snapshot(self, gang: Gang, now: float) -> Snapshot | None:
+        if gang.policy is None or gang.status is None:
+            return None
+        names = {p.node for p in gang.pods.values() if p.node}
+        nodes = {
+            n: dataclasses.replace(self.nodes[n], lease_renewed=self.leases.get(n))
+            for n in names
+            if n in self.nodes
+        }
+        return Snapshot(
+            now=now,
+            gang=gang.spec,
+            policy=gang.policy,
+            pods=tuple(gang.pods.values()),
+            nodes=nodes,
+            status=gang.status,
+        )

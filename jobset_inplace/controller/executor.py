@@ -1,0 +1,158 @@
+"""Carries out a plan against the API: the GangState status first (so a crash after it is
+recovered from the API without a second recovery), then pod actions, then Events.
+
+Every pod action is idempotent and guarded by the pod's UID: a pod that is already gone, or
+that was replaced meanwhile, is left alone."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from .. import api
+from ..gangstate import new_gangstate, status_from_dict, status_to_dict
+from ..model import Action, EscalatePod, Event, GangStatus, ReplacePod
+
+log = logging.getLogger("jobset_inplace.controller")
+
+COMPONENT = "jobset-inplace"
+REPLACED_CONDITION = "JobsetInplaceReplaced"
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Executor:
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    # --- GangState ----------------------------------------------------------------------------
+    def load_or_create(self, jobset: dict[str, Any]) -> GangStatus:
+        meta = jobset["metadata"]
+        try:
+            obj = self.custom.get_namespaced_custom_object(
+                api.GROUP, api.VERSION, meta["namespace"], api.GANGSTATE_PLURAL, meta["name"]
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            obj = self.custom.create_namespaced_custom_object(
+                api.GROUP, api.VERSION, meta["namespace"], api.GANGSTATE_PLURAL,
+                new_gangstate(jobset),
+            )  # fmt: skip
+        return status_from_dict(obj.get("status"))
+
+    def write_status(self, namespace: str, name: str, status: GangStatus) -> None:
+        patch = [{"op": "add", "path": "/status", "value": status_to_dict(status)}]
+        self.custom.patch_namespaced_custom_object_status(
+            api.GROUP, api.VERSION, namespace, api.GANGSTATE_PLURAL, name, patch
+        )
+
+    # --- pods ---------------------------------------------------------------------------------
+    def _fail_pod(self, namespace: str, a: ReplacePod | EscalatePod, ctype: str, msg: str) -> bool:
+        """Mark a pod Failed with a condition through its status (the kubelet is gone or the
+        failure must reach the Job's podFailurePolicy). False if the pod is no longer there."""
+        try:
+            pod = self.core.read_namespaced_pod(a.pod, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        if pod.metadata.uid != a.uid:
+            return False
+        conditions = [
+            c for c in (pod.status.conditions or []) if c.type != ctype
+        ]  # keep the others
+        body = {
+            "metadata": {"resourceVersion": pod.metadata.resource_version},
+            "status": {
+                "phase": "Failed",
+                "conditions": [
+                    *(self.core.api_client.sanitize_for_serialization(c) for c in conditions),
+                    {
+                        "type": ctype,
+                        "status": "True",
+                        "reason": "JobsetInplace",
+                        "message": msg[:1000],
+                        "lastTransitionTime": _now(),
+                    },
+                ],
+            },
+        }
+        self.core.patch_namespaced_pod_status(a.pod, namespace, body)
+        return True
+
+    def replace_pod(self, namespace: str, a: ReplacePod) -> None:
+        grace = None
+        if a.fail_first:
+            if not self._fail_pod(namespace, a, REPLACED_CONDITION, f"{a.cause.value}: replaced"):
+                return
+            grace = 0  # its kubelet is unreachable: nothing would confirm a graceful delete
+        try:
+            self.core.delete_namespaced_pod(
+                a.pod,
+                namespace,
+                grace_period_seconds=grace,
+                preconditions=client.V1Preconditions(uid=a.uid),
+            )
+        except ApiException as e:
+            if e.status not in (404, 409):  # gone, or a newer pod took the name
+                raise
+
+    def escalate(self, namespace: str, a: EscalatePod) -> None:
+        self._fail_pod(namespace, a, api.ESCALATION_CONDITION, a.message)
+
+    # --- events -------------------------------------------------------------------------------
+    def post_event(self, jobset: dict[str, Any], e: Event) -> None:
+        meta = jobset["metadata"]
+        now = dt.datetime.now(dt.UTC)
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(
+                generate_name=f"{meta['name']}.", namespace=meta["namespace"]
+            ),
+            involved_object=client.V1ObjectReference(
+                api_version=jobset["apiVersion"], kind=jobset["kind"], name=meta["name"],
+                namespace=meta["namespace"], uid=meta["uid"],
+            ),
+            reason=e.reason,
+            message=e.message[:1024],
+            type="Warning" if e.warning else "Normal",
+            source=client.V1EventSource(component=COMPONENT),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )  # fmt: skip
+        try:
+            self.core.create_namespaced_event(meta["namespace"], body)
+        except ApiException as err:  # an Event is best effort, never a reason to fail a pass
+            log.warning("could not post event %s on %s: %s", e.reason, meta["name"], err.reason)
+
+    def run(self, jobset: dict[str, Any], actions: list[Action]) -> None:
+        ns = jobset["metadata"]["namespace"]
+        for a in actions:
+            if isinstance(a, ReplacePod):
+                self.replace_pod(ns, a)
+            elif isinstance(a, EscalatePod):
+                self.escalate(ns, a)
+        for a in actions:
+            if isinstance(a, Event):
+                log.info("%s/%s %s: %s", ns, jobset["metadata"]["name"], a.reason, a.message)
+                self.post_event(jobset, a)
+
+
+def reload_status(executor: Executor, namespace: str, name: str) -> GangStatus | None:
+    try:
+        obj = executor.custom.get_namespaced_custom_object(
+            api.GROUP, api.VERSION, namespace, api.GANGSTATE_PLURAL, name
+        )
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    return status_from_dict(obj.get("status"))

@@ -1,0 +1,219 @@
+"""The kopf adapter: watch events feed the cache, and a debounced per-gang reconciler runs the
+pure planner and the executor. Nothing here decides anything.
+
+Watches: JobSets (opt-in by annotation), pods labelled with a JobSet name, nodes, and node
+Leases in ``kube-node-lease``. Lease renewals only refresh the cache: the planner asks to be
+woken when a Lease would go stale, so a silently dead node is noticed without any event."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from kubernetes import client, config
+
+from .. import api
+from ..model import Event
+from ..planner import plan
+from ..policy import PolicyError, is_enabled, parse_policy
+from ..views import ts
+from .cache import ClusterCache, Gang, GangKey
+from .executor import Executor
+
+log = logging.getLogger("jobset_inplace.controller")
+
+DEBOUNCE_S = 0.1  # coalesce bursts of pod events into one planning pass
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+
+
+@dataclass
+class Reconciler:
+    cache: ClusterCache
+    executor: Executor
+    debounce: float = DEBOUNCE_S
+    _timers: dict[GangKey, tuple[float, asyncio.TimerHandle]] = field(default_factory=dict)
+    _locks: dict[GangKey, asyncio.Lock] = field(default_factory=dict)
+    passes: int = 0
+
+    def poke(self, key: GangKey, delay: float | None = None) -> None:
+        """Plan gang ``key`` after ``delay`` (default: the debounce), unless already due
+        sooner."""
+        loop = asyncio.get_running_loop()
+        when = loop.time() + (self.debounce if delay is None else delay)
+        have = self._timers.get(key)
+        if have is not None and have[0] <= when:
+            return
+        if have is not None:
+            have[1].cancel()
+        self._timers[key] = (when, loop.call_at(when, self._fire, key))
+
+    def _fire(self, key: GangKey) -> None:
+        self._timers.pop(key, None)
+        task = asyncio.ensure_future(self.reconcile(key))
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Future[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("planning pass failed", exc_info=task.exception())
+
+    async def reconcile(self, key: GangKey) -> None:
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            try:
+                await self._reconcile(key)
+            except client.exceptions.ApiException as e:
+                log.warning("%s/%s: API error %s %s; retrying", *key, e.status, e.reason)
+                self.poke(key, 2.0)
+
+    async def _reconcile(self, key: GangKey) -> None:
+        gang = self.cache.gangs.get(key)
+        if gang is None:
+            return
+        if gang.policy is None:
+            await self._post_once(gang, Event("InvalidPolicy", gang.policy_error, warning=True))
+            return
+        if gang.status is None:
+            gang.status = await asyncio.to_thread(self.executor.load_or_create, gang.jobset)
+        snap = self.cache.snapshot(gang, time.time())
+        if snap is None:
+            return
+        result = plan(snap)
+        self.passes += 1
+        if result.status != gang.status:
+            await asyncio.to_thread(self.executor.write_status, *key, result.status)
+            gang.status = result.status
+        actions = []
+        for a in result.actions:
+            if isinstance(a, Event) and a.reason == "MalformedReport":
+                if a.message in gang.reported:
+                    continue
+                gang.reported.add(a.message)
+            actions.append(a)
+        if actions:
+            await asyncio.to_thread(self.executor.run, gang.jobset, actions)
+        if result.requeue_after is not None:
+            self.poke(key, result.requeue_after)
+
+    async def _post_once(self, gang: Gang, e: Event) -> None:
+        if e.message not in gang.reported:
+            gang.reported.add(e.message)
+            await asyncio.to_thread(self.executor.run, gang.jobset, [e])
+
+
+def _jobset_event(r: Reconciler, body: dict[str, Any], deleted: bool) -> None:
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    if deleted or not is_enabled(meta.get("annotations")):
+        r.cache.forget_jobset(key)
+        return
+    try:
+        policy, error = parse_policy(meta.get("annotations")), ""
+    except PolicyError as e:
+        policy, error = None, str(e)
+    r.cache.upsert_jobset(body, policy, error)
+    r.poke(key)
+
+
+def setup(reconciler: Reconciler) -> None:
+    """Register the kopf handlers that feed ``reconciler``."""
+
+    @kopf.on.event("jobset.x-k8s.io", "v1alpha2", "jobsets")
+    def jobset_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+        _jobset_event(reconciler, dict(body), type == "DELETED")
+
+    @kopf.on.event("", "v1", "pods", labels={api.JOBSET_NAME_LABEL: kopf.PRESENT})
+    def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+        key = reconciler.cache.upsert_pod(dict(body), deleted=type == "DELETED")
+        if key is not None and key in reconciler.cache.gangs:
+            reconciler.poke(key)
+
+    @kopf.on.event("", "v1", "nodes")
+    def node_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+        name = body["metadata"]["name"]
+        reconciler.cache.upsert_node(dict(body), time.time(), deleted=type == "DELETED")
+        for key in reconciler.cache.gangs_on_node(name):
+            reconciler.poke(key)
+
+    @kopf.on.event(
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        field="metadata.namespace",
+        value=NODE_LEASE_NAMESPACE,
+    )
+    def lease_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+        renewed = None if type == "DELETED" else body.get("spec", {}).get("renewTime")
+        reconciler.cache.set_lease(body["metadata"]["name"], ts(renewed) if renewed else None)
+
+
+def prime(r: Reconciler) -> None:
+    """Fill the cache with complete lists before any planning pass. Without this, the first
+    pass of a gang could run before the pod watch delivered all its pods and mistake the
+    missing ones for failures (a spurious recovery after every controller restart)."""
+    custom, core = r.executor.custom, r.executor.core
+    coordination = client.CoordinationV1Api(core.api_client)
+    now = time.time()
+    sanitize = core.api_client.sanitize_for_serialization
+    for js in custom.list_cluster_custom_object("jobset.x-k8s.io", "v1alpha2", "jobsets")["items"]:
+        meta = js["metadata"]
+        if is_enabled(meta.get("annotations")):
+            try:
+                r.cache.upsert_jobset(js, parse_policy(meta.get("annotations")), "")
+            except PolicyError as e:
+                r.cache.upsert_jobset(js, None, str(e))
+    for pod in core.list_pod_for_all_namespaces(label_selector=api.JOBSET_NAME_LABEL).items:
+        r.cache.upsert_pod(sanitize(pod))
+    for node in core.list_node().items:
+        r.cache.upsert_node(sanitize(node), now)
+    for lease in coordination.list_namespaced_lease(NODE_LEASE_NAMESPACE).items:
+        r.cache.set_lease(lease.metadata.name, lease.spec.renew_time.timestamp()
+                          if lease.spec.renew_time else None)  # fmt: skip
+    log.info("cache primed: %d gangs, %d nodes", len(r.cache.gangs), len(r.cache.nodes))
+
+
+def build_reconciler() -> Reconciler:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return Reconciler(ClusterCache(), Executor(client.ApiClient()))
+
+
+def run(*, liveness: str | None = None) -> None:
+    """Run the controller until interrupted (``jobset-inplace run``)."""
+    reconciler = build_reconciler()
+    registry = kopf.OperatorRegistry()
+    with _registry(registry):
+        setup(reconciler)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.peering.standalone = True
+        settings.posting.enabled = False  # Events are ours, concise and on the JobSet
+        settings.watching.server_timeout = 300
+        prime(reconciler)
+
+    asyncio.run(
+        kopf.operator(
+            registry=registry, clusterwide=True, standalone=True, liveness_endpoint=liveness
+        )
+    )
+
+
+class _registry:
+    """Make ``kopf.on.*`` decorators register into ``registry`` (kopf's default registry is
+    global; a private one keeps tests and repeated runs independent)."""
+
+    def __init__(self, registry: kopf.OperatorRegistry) -> None:
+        self.registry = registry
+
+    def __enter__(self) -> None:
+        self.previous = kopf.get_default_registry()
+        kopf.set_default_registry(self.registry)
+
+    def __exit__(self, *exc: object) -> None:
+        kopf.set_default_registry(self.previous)

@@ -1,0 +1,160 @@
+"""Pure conversions from API objects (plain dicts as the API returns them) to the planner's
+views. No I/O; the controller calls these from its watch caches."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from . import api
+from .checkpoints import decode_steps
+from .model import GangSpec, NodeView, PodView
+
+Obj = Mapping[str, Any]
+
+
+def ts(value: str | None, default: float = 0.0) -> float:
+    if not value:
+        return default
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def member_key(labels: Mapping[str, str]) -> str | None:
+    """``<replicatedJob>/<jobIndex>/<completionIndex>``: a member's stable identity across
+    pod recreations (None for pods JobSet did not label)."""
+    try:
+        return "/".join(
+            (
+                labels[api.REPLICATED_JOB_LABEL],
+                labels[api.JOB_INDEX_LABEL],
+                labels[api.COMPLETION_INDEX_LABEL],
+            )
+        )
+    except KeyError:
+        return None
+
+
+def expected_members(jobset: Obj) -> frozenset[str]:
+    out: set[str] = set()
+    for rj in jobset["spec"].get("replicatedJobs") or []:
+        job = rj["template"]["spec"]
+        pods = int(job.get("parallelism", 1))
+        out.update(
+            f"{rj['name']}/{j}/{c}" for j in range(int(rj.get("replicas", 1))) for c in range(pods)
+        )
+    return frozenset(out)
+
+
+def _condition(obj: Obj, ctype: str) -> Mapping[str, Any] | None:
+    for cond in obj.get("status", {}).get("conditions") or []:
+        if cond.get("type") == ctype:
+            return dict(cond)
+    return None
+
+
+def jobset_finished(jobset: Obj) -> bool:
+    status = jobset.get("status") or {}
+    if status.get("terminalState"):
+        return True
+    return any(
+        (c := _condition(jobset, t)) is not None and c.get("status") == "True"
+        for t in ("Completed", "Failed")
+    )
+
+
+def gang_spec(jobset: Obj) -> GangSpec:
+    meta = jobset["metadata"]
+    return GangSpec(
+        namespace=meta["namespace"],
+        name=meta["name"],
+        members=expected_members(jobset),
+        restart_attempt=int((jobset.get("status") or {}).get("restarts") or 0),
+        suspended=bool(jobset["spec"].get("suspend")),
+        finished=jobset_finished(jobset),
+    )
+
+
+def _resources_unhealthy(statuses: list[Mapping[str, Any]]) -> bool:
+    return any(
+        res.get("health") == "Unhealthy"
+        for s in statuses
+        for ars in s.get("allocatedResourcesStatus") or []
+        for res in ars.get("resources") or []
+    )
+
+
+def pod_view(pod: Obj) -> PodView | None:
+    meta, status = pod["metadata"], pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    member = member_key(labels)
+    if member is None:
+        return None
+    annotations = meta.get("annotations") or {}
+    epoch: int | None = None
+    steps: tuple[int, ...] | None = None
+    errors = []
+    raw_epoch = annotations.get(api.REPORT_EPOCH)
+    if raw_epoch is not None:
+        try:
+            epoch = int(raw_epoch)
+            if epoch < 0:
+                raise ValueError
+        except ValueError:
+            errors.append(f"{api.REPORT_EPOCH}={raw_epoch!r} is not a non-negative integer")
+            epoch = None
+    raw_steps = annotations.get(api.REPORT_STEPS)
+    if raw_steps is not None:
+        try:
+            steps = tuple(decode_steps(raw_steps))
+        except ValueError as e:
+            errors.append(f"{api.REPORT_STEPS}: {e}")
+    containers = status.get("containerStatuses") or []
+    escalated = _condition(pod, api.ESCALATION_CONDITION)
+    restarting = _condition(pod, "AllContainersRestarting")
+    return PodView(
+        name=meta["name"],
+        uid=meta["uid"],
+        member=member,
+        node=pod.get("spec", {}).get("nodeName"),
+        phase=status.get("phase") or "Pending",
+        created=ts(meta.get("creationTimestamp")),
+        deleting=bool(meta.get("deletionTimestamp")),
+        restart_attempt=int(labels.get(api.RESTART_ATTEMPT_LABEL) or 0),
+        reported_epoch=None if errors else epoch,
+        reported_steps=None if errors else steps,
+        report_error="; ".join(errors) or None,
+        trainer_failed=any(
+            (c.get("state") or {}).get("terminated", {}).get("exitCode", 0) != 0 for c in containers
+        ),
+        restarting=restarting is not None and restarting.get("status") == "True",
+        devices_unhealthy=_resources_unhealthy(containers),
+        escalated=escalated is not None and escalated.get("status") == "True",
+    )
+
+
+def node_view(node: Obj, lease: Obj | None, now: float) -> NodeView:
+    ready = _condition(node, "Ready")
+    conditions = tuple(
+        (c["type"], ts(c.get("lastTransitionTime"), now))
+        for c in node.get("status", {}).get("conditions") or []
+        if c.get("type") != "Ready" and c.get("status") == "True"
+    )
+    taints = tuple(
+        (t["key"], ts(t.get("timeAdded"), now))
+        for t in node.get("spec", {}).get("taints") or []
+        if t.get("effect") in ("NoSchedule", "NoExecute")
+    )
+    renewed = ts((lease or {}).get("spec", {}).get("renewTime")) if lease else None
+    return NodeView(
+        name=node["metadata"]["name"],
+        ready=(ready or {}).get("status", "Unknown"),
+        ready_since=ts((ready or {}).get("lastTransitionTime"), now),
+        lease_renewed=renewed or None,
+        taints=taints,
+        conditions=conditions,
+    )
+
+
+def pod_nodes(pods: Iterator[PodView]) -> set[str]:
+    return {p.node for p in pods if p.node}
