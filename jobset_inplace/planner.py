@@ -74,7 +74,11 @@ def node_state(node: NodeView | None, policy: Policy, now: float) -> tuple[bool,
         return False, None
     since = unhealthy_since(node, policy, now)
     if since is None:
-        return False, None
+        # Healthy now; a Lease that stops being renewed makes no event, so look again when
+        # it would have gone stale for long enough.
+        if node.lease_renewed is None:
+            return False, None
+        return False, node.lease_renewed + LEASE_RENEW_INTERVAL_S + policy.node_unhealthy_after_s
     due = since + policy.node_unhealthy_after_s
     return (True, None) if now >= due else (False, due)
 
@@ -313,6 +317,8 @@ class _Planning:
             uid = pod.uid if pod else ""
             if cause in IN_PLACE_CAUSES:
                 continue
+            if not rec.causes and cause in (Cause.POD_DELETED, Cause.POD_FAILED):
+                continue  # a fresh epoch: JobSet is still making (or remaking) its pods
             if rec.recreated.get(member) == uid:
                 # Already decided (and charged): repeat the replacement, which is idempotent,
                 # in case the last pass stopped (a crash) before carrying it out.

@@ -51,8 +51,9 @@ class Executor:
     def write_status(self, namespace: str, name: str, status: GangStatus) -> None:
         patch = [{"op": "add", "path": "/status", "value": status_to_dict(status)}]
         self.custom.patch_namespaced_custom_object_status(
-            api.GROUP, api.VERSION, namespace, api.GANGSTATE_PLURAL, name, patch
-        )
+            api.GROUP, api.VERSION, namespace, api.GANGSTATE_PLURAL, name, patch,
+            _content_type="application/json-patch+json",
+        )  # fmt: skip
 
     # --- pods ---------------------------------------------------------------------------------
     def _fail_pod(self, namespace: str, a: ReplacePod | EscalatePod, ctype: str, msg: str) -> bool:
@@ -98,8 +99,9 @@ class Executor:
             self.core.delete_namespaced_pod(
                 a.pod,
                 namespace,
-                grace_period_seconds=grace,
-                preconditions=client.V1Preconditions(uid=a.uid),
+                body=client.V1DeleteOptions(
+                    grace_period_seconds=grace, preconditions=client.V1Preconditions(uid=a.uid)
+                ),
             )
         except ApiException as e:
             if e.status not in (404, 409):  # gone, or a newer pod took the name

@@ -66,7 +66,13 @@ class Reconciler:
             try:
                 await self._reconcile(key)
             except client.exceptions.ApiException as e:
-                log.warning("%s/%s: API error %s %s; retrying", *key, e.status, e.reason)
+                log.warning(
+                    "%s/%s: API error %s %s: %s; retrying",
+                    *key,
+                    e.status,
+                    e.reason,
+                    (e.body or "")[:300],
+                )
                 self.poke(key, 2.0)
 
     async def _reconcile(self, key: GangKey) -> None:
@@ -122,17 +128,17 @@ def setup(reconciler: Reconciler) -> None:
     """Register the kopf handlers that feed ``reconciler``."""
 
     @kopf.on.event("jobset.x-k8s.io", "v1alpha2", "jobsets")
-    def jobset_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+    async def jobset_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         _jobset_event(reconciler, dict(body), type == "DELETED")
 
     @kopf.on.event("", "v1", "pods", labels={api.JOBSET_NAME_LABEL: kopf.PRESENT})
-    def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+    async def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         key = reconciler.cache.upsert_pod(dict(body), deleted=type == "DELETED")
         if key is not None and key in reconciler.cache.gangs:
             reconciler.poke(key)
 
     @kopf.on.event("", "v1", "nodes")
-    def node_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+    async def node_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         name = body["metadata"]["name"]
         reconciler.cache.upsert_node(dict(body), time.time(), deleted=type == "DELETED")
         for key in reconciler.cache.gangs_on_node(name):
@@ -145,7 +151,7 @@ def setup(reconciler: Reconciler) -> None:
         field="metadata.namespace",
         value=NODE_LEASE_NAMESPACE,
     )
-    def lease_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+    async def lease_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         renewed = None if type == "DELETED" else body.get("spec", {}).get("renewTime")
         reconciler.cache.set_lease(body["metadata"]["name"], ts(renewed) if renewed else None)
 
@@ -185,10 +191,16 @@ def build_reconciler() -> Reconciler:
 
 def run(*, liveness: str | None = None) -> None:
     """Run the controller until interrupted (``jobset-inplace run``)."""
+    # kopf logs every handled event at INFO: thousands of pods would flood the log.
+    logging.getLogger("kopf").setLevel(logging.WARNING)
     reconciler = build_reconciler()
     registry = kopf.OperatorRegistry()
     with _registry(registry):
         setup(reconciler)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        return kopf.login_via_client(**kwargs)
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:

@@ -57,7 +57,8 @@ def test_first_epoch_opens_when_every_member_reports_it() -> None:
 
 def test_barrier_stays_closed_while_a_member_is_behind() -> None:
     pl = with_pod(pods(4, epoch=3), 2, reported_epoch=2)
-    p = plan(snapshot(status=recovering(3), pod_list=pl))
+    no_leases = {f"n{i}": NodeView(f"n{i}") for i in range(4)}
+    p = plan(snapshot(status=recovering(3), pod_list=pl, node_map=no_leases))
     assert not p.status.barrier_open
     assert p.status.phase == Phase.RECOVERING
     assert p.status.reported == 3
@@ -128,9 +129,11 @@ def test_vanished_pod_counts_as_recreated() -> None:
     assert p.status.recreate_used == 1
 
 
-def test_healthy_gang_does_nothing() -> None:
+def test_healthy_gang_does_nothing_but_watches_its_leases() -> None:
     p = plan(snapshot())
     assert p.actions == []
+    # nodes renewed 1 s ago: stale after 10 s, unhealthy 15 s later
+    assert p.requeue_after == pytest.approx(24)
     assert p.status == dataclasses.replace(running(), expected=4, reported=4, ready=4)
 
 

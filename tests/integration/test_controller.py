@@ -1,0 +1,221 @@
+"""The controller (``jobset-inplace run``, a real subprocess) against the real apiserver, with
+kubelet, Job controller and agent behaviour simulated by :mod:`gangsim`. Every assertion is on
+API state: pod UIDs, the GangState status, pod conditions, Events."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from e2e.harness.controlplane import ControlPlane
+from e2e.harness.kube import Clients, wait_for
+from jobset_inplace import api
+
+from .gangsim import CRD, Controller, Gang, LeaseKeeper, renew_lease, set_node_ready
+
+pytestmark = pytest.mark.integration
+
+FAST = {api.NODE_UNHEALTHY_AFTER: "2s", api.BARRIER_TIMEOUT: "60s"}
+
+
+@pytest.fixture(scope="session")
+def controller(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Controller]:
+    control_plane.kubectl().apply_files([CRD], server_side=True)
+    control_plane.kubectl().wait_crds_established([f"{api.GANGSTATE_PLURAL}.{api.GROUP}"])
+    ctl = Controller(control_plane.kubeconfig, tmp_path_factory.mktemp("ctl") / "controller.log")
+    ctl.start()
+    yield ctl
+    ctl.stop()
+
+
+@pytest.fixture(scope="session")
+def leases(kube: Clients) -> Iterator[LeaseKeeper]:
+    keeper = LeaseKeeper(kube)
+    keeper.start()
+    yield keeper
+    keeper.stop()
+
+
+@pytest.fixture
+def gang(
+    kube: Clients, namespace: str, controller: Controller, leases: LeaseKeeper
+) -> Iterator[Gang]:
+    g = Gang(kube, namespace, f"train-{uuid.uuid4().hex[:4]}", 4, dict(FAST), leases=leases)
+    yield g
+    if controller.proc is not None and controller.proc.poll() is not None:
+        pytest.fail(f"controller exited: {controller.tail()}")
+
+
+def start_running(g: Gang, steps: str = "200,100") -> dict[str, object]:
+    """Create the gang, let every member report epoch 1, wait for the barrier to open."""
+    g.create()
+    g.wait_state("created with epoch 1", lambda s: s.get("epoch") == 1)
+    g.report_all(1, steps)
+    return g.wait_state("barrier open at epoch 1", lambda s: s.get("barrierOpen") is True)
+
+
+def reasons(g: Gang) -> list[str]:
+    return [r for r, _ in g.events()]
+
+
+def test_worker_crash_restarts_all_members_in_place(gang: Gang) -> None:
+    st = start_running(gang)
+    assert st["resumeStep"] == 200
+    uids = gang.uids()
+
+    gang.fail_trainer(2)
+    st = gang.wait_state("epoch 2, barrier closed", lambda s: s["epoch"] == 2)
+    assert st["barrierOpen"] is False
+    assert st["recovery"]["causes"] == {"workers/2/0": "TrainerExited"}
+    assert st["recovery"]["inPlace"] == 4
+    assert st["recovery"]["recreated"] == {}
+
+    gang.rejoin_all(2)
+    st = gang.wait_state("barrier open at epoch 2", lambda s: s["barrierOpen"] and s["epoch"] == 2)
+    assert gang.uids() == uids, "every member kept its pod"
+    assert st["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 0}
+    assert st["resumeStep"] == 200
+    assert len(st["history"]) == 1
+    wait_for("events", lambda: reasons(gang).count("BarrierOpened") == 2, 10)
+    assert reasons(gang).count("RecoveryStarted") == 1
+
+
+def test_member_on_notready_node_is_replaced_others_in_place(gang: Gang, kube: Clients) -> None:
+    start_running(gang)
+    uids = gang.uids()
+    assert gang.leases is not None
+    gang.leases.dead.add(gang.node(1))
+    set_node_ready(kube, gang.node(1), "Unknown", since=-30)
+    renew_lease(kube, gang.node(1), offset=-60)
+
+    st = gang.wait_state("epoch 2", lambda s: s["epoch"] == 2)
+    assert st["recovery"]["causes"] == {"workers/1/0": "NodeUnhealthy"}
+    assert st["recovery"]["recreated"] == {"workers/1/0": uids[1]}
+
+    def replaced() -> bool:
+        try:
+            pod = gang.pod(1)
+        except ApiException as e:
+            return e.status == 404
+        conds = {c.type: c.status for c in pod.status.conditions or []}
+        return pod.status.phase == "Failed" and conds.get("JobsetInplaceReplaced") == "True"
+
+    wait_for("pod on the dead node failed and deleted", replaced, 20)
+    # The Job controller would create a replacement on a healthy node.
+    gang.make_pod(1, node=gang.node(0))
+    gang.rejoin_all(2, steps="100")  # the replacement only sees the persistent tier
+    st = gang.wait_state("barrier open at epoch 2", lambda s: s["barrierOpen"] and s["epoch"] == 2)
+    assert st["resumeStep"] == 100
+    after = gang.uids()
+    assert {i: after[i] for i in (0, 2, 3)} == {i: uids[i] for i in (0, 2, 3)}
+    assert after[1] != uids[1]
+    assert st["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 1}
+
+
+def test_node_flap_under_threshold_does_nothing(gang: Gang, kube: Clients) -> None:
+    gang.annotations[api.NODE_UNHEALTHY_AFTER] = "10s"
+    start_running(gang)
+    set_node_ready(kube, gang.node(3), "False")
+    time.sleep(3)  # shorter than the threshold: the flap must be ignored ...
+    set_node_ready(kube, gang.node(3), "True")
+    renew_lease(kube, gang.node(3))
+    deadline = time.monotonic() + 12  # ... also once the threshold would have passed
+    while time.monotonic() < deadline:
+        assert gang.state()["epoch"] == 1
+        time.sleep(0.5)
+    assert "RecoveryStarted" not in reasons(gang)
+
+
+def test_second_failure_during_barrier_converges(gang: Gang, kube: Clients) -> None:
+    start_running(gang)
+    gang.fail_trainer(0)
+    gang.wait_state("epoch 2", lambda s: s["epoch"] == 2)
+    gang.rejoin_all(2)
+    gang.report(3, 1)  # member 3 lags ...
+    gang.fail_trainer(1)  # ... and member 1 crashes while the barrier waits
+    time.sleep(1)
+    st = gang.state()
+    assert (st["epoch"], st["barrierOpen"]) == (2, False)
+    gang.restart_in_place(1)
+    gang.report(1, 2)
+    gang.report(3, 2)
+    st = gang.wait_state("barrier open at epoch 2", lambda s: s["barrierOpen"] and s["epoch"] == 2)
+    assert st["budgets"]["inPlaceUsed"] == 1
+    assert reasons(gang).count("RecoveryStarted") == 1
+
+
+def test_budget_exhausted_escalates_through_the_job_failure_policy(gang: Gang) -> None:
+    gang.annotations[api.INPLACE_BUDGET] = "1"
+    start_running(gang)
+    gang.fail_trainer(0)
+    gang.wait_state("epoch 2", lambda s: s["epoch"] == 2)
+    gang.rejoin_all(2)
+    gang.wait_state("barrier open at epoch 2", lambda s: s["barrierOpen"])
+    gang.fail_trainer(3)
+    st = gang.wait_state("escalated", lambda s: s["phase"] == "Escalated")
+    assert st["reason"] == "InPlaceBudgetExhausted"
+
+    def escalated_pod() -> bool:
+        for i in gang.pods:
+            conds = {c.type: c.status for c in gang.pod(i).status.conditions or []}
+            if conds.get(api.ESCALATION_CONDITION) == "True":
+                return gang.pod(i).status.phase == "Failed"
+        return False
+
+    wait_for("a pod failed with the escalation condition", escalated_pod, 10)
+    assert "Escalated" in reasons(gang)
+
+
+def test_controller_killed_mid_recovery_completes_exactly_one(
+    gang: Gang, controller: Controller
+) -> None:
+    start_running(gang)
+    gang.fail_trainer(1)
+    gang.wait_state("epoch 2", lambda s: s["epoch"] == 2)
+    controller.kill()
+    gang.rejoin_all(2)
+    controller.start()
+    st = gang.wait_state("barrier open at epoch 2", lambda s: s["barrierOpen"] and s["epoch"] == 2)
+    time.sleep(2)  # a second recovery would show as epoch 3 by now
+    st = gang.state()
+    assert (st["epoch"], st["budgets"]["inPlaceUsed"], len(st["history"])) == (2, 1, 1)
+    assert reasons(gang).count("RecoveryStarted") == 1
+
+
+def test_malformed_report_is_an_event_not_a_crash(gang: Gang, controller: Controller) -> None:
+    gang.create()
+    gang.wait_state("epoch 1", lambda s: s.get("epoch") == 1)
+    gang.report_all(1)
+    gang.report(2, 1, steps="300,x")
+    wait_for("MalformedReport event", lambda: "MalformedReport" in reasons(gang), 15)
+    assert controller.proc is not None
+    assert controller.proc.poll() is None
+    assert gang.state()["barrierOpen"] is False  # the bad report does not count
+    gang.report(2, 1)
+    gang.wait_state("barrier open", lambda s: s["barrierOpen"])
+
+
+def test_jobset_without_opt_in_is_untouched(gang: Gang, kube: Clients) -> None:
+    gang.create(enabled=False)
+    gang.fail_trainer(0)
+    time.sleep(3)
+    with pytest.raises(ApiException) as err:
+        gang.state()
+    assert err.value.status == 404
+    assert gang.events() == []
+    assert gang.pod(0).status.phase == "Running"
+
+
+def test_invalid_policy_annotation_is_reported(gang: Gang) -> None:
+    gang.annotations[api.BARRIER_TIMEOUT] = "soon"
+    gang.create()
+    wait_for("InvalidPolicy event", lambda: "InvalidPolicy" in reasons(gang), 15)
+    msg = dict(gang.events())["InvalidPolicy"]
+    assert api.BARRIER_TIMEOUT in msg
+    assert "30s, 5m or 1h30m" in msg
