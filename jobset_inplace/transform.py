@@ -1,0 +1,198 @@
+"""The JobSet transform: an opted-in JobSet made ready for hybrid recovery. Pure and
+idempotent; the admission webhook, ``kubectl jobset-inplace enable`` and the demo all use it.
+
+What it adds to every replicated Job (nothing else is changed):
+
+* the agent as a sidecar (init container with ``restartPolicy: Always``) whose restart exit
+  code triggers ``RestartAllContainers``, whose startupProbe is the gang barrier, with the
+  downward-API env it needs and the shared state volume;
+* on every main container: ``RestartAllContainers`` when it exits non-zero, the state volume;
+* on the Job: ``backoffLimit: 2147483647`` (in-place restarts never count, replacements must
+  not fail the Job), ``podReplacementPolicy: Failed``, and a ``podFailurePolicy`` that fails
+  the Job when the controller escalates;
+* on the JobSet (only if it has none): a ``failurePolicy`` restarting it on that failure.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from . import api
+from .policy import Policy, parse_policy
+
+AGENT_CONTAINER = "jobset-inplace-agent"
+STATE_VOLUME = "jobset-inplace-state"
+STATE_DIR = "/var/run/jobset-inplace"
+PROBE_PORT = 8187
+AGENT_SERVICE_ACCOUNT = "jobset-inplace-agent"
+MAX_BACKOFF = 2147483647
+DEFAULT_MAX_RESTARTS = 2
+
+
+class TransformError(ValueError):
+    """The JobSet cannot be made safe; the message names the field."""
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    image: str
+    image_pull_policy: str = "IfNotPresent"
+    service_account: str = AGENT_SERVICE_ACCOUNT
+    probe_port: int = PROBE_PORT
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def agent_container(jobset_name: str, policy: Policy, s: AgentSettings) -> dict[str, Any]:
+    return {
+        "name": AGENT_CONTAINER,
+        "image": s.image,
+        "imagePullPolicy": s.image_pull_policy,
+        "command": ["python3", "-m", "jobset_inplace.agent"],
+        "restartPolicy": "Always",
+        "restartPolicyRules": [
+            {
+                "action": "RestartAllContainers",
+                "exitCodes": {"operator": "In", "values": [policy.restart_exit_code]},
+            }
+        ],
+        "env": [
+            _field_env("POD_NAME", "metadata.name"),
+            _field_env("POD_NAMESPACE", "metadata.namespace"),
+            {"name": "JSI_GANGSTATE", "value": jobset_name},
+            {"name": "JSI_STATE_DIR", "value": STATE_DIR},
+            {"name": "JSI_RESTART_EXIT_CODE", "value": str(policy.restart_exit_code)},
+            {"name": "JSI_PROBE_PORT", "value": str(s.probe_port)},
+        ],
+        # The barrier: main containers start only once this passes. Its failures restart
+        # only the agent (exit 137 is not the restart code); the controller owns deadlines.
+        "startupProbe": {
+            "httpGet": {"path": "/barrier", "port": s.probe_port},
+            "periodSeconds": 1,
+            "failureThreshold": 100000,
+        },
+        "volumeMounts": [{"name": STATE_VOLUME, "mountPath": STATE_DIR}],
+        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+    }
+
+
+def _add_by_name(items: list[dict[str, Any]], item: dict[str, Any]) -> list[dict[str, Any]]:
+    """Replace the entry with the same name, or append (keeps order: idempotent)."""
+    out = [i for i in items if i.get("name") != item["name"]]
+    if len(out) == len(items):
+        return [*items, item]
+    return [item if i.get("name") == item["name"] else i for i in items]
+
+
+def _prepare_pod(pod: dict[str, Any], agent: dict[str, Any], where: str, s: AgentSettings) -> None:
+    spec = pod.setdefault("spec", {})
+    if spec.get("restartPolicy", "Never") != "Never":
+        raise TransformError(
+            f"{where}.spec.restartPolicy must be Never (in-place restarts and "
+            f"the Job failure policy need it), got {spec['restartPolicy']!r}"
+        )
+    spec["restartPolicy"] = "Never"
+    spec["volumes"] = _add_by_name(
+        spec.get("volumes") or [], {"name": STATE_VOLUME, "emptyDir": {}}
+    )
+    spec["initContainers"] = _add_by_name(spec.get("initContainers") or [], agent)
+    spec.setdefault("serviceAccountName", s.service_account)
+    rule = {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}
+    for i, c in enumerate(spec.get("containers") or []):
+        rules = c.get("restartPolicyRules")
+        if rules not in (None, [rule]):
+            raise TransformError(
+                f"{where}.spec.containers[{i}].restartPolicyRules: jobset-inplace sets "
+                "[RestartAllContainers on exit codes NotIn [0]]; remove your rules"
+            )
+        c["restartPolicy"] = "Never"
+        c["restartPolicyRules"] = [rule]
+        mount = {"name": STATE_VOLUME, "mountPath": STATE_DIR}
+        c["volumeMounts"] = _add_by_name(c.get("volumeMounts") or [], mount)
+        env = {"name": "JSI_STATE_DIR", "value": STATE_DIR}
+        c["env"] = _add_by_name(c.get("env") or [], env)
+
+
+ESCALATION_RULE = {
+    "action": "FailJob",
+    "onPodConditions": [{"type": api.ESCALATION_CONDITION, "status": "True"}],
+}
+
+
+def transform(jobset: dict[str, Any], settings: AgentSettings) -> dict[str, Any]:
+    """The JobSet with everything hybrid recovery needs; raises :class:`TransformError` (or
+    :class:`~.policy.PolicyError` for bad annotations) when it cannot be made safe."""
+    out = copy.deepcopy(jobset)
+    meta = out.get("metadata") or {}
+    policy = parse_policy(meta.get("annotations"))
+    name = meta.get("name")
+    if not name:
+        raise TransformError("metadata.name is required (generateName is not supported)")
+    agent = agent_container(name, policy, settings)
+    spec = out.setdefault("spec", {})
+    for r, rj in enumerate(spec.get("replicatedJobs") or []):
+        where = f"spec.replicatedJobs[{r}].template.spec"
+        job = rj.setdefault("template", {}).setdefault("spec", {})
+        par, comp = job.get("parallelism", 1), job.get("completions", job.get("parallelism", 1))
+        if par != comp:
+            raise TransformError(
+                f"{where}: completions ({comp}) must equal parallelism ({par}) "
+                "so every member is one long-running pod"
+            )
+        job["backoffLimit"] = MAX_BACKOFF
+        job["podReplacementPolicy"] = "Failed"
+        pfp = job.setdefault("podFailurePolicy", {"rules": []})
+        rules = pfp.setdefault("rules", [])
+        if ESCALATION_RULE not in rules:
+            rules.insert(0, copy.deepcopy(ESCALATION_RULE))
+        _prepare_pod(job.setdefault("template", {}), agent, f"{where}.template", settings)
+    fp = spec.get("failurePolicy")
+    if fp is None:
+        spec["failurePolicy"] = {"maxRestarts": DEFAULT_MAX_RESTARTS}
+    elif int(fp.get("maxRestarts", 0)) < 1:
+        raise TransformError(
+            "spec.failurePolicy.maxRestarts must be >= 1: escalation restarts "
+            "the JobSet through its failure policy"
+        )
+    return out
+
+
+def agent_rbac(
+    namespace: str, service_account: str = AGENT_SERVICE_ACCOUNT
+) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding an agent needs in ``namespace``: read GangStates,
+    patch pods (a ValidatingAdmissionPolicy narrows that to its own pod's annotations)."""
+    role = f"{service_account}"
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": service_account, "namespace": namespace},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": role, "namespace": namespace},
+            "rules": [
+                {
+                    "apiGroups": [api.GROUP],
+                    "resources": [api.GANGSTATE_PLURAL],
+                    "verbs": ["get", "list", "watch"],
+                },
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": role, "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [
+                {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
+            ],
+        },
+    ]

@@ -1,0 +1,131 @@
+"""The JobSet transform: what it adds, idempotence, user fields kept, refusals name the field."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jobset_inplace import api
+from jobset_inplace.policy import PolicyError
+from jobset_inplace.transform import (
+    AGENT_CONTAINER,
+    ESCALATION_RULE,
+    MAX_BACKOFF,
+    AgentSettings,
+    TransformError,
+    transform,
+)
+
+S = AgentSettings(image="jobset-inplace/python:local", image_pull_policy="Never")
+
+
+def jobset(replicas: int = 2, pods: int = 1, **pod_spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": "train", "annotations": {api.ENABLED: "true"}},
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": "workers",
+                    "replicas": replicas,
+                    "template": {
+                        "spec": {
+                            "parallelism": pods,
+                            "completions": pods,
+                            "template": {
+                                "spec": {
+                                    "containers": [{"name": "trainer", "image": "t"}],
+                                    **pod_spec,
+                                }
+                            },
+                        }
+                    },
+                }
+            ]
+        },
+    }
+
+
+def pod_spec(js: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    return spec
+
+
+def test_adds_agent_rules_and_job_settings() -> None:
+    out = transform(jobset(), S)
+    job = out["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert job["backoffLimit"] == MAX_BACKOFF
+    assert job["podReplacementPolicy"] == "Failed"
+    assert job["podFailurePolicy"]["rules"][0] == ESCALATION_RULE
+    spec = pod_spec(out)
+    agent = spec["initContainers"][0]
+    assert agent["name"] == AGENT_CONTAINER
+    assert agent["restartPolicy"] == "Always"
+    assert agent["restartPolicyRules"][0]["exitCodes"] == {"operator": "In", "values": [88]}
+    assert agent["startupProbe"]["httpGet"]["path"] == "/barrier"
+    trainer = spec["containers"][0]
+    assert trainer["restartPolicyRules"][0]["exitCodes"] == {"operator": "NotIn", "values": [0]}
+    assert out["spec"]["failurePolicy"] == {"maxRestarts": 2}
+
+
+def test_restart_exit_code_annotation_is_used() -> None:
+    js = jobset()
+    js["metadata"]["annotations"][api.RESTART_EXIT_CODE] = "99"
+    agent = pod_spec(transform(js, S))["initContainers"][0]
+    assert agent["restartPolicyRules"][0]["exitCodes"]["values"] == [99]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    replicas=st.integers(1, 5),
+    pods=st.integers(1, 3),
+    extra_env=st.lists(st.sampled_from(["A", "B", "C"]), unique=True),
+    node_selector=st.dictionaries(st.sampled_from(["pool", "zone"]), st.text("abc", min_size=1)),
+)
+def test_idempotent_and_keeps_user_fields(
+    replicas: int, pods: int, extra_env: list[str], node_selector: dict[str, str]
+) -> None:
+    js = jobset(replicas, pods, nodeSelector=node_selector)
+    pod_spec(js)["containers"][0]["env"] = [{"name": n, "value": n} for n in extra_env]
+    before = copy.deepcopy(js)
+    once = transform(js, S)
+    assert transform(once, S) == once
+    assert js == before  # input untouched
+    spec = pod_spec(once)
+    assert spec["nodeSelector"] == node_selector
+    names = [e["name"] for e in spec["containers"][0]["env"]]
+    assert names[: len(extra_env)] == extra_env
+    assert once["spec"]["replicatedJobs"][0]["replicas"] == replicas
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda js: js["spec"]["replicatedJobs"][0]["template"]["spec"].update(completions=3),
+         "spec.replicatedJobs[0].template.spec: completions"),
+        (lambda js: pod_spec(js).update(restartPolicy="OnFailure"),
+         "spec.replicatedJobs[0].template.spec.template.spec.restartPolicy"),
+        (lambda js: pod_spec(js)["containers"][0].update(restartPolicyRules=[
+            {"action": "Restart", "exitCodes": {"operator": "In", "values": [1]}}]),
+         "spec.replicatedJobs[0].template.spec.template.spec.containers[0].restartPolicyRules"),
+        (lambda js: js["spec"].update(failurePolicy={"maxRestarts": 0}),
+         "spec.failurePolicy.maxRestarts"),
+    ],
+)  # fmt: skip
+def test_refusals_name_the_field(change: Any, field: str) -> None:
+    js = jobset()
+    change(js)
+    with pytest.raises(TransformError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        transform(js, S)
+
+
+def test_bad_annotation_names_the_key() -> None:
+    js = jobset()
+    js["metadata"]["annotations"][api.INPLACE_BUDGET] = "lots"
+    with pytest.raises(PolicyError, match=api.INPLACE_BUDGET):
+        transform(js, S)
