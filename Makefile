@@ -56,9 +56,8 @@ cluster-status: venv ## is the local cluster up, and where are its kubeconfig an
 e2e-kind: venv ## e2e suite on a kind cluster (needs a Docker engine; not run by CI here)
 	bash e2e/kind/run.sh
 
-demo: ## the hybrid-recovery demo (not built yet: see README)
-	@echo "make demo arrives with the hybrid-recovery controller; today see 'make cluster-up'." >&2
-	@exit 2
+demo: venv binaries ## hybrid recovery on the local cluster: train, inject a failure, print the timeline
+	$(PY) -m e2e.harness.demo
 
 clean: ## remove the virtualenv and caches in the repo (keeps built binaries)
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -41,6 +41,9 @@ class AgentSettings:
     image_pull_policy: str = "IfNotPresent"
     service_account: str = AGENT_SERVICE_ACCOUNT
     probe_port: int = PROBE_PORT
+    # Where agents reach the apiserver when in-cluster Service routing is not available
+    # (the local cluster's real nodes have no kube-proxy); None: in-cluster config.
+    api_server: str | None = None
 
 
 def _field_env(name: str, path: str) -> dict[str, Any]:
@@ -67,6 +70,7 @@ def agent_container(jobset_name: str, policy: Policy, s: AgentSettings) -> dict[
             {"name": "JSI_STATE_DIR", "value": STATE_DIR},
             {"name": "JSI_RESTART_EXIT_CODE", "value": str(policy.restart_exit_code)},
             {"name": "JSI_PROBE_PORT", "value": str(s.probe_port)},
+            *([{"name": "JSI_API_SERVER", "value": s.api_server}] if s.api_server else []),
         ],
         # The barrier: main containers start only once this passes. Its failures restart
         # only the agent (exit 137 is not the restart code); the controller owns deadlines.

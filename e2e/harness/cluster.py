@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -29,6 +30,12 @@ DEFAULT_NODES = 4
 DEFAULT_REAL_NODES = 2
 REAL_NODE_LABEL = "jobset-inplace.dev/real-node"
 REALNODE_DIR = Path(__file__).resolve().parent.parent / "realnode"
+PACKAGE_DIR = Path(__file__).resolve().parents[2] / "jobset_inplace"
+# Pods on real nodes have no Service routing (no kube-proxy) and cannot reach the host's
+# loopback, so the apiserver is also reachable at this address, held by a dummy interface on
+# the host (outside every node's 10.244.<n>.0/24 pod subnet; n >= 1).
+POD_API_ADDRESS = "10.244.0.1"
+POD_API_INTERFACE = "jsi-api"
 # Upstream defaults (kube-controller-manager >= 1.32): a silent node is marked Unknown after
 # node-monitor-grace-period, checked every node-monitor-period. Kept realistic on purpose: the
 # benchmarks compare against stock Kubernetes timing.
@@ -94,6 +101,7 @@ class LocalCluster:
         self.pki = self.kwok_workdir / "clusters" / name / "pki"
         self.logs_dir = self.state_dir / "logs"
         self.cert_dir = self.state_dir / "webhook-certs"
+        self._overlay = cache_dir() / "overlay" / name
 
     # ----- state -------------------------------------------------------------------------
     @property
@@ -169,7 +177,9 @@ class LocalCluster:
                 "kubeAuthorization": True,
                 "kubeAdmission": True,
                 "securePort": True,
-                "bindAddress": "127.0.0.1",
+                # Real-node pods reach the apiserver at POD_API_ADDRESS (see _ensure_pod_api).
+                "bindAddress": "0.0.0.0",
+                "kubeApiserverCertSANs": [POD_API_ADDRESS],
                 "heartbeatFactor": 1,
                 "kubeControllerManagerNodeMonitorGracePeriodMilliseconds": (
                     NODE_MONITOR_GRACE_SECONDS * 1000
@@ -406,14 +416,55 @@ class LocalCluster:
     def real_node_names(self, count: int) -> list[str]:
         return [f"{self.name}-real-{i}" for i in range(1, count + 1)]
 
+    def _package_overlay(self) -> Path:
+        """This checkout's ``jobset_inplace`` package as an image layer: the agent and the demo
+        trainer run from it in real containers (both need only the standard library)."""
+        root = cache_dir() / "overlay" / self.name
+        dest = root / "usr/lib/python3/dist-packages/jobset_inplace"
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(PACKAGE_DIR, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        return root
+
     def _realnode(self, script: str, *args: str) -> None:
-        env = {**os.environ, "JSI_KUBELET_CLIENT_CA_FILE": str(self.pki / "ca.crt")}
+        env = {
+            **os.environ,
+            "JSI_KUBELET_CLIENT_CA_FILE": str(self.pki / "ca.crt"),
+            "JSI_PYTHON_IMAGE_OVERLAY": str(self._overlay),
+        }
         subprocess.run(["bash", str(REALNODE_DIR / script), *args], check=True, env=env)
+
+    def _ensure_pod_api(self) -> None:
+        have = subprocess.run(
+            ["ip", "-o", "addr", "show", "dev", POD_API_INTERFACE],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if POD_API_ADDRESS in have.stdout:
+            return
+        for cmd in (
+            ["ip", "link", "add", POD_API_INTERFACE, "type", "dummy"],
+            ["ip", "addr", "add", f"{POD_API_ADDRESS}/32", "dev", POD_API_INTERFACE],
+            ["ip", "link", "set", POD_API_INTERFACE, "up"],
+        ):
+            res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if res.returncode != 0 and "File exists" not in res.stderr:
+                raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr.strip()}")
+
+    @property
+    def pod_api_server(self) -> str:
+        """The apiserver URL for agents in real-node pods."""
+        server = yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+        port = server.rsplit(":", 1)[1]
+        return f"https://{POD_API_ADDRESS}:{port}"
 
     def _ensure_real_nodes(self, state: ClusterState, count: int) -> None:
         if count == 0:
             return
+        self._ensure_pod_api()
         log(f"ensuring {count} real kubelet node(s) (containerd + runc, local images) ...")
+        self._overlay = self._package_overlay()
         self._realnode("install-runtime.sh")
         self._realnode("build-images.sh")
         for node in self.real_node_names(count):

@@ -1,0 +1,1 @@
+"""The demo: a small trainer and the scripted recovery run of ``make demo``."""

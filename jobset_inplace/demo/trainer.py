@@ -1,0 +1,63 @@
+"""A small demo trainer: it "trains" by advancing a step counter, checkpoints through the
+trainer contract, and resumes from the step the gang agreed on. Standard library only, so it
+runs in the minimal Python image of the local cluster.
+
+Failure injection for demos and tests: creating ``$JSI_STATE_DIR/inject-failure`` makes the
+trainer exit with status 3 at its next step (as a crashed worker would).
+
+Environment: ``JSI_DEMO_STEP_SECONDS`` (default 0.5), ``JSI_DEMO_CHECKPOINT_EVERY`` (default 10
+steps), ``JSI_DEMO_PERSIST_EVERY`` (default 20 steps; also saved to the persistent tier).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from jobset_inplace.trainer import resolve_state_dir, save_checkpoint, tier_roots, wait_for_resume
+
+FAILURE_FILE = "inject-failure"
+FAILURE_EXIT_CODE = 3
+
+
+def _log(msg: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} trainer {msg}", flush=True)
+
+
+def _write_step(step: int) -> object:
+    def write(directory: Path) -> None:
+        (directory / "state.txt").write_text(f"step={step}\n")
+
+    return write
+
+
+def main() -> int:
+    step_s = float(os.environ.get("JSI_DEMO_STEP_SECONDS", "0.5"))
+    every = int(os.environ.get("JSI_DEMO_CHECKPOINT_EVERY", "10"))
+    persist_every = int(os.environ.get("JSI_DEMO_PERSIST_EVERY", "20"))
+    state_dir = resolve_state_dir()
+    local, persistent = tier_roots()
+    info = wait_for_resume(timeout=600)
+    step = info.resume_step or 0
+    _log(f"epoch {info.epoch}: resuming at step {step} ({info.gang})")
+    fail = state_dir / FAILURE_FILE
+    while True:
+        time.sleep(step_s)
+        if fail.exists():
+            fail.unlink()
+            _log(f"injected failure at step {step}: exiting {FAILURE_EXIT_CODE}")
+            return FAILURE_EXIT_CODE
+        step += 1
+        if step % every == 0:
+            tier = "both" if persistent is not None and step % persist_every == 0 else "local"
+            if local is None:
+                tier = "persistent" if persistent is not None else ""
+            if tier:
+                save_checkpoint(step, _write_step(step), tier)  # type: ignore[arg-type]
+                _log(f"step {step}: checkpoint saved ({tier})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
