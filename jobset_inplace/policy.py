@@ -110,7 +110,8 @@ _PARSERS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
         api.NO_COMMON_CHECKPOINT,
         lambda k, v: _choice(k, v, NoCommonCheckpoint),
     ),
-    ("restart_exit_code", api.RESTART_EXIT_CODE, lambda k, v: _int(k, v, 1, 255)),
+    # 1 is a Python crash and 2 a configuration error of the agent: neither may mean "restart".
+    ("restart_exit_code", api.RESTART_EXIT_CODE, lambda k, v: _int(k, v, 3, 255)),
 )
 
 

@@ -57,11 +57,11 @@ def agent_container(jobset_name: str, policy: Policy, s: AgentSettings) -> dict[
         "imagePullPolicy": s.image_pull_policy,
         "command": ["python3", "-m", "jobset_inplace.agent"],
         "restartPolicy": "Always",
+        # The agent exits with the restart code when its epoch is outdated. Any other non-zero
+        # exit (a crash, an OOM kill) must restart the whole pod too: a lone new agent could
+        # not tell that its trainer is still running an old epoch.
         "restartPolicyRules": [
-            {
-                "action": "RestartAllContainers",
-                "exitCodes": {"operator": "In", "values": [policy.restart_exit_code]},
-            }
+            {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}
         ],
         "env": [
             _field_env("POD_NAME", "metadata.name"),

@@ -3,6 +3,7 @@ throwaway namespaces, bounded waits that report what they last saw."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -57,7 +58,8 @@ def temporary_namespace(c: Clients, prefix: str, *, default_sa: bool = False) ->
     ``default_sa`` creates the ``default`` ServiceAccount, which pod admission requires and
     which only kube-controller-manager would otherwise create (the integration control plane
     runs none)."""
-    name = f"{prefix[:40].lower().replace('_', '-').strip('-')}-{uuid.uuid4().hex[:6]}"
+    base = re.sub(r"[^a-z0-9-]+", "-", prefix.lower())[:40].strip("-")
+    name = f"{base}-{uuid.uuid4().hex[:6]}"
     c.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     if default_sa:
         sa = client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="default"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
@@ -52,7 +53,7 @@ def gang(
         pytest.fail(f"controller exited: {controller.tail()}")
 
 
-def start_running(g: Gang, steps: str = "200,100") -> dict[str, object]:
+def start_running(g: Gang, steps: str = "200,100") -> dict[str, Any]:
     """Create the gang, let every member report epoch 1, wait for the barrier to open."""
     g.create()
     g.wait_state("created with epoch 1", lambda s: s.get("epoch") == 1)
@@ -102,7 +103,7 @@ def test_member_on_notready_node_is_replaced_others_in_place(gang: Gang, kube: C
         try:
             pod = gang.pod(1)
         except ApiException as e:
-            return e.status == 404
+            return bool(e.status == 404)
         conds = {c.type: c.status for c in pod.status.conditions or []}
         return pod.status.phase == "Failed" and conds.get("JobsetInplaceReplaced") == "True"
 
@@ -165,7 +166,7 @@ def test_budget_exhausted_escalates_through_the_job_failure_policy(gang: Gang) -
         for i in gang.pods:
             conds = {c.type: c.status for c in gang.pod(i).status.conditions or []}
             if conds.get(api.ESCALATION_CONDITION) == "True":
-                return gang.pod(i).status.phase == "Failed"
+                return bool(gang.pod(i).status.phase == "Failed")
         return False
 
     wait_for("a pod failed with the escalation condition", escalated_pod, 10)

@@ -66,7 +66,8 @@ def test_adds_agent_rules_and_job_settings() -> None:
     agent = spec["initContainers"][0]
     assert agent["name"] == AGENT_CONTAINER
     assert agent["restartPolicy"] == "Always"
-    assert agent["restartPolicyRules"][0]["exitCodes"] == {"operator": "In", "values": [88]}
+    assert agent["restartPolicyRules"][0]["exitCodes"] == {"operator": "NotIn", "values": [0]}
+    assert {"name": "JSI_RESTART_EXIT_CODE", "value": "88"} in agent["env"]
     assert agent["startupProbe"]["httpGet"]["path"] == "/barrier"
     trainer = spec["containers"][0]
     assert trainer["restartPolicyRules"][0]["exitCodes"] == {"operator": "NotIn", "values": [0]}
@@ -77,7 +78,7 @@ def test_restart_exit_code_annotation_is_used() -> None:
     js = jobset()
     js["metadata"]["annotations"][api.RESTART_EXIT_CODE] = "99"
     agent = pod_spec(transform(js, S))["initContainers"][0]
-    assert agent["restartPolicyRules"][0]["exitCodes"]["values"] == [99]
+    assert {"name": "JSI_RESTART_EXIT_CODE", "value": "99"} in agent["env"]
 
 
 @settings(max_examples=60, deadline=None)

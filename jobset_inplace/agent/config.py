@@ -1,0 +1,143 @@
+"""The agent's configuration, read from the environment (the downward API in real pods)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobset_inplace.api import DEFAULT_RESTART_EXIT_CODE
+from jobset_inplace.trainer import resolve_state_dir, tier_roots
+
+__all__ = [
+    "DEFAULT_PROBE_PORT",
+    "EXIT_CONFIG",
+    "EXIT_CRASH",
+    "SA_DIR",
+    "Config",
+    "ConfigError",
+    "load_config",
+]
+
+EXIT_CRASH = 1  # an unexpected error in the agent (Python's own code for an uncaught one)
+EXIT_CONFIG = 2  # bad configuration: never the restart exit code
+DEFAULT_PROBE_PORT = 8187
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class Config:
+    pod_name: str
+    namespace: str
+    gangstate: str
+    state_dir: Path
+    local_dir: Path | None
+    persistent_dir: Path | None
+    restart_exit_code: int
+    probe_port: int
+    server: str  # https://host:port (or http:// for a simulation)
+    token_file: Path | None  # None: send no token
+    ca_file: Path | None  # None: system trust store (https) or plain http
+
+    @property
+    def gang(self) -> str:
+        return f"{self.namespace}/{self.gangstate}"
+
+
+def _name(env: Mapping[str, str], var: str, pattern: re.Pattern[str], limit: int) -> str:
+    value = env.get(var, "")
+    if not value:
+        raise ConfigError(f"{var} is not set (it should come from the downward API)")
+    if len(value) > limit or pattern.fullmatch(value) is None:
+        raise ConfigError(
+            f"{var}={value!r} is not a valid Kubernetes name (lower-case DNS name, "
+            f"at most {limit} characters)"
+        )
+    return value
+
+
+def _int(
+    env: Mapping[str, str], var: str, default: int, *, low: int, high: int, why: str = ""
+) -> int:
+    raw = env.get(var, "")
+    if raw == "":
+        return default
+    try:
+        value = int(raw.strip(), 10)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise ConfigError(f"{var} must be an integer {low}..{high}{why}, got {raw!r}")
+    return value
+
+
+def _server(env: Mapping[str, str]) -> str:
+    explicit = env.get("JSI_API_SERVER", "")
+    if explicit:
+        if not explicit.startswith(("https://", "http://")):
+            raise ConfigError(f"JSI_API_SERVER must start with https:// or http://: {explicit!r}")
+        return explicit.rstrip("/")
+    host = env.get("KUBERNETES_SERVICE_HOST", "")
+    port = env.get("KUBERNETES_SERVICE_PORT", "")
+    if not host or not port:
+        raise ConfigError(
+            "KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT are not set (not running in a pod?); "
+            "set JSI_API_SERVER to reach the API server"
+        )
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    return f"https://{host}:{port}"
+
+
+def _readable_file(env: Mapping[str, str], var: str, default: Path) -> Path | None:
+    """`var`'s file (default `default`); an explicitly empty `var` means none."""
+    if var in env and env[var] == "":
+        return None
+    path = Path(env.get(var) or default)
+    if not path.is_file():
+        where = f"{var}={path}" if env.get(var) else f"{path} (default; set {var} to override)"
+        raise ConfigError(f"{where}: no such file")
+    return path
+
+
+def load_config(env: Mapping[str, str]) -> Config:
+    """The configuration in `env`; raises `ConfigError` naming the first bad variable."""
+    pod = _name(env, "POD_NAME", _DNS_SUBDOMAIN, 253)
+    namespace = _name(env, "POD_NAMESPACE", _DNS_LABEL, 63)
+    gangstate = _name(env, "JSI_GANGSTATE", _DNS_SUBDOMAIN, 253)
+    restart = _int(
+        env,
+        "JSI_RESTART_EXIT_CODE",
+        DEFAULT_RESTART_EXIT_CODE,
+        low=3,
+        high=255,
+        why=f" (0 is success, {EXIT_CRASH} an agent crash, {EXIT_CONFIG} a configuration error)",
+    )
+    port = _int(env, "JSI_PROBE_PORT", DEFAULT_PROBE_PORT, low=1, high=65535)
+    server = _server(env)
+    token = _readable_file(env, "JSI_TOKEN_FILE", SA_DIR / "token")
+    local, persistent = tier_roots(env)
+    ca: Path | None = None
+    if server.startswith("https://"):
+        ca = _readable_file(env, "JSI_CA_FILE", SA_DIR / "ca.crt")
+    return Config(
+        pod_name=pod,
+        namespace=namespace,
+        gangstate=gangstate,
+        state_dir=resolve_state_dir(env),
+        local_dir=local,
+        persistent_dir=persistent,
+        restart_exit_code=restart,
+        probe_port=port,
+        server=server,
+        token_file=token,
+        ca_file=ca,
+    )

@@ -1,0 +1,187 @@
+"""The agent's decisions, free of I/O: what to do given the GangState status it just saw and
+what it has done so far (reported, joined, opened).
+
+The runner (`jobset_inplace.agent.runner`) feeds every status it observes to
+`AgentLogic.step`, performs the returned action, and confirms success with
+`AgentLogic.reported` or `AgentLogic.opened_barrier`. A failed action is not confirmed: the
+next observation asks for it again.
+
+Rules (see the package docstring for why):
+
+* The first status seen sets the agent's epoch; the agent reports it (pod annotations).
+* The barrier opens for this agent iff the status says ``barrierOpen`` for the agent's epoch
+  *and* the agent took part: its report was made, or was still in place, while that epoch's
+  barrier was closed. An agent that first sees its epoch's barrier already open waits.
+* A different epoch before this agent's barrier opened: adopt it in place (report again).
+  A different epoch after it opened: exit with the restart exit code (the pod restarts every
+  container in place; the next agent process joins the new epoch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from jobset_inplace.checkpoints import MAX_STEP
+
+__all__ = [
+    "Action",
+    "AgentLogic",
+    "GangView",
+    "MalformedStatus",
+    "Open",
+    "Report",
+    "Restart",
+    "Wait",
+    "parse_gangstate",
+]
+
+
+class MalformedStatus(ValueError):
+    """The GangState status cannot be acted on (wrong type or range of a field we use)."""
+
+
+@dataclass(frozen=True)
+class GangView:
+    """The part of a GangState status the agent acts on."""
+
+    epoch: int
+    barrier_open: bool
+    resume_step: int | None  # meaningful only while barrier_open
+    phase: str = ""
+
+    def describe(self) -> str:
+        barrier = "open" if self.barrier_open else "closed"
+        step = "" if not self.barrier_open else f", resumeStep {self.resume_step}"
+        phase = f" ({self.phase})" if self.phase else ""
+        return f"epoch {self.epoch}{phase}, barrier {barrier}{step}"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_gangstate(obj: object) -> GangView | None:
+    """The view of a GangState object; None while it has no status epoch yet (the controller
+    has not initialised it). Raises `MalformedStatus` naming the offending field."""
+    if not isinstance(obj, Mapping):
+        raise MalformedStatus(f"GangState is not a JSON object: {type(obj).__name__}")
+    status = obj.get("status")
+    if status is None:
+        return None
+    if not isinstance(status, Mapping):
+        raise MalformedStatus(f"status is not an object: {_short(status)}")
+    if status.get("epoch") is None:
+        return None
+    epoch = status["epoch"]
+    if not _is_int(epoch) or not 0 <= epoch <= MAX_STEP:
+        raise MalformedStatus(f"status.epoch must be an integer >= 0, got {_short(epoch)}")
+    barrier = status.get("barrierOpen", False)
+    if barrier is None:
+        barrier = False
+    if not isinstance(barrier, bool):
+        raise MalformedStatus(f"status.barrierOpen must be a boolean, got {_short(barrier)}")
+    step = status.get("resumeStep")
+    if barrier and step is not None and (not _is_int(step) or not 0 <= step <= MAX_STEP):
+        raise MalformedStatus(
+            f"status.resumeStep must be null or an integer 0..{MAX_STEP}, got {_short(step)}"
+        )
+    phase = status.get("phase")
+    return GangView(
+        epoch=epoch,
+        barrier_open=barrier,
+        resume_step=step if barrier else None,
+        phase=phase if isinstance(phase, str) else "",
+    )
+
+
+def _short(value: object, width: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[:width] + "..."
+
+
+@dataclass(frozen=True)
+class Report:
+    """Adopt `epoch` (if not already this agent's) and write the pod annotations.
+
+    `barrier_closed`: the status this report answers had the barrier closed; confirm it with
+    `AgentLogic.reported`."""
+
+    epoch: int
+    barrier_closed: bool
+
+
+@dataclass(frozen=True)
+class Open:
+    """Write ``resume.json`` for `epoch` (after retiring newer steps), then pass the probe."""
+
+    epoch: int
+    resume_step: int | None
+
+
+@dataclass(frozen=True)
+class Restart:
+    """This agent's trainer ran `old_epoch`; the gang moved to `new_epoch`: exit with the
+    restart exit code."""
+
+    old_epoch: int
+    new_epoch: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to do until the status changes; `reason` is what the probe and logs say."""
+
+    reason: str
+
+
+Action = Report | Open | Restart | Wait
+
+
+class AgentLogic:
+    """What this agent process has done, and the decision rule over it."""
+
+    def __init__(self) -> None:
+        self.epoch: int | None = None  # the epoch this agent adopted (and reports)
+        self.reported = False  # the annotations for `epoch` were written
+        self.joined = False  # the report stood while `epoch`'s barrier was closed
+        self.opened = False  # resume.json written and the probe passes: the trainer may run
+
+    def step(self, view: GangView) -> Action:
+        """The action for the status `view` just observed."""
+        if self.reported and view.epoch == self.epoch and not view.barrier_open and not self.opened:
+            self.joined = True  # our report is in place while the barrier is still closed
+        if self.opened:
+            assert self.epoch is not None
+            if view.epoch != self.epoch:
+                return Restart(self.epoch, view.epoch)
+            return Wait(f"open: epoch {self.epoch}, trainer running")
+        if self.epoch is None or view.epoch != self.epoch or not self.reported:
+            return Report(view.epoch, barrier_closed=not view.barrier_open)
+        if not view.barrier_open:
+            return Wait(
+                f"barrier of epoch {view.epoch} closed: reported, waiting for the gang "
+                "and the controller"
+            )
+        if not self.joined:
+            return Wait(
+                f"barrier of epoch {view.epoch} was already open when this agent reported: "
+                "it did not take part, waiting for the next epoch"
+            )
+        return Open(view.epoch, view.resume_step)
+
+    def reported_epoch(self, epoch: int, barrier_closed: bool) -> None:
+        """Confirm a `Report`: the annotations now say `epoch`."""
+        if self.opened:
+            raise RuntimeError("an agent whose barrier opened never reports another epoch")
+        if epoch != self.epoch:
+            self.joined = False
+        self.epoch = epoch
+        self.reported = True
+        self.joined = self.joined or barrier_closed
+
+    def opened_barrier(self, epoch: int) -> None:
+        """Confirm an `Open`: resume.json is written; the probe passes from now on."""
+        if epoch != self.epoch or not self.joined:
+            raise RuntimeError(f"cannot open epoch {epoch}: not joined (agent epoch {self.epoch})")
+        self.opened = True

@@ -1,0 +1,311 @@
+"""The agent's I/O loop: read and watch the GangState, report, open the barrier, or exit with
+the restart exit code. Decisions are `jobset_inplace.agent.logic`'s."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from jobset_inplace import api
+from jobset_inplace.checkpoints import available_steps, encode_steps, is_complete, step_dir
+from jobset_inplace.checkpoints import retire_steps_after as retire
+from jobset_inplace.trainer import ResumeInfo, clear_resume, write_resume
+
+from .config import Config
+from .kubeapi import ApiError, KubeApi, TransportErrors
+from .log import Log
+from .logic import AgentLogic, GangView, MalformedStatus, Open, Report, Restart, Wait
+from .logic import parse_gangstate as parse
+from .probe import BarrierState
+
+__all__ = ["Agent", "Backoff", "process_age"]
+
+# Errors after which the agent re-reads the GangState (after a backoff) and decides again.
+_RETRY_ERRORS = (ApiError, ValueError, *TransportErrors)
+
+WATCH_SECONDS = (120, 180)  # server-side watch timeout, random in this range (spreads load)
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (per the kernel), or None if unknown."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime, in ticks
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+class Backoff:
+    """Exponential backoff with jitter: first ~`first` s, doubling, capped at `cap` s."""
+
+    def __init__(self, first: float = 0.2, cap: float = 10.0) -> None:
+        self.first, self.cap = first, cap
+        self._next = first
+
+    def next(self) -> float:
+        delay = self._next * random.uniform(0.5, 1.0)
+        self._next = min(self._next * 2, self.cap)
+        return delay
+
+    def reset(self) -> None:
+        self._next = self.first
+
+
+class _ActionFailed(Exception):
+    """An I/O action (report, open) failed; retried after a backoff."""
+
+
+class _WatchEnded(Exception):
+    """The server ended a watch early (a proxy cutting connections?): back off, re-read."""
+
+
+class _Relist(Exception):
+    """The watch cannot continue from its resourceVersion: read the object again."""
+
+
+class Agent:
+    def __init__(
+        self,
+        cfg: Config,
+        kube: KubeApi,
+        barrier: BarrierState,
+        log: Log,
+        *,
+        started: float,
+    ) -> None:
+        self.cfg = cfg
+        self.kube = kube
+        self.barrier = barrier
+        self.log = log
+        self.logic = AgentLogic()
+        self.backoff = Backoff()
+        self._started = started  # time.monotonic() when the entry module began
+        self._collection = KubeApi.gangstates_path(
+            api.GROUP, api.VERSION, cfg.namespace, api.GANGSTATE_PLURAL
+        )
+        self._object = f"{self._collection}/{cfg.gangstate}"
+        self._pod = f"/api/v1/namespaces/{cfg.namespace}/pods/{cfg.pod_name}"
+        self._what = f"GangState {cfg.gang}"
+        self.first_report_latency: float | None = None
+        self._open_reason = ""
+        self._logged_wait = ""
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until an epoch change requires a restart; return the restart exit code."""
+        rv: str | None = None
+        relist = True
+        while True:
+            try:
+                if relist:
+                    rv = self._read()
+                    relist = False
+                rv = self._watch(rv)
+            except _Relist as e:
+                self.log.info(f"{e}; reading the {self._what} again")
+                relist = True
+            except (_ActionFailed, _WatchEnded, *_RETRY_ERRORS) as e:
+                self._waiting(f"{_describe(e)}; retrying")
+                self.log.repeat(
+                    "retry",
+                    "WARN",
+                    f"{_describe(e)}; retrying with backoff (up to {self.backoff.cap:.0f} s)",
+                )
+                relist = True
+                time.sleep(self.backoff.next())
+            except _RestartRequested as r:
+                return r.code
+
+    def _read(self) -> str | None:
+        """GET the GangState and act on it; its resourceVersion (None if it does not exist)."""
+        try:
+            obj = self.kube.get(self._object)
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            self._waiting(f"{self._what} not found")
+            self.log.repeat(
+                "gangstate",
+                "WARN",
+                f"{self._what} not found: waiting for the controller to create it",
+            )
+            return None
+        self._observe(obj)
+        return _resource_version(obj)
+
+    def _watch(self, rv: str | None) -> str | None:
+        """Watch from `rv` until the server ends the watch; the last resourceVersion seen."""
+        seconds = random.randint(*WATCH_SECONDS)
+        began, events = time.monotonic(), 0
+        for event in self.kube.watch(self._collection, self.cfg.gangstate, rv, seconds):
+            events += 1
+            kind, obj = event.get("type"), event.get("object")
+            if kind == "ERROR":
+                status = obj if isinstance(obj, dict) else {}
+                code = status.get("code")
+                message = str(status.get("message") or status.get("reason") or "")
+                if code == 410:  # Gone: rv too old (compacted)
+                    raise _Relist(f"watch of the {self._what} expired ({message})")
+                raise ApiError(int(code) if isinstance(code, int) else 500, "WatchError", message)
+            self.backoff.reset()  # the watch works
+            self.log.clear("retry")
+            rv = _resource_version(obj) or rv
+            if kind in ("ADDED", "MODIFIED"):
+                self._observe(obj)
+            elif kind == "DELETED":
+                self._waiting(f"{self._what} deleted")
+                self.log.repeat("gangstate", "WARN", f"{self._what} was deleted; waiting")
+        if events == 0 and time.monotonic() - began < seconds / 2:
+            raise _WatchEnded(f"the watch of the {self._what} ended early without events")
+        self.backoff.reset()
+        return rv
+
+    # --- decisions and actions ------------------------------------------------------------
+
+    def _observe(self, obj: Any) -> None:
+        try:
+            view = parse(obj)
+        except MalformedStatus as e:
+            self._waiting(f"malformed {self._what}: {e}")
+            self.log.repeat(
+                "gangstate", "WARN", f"ignoring malformed {self._what}: {e}; waiting for a fix"
+            )
+            return
+        if view is None:
+            self._waiting(f"{self._what} has no status epoch yet")
+            self.log.repeat("gangstate", "INFO", f"{self._what} has no status epoch yet: waiting")
+            return
+        self.log.clear("gangstate")
+        self._handle(view)
+
+    def _handle(self, view: GangView) -> None:
+        for _ in range(4):  # report, then open, then wait: at most three actions per view
+            action = self.logic.step(view)
+            if isinstance(action, Report):
+                self._report(action)
+            elif isinstance(action, Open):
+                self._open(action)
+            elif isinstance(action, Restart):
+                self._restart(action)
+            else:
+                assert isinstance(action, Wait)
+                self._waiting(self._open_reason if self.logic.opened else action.reason, log=True)
+                return
+        raise AssertionError(f"no decision settled for {view}")
+
+    def _report(self, action: Report) -> None:
+        cfg = self.cfg
+        try:
+            steps = available_steps(cfg.local_dir, cfg.persistent_dir)
+        except OSError as e:
+            raise _ActionFailed(f"cannot scan the checkpoint tiers: {e}") from e
+        patch = {
+            "metadata": {
+                "annotations": {
+                    api.REPORT_EPOCH: str(action.epoch),
+                    api.REPORT_STEPS: encode_steps(steps),
+                }
+            }
+        }
+        try:
+            self.kube.merge_patch(self._pod, patch)
+        except _RETRY_ERRORS as e:
+            raise _ActionFailed(f"cannot report on pod {cfg.pod_name}: {_describe(e)}") from e
+        previous = self.logic.epoch
+        self.logic.reported_epoch(action.epoch, action.barrier_closed)
+        listed = ",".join(map(str, steps)) or "none"
+        if previous is None:
+            age = process_age()
+            latency = age if age is not None else time.monotonic() - self._started
+            self.first_report_latency = latency
+            since = "process start" if age is not None else "agent start"
+            self.log.info(
+                f"reported epoch {action.epoch}, checkpoint steps [{listed}]: "
+                f"{latency:.3f} s after {since}"
+            )
+        elif previous != action.epoch:
+            self.log.info(
+                f"adopted epoch {action.epoch} in place (was {previous}; this agent's barrier "
+                f"had not opened), reported checkpoint steps [{listed}]"
+            )
+        else:
+            self.log.info(f"reported epoch {action.epoch}, checkpoint steps [{listed}]")
+
+    def _open(self, action: Open) -> None:
+        cfg = self.cfg
+        step = action.resume_step
+        roots = [r for r in (cfg.local_dir, cfg.persistent_dir) if r is not None]
+        try:
+            if step is not None and not any(is_complete(step_dir(r, step)) for r in roots):
+                self.log.warning(
+                    f"resume step {step} is not complete in this pod's tiers "
+                    f"({', '.join(map(str, roots)) or 'none configured'}); opening anyway"
+                )
+            retired = sorted({s for r in roots for s in retire(r, step)}, reverse=True)
+            write_resume(ResumeInfo(action.epoch, step, cfg.gang), cfg.state_dir)
+        except (OSError, ValueError) as e:
+            raise _ActionFailed(f"cannot prepare the resume of epoch {action.epoch}: {e}") from e
+        self.logic.opened_barrier(action.epoch)
+        where = "from scratch" if step is None else f"from step {step}"
+        self._open_reason = f"open: epoch {action.epoch}, resume {where}"
+        self.barrier.set(True, self._open_reason)
+        also = f"; retired newer steps [{','.join(map(str, retired))}]" if retired else ""
+        self.log.info(
+            f"barrier of epoch {action.epoch} open: trainer may start, resume {where} "
+            f"({Path(cfg.state_dir, 'resume.json')}){also}"
+        )
+
+    def _restart(self, action: Restart) -> None:
+        try:
+            clear_resume(self.cfg.state_dir)
+        except OSError as e:
+            self.log.warning(f"cannot remove resume.json: {e}")
+        self.barrier.set(False, f"restarting: epoch {action.old_epoch} -> {action.new_epoch}")
+        self.log.info(
+            f"gang moved from epoch {action.old_epoch} to {action.new_epoch} while this pod's "
+            f"trainer ran: exiting with {self.cfg.restart_exit_code} to restart all containers"
+        )
+        raise _RestartRequested(self.cfg.restart_exit_code)
+
+    def _waiting(self, reason: str, *, log: bool = False) -> None:
+        """Set the probe's answer; with `log`, log `reason` if it is a new decision."""
+        if self.logic.opened and not reason.startswith("open"):
+            reason = f"open: epoch {self.logic.epoch} (now: {reason})"
+        if log and reason != self._logged_wait:
+            self._logged_wait = reason
+            if not self.logic.opened:  # opening was logged already
+                self.log.info(reason)
+        self.barrier.set(self.logic.opened, reason)
+
+
+class _RestartRequested(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(f"restart with exit code {code}")
+        self.code = code
+
+
+def _resource_version(obj: Any) -> str | None:
+    if isinstance(obj, dict):
+        meta = obj.get("metadata")
+        if isinstance(meta, dict):
+            rv = meta.get("resourceVersion")
+            if isinstance(rv, str) and rv:
+                return rv
+    return None
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, ApiError):
+        hint = ""
+        if e.status in (401, 403):
+            hint = " (check the agent's ServiceAccount token and RBAC)"
+        return f"API error {e}{hint}"
+    if isinstance(e, _ActionFailed | _WatchEnded):
+        return str(e)
+    return f"{type(e).__name__}: {e}"

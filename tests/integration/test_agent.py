@@ -1,0 +1,563 @@
+"""The agent as a real process against the real API server: it reports through its pod's
+annotations, holds and opens the barrier, adopts or restarts on an epoch change, survives
+missing or malformed state, and works with least-privilege RBAC.
+
+There is no kubelet: the pod object only carries the agent's report, and the test plays the
+controller by patching the GangState status."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from e2e.harness.controlplane import ControlPlane
+from e2e.harness.kube import Clients, wait_for
+from e2e.harness.processes import free_port
+from jobset_inplace import api
+from jobset_inplace.checkpoints import COMPLETE_MARKER, RETIRED_MARKER, decode_steps
+from jobset_inplace.trainer import RESUME_FILE, ResumeInfo, read_resume, staged_checkpoint
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_FILE = REPO / "manifests" / "crd" / "gangstates.yaml"
+CRD_NAME = f"{api.GANGSTATE_PLURAL}.{api.GROUP}"
+RESTART_CODE = 88
+WAIT = 15.0  # bound of every wait for something the agent does within ~a second
+POLL = 0.01
+
+
+# --- the GangState and pods (the test plays the controller) ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gangstate_crd(control_plane: ControlPlane, kube: Clients) -> None:
+    kubectl = control_plane.kubectl()
+    kubectl.apply_files([CRD_FILE], server_side=True)
+    kubectl.wait_crds_established([CRD_NAME])
+
+    def served() -> bool:
+        try:
+            kube.custom.list_cluster_custom_object(api.GROUP, api.VERSION, api.GANGSTATE_PLURAL)
+        except ApiException:
+            return False
+        return True
+
+    wait_for("GangState resource served", served, 30, 0.2)
+
+
+def create_gangstate(kube: Clients, ns: str, name: str, status: dict[str, Any] | None) -> None:
+    body = {
+        "apiVersion": api.API_VERSION,
+        "kind": api.GANGSTATE_KIND,
+        "metadata": {"name": name},
+        "spec": {"jobSetName": name},
+    }
+    kube.custom.create_namespaced_custom_object(
+        api.GROUP, api.VERSION, ns, api.GANGSTATE_PLURAL, body
+    )
+    if status is not None:
+        set_status(kube, ns, name, status)
+
+
+def set_status(kube: Clients, ns: str, name: str, status: dict[str, Any]) -> None:
+    """Merge-patch the status subresource, as the controller does."""
+    kube.custom.patch_namespaced_custom_object_status(
+        api.GROUP, api.VERSION, ns, api.GANGSTATE_PLURAL, name, {"status": status}
+    )
+
+
+def closed(epoch: int) -> dict[str, Any]:
+    return {"phase": "Recovering", "epoch": epoch, "barrierOpen": False}
+
+
+def opened(epoch: int, step: int | None) -> dict[str, Any]:
+    return {"phase": "Running", "epoch": epoch, "barrierOpen": True, "resumeStep": step}
+
+
+def create_pod(kube: Clients, ns: str, name: str) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": {"example.com/keep": "me"}},
+        "spec": {"containers": [{"name": "trainer", "image": "busybox"}]},
+    }
+    kube.core.create_namespaced_pod(ns, pod)
+
+
+def pod_annotations(kube: Clients, ns: str, pod: str) -> dict[str, str]:
+    return dict(kube.core.read_namespaced_pod(pod, ns).metadata.annotations or {})
+
+
+def reported(kube: Clients, ns: str, pod: str) -> tuple[str | None, str | None]:
+    a = pod_annotations(kube, ns, pod)
+    return a.get(api.REPORT_EPOCH), a.get(api.REPORT_STEPS)
+
+
+def wait_reported(kube: Clients, ns: str, pod: str, epoch: int) -> str:
+    """Wait until the pod reports `epoch`; its reported steps."""
+
+    def check() -> tuple[str | None, str | None] | None:
+        r = reported(kube, ns, pod)
+        return r if r[0] == str(epoch) else None
+
+    return wait_for(f"pod {pod} to report epoch {epoch}", check, WAIT, POLL)[1] or ""
+
+
+# --- the agent process -------------------------------------------------------------------------
+
+
+@dataclass
+class AgentProc:
+    proc: subprocess.Popen[bytes]
+    log: Path
+    port: int
+    state_dir: Path
+    local: Path
+    persistent: Path
+    token_file: Path
+    started: float = field(default_factory=time.monotonic)
+
+    def barrier(self) -> tuple[int, str]:
+        """(HTTP status, body) of GET /barrier; (0, error) while nothing listens."""
+        return self.get("/barrier")
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
+                return int(r.status), r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            return 0, str(e)
+
+    def wait_barrier(self, status: int, contains: str = "") -> str:
+        def check() -> str | None:
+            code, body = self.barrier()
+            return body if code == status and contains in body else None
+
+        return wait_for(f"/barrier {status} {contains!r}; log:\n{self.text()}", check, WAIT, POLL)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_log(self, pattern: str, count: int = 1) -> str:
+        return wait_for(
+            f"agent log line {pattern!r} x{count}; log:\n{self.text()}",
+            lambda: self.text() if len(re.findall(pattern, self.text())) >= count else None,
+            WAIT,
+            POLL,
+        )
+
+    def wait_exit(self, timeout: float = WAIT) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"agent still running after {timeout}s; log:\n{self.text()}"
+            ) from None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def own_latency(self) -> float:
+        m = re.search(r"reported epoch \d+, checkpoint steps \[[^]]*\]: ([0-9.]+) s", self.text())
+        assert m, self.text()
+        return float(m.group(1))
+
+    def resume(self) -> ResumeInfo | None:
+        return read_resume(self.state_dir)
+
+
+StartAgent = Callable[..., AgentProc]
+
+
+def checkpoints(root: Path, complete: list[int], partial: tuple[int, ...] = ()) -> None:
+    for step in complete:
+        with staged_checkpoint(root, step, durable=False) as d:
+            (d / "weights").write_text(f"step {step}\n")
+    for step in partial:
+        (root / f"step-{step}").mkdir(parents=True)
+
+
+@pytest.fixture
+def start_agent(
+    control_plane: ControlPlane, namespace: str, gangstate_crd: None, tmp_path: Path
+) -> Iterator[StartAgent]:
+    """Start agent processes (each with its own dirs and port); stop the survivors after."""
+    started: list[AgentProc] = []
+    token_file = tmp_path / "token"
+    token_file.write_text(control_plane.token + "\n")
+
+    def start(pod: str, gang: str, *, token: str | None = None, **env: str) -> AgentProc:
+        base = tmp_path / f"{pod}-{len(started)}"
+        local, persistent, state = base / "local", base / "persistent", base / "state"
+        checkpoints(local, [100, 200], partial=(300,))
+        checkpoints(persistent, [100])
+        state.mkdir(parents=True)
+        (state / RESUME_FILE).write_text('{"epoch": 0, "resumeStep": 7, "gang": "old/one"}\n')
+        tok = token_file
+        if token is not None:
+            tok = base / "token"
+            tok.write_text(token)
+        port = free_port()
+        log = base / "agent.log"
+        full_env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "POD_NAME": pod,
+            "POD_NAMESPACE": namespace,
+            "JSI_GANGSTATE": gang,
+            "JSI_STATE_DIR": str(state),
+            "JSI_CHECKPOINT_LOCAL_DIR": str(local),
+            "JSI_CHECKPOINT_PERSISTENT_DIR": str(persistent),
+            "JSI_PROBE_PORT": str(port),
+            "JSI_API_SERVER": control_plane.server,
+            "JSI_TOKEN_FILE": str(tok),
+            "JSI_CA_FILE": str(control_plane.workdir / "pki" / "apiserver.crt"),
+            **env,
+        }
+        with log.open("wb") as out:
+            t0 = time.monotonic()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "jobset_inplace.agent"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=full_env,
+                cwd=base,
+            )
+        agent = AgentProc(proc, log, port, state, local, persistent, tok, t0)
+        started.append(agent)
+        return agent
+
+    yield start
+    for agent in started:
+        if agent.alive():
+            agent.proc.kill()
+            agent.proc.wait(10)
+
+
+# --- tests ---------------------------------------------------------------------------------------
+
+
+def test_report_open_restart(kube: Clients, namespace: str, start_agent: StartAgent) -> None:
+    """The whole cycle of one epoch: report, hold, open with the resume step, restart."""
+    create_gangstate(kube, namespace, "gang", closed(1))
+    create_pod(kube, namespace, "gang-0")
+    agent = start_agent("gang-0", "gang")
+
+    steps = wait_reported(kube, namespace, "gang-0", 1)
+    seen_after = time.monotonic() - agent.started
+    assert steps == "200,100"  # complete steps of both tiers, newest first; step-300 is partial
+    assert decode_steps(steps) == [200, 100]  # what the controller parses
+    ann = pod_annotations(kube, namespace, "gang-0")
+    assert ann["example.com/keep"] == "me"  # only its own keys were written
+    assert set(ann) == {"example.com/keep", api.REPORT_EPOCH, api.REPORT_STEPS}
+    print(
+        f"\nagent start -> epoch reported: {agent.own_latency():.3f} s (agent's own measure), "
+        f"{seen_after:.3f} s (spawn -> annotation seen by the test)"
+    )
+
+    assert "closed" in agent.wait_barrier(503)
+    assert agent.get("/healthz")[0] == 200
+    assert agent.resume() is None  # the previous epoch's resume.json was removed at start
+
+    set_status(kube, namespace, "gang", opened(1, 100))
+    assert "resume from step 100" in agent.wait_barrier(200)
+    assert agent.resume() == ResumeInfo(epoch=1, resume_step=100, gang=f"{namespace}/gang")
+    # Steps of the abandoned run (newer than the resume step) were retired, older ones kept.
+    assert (agent.local / "step-200" / RETIRED_MARKER).exists()
+    assert not (agent.local / "step-200" / COMPLETE_MARKER).exists()
+    assert (agent.local / "step-100" / COMPLETE_MARKER).exists()
+    assert (agent.persistent / "step-100" / COMPLETE_MARKER).exists()
+
+    set_status(kube, namespace, "gang", closed(2))
+    assert agent.wait_exit() == RESTART_CODE
+    assert agent.resume() is None
+    assert "exiting with 88" in agent.text()
+
+
+def test_agent_finding_barrier_open_does_not_open(
+    kube: Clients, namespace: str, start_agent: StartAgent
+) -> None:
+    """An agent that starts after its epoch's barrier opened was not counted: it waits, and
+    joins the next epoch in place."""
+    create_gangstate(kube, namespace, "late", opened(3, 100))
+    create_pod(kube, namespace, "late-0")
+    agent = start_agent("late-0", "late")
+
+    wait_reported(kube, namespace, "late-0", 3)
+    assert "did not take part" in agent.wait_barrier(503, "did not take part")
+    # More status traffic for the same epoch changes nothing.
+    set_status(kube, namespace, "late", {"members": {"expected": 2, "reported": 2}})
+    set_status(kube, namespace, "late", opened(3, 200))
+    assert agent.barrier()[0] == 503
+
+    # Had it opened on any of those, this bump would make it exit with the restart code.
+    set_status(kube, namespace, "late", closed(4))
+    wait_reported(kube, namespace, "late-0", 4)
+    agent.wait_barrier(503, "closed")
+    assert agent.alive()
+    assert agent.resume() is None
+    set_status(kube, namespace, "late", opened(4, None))
+    assert "from scratch" in agent.wait_barrier(200)
+    assert agent.resume() == ResumeInfo(epoch=4, resume_step=None, gang=f"{namespace}/late")
+    assert agent.alive()
+
+
+def test_epoch_bump_before_open_is_adopted_in_place(
+    kube: Clients, namespace: str, start_agent: StartAgent
+) -> None:
+    create_gangstate(kube, namespace, "bump", closed(1))
+    create_pod(kube, namespace, "bump-0")
+    agent = start_agent("bump-0", "bump")
+    wait_reported(kube, namespace, "bump-0", 1)
+
+    set_status(kube, namespace, "bump", closed(2))
+    assert wait_reported(kube, namespace, "bump-0", 2) == "200,100"
+    agent.wait_log("adopted epoch 2 in place")
+    assert agent.alive()
+    assert agent.barrier()[0] == 503
+
+    set_status(kube, namespace, "bump", opened(2, 200))
+    agent.wait_barrier(200)
+    assert agent.resume() == ResumeInfo(epoch=2, resume_step=200, gang=f"{namespace}/bump")
+    assert agent.alive()
+
+
+def test_waits_for_missing_gangstate(
+    kube: Clients, namespace: str, start_agent: StartAgent
+) -> None:
+    """No GangState yet, then one without a status: the agent waits (watching), reports once
+    the controller sets the epoch."""
+    create_pod(kube, namespace, "early-0")
+    agent = start_agent("early-0", "early")
+    agent.wait_log("not found")
+    assert "not found" in agent.wait_barrier(503, "not found")
+
+    create_gangstate(kube, namespace, "early", None)
+    agent.wait_barrier(503, "no status epoch yet")
+    assert reported(kube, namespace, "early-0") == (None, None)
+
+    set_status(kube, namespace, "early", closed(5))
+    wait_reported(kube, namespace, "early-0", 5)
+    assert agent.alive()
+
+
+def test_unreachable_or_unauthorised_api_is_retried(
+    kube: Clients, control_plane: ControlPlane, namespace: str, start_agent: StartAgent
+) -> None:
+    """Nothing listening, then a rejected token: the agent logs, retries with backoff and
+    waits; once the token file holds a valid token (rotation), it reports."""
+    create_gangstate(kube, namespace, "api", closed(1))
+    create_pod(kube, namespace, "api-0")
+    nowhere = start_agent("api-0", "api", JSI_API_SERVER=f"https://127.0.0.1:{free_port()}")
+    nowhere.wait_log("ConnectionRefusedError.*retrying")
+    assert "retrying" in nowhere.wait_barrier(503, "retrying")
+    assert nowhere.alive()
+
+    agent = start_agent("api-0", "api", token="not-a-valid-token")
+    agent.wait_log("401 Unauthorized.*retrying")
+    agent.wait_barrier(503, "401")
+    assert reported(kube, namespace, "api-0") == (None, None)
+    agent.token_file.write_text(control_plane.token)
+    wait_reported(kube, namespace, "api-0", 1)
+    assert agent.alive()
+    assert nowhere.alive()
+    nowhere.proc.send_signal(signal.SIGTERM)
+    assert nowhere.wait_exit(5) == 0
+
+
+@pytest.fixture
+def loose_status_schema(control_plane: ControlPlane, gangstate_crd: None) -> Iterator[None]:
+    """Let the API server store a status our CRD schema rejects, as it would serve an object
+    stored under an older, looser schema. Restores the schema afterwards."""
+    kubectl = control_plane.kubectl()
+    crd = json.loads(kubectl.run("get", "crd", CRD_NAME, "-o", "json"))
+    path = "/spec/versions/0/schema/openAPIV3Schema/properties/status"
+    original = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    loose = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+    def replace(value: dict[str, Any]) -> None:
+        patch = json.dumps([{"op": "replace", "path": path, "value": value}])
+        kubectl.run("patch", "crd", CRD_NAME, "--type=json", "-p", patch)
+
+    replace(loose)
+    try:
+        yield
+    finally:
+        replace(original)
+
+
+def _until_accepted(kube: Clients, ns: str, name: str, status: dict[str, Any]) -> None:
+    """Patch `status`, retrying while the API server still applies the strict schema."""
+
+    def attempt() -> bool:
+        try:
+            set_status(kube, ns, name, status)
+        except ApiException as e:
+            if e.status == 422:
+                return False
+            raise
+        return True
+
+    wait_for(f"malformed status {status} accepted", attempt, 30, 0.1)
+
+
+def test_malformed_status_never_restarts(
+    kube: Clients, namespace: str, start_agent: StartAgent, loose_status_schema: None
+) -> None:
+    create_gangstate(kube, namespace, "bad", closed(1))
+    for pod in ("bad-0", "bad-1"):
+        create_pod(kube, namespace, pod)
+    running = start_agent("bad-0", "bad")
+    wait_reported(kube, namespace, "bad-0", 1)
+    set_status(kube, namespace, "bad", opened(1, 100))
+    running.wait_barrier(200)
+
+    # A malformed epoch while the trainer runs: logged, ignored; never the restart code.
+    _until_accepted(kube, namespace, "bad", {**opened(1, 100), "epoch": "2"})
+    running.wait_log("ignoring malformed GangState .*status.epoch")
+    set_status(kube, namespace, "bad", {**opened(1, 100), "epoch": -5})
+    running.wait_log("ignoring malformed GangState .*-5")
+    assert running.alive()
+    assert running.barrier()[0] == 200  # an open barrier stays open
+
+    # An agent starting on a malformed status reports nothing and waits for a fix.
+    set_status(kube, namespace, "bad", {**closed(1), "barrierOpen": "yes"})
+    running.wait_log("ignoring malformed GangState .*barrierOpen")
+    fresh = start_agent("bad-1", "bad")
+    fresh.wait_log("ignoring malformed GangState .*barrierOpen")
+    assert "malformed" in fresh.wait_barrier(503, "malformed")
+    assert reported(kube, namespace, "bad-1") == (None, None)
+
+    set_status(kube, namespace, "bad", closed(1))
+    wait_reported(kube, namespace, "bad-1", 1)
+    assert running.alive()
+    assert fresh.alive()
+    assert running.barrier()[0] == 200
+
+
+def test_sigterm_exits_zero(kube: Clients, namespace: str, start_agent: StartAgent) -> None:
+    """SIGTERM ends the agent with 0 whatever it is doing: waiting for a missing GangState,
+    holding a closed barrier, or watching with the barrier open."""
+    # (Not parametrized: the namespace fixture derives the namespace from the test name.)
+    for state in ("missing", "waiting", "open"):
+        pod, gang = f"term-{state}", f"term-{state}"
+        create_pod(kube, namespace, pod)
+        if state != "missing":
+            create_gangstate(kube, namespace, gang, closed(1))
+        agent = start_agent(pod, gang)
+        if state == "missing":
+            agent.wait_barrier(503, "not found")
+        else:
+            wait_reported(kube, namespace, pod, 1)
+        if state == "open":
+            set_status(kube, namespace, gang, opened(1, 100))
+            agent.wait_barrier(200)
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.wait_exit(5) == 0, state
+        assert "SIGTERM received" in agent.text()
+
+
+def test_bad_config_exits_2(
+    kube: Clients, namespace: str, start_agent: StartAgent, tmp_path: Path
+) -> None:
+    for env, variable in [
+        ({"POD_NAME": ""}, "POD_NAME"),
+        ({"JSI_RESTART_EXIT_CODE": "2"}, "JSI_RESTART_EXIT_CODE"),
+        ({"JSI_PROBE_PORT": "http"}, "JSI_PROBE_PORT"),
+        ({"JSI_CA_FILE": str(tmp_path / "nope")}, "JSI_CA_FILE"),
+    ]:
+        agent = start_agent("cfg-0", "cfg", **env)
+        assert agent.wait_exit() == 2, agent.text()
+        lines = agent.text().strip().splitlines()
+        assert len(lines) == 1, lines
+        assert "configuration error" in lines[0]
+        assert variable in lines[0]
+
+
+def test_least_privilege_rbac(kube: Clients, namespace: str, start_agent: StartAgent) -> None:
+    """The agent needs exactly: get+watch on its own GangState (by name), patch on its pod."""
+    create_gangstate(kube, namespace, "rbac", closed(1))
+    create_pod(kube, namespace, "rbac-0")
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    kube.core.create_namespaced_service_account(namespace, {"metadata": {"name": "agent"}})
+    rbac.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": "agent"},
+            "rules": [
+                {
+                    "apiGroups": [api.GROUP],
+                    "resources": [api.GANGSTATE_PLURAL],
+                    "resourceNames": ["rbac"],
+                    "verbs": ["get", "watch"],
+                },
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods"],
+                    "resourceNames": ["rbac-0"],
+                    "verbs": ["patch"],
+                },
+            ],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "agent"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "agent"},
+            "subjects": [{"kind": "ServiceAccount", "name": "agent", "namespace": namespace}],
+        },
+    )
+    token = kube.core.create_namespaced_service_account_token(
+        "agent", namespace, {"spec": {"expirationSeconds": 3600}}
+    ).status.token
+
+    agent = start_agent("rbac-0", "rbac", token=token)
+    assert wait_reported(kube, namespace, "rbac-0", 1) == "200,100"
+    set_status(kube, namespace, "rbac", opened(1, 200))
+    agent.wait_barrier(200)
+    set_status(kube, namespace, "rbac", closed(2))
+    assert agent.wait_exit() == RESTART_CODE
+    assert "Forbidden" not in agent.text(), agent.text()
+
+
+def test_start_to_report_latency(kube: Clients, namespace: str, start_agent: StartAgent) -> None:
+    """Not a timed test (the target is checked by the benchmark): prints several runs."""
+    create_gangstate(kube, namespace, "fast", closed(1))
+    own, seen = [], []
+    for i in range(5):
+        pod = f"fast-{i}"
+        create_pod(kube, namespace, pod)
+        agent = start_agent(pod, "fast")
+        wait_reported(kube, namespace, pod, 1)
+        seen.append(time.monotonic() - agent.started)
+        agent.wait_log("reported epoch 1")
+        own.append(agent.own_latency())
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.wait_exit(5) == 0
+    print(
+        "\nagent start -> epoch reported, 5 runs: own measure "
+        + ", ".join(f"{x:.3f}" for x in own)
+        + f" s (median {statistics.median(own):.3f}); spawn -> annotation seen "
+        + ", ".join(f"{x:.3f}" for x in seen)
+        + f" s (median {statistics.median(seen):.3f})"
+    )
