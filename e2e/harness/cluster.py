@@ -32,10 +32,9 @@ REAL_NODE_LABEL = "jobset-inplace.dev/real-node"
 REALNODE_DIR = Path(__file__).resolve().parent.parent / "realnode"
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "jobset_inplace"
 # Pods on real nodes have no Service routing (no kube-proxy) and cannot reach the host's
-# loopback, so the apiserver is also reachable at this address, held by a dummy interface on
-# the host (outside every node's 10.244.<n>.0/24 pod subnet; n >= 1).
+# loopback, so the apiserver is also reachable at this address of the host (outside every
+# node's 10.244.<n>.0/24 pod subnet; n >= 1).
 POD_API_ADDRESS = "10.244.0.1"
-POD_API_INTERFACE = "jsi-api"
 # Upstream defaults (kube-controller-manager >= 1.32): a silent node is marked Unknown after
 # node-monitor-grace-period, checked every node-monitor-period. Kept realistic on purpose: the
 # benchmarks compare against stock Kubernetes timing.
@@ -435,22 +434,17 @@ class LocalCluster:
         subprocess.run(["bash", str(REALNODE_DIR / script), *args], check=True, env=env)
 
     def _ensure_pod_api(self) -> None:
+        """Give the host POD_API_ADDRESS (on ``lo``: pods' packets for it arrive over their
+        bridge and are delivered locally)."""
         have = subprocess.run(
-            ["ip", "-o", "addr", "show", "dev", POD_API_INTERFACE],
-            capture_output=True,
-            text=True,
-            check=False,
+            ["ip", "-o", "addr", "show", "dev", "lo"], capture_output=True, text=True, check=False
         )
-        if POD_API_ADDRESS in have.stdout:
+        if f" {POD_API_ADDRESS}/" in have.stdout:
             return
-        for cmd in (
-            ["ip", "link", "add", POD_API_INTERFACE, "type", "dummy"],
-            ["ip", "addr", "add", f"{POD_API_ADDRESS}/32", "dev", POD_API_INTERFACE],
-            ["ip", "link", "set", POD_API_INTERFACE, "up"],
-        ):
-            res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if res.returncode != 0 and "File exists" not in res.stderr:
-                raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr.strip()}")
+        cmd = ["ip", "addr", "add", f"{POD_API_ADDRESS}/32", "dev", "lo", "label", "lo:jsi"]
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if res.returncode != 0 and "File exists" not in res.stderr:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr.strip()}")
 
     @property
     def pod_api_server(self) -> str:
