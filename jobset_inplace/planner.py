@@ -392,11 +392,14 @@ class _Planning:
             st.history.append(_summary(rec))
             del st.history[:-HISTORY_LIMIT]
         where = "from scratch" if step is None else f"at step {step}"
-        self.event(
-            "BarrierOpened",
-            f"epoch {st.epoch}: resume {where}; {rec.opened - rec.started:.1f}s after the first "
-            f"signal; {rec.in_place} in place, {len(rec.recreated)} recreated",
-        )
+        if rec.causes:
+            how = (
+                f"{rec.opened - rec.started:.1f}s after the first signal; "
+                f"{rec.in_place} in place, {len(rec.recreated)} recreated"
+            )
+        else:
+            how = f"all {len(joined)} members joined"
+        self.event("BarrierOpened", f"epoch {st.epoch}: resume {where}; {how}")
 
     def escalate(self, reason: str, message: str) -> None:
         live = [pod for m in sorted(self.current) if (pod := self.live(m)) is not None]
