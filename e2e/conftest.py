@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from e2e.harness.cluster import DEFAULT_NODES, DEFAULT_REAL_NODES, LocalCluster
+from e2e.harness.demo import ControllerProcess
 from e2e.harness.kube import Clients, clients, temporary_namespace
 
 
@@ -46,3 +47,13 @@ def kube(cluster_kubeconfig: Path) -> Clients:
 def namespace(kube: Clients, request: pytest.FixtureRequest) -> Iterator[str]:
     with temporary_namespace(kube, request.node.name) as ns:
         yield ns
+
+
+@pytest.fixture(scope="session")
+def controller(local_cluster: LocalCluster | None) -> Iterator[ControllerProcess]:
+    """``jobset-inplace run`` against the local cluster for the session."""
+    if local_cluster is None:
+        pytest.skip("runs the controller on the local cluster (JSI_KUBECONFIG points elsewhere)")
+    ctl = ControllerProcess(local_cluster.kubeconfig, local_cluster.logs_dir / "controller-e2e.log")
+    yield ctl
+    ctl.stop()

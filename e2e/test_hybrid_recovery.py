@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,6 @@ from e2e.harness.kube import Clients
 from e2e.harness.versions import binaries
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def controller(local_cluster: LocalCluster | None) -> Iterator[ControllerProcess]:
-    if local_cluster is None:
-        pytest.skip("needs the local cluster's real kubelet nodes and images")
-    ctl = ControllerProcess(local_cluster.kubeconfig, local_cluster.logs_dir / "controller-e2e.log")
-    yield ctl
-    ctl.stop()
 
 
 def _resumed_at(kubeconfig: Path, namespace: str, pod: str) -> list[int]:
@@ -55,8 +45,5 @@ def test_trainer_crash_restarts_the_gang_in_place_from_one_step(
         assert _resumed_at(local_cluster.kubeconfig, namespace, pod.metadata.name) == [
             result.resume_step
         ]
-    print(
-        f"\nreal in-place gang recovery: first signal -> barrier open {result.recovery_seconds:.2f}s; "
-        f"timeline: "
-        + "; ".join(f"+{t:.2f}s {w.split(':')[0]}" for t, w in result.timeline.entries)
-    )
+    steps = "; ".join(f"+{t:.2f}s {w.split(':')[0]}" for t, w in result.timeline.entries)
+    print(f"\nreal in-place gang recovery: {result.recovery_seconds:.2f}s to barrier; {steps}")

@@ -33,6 +33,9 @@ REPORT_STEPS: Final = f"{PREFIX}checkpoint-steps"
 # --- Pod condition set by the controller to escalate through JobSet's failure policy ---------
 ESCALATION_CONDITION: Final = "JobsetInplaceEscalated"
 
+# --- Node taint set on a node the controller found unhealthy (so replacements avoid it) -------
+UNHEALTHY_TAINT: Final = f"{PREFIX}unhealthy"
+
 DEFAULT_RESTART_EXIT_CODE: Final = 88
 
 # --- Labels and annotations JobSet and the Job controller put on pods -------------------------

@@ -136,13 +136,17 @@ class Snapshot:
 class ReplacePod:
     """Get a member a new pod: delete this one (the Job controller recreates it). With
     ``fail_first`` the pod is first marked Failed through its status (its kubelet is gone, so
-    nothing else would make it terminal) and deleted without grace."""
+    nothing else would make it terminal) and deleted without grace. With ``taint_node`` the
+    pod's node is first marked NoSchedule (``jobset-inplace.dev/unhealthy``) so that the
+    replacement does not land on it; the controller removes that taint once the node renews its
+    Lease again."""
 
     pod: str
     uid: str
     member: str
     cause: Cause
     fail_first: bool = False
+    taint_node: str | None = None
 
 
 @dataclass(frozen=True)

@@ -185,7 +185,10 @@ class _Planning:
     def replace(self, pod: PodView, cause: Cause) -> None:
         unreachable = self.s.policy.force_delete == ForceDelete.UNREACHABLE
         fail_first = cause == Cause.NODE_UNHEALTHY and unreachable
-        self.p.actions.append(ReplacePod(pod.name, pod.uid, pod.member, cause, fail_first))
+        taint = pod.node if cause == Cause.NODE_UNHEALTHY else None
+        self.p.actions.append(
+            ReplacePod(pod.name, pod.uid, pod.member, cause, fail_first, taint_node=taint)
+        )
 
     def live(self, member: str) -> PodView | None:
         pod = self.current.get(member)
@@ -319,7 +322,8 @@ class _Planning:
                 continue
             if not rec.causes and cause in (Cause.POD_DELETED, Cause.POD_FAILED):
                 continue  # a fresh epoch: JobSet is still making (or remaking) its pods
-            if rec.recreated.get(member) == uid:
+            recorded = rec.recreated.get(member)
+            if recorded is not None and (pod is None or recorded in ("", uid)):
                 # Already decided (and charged): repeat the replacement, which is idempotent,
                 # in case the last pass stopped (a crash) before carrying it out.
                 if pod is not None and cause in RECREATE_CAUSES and not pod.deleting:

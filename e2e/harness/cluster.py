@@ -248,6 +248,17 @@ class LocalCluster:
         self._kwokctl(
             bins, "scale", "node", "--name", self.name, "--replicas", str(count), capture=False
         )
+        self._declare_kwok_features(bins)
+
+    def _declare_kwok_features(self, bins: Binaries) -> None:
+        """kwok nodes run no kubelet to declare node features; pods with restart rules are only
+        scheduled onto nodes that declare ``RestartAllContainersOnContainerExits``, so declare it
+        for them (what a 1.35 kubelet with the gate on reports)."""
+        kubectl = Kubectl(self.kubeconfig, bins.kubectl)
+        names = kubectl.run("get", "nodes", "-l", "type=kwok", "-o", "name").split()
+        patch = '{"status":{"declaredFeatures":["RestartAllContainersOnContainerExits"]}}'
+        for node in names:
+            kubectl.run("patch", node, "--subresource=status", "--type=merge", "-p", patch)
 
     # ----- JobSet + Kueue ----------------------------------------------------------------
     def _controller_running(self, state: ClusterState, name: str) -> bool:

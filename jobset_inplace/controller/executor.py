@@ -43,17 +43,25 @@ class Executor:
             if e.status != 404:
                 raise
             obj = self.custom.create_namespaced_custom_object(
-                api.GROUP, api.VERSION, meta["namespace"], api.GANGSTATE_PLURAL,
+                api.GROUP,
+                api.VERSION,
+                meta["namespace"],
+                api.GANGSTATE_PLURAL,
                 new_gangstate(jobset),
-            )  # fmt: skip
+            )
         return status_from_dict(obj.get("status"))
 
     def write_status(self, namespace: str, name: str, status: GangStatus) -> None:
         patch = [{"op": "add", "path": "/status", "value": status_to_dict(status)}]
         self.custom.patch_namespaced_custom_object_status(
-            api.GROUP, api.VERSION, namespace, api.GANGSTATE_PLURAL, name, patch,
+            api.GROUP,
+            api.VERSION,
+            namespace,
+            api.GANGSTATE_PLURAL,
+            name,
+            patch,
             _content_type="application/json-patch+json",
-        )  # fmt: skip
+        )
 
     # --- pods ---------------------------------------------------------------------------------
     def _fail_pod(self, namespace: str, a: ReplacePod | EscalatePod, ctype: str, msg: str) -> bool:
@@ -89,7 +97,49 @@ class Executor:
         self.core.patch_namespaced_pod_status(a.pod, namespace, body)
         return True
 
+    def set_unhealthy_taint(self, node: str, present: bool, reason: str = "") -> None:
+        """Add or remove the ``jobset-inplace.dev/unhealthy:NoSchedule`` taint (idempotent;
+        optimistic concurrency on the node's resourceVersion)."""
+        for _ in range(5):
+            try:
+                obj = self.core.read_node(node)
+            except ApiException as e:
+                if e.status == 404:
+                    return
+                raise
+            taints = [
+                self.core.api_client.sanitize_for_serialization(t)
+                for t in obj.spec.taints or []
+                if t.key != api.UNHEALTHY_TAINT
+            ]
+            had = len(taints) != len(obj.spec.taints or [])
+            if present == had:
+                return
+            if present:
+                taints.append(
+                    {"key": api.UNHEALTHY_TAINT, "value": reason[:63], "effect": "NoSchedule"}
+                )
+            body = {
+                "metadata": {"resourceVersion": obj.metadata.resource_version},
+                "spec": {"taints": taints},
+            }
+            try:
+                self.core.patch_node(node, body)
+                log.info(
+                    "node %s: %s taint %s",
+                    node,
+                    "added" if present else "removed",
+                    api.UNHEALTHY_TAINT,
+                )
+                return
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+        log.warning("node %s: gave up updating taint %s (conflicts)", node, api.UNHEALTHY_TAINT)
+
     def replace_pod(self, namespace: str, a: ReplacePod) -> None:
+        if a.taint_node:
+            self.set_unhealthy_taint(a.taint_node, True, a.cause.value)
         grace = None
         if a.fail_first:
             if not self._fail_pod(namespace, a, REPLACED_CONDITION, f"{a.cause.value}: replaced"):
@@ -119,8 +169,11 @@ class Executor:
                 generate_name=f"{meta['name']}.", namespace=meta["namespace"]
             ),
             involved_object=client.V1ObjectReference(
-                api_version=jobset["apiVersion"], kind=jobset["kind"], name=meta["name"],
-                namespace=meta["namespace"], uid=meta["uid"],
+                api_version=jobset["apiVersion"],
+                kind=jobset["kind"],
+                name=meta["name"],
+                namespace=meta["namespace"],
+                uid=meta["uid"],
             ),
             reason=e.reason,
             message=e.message[:1024],
@@ -129,7 +182,7 @@ class Executor:
             first_timestamp=now,
             last_timestamp=now,
             count=1,
-        )  # fmt: skip
+        )
         try:
             self.core.create_namespaced_event(meta["namespace"], body)
         except ApiException as err:  # an Event is best effort, never a reason to fail a pass

@@ -18,7 +18,7 @@ from kubernetes import client, config
 
 from .. import api
 from ..model import Event
-from ..planner import plan
+from ..planner import LEASE_RENEW_INTERVAL_S, plan
 from ..policy import PolicyError, is_enabled, parse_policy
 from ..views import ts
 from .cache import ClusterCache, Gang, GangKey
@@ -153,7 +153,14 @@ def setup(reconciler: Reconciler) -> None:
     )
     async def lease_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         renewed = None if type == "DELETED" else body.get("spec", {}).get("renewTime")
-        reconciler.cache.set_lease(body["metadata"]["name"], ts(renewed) if renewed else None)
+        name = body["metadata"]["name"]
+        reconciler.cache.set_lease(name, ts(renewed) if renewed else None)
+        node = reconciler.cache.nodes.get(name)
+        tainted = node is not None and any(k == api.UNHEALTHY_TAINT for k, _ in node.taints)
+        fresh = renewed is not None and time.time() - ts(renewed) < LEASE_RENEW_INTERVAL_S
+        if tainted and fresh and node is not None and node.ready == "True":
+            # The node's kubelet is back: let the scheduler use it again.
+            await asyncio.to_thread(reconciler.executor.set_unhealthy_taint, name, False)
 
 
 def prime(r: Reconciler) -> None:

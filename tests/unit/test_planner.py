@@ -88,7 +88,9 @@ def test_member_on_unhealthy_node_is_replaced_others_in_place() -> None:
     nm = nodes(4)
     nm["n2"] = NodeView("n2", ready="Unknown", ready_since=NOW - 60, lease_renewed=NOW - 100)
     p = plan(snapshot(node_map=nm))
-    assert replaced(p) == [ReplacePod("p2", "uid-2", member(2), Cause.NODE_UNHEALTHY, True)]
+    assert replaced(p) == [
+        ReplacePod("p2", "uid-2", member(2), Cause.NODE_UNHEALTHY, True, taint_node="n2")
+    ]
     rec = p.status.recovery
     assert rec is not None
     assert rec.in_place == 3
@@ -368,3 +370,13 @@ def test_pods_of_an_older_jobset_restart_attempt_are_ignored() -> None:
         Snapshot(NOW, snapshot(restart_attempt=1).gang, Policy(), tuple(old + new), nodes(4), st)
     )
     assert p.actions == []
+
+
+def test_replaced_pod_gone_before_its_replacement_is_not_charged_twice() -> None:
+    nm = nodes(4)
+    nm["n2"] = NodeView("n2", ready="Unknown", ready_since=NOW - 60, lease_renewed=NOW - 100)
+    first = plan(snapshot(node_map=nm))
+    gone = [pod for pod in pods(4, epoch=2) if pod.member != member(2)]
+    again = plan(snapshot(pod_list=gone, node_map=nm, status=first.status, now=NOW + 1))
+    assert again.status.recreate_used == first.status.recreate_used == 1
+    assert replaced(again) == []

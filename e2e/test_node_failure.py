@@ -1,0 +1,206 @@
+"""A node dies under a gang of kwok members: its pod is replaced on another node, the other
+members stay in place, the barrier opens once everyone is back.
+
+Real: the controller, JobSet and the Job controller, the scheduler, the node lifecycle
+controller, the kwok controller. Simulated: the kwok nodes themselves (no containers run on
+them) and therefore the agents of the kwok pods, which a test thread plays by writing exactly
+the report an agent writes (its epoch and checkpoint steps) on each live pod."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from e2e.harness.cluster import LocalCluster
+from e2e.harness.demo import ControllerProcess, prepare
+from e2e.harness.kube import Clients, create_jobset, wait_for
+from e2e.harness.kwoknodes import set_heartbeat
+from jobset_inplace import api
+from jobset_inplace.transform import AgentSettings, transform
+
+pytestmark = pytest.mark.e2e
+NAME = "kwokgang"
+MEMBERS = 3
+
+
+class SimulatedAgents(threading.Thread):
+    def __init__(self, kube: Clients, namespace: str) -> None:
+        super().__init__(daemon=True)
+        self.kube, self.namespace = kube, namespace
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.wait(0.3):
+            try:
+                self._round()
+            except ApiException:
+                continue
+
+    def _round(self) -> None:
+        obj = self.kube.custom.get_namespaced_custom_object(
+            api.GROUP, api.VERSION, self.namespace, api.GANGSTATE_PLURAL, NAME
+        )
+        epoch = str((obj.get("status") or {}).get("epoch", ""))
+        if not epoch:
+            return
+        for pod in self.kube.core.list_namespaced_pod(
+            self.namespace, label_selector=f"{api.JOBSET_NAME_LABEL}={NAME}"
+        ).items:
+            ann = pod.metadata.annotations or {}
+            live = pod.status.phase == "Running" and not pod.metadata.deletion_timestamp
+            if live and ann.get(api.REPORT_EPOCH) != epoch:
+                self.kube.core.patch_namespaced_pod(
+                    pod.metadata.name,
+                    self.namespace,
+                    {
+                        "metadata": {
+                            "annotations": {api.REPORT_EPOCH: epoch, api.REPORT_STEPS: "100"}
+                        }
+                    },
+                )
+
+
+@pytest.fixture
+def agents(kube: Clients, namespace: str) -> Iterator[SimulatedAgents]:
+    sim = SimulatedAgents(kube, namespace)
+    sim.start()
+    yield sim
+    sim.halt.set()
+    sim.join(5)
+
+
+def _jobset() -> dict[str, Any]:
+    js = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {
+            "name": NAME,
+            "annotations": {
+                api.ENABLED: "true",
+                api.NODE_UNHEALTHY_AFTER: "5s",
+            },
+        },
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": "workers",
+                    "replicas": MEMBERS,
+                    "template": {
+                        "spec": {
+                            "parallelism": 1,
+                            "completions": 1,
+                            "template": {
+                                "spec": {
+                                    "nodeSelector": {"type": "kwok"},
+                                    # one member per node: a dead node takes one member
+                                    "affinity": {
+                                        "podAntiAffinity": {
+                                            "requiredDuringSchedulingIgnoredDuringExecution": [
+                                                {
+                                                    "labelSelector": {
+                                                        "matchLabels": {api.JOBSET_NAME_LABEL: NAME}
+                                                    },
+                                                    "topologyKey": "kubernetes.io/hostname",
+                                                }
+                                            ]
+                                        }
+                                    },
+                                    "containers": [{"name": "trainer", "image": "trainer:sim"}],
+                                }
+                            },
+                        }
+                    },
+                }
+            ]
+        },
+    }
+    return transform(js, AgentSettings(image="agent:sim"))
+
+
+def _pods(kube: Clients, namespace: str) -> dict[str, Any]:
+    pods = kube.core.list_namespaced_pod(
+        namespace, label_selector=f"{api.JOBSET_NAME_LABEL}={NAME}"
+    ).items
+    return {
+        p.metadata.labels[api.JOB_INDEX_LABEL]: p
+        for p in pods
+        if not p.metadata.deletion_timestamp and p.status.phase != "Failed"
+    }
+
+
+def _state(kube: Clients, namespace: str) -> dict[str, Any]:
+    try:
+        obj = kube.custom.get_namespaced_custom_object(
+            api.GROUP, api.VERSION, namespace, api.GANGSTATE_PLURAL, NAME
+        )
+    except ApiException as e:
+        if e.status == 404:  # the controller has not created it yet
+            return {}
+        raise
+    return dict(obj.get("status") or {})
+
+
+def test_dead_kwok_node_pod_replaced_elsewhere_others_in_place(
+    local_cluster: LocalCluster | None,
+    controller: ControllerProcess,
+    kube: Clients,
+    namespace: str,
+    agents: SimulatedAgents,
+) -> None:
+    assert local_cluster is not None
+    prepare(kube, local_cluster.kubeconfig, namespace)
+    create_jobset(kube, namespace, _jobset())
+    wait_for("barrier of epoch 1", lambda: _state(kube, namespace).get("barrierOpen"), 120, 0.5)
+    before = _pods(kube, namespace)
+    victim = before["0"]
+    dead = victim.spec.node_name
+
+    t0 = time.monotonic()
+    set_heartbeat(kube, dead, alive=False)
+    try:
+        st = wait_for(
+            "recovery into epoch 2",
+            lambda: s if (s := _state(kube, namespace)).get("epoch") == 2 else None,
+            90,
+            0.2,
+        )
+        detected = time.monotonic() - t0
+        assert st["recovery"]["causes"] == {"workers/0/0": "NodeUnhealthy"}
+        assert st["recovery"]["recreated"] == {"workers/0/0": victim.metadata.uid}
+        taints = {t.key for t in kube.core.read_node(dead).spec.taints or []}
+        assert api.UNHEALTHY_TAINT in taints
+
+        st = wait_for(
+            "barrier of epoch 2",
+            lambda: (
+                s if (s := _state(kube, namespace)).get("barrierOpen") and s["epoch"] == 2 else None
+            ),
+            120,
+            0.2,
+        )
+        total = time.monotonic() - t0
+        after = _pods(kube, namespace)
+        assert after["0"].metadata.uid != victim.metadata.uid
+        assert after["0"].spec.node_name != dead
+        for i in ("1", "2"):
+            assert after[i].metadata.uid == before[i].metadata.uid, f"member {i} kept its pod"
+        assert st["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 1}
+        print(
+            f"\nkwok node {dead} silenced: detected (epoch 2) after {detected:.1f}s, "
+            f"gang back (barrier open) after {total:.1f}s"
+        )
+    finally:
+        set_heartbeat(kube, dead, alive=True)
+    wait_for(
+        f"{api.UNHEALTHY_TAINT} taint removed from revived node {dead}",
+        lambda: (
+            api.UNHEALTHY_TAINT not in {t.key for t in kube.core.read_node(dead).spec.taints or []}
+        ),
+        60,
+        1,
+    )
