@@ -110,9 +110,10 @@ def test_member_on_notready_node_is_replaced_others_in_place(gang: Gang, kube: C
     wait_for("pod on the dead node failed and deleted", replaced, 20)
     # The Job controller would create a replacement on a healthy node.
     gang.make_pod(1, node=gang.node(0))
-    gang.rejoin_all(2, steps="100")  # the replacement only sees the persistent tier
+    gang.rejoin_all(2, steps="300,200,100")
+    gang.report(1, 2, steps="200,100")  # the replacement only sees the persistent tier
     st = gang.wait_state("barrier open at epoch 2", lambda s: s["barrierOpen"] and s["epoch"] == 2)
-    assert st["resumeStep"] == 100
+    assert st["resumeStep"] == 200  # newest step common to all, not the survivors' 300
     after = gang.uids()
     assert {i: after[i] for i in (0, 2, 3)} == {i: uids[i] for i in (0, 2, 3)}
     assert after[1] != uids[1]
