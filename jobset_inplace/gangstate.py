@@ -69,6 +69,7 @@ def status_to_dict(s: GangStatus) -> dict[str, Any]:
         "memberFailures": dict(s.member_failures),
         "recovery": None if s.recovery is None else _recovery_to_dict(s.recovery),
         "history": list(s.history),
+        "restartRequest": s.restart_request,
     }
 
 
@@ -95,6 +96,7 @@ def status_from_dict(d: dict[str, Any] | None) -> GangStatus:
         ready=int(members.get("ready") or 0),
         reason=d.get("reason") or "",
         message=d.get("message") or "",
+        restart_request=d.get("restartRequest") or "",
     )
 
 

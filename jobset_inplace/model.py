@@ -34,6 +34,7 @@ class Cause(StrEnum):
     REPEATED_FAILURE = "RepeatedFailure"  # failed in place member-repeat-limit times in a row
     BARRIER_TIMEOUT = "BarrierTimeout"
     JOBSET_RESTARTED = "JobSetRestarted"
+    MANUAL_RESTART = "ManualRestart"  # kubectl jobset-inplace restart (no budget charged)
 
 
 # Causes whose member must get a new pod (possibly on another node) rather than restart in place.
@@ -79,6 +80,7 @@ class GangSpec:
     restart_attempt: int = 0  # JobSet status.restarts
     suspended: bool = False
     finished: bool = False  # JobSet Completed or Failed
+    restart_request: str = ""  # value of the restart-request annotation
 
 
 @dataclass
@@ -119,6 +121,7 @@ class GangStatus:
     ready: int = 0
     reason: str = ""
     message: str = ""
+    restart_request: str = ""  # the last manual restart request acted on
 
 
 @dataclass(frozen=True)

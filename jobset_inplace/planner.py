@@ -171,6 +171,9 @@ class _Planning:
             st.reported = sum(1 for p in self.current.values() if p.reported_epoch == st.epoch)
             if causes:
                 self.start_recovery(causes)
+            elif s.gang.restart_request and s.gang.restart_request != st.restart_request:
+                st.restart_request = s.gang.restart_request
+                self.begin_epoch(f"manual restart ({s.gang.restart_request})", Cause.MANUAL_RESTART)
         else:
             self.continue_recovery(causes)
         return self.p
@@ -220,14 +223,14 @@ class _Planning:
             return True
         return st.phase in (Phase.ESCALATED, Phase.FAILED)
 
-    def begin_epoch(self, why: str) -> None:
-        """A new epoch every member joins fresh (no failure to charge to a budget)."""
+    def begin_epoch(self, why: str, cause: Cause = Cause.JOBSET_RESTARTED) -> None:
+        """A new epoch every member joins (no failure to charge to a budget)."""
         s, st = self.s, self.st
         st.epoch += 1
         st.barrier_open = False
         st.resume_step = None
         st.recovery = Recovery(st.epoch, s.now, s.now + s.policy.barrier_timeout_s)
-        self.set_phase(Phase.RECOVERING, Cause.JOBSET_RESTARTED.value, why)
+        self.set_phase(Phase.RECOVERING, cause.value, why)
         self.event("EpochStarted", f"epoch {st.epoch}: {why}")
 
     # -- recoveries --

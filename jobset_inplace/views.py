@@ -72,6 +72,7 @@ def gang_spec(jobset: Obj) -> GangSpec:
         restart_attempt=int((jobset.get("status") or {}).get("restarts") or 0),
         suspended=bool(jobset["spec"].get("suspend")),
         finished=jobset_finished(jobset),
+        restart_request=(meta.get("annotations") or {}).get(api.RESTART_REQUEST, ""),
     )
 
 

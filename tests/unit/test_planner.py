@@ -380,3 +380,12 @@ def test_replaced_pod_gone_before_its_replacement_is_not_charged_twice() -> None
     again = plan(snapshot(pod_list=gone, node_map=nm, status=first.status, now=NOW + 1))
     assert again.status.recreate_used == first.status.recreate_used == 1
     assert replaced(again) == []
+
+
+def test_manual_restart_request_starts_one_new_epoch_without_charging() -> None:
+    p = plan(snapshot(restart_request="r1"))
+    assert (p.status.phase, p.status.epoch, p.status.inplace_used) == (Phase.RECOVERING, 3, 0)
+    assert p.status.reason == Cause.MANUAL_RESTART.value
+    assert p.status.restart_request == "r1"
+    done = plan(snapshot(restart_request="r1", status=running(3, restart_request="r1")))
+    assert done.status.epoch == 3  # the same request is not acted on twice
