@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from e2e.harness import workloads
 from e2e.harness.cluster import LocalCluster
 from e2e.harness.demo import ControllerProcess, prepare
 from e2e.harness.kube import Clients, create_jobset, wait_for
@@ -75,50 +76,25 @@ def agents(kube: Clients, namespace: str) -> Iterator[SimulatedAgents]:
 
 
 def _jobset() -> dict[str, Any]:
-    js = {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
-        "kind": "JobSet",
-        "metadata": {
-            "name": NAME,
-            "annotations": {
-                api.ENABLED: "true",
-                api.NODE_UNHEALTHY_AFTER: "5s",
-            },
-        },
-        "spec": {
-            "replicatedJobs": [
-                {
-                    "name": "workers",
-                    "replicas": MEMBERS,
-                    "template": {
-                        "spec": {
-                            "parallelism": 1,
-                            "completions": 1,
-                            "template": {
-                                "spec": {
-                                    "nodeSelector": {"type": "kwok"},
-                                    # one member per node: a dead node takes one member
-                                    "affinity": {
-                                        "podAntiAffinity": {
-                                            "requiredDuringSchedulingIgnoredDuringExecution": [
-                                                {
-                                                    "labelSelector": {
-                                                        "matchLabels": {api.JOBSET_NAME_LABEL: NAME}
-                                                    },
-                                                    "topologyKey": "kubernetes.io/hostname",
-                                                }
-                                            ]
-                                        }
-                                    },
-                                    "containers": [{"name": "trainer", "image": "trainer:sim"}],
-                                }
-                            },
+    js = workloads.jobset(
+        NAME,
+        [("workers", MEMBERS, 1)],
+        annotations={api.ENABLED: "true", api.NODE_UNHEALTHY_AFTER: "5s"},
+        node_selector={"type": "kwok"},
+        pod={
+            # one member per node: a dead node takes one member
+            "affinity": {
+                "podAntiAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "labelSelector": {"matchLabels": {api.JOBSET_NAME_LABEL: NAME}},
+                            "topologyKey": "kubernetes.io/hostname",
                         }
-                    },
+                    ]
                 }
-            ]
+            }
         },
-    }
+    )
     return transform(js, AgentSettings(image="agent:sim"))
 
 

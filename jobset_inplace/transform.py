@@ -92,8 +92,28 @@ def _add_by_name(items: list[dict[str, Any]], item: dict[str, Any]) -> list[dict
     return [item if i.get("name") == item["name"] else i for i in items]
 
 
+CHECKPOINT_ENV = ("JSI_CHECKPOINT_LOCAL_DIR", "JSI_CHECKPOINT_PERSISTENT_DIR")
+
+
+def _share_checkpoint_tiers(agent: dict[str, Any], containers: list[dict[str, Any]]) -> None:
+    """The agent reports the checkpoints the trainer writes: give it the trainer's checkpoint
+    tier variables and the volume mounts those directories live on."""
+    for c in containers:
+        for env in c.get("env") or []:
+            if env.get("name") not in CHECKPOINT_ENV or "value" not in env:
+                continue
+            agent["env"] = _add_by_name(agent["env"], dict(env))
+            path = env["value"].rstrip("/") + "/"
+            for m in c.get("volumeMounts") or []:
+                if path.startswith(m["mountPath"].rstrip("/") + "/"):
+                    mounts = [x for x in agent["volumeMounts"] if x["name"] != m["name"]]
+                    agent["volumeMounts"] = [*mounts, {**m, "readOnly": False}]
+
+
 def _prepare_pod(pod: dict[str, Any], agent: dict[str, Any], where: str, s: AgentSettings) -> None:
     spec = pod.setdefault("spec", {})
+    agent = copy.deepcopy(agent)
+    _share_checkpoint_tiers(agent, spec.get("containers") or [])
     if spec.get("restartPolicy", "Never") != "Never":
         raise TransformError(
             f"{where}.spec.restartPolicy must be Never (in-place restarts and "

@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from jobset_inplace import api
 from jobset_inplace.transform import AgentSettings, agent_rbac, transform
 
+from . import workloads
 from .cluster import REAL_NODE_LABEL, LocalCluster
 from .kube import Clients, clients, create_jobset, wait_for
 from .versions import REPO_ROOT, binaries
@@ -55,64 +56,30 @@ class DemoResult:
 
 
 def demo_jobset(name: str, members: int, api_server: str) -> dict[str, Any]:
-    js = {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
-        "kind": "JobSet",
-        "metadata": {"name": name, "annotations": {api.ENABLED: "true"}},
-        "spec": {
-            "replicatedJobs": [
-                {
-                    "name": "workers",
-                    "replicas": members,
-                    "template": {
-                        "spec": {
-                            "parallelism": 1,
-                            "completions": 1,
-                            "template": {
-                                "spec": {
-                                    "nodeSelector": {REAL_NODE_LABEL: "true"},
-                                    "terminationGracePeriodSeconds": 2,
-                                    "volumes": [{"name": "ckpt", "emptyDir": {}}],
-                                    "containers": [
-                                        {
-                                            "name": "trainer",
-                                            "image": IMAGE,
-                                            "imagePullPolicy": "Never",
-                                            "command": [
-                                                "python3",
-                                                "-m",
-                                                "jobset_inplace.demo.trainer",
-                                            ],
-                                            "env": [
-                                                {
-                                                    "name": "JSI_CHECKPOINT_LOCAL_DIR",
-                                                    "value": "/ckpt/local",
-                                                },
-                                                {"name": "JSI_DEMO_STEP_SECONDS", "value": "0.2"},
-                                            ],
-                                            "volumeMounts": [
-                                                {"name": "ckpt", "mountPath": "/ckpt"}
-                                            ],
-                                        }
-                                    ],
-                                }
-                            },
-                        }
-                    },
-                }
-            ],
-        },
+    trainer = {
+        "name": "trainer",
+        "image": IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["python3", "-m", "jobset_inplace.demo.trainer"],
+        "env": [
+            {"name": "JSI_CHECKPOINT_LOCAL_DIR", "value": "/ckpt/local"},
+            {"name": "JSI_DEMO_STEP_SECONDS", "value": "0.2"},
+        ],
+        "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}],
     }
+    js = workloads.jobset(
+        name,
+        [("workers", members, 1)],
+        annotations={api.ENABLED: "true"},
+        node_selector={REAL_NODE_LABEL: "true"},
+        pod={
+            "terminationGracePeriodSeconds": 2,
+            "volumes": [{"name": "ckpt", "emptyDir": {}}],
+            "containers": [trainer],
+        },
+    )
     settings = AgentSettings(image=IMAGE, image_pull_policy="Never", api_server=api_server)
-    out = transform(js, settings)
-    for c in out["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
-        "initContainers"
-    ]:
-        if c["name"] == "jobset-inplace-agent":
-            # the agent reports the same checkpoint tier the trainer writes
-            c["env"].append({"name": "JSI_CHECKPOINT_LOCAL_DIR", "value": "/ckpt/local"})
-            c["volumeMounts"].append({"name": "ckpt", "mountPath": "/ckpt"})
-    return out
+    return transform(js, settings)
 
 
 class ControllerProcess:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
@@ -26,13 +27,27 @@ def jobset(
     replicated_jobs: list[tuple[str, int, int]],
     *,
     labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
     node_selector: dict[str, str] | None = None,
+    pod: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A JobSet; ``replicated_jobs`` is ``[(name, replicas, pods_per_job)]``."""
+    """A JobSet; ``replicated_jobs`` is ``[(name, replicas, pods_per_job)]``. ``pod`` entries
+    replace or add pod-spec fields (e.g. ``containers``, ``volumes``, ``affinity``)."""
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "nodeSelector": node_selector or e2e_node_selector(),
+        "containers": [
+            {
+                "name": "trainer",
+                "image": "trainer:local",
+                "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+            }
+        ],
+    } | (pod or {})
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
-        "metadata": {"name": name, "labels": labels or {}},
+        "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
         "spec": {
             "replicatedJobs": [
                 {
@@ -42,22 +57,7 @@ def jobset(
                         "spec": {
                             "parallelism": pods,
                             "completions": pods,
-                            "backoffLimit": 0,
-                            "template": {
-                                "spec": {
-                                    "restartPolicy": "Never",
-                                    "nodeSelector": node_selector or e2e_node_selector(),
-                                    "containers": [
-                                        {
-                                            "name": "trainer",
-                                            "image": "trainer:local",
-                                            "resources": {
-                                                "requests": {"cpu": "100m", "memory": "64Mi"}
-                                            },
-                                        }
-                                    ],
-                                }
-                            },
+                            "template": {"spec": copy.deepcopy(pod_spec)},
                         }
                     },
                 }

@@ -19,6 +19,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from e2e.harness import workloads
 from e2e.harness.kube import Clients, create_jobset, wait_for
 from jobset_inplace import api
 
@@ -71,34 +72,10 @@ class Gang:
     leases: LeaseKeeper | None = None
 
     def create(self, *, enabled: bool = True) -> None:
-        body = {
-            "apiVersion": "jobset.x-k8s.io/v1alpha2",
-            "kind": "JobSet",
-            "metadata": {
-                "name": self.name,
-                "annotations": {api.ENABLED: "true"} | self.annotations if enabled else {},
-            },
-            "spec": {
-                "replicatedJobs": [
-                    {
-                        "name": RJ,
-                        "replicas": self.size,
-                        "template": {
-                            "spec": {
-                                "parallelism": 1,
-                                "completions": 1,
-                                "template": {
-                                    "spec": {
-                                        "restartPolicy": "Never",
-                                        "containers": [{"name": "trainer", "image": "t"}],
-                                    }
-                                },
-                            }
-                        },
-                    }
-                ]
-            },
-        }
+        annotations = {api.ENABLED: "true"} | self.annotations if enabled else {}
+        body = workloads.jobset(
+            self.name, [(RJ, self.size, 1)], annotations=annotations, node_selector={"type": "sim"}
+        )
         create_jobset(self.kube, self.namespace, body)
         for i in range(self.size):
             ensure_node(self.kube, self.node(i))

@@ -130,3 +130,15 @@ def test_bad_annotation_names_the_key() -> None:
     js["metadata"]["annotations"][api.INPLACE_BUDGET] = "lots"
     with pytest.raises(PolicyError, match=api.INPLACE_BUDGET):
         transform(js, S)
+
+
+def test_agent_sees_the_trainers_checkpoint_tiers() -> None:
+    js = jobset(volumes=[{"name": "ckpt", "emptyDir": {}}])
+    trainer = pod_spec(js)["containers"][0]
+    trainer["env"] = [{"name": "JSI_CHECKPOINT_LOCAL_DIR", "value": "/ckpt/local"}]
+    trainer["volumeMounts"] = [{"name": "ckpt", "mountPath": "/ckpt"}]
+    once = transform(js, S)
+    agent = pod_spec(once)["initContainers"][0]
+    assert {"name": "JSI_CHECKPOINT_LOCAL_DIR", "value": "/ckpt/local"} in agent["env"]
+    assert {"name": "ckpt", "mountPath": "/ckpt", "readOnly": False} in agent["volumeMounts"]
+    assert transform(once, S) == once
