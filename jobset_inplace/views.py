@@ -4,7 +4,7 @@ views. No I/O; the controller calls these from its watch caches."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from . import api
@@ -155,7 +155,3 @@ def node_view(node: Obj, lease: Obj | None, now: float) -> NodeView:
         taints=taints,
         conditions=conditions,
     )
-
-
-def pod_nodes(pods: Iterator[PodView]) -> set[str]:
-    return {p.node for p in pods if p.node}

@@ -52,9 +52,3 @@ def set_heartbeat(c: Clients, name: str, *, alive: bool) -> None:
     # A merge patch carries no resourceVersion: it wins over kwok's concurrent renewal, whose
     # update then conflicts and re-reads the Lease.
     c.coordination.patch_namespaced_lease(name, NODE_LEASE_NAMESPACE, {"spec": spec})
-
-
-def lease_holder(c: Clients, name: str) -> str | None:
-    lease = c.coordination.read_namespaced_lease(name, NODE_LEASE_NAMESPACE)
-    holder: str | None = lease.spec.holder_identity
-    return holder

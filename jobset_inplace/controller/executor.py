@@ -199,15 +199,3 @@ class Executor:
             if isinstance(a, Event):
                 log.info("%s/%s %s: %s", ns, jobset["metadata"]["name"], a.reason, a.message)
                 self.post_event(jobset, a)
-
-
-def reload_status(executor: Executor, namespace: str, name: str) -> GangStatus | None:
-    try:
-        obj = executor.custom.get_namespaced_custom_object(
-            api.GROUP, api.VERSION, namespace, api.GANGSTATE_PLURAL, name
-        )
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-    return status_from_dict(obj.get("status"))
