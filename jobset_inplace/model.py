@@ -60,6 +60,7 @@ class PodView:
     restarting: bool = False
     devices_unhealthy: bool = False
     escalated: bool = False  # carries our escalation condition
+    by_kueue: bool = False  # failed or terminated by Kueue itself (not a worker failure)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class GangSpec:
     suspended: bool = False
     finished: bool = False  # JobSet Completed or Failed
     restart_request: str = ""  # value of the restart-request annotation
+    kueue_stand_down: str = ""  # why Kueue took the gang away (evicted, deactivated, finished)
 
 
 @dataclass

@@ -109,8 +109,8 @@ def member_causes(
     wake: float | None = None
     for member in sorted(s.gang.members):
         pod = current.get(member)
-        if pod is not None and (pod.escalated or pod.phase == "Succeeded"):
-            continue
+        if pod is not None and (pod.escalated or pod.by_kueue or pod.phase == "Succeeded"):
+            continue  # ours, Kueue's own action (its replacement follows), or done
         if pod is None or pod.deleting:
             causes[member] = Cause.POD_DELETED
             continue
@@ -206,11 +206,14 @@ class _Planning:
             if st.phase == Phase.ESCALATED:
                 self.set_phase(Phase.FAILED, "JobSetFailed", "the JobSet failed after escalation")
             return True
-        if gang.suspended:
+        if gang.suspended or gang.kueue_stand_down:
+            why = gang.kueue_stand_down or "the JobSet is suspended"
             if st.phase != Phase.STOOD_DOWN:
-                self.set_phase(Phase.STOOD_DOWN, "Suspended", "the JobSet is suspended")
+                reason = "Kueue" if gang.kueue_stand_down else "Suspended"
+                self.set_phase(Phase.STOOD_DOWN, reason, why)
                 st.barrier_open = False
-                self.event("StoodDown", "JobSet suspended: recovery stands down")
+                st.recovery = None  # an in-flight recovery is cancelled, not resumed later
+                self.event("StoodDown", f"{why}: recovery stands down")
             return True
         if st.phase == Phase.STOOD_DOWN:
             self.begin_epoch("resumed after suspension")

@@ -13,6 +13,10 @@ from .model import GangSpec, NodeView, PodView
 
 Obj = Mapping[str, Any]
 
+# Pod conditions Kueue sets when it terminates pods itself (TAS node replacement, failure
+# recovery of pods stuck on unreachable nodes): not worker failures.
+KUEUE_POD_CONDITIONS = ("TerminatedByKueue", "KueueFailureRecovery")
+
 
 def ts(value: str | None, default: float = 0.0) -> float:
     if not value:
@@ -112,6 +116,10 @@ def pod_view(pod: Obj) -> PodView | None:
             errors.append(f"{api.REPORT_STEPS}: {e}")
     containers = status.get("containerStatuses") or []
     escalated = _condition(pod, api.ESCALATION_CONDITION)
+    by_kueue = any(
+        (c := _condition(pod, t)) is not None and c.get("status") == "True"
+        for t in KUEUE_POD_CONDITIONS
+    )
     restarting = _condition(pod, "AllContainersRestarting")
     return PodView(
         name=meta["name"],
@@ -131,6 +139,7 @@ def pod_view(pod: Obj) -> PodView | None:
         restarting=restarting is not None and restarting.get("status") == "True",
         devices_unhealthy=_resources_unhealthy(containers),
         escalated=escalated is not None and escalated.get("status") == "True",
+        by_kueue=by_kueue,
     )
 
 
@@ -155,3 +164,35 @@ def node_view(node: Obj, lease: Obj | None, now: float) -> NodeView:
         taints=taints,
         conditions=conditions,
     )
+
+
+def kueue_stand_down(workload: Obj) -> str:
+    """Why the gang must stand down because of its Kueue Workload ('' if it need not):
+    evicted (any reason: preemption, PodsReadyTimeout, NodeFailures, ...), deactivated, or
+    finished. Kueue then suspends the JobSet itself; reacting to the Workload is earlier."""
+    if (workload.get("spec") or {}).get("active") is False:
+        return "Kueue Workload deactivated"
+    evicted = _condition(workload, "Evicted")
+    admitted = _condition(workload, "Admitted")
+    if evicted is not None and evicted.get("status") == "True":
+        # An eviction older than the current admission is history (re-admitted since).
+        readmitted = (
+            admitted is not None
+            and admitted.get("status") == "True"
+            and ts(admitted.get("lastTransitionTime")) > ts(evicted.get("lastTransitionTime"))
+        )
+        if not readmitted:
+            return f"Kueue evicted the Workload ({evicted.get('reason', 'unknown')})"
+    finished = _condition(workload, "Finished")
+    if finished is not None and finished.get("status") == "True":
+        return "Kueue Workload finished"
+    return ""
+
+
+def workload_owner(workload: Obj) -> tuple[str, str] | None:
+    """(namespace, JobSet name) of the JobSet owning this Workload."""
+    meta = workload["metadata"]
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == "JobSet" and ref.get("apiVersion", "").startswith("jobset.x-k8s.io/"):
+            return meta["namespace"], ref["name"]
+    return None

@@ -26,6 +26,7 @@ class Gang:
     jobset: dict[str, Any] = field(default_factory=dict)
     pods: dict[str, PodView] = field(default_factory=dict)  # uid -> view
     status: GangStatus | None = None  # last persisted; None until loaded from the API
+    kueue_stand_down: str = ""  # from the JobSet's Kueue Workload (views.kueue_stand_down)
     reported: set[str] = field(default_factory=set)  # Event messages already posted once
 
 
@@ -97,9 +98,12 @@ class ClusterCache:
             for n in names
             if n in self.nodes
         }
+        spec = gang.spec
+        if gang.kueue_stand_down:
+            spec = dataclasses.replace(spec, kueue_stand_down=gang.kueue_stand_down)
         return Snapshot(
             now=now,
-            gang=gang.spec,
+            gang=spec,
             policy=gang.policy,
             pods=tuple(gang.pods.values()),
             nodes=nodes,

@@ -20,7 +20,7 @@ from .. import api
 from ..model import Event
 from ..planner import LEASE_RENEW_INTERVAL_S, plan
 from ..policy import PolicyError, is_enabled, parse_policy
-from ..views import ts
+from ..views import kueue_stand_down, ts, workload_owner
 from .cache import ClusterCache, Gang, GangKey
 from .executor import Executor
 
@@ -135,6 +135,17 @@ def setup(reconciler: Reconciler) -> None:
     async def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         key = reconciler.cache.upsert_pod(dict(body), deleted=type == "DELETED")
         if key is not None and key in reconciler.cache.gangs:
+            reconciler.poke(key)
+
+    @kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads")
+    async def workload_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+        key = workload_owner(body)
+        gang = reconciler.cache.gangs.get(key) if key else None
+        if key is None or gang is None:
+            return
+        reason = "" if type == "DELETED" else kueue_stand_down(body)
+        if reason != gang.kueue_stand_down:
+            gang.kueue_stand_down = reason
             reconciler.poke(key)
 
     @kopf.on.event("", "v1", "nodes")

@@ -22,6 +22,7 @@ NEEDED = [
     ("create", "gangstates.jobset-inplace.dev", "team-a"),
     ("patch", "gangstates.jobset-inplace.dev/status", "team-a"),
     ("create", "events", "team-a"),
+    ("watch", "workloads.kueue.x-k8s.io", None),
 ]
 NOT_GRANTED = [
     ("update", "jobsets.jobset.x-k8s.io", "team-a"),

@@ -1,0 +1,91 @@
+"""Kueue signals the planner uses: Workload stand-down, Kueue's own pod actions."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from jobset_inplace.model import Phase
+from jobset_inplace.planner import plan
+from jobset_inplace.views import kueue_stand_down, pod_view, workload_owner
+
+from .gangs import pods, snapshot, with_pod
+
+
+def workload(conditions: list[dict[str, Any]], active: bool = True) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "namespace": "ns",
+            "name": "jobset-train-1a2b3",
+            "ownerReferences": [
+                {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "train"}
+            ],
+        },
+        "spec": {"active": active},
+        "status": {"conditions": conditions},
+    }
+
+
+def cond(ctype: str, status: str, at: str, reason: str = "") -> dict[str, Any]:
+    return {"type": ctype, "status": status, "lastTransitionTime": at, "reason": reason}
+
+
+@pytest.mark.parametrize(
+    ("wl", "expect"),
+    [
+        (workload([cond("Admitted", "True", "2026-01-01T00:00:00Z")]), ""),
+        (workload([cond("Admitted", "True", "2026-01-01T00:00:00Z")], active=False), "deactivated"),
+        (workload([cond("Admitted", "True", "2026-01-01T00:00:00Z"),
+                   cond("Evicted", "True", "2026-01-01T00:05:00Z", "Preempted")]), "Preempted"),
+        (workload([cond("Evicted", "True", "2026-01-01T00:05:00Z", "PodsReadyTimeout")]),
+         "PodsReadyTimeout"),
+        # re-admitted after the eviction: the old Evicted condition is history
+        (workload([cond("Evicted", "True", "2026-01-01T00:05:00Z", "Preempted"),
+                   cond("Admitted", "True", "2026-01-01T00:09:00Z")]), ""),
+        (workload([cond("Finished", "True", "2026-01-01T00:05:00Z")]), "finished"),
+    ],
+)  # fmt: skip
+def test_workload_stand_down(wl: dict[str, Any], expect: str) -> None:
+    got = kueue_stand_down(wl)
+    assert (expect in got) if expect else got == ""
+    assert workload_owner(wl) == ("ns", "train")
+
+
+def test_kueue_eviction_stands_the_gang_down_and_cancels_recovery() -> None:
+    pl = with_pod(pods(4, epoch=2), 0, trainer_failed=True)
+    s = snapshot(pod_list=pl, kueue_stand_down="Kueue evicted the Workload (Preempted)")
+    p = plan(s)
+    assert p.status.phase == Phase.STOOD_DOWN
+    assert p.status.reason == "Kueue"
+    assert "Preempted" in p.status.message
+    assert p.status.epoch == 2, "no recovery started against Kueue"
+    assert p.status.inplace_used == 0, "preemption does not eat the in-place budget"
+    assert [a for a in p.actions if not hasattr(a, "reason")] == []
+
+
+def test_pod_terminated_by_kueue_is_not_a_failure() -> None:
+    raw = {
+        "metadata": {
+            "name": "p0",
+            "uid": "u0",
+            "labels": {
+                "jobset.sigs.k8s.io/replicatedjob-name": "workers",
+                "jobset.sigs.k8s.io/job-index": "0",
+                "batch.kubernetes.io/job-completion-index": "0",
+            },
+        },
+        "status": {
+            "phase": "Failed",
+            "conditions": [{"type": "TerminatedByKueue", "status": "True"}],
+        },
+    }
+    view = pod_view(raw)
+    assert view is not None
+    assert view.by_kueue
+    pl = pods(4, epoch=2)
+    pl[0] = dataclasses.replace(pl[0], phase="Failed", by_kueue=True)
+    p = plan(snapshot(pod_list=pl))
+    assert p.status.epoch == 2
+    assert p.actions == []
