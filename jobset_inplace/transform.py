@@ -19,10 +19,12 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from . import api
+from . import __version__, api
 from .policy import Policy, parse_policy
 
 AGENT_CONTAINER = "jobset-inplace-agent"
+# The image that runs the agent (Python 3 plus this package); the webhook and `enable` default.
+DEFAULT_AGENT_IMAGE = f"jobset-inplace/agent:{__version__}"
 STATE_VOLUME = "jobset-inplace-state"
 STATE_DIR = "/var/run/jobset-inplace"
 PROBE_PORT = 8187

@@ -1,0 +1,276 @@
+"""``kubectl jobset-inplace``: inspect and operate jobset-inplace gangs.
+
+Subcommands: status, history, restart, enable, doctor. Run ``kubectl jobset-inplace
+COMMAND --help`` for each; exit codes are listed in docs/kubectl-plugin.md."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any, NoReturn
+
+import urllib3
+
+from .. import api
+from ..policy import PolicyError, is_enabled, parse_duration
+from ..transform import DEFAULT_AGENT_IMAGE, TransformError
+from . import doctor as doctor_mod
+from . import enable as enable_mod
+from . import render
+from .cluster import ApiException, Cluster, ClusterConfigError, api_error_message, connect
+from .exitcodes import ExitCode
+
+PROG = "kubectl jobset-inplace"
+
+
+class CommandError(Exception):
+    """A failure with the message to print and the exit code to return."""
+
+    def __init__(self, message: str, code: ExitCode = ExitCode.FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(ExitCode.USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _add_cluster_flags(p: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """The cluster flags, accepted before the subcommand and after it (as with kubectl). After
+    it they default to SUPPRESS so that they do not overwrite a value given before it."""
+    default = None if top else argparse.SUPPRESS
+    g = p.add_argument_group("cluster (as kubectl)")
+    g.add_argument(
+        "--kubeconfig",
+        default=default,
+        help="path to the kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)",
+    )
+    g.add_argument(
+        "--context", default=default, help="kubeconfig context (default: the current one)"
+    )
+    g.add_argument(
+        "-n",
+        "--namespace",
+        default=default,
+        help="namespace (default: the context's namespace, else 'default')",
+    )
+
+
+EPILOG = "exit codes: " + ", ".join(f"{int(c)} {c.name}" for c in ExitCode)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG, description="Inspect and operate jobset-inplace gangs.", epilog=EPILOG
+    )
+    _add_cluster_flags(parser, top=True)
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
+
+    p = sub.add_parser("status", help="gang status of a JobSet (GangState + pods + nodes)")
+    p.add_argument("name", metavar="NAME", help="JobSet name (its GangState has the same name)")
+    p.add_argument("-o", "--output", choices=["yaml", "json", "wide"], help="output format")
+    _add_cluster_flags(p)
+
+    p = sub.add_parser("history", help="past recoveries of a JobSet, newest last")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("-o", "--output", choices=["yaml", "json"], help="output format")
+    _add_cluster_flags(p)
+
+    p = sub.add_parser("restart", help="ask for a manual in-place restart of the whole gang")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    _add_cluster_flags(p)
+
+    p = sub.add_parser("enable", help="transform a JobSet manifest for hybrid recovery (offline)")
+    p.add_argument(
+        "-f", "--filename", required=True, metavar="FILE", help="JobSet YAML, or - for stdin"
+    )
+    p.add_argument("--diff", action="store_true", help="print a unified diff instead")
+    p.add_argument(
+        "--image",
+        default=DEFAULT_AGENT_IMAGE,
+        help=f"agent image (default: {DEFAULT_AGENT_IMAGE})",
+    )
+
+    p = sub.add_parser("doctor", help="check that the cluster can run jobset-inplace")
+    p.add_argument(
+        "--barrier-timeout",
+        default="5m",
+        help="barrier timeout to compare Kueue's recoveryTimeout with (default: 5m)",
+    )
+    p.add_argument("-o", "--output", choices=["yaml", "json"], help="output format")
+    _add_cluster_flags(p)
+    return parser
+
+
+# --- commands ------------------------------------------------------------------------------------
+def _get_gangstate(c: Cluster, name: str) -> dict[str, Any]:
+    try:
+        return c.gangstate(name)
+    except ApiException as e:
+        if e.status == 404:
+            raise CommandError(
+                f"GangState {name} not found in namespace {c.namespace}: is the JobSet opted in "
+                f"({api.ENABLED}=true) and the controller running? "
+                "(if the GangState CRD itself is missing: kubectl jobset-inplace doctor)",
+                ExitCode.NOT_FOUND,
+            ) from None
+        raise
+
+
+def _get_jobset(c: Cluster, name: str) -> dict[str, Any] | None:
+    try:
+        return c.jobset(name)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def cmd_status(c: Cluster, args: argparse.Namespace, out: IO[str]) -> ExitCode:
+    gs = _get_gangstate(c, args.name)
+    js = _get_jobset(c, args.name)
+    pods = c.jobset_pods(args.name)
+    names = sorted({str(n) for p in pods if (n := (p.get("spec") or {}).get("nodeName"))})
+    nodes: dict[str, dict[str, Any] | None] | None = {}
+    try:
+        nodes = {n: c.node(n) for n in names}
+    except ApiException as e:
+        if e.status != 403:
+            raise
+        nodes = None  # not allowed to read nodes: say so rather than guess
+    doc = render.status_document(gs, js, pods, nodes, time.time())
+    if args.output in ("json", "yaml"):
+        out.write(render.dump(doc, args.output))
+    else:
+        out.write(render.render_status(doc, wide=args.output == "wide"))
+    return ExitCode.OK
+
+
+def cmd_history(c: Cluster, args: argparse.Namespace, out: IO[str]) -> ExitCode:
+    doc = render.history_document(_get_gangstate(c, args.name))
+    if args.output:
+        out.write(render.dump(doc, args.output))
+    else:
+        out.write(render.render_history(doc))
+    return ExitCode.OK
+
+
+def restart_value(now: dt.datetime | None = None) -> str:
+    """A fresh, unique request value: the UTC time to the microsecond."""
+    return (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def confirm(question: str, stdin: IO[str], err: IO[str]) -> bool:
+    """Ask on a TTY; refuse (raise) when stdin is not one."""
+    if not stdin.isatty():
+        raise CommandError(
+            "refusing to restart without confirmation: stdin is not a terminal; "
+            "pass --yes to confirm non-interactively",
+            ExitCode.USAGE,
+        )
+    err.write(f"{question} [y/N] ")
+    err.flush()
+    return stdin.readline().strip().lower() in ("y", "yes")
+
+
+def cmd_restart(
+    c: Cluster, args: argparse.Namespace, out: IO[str], stdin: IO[str], err: IO[str]
+) -> ExitCode:
+    js = _get_jobset(c, args.name)
+    if js is None:
+        raise CommandError(
+            f"JobSet {args.name} not found in namespace {c.namespace}", ExitCode.NOT_FOUND
+        )
+    annotations = (js.get("metadata") or {}).get("annotations") or {}
+    if not is_enabled(annotations):
+        raise CommandError(
+            f"JobSet {c.namespace}/{args.name} has not opted in to jobset-inplace: set the "
+            f'annotation {api.ENABLED}: "true" (see kubectl jobset-inplace enable)'
+        )
+    question = (
+        f"Restart every member of JobSet {c.namespace}/{args.name} in place "
+        "(new epoch, all trainers resume from the newest common checkpoint)?"
+    )
+    if not args.yes and not confirm(question, stdin, err):
+        raise CommandError("restart not confirmed; nothing changed", ExitCode.USAGE)
+    value = restart_value()
+    c.annotate_jobset(args.name, {api.RESTART_REQUEST: value})
+    out.write(
+        f"jobset.jobset.x-k8s.io/{args.name} restart requested ({api.RESTART_REQUEST}={value})\n"
+        f"follow it with: kubectl jobset-inplace status {args.name} -n {c.namespace}\n"
+    )
+    return ExitCode.OK
+
+
+def cmd_enable(args: argparse.Namespace, out: IO[str], stdin: IO[str]) -> ExitCode:
+    source = args.filename
+    try:
+        text = stdin.read() if source == "-" else Path(source).read_text()
+    except OSError as e:
+        raise CommandError(f"cannot read {source}: {e.strerror or e}") from None
+    try:
+        if args.diff:
+            out.write(enable_mod.enable_diff(text, args.image, source=source))
+        else:
+            out.write(enable_mod.enable_text(text, args.image, source=source))
+    except (TransformError, PolicyError, enable_mod.InputError) as e:
+        raise CommandError(f"cannot enable {source}: {e}") from None
+    return ExitCode.OK
+
+
+def cmd_doctor(c: Cluster, args: argparse.Namespace, out: IO[str]) -> ExitCode:
+    try:
+        barrier = parse_duration("--barrier-timeout", args.barrier_timeout)
+    except PolicyError as e:
+        raise CommandError(str(e), ExitCode.USAGE) from None
+    c.server_version()  # unreachable cluster: exit NO_CLUSTER rather than a page of FAILs
+    checks = doctor_mod.run_checks(c, barrier)
+    if args.output:
+        out.write(render.dump(doctor_mod.checks_document(checks), args.output))
+    else:
+        out.write(doctor_mod.render_checks(checks))
+    return ExitCode.FAILED if doctor_mod.failed(checks) else ExitCode.OK
+
+
+def main(
+    argv: list[str] | None = None,
+    *,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | None = None,
+    stdin: IO[str] | None = None,
+    connector: Callable[[str | None, str | None, str | None], Cluster] = connect,
+) -> int:
+    out, err, inp = stdout or sys.stdout, stderr or sys.stderr, stdin or sys.stdin
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "enable":
+            return int(cmd_enable(args, out, inp))
+        try:
+            c = connector(args.kubeconfig, args.context, args.namespace)
+        except ClusterConfigError as e:
+            raise CommandError(str(e), ExitCode.NO_CLUSTER) from None
+        commands: dict[str, Callable[[], ExitCode]] = {
+            "status": lambda: cmd_status(c, args, out),
+            "history": lambda: cmd_history(c, args, out),
+            "restart": lambda: cmd_restart(c, args, out, inp, err),
+            "doctor": lambda: cmd_doctor(c, args, out),
+        }
+        return int(commands[args.command]())
+    except CommandError as e:
+        err.write(f"error: {e}\n")
+        return int(e.code)
+    except ApiException as e:
+        err.write(f"error: the API server answered {api_error_message(e)}\n")
+        return int(ExitCode.FAILED)
+    except (OSError, urllib3.exceptions.HTTPError) as e:  # connection refused, DNS, TLS
+        err.write(f"error: cannot reach the cluster: {e}; check --kubeconfig/--context\n")
+        return int(ExitCode.NO_CLUSTER)

@@ -1,0 +1,183 @@
+"""Thin API access for the plugin: kubeconfig loading like kubectl (``--kubeconfig``,
+``--context``, ``-n``), and reads/writes returning plain dicts (the JSON the API sent, so
+fields newer than the client's models, such as ``status.declaredFeatures``, are kept)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from .. import api
+
+JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
+SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+__all__ = ["ApiException", "Cluster", "ClusterConfigError", "api_error_message", "connect"]
+
+
+def api_error_message(e: Exception) -> str:
+    """The apiserver's own message (from the Status body) when there is one."""
+    status, reason, body = (getattr(e, a, None) for a in ("status", "reason", "body"))
+    msg = f"{status} {reason}" if status else str(e)
+    if body:
+        with contextlib.suppress(ValueError, AttributeError):
+            msg = json.loads(body).get("message") or msg
+    return str(msg)
+
+
+class ClusterConfigError(RuntimeError):
+    """No usable kubeconfig (or in-cluster config)."""
+
+
+@dataclass
+class Cluster:
+    api_client: client.ApiClient
+    namespace: str
+
+    @property
+    def core(self) -> Any:
+        return client.CoreV1Api(self.api_client)
+
+    @property
+    def custom(self) -> Any:
+        return client.CustomObjectsApi(self.api_client)
+
+    # --- raw JSON helpers ----------------------------------------------------------------------
+    @staticmethod
+    def _json(resp: Any) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(resp.data)
+        return data
+
+    # --- jobset-inplace objects ------------------------------------------------------------------
+    def gangstate(self, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
+            api.GROUP, api.VERSION, self.namespace, api.GANGSTATE_PLURAL, name
+        )
+        return obj
+
+    def jobset(self, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
+            JOBSET_GROUP, JOBSET_VERSION, self.namespace, JOBSET_PLURAL, name
+        )
+        return obj
+
+    def annotate_jobset(self, name: str, annotations: dict[str, str]) -> dict[str, Any]:
+        obj: dict[str, Any] = self.custom.patch_namespaced_custom_object(
+            JOBSET_GROUP,
+            JOBSET_VERSION,
+            self.namespace,
+            JOBSET_PLURAL,
+            name,
+            {"metadata": {"annotations": annotations}},
+            _content_type="application/merge-patch+json",
+        )
+        return obj
+
+    def jobset_pods(self, name: str) -> list[dict[str, Any]]:
+        resp = self.core.list_namespaced_pod(
+            self.namespace,
+            label_selector=f"{api.JOBSET_NAME_LABEL}={name}",
+            _preload_content=False,
+        )
+        items: list[dict[str, Any]] = self._json(resp).get("items") or []
+        return items
+
+    def node(self, name: str) -> dict[str, Any] | None:
+        """The node, or ``None`` if it does not exist (other errors raise)."""
+        try:
+            return self._json(self.core.read_node(name, _preload_content=False))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    # --- cluster-wide reads for doctor -----------------------------------------------------------
+    def server_version(self) -> dict[str, Any]:
+        v = client.VersionApi(self.api_client).get_code()
+        return {"major": v.major, "minor": v.minor, "gitVersion": v.git_version}
+
+    def crd(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self._json(
+                client.ApiextensionsV1Api(self.api_client).read_custom_resource_definition(
+                    name, _preload_content=False
+                )
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def nodes(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = (
+            self._json(self.core.list_node(_preload_content=False)).get("items") or []
+        )
+        return items
+
+    def dry_run_pod(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._json(
+            self.core.create_namespaced_pod(
+                self.namespace,
+                body,
+                dry_run="All",
+                field_validation="Strict",
+                _preload_content=False,
+            )
+        )
+
+    def configmap(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._json(
+            self.core.read_namespaced_config_map(name, namespace, _preload_content=False)
+        )
+
+    def deployment_images(self, namespace: str) -> list[str]:
+        resp = client.AppsV1Api(self.api_client).list_namespaced_deployment(
+            namespace, _preload_content=False
+        )
+        return [
+            c.get("image", "")
+            for d in self._json(resp).get("items") or []
+            for c in ((d.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers")
+            or []
+        ]
+
+
+def _context_namespace(kubeconfig: str | None, context: str | None) -> str | None:
+    contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)
+    chosen = active
+    if context is not None:
+        chosen = next((c for c in contexts if c.get("name") == context), None)
+        if chosen is None:
+            raise ClusterConfigError(f"context {context!r} not found in the kubeconfig")
+    ns = ((chosen or {}).get("context") or {}).get("namespace")
+    return str(ns) if ns else None
+
+
+def connect(
+    kubeconfig: str | None = None, context: str | None = None, namespace: str | None = None
+) -> Cluster:
+    """Connect as kubectl would: ``kubeconfig`` (else ``$KUBECONFIG``, else ~/.kube/config,
+    else in-cluster config), ``context`` (else the current one), ``namespace`` (else the
+    context's, else ``default``)."""
+    try:
+        api_client = config.new_client_from_config(config_file=kubeconfig, context=context)
+        ctx_ns = _context_namespace(kubeconfig, context)
+    except (ConfigException, OSError) as e:
+        if kubeconfig is not None or context is not None:
+            raise ClusterConfigError(f"cannot load kubeconfig: {e}") from e
+        try:
+            config.load_incluster_config()
+        except ConfigException:
+            raise ClusterConfigError(
+                f"no usable kubeconfig ({e}); pass --kubeconfig or set KUBECONFIG"
+            ) from e
+        api_client = client.ApiClient()
+        ctx_ns = SA_NAMESPACE_FILE.read_text().strip() if SA_NAMESPACE_FILE.exists() else None
+    return Cluster(api_client, namespace or ctx_ns or "default")

@@ -1,0 +1,345 @@
+"""``doctor``: cluster checks for jobset-inplace. Each check is a pure function of what the API
+returned (unit-tested on fixed dicts); :func:`run_checks` gathers the inputs through
+:class:`~.cluster.Cluster` and turns API errors into FAIL/SKIP results with a reason."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+import yaml
+
+from .. import api
+from ..policy import Policy, PolicyError, parse_duration
+from .cluster import api_error_message
+from .render import fmt_duration, table
+
+MIN_MINOR = 35
+RESTART_ALL_FEATURE = "RestartAllContainersOnContainerExits"
+JOBSET_CRD = "jobsets.jobset.x-k8s.io"
+GANGSTATE_CRD = f"{api.GANGSTATE_PLURAL}.{api.GROUP}"
+KUEUE_CRDS = (
+    "clusterqueues.kueue.x-k8s.io",
+    "localqueues.kueue.x-k8s.io",
+    "workloads.kueue.x-k8s.io",
+)
+KUEUE_NAMESPACE = "kueue-system"
+KUEUE_CONFIGMAP = "kueue-manager-config"
+KUEUE_CONFIG_KEY = "controller_manager_config.yaml"
+JOBSET_NAMESPACE = "jobset-system"
+CRD_HINT = "kubectl apply --server-side -k manifests/crd  (from the jobset-inplace repository)"
+
+
+class Result(StrEnum):
+    PASS = "PASS"
+    WARN = "WARN"
+    FAIL = "FAIL"
+    SKIP = "SKIP"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    result: Result
+    detail: str
+    hint: str = ""  # one line: what to do (empty for PASS)
+
+
+class ClusterReader(Protocol):
+    namespace: str
+
+    def server_version(self) -> dict[str, Any]: ...
+    def crd(self, name: str) -> dict[str, Any] | None: ...
+    def nodes(self) -> list[dict[str, Any]]: ...
+    def dry_run_pod(self, body: dict[str, Any]) -> dict[str, Any]: ...
+    def configmap(self, namespace: str, name: str) -> dict[str, Any]: ...
+    def deployment_images(self, namespace: str) -> list[str]: ...
+
+
+# --- pure checks ---------------------------------------------------------------------------------
+def check_version(version: Mapping[str, Any]) -> Check:
+    name = "Kubernetes version"
+    git = str(version.get("gitVersion") or "?")
+    try:
+        major = int(re.sub(r"\D.*", "", str(version.get("major") or "")))
+        minor = int(re.sub(r"\D.*", "", str(version.get("minor") or "")))
+    except ValueError:
+        return Check(name, Result.WARN, f"cannot parse server version {git}", "check by hand")
+    if (major, minor) >= (1, MIN_MINOR):
+        return Check(name, Result.PASS, f"{git} (>= 1.{MIN_MINOR})")
+    return Check(
+        name,
+        Result.FAIL,
+        f"{git} is older than 1.{MIN_MINOR}",
+        f"upgrade to Kubernetes 1.{MIN_MINOR}+ (RestartAllContainers appeared there)",
+    )
+
+
+RESTART_RULE = {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}
+
+
+def probe_pod() -> dict[str, Any]:
+    """A pod with a ``RestartAllContainers`` rule, as the transform injects it (dry-run only)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "jobset-inplace-doctor-"},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "probe",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "restartPolicy": "Never",
+                    "restartPolicyRules": [RESTART_RULE],
+                }
+            ],
+        },
+    }
+
+
+def check_dry_run(created: Mapping[str, Any] | None, error: str | None) -> Check:
+    name = "RestartAllContainers"
+    gate_hint = (
+        f"enable the {RESTART_ALL_FEATURE} feature gate on kube-apiserver and kubelets "
+        "(alpha in 1.35, default on in 1.36)"
+    )
+    if error is not None:
+        if re.search(r"restartPolicyRules|RestartAllContainers|restartPolicy", error):
+            return Check(name, Result.FAIL, f"rejected by the apiserver: {error}", gate_hint)
+        return Check(
+            name,
+            Result.WARN,
+            f"dry-run create failed for another reason: {error}",
+            "retry with -n on a namespace where you may create pods",
+        )
+    containers = ((created or {}).get("spec") or {}).get("containers") or [{}]
+    if containers[0].get("restartPolicyRules") == [RESTART_RULE]:
+        return Check(name, Result.PASS, "server-side dry-run of a pod with the rule accepted")
+    return Check(name, Result.FAIL, "the apiserver dropped restartPolicyRules", gate_hint)
+
+
+def _crd_versions(crd: Mapping[str, Any]) -> list[str]:
+    return [v["name"] for v in (crd.get("spec") or {}).get("versions") or [] if v.get("served")]
+
+
+def _established(crd: Mapping[str, Any]) -> bool:
+    conds = (crd.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
+
+
+def check_jobset_crd(crd: Mapping[str, Any] | None, images: Sequence[str] = ()) -> Check:
+    name = "JobSet CRD"
+    if crd is None:
+        return Check(
+            name,
+            Result.FAIL,
+            f"{JOBSET_CRD} not found",
+            "install JobSet: https://jobset.sigs.k8s.io/docs/installation/",
+        )
+    versions = ", ".join(_crd_versions(crd)) or "none served"
+    controller = next((i for i in images if "jobset" in i), None)
+    detail = f"{JOBSET_CRD} (served: {versions})"
+    if controller:
+        detail += f"; controller image {controller}"
+    if "v1alpha2" not in _crd_versions(crd):
+        return Check(name, Result.FAIL, detail, "install a JobSet release serving v1alpha2")
+    return Check(name, Result.PASS, detail)
+
+
+def check_gangstate_crd(crd: Mapping[str, Any] | None) -> Check:
+    name = "GangState CRD"
+    if crd is None:
+        return Check(name, Result.FAIL, f"{GANGSTATE_CRD} not installed", CRD_HINT)
+    if api.VERSION not in _crd_versions(crd):
+        return Check(name, Result.FAIL, f"{api.VERSION} not served", CRD_HINT)
+    if not _established(crd):
+        return Check(name, Result.FAIL, "not Established yet", "wait, then check the CRD status")
+    return Check(name, Result.PASS, f"{GANGSTATE_CRD} ({api.VERSION}) established")
+
+
+def check_kueue_crds(present: Mapping[str, bool]) -> Check:
+    name = "Kueue CRDs"
+    found = sorted(n for n, ok in present.items() if ok)
+    if len(found) == len(present):
+        return Check(name, Result.PASS, "Kueue installed")
+    if not found:
+        return Check(
+            name,
+            Result.WARN,
+            "Kueue not installed (optional: quotas and gang admission)",
+            "install Kueue if you queue JobSets: https://kueue.sigs.k8s.io/docs/installation/",
+        )
+    missing = sorted(n for n, ok in present.items() if not ok)
+    return Check(
+        name, Result.WARN, f"partial Kueue install, missing {', '.join(missing)}", "reinstall Kueue"
+    )
+
+
+def check_declared_features(nodes: Sequence[Mapping[str, Any]]) -> Check:
+    name = "Node declared features"
+    declaring = [
+        n
+        for n in nodes
+        if RESTART_ALL_FEATURE in ((n.get("status") or {}).get("declaredFeatures") or [])
+    ]
+    detail = f"{len(declaring)}/{len(nodes)} nodes declare {RESTART_ALL_FEATURE}"
+    if declaring:
+        return Check(name, Result.PASS, detail)
+    return Check(
+        name,
+        Result.WARN,
+        detail,
+        f"enable the {RESTART_ALL_FEATURE} and NodeDeclaredFeatures gates on the kubelets",
+    )
+
+
+def check_kueue_recovery(  # noqa: PLR0911 (one return per outcome reads best)
+    config_text: str | None, barrier_timeout_s: float, why: str = ""
+) -> Check:
+    """Kueue's ``waitForPodsReady.recoveryTimeout`` must outlast a recovery: the barrier
+    deadline, renewed once (laggards recreated) before escalating, i.e. 2x barrier-timeout."""
+    name = "Kueue recoveryTimeout"
+    if config_text is None:
+        return Check(name, Result.SKIP, why or "Kueue configuration not readable")
+    try:
+        cfg = yaml.safe_load(config_text) or {}
+    except yaml.YAMLError as e:
+        return Check(name, Result.SKIP, f"Kueue configuration is not YAML: {e}")
+    wfpr = cfg.get("waitForPodsReady") or {}
+    if not wfpr.get("enable"):
+        return Check(name, Result.PASS, "waitForPodsReady disabled: Kueue never evicts a recovery")
+    rt = wfpr.get("recoveryTimeout")
+    if not rt:
+        return Check(name, Result.PASS, "waitForPodsReady on without recoveryTimeout")
+    try:
+        recovery_s = parse_duration("recoveryTimeout", str(rt))
+    except PolicyError:
+        return Check(name, Result.SKIP, f"cannot parse recoveryTimeout {rt!r}")
+    needed = 2 * barrier_timeout_s
+    detail = (
+        f"recoveryTimeout {fmt_duration(recovery_s)} vs barrier-timeout "
+        f"{fmt_duration(barrier_timeout_s)} (x2 with the renewed deadline)"
+    )
+    if recovery_s >= needed:
+        return Check(name, Result.PASS, detail)
+    return Check(
+        name,
+        Result.WARN,
+        detail + ": Kueue may evict a gang that is still recovering",
+        f"set waitForPodsReady.recoveryTimeout >= {fmt_duration(needed)} "
+        "or lower jobset-inplace.dev/barrier-timeout",
+    )
+
+
+# --- gathering -----------------------------------------------------------------------------------
+def _safe(name: str, hint: str, fn: Callable[[], Check]) -> Check:
+    try:
+        return fn()
+    except Exception as e:
+        return Check(name, Result.FAIL, f"API error: {api_error_message(e)}", hint)
+
+
+def run_checks(c: ClusterReader, barrier_timeout_s: float | None = None) -> list[Check]:
+    barrier = Policy().barrier_timeout_s if barrier_timeout_s is None else barrier_timeout_s
+    checks = [
+        _safe(
+            "Kubernetes version", "check the kubeconfig", lambda: check_version(c.server_version())
+        )
+    ]
+
+    def dry_run() -> Check:
+        try:
+            created = c.dry_run_pod(probe_pod())
+        except Exception as e:
+            if getattr(e, "status", None) is None:  # not an API answer: let _safe report it
+                raise
+            return check_dry_run(None, api_error_message(e))
+        return check_dry_run(created, None)
+
+    checks.append(_safe("RestartAllContainers", "check the kubeconfig", dry_run))
+
+    def jobset() -> Check:
+        crd = c.crd(JOBSET_CRD)
+        images: list[str] = []
+        if crd is not None:
+            try:
+                images = c.deployment_images(JOBSET_NAMESPACE)
+            except Exception:
+                images = []  # the version is a nicety; not being allowed to see it is fine
+        return check_jobset_crd(crd, images)
+
+    checks.append(_safe("JobSet CRD", "check the kubeconfig", jobset))
+    checks.append(
+        _safe("GangState CRD", CRD_HINT, lambda: check_gangstate_crd(c.crd(GANGSTATE_CRD)))
+    )
+
+    kueue_present: dict[str, bool] = {}
+
+    def kueue() -> Check:
+        for n in KUEUE_CRDS:
+            kueue_present[n] = c.crd(n) is not None
+        return check_kueue_crds(kueue_present)
+
+    kueue_check = _safe("Kueue CRDs", "check the kubeconfig", kueue)
+    if kueue_check.result == Result.FAIL:  # Kueue is optional: never a FAIL
+        kueue_check = Check(kueue_check.name, Result.WARN, kueue_check.detail, kueue_check.hint)
+    checks.append(kueue_check)
+    checks.append(
+        _safe(
+            "Node declared features",
+            "check the kubeconfig",
+            lambda: check_declared_features(c.nodes()),
+        )
+    )
+
+    def recovery() -> Check:
+        if not any(kueue_present.values()):
+            return check_kueue_recovery(None, barrier, "Kueue not installed")
+        try:
+            cm = c.configmap(KUEUE_NAMESPACE, KUEUE_CONFIGMAP)
+        except Exception as e:
+            where = f"ConfigMap {KUEUE_NAMESPACE}/{KUEUE_CONFIGMAP}"
+            return check_kueue_recovery(
+                None, barrier, f"cannot read {where}: {api_error_message(e)}"
+            )
+        text = (cm.get("data") or {}).get(KUEUE_CONFIG_KEY)
+        why = f"ConfigMap {KUEUE_NAMESPACE}/{KUEUE_CONFIGMAP} has no {KUEUE_CONFIG_KEY}"
+        return check_kueue_recovery(text, barrier, why)
+
+    checks.append(_safe("Kueue recoveryTimeout", "check the kubeconfig", recovery))
+    return checks
+
+
+def failed(checks: Sequence[Check]) -> bool:
+    return any(ch.result == Result.FAIL for ch in checks)
+
+
+def render_checks(checks: Sequence[Check]) -> str:
+    rows = [["CHECK", "RESULT", "DETAIL"]]
+    for ch in checks:
+        rows.append([ch.name, ch.result.value, ch.detail])
+    lines = table(rows).splitlines()
+    out = [lines[0]]
+    for line, ch in zip(lines[1:], checks, strict=True):
+        out.append(line)
+        if ch.hint and ch.result != Result.PASS:
+            out.append(f"    fix: {ch.hint}")
+    n_fail = sum(ch.result == Result.FAIL for ch in checks)
+    n_warn = sum(ch.result == Result.WARN for ch in checks)
+    out.append("")
+    out.append(f"{n_fail} failed, {n_warn} warnings, {len(checks)} checks")
+    return "\n".join(out) + "\n"
+
+
+def checks_document(checks: Sequence[Check]) -> dict[str, Any]:
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": "DoctorReport",
+        "checks": [{**asdict(ch), "result": ch.result.value} for ch in checks],
+        "failed": failed(checks),
+    }

@@ -1,0 +1,385 @@
+"""Pure rendering for ``status`` and ``history``: plain API dicts in, a stable document and
+text out. No API access here; every input (GangState, JobSet, pods, nodes, the time) is a
+parameter, so the output is fully determined by it."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from .. import api
+from ..gangstate import parse_time
+from ..policy import Policy, PolicyError, parse_policy
+
+REPORT_KIND = "GangStatusReport"
+HISTORY_KIND = "GangRecoveryHistory"
+POD_STATES = ("running", "restarting", "pending", "failed", "succeeded")
+
+Obj = Mapping[str, Any]
+
+
+# --- small formatting helpers ----------------------------------------------------------------
+def fmt_duration(seconds: float | None) -> str:
+    """``4.0s``, ``2m05s``, ``1h02m``; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    s = round(seconds)
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def fmt_value(v: Any) -> str:
+    if v is None or v == "":
+        return "-"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def fmt_causes(causes: Mapping[str, int]) -> str:
+    """``TrainerExited, NodeUnhealthy x2`` (by count, then name)."""
+    if not causes:
+        return "-"
+    items = sorted(causes.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(k if n == 1 else f"{k} x{n}" for k, n in items)
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns separated by three spaces, as kubectl prints them."""
+    if not rows:
+        return ""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def dump(doc: Any, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(doc, indent=2, sort_keys=False) + "\n"
+    out: str = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+    return out
+
+
+# --- pods and nodes ----------------------------------------------------------------------------
+def member_id(pod: Obj) -> str:
+    """The stable member slot: ``<replicatedJob>/<jobIndex>/<completionIndex>``."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return "/".join(
+        labels.get(k, "?")
+        for k in (api.REPLICATED_JOB_LABEL, api.JOB_INDEX_LABEL, api.COMPLETION_INDEX_LABEL)
+    )
+
+
+def _condition(obj: Obj, ctype: str) -> str | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == ctype:
+            return str(c.get("status"))
+    return None
+
+
+def pod_state(pod: Obj) -> str:
+    """running / restarting / pending / failed / succeeded.
+
+    ``restarting``: the pod is being restarted in place (``AllContainersRestarting``), a main
+    container has stopped, or the main containers wait for the barrier."""
+    status = pod.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    if phase == "Failed":
+        return "failed"
+    if phase == "Succeeded":
+        return "succeeded"
+    if _condition(pod, "AllContainersRestarting") == "True":
+        return "restarting"
+    if phase != "Running":
+        return "pending"
+    statuses = status.get("containerStatuses") or []
+    if statuses and all("running" in (cs.get("state") or {}) for cs in statuses):
+        return "running"
+    return "restarting"
+
+
+def node_problems(node: Obj | None) -> list[str]:
+    """Why a node counts as unhealthy (empty: healthy); ``None`` is a node that is gone."""
+    if node is None:
+        return ["NotFound"]
+    out = []
+    ready = _condition(node, "Ready")
+    if ready != "True":
+        out.append(f"Ready={ready or 'Missing'}")
+    for t in (node.get("spec") or {}).get("taints") or []:
+        if t.get("key") == api.UNHEALTHY_TAINT:
+            out.append(f"taint {api.UNHEALTHY_TAINT}:{t.get('effect', '')}")
+    return out
+
+
+def _pod_restarts(pod: Obj) -> int:
+    status = pod.get("status") or {}
+    return sum(
+        int(cs.get("restartCount") or 0)
+        for cs in (status.get("containerStatuses") or [])
+        + (status.get("initContainerStatuses") or [])
+    )
+
+
+# --- status ------------------------------------------------------------------------------------
+def _budget(used: int, limit: int | None) -> dict[str, Any]:
+    left = None if limit is None else max(0, limit - used)
+    return {"used": used, "limit": limit, "left": left}
+
+
+def _last_recovery(rec: Obj | None, now: float) -> dict[str, Any] | None:
+    if not rec:
+        return None
+    causes: dict[str, str] = dict(rec.get("causes") or {})
+    recreated: dict[str, str] = dict(rec.get("recreated") or {})
+    started = rec.get("startedAt")
+    duration = rec.get("durationSeconds")
+    in_progress = rec.get("openedAt") is None
+    elapsed = None
+    if in_progress and (t := parse_time(started)) is not None:
+        elapsed = round(max(0.0, now - t), 3)
+    return {
+        "epoch": rec.get("epoch"),
+        "causes": dict(sorted(Counter(causes.values()).items())),
+        "failedMembers": dict(sorted(causes.items())),
+        "inPlace": int(rec.get("inPlace") or 0),
+        "recreated": len(recreated),
+        "recreatedMembers": sorted(recreated),
+        "startedAt": started,
+        "openedAt": rec.get("openedAt"),
+        "durationSeconds": duration,
+        "inProgress": in_progress,
+        "elapsedSeconds": elapsed,
+        "resumeStep": rec.get("resumeStep"),
+    }
+
+
+def status_document(
+    gangstate: Obj,
+    jobset: Obj | None,
+    pods: Sequence[Obj],
+    nodes: Mapping[str, Obj | None] | None,
+    now: float,
+) -> dict[str, Any]:
+    """The stable machine document of ``status -o json|yaml`` (and the input of the table).
+
+    ``nodes`` maps node name -> node (``None``: the node is gone); ``nodes=None`` means nodes
+    could not be read, which the document says instead of guessing."""
+    meta = gangstate.get("metadata") or {}
+    st = gangstate.get("status") or {}
+    members = st.get("members") or {}
+    budgets = st.get("budgets") or {}
+    rec = st.get("recovery") or None
+
+    policy: Policy | None = None
+    policy_error = None
+    annotations = ((jobset or {}).get("metadata") or {}).get("annotations") or {}
+    try:
+        policy = parse_policy(annotations)
+    except PolicyError as e:
+        policy_error = str(e)
+
+    counts = Counter(pod_state(p) for p in pods)
+    causes = (rec or {}).get("causes") or {}
+    recreated = (rec or {}).get("recreated") or {}
+    member_pods: list[dict[str, Any]] = []
+    for p in sorted(pods, key=lambda p: (member_id(p), (p.get("metadata") or {}).get("name"))):
+        pm = p.get("metadata") or {}
+        ann = pm.get("annotations") or {}
+        node = (p.get("spec") or {}).get("nodeName")
+        member = member_id(p)
+        member_pods.append(
+            {
+                "member": member,
+                "pod": pm.get("name"),
+                "node": node,
+                "state": pod_state(p),
+                "deleting": pm.get("deletionTimestamp") is not None,
+                "reportedEpoch": ann.get(api.REPORT_EPOCH),
+                "checkpointSteps": ann.get(api.REPORT_STEPS),
+                "restarts": _pod_restarts(p),
+                "cause": causes.get(member),
+                "recreated": member in recreated,
+            }
+        )
+
+    unhealthy: list[dict[str, Any]] | None = None
+    if nodes is not None:
+        unhealthy = []
+        for name in sorted({m["node"] for m in member_pods if m["node"]}):
+            problems = node_problems(nodes.get(name))
+            if problems:
+                pods_on = sorted(m["pod"] for m in member_pods if m["node"] == name)
+                unhealthy.append({"name": name, "problems": problems, "pods": pods_on})
+
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": REPORT_KIND,
+        "jobSet": meta.get("name"),
+        "namespace": meta.get("namespace"),
+        "jobSetFound": jobset is not None,
+        "phase": st.get("phase"),
+        "reason": st.get("reason") or None,
+        "message": st.get("message") or None,
+        "epoch": st.get("epoch"),
+        "barrierOpen": bool(st.get("barrierOpen")),
+        "resumeStep": st.get("resumeStep"),
+        "members": {
+            "expected": int(members.get("expected") or 0),
+            "reported": int(members.get("reported") or 0),
+            "ready": int(members.get("ready") or 0),
+        },
+        "pods": {k: counts.get(k, 0) for k in POD_STATES},
+        "unhealthyNodes": unhealthy,
+        "budgets": {
+            "inPlace": _budget(
+                int(budgets.get("inPlaceUsed") or 0), policy.inplace_budget if policy else None
+            ),
+            "recreate": _budget(
+                int(budgets.get("recreateUsed") or 0), policy.recreate_budget if policy else None
+            ),
+        },
+        "policyError": policy_error,
+        "lastRecovery": _last_recovery(rec, now),
+        "memberPods": member_pods,
+    }
+
+
+def _fmt_budget(b: Mapping[str, Any]) -> str:
+    if b["limit"] is None:
+        return f"{b['used']} used (limit unknown)"
+    return f"{b['used']}/{b['limit']} used, {b['left']} left"
+
+
+def render_status(doc: Mapping[str, Any], *, wide: bool = False) -> str:
+    """The human view of :func:`status_document`."""
+    m, pods = doc["members"], doc["pods"]
+    phase = doc["phase"] or "Unknown (no status yet: is the controller running?)"
+    if doc.get("reason"):
+        phase += f" ({doc['reason']})"
+    pod_text = ", ".join(f"{pods[k]} {k}" for k in POD_STATES if k != "succeeded" or pods[k])
+    if doc["unhealthyNodes"] is None:
+        nodes_text = "unknown (nodes not readable)"
+    elif not doc["unhealthyNodes"]:
+        nodes_text = "none"
+    else:
+        nodes_text = "; ".join(
+            f"{n['name']} ({', '.join(n['problems'])})" for n in doc["unhealthyNodes"]
+        )
+    rows = [
+        ("JobSet:", f"{doc['namespace']}/{doc['jobSet']}"),
+        ("Phase:", phase),
+        ("Epoch:", fmt_value(doc["epoch"])),
+        ("Barrier:", "open" if doc["barrierOpen"] else "closed"),
+        (
+            "Members:",
+            f"{m['expected']} expected, {m['reported']} reported, {m['ready']} ready",
+        ),
+        ("Pods:", pod_text),
+        ("Unhealthy nodes:", nodes_text),
+        ("Resume step:", fmt_value(doc["resumeStep"])),
+        ("In-place budget:", _fmt_budget(doc["budgets"]["inPlace"])),
+        ("Recreate budget:", _fmt_budget(doc["budgets"]["recreate"])),
+    ]
+    if doc.get("message"):
+        rows.insert(2, ("Message:", doc["message"]))
+    if doc.get("policyError"):
+        rows.append(("Policy:", f"INVALID: {doc['policyError']}"))
+    if not doc["jobSetFound"]:
+        rows.append(("Warning:", "JobSet not found (GangState left over?)"))
+    rec = doc["lastRecovery"]
+    if rec is None:
+        rows.append(("Last recovery:", "none"))
+    else:
+        if rec["inProgress"]:
+            took = f"in progress, {fmt_duration(rec['elapsedSeconds'])} so far"
+        else:
+            took = f"took {fmt_duration(rec['durationSeconds'])}"
+        rows += [
+            ("Last recovery:", f"epoch {fmt_value(rec['epoch'])}, {took}"),
+            ("  Causes:", fmt_causes(rec["causes"])),
+            ("  In place:", str(rec["inPlace"])),
+            ("  Recreated:", str(rec["recreated"])),
+            ("  Started:", fmt_value(rec["startedAt"])),
+        ]
+        if not rec["inProgress"]:
+            rows.append(("  Resume step:", fmt_value(rec["resumeStep"])))
+    w = max(len(k) for k, _ in rows)
+    out = "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows) + "\n"
+    if wide:
+        header = ["MEMBER", "POD", "NODE", "STATE", "EPOCH", "STEPS", "RESTARTS", "RECOVERY"]
+        lines = [header]
+        for p in doc["memberPods"]:
+            rec_mark = p["cause"] or ""
+            if p["recreated"]:
+                rec_mark = f"{rec_mark} (recreated)".strip()
+            state = p["state"] + (" (deleting)" if p["deleting"] else "")
+            lines.append(
+                [
+                    p["member"],
+                    fmt_value(p["pod"]),
+                    fmt_value(p["node"]),
+                    state,
+                    fmt_value(p["reportedEpoch"]),
+                    fmt_value(p["checkpointSteps"]),
+                    str(p["restarts"]),
+                    fmt_value(rec_mark),
+                ]
+            )
+        out += "\n" + table(lines) + "\n"
+    return out
+
+
+# --- history -------------------------------------------------------------------------------------
+def history_document(gangstate: Obj) -> dict[str, Any]:
+    meta = gangstate.get("metadata") or {}
+    st = gangstate.get("status") or {}
+    entries = []
+    for h in st.get("history") or []:
+        entries.append(
+            {
+                "epoch": h.get("epoch"),
+                "causes": dict(sorted((h.get("causes") or {}).items())),
+                "inPlace": int(h.get("inPlace") or 0),
+                "recreated": int(h.get("recreated") or 0),
+                "startedAt": h.get("startedAt"),
+                "openedAt": h.get("openedAt"),
+                "durationSeconds": h.get("durationSeconds"),
+                "resumeStep": h.get("resumeStep"),
+            }
+        )
+    # Newest last; the controller appends, the sort only guards against a hand-edited status.
+    entries.sort(key=lambda e: (e["epoch"] is None, e["epoch"] or 0))
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": HISTORY_KIND,
+        "jobSet": meta.get("name"),
+        "namespace": meta.get("namespace"),
+        "recoveries": entries,
+    }
+
+
+def render_history(doc: Mapping[str, Any]) -> str:
+    if not doc["recoveries"]:
+        return f"No recoveries recorded for {doc['namespace']}/{doc['jobSet']}.\n"
+    rows = [["EPOCH", "CAUSES", "IN-PLACE", "RECREATED", "DURATION", "RESUME-STEP", "STARTED"]]
+    for e in doc["recoveries"]:
+        rows.append(
+            [
+                fmt_value(e["epoch"]),
+                fmt_causes(e["causes"]),
+                str(e["inPlace"]),
+                str(e["recreated"]),
+                fmt_duration(e["durationSeconds"]),
+                fmt_value(e["resumeStep"]),
+                fmt_value(e["startedAt"]),
+            ]
+        )
+    return table(rows) + "\n"

@@ -1,0 +1,738 @@
+"""``kubectl jobset-inplace``: rendering from fixed GangState/pod/node dicts, option parsing,
+``enable`` output, doctor checks and exit codes (no cluster: a fake stands in for the API)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from jobset_inplace import api
+from jobset_inplace.gangstate import parse_time
+from jobset_inplace.kubectl_plugin import ExitCode, main
+from jobset_inplace.kubectl_plugin import doctor as d
+from jobset_inplace.kubectl_plugin import render as r
+from jobset_inplace.kubectl_plugin.cli import build_parser, restart_value
+from jobset_inplace.kubectl_plugin.cluster import Cluster
+from jobset_inplace.kubectl_plugin.enable import enable_diff, enable_text
+
+NS, NAME = "ml", "train"
+NOW = parse_time("2026-11-21T10:00:30Z") or 0.0
+
+
+def gangstate(**status: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "phase": "Running",
+        "reason": "",
+        "message": "",
+        "epoch": 3,
+        "barrierOpen": True,
+        "resumeStep": 200,
+        "members": {"expected": 3, "reported": 3, "ready": 3},
+        "budgets": {"inPlaceUsed": 2, "recreateUsed": 1},
+        "recovery": {
+            "epoch": 3,
+            "startedAt": "2026-11-21T10:00:00.000000Z",
+            "deadline": "2026-11-21T10:05:00.000000Z",
+            "openedAt": "2026-11-21T10:00:04.500000Z",
+            "durationSeconds": 4.5,
+            "causes": {"workers/1/0": "NodeUnhealthy", "workers/2/0": "TrainerExited"},
+            "inPlace": 2,
+            "recreated": {"workers/1/0": "uid-old"},
+            "resumeStep": 200,
+        },
+        "history": [
+            {
+                "epoch": 2,
+                "causes": {"TrainerExited": 1},
+                "inPlace": 3,
+                "recreated": 0,
+                "startedAt": "2026-11-21T09:00:00.000000Z",
+                "openedAt": "2026-11-21T09:00:03.000000Z",
+                "durationSeconds": 3.0,
+                "resumeStep": 100,
+            },
+            {
+                "epoch": 3,
+                "causes": {"NodeUnhealthy": 1, "TrainerExited": 1},
+                "inPlace": 2,
+                "recreated": 1,
+                "startedAt": "2026-11-21T10:00:00.000000Z",
+                "openedAt": "2026-11-21T10:00:04.500000Z",
+                "durationSeconds": 4.5,
+                "resumeStep": 200,
+            },
+        ],
+    }
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": "GangState",
+        "metadata": {"name": NAME, "namespace": NS},
+        "spec": {"jobSetName": NAME},
+        "status": base | status,
+    }
+
+
+def jobset(**annotations: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {
+            "name": NAME,
+            "namespace": NS,
+            "annotations": {api.ENABLED: "true"} | annotations,
+        },
+    }
+
+
+def pod(i: int, node: str, *, phase: str = "Running", state: str = "running") -> dict[str, Any]:
+    cs_state: dict[str, Any] = {state: {}}
+    return {
+        "metadata": {
+            "name": f"{NAME}-workers-{i}-0-abcde",
+            "labels": {
+                api.JOBSET_NAME_LABEL: NAME,
+                api.REPLICATED_JOB_LABEL: "workers",
+                api.JOB_INDEX_LABEL: str(i),
+                api.COMPLETION_INDEX_LABEL: "0",
+            },
+            "annotations": {api.REPORT_EPOCH: "3", api.REPORT_STEPS: "200,100"},
+        },
+        "spec": {"nodeName": node},
+        "status": {
+            "phase": phase,
+            "containerStatuses": [{"name": "trainer", "restartCount": i, "state": cs_state}],
+        },
+    }
+
+
+def node(name: str, ready: str = "True", taint: bool = False) -> dict[str, Any]:
+    taints = [{"key": api.UNHEALTHY_TAINT, "effect": "NoSchedule"}] if taint else []
+    return {
+        "metadata": {"name": name},
+        "spec": {"taints": taints},
+        "status": {"conditions": [{"type": "Ready", "status": ready}]},
+    }
+
+
+PODS = [
+    pod(0, "n0"),
+    pod(1, "n3", phase="Pending"),
+    pod(2, "n2", state="terminated"),
+]
+NODES: dict[str, dict[str, Any] | None] = {
+    "n0": node("n0"),
+    "n2": node("n2", ready="Unknown"),
+    "n3": node("n3", taint=True),
+}
+
+
+def doc(**status: Any) -> dict[str, Any]:
+    return r.status_document(gangstate(**status), jobset(), PODS, NODES, NOW)
+
+
+# --- status ------------------------------------------------------------------------------------
+def test_status_document_counts_budgets_nodes_and_last_recovery() -> None:
+    out = doc()
+    assert out["kind"] == "GangStatusReport"
+    assert (out["jobSet"], out["namespace"], out["phase"], out["epoch"]) == (NAME, NS, "Running", 3)
+    assert out["barrierOpen"] is True
+    assert out["members"] == {"expected": 3, "reported": 3, "ready": 3}
+    assert out["pods"] == {
+        "running": 1,
+        "restarting": 1,
+        "pending": 1,
+        "failed": 0,
+        "succeeded": 0,
+    }
+    assert out["unhealthyNodes"] == [
+        {"name": "n2", "problems": ["Ready=Unknown"], "pods": ["train-workers-2-0-abcde"]},
+        {
+            "name": "n3",
+            "problems": [f"taint {api.UNHEALTHY_TAINT}:NoSchedule"],
+            "pods": ["train-workers-1-0-abcde"],
+        },
+    ]
+    assert out["budgets"] == {
+        "inPlace": {"used": 2, "limit": 10, "left": 8},
+        "recreate": {"used": 1, "limit": 5, "left": 4},
+    }
+    rec = out["lastRecovery"]
+    assert rec["causes"] == {"NodeUnhealthy": 1, "TrainerExited": 1}
+    assert (rec["inPlace"], rec["recreated"], rec["recreatedMembers"]) == (2, 1, ["workers/1/0"])
+    assert (rec["durationSeconds"], rec["inProgress"]) == (4.5, False)
+
+
+def test_status_budget_limits_come_from_the_jobset_annotations() -> None:
+    js = jobset(**{api.INPLACE_BUDGET: "3", api.RECREATE_BUDGET: "1"})
+    out = r.status_document(gangstate(), js, PODS, NODES, NOW)
+    assert out["budgets"]["inPlace"] == {"used": 2, "limit": 3, "left": 1}
+    assert out["budgets"]["recreate"] == {"used": 1, "limit": 1, "left": 0}
+
+
+def test_status_with_invalid_policy_shows_the_error_instead_of_limits() -> None:
+    js = jobset(**{api.INPLACE_BUDGET: "many"})
+    out = r.status_document(gangstate(), js, PODS, NODES, NOW)
+    assert out["budgets"]["inPlace"]["limit"] is None
+    assert api.INPLACE_BUDGET in out["policyError"]
+    assert f"INVALID: annotation {api.INPLACE_BUDGET}" in r.render_status(out)
+
+
+def test_status_table() -> None:
+    text = r.render_status(doc())
+    lines = dict((k.strip(), v.strip()) for k, v in (ln.split(":", 1) for ln in text.splitlines()))
+    assert lines["JobSet"] == "ml/train"
+    assert lines["Phase"] == "Running"
+    assert lines["Epoch"] == "3"
+    assert lines["Barrier"] == "open"
+    assert lines["Members"] == "3 expected, 3 reported, 3 ready"
+    assert lines["Pods"] == "1 running, 1 restarting, 1 pending, 0 failed"
+    assert lines["Unhealthy nodes"] == (
+        f"n2 (Ready=Unknown); n3 (taint {api.UNHEALTHY_TAINT}:NoSchedule)"
+    )
+    assert lines["Resume step"] == "200"
+    assert lines["In-place budget"] == "2/10 used, 8 left"
+    assert lines["Recreate budget"] == "1/5 used, 4 left"
+    assert lines["Last recovery"] == "epoch 3, took 4.5s"
+    assert lines["Causes"] == "NodeUnhealthy, TrainerExited"
+    assert (lines["In place"], lines["Recreated"]) == ("2", "1")
+    assert "MEMBER" not in text
+
+
+def test_status_recovery_in_progress_shows_elapsed_time() -> None:
+    rec = gangstate()["status"]["recovery"] | {"openedAt": None, "durationSeconds": None}
+    out = doc(phase="Recovering", barrierOpen=False, recovery=rec)
+    assert out["lastRecovery"]["elapsedSeconds"] == 30.0
+    text = r.render_status(out)
+    assert "Barrier:          closed" in text
+    assert "epoch 3, in progress, 30.0s so far" in text
+
+
+def test_status_without_recovery_or_node_access() -> None:
+    out = r.status_document(gangstate(recovery=None), None, [], None, NOW)
+    assert out["lastRecovery"] is None
+    assert out["unhealthyNodes"] is None
+    text = r.render_status(out)
+    assert "Last recovery:    none" in text
+    assert "unknown (nodes not readable)" in text
+    assert "JobSet not found" in text
+
+
+def test_status_wide_adds_one_line_per_member() -> None:
+    text = r.render_status(doc(), wide=True)
+    table = text.split("\n\n", 1)[1].splitlines()
+    assert table[0].split() == [
+        "MEMBER",
+        "POD",
+        "NODE",
+        "STATE",
+        "EPOCH",
+        "STEPS",
+        "RESTARTS",
+        "RECOVERY",
+    ]
+    assert table[1].split() == [
+        "workers/0/0",
+        "train-workers-0-0-abcde",
+        "n0",
+        "running",
+        "3",
+        "200,100",
+        "0",
+        "-",
+    ]
+    assert table[2].split()[3] == "pending"
+    assert table[2].endswith("NodeUnhealthy (recreated)")
+    assert table[3].split()[3] == "restarting"
+    assert table[3].endswith("TrainerExited")
+
+
+def test_status_json_and_yaml_are_the_same_stable_document() -> None:
+    out = doc()
+    as_json = json.loads(r.dump(out, "json"))
+    assert as_json == yaml.safe_load(r.dump(out, "yaml")) == out
+    assert list(as_json) == [
+        "apiVersion",
+        "kind",
+        "jobSet",
+        "namespace",
+        "jobSetFound",
+        "phase",
+        "reason",
+        "message",
+        "epoch",
+        "barrierOpen",
+        "resumeStep",
+        "members",
+        "pods",
+        "unhealthyNodes",
+        "budgets",
+        "policyError",
+        "lastRecovery",
+        "memberPods",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("status", "conditions", "state"),
+    [
+        ({"phase": "Failed"}, [], "failed"),
+        ({"phase": "Succeeded"}, [], "succeeded"),
+        ({"phase": "Pending"}, [], "pending"),
+        ({}, [], "pending"),
+        (
+            {"phase": "Running"},
+            [{"type": "AllContainersRestarting", "status": "True"}],
+            "restarting",
+        ),
+        (
+            {"phase": "Running", "containerStatuses": [{"state": {"waiting": {}}}]},
+            [],
+            "restarting",
+        ),
+        (
+            {"phase": "Running", "containerStatuses": [{"state": {"running": {}}}]},
+            [],
+            "running",
+        ),
+    ],
+)
+def test_pod_state(status: dict[str, Any], conditions: list[Any], state: str) -> None:
+    assert r.pod_state({"status": status | {"conditions": conditions}}) == state
+
+
+def test_node_problems() -> None:
+    assert r.node_problems(node("a")) == []
+    assert r.node_problems(None) == ["NotFound"]
+    assert r.node_problems({"status": {}}) == ["Ready=Missing"]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(None, "-"), (0.25, "0.2s"), (4.5, "4.5s"), (125, "2m05s"), (3720, "1h02m")],
+)
+def test_fmt_duration(seconds: float | None, text: str) -> None:
+    assert r.fmt_duration(seconds) == text
+
+
+# --- history -----------------------------------------------------------------------------------
+def test_history_table_newest_last() -> None:
+    gs = gangstate()
+    gs["status"]["history"].reverse()  # stored order does not matter: sorted by epoch
+    lines = r.render_history(r.history_document(gs)).splitlines()
+    assert lines[0].split() == [
+        "EPOCH",
+        "CAUSES",
+        "IN-PLACE",
+        "RECREATED",
+        "DURATION",
+        "RESUME-STEP",
+        "STARTED",
+    ]
+    assert lines[1].split() == [
+        "2",
+        "TrainerExited",
+        "3",
+        "0",
+        "3.0s",
+        "100",
+        "2026-11-21T09:00:00.000000Z",
+    ]
+    assert lines[2].split()[:7] == ["3", "NodeUnhealthy,", "TrainerExited", "2", "1", "4.5s", "200"]
+
+
+def test_history_empty() -> None:
+    text = r.render_history(r.history_document(gangstate(history=[])))
+    assert text == "No recoveries recorded for ml/train.\n"
+
+
+def test_causes_are_ordered_by_count() -> None:
+    assert r.fmt_causes({"A": 1, "B": 3}) == "B x3, A"
+    assert r.fmt_causes({}) == "-"
+
+
+# --- option parsing and exit codes ---------------------------------------------------------------
+def test_exit_codes_are_distinct_and_fixed() -> None:
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4]
+
+
+def test_parser_cluster_flags() -> None:
+    args = build_parser().parse_args(
+        ["status", "x", "-o", "wide", "--kubeconfig", "k", "--context", "c", "-n", "ns"]
+    )
+    assert (args.name, args.output, args.kubeconfig, args.context, args.namespace) == (
+        "x",
+        "wide",
+        "k",
+        "c",
+        "ns",
+    )
+    args = build_parser().parse_args(["-n", "before", "--context", "c", "status", "x"])
+    assert (args.namespace, args.context, args.kubeconfig) == ("before", "c", None)
+    args = build_parser().parse_args(["-n", "before", "history", "x", "-n", "after"])
+    assert args.namespace == "after"
+    args = build_parser().parse_args(["restart", "x", "--yes"])
+    assert args.yes is True
+    assert args.namespace is None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["status"], ["status", "x", "-o", "table"], ["enable"], ["bogus"], ["history", "-o"]],
+)
+def test_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == ExitCode.USAGE
+    assert "usage: kubectl jobset-inplace" in capsys.readouterr().err
+
+
+class FakeCluster:
+    """Stands in for :class:`Cluster` (same method names, canned answers)."""
+
+    def __init__(self, js: dict[str, Any] | None = None, gs: dict[str, Any] | None = None) -> None:
+        self.namespace = NS
+        self._js, self._gs = js, gs
+        self.patches: list[dict[str, str]] = []
+
+    def jobset(self, name: str) -> dict[str, Any]:
+        if self._js is None:
+            raise ApiException(status=404, reason="Not Found")
+        return self._js
+
+    def gangstate(self, name: str) -> dict[str, Any]:
+        if self._gs is None:
+            raise ApiException(status=404, reason="Not Found")
+        return self._gs
+
+    def annotate_jobset(self, name: str, annotations: dict[str, str]) -> dict[str, Any]:
+        self.patches.append(annotations)
+        return self._js or {}
+
+    def jobset_pods(self, name: str) -> list[dict[str, Any]]:
+        return PODS
+
+    def node(self, name: str) -> dict[str, Any] | None:
+        if name == "n2":
+            raise ApiException(status=403, reason="Forbidden")
+        return NODES.get(name)
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def run(
+    argv: list[str], fake: FakeCluster | None = None, stdin: io.StringIO | None = None
+) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(
+        argv,
+        stdout=out,
+        stderr=err,
+        stdin=stdin or io.StringIO(),
+        connector=lambda *_: cast(Cluster, fake or FakeCluster()),
+    )
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_status_not_found_says_what_to_check() -> None:
+    code, out, err = run(["status", NAME], FakeCluster(jobset(), None))
+    assert code == ExitCode.NOT_FOUND
+    assert out == ""
+    assert f"GangState {NAME} not found in namespace {NS}" in err
+    assert f"({api.ENABLED}=true) and the controller running?" in err
+
+
+def test_status_json_through_main_reports_unreadable_nodes() -> None:
+    code, out, _ = run(["status", NAME, "-o", "json"], FakeCluster(jobset(), gangstate()))
+    assert code == ExitCode.OK
+    assert json.loads(out)["unhealthyNodes"] is None  # node n2 was forbidden
+
+
+def test_history_through_main() -> None:
+    code, out, _ = run(["history", NAME], FakeCluster(jobset(), gangstate()))
+    assert code == ExitCode.OK
+    assert len(out.splitlines()) == 3
+
+
+def test_restart_refuses_without_tty() -> None:
+    fake = FakeCluster(jobset(), gangstate())
+    code, _, err = run(["restart", NAME], fake, io.StringIO("y\n"))
+    assert code == ExitCode.USAGE
+    assert "stdin is not a terminal" in err
+    assert "--yes" in err
+    assert fake.patches == []
+
+
+def test_restart_asks_on_a_tty() -> None:
+    fake = FakeCluster(jobset(), gangstate())
+    code, _, err = run(["restart", NAME], fake, FakeTTY("n\n"))
+    assert (code, fake.patches) == (ExitCode.USAGE, [])
+    assert "[y/N]" in err
+    assert "not confirmed" in err
+    code, out, _ = run(["restart", NAME], fake, FakeTTY("yes\n"))
+    assert code == ExitCode.OK
+    assert list(fake.patches[0]) == [api.RESTART_REQUEST]
+    assert "restart requested" in out
+
+
+def test_restart_yes_sets_a_fresh_value() -> None:
+    fake = FakeCluster(jobset(), gangstate())
+    assert run(["restart", NAME, "--yes"], fake)[0] == ExitCode.OK
+    assert run(["restart", NAME, "-y"], fake)[0] == ExitCode.OK
+    first, second = (p[api.RESTART_REQUEST] for p in fake.patches)
+    assert first != second
+    assert parse_time(first) is not None
+
+
+def test_restart_refuses_a_jobset_that_has_not_opted_in() -> None:
+    js = jobset()
+    js["metadata"]["annotations"] = {}
+    fake = FakeCluster(js, gangstate())
+    code, _, err = run(["restart", NAME, "--yes"], fake)
+    assert code == ExitCode.FAILED
+    assert fake.patches == []
+    assert f"has not opted in to jobset-inplace: set the annotation {api.ENABLED}" in err
+
+
+def test_restart_missing_jobset() -> None:
+    code, _, err = run(["restart", NAME, "--yes"], FakeCluster(None, None))
+    assert code == ExitCode.NOT_FOUND
+    assert f"JobSet {NAME} not found in namespace {NS}" in err
+
+
+def test_restart_value_is_utc_microseconds() -> None:
+    when = dt.datetime(2026, 11, 21, 10, 0, 0, 123456, tzinfo=dt.UTC)
+    assert restart_value(when) == "2026-11-21T10:00:00.123456Z"
+
+
+# --- enable -------------------------------------------------------------------------------------
+JOBSET_YAML = """\
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata:
+  name: train
+spec:
+  replicatedJobs:
+  - name: workers
+    replicas: 2
+    template:
+      spec:
+        parallelism: 1
+        completions: 1
+        template:
+          spec:
+            restartPolicy: Never
+            containers:
+            - name: trainer
+              image: trainer:1
+"""
+
+
+def test_enable_adds_opt_in_and_transforms() -> None:
+    out = yaml.safe_load(enable_text(JOBSET_YAML, "agent:1"))
+    assert out["metadata"]["annotations"] == {api.ENABLED: "true"}
+    pod_spec = out["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod_spec["initContainers"][0]["image"] == "agent:1"
+    assert out["spec"]["failurePolicy"] == {"maxRestarts": 2}
+    # Idempotent: enabling the output changes nothing.
+    assert enable_diff(enable_text(JOBSET_YAML, "agent:1"), "agent:1") == ""
+
+
+def test_enable_keeps_an_explicit_opt_in_value_and_other_documents() -> None:
+    cm = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n"
+    docs = list(yaml.safe_load_all(enable_text(cm + "---\n" + JOBSET_YAML, "a")))
+    assert docs[0] == yaml.safe_load(cm)
+    assert docs[1]["kind"] == "JobSet"
+
+
+def test_enable_diff_through_main(tmp_path: Path) -> None:
+    f = tmp_path / "js.yaml"
+    f.write_text(JOBSET_YAML)
+    code, out, _ = run(["enable", "-f", str(f), "--diff", "--image", "agent:2"])
+    assert code == ExitCode.OK
+    lines = out.splitlines()
+    assert lines[0] == f"--- {f} (original)"
+    assert lines[1] == f"+++ {f} (jobset-inplace)"
+    assert f"+    {api.ENABLED}: 'true'" in lines
+    assert "+              image: agent:2" in lines
+    assert "+        backoffLimit: 2147483647" in lines
+    assert not any(ln.startswith("-") and not ln.startswith("---") for ln in lines)
+
+
+def test_enable_from_stdin() -> None:
+    code, out, _ = run(["enable", "-f", "-"], stdin=io.StringIO(JOBSET_YAML))
+    assert code == ExitCode.OK
+    assert yaml.safe_load(out)["metadata"]["annotations"][api.ENABLED] == "true"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        (
+            JOBSET_YAML.replace(
+                "  name: train\n",
+                f'  name: train\n  annotations:\n    {api.INPLACE_BUDGET}: "lots"\n',
+            ),
+            f"annotation {api.INPLACE_BUDGET}='lots' is invalid",
+        ),
+        (
+            JOBSET_YAML.replace("completions: 1", "completions: 2"),
+            "spec.replicatedJobs[0].template.spec: completions (2) must equal parallelism (1)",
+        ),
+        (
+            JOBSET_YAML.replace("restartPolicy: Never", "restartPolicy: OnFailure"),
+            "spec.replicatedJobs[0].template.spec.template.spec.restartPolicy must be Never",
+        ),
+        ("apiVersion: v1\nkind: ConfigMap\n", "no JobSet"),
+        ("a: [b\n", "is not valid YAML"),
+    ],
+)
+def test_enable_errors_name_the_field_and_exit_1(text: str, needle: str) -> None:
+    code, out, err = run(["enable", "-f", "-"], stdin=io.StringIO(text))
+    assert code == ExitCode.FAILED
+    assert out == ""
+    assert needle in err, err
+
+
+def test_enable_missing_file(tmp_path: Path) -> None:
+    code, _, err = run(["enable", "-f", str(tmp_path / "nope.yaml")])
+    assert code == ExitCode.FAILED
+    assert "cannot read" in err
+
+
+# --- doctor -------------------------------------------------------------------------------------
+def test_check_version() -> None:
+    assert d.check_version({"major": "1", "minor": "35", "gitVersion": "v1.35.4"}).result == "PASS"
+    assert d.check_version({"major": "1", "minor": "36+", "gitVersion": "v1.36"}).result == "PASS"
+    old = d.check_version({"major": "1", "minor": "34", "gitVersion": "v1.34.1"})
+    assert old.result == "FAIL"
+    assert "upgrade" in old.hint
+
+
+def test_check_dry_run() -> None:
+    ok = d.check_dry_run(d.probe_pod(), None)
+    assert ok.result == "PASS"
+    dropped = d.probe_pod()
+    del dropped["spec"]["containers"][0]["restartPolicyRules"]
+    assert d.check_dry_run(dropped, None).result == "FAIL"
+    rejected = d.check_dry_run(None, 'spec.containers[0].restartPolicyRules[0].action: "x"')
+    assert rejected.result == "FAIL"
+    assert d.RESTART_ALL_FEATURE in rejected.hint
+    assert d.check_dry_run(None, "pods is forbidden").result == "WARN"
+
+
+def test_check_declared_features() -> None:
+    n = node("a")
+    assert d.check_declared_features([n]).result == "WARN"
+    n["status"]["declaredFeatures"] = [d.RESTART_ALL_FEATURE]
+    c = d.check_declared_features([n, node("b")])
+    assert (c.result, c.detail) == ("PASS", f"1/2 nodes declare {d.RESTART_ALL_FEATURE}")
+
+
+def test_check_crds() -> None:
+    crd = {
+        "spec": {"versions": [{"name": "v1alpha1", "served": True}]},
+        "status": {"conditions": [{"type": "Established", "status": "True"}]},
+    }
+    assert d.check_gangstate_crd(crd).result == "PASS"
+    assert d.check_gangstate_crd(None).result == "FAIL"
+    assert d.check_gangstate_crd(crd | {"status": {}}).result == "FAIL"
+    js = {"spec": {"versions": [{"name": "v1alpha2", "served": True}]}}
+    c = d.check_jobset_crd(js, ["registry.k8s.io/jobset/jobset:v0.12.0"])
+    assert c.result == "PASS"
+    assert "v1alpha2" in c.detail
+    assert "jobset:v0.12.0" in c.detail
+    assert d.check_jobset_crd(None).result == "FAIL"
+    assert d.check_kueue_crds(dict.fromkeys(d.KUEUE_CRDS, False)).result == "WARN"
+    assert d.check_kueue_crds(dict.fromkeys(d.KUEUE_CRDS, True)).result == "PASS"
+
+
+@pytest.mark.parametrize(
+    ("config", "result"),
+    [
+        (None, "SKIP"),
+        ("waitForPodsReady:\n  enable: false\n", "PASS"),
+        ("waitForPodsReady:\n  enable: true\n", "PASS"),
+        ("waitForPodsReady:\n  enable: true\n  recoveryTimeout: 3m\n", "WARN"),
+        ("waitForPodsReady:\n  enable: true\n  recoveryTimeout: 10m0s\n", "PASS"),
+        ("waitForPodsReady:\n  enable: true\n  recoveryTimeout: soon\n", "SKIP"),
+    ],
+)
+def test_check_kueue_recovery(config: str | None, result: str) -> None:
+    assert d.check_kueue_recovery(config, 300.0).result == result
+
+
+class FakeReader:
+    namespace = "default"
+
+    def __init__(self, *, gangstate_crd: bool = True) -> None:
+        self.gangstate_crd = gangstate_crd
+
+    def server_version(self) -> dict[str, Any]:
+        return {"major": "1", "minor": "35", "gitVersion": "v1.35.4"}
+
+    def crd(self, name: str) -> dict[str, Any] | None:
+        if name.endswith("kueue.x-k8s.io"):
+            return {}
+        if name == d.GANGSTATE_CRD and not self.gangstate_crd:
+            return None
+        version = "v1alpha1" if name == d.GANGSTATE_CRD else "v1alpha2"
+        return {
+            "spec": {"versions": [{"name": version, "served": True}]},
+            "status": {"conditions": [{"type": "Established", "status": "True"}]},
+        }
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return [node("a")]
+
+    def dry_run_pod(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body
+
+    def configmap(self, namespace: str, name: str) -> dict[str, Any]:
+        raise ApiException(status=403, reason="Forbidden")
+
+    def deployment_images(self, namespace: str) -> list[str]:
+        raise ApiException(status=403, reason="Forbidden")
+
+
+def test_run_checks_and_render() -> None:
+    checks = d.run_checks(FakeReader())
+    assert [(c.name, c.result.value) for c in checks] == [
+        ("Kubernetes version", "PASS"),
+        ("RestartAllContainers", "PASS"),
+        ("JobSet CRD", "PASS"),
+        ("GangState CRD", "PASS"),
+        ("Kueue CRDs", "PASS"),
+        ("Node declared features", "WARN"),
+        ("Kueue recoveryTimeout", "SKIP"),
+    ]
+    assert "403" in checks[-1].detail
+    assert not d.failed(checks)
+    text = d.render_checks(checks)
+    assert "    fix: enable the RestartAllContainersOnContainerExits" in text
+    assert text.endswith("0 failed, 1 warnings, 7 checks\n")
+
+
+def test_doctor_exit_code_is_1_on_any_fail() -> None:
+    def doctor(reader: FakeReader, *extra: str) -> tuple[int, str]:
+        out = io.StringIO()
+        code = main(["doctor", *extra], stdout=out, connector=lambda *_: cast(Cluster, reader))
+        return code, out.getvalue()
+
+    assert doctor(FakeReader())[0] == ExitCode.OK
+    code, text = doctor(FakeReader(gangstate_crd=False))
+    assert code == ExitCode.FAILED
+    assert "GangState CRD" in text
+    assert "kubectl apply --server-side -k manifests/crd" in text
+    code, text = doctor(FakeReader(), "-o", "json")
+    assert code == ExitCode.OK
+    assert json.loads(text)["failed"] is False
