@@ -21,6 +21,8 @@ from ..model import Event
 from ..planner import LEASE_RENEW_INTERVAL_S, plan
 from ..policy import PolicyError, is_enabled, parse_policy
 from ..views import kueue_stand_down, ts, workload_owner
+from ..webhook import settings_from_env
+from .admission import register_webhooks, server_from_env
 from .cache import ClusterCache, Gang, GangKey
 from .executor import Executor
 
@@ -215,6 +217,11 @@ def run(*, liveness: str | None = None) -> None:
     registry = kopf.OperatorRegistry()
     with _registry(registry):
         setup(reconciler)
+    # Admission webhook (docs/webhook.md): served only when the serving cert is mounted
+    # ($JSI_WEBHOOK_CERT_DIR, default /etc/jobset-inplace/webhook-certs, tls.crt + tls.key).
+    webhook_server = server_from_env()
+    if webhook_server is not None:
+        register_webhooks(registry, settings_from_env())
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -225,6 +232,8 @@ def run(*, liveness: str | None = None) -> None:
         settings.peering.standalone = True
         settings.posting.enabled = False  # Events are ours, concise and on the JobSet
         settings.watching.server_timeout = 300
+        settings.admission.server = webhook_server
+        settings.admission.managed = None  # the configurations are manifests/webhook/
         prime(reconciler)
 
     asyncio.run(

@@ -23,7 +23,9 @@ pytestmark = pytest.mark.integration
 FAST = {api.NODE_UNHEALTHY_AFTER: "2s", api.BARRIER_TIMEOUT: "60s"}
 
 
-@pytest.fixture(scope="session")
+# Module scope: the controller acts on every opted-in JobSet it sees, so it must not outlive
+# the tests that expect it (others create GangStates with hand-written status).
+@pytest.fixture(scope="module")
 def controller(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Controller]:
@@ -35,7 +37,7 @@ def controller(
     ctl.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def leases(kube: Clients) -> Iterator[LeaseKeeper]:
     keeper = LeaseKeeper(kube)
     keeper.start()

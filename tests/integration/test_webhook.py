@@ -1,0 +1,420 @@
+"""The admission webhook and the agent's ValidatingAdmissionPolicy on the real apiserver.
+
+The webhook runs as the standalone runner (``python -m jobset_inplace.controller.admission``,
+a real subprocess) on 127.0.0.1 with a serving certificate from our own CA; its
+configurations are rendered from ``manifests/webhook/webhook.yaml`` with only the
+clientConfig rewritten to that URL, so the matchConditions under test are the shipped ones.
+The server logs one line per request it handles, which is how the test knows what reached it.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from e2e.harness.certs import ensure_serving_cert
+from e2e.harness.controlplane import ControlPlane
+from e2e.harness.kube import Clients, create_jobset, get_jobset, wait_for
+from e2e.harness.processes import free_port
+from jobset_inplace import api
+from jobset_inplace.transform import AGENT_CONTAINER, ESCALATION_RULE, MAX_BACKOFF
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+WEBHOOK_MANIFEST = REPO / "manifests" / "webhook" / "webhook.yaml"
+VAP_MANIFEST = REPO / "manifests" / "rbac" / "agent-vap.yaml"
+AGENT_RBAC_MANIFEST = REPO / "manifests" / "rbac" / "agent.yaml"
+AGENT_IMAGE = "example.test/jobset-inplace-agent:webhook-test"
+AGENT_SA = "jobset-inplace-agent"
+WAIT = 30.0
+
+
+# --- the webhook server and its configurations -----------------------------------------------
+
+
+@dataclass
+class Webhook:
+    port: int
+    log: Path
+
+    def http_requests(self) -> int:
+        """Admission requests that reached the HTTP server at all (aiohttp's access log)."""
+        return sum('"POST /' in ln for ln in self.log.read_text().splitlines())
+
+    def handled(self) -> int:
+        return sum("jobset_inplace.admission " in ln for ln in self.log.read_text().splitlines())
+
+    def requests_for(self, name: str) -> list[str]:
+        """Log lines of requests the server handled for JobSets named ``name``."""
+        lines = self.log.read_text().splitlines()
+        return [ln for ln in lines if f"/{name}:" in ln and ("mutate " in ln or "validate " in ln)]
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
+    def listening() -> bool:
+        assert proc.poll() is None, f"webhook server exited:\n{log.read_text()}"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    wait_for(f"webhook server on port {port}", listening, WAIT, 0.2)
+
+
+def rendered_configurations(url: str, ca_bundle: bytes) -> list[dict[str, Any]]:
+    """The shipped webhook configurations, pointed at ``url`` (no Service, no cert-manager)."""
+    out = []
+    for loaded in yaml.safe_load_all(WEBHOOK_MANIFEST.read_text()):
+        if loaded["kind"] not in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            continue
+        doc = copy.deepcopy(loaded)
+        doc["metadata"].pop("annotations", None)
+        for wh in doc["webhooks"]:
+            path = wh["clientConfig"]["service"]["path"]
+            wh["clientConfig"] = {
+                "url": f"{url}{path}",
+                "caBundle": base64.b64encode(ca_bundle).decode(),
+            }
+        out.append(doc)
+    return out
+
+
+@pytest.fixture(scope="module")
+def webhook(
+    control_plane: ControlPlane, kube: Clients, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Webhook]:
+    work = tmp_path_factory.mktemp("webhook")
+    cert = ensure_serving_cert(work / "pki", ips=["127.0.0.1"], dns=["localhost"])
+    port = free_port()
+    log = work / "webhook.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jobset_inplace.controller.admission",
+                "--kubeconfig",
+                str(control_plane.kubeconfig),
+                "--addr",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--cert",
+                str(cert.crt),
+                "--key",
+                str(cert.key),
+                "--agent-image",
+                AGENT_IMAGE,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO,
+        )
+    kubectl = control_plane.kubectl()
+    configs = rendered_configurations(f"https://127.0.0.1:{port}", cert.ca_bundle())
+    try:
+        _wait_port(port, proc, log)
+        kubectl.apply_yaml(yaml.safe_dump_all(configs), server_side=True)
+        hook = Webhook(port, log)
+        _wait_webhook_active(kube, hook)
+        yield hook
+    finally:
+        # Configurations first: with failurePolicy Fail, a dead server would block every
+        # opted-in JobSet create of later tests.
+        for c in configs:
+            kind = c["kind"].lower()
+            kubectl.run("delete", kind, c["metadata"]["name"], "--ignore-not-found", check=False)
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        print(f"\nwebhook server log:\n{log.read_text()[-3000:]}")
+
+
+def _wait_webhook_active(kube: Clients, hook: Webhook) -> None:
+    """The apiserver picks up new configurations asynchronously: probe until a JobSet created
+    in a scratch namespace comes back mutated."""
+    ns = f"webhook-probe-{uuid.uuid4().hex[:6]}"
+    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    try:
+        attempt = 0
+
+        def mutated() -> bool:
+            nonlocal attempt
+            attempt += 1
+            created = create_jobset(kube, ns, jobset(f"probe-{attempt}", {api.ENABLED: "true"}))
+            return bool(agent_containers(created))
+
+        wait_for("the webhook configurations to take effect", mutated, WAIT, 0.5)
+    finally:
+        kube.core.delete_namespace(ns, propagation_policy="Background")
+
+
+# --- JobSets ------------------------------------------------------------------------------------
+
+
+def jobset(name: str, annotations: dict[str, str], pods: int = 2) -> dict[str, Any]:
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": "workers",
+                    "replicas": 2,
+                    "template": {
+                        "spec": {
+                            "parallelism": pods,
+                            "completions": pods,
+                            "template": {
+                                "spec": {
+                                    "restartPolicy": "Never",
+                                    "containers": [{"name": "trainer", "image": "trainer:1"}],
+                                }
+                            },
+                        }
+                    },
+                }
+            ]
+        },
+    }
+
+
+def job_spec(js: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = js["spec"]["replicatedJobs"][0]["template"]["spec"]
+    return spec
+
+
+def agent_containers(js: dict[str, Any]) -> list[dict[str, Any]]:
+    inits = job_spec(js)["template"]["spec"].get("initContainers") or []
+    return [c for c in inits if c["name"] == AGENT_CONTAINER]
+
+
+def create_error(kube: Clients, ns: str, body: dict[str, Any]) -> ApiException:
+    with pytest.raises(ApiException) as info:
+        create_jobset(kube, ns, body)
+    return info.value
+
+
+# --- webhook tests ----------------------------------------------------------------------------
+
+
+def test_opted_in_jobset_gets_the_injected_spec(
+    kube: Clients, namespace: str, webhook: Webhook
+) -> None:
+    create_jobset(kube, namespace, jobset("train", {api.ENABLED: "true"}))
+    js = get_jobset(kube, namespace, "train")  # what is stored, not only the create response
+    [agent] = agent_containers(js)
+    assert agent["image"] == AGENT_IMAGE
+    assert agent["restartPolicy"] == "Always"
+    assert agent["restartPolicyRules"] == [
+        {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}
+    ]
+    assert agent["startupProbe"]["httpGet"]["path"] == "/barrier"
+    job = job_spec(js)
+    [trainer] = job["template"]["spec"]["containers"]
+    assert trainer["restartPolicyRules"] == agent["restartPolicyRules"]
+    assert job["backoffLimit"] == MAX_BACKOFF
+    assert job["podReplacementPolicy"] == "Failed"
+    assert job["podFailurePolicy"]["rules"][0] == ESCALATION_RULE
+    assert job["template"]["spec"]["serviceAccountName"] == AGENT_SA
+    assert js["spec"]["failurePolicy"]["maxRestarts"] >= 1
+    assert any("mutate CREATE" in ln for ln in webhook.requests_for("train"))
+
+
+def test_bad_annotation_is_rejected_naming_key_and_form(
+    kube: Clients, namespace: str, webhook: Webhook
+) -> None:
+    bad = {api.ENABLED: "true", api.BARRIER_TIMEOUT: "five minutes"}
+    err = create_error(kube, namespace, jobset("bad", bad))
+    assert err.status in (400, 403), err
+    assert api.BARRIER_TIMEOUT in err.body, err.body
+    assert "30s, 5m or 1h30m" in err.body, err.body
+
+    typo = create_error(kube, namespace, jobset("typo", {api.ENABLED: "True"}))
+    assert api.ENABLED in typo.body, typo.body
+    assert '\\"true\\" or \\"false\\"' in typo.body or '"true" or "false"' in typo.body
+
+    unsafe = jobset("unsafe", {api.ENABLED: "true"}, pods=2)
+    job_spec(unsafe)["completions"] = 3
+    err = create_error(kube, namespace, unsafe)
+    assert "completions (3) must equal parallelism (2)" in err.body, err.body
+    assert "spec.replicatedJobs[0].template.spec" in err.body, err.body
+
+
+def test_not_opted_in_jobset_is_untouched_and_never_sent(
+    kube: Clients, namespace: str, webhook: Webhook
+) -> None:
+    plain = jobset("plain", {"team": "ml"})
+    off = jobset("off", {api.ENABLED: "false", api.BARRIER_TIMEOUT: "whatever"})
+    for body in (plain, off):
+        create_jobset(kube, namespace, body)
+    stored = get_jobset(kube, namespace, "plain")
+    assert agent_containers(stored) == []
+    assert "podFailurePolicy" not in job_spec(stored)
+    assert "backoffLimit" not in job_spec(stored) or job_spec(stored)["backoffLimit"] != MAX_BACKOFF
+    # A later opted-in create proves the server was up and logging while these were created.
+    create_jobset(kube, namespace, jobset("marker", {api.ENABLED: "true"}))
+    wait_for("the marker request in the log", lambda: webhook.requests_for("marker"), WAIT)
+    assert webhook.requests_for("plain") == []
+    # Every request that reached the server was handled (and so logged with its name): the
+    # per-name count above is a count of requests, not only of handler calls.
+    wait_for(
+        "every request logged by a handler",
+        lambda: webhook.http_requests() == webhook.handled(),
+        WAIT,
+    )
+    # "false" carries the opt-in key: only the validating webhook sees it, and allows it.
+    assert agent_containers(get_jobset(kube, namespace, "off")) == []
+    assert all("validate CREATE" in ln for ln in webhook.requests_for("off"))
+
+
+def test_update_validates_changed_annotations_only(
+    kube: Clients, namespace: str, webhook: Webhook
+) -> None:
+    create_jobset(kube, namespace, jobset("upd", {api.ENABLED: "true"}))
+    patch = {"metadata": {"annotations": {api.INPLACE_BUDGET: "-1"}}}
+    with pytest.raises(ApiException) as info:
+        kube.custom.patch_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", "upd", patch
+        )
+    assert api.INPLACE_BUDGET in info.value.body
+    assert "0 to 10000" in info.value.body
+    ok = {"metadata": {"annotations": {api.INPLACE_BUDGET: "3", "team": "ml"}}}
+    kube.custom.patch_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", "upd", ok
+    )
+    # Opting in after creation would leave the gang without agents: refused.
+    create_jobset(kube, namespace, jobset("late", {}))
+    late = {"metadata": {"annotations": {api.ENABLED: "true"}}}
+    with pytest.raises(ApiException) as info:
+        kube.custom.patch_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", "late", late
+        )
+    assert api.ENABLED in info.value.body
+    assert "cannot be added" in info.value.body
+
+
+# --- the agent's ValidatingAdmissionPolicy ----------------------------------------------------
+
+
+@pytest.fixture
+def agent_vap(control_plane: ControlPlane) -> Iterator[None]:
+    kubectl = control_plane.kubectl()
+    kubectl.apply_files([VAP_MANIFEST], server_side=True)
+    try:
+        yield
+    finally:
+        kubectl.run("delete", "-f", str(VAP_MANIFEST), "--ignore-not-found", check=False)
+
+
+def _pod(name: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"app": "vap"}, "annotations": {"team": "ml"}},
+        "spec": {
+            "serviceAccountName": AGENT_SA,
+            "containers": [{"name": "c", "image": "busybox"}],
+        },
+    }
+
+
+def _client_with_token(kube: Clients, token: str) -> client.CoreV1Api:
+    base = kube.api.configuration
+    cfg = client.Configuration()
+    cfg.host = base.host
+    cfg.ssl_ca_cert = base.ssl_ca_cert
+    cfg.verify_ssl = base.verify_ssl
+    cfg.api_key = {"authorization": f"Bearer {token}"}
+    return client.CoreV1Api(client.ApiClient(cfg))
+
+
+def test_agent_may_patch_only_own_pods_jobset_inplace_annotations(
+    control_plane: ControlPlane, kube: Clients, namespace: str, agent_vap: None
+) -> None:
+    rbac = AGENT_RBAC_MANIFEST.read_text().replace("NAMESPACE", namespace)
+    control_plane.kubectl().apply_yaml(rbac, server_side=True)
+    pod_a = kube.core.create_namespaced_pod(namespace, _pod("a"))
+    kube.core.create_namespaced_pod(namespace, _pod("b"))
+    token = kube.core.create_namespaced_service_account_token(
+        AGENT_SA,
+        namespace,
+        {
+            "spec": {
+                "expirationSeconds": 3600,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": "a",
+                    "uid": pod_a.metadata.uid,
+                },
+            }
+        },
+    ).status.token
+    agent = _client_with_token(kube, token)
+
+    def patch(pod: str, meta: dict[str, Any], dry_run: bool = False) -> ApiException | None:
+        try:
+            opts = {"dry_run": "All"} if dry_run else {}
+            agent.patch_namespaced_pod(pod, namespace, {"metadata": meta}, **opts)
+        except ApiException as e:
+            return e
+        return None
+
+    def denied(pod: str, meta: dict[str, Any]) -> ApiException:
+        err = patch(pod, meta)
+        assert err is not None, f"patch of {pod} {meta} was allowed"
+        assert err.status in (403, 422), err
+        assert "ValidatingAdmissionPolicy" in (err.body or ""), err.body
+        return err
+
+    # The policy becomes active asynchronously: wait until pod B is refused (dry-run: the
+    # probes before that are allowed by RBAC and must not change B).
+    epoch = {"annotations": {api.REPORT_EPOCH: "1"}}
+
+    def policy_active() -> bool:
+        err = patch("b", epoch, dry_run=True)
+        return err is not None and "bound to" in (err.body or "")
+
+    wait_for("the policy to deny patching another pod", policy_active, WAIT, 0.3)
+
+    for ann in ({api.REPORT_EPOCH: "2"}, {api.REPORT_STEPS: "200,100"}):
+        err = patch("a", {"annotations": ann})
+        assert err is None, err.body
+    got = kube.core.read_namespaced_pod("a", namespace).metadata.annotations
+    assert (got[api.REPORT_EPOCH], got[api.REPORT_STEPS]) == ("2", "200,100")
+
+    err = denied("b", epoch)
+    assert "the pod its token is bound to (a)" in err.body, err.body
+    err = denied("a", {"labels": {"app": "other"}})
+    assert "labels" in err.body, err.body
+    err = denied("a", {"annotations": {"team": "other"}})
+    assert "jobset-inplace.dev/ prefix" in err.body, err.body
+    denied("a", {"annotations": {"example.com/new": "x"}})
+    denied("a", {"annotations": {"team": None}})
+    with pytest.raises(ApiException) as info:
+        agent.delete_namespaced_pod("a", namespace)
+    assert info.value.status == 403  # RBAC: the agent has no delete at all
+    # B is untouched, A only got the agent's annotations.
+    b = kube.core.read_namespaced_pod("b", namespace).metadata
+    assert api.REPORT_EPOCH not in (b.annotations or {})
+    a = kube.core.read_namespaced_pod("a", namespace).metadata
+    assert (a.labels, a.annotations["team"]) == ({"app": "vap"}, "ml")

@@ -1,0 +1,346 @@
+"""Admission logic (pure): what the mutating webhook patches, what the validating webhook
+refuses and with which message, the AdmissionReview envelope, the kopf handlers' patch, and
+that the shipped manifests match the code."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from pathlib import Path
+from typing import Any, cast
+
+import jsonpatch
+import kopf
+import pytest
+import yaml
+
+from jobset_inplace import api
+from jobset_inplace.controller.admission import (
+    MUTATE_ID,
+    VALIDATE_ID,
+    register_webhooks,
+    server_from_env,
+)
+from jobset_inplace.policy import PolicyError
+from jobset_inplace.transform import (
+    AGENT_SERVICE_ACCOUNT,
+    DEFAULT_AGENT_IMAGE,
+    AgentSettings,
+    agent_rbac,
+    transform,
+)
+from jobset_inplace.webhook import (
+    mutate,
+    review,
+    settings_from_env,
+    validate,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+S = AgentSettings(image="example.test/agent:1")
+
+
+def jobset(annotations: dict[str, str] | None = None, **pod_spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {
+            "name": "train",
+            "namespace": "ml",
+            "annotations": {api.ENABLED: "true"} if annotations is None else annotations,
+        },
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": "workers",
+                    "replicas": 2,
+                    "template": {
+                        "spec": {
+                            "parallelism": 2,
+                            "completions": 2,
+                            "template": {
+                                "spec": {
+                                    "containers": [{"name": "trainer", "image": "t"}],
+                                    **pod_spec,
+                                }
+                            },
+                        }
+                    },
+                }
+            ]
+        },
+    }
+
+
+def job_spec(js: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = js["spec"]["replicatedJobs"][0]["template"]["spec"]
+    return spec
+
+
+# --- mutate ---------------------------------------------------------------------------------
+
+
+def test_mutate_patch_yields_the_transform() -> None:
+    js = jobset()
+    ops = mutate(js, S)
+    assert ops
+    assert jsonpatch.apply_patch(js, ops) == transform(js, S)
+    assert js == jobset()  # the input is not modified
+
+
+def test_mutate_is_empty_when_already_transformed_or_not_opted_in() -> None:
+    assert mutate(transform(jobset(), S), S) == []
+    assert mutate(jobset({}), S) == []
+    assert mutate(jobset({api.ENABLED: "false"}), S) == []
+    assert mutate(jobset({"team": "ml"}), S) == []
+
+
+def test_mutate_refuses_what_cannot_be_made_safe() -> None:
+    with pytest.raises(PolicyError):
+        mutate(jobset({api.ENABLED: "true", api.FORCE_DELETE: "always"}), S)
+
+
+# --- validate -------------------------------------------------------------------------------
+
+
+def test_not_opted_in_is_none_of_our_business() -> None:
+    assert validate(jobset({})) == (True, "")
+    assert validate(jobset({api.ENABLED: "false", api.BARRIER_TIMEOUT: "soon"})) == (True, "")
+    assert validate(jobset({"team": "ml"}, restartPolicy="OnFailure")) == (True, "")
+
+
+@pytest.mark.parametrize("value", ["True", "yes", "1", ""])
+def test_enabled_typo_names_the_key_and_accepted_form(value: str) -> None:
+    allowed, message = validate(jobset({api.ENABLED: value}))
+    assert not allowed
+    assert api.ENABLED in message
+    assert '"true" or "false"' in message
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "accepted"),
+    [
+        (api.BARRIER_TIMEOUT, "five minutes", "30s, 5m or 1h30m"),
+        (api.INPLACE_BUDGET, "-1", "0 to 10000"),
+        (api.FORCE_DELETE, "always", "never or unreachable"),
+        (api.RESTART_EXIT_CODE, "1", "3 to 255"),
+        (api.UNHEALTHY_TAINTS, ",", "comma-separated list"),
+    ],
+)
+def test_bad_annotation_names_the_key_and_accepted_form(
+    key: str, value: str, accepted: str
+) -> None:
+    allowed, message = validate(jobset({api.ENABLED: "true", key: value}))
+    assert not allowed
+    assert key in message
+    assert repr(value) in message
+    assert accepted in message
+
+
+def test_transform_refusals_name_the_field() -> None:
+    allowed, message = validate(jobset(restartPolicy="OnFailure"))
+    assert not allowed
+    assert "spec.replicatedJobs[0].template.spec.template.spec.restartPolicy" in message
+    assert "Never" in message
+    js = jobset()
+    job_spec(js)["completions"] = 3
+    allowed, message = validate(js)
+    assert not allowed
+    assert "completions (3) must equal parallelism (2)" in message
+
+
+def test_valid_and_transformed_jobsets_are_allowed() -> None:
+    good = jobset({api.ENABLED: "true", api.BARRIER_TIMEOUT: "1h30m", api.INPLACE_BUDGET: "3"})
+    assert validate(good) == (True, "")
+    assert validate(transform(good, S)) == (True, "")
+
+
+def test_update_checks_only_changed_policy_annotations() -> None:
+    old = transform(jobset(), S)
+    # An update by another controller (e.g. Kueue resuming it) with unchanged annotations is
+    # never blocked, even if our rules would refuse something else in the spec now.
+    new = copy.deepcopy(old)
+    new["spec"]["suspend"] = False
+    job_spec(new)["completions"] = 5
+    assert validate(new, old) == (True, "")
+    bad = copy.deepcopy(old)
+    bad["metadata"]["annotations"][api.INPLACE_BUDGET] = "lots"
+    allowed, message = validate(bad, old)
+    assert not allowed
+    assert api.INPLACE_BUDGET in message
+    good = copy.deepcopy(old)
+    good["metadata"]["annotations"][api.INPLACE_BUDGET] = "20"
+    assert validate(good, old) == (True, "")
+
+
+def test_opting_in_on_update_needs_the_agent_already_there() -> None:
+    old = jobset({})
+    new = jobset()
+    allowed, message = validate(new, old)
+    assert not allowed
+    assert api.ENABLED in message
+    assert "cannot be added to an existing JobSet" in message
+    # An offline-transformed JobSet (kubectl jobset-inplace enable) may opt in later.
+    prepared = transform(jobset(), S)
+    prepared_old = copy.deepcopy(prepared)
+    prepared_old["metadata"]["annotations"] = {}
+    assert validate(prepared, prepared_old) == (True, "")
+    # Opting out is always fine.
+    assert validate(jobset({api.ENABLED: "false"}), jobset()) == (True, "")
+
+
+# --- review (the AdmissionReview envelope) --------------------------------------------------
+
+
+def admission_review(operation: str, obj: Any, old: Any = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "0b1c",
+            "operation": operation,
+            "resource": {"group": "jobset.x-k8s.io", "version": "v1alpha2", "resource": "jobsets"},
+            "object": obj,
+            "oldObject": old,
+        },
+    }
+
+
+def test_review_create_returns_a_base64_json_patch() -> None:
+    out = review(admission_review("CREATE", jobset()), S, mutating=True)
+    resp = out["response"]
+    assert (out["kind"], resp["uid"], resp["allowed"]) == ("AdmissionReview", "0b1c", True)
+    assert resp["patchType"] == "JSONPatch"
+    ops = json.loads(base64.b64decode(resp["patch"]))
+    assert jsonpatch.apply_patch(jobset(), ops) == transform(jobset(), S)
+
+
+def test_review_denies_with_a_message_and_never_patches_updates() -> None:
+    bad = jobset({api.ENABLED: "true", api.MEMBER_REPEAT_LIMIT: "0"})
+    resp = review(admission_review("CREATE", bad), S, mutating=True)["response"]
+    assert resp["allowed"] is False
+    assert resp["status"]["code"] == 400
+    assert api.MEMBER_REPEAT_LIMIT in resp["status"]["message"]
+    assert "patch" not in resp
+    old = transform(jobset(), S)
+    update = review(admission_review("UPDATE", jobset(), old), S, mutating=True)["response"]
+    assert update == {"uid": "0b1c", "allowed": True}
+    validating = review(admission_review("CREATE", jobset()), S, mutating=False)["response"]
+    assert validating == {"uid": "0b1c", "allowed": True}
+    assert review(admission_review("DELETE", None, old), S, mutating=True)["response"] == {
+        "uid": "0b1c",
+        "allowed": True,
+    }
+
+
+# --- settings -------------------------------------------------------------------------------
+
+
+def test_agent_settings_from_env() -> None:
+    assert settings_from_env({}) == AgentSettings(image=DEFAULT_AGENT_IMAGE)
+    assert DEFAULT_AGENT_IMAGE.startswith("jobset-inplace/agent:")
+    s = settings_from_env(
+        {
+            "JSI_AGENT_IMAGE": "reg.example/agent:2",
+            "JSI_AGENT_IMAGE_PULL_POLICY": "Always",
+            "JSI_AGENT_API_SERVER": "https://10.0.0.1:6443",
+        }
+    )
+    assert (s.image, s.image_pull_policy, s.api_server) == (
+        "reg.example/agent:2",
+        "Always",
+        "https://10.0.0.1:6443",
+    )
+
+
+# --- the kopf handlers ------------------------------------------------------------------------
+
+
+def handlers() -> dict[str, Any]:
+    registry = kopf.OperatorRegistry()
+    register_webhooks(registry, S)
+    return {h.id: h for h in registry._webhooks.get_all_handlers()}
+
+
+def test_handlers_are_registered_on_their_paths_and_operations() -> None:
+    hs = handlers()
+    assert set(hs) == {MUTATE_ID, VALIDATE_ID}
+    assert hs[MUTATE_ID].operations == ["CREATE"]
+    assert hs[VALIDATE_ID].operations == ["CREATE", "UPDATE"]
+
+
+def test_mutate_handler_makes_kopf_send_the_transform() -> None:
+    raw = jobset()
+    body = kopf.Body(cast(kopf.RawBody, raw))
+    patch = kopf.Patch(body=body)
+    handlers()[MUTATE_ID].fn(body=body, patch=patch, operation="CREATE")
+    assert jsonpatch.apply_patch(raw, patch.as_json_patch()) == transform(raw, S)
+
+
+def test_handlers_raise_admission_errors_with_the_message() -> None:
+    bad = kopf.Body(
+        cast(kopf.RawBody, jobset({api.ENABLED: "true", api.NO_COMMON_CHECKPOINT: "retry"}))
+    )
+    for hid in (MUTATE_ID, VALIDATE_ID):
+        with pytest.raises(kopf.AdmissionError, match="no-common-checkpoint") as info:
+            handlers()[hid].fn(body=bad, patch=kopf.Patch(body=bad), operation="CREATE")
+        assert info.value.code == 400
+        assert "escalate or scratch" in str(info.value)
+
+
+# --- manifests match the code -----------------------------------------------------------------
+
+
+def load(path: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((REPO / path).read_text()) if d]
+
+
+def test_agent_rbac_manifest_matches_agent_rbac() -> None:
+    rendered = (REPO / "manifests/rbac/agent.yaml").read_text().replace("NAMESPACE", "ml")
+    assert list(yaml.safe_load_all(rendered)) == agent_rbac("ml")
+
+
+def test_webhook_manifest_rules_paths_and_conditions() -> None:
+    docs = {d["kind"]: d for d in load("manifests/webhook/webhook.yaml")}
+    [mut] = docs["MutatingWebhookConfiguration"]["webhooks"]
+    [val] = docs["ValidatingWebhookConfiguration"]["webhooks"]
+    assert mut["clientConfig"]["service"]["path"] == f"/{MUTATE_ID}"
+    assert val["clientConfig"]["service"]["path"] == f"/{VALIDATE_ID}"
+    assert [r["operations"] for r in mut["rules"]] == [["CREATE"]]
+    assert [r["operations"] for r in val["rules"]] == [["CREATE", "UPDATE"]]
+    for wh in (mut, val):
+        assert wh["failurePolicy"] == "Fail"
+        assert wh["sideEffects"] == "None"
+        assert wh["rules"][0]["resources"] == ["jobsets"]
+        [cond] = wh["matchConditions"]
+        assert f"'{api.ENABLED}' in object.metadata.annotations" in cond["expression"]
+    assert "== 'true'" in mut["matchConditions"][0]["expression"]
+    svc = docs["Service"]
+    assert svc["metadata"]["name"] == mut["clientConfig"]["service"]["name"]
+
+
+def test_agent_vap_targets_the_agent_service_account() -> None:
+    policy, binding = load("manifests/rbac/agent-vap.yaml")
+    assert policy["kind"] == "ValidatingAdmissionPolicy"
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    [cond] = policy["spec"]["matchConditions"]
+    assert f":{AGENT_SERVICE_ACCOUNT}$" in cond["expression"]
+    text = json.dumps(policy)
+    assert "authentication.kubernetes.io/pod-name" in text
+    assert "jobset-inplace.dev/" in text
+
+
+def test_controller_serves_only_with_a_mounted_certificate(tmp_path: Path) -> None:
+    env = {"JSI_WEBHOOK_CERT_DIR": str(tmp_path), "JSI_WEBHOOK_PORT": "8443"}
+    assert server_from_env(env) is None
+    (tmp_path / "tls.crt").write_text("cert")
+    (tmp_path / "tls.key").write_text("key")
+    server = server_from_env(env)
+    assert server is not None
+    assert (server.port, server.certfile, server.pkeyfile) == (
+        8443,
+        str(tmp_path / "tls.crt"),
+        str(tmp_path / "tls.key"),
+    )
