@@ -54,6 +54,6 @@ def controller(local_cluster: LocalCluster | None) -> Iterator[ControllerProcess
     """``jobset-inplace run`` against the local cluster for the session."""
     if local_cluster is None:
         pytest.skip("runs the controller on the local cluster (JSI_KUBECONFIG points elsewhere)")
-    ctl = ControllerProcess(local_cluster.kubeconfig, local_cluster.logs_dir / "controller-e2e.log")
+    ctl = ControllerProcess(local_cluster, local_cluster.logs_dir / "controller-e2e.log")
     yield ctl
     ctl.stop()

@@ -32,6 +32,7 @@ def test_trainer_crash_restarts_the_gang_in_place_from_one_step(
     assert local_cluster is not None
     result = run_demo(local_cluster, name="gang", namespace=namespace, members=2)
 
+    assert result.webhook_injected, "the admission webhook injected the agent at create"
     assert result.uids_after == result.uids_before, "every member kept its pod (in place)"
     assert result.state["epoch"] == 2
     assert result.state["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 0}

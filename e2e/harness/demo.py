@@ -19,14 +19,16 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import api
-from jobset_inplace.transform import AgentSettings, agent_rbac, transform
+from jobset_inplace.transform import AGENT_CONTAINER, agent_rbac
 
-from . import workloads
+from . import addons, certs, processes, workloads
 from .cluster import REAL_NODE_LABEL, LocalCluster
 from .kube import Clients, clients, create_jobset, wait_for
+from .kubectl import Kubectl
 from .versions import REPO_ROOT, binaries
 
 CRD = REPO_ROOT / "manifests" / "crd" / "gangstates.yaml"
+WEBHOOK_MANIFEST = REPO_ROOT / "manifests" / "webhook" / "webhook.yaml"
 IMAGE = "jobset-inplace/python:local"
 NAMESPACE = "jsi-demo"
 
@@ -53,9 +55,11 @@ class DemoResult:
     barrier_openings: int
     recovery_seconds: float
     state: dict[str, Any]
+    webhook_injected: bool
 
 
-def demo_jobset(name: str, members: int, api_server: str) -> dict[str, Any]:
+def demo_jobset(name: str, members: int) -> dict[str, Any]:
+    """The demo JobSet as a user writes it: opted in, no agent (the webhook injects it)."""
     trainer = {
         "name": "trainer",
         "image": IMAGE,
@@ -78,29 +82,75 @@ def demo_jobset(name: str, members: int, api_server: str) -> dict[str, Any]:
             "containers": [trainer],
         },
     )
-    settings = AgentSettings(image=IMAGE, image_pull_policy="Never", api_server=api_server)
-    return transform(js, settings)
+    return js
 
 
 class ControllerProcess:
-    def __init__(self, kubeconfig: Path, log: Path) -> None:
-        self.log = log
+    """``jobset-inplace run`` against the local cluster, serving the admission webhook on
+    loopback (the cluster's local CA signed its serving cert); the webhook configurations from
+    ``manifests/webhook/`` are installed with their clientConfig pointed at it, and removed again
+    by :meth:`stop` (their failurePolicy is Fail)."""
+
+    def __init__(self, cluster: LocalCluster, log: Path) -> None:
+        self.log, self.cluster = log, cluster
+        self.kubectl = Kubectl(cluster.kubeconfig)
+        port = processes.free_port()
+        objs = [o for o in yaml.safe_load_all(WEBHOOK_MANIFEST.read_text()) if o]
+        cert = certs.ServingCert(
+            cluster.cert_dir / "ca.crt", cluster.cert_dir / "tls.crt", cluster.cert_dir / "tls.key"
+        )
+        configs = addons.rewrite_for_loopback(
+            objs, f"https://127.0.0.1:{port}", cert.ca_bundle(), namespace="jobset-inplace-system"
+        )
+        self.configs = [o for o in configs if o["kind"] in addons.WEBHOOK_CONFIG_KINDS]
         log.parent.mkdir(parents=True, exist_ok=True)
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(cluster.kubeconfig),
+            "JSI_WEBHOOK_CERT_DIR": str(cluster.cert_dir),
+            "JSI_WEBHOOK_PORT": str(port),
+            "JSI_AGENT_IMAGE": IMAGE,
+            "JSI_AGENT_IMAGE_PULL_POLICY": "Never",
+            "JSI_AGENT_API_SERVER": cluster.pod_api_server,
+        }
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "jobset_inplace.cli", "run"],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+                env=env,
             )
+        self.kubectl.apply_yaml(yaml.safe_dump_all(self.configs), server_side=True)
+        processes.wait_until("jobset-inplace admission webhook", self._injects, 60, log=log)
+
+    def _injects(self) -> bool:
+        """A server-side dry run of an opted-in JobSet comes back with the agent injected."""
+        probe = workloads.jobset("webhook-probe", [("w", 1, 1)], annotations={api.ENABLED: "true"})
+        probe["metadata"]["namespace"] = "default"
+        try:
+            out = self.kubectl.run(
+                "create", "--dry-run=server", "-o", "yaml", "-f", "-", stdin=yaml.safe_dump(probe)
+            )
+        except RuntimeError:
+            return False
+        return AGENT_CONTAINER in out
 
     def stop(self) -> None:
+        for cfg in self.configs:
+            self.kubectl.run(
+                "delete", cfg["kind"], cfg["metadata"]["name"], "--ignore-not-found", check=False
+            )
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+
+def _agent_injected(jobset: dict[str, Any]) -> bool:
+    spec = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    return any(c["name"] == AGENT_CONTAINER for c in spec.get("initContainers") or [])
 
 
 def _state(kube: Clients, ns: str, name: str) -> dict[str, Any]:
@@ -154,7 +204,9 @@ def run_demo(
     kube = clients(cluster.kubeconfig)
     prepare(kube, cluster.kubeconfig, namespace)
     print(f"demo: JobSet {namespace}/{name}, {members} members on real kubelet nodes")
-    create_jobset(kube, namespace, demo_jobset(name, members, cluster.pod_api_server))
+    created = create_jobset(kube, namespace, demo_jobset(name, members))
+    injected = _agent_injected(created)
+    print(f"demo: admission webhook injected the agent: {injected}")
 
     wait_for(
         "barrier of epoch 1 open",
@@ -241,13 +293,14 @@ def run_demo(
         barrier_openings=openings,
         recovery_seconds=float(st["recovery"]["durationSeconds"]),
         state=st,
+        webhook_injected=injected,
     )
 
 
 def main() -> int:
     cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
     cluster.up()
-    ctl = ControllerProcess(cluster.kubeconfig, cluster.logs_dir / "controller-demo.log")
+    ctl = ControllerProcess(cluster, cluster.logs_dir / "controller-demo.log")
     kube = clients(cluster.kubeconfig)
     try:
         kube.core.delete_namespace(NAMESPACE)
