@@ -25,6 +25,8 @@ FORCE_DELETE: Final = f"{PREFIX}force-delete"
 MEMBER_REPEAT_LIMIT: Final = f"{PREFIX}member-repeat-limit"
 NO_COMMON_CHECKPOINT: Final = f"{PREFIX}no-common-checkpoint"
 RESTART_EXIT_CODE: Final = f"{PREFIX}restart-exit-code"
+CHECKPOINT_DIRS: Final = f"{PREFIX}checkpoint-dirs"
+ESCALATION: Final = f"{PREFIX}escalation"
 # Set by `kubectl jobset-inplace restart`: a new value asks for one manual in-place gang restart.
 RESTART_REQUEST: Final = f"{PREFIX}restart-request"
 

@@ -33,6 +33,22 @@ class NoCommonCheckpoint(StrEnum):
     SCRATCH = "scratch"
 
 
+class Escalation(StrEnum):
+    """Where an exhausted recovery goes: a full JobSet restart through JobSet's failure
+    policy (then failure when its maxRestarts are used), or straight to JobSet failure."""
+
+    RESTART_JOBSET = "restart-jobset"
+    FAIL_JOBSET = "fail-jobset"
+
+
+@dataclass(frozen=True)
+class CheckpointDirs:
+    """Checkpoint tier roots inside the member containers (docs/trainer-contract.md)."""
+
+    local: str | None = None
+    persistent: str | None = None
+
+
 @dataclass(frozen=True)
 class Policy:
     inplace_budget: int = 10
@@ -45,6 +61,8 @@ class Policy:
     member_repeat_limit: int = 3
     no_common_checkpoint: NoCommonCheckpoint = NoCommonCheckpoint.ESCALATE
     restart_exit_code: int = api.DEFAULT_RESTART_EXIT_CODE
+    checkpoint_dirs: CheckpointDirs = CheckpointDirs()
+    escalation: Escalation = Escalation.RESTART_JOBSET
 
 
 class PolicyError(ValueError):
@@ -96,6 +114,22 @@ def _choice(key: str, value: str, enum: type[E]) -> E:
         raise PolicyError(key, value, " or ".join(e.value for e in enum)) from None
 
 
+def _checkpoint_dirs(key: str, value: str) -> CheckpointDirs:
+    """``local=/path,persistent=/path`` (either may be left out)."""
+    accepted = "local=/abs/path,persistent=/abs/path (either part may be left out)"
+    found: dict[str, str] = {}
+    for part in (p.strip() for p in value.split(",") if p.strip()):
+        tier, sep, path = part.partition("=")
+        if not sep or tier not in ("local", "persistent") or not path.startswith("/"):
+            raise PolicyError(key, value, accepted)
+        if tier in found:
+            raise PolicyError(key, value, accepted)
+        found[tier] = path
+    if not found:
+        raise PolicyError(key, value, accepted)
+    return CheckpointDirs(found.get("local"), found.get("persistent"))
+
+
 _PARSERS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
     ("inplace_budget", api.INPLACE_BUDGET, lambda k, v: _int(k, v, 0, 10_000)),
     ("recreate_budget", api.RECREATE_BUDGET, lambda k, v: _int(k, v, 0, 10_000)),
@@ -112,6 +146,8 @@ _PARSERS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
     ),
     # 1 is a Python crash and 2 a configuration error of the agent: neither may mean "restart".
     ("restart_exit_code", api.RESTART_EXIT_CODE, lambda k, v: _int(k, v, 3, 255)),
+    ("checkpoint_dirs", api.CHECKPOINT_DIRS, _checkpoint_dirs),
+    ("escalation", api.ESCALATION, lambda k, v: _choice(k, v, Escalation)),
 )
 
 

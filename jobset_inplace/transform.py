@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import __version__, api
-from .policy import Policy, parse_policy
+from .policy import Escalation, Policy, parse_policy
 
 AGENT_CONTAINER = "jobset-inplace-agent"
 # The image that runs the agent (Python 3 plus this package); the webhook and `enable` default.
@@ -112,9 +112,19 @@ def _share_checkpoint_tiers(agent: dict[str, Any], containers: list[dict[str, An
                     agent["volumeMounts"] = [*mounts, {**m, "readOnly": False}]
 
 
-def _prepare_pod(pod: dict[str, Any], agent: dict[str, Any], where: str, s: AgentSettings) -> None:
+def _prepare_pod(
+    pod: dict[str, Any], agent: dict[str, Any], where: str, s: AgentSettings, policy: Policy
+) -> None:
     spec = pod.setdefault("spec", {})
     agent = copy.deepcopy(agent)
+    tiers = {
+        "JSI_CHECKPOINT_LOCAL_DIR": policy.checkpoint_dirs.local,
+        "JSI_CHECKPOINT_PERSISTENT_DIR": policy.checkpoint_dirs.persistent,
+    }
+    for c in spec.get("containers") or []:
+        for name, value in tiers.items():
+            if value and not any(e.get("name") == name for e in c.get("env") or []):
+                c["env"] = [*(c.get("env") or []), {"name": name, "value": value}]
     _share_checkpoint_tiers(agent, spec.get("containers") or [])
     if spec.get("restartPolicy", "Never") != "Never":
         raise TransformError(
@@ -143,6 +153,11 @@ def _prepare_pod(pod: dict[str, Any], agent: dict[str, Any], where: str, s: Agen
         c["env"] = _add_by_name(c.get("env") or [], env)
 
 
+FAIL_JOBSET_RULE = {
+    "name": "jobset-inplace-escalation",
+    "action": "FailJobSet",
+    "onJobFailureReasons": ["PodFailurePolicy"],
+}
 ESCALATION_RULE = {
     "action": "FailJob",
     "onPodConditions": [{"type": api.ESCALATION_CONDITION, "status": "True"}],
@@ -175,14 +190,19 @@ def transform(jobset: dict[str, Any], settings: AgentSettings) -> dict[str, Any]
         rules = pfp.setdefault("rules", [])
         if ESCALATION_RULE not in rules:
             rules.insert(0, copy.deepcopy(ESCALATION_RULE))
-        _prepare_pod(job.setdefault("template", {}), agent, f"{where}.template", settings)
+        _prepare_pod(job.setdefault("template", {}), agent, f"{where}.template", settings, policy)
     fp = spec.get("failurePolicy")
-    if fp is None:
+    if policy.escalation == Escalation.FAIL_JOBSET:
+        # An escalation fails the Job with reason PodFailurePolicy: fail the whole JobSet on it.
+        rules = spec.setdefault("failurePolicy", {"maxRestarts": 0}).setdefault("rules", [])
+        if FAIL_JOBSET_RULE not in rules:
+            rules.insert(0, copy.deepcopy(FAIL_JOBSET_RULE))
+    elif fp is None:
         spec["failurePolicy"] = {"maxRestarts": DEFAULT_MAX_RESTARTS}
     elif int(fp.get("maxRestarts", 0)) < 1:
         raise TransformError(
-            "spec.failurePolicy.maxRestarts must be >= 1: escalation restarts "
-            "the JobSet through its failure policy"
+            "spec.failurePolicy.maxRestarts must be >= 1: escalation restarts the JobSet "
+            f"through its failure policy (or set {api.ESCALATION}: {Escalation.FAIL_JOBSET})"
         )
     return out
 

@@ -142,3 +142,42 @@ def test_agent_sees_the_trainers_checkpoint_tiers() -> None:
     assert {"name": "JSI_CHECKPOINT_LOCAL_DIR", "value": "/ckpt/local"} in agent["env"]
     assert {"name": "ckpt", "mountPath": "/ckpt", "readOnly": False} in agent["volumeMounts"]
     assert transform(once, S) == once
+
+
+def test_checkpoint_dirs_annotation_reaches_trainer_and_agent() -> None:
+    js = jobset(volumes=[{"name": "ckpt", "emptyDir": {}}])
+    js["metadata"]["annotations"][api.CHECKPOINT_DIRS] = "local=/ckpt/local,persistent=/ckpt/p"
+    pod_spec(js)["containers"][0]["volumeMounts"] = [{"name": "ckpt", "mountPath": "/ckpt"}]
+    out = transform(js, S)
+    spec = pod_spec(out)
+    for c in (spec["containers"][0], spec["initContainers"][0]):
+        assert {"name": "JSI_CHECKPOINT_LOCAL_DIR", "value": "/ckpt/local"} in c["env"]
+        assert {"name": "JSI_CHECKPOINT_PERSISTENT_DIR", "value": "/ckpt/p"} in c["env"]
+    assert {"name": "ckpt", "mountPath": "/ckpt", "readOnly": False} in spec["initContainers"][0][
+        "volumeMounts"
+    ]
+    assert transform(out, S) == out
+
+
+def test_escalation_fail_jobset_adds_a_failjobset_rule() -> None:
+    js = jobset()
+    js["metadata"]["annotations"][api.ESCALATION] = "fail-jobset"
+    out = transform(js, S)
+    assert out["spec"]["failurePolicy"]["rules"][0]["action"] == "FailJobSet"
+    assert out["spec"]["failurePolicy"]["rules"][0]["onJobFailureReasons"] == ["PodFailurePolicy"]
+    assert transform(out, S) == out
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        (api.CHECKPOINT_DIRS, "local=relative/path"),
+        (api.CHECKPOINT_DIRS, "scratch=/x"),
+        (api.ESCALATION, "panic"),
+    ],
+)
+def test_bad_checkpoint_or_escalation_annotation_names_the_key(key: str, value: str) -> None:
+    js = jobset()
+    js["metadata"]["annotations"][key] = value
+    with pytest.raises(PolicyError, match=key):
+        transform(js, S)
