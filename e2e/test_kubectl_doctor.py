@@ -1,0 +1,48 @@
+"""``kubectl jobset-inplace doctor`` on the local cluster: every check passes there (Kubernetes
+1.35 with the restart gates, JobSet, Kueue, the GangState CRD, nodes declaring the feature)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from e2e.harness.cluster import LocalCluster
+from e2e.harness.demo import CRD
+from e2e.harness.kubectl import Kubectl
+
+pytestmark = pytest.mark.e2e
+
+
+def test_doctor_passes_on_the_local_cluster(local_cluster: LocalCluster | None) -> None:
+    if local_cluster is None:
+        pytest.skip("asserts what the local cluster has; run doctor by hand elsewhere")
+    Kubectl(local_cluster.kubeconfig).apply_files([CRD], server_side=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jobset_inplace.kubectl_plugin",
+            "doctor",
+            "-o",
+            "json",
+            "--kubeconfig",
+            str(local_cluster.kubeconfig),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads(res.stdout)
+    checks = report["checks"] if isinstance(report, dict) else report
+    results = {c["name"]: c["result"] for c in checks}
+    print("\n" + "\n".join(f"{r:5} {n}" for n, r in results.items()))
+    failing = {n: r for n, r in results.items() if r == "FAIL"}
+    assert not failing
+    passed = [n for n, r in results.items() if r == "PASS"]
+    # version, RestartAllContainers dry-run, JobSet, GangState CRD, Kueue, declared features
+    assert len(passed) >= 6, results
