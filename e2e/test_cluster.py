@@ -4,15 +4,21 @@ schedules onto kwok nodes, and lets a test make a node unhealthy on demand."""
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from e2e.harness import workloads
 from e2e.harness.cluster import LocalCluster
 from e2e.harness.kube import Clients, create_jobset, get_jobset, node_ready_status, wait_for
+from e2e.harness.kueue import (
+    QUEUE_LABEL,
+    condition,
+    create_queue,
+    delete_queue,
+    new_queue_names,
+    workload_of,
+)
 from e2e.harness.kwoknodes import NODE_UNHEALTHY_BOUND_SECONDS, is_kwok_node, set_heartbeat
 
 pytestmark = pytest.mark.e2e
@@ -25,7 +31,6 @@ JOBSET_LABELS = (
     "jobset.sigs.k8s.io/restart-attempt",
     "batch.kubernetes.io/job-completion-index",
 )
-KUEUE = ("kueue.x-k8s.io", "v1beta2")
 
 
 def _pods(kube: Clients, namespace: str, selector: str) -> list[Any]:
@@ -60,99 +65,28 @@ def test_jobset_with_two_replicated_jobs_runs_on_kwok_nodes(
     assert all("jobset.sigs.k8s.io/jobset-name" in (p.metadata.annotations or {}) for p in pods)
 
 
-@pytest.fixture
-def kueue_names() -> dict[str, str]:
-    suffix = uuid.uuid4().hex[:6]
-    return {"flavor": f"flavor-{suffix}", "cq": f"cq-{suffix}", "lq": f"lq-{suffix}"}
-
-
-def _workload_of(kube: Clients, namespace: str, jobset_name: str) -> dict[str, Any] | None:
-    wls = kube.custom.list_namespaced_custom_object(*KUEUE, namespace, "workloads")["items"]
-    for wl in wls:
-        owners = wl["metadata"].get("ownerReferences") or []
-        if any(o["kind"] == "JobSet" and o["name"] == jobset_name for o in owners):
-            return dict(wl)
-    return None
-
-
-def _condition(obj: dict[str, Any], ctype: str) -> dict[str, Any] | None:
-    for cond in obj.get("status", {}).get("conditions") or []:
-        if cond["type"] == ctype:
-            return dict(cond)
-    return None
-
-
-def test_kueue_holds_jobset_until_queue_exists(
-    kube: Clients, namespace: str, kueue_names: dict[str, str]
-) -> None:
-    n = kueue_names
+def test_kueue_holds_jobset_until_queue_exists(kube: Clients, namespace: str) -> None:
+    q = new_queue_names()
     create_jobset(
         kube,
         namespace,
-        workloads.jobset(
-            "queued", [("workers", 1, 2)], labels={"kueue.x-k8s.io/queue-name": n["lq"]}
-        ),
+        workloads.jobset("queued", [("workers", 1, 2)], labels={QUEUE_LABEL: q.local_queue}),
     )
 
     # Kueue's JobSet webhook suspended it at creation, and its controller made a Workload that
     # says why it cannot be admitted.
     def inadmissible() -> dict[str, Any] | None:
-        wl = _workload_of(kube, namespace, "queued")
-        cond = wl and _condition(wl, "QuotaReserved")
+        wl = workload_of(kube, namespace, "queued")
+        cond = wl and condition(wl, "QuotaReserved")
         return cond if cond and cond["status"] == "False" else None
 
     cond = wait_for("Workload with QuotaReserved=False", inadmissible, timeout=60)
-    assert n["lq"] in cond["message"], cond
+    assert q.local_queue in cond["message"], cond
     assert get_jobset(kube, namespace, "queued")["spec"]["suspend"] is True
     assert not _pods(kube, namespace, "jobset.sigs.k8s.io/jobset-name=queued")
 
     try:
-        kube.custom.create_cluster_custom_object(
-            *KUEUE,
-            "resourceflavors",
-            {
-                "apiVersion": "/".join(KUEUE),
-                "kind": "ResourceFlavor",
-                "metadata": {"name": n["flavor"]},
-            },
-        )
-        kube.custom.create_cluster_custom_object(
-            *KUEUE,
-            "clusterqueues",
-            {
-                "apiVersion": "/".join(KUEUE),
-                "kind": "ClusterQueue",
-                "metadata": {"name": n["cq"]},
-                "spec": {
-                    "namespaceSelector": {},
-                    "resourceGroups": [
-                        {
-                            "coveredResources": ["cpu", "memory"],
-                            "flavors": [
-                                {
-                                    "name": n["flavor"],
-                                    "resources": [
-                                        {"name": "cpu", "nominalQuota": "4"},
-                                        {"name": "memory", "nominalQuota": "4Gi"},
-                                    ],
-                                }
-                            ],
-                        }
-                    ],
-                },
-            },
-        )
-        kube.custom.create_namespaced_custom_object(
-            *KUEUE,
-            namespace,
-            "localqueues",
-            {
-                "apiVersion": "/".join(KUEUE),
-                "kind": "LocalQueue",
-                "metadata": {"name": n["lq"]},
-                "spec": {"clusterQueue": n["cq"]},
-            },
-        )
+        create_queue(kube, namespace, q)
 
         def admitted_and_running() -> list[Any] | None:
             if get_jobset(kube, namespace, "queued")["spec"].get("suspend"):
@@ -162,21 +96,15 @@ def test_kueue_holds_jobset_until_queue_exists(
             return pods if ok else None
 
         pods = wait_for("JobSet admitted by Kueue and 2 pods Running", admitted_and_running, 120)
-        wl = _workload_of(kube, namespace, "queued")
+        wl = workload_of(kube, namespace, "queued")
         assert wl is not None
-        admitted = _condition(wl, "Admitted")
+        admitted = condition(wl, "Admitted")
         assert admitted is not None
         assert admitted["status"] == "True"
-        assert wl["status"]["admission"]["clusterQueue"] == n["cq"]
-        # Kueue merged its flavor's scheduling into the pods it admitted.
+        assert wl["status"]["admission"]["clusterQueue"] == q.cluster_queue
         assert all(p.spec.node_name for p in pods)
     finally:
-        for plural, name in (("clusterqueues", n["cq"]), ("resourceflavors", n["flavor"])):
-            try:
-                kube.custom.delete_cluster_custom_object(*KUEUE, plural, name)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
+        delete_queue(kube, q)
 
 
 def test_kwok_node_made_unhealthy_is_seen_not_ready_in_bounded_time(

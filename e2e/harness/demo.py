@@ -58,7 +58,7 @@ class DemoResult:
     webhook_injected: bool
 
 
-def demo_jobset(name: str, members: int) -> dict[str, Any]:
+def demo_jobset(name: str, members: int, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """The demo JobSet as a user writes it: opted in, no agent (the webhook injects it)."""
     trainer = {
         "name": "trainer",
@@ -74,6 +74,7 @@ def demo_jobset(name: str, members: int) -> dict[str, Any]:
     js = workloads.jobset(
         name,
         [("workers", members, 1)],
+        labels=labels,
         annotations={api.ENABLED: "true"},
         node_selector={REAL_NODE_LABEL: "true"},
         pod={
@@ -199,12 +200,17 @@ def prepare(kube: Clients, cluster_kubeconfig: Path, namespace: str) -> None:
 
 
 def run_demo(
-    cluster: LocalCluster, *, name: str = "demo", namespace: str = NAMESPACE, members: int = 2
+    cluster: LocalCluster,
+    *,
+    name: str = "demo",
+    namespace: str = NAMESPACE,
+    members: int = 2,
+    labels: dict[str, str] | None = None,
 ) -> DemoResult:
     kube = clients(cluster.kubeconfig)
     prepare(kube, cluster.kubeconfig, namespace)
     print(f"demo: JobSet {namespace}/{name}, {members} members on real kubelet nodes")
-    created = create_jobset(kube, namespace, demo_jobset(name, members))
+    created = create_jobset(kube, namespace, demo_jobset(name, members, labels))
     injected = _agent_injected(created)
     print(f"demo: admission webhook injected the agent: {injected}")
 

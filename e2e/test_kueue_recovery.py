@@ -1,0 +1,49 @@
+"""Hybrid recovery under Kueue (real Kueue, waitForPodsReady on by default in v0.19): an
+in-place recovery of an admitted gang keeps its admission; the Workload's PodsReady returns
+True with reason Recovered; no pod is recreated."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from e2e.harness.cluster import LocalCluster
+from e2e.harness.demo import ControllerProcess, run_demo
+from e2e.harness.kube import Clients, wait_for
+from e2e.harness.kueue import QUEUE_LABEL, condition, queue, workload_of
+
+pytestmark = pytest.mark.e2e
+
+
+def test_admitted_gang_keeps_admission_through_in_place_recovery(
+    local_cluster: LocalCluster | None, controller: ControllerProcess, kube: Clients, namespace: str
+) -> None:
+    assert local_cluster is not None
+    with queue(kube, namespace) as q:
+        result = run_demo(
+            local_cluster,
+            name="queued",
+            namespace=namespace,
+            members=2,
+            labels={QUEUE_LABEL: q.local_queue},
+        )
+        assert result.webhook_injected
+        assert result.uids_after == result.uids_before, "no pod recreated"
+        assert result.state["budgets"]["recreateUsed"] == 0
+
+        def recovered() -> dict[str, Any] | None:
+            wl = workload_of(kube, namespace, "queued")
+            ready = wl and condition(wl, "PodsReady")
+            return wl if ready and ready["status"] == "True" else None
+
+        wl = wait_for("Workload PodsReady back to True", recovered, 120, 1)
+        admitted = condition(wl, "Admitted")
+        assert admitted is not None
+        assert admitted["status"] == "True", "the Workload stayed admitted"
+        evicted = condition(wl, "Evicted")
+        assert evicted is None or evicted["status"] == "False", evicted
+        ready = condition(wl, "PodsReady")
+        assert ready is not None
+        print(f"\nWorkload PodsReady after the in-place recovery: {ready['reason']}")
+        assert ready["reason"] == "Recovered"
