@@ -154,7 +154,7 @@ def _agent_injected(jobset: dict[str, Any]) -> bool:
     return any(c["name"] == AGENT_CONTAINER for c in spec.get("initContainers") or [])
 
 
-def _state(kube: Clients, ns: str, name: str) -> dict[str, Any]:
+def gang_state(kube: Clients, ns: str, name: str) -> dict[str, Any]:
     try:
         obj = kube.custom.get_namespaced_custom_object(
             api.GROUP, api.VERSION, ns, api.GANGSTATE_PLURAL, name
@@ -164,15 +164,15 @@ def _state(kube: Clients, ns: str, name: str) -> dict[str, Any]:
     return dict(obj.get("status") or {})
 
 
-def _members(kube: Clients, ns: str, name: str) -> dict[str, Any]:
+def member_pods(kube: Clients, ns: str, name: str) -> dict[str, Any]:
     pods = kube.core.list_namespaced_pod(ns, label_selector=f"{api.JOBSET_NAME_LABEL}={name}").items
     return {
         p.metadata.labels[api.JOB_INDEX_LABEL]: p for p in pods if not p.metadata.deletion_timestamp
     }
 
 
-def _trainers_running(kube: Clients, ns: str, name: str, members: int, restarts: int) -> bool:
-    pods = _members(kube, ns, name)
+def trainers_running(kube: Clients, ns: str, name: str, members: int, restarts: int) -> bool:
+    pods = member_pods(kube, ns, name)
     if len(pods) != members:
         return False
     for p in pods.values():
@@ -199,6 +199,13 @@ def prepare(kube: Clients, cluster_kubeconfig: Path, namespace: str) -> None:
     )
 
 
+def inject_failure(kubeconfig: Path, namespace: str, pod: str) -> None:
+    """Make the demo trainer in ``pod`` exit 3 at its next step."""
+    cmd = [str(binaries().kubectl), "--kubeconfig", str(kubeconfig), "-n", namespace, "exec"]
+    cmd += [pod, "-c", "trainer", "--", "touch", "/var/run/jobset-inplace/inject-failure"]
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
 def run_demo(
     cluster: LocalCluster,
     *,
@@ -216,45 +223,28 @@ def run_demo(
 
     wait_for(
         "barrier of epoch 1 open",
-        lambda: _state(kube, namespace, name).get("barrierOpen"),
+        lambda: gang_state(kube, namespace, name).get("barrierOpen"),
         180,
         0.5,
     )
     wait_for(
-        "trainers running", lambda: _trainers_running(kube, namespace, name, members, 0), 120, 0.5
+        "trainers running", lambda: trainers_running(kube, namespace, name, members, 0), 120, 0.5
     )
     time.sleep(5)  # let it train and checkpoint (step 10, 20 at 0.2 s/step)
-    before = {i: p.metadata.uid for i, p in _members(kube, namespace, name).items()}
+    before = {i: p.metadata.uid for i, p in member_pods(kube, namespace, name).items()}
     victim = sorted(before)[-1]
-    victim_pod = _members(kube, namespace, name)[victim].metadata.name
-    st0 = _state(kube, namespace, name)
+    victim_pod = member_pods(kube, namespace, name)[victim].metadata.name
+    st0 = gang_state(kube, namespace, name)
 
     tl = Timeline()
-    subprocess.run(
-        [
-            str(binaries().kubectl),
-            "--kubeconfig",
-            str(cluster.kubeconfig),
-            "-n",
-            namespace,
-            "exec",
-            victim_pod,
-            "-c",
-            "trainer",
-            "--",
-            "touch",
-            "/var/run/jobset-inplace/inject-failure",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    inject_failure(cluster.kubeconfig, namespace, victim_pod)
     tl.mark(f"failure injected: trainer of member {victim} ({victim_pod}) will exit 3")
     epoch = int(st0["epoch"])
     seen: set[str] = set()
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
-        st = _state(kube, namespace, name)
-        pods = _members(kube, namespace, name)
+        st = gang_state(kube, namespace, name)
+        pods = member_pods(kube, namespace, name)
         if "detected" not in seen and st.get("epoch", 0) > epoch:
             rec = st.get("recovery") or {}
             tl.mark(
@@ -280,13 +270,13 @@ def run_demo(
                 f"{st.get('resumeStep')} (recovery {st['recovery']['durationSeconds']}s)"
             )
             seen.add("opened")
-        if "opened" in seen and _trainers_running(kube, namespace, name, members, 1):
+        if "opened" in seen and trainers_running(kube, namespace, name, members, 1):
             tl.mark("training running again on every member")
             break
         time.sleep(0.1)
     else:
         raise AssertionError(f"recovery did not complete in 180 s; timeline {tl.entries}")
-    st = _state(kube, namespace, name)
+    st = gang_state(kube, namespace, name)
     events = kube.core.list_namespaced_event(
         namespace, field_selector=f"involvedObject.name={name}"
     ).items
@@ -294,7 +284,7 @@ def run_demo(
     return DemoResult(
         timeline=tl,
         uids_before=before,
-        uids_after={i: p.metadata.uid for i, p in _members(kube, namespace, name).items()},
+        uids_after={i: p.metadata.uid for i, p in member_pods(kube, namespace, name).items()},
         resume_step=st.get("resumeStep"),
         barrier_openings=openings,
         recovery_seconds=float(st["recovery"]["durationSeconds"]),

@@ -30,7 +30,13 @@ def new_queue_names() -> Queue:
 
 
 def create_queue(
-    kube: Clients, namespace: str, q: Queue, cpu: str = "4", memory: str = "4Gi"
+    kube: Clients,
+    namespace: str,
+    q: Queue,
+    *,
+    cpu: str = "4",
+    memory: str = "4Gi",
+    preemption: dict[str, str] | None = None,
 ) -> None:
     api_version = "/".join(KUEUE)
     kube.custom.create_cluster_custom_object(
@@ -46,6 +52,7 @@ def create_queue(
             "kind": "ClusterQueue",
             "metadata": {"name": q.cluster_queue},
             "spec": {
+                "preemption": preemption or {},
                 "namespaceSelector": {},
                 "resourceGroups": [
                     {
@@ -87,9 +94,9 @@ def delete_queue(kube: Clients, q: Queue) -> None:
 
 
 @contextlib.contextmanager
-def queue(kube: Clients, namespace: str, **quota: str) -> Iterator[Queue]:
+def queue(kube: Clients, namespace: str, **options: Any) -> Iterator[Queue]:
     q = new_queue_names()
-    create_queue(kube, namespace, q, **quota)
+    create_queue(kube, namespace, q, **options)
     try:
         yield q
     finally:
