@@ -27,6 +27,7 @@ NO_COMMON_CHECKPOINT: Final = f"{PREFIX}no-common-checkpoint"
 RESTART_EXIT_CODE: Final = f"{PREFIX}restart-exit-code"
 CHECKPOINT_DIRS: Final = f"{PREFIX}checkpoint-dirs"
 ESCALATION: Final = f"{PREFIX}escalation"
+KUEUE_RECOVERY_TIMEOUT: Final = f"{PREFIX}kueue-recovery-timeout"
 # Set by `kubectl jobset-inplace restart`: a new value asks for one manual in-place gang restart.
 RESTART_REQUEST: Final = f"{PREFIX}restart-request"
 

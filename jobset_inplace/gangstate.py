@@ -70,6 +70,7 @@ def status_to_dict(s: GangStatus) -> dict[str, Any]:
         "recovery": None if s.recovery is None else _recovery_to_dict(s.recovery),
         "history": list(s.history),
         "restartRequest": s.restart_request,
+        "kueueMarginSeconds": s.kueue_margin_s,
     }
 
 
@@ -97,6 +98,7 @@ def status_from_dict(d: dict[str, Any] | None) -> GangStatus:
         reason=d.get("reason") or "",
         message=d.get("message") or "",
         restart_request=d.get("restartRequest") or "",
+        kueue_margin_s=d.get("kueueMarginSeconds"),
     )
 
 

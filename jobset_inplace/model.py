@@ -83,6 +83,8 @@ class GangSpec:
     finished: bool = False  # JobSet Completed or Failed
     restart_request: str = ""  # value of the restart-request annotation
     kueue_stand_down: str = ""  # why Kueue took the gang away (evicted, deactivated, finished)
+    # Kueue waitForPodsReady.recoveryTimeout for a Kueue-managed gang (None: not managed/known)
+    kueue_recovery_timeout_s: float | None = None
 
 
 @dataclass
@@ -124,6 +126,8 @@ class GangStatus:
     reason: str = ""
     message: str = ""
     restart_request: str = ""  # the last manual restart request acted on
+    # Kueue recoveryTimeout minus the worst-case recovery (two barrier deadlines); None: n/a
+    kueue_margin_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,8 @@ BUILTIN_UNHEALTHY_TAINTS = frozenset(
     }
 )
 IN_PLACE_CAUSES = frozenset({Cause.TRAINER_EXITED, Cause.RESTARTING})
+# Share of Kueue's recoveryTimeout a recovery may use at most (the rest is the safety margin).
+KUEUE_RECOVERY_SHARE = 0.8
 
 
 # --- node health ------------------------------------------------------------------------------
@@ -155,8 +157,36 @@ class _Planning:
         self.p = Plan(self.st)
         self.current = current_pods(s)
 
+    @property
+    def recovery_timeout(self) -> float | None:
+        """Kueue's waitForPodsReady.recoveryTimeout for this gang, if Kueue manages it."""
+        return self.s.policy.kueue_recovery_timeout_s or self.s.gang.kueue_recovery_timeout_s
+
+    @property
+    def barrier_timeout(self) -> float:
+        """The barrier deadline, kept inside Kueue's recoveryTimeout: the ladder can take two
+        deadlines (laggards recreated once), which must fit in 80% of it."""
+        bt = self.s.policy.barrier_timeout_s
+        rt = self.recovery_timeout
+        return bt if rt is None else min(bt, KUEUE_RECOVERY_SHARE * rt / 2)
+
+    def check_kueue_margin(self) -> None:
+        rt, st = self.recovery_timeout, self.st
+        margin = None if rt is None else round(rt - 2 * self.barrier_timeout, 3)
+        if margin != st.kueue_margin_s and rt is not None:
+            bt = self.s.policy.barrier_timeout_s
+            if self.barrier_timeout < bt:
+                self.event(
+                    "KueueRecoveryTimeout",
+                    f"barrier-timeout {bt:.0f}s does not fit twice in Kueue's recoveryTimeout "
+                    f"{rt:.0f}s: using {self.barrier_timeout:.0f}s",
+                    warning=True,
+                )
+        st.kueue_margin_s = margin
+
     def run(self) -> Plan:
         s, st = self.s, self.st
+        self.check_kueue_margin()
         st.expected = len(s.gang.members)
         st.ready = sum(1 for pod in self.current.values() if pod.phase == "Running")
         for pod in self.current.values():
@@ -232,7 +262,7 @@ class _Planning:
         st.epoch += 1
         st.barrier_open = False
         st.resume_step = None
-        st.recovery = Recovery(st.epoch, s.now, s.now + s.policy.barrier_timeout_s)
+        st.recovery = Recovery(st.epoch, s.now, s.now + self.barrier_timeout)
         self.set_phase(Phase.RECOVERING, cause.value, why)
         self.event("EpochStarted", f"epoch {st.epoch}: {why}")
 
@@ -273,7 +303,7 @@ class _Planning:
         rec = st.recovery = Recovery(
             epoch=st.epoch,
             started=s.now,
-            deadline=s.now + policy.barrier_timeout_s,
+            deadline=s.now + self.barrier_timeout,
             causes={m: c.value for m, c in decided.items()},
             in_place=len(s.gang.members) - len(replaced),
         )
@@ -294,7 +324,7 @@ class _Planning:
         s, st = self.s, self.st
         rec = st.recovery
         if rec is None:  # first look at a gang: epoch 1 opens like any other
-            rec = st.recovery = Recovery(st.epoch, s.now, s.now + s.policy.barrier_timeout_s)
+            rec = st.recovery = Recovery(st.epoch, s.now, s.now + self.barrier_timeout)
         if not self.fold_failures(rec, causes):
             return
         members = sorted(s.gang.members)
@@ -314,7 +344,7 @@ class _Planning:
         elif s.now < rec.deadline:
             self.p.wake_at(s.now, rec.deadline)
         else:
-            self.barrier_timeout(rec, [m for m in members if m not in {p.member for p in joined}])
+            self.deadline_missed(rec, [m for m in members if m not in {p.member for p in joined}])
 
     def fold_failures(self, rec: Recovery, causes: dict[str, Cause]) -> bool:
         """Failures while the barrier waits join this recovery: members restarting in place
@@ -351,7 +381,7 @@ class _Planning:
             self.event("RecoveryExtended", f"epoch {st.epoch}: {member} {cause.value}, recreated")
         return True
 
-    def barrier_timeout(self, rec: Recovery, lagging: list[str]) -> None:
+    def deadline_missed(self, rec: Recovery, lagging: list[str]) -> None:
         st, policy = self.st, self.s.policy
         names = ", ".join(lagging[:5]) + (" ..." if len(lagging) > 5 else "")
         if rec.deadline_extended:
@@ -374,7 +404,7 @@ class _Planning:
             rec.causes.setdefault(pod.member, Cause.BARRIER_TIMEOUT.value)
             self.replace(pod, Cause.BARRIER_TIMEOUT)
         rec.deadline_extended = True
-        rec.deadline = self.s.now + policy.barrier_timeout_s
+        rec.deadline = self.s.now + self.barrier_timeout
         self.event(
             "BarrierTimeout",
             f"epoch {st.epoch}: {len(lagging)} member(s) did not join in time ({names}); "

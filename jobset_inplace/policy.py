@@ -63,6 +63,8 @@ class Policy:
     restart_exit_code: int = api.DEFAULT_RESTART_EXIT_CODE
     checkpoint_dirs: CheckpointDirs = CheckpointDirs()
     escalation: Escalation = Escalation.RESTART_JOBSET
+    # Overrides the recoveryTimeout read from Kueue's configuration (when it is not readable).
+    kueue_recovery_timeout_s: float | None = None
 
 
 class PolicyError(ValueError):
@@ -148,6 +150,7 @@ _PARSERS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
     ("restart_exit_code", api.RESTART_EXIT_CODE, lambda k, v: _int(k, v, 3, 255)),
     ("checkpoint_dirs", api.CHECKPOINT_DIRS, _checkpoint_dirs),
     ("escalation", api.ESCALATION, lambda k, v: _choice(k, v, Escalation)),
+    ("kueue_recovery_timeout_s", api.KUEUE_RECOVERY_TIMEOUT, parse_duration),
 )
 
 

@@ -7,9 +7,12 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
+import yaml
+
 from . import api
 from .checkpoints import decode_steps
 from .model import GangSpec, NodeView, PodView
+from .policy import PolicyError, parse_duration
 
 Obj = Mapping[str, Any]
 
@@ -196,3 +199,16 @@ def workload_owner(workload: Obj) -> tuple[str, str] | None:
         if ref.get("kind") == "JobSet" and ref.get("apiVersion", "").startswith("jobset.x-k8s.io/"):
             return meta["namespace"], ref["name"]
     return None
+
+
+def kueue_recovery_timeout(config_yaml: str) -> float | None:
+    """``waitForPodsReady.recoveryTimeout`` (seconds) from Kueue's Configuration YAML."""
+    cfg = yaml.safe_load(config_yaml) or {}
+    wfpr = cfg.get("waitForPodsReady") or {}
+    raw = wfpr.get("recoveryTimeout")
+    if raw is None:
+        return None
+    try:
+        return parse_duration("waitForPodsReady.recoveryTimeout", str(raw))
+    except PolicyError:
+        return None

@@ -27,12 +27,19 @@ class Gang:
     pods: dict[str, PodView] = field(default_factory=dict)  # uid -> view
     status: GangStatus | None = None  # last persisted; None until loaded from the API
     kueue_stand_down: str = ""  # from the JobSet's Kueue Workload (views.kueue_stand_down)
+    kueue_managed: bool = False  # Kueue made a Workload for it
     reported: set[str] = field(default_factory=set)  # Event messages already posted once
+
+
+# Kueue's default waitForPodsReady.recoveryTimeout (v0.19), assumed for Kueue-managed gangs when
+# its configuration cannot be read (override per JobSet: jobset-inplace.dev/kueue-recovery-timeout).
+KUEUE_DEFAULT_RECOVERY_TIMEOUT_S = 1800.0
 
 
 @dataclass
 class ClusterCache:
     gangs: dict[GangKey, Gang] = field(default_factory=dict)
+    kueue_recovery_timeout_s: float | None = None  # from Kueue's configuration, if readable
     nodes: dict[str, NodeView] = field(default_factory=dict)
     leases: dict[str, float] = field(default_factory=dict)
     # Pods seen before their JobSet (watch order is arbitrary), kept until it shows up.
@@ -99,8 +106,11 @@ class ClusterCache:
             if n in self.nodes
         }
         spec = gang.spec
-        if gang.kueue_stand_down:
-            spec = dataclasses.replace(spec, kueue_stand_down=gang.kueue_stand_down)
+        if gang.kueue_managed:
+            rt = self.kueue_recovery_timeout_s or KUEUE_DEFAULT_RECOVERY_TIMEOUT_S
+            spec = dataclasses.replace(
+                spec, kueue_stand_down=gang.kueue_stand_down, kueue_recovery_timeout_s=rt
+            )
         return Snapshot(
             now=now,
             gang=spec,

@@ -20,7 +20,7 @@ from .. import api
 from ..model import Event
 from ..planner import LEASE_RENEW_INTERVAL_S, plan
 from ..policy import PolicyError, is_enabled, parse_policy
-from ..views import kueue_stand_down, ts, workload_owner
+from ..views import kueue_recovery_timeout, kueue_stand_down, ts, workload_owner
 from ..webhook import settings_from_env
 from .admission import register_webhooks, server_from_env
 from .cache import ClusterCache, Gang, GangKey
@@ -146,8 +146,9 @@ def setup(reconciler: Reconciler) -> None:
         if key is None or gang is None:
             return
         reason = "" if type == "DELETED" else kueue_stand_down(body)
-        if reason != gang.kueue_stand_down:
-            gang.kueue_stand_down = reason
+        managed = type != "DELETED"
+        if reason != gang.kueue_stand_down or managed != gang.kueue_managed:
+            gang.kueue_stand_down, gang.kueue_managed = reason, managed
             reconciler.poke(key)
 
     @kopf.on.event("", "v1", "nodes")
@@ -198,7 +199,27 @@ def prime(r: Reconciler) -> None:
     for lease in coordination.list_namespaced_lease(NODE_LEASE_NAMESPACE).items:
         r.cache.set_lease(lease.metadata.name, lease.spec.renew_time.timestamp()
                           if lease.spec.renew_time else None)  # fmt: skip
-    log.info("cache primed: %d gangs, %d nodes", len(r.cache.gangs), len(r.cache.nodes))
+    r.cache.kueue_recovery_timeout_s = read_kueue_recovery_timeout(core)
+    log.info(
+        "cache primed: %d gangs, %d nodes; Kueue recoveryTimeout %s",
+        len(r.cache.gangs),
+        len(r.cache.nodes),
+        r.cache.kueue_recovery_timeout_s or "unknown",
+    )
+
+
+KUEUE_CONFIG = ("kueue-system", "kueue-manager-config", "controller_manager_config.yaml")
+
+
+def read_kueue_recovery_timeout(core: client.CoreV1Api) -> float | None:
+    """Kueue's recoveryTimeout from its configuration ConfigMap (standard install), if any."""
+    namespace, name, key = KUEUE_CONFIG
+    try:
+        cm = core.read_namespaced_config_map(name, namespace)
+    except client.exceptions.ApiException:
+        return None
+    text = (cm.data or {}).get(key)
+    return kueue_recovery_timeout(text) if text else None
 
 
 def build_reconciler() -> Reconciler:

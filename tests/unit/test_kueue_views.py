@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from jobset_inplace.model import Phase
+from jobset_inplace.model import Event, Phase
 from jobset_inplace.planner import plan
-from jobset_inplace.views import kueue_stand_down, pod_view, workload_owner
+from jobset_inplace.policy import Policy
+from jobset_inplace.views import kueue_recovery_timeout, kueue_stand_down, pod_view, workload_owner
 
 from .gangs import pods, snapshot, with_pod
 
@@ -89,3 +90,27 @@ def test_pod_terminated_by_kueue_is_not_a_failure() -> None:
     p = plan(snapshot(pod_list=pl))
     assert p.status.epoch == 2
     assert p.actions == []
+
+
+def test_barrier_deadline_is_kept_inside_kueue_recovery_timeout() -> None:
+    pl = with_pod(pods(4, epoch=2), 0, trainer_failed=True)
+    # 5m barrier, Kueue recoveryTimeout 5m: two deadlines must fit in 80% of it -> 120 s each
+    p = plan(snapshot(pod_list=pl, kueue_recovery_timeout_s=300.0))
+    rec = p.status.recovery
+    assert rec is not None
+    assert rec.deadline - rec.started == pytest.approx(120)
+    assert p.status.kueue_margin_s == pytest.approx(60)
+    assert "KueueRecoveryTimeout" in [a.reason for a in p.actions if isinstance(a, Event)]
+    # plenty of room: the configured barrier timeout is kept, no warning
+    roomy = plan(snapshot(pod_list=pl, policy=Policy(kueue_recovery_timeout_s=1800.0)))
+    assert roomy.status.recovery is not None
+    assert roomy.status.recovery.deadline - roomy.status.recovery.started == pytest.approx(300)
+    assert roomy.status.kueue_margin_s == pytest.approx(1200)
+    assert "KueueRecoveryTimeout" not in [a.reason for a in roomy.actions if isinstance(a, Event)]
+
+
+def test_kueue_recovery_timeout_from_its_configuration() -> None:
+    cfg = "apiVersion: config.kueue.x-k8s.io/v1beta2\nwaitForPodsReady:\n  recoveryTimeout: 3m\n"
+    assert kueue_recovery_timeout(cfg) == 180
+    assert kueue_recovery_timeout("waitForPodsReady:\n  recoveryTimeout: 1h0m0s\n") == 3600
+    assert kueue_recovery_timeout("integrations: {}\n") is None
