@@ -49,3 +49,8 @@ REPLICATED_JOB_LABEL: Final = "jobset.sigs.k8s.io/replicatedjob-name"
 JOB_INDEX_LABEL: Final = "jobset.sigs.k8s.io/job-index"
 RESTART_ATTEMPT_LABEL: Final = "jobset.sigs.k8s.io/restart-attempt"
 COMPLETION_INDEX_LABEL: Final = "batch.kubernetes.io/job-completion-index"
+
+# --- Kueue's configuration in a standard install (waitForPodsReady.recoveryTimeout) ----------
+KUEUE_CONFIG_NAMESPACE: Final = "kueue-system"
+KUEUE_CONFIG_MAP: Final = "kueue-manager-config"
+KUEUE_CONFIG_KEY: Final = "controller_manager_config.yaml"

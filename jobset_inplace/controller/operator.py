@@ -208,17 +208,13 @@ def prime(r: Reconciler) -> None:
     )
 
 
-KUEUE_CONFIG = ("kueue-system", "kueue-manager-config", "controller_manager_config.yaml")
-
-
 def read_kueue_recovery_timeout(core: client.CoreV1Api) -> float | None:
     """Kueue's recoveryTimeout from its configuration ConfigMap (standard install), if any."""
-    namespace, name, key = KUEUE_CONFIG
     try:
-        cm = core.read_namespaced_config_map(name, namespace)
+        cm = core.read_namespaced_config_map(api.KUEUE_CONFIG_MAP, api.KUEUE_CONFIG_NAMESPACE)
     except client.exceptions.ApiException:
         return None
-    text = (cm.data or {}).get(key)
+    text = (cm.data or {}).get(api.KUEUE_CONFIG_KEY)
     return kueue_recovery_timeout(text) if text else None
 
 

@@ -26,9 +26,9 @@ KUEUE_CRDS = (
     "localqueues.kueue.x-k8s.io",
     "workloads.kueue.x-k8s.io",
 )
-KUEUE_NAMESPACE = "kueue-system"
-KUEUE_CONFIGMAP = "kueue-manager-config"
-KUEUE_CONFIG_KEY = "controller_manager_config.yaml"
+KUEUE_NAMESPACE = api.KUEUE_CONFIG_NAMESPACE
+KUEUE_CONFIGMAP = api.KUEUE_CONFIG_MAP
+KUEUE_CONFIG_KEY = api.KUEUE_CONFIG_KEY
 JOBSET_NAMESPACE = "jobset-system"
 CRD_HINT = "kubectl apply --server-side -k manifests/crd  (from the jobset-inplace repository)"
 
