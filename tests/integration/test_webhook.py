@@ -25,6 +25,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from e2e.harness import workloads
 from e2e.harness.certs import ensure_serving_cert
 from e2e.harness.controlplane import ControlPlane
 from e2e.harness.kube import Clients, create_jobset, get_jobset, wait_for
@@ -172,31 +173,7 @@ def _wait_webhook_active(kube: Clients, hook: Webhook) -> None:
 
 
 def jobset(name: str, annotations: dict[str, str], pods: int = 2) -> dict[str, Any]:
-    return {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
-        "kind": "JobSet",
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {
-            "replicatedJobs": [
-                {
-                    "name": "workers",
-                    "replicas": 2,
-                    "template": {
-                        "spec": {
-                            "parallelism": pods,
-                            "completions": pods,
-                            "template": {
-                                "spec": {
-                                    "restartPolicy": "Never",
-                                    "containers": [{"name": "trainer", "image": "trainer:1"}],
-                                }
-                            },
-                        }
-                    },
-                }
-            ]
-        },
-    }
+    return workloads.jobset(name, [("workers", 2, pods)], annotations=annotations)
 
 
 def job_spec(js: dict[str, Any]) -> dict[str, Any]:
