@@ -37,6 +37,10 @@ REPORT_STEPS: Final = f"{PREFIX}checkpoint-steps"
 
 # --- Pod condition set by the controller to escalate through JobSet's failure policy ---------
 ESCALATION_CONDITION: Final = "JobsetInplaceEscalated"
+# ... and on a pod on a dead node that it marks Failed before replacing it
+REPLACED_CONDITION: Final = "JobsetInplaceReplaced"
+
+NODE_LEASE_NAMESPACE: Final = "kube-node-lease"
 
 # --- Node taint set on a node the controller found unhealthy (so replacements avoid it) -------
 UNHEALTHY_TAINT: Final = f"{PREFIX}unhealthy"

@@ -22,6 +22,7 @@ import copy
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
+from . import api
 from .gangstate import rfc3339
 from .model import (
     HISTORY_LIMIT,
@@ -83,6 +84,15 @@ def node_state(node: NodeView | None, policy: Policy, now: float) -> tuple[bool,
         return False, node.lease_renewed + LEASE_RENEW_INTERVAL_S + policy.node_unhealthy_after_s
     due = since + policy.node_unhealthy_after_s
     return (True, None) if now >= due else (False, due)
+
+
+def may_untaint(node: NodeView | None, lease_renewed: float | None, now: float) -> bool:
+    """Whether the controller's unhealthy taint may come off ``node``: it carries the taint,
+    is Ready, and its kubelet has just renewed its Lease (it is back)."""
+    if node is None or lease_renewed is None or node.ready != "True":
+        return False
+    tainted = any(key == api.UNHEALTHY_TAINT for key, _ in node.taints)
+    return tainted and now - lease_renewed < LEASE_RENEW_INTERVAL_S
 
 
 # --- members ----------------------------------------------------------------------------------

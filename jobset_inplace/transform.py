@@ -20,14 +20,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import __version__, api
+from .agent.config import DEFAULT_PROBE_PORT
 from .policy import Escalation, Policy, parse_policy
+from .trainer import (
+    DEFAULT_STATE_DIR,
+    ENV_CHECKPOINT_LOCAL_DIR,
+    ENV_CHECKPOINT_PERSISTENT_DIR,
+    ENV_STATE_DIR,
+)
 
 AGENT_CONTAINER = "jobset-inplace-agent"
 # The image that runs the agent (Python 3 plus this package); the webhook and `enable` default.
 DEFAULT_AGENT_IMAGE = f"jobset-inplace/agent:{__version__}"
 STATE_VOLUME = "jobset-inplace-state"
-STATE_DIR = "/var/run/jobset-inplace"
-PROBE_PORT = 8187
+STATE_DIR = str(DEFAULT_STATE_DIR)
 AGENT_SERVICE_ACCOUNT = "jobset-inplace-agent"
 MAX_BACKOFF = 2147483647
 DEFAULT_MAX_RESTARTS = 2
@@ -42,7 +48,7 @@ class AgentSettings:
     image: str
     image_pull_policy: str = "IfNotPresent"
     service_account: str = AGENT_SERVICE_ACCOUNT
-    probe_port: int = PROBE_PORT
+    probe_port: int = DEFAULT_PROBE_PORT
     # Where agents reach the apiserver when in-cluster Service routing is not available
     # (the local cluster's real nodes have no kube-proxy); None: in-cluster config.
     api_server: str | None = None
@@ -69,7 +75,7 @@ def agent_container(jobset_name: str, policy: Policy, s: AgentSettings) -> dict[
             _field_env("POD_NAME", "metadata.name"),
             _field_env("POD_NAMESPACE", "metadata.namespace"),
             {"name": "JSI_GANGSTATE", "value": jobset_name},
-            {"name": "JSI_STATE_DIR", "value": STATE_DIR},
+            {"name": ENV_STATE_DIR, "value": STATE_DIR},
             {"name": "JSI_RESTART_EXIT_CODE", "value": str(policy.restart_exit_code)},
             {"name": "JSI_PROBE_PORT", "value": str(s.probe_port)},
             *([{"name": "JSI_API_SERVER", "value": s.api_server}] if s.api_server else []),
@@ -94,7 +100,7 @@ def _add_by_name(items: list[dict[str, Any]], item: dict[str, Any]) -> list[dict
     return [item if i.get("name") == item["name"] else i for i in items]
 
 
-CHECKPOINT_ENV = ("JSI_CHECKPOINT_LOCAL_DIR", "JSI_CHECKPOINT_PERSISTENT_DIR")
+CHECKPOINT_ENV = (ENV_CHECKPOINT_LOCAL_DIR, ENV_CHECKPOINT_PERSISTENT_DIR)
 
 
 def _share_checkpoint_tiers(agent: dict[str, Any], containers: list[dict[str, Any]]) -> None:
@@ -118,8 +124,8 @@ def _prepare_pod(
     spec = pod.setdefault("spec", {})
     agent = copy.deepcopy(agent)
     tiers = {
-        "JSI_CHECKPOINT_LOCAL_DIR": policy.checkpoint_dirs.local,
-        "JSI_CHECKPOINT_PERSISTENT_DIR": policy.checkpoint_dirs.persistent,
+        ENV_CHECKPOINT_LOCAL_DIR: policy.checkpoint_dirs.local,
+        ENV_CHECKPOINT_PERSISTENT_DIR: policy.checkpoint_dirs.persistent,
     }
     for c in spec.get("containers") or []:
         for name, value in tiers.items():
@@ -149,7 +155,7 @@ def _prepare_pod(
         c["restartPolicyRules"] = [rule]
         mount = {"name": STATE_VOLUME, "mountPath": STATE_DIR}
         c["volumeMounts"] = _add_by_name(c.get("volumeMounts") or [], mount)
-        env = {"name": "JSI_STATE_DIR", "value": STATE_DIR}
+        env = {"name": ENV_STATE_DIR, "value": STATE_DIR}
         c["env"] = _add_by_name(c.get("env") or [], env)
 
 

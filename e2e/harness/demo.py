@@ -19,7 +19,8 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import api
-from jobset_inplace.transform import AGENT_CONTAINER, agent_rbac
+from jobset_inplace.demo.trainer import FAILURE_FILE
+from jobset_inplace.transform import AGENT_CONTAINER, STATE_DIR, agent_rbac
 
 from . import addons, certs, processes, workloads
 from .cluster import REAL_NODE_LABEL, LocalCluster
@@ -202,7 +203,7 @@ def prepare(kube: Clients, cluster_kubeconfig: Path, namespace: str) -> None:
 def inject_failure(kubeconfig: Path, namespace: str, pod: str) -> None:
     """Make the demo trainer in ``pod`` exit 3 at its next step."""
     cmd = [str(binaries().kubectl), "--kubeconfig", str(kubeconfig), "-n", namespace, "exec"]
-    cmd += [pod, "-c", "trainer", "--", "touch", "/var/run/jobset-inplace/inject-failure"]
+    cmd += [pod, "-c", "trainer", "--", "touch", f"{STATE_DIR}/{FAILURE_FILE}"]
     subprocess.run(cmd, check=True, capture_output=True)
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import datetime as dt
 
+from jobset_inplace.api import NODE_LEASE_NAMESPACE
+
 from .cluster import KWOK_NODE_ANNOTATION, NODE_MONITOR_GRACE_SECONDS, NODE_MONITOR_PERIOD_SECONDS
 from .kube import Clients
 
@@ -25,7 +27,6 @@ NODE_UNHEALTHY_BOUND_SECONDS = (
     NODE_MONITOR_GRACE_SECONDS + NODE_MONITOR_PERIOD_SECONDS + KWOK_LEASE_RENEW_SECONDS
 )
 SILENCED_HOLDER = "jobset-inplace-e2e/silenced"
-NODE_LEASE_NAMESPACE = "kube-node-lease"
 
 
 def is_kwok_node(c: Clients, name: str) -> bool:

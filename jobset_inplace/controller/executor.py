@@ -20,7 +20,6 @@ from ..model import Action, EscalatePod, Event, GangStatus, ReplacePod
 log = logging.getLogger("jobset_inplace.controller")
 
 COMPONENT = "jobset-inplace"
-REPLACED_CONDITION = "JobsetInplaceReplaced"
 
 
 def _now() -> str:
@@ -142,7 +141,9 @@ class Executor:
             self.set_unhealthy_taint(a.taint_node, True, a.cause.value)
         grace = None
         if a.fail_first:
-            if not self._fail_pod(namespace, a, REPLACED_CONDITION, f"{a.cause.value}: replaced"):
+            if not self._fail_pod(
+                namespace, a, api.REPLACED_CONDITION, f"{a.cause.value}: replaced"
+            ):
                 return
             grace = 0  # its kubelet is unreachable: nothing would confirm a graceful delete
         try:

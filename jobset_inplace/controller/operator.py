@@ -18,7 +18,7 @@ from kubernetes import client, config
 
 from .. import api
 from ..model import Event
-from ..planner import LEASE_RENEW_INTERVAL_S, plan
+from ..planner import may_untaint, plan
 from ..policy import PolicyError, is_enabled, parse_policy
 from ..views import kueue_recovery_timeout, kueue_stand_down, ts, workload_owner
 from ..webhook import settings_from_env
@@ -29,7 +29,6 @@ from .executor import Executor
 log = logging.getLogger("jobset_inplace.controller")
 
 DEBOUNCE_S = 0.1  # coalesce bursts of pod events into one planning pass
-NODE_LEASE_NAMESPACE = "kube-node-lease"
 
 
 @dataclass
@@ -163,16 +162,14 @@ def setup(reconciler: Reconciler) -> None:
         "v1",
         "leases",
         field="metadata.namespace",
-        value=NODE_LEASE_NAMESPACE,
+        value=api.NODE_LEASE_NAMESPACE,
     )
     async def lease_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         renewed = None if type == "DELETED" else body.get("spec", {}).get("renewTime")
         name = body["metadata"]["name"]
-        reconciler.cache.set_lease(name, ts(renewed) if renewed else None)
-        node = reconciler.cache.nodes.get(name)
-        tainted = node is not None and any(k == api.UNHEALTHY_TAINT for k, _ in node.taints)
-        fresh = renewed is not None and time.time() - ts(renewed) < LEASE_RENEW_INTERVAL_S
-        if tainted and fresh and node is not None and node.ready == "True":
+        renewed_at = ts(renewed) if renewed else None
+        reconciler.cache.set_lease(name, renewed_at)
+        if may_untaint(reconciler.cache.nodes.get(name), renewed_at, time.time()):
             # The node's kubelet is back: let the scheduler use it again.
             await asyncio.to_thread(reconciler.executor.set_unhealthy_taint, name, False)
 
@@ -196,7 +193,7 @@ def prime(r: Reconciler) -> None:
         r.cache.upsert_pod(sanitize(pod))
     for node in core.list_node().items:
         r.cache.upsert_node(sanitize(node), now)
-    for lease in coordination.list_namespaced_lease(NODE_LEASE_NAMESPACE).items:
+    for lease in coordination.list_namespaced_lease(api.NODE_LEASE_NAMESPACE).items:
         r.cache.set_lease(lease.metadata.name, lease.spec.renew_time.timestamp()
                           if lease.spec.renew_time else None)  # fmt: skip
     r.cache.kueue_recovery_timeout_s = read_kueue_recovery_timeout(core)

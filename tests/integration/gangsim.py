@@ -227,11 +227,13 @@ def renew_lease(kube: Clients, name: str, offset: float = 0.0) -> None:
         "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": micro(offset)},
     }
     try:
-        kube.coordination.create_namespaced_lease("kube-node-lease", body)
+        kube.coordination.create_namespaced_lease(api.NODE_LEASE_NAMESPACE, body)
     except ApiException as e:
         if e.status != 409:
             raise
-        kube.coordination.patch_namespaced_lease(name, "kube-node-lease", {"spec": body["spec"]})
+        kube.coordination.patch_namespaced_lease(
+            name, api.NODE_LEASE_NAMESPACE, {"spec": body["spec"]}
+        )
 
 
 class LeaseKeeper(threading.Thread):

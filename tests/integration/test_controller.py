@@ -107,7 +107,7 @@ def test_member_on_notready_node_is_replaced_others_in_place(gang: Gang, kube: C
         except ApiException as e:
             return bool(e.status == 404)
         conds = {c.type: c.status for c in pod.status.conditions or []}
-        return pod.status.phase == "Failed" and conds.get("JobsetInplaceReplaced") == "True"
+        return pod.status.phase == "Failed" and conds.get(api.REPLACED_CONDITION) == "True"
 
     wait_for("pod on the dead node failed and deleted", replaced, 20)
     # The Job controller would create a replacement on a healthy node.

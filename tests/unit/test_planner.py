@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from jobset_inplace.api import UNHEALTHY_TAINT
 from jobset_inplace.model import (
     Cause,
     EscalatePod,
@@ -17,7 +18,7 @@ from jobset_inplace.model import (
     ReplacePod,
     Snapshot,
 )
-from jobset_inplace.planner import plan
+from jobset_inplace.planner import may_untaint, plan
 from jobset_inplace.policy import ForceDelete, NoCommonCheckpoint, Policy
 
 from .gangs import NOW, member, nodes, pods, running, snapshot, with_pod
@@ -389,3 +390,12 @@ def test_manual_restart_request_starts_one_new_epoch_without_charging() -> None:
     assert p.status.restart_request == "r1"
     done = plan(snapshot(restart_request="r1", status=running(3, restart_request="r1")))
     assert done.status.epoch == 3  # the same request is not acted on twice
+
+
+def test_unhealthy_taint_comes_off_only_when_the_node_is_back() -> None:
+    tainted = NodeView("n", taints=((UNHEALTHY_TAINT, NOW - 60),))
+    assert may_untaint(tainted, NOW - 1, NOW)
+    assert not may_untaint(tainted, NOW - 30, NOW), "a stale renewal is not a comeback"
+    assert not may_untaint(dataclasses.replace(tainted, ready="Unknown"), NOW - 1, NOW)
+    assert not may_untaint(NodeView("n"), NOW - 1, NOW), "nothing to remove"
+    assert not may_untaint(None, NOW - 1, NOW)

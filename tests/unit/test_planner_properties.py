@@ -7,7 +7,7 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobset_inplace.model import GangStatus, Phase, PodView, Recovery
+from jobset_inplace.model import GangStatus, Phase, Plan, PodView, Recovery, Snapshot
 from jobset_inplace.planner import current_pods, plan
 from jobset_inplace.policy import NoCommonCheckpoint, Policy
 
@@ -48,15 +48,22 @@ def gangs(draw: st.DrawFn) -> tuple[int, GangStatus, list[PodView], Policy]:
     return n, status, pod_list, policy
 
 
+Gang = tuple[int, GangStatus, list[PodView], Policy]
+
+
+def planned(g: Gang) -> tuple[Snapshot, Plan]:
+    n, status, pod_list, policy = g
+    s = snapshot(n, status=status, pod_list=pod_list, policy=policy)
+    return s, plan(s)
+
+
 @settings(max_examples=400, deadline=None)
 @given(gangs())
 def test_barrier_never_opens_with_a_member_behind(
-    g: tuple[int, GangStatus, list[PodView], Policy],
+    g: Gang,
 ) -> None:
-    n, status, pod_list, policy = g
-    s = snapshot(n, status=status, pod_list=pod_list, policy=policy)
-    p = plan(s)
-    if p.status.barrier_open and not status.barrier_open:
+    s, p = planned(g)
+    if p.status.barrier_open and not s.status.barrier_open:
         current = current_pods(s)
         assert set(current) == set(s.gang.members)
         for pod in current.values():
@@ -68,12 +75,10 @@ def test_barrier_never_opens_with_a_member_behind(
 @settings(max_examples=400, deadline=None)
 @given(gangs())
 def test_resume_step_is_available_to_every_member(
-    g: tuple[int, GangStatus, list[PodView], Policy],
+    g: Gang,
 ) -> None:
-    n, status, pod_list, policy = g
-    s = snapshot(n, status=status, pod_list=pod_list, policy=policy)
-    p = plan(s)
-    if p.status.barrier_open and not status.barrier_open:
+    s, p = planned(g)
+    if p.status.barrier_open and not s.status.barrier_open:
         step = p.status.resume_step
         current = current_pods(s)
         if step is not None:
@@ -86,13 +91,12 @@ def test_resume_step_is_available_to_every_member(
 @settings(max_examples=400, deadline=None)
 @given(gangs())
 def test_epoch_moves_forward_by_at_most_one(
-    g: tuple[int, GangStatus, list[PodView], Policy],
+    g: Gang,
 ) -> None:
-    n, status, pod_list, policy = g
-    p = plan(snapshot(n, status=status, pod_list=pod_list, policy=policy))
-    assert status.epoch <= p.status.epoch <= status.epoch + 1
-    assert p.status.inplace_used >= status.inplace_used
-    assert p.status.recreate_used >= status.recreate_used
+    s, p = planned(g)
+    assert s.status.epoch <= p.status.epoch <= s.status.epoch + 1
+    assert p.status.inplace_used >= s.status.inplace_used
+    assert p.status.recreate_used >= s.status.recreate_used
 
 
 @settings(max_examples=200, deadline=None)
