@@ -9,9 +9,10 @@ export JSI_CACHE_DIR
 NODES ?= 4
 REAL_NODES ?= 2
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 .PHONY: help venv binaries lint test unit integration e2e e2e-kind cluster-up cluster-down \
-        cluster-status demo clean
+        cluster-status demo bench clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -58,6 +59,13 @@ e2e-kind: venv ## e2e suite on a kind cluster (needs a Docker engine; not run by
 
 demo: venv binaries ## hybrid recovery on the local cluster: train, inject a failure, print the timeline
 	$(PY) -m e2e.harness.demo
+
+$(VENV)/.bench: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $@
+
+bench: venv binaries $(VENV)/.bench ## scale benchmark, hybrid vs stock (not in make test; BENCH_ARGS="--sizes 100 --reps 2" for a quick run)
+	$(PY) -m e2e.bench $(BENCH_ARGS)
 
 clean: ## remove the virtualenv and caches in the repo (keeps built binaries)
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -42,11 +42,9 @@ def set_heartbeat(c: Clients, name: str, *, alive: bool) -> None:
     """Silence (``alive=False``) or revive kwok's heartbeats for node ``name``."""
     now = dt.datetime.now(dt.UTC)
     if not alive:
-        spec = {
-            "holderIdentity": SILENCED_HOLDER,
-            "leaseDurationSeconds": 24 * 3600,
-            "renewTime": _micro_time(now),
-        }
+        # renewTime is left as kwok last wrote it: the node died just after its last
+        # heartbeat, at a random point of its renew interval, as a real node does.
+        spec = {"holderIdentity": SILENCED_HOLDER, "leaseDurationSeconds": 24 * 3600}
     else:
         # An expired Lease: kwok takes it over on its next try and manages the node again.
         spec = {"leaseDurationSeconds": 1, "renewTime": _micro_time(now - dt.timedelta(hours=1))}

@@ -1,0 +1,1 @@
+"""Scale benchmark: hybrid recovery vs stock JobSet on the local cluster (``make bench``)."""

@@ -1,0 +1,240 @@
+"""``make bench``: hybrid recovery vs stock JobSet at scale on the local cluster.
+
+    python -m e2e.bench --sizes 1000,5000 --reps 3 --node-death-sizes 1000
+
+Writes ``docs/bench/results.json`` (machine-readable, every repetition) and PNG plots next to
+it; prints a summary. See docs/benchmarks.md for the method and what is simulated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from e2e.harness.cluster import LocalCluster
+from e2e.harness.demo import ControllerProcess, prepare, run_demo
+from e2e.harness.kube import clients, wait_for
+from e2e.harness.versions import binaries, versions
+from jobset_inplace import api
+
+from . import report
+from .scenarios import FLEET_SA, Bench, ProcessMeter, log
+
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "bench"
+NAMESPACE = "bench"
+SPARE_NODES = 8  # room for replacements when a node dies
+
+
+def _sizes(raw: str) -> list[int]:
+    try:
+        sizes = [int(s) for s in raw.split(",") if s]
+    except ValueError:
+        sizes = []
+    if not sizes or any(s < 2 for s in sizes):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated gang sizes >= 2 (e.g. 1000,5000), got {raw!r}"
+        )
+    return sizes
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m e2e.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", type=_sizes, default=[1000, 5000], help="gang sizes (pods)")
+    p.add_argument("--reps", type=int, default=3, help="repetitions per size and path")
+    p.add_argument(
+        "--node-death-sizes",
+        type=_sizes,
+        default=[1000],
+        help="sizes at which a node is killed (the stock path takes minutes per repetition)",
+    )
+    p.add_argument(
+        "--pods-per-job",
+        type=int,
+        default=10,
+        help="pods per Job of the gang's replicatedJob (completions = parallelism)",
+    )
+    p.add_argument(
+        "--restart-delay",
+        type=float,
+        default=2.0,
+        help="simulated kubelet in-place restart time, seconds (stated in the report)",
+    )
+    p.add_argument("--stock-cap", type=float, default=900.0, help="cap for a stock recovery, s")
+    p.add_argument("--node-cap", type=float, default=480.0, help="cap for a node-death run, s")
+    p.add_argument("--setup-timeout", type=float, default=1200.0, help="cap for gang set-up, s")
+    p.add_argument("--skip-agent-start", action="store_true", help="skip the real-node part")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
+    p.add_argument("--label", default="", help="a name for this run in the results")
+    args = p.parse_args(argv)
+    if args.reps < 1:
+        p.error("--reps must be >= 1")
+    if args.pods_per_job < 1:
+        p.error("--pods-per-job must be >= 1")
+    return args
+
+
+def fleet_token(cluster: LocalCluster, namespace: str) -> Path:
+    """A ServiceAccount token for the simulated agents: get/watch GangStates, patch pods and
+    their status (the simulated kubelet writes pod status)."""
+    objs = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": FLEET_SA}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": FLEET_SA},
+            "rules": [
+                {
+                    "apiGroups": [api.GROUP],
+                    "resources": [api.GANGSTATE_PLURAL],
+                    "verbs": ["get", "list", "watch"],
+                },
+                {"apiGroups": [""], "resources": ["pods", "pods/status"], "verbs": ["patch"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": FLEET_SA},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": FLEET_SA},
+            "subjects": [{"kind": "ServiceAccount", "name": FLEET_SA, "namespace": namespace}],
+        },
+    ]
+    kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig), "-n", namespace]
+    subprocess.run(
+        [*kubectl, "apply", "-f", "-"],
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}).encode(),
+        check=True,
+        capture_output=True,
+    )
+    token = subprocess.run(
+        [*kubectl, "create", "token", FLEET_SA, "--duration", "6h"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    path = cluster.state_dir / "bench-fleet.token"
+    path.write_text(token)
+    return path
+
+
+def agent_start(cluster: LocalCluster, cycles: int) -> dict[str, Any]:
+    """Agent process start -> epoch reported, on real containers of the real nodes: the
+    demo gang (real kubelet, real agent) through ``cycles`` in-place recoveries; each agent
+    logs its latency (process start per the kernel -> report accepted)."""
+    kube = clients(cluster.kubeconfig)
+    samples: list[float] = []
+    for i in range(cycles):
+        name = f"agent-start-{i}"
+        run_demo(cluster, name=name, namespace="bench-agent")
+        kubectl = [
+            str(binaries().kubectl),
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "-n",
+            "bench-agent",
+        ]
+        pods = kube.core.list_namespaced_pod(
+            "bench-agent", label_selector=f"{api.JOBSET_NAME_LABEL}={name}"
+        ).items
+        for p in pods:
+            for previous in ("--previous=false", "--previous=true"):
+                out = subprocess.run(
+                    [*kubectl, "logs", p.metadata.name, "-c", "agent", previous],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                ).stdout
+                samples += report.agent_latencies(out)
+        kube.custom.delete_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", "bench-agent", "jobsets", name
+        )
+    wait_for(
+        "agent-start pods gone",
+        lambda: not kube.core.list_namespaced_pod("bench-agent").items,
+        180,
+        1,
+    )
+    return {"samples_s": samples, "cycles": cycles}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    started = time.time()
+    cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
+    nodes = max(args.sizes) + SPARE_NODES
+    cluster.up(nodes=nodes, real_nodes=1)
+    kube = clients(cluster.kubeconfig)
+    prepare(kube, cluster.kubeconfig, NAMESPACE)
+    token = fleet_token(cluster, NAMESPACE)
+    ctl = ControllerProcess(cluster, cluster.logs_dir / "controller-bench.log")
+    results: dict[str, Any] = {
+        "label": args.label,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "memory_gib": round(
+                os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1
+            ),
+            "python": platform.python_version(),
+            "kernel": platform.release(),
+        },
+        "versions": {
+            "kubernetes": versions().kubernetes,
+            "jobset": versions().jobset,
+            "kueue": versions().kueue,
+            "kwok": versions().kwok,
+        },
+        "settings": {
+            "restart_delay_s": args.restart_delay,
+            "pods_per_job": args.pods_per_job,
+            "kwok_nodes": nodes,
+            "stock_cap_s": args.stock_cap,
+            "node_cap_s": args.node_cap,
+            "reps": args.reps,
+        },
+        "sizes": {},
+    }
+    try:
+        bench = Bench(
+            kube=kube,
+            namespace=NAMESPACE,
+            server=kube.api.configuration.host,
+            ca_file=Path(kube.api.configuration.ssl_ca_cert),
+            token_file=token,
+            meter=ProcessMeter(ctl.proc.pid),
+            restart_delay=args.restart_delay,
+            pods_per_job=args.pods_per_job,
+            setup_timeout=args.setup_timeout,
+            stock_cap=args.stock_cap,
+            node_cap=args.node_cap,
+        )
+        for size in args.sizes:
+            death = size in args.node_death_sizes
+            log(f"=== gang of {size} pods: hybrid ({args.reps} reps{', node death' * death})")
+            hybrid = bench.hybrid(size, args.reps, death)
+            log(f"=== gang of {size} pods: stock JobSet ({args.reps} reps{', node death' * death})")
+            stock = bench.stock(size, args.reps, death)
+            results["sizes"][str(size)] = {"hybrid": hybrid, "stock": stock}
+            report.write(args.out, results)  # keep what was measured so far
+        if not args.skip_agent_start:
+            log("=== agent start-up on the real node")
+            results["agent_start"] = agent_start(cluster, 2)
+        results["controller_rss_end_mib"] = round(bench.meter.rss_mib(), 1)
+    finally:
+        ctl.stop()
+    results["duration_s"] = round(time.time() - started, 1)
+    report.write(args.out, results)
+    print(report.text(results))
+    log(f"results: {args.out / 'results.json'}; plots: {args.out}/*.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,385 @@
+"""Simulated agents and kubelets for the kwok members of one gang (kwok nodes run no containers).
+
+What is real and what is not:
+
+* **Real**: the agent's decision code (:class:`~jobset_inplace.agent.logic.AgentLogic`, one
+  per simulated agent process), its status parser, its HTTP client
+  (:class:`~jobset_inplace.agent.kubeapi.KubeApi`) and every request an agent makes per pod:
+  a GET of the GangState when an agent process starts, and a merge patch of its own pod's
+  report annotations for each epoch. Requests carry a real ServiceAccount token.
+* **Simulated**: (1) the GangState watch: one watch feeds every simulated agent instead of one
+  watch per agent (the apiserver's watch fan-out is not measured); (2) the kubelet's in-place
+  restart (``RestartAllContainers``): two pod-status patches, ``AllContainersRestarting=True``
+  (plus the trainer's terminated state for an injected crash), then after ``restart_delay``
+  seconds ``AllContainersRestarting=False`` with every container running again and its
+  ``restartCount`` incremented, after which a new agent "process" starts; (3) checkpoint tiers:
+  every agent reports the same steps, so the barrier's resume step is ``steps[-1]``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, watch
+
+from jobset_inplace import api
+from jobset_inplace.agent.kubeapi import ApiError, KubeApi, TransportErrors
+from jobset_inplace.agent.logic import (
+    AgentLogic,
+    GangView,
+    MalformedStatus,
+    Open,
+    Report,
+    Restart,
+    parse_gangstate,
+)
+from jobset_inplace.checkpoints import encode_steps
+
+RESTARTING = "AllContainersRestarting"
+_ERRORS = (ApiError, ValueError, *TransportErrors)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class SimAgent:
+    pod: str
+    uid: str
+    containers: list[str]
+    logic: AgentLogic = field(default_factory=AgentLogic)
+    busy: bool = False  # an API call of this agent is in flight
+    restarting: bool = False  # the simulated kubelet is restarting the pod's containers
+    restarts: int = 0
+    view: GangView | None = None  # the newest status this agent process has seen
+
+
+@dataclass
+class EpochMarks:
+    """When (time.monotonic()) the fleet saw things happen for one epoch."""
+
+    seen: float | None = None  # the GangState first showed this epoch
+    reports: dict[str, float] = field(default_factory=dict)  # pod -> its report was accepted
+    barrier_open: float | None = None  # the GangState showed the barrier open
+    opened: dict[str, float] = field(default_factory=dict)  # pod -> its agent opened
+
+
+class Fleet:
+    """Agents for every Running member pod of gang ``gang`` in ``namespace``."""
+
+    def __init__(
+        self,
+        kube: client.ApiClient,
+        *,
+        server: str,
+        token_file: Path,
+        ca_file: Path,
+        namespace: str,
+        gang: str,
+        restart_delay: float,
+        steps: tuple[int, ...] = (100, 200),
+        workers: int = 32,
+    ) -> None:
+        self.core = client.CoreV1Api(kube)
+        self.namespace, self.gang = namespace, gang
+        self.restart_delay = restart_delay
+        self.steps = encode_steps(list(steps))
+        self._api = threading.local()
+        self._server, self._token_file, self._ca_file = server, token_file, ca_file
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="fleet")
+        self._lock = threading.RLock()
+        self._halt = threading.Event()
+        self.agents: dict[str, SimAgent] = {}  # pod name -> agent
+        self.view: GangView | None = None
+        self.marks: dict[int, EpochMarks] = {}
+        self.requests = 0
+        self.errors: list[str] = []
+        path = KubeApi.gangstates_path(api.GROUP, api.VERSION, namespace, api.GANGSTATE_PLURAL)
+        self._gang_collection, self._gang_object = path, f"{path}/{gang}"
+        self._threads = [
+            threading.Thread(target=self._watch_gang, daemon=True, name="fleet-gang"),
+            threading.Thread(target=self._watch_pods, daemon=True, name="fleet-pods"),
+        ]
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def marks_for(self, epoch: int) -> EpochMarks:
+        with self._lock:
+            return self.marks.setdefault(epoch, EpochMarks())
+
+    # --- API calls (thread-local kept-alive connections, like one agent each) ------------
+
+    def _make_api(self) -> KubeApi:
+        return KubeApi(self._server, self._token_file, self._ca_file, timeout=30.0)
+
+    def _kube(self) -> KubeApi:
+        api_: KubeApi | None = getattr(self._api, "kube", None)
+        if api_ is None:
+            api_ = self._api.kube = self._make_api()
+        return api_
+
+    def _call(self, fn: Callable[[KubeApi], Any]) -> Any:
+        with self._lock:
+            self.requests += 1
+        return fn(self._kube())
+
+    def _pod_path(self, pod: str) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/pods/{pod}"
+
+    # --- the GangState, seen by every agent -----------------------------------------------
+
+    def _watch_gang(self) -> None:
+        kube = self._make_api()
+        rv: str | None = None
+        while not self._halt.is_set():
+            try:
+                if rv is None:
+                    obj = kube.get(self._gang_object)
+                    rv = obj["metadata"]["resourceVersion"]
+                    self._observe(obj)
+                for ev in kube.watch(self._gang_collection, self.gang, rv, 300):
+                    if ev.get("type") == "ERROR":
+                        rv = None
+                        break
+                    obj = ev.get("object") or {}
+                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                    if ev.get("type") in ("ADDED", "MODIFIED"):
+                        self._observe(obj)
+            except ApiError as e:
+                if e.status != 404:
+                    self._error(f"gang watch: {e}")
+                rv = None
+                self._halt.wait(0.2)
+            except (*TransportErrors, ValueError) as e:
+                self._error(f"gang watch: {e}")
+                rv = None
+                self._halt.wait(0.2)
+
+    def _observe(self, obj: dict[str, Any]) -> None:
+        try:
+            view = parse_gangstate(obj)
+        except MalformedStatus as e:
+            self._error(f"malformed GangState: {e}")
+            return
+        if view is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            self.view = view
+            marks = self.marks.setdefault(view.epoch, EpochMarks())
+            if marks.seen is None:
+                marks.seen = now
+            if view.barrier_open and marks.barrier_open is None:
+                marks.barrier_open = now
+            agents = list(self.agents.values())
+        for agent in agents:
+            self._dispatch(agent, view)
+
+    # --- pods: a Running member pod gets an agent (the kubelet started its containers) ----
+
+    def _watch_pods(self) -> None:
+        selector = f"{api.JOBSET_NAME_LABEL}={self.gang}"
+        while not self._halt.is_set():
+            try:
+                pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector)
+                for p in pods.items:
+                    self._pod_event("ADDED", p)
+                w = watch.Watch()
+                for ev in w.stream(
+                    self.core.list_namespaced_pod,
+                    self.namespace,
+                    label_selector=selector,
+                    resource_version=pods.metadata.resource_version,
+                    timeout_seconds=300,
+                ):
+                    if self._halt.is_set():
+                        w.stop()
+                        return
+                    self._pod_event(ev["type"], ev["object"])
+            except Exception as e:  # a bench thread must not die silently
+                self._error(f"pod watch: {type(e).__name__}: {e}")
+                self._halt.wait(0.5)
+
+    def _pod_event(self, kind: str, pod: client.V1Pod) -> None:
+        name = pod.metadata.name
+        live = (
+            kind != "DELETED"
+            and pod.status.phase == "Running"
+            and pod.metadata.deletion_timestamp is None
+        )
+        with self._lock:
+            agent = self.agents.get(name)
+            if not live:
+                if agent is not None and (kind == "DELETED" or pod.metadata.deletion_timestamp):
+                    del self.agents[name]
+                return
+            if agent is not None and agent.uid == pod.metadata.uid:
+                return
+            agent = SimAgent(name, pod.metadata.uid, [c.name for c in pod.spec.containers])
+            self.agents[name] = agent
+        self._pool.submit(self._agent_starts, agent)
+
+    # --- one agent ------------------------------------------------------------------------
+
+    def _agent_starts(self, agent: SimAgent) -> None:
+        """A new agent process: read the GangState (its first request), then act."""
+        try:
+            obj = self._call(lambda k: k.get(self._gang_object))
+            view = parse_gangstate(obj)
+        except (*_ERRORS, MalformedStatus) as e:
+            self._error(f"{agent.pod}: agent start: {e}")
+            self._retry(lambda: self._agent_starts(agent))
+            return
+        with self._lock:
+            agent.restarting = False
+        if view is not None:
+            self._dispatch(agent, view)
+
+    def _dispatch(self, agent: SimAgent, view: GangView) -> None:
+        """Run the agent's decision for ``view`` and start the resulting action."""
+        with self._lock:
+            old = agent.view
+            # keep the newest: a closed barrier never follows an open one within an epoch
+            if old is not None and old.epoch == view.epoch and old.barrier_open:
+                view = old
+            agent.view = view
+            if agent.busy or agent.restarting or self.agents.get(agent.pod) is not agent:
+                return
+            while True:
+                action = agent.logic.step(view)
+                if isinstance(action, Open):
+                    agent.logic.opened_barrier(action.epoch)
+                    self.marks.setdefault(action.epoch, EpochMarks()).opened[agent.pod] = (
+                        time.monotonic()
+                    )
+                    continue
+                if isinstance(action, Report):
+                    agent.busy = True
+                    self._pool.submit(self._report, agent, action)
+                elif isinstance(action, Restart):
+                    agent.restarting = True
+                    self._pool.submit(self._kubelet_restart, agent, None)
+                return
+
+    def _report(self, agent: SimAgent, action: Report) -> None:
+        patch = {
+            "metadata": {
+                "annotations": {api.REPORT_EPOCH: str(action.epoch), api.REPORT_STEPS: self.steps}
+            }
+        }
+        try:
+            self._call(lambda k: k.merge_patch(self._pod_path(agent.pod), patch))
+        except _ERRORS as e:
+            with self._lock:
+                agent.busy = False
+            if isinstance(e, ApiError) and e.status == 404:
+                return  # the pod is gone
+            self._error(f"{agent.pod}: report: {e}")
+            self._retry(lambda: self._redispatch(agent))
+            return
+        with self._lock:
+            agent.logic.reported_epoch(action.epoch, action.barrier_closed)
+            agent.busy = False
+            self.marks.setdefault(action.epoch, EpochMarks()).reports[agent.pod] = time.monotonic()
+        self._redispatch(agent)
+
+    def _redispatch(self, agent: SimAgent) -> None:
+        with self._lock:
+            view = agent.view if agent.view is not None else self.view
+        if view is not None:
+            self._dispatch(agent, view)
+
+    def _retry(self, fn: Callable[[], None]) -> None:
+        if not self._halt.is_set():
+            timer = threading.Timer(0.5, lambda: self._pool.submit(fn))
+            timer.daemon = True
+            timer.start()
+
+    # --- the simulated kubelet ------------------------------------------------------------
+
+    def crash_trainer(self, pod: str) -> float:
+        """Inject a trainer crash into ``pod`` (exit 3: the pod's restart rule restarts all its
+        containers in place); the time the kubelet's status update was accepted."""
+        with self._lock:
+            agent = self.agents[pod]
+            agent.restarting = True
+        self._kubelet_status(agent, restarting=True, crashed=True)
+        t = time.monotonic()
+        self._pool.submit(self._kubelet_restart, agent, t)
+        return t
+
+    def _kubelet_restart(self, agent: SimAgent, already_signalled: float | None) -> None:
+        try:
+            if already_signalled is None:
+                self._kubelet_status(agent, restarting=True, crashed=False)
+            self._halt.wait(self.restart_delay)
+            with self._lock:
+                agent.restarts += 1
+            self._kubelet_status(agent, restarting=False, crashed=False)
+        except _ERRORS as e:
+            if isinstance(e, ApiError) and e.status == 404:
+                return
+            self._error(f"{agent.pod}: kubelet: {e}")
+            self._retry(lambda: self._kubelet_restart(agent, already_signalled))
+            return
+        with self._lock:
+            agent.logic = AgentLogic()  # the agent container restarted: a new process
+            agent.view = None
+        self._agent_starts(agent)
+
+    def _kubelet_status(self, agent: SimAgent, *, restarting: bool, crashed: bool) -> None:
+        now = _now()
+        statuses = []
+        for name in agent.containers:
+            if crashed and name == "trainer":
+                state: dict[str, Any] = {
+                    "terminated": {"exitCode": 3, "reason": "Error", "finishedAt": now}
+                }
+            elif restarting:
+                state = {"waiting": {"reason": "RestartingAllContainers"}}
+            else:
+                state = {"running": {"startedAt": now}}
+            statuses.append(
+                {
+                    "name": name,
+                    "image": "sim",
+                    "imageID": "sim",
+                    "ready": not restarting,
+                    "restartCount": agent.restarts,
+                    "started": not restarting,
+                    "state": state,
+                }
+            )
+        body = {
+            "status": {
+                "conditions": [
+                    {"type": RESTARTING, "status": str(restarting), "lastTransitionTime": now}
+                ],
+                "containerStatuses": statuses,
+            }
+        }
+        path = self._pod_path(agent.pod) + "/status"
+        self._call(
+            lambda k: k.request("PATCH", path, body, "application/strategic-merge-patch+json")
+        )
+
+    def _error(self, msg: str) -> None:
+        with self._lock:
+            if len(self.errors) < 200:
+                self.errors.append(msg)

@@ -1,0 +1,189 @@
+"""Results of ``python -m e2e.bench``: ``results.json``, PNG plots and a text summary."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+_LATENCY = re.compile(r"reported epoch \d+, .*: (\d+\.\d+) s after process start")
+
+
+def agent_latencies(log_text: str) -> list[float]:
+    """Start-up latencies an agent logged (one line per agent process)."""
+    return [float(m.group(1)) for m in _LATENCY.finditer(log_text)]
+
+
+def stats(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {
+        "n": len(values),
+        "min": round(min(values), 3),
+        "median": round(statistics.median(values), 3),
+        "max": round(max(values), 3),
+    }
+
+
+def _col(runs: list[dict[str, Any]], key: str) -> list[float]:
+    return [float(r[key]) for r in runs if key in r]
+
+
+def summarize(results: dict[str, Any]) -> dict[str, Any]:
+    """Per size: min/median/max of every phase, and the ratios stock / hybrid (medians)."""
+    out: dict[str, Any] = {}
+    for size, r in results.get("sizes", {}).items():
+        h, s = r["hybrid"], r["stock"]
+        hw, sw = h["worker_failure"], s["worker_failure"]
+        row: dict[str, Any] = {
+            "hybrid_worker_failure": {
+                k: stats(_col(hw, k))
+                for k in (
+                    "detection_s",
+                    "restart_s",
+                    "barrier_s",
+                    "barrier_open_s",
+                    "protocol_s",
+                    "all_running_s",
+                    "controller_cpu_s",
+                    "controller_peak_rss_mib",
+                )
+            },
+            "stock_worker_failure": {
+                "all_running_s": stats(_col(sw, "all_running_s")),
+                "capped": sum(1 for m in sw if m.get("capped")),
+            },
+        }
+        hb, sb = stats(_col(hw, "barrier_open_s")), stats(_col(sw, "all_running_s"))
+        ha = stats(_col(hw, "all_running_s"))
+        if hb and sb and ha:
+            row["ratio_stock_over_hybrid_barrier"] = round(sb["median"] / hb["median"], 1)
+            row["ratio_stock_over_hybrid_running"] = round(sb["median"] / ha["median"], 1)
+        if h["node_death"] and s["node_death"]:
+            hn, sn = h["node_death"][0], s["node_death"][0]
+            row["node_death"] = {
+                "hybrid_running_s": hn["running_s"],
+                "hybrid_detection_s": hn["detection_s"],
+                "stock_running_s": sn["running_s"],
+                "stock_capped": sn.get("capped", False),
+                "stock_stuck_terminating": len(sn.get("stuck_terminating", [])),
+                "ratio_stock_over_hybrid": round(sn["running_s"] / hn["running_s"], 1),
+            }
+        out[size] = row
+    agent = results.get("agent_start")
+    if agent:
+        out["agent_start"] = stats(agent["samples_s"])
+    return out
+
+
+def text(results: dict[str, Any]) -> str:
+    summ = summarize(results)
+    lines = ["", "=== jobset-inplace benchmark (seconds: min / median / max) ==="]
+    for size, row in summ.items():
+        if size == "agent_start":
+            continue
+        hw, sw = row["hybrid_worker_failure"], row["stock_worker_failure"]
+        lines.append(f"gang of {size} pods, one worker fails:")
+        for k in ("detection_s", "restart_s", "barrier_s", "barrier_open_s", "protocol_s"):
+            lines.append(f"  hybrid {k:<22} {_fmt(hw[k])}")
+        lines.append(f"  hybrid {'all_running_s':<22} {_fmt(hw['all_running_s'])}")
+        capped = f" ({sw['capped']} capped: >=)" if sw["capped"] else ""
+        lines.append(f"  stock  {'all_running_s':<22} {_fmt(sw['all_running_s'])}{capped}")
+        if "ratio_stock_over_hybrid_barrier" in row:
+            lines.append(
+                f"  ratio stock / hybrid: {row['ratio_stock_over_hybrid_barrier']}x (to barrier "
+                f"open), {row['ratio_stock_over_hybrid_running']}x (to all running)"
+            )
+        lines.append(
+            f"  controller per recovery: {_fmt(hw['controller_cpu_s'])} CPU-s, peak RSS "
+            f"{_fmt(hw['controller_peak_rss_mib'])} MiB"
+        )
+        nd = row.get("node_death")
+        if nd:
+            ge = ">= " if nd["stock_capped"] else ""
+            lines.append(
+                f"  node death: hybrid {nd['hybrid_running_s']:.1f}s (detected "
+                f"{nd['hybrid_detection_s']:.1f}s), stock {ge}{nd['stock_running_s']:.1f}s, "
+                f"ratio {ge}{nd['ratio_stock_over_hybrid']}x"
+            )
+    if summ.get("agent_start"):
+        lines.append(f"agent start -> epoch reported (real node): {_fmt(summ['agent_start'])}")
+    return "\n".join(lines)
+
+
+def _fmt(s: dict[str, float] | None) -> str:
+    if not s:
+        return "-"
+    return f"{s['min']:.2f} / {s['median']:.2f} / {s['max']:.2f}"
+
+
+def write(out: Path, results: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {**results, "summary": summarize(results)}
+    (out / "results.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    if results.get("sizes"):
+        plot(out, results)
+
+
+def plot(out: Path, results: dict[str, Any]) -> None:
+    # matplotlib comes with the bench extra only (make bench installs it)
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    sizes = sorted(results["sizes"], key=int)
+    summ = summarize(results)
+
+    # 1. worker failure: hybrid phases (stacked medians) next to stock, per size
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = range(len(sizes))
+    bottom = [0.0] * len(sizes)
+    for key, label in (
+        ("detection_s", "hybrid: detection"),
+        ("restart_s", "hybrid: restart + report"),
+        ("barrier_s", "hybrid: barrier"),
+    ):
+        vals = [summ[s]["hybrid_worker_failure"][key]["median"] for s in sizes]
+        ax.bar([i - 0.2 for i in x], vals, 0.4, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    stock = [summ[s]["stock_worker_failure"]["all_running_s"]["median"] for s in sizes]
+    ax.bar([i + 0.2 for i in x], stock, 0.4, label="stock JobSet restart", color="grey")
+    for i, s in enumerate(sizes):
+        ratio = summ[s].get("ratio_stock_over_hybrid_barrier")
+        if ratio:
+            ax.annotate(f"{ratio}x", (i + 0.2, stock[i]), ha="center", va="bottom")
+    ax.set_xticks(list(x), [f"{s} pods" for s in sizes])
+    ax.set_ylabel("seconds (median)")
+    ax.set_title("One worker fails: first signal -> gang resumed")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "worker-failure.png", dpi=110)
+    plt.close(fig)
+
+    # 2. node death
+    rows = [(s, summ[s]["node_death"]) for s in sizes if "node_death" in summ[s]]
+    if rows:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        labels, vals, colors = [], [], []
+        for s, nd in rows:
+            labels += [f"hybrid\n{s} pods", f"stock\n{s} pods"]
+            vals += [nd["hybrid_running_s"], nd["stock_running_s"]]
+            colors += ["tab:blue", "grey"]
+        bars = ax.bar(labels, vals, color=colors)
+        for b, (_, nd) in zip(bars[1::2], rows, strict=True):
+            ge = ">= " if nd["stock_capped"] else ""
+            ax.annotate(
+                f"{ge}{nd['stock_running_s']:.0f}s", (b.get_x() + 0.4, b.get_height()), ha="center"
+            )
+        for b, (_, nd) in zip(bars[0::2], rows, strict=True):
+            ax.annotate(
+                f"{nd['hybrid_running_s']:.0f}s", (b.get_x() + 0.4, b.get_height()), ha="center"
+            )
+        ax.set_ylabel("seconds to the gang running again")
+        ax.set_title("One node dies")
+        fig.tight_layout()
+        fig.savefig(out / "node-death.png", dpi=110)
+        plt.close(fig)

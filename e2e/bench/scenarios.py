@@ -1,0 +1,392 @@
+"""The benchmark's scenarios on the local cluster: a gang of N kwok members (one pod per kwok
+node), recovered by jobset-inplace (with the simulated agent fleet) and by stock JobSet, in the
+same run. Every figure is wall-clock time measured here, from the moment the failure was
+injected (the simulated kubelet's status write or the node's heartbeat stopping was accepted by
+the apiserver)."""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from e2e.harness import workloads
+from e2e.harness.kube import Clients, create_jobset, wait_for
+from e2e.harness.kwoknodes import set_heartbeat
+from jobset_inplace import api
+from jobset_inplace.transform import AgentSettings, transform
+
+from .fleet import Fleet
+
+JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
+# kwok nodes offer 32 CPUs (kwokctl's node template): asking for 24 leaves room for one pod
+# per node, as for a training worker that takes all of a node's accelerators.
+WORKER_CPU = "24"
+FLEET_SA = "bench-fleet"
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@dataclass
+class ProcessMeter:
+    """CPU seconds and peak RSS of one process (the controller), per measured window."""
+
+    pid: int
+
+    def _stat(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_mib(self, key: str = "VmRSS") -> float:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    @contextmanager
+    def window(self, out: dict[str, float]) -> Iterator[None]:
+        Path(f"/proc/{self.pid}/clear_refs").write_text("5")  # reset the peak RSS (VmHWM)
+        cpu0 = self._stat()
+        try:
+            yield
+        finally:
+            out["controller_cpu_s"] = round(self._stat() - cpu0, 3)
+            out["controller_peak_rss_mib"] = round(self.rss_mib("VmHWM"), 1)
+
+
+@dataclass
+class Bench:
+    kube: Clients
+    namespace: str
+    server: str
+    ca_file: Path
+    token_file: Path
+    meter: ProcessMeter
+    restart_delay: float
+    pods_per_job: int
+    setup_timeout: float
+    stock_cap: float
+    node_cap: float
+    results: dict[str, Any] = field(default_factory=dict)
+
+    # --- gangs ----------------------------------------------------------------------------
+
+    def _gang(self, name: str, size: int, hybrid: bool) -> dict[str, Any]:
+        per_job = min(self.pods_per_job, size)
+        if size % per_job:
+            raise ValueError(f"gang size {size} is not a multiple of --pods-per-job {per_job}")
+        js = workloads.jobset(
+            name,
+            [("workers", size // per_job, per_job)],
+            annotations={api.ENABLED: "true"} if hybrid else {},
+            node_selector=dict(workloads.KWOK_NODE_SELECTOR),
+            pod={
+                "containers": [
+                    {
+                        "name": "trainer",
+                        "image": "trainer:sim",
+                        "resources": {"requests": {"cpu": WORKER_CPU, "memory": "1Gi"}},
+                    }
+                ]
+            },
+        )
+        for rj in js["spec"]["replicatedJobs"]:
+            rj["template"]["spec"]["backoffLimit"] = 0
+        if hybrid:
+            return transform(js, AgentSettings(image="agent:sim"))
+        # stock: any failed Job restarts the whole JobSet (every pod deleted and recreated)
+        js["spec"]["failurePolicy"] = {"maxRestarts": 1000}
+        return js
+
+    def _pods(self, name: str) -> list[client.V1Pod]:
+        return list(
+            self.kube.core.list_namespaced_pod(
+                self.namespace, label_selector=f"{api.JOBSET_NAME_LABEL}={name}"
+            ).items
+        )
+
+    def _running(self, name: str, size: int, attempt: int | None = None, avoid: str = "") -> bool:
+        members: set[str] = set()
+        for p in self._pods(name):
+            labels = p.metadata.labels or {}
+            if p.status.phase != "Running" or p.metadata.deletion_timestamp:
+                continue
+            if attempt is not None and labels.get(api.RESTART_ATTEMPT_LABEL) != str(attempt):
+                continue
+            if avoid and p.spec.node_name == avoid:
+                continue
+            members.add(
+                f"{labels.get(api.JOB_INDEX_LABEL)}/{labels.get('batch.kubernetes.io/job-completion-index')}"
+            )
+        return len(members) >= size
+
+    def _create(self, name: str, size: int, hybrid: bool) -> float:
+        t0 = time.monotonic()
+        create_jobset(self.kube, self.namespace, self._gang(name, size, hybrid))
+        self._wait(f"{size} pods of {name} running", lambda: self._running(name, size), t0)
+        took = time.monotonic() - t0
+        log(f"{name}: {size} pods running {took:.1f}s after the JobSet was created")
+        return took
+
+    def _wait(self, what: str, probe: Callable[[], Any], since: float) -> Any:
+        """Poll ``probe`` (with progress lines) until truthy or the setup timeout."""
+        last = 0.0
+        while True:
+            got = probe()
+            if got:
+                return got
+            now = time.monotonic()
+            if now - since > self.setup_timeout:
+                raise TimeoutError(f"{what}: not after {self.setup_timeout:.0f}s")
+            if now - last > 30:
+                log(f"waiting for {what} ({now - since:.0f}s) ...")
+                last = now
+            time.sleep(1.0)
+
+    def _delete(self, name: str) -> None:
+        try:
+            self.kube.custom.delete_namespaced_custom_object(
+                JOBSET_GROUP,
+                JOBSET_VERSION,
+                self.namespace,
+                JOBSETS,
+                name,
+                body={"propagationPolicy": "Background"},
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        t0 = time.monotonic()
+        self._wait(f"pods of {name} gone", lambda: not self._pods(name), t0)
+        log(f"{name}: deleted, pods gone after {time.monotonic() - t0:.1f}s")
+
+    def _fleet(self, name: str) -> Fleet:
+        fleet = Fleet(
+            self.kube.api,
+            server=self.server,
+            token_file=self.token_file,
+            ca_file=self.ca_file,
+            namespace=self.namespace,
+            gang=name,
+            restart_delay=self.restart_delay,
+        )
+        fleet.start()
+        return fleet
+
+    # --- (a) one worker fails: hybrid -----------------------------------------------------
+
+    def hybrid(self, size: int, reps: int, node_death: bool) -> dict[str, Any]:
+        name = f"hybrid-{size}"
+        out: dict[str, Any] = {"size": size, "worker_failure": [], "node_death": []}
+        fleet = self._fleet(name)
+        try:
+            setup: dict[str, float] = {}
+            with self.meter.window(setup):
+                out["setup_s"] = self._create(name, size, hybrid=True)
+                t0 = time.monotonic()
+                self._wait(
+                    "barrier of epoch 1", lambda: _opened_all(fleet, 1, size), time.monotonic()
+                )
+                out["first_barrier_s"] = round(time.monotonic() - t0, 2)
+            out["setup_controller"] = setup
+            for rep in range(reps):
+                out["worker_failure"].append(self._worker_failure(fleet, size, rep))
+            if node_death:
+                out["node_death"].append(self._hybrid_node_death(fleet, name, size))
+            out["fleet_requests"] = fleet.requests
+            out["fleet_errors"] = fleet.errors[:20]
+        finally:
+            fleet.stop()
+            self._delete(name)
+        return out
+
+    def _worker_failure(self, fleet: Fleet, size: int, rep: int) -> dict[str, Any]:
+        epoch = _epoch(fleet)
+        victim = random.choice(sorted(fleet.agents))
+        m: dict[str, Any] = {"rep": rep, "victim": victim}
+        before = fleet.requests
+        with self.meter.window(m):
+            t0 = fleet.crash_trainer(victim)
+            _wait_recovered(fleet, epoch + 1, size, self.setup_timeout)
+        m.update(_phases(fleet, epoch + 1, t0, self.restart_delay))
+        m["fleet_requests"] = fleet.requests - before
+        log(
+            f"hybrid {size}: worker failure #{rep + 1}: barrier open {m['barrier_open_s']:.2f}s "
+            f"(detect {m['detection_s']:.2f}, restart+report {m['restart_s']:.2f}, "
+            f"barrier {m['barrier_s']:.2f}), all running {m['all_running_s']:.2f}s; "
+            f"controller {m['controller_cpu_s']:.1f} CPU-s, peak RSS "
+            f"{m['controller_peak_rss_mib']:.0f} MiB"
+        )
+        time.sleep(2)  # let the last events settle before the next repetition
+        return m
+
+    def _hybrid_node_death(self, fleet: Fleet, name: str, size: int) -> dict[str, Any]:
+        epoch = _epoch(fleet)
+        victim = random.choice(sorted(fleet.agents))
+        node = self.kube.core.read_namespaced_pod(victim, self.namespace).spec.node_name
+        m: dict[str, Any] = {"victim": victim, "node": node}
+        with self.meter.window(m):
+            set_heartbeat(self.kube, node, alive=False)
+            t0 = time.monotonic()
+            try:
+                _wait_recovered(fleet, epoch + 1, size, self.node_cap)
+                m.update(_phases(fleet, epoch + 1, t0, self.restart_delay))
+                m["running_s"] = m["all_running_s"]
+            finally:
+                set_heartbeat(self.kube, node, alive=True)
+        log(
+            f"hybrid {size}: node {node} died: detected {m['detection_s']:.1f}s, gang running "
+            f"again {m['all_running_s']:.1f}s"
+        )
+        return m
+
+    # --- (b), (c) the stock path ----------------------------------------------------------
+
+    def stock(self, size: int, reps: int, node_death: bool) -> dict[str, Any]:
+        name = f"stock-{size}"
+        out: dict[str, Any] = {"size": size, "worker_failure": [], "node_death": []}
+        try:
+            out["setup_s"] = self._create(name, size, hybrid=False)
+            for rep in range(reps):
+                m: dict[str, Any] = {"rep": rep}
+                pod = random.choice(self._pods(name))
+                m["victim"] = pod.metadata.name
+                t0 = self._fail_pod(pod)
+                ok = _poll(partial(self._running, name, size, attempt=rep + 1), t0, self.stock_cap)
+                m["all_running_s"] = round(time.monotonic() - t0, 2)
+                m["capped"] = not ok
+                log(f"stock {size}: worker failure #{rep + 1}: {_fmt(m)} to all pods running")
+                out["worker_failure"].append(m)
+            if node_death:
+                out["node_death"].append(self._stock_node_death(name, size, reps))
+        finally:
+            self._delete(name)
+        return out
+
+    def _fail_pod(self, pod: client.V1Pod) -> float:
+        """What the kubelet reports when the trainer exits 3 under restartPolicy Never."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        statuses = [
+            {
+                "name": c.name,
+                "image": c.image,
+                "imageID": "sim",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 3, "reason": "Error", "finishedAt": now}},
+            }
+            for c in pod.spec.containers
+        ]
+        self.kube.core.patch_namespaced_pod_status(
+            pod.metadata.name,
+            self.namespace,
+            {"status": {"phase": "Failed", "containerStatuses": statuses}},
+        )
+        return time.monotonic()
+
+    def _stock_node_death(self, name: str, size: int, attempt: int) -> dict[str, Any]:
+        pod = random.choice([p for p in self._pods(name) if p.status.phase == "Running"])
+        node = pod.spec.node_name
+        m: dict[str, Any] = {"victim": pod.metadata.name, "node": node}
+        set_heartbeat(self.kube, node, alive=False)
+        t0 = time.monotonic()
+        try:
+            ok = _poll(
+                lambda: self._running(name, size, avoid=node),
+                t0,
+                self.node_cap,
+                progress=f"stock {size}: gang running again after node {node} died",
+            )
+            m["running_s"] = round(time.monotonic() - t0, 2)
+            m["capped"] = not ok
+            stuck = [
+                p.metadata.name
+                for p in self._pods(name)
+                if p.spec.node_name == node and p.metadata.deletion_timestamp
+            ]
+            m["stuck_terminating"] = stuck
+        finally:
+            set_heartbeat(self.kube, node, alive=True)
+        log(f"stock {size}: node {node} died: {_fmt(m, 'running_s')} to the gang running again")
+        return m
+
+
+# --- measurements from the fleet's marks ----------------------------------------------------
+
+
+def _epoch(fleet: Fleet) -> int:
+    view = fleet.view
+    if view is None:
+        raise RuntimeError("the fleet has not seen the GangState")
+    return view.epoch
+
+
+def _opened_all(fleet: Fleet, epoch: int, size: int) -> bool:
+    m = fleet.marks_for(epoch)
+    return m.barrier_open is not None and len(m.opened) >= size
+
+
+def _wait_recovered(fleet: Fleet, epoch: int, size: int, timeout: float) -> None:
+    wait_for(
+        f"every agent of epoch {epoch} past the barrier",
+        lambda: _opened_all(fleet, epoch, size),
+        timeout,
+        0.05,
+    )
+
+
+def _phases(fleet: Fleet, epoch: int, t0: float, restart_delay: float) -> dict[str, Any]:
+    m = fleet.marks_for(epoch)
+    assert m.seen is not None
+    assert m.barrier_open is not None
+    last_report = max(m.reports.values())
+    opened = max(m.opened.values())
+    total = m.barrier_open - t0
+    return {
+        "detection_s": round(m.seen - t0, 3),
+        "restart_s": round(last_report - m.seen, 3),
+        "barrier_s": round(m.barrier_open - last_report, 3),
+        "barrier_open_s": round(total, 3),
+        # the simulated kubelet restart sits once on the critical path
+        "protocol_s": round(total - restart_delay, 3),
+        "all_running_s": round(opened - t0, 3),
+        "reports": len(m.reports),
+    }
+
+
+def _poll(
+    probe: Callable[[], bool], since: float, cap: float, progress: str = "", every: float = 30
+) -> bool:
+    last = since
+    while time.monotonic() - since < cap:
+        if probe():
+            return True
+        if progress and time.monotonic() - last > every:
+            last = time.monotonic()
+            log(f"{progress}: not yet ({last - since:.0f}s of at most {cap:.0f}s)")
+        time.sleep(0.5)
+    return False
+
+
+def _fmt(m: dict[str, Any], key: str = "all_running_s") -> str:
+    return (">= " if m.get("capped") else "") + f"{m[key]:.1f}s"
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "min": round(min(values), 3),
+        "median": round(statistics.median(values), 3),
+        "max": round(max(values), 3),
+    }
