@@ -86,6 +86,18 @@ def node_state(node: NodeView | None, policy: Policy, now: float) -> tuple[bool,
     return (True, None) if now >= due else (False, due)
 
 
+def stale_lease_nodes(s: Snapshot) -> list[str]:
+    """Ready nodes that count as unhealthy only because of their Lease: the adapter reads
+    those Leases afresh before planning, so a lagging watch never replaces a pod."""
+    return sorted(
+        name
+        for name, node in s.nodes.items()
+        if node.ready == "True"
+        and node.lease_renewed is not None
+        and s.now - node.lease_renewed > LEASE_RENEW_INTERVAL_S + s.policy.node_unhealthy_after_s
+    )
+
+
 def may_untaint(node: NodeView | None, lease_renewed: float | None, now: float) -> bool:
     """Whether the controller's unhealthy taint may come off ``node``: it carries the taint,
     is Ready, and its kubelet has just renewed its Lease (it is back)."""
@@ -368,6 +380,11 @@ class _Planning:
                 continue
             if not rec.causes and cause in (Cause.POD_DELETED, Cause.POD_FAILED):
                 continue  # a fresh epoch: JobSet is still making (or remaking) its pods
+            if pod is None and member not in rec.recreated:
+                # No pod at all: its Job is making one (a gang still starting up, or a pod
+                # that vanished). Nothing to replace or charge; the barrier waits for it and
+                # its deadline bounds the wait.
+                continue
             recorded = rec.recreated.get(member)
             if recorded is not None and (pod is None or recorded in ("", uid)):
                 # Already decided (and charged): repeat the replacement, which is idempotent,

@@ -33,13 +33,15 @@ SPARE_NODES = 8  # room for replacements when a node dies
 
 
 def _sizes(raw: str) -> list[int]:
+    if raw == "none":
+        return []
     try:
         sizes = [int(s) for s in raw.split(",") if s]
     except ValueError:
         sizes = []
     if not sizes or any(s < 2 for s in sizes):
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated gang sizes >= 2 (e.g. 1000,5000), got {raw!r}"
+            f"expected comma-separated gang sizes >= 2 (e.g. 1000,5000) or none, got {raw!r}"
         )
     return sizes
 
@@ -52,7 +54,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--node-death-sizes",
         type=_sizes,
         default=[1000],
-        help="sizes at which a node is killed (the stock path takes minutes per repetition)",
+        help="sizes at which a node is killed, or none (the stock path takes minutes)",
     )
     p.add_argument(
         "--pods-per-job",

@@ -30,6 +30,22 @@ class Executor:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.coordination = client.CoordinationV1Api(api_client)
+
+    def lease_renewals(self, nodes: list[str]) -> dict[str, float | None]:
+        """Last renewal of each node's Lease, read from the API (None: no Lease)."""
+        out: dict[str, float | None] = {}
+        for node in nodes:
+            try:
+                lease = self.coordination.read_namespaced_lease(node, api.NODE_LEASE_NAMESPACE)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                out[node] = None
+                continue
+            renew = lease.spec.renew_time
+            out[node] = renew.timestamp() if renew is not None else None
+        return out
 
     # --- GangState ----------------------------------------------------------------------------
     def load_or_create(self, jobset: dict[str, Any]) -> GangStatus:

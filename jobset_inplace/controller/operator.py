@@ -18,7 +18,7 @@ from kubernetes import client, config
 
 from .. import api
 from ..model import Event
-from ..planner import may_untaint, plan
+from ..planner import may_untaint, plan, stale_lease_nodes
 from ..policy import PolicyError, is_enabled, parse_policy
 from ..views import kueue_recovery_timeout, kueue_stand_down, ts, workload_owner
 from ..webhook import settings_from_env
@@ -88,6 +88,18 @@ class Reconciler:
         snap = self.cache.snapshot(gang, time.time())
         if snap is None:
             return
+        stale = stale_lease_nodes(snap)
+        if stale:
+            # Confirm with a fresh read: the Lease watch may lag behind on a busy apiserver.
+            fresh = await asyncio.to_thread(self.executor.lease_renewals, stale)
+            for node, renewed in fresh.items():
+                cached = self.cache.leases.get(node)
+                if renewed is not None and cached is not None and renewed > cached + 1:
+                    log.info("node %s: Lease watch was %.1f s behind", node, renewed - cached)
+                self.cache.set_lease(node, renewed)
+            snap = self.cache.snapshot(gang, time.time())
+            if snap is None:
+                return
         result = plan(snap)
         self.passes += 1
         if result.status != gang.status:
