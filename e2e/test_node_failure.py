@@ -3,12 +3,10 @@ members stay in place, the barrier opens once everyone is back.
 
 Real: the controller, JobSet and the Job controller, the scheduler, the node lifecycle
 controller, the kwok controller. Simulated: the kwok nodes themselves (no containers run on
-them) and therefore the agents of the kwok pods, which a test thread plays by writing exactly
-the report an agent writes (its epoch and checkpoint steps) on each live pod."""
+them) and therefore the agents of the kwok pods (e2e/harness/simagents.py)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +19,7 @@ from e2e.harness.cluster import LocalCluster
 from e2e.harness.demo import ControllerProcess, prepare
 from e2e.harness.kube import Clients, create_jobset, wait_for
 from e2e.harness.kwoknodes import set_heartbeat
+from e2e.harness.simagents import SimulatedAgents
 from jobset_inplace import api
 from jobset_inplace.transform import AgentSettings, transform
 
@@ -29,50 +28,12 @@ NAME = "kwokgang"
 MEMBERS = 3
 
 
-class SimulatedAgents(threading.Thread):
-    def __init__(self, kube: Clients, namespace: str) -> None:
-        super().__init__(daemon=True)
-        self.kube, self.namespace = kube, namespace
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        while not self.halt.wait(0.3):
-            try:
-                self._round()
-            except ApiException:
-                continue
-
-    def _round(self) -> None:
-        obj = self.kube.custom.get_namespaced_custom_object(
-            api.GROUP, api.VERSION, self.namespace, api.GANGSTATE_PLURAL, NAME
-        )
-        epoch = str((obj.get("status") or {}).get("epoch", ""))
-        if not epoch:
-            return
-        for pod in self.kube.core.list_namespaced_pod(
-            self.namespace, label_selector=f"{api.JOBSET_NAME_LABEL}={NAME}"
-        ).items:
-            ann = pod.metadata.annotations or {}
-            live = pod.status.phase == "Running" and not pod.metadata.deletion_timestamp
-            if live and ann.get(api.REPORT_EPOCH) != epoch:
-                self.kube.core.patch_namespaced_pod(
-                    pod.metadata.name,
-                    self.namespace,
-                    {
-                        "metadata": {
-                            "annotations": {api.REPORT_EPOCH: epoch, api.REPORT_STEPS: "100"}
-                        }
-                    },
-                )
-
-
 @pytest.fixture
 def agents(kube: Clients, namespace: str) -> Iterator[SimulatedAgents]:
-    sim = SimulatedAgents(kube, namespace)
+    sim = SimulatedAgents(kube, namespace, NAME)
     sim.start()
     yield sim
-    sim.halt.set()
-    sim.join(5)
+    sim.stop()
 
 
 def _jobset() -> dict[str, Any]:

@@ -63,6 +63,21 @@ KWOK_STAGE_FILES = (
 )
 
 
+# kwok's default of 4 workers each for Leases and pod/node stages falls behind with thousands
+# of nodes on 2 cores: node Leases went unrenewed for 25+ s while a 1000-pod gang was being
+# created (seen by the bench), which is a dead node to anyone reading Leases. More workers keep
+# the simulated kubelets' heartbeats on time.
+KWOK_CONTROLLER_CONFIG = {
+    "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+    "kind": "KwokConfiguration",
+    "options": {
+        "nodeLeaseParallelism": 32,
+        "podPlayStageParallelism": 16,
+        "nodePlayStageParallelism": 16,
+    },
+}
+
+
 def kwok_stages() -> list[dict[str, object]]:
     """The Stages above, read from the pinned kwok module source."""
     src = module_source("sigs.k8s.io/kwok", versions().kwok)
@@ -191,7 +206,7 @@ class LocalCluster:
         }
         path = self.state_dir / "kwokctl.yaml"
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump_all([cfg, *kwok_stages()]))
+        path.write_text(yaml.safe_dump_all([cfg, KWOK_CONTROLLER_CONFIG, *kwok_stages()]))
         return path
 
     def _kwok_cluster_exists(self, bins: Binaries) -> bool:

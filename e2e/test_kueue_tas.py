@@ -1,0 +1,282 @@
+"""Topology Aware Scheduling with the real Kueue (v0.19: TAS and its failed-node replacement
+are on by default): a node dies under a TAS-admitted gang whose pods must share a rack.
+
+jobset-inplace never chooses a node. It taints the dead node (``jobset-inplace.dev/unhealthy``,
+NoSchedule, which the pods do not tolerate) and deletes the member's pod; the Job controller
+makes a new pod, still gated by Kueue (``kueue.x-k8s.io/topology``); Kueue's node controller
+sees an untolerated taint on a node with no running pod of the Workload, records it in
+``status.unhealthyNodes``, its scheduler finds a replacement node in the same rack, and its
+ungater releases the pod with a ``kubernetes.io/hostname`` nodeSelector. The Workload stays
+admitted; the other members restart in place.
+
+Real: Kueue, JobSet, the Job controller, the scheduler, the node lifecycle controller, kwok.
+Simulated: the kwok nodes and the agents of their pods (e2e/harness/simagents.py)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from e2e.harness import workloads
+from e2e.harness.cluster import LocalCluster
+from e2e.harness.demo import ControllerProcess, gang_state, prepare
+from e2e.harness.kube import Clients, create_jobset, wait_for
+from e2e.harness.kueue import KUEUE, QUEUE_LABEL, condition, workload_of
+from e2e.harness.kwoknodes import set_heartbeat
+from e2e.harness.simagents import SimulatedAgents
+from jobset_inplace import api
+from jobset_inplace.transform import AgentSettings, transform
+
+pytestmark = pytest.mark.e2e
+
+NAME = "tasgang"
+MEMBERS = 3
+BLOCK, RACK, HOST = (
+    "e2e.jobset-inplace.dev/block",
+    "e2e.jobset-inplace.dev/rack",
+    ("kubernetes.io/hostname"),
+)
+TAS_GATE = "kueue.x-k8s.io/topology"
+# kwok nodes offer 32 CPUs: one member per node, as TAS must place them by capacity
+MEMBER_CPU = "20"
+
+
+class Topology:
+    """A Topology, a TAS ResourceFlavor, a ClusterQueue and a LocalQueue over ``nodes``
+    (labelled into one block and one rack for the test, unlabelled afterwards)."""
+
+    def __init__(self, kube: Clients, namespace: str, nodes: list[str]) -> None:
+        self.kube, self.namespace, self.nodes = kube, namespace, nodes
+        s = uuid.uuid4().hex[:6]
+        self.group_label = "e2e.jobset-inplace.dev/tas-group"
+        self.topology, self.flavor, self.cq, self.lq = (
+            f"tas-{s}",
+            f"tas-flavor-{s}",
+            f"tas-cq-{s}",
+            f"tas-lq-{s}",
+        )
+        self.group = s
+
+    def create(self) -> None:
+        for n in self.nodes:
+            labels = {BLOCK: "b1", RACK: "r1", self.group_label: self.group}
+            self.kube.core.patch_node(n, {"metadata": {"labels": labels}})
+        v = "/".join(KUEUE)
+        c = self.kube.custom
+        c.create_cluster_custom_object(
+            *KUEUE,
+            "topologies",
+            {
+                "apiVersion": v,
+                "kind": "Topology",
+                "metadata": {"name": self.topology},
+                "spec": {"levels": [{"nodeLabel": label} for label in (BLOCK, RACK, HOST)]},
+            },
+        )
+        c.create_cluster_custom_object(
+            *KUEUE,
+            "resourceflavors",
+            {
+                "apiVersion": v,
+                "kind": "ResourceFlavor",
+                "metadata": {"name": self.flavor},
+                "spec": {
+                    "nodeLabels": {self.group_label: self.group},
+                    "topologyName": self.topology,
+                },
+            },
+        )
+        c.create_cluster_custom_object(
+            *KUEUE,
+            "clusterqueues",
+            {
+                "apiVersion": v,
+                "kind": "ClusterQueue",
+                "metadata": {"name": self.cq},
+                "spec": {
+                    "namespaceSelector": {},
+                    "resourceGroups": [
+                        {
+                            "coveredResources": ["cpu", "memory"],
+                            "flavors": [
+                                {
+                                    "name": self.flavor,
+                                    "resources": [
+                                        {"name": "cpu", "nominalQuota": "200"},
+                                        {"name": "memory", "nominalQuota": "64Gi"},
+                                    ],
+                                }
+                            ],
+                        }
+                    ],
+                },
+            },
+        )
+        c.create_namespaced_custom_object(
+            *KUEUE,
+            self.namespace,
+            "localqueues",
+            {
+                "apiVersion": v,
+                "kind": "LocalQueue",
+                "metadata": {"name": self.lq},
+                "spec": {"clusterQueue": self.cq},
+            },
+        )
+
+    def delete(self) -> None:
+        for plural, name in (
+            ("clusterqueues", self.cq),
+            ("resourceflavors", self.flavor),
+            ("topologies", self.topology),
+        ):
+            try:
+                self.kube.custom.delete_cluster_custom_object(*KUEUE, plural, name)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+        for n in self.nodes:
+            labels = {BLOCK: None, RACK: None, self.group_label: None}
+            self.kube.core.patch_node(n, {"metadata": {"labels": labels}})
+
+
+@pytest.fixture
+def topology(kube: Clients, namespace: str) -> Iterator[Topology]:
+    nodes = sorted(
+        n.metadata.name
+        for n in kube.core.list_node(label_selector="type=kwok").items
+        if not n.spec.unschedulable
+    )[: MEMBERS + 1]  # one spare in the rack for the replacement
+    if len(nodes) < MEMBERS + 1:
+        pytest.fail(f"needs {MEMBERS + 1} kwok nodes, the cluster has {len(nodes)}")
+    topo = Topology(kube, namespace, nodes)
+    topo.create()
+    yield topo
+    topo.delete()
+
+
+def _jobset(queue: str) -> dict[str, Any]:
+    js = workloads.jobset(
+        NAME,
+        [("workers", 1, MEMBERS)],
+        labels={QUEUE_LABEL: queue},
+        annotations={api.ENABLED: "true", api.NODE_UNHEALTHY_AFTER: "5s"},
+        node_selector=dict(workloads.KWOK_NODE_SELECTOR),
+        pod={
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "trainer:sim",
+                    "resources": {"requests": {"cpu": MEMBER_CPU, "memory": "1Gi"}},
+                }
+            ]
+        },
+    )
+    template = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    template["metadata"] = {"annotations": {"kueue.x-k8s.io/podset-required-topology": RACK}}
+    return transform(js, AgentSettings(image="agent:sim"))
+
+
+def _live_pods(kube: Clients, namespace: str) -> dict[str, Any]:
+    pods = kube.core.list_namespaced_pod(
+        namespace, label_selector=f"{api.JOBSET_NAME_LABEL}={NAME}"
+    ).items
+    return {
+        p.metadata.labels["batch.kubernetes.io/job-completion-index"]: p
+        for p in pods
+        if not p.metadata.deletion_timestamp and p.status.phase not in ("Failed", "Succeeded")
+    }
+
+
+def test_tas_node_failure_replacement_placed_by_kueue_in_the_rack(
+    local_cluster: LocalCluster | None,
+    controller: ControllerProcess,
+    kube: Clients,
+    namespace: str,
+    topology: Topology,
+) -> None:
+    assert local_cluster is not None
+    prepare(kube, local_cluster.kubeconfig, namespace)
+    agents = SimulatedAgents(kube, namespace, NAME)
+    agents.start()
+    try:
+        _run(kube, namespace, topology)
+    finally:
+        agents.stop()
+
+
+def _run(kube: Clients, namespace: str, topo: Topology) -> None:
+    create_jobset(kube, namespace, _jobset(topo.lq))
+
+    def admitted() -> dict[str, Any] | None:
+        wl = workload_of(kube, namespace, NAME)
+        cond = wl and condition(wl, "Admitted")
+        return wl if cond and cond["status"] == "True" else None
+
+    wl = wait_for("Workload admitted by Kueue with TAS", admitted, 120, 1)
+    psa = wl["status"]["admission"]["podSetAssignments"][0]
+    assert psa.get("topologyAssignment"), f"no topology assignment: {psa}"
+    wait_for(
+        "barrier of epoch 1", lambda: gang_state(kube, namespace, NAME).get("barrierOpen"), 150
+    )
+    before = _live_pods(kube, namespace)
+    assert len(before) == MEMBERS
+    for p in before.values():
+        # placed by Kueue's ungater, not by us: gate gone, hostname selector of the assignment
+        assert TAS_GATE not in {g.name for g in p.spec.scheduling_gates or []}
+        assert p.spec.node_selector.get(HOST) == p.spec.node_name
+        assert p.spec.node_name in topo.nodes
+    victim = before["0"]
+    dead = victim.spec.node_name
+    (spare,) = set(topo.nodes) - {p.spec.node_name for p in before.values()}
+
+    t0 = time.monotonic()
+    set_heartbeat(kube, dead, alive=False)
+    try:
+        st = wait_for(
+            "recovery into epoch 2",
+            lambda: s if (s := gang_state(kube, namespace, NAME)).get("epoch") == 2 else None,
+            90,
+            0.2,
+        )
+        assert st["recovery"]["causes"] == {"workers/0/0": "NodeUnhealthy"}
+        taints = {t.key: t.effect for t in kube.core.read_node(dead).spec.taints or []}
+        assert taints.get(api.UNHEALTHY_TAINT) == "NoSchedule"
+
+        st = wait_for(
+            "barrier of epoch 2 (replacement placed by Kueue and joined)",
+            lambda: (
+                s
+                if (s := gang_state(kube, namespace, NAME)).get("barrierOpen") and s["epoch"] == 2
+                else None
+            ),
+            150,
+            0.5,
+        )
+        took = time.monotonic() - t0
+        after = _live_pods(kube, namespace)
+        new = after["0"]
+        assert new.metadata.uid != victim.metadata.uid
+        assert new.spec.node_name == spare, "Kueue placed the replacement on the rack's spare"
+        assert new.spec.node_selector.get(HOST) == spare, "placed by Kueue's ungater"
+        for i in ("1", "2"):
+            assert after[i].metadata.uid == before[i].metadata.uid, f"member {i} kept its pod"
+        wl_after = workload_of(kube, namespace, NAME)
+        assert wl_after is not None
+        admitted_cond = condition(wl_after, "Admitted")
+        assert admitted_cond is not None
+        assert admitted_cond["status"] == "True", "the Workload stayed admitted"
+        evicted = condition(wl_after, "Evicted")
+        assert evicted is None or evicted["status"] == "False", evicted
+        assert st["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 1}
+        print(
+            f"\nTAS: node {dead} silenced; replacement placed by Kueue on {spare} (same rack) "
+            f"and the gang back in {took:.1f}s; Workload still admitted"
+        )
+    finally:
+        set_heartbeat(kube, dead, alive=True)
