@@ -19,6 +19,8 @@ What is real and what is not:
 from __future__ import annotations
 
 import datetime as dt
+import heapq
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -104,9 +106,15 @@ class Fleet:
         self.errors: list[str] = []
         path = KubeApi.gangstates_path(api.GROUP, api.VERSION, namespace, api.GANGSTATE_PLURAL)
         self._gang_collection, self._gang_object = path, f"{path}/{gang}"
+        # delayed work (simulated restart times, retries): one timer thread, never a pool
+        # worker asleep
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._timer_seq = itertools.count()
+        self._timer_wake = threading.Condition(self._lock)
         self._threads = [
             threading.Thread(target=self._watch_gang, daemon=True, name="fleet-gang"),
             threading.Thread(target=self._watch_pods, daemon=True, name="fleet-pods"),
+            threading.Thread(target=self._run_timers, daemon=True, name="fleet-timers"),
         ]
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -117,7 +125,25 @@ class Fleet:
 
     def stop(self) -> None:
         self._halt.set()
+        with self._timer_wake:
+            self._timer_wake.notify()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _later(self, delay: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the pool after ``delay`` seconds."""
+        with self._timer_wake:
+            heapq.heappush(self._timers, (time.monotonic() + delay, next(self._timer_seq), fn))
+            self._timer_wake.notify()
+
+    def _run_timers(self) -> None:
+        with self._timer_wake:
+            while not self._halt.is_set():
+                now = time.monotonic()
+                while self._timers and self._timers[0][0] <= now:
+                    _, _, fn = heapq.heappop(self._timers)
+                    self._pool.submit(fn)
+                wait = self._timers[0][0] - now if self._timers else None
+                self._timer_wake.wait(wait)
 
     def marks_for(self, epoch: int) -> EpochMarks:
         with self._lock:
@@ -307,9 +333,7 @@ class Fleet:
 
     def _retry(self, fn: Callable[[], None]) -> None:
         if not self._halt.is_set():
-            timer = threading.Timer(0.5, lambda: self._pool.submit(fn))
-            timer.daemon = True
-            timer.start()
+            self._later(0.5, fn)
 
     # --- the simulated kubelet ------------------------------------------------------------
 
@@ -325,26 +349,40 @@ class Fleet:
         return t
 
     def _kubelet_restart(self, agent: SimAgent, already_signalled: float | None) -> None:
-        try:
-            if already_signalled is None:
+        """Containers stop (status written), and come back ``restart_delay`` s later."""
+        if already_signalled is None:
+            try:
                 self._kubelet_status(agent, restarting=True, crashed=False)
-            self._halt.wait(self.restart_delay)
+            except _ERRORS as e:
+                if isinstance(e, ApiError) and e.status == 404:
+                    return
+                self._error(f"{agent.pod}: kubelet: {e}")
+                self._retry(lambda: self._kubelet_restart(agent, already_signalled))
+                return
+        self._later(self.restart_delay, lambda: self._containers_back(agent))
+
+    def _containers_back(self, agent: SimAgent) -> None:
+        try:
             with self._lock:
-                agent.restarts += 1
-            self._kubelet_status(agent, restarting=False, crashed=False)
+                restarts = agent.restarts + 1
+            self._kubelet_status(agent, restarting=False, crashed=False, restarts=restarts)
         except _ERRORS as e:
             if isinstance(e, ApiError) and e.status == 404:
                 return
             self._error(f"{agent.pod}: kubelet: {e}")
-            self._retry(lambda: self._kubelet_restart(agent, already_signalled))
+            self._retry(lambda: self._containers_back(agent))
             return
         with self._lock:
+            agent.restarts = restarts
             agent.logic = AgentLogic()  # the agent container restarted: a new process
             agent.view = None
         self._agent_starts(agent)
 
-    def _kubelet_status(self, agent: SimAgent, *, restarting: bool, crashed: bool) -> None:
+    def _kubelet_status(
+        self, agent: SimAgent, *, restarting: bool, crashed: bool, restarts: int | None = None
+    ) -> None:
         now = _now()
+        count = agent.restarts if restarts is None else restarts
         statuses = []
         for name in agent.containers:
             if crashed and name == "trainer":
@@ -361,7 +399,7 @@ class Fleet:
                     "image": "sim",
                     "imageID": "sim",
                     "ready": not restarting,
-                    "restartCount": agent.restarts,
+                    "restartCount": count,
                     "started": not restarting,
                     "state": state,
                 }
