@@ -217,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             stock_cap=args.stock_cap,
             node_cap=args.node_cap,
         )
+        bench.clean()
         for size in args.sizes:
             death = size in args.node_death_sizes
             log(f"=== gang of {size} pods: hybrid ({args.reps} reps{', node death' * death})")

@@ -155,6 +155,14 @@ class Bench:
                 last = now
             time.sleep(1.0)
 
+    def clean(self) -> None:
+        """Delete JobSets a previous (interrupted) run left in the namespace."""
+        for js in self.kube.custom.list_namespaced_custom_object(
+            JOBSET_GROUP, JOBSET_VERSION, self.namespace, JOBSETS
+        )["items"]:
+            log(f"deleting {js['metadata']['name']} left by an earlier run")
+            self._delete(js["metadata"]["name"])
+
     def _delete(self, name: str) -> None:
         try:
             self.kube.custom.delete_namespaced_custom_object(
