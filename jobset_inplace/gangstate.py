@@ -7,6 +7,7 @@ failing or recreated members of the current recovery by name."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
@@ -126,3 +127,17 @@ def new_gangstate(jobset: dict[str, Any]) -> dict[str, Any]:
         },
         "spec": {"jobSetName": meta["name"]},
     }
+
+
+# Member counts shown in the status for people (kubectl, printer columns). Each member's report
+# changes them; written at most every PROGRESS_WRITE_INTERVAL_S, since every agent watches the
+# GangState and each write is an event for all of them.
+PROGRESS_WRITE_INTERVAL_S = 1.0
+
+
+def progress_only(old: GangStatus, new: GangStatus) -> bool:
+    """Whether ``new`` differs from ``old`` in the member counts alone (nothing the agents or
+    the planner act on: those are recomputed from the pods on every pass)."""
+    return old != new and new == dataclasses.replace(
+        old, expected=new.expected, reported=new.reported, ready=new.ready
+    )

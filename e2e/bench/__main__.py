@@ -71,6 +71,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--stock-cap", type=float, default=900.0, help="cap for a stock recovery, s")
     p.add_argument("--node-cap", type=float, default=480.0, help="cap for a node-death run, s")
     p.add_argument("--setup-timeout", type=float, default=1200.0, help="cap for gang set-up, s")
+    p.add_argument(
+        "--paths",
+        default="hybrid,stock",
+        help="which recovery paths to run: hybrid,stock (the default) or one of them "
+        "(ratios need both)",
+    )
     p.add_argument("--skip-agent-start", action="store_true", help="skip the real-node part")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
     p.add_argument("--label", default="", help="a name for this run in the results")
@@ -79,6 +85,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--reps must be >= 1")
     if args.pods_per_job < 1:
         p.error("--pods-per-job must be >= 1")
+    args.paths = set(args.paths.split(","))
+    if not args.paths or not args.paths <= {"hybrid", "stock"}:
+        p.error("--paths must be hybrid,stock or one of them")
     return args
 
 
@@ -220,11 +229,15 @@ def main(argv: list[str] | None = None) -> int:
         bench.clean()
         for size in args.sizes:
             death = size in args.node_death_sizes
-            log(f"=== gang of {size} pods: hybrid ({args.reps} reps{', node death' * death})")
-            hybrid = bench.hybrid(size, args.reps, death)
-            log(f"=== gang of {size} pods: stock JobSet ({args.reps} reps{', node death' * death})")
-            stock = bench.stock(size, args.reps, death)
-            results["sizes"][str(size)] = {"hybrid": hybrid, "stock": stock}
+            row: dict[str, Any] = {}
+            what = f"{args.reps} reps{', node death' * death}"
+            if "hybrid" in args.paths:
+                log(f"=== gang of {size} pods: hybrid ({what})")
+                row["hybrid"] = bench.hybrid(size, args.reps, death)
+            if "stock" in args.paths:
+                log(f"=== gang of {size} pods: stock JobSet ({what})")
+                row["stock"] = bench.stock(size, args.reps, death)
+            results["sizes"][str(size)] = row
             report.write(args.out, results)  # keep what was measured so far
         if not args.skip_agent_start:
             log("=== agent start-up on the real node")

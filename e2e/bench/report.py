@@ -35,7 +35,8 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     """Per size: min/median/max of every phase, and the ratios stock / hybrid (medians)."""
     out: dict[str, Any] = {}
     for size, r in results.get("sizes", {}).items():
-        h, s = r["hybrid"], r["stock"]
+        empty: dict[str, Any] = {"worker_failure": [], "node_death": []}
+        h, s = r.get("hybrid", empty), r.get("stock", empty)
         hw, sw = h["worker_failure"], s["worker_failure"]
         row: dict[str, Any] = {
             "hybrid_worker_failure": {
@@ -136,6 +137,12 @@ def plot(out: Path, results: dict[str, Any]) -> None:
 
     sizes = sorted(results["sizes"], key=int)
     summ = summarize(results)
+    if any(
+        summ[s]["hybrid_worker_failure"]["barrier_open_s"] is None
+        or summ[s]["stock_worker_failure"]["all_running_s"] is None
+        for s in sizes
+    ):
+        return  # a run of one path only: nothing to compare
 
     # 1. worker failure: hybrid phases (stacked medians) next to stock, per size
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -39,15 +39,52 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU seconds of a process (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# Processes whose CPU use is reported per measured window (the 2 cores are shared by all).
+WATCHED_PROCESSES = {
+    "kube-apiserver": "kube-apiserver",
+    "etcd": "etcd",
+    "kube-controller": "kube-controller-manager",
+    "kube-scheduler": "kube-scheduler",
+    "kwok-controller": "kwok-controller",
+    "jobset": "jobset",
+    "kueue": "kueue",
+}
+
+
+def watched_pids() -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                comm = (d / "comm").read_text().strip()
+            except OSError:
+                continue
+            for name, label in WATCHED_PROCESSES.items():
+                if comm == name:
+                    out[label] = int(d.name)
+    return out
+
+
 @dataclass
 class ProcessMeter:
-    """CPU seconds and peak RSS of one process (the controller), per measured window."""
+    """CPU seconds and peak RSS of the controller per measured window, and the CPU seconds of
+    every other process on the machine's 2 cores that takes part (control plane, kwok, JobSet,
+    Kueue, this benchmark with its simulated fleet)."""
 
     pid: int
+    others: dict[str, int] = field(default_factory=watched_pids)
 
     def _stat(self) -> float:
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.pid)
 
     def rss_mib(self, key: str = "VmRSS") -> float:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
@@ -56,14 +93,21 @@ class ProcessMeter:
         return 0.0
 
     @contextmanager
-    def window(self, out: dict[str, float]) -> Iterator[None]:
+    def window(self, out: dict[str, Any]) -> Iterator[None]:
         Path(f"/proc/{self.pid}/clear_refs").write_text("5")  # reset the peak RSS (VmHWM)
+        procs = {**self.others, "benchmark (fleet)": os.getpid()}
         cpu0 = self._stat()
+        others0 = {k: cpu_seconds(p) for k, p in procs.items()}
+        t0 = time.monotonic()
         try:
             yield
         finally:
             out["controller_cpu_s"] = round(self._stat() - cpu0, 3)
             out["controller_peak_rss_mib"] = round(self.rss_mib("VmHWM"), 1)
+            out["window_s"] = round(time.monotonic() - t0, 3)
+            out["cpu_s_by_process"] = {
+                k: round(cpu_seconds(p) - others0[k], 2) for k, p in procs.items()
+            }
 
 
 @dataclass

@@ -29,6 +29,7 @@ class Gang:
     kueue_stand_down: str = ""  # from the JobSet's Kueue Workload (views.kueue_stand_down)
     kueue_managed: bool = False  # Kueue made a Workload for it
     reported: set[str] = field(default_factory=set)  # Event messages already posted once
+    progress_written: float = 0.0  # time.monotonic() of the last status write
 
 
 # Kueue's default waitForPodsReady.recoveryTimeout (v0.19), assumed for Kueue-managed gangs when

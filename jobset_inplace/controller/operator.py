@@ -17,6 +17,7 @@ import kopf
 from kubernetes import client, config
 
 from .. import api
+from ..gangstate import PROGRESS_WRITE_INTERVAL_S, progress_only
 from ..model import Event
 from ..planner import may_untaint, plan, stale_lease_nodes
 from ..policy import PolicyError, is_enabled, parse_policy
@@ -103,8 +104,13 @@ class Reconciler:
         result = plan(snap)
         self.passes += 1
         if result.status != gang.status:
-            await asyncio.to_thread(self.executor.write_status, *key, result.status)
-            gang.status = result.status
+            now = time.monotonic()
+            due = gang.progress_written + PROGRESS_WRITE_INTERVAL_S
+            if progress_only(gang.status, result.status) and now < due:
+                self.poke(key, due - now)  # counts only: write them a little later
+            else:
+                await asyncio.to_thread(self.executor.write_status, *key, result.status)
+                gang.status, gang.progress_written = result.status, now
         actions = []
         for a in result.actions:
             if isinstance(a, Event) and a.reason == "MalformedReport":
