@@ -81,18 +81,26 @@ class ClusterCache:
             pods[meta["uid"]] = view
         return key
 
-    def upsert_node(self, node: Mapping[str, Any], now: float, deleted: bool = False) -> None:
+    def upsert_node(self, node: Mapping[str, Any], now: float, deleted: bool = False) -> bool:
+        """Record a node event; whether the planner's view of the node changed."""
         name = node["metadata"]["name"]
+        old = self.nodes.get(name)
         if deleted:
             self.nodes.pop(name, None)
-        else:
-            self.nodes[name] = node_view(node, None, now)
+            return old is not None
+        view = node_view(node, None, now)
+        self.nodes[name] = dataclasses.replace(view, lease_renewed=self.leases.get(name))
+        return self.nodes[name] != old
 
     def set_lease(self, node: str, renewed: float | None) -> None:
+        """Record a Lease renewal; the node's view carries it (snapshots copy nothing)."""
         if renewed is None:
             self.leases.pop(node, None)
         else:
             self.leases[node] = renewed
+        view = self.nodes.get(node)
+        if view is not None and view.lease_renewed != renewed:
+            self.nodes[node] = dataclasses.replace(view, lease_renewed=renewed)
 
     def gangs_on_node(self, node: str) -> list[GangKey]:
         return [k for k, g in self.gangs.items() if any(p.node == node for p in g.pods.values())]
@@ -101,11 +109,7 @@ class ClusterCache:
         if gang.policy is None or gang.status is None:
             return None
         names = {p.node for p in gang.pods.values() if p.node}
-        nodes = {
-            n: dataclasses.replace(self.nodes[n], lease_renewed=self.leases.get(n))
-            for n in names
-            if n in self.nodes
-        }
+        nodes = {n: self.nodes[n] for n in names if n in self.nodes}
         spec = gang.spec
         if gang.kueue_managed:
             rt = self.kueue_recovery_timeout_s or KUEUE_DEFAULT_RECOVERY_TIMEOUT_S
