@@ -265,6 +265,9 @@ def run(*, liveness: str | None = None) -> None:
         settings.admission.server = webhook_server
         settings.admission.managed = None  # the configurations are manifests/webhook/
         prime(reconciler)
+
+    @kopf.on.startup(registry=registry)
+    async def watch_leases(**_: Any) -> None:
         leases = LeaseWatch(
             reconciler.executor.core.api_client,
             asyncio.get_running_loop(),
