@@ -156,6 +156,10 @@ class ReplacePod:
     cause: Cause
     fail_first: bool = False
     taint_node: str | None = None
+    # When the pod stopped being seen alive (its node's first unhealthy signal); written as the
+    # time its Ready condition went False, which the Job controller's pod-failure backoff
+    # (10 s, doubling per failure of the Job) counts from, instead of from the deletion.
+    failed_since: float | None = None
 
 
 @dataclass(frozen=True)

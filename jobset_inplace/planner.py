@@ -241,8 +241,18 @@ class _Planning:
         unreachable = self.s.policy.force_delete == ForceDelete.UNREACHABLE
         fail_first = cause == Cause.NODE_UNHEALTHY and unreachable
         taint = pod.node if cause == Cause.NODE_UNHEALTHY else None
+        node = self.s.nodes.get(pod.node or "")
+        since = unhealthy_since(node, self.s.policy, self.s.now) if node and taint else None
         self.p.actions.append(
-            ReplacePod(pod.name, pod.uid, pod.member, cause, fail_first, taint_node=taint)
+            ReplacePod(
+                pod.name,
+                pod.uid,
+                pod.member,
+                cause,
+                fail_first,
+                taint_node=taint,
+                failed_since=since,
+            )
         )
 
     def live(self, member: str) -> PodView | None:

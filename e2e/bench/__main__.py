@@ -49,7 +49,13 @@ def _sizes(raw: str) -> list[int]:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m e2e.bench", description=__doc__.split("\n")[0])
     p.add_argument("--sizes", type=_sizes, default=[1000, 5000], help="gang sizes (pods)")
-    p.add_argument("--reps", type=int, default=3, help="repetitions per size and path")
+    p.add_argument("--reps", type=int, default=3, help="repetitions per size (hybrid)")
+    p.add_argument(
+        "--stock-reps",
+        type=int,
+        default=2,
+        help="repetitions per size of the stock path (minutes each at thousands of pods)",
+    )
     p.add_argument(
         "--node-death-sizes",
         type=_sizes,
@@ -81,8 +87,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
     p.add_argument("--label", default="", help="a name for this run in the results")
     args = p.parse_args(argv)
-    if args.reps < 1:
-        p.error("--reps must be >= 1")
+    if args.reps < 1 or args.stock_reps < 1:
+        p.error("--reps and --stock-reps must be >= 1")
     if args.pods_per_job < 1:
         p.error("--pods-per-job must be >= 1")
     args.paths = set(args.paths.split(","))
@@ -209,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             "stock_cap_s": args.stock_cap,
             "node_cap_s": args.node_cap,
             "reps": args.reps,
+            "stock_reps": args.stock_reps,
         },
         "sizes": {},
     }
@@ -236,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                 row["hybrid"] = bench.hybrid(size, args.reps, death)
             if "stock" in args.paths:
                 log(f"=== gang of {size} pods: stock JobSet ({what})")
-                row["stock"] = bench.stock(size, args.reps, death)
+                row["stock"] = bench.stock(size, args.stock_reps, death)
             results["sizes"][str(size)] = row
             report.write(args.out, results)  # keep what was measured so far
         if not args.skip_agent_start:

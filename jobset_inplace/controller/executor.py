@@ -26,6 +26,10 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _rfc3339(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 class Executor:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.core = client.CoreV1Api(api_client)
@@ -79,7 +83,14 @@ class Executor:
         )
 
     # --- pods ---------------------------------------------------------------------------------
-    def _fail_pod(self, namespace: str, a: ReplacePod | EscalatePod, ctype: str, msg: str) -> bool:
+    def _fail_pod(
+        self,
+        namespace: str,
+        a: ReplacePod | EscalatePod,
+        ctype: str,
+        msg: str,
+        since: float | None = None,
+    ) -> bool:
         """Mark a pod Failed with a condition through its status (the kubelet is gone or the
         failure must reach the Job's podFailurePolicy). False if the pod is no longer there."""
         try:
@@ -90,15 +101,25 @@ class Executor:
             raise
         if pod.metadata.uid != a.uid:
             return False
-        conditions = [
-            c for c in (pod.status.conditions or []) if c.type != ctype
-        ]  # keep the others
+        drop = {ctype, "Ready"} if since is not None else {ctype}
+        conditions = [c for c in (pod.status.conditions or []) if c.type not in drop]
+        extra = []
+        if since is not None:  # not ready since its node went silent (see ReplacePod)
+            extra.append(
+                {
+                    "type": "Ready",
+                    "status": "False",
+                    "reason": "NodeUnhealthy",
+                    "lastTransitionTime": _rfc3339(since),
+                }
+            )
         body = {
             "metadata": {"resourceVersion": pod.metadata.resource_version},
             "status": {
                 "phase": "Failed",
                 "conditions": [
                     *(self.core.api_client.sanitize_for_serialization(c) for c in conditions),
+                    *extra,
                     {
                         "type": ctype,
                         "status": "True",
@@ -158,7 +179,11 @@ class Executor:
         grace = None
         if a.fail_first:
             if not self._fail_pod(
-                namespace, a, api.REPLACED_CONDITION, f"{a.cause.value}: replaced"
+                namespace,
+                a,
+                api.REPLACED_CONDITION,
+                f"{a.cause.value}: replaced",
+                since=a.failed_since,
             ):
                 return
             grace = 0  # its kubelet is unreachable: nothing would confirm a graceful delete

@@ -89,8 +89,17 @@ def test_member_on_unhealthy_node_is_replaced_others_in_place() -> None:
     nm = nodes(4)
     nm["n2"] = NodeView("n2", ready="Unknown", ready_since=NOW - 60, lease_renewed=NOW - 100)
     p = plan(snapshot(node_map=nm))
+    # failed since its first unhealthy signal: the Lease, stale 10 s after its last renewal
     assert replaced(p) == [
-        ReplacePod("p2", "uid-2", member(2), Cause.NODE_UNHEALTHY, True, taint_node="n2")
+        ReplacePod(
+            "p2",
+            "uid-2",
+            member(2),
+            Cause.NODE_UNHEALTHY,
+            True,
+            taint_node="n2",
+            failed_since=NOW - 90,
+        )
     ]
     rec = p.status.recovery
     assert rec is not None
