@@ -28,6 +28,7 @@ RESTART_EXIT_CODE: Final = f"{PREFIX}restart-exit-code"
 CHECKPOINT_DIRS: Final = f"{PREFIX}checkpoint-dirs"
 ESCALATION: Final = f"{PREFIX}escalation"
 KUEUE_RECOVERY_TIMEOUT: Final = f"{PREFIX}kueue-recovery-timeout"
+TAINT_ON_DEVICE_FAULT: Final = f"{PREFIX}taint-on-device-fault"
 # Set by `kubectl jobset-inplace restart`: a new value asks for one manual in-place gang restart.
 RESTART_REQUEST: Final = f"{PREFIX}restart-request"
 
@@ -44,6 +45,9 @@ NODE_LEASE_NAMESPACE: Final = "kube-node-lease"
 
 # --- Node taint set on a node the controller found unhealthy (so replacements avoid it) -------
 UNHEALTHY_TAINT: Final = f"{PREFIX}unhealthy"
+# ... and, with the taint-on-device-fault policy, on a Ready node whose device failed a member.
+# Removed by people after the repair (the node itself looks healthy), never by the controller.
+DEVICE_UNHEALTHY_TAINT: Final = f"{PREFIX}device-unhealthy"
 
 DEFAULT_RESTART_EXIT_CODE: Final = 88
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from . import api
 from .policy import Policy
 
 HISTORY_LIMIT = 20
@@ -156,6 +157,7 @@ class ReplacePod:
     cause: Cause
     fail_first: bool = False
     taint_node: str | None = None
+    taint_key: str = api.UNHEALTHY_TAINT
     # When the pod stopped being seen alive (its node's first unhealthy signal); written as the
     # time its Ready condition went False, which the Job controller's pod-failure backoff
     # (10 s, doubling per failure of the Job) counts from, instead of from the deletion.

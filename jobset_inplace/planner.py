@@ -240,9 +240,9 @@ class _Planning:
     def replace(self, pod: PodView, cause: Cause) -> None:
         unreachable = self.s.policy.force_delete == ForceDelete.UNREACHABLE
         fail_first = cause == Cause.NODE_UNHEALTHY and unreachable
-        taint = pod.node if cause == Cause.NODE_UNHEALTHY else None
         node = self.s.nodes.get(pod.node or "")
-        since = unhealthy_since(node, self.s.policy, self.s.now) if node and taint else None
+        dead = cause == Cause.NODE_UNHEALTHY
+        device = cause == Cause.DEVICE_UNHEALTHY and self.s.policy.taint_on_device_fault
         self.p.actions.append(
             ReplacePod(
                 pod.name,
@@ -250,8 +250,11 @@ class _Planning:
                 pod.member,
                 cause,
                 fail_first,
-                taint_node=taint,
-                failed_since=since,
+                taint_node=pod.node if dead or device else None,
+                taint_key=api.UNHEALTHY_TAINT if dead else api.DEVICE_UNHEALTHY_TAINT,
+                failed_since=unhealthy_since(node, self.s.policy, self.s.now)
+                if node and dead
+                else None,
             )
         )
 

@@ -65,6 +65,9 @@ class Policy:
     escalation: Escalation = Escalation.RESTART_JOBSET
     # Overrides the recoveryTimeout read from Kueue's configuration (when it is not readable).
     kueue_recovery_timeout_s: float | None = None
+    # Taint a Ready node NoSchedule when its device fails a member, before replacing the pod
+    # (so that the replacement, and Kueue TAS's node replacement, avoid it).
+    taint_on_device_fault: bool = False
 
 
 class PolicyError(ValueError):
@@ -132,6 +135,12 @@ def _checkpoint_dirs(key: str, value: str) -> CheckpointDirs:
     return CheckpointDirs(found.get("local"), found.get("persistent"))
 
 
+def _bool(key: str, value: str) -> bool:
+    if value not in ("true", "false"):
+        raise PolicyError(key, value, '"true" or "false"')
+    return value == "true"
+
+
 _PARSERS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
     ("inplace_budget", api.INPLACE_BUDGET, lambda k, v: _int(k, v, 0, 10_000)),
     ("recreate_budget", api.RECREATE_BUDGET, lambda k, v: _int(k, v, 0, 10_000)),
@@ -151,6 +160,7 @@ _PARSERS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
     ("checkpoint_dirs", api.CHECKPOINT_DIRS, _checkpoint_dirs),
     ("escalation", api.ESCALATION, lambda k, v: _choice(k, v, Escalation)),
     ("kueue_recovery_timeout_s", api.KUEUE_RECOVERY_TIMEOUT, parse_duration),
+    ("taint_on_device_fault", api.TAINT_ON_DEVICE_FAULT, _bool),
 )
 
 

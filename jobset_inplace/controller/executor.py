@@ -133,9 +133,11 @@ class Executor:
         self.core.patch_namespaced_pod_status(a.pod, namespace, body)
         return True
 
-    def set_unhealthy_taint(self, node: str, present: bool, reason: str = "") -> None:
-        """Add or remove the ``jobset-inplace.dev/unhealthy:NoSchedule`` taint (idempotent;
-        optimistic concurrency on the node's resourceVersion)."""
+    def set_unhealthy_taint(
+        self, node: str, present: bool, reason: str = "", key: str = api.UNHEALTHY_TAINT
+    ) -> None:
+        """Add or remove our ``key:NoSchedule`` taint (``jobset-inplace.dev/unhealthy`` by
+        default; idempotent; optimistic concurrency on the node's resourceVersion)."""
         for _ in range(5):
             try:
                 obj = self.core.read_node(node)
@@ -146,15 +148,13 @@ class Executor:
             taints = [
                 self.core.api_client.sanitize_for_serialization(t)
                 for t in obj.spec.taints or []
-                if t.key != api.UNHEALTHY_TAINT
+                if t.key != key
             ]
             had = len(taints) != len(obj.spec.taints or [])
             if present == had:
                 return
             if present:
-                taints.append(
-                    {"key": api.UNHEALTHY_TAINT, "value": reason[:63], "effect": "NoSchedule"}
-                )
+                taints.append({"key": key, "value": reason[:63], "effect": "NoSchedule"})
             body = {
                 "metadata": {"resourceVersion": obj.metadata.resource_version},
                 "spec": {"taints": taints},
@@ -165,17 +165,17 @@ class Executor:
                     "node %s: %s taint %s",
                     node,
                     "added" if present else "removed",
-                    api.UNHEALTHY_TAINT,
+                    key,
                 )
                 return
             except ApiException as e:
                 if e.status != 409:
                     raise
-        log.warning("node %s: gave up updating taint %s (conflicts)", node, api.UNHEALTHY_TAINT)
+        log.warning("node %s: gave up updating taint %s (conflicts)", node, key)
 
     def replace_pod(self, namespace: str, a: ReplacePod) -> None:
         if a.taint_node:
-            self.set_unhealthy_taint(a.taint_node, True, a.cause.value)
+            self.set_unhealthy_taint(a.taint_node, True, a.cause.value, a.taint_key)
         grace = None
         if a.fail_first:
             if not self._fail_pod(

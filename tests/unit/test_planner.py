@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from jobset_inplace.api import UNHEALTHY_TAINT
+from jobset_inplace.api import DEVICE_UNHEALTHY_TAINT, UNHEALTHY_TAINT
 from jobset_inplace.model import (
     Cause,
     EscalatePod,
@@ -429,3 +429,22 @@ def test_only_ready_nodes_stale_by_their_lease_alone_are_read_again() -> None:
     nm["n2"] = dataclasses.replace(nm["n2"], lease_renewed=NOW - 24)  # not yet
     nm["n3"] = NodeView("n3", ready="Unknown", ready_since=NOW - 60, lease_renewed=NOW - 60)
     assert stale_lease_nodes(snapshot(node_map=nm)) == ["n1"]
+
+
+def test_device_fault_replaces_without_tainting_by_default() -> None:
+    p = plan(snapshot(pod_list=with_pod(pods(4, epoch=2), 1, devices_unhealthy=True)))
+    assert [(r.member, r.taint_node) for r in replaced(p)] == [(member(1), None)]
+
+
+def test_device_fault_taints_the_ready_node_when_asked() -> None:
+    """For Kueue TAS: an untolerated taint on the (still Ready) node makes Kueue's failed-node
+    replacement move the member; a taint of its own that the controller never removes."""
+    p = plan(
+        snapshot(
+            pod_list=with_pod(pods(4, epoch=2), 1, devices_unhealthy=True),
+            policy=Policy(taint_on_device_fault=True),
+        )
+    )
+    (r,) = replaced(p)
+    assert (r.member, r.taint_node, r.taint_key) == (member(1), "n1", DEVICE_UNHEALTHY_TAINT)
+    assert r.failed_since is None

@@ -174,6 +174,7 @@ def test_escalation_fail_jobset_adds_a_failjobset_rule() -> None:
         (api.CHECKPOINT_DIRS, "local=relative/path"),
         (api.CHECKPOINT_DIRS, "scratch=/x"),
         (api.ESCALATION, "panic"),
+        (api.TAINT_ON_DEVICE_FAULT, "yes"),
     ],
 )
 def test_bad_checkpoint_or_escalation_annotation_names_the_key(key: str, value: str) -> None:
