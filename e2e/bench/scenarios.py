@@ -134,7 +134,9 @@ class Bench:
         js = workloads.jobset(
             name,
             [("workers", size // per_job, per_job)],
-            annotations={api.ENABLED: "true"} if hybrid else {},
+            # A barrier deadline for thousands of members on 2 shared cores (the default 5m
+            # would recreate laggards of a slow-but-progressing recovery).
+            annotations={api.ENABLED: "true", api.BARRIER_TIMEOUT: "20m"} if hybrid else {},
             node_selector=dict(workloads.KWOK_NODE_SELECTOR),
             pod={
                 "containers": [
