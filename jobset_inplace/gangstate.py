@@ -103,6 +103,13 @@ def status_from_dict(d: dict[str, Any] | None) -> GangStatus:
     )
 
 
+def owned_by(gangstate: dict[str, Any], jobset_uid: str) -> bool:
+    """Whether ``gangstate`` belongs to the JobSet with ``jobset_uid`` (not to an earlier
+    JobSet of the same name whose GangState the garbage collector has not removed yet)."""
+    owners = (gangstate.get("metadata") or {}).get("ownerReferences") or []
+    return any(o.get("uid") == jobset_uid for o in owners)
+
+
 def new_gangstate(jobset: dict[str, Any]) -> dict[str, Any]:
     """A GangState for ``jobset`` (same name and namespace), owned by it so that it goes
     away with the JobSet."""

@@ -14,7 +14,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from .. import api
-from ..gangstate import new_gangstate, status_from_dict, status_to_dict
+from ..gangstate import new_gangstate, owned_by, status_from_dict, status_to_dict
 from ..model import Action, EscalatePod, Event, GangStatus, ReplacePod
 
 log = logging.getLogger("jobset_inplace.controller")
@@ -54,20 +54,34 @@ class Executor:
     # --- GangState ----------------------------------------------------------------------------
     def load_or_create(self, jobset: dict[str, Any]) -> GangStatus:
         meta = jobset["metadata"]
+        where = (api.GROUP, api.VERSION, meta["namespace"], api.GANGSTATE_PLURAL)
+        obj: dict[str, Any] | None
         try:
-            obj = self.custom.get_namespaced_custom_object(
-                api.GROUP, api.VERSION, meta["namespace"], api.GANGSTATE_PLURAL, meta["name"]
-            )
+            obj = self.custom.get_namespaced_custom_object(*where, meta["name"])
         except ApiException as e:
             if e.status != 404:
                 raise
-            obj = self.custom.create_namespaced_custom_object(
-                api.GROUP,
-                api.VERSION,
-                meta["namespace"],
-                api.GANGSTATE_PLURAL,
-                new_gangstate(jobset),
+            obj = None
+        if obj is not None and not owned_by(obj, meta["uid"]):
+            # Left by an earlier JobSet of the same name and not garbage-collected yet: its
+            # epochs are not this gang's.
+            log.info(
+                "%s/%s: replacing the GangState of an earlier JobSet", *where[2:3], meta["name"]
             )
+            try:
+                self.custom.delete_namespaced_custom_object(
+                    *where,
+                    meta["name"],
+                    body=client.V1DeleteOptions(
+                        preconditions=client.V1Preconditions(uid=obj["metadata"]["uid"])
+                    ),
+                )
+            except ApiException as e:
+                if e.status not in (404, 409):
+                    raise
+            obj = None
+        if obj is None:
+            obj = self.custom.create_namespaced_custom_object(*where, new_gangstate(jobset))
         return status_from_dict(obj.get("status"))
 
     def write_status(self, namespace: str, name: str, status: GangStatus) -> None:

@@ -71,6 +71,9 @@ class Reconciler:
             try:
                 await self._reconcile(key)
             except client.exceptions.ApiException as e:
+                gang = self.cache.gangs.get(key)
+                if e.status == 404 and gang is not None:
+                    gang.status = None  # the GangState went away: load or create it again
                 log.warning(
                     "%s/%s: API error %s %s: %s; retrying",
                     *key,

@@ -223,3 +223,42 @@ def test_invalid_policy_annotation_is_reported(gang: Gang) -> None:
     msg = dict(gang.events())["InvalidPolicy"]
     assert api.BARRIER_TIMEOUT in msg
     assert "30s, 5m or 1h30m" in msg
+
+
+def test_jobset_recreated_with_the_same_name_gets_a_fresh_gangstate(
+    gang: Gang, kube: Clients
+) -> None:
+    """The old GangState outlives its JobSet until the garbage collector removes it (this
+    control plane runs none, so it stays): the new JobSet must not inherit its epochs (found by
+    the benchmark, which reuses JobSet names)."""
+    start_running(gang)
+    gang.fail_trainer(1)
+    gang.wait_state("epoch 2", lambda s: s["epoch"] == 2)
+    jobsets = ("jobset.x-k8s.io", "v1alpha2", gang.namespace, "jobsets")
+    kube.custom.delete_namespaced_custom_object(*jobsets, gang.name)
+    for pod in list(gang.pods.values()):
+        kube.core.delete_namespaced_pod(pod, gang.namespace, grace_period_seconds=0)
+    wait_for(
+        "old JobSet gone",
+        lambda: (
+            not any(
+                js["metadata"]["name"] == gang.name
+                for js in kube.custom.list_namespaced_custom_object(*jobsets)["items"]
+            )
+        ),
+        15,
+    )
+    gang.create()
+    new_uid = kube.custom.get_namespaced_custom_object(*jobsets, gang.name)["metadata"]["uid"]
+
+    def fresh() -> dict[str, Any] | None:
+        obj = kube.custom.get_namespaced_custom_object(
+            api.GROUP, api.VERSION, gang.namespace, api.GANGSTATE_PLURAL, gang.name
+        )
+        owners = [o["uid"] for o in obj["metadata"].get("ownerReferences") or []]
+        return obj if owners == [new_uid] and obj.get("status") else None
+
+    st = wait_for("a GangState owned by the new JobSet", fresh, 20)["status"]
+    assert st["epoch"] == 1
+    gang.report_all(1)
+    gang.wait_state("barrier open at epoch 1", lambda s: s["barrierOpen"] and s["epoch"] == 1)
