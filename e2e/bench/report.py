@@ -114,6 +114,14 @@ def text(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _med(s: dict[str, float] | None) -> str:
+    return "-" if not s else f"{s['median']:.1f}"
+
+
+def _max(s: dict[str, float] | None) -> str:
+    return "-" if not s else f"{s['max']:.0f}"
+
+
 def _fmt(s: dict[str, float] | None) -> str:
     if not s:
         return "-"
@@ -194,3 +202,61 @@ def plot(out: Path, results: dict[str, Any]) -> None:
         fig.tight_layout()
         fig.savefig(out / "node-death.png", dpi=110)
         plt.close(fig)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The results tables of docs/benchmarks.md (``python -m e2e.bench.report``)."""
+    summ = summarize(results)
+    out = [
+        "| gang | hybrid: detection | restart + report | barrier | **barrier open** "
+        "| protocol (minus the simulated restart) | all running | **stock: all running** "
+        "| **stock / hybrid** | controller (median CPU-s, max peak RSS) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for size, row in summ.items():
+        if size == "agent_start":
+            continue
+        hw, sw = row["hybrid_worker_failure"], row["stock_worker_failure"]
+        ge = ">= " if sw["capped"] else ""
+        ratio = row.get("ratio_stock_over_hybrid_barrier")
+        out.append(
+            f"| {size} pods | {_fmt(hw['detection_s'])} | {_fmt(hw['restart_s'])} "
+            f"| {_fmt(hw['barrier_s'])} | **{_fmt(hw['barrier_open_s'])}** "
+            f"| {_fmt(hw['protocol_s'])} | {_fmt(hw['all_running_s'])} "
+            f"| **{ge}{_fmt(sw['all_running_s'])}** | **{ge}{ratio}x** "
+            f"| {_med(hw['controller_cpu_s'])} CPU-s, {_max(hw['controller_peak_rss_mib'])} MiB |"
+        )
+    out.append("")
+    out.append("(seconds, min / median / max over the repetitions; ratio of the medians)")
+    deaths = [
+        (s, r["node_death"]) for s, r in summ.items() if s != "agent_start" and "node_death" in r
+    ]
+    if deaths:
+        out += [
+            "",
+            "| gang | hybrid: node death -> detected | **-> gang running** "
+            "| **stock -> gang running** | **stock / hybrid** | stock pods stuck Terminating |",
+            "|---|---|---|---|---|---|",
+        ]
+        for size, nd in deaths:
+            ge = ">= " if nd["stock_capped"] else ""
+            hybrid, stock = nd["hybrid_running_s"], nd["stock_running_s"]
+            out.append(
+                f"| {size} pods | {nd['hybrid_detection_s']:.1f} | **{hybrid:.1f}** "
+                f"| **{ge}{stock:.1f}** | **{ge}{nd['ratio_stock_over_hybrid']}x** "
+                f"| {nd['stock_stuck_terminating']} |"
+            )
+    if summ.get("agent_start"):
+        a = summ["agent_start"]
+        out += [
+            "",
+            f"Agent process start -> epoch reported on the real node: {_fmt(a)} s (n={a['n']}).",
+        ]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    import sys
+
+    path = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/bench/results.json")
+    print(markdown(json.loads(path.read_text())))
