@@ -25,7 +25,7 @@ from e2e.harness.versions import binaries, versions
 from jobset_inplace import api
 
 from . import report
-from .scenarios import FLEET_SA, Bench, ProcessMeter, log
+from .scenarios import FLEET_SA, Bench, ProcessMeter, log, node_unhealthy_after
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "bench"
 NAMESPACE = "bench"
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     started = time.time()
     cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
-    nodes = max(args.sizes) + SPARE_NODES
+    nodes = min(args.sizes) + SPARE_NODES
     cluster.up(nodes=nodes, real_nodes=1)
     kube = clients(cluster.kubeconfig)
     prepare(kube, cluster.kubeconfig, NAMESPACE)
@@ -211,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {
             "restart_delay_s": args.restart_delay,
             "pods_per_job": args.pods_per_job,
-            "kwok_nodes": nodes,
+            "kwok_nodes": "gang size + 8 (scaled before each size)",
+            "node_unhealthy_after": {str(s): node_unhealthy_after(s) for s in args.sizes},
             "stock_cap_s": args.stock_cap,
             "node_cap_s": args.node_cap,
             "reps": args.reps,
@@ -235,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         bench.clean()
         for size in args.sizes:
+            cluster.scale_nodes(size + SPARE_NODES)  # one pod per node, a few spare
             death = size in args.node_death_sizes
             row: dict[str, Any] = {}
             what = f"{args.reps} reps{', node death' * death}"
