@@ -102,6 +102,7 @@ class Fleet:
         self._halt = threading.Event()
         self.agents: dict[str, SimAgent] = {}  # pod name -> agent
         self.view: GangView | None = None
+        self._gang_uid: str | None = None
         self.marks: dict[int, EpochMarks] = {}
         self.requests = 0
         self.errors: list[str] = []
@@ -207,7 +208,11 @@ class Fleet:
         if view is None:
             return
         now = time.monotonic()
+        uid = (obj.get("metadata") or {}).get("uid")
         with self._lock:
+            if uid != self._gang_uid:
+                # a new GangState (an earlier gang of the same name had its own epochs)
+                self._gang_uid, self.marks = uid, {}
             self.view = view
             marks = self.marks.setdefault(view.epoch, EpochMarks())
             if marks.seen is None:
