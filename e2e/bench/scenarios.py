@@ -36,12 +36,13 @@ FLEET_SA = "bench-fleet"
 
 
 def node_unhealthy_after(size: int) -> str:
-    """The gang's node-unhealthy-after. kwok's simulated heartbeats for thousands of nodes
-    on 2 cores run late: with 5000 nodes, Leases went 25-30 s unrenewed while the apiserver
-    was saturated (confirmed by fresh reads), which the product default (15 s after the 10 s
-    renew interval) rightly calls dead nodes. Real kubelets renew on their own machines. The
-    node-death scenario runs at 1000 pods with the default."""
-    return "15s" if size <= 2000 else "60s"
+    """The gang's node-unhealthy-after. kwok's simulated heartbeats for 5000 nodes on 2 cores
+    run late: while a 5000-pod gang was being created, node Leases went more than 70 s
+    unrenewed (confirmed by fresh reads), which any Lease reader rightly calls dead nodes (the
+    gang escalated after 5 replacements, with 15 s and with 60 s). Real kubelets renew on their
+    own machines. So gangs above 2000 pods measure the worker-failure path only, with node
+    detection out of the way; the node-death scenario runs at 1000 pods with the default."""
+    return "15s" if size <= 2000 else "1h"
 
 
 def log(msg: str) -> None:
