@@ -48,7 +48,12 @@ def _sizes(raw: str) -> list[int]:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m e2e.bench", description=__doc__.split("\n")[0])
-    p.add_argument("--sizes", type=_sizes, default=[1000, 5000], help="gang sizes (pods)")
+    p.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=[1000, 5000],
+        help="gang sizes (pods), or none (only the agent start-up on the real node)",
+    )
     p.add_argument("--reps", type=int, default=3, help="repetitions per size (hybrid)")
     p.add_argument(
         "--stock-reps",
@@ -185,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     started = time.time()
     cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
-    nodes = min(args.sizes) + SPARE_NODES
+    nodes = min(args.sizes) + SPARE_NODES if args.sizes else 4
     cluster.up(nodes=nodes, real_nodes=1)
     kube = clients(cluster.kubeconfig)
     prepare(kube, cluster.kubeconfig, NAMESPACE)
