@@ -248,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             if "hybrid" in args.paths:
                 log(f"=== gang of {size} pods: hybrid ({what})")
                 row["hybrid"] = bench.hybrid(size, args.reps, death)
+                results["sizes"][str(size)] = row
+                report.write(args.out, results)  # keep what was measured so far
             if "stock" in args.paths:
                 log(f"=== gang of {size} pods: stock JobSet ({what})")
                 row["stock"] = bench.stock(size, args.stock_reps, death)
