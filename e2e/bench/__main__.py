@@ -23,6 +23,7 @@ from e2e.harness.demo import ControllerProcess, prepare, run_demo
 from e2e.harness.kube import clients, wait_for
 from e2e.harness.versions import binaries, versions
 from jobset_inplace import api
+from jobset_inplace.transform import AGENT_CONTAINER
 
 from . import report
 from .scenarios import FLEET_SA, Bench, ProcessMeter, log, node_unhealthy_after
@@ -168,7 +169,7 @@ def agent_start(cluster: LocalCluster, cycles: int) -> dict[str, Any]:
         for p in pods:
             for previous in ("--previous=false", "--previous=true"):
                 out = subprocess.run(
-                    [*kubectl, "logs", p.metadata.name, "-c", "agent", previous],
+                    [*kubectl, "logs", p.metadata.name, "-c", AGENT_CONTAINER, previous],
                     capture_output=True,
                     text=True,
                     check=False,
