@@ -167,14 +167,21 @@ def agent_start(cluster: LocalCluster, cycles: int) -> dict[str, Any]:
             "bench-agent", label_selector=f"{api.JOBSET_NAME_LABEL}={name}"
         ).items
         for p in pods:
-            for previous in ("--previous=false", "--previous=true"):
-                out = subprocess.run(
-                    [*kubectl, "logs", p.metadata.name, "-c", AGENT_CONTAINER, previous],
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                ).stdout
-                samples += report.agent_latencies(out)
+            # the agent process the in-place restart started (the restart path's start-up);
+            # a pod's first agent also waits for the controller to initialise the GangState
+            restarted = any(
+                s.name == AGENT_CONTAINER and s.restart_count >= 1
+                for s in p.status.init_container_statuses or []
+            )
+            if not restarted:
+                continue
+            out = subprocess.run(
+                [*kubectl, "logs", p.metadata.name, "-c", AGENT_CONTAINER],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            samples += report.agent_latencies(out)
         kube.custom.delete_namespaced_custom_object(
             "jobset.x-k8s.io", "v1alpha2", "bench-agent", "jobsets", name
         )
@@ -258,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             report.write(args.out, results)  # keep what was measured so far
         if not args.skip_agent_start:
             log("=== agent start-up on the real node")
-            results["agent_start"] = agent_start(cluster, 2)
+            results["agent_start"] = agent_start(cluster, 3)
         results["controller_rss_end_mib"] = round(bench.meter.rss_mib(), 1)
     finally:
         ctl.stop()
