@@ -221,9 +221,13 @@ def _run(kube: Clients, namespace: str, topo: Topology) -> None:
     wl = wait_for("Workload admitted by Kueue with TAS", admitted, 120, 1)
     psa = wl["status"]["admission"]["podSetAssignments"][0]
     assert psa.get("topologyAssignment"), f"no topology assignment: {psa}"
-    wait_for(
-        "barrier of epoch 1", lambda: gang_state(kube, namespace, NAME).get("barrierOpen"), 150
-    )
+    # Under Kueue the gang starts suspended and begins a fresh epoch when admitted: which
+    # epoch trains depends on timing, so the recovery is the one after it.
+    trained = wait_for(
+        "barrier open (training)",
+        lambda: s if (s := gang_state(kube, namespace, NAME)).get("barrierOpen") else None,
+        150,
+    )["epoch"]
     before = _live_pods(kube, namespace)
     assert len(before) == MEMBERS
     for p in before.values():
@@ -239,8 +243,10 @@ def _run(kube: Clients, namespace: str, topo: Topology) -> None:
     set_heartbeat(kube, dead, alive=False)
     try:
         st = wait_for(
-            "recovery into epoch 2",
-            lambda: s if (s := gang_state(kube, namespace, NAME)).get("epoch") == 2 else None,
+            f"recovery into epoch {trained + 1}",
+            lambda: (
+                s if (s := gang_state(kube, namespace, NAME)).get("epoch") == trained + 1 else None
+            ),
             90,
             0.2,
         )
@@ -249,10 +255,11 @@ def _run(kube: Clients, namespace: str, topo: Topology) -> None:
         assert taints.get(api.UNHEALTHY_TAINT) == "NoSchedule"
 
         st = wait_for(
-            "barrier of epoch 2 (replacement placed by Kueue and joined)",
+            f"barrier of epoch {trained + 1} (replacement placed by Kueue and joined)",
             lambda: (
                 s
-                if (s := gang_state(kube, namespace, NAME)).get("barrierOpen") and s["epoch"] == 2
+                if (s := gang_state(kube, namespace, NAME)).get("barrierOpen")
+                and s["epoch"] == trained + 1
                 else None
             ),
             150,
