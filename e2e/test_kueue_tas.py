@@ -167,15 +167,7 @@ def _jobset(queue: str) -> dict[str, Any]:
         labels={QUEUE_LABEL: queue},
         annotations={api.ENABLED: "true", api.NODE_UNHEALTHY_AFTER: "5s"},
         node_selector=dict(workloads.KWOK_NODE_SELECTOR),
-        pod={
-            "containers": [
-                {
-                    "name": "trainer",
-                    "image": "trainer:sim",
-                    "resources": {"requests": {"cpu": MEMBER_CPU, "memory": "1Gi"}},
-                }
-            ]
-        },
+        pod=workloads.whole_node_trainer(MEMBER_CPU),
     )
     template = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
     template["metadata"] = {"annotations": {"kueue.x-k8s.io/podset-required-topology": RACK}}

@@ -154,15 +154,7 @@ class Bench:
             if hybrid
             else {},
             node_selector=dict(workloads.KWOK_NODE_SELECTOR),
-            pod={
-                "containers": [
-                    {
-                        "name": "trainer",
-                        "image": "trainer:sim",
-                        "resources": {"requests": {"cpu": WORKER_CPU, "memory": "1Gi"}},
-                    }
-                ]
-            },
+            pod=workloads.whole_node_trainer(WORKER_CPU),
         )
         for rj in js["spec"]["replicatedJobs"]:
             rj["template"]["spec"]["backoffLimit"] = 0

@@ -22,6 +22,20 @@ def e2e_node_selector() -> dict[str, str]:
     return {k: v for k, _, v in pairs}
 
 
+def whole_node_trainer(cpu: str) -> dict[str, Any]:
+    """Pod-spec fields for a trainer that takes a whole kwok node (32 CPUs each): with ``cpu``
+    above half of that, one member per node, as for a worker using all of a node's devices."""
+    return {
+        "containers": [
+            {
+                "name": "trainer",
+                "image": "trainer:sim",
+                "resources": {"requests": {"cpu": cpu, "memory": "1Gi"}},
+            }
+        ]
+    }
+
+
 def jobset(
     name: str,
     replicated_jobs: list[tuple[str, int, int]],

@@ -59,9 +59,9 @@ class Reconciler:
     def _fire(self, key: GangKey) -> None:
         self._timers.pop(key, None)
         task = asyncio.ensure_future(self.reconcile(key))
-        task.add_done_callback(self._done)
+        task.add_done_callback(self.log_failure)
 
-    def _done(self, task: asyncio.Future[None]) -> None:
+    def log_failure(self, task: asyncio.Future[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.error("planning pass failed", exc_info=task.exception())
 
@@ -193,7 +193,7 @@ def lease_renewals(r: Reconciler, batch: list[Renewal]) -> None:
             task = asyncio.ensure_future(
                 asyncio.to_thread(r.executor.set_unhealthy_taint, name, False)
             )
-            task.add_done_callback(r._done)
+            task.add_done_callback(r.log_failure)
 
 
 def prime(r: Reconciler) -> None:
