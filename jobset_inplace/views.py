@@ -158,7 +158,7 @@ def node_view(node: Obj, lease: Obj | None, now: float) -> NodeView:
         for t in node.get("spec", {}).get("taints") or []
         if t.get("effect") in ("NoSchedule", "NoExecute")
     )
-    renewed = ts((lease or {}).get("spec", {}).get("renewTime")) if lease else None
+    renewed = lease_renewal(lease)[1] if lease else None
     return NodeView(
         name=node["metadata"]["name"],
         ready=(ready or {}).get("status", "Unknown"),
@@ -167,6 +167,12 @@ def node_view(node: Obj, lease: Obj | None, now: float) -> NodeView:
         taints=taints,
         conditions=conditions,
     )
+
+
+def lease_renewal(lease: Obj) -> tuple[str, float | None]:
+    """A node Lease's node name and last renewal (None: never renewed)."""
+    renew = (lease.get("spec") or {}).get("renewTime")
+    return str(lease["metadata"]["name"]), ts(renew) if isinstance(renew, str) and renew else None
 
 
 def kueue_stand_down(workload: Obj) -> str:

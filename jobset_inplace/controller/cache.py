@@ -5,14 +5,14 @@ Lease renewals. Building a snapshot for one gang touches only that gang's pods."
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import api
 from ..model import GangSpec, GangStatus, NodeView, PodView, Snapshot
 from ..policy import Policy
-from ..views import gang_spec, node_view, pod_view
+from ..views import gang_spec, lease_renewal, node_view, pod_view
 
 GangKey = tuple[str, str]  # (namespace, JobSet name)
 
@@ -81,6 +81,14 @@ class ClusterCache:
             pods[meta["uid"]] = view
         return key
 
+    def replace_pods(self, pods: Sequence[Mapping[str, Any]]) -> None:
+        """A complete list of the labelled pods (a relist): pods not in it are gone."""
+        for gang in self.gangs.values():
+            gang.pods = {}
+        self.orphans = {}
+        for pod in pods:
+            self.upsert_pod(pod)
+
     def upsert_node(self, node: Mapping[str, Any], now: float, deleted: bool = False) -> bool:
         """Record a node event; whether the planner's view of the node changed."""
         name = node["metadata"]["name"]
@@ -92,6 +100,12 @@ class ClusterCache:
         self.nodes[name] = dataclasses.replace(view, lease_renewed=self.leases.get(name))
         return self.nodes[name] != old
 
+    def replace_nodes(self, nodes: Sequence[Mapping[str, Any]], now: float) -> None:
+        """A complete list of the nodes (a relist): nodes not in it are gone."""
+        self.nodes = {}
+        for node in nodes:
+            self.upsert_node(node, now)
+
     def set_lease(self, node: str, renewed: float | None) -> None:
         """Record a Lease renewal; the node's view carries it (snapshots copy nothing)."""
         if renewed is None:
@@ -101,6 +115,14 @@ class ClusterCache:
         view = self.nodes.get(node)
         if view is not None and view.lease_renewed != renewed:
             self.nodes[node] = dataclasses.replace(view, lease_renewed=renewed)
+
+    def replace_leases(self, leases: Sequence[Mapping[str, Any]]) -> None:
+        """A complete list of the node Leases (a relist): nodes without one have none."""
+        fresh = dict(lease_renewal(lease) for lease in leases)
+        for node in set(self.leases) - set(fresh):
+            self.set_lease(node, None)
+        for node, renewed in fresh.items():
+            self.set_lease(node, renewed)
 
     def gangs_on_node(self, node: str) -> list[GangKey]:
         return [k for k, g in self.gangs.items() if any(p.node == node for p in g.pods.values())]

@@ -1,9 +1,10 @@
-"""The kopf adapter: watch events feed the cache, and a debounced per-gang reconciler runs the
-pure planner and the executor. Nothing here decides anything.
+"""The controller's adapters: watch events feed the cache, and a debounced per-gang reconciler
+runs the pure planner and the executor. Nothing here decides anything.
 
-Watches: JobSets (opt-in by annotation), pods labelled with a JobSet name, nodes, and node
-Leases in ``kube-node-lease``. Lease renewals only refresh the cache: the planner asks to be
-woken when a Lease would go stale, so a silently dead node is noticed without any event."""
+Watches: JobSets (opt-in by annotation) and Kueue Workloads through kopf; pods labelled with a
+JobSet name, nodes and node Leases through raw JSON watch threads (``watches.py``: thousands of
+objects, a few fields each). Lease renewals only refresh the cache: the planner asks to be woken
+when a Lease would go stale, so a silently dead node is noticed without any event."""
 
 from __future__ import annotations
 
@@ -23,16 +24,20 @@ from ..gangstate import PROGRESS_WRITE_INTERVAL_S, progress_only
 from ..model import Event
 from ..planner import may_untaint, plan, stale_lease_nodes
 from ..policy import PolicyError, is_enabled, parse_policy
-from ..views import kueue_recovery_timeout, kueue_stand_down, workload_owner
+from ..views import kueue_recovery_timeout, kueue_stand_down, lease_renewal, workload_owner
 from ..webhook import settings_from_env
 from .admission import register_webhooks, server_from_env
 from .cache import ClusterCache, Gang, GangKey
 from .executor import Executor
-from .leases import LeaseWatch, Renewal
+from .watches import RawWatch, WatchEvent
 
 log = logging.getLogger("jobset_inplace.controller")
 
 DEBOUNCE_S = 0.1  # coalesce bursts of pod events into one planning pass
+# While events stream in, passes of a gang are spaced by at least this many times the last
+# pass's duration: planning takes a bounded share of the controller (a 5000-member pass takes
+# ~15 ms; at the debounce alone a 5-minute recovery cost ~90 CPU-s in passes).
+PASS_SPACING = 20
 
 
 @dataclass
@@ -42,13 +47,17 @@ class Reconciler:
     debounce: float = DEBOUNCE_S
     _timers: dict[GangKey, tuple[float, asyncio.TimerHandle]] = field(default_factory=dict)
     _locks: dict[GangKey, asyncio.Lock] = field(default_factory=dict)
+    _not_before: dict[GangKey, float] = field(default_factory=dict)  # loop time
     passes: int = 0
 
     def poke(self, key: GangKey, delay: float | None = None) -> None:
-        """Plan gang ``key`` after ``delay`` (default: the debounce), unless already due
-        sooner."""
+        """Plan gang ``key`` after ``delay`` (default: the debounce, and not sooner than the
+        pass spacing allows), unless already due sooner."""
         loop = asyncio.get_running_loop()
-        when = loop.time() + (self.debounce if delay is None else delay)
+        if delay is None:
+            when = max(loop.time() + self.debounce, self._not_before.get(key, 0.0))
+        else:
+            when = loop.time() + delay
         have = self._timers.get(key)
         if have is not None and have[0] <= when:
             return
@@ -92,6 +101,7 @@ class Reconciler:
             return
         if gang.status is None:
             gang.status = await asyncio.to_thread(self.executor.load_or_create, gang.jobset)
+        started = time.perf_counter()
         snap = self.cache.snapshot(gang, time.time())
         if snap is None:
             return
@@ -109,6 +119,8 @@ class Reconciler:
                 return
         result = plan(snap)
         self.passes += 1
+        spacing = PASS_SPACING * (time.perf_counter() - started)
+        self._not_before[key] = asyncio.get_running_loop().time() + spacing
         if result.status != gang.status:
             now = time.monotonic()
             due = gang.progress_written + PROGRESS_WRITE_INTERVAL_S
@@ -156,12 +168,6 @@ def setup(reconciler: Reconciler) -> None:
     async def jobset_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         _jobset_event(reconciler, dict(body), type == "DELETED")
 
-    @kopf.on.event("", "v1", "pods", labels={api.JOBSET_NAME_LABEL: kopf.PRESENT})
-    async def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
-        key = reconciler.cache.upsert_pod(dict(body), deleted=type == "DELETED")
-        if key is not None and key in reconciler.cache.gangs:
-            reconciler.poke(key)
-
     @kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads")
     async def workload_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         key = workload_owner(body)
@@ -174,19 +180,28 @@ def setup(reconciler: Reconciler) -> None:
             gang.kueue_stand_down, gang.kueue_managed = reason, managed
             reconciler.poke(key)
 
-    @kopf.on.event("", "v1", "nodes")
-    async def node_event(body: kopf.Body, type: str | None, **_: Any) -> None:
-        name = body["metadata"]["name"]
-        changed = reconciler.cache.upsert_node(dict(body), time.time(), deleted=type == "DELETED")
-        if changed:  # status heartbeats change nothing the planner looks at
-            for key in reconciler.cache.gangs_on_node(name):
-                reconciler.poke(key)
+
+def pod_events(r: Reconciler, events: list[WatchEvent]) -> None:
+    for kind, pod in events:
+        key = r.cache.upsert_pod(pod, deleted=kind == "DELETED")
+        if key is not None and key in r.cache.gangs:
+            r.poke(key)
 
 
-def lease_renewals(r: Reconciler, batch: list[Renewal]) -> None:
-    """Node Lease renewals (from :class:`LeaseWatch`, on the event loop)."""
+def node_events(r: Reconciler, events: list[WatchEvent]) -> None:
     now = time.time()
-    for name, renewed in batch:
+    for kind, node in events:
+        if r.cache.upsert_node(node, now, deleted=kind == "DELETED"):
+            # status heartbeats change nothing the planner looks at: no pass for those
+            for key in r.cache.gangs_on_node(node["metadata"]["name"]):
+                r.poke(key)
+
+
+def lease_events(r: Reconciler, events: list[WatchEvent]) -> None:
+    now = time.time()
+    for kind, lease in events:
+        name, renewed = lease_renewal(lease)
+        renewed = None if kind == "DELETED" else renewed
         r.cache.set_lease(name, renewed)
         if may_untaint(r.cache.nodes.get(name), renewed, now):
             # The node's kubelet is back: let the scheduler use it again.
@@ -196,13 +211,43 @@ def lease_renewals(r: Reconciler, batch: list[Renewal]) -> None:
             task.add_done_callback(r.log_failure)
 
 
-def prime(r: Reconciler) -> None:
+def plan_all(r: Reconciler) -> None:
+    for key in r.cache.gangs:
+        r.poke(key)
+
+
+def raw_watches(r: Reconciler) -> list[RawWatch]:
+    core, cache = r.executor.core, r.cache
+    return [
+        RawWatch(
+            "pods",
+            partial(core.list_pod_for_all_namespaces, label_selector=api.JOBSET_NAME_LABEL),
+            cache.replace_pods,
+            partial(pod_events, r),
+            partial(plan_all, r),
+        ),
+        RawWatch(
+            "nodes",
+            core.list_node,
+            lambda nodes: cache.replace_nodes(nodes, time.time()),
+            partial(node_events, r),
+            partial(plan_all, r),
+        ),
+        RawWatch(
+            "node Leases",
+            partial(r.executor.coordination.list_namespaced_lease, api.NODE_LEASE_NAMESPACE),
+            cache.replace_leases,
+            partial(lease_events, r),
+            partial(plan_all, r),
+        ),
+    ]
+
+
+def prime(r: Reconciler, watches: list[RawWatch]) -> None:
     """Fill the cache with complete lists before any planning pass. Without this, the first
     pass of a gang could run before the pod watch delivered all its pods and mistake the
     missing ones for failures (a spurious recovery after every controller restart)."""
     custom, core = r.executor.custom, r.executor.core
-    now = time.time()
-    sanitize = core.api_client.sanitize_for_serialization
     for js in custom.list_cluster_custom_object("jobset.x-k8s.io", "v1alpha2", "jobsets")["items"]:
         meta = js["metadata"]
         if is_enabled(meta.get("annotations")):
@@ -210,15 +255,12 @@ def prime(r: Reconciler) -> None:
                 r.cache.upsert_jobset(js, parse_policy(meta.get("annotations")), "")
             except PolicyError as e:
                 r.cache.upsert_jobset(js, None, str(e))
-    for pod in core.list_pod_for_all_namespaces(label_selector=api.JOBSET_NAME_LABEL).items:
-        r.cache.upsert_pod(sanitize(pod))
-    for node in core.list_node().items:
-        r.cache.upsert_node(sanitize(node), now)
+    counts = {w.what: w.prime() for w in watches}
     r.cache.kueue_recovery_timeout_s = read_kueue_recovery_timeout(core)
     log.info(
-        "cache primed: %d gangs, %d nodes; Kueue recoveryTimeout %s",
+        "cache primed: %d gangs, %s; Kueue recoveryTimeout %s",
         len(r.cache.gangs),
-        len(r.cache.nodes),
+        ", ".join(f"{n} {what}" for what, n in counts.items()),
         r.cache.kueue_recovery_timeout_s or "unknown",
     )
 
@@ -246,6 +288,7 @@ def run(*, liveness: str | None = None) -> None:
     # kopf logs every handled event at INFO: thousands of pods would flood the log.
     logging.getLogger("kopf").setLevel(logging.WARNING)
     reconciler = build_reconciler()
+    watches = raw_watches(reconciler)
     registry = kopf.OperatorRegistry()
     with _registry(registry):
         setup(reconciler)
@@ -267,16 +310,13 @@ def run(*, liveness: str | None = None) -> None:
         settings.persistence.diffbase_storage = _NoDiffBase()
         settings.admission.server = webhook_server
         settings.admission.managed = None  # the configurations are manifests/webhook/
-        prime(reconciler)
 
     @kopf.on.startup(registry=registry)
-    async def watch_leases(**_: Any) -> None:
-        leases = LeaseWatch(
-            reconciler.executor.core.api_client,
-            asyncio.get_running_loop(),
-            partial(lease_renewals, reconciler),
-        )
-        leases.start()
+    async def start_watches(**_: Any) -> None:
+        # kopf starts its own watches (JobSets) only when every startup handler is done
+        await asyncio.to_thread(prime, reconciler, watches)
+        for w in watches:
+            w.start_on(asyncio.get_running_loop())
 
     asyncio.run(
         kopf.operator(

@@ -1,0 +1,75 @@
+"""The controller cache's relist semantics: a complete list replaces what was cached, so an
+object deleted while a watch was down does not linger."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobset_inplace import api
+from jobset_inplace.controller.cache import ClusterCache
+from jobset_inplace.policy import Policy
+
+NOW = 1_000_000.0
+
+
+def pod(uid: str, jobset: str = "train", index: int = 0) -> dict[str, Any]:
+    labels = {
+        api.JOBSET_NAME_LABEL: jobset,
+        api.REPLICATED_JOB_LABEL: "workers",
+        api.JOB_INDEX_LABEL: str(index),
+        api.COMPLETION_INDEX_LABEL: "0",
+    }
+    meta = {"name": f"p-{uid}", "namespace": "ns", "uid": uid, "labels": labels}
+    return {"metadata": meta, "spec": {"nodeName": f"n-{uid}"}, "status": {"phase": "Running"}}
+
+
+def node(name: str) -> dict[str, Any]:
+    ready = {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    return {"metadata": {"name": name}, "status": {"conditions": [ready]}}
+
+
+def lease(name: str, renewed: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"renewTime": renewed}}
+
+
+def cache_with_gang() -> ClusterCache:
+    c = ClusterCache()
+    jobset = {
+        "metadata": {"name": "train", "namespace": "ns", "uid": "js"},
+        "spec": {"replicatedJobs": [{"name": "workers", "replicas": 2, "template": {"spec": {}}}]},
+    }
+    c.upsert_jobset(jobset, Policy(), "")
+    return c
+
+
+def test_replace_pods_drops_pods_missing_from_the_list_and_keeps_orphans_apart() -> None:
+    c = cache_with_gang()
+    c.upsert_pod(pod("a", index=0))
+    c.upsert_pod(pod("b", index=1))
+    c.upsert_pod(pod("x", jobset="later"))  # its JobSet not seen yet
+    c.replace_pods([pod("b", index=1), pod("c", index=0), pod("y", jobset="later")])
+    assert set(c.gangs[("ns", "train")].pods) == {"b", "c"}
+    assert set(c.orphans[("ns", "later")]) == {"y"}
+
+
+def test_replace_nodes_drops_nodes_missing_from_the_list_and_keeps_their_leases() -> None:
+    c = ClusterCache()
+    c.set_lease("n1", NOW)
+    c.upsert_node(node("n1"), NOW)
+    c.upsert_node(node("n2"), NOW)
+    c.replace_nodes([node("n1")], NOW)
+    assert set(c.nodes) == {"n1"}
+    assert c.nodes["n1"].lease_renewed == NOW
+
+
+def test_replace_leases_forgets_leases_missing_from_the_list() -> None:
+    c = ClusterCache()
+    c.upsert_node(node("n1"), NOW)
+    c.upsert_node(node("n2"), NOW)
+    c.set_lease("n1", NOW)
+    c.set_lease("n2", NOW)
+    c.replace_leases([lease("n2", "2026-11-21T10:00:00.000000Z")])
+    assert "n1" not in c.leases
+    assert c.nodes["n1"].lease_renewed is None
+    assert c.nodes["n2"].lease_renewed is not None
+    assert c.nodes["n2"].lease_renewed > NOW

@@ -1,0 +1,104 @@
+"""The raw watch thread's list/watch protocol, driven by a scripted ``list_*`` call (the
+thread's logic only; the controller's integration tests run it against a real apiserver)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from jobset_inplace.controller.watches import RawWatch, WatchEvent
+
+
+class Response:
+    def __init__(
+        self, doc: dict[str, Any] | None = None, lines: Sequence[dict[str, Any]] = ()
+    ) -> None:
+        self.data = json.dumps(doc or {}).encode()
+        self.lines = [json.dumps(line).encode() + b"\n" for line in lines]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.lines)
+
+    def release_conn(self) -> None:
+        pass
+
+
+def obj(name: str, rv: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": rv}}
+
+
+class Scripted:
+    """Answers list and watch calls from scripts; records the calls."""
+
+    def __init__(self, lists: list[Response], watches: list[Response]) -> None:
+        self.lists, self.watches = lists, watches
+        self.calls: list[dict[str, Any]] = []
+        self.watch: RawWatch | None = None  # halted when the watch script runs out
+
+    def __call__(self, **kwargs: Any) -> Response:
+        self.calls.append(kwargs)
+        if not kwargs.get("watch"):
+            return self.lists.pop(0)
+        if not self.watches:
+            assert self.watch is not None
+            self.watch.halt.set()
+            return Response()
+        return self.watches.pop(0)
+
+
+def test_list_pages_through_continue_tokens_and_keeps_the_first_resource_version() -> None:
+    call = Scripted(
+        lists=[
+            Response(
+                {"metadata": {"resourceVersion": "10", "continue": "t1"}, "items": [obj("a", "5")]}
+            ),
+            Response({"metadata": {"resourceVersion": "10"}, "items": [obj("b", "6")]}),
+        ],
+        watches=[],
+    )
+    got: list[list[dict[str, Any]]] = []
+    w = RawWatch("things", call, got.append, lambda _: None, lambda: None)
+    assert w.prime() == 2
+    assert [o["metadata"]["name"] for o in got[0]] == ["a", "b"]
+    assert w.rv == "10"
+    assert call.calls[1]["_continue"] == "t1"
+
+
+def test_watch_resumes_from_the_last_version_and_relists_after_an_expired_one() -> None:
+    relisted: list[str] = []
+    replaced: list[list[dict[str, Any]]] = []
+    events: list[WatchEvent] = []
+    call = Scripted(
+        lists=[
+            Response({"metadata": {"resourceVersion": "10"}, "items": [obj("a", "5")]}),
+            Response({"metadata": {"resourceVersion": "40"}, "items": [obj("b", "39")]}),
+        ],
+        watches=[
+            Response(
+                lines=[
+                    {"type": "MODIFIED", "object": obj("a", "11")},
+                    {"type": "BOOKMARK", "object": obj("", "20")},
+                ]
+            ),
+            Response(lines=[{"type": "ERROR", "object": {"message": "too old", "code": 410}}]),
+            Response(lines=[{"type": "DELETED", "object": obj("b", "41")}]),
+        ],
+    )
+    w = RawWatch("things", call, replaced.append, events.extend, lambda: relisted.append("x"))
+    call.watch = w
+    w.prime()
+
+    async def run_until_the_script_ends() -> None:
+        w.start_on(asyncio.get_running_loop())
+        await asyncio.to_thread(w.join, 10)
+        await asyncio.sleep(0)  # run what the thread handed over to the loop
+
+    asyncio.run(run_until_the_script_ends())
+    assert not w.is_alive()
+    watch_versions = [c["resource_version"] for c in call.calls if c.get("watch")]
+    assert watch_versions == ["10", "20", "40", "41"]  # bookmark, relist, last event
+    assert [(k, o["metadata"]["name"]) for k, o in events] == [("MODIFIED", "a"), ("DELETED", "b")]
+    assert relisted == ["x"]
+    assert [o["metadata"]["name"] for o in replaced[1]] == ["b"]
