@@ -15,6 +15,7 @@ import platform
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,13 @@ def fleet_token(cluster: LocalCluster, namespace: str) -> Path:
     return path
 
 
+def apiserver_metrics(cluster: LocalCluster) -> str:
+    kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig)]
+    return subprocess.run(
+        [*kubectl, "get", "--raw", "/metrics"], check=True, capture_output=True, text=True
+    ).stdout
+
+
 def agent_start(cluster: LocalCluster, cycles: int) -> dict[str, Any]:
     """Agent process start -> epoch reported, on real containers of the real nodes: the
     demo gang (real kubelet, real agent) through ``cycles`` in-place recoveries; each agent
@@ -240,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             server=kube.api.configuration.host,
             ca_file=Path(kube.api.configuration.ssl_ca_cert),
             token_file=token,
-            meter=ProcessMeter(ctl.proc.pid),
+            meter=ProcessMeter(ctl.proc.pid, partial(apiserver_metrics, cluster)),
             restart_delay=args.restart_delay,
             pods_per_job=args.pods_per_job,
             setup_timeout=args.setup_timeout,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -84,6 +85,22 @@ def watched_pids() -> dict[str, int]:
     return out
 
 
+_REQUESTS = re.compile(r"^apiserver_request_total\{(.*)\} (\S+)$", re.MULTILINE)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def apiserver_requests(metrics: str) -> dict[str, float]:
+    """``apiserver_request_total`` from the apiserver's /metrics text, summed by verb and
+    resource (``"PATCH pods/status"``)."""
+    out: dict[str, float] = {}
+    for labels_text, value in _REQUESTS.findall(metrics):
+        labels = dict(_LABEL.findall(labels_text))
+        sub = labels.get("subresource")
+        key = f"{labels.get('verb')} {labels.get('resource')}{'/' + sub if sub else ''}"
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
 @dataclass
 class ProcessMeter:
     """CPU seconds and peak RSS of the controller per measured window, and the CPU seconds of
@@ -91,6 +108,7 @@ class ProcessMeter:
     Kueue, this benchmark with its simulated fleet)."""
 
     pid: int
+    metrics: Callable[[], str] | None = None  # the apiserver's /metrics text
     others: dict[str, int] = field(default_factory=watched_pids)
 
     def _stat(self) -> float:
@@ -106,6 +124,7 @@ class ProcessMeter:
     def window(self, out: dict[str, Any]) -> Iterator[None]:
         Path(f"/proc/{self.pid}/clear_refs").write_text("5")  # reset the peak RSS (VmHWM)
         procs = {**self.others, "benchmark (fleet)": os.getpid()}
+        requests0 = apiserver_requests(self.metrics()) if self.metrics else {}
         cpu0 = self._stat()
         others0 = {k: cpu_seconds(p) for k, p in procs.items()}
         t0 = time.monotonic()
@@ -118,6 +137,13 @@ class ProcessMeter:
             out["cpu_s_by_process"] = {
                 k: round(cpu_seconds(p) - others0[k], 2) for k, p in procs.items()
             }
+            if self.metrics:
+                # every client's requests in the window (the metrics read itself included)
+                requests = apiserver_requests(self.metrics())
+                delta = {k: v - requests0.get(k, 0.0) for k, v in requests.items()}
+                out["apiserver_requests"] = {
+                    k: int(v) for k, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v
+                }
 
 
 @dataclass
