@@ -16,12 +16,13 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
     )
-    run.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    run.add_argument(
+        "-v", "--verbose", action="store_true", help="debug logging (e.g. every planning pass)"
     )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # the project's own debug lines only: the API client's would log every response body
+    logging.getLogger("jobset_inplace").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     if args.command == "run":
         run_controller(liveness=args.liveness)
     return 0

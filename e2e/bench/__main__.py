@@ -90,6 +90,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="which recovery paths to run: hybrid,stock (the default) or one of them "
         "(ratios need both)",
     )
+    p.add_argument(
+        "--verbose-controller",
+        action="store_true",
+        help="run the controller with -v (every planning pass logged; costs it some CPU)",
+    )
     p.add_argument("--skip-agent-start", action="store_true", help="skip the real-node part")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
     p.add_argument("--label", default="", help="a name for this run in the results")
@@ -211,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     kube = clients(cluster.kubeconfig)
     prepare(kube, cluster.kubeconfig, NAMESPACE)
     token = fleet_token(cluster, NAMESPACE)
-    ctl = ControllerProcess(cluster, cluster.logs_dir / "controller-bench.log")
+    ctl = ControllerProcess(
+        cluster, cluster.logs_dir / "controller-bench.log", verbose=args.verbose_controller
+    )
     results: dict[str, Any] = {
         "label": args.label,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),

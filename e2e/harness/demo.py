@@ -93,7 +93,7 @@ class ControllerProcess:
     ``manifests/webhook/`` are installed with their clientConfig pointed at it, and removed again
     by :meth:`stop` (their failurePolicy is Fail)."""
 
-    def __init__(self, cluster: LocalCluster, log: Path) -> None:
+    def __init__(self, cluster: LocalCluster, log: Path, *, verbose: bool = False) -> None:
         self.log, self.cluster = log, cluster
         self.kubectl = Kubectl(cluster.kubeconfig)
         port = processes.free_port()
@@ -117,7 +117,7 @@ class ControllerProcess:
         }
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "jobset_inplace.cli", "run"],
+                [sys.executable, "-m", "jobset_inplace.cli", "run", *(["-v"] * verbose)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,

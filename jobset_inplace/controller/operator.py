@@ -119,16 +119,30 @@ class Reconciler:
                 return
         result = plan(snap)
         self.passes += 1
-        spacing = PASS_SPACING * (time.thread_time() - started)
-        self._not_before[key] = asyncio.get_running_loop().time() + spacing
+        cpu = time.thread_time() - started
+        self._not_before[key] = asyncio.get_running_loop().time() + PASS_SPACING * cpu
+        write = "unchanged"
         if result.status != gang.status:
             now = time.monotonic()
             due = gang.progress_written + PROGRESS_WRITE_INTERVAL_S
             if progress_only(gang.status, result.status) and now < due:
                 self.poke(key, due - now)  # counts only: write them a little later
+                write = f"counts deferred {due - now:.2f} s"
             else:
                 await asyncio.to_thread(self.executor.write_status, *key, result.status)
                 gang.status, gang.progress_written = result.status, now
+                write = f"written in {time.monotonic() - now:.3f} s"
+        log.debug(
+            "%s/%s: pass %d, epoch %d %s, %d/%d reported, %.1f ms CPU, status %s",
+            *key,
+            self.passes,
+            result.status.epoch,
+            result.status.phase,
+            result.status.reported,
+            len(snap.gang.members),
+            cpu * 1000,
+            write,
+        )
         actions = []
         for a in result.actions:
             if isinstance(a, Event) and a.reason == "MalformedReport":
@@ -217,7 +231,8 @@ def plan_all(r: Reconciler) -> None:
 
 
 def raw_watches(r: Reconciler) -> list[RawWatch]:
-    core, cache = r.executor.core, r.cache
+    # each watch holds a connection for minutes: their own clients, not the executor's pool
+    core, cache = client.CoreV1Api(client.ApiClient()), r.cache
     return [
         RawWatch(
             "pods",
@@ -235,7 +250,10 @@ def raw_watches(r: Reconciler) -> list[RawWatch]:
         ),
         RawWatch(
             "node Leases",
-            partial(r.executor.coordination.list_namespaced_lease, api.NODE_LEASE_NAMESPACE),
+            partial(
+                client.CoordinationV1Api(client.ApiClient()).list_namespaced_lease,
+                api.NODE_LEASE_NAMESPACE,
+            ),
             cache.replace_leases,
             partial(lease_events, r),
             partial(plan_all, r),
