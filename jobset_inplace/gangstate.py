@@ -137,9 +137,16 @@ def new_gangstate(jobset: dict[str, Any]) -> dict[str, Any]:
 
 
 # Member counts shown in the status for people (kubectl, printer columns). Each member's report
-# changes them; written at most every PROGRESS_WRITE_INTERVAL_S, since every agent watches the
-# GangState and each write is an event for all of them.
+# changes them, and every agent watches the GangState, so each write is an event for all of
+# them: counts alone are written at most once a second, and less often for large gangs (the
+# apiserver's fan-out of one write grows with the members): every 5 s at 5000.
 PROGRESS_WRITE_INTERVAL_S = 1.0
+PROGRESS_WRITE_S_PER_MEMBER = 0.001
+
+
+def progress_write_interval(members: int) -> float:
+    """Least time between two writes of the GangState that change member counts only."""
+    return max(PROGRESS_WRITE_INTERVAL_S, members * PROGRESS_WRITE_S_PER_MEMBER)
 
 
 def progress_only(old: GangStatus, new: GangStatus) -> bool:

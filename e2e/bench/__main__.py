@@ -267,14 +267,14 @@ def main(argv: list[str] | None = None) -> int:
             cluster.scale_nodes(size + SPARE_NODES)  # one pod per node, a few spare
             death = size in args.node_death_sizes
             row: dict[str, Any] = {}
-            what = f"{args.reps} reps{', node death' * death}"
+            death_note = ", node death" * death
             if "hybrid" in args.paths:
-                log(f"=== gang of {size} pods: hybrid ({what})")
+                log(f"=== gang of {size} pods: hybrid ({args.reps} reps{death_note})")
                 row["hybrid"] = bench.hybrid(size, args.reps, death)
                 results["sizes"][str(size)] = row
                 report.write(args.out, results)  # keep what was measured so far
             if "stock" in args.paths:
-                log(f"=== gang of {size} pods: stock JobSet ({what})")
+                log(f"=== gang of {size} pods: stock JobSet ({args.stock_reps} reps{death_note})")
                 row["stock"] = bench.stock(size, args.stock_reps, death)
             results["sizes"][str(size)] = row
             report.write(args.out, results)  # keep what was measured so far

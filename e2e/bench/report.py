@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,30 @@ def stats(values: list[float]) -> dict[str, float] | None:
 
 def _col(runs: list[dict[str, Any]], key: str) -> list[float]:
     return [float(r[key]) for r in runs if key in r]
+
+
+def cores_by_process(windows: list[dict[str, Any]]) -> dict[str, float]:
+    """Median cores each process used during the measured windows (CPU-s / window s)."""
+    cores: dict[str, list[float]] = {}
+    for m in windows:
+        if "cpu_s_by_process" not in m:
+            continue
+        per = {**m["cpu_s_by_process"], "jobset-inplace controller": m["controller_cpu_s"]}
+        for proc, cpu in per.items():
+            cores.setdefault(proc, []).append(cpu / m["window_s"])
+    med = {p: round(statistics.median(v), 2) for p, v in cores.items()}
+    return dict(sorted(med.items(), key=lambda kv: -kv[1]))
+
+
+def requests_per_recovery(windows: list[dict[str, Any]], top: int = 10) -> dict[str, int]:
+    """Median apiserver requests (verb resource) per measured window, the ``top`` most."""
+    counts: dict[str, list[int]] = {}
+    measured = [m["apiserver_requests"] for m in windows if "apiserver_requests" in m]
+    for req in measured:
+        for key, n in req.items():
+            counts.setdefault(key, []).append(n)
+    med = {k: int(statistics.median(v + [0] * (len(measured) - len(v)))) for k, v in counts.items()}
+    return dict(sorted(med.items(), key=lambda kv: -kv[1])[:top])
 
 
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
@@ -57,6 +82,10 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
                 "capped": sum(1 for m in sw if m.get("capped")),
             },
         }
+        if any("cpu_s_by_process" in m for m in hw):
+            row["hybrid_cores_by_process"] = cores_by_process(hw)
+        if any("apiserver_requests" in m for m in hw):
+            row["hybrid_apiserver_requests"] = requests_per_recovery(hw)
         hb, sb = stats(_col(hw, "barrier_open_s")), stats(_col(sw, "all_running_s"))
         ha = stats(_col(hw, "all_running_s"))
         if hb and sb and ha:
@@ -203,6 +232,31 @@ def plot(out: Path, results: dict[str, Any]) -> None:
         fig.savefig(out / "node-death.png", dpi=110)
         plt.close(fig)
 
+    # 3. where the 2 cores went during a hybrid recovery
+    rows3 = [
+        (s, summ[s]["hybrid_cores_by_process"])
+        for s in sizes
+        if "hybrid_cores_by_process" in summ[s]
+    ]
+    if rows3:
+        procs = sorted(
+            {p for _, c in rows3 for p in c}, key=lambda p: -max(c.get(p, 0) for _, c in rows3)
+        )
+        fig, ax = plt.subplots(figsize=(7, 1.2 + 0.7 * len(rows3)))
+        left = [0.0] * len(rows3)
+        for proc in procs:
+            vals = [c.get(proc, 0.0) for _, c in rows3]
+            ax.barh([f"{s} pods" for s, _ in rows3], vals, left=left, label=proc)
+            left = [a + b for a, b in zip(left, vals, strict=True)]
+        ax.set_xlabel("cores (CPU-seconds / second of the recovery; the machine has 2)")
+        ax.set_title("Hybrid recovery: CPU by process (median window)")
+        ax.legend(
+            fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.35 - 0.1 * len(rows3))
+        )
+        fig.tight_layout()
+        fig.savefig(out / "cpu-by-process.png", dpi=110, bbox_inches="tight")
+        plt.close(fig)
+
 
 def markdown(results: dict[str, Any]) -> str:
     """The results tables of docs/benchmarks.md (``python -m e2e.bench.report``)."""
@@ -246,6 +300,21 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| **{ge}{stock:.1f}** | **{ge}{nd['ratio_stock_over_hybrid']}x** "
                 f"| {nd['stock_stuck_terminating']} |"
             )
+    out += _by_size_table(
+        summ,
+        "hybrid_cores_by_process",
+        "Cores used per process during a hybrid worker-failure recovery (median over the "
+        "repetitions; the machine has 2):",
+        "process",
+        lambda v: f"{v:.2f}",
+    )
+    out += _by_size_table(
+        summ,
+        "hybrid_apiserver_requests",
+        "apiserver requests during one hybrid worker-failure recovery, all clients (median):",
+        "request",
+        str,
+    )
     if summ.get("agent_start"):
         a = summ["agent_start"]
         out += [
@@ -253,6 +322,25 @@ def markdown(results: dict[str, Any]) -> str:
             f"Agent process start -> epoch reported on the real node: {_fmt(a)} s (n={a['n']}).",
         ]
     return "\n".join(out)
+
+
+def _by_size_table(
+    summ: dict[str, Any], key: str, title: str, what: str, fmt: Callable[[Any], str]
+) -> list[str]:
+    """A table of ``summ[size][key]`` (a mapping): one row per entry, one column per size."""
+    cols = [s for s in summ if s != "agent_start" and key in summ[s]]
+    if not cols:
+        return []
+    names = sorted(
+        {n for s in cols for n in summ[s][key]},
+        key=lambda n: -max(summ[s][key].get(n, 0) for s in cols),
+    )
+    out = ["", title, "", f"| {what} | " + " | ".join(f"{s} pods" for s in cols) + " |"]
+    out.append("|---|" + "---|" * len(cols))
+    for n in names:
+        cells = [fmt(summ[s][key][n]) if n in summ[s][key] else "-" for s in cols]
+        out.append(f"| `{n}` | " + " | ".join(cells) + " |")
+    return out
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import kopf
 from kubernetes import client, config
 
 from .. import api
-from ..gangstate import PROGRESS_WRITE_INTERVAL_S, progress_only
+from ..gangstate import progress_only, progress_write_interval
 from ..model import Event
 from ..planner import may_untaint, plan, stale_lease_nodes
 from ..policy import PolicyError, is_enabled, parse_policy
@@ -35,8 +35,8 @@ log = logging.getLogger("jobset_inplace.controller")
 
 DEBOUNCE_S = 0.1  # coalesce bursts of pod events into one planning pass
 # While events stream in, passes of a gang are spaced by at least this many times the CPU time
-# of its last pass: planning takes a bounded share of the controller (a 5000-member pass takes
-# ~15 ms; at the debounce alone a 5-minute recovery cost ~90 CPU-s in passes).
+# of its last planning (a 5000-member plan takes ~12 ms): planning takes a bounded share of the
+# controller (at the debounce alone, a 5-minute 5000-pod recovery cost ~90 CPU-s in passes).
 PASS_SPACING = 20
 
 
@@ -101,7 +101,6 @@ class Reconciler:
             return
         if gang.status is None:
             gang.status = await asyncio.to_thread(self.executor.load_or_create, gang.jobset)
-        started = time.thread_time()  # CPU time: on a busy machine wall time would overstate it
         snap = self.cache.snapshot(gang, time.time())
         if snap is None:
             return
@@ -117,6 +116,7 @@ class Reconciler:
             snap = self.cache.snapshot(gang, time.time())
             if snap is None:
                 return
+        started = time.thread_time()  # CPU time: on a busy machine wall time would overstate it
         result = plan(snap)
         self.passes += 1
         cpu = time.thread_time() - started
@@ -124,7 +124,7 @@ class Reconciler:
         write = "unchanged"
         if result.status != gang.status:
             now = time.monotonic()
-            due = gang.progress_written + PROGRESS_WRITE_INTERVAL_S
+            due = gang.progress_written + progress_write_interval(len(snap.gang.members))
             if progress_only(gang.status, result.status) and now < due:
                 self.poke(key, due - now)  # counts only: write them a little later
                 write = f"counts deferred {due - now:.2f} s"

@@ -1,6 +1,6 @@
 import dataclasses
 
-from jobset_inplace.gangstate import progress_only
+from jobset_inplace.gangstate import progress_only, progress_write_interval
 from jobset_inplace.model import GangStatus, Phase
 
 
@@ -17,3 +17,9 @@ def test_anything_agents_or_the_planner_act_on_is_not() -> None:
     assert not progress_only(old, dataclasses.replace(old, epoch=4))
     assert not progress_only(old, dataclasses.replace(old, phase=Phase.RUNNING))
     assert not progress_only(old, dataclasses.replace(old, recreate_used=1))
+
+
+def test_count_writes_get_rarer_for_large_gangs_only() -> None:
+    assert progress_write_interval(4) == 1.0
+    assert progress_write_interval(1000) == 1.0
+    assert progress_write_interval(5000) == 5.0
