@@ -95,6 +95,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="run the controller with -v (every planning pass logged; costs it some CPU)",
     )
+    p.add_argument(
+        "--apiserver-profile",
+        type=float,
+        default=20.0,
+        metavar="SECONDS",
+        help="kube-apiserver CPU profile over the first SECONDS of the first recovery of each "
+        "path and size (files next to the results; 0: none)",
+    )
     p.add_argument("--skip-agent-start", action="store_true", help="skip the real-node part")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
     p.add_argument("--label", default="", help="a name for this run in the results")
@@ -211,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     started = time.time()
     cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
-    nodes = min(args.sizes) + SPARE_NODES if args.sizes else 4
-    cluster.up(nodes=nodes, real_nodes=1)
+    # Few nodes at first: the agent's start-up is measured on an otherwise idle cluster.
+    cluster.up(nodes=SPARE_NODES, real_nodes=1)
     kube = clients(cluster.kubeconfig)
     prepare(kube, cluster.kubeconfig, NAMESPACE)
     token = fleet_token(cluster, NAMESPACE)
@@ -261,8 +269,14 @@ def main(argv: list[str] | None = None) -> int:
             setup_timeout=args.setup_timeout,
             stock_cap=args.stock_cap,
             node_cap=args.node_cap,
+            kubectl=[str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig)],
+            profile_s=args.apiserver_profile,
+            profile_dir=args.out,
         )
         bench.clean()
+        if not args.skip_agent_start:
+            log("=== agent start-up on the real node (idle cluster: no gang, few kwok nodes)")
+            results["agent_start"] = agent_start(cluster, 3)
         for size in args.sizes:
             cluster.scale_nodes(size + SPARE_NODES)  # one pod per node, a few spare
             death = size in args.node_death_sizes
@@ -278,9 +292,6 @@ def main(argv: list[str] | None = None) -> int:
                 row["stock"] = bench.stock(size, args.stock_reps, death)
             results["sizes"][str(size)] = row
             report.write(args.out, results)  # keep what was measured so far
-        if not args.skip_agent_start:
-            log("=== agent start-up on the real node")
-            results["agent_start"] = agent_start(cluster, 3)
         results["controller_rss_end_mib"] = round(bench.meter.rss_mib(), 1)
     finally:
         ctl.stop()

@@ -86,6 +86,14 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             row["hybrid_cores_by_process"] = cores_by_process(hw)
         if any("apiserver_requests" in m for m in hw):
             row["hybrid_apiserver_requests"] = requests_per_recovery(hw)
+        profiles = {
+            path: m["apiserver_profile"]["share_pct"]
+            for path, runs in (("hybrid", hw), ("stock", sw))
+            for m in runs
+            if "share_pct" in m.get("apiserver_profile", {})
+        }
+        if profiles:
+            row["apiserver_cpu_share_pct"] = profiles
         hb, sb = stats(_col(hw, "barrier_open_s")), stats(_col(sw, "all_running_s"))
         ha = stats(_col(hw, "all_running_s"))
         if hb and sb and ha:
@@ -250,9 +258,7 @@ def plot(out: Path, results: dict[str, Any]) -> None:
             left = [a + b for a, b in zip(left, vals, strict=True)]
         ax.set_xlabel("cores (CPU-seconds / second of the recovery; the machine has 2)")
         ax.set_title("Hybrid recovery: CPU by process (median window)")
-        ax.legend(
-            fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.35 - 0.1 * len(rows3))
-        )
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
         fig.tight_layout()
         fig.savefig(out / "cpu-by-process.png", dpi=110, bbox_inches="tight")
         plt.close(fig)
@@ -315,6 +321,23 @@ def markdown(results: dict[str, Any]) -> str:
         "request",
         str,
     )
+    for size, row in summ.items():
+        shares = row.get("apiserver_cpu_share_pct") if size != "agent_start" else None
+        if not shares:
+            continue
+        paths = sorted(shares)
+        out += [
+            "",
+            f"kube-apiserver CPU profile at {size} pods (pprof over the first seconds of the "
+            "first recovery; share of the sampled CPU whose stack includes it, so a sample "
+            "can count in several rows):",
+            "",
+            "| what | " + " | ".join(paths) + " |",
+            "|---|" + "---|" * len(paths),
+        ]
+        for cat in shares[paths[0]]:
+            cells = [f"{shares[p].get(cat, 0):.0f} %" for p in paths]
+            out.append(f"| {cat} | " + " | ".join(cells) + " |")
     if summ.get("agent_start"):
         a = summ["agent_start"]
         out += [

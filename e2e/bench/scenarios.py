@@ -28,6 +28,7 @@ from jobset_inplace import api
 from jobset_inplace.transform import AgentSettings, transform
 
 from .fleet import Fleet
+from .profile import ApiserverProfile
 
 JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 # kwok nodes offer 32 CPUs (kwokctl's node template): asking for 24 leaves room for one pod
@@ -159,6 +160,9 @@ class Bench:
     setup_timeout: float
     stock_cap: float
     node_cap: float
+    kubectl: list[str] = field(default_factory=list)  # admin kubectl, for the apiserver profile
+    profile_s: float = 0.0  # apiserver CPU profile over the first recovery of each path, or 0
+    profile_dir: Path = Path()
     results: dict[str, Any] = field(default_factory=dict)
 
     # --- gangs ----------------------------------------------------------------------------
@@ -305,10 +309,13 @@ class Bench:
         victim = random.choice(sorted(fleet.agents))
         m: dict[str, Any] = {"rep": rep, "victim": victim}
         before = fleet.requests
+        profile = self._profile(f"hybrid-{size}") if rep == 0 else None
         with self.meter.window(m):
             t0 = fleet.crash_trainer(victim)
             _wait_recovered(fleet, epoch + 1, size, self.setup_timeout)
         m.update(_phases(fleet, epoch + 1, t0, self.restart_delay))
+        if profile is not None:
+            m["apiserver_profile"] = profile.result(self.profile_s + 60)
         m["fleet_requests"] = fleet.requests - before
         log(
             f"hybrid {size}: worker failure #{rep + 1}: barrier open {m['barrier_open_s']:.2f}s "
@@ -340,6 +347,16 @@ class Bench:
         )
         return m
 
+    def _profile(self, what: str) -> ApiserverProfile | None:
+        """Start a kube-apiserver CPU profile of the next ``profile_s`` seconds (the failure is
+        injected once it runs)."""
+        if self.profile_s <= 0:
+            return None
+        path = self.profile_dir / f"apiserver-{what}.pprof"
+        profile = ApiserverProfile(self.kubectl, self.profile_s, path).start()
+        time.sleep(0.5)  # the profile request reaches the apiserver before the failure
+        return profile
+
     # --- (b), (c) the stock path ----------------------------------------------------------
 
     def stock(self, size: int, reps: int, node_death: bool) -> dict[str, Any]:
@@ -351,10 +368,13 @@ class Bench:
                 m: dict[str, Any] = {"rep": rep}
                 pod = random.choice(self._pods(name))
                 m["victim"] = pod.metadata.name
+                profile = self._profile(f"stock-{size}") if rep == 0 else None
                 t0 = self._fail_pod(pod)
                 ok = _poll(partial(self._running, name, size, attempt=rep + 1), t0, self.stock_cap)
                 m["all_running_s"] = round(time.monotonic() - t0, 2)
                 m["capped"] = not ok
+                if profile is not None:
+                    m["apiserver_profile"] = profile.result(self.profile_s + 60)
                 log(f"stock {size}: worker failure #{rep + 1}: {_fmt(m)} to all pods running")
                 out["worker_failure"].append(m)
             if node_death:

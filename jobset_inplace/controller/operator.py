@@ -33,7 +33,10 @@ from .watches import RawWatch, WatchEvent
 
 log = logging.getLogger("jobset_inplace.controller")
 
-DEBOUNCE_S = 0.1  # coalesce bursts of pod events into one planning pass
+# Coalesce bursts of pod events into one planning pass: the first event after a quiet spell is
+# planned at once (a failure's first signal waits for nothing), the ones after it at most
+# every DEBOUNCE_S.
+DEBOUNCE_S = 0.1
 # While events stream in, passes of a gang are spaced by at least this many times the CPU time
 # of its last planning (a 5000-member plan takes ~12 ms): planning takes a bounded share of the
 # controller (at the debounce alone, a 5-minute 5000-pod recovery cost ~90 CPU-s in passes).
@@ -48,16 +51,20 @@ class Reconciler:
     _timers: dict[GangKey, tuple[float, asyncio.TimerHandle]] = field(default_factory=dict)
     _locks: dict[GangKey, asyncio.Lock] = field(default_factory=dict)
     _not_before: dict[GangKey, float] = field(default_factory=dict)  # loop time
+    _fired: dict[GangKey, float] = field(default_factory=dict)  # loop time of the last pass
     passes: int = 0
 
     def poke(self, key: GangKey, delay: float | None = None) -> None:
-        """Plan gang ``key`` after ``delay`` (default: the debounce, and not sooner than the
-        pass spacing allows), unless already due sooner."""
+        """Plan gang ``key`` after ``delay``; by default as soon as the debounce (counted from
+        the last pass) and the pass spacing allow, unless already due sooner."""
         loop = asyncio.get_running_loop()
+        now = loop.time()
         if delay is None:
-            when = max(loop.time() + self.debounce, self._not_before.get(key, 0.0))
+            last = self._fired.get(key)
+            debounced = now if last is None else last + self.debounce
+            when = max(now, debounced, self._not_before.get(key, 0.0))
         else:
-            when = loop.time() + delay
+            when = now + delay
         have = self._timers.get(key)
         if have is not None and have[0] <= when:
             return
@@ -67,6 +74,7 @@ class Reconciler:
 
     def _fire(self, key: GangKey) -> None:
         self._timers.pop(key, None)
+        self._fired[key] = asyncio.get_running_loop().time()
         task = asyncio.ensure_future(self.reconcile(key))
         task.add_done_callback(self.log_failure)
 

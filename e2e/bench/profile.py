@@ -1,0 +1,87 @@
+"""CPU profiles of kube-apiserver during a measured recovery: where the bound's CPU goes.
+
+The apiserver serves Go's pprof (``--profiling``, on by default) to cluster admins; a profile
+is taken over the first seconds of a recovery (the restart phase, the apiserver's busiest) and
+summarised with ``go tool pprof`` into shares of the sampled CPU by what the code does.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+from pathlib import Path
+
+# What the apiserver's CPU goes to, as ``go tool pprof -focus`` regexes over the call stacks
+# (a stack may match several, so shares do not add up to 100 %).
+CATEGORIES = {
+    "JSON encode/decode": r"encoding/json|sigs\.k8s\.io/json|serializer/json|json-iterator",
+    "protobuf (etcd storage)": r"\.Unmarshal$|\.Marshal$|protobuf|gogo",
+    "watch fan-out (cacher)": r"storage/cacher",
+    "etcd client": r"storage/etcd3",
+    "patch (strategic merge, JSON merge)": r"strategicpatch|jsonmergepatch|evanphx/json-patch"
+    r"|handlers\.\(\*patcher\)",
+    "admission (webhooks, policies)": r"apiserver/pkg/admission|validatingadmissionpolicy"
+    r"|pkg/admission/plugin",
+    "authn/authz": r"apiserver/pkg/authentication|apiserver/pkg/authorization|plugin/pkg/auth",
+    "TLS and HTTP/2": r"crypto/tls|crypto/|golang\.org/x/net/http2",
+    "garbage collection": r"runtime\.gcBgMarkWorker|runtime\.gcDrain|runtime\.bgsweep",
+}
+_SHARE = re.compile(r"Showing nodes accounting for [^,]+, ([\d.]+)% of ([\d.]+m?s) total")
+
+
+class ApiserverProfile:
+    """``seconds`` of kube-apiserver CPU profile written to ``path``, taken on a thread."""
+
+    def __init__(self, kubectl: list[str], seconds: float, path: Path) -> None:
+        self.path = path
+        self.error = ""
+        url = f"/debug/pprof/profile?seconds={max(1, round(seconds))}"
+        self._cmd = [*kubectl, "get", "--raw", url]
+        self._thread = threading.Thread(target=self._take, daemon=True, name="apiserver-pprof")
+
+    def start(self) -> ApiserverProfile:
+        self._thread.start()
+        return self
+
+    def _take(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("wb") as out:
+            done = subprocess.run(self._cmd, stdout=out, stderr=subprocess.PIPE, check=False)
+        if done.returncode:
+            self.error = done.stderr.decode(errors="replace").strip()[:300]
+
+    def result(self, timeout: float) -> dict[str, object]:
+        """Wait for the profile and summarise it."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return {"error": "profile not finished"}
+        if self.error:
+            return {"error": self.error}
+        return {"file": self.path.name, **summarise(self.path)}
+
+
+def _pprof(path: Path, *args: str) -> str:
+    return subprocess.run(
+        ["go", "tool", "pprof", "-top", *args, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+def summarise(path: Path) -> dict[str, object]:
+    """Share of the sampled CPU per category (percent), and the top functions by cumulative
+    time."""
+    total = ""
+    shares: dict[str, float] = {}
+    for name, regex in CATEGORIES.items():
+        m = _SHARE.search(_pprof(path, "-nodecount=1", f"-focus={regex}"))
+        shares[name] = float(m.group(1)) if m else 0.0
+        total = m.group(2) if m else total
+    top = [
+        line.strip()
+        for line in _pprof(path, "-cum", "-nodecount=40").splitlines()
+        if re.match(r"\s*[\d.]+m?s\s", line)
+    ]
+    return {"sampled": total, "share_pct": shares, "top_cum": top}
