@@ -46,6 +46,11 @@ claims="$cache/realnode/.subnet-claims"
 # kubelet: unique per node, on this host, never loopback (kubelet refuses a loopback node IP).
 node_ip="$(python3 -c 'import ipaddress,sys; print(next(ipaddress.ip_network(sys.argv[1]).hosts()))' "$subnet")"
 prefix="${subnet#*/}"
+# A fixed, locally administered MAC for the bridge, from its gateway address. Left unset, a
+# Linux bridge takes the lowest MAC of its ports and changes it whenever pods come and go; the
+# pods' ARP entries for the gateway then point at a MAC nobody answers to, and pod <-> host
+# traffic (API requests, watches, the kubelet's probes) stalls for ~30 s until ARP re-resolves.
+bridge_mac="$(python3 -c 'import ipaddress,sys; print("02:00:" + ":".join(f"{b:02x}" for b in ipaddress.ip_address(sys.argv[1]).packed))' "$node_ip")"
 netname="jsi-$node"
 PAUSE_IMAGE="registry.k8s.io/pause:3.10"
 
@@ -165,6 +170,10 @@ ensure_bridge() {
     ip addr add "$node_ip/$prefix" dev "$bridge"
   elif [[ "$have" != "$node_ip/$prefix" ]]; then
     die "bridge $bridge has address $have, expected $node_ip/$prefix (stale? run: $0 purge $node)"
+  fi
+  if [[ "$(cat "/sys/class/net/$bridge/address")" != "$bridge_mac" ]]; then
+    ip link set dev "$bridge" address "$bridge_mac"
+    log "bridge $bridge: fixed MAC $bridge_mac"
   fi
   ip link set "$bridge" up
 }
