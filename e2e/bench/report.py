@@ -87,10 +87,9 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         if any("apiserver_requests" in m for m in hw):
             row["hybrid_apiserver_requests"] = requests_per_recovery(hw)
         profiles = {
-            path: m["apiserver_profile"]["share_pct"]
-            for path, runs in (("hybrid", hw), ("stock", sw))
-            for m in runs
-            if "share_pct" in m.get("apiserver_profile", {})
+            path: r[path]["profiled"]["apiserver_profile"]["share_pct"]
+            for path in ("hybrid", "stock")
+            if "share_pct" in r.get(path, {}).get("profiled", {}).get("apiserver_profile", {})
         }
         if profiles:
             row["apiserver_cpu_share_pct"] = profiles
@@ -328,9 +327,9 @@ def markdown(results: dict[str, Any]) -> str:
         paths = sorted(shares)
         out += [
             "",
-            f"kube-apiserver CPU profile at {size} pods (pprof over the first seconds of the "
-            "first recovery; share of the sampled CPU whose stack includes it, so a sample "
-            "can count in several rows):",
+            f"kube-apiserver CPU profile at {size} pods (pprof over the first seconds of an "
+            "extra, unmeasured recovery of each path; share of the sampled CPU whose stack "
+            "includes it):",
             "",
             "| what | " + " | ".join(paths) + " |",
             "|---|" + "---|" * len(paths),

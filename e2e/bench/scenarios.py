@@ -161,7 +161,9 @@ class Bench:
     stock_cap: float
     node_cap: float
     kubectl: list[str] = field(default_factory=list)  # admin kubectl, for the apiserver profile
-    profile_s: float = 0.0  # apiserver CPU profile over the first recovery of each path, or 0
+    # kube-apiserver CPU profile (seconds) over one extra recovery of each path, kept out of
+    # the measured repetitions (profiling costs the apiserver CPU); 0: none
+    profile_s: float = 0.0
     profile_dir: Path = Path()
     results: dict[str, Any] = field(default_factory=dict)
 
@@ -295,6 +297,8 @@ class Bench:
             out["setup_controller"] = setup
             for rep in range(reps):
                 out["worker_failure"].append(self._worker_failure(fleet, size, rep))
+            if self.profile_s > 0:
+                out["profiled"] = self._worker_failure(fleet, size, reps, profiled=True)
             if node_death:
                 out["node_death"].append(self._hybrid_node_death(fleet, name, size))
             out["fleet_requests"] = fleet.requests
@@ -304,12 +308,14 @@ class Bench:
             self._delete(name)
         return out
 
-    def _worker_failure(self, fleet: Fleet, size: int, rep: int) -> dict[str, Any]:
+    def _worker_failure(
+        self, fleet: Fleet, size: int, rep: int, profiled: bool = False
+    ) -> dict[str, Any]:
         epoch = _epoch(fleet)
         victim = random.choice(sorted(fleet.agents))
         m: dict[str, Any] = {"rep": rep, "victim": victim}
         before = fleet.requests
-        profile = self._profile(f"hybrid-{size}") if rep == 0 else None
+        profile = self._profile(f"hybrid-{size}") if profiled else None
         with self.meter.window(m):
             t0 = fleet.crash_trainer(victim)
             _wait_recovered(fleet, epoch + 1, size, self.setup_timeout)
@@ -318,7 +324,8 @@ class Bench:
             m["apiserver_profile"] = profile.result(self.profile_s + 60)
         m["fleet_requests"] = fleet.requests - before
         log(
-            f"hybrid {size}: worker failure #{rep + 1}: barrier open {m['barrier_open_s']:.2f}s "
+            f"hybrid {size}: worker failure #{rep + 1}{' (profiled)' * profiled}: "
+            f"barrier open {m['barrier_open_s']:.2f}s "
             f"(detect {m['detection_s']:.2f}, restart+report {m['restart_s']:.2f}, "
             f"barrier {m['barrier_s']:.2f}), all running {m['all_running_s']:.2f}s; "
             f"controller {m['controller_cpu_s']:.1f} CPU-s, peak RSS "
@@ -364,21 +371,26 @@ class Bench:
         out: dict[str, Any] = {"size": size, "worker_failure": [], "node_death": []}
         try:
             out["setup_s"] = self._create(name, size, hybrid=False)
-            for rep in range(reps):
+            extra = int(self.profile_s > 0)  # one more, profiled, not measured
+            for rep in range(reps + extra):
                 m: dict[str, Any] = {"rep": rep}
                 pod = random.choice(self._pods(name))
                 m["victim"] = pod.metadata.name
-                profile = self._profile(f"stock-{size}") if rep == 0 else None
+                profile = self._profile(f"stock-{size}") if rep == reps else None
                 t0 = self._fail_pod(pod)
                 ok = _poll(partial(self._running, name, size, attempt=rep + 1), t0, self.stock_cap)
                 m["all_running_s"] = round(time.monotonic() - t0, 2)
                 m["capped"] = not ok
                 if profile is not None:
                     m["apiserver_profile"] = profile.result(self.profile_s + 60)
-                log(f"stock {size}: worker failure #{rep + 1}: {_fmt(m)} to all pods running")
-                out["worker_failure"].append(m)
+                note = " (profiled)" if profile else ""
+                log(f"stock {size}: worker failure #{rep + 1}{note}: {_fmt(m)} to all pods running")
+                if profile:
+                    out["profiled"] = m
+                else:
+                    out["worker_failure"].append(m)
             if node_death:
-                out["node_death"].append(self._stock_node_death(name, size, reps))
+                out["node_death"].append(self._stock_node_death(name, size))
         finally:
             self._delete(name)
         return out
@@ -404,7 +416,7 @@ class Bench:
         )
         return time.monotonic()
 
-    def _stock_node_death(self, name: str, size: int, attempt: int) -> dict[str, Any]:
+    def _stock_node_death(self, name: str, size: int) -> dict[str, Any]:
         pod = random.choice([p for p in self._pods(name) if p.status.phase == "Running"])
         node = pod.spec.node_name
         m: dict[str, Any] = {"victim": pod.metadata.name, "node": node}
