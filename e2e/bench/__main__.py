@@ -103,6 +103,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="kube-apiserver CPU profile over the first SECONDS of the first recovery of each "
         "path and size (files next to the results; 0: none)",
     )
+    p.add_argument(
+        "--protocol-only",
+        action="store_true",
+        help="the simulated kubelet writes only the failed pod's status: the hybrid recovery's "
+        "time without the other members' kubelet status writes (hybrid path only)",
+    )
     p.add_argument("--skip-agent-start", action="store_true", help="skip the real-node part")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
     p.add_argument("--label", default="", help="a name for this run in the results")
@@ -112,6 +118,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.pods_per_job < 1:
         p.error("--pods-per-job must be >= 1")
     args.paths = set(args.paths.split(","))
+    if args.protocol_only:
+        args.paths = {"hybrid"}
     if not args.paths or not args.paths <= {"hybrid", "stock"}:
         p.error("--paths must be hybrid,stock or one of them")
     return args
@@ -219,8 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     started = time.time()
     cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
-    # Few nodes at first: the agent's start-up is measured on an otherwise idle cluster.
-    cluster.up(nodes=SPARE_NODES, real_nodes=1)
+    # Few nodes at first when the agent's start-up is measured (an otherwise idle cluster).
+    first = args.sizes[0] if args.sizes and args.skip_agent_start else 0
+    cluster.up(nodes=first + SPARE_NODES, real_nodes=1)
     kube = clients(cluster.kubeconfig)
     prepare(kube, cluster.kubeconfig, NAMESPACE)
     token = fleet_token(cluster, NAMESPACE)
@@ -253,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             "node_cap_s": args.node_cap,
             "reps": args.reps,
             "stock_reps": args.stock_reps,
+            "kubelet_status_writes": "failed pod only" if args.protocol_only else "every pod",
         },
         "sizes": {},
     }
@@ -272,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             kubectl=[str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig)],
             profile_s=args.apiserver_profile,
             profile_dir=args.out,
+            kubelet_writes=not args.protocol_only,
         )
         bench.clean()
         if not args.skip_agent_start:

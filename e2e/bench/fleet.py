@@ -14,6 +14,11 @@ What is real and what is not:
   seconds ``AllContainersRestarting=False`` with every container running again and its
   ``restartCount`` incremented, after which a new agent "process" starts; (3) checkpoint tiers:
   every agent reports the same steps, so the barrier's resume step is ``steps[-1]``.
+
+With ``kubelet_writes=False`` (``--protocol-only``) the simulated kubelet writes the failed
+member's pod status only: the other members restart silently, so what is left on the
+apiserver is the recovery protocol itself (each new agent's GET and report) and the cluster's
+background load. The controller does not need the kubelet's writes to run a recovery.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ class SimAgent:
     logic: AgentLogic = field(default_factory=AgentLogic)
     busy: bool = False  # an API call of this agent is in flight
     restarting: bool = False  # the simulated kubelet is restarting the pod's containers
+    crashed: bool = False  # its trainer crashed (the injected failure): status always written
     restarts: int = 0
     view: GangView | None = None  # the newest status this agent process has seen
 
@@ -90,10 +96,12 @@ class Fleet:
         restart_delay: float,
         steps: tuple[int, ...] = (100, 200),
         workers: int = 32,
+        kubelet_writes: bool = True,
     ) -> None:
         self.core = client.CoreV1Api(kube)
         self.namespace, self.gang = namespace, gang
         self.restart_delay = restart_delay
+        self.kubelet_writes = kubelet_writes
         self.steps = encode_steps(list(steps))
         self._api = threading.local()
         self._server, self._token_file, self._ca_file = server, token_file, ca_file
@@ -356,7 +364,7 @@ class Fleet:
         containers in place); the time the kubelet's status update was accepted."""
         with self._lock:
             agent = self.agents[pod]
-            agent.restarting = True
+            agent.restarting = agent.crashed = True
         self._kubelet_status(agent, restarting=True, crashed=True)
         t = time.monotonic()
         self._pool.submit(self._kubelet_restart, agent, t)
@@ -364,7 +372,7 @@ class Fleet:
 
     def _kubelet_restart(self, agent: SimAgent, already_signalled: float | None) -> None:
         """Containers stop (status written), and come back ``restart_delay`` s later."""
-        if already_signalled is None:
+        if already_signalled is None and self.kubelet_writes:
             try:
                 self._kubelet_status(agent, restarting=True, crashed=False)
             except _ERRORS as e:
@@ -379,7 +387,9 @@ class Fleet:
         try:
             with self._lock:
                 restarts = agent.restarts + 1
-            self._kubelet_status(agent, restarting=False, crashed=False, restarts=restarts)
+                write = self.kubelet_writes or agent.crashed
+            if write:
+                self._kubelet_status(agent, restarting=False, crashed=False, restarts=restarts)
         except _ERRORS as e:
             if isinstance(e, ApiError) and e.status == 404:
                 return
@@ -387,7 +397,7 @@ class Fleet:
             self._retry(lambda: self._containers_back(agent))
             return
         with self._lock:
-            agent.restarts = restarts
+            agent.restarts, agent.crashed = restarts, False
             agent.logic = AgentLogic()  # the agent container restarted: a new process
             agent.view = None
         self._agent_starts(agent)

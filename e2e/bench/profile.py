@@ -13,14 +13,18 @@ import threading
 from pathlib import Path
 
 # What the apiserver's CPU goes to: ``go tool pprof -focus`` regexes over the call stacks,
-# mostly the request handlers' subtrees (the managedFields row is part of the PATCH row).
+# mostly the request handlers' subtrees (a sample can count in two rows: managedFields runs
+# inside PATCH and PUT).
 CATEGORIES = {
     "PATCH requests (decode, patch, admission, managedFields, etcd write)": (
         r"handlers\.\(\*patcher\)|handlers\.PatchResource"
     ),
-    "  of which managedFields bookkeeping": r"managedfields/internal\.\(\*FieldManager\)\.Update",
+    "managedFields bookkeeping (inside PATCH and PUT)": (
+        r"managedfields/internal\.\(\*FieldManager\)\.Update"
+    ),
     "PUT requests (Leases, Job/JobSet status, EndpointSlices)": r"handlers\.UpdateResource",
     "POST requests (Events, pods, bindings)": r"handlers\.CreateResource",
+    "DELETE requests": r"handlers\.DeleteResource|handlers\.DeleteCollection",
     "GET requests": r"cacher\.\(\*CacheDelegator\)\.Get$",
     "watch: encoding and sending events": r"WatchServer|watchEncoder|watchEmbeddedEncoder",
     "watch: cache dispatch to watchers": (

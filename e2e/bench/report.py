@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import profile
+
 _LATENCY = re.compile(r"reported epoch \d+, .*: (\d+\.\d+) s after process start")
 
 
@@ -334,7 +336,7 @@ def markdown(results: dict[str, Any]) -> str:
             "| what | " + " | ".join(paths) + " |",
             "|---|" + "---|" * len(paths),
         ]
-        for cat in shares[paths[0]]:
+        for cat in sorted(shares[paths[0]], key=_category_order):
             cells = [f"{shares[p].get(cat, 0):.0f} %" for p in paths]
             out.append(f"| {cat} | " + " | ".join(cells) + " |")
     if summ.get("agent_start"):
@@ -344,6 +346,11 @@ def markdown(results: dict[str, Any]) -> str:
             f"Agent process start -> epoch reported on the real node: {_fmt(a)} s (n={a['n']}).",
         ]
     return "\n".join(out)
+
+
+def _category_order(name: str) -> int:
+    names = list(profile.CATEGORIES)
+    return names.index(name) if name in names else len(names)
 
 
 def _by_size_table(

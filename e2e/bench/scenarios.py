@@ -165,6 +165,7 @@ class Bench:
     # the measured repetitions (profiling costs the apiserver CPU); 0: none
     profile_s: float = 0.0
     profile_dir: Path = Path()
+    kubelet_writes: bool = True  # False: the simulated kubelet writes the failed pod only
     results: dict[str, Any] = field(default_factory=dict)
 
     # --- gangs ----------------------------------------------------------------------------
@@ -275,6 +276,7 @@ class Bench:
             namespace=self.namespace,
             gang=name,
             restart_delay=self.restart_delay,
+            kubelet_writes=self.kubelet_writes,
         )
         fleet.start()
         return fleet
