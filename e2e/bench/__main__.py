@@ -104,6 +104,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "path and size (files next to the results; 0: none)",
     )
     p.add_argument(
+        "--apiserver-profile-paths",
+        default="hybrid,stock",
+        help="which paths get the extra profiled recovery (a stock one at 5000 pods takes ~14 "
+        "min): hybrid,stock or one of them",
+    )
+    p.add_argument(
         "--protocol-only",
         action="store_true",
         help="the simulated kubelet writes only the failed pod's status: the hybrid recovery's "
@@ -120,6 +126,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.paths = set(args.paths.split(","))
     if args.protocol_only:
         args.paths = {"hybrid"}
+    args.apiserver_profile_paths = set(args.apiserver_profile_paths.split(","))
+    if not args.apiserver_profile_paths <= {"hybrid", "stock"}:
+        p.error("--apiserver-profile-paths must be hybrid,stock or one of them")
     if not args.paths or not args.paths <= {"hybrid", "stock"}:
         p.error("--paths must be hybrid,stock or one of them")
     return args
@@ -281,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             node_cap=args.node_cap,
             kubectl=[str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig)],
             profile_s=args.apiserver_profile,
+            profile_paths=args.apiserver_profile_paths,
             profile_dir=args.out,
             kubelet_writes=not args.protocol_only,
         )

@@ -164,6 +164,7 @@ class Bench:
     # kube-apiserver CPU profile (seconds) over one extra recovery of each path, kept out of
     # the measured repetitions (profiling costs the apiserver CPU); 0: none
     profile_s: float = 0.0
+    profile_paths: set[str] = field(default_factory=lambda: {"hybrid", "stock"})
     profile_dir: Path = Path()
     kubelet_writes: bool = True  # False: the simulated kubelet writes the failed pod only
     results: dict[str, Any] = field(default_factory=dict)
@@ -299,7 +300,7 @@ class Bench:
             out["setup_controller"] = setup
             for rep in range(reps):
                 out["worker_failure"].append(self._worker_failure(fleet, size, rep))
-            if self.profile_s > 0:
+            if self.profile_s > 0 and "hybrid" in self.profile_paths:
                 out["profiled"] = self._worker_failure(fleet, size, reps, profiled=True)
             if node_death:
                 out["node_death"].append(self._hybrid_node_death(fleet, name, size))
@@ -373,7 +374,7 @@ class Bench:
         out: dict[str, Any] = {"size": size, "worker_failure": [], "node_death": []}
         try:
             out["setup_s"] = self._create(name, size, hybrid=False)
-            extra = int(self.profile_s > 0)  # one more, profiled, not measured
+            extra = int(self.profile_s > 0 and "stock" in self.profile_paths)  # profiled
             for rep in range(reps + extra):
                 m: dict[str, Any] = {"rep": rep}
                 pod = random.choice(self._pods(name))
