@@ -72,6 +72,18 @@ class Reconciler:
             have[1].cancel()
         self._timers[key] = (when, loop.call_at(when, self._fire, key))
 
+    def forget(self, key: GangKey) -> None:
+        """Drop gang ``key``'s scheduling state (its JobSet is gone or opted out)."""
+        self.cache.forget_jobset(key)
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer[1].cancel()
+        self._not_before.pop(key, None)
+        self._fired.pop(key, None)
+        lock = self._locks.get(key)
+        if lock is not None and not lock.locked():  # a running pass keeps it until it ends
+            del self._locks[key]
+
     def _fire(self, key: GangKey) -> None:
         self._timers.pop(key, None)
         self._fired[key] = asyncio.get_running_loop().time()
@@ -173,7 +185,7 @@ def _jobset_event(r: Reconciler, body: dict[str, Any], deleted: bool) -> None:
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
     if deleted or not is_enabled(meta.get("annotations")):
-        r.cache.forget_jobset(key)
+        r.forget(key)
         return
     try:
         policy, error = parse_policy(meta.get("annotations")), ""

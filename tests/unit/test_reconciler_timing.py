@@ -70,3 +70,25 @@ async def test_explicit_delay_is_kept() -> None:
     await asyncio.sleep(0.2)
     assert len(r.ran) == 1
     assert r.ran[0] - t0 >= 0.2 - 0.01
+
+
+async def test_forget_cancels_the_pending_pass_and_drops_the_gangs_state() -> None:
+    r = Recording(debounce=0.0)
+    loop = asyncio.get_running_loop()
+    r.poke(KEY)
+    await asyncio.sleep(0.01)
+    r._not_before[KEY] = loop.time() + 0.1
+    r._locks[KEY] = asyncio.Lock()
+    r.poke(KEY, 0.1)  # a pass is due
+    r.forget(KEY)  # the JobSet was deleted
+    await asyncio.sleep(0.2)
+    assert len(r.ran) == 1  # only the pass before the deletion
+    assert (r._timers, r._not_before, r._fired, r._locks) == ({}, {}, {}, {})
+
+
+async def test_forget_keeps_a_lock_held_by_a_running_pass() -> None:
+    r = Recording(debounce=0.0)
+    lock = r._locks.setdefault(KEY, asyncio.Lock())
+    async with lock:
+        r.forget(KEY)
+        assert r._locks[KEY] is lock  # a new pass must still wait for the running one
