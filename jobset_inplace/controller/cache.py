@@ -5,6 +5,7 @@ Lease renewals. Building a snapshot for one gang touches only that gang's pods."
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,9 +13,31 @@ from typing import Any
 from .. import api
 from ..model import GangSpec, GangStatus, NodeView, PodView, Snapshot
 from ..policy import Policy
-from ..views import gang_spec, lease_renewal, node_view, pod_view
+from ..views import gang_spec, node_view, pod_view
 
 GangKey = tuple[str, str]  # (namespace, JobSet name)
+
+
+@dataclass(frozen=True)
+class PodEntry:
+    """What the cache keeps of a pod, decoded on the watch thread (a listed or watched pod's
+    JSON is dropped at once: 5000 of them decoded take ~100 MiB)."""
+
+    uid: str
+    key: GangKey | None  # (namespace, JobSet label); None: not a JobSet's pod
+    view: PodView | None  # None: not a gang member
+
+
+def pod_entry(pod: Mapping[str, Any]) -> PodEntry:
+    meta = pod["metadata"]
+    jobset = (meta.get("labels") or {}).get(api.JOBSET_NAME_LABEL)
+    key = (meta["namespace"], jobset) if jobset else None
+    return PodEntry(meta["uid"], key, pod_view(pod) if key else None)
+
+
+def node_entry(node: Mapping[str, Any]) -> NodeView:
+    """A node's view, decoded on the watch thread (its Lease renewal comes from the cache)."""
+    return node_view(node, None, time.time())
 
 
 @dataclass
@@ -65,23 +88,19 @@ class ClusterCache:
         self.gangs.pop(key, None)
         self.orphans.pop(key, None)
 
-    def upsert_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> GangKey | None:
+    def upsert_pod(self, pod: PodEntry, deleted: bool = False) -> GangKey | None:
         """Record a pod event; returns the gang it belongs to."""
-        meta = pod["metadata"]
-        jobset = (meta.get("labels") or {}).get(api.JOBSET_NAME_LABEL)
-        if not jobset:
+        if pod.key is None:
             return None
-        key = (meta["namespace"], jobset)
-        gang = self.gangs.get(key)
-        pods = gang.pods if gang is not None else self.orphans.setdefault(key, {})
-        view = None if deleted else pod_view(pod)
-        if view is None:
-            pods.pop(meta["uid"], None)
+        gang = self.gangs.get(pod.key)
+        pods = gang.pods if gang is not None else self.orphans.setdefault(pod.key, {})
+        if deleted or pod.view is None:
+            pods.pop(pod.uid, None)
         else:
-            pods[meta["uid"]] = view
-        return key
+            pods[pod.uid] = pod.view
+        return pod.key
 
-    def replace_pods(self, pods: Sequence[Mapping[str, Any]]) -> None:
+    def replace_pods(self, pods: Sequence[PodEntry]) -> None:
         """A complete list of the labelled pods (a relist): pods not in it are gone."""
         for gang in self.gangs.values():
             gang.pods = {}
@@ -89,22 +108,20 @@ class ClusterCache:
         for pod in pods:
             self.upsert_pod(pod)
 
-    def upsert_node(self, node: Mapping[str, Any], now: float, deleted: bool = False) -> bool:
+    def upsert_node(self, node: NodeView, deleted: bool = False) -> bool:
         """Record a node event; whether the planner's view of the node changed."""
-        name = node["metadata"]["name"]
-        old = self.nodes.get(name)
+        old = self.nodes.get(node.name)
         if deleted:
-            self.nodes.pop(name, None)
+            self.nodes.pop(node.name, None)
             return old is not None
-        view = node_view(node, None, now)
-        self.nodes[name] = dataclasses.replace(view, lease_renewed=self.leases.get(name))
-        return self.nodes[name] != old
+        self.nodes[node.name] = dataclasses.replace(node, lease_renewed=self.leases.get(node.name))
+        return self.nodes[node.name] != old
 
-    def replace_nodes(self, nodes: Sequence[Mapping[str, Any]], now: float) -> None:
+    def replace_nodes(self, nodes: Sequence[NodeView]) -> None:
         """A complete list of the nodes (a relist): nodes not in it are gone."""
         self.nodes = {}
         for node in nodes:
-            self.upsert_node(node, now)
+            self.upsert_node(node)
 
     def set_lease(self, node: str, renewed: float | None) -> None:
         """Record a Lease renewal; the node's view carries it (snapshots copy nothing)."""
@@ -116,9 +133,10 @@ class ClusterCache:
         if view is not None and view.lease_renewed != renewed:
             self.nodes[node] = dataclasses.replace(view, lease_renewed=renewed)
 
-    def replace_leases(self, leases: Sequence[Mapping[str, Any]]) -> None:
-        """A complete list of the node Leases (a relist): nodes without one have none."""
-        fresh = dict(lease_renewal(lease) for lease in leases)
+    def replace_leases(self, leases: Sequence[tuple[str, float | None]]) -> None:
+        """A complete list of the node Leases, as ``lease_renewal`` decodes them (a relist):
+        nodes without one have none."""
+        fresh = dict(leases)
         for node in set(self.leases) - set(fresh):
             self.set_lease(node, None)
         for node, renewed in fresh.items():

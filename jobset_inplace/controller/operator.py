@@ -21,13 +21,13 @@ from kubernetes import client, config
 
 from .. import api
 from ..gangstate import progress_only, progress_write_interval
-from ..model import Event
+from ..model import Event, NodeView
 from ..planner import may_untaint, plan, stale_lease_nodes
 from ..policy import PolicyError, is_enabled, parse_policy
 from ..views import kueue_recovery_timeout, kueue_stand_down, lease_renewal, workload_owner
 from ..webhook import settings_from_env
 from .admission import register_webhooks, server_from_env
-from .cache import ClusterCache, Gang, GangKey
+from .cache import ClusterCache, Gang, GangKey, PodEntry, node_entry, pod_entry
 from .executor import Executor
 from .watches import RawWatch, WatchEvent
 
@@ -215,27 +215,25 @@ def setup(reconciler: Reconciler) -> None:
             reconciler.poke(key)
 
 
-def pod_events(r: Reconciler, events: list[WatchEvent]) -> None:
+def pod_events(r: Reconciler, events: list[WatchEvent[PodEntry]]) -> None:
     for kind, pod in events:
         key = r.cache.upsert_pod(pod, deleted=kind == "DELETED")
         if key is not None and key in r.cache.gangs:
             r.poke(key)
 
 
-def node_events(r: Reconciler, events: list[WatchEvent]) -> None:
-    now = time.time()
+def node_events(r: Reconciler, events: list[WatchEvent[NodeView]]) -> None:
     for kind, node in events:
-        if r.cache.upsert_node(node, now, deleted=kind == "DELETED"):
+        if r.cache.upsert_node(node, deleted=kind == "DELETED"):
             # status heartbeats change nothing the planner looks at: no pass for those
-            for key in r.cache.gangs_on_node(node["metadata"]["name"]):
+            for key in r.cache.gangs_on_node(node.name):
                 r.poke(key)
 
 
-def lease_events(r: Reconciler, events: list[WatchEvent]) -> None:
+def lease_events(r: Reconciler, events: list[WatchEvent[tuple[str, float | None]]]) -> None:
     now = time.time()
-    for kind, lease in events:
-        name, renewed = lease_renewal(lease)
-        renewed = None if kind == "DELETED" else renewed
+    for kind, (name, renewal) in events:
+        renewed = None if kind == "DELETED" else renewal
         r.cache.set_lease(name, renewed)
         if may_untaint(r.cache.nodes.get(name), renewed, now):
             # The node's kubelet is back: let the scheduler use it again.
@@ -250,23 +248,25 @@ def plan_all(r: Reconciler) -> None:
         r.poke(key)
 
 
-def raw_watches(r: Reconciler) -> list[RawWatch]:
+def raw_watches(r: Reconciler) -> list[RawWatch[Any]]:
     # each watch holds a connection for minutes: their own clients, not the executor's pool
     core, cache = client.CoreV1Api(client.ApiClient()), r.cache
     return [
         RawWatch(
             "pods",
             partial(core.list_pod_for_all_namespaces, label_selector=api.JOBSET_NAME_LABEL),
-            cache.replace_pods,
-            partial(pod_events, r),
-            partial(plan_all, r),
+            decode=pod_entry,
+            replace=cache.replace_pods,
+            on_events=partial(pod_events, r),
+            on_relist=partial(plan_all, r),
         ),
         RawWatch(
             "nodes",
             core.list_node,
-            lambda nodes: cache.replace_nodes(nodes, time.time()),
-            partial(node_events, r),
-            partial(plan_all, r),
+            decode=node_entry,
+            replace=cache.replace_nodes,
+            on_events=partial(node_events, r),
+            on_relist=partial(plan_all, r),
         ),
         RawWatch(
             "node Leases",
@@ -274,14 +274,15 @@ def raw_watches(r: Reconciler) -> list[RawWatch]:
                 client.CoordinationV1Api(client.ApiClient()).list_namespaced_lease,
                 api.NODE_LEASE_NAMESPACE,
             ),
-            cache.replace_leases,
-            partial(lease_events, r),
-            partial(plan_all, r),
+            decode=lease_renewal,
+            replace=cache.replace_leases,
+            on_events=partial(lease_events, r),
+            on_relist=partial(plan_all, r),
         ),
     ]
 
 
-def prime(r: Reconciler, watches: list[RawWatch]) -> None:
+def prime(r: Reconciler, watches: list[RawWatch[Any]]) -> None:
     """Fill the cache with complete lists before any planning pass. Without this, the first
     pass of a gang could run before the pod watch delivered all its pods and mistake the
     missing ones for failures (a spurious recovery after every controller restart)."""

@@ -2,9 +2,10 @@
 
 At thousands of pods kopf's per-event pipeline (about a millisecond and an asyncio worker per
 object) was most of the controller's CPU and memory; the controller needs a few fields of
-each object. Here a thread lists (paged, so a start-up list of 5000 pods never sits in memory
-whole), then watches from the list's resourceVersion, decodes each event with ``json`` and
-hands it to the event loop, which owns the cache. A watch that times out resumes from the
+each object. Here a thread lists (paged), then watches from the list's resourceVersion, decodes
+each object with ``json`` and at once into the few fields the cache keeps (``decode``; a listed
+page's or a queued event's JSON is never kept: decoded, 5000 pods or nodes take ~100 MiB), and
+hands the result to the event loop, which owns the cache. A watch that times out resumes from the
 last resourceVersion seen (bookmarks keep it fresh); a watch the apiserver expired (410) is
 followed by a full list, handed over as a resync so objects deleted in the gap are dropped."""
 
@@ -15,16 +16,18 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 log = logging.getLogger("jobset_inplace.controller")
 
-WatchEvent = tuple[str, dict[str, Any]]  # ("ADDED" | "MODIFIED" | "DELETED", object)
+T = TypeVar("T")  # what ``decode`` keeps of an object
+WatchEvent = tuple[str, T]  # ("ADDED" | "MODIFIED" | "DELETED", decoded object)
 PAGE_SIZE = 500
 
 
-class RawWatch(threading.Thread):
-    """List then watch with ``call`` (a client ``list_*`` method, arguments bound).
+class RawWatch(threading.Thread, Generic[T]):
+    """List then watch with ``call`` (a client ``list_*`` method, arguments bound); every
+    object goes through ``decode`` on this thread.
 
     ``replace`` puts a complete list into the cache: :meth:`prime` calls it synchronously
     before any planning pass; after a relist it runs on the loop, followed by ``on_relist``.
@@ -34,22 +37,24 @@ class RawWatch(threading.Thread):
         self,
         what: str,
         call: Callable[..., Any],
-        replace: Callable[[list[dict[str, Any]]], None],
-        on_events: Callable[[list[WatchEvent]], None],
-        on_relist: Callable[[], None],
         *,
+        decode: Callable[[dict[str, Any]], T],
+        replace: Callable[[list[T]], None],
+        on_events: Callable[[list[WatchEvent[T]]], None],
+        on_relist: Callable[[], None],
         timeout_s: int = 300,
     ) -> None:
         super().__init__(daemon=True, name=f"watch-{what}")
-        self.what, self.call, self.timeout_s = what, call, timeout_s
+        self.what, self.call, self.decode, self.timeout_s = what, call, decode, timeout_s
         self.replace, self.on_events, self.on_relist = replace, on_events, on_relist
         self.loop: asyncio.AbstractEventLoop | None = None
         self.rv: str | None = None  # None: list (again) before watching
         self.halt = threading.Event()
 
-    def list_now(self) -> list[dict[str, Any]]:
-        """A complete list, page by page; remembers its resourceVersion for the watch."""
-        items: list[dict[str, Any]] = []
+    def list_now(self) -> list[T]:
+        """A complete list, page by page, decoded; remembers its resourceVersion for the
+        watch."""
+        items: list[T] = []
         token: str | None = None
         rv = ""
         while True:
@@ -57,8 +62,9 @@ class RawWatch(threading.Thread):
             if token:
                 kwargs["_continue"] = token
             doc = json.loads(self.call(**kwargs).data)
-            items += doc.get("items") or []
+            items += map(self.decode, doc.get("items") or [])
             meta = doc.get("metadata") or {}
+            del doc  # one page's JSON in memory at a time
             rv = rv or str(meta.get("resourceVersion") or "")
             token = meta.get("continue")
             if not token:
@@ -72,7 +78,7 @@ class RawWatch(threading.Thread):
         self.replace(items)
         return len(items)
 
-    def _relisted(self, items: list[dict[str, Any]]) -> None:
+    def _relisted(self, items: list[T]) -> None:
         self.replace(items)
         self.on_relist()
 
@@ -117,6 +123,7 @@ class RawWatch(threading.Thread):
                     return
                 self.rv = (obj.get("metadata") or {}).get("resourceVersion") or self.rv
                 if kind != "BOOKMARK":
-                    self.loop.call_soon_threadsafe(self.on_events, [(str(kind), obj)])
+                    decoded = self.decode(obj)
+                    self.loop.call_soon_threadsafe(self.on_events, [(str(kind), decoded)])
         finally:
             stream.release_conn()

@@ -1,18 +1,19 @@
 """The controller cache's relist semantics: a complete list replaces what was cached, so an
-object deleted while a watch was down does not linger."""
+object deleted while a watch was down does not linger. Objects go in as the watch threads
+decode them."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from jobset_inplace import api
-from jobset_inplace.controller.cache import ClusterCache
+from jobset_inplace.controller.cache import ClusterCache, PodEntry, node_entry, pod_entry
+from jobset_inplace.model import NodeView
 from jobset_inplace.policy import Policy
+from jobset_inplace.views import lease_renewal
 
 NOW = 1_000_000.0
 
 
-def pod(uid: str, jobset: str = "train", index: int = 0) -> dict[str, Any]:
+def pod(uid: str, jobset: str = "train", index: int = 0) -> PodEntry:
     labels = {
         api.JOBSET_NAME_LABEL: jobset,
         api.REPLICATED_JOB_LABEL: "workers",
@@ -20,16 +21,18 @@ def pod(uid: str, jobset: str = "train", index: int = 0) -> dict[str, Any]:
         api.COMPLETION_INDEX_LABEL: "0",
     }
     meta = {"name": f"p-{uid}", "namespace": "ns", "uid": uid, "labels": labels}
-    return {"metadata": meta, "spec": {"nodeName": f"n-{uid}"}, "status": {"phase": "Running"}}
+    return pod_entry(
+        {"metadata": meta, "spec": {"nodeName": f"n-{uid}"}, "status": {"phase": "Running"}}
+    )
 
 
-def node(name: str) -> dict[str, Any]:
+def node(name: str) -> NodeView:
     ready = {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}
-    return {"metadata": {"name": name}, "status": {"conditions": [ready]}}
+    return node_entry({"metadata": {"name": name}, "status": {"conditions": [ready]}})
 
 
-def lease(name: str, renewed: str) -> dict[str, Any]:
-    return {"metadata": {"name": name}, "spec": {"renewTime": renewed}}
+def lease(name: str, renewed: str) -> tuple[str, float | None]:
+    return lease_renewal({"metadata": {"name": name}, "spec": {"renewTime": renewed}})
 
 
 def cache_with_gang() -> ClusterCache:
@@ -55,17 +58,17 @@ def test_replace_pods_drops_pods_missing_from_the_list_and_keeps_orphans_apart()
 def test_replace_nodes_drops_nodes_missing_from_the_list_and_keeps_their_leases() -> None:
     c = ClusterCache()
     c.set_lease("n1", NOW)
-    c.upsert_node(node("n1"), NOW)
-    c.upsert_node(node("n2"), NOW)
-    c.replace_nodes([node("n1")], NOW)
+    c.upsert_node(node("n1"))
+    c.upsert_node(node("n2"))
+    c.replace_nodes([node("n1")])
     assert set(c.nodes) == {"n1"}
     assert c.nodes["n1"].lease_renewed == NOW
 
 
 def test_replace_leases_forgets_leases_missing_from_the_list() -> None:
     c = ClusterCache()
-    c.upsert_node(node("n1"), NOW)
-    c.upsert_node(node("n2"), NOW)
+    c.upsert_node(node("n1"))
+    c.upsert_node(node("n2"))
     c.set_lease("n1", NOW)
     c.set_lease("n2", NOW)
     c.replace_leases([lease("n2", "2026-11-21T10:00:00.000000Z")])

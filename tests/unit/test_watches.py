@@ -26,7 +26,12 @@ class Response:
 
 
 def obj(name: str, rv: str) -> dict[str, Any]:
-    return {"metadata": {"name": name, "resourceVersion": rv}}
+    return {"metadata": {"name": name, "resourceVersion": rv}, "status": {"big": "x" * 100}}
+
+
+def name(o: dict[str, Any]) -> str:
+    """The decode under test: keeps an object's name only."""
+    return str(o["metadata"]["name"])
 
 
 class Scripted:
@@ -35,7 +40,7 @@ class Scripted:
     def __init__(self, lists: list[Response], watches: list[Response]) -> None:
         self.lists, self.watches = lists, watches
         self.calls: list[dict[str, Any]] = []
-        self.watch: RawWatch | None = None  # halted when the watch script runs out
+        self.watch: RawWatch[Any] | None = None  # halted when the watch script runs out
 
     def __call__(self, **kwargs: Any) -> Response:
         self.calls.append(kwargs)
@@ -58,18 +63,26 @@ def test_list_pages_through_continue_tokens_and_keeps_the_first_resource_version
         ],
         watches=[],
     )
-    got: list[list[dict[str, Any]]] = []
-    w = RawWatch("things", call, got.append, lambda _: None, lambda: None)
+    got: list[list[str]] = []
+    events: list[WatchEvent[str]] = []
+    w = RawWatch(
+        "things",
+        call,
+        decode=name,
+        replace=got.append,
+        on_events=events.extend,
+        on_relist=lambda: None,
+    )
     assert w.prime() == 2
-    assert [o["metadata"]["name"] for o in got[0]] == ["a", "b"]
+    assert got == [["a", "b"]]  # decoded, page by page
     assert w.rv == "10"
     assert call.calls[1]["_continue"] == "t1"
 
 
 def test_watch_resumes_from_the_last_version_and_relists_after_an_expired_one() -> None:
     relisted: list[str] = []
-    replaced: list[list[dict[str, Any]]] = []
-    events: list[WatchEvent] = []
+    replaced: list[list[str]] = []
+    events: list[WatchEvent[str]] = []
     call = Scripted(
         lists=[
             Response({"metadata": {"resourceVersion": "10"}, "items": [obj("a", "5")]}),
@@ -86,7 +99,14 @@ def test_watch_resumes_from_the_last_version_and_relists_after_an_expired_one() 
             Response(lines=[{"type": "DELETED", "object": obj("b", "41")}]),
         ],
     )
-    w = RawWatch("things", call, replaced.append, events.extend, lambda: relisted.append("x"))
+    w = RawWatch(
+        "things",
+        call,
+        decode=name,
+        replace=replaced.append,
+        on_events=events.extend,
+        on_relist=lambda: relisted.append("x"),
+    )
     call.watch = w
     w.prime()
 
@@ -99,6 +119,6 @@ def test_watch_resumes_from_the_last_version_and_relists_after_an_expired_one() 
     assert not w.is_alive()
     watch_versions = [c["resource_version"] for c in call.calls if c.get("watch")]
     assert watch_versions == ["10", "20", "40", "41"]  # bookmark, relist, last event
-    assert [(k, o["metadata"]["name"]) for k, o in events] == [("MODIFIED", "a"), ("DELETED", "b")]
+    assert events == [("MODIFIED", "a"), ("DELETED", "b")]  # decoded on the thread
     assert relisted == ["x"]
-    assert [o["metadata"]["name"] for o in replaced[1]] == ["b"]
+    assert replaced[1] == ["b"]
