@@ -317,9 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         ctl.stop()
     results["duration_s"] = round(time.time() - started, 1)
-    report.write(args.out, results)
+    written = report.write(args.out, results)
     print(report.text(results))
-    log(f"results: {args.out / 'results.json'}; plots: {args.out}/*.png")
+    log("written: " + ", ".join(str(f) for f in written))
     return 0
 
 

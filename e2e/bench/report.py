@@ -166,15 +166,17 @@ def _fmt(s: dict[str, float] | None) -> str:
     return f"{s['min']:.2f} / {s['median']:.2f} / {s['max']:.2f}"
 
 
-def write(out: Path, results: dict[str, Any]) -> None:
+def write(out: Path, results: dict[str, Any]) -> list[Path]:
+    """results.json and the plots; returns the files written."""
     out.mkdir(parents=True, exist_ok=True)
     doc = {**results, "summary": summarize(results)}
     (out / "results.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    if results.get("sizes"):
-        plot(out, results)
+    plots = plot(out, results) if results.get("sizes") else []
+    return [out / "results.json", *plots]
 
 
-def plot(out: Path, results: dict[str, Any]) -> None:
+def plot(out: Path, results: dict[str, Any]) -> list[Path]:
+    """PNG plots of a run with both paths; none for a one-path run (nothing to compare)."""
     # matplotlib comes with the bench extra only (make bench installs it)
     import matplotlib  # noqa: PLC0415
 
@@ -188,8 +190,9 @@ def plot(out: Path, results: dict[str, Any]) -> None:
         or summ[s]["stock_worker_failure"]["all_running_s"] is None
         for s in sizes
     ):
-        return  # a run of one path only: nothing to compare
+        return []  # a run of one path only: nothing to compare
 
+    written: list[Path] = []
     # 1. worker failure: hybrid phases (stacked medians) next to stock, per size
     fig, ax = plt.subplots(figsize=(7, 4))
     x = range(len(sizes))
@@ -213,7 +216,8 @@ def plot(out: Path, results: dict[str, Any]) -> None:
     ax.set_title("One worker fails: first signal -> gang resumed")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "worker-failure.png", dpi=110)
+    written.append(out / "worker-failure.png")
+    fig.savefig(written[-1], dpi=110)
     plt.close(fig)
 
     # 2. node death
@@ -238,7 +242,8 @@ def plot(out: Path, results: dict[str, Any]) -> None:
         ax.set_ylabel("seconds to the gang running again")
         ax.set_title("One node dies")
         fig.tight_layout()
-        fig.savefig(out / "node-death.png", dpi=110)
+        written.append(out / "node-death.png")
+        fig.savefig(written[-1], dpi=110)
         plt.close(fig)
 
     # 3. where the 2 cores went during a hybrid recovery
@@ -261,8 +266,10 @@ def plot(out: Path, results: dict[str, Any]) -> None:
         ax.set_title("Hybrid recovery: CPU by process (median window)")
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
         fig.tight_layout()
-        fig.savefig(out / "cpu-by-process.png", dpi=110, bbox_inches="tight")
+        written.append(out / "cpu-by-process.png")
+        fig.savefig(written[-1], dpi=110, bbox_inches="tight")
         plt.close(fig)
+    return written
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -280,11 +287,12 @@ def markdown(results: dict[str, Any]) -> str:
         hw, sw = row["hybrid_worker_failure"], row["stock_worker_failure"]
         ge = ">= " if sw["capped"] else ""
         ratio = row.get("ratio_stock_over_hybrid_barrier")
+        ratio_cell = f"**{ge}{ratio}x**" if ratio else "- (one path only)"
         out.append(
             f"| {size} pods | {_fmt(hw['detection_s'])} | {_fmt(hw['restart_s'])} "
             f"| {_fmt(hw['barrier_s'])} | **{_fmt(hw['barrier_open_s'])}** "
             f"| {_fmt(hw['protocol_s'])} | {_fmt(hw['all_running_s'])} "
-            f"| **{ge}{_fmt(sw['all_running_s'])}** | **{ge}{ratio}x** "
+            f"| **{ge}{_fmt(sw['all_running_s'])}** | {ratio_cell} "
             f"| {_med(hw['controller_cpu_s'])} CPU-s, {_max(hw['controller_peak_rss_mib'])} MiB |"
         )
     out.append("")
