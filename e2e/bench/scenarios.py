@@ -51,6 +51,14 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def status_mib(pid: int, key: str = "VmRSS") -> float:
+    """A memory figure of /proc/<pid>/status (VmRSS, VmHWM: the peak), MiB; 0 if absent."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def cpu_seconds(pid: int) -> float:
     """user + system CPU seconds of a process (0 if it is gone)."""
     try:
@@ -116,10 +124,7 @@ class ProcessMeter:
         return cpu_seconds(self.pid)
 
     def rss_mib(self, key: str = "VmRSS") -> float:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
-        return 0.0
+        return status_mib(self.pid, key)
 
     @contextmanager
     def window(self, out: dict[str, Any]) -> Iterator[None]:

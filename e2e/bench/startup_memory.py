@@ -25,6 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from e2e.bench.scenarios import status_mib
+from e2e.harness.cluster import KWOK_NODE_ANNOTATION
 from e2e.harness.controlplane import start_control_plane
 from e2e.harness.kube import Clients, clients, temporary_namespace
 from jobset_inplace import api
@@ -65,7 +67,7 @@ def node_body(i: int) -> dict[str, Any]:
                 "topology.kubernetes.io/zone": f"zone-{i % 4}",
                 "cloud.example.com/rack": f"rack-{i // 32}",
             },
-            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
         },
         "spec": {"podCIDR": f"10.{i // 256}.{i % 256}.0/24"},
         "status": {
@@ -179,13 +181,6 @@ def baseline_tree(ref: str) -> Iterator[Path]:
             )
 
 
-def status_kib(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise KeyError(key)
-
-
 def measure(tree: Path, kubeconfig: Path, logfile: Path, timeout: float) -> dict[str, float]:
     """Start the controller from ``tree``; its memory once the cache is primed."""
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(tree)}
@@ -209,8 +204,8 @@ def measure(tree: Path, kubeconfig: Path, logfile: Path, timeout: float) -> dict
         time.sleep(3)  # the watches start after the prime
         return {
             "primed_s": round(primed_s, 1),
-            "peak_rss_mib": round(status_kib(proc.pid, "VmHWM") / 1024, 1),
-            "rss_mib": round(status_kib(proc.pid, "VmRSS") / 1024, 1),
+            "peak_rss_mib": round(status_mib(proc.pid, "VmHWM"), 1),
+            "rss_mib": round(status_mib(proc.pid, "VmRSS"), 1),
         }
     finally:
         proc.terminate()
@@ -242,7 +237,6 @@ def main(argv: list[str] | None = None) -> int:
                 args.pods,
                 lambda c, i: c.core.create_namespaced_pod(ns, pod_body(i)),
             )
-            trees = {"this checkout": REPO}
             with tempfile.TemporaryDirectory(prefix="jsi-startup-") as logs:
                 rows: dict[str, dict[str, float]] = {}
                 if args.baseline:
@@ -251,11 +245,10 @@ def main(argv: list[str] | None = None) -> int:
                         rows[args.baseline] = measure(
                             tree, cp.kubeconfig, Path(logs) / "baseline.log", args.timeout
                         )
-                for label, tree in trees.items():
-                    log(f"controller of {label} ...")
-                    rows[label] = measure(
-                        tree, cp.kubeconfig, Path(logs) / "this.log", args.timeout
-                    )
+                log("controller of this checkout ...")
+                rows["this checkout"] = measure(
+                    REPO, cp.kubeconfig, Path(logs) / "this.log", args.timeout
+                )
         print(f"\ncontroller start on {args.nodes} nodes and {args.pods} pods of one JobSet:\n")
         print("| code | cache primed after | peak RSS | RSS 3 s later |")
         print("|---|---|---|---|")

@@ -112,8 +112,13 @@ def test_member_on_notready_node_is_replaced_others_in_place(gang: Gang, kube: C
     wait_for("pod on the dead node failed and deleted", replaced, 20)
     # The Job controller would create a replacement on a healthy node.
     gang.make_pod(1, node=gang.node(0))
-    gang.rejoin_all(2, steps="300,200,100")
-    gang.report(1, 2, steps="200,100")  # the replacement only sees the persistent tier
+    # The replacement reports first (it only sees the persistent tier): were it last, the
+    # controller could open the barrier on the survivors' steps before its report arrived.
+    gang.restart_in_place(1)
+    gang.report(1, 2, steps="200,100")
+    for i in (0, 2, 3):
+        gang.restart_in_place(i)
+        gang.report(i, 2, steps="300,200,100")
     st = gang.wait_state("barrier open at epoch 2", lambda s: s["barrierOpen"] and s["epoch"] == 2)
     assert st["resumeStep"] == 200  # newest step common to all, not the survivors' 300
     after = gang.uids()
@@ -140,8 +145,11 @@ def test_second_failure_during_barrier_converges(gang: Gang, kube: Clients) -> N
     start_running(gang)
     gang.fail_trainer(0)
     gang.wait_state("epoch 2", lambda s: s["epoch"] == 2)
-    gang.rejoin_all(2)
-    gang.report(3, 1)  # member 3 lags ...
+    for i in (0, 1, 2):
+        gang.restart_in_place(i)
+        gang.report(i, 2)
+    gang.restart_in_place(3)
+    gang.report(3, 1)  # member 3 lags (never all four at epoch 2: the barrier stays closed) ...
     gang.fail_trainer(1)  # ... and member 1 crashes while the barrier waits
     time.sleep(1)
     st = gang.state()
@@ -195,8 +203,9 @@ def test_controller_killed_mid_recovery_completes_exactly_one(
 def test_malformed_report_is_an_event_not_a_crash(gang: Gang, controller: Controller) -> None:
     gang.create()
     gang.wait_state("epoch 1", lambda s: s.get("epoch") == 1)
-    gang.report_all(1)
-    gang.report(2, 1, steps="300,x")
+    for i in (0, 1, 3):
+        gang.report(i, 1)
+    gang.report(2, 1, steps="300,x")  # never a valid report from all four before this
     wait_for("MalformedReport event", lambda: "MalformedReport" in reasons(gang), 15)
     assert controller.proc is not None
     assert controller.proc.poll() is None
