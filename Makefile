@@ -26,7 +26,7 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed ## Python virtualenv with the package and dev tools
 
 binaries: ## build pinned upstream binaries from Go modules (cached, idempotent)
-	bash e2e/build-binaries.sh
+	bash testbed/build-binaries.sh
 
 lint: venv ## ruff + mypy
 	$(VENV)/bin/ruff check .
@@ -46,26 +46,26 @@ test: venv binaries lint ## everything: lint, unit, integration, e2e on the loca
 	$(PY) -m pytest tests e2e $(PYTEST_ARGS)
 
 cluster-up: venv binaries ## local cluster: control plane, NODES kwok + REAL_NODES kubelet nodes, JobSet, Kueue
-	$(PY) -m e2e.harness up --nodes $(NODES) --real-nodes $(REAL_NODES)
+	$(PY) -m testbed up --nodes $(NODES) --real-nodes $(REAL_NODES)
 
 cluster-down: venv ## stop and delete the local cluster
-	$(PY) -m e2e.harness down
+	$(PY) -m testbed down
 
 cluster-status: venv ## is the local cluster up, and where are its kubeconfig and logs
-	$(PY) -m e2e.harness status
+	$(PY) -m testbed status
 
 e2e-kind: venv ## e2e suite on a kind cluster (needs a Docker engine; not run by CI here)
-	bash e2e/kind/run.sh
+	bash testbed/kind/run.sh
 
 demo: venv binaries ## hybrid recovery on the local cluster: train, inject a failure, print the timeline
-	$(PY) -m e2e.harness.demo
+	$(PY) -m testbed.demo
 
 $(VENV)/.bench: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $@
 
 bench: venv binaries $(VENV)/.bench ## scale benchmark, hybrid vs stock (not in make test; BENCH_ARGS="--sizes 100 --reps 2" for a quick run)
-	$(PY) -m e2e.bench $(BENCH_ARGS)
+	$(PY) -m bench $(BENCH_ARGS)
 
 clean: ## remove the virtualenv and caches in the repo (keeps built binaries)
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e.harness.cluster import DEFAULT_NODES, DEFAULT_REAL_NODES, LocalCluster
-from e2e.harness.demo import ControllerProcess
-from e2e.harness.kube import Clients, clients, temporary_namespace
+from testbed.cluster import DEFAULT_NODES, DEFAULT_REAL_NODES, LocalCluster
+from testbed.controller import ControllerProcess
+from testbed.kube import Clients, clients, temporary_namespace
 
 
 @pytest.fixture(scope="session")

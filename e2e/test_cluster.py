@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from e2e.harness import workloads
-from e2e.harness.cluster import LocalCluster
-from e2e.harness.kube import Clients, create_jobset, get_jobset, node_ready_status, wait_for
-from e2e.harness.kueue import (
+from testbed import workloads
+from testbed.cluster import LocalCluster
+from testbed.kube import Clients, create_jobset, get_jobset, node_ready_status, wait_for
+from testbed.kueue import (
     QUEUE_LABEL,
     condition,
     create_queue,
@@ -19,7 +19,7 @@ from e2e.harness.kueue import (
     new_queue_names,
     workload_of,
 )
-from e2e.harness.kwoknodes import NODE_UNHEALTHY_BOUND_SECONDS, is_kwok_node, set_heartbeat
+from testbed.kwoknodes import NODE_UNHEALTHY_BOUND_SECONDS, is_kwok_node, set_heartbeat
 
 pytestmark = pytest.mark.e2e
 

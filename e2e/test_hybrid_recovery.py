@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from e2e.harness.cluster import LocalCluster
-from e2e.harness.demo import ControllerProcess, run_demo
-from e2e.harness.kube import Clients
-from e2e.harness.versions import binaries
+from testbed.cluster import LocalCluster
+from testbed.controller import ControllerProcess
+from testbed.demo import run_demo
+from testbed.kube import Clients
+from testbed.versions import binaries
 
 pytestmark = pytest.mark.e2e
 

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from kubernetes import watch
 
-from e2e.harness.cluster import REAL_NODE_LABEL
-from e2e.harness.kube import Clients, wait_for
-from e2e.harness.versions import binaries
+from testbed.cluster import REAL_NODE_LABEL
+from testbed.kube import Clients, wait_for
+from testbed.versions import binaries
 
 pytestmark = pytest.mark.e2e
 

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from e2e.harness.cluster import LocalCluster
-from e2e.harness.demo import CRD
-from e2e.harness.kubectl import Kubectl
+from testbed.cluster import LocalCluster
+from testbed.controller import CRD
+from testbed.kubectl import Kubectl
 
 pytestmark = pytest.mark.e2e
 

@@ -13,20 +13,13 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.harness import workloads
-from e2e.harness.cluster import LocalCluster
-from e2e.harness.demo import (
-    ControllerProcess,
-    demo_jobset,
-    gang_state,
-    inject_failure,
-    member_pods,
-    prepare,
-    trainers_running,
-)
-from e2e.harness.kube import Clients, create_jobset, wait_for
-from e2e.harness.kueue import KUEUE, QUEUE_LABEL, condition, queue, workload_of
-from e2e.harness.versions import binaries
+from testbed import workloads
+from testbed.cluster import LocalCluster
+from testbed.controller import ControllerProcess, gang_state, member_pods, prepare
+from testbed.demo import demo_jobset, inject_failure, trainers_running
+from testbed.kube import Clients, create_jobset, wait_for
+from testbed.kueue import KUEUE, QUEUE_LABEL, condition, queue, workload_of
+from testbed.versions import binaries
 
 pytestmark = pytest.mark.e2e
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from e2e.harness.cluster import LocalCluster
-from e2e.harness.demo import ControllerProcess, run_demo
-from e2e.harness.kube import Clients, wait_for
-from e2e.harness.kueue import QUEUE_LABEL, condition, queue, workload_of
+from testbed.cluster import LocalCluster
+from testbed.controller import ControllerProcess
+from testbed.demo import run_demo
+from testbed.kube import Clients, wait_for
+from testbed.kueue import QUEUE_LABEL, condition, queue, workload_of
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,7 @@ ungater releases the pod with a ``kubernetes.io/hostname`` nodeSelector. The Wor
 admitted; the other members restart in place.
 
 Real: Kueue, JobSet, the Job controller, the scheduler, the node lifecycle controller, kwok.
-Simulated: the kwok nodes and the agents of their pods (e2e/harness/simagents.py)."""
+Simulated: the kwok nodes and the agents of their pods (testbed/simagents.py)."""
 
 from __future__ import annotations
 
@@ -22,15 +22,15 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from e2e.harness import workloads
-from e2e.harness.cluster import LocalCluster
-from e2e.harness.demo import ControllerProcess, gang_state, prepare
-from e2e.harness.kube import Clients, create_jobset, wait_for
-from e2e.harness.kueue import KUEUE, QUEUE_LABEL, condition, workload_of
-from e2e.harness.kwoknodes import set_heartbeat
-from e2e.harness.simagents import SimulatedAgents
-from jobset_inplace import api
-from jobset_inplace.transform import AgentSettings, transform
+from jobset_inplace import names
+from jobset_inplace.core.transform import AgentSettings, transform
+from testbed import workloads
+from testbed.cluster import LocalCluster
+from testbed.controller import ControllerProcess, gang_state, prepare
+from testbed.kube import Clients, create_jobset, wait_for
+from testbed.kueue import KUEUE, QUEUE_LABEL, condition, workload_of
+from testbed.kwoknodes import set_heartbeat
+from testbed.simagents import SimulatedAgents
 
 pytestmark = pytest.mark.e2e
 
@@ -165,7 +165,7 @@ def _jobset(queue: str) -> dict[str, Any]:
         NAME,
         [("workers", 1, MEMBERS)],
         labels={QUEUE_LABEL: queue},
-        annotations={api.ENABLED: "true", api.NODE_UNHEALTHY_AFTER: "5s"},
+        annotations={names.ENABLED: "true", names.NODE_UNHEALTHY_AFTER: "5s"},
         node_selector=dict(workloads.KWOK_NODE_SELECTOR),
         pod=workloads.whole_node_trainer(MEMBER_CPU),
     )
@@ -176,7 +176,7 @@ def _jobset(queue: str) -> dict[str, Any]:
 
 def _live_pods(kube: Clients, namespace: str) -> dict[str, Any]:
     pods = kube.core.list_namespaced_pod(
-        namespace, label_selector=f"{api.JOBSET_NAME_LABEL}={NAME}"
+        namespace, label_selector=f"{names.JOBSET_NAME_LABEL}={NAME}"
     ).items
     return {
         p.metadata.labels["batch.kubernetes.io/job-completion-index"]: p
@@ -244,7 +244,7 @@ def _run(kube: Clients, namespace: str, topo: Topology) -> None:
         )
         assert st["recovery"]["causes"] == {"workers/0/0": "NodeUnhealthy"}
         taints = {t.key: t.effect for t in kube.core.read_node(dead).spec.taints or []}
-        assert taints.get(api.UNHEALTHY_TAINT) == "NoSchedule"
+        assert taints.get(names.UNHEALTHY_TAINT) == "NoSchedule"
 
         st = wait_for(
             f"barrier of epoch {trained + 1} (replacement placed by Kueue and joined)",

@@ -3,7 +3,7 @@ members stay in place, the barrier opens once everyone is back.
 
 Real: the controller, JobSet and the Job controller, the scheduler, the node lifecycle
 controller, the kwok controller. Simulated: the kwok nodes themselves (no containers run on
-them) and therefore the agents of the kwok pods (e2e/harness/simagents.py)."""
+them) and therefore the agents of the kwok pods (testbed/simagents.py)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from e2e.harness import workloads
-from e2e.harness.cluster import LocalCluster
-from e2e.harness.demo import ControllerProcess, prepare
-from e2e.harness.kube import Clients, create_jobset, wait_for
-from e2e.harness.kwoknodes import set_heartbeat
-from e2e.harness.simagents import SimulatedAgents
-from jobset_inplace import api
-from jobset_inplace.transform import AgentSettings, transform
+from jobset_inplace import names
+from jobset_inplace.core.transform import AgentSettings, transform
+from testbed import workloads
+from testbed.cluster import LocalCluster
+from testbed.controller import ControllerProcess, prepare
+from testbed.kube import Clients, create_jobset, wait_for
+from testbed.kwoknodes import set_heartbeat
+from testbed.simagents import SimulatedAgents
 
 pytestmark = pytest.mark.e2e
 NAME = "kwokgang"
@@ -40,7 +40,7 @@ def _jobset() -> dict[str, Any]:
     js = workloads.jobset(
         NAME,
         [("workers", MEMBERS, 1)],
-        annotations={api.ENABLED: "true", api.NODE_UNHEALTHY_AFTER: "5s"},
+        annotations={names.ENABLED: "true", names.NODE_UNHEALTHY_AFTER: "5s"},
         node_selector={"type": "kwok"},
         pod={
             # one member per node: a dead node takes one member
@@ -48,7 +48,7 @@ def _jobset() -> dict[str, Any]:
                 "podAntiAffinity": {
                     "requiredDuringSchedulingIgnoredDuringExecution": [
                         {
-                            "labelSelector": {"matchLabels": {api.JOBSET_NAME_LABEL: NAME}},
+                            "labelSelector": {"matchLabels": {names.JOBSET_NAME_LABEL: NAME}},
                             "topologyKey": "kubernetes.io/hostname",
                         }
                     ]
@@ -61,10 +61,10 @@ def _jobset() -> dict[str, Any]:
 
 def _pods(kube: Clients, namespace: str) -> dict[str, Any]:
     pods = kube.core.list_namespaced_pod(
-        namespace, label_selector=f"{api.JOBSET_NAME_LABEL}={NAME}"
+        namespace, label_selector=f"{names.JOBSET_NAME_LABEL}={NAME}"
     ).items
     return {
-        p.metadata.labels[api.JOB_INDEX_LABEL]: p
+        p.metadata.labels[names.JOB_INDEX_LABEL]: p
         for p in pods
         if not p.metadata.deletion_timestamp and p.status.phase != "Failed"
     }
@@ -73,7 +73,7 @@ def _pods(kube: Clients, namespace: str) -> dict[str, Any]:
 def _state(kube: Clients, namespace: str) -> dict[str, Any]:
     try:
         obj = kube.custom.get_namespaced_custom_object(
-            api.GROUP, api.VERSION, namespace, api.GANGSTATE_PLURAL, NAME
+            names.GROUP, names.VERSION, namespace, names.GANGSTATE_PLURAL, NAME
         )
     except ApiException as e:
         if e.status == 404:  # the controller has not created it yet
@@ -110,7 +110,7 @@ def test_dead_kwok_node_pod_replaced_elsewhere_others_in_place(
         assert st["recovery"]["causes"] == {"workers/0/0": "NodeUnhealthy"}
         assert st["recovery"]["recreated"] == {"workers/0/0": victim.metadata.uid}
         taints = {t.key for t in kube.core.read_node(dead).spec.taints or []}
-        assert api.UNHEALTHY_TAINT in taints
+        assert names.UNHEALTHY_TAINT in taints
 
         st = wait_for(
             "barrier of epoch 2",
@@ -134,9 +134,10 @@ def test_dead_kwok_node_pod_replaced_elsewhere_others_in_place(
     finally:
         set_heartbeat(kube, dead, alive=True)
     wait_for(
-        f"{api.UNHEALTHY_TAINT} taint removed from revived node {dead}",
+        f"{names.UNHEALTHY_TAINT} taint removed from revived node {dead}",
         lambda: (
-            api.UNHEALTHY_TAINT not in {t.key for t in kube.core.read_node(dead).spec.taints or []}
+            names.UNHEALTHY_TAINT
+            not in {t.key for t in kube.core.read_node(dead).spec.taints or []}
         ),
         60,
         1,

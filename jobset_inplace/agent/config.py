@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobset_inplace.api import DEFAULT_RESTART_EXIT_CODE
+from jobset_inplace.names import DEFAULT_PROBE_PORT, DEFAULT_RESTART_EXIT_CODE
 from jobset_inplace.trainer import resolve_state_dir, tier_roots
 
 __all__ = [
@@ -22,7 +22,6 @@ __all__ = [
 
 EXIT_CRASH = 1  # an unexpected error in the agent (Python's own code for an uncaught one)
 EXIT_CONFIG = 2  # bad configuration: never the restart exit code
-DEFAULT_PROBE_PORT = 8187
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from jobset_inplace.checkpoints import MAX_STEP
+from jobset_inplace.trainer.checkpoints import MAX_STEP
 
 __all__ = [
     "Action",

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobset_inplace import api
-from jobset_inplace.checkpoints import available_steps, encode_steps, is_complete, step_dir
-from jobset_inplace.checkpoints import retire_steps_after as retire
+from jobset_inplace import names
 from jobset_inplace.trainer import ResumeInfo, clear_resume, write_resume
+from jobset_inplace.trainer.checkpoints import available_steps, encode_steps, is_complete, step_dir
+from jobset_inplace.trainer.checkpoints import retire_steps_after as retire
 
 from .config import Config
 from .kubeapi import ApiError, KubeApi, TransportErrors
@@ -86,7 +86,7 @@ class Agent:
         self.backoff = Backoff()
         self._started = started  # time.monotonic() when the entry module began
         self._collection = KubeApi.gangstates_path(
-            api.GROUP, api.VERSION, cfg.namespace, api.GANGSTATE_PLURAL
+            names.GROUP, names.VERSION, cfg.namespace, names.GANGSTATE_PLURAL
         )
         self._object = f"{self._collection}/{cfg.gangstate}"
         self._pod = f"/api/v1/namespaces/{cfg.namespace}/pods/{cfg.pod_name}"
@@ -208,8 +208,8 @@ class Agent:
         patch = {
             "metadata": {
                 "annotations": {
-                    api.REPORT_EPOCH: str(action.epoch),
-                    api.REPORT_STEPS: encode_steps(steps),
+                    names.REPORT_EPOCH: str(action.epoch),
+                    names.REPORT_STEPS: encode_steps(steps),
                 }
             }
         }

@@ -1,6 +1,6 @@
-"""The controller's in-memory view of the cluster, fed by watch events: opted-in JobSets, their
-pods (as small :class:`~jobset_inplace.model.PodView` values, indexed by JobSet), nodes and node
-Lease renewals. Building a snapshot for one gang touches only that gang's pods."""
+"""The controller's in-memory view of the cluster, fed by watch events: opted-in JobSets,
+their pods (as small :class:`~jobset_inplace.core.model.PodView` values, indexed by JobSet),
+nodes and node Lease renewals. Building a snapshot for one gang touches only that gang's pods."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import api
-from ..model import GangSpec, GangStatus, NodeView, PodView, Snapshot
-from ..policy import Policy
-from ..views import gang_spec, node_view, pod_view
+from jobset_inplace import names
+from jobset_inplace.core.decode import gang_spec, node_view, pod_view
+from jobset_inplace.core.model import GangSpec, GangStatus, NodeView, PodView, Snapshot
+from jobset_inplace.core.policy import Policy
 
 GangKey = tuple[str, str]  # (namespace, JobSet name)
 
@@ -30,7 +30,7 @@ class PodEntry:
 
 def pod_entry(pod: Mapping[str, Any]) -> PodEntry:
     meta = pod["metadata"]
-    jobset = (meta.get("labels") or {}).get(api.JOBSET_NAME_LABEL)
+    jobset = (meta.get("labels") or {}).get(names.JOBSET_NAME_LABEL)
     key = (meta["namespace"], jobset) if jobset else None
     return PodEntry(meta["uid"], key, pod_view(pod) if key else None)
 

@@ -13,9 +13,9 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from .. import api
-from ..gangstate import new_gangstate, owned_by, status_from_dict, status_to_dict
-from ..model import Action, EscalatePod, Event, GangStatus, ReplacePod
+from jobset_inplace import names
+from jobset_inplace.core.gangstate import new_gangstate, owned_by, status_from_dict, status_to_dict
+from jobset_inplace.core.model import Action, EscalatePod, Event, GangStatus, ReplacePod
 
 log = logging.getLogger("jobset_inplace.controller")
 
@@ -41,7 +41,7 @@ class Executor:
         out: dict[str, float | None] = {}
         for node in nodes:
             try:
-                lease = self.coordination.read_namespaced_lease(node, api.NODE_LEASE_NAMESPACE)
+                lease = self.coordination.read_namespaced_lease(node, names.NODE_LEASE_NAMESPACE)
             except ApiException as e:
                 if e.status != 404:
                     raise
@@ -54,7 +54,7 @@ class Executor:
     # --- GangState ----------------------------------------------------------------------------
     def load_or_create(self, jobset: dict[str, Any]) -> GangStatus:
         meta = jobset["metadata"]
-        where = (api.GROUP, api.VERSION, meta["namespace"], api.GANGSTATE_PLURAL)
+        where = (names.GROUP, names.VERSION, meta["namespace"], names.GANGSTATE_PLURAL)
         obj: dict[str, Any] | None
         try:
             obj = self.custom.get_namespaced_custom_object(*where, meta["name"])
@@ -87,10 +87,10 @@ class Executor:
     def write_status(self, namespace: str, name: str, status: GangStatus) -> None:
         patch = [{"op": "add", "path": "/status", "value": status_to_dict(status)}]
         self.custom.patch_namespaced_custom_object_status(
-            api.GROUP,
-            api.VERSION,
+            names.GROUP,
+            names.VERSION,
             namespace,
-            api.GANGSTATE_PLURAL,
+            names.GANGSTATE_PLURAL,
             name,
             patch,
             _content_type="application/json-patch+json",
@@ -148,7 +148,7 @@ class Executor:
         return True
 
     def set_unhealthy_taint(
-        self, node: str, present: bool, reason: str = "", key: str = api.UNHEALTHY_TAINT
+        self, node: str, present: bool, reason: str = "", key: str = names.UNHEALTHY_TAINT
     ) -> None:
         """Add or remove our ``key:NoSchedule`` taint (``jobset-inplace.dev/unhealthy`` by
         default; idempotent; optimistic concurrency on the node's resourceVersion)."""
@@ -195,7 +195,7 @@ class Executor:
             if not self._fail_pod(
                 namespace,
                 a,
-                api.REPLACED_CONDITION,
+                names.REPLACED_CONDITION,
                 f"{a.cause.value}: replaced",
                 since=a.failed_since,
             ):
@@ -214,7 +214,7 @@ class Executor:
                 raise
 
     def escalate(self, namespace: str, a: EscalatePod) -> None:
-        self._fail_pod(namespace, a, api.ESCALATION_CONDITION, a.message)
+        self._fail_pod(namespace, a, names.ESCALATION_CONDITION, a.message)
 
     # --- events -------------------------------------------------------------------------------
     def post_event(self, jobset: dict[str, Any], e: Event) -> None:

@@ -19,17 +19,23 @@ from typing import Any
 import kopf
 from kubernetes import client, config
 
-from .. import api
-from ..gangstate import progress_only, progress_write_interval
-from ..model import Event, NodeView
-from ..planner import may_untaint, plan, stale_lease_nodes
-from ..policy import PolicyError, is_enabled, parse_policy
-from ..views import kueue_recovery_timeout, kueue_stand_down, lease_renewal, workload_owner
-from ..webhook import settings_from_env
-from .admission import register_webhooks, server_from_env
+from jobset_inplace import names
+from jobset_inplace.controller.webhook_server import settings_from_env
+from jobset_inplace.core.decode import (
+    kueue_recovery_timeout,
+    kueue_stand_down,
+    lease_renewal,
+    workload_owner,
+)
+from jobset_inplace.core.gangstate import progress_only, progress_write_interval
+from jobset_inplace.core.model import Event, NodeView
+from jobset_inplace.core.planner import may_untaint, plan, stale_lease_nodes
+from jobset_inplace.core.policy import PolicyError, is_enabled, parse_policy
+
 from .cache import ClusterCache, Gang, GangKey, PodEntry, node_entry, pod_entry
 from .executor import Executor
 from .watches import RawWatch, WatchEvent
+from .webhook_server import register_webhooks, server_from_env
 
 log = logging.getLogger("jobset_inplace.controller")
 
@@ -254,7 +260,7 @@ def raw_watches(r: Reconciler) -> list[RawWatch[Any]]:
     return [
         RawWatch(
             "pods",
-            partial(core.list_pod_for_all_namespaces, label_selector=api.JOBSET_NAME_LABEL),
+            partial(core.list_pod_for_all_namespaces, label_selector=names.JOBSET_NAME_LABEL),
             decode=pod_entry,
             replace=cache.replace_pods,
             on_events=partial(pod_events, r),
@@ -272,7 +278,7 @@ def raw_watches(r: Reconciler) -> list[RawWatch[Any]]:
             "node Leases",
             partial(
                 client.CoordinationV1Api(client.ApiClient()).list_namespaced_lease,
-                api.NODE_LEASE_NAMESPACE,
+                names.NODE_LEASE_NAMESPACE,
             ),
             decode=lease_renewal,
             replace=cache.replace_leases,
@@ -307,10 +313,10 @@ def prime(r: Reconciler, watches: list[RawWatch[Any]]) -> None:
 def read_kueue_recovery_timeout(core: client.CoreV1Api) -> float | None:
     """Kueue's recoveryTimeout from its configuration ConfigMap (standard install), if any."""
     try:
-        cm = core.read_namespaced_config_map(api.KUEUE_CONFIG_MAP, api.KUEUE_CONFIG_NAMESPACE)
+        cm = core.read_namespaced_config_map(names.KUEUE_CONFIG_MAP, names.KUEUE_CONFIG_NAMESPACE)
     except client.exceptions.ApiException:
         return None
-    text = (cm.data or {}).get(api.KUEUE_CONFIG_KEY)
+    text = (cm.data or {}).get(names.KUEUE_CONFIG_KEY)
     return kueue_recovery_timeout(text) if text else None
 
 

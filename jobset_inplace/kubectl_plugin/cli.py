@@ -15,9 +15,10 @@ from typing import IO, Any, NoReturn
 
 import urllib3
 
-from .. import api
-from ..policy import PolicyError, is_enabled, parse_duration
-from ..transform import DEFAULT_AGENT_IMAGE, TransformError
+from jobset_inplace import names
+from jobset_inplace.core.policy import PolicyError, is_enabled, parse_duration
+from jobset_inplace.core.transform import DEFAULT_AGENT_IMAGE, TransformError
+
 from . import doctor as doctor_mod
 from . import enable as enable_mod
 from . import render
@@ -119,7 +120,7 @@ def _get_gangstate(c: Cluster, name: str) -> dict[str, Any]:
         if e.status == 404:
             raise CommandError(
                 f"GangState {name} not found in namespace {c.namespace}: is the JobSet opted in "
-                f"({api.ENABLED}=true) and the controller running? "
+                f"({names.ENABLED}=true) and the controller running? "
                 "(if the GangState CRD itself is missing: kubectl jobset-inplace doctor)",
                 ExitCode.NOT_FOUND,
             ) from None
@@ -194,7 +195,7 @@ def cmd_restart(
     if not is_enabled(annotations):
         raise CommandError(
             f"JobSet {c.namespace}/{args.name} has not opted in to jobset-inplace: set the "
-            f'annotation {api.ENABLED}: "true" (see kubectl jobset-inplace enable)'
+            f'annotation {names.ENABLED}: "true" (see kubectl jobset-inplace enable)'
         )
     question = (
         f"Restart every member of JobSet {c.namespace}/{args.name} in place "
@@ -203,9 +204,9 @@ def cmd_restart(
     if not args.yes and not confirm(question, stdin, err):
         raise CommandError("restart not confirmed; nothing changed", ExitCode.USAGE)
     value = restart_value()
-    c.annotate_jobset(args.name, {api.RESTART_REQUEST: value})
+    c.annotate_jobset(args.name, {names.RESTART_REQUEST: value})
     out.write(
-        f"jobset.jobset.x-k8s.io/{args.name} restart requested ({api.RESTART_REQUEST}={value})\n"
+        f"jobset.jobset.x-k8s.io/{args.name} restart requested ({names.RESTART_REQUEST}={value})\n"
         f"follow it with: kubectl jobset-inplace status {args.name} -n {c.namespace}\n"
     )
     return ExitCode.OK

@@ -14,7 +14,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from .. import api
+from jobset_inplace import names
 
 JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -58,7 +58,7 @@ class Cluster:
     # --- jobset-inplace objects ------------------------------------------------------------------
     def gangstate(self, name: str) -> dict[str, Any]:
         obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
-            api.GROUP, api.VERSION, self.namespace, api.GANGSTATE_PLURAL, name
+            names.GROUP, names.VERSION, self.namespace, names.GANGSTATE_PLURAL, name
         )
         return obj
 
@@ -83,7 +83,7 @@ class Cluster:
     def jobset_pods(self, name: str) -> list[dict[str, Any]]:
         resp = self.core.list_namespaced_pod(
             self.namespace,
-            label_selector=f"{api.JOBSET_NAME_LABEL}={name}",
+            label_selector=f"{names.JOBSET_NAME_LABEL}={name}",
             _preload_content=False,
         )
         items: list[dict[str, Any]] = self._json(resp).get("items") or []

@@ -12,23 +12,24 @@ from typing import Any, Protocol
 
 import yaml
 
-from .. import api
-from ..policy import Policy, PolicyError, parse_duration
+from jobset_inplace import names
+from jobset_inplace.core.policy import Policy, PolicyError, parse_duration
+
 from .cluster import api_error_message
 from .render import fmt_duration, table
 
 MIN_MINOR = 35
 RESTART_ALL_FEATURE = "RestartAllContainersOnContainerExits"
 JOBSET_CRD = "jobsets.jobset.x-k8s.io"
-GANGSTATE_CRD = f"{api.GANGSTATE_PLURAL}.{api.GROUP}"
+GANGSTATE_CRD = f"{names.GANGSTATE_PLURAL}.{names.GROUP}"
 KUEUE_CRDS = (
     "clusterqueues.kueue.x-k8s.io",
     "localqueues.kueue.x-k8s.io",
     "workloads.kueue.x-k8s.io",
 )
-KUEUE_NAMESPACE = api.KUEUE_CONFIG_NAMESPACE
-KUEUE_CONFIGMAP = api.KUEUE_CONFIG_MAP
-KUEUE_CONFIG_KEY = api.KUEUE_CONFIG_KEY
+KUEUE_NAMESPACE = names.KUEUE_CONFIG_NAMESPACE
+KUEUE_CONFIGMAP = names.KUEUE_CONFIG_MAP
+KUEUE_CONFIG_KEY = names.KUEUE_CONFIG_KEY
 JOBSET_NAMESPACE = "jobset-system"
 CRD_HINT = "kubectl apply --server-side -k manifests/crd  (from the jobset-inplace repository)"
 
@@ -155,11 +156,11 @@ def check_gangstate_crd(crd: Mapping[str, Any] | None) -> Check:
     name = "GangState CRD"
     if crd is None:
         return Check(name, Result.FAIL, f"{GANGSTATE_CRD} not installed", CRD_HINT)
-    if api.VERSION not in _crd_versions(crd):
-        return Check(name, Result.FAIL, f"{api.VERSION} not served", CRD_HINT)
+    if names.VERSION not in _crd_versions(crd):
+        return Check(name, Result.FAIL, f"{names.VERSION} not served", CRD_HINT)
     if not _established(crd):
         return Check(name, Result.FAIL, "not Established yet", "wait, then check the CRD status")
-    return Check(name, Result.PASS, f"{GANGSTATE_CRD} ({api.VERSION}) established")
+    return Check(name, Result.PASS, f"{GANGSTATE_CRD} ({names.VERSION}) established")
 
 
 def check_kueue_crds(present: Mapping[str, bool]) -> Check:
@@ -338,7 +339,7 @@ def render_checks(checks: Sequence[Check]) -> str:
 
 def checks_document(checks: Sequence[Check]) -> dict[str, Any]:
     return {
-        "apiVersion": api.API_VERSION,
+        "apiVersion": names.API_VERSION,
         "kind": "DoctorReport",
         "checks": [{**asdict(ch), "result": ch.result.value} for ch in checks],
         "failed": failed(checks),

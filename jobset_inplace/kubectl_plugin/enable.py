@@ -7,8 +7,13 @@ from typing import Any
 
 import yaml
 
-from .. import api
-from ..transform import DEFAULT_AGENT_IMAGE, AgentSettings, TransformError, transform
+from jobset_inplace import names
+from jobset_inplace.core.transform import (
+    DEFAULT_AGENT_IMAGE,
+    AgentSettings,
+    TransformError,
+    transform,
+)
 
 JOBSET_API_GROUP = "jobset.x-k8s.io"
 
@@ -32,7 +37,7 @@ def _is_jobset(doc: Any) -> bool:
 def enable_docs(docs: list[Any], image: str) -> list[Any]:
     """Every JobSet opted in (``enabled: "true"`` added if absent) and transformed; other
     documents unchanged. Raises :class:`InputError`, :class:`TransformError` or
-    :class:`~jobset_inplace.policy.PolicyError`."""
+    :class:`~jobset_inplace.core.policy.PolicyError`."""
     if not any(_is_jobset(d) for d in docs):
         raise InputError(f"no JobSet (apiVersion {JOBSET_API_GROUP}/*, kind JobSet) in the input")
     out = []
@@ -43,7 +48,7 @@ def enable_docs(docs: list[Any], image: str) -> list[Any]:
         name = (d.get("metadata") or {}).get("name") or "?"
         opted = {**d, "metadata": dict(d.get("metadata") or {})}
         annotations = dict(opted["metadata"].get("annotations") or {})
-        annotations.setdefault(api.ENABLED, "true")
+        annotations.setdefault(names.ENABLED, "true")
         opted["metadata"]["annotations"] = annotations
         try:
             out.append(transform(opted, AgentSettings(image=image)))

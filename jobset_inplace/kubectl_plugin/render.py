@@ -11,9 +11,9 @@ from typing import Any
 
 import yaml
 
-from .. import api
-from ..gangstate import parse_time
-from ..policy import Policy, PolicyError, parse_policy
+from jobset_inplace import names
+from jobset_inplace.core.gangstate import parse_time
+from jobset_inplace.core.policy import Policy, PolicyError, parse_policy
 
 REPORT_KIND = "GangStatusReport"
 HISTORY_KIND = "GangRecoveryHistory"
@@ -73,7 +73,7 @@ def member_id(pod: Obj) -> str:
     labels = (pod.get("metadata") or {}).get("labels") or {}
     return "/".join(
         labels.get(k, "?")
-        for k in (api.REPLICATED_JOB_LABEL, api.JOB_INDEX_LABEL, api.COMPLETION_INDEX_LABEL)
+        for k in (names.REPLICATED_JOB_LABEL, names.JOB_INDEX_LABEL, names.COMPLETION_INDEX_LABEL)
     )
 
 
@@ -114,8 +114,8 @@ def node_problems(node: Obj | None) -> list[str]:
     if ready != "True":
         out.append(f"Ready={ready or 'Missing'}")
     for t in (node.get("spec") or {}).get("taints") or []:
-        if t.get("key") == api.UNHEALTHY_TAINT:
-            out.append(f"taint {api.UNHEALTHY_TAINT}:{t.get('effect', '')}")
+        if t.get("key") == names.UNHEALTHY_TAINT:
+            out.append(f"taint {names.UNHEALTHY_TAINT}:{t.get('effect', '')}")
     return out
 
 
@@ -202,8 +202,8 @@ def status_document(
                 "node": node,
                 "state": pod_state(p),
                 "deleting": pm.get("deletionTimestamp") is not None,
-                "reportedEpoch": ann.get(api.REPORT_EPOCH),
-                "checkpointSteps": ann.get(api.REPORT_STEPS),
+                "reportedEpoch": ann.get(names.REPORT_EPOCH),
+                "checkpointSteps": ann.get(names.REPORT_STEPS),
                 "restarts": _pod_restarts(p),
                 "cause": causes.get(member),
                 "recreated": member in recreated,
@@ -220,7 +220,7 @@ def status_document(
                 unhealthy.append({"name": name, "problems": problems, "pods": pods_on})
 
     return {
-        "apiVersion": api.API_VERSION,
+        "apiVersion": names.API_VERSION,
         "kind": REPORT_KIND,
         "jobSet": meta.get("name"),
         "namespace": meta.get("namespace"),
@@ -358,7 +358,7 @@ def history_document(gangstate: Obj) -> dict[str, Any]:
     # Newest last; the controller appends, the sort only guards against a hand-edited status.
     entries.sort(key=lambda e: (e["epoch"] is None, e["epoch"] or 0))
     return {
-        "apiVersion": api.API_VERSION,
+        "apiVersion": names.API_VERSION,
         "kind": HISTORY_KIND,
         "jobSet": meta.get("name"),
         "namespace": meta.get("namespace"),

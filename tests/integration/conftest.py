@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e.harness.controlplane import ControlPlane, start_control_plane
-from e2e.harness.kube import Clients, clients, temporary_namespace
+from testbed.controlplane import ControlPlane, start_control_plane
+from testbed.kube import Clients, clients, temporary_namespace
 
 
 @pytest.fixture(scope="session")

@@ -19,9 +19,9 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from e2e.harness import workloads
-from e2e.harness.kube import Clients, create_jobset, wait_for
-from jobset_inplace import api
+from jobset_inplace import names
+from testbed import workloads
+from testbed.kube import Clients, create_jobset, wait_for
 
 CRD = Path(__file__).resolve().parents[2] / "manifests" / "crd" / "gangstates.yaml"
 RJ = "workers"
@@ -72,7 +72,7 @@ class Gang:
     leases: LeaseKeeper | None = None
 
     def create(self, *, enabled: bool = True) -> None:
-        annotations = {api.ENABLED: "true"} | self.annotations if enabled else {}
+        annotations = {names.ENABLED: "true"} | self.annotations if enabled else {}
         body = workloads.jobset(
             self.name, [(RJ, self.size, 1)], annotations=annotations, node_selector={"type": "sim"}
         )
@@ -90,11 +90,11 @@ class Gang:
         """What JobSet + the Job controller + the scheduler + a kubelet would produce."""
         name = f"{self.name}-{RJ}-{i}-0-{uuid.uuid4().hex[:5]}"
         labels = {
-            api.JOBSET_NAME_LABEL: self.name,
-            api.REPLICATED_JOB_LABEL: RJ,
-            api.JOB_INDEX_LABEL: str(i),
-            api.COMPLETION_INDEX_LABEL: "0",
-            api.RESTART_ATTEMPT_LABEL: "0",
+            names.JOBSET_NAME_LABEL: self.name,
+            names.REPLICATED_JOB_LABEL: RJ,
+            names.JOB_INDEX_LABEL: str(i),
+            names.COMPLETION_INDEX_LABEL: "0",
+            names.RESTART_ATTEMPT_LABEL: "0",
         }
         pod = {
             "apiVersion": "v1",
@@ -137,7 +137,7 @@ class Gang:
 
     def state(self) -> dict[str, Any]:
         obj: dict[str, Any] = self.kube.custom.get_namespaced_custom_object(
-            api.GROUP, api.VERSION, self.namespace, api.GANGSTATE_PLURAL, self.name
+            names.GROUP, names.VERSION, self.namespace, names.GANGSTATE_PLURAL, self.name
         )
         return obj.get("status") or {}
 
@@ -163,7 +163,11 @@ class Gang:
         self.kube.core.patch_namespaced_pod(
             self.pods[i],
             self.namespace,
-            {"metadata": {"annotations": {api.REPORT_EPOCH: str(epoch), api.REPORT_STEPS: steps}}},
+            {
+                "metadata": {
+                    "annotations": {names.REPORT_EPOCH: str(epoch), names.REPORT_STEPS: steps}
+                }
+            },
         )
 
     def report_all(self, epoch: int, steps: str = "200,100") -> None:
@@ -227,12 +231,12 @@ def renew_lease(kube: Clients, name: str, offset: float = 0.0) -> None:
         "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": micro(offset)},
     }
     try:
-        kube.coordination.create_namespaced_lease(api.NODE_LEASE_NAMESPACE, body)
+        kube.coordination.create_namespaced_lease(names.NODE_LEASE_NAMESPACE, body)
     except ApiException as e:
         if e.status != 409:
             raise
         kube.coordination.patch_namespaced_lease(
-            name, api.NODE_LEASE_NAMESPACE, {"spec": body["spec"]}
+            name, names.NODE_LEASE_NAMESPACE, {"spec": body["spec"]}
         )
 
 
@@ -269,7 +273,7 @@ class Controller:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "jobset_inplace.cli", "run"],
+                [sys.executable, "-m", "jobset_inplace.controller.main", "run"],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,

@@ -26,18 +26,18 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.harness.controlplane import ControlPlane
-from e2e.harness.kube import Clients, wait_for
-from e2e.harness.processes import free_port
-from jobset_inplace import api
-from jobset_inplace.checkpoints import COMPLETE_MARKER, RETIRED_MARKER, decode_steps
+from jobset_inplace import names
 from jobset_inplace.trainer import RESUME_FILE, ResumeInfo, read_resume, staged_checkpoint
+from jobset_inplace.trainer.checkpoints import COMPLETE_MARKER, RETIRED_MARKER, decode_steps
+from testbed.controlplane import ControlPlane
+from testbed.kube import Clients, wait_for
+from testbed.processes import free_port
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "manifests" / "crd" / "gangstates.yaml"
-CRD_NAME = f"{api.GANGSTATE_PLURAL}.{api.GROUP}"
+CRD_NAME = f"{names.GANGSTATE_PLURAL}.{names.GROUP}"
 RESTART_CODE = 88
 WAIT = 15.0  # bound of every wait for something the agent does within ~a second
 POLL = 0.01
@@ -54,7 +54,9 @@ def gangstate_crd(control_plane: ControlPlane, kube: Clients) -> None:
 
     def served() -> bool:
         try:
-            kube.custom.list_cluster_custom_object(api.GROUP, api.VERSION, api.GANGSTATE_PLURAL)
+            kube.custom.list_cluster_custom_object(
+                names.GROUP, names.VERSION, names.GANGSTATE_PLURAL
+            )
         except ApiException:
             return False
         return True
@@ -64,13 +66,13 @@ def gangstate_crd(control_plane: ControlPlane, kube: Clients) -> None:
 
 def create_gangstate(kube: Clients, ns: str, name: str, status: dict[str, Any] | None) -> None:
     body = {
-        "apiVersion": api.API_VERSION,
-        "kind": api.GANGSTATE_KIND,
+        "apiVersion": names.API_VERSION,
+        "kind": names.GANGSTATE_KIND,
         "metadata": {"name": name},
         "spec": {"jobSetName": name},
     }
     kube.custom.create_namespaced_custom_object(
-        api.GROUP, api.VERSION, ns, api.GANGSTATE_PLURAL, body
+        names.GROUP, names.VERSION, ns, names.GANGSTATE_PLURAL, body
     )
     if status is not None:
         set_status(kube, ns, name, status)
@@ -79,7 +81,7 @@ def create_gangstate(kube: Clients, ns: str, name: str, status: dict[str, Any] |
 def set_status(kube: Clients, ns: str, name: str, status: dict[str, Any]) -> None:
     """Merge-patch the status subresource, as the controller does."""
     kube.custom.patch_namespaced_custom_object_status(
-        api.GROUP, api.VERSION, ns, api.GANGSTATE_PLURAL, name, {"status": status}
+        names.GROUP, names.VERSION, ns, names.GANGSTATE_PLURAL, name, {"status": status}
     )
 
 
@@ -107,7 +109,7 @@ def pod_annotations(kube: Clients, ns: str, pod: str) -> dict[str, str]:
 
 def reported(kube: Clients, ns: str, pod: str) -> tuple[str | None, str | None]:
     a = pod_annotations(kube, ns, pod)
-    return a.get(api.REPORT_EPOCH), a.get(api.REPORT_STEPS)
+    return a.get(names.REPORT_EPOCH), a.get(names.REPORT_STEPS)
 
 
 def wait_reported(kube: Clients, ns: str, pod: str, epoch: int) -> str:
@@ -268,7 +270,7 @@ def test_report_open_restart(kube: Clients, namespace: str, start_agent: StartAg
     assert decode_steps(steps) == [200, 100]  # what the controller parses
     ann = pod_annotations(kube, namespace, "gang-0")
     assert ann["example.com/keep"] == "me"  # only its own keys were written
-    assert set(ann) == {"example.com/keep", api.REPORT_EPOCH, api.REPORT_STEPS}
+    assert set(ann) == {"example.com/keep", names.REPORT_EPOCH, names.REPORT_STEPS}
     print(
         f"\nagent start -> epoch reported: {agent.own_latency():.3f} s (agent's own measure), "
         f"{seen_after:.3f} s (spawn -> annotation seen by the test)"
@@ -505,8 +507,8 @@ def test_least_privilege_rbac(kube: Clients, namespace: str, start_agent: StartA
             "metadata": {"name": "agent"},
             "rules": [
                 {
-                    "apiGroups": [api.GROUP],
-                    "resources": [api.GANGSTATE_PLURAL],
+                    "apiGroups": [names.GROUP],
+                    "resources": [names.GANGSTATE_PLURAL],
                     "resourceNames": ["rbac"],
                     "verbs": ["get", "watch"],
                 },

@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from e2e.harness.controlplane import ControlPlane
-from e2e.harness.kube import Clients, wait_for
-from jobset_inplace import api
+from jobset_inplace import names
+from testbed.controlplane import ControlPlane
+from testbed.kube import Clients, wait_for
 
 from .gangsim import CRD, Controller, Gang, LeaseKeeper, renew_lease, set_node_ready
 
 pytestmark = pytest.mark.integration
 
-FAST = {api.NODE_UNHEALTHY_AFTER: "2s", api.BARRIER_TIMEOUT: "60s"}
+FAST = {names.NODE_UNHEALTHY_AFTER: "2s", names.BARRIER_TIMEOUT: "60s"}
 
 
 # Module scope: the controller acts on every opted-in JobSet it sees, so it must not outlive
@@ -30,7 +30,7 @@ def controller(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Controller]:
     control_plane.kubectl().apply_files([CRD], server_side=True)
-    control_plane.kubectl().wait_crds_established([f"{api.GANGSTATE_PLURAL}.{api.GROUP}"])
+    control_plane.kubectl().wait_crds_established([f"{names.GANGSTATE_PLURAL}.{names.GROUP}"])
     ctl = Controller(control_plane.kubeconfig, tmp_path_factory.mktemp("ctl") / "controller.log")
     ctl.start()
     yield ctl
@@ -107,7 +107,7 @@ def test_member_on_notready_node_is_replaced_others_in_place(gang: Gang, kube: C
         except ApiException as e:
             return bool(e.status == 404)
         conds = {c.type: c.status for c in pod.status.conditions or []}
-        return pod.status.phase == "Failed" and conds.get(api.REPLACED_CONDITION) == "True"
+        return pod.status.phase == "Failed" and conds.get(names.REPLACED_CONDITION) == "True"
 
     wait_for("pod on the dead node failed and deleted", replaced, 20)
     # The Job controller would create a replacement on a healthy node.
@@ -128,7 +128,7 @@ def test_member_on_notready_node_is_replaced_others_in_place(gang: Gang, kube: C
 
 
 def test_node_flap_under_threshold_does_nothing(gang: Gang, kube: Clients) -> None:
-    gang.annotations[api.NODE_UNHEALTHY_AFTER] = "10s"
+    gang.annotations[names.NODE_UNHEALTHY_AFTER] = "10s"
     start_running(gang)
     set_node_ready(kube, gang.node(3), "False")
     time.sleep(3)  # shorter than the threshold: the flap must be ignored ...
@@ -163,7 +163,7 @@ def test_second_failure_during_barrier_converges(gang: Gang, kube: Clients) -> N
 
 
 def test_budget_exhausted_escalates_through_the_job_failure_policy(gang: Gang) -> None:
-    gang.annotations[api.INPLACE_BUDGET] = "1"
+    gang.annotations[names.INPLACE_BUDGET] = "1"
     start_running(gang)
     gang.fail_trainer(0)
     gang.wait_state("epoch 2", lambda s: s["epoch"] == 2)
@@ -176,7 +176,7 @@ def test_budget_exhausted_escalates_through_the_job_failure_policy(gang: Gang) -
     def escalated_pod() -> bool:
         for i in gang.pods:
             conds = {c.type: c.status for c in gang.pod(i).status.conditions or []}
-            if conds.get(api.ESCALATION_CONDITION) == "True":
+            if conds.get(names.ESCALATION_CONDITION) == "True":
                 return bool(gang.pod(i).status.phase == "Failed")
         return False
 
@@ -226,11 +226,11 @@ def test_jobset_without_opt_in_is_untouched(gang: Gang, kube: Clients) -> None:
 
 
 def test_invalid_policy_annotation_is_reported(gang: Gang) -> None:
-    gang.annotations[api.BARRIER_TIMEOUT] = "soon"
+    gang.annotations[names.BARRIER_TIMEOUT] = "soon"
     gang.create()
     wait_for("InvalidPolicy event", lambda: "InvalidPolicy" in reasons(gang), 15)
     msg = dict(gang.events())["InvalidPolicy"]
-    assert api.BARRIER_TIMEOUT in msg
+    assert names.BARRIER_TIMEOUT in msg
     assert "30s, 5m or 1h30m" in msg
 
 
@@ -262,7 +262,7 @@ def test_jobset_recreated_with_the_same_name_gets_a_fresh_gangstate(
 
     def fresh() -> dict[str, Any] | None:
         obj = kube.custom.get_namespaced_custom_object(
-            api.GROUP, api.VERSION, gang.namespace, api.GANGSTATE_PLURAL, gang.name
+            names.GROUP, names.VERSION, gang.namespace, names.GANGSTATE_PLURAL, gang.name
         )
         owners = [o["uid"] for o in obj["metadata"].get("ownerReferences") or []]
         return obj if owners == [new_uid] and obj.get("status") else None

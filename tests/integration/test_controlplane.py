@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from e2e.harness import workloads
-from e2e.harness.controlplane import ControlPlane
-from e2e.harness.kube import Clients, create_jobset, get_jobset
-from e2e.harness.versions import versions
+from testbed import workloads
+from testbed.controlplane import ControlPlane
+from testbed.kube import Clients, create_jobset, get_jobset
+from testbed.versions import versions
 
 pytestmark = pytest.mark.integration
 

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.harness.controlplane import ControlPlane
-from e2e.harness.kube import Clients, get_jobset
-from jobset_inplace import api
-from jobset_inplace.gangstate import new_gangstate
+from jobset_inplace import names
+from jobset_inplace.core.gangstate import new_gangstate
 from jobset_inplace.kubectl_plugin import ExitCode
+from testbed.controlplane import ControlPlane
+from testbed.kube import Clients, get_jobset
 
 from .gangsim import CRD, Gang, ensure_node, set_node_ready
 
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def gangstate_crd(control_plane: ControlPlane) -> None:
     control_plane.kubectl().apply_files([CRD], server_side=True)
-    control_plane.kubectl().wait_crds_established([f"{api.GANGSTATE_PLURAL}.{api.GROUP}"])
+    control_plane.kubectl().wait_crds_established([f"{names.GANGSTATE_PLURAL}.{names.GROUP}"])
 
 
 def plugin(
@@ -94,17 +94,17 @@ def status_of() -> dict[str, Any]:
 
 @pytest.fixture
 def gang(kube: Clients, namespace: str, gangstate_crd: None) -> Iterator[Gang]:
-    g = Gang(kube, namespace, f"plug-{uuid.uuid4().hex[:4]}", 3, {api.INPLACE_BUDGET: "4"})
+    g = Gang(kube, namespace, f"plug-{uuid.uuid4().hex[:4]}", 3, {names.INPLACE_BUDGET: "4"})
     g.create()
     js = get_jobset(kube, namespace, g.name)
     kube.custom.create_namespaced_custom_object(
-        api.GROUP, api.VERSION, namespace, api.GANGSTATE_PLURAL, new_gangstate(js)
+        names.GROUP, names.VERSION, namespace, names.GANGSTATE_PLURAL, new_gangstate(js)
     )
     kube.custom.patch_namespaced_custom_object_status(
-        api.GROUP,
-        api.VERSION,
+        names.GROUP,
+        names.VERSION,
         namespace,
-        api.GANGSTATE_PLURAL,
+        names.GANGSTATE_PLURAL,
         g.name,
         {"status": status_of()},
         _content_type="application/merge-patch+json",
@@ -210,17 +210,17 @@ def test_restart(control_plane: ControlPlane, kube: Clients, gang: Gang) -> None
     assert refused.returncode == ExitCode.USAGE
     assert "stdin is not a terminal" in refused.stderr
     annotations = get_jobset(kube, gang.namespace, gang.name)["metadata"]["annotations"]
-    assert api.RESTART_REQUEST not in annotations
+    assert names.RESTART_REQUEST not in annotations
 
     values = []
     for _ in range(2):
         res = plugin(control_plane, "restart", gang.name, "--yes", namespace=gang.namespace)
         assert res.returncode == ExitCode.OK, res.stderr
         annotations = get_jobset(kube, gang.namespace, gang.name)["metadata"]["annotations"]
-        values.append(annotations[api.RESTART_REQUEST])
-        assert f"{api.RESTART_REQUEST}={values[-1]}" in res.stdout
+        values.append(annotations[names.RESTART_REQUEST])
+        assert f"{names.RESTART_REQUEST}={values[-1]}" in res.stdout
     assert values[0] != values[1]
-    assert annotations[api.INPLACE_BUDGET] == "4"  # the other annotations are kept
+    assert annotations[names.INPLACE_BUDGET] == "4"  # the other annotations are kept
 
 
 def test_restart_refuses_a_jobset_not_opted_in(
@@ -266,7 +266,7 @@ def test_enable_on_a_file(control_plane: ControlPlane, tmp_path: Path) -> None:
     res = plugin(control_plane, "enable", "-f", str(f), "--image", "agent:9")
     assert res.returncode == ExitCode.OK, res.stderr
     out = yaml.safe_load(res.stdout)
-    assert out["metadata"]["annotations"] == {api.ENABLED: "true"}
+    assert out["metadata"]["annotations"] == {names.ENABLED: "true"}
     pod = out["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert pod["initContainers"][0]["image"] == "agent:9"
 
@@ -274,11 +274,11 @@ def test_enable_on_a_file(control_plane: ControlPlane, tmp_path: Path) -> None:
     assert diff.returncode == ExitCode.OK
     assert diff.stdout.startswith(f"--- {f} (original)\n+++ {f} (jobset-inplace)\n")
 
-    js["metadata"]["annotations"] = {api.BARRIER_TIMEOUT: "soon"}
+    js["metadata"]["annotations"] = {names.BARRIER_TIMEOUT: "soon"}
     f.write_text(yaml.safe_dump(js))
     bad = plugin(control_plane, "enable", "-f", str(f))
     assert bad.returncode == ExitCode.FAILED
-    assert f"annotation {api.BARRIER_TIMEOUT}='soon' is invalid" in bad.stderr
+    assert f"annotation {names.BARRIER_TIMEOUT}='soon' is invalid" in bad.stderr
 
 
 def test_doctor(

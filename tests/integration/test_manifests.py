@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from e2e.harness.controlplane import ControlPlane
-from e2e.harness.kube import Clients
-from e2e.harness.versions import REPO_ROOT
+from testbed.controlplane import ControlPlane
+from testbed.kube import Clients
+from testbed.versions import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """The admission webhook and the agent's ValidatingAdmissionPolicy on the real apiserver.
 
-The webhook runs as the standalone runner (``python -m jobset_inplace.controller.admission``,
+The webhook runs as the standalone runner (``python -m jobset_inplace.controller.webhook_server``,
 a real subprocess) on 127.0.0.1 with a serving certificate from our own CA; its
 configurations are rendered from ``manifests/webhook/webhook.yaml`` with only the
 clientConfig rewritten to that URL, so the matchConditions under test are the shipped ones.
@@ -25,13 +25,13 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.harness import workloads
-from e2e.harness.certs import ensure_serving_cert
-from e2e.harness.controlplane import ControlPlane
-from e2e.harness.kube import Clients, create_jobset, get_jobset, wait_for
-from e2e.harness.processes import free_port
-from jobset_inplace import api
-from jobset_inplace.transform import AGENT_CONTAINER, ESCALATION_RULE, MAX_BACKOFF
+from jobset_inplace import names
+from jobset_inplace.core.transform import AGENT_CONTAINER, ESCALATION_RULE, MAX_BACKOFF
+from testbed import workloads
+from testbed.certs import ensure_serving_cert
+from testbed.controlplane import ControlPlane
+from testbed.kube import Clients, create_jobset, get_jobset, wait_for
+from testbed.processes import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +108,7 @@ def webhook(
             [
                 sys.executable,
                 "-m",
-                "jobset_inplace.controller.admission",
+                "jobset_inplace.controller.webhook_server",
                 "--kubeconfig",
                 str(control_plane.kubeconfig),
                 "--addr",
@@ -161,7 +161,7 @@ def _wait_webhook_active(kube: Clients, hook: Webhook) -> None:
         def mutated() -> bool:
             nonlocal attempt
             attempt += 1
-            created = create_jobset(kube, ns, jobset(f"probe-{attempt}", {api.ENABLED: "true"}))
+            created = create_jobset(kube, ns, jobset(f"probe-{attempt}", {names.ENABLED: "true"}))
             return bool(agent_containers(created))
 
         wait_for("the webhook configurations to take effect", mutated, WAIT, 0.5)
@@ -198,7 +198,7 @@ def create_error(kube: Clients, ns: str, body: dict[str, Any]) -> ApiException:
 def test_opted_in_jobset_gets_the_injected_spec(
     kube: Clients, namespace: str, webhook: Webhook
 ) -> None:
-    create_jobset(kube, namespace, jobset("train", {api.ENABLED: "true"}))
+    create_jobset(kube, namespace, jobset("train", {names.ENABLED: "true"}))
     js = get_jobset(kube, namespace, "train")  # what is stored, not only the create response
     [agent] = agent_containers(js)
     assert agent["image"] == AGENT_IMAGE
@@ -221,17 +221,17 @@ def test_opted_in_jobset_gets_the_injected_spec(
 def test_bad_annotation_is_rejected_naming_key_and_form(
     kube: Clients, namespace: str, webhook: Webhook
 ) -> None:
-    bad = {api.ENABLED: "true", api.BARRIER_TIMEOUT: "five minutes"}
+    bad = {names.ENABLED: "true", names.BARRIER_TIMEOUT: "five minutes"}
     err = create_error(kube, namespace, jobset("bad", bad))
     assert err.status in (400, 403), err
-    assert api.BARRIER_TIMEOUT in err.body, err.body
+    assert names.BARRIER_TIMEOUT in err.body, err.body
     assert "30s, 5m or 1h30m" in err.body, err.body
 
-    typo = create_error(kube, namespace, jobset("typo", {api.ENABLED: "True"}))
-    assert api.ENABLED in typo.body, typo.body
+    typo = create_error(kube, namespace, jobset("typo", {names.ENABLED: "True"}))
+    assert names.ENABLED in typo.body, typo.body
     assert '\\"true\\" or \\"false\\"' in typo.body or '"true" or "false"' in typo.body
 
-    unsafe = jobset("unsafe", {api.ENABLED: "true"}, pods=2)
+    unsafe = jobset("unsafe", {names.ENABLED: "true"}, pods=2)
     job_spec(unsafe)["completions"] = 3
     err = create_error(kube, namespace, unsafe)
     assert "completions (3) must equal parallelism (2)" in err.body, err.body
@@ -242,7 +242,7 @@ def test_not_opted_in_jobset_is_untouched_and_never_sent(
     kube: Clients, namespace: str, webhook: Webhook
 ) -> None:
     plain = jobset("plain", {"team": "ml"})
-    off = jobset("off", {api.ENABLED: "false", api.BARRIER_TIMEOUT: "whatever"})
+    off = jobset("off", {names.ENABLED: "false", names.BARRIER_TIMEOUT: "whatever"})
     for body in (plain, off):
         create_jobset(kube, namespace, body)
     stored = get_jobset(kube, namespace, "plain")
@@ -250,7 +250,7 @@ def test_not_opted_in_jobset_is_untouched_and_never_sent(
     assert "podFailurePolicy" not in job_spec(stored)
     assert "backoffLimit" not in job_spec(stored) or job_spec(stored)["backoffLimit"] != MAX_BACKOFF
     # A later opted-in create proves the server was up and logging while these were created.
-    create_jobset(kube, namespace, jobset("marker", {api.ENABLED: "true"}))
+    create_jobset(kube, namespace, jobset("marker", {names.ENABLED: "true"}))
     wait_for("the marker request in the log", lambda: webhook.requests_for("marker"), WAIT)
     assert webhook.requests_for("plain") == []
     # Every request that reached the server was handled (and so logged with its name): the
@@ -268,26 +268,26 @@ def test_not_opted_in_jobset_is_untouched_and_never_sent(
 def test_update_validates_changed_annotations_only(
     kube: Clients, namespace: str, webhook: Webhook
 ) -> None:
-    create_jobset(kube, namespace, jobset("upd", {api.ENABLED: "true"}))
-    patch = {"metadata": {"annotations": {api.INPLACE_BUDGET: "-1"}}}
+    create_jobset(kube, namespace, jobset("upd", {names.ENABLED: "true"}))
+    patch = {"metadata": {"annotations": {names.INPLACE_BUDGET: "-1"}}}
     with pytest.raises(ApiException) as info:
         kube.custom.patch_namespaced_custom_object(
             "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", "upd", patch
         )
-    assert api.INPLACE_BUDGET in info.value.body
+    assert names.INPLACE_BUDGET in info.value.body
     assert "0 to 10000" in info.value.body
-    ok = {"metadata": {"annotations": {api.INPLACE_BUDGET: "3", "team": "ml"}}}
+    ok = {"metadata": {"annotations": {names.INPLACE_BUDGET: "3", "team": "ml"}}}
     kube.custom.patch_namespaced_custom_object(
         "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", "upd", ok
     )
     # Opting in after creation would leave the gang without agents: refused.
     create_jobset(kube, namespace, jobset("late", {}))
-    late = {"metadata": {"annotations": {api.ENABLED: "true"}}}
+    late = {"metadata": {"annotations": {names.ENABLED: "true"}}}
     with pytest.raises(ApiException) as info:
         kube.custom.patch_namespaced_custom_object(
             "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", "late", late
         )
-    assert api.ENABLED in info.value.body
+    assert names.ENABLED in info.value.body
     assert "cannot be added" in info.value.body
 
 
@@ -365,7 +365,7 @@ def test_agent_may_patch_only_own_pods_jobset_inplace_annotations(
 
     # The policy becomes active asynchronously: wait until pod B is refused (dry-run: the
     # probes before that are allowed by RBAC and must not change B).
-    epoch = {"annotations": {api.REPORT_EPOCH: "1"}}
+    epoch = {"annotations": {names.REPORT_EPOCH: "1"}}
 
     def policy_active() -> bool:
         err = patch("b", epoch, dry_run=True)
@@ -373,11 +373,11 @@ def test_agent_may_patch_only_own_pods_jobset_inplace_annotations(
 
     wait_for("the policy to deny patching another pod", policy_active, WAIT, 0.3)
 
-    for ann in ({api.REPORT_EPOCH: "2"}, {api.REPORT_STEPS: "200,100"}):
+    for ann in ({names.REPORT_EPOCH: "2"}, {names.REPORT_STEPS: "200,100"}):
         err = patch("a", {"annotations": ann})
         assert err is None, err.body
     got = kube.core.read_namespaced_pod("a", namespace).metadata.annotations
-    assert (got[api.REPORT_EPOCH], got[api.REPORT_STEPS]) == ("2", "200,100")
+    assert (got[names.REPORT_EPOCH], got[names.REPORT_STEPS]) == ("2", "200,100")
 
     err = denied("b", epoch)
     assert "the pod its token is bound to (a)" in err.body, err.body
@@ -392,6 +392,6 @@ def test_agent_may_patch_only_own_pods_jobset_inplace_annotations(
     assert info.value.status == 403  # RBAC: the agent has no delete at all
     # B is untouched, A only got the agent's annotations.
     b = kube.core.read_namespaced_pod("b", namespace).metadata
-    assert api.REPORT_EPOCH not in (b.annotations or {})
+    assert names.REPORT_EPOCH not in (b.annotations or {})
     a = kube.core.read_namespaced_pod("a", namespace).metadata
     assert (a.labels, a.annotations["team"]) == ({"app": "vap"}, "ml")

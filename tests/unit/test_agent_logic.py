@@ -26,7 +26,7 @@ from jobset_inplace.agent.logic import (
     parse_gangstate,
 )
 from jobset_inplace.agent.runner import Backoff
-from jobset_inplace.checkpoints import MAX_STEP
+from jobset_inplace.trainer.checkpoints import MAX_STEP
 
 
 def closed(epoch: int) -> GangView:

@@ -4,21 +4,21 @@ decode them."""
 
 from __future__ import annotations
 
-from jobset_inplace import api
+from jobset_inplace import names
 from jobset_inplace.controller.cache import ClusterCache, PodEntry, node_entry, pod_entry
-from jobset_inplace.model import NodeView
-from jobset_inplace.policy import Policy
-from jobset_inplace.views import lease_renewal
+from jobset_inplace.core.decode import lease_renewal
+from jobset_inplace.core.model import NodeView
+from jobset_inplace.core.policy import Policy
 
 NOW = 1_000_000.0
 
 
 def pod(uid: str, jobset: str = "train", index: int = 0) -> PodEntry:
     labels = {
-        api.JOBSET_NAME_LABEL: jobset,
-        api.REPLICATED_JOB_LABEL: "workers",
-        api.JOB_INDEX_LABEL: str(index),
-        api.COMPLETION_INDEX_LABEL: "0",
+        names.JOBSET_NAME_LABEL: jobset,
+        names.REPLICATED_JOB_LABEL: "workers",
+        names.JOB_INDEX_LABEL: str(index),
+        names.COMPLETION_INDEX_LABEL: "0",
     }
     meta = {"name": f"p-{uid}", "namespace": "ns", "uid": uid, "labels": labels}
     return pod_entry(

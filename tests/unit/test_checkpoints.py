@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobset_inplace.checkpoints import (
+from jobset_inplace.trainer.checkpoints import (
     COMPLETE_MARKER,
     MAX_STEP,
     RETIRED_MARKER,
@@ -339,7 +339,7 @@ def test_contract_modules_import_only_the_standard_library() -> None:
     code = (
         "import sys\n"
         "before = set(sys.modules)\n"
-        "import jobset_inplace.checkpoints, jobset_inplace.trainer\n"
+        "import jobset_inplace.trainer.checkpoints, jobset_inplace.trainer\n"
         "new = {m.split('.')[0] for m in set(sys.modules) - before}\n"
         "print(' '.join(sorted(new - set(sys.stdlib_module_names) - {'jobset_inplace'})))\n"
     )

@@ -1,7 +1,7 @@
 import dataclasses
 
-from jobset_inplace.gangstate import progress_only, progress_write_interval
-from jobset_inplace.model import GangStatus, Phase
+from jobset_inplace.core.gangstate import progress_only, progress_write_interval
+from jobset_inplace.core.model import GangStatus, Phase
 
 
 def test_member_counts_alone_are_progress() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from e2e.harness.addons import rewrite_for_loopback
+from testbed.addons import rewrite_for_loopback
 
 CA = b"-----BEGIN CERTIFICATE-----\nfake\n-----END CERTIFICATE-----\n"
 

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from e2e.harness.versions import parse_versions, versions
+from testbed.versions import parse_versions, versions
 
 
 def test_pinned_versions_file_parses_to_semver_tags() -> None:

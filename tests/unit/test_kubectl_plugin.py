@@ -13,8 +13,8 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from jobset_inplace import api
-from jobset_inplace.gangstate import parse_time
+from jobset_inplace import names
+from jobset_inplace.core.gangstate import parse_time
 from jobset_inplace.kubectl_plugin import ExitCode, main
 from jobset_inplace.kubectl_plugin import doctor as d
 from jobset_inplace.kubectl_plugin import render as r
@@ -71,7 +71,7 @@ def gangstate(**status: Any) -> dict[str, Any]:
         ],
     }
     return {
-        "apiVersion": api.API_VERSION,
+        "apiVersion": names.API_VERSION,
         "kind": "GangState",
         "metadata": {"name": NAME, "namespace": NS},
         "spec": {"jobSetName": NAME},
@@ -86,7 +86,7 @@ def jobset(**annotations: str) -> dict[str, Any]:
         "metadata": {
             "name": NAME,
             "namespace": NS,
-            "annotations": {api.ENABLED: "true"} | annotations,
+            "annotations": {names.ENABLED: "true"} | annotations,
         },
     }
 
@@ -97,12 +97,12 @@ def pod(i: int, node: str, *, phase: str = "Running", state: str = "running") ->
         "metadata": {
             "name": f"{NAME}-workers-{i}-0-abcde",
             "labels": {
-                api.JOBSET_NAME_LABEL: NAME,
-                api.REPLICATED_JOB_LABEL: "workers",
-                api.JOB_INDEX_LABEL: str(i),
-                api.COMPLETION_INDEX_LABEL: "0",
+                names.JOBSET_NAME_LABEL: NAME,
+                names.REPLICATED_JOB_LABEL: "workers",
+                names.JOB_INDEX_LABEL: str(i),
+                names.COMPLETION_INDEX_LABEL: "0",
             },
-            "annotations": {api.REPORT_EPOCH: "3", api.REPORT_STEPS: "200,100"},
+            "annotations": {names.REPORT_EPOCH: "3", names.REPORT_STEPS: "200,100"},
         },
         "spec": {"nodeName": node},
         "status": {
@@ -113,7 +113,7 @@ def pod(i: int, node: str, *, phase: str = "Running", state: str = "running") ->
 
 
 def node(name: str, ready: str = "True", taint: bool = False) -> dict[str, Any]:
-    taints = [{"key": api.UNHEALTHY_TAINT, "effect": "NoSchedule"}] if taint else []
+    taints = [{"key": names.UNHEALTHY_TAINT, "effect": "NoSchedule"}] if taint else []
     return {
         "metadata": {"name": name},
         "spec": {"taints": taints},
@@ -155,7 +155,7 @@ def test_status_document_counts_budgets_nodes_and_last_recovery() -> None:
         {"name": "n2", "problems": ["Ready=Unknown"], "pods": ["train-workers-2-0-abcde"]},
         {
             "name": "n3",
-            "problems": [f"taint {api.UNHEALTHY_TAINT}:NoSchedule"],
+            "problems": [f"taint {names.UNHEALTHY_TAINT}:NoSchedule"],
             "pods": ["train-workers-1-0-abcde"],
         },
     ]
@@ -170,18 +170,18 @@ def test_status_document_counts_budgets_nodes_and_last_recovery() -> None:
 
 
 def test_status_budget_limits_come_from_the_jobset_annotations() -> None:
-    js = jobset(**{api.INPLACE_BUDGET: "3", api.RECREATE_BUDGET: "1"})
+    js = jobset(**{names.INPLACE_BUDGET: "3", names.RECREATE_BUDGET: "1"})
     out = r.status_document(gangstate(), js, PODS, NODES, NOW)
     assert out["budgets"]["inPlace"] == {"used": 2, "limit": 3, "left": 1}
     assert out["budgets"]["recreate"] == {"used": 1, "limit": 1, "left": 0}
 
 
 def test_status_with_invalid_policy_shows_the_error_instead_of_limits() -> None:
-    js = jobset(**{api.INPLACE_BUDGET: "many"})
+    js = jobset(**{names.INPLACE_BUDGET: "many"})
     out = r.status_document(gangstate(), js, PODS, NODES, NOW)
     assert out["budgets"]["inPlace"]["limit"] is None
-    assert api.INPLACE_BUDGET in out["policyError"]
-    assert f"INVALID: annotation {api.INPLACE_BUDGET}" in r.render_status(out)
+    assert names.INPLACE_BUDGET in out["policyError"]
+    assert f"INVALID: annotation {names.INPLACE_BUDGET}" in r.render_status(out)
 
 
 def test_status_table() -> None:
@@ -194,7 +194,7 @@ def test_status_table() -> None:
     assert lines["Members"] == "3 expected, 3 reported, 3 ready"
     assert lines["Pods"] == "1 running, 1 restarting, 1 pending, 0 failed"
     assert lines["Unhealthy nodes"] == (
-        f"n2 (Ready=Unknown); n3 (taint {api.UNHEALTHY_TAINT}:NoSchedule)"
+        f"n2 (Ready=Unknown); n3 (taint {names.UNHEALTHY_TAINT}:NoSchedule)"
     )
     assert lines["Resume step"] == "200"
     assert lines["In-place budget"] == "2/10 used, 8 left"
@@ -448,7 +448,7 @@ def test_status_not_found_says_what_to_check() -> None:
     assert code == ExitCode.NOT_FOUND
     assert out == ""
     assert f"GangState {NAME} not found in namespace {NS}" in err
-    assert f"({api.ENABLED}=true) and the controller running?" in err
+    assert f"({names.ENABLED}=true) and the controller running?" in err
 
 
 def test_status_json_through_main_reports_unreadable_nodes() -> None:
@@ -480,7 +480,7 @@ def test_restart_asks_on_a_tty() -> None:
     assert "not confirmed" in err
     code, out, _ = run(["restart", NAME], fake, FakeTTY("yes\n"))
     assert code == ExitCode.OK
-    assert list(fake.patches[0]) == [api.RESTART_REQUEST]
+    assert list(fake.patches[0]) == [names.RESTART_REQUEST]
     assert "restart requested" in out
 
 
@@ -488,7 +488,7 @@ def test_restart_yes_sets_a_fresh_value() -> None:
     fake = FakeCluster(jobset(), gangstate())
     assert run(["restart", NAME, "--yes"], fake)[0] == ExitCode.OK
     assert run(["restart", NAME, "-y"], fake)[0] == ExitCode.OK
-    first, second = (p[api.RESTART_REQUEST] for p in fake.patches)
+    first, second = (p[names.RESTART_REQUEST] for p in fake.patches)
     assert first != second
     assert parse_time(first) is not None
 
@@ -500,7 +500,7 @@ def test_restart_refuses_a_jobset_that_has_not_opted_in() -> None:
     code, _, err = run(["restart", NAME, "--yes"], fake)
     assert code == ExitCode.FAILED
     assert fake.patches == []
-    assert f"has not opted in to jobset-inplace: set the annotation {api.ENABLED}" in err
+    assert f"has not opted in to jobset-inplace: set the annotation {names.ENABLED}" in err
 
 
 def test_restart_missing_jobset() -> None:
@@ -539,7 +539,7 @@ spec:
 
 def test_enable_adds_opt_in_and_transforms() -> None:
     out = yaml.safe_load(enable_text(JOBSET_YAML, "agent:1"))
-    assert out["metadata"]["annotations"] == {api.ENABLED: "true"}
+    assert out["metadata"]["annotations"] == {names.ENABLED: "true"}
     pod_spec = out["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert pod_spec["initContainers"][0]["image"] == "agent:1"
     assert out["spec"]["failurePolicy"] == {"maxRestarts": 2}
@@ -562,7 +562,7 @@ def test_enable_diff_through_main(tmp_path: Path) -> None:
     lines = out.splitlines()
     assert lines[0] == f"--- {f} (original)"
     assert lines[1] == f"+++ {f} (jobset-inplace)"
-    assert f"+    {api.ENABLED}: 'true'" in lines
+    assert f"+    {names.ENABLED}: 'true'" in lines
     assert "+              image: agent:2" in lines
     assert "+        backoffLimit: 2147483647" in lines
     assert not any(ln.startswith("-") and not ln.startswith("---") for ln in lines)
@@ -571,7 +571,7 @@ def test_enable_diff_through_main(tmp_path: Path) -> None:
 def test_enable_from_stdin() -> None:
     code, out, _ = run(["enable", "-f", "-"], stdin=io.StringIO(JOBSET_YAML))
     assert code == ExitCode.OK
-    assert yaml.safe_load(out)["metadata"]["annotations"][api.ENABLED] == "true"
+    assert yaml.safe_load(out)["metadata"]["annotations"][names.ENABLED] == "true"
 
 
 @pytest.mark.parametrize(
@@ -580,9 +580,9 @@ def test_enable_from_stdin() -> None:
         (
             JOBSET_YAML.replace(
                 "  name: train\n",
-                f'  name: train\n  annotations:\n    {api.INPLACE_BUDGET}: "lots"\n',
+                f'  name: train\n  annotations:\n    {names.INPLACE_BUDGET}: "lots"\n',
             ),
-            f"annotation {api.INPLACE_BUDGET}='lots' is invalid",
+            f"annotation {names.INPLACE_BUDGET}='lots' is invalid",
         ),
         (
             JOBSET_YAML.replace("completions: 1", "completions: 2"),

@@ -7,10 +7,15 @@ from typing import Any
 
 import pytest
 
-from jobset_inplace.model import Event, Phase
-from jobset_inplace.planner import plan
-from jobset_inplace.policy import Policy
-from jobset_inplace.views import kueue_recovery_timeout, kueue_stand_down, pod_view, workload_owner
+from jobset_inplace.core.decode import (
+    kueue_recovery_timeout,
+    kueue_stand_down,
+    pod_view,
+    workload_owner,
+)
+from jobset_inplace.core.model import Event, Phase
+from jobset_inplace.core.planner import plan
+from jobset_inplace.core.policy import Policy
 
 from .gangs import pods, snapshot, with_pod
 

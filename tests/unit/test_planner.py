@@ -6,8 +6,7 @@ import dataclasses
 
 import pytest
 
-from jobset_inplace.api import DEVICE_UNHEALTHY_TAINT, UNHEALTHY_TAINT
-from jobset_inplace.model import (
+from jobset_inplace.core.model import (
     Cause,
     EscalatePod,
     Event,
@@ -18,8 +17,9 @@ from jobset_inplace.model import (
     ReplacePod,
     Snapshot,
 )
-from jobset_inplace.planner import may_untaint, plan, stale_lease_nodes
-from jobset_inplace.policy import ForceDelete, NoCommonCheckpoint, Policy
+from jobset_inplace.core.planner import may_untaint, plan, stale_lease_nodes
+from jobset_inplace.core.policy import ForceDelete, NoCommonCheckpoint, Policy
+from jobset_inplace.names import DEVICE_UNHEALTHY_TAINT, UNHEALTHY_TAINT
 
 from .gangs import NOW, member, nodes, pods, running, snapshot, with_pod
 

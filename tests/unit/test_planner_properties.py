@@ -7,9 +7,9 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobset_inplace.model import GangStatus, Phase, Plan, PodView, Recovery, Snapshot
-from jobset_inplace.planner import current_pods, plan
-from jobset_inplace.policy import NoCommonCheckpoint, Policy
+from jobset_inplace.core.model import GangStatus, Phase, Plan, PodView, Recovery, Snapshot
+from jobset_inplace.core.planner import current_pods, plan
+from jobset_inplace.core.policy import NoCommonCheckpoint, Policy
 
 from .gangs import NOW, pods, snapshot
 

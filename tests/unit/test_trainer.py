@@ -15,14 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jobset_inplace import trainer
-from jobset_inplace.checkpoints import (
-    COMPLETE_MARKER,
-    MAX_STEP,
-    available_steps,
-    retire_steps_after,
-    scan_tier,
-    step_dir,
-)
 from jobset_inplace.trainer import (
     DEFAULT_STATE_DIR,
     ENV_CHECKPOINT_LOCAL_DIR,
@@ -39,6 +31,14 @@ from jobset_inplace.trainer import (
     tier_roots,
     wait_for_resume,
     write_resume,
+)
+from jobset_inplace.trainer.checkpoints import (
+    COMPLETE_MARKER,
+    MAX_STEP,
+    available_steps,
+    retire_steps_after,
+    scan_tier,
+    step_dir,
 )
 
 GANG = "team-a/llama"

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobset_inplace import api
-from jobset_inplace.policy import PolicyError
-from jobset_inplace.transform import (
+from jobset_inplace import names
+from jobset_inplace.core.policy import PolicyError
+from jobset_inplace.core.transform import (
     AGENT_CONTAINER,
     ESCALATION_RULE,
     MAX_BACKOFF,
@@ -27,7 +27,7 @@ def jobset(replicas: int = 2, pods: int = 1, **pod_spec: Any) -> dict[str, Any]:
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
-        "metadata": {"name": "train", "annotations": {api.ENABLED: "true"}},
+        "metadata": {"name": "train", "annotations": {names.ENABLED: "true"}},
         "spec": {
             "replicatedJobs": [
                 {
@@ -76,7 +76,7 @@ def test_adds_agent_rules_and_job_settings() -> None:
 
 def test_restart_exit_code_annotation_is_used() -> None:
     js = jobset()
-    js["metadata"]["annotations"][api.RESTART_EXIT_CODE] = "99"
+    js["metadata"]["annotations"][names.RESTART_EXIT_CODE] = "99"
     agent = pod_spec(transform(js, S))["initContainers"][0]
     assert {"name": "JSI_RESTART_EXIT_CODE", "value": "99"} in agent["env"]
 
@@ -127,8 +127,8 @@ def test_refusals_name_the_field(change: Any, field: str) -> None:
 
 def test_bad_annotation_names_the_key() -> None:
     js = jobset()
-    js["metadata"]["annotations"][api.INPLACE_BUDGET] = "lots"
-    with pytest.raises(PolicyError, match=api.INPLACE_BUDGET):
+    js["metadata"]["annotations"][names.INPLACE_BUDGET] = "lots"
+    with pytest.raises(PolicyError, match=names.INPLACE_BUDGET):
         transform(js, S)
 
 
@@ -146,7 +146,7 @@ def test_agent_sees_the_trainers_checkpoint_tiers() -> None:
 
 def test_checkpoint_dirs_annotation_reaches_trainer_and_agent() -> None:
     js = jobset(volumes=[{"name": "ckpt", "emptyDir": {}}])
-    js["metadata"]["annotations"][api.CHECKPOINT_DIRS] = "local=/ckpt/local,persistent=/ckpt/p"
+    js["metadata"]["annotations"][names.CHECKPOINT_DIRS] = "local=/ckpt/local,persistent=/ckpt/p"
     pod_spec(js)["containers"][0]["volumeMounts"] = [{"name": "ckpt", "mountPath": "/ckpt"}]
     out = transform(js, S)
     spec = pod_spec(out)
@@ -161,7 +161,7 @@ def test_checkpoint_dirs_annotation_reaches_trainer_and_agent() -> None:
 
 def test_escalation_fail_jobset_adds_a_failjobset_rule() -> None:
     js = jobset()
-    js["metadata"]["annotations"][api.ESCALATION] = "fail-jobset"
+    js["metadata"]["annotations"][names.ESCALATION] = "fail-jobset"
     out = transform(js, S)
     assert out["spec"]["failurePolicy"]["rules"][0]["action"] == "FailJobSet"
     assert out["spec"]["failurePolicy"]["rules"][0]["onJobFailureReasons"] == ["PodFailurePolicy"]
@@ -171,10 +171,10 @@ def test_escalation_fail_jobset_adds_a_failjobset_rule() -> None:
 @pytest.mark.parametrize(
     ("key", "value"),
     [
-        (api.CHECKPOINT_DIRS, "local=relative/path"),
-        (api.CHECKPOINT_DIRS, "scratch=/x"),
-        (api.ESCALATION, "panic"),
-        (api.TAINT_ON_DEVICE_FAULT, "yes"),
+        (names.CHECKPOINT_DIRS, "local=relative/path"),
+        (names.CHECKPOINT_DIRS, "scratch=/x"),
+        (names.ESCALATION, "panic"),
+        (names.TAINT_ON_DEVICE_FAULT, "yes"),
     ],
 )
 def test_bad_checkpoint_or_escalation_annotation_names_the_key(key: str, value: str) -> None:

@@ -15,26 +15,22 @@ import kopf
 import pytest
 import yaml
 
-from jobset_inplace import api
-from jobset_inplace.controller.admission import (
+from jobset_inplace import names
+from jobset_inplace.controller.webhook_server import (
     MUTATE_ID,
     VALIDATE_ID,
     register_webhooks,
     server_from_env,
+    settings_from_env,
 )
-from jobset_inplace.policy import PolicyError
-from jobset_inplace.transform import (
+from jobset_inplace.core.admission import mutate, review, validate
+from jobset_inplace.core.policy import PolicyError
+from jobset_inplace.core.transform import (
     AGENT_SERVICE_ACCOUNT,
     DEFAULT_AGENT_IMAGE,
     AgentSettings,
     agent_rbac,
     transform,
-)
-from jobset_inplace.webhook import (
-    mutate,
-    review,
-    settings_from_env,
-    validate,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,7 +44,7 @@ def jobset(annotations: dict[str, str] | None = None, **pod_spec: Any) -> dict[s
         "metadata": {
             "name": "train",
             "namespace": "ml",
-            "annotations": {api.ENABLED: "true"} if annotations is None else annotations,
+            "annotations": {names.ENABLED: "true"} if annotations is None else annotations,
         },
         "spec": {
             "replicatedJobs": [
@@ -92,13 +88,13 @@ def test_mutate_patch_yields_the_transform() -> None:
 def test_mutate_is_empty_when_already_transformed_or_not_opted_in() -> None:
     assert mutate(transform(jobset(), S), S) == []
     assert mutate(jobset({}), S) == []
-    assert mutate(jobset({api.ENABLED: "false"}), S) == []
+    assert mutate(jobset({names.ENABLED: "false"}), S) == []
     assert mutate(jobset({"team": "ml"}), S) == []
 
 
 def test_mutate_refuses_what_cannot_be_made_safe() -> None:
     with pytest.raises(PolicyError):
-        mutate(jobset({api.ENABLED: "true", api.FORCE_DELETE: "always"}), S)
+        mutate(jobset({names.ENABLED: "true", names.FORCE_DELETE: "always"}), S)
 
 
 # --- validate -------------------------------------------------------------------------------
@@ -106,32 +102,32 @@ def test_mutate_refuses_what_cannot_be_made_safe() -> None:
 
 def test_not_opted_in_is_none_of_our_business() -> None:
     assert validate(jobset({})) == (True, "")
-    assert validate(jobset({api.ENABLED: "false", api.BARRIER_TIMEOUT: "soon"})) == (True, "")
+    assert validate(jobset({names.ENABLED: "false", names.BARRIER_TIMEOUT: "soon"})) == (True, "")
     assert validate(jobset({"team": "ml"}, restartPolicy="OnFailure")) == (True, "")
 
 
 @pytest.mark.parametrize("value", ["True", "yes", "1", ""])
 def test_enabled_typo_names_the_key_and_accepted_form(value: str) -> None:
-    allowed, message = validate(jobset({api.ENABLED: value}))
+    allowed, message = validate(jobset({names.ENABLED: value}))
     assert not allowed
-    assert api.ENABLED in message
+    assert names.ENABLED in message
     assert '"true" or "false"' in message
 
 
 @pytest.mark.parametrize(
     ("key", "value", "accepted"),
     [
-        (api.BARRIER_TIMEOUT, "five minutes", "30s, 5m or 1h30m"),
-        (api.INPLACE_BUDGET, "-1", "0 to 10000"),
-        (api.FORCE_DELETE, "always", "never or unreachable"),
-        (api.RESTART_EXIT_CODE, "1", "3 to 255"),
-        (api.UNHEALTHY_TAINTS, ",", "comma-separated list"),
+        (names.BARRIER_TIMEOUT, "five minutes", "30s, 5m or 1h30m"),
+        (names.INPLACE_BUDGET, "-1", "0 to 10000"),
+        (names.FORCE_DELETE, "always", "never or unreachable"),
+        (names.RESTART_EXIT_CODE, "1", "3 to 255"),
+        (names.UNHEALTHY_TAINTS, ",", "comma-separated list"),
     ],
 )
 def test_bad_annotation_names_the_key_and_accepted_form(
     key: str, value: str, accepted: str
 ) -> None:
-    allowed, message = validate(jobset({api.ENABLED: "true", key: value}))
+    allowed, message = validate(jobset({names.ENABLED: "true", key: value}))
     assert not allowed
     assert key in message
     assert repr(value) in message
@@ -151,7 +147,9 @@ def test_transform_refusals_name_the_field() -> None:
 
 
 def test_valid_and_transformed_jobsets_are_allowed() -> None:
-    good = jobset({api.ENABLED: "true", api.BARRIER_TIMEOUT: "1h30m", api.INPLACE_BUDGET: "3"})
+    good = jobset(
+        {names.ENABLED: "true", names.BARRIER_TIMEOUT: "1h30m", names.INPLACE_BUDGET: "3"}
+    )
     assert validate(good) == (True, "")
     assert validate(transform(good, S)) == (True, "")
 
@@ -165,12 +163,12 @@ def test_update_checks_only_changed_policy_annotations() -> None:
     job_spec(new)["completions"] = 5
     assert validate(new, old) == (True, "")
     bad = copy.deepcopy(old)
-    bad["metadata"]["annotations"][api.INPLACE_BUDGET] = "lots"
+    bad["metadata"]["annotations"][names.INPLACE_BUDGET] = "lots"
     allowed, message = validate(bad, old)
     assert not allowed
-    assert api.INPLACE_BUDGET in message
+    assert names.INPLACE_BUDGET in message
     good = copy.deepcopy(old)
-    good["metadata"]["annotations"][api.INPLACE_BUDGET] = "20"
+    good["metadata"]["annotations"][names.INPLACE_BUDGET] = "20"
     assert validate(good, old) == (True, "")
 
 
@@ -179,7 +177,7 @@ def test_opting_in_on_update_needs_the_agent_already_there() -> None:
     new = jobset()
     allowed, message = validate(new, old)
     assert not allowed
-    assert api.ENABLED in message
+    assert names.ENABLED in message
     assert "cannot be added to an existing JobSet" in message
     # An offline-transformed JobSet (kubectl jobset-inplace enable) may opt in later.
     prepared = transform(jobset(), S)
@@ -187,7 +185,7 @@ def test_opting_in_on_update_needs_the_agent_already_there() -> None:
     prepared_old["metadata"]["annotations"] = {}
     assert validate(prepared, prepared_old) == (True, "")
     # Opting out is always fine.
-    assert validate(jobset({api.ENABLED: "false"}), jobset()) == (True, "")
+    assert validate(jobset({names.ENABLED: "false"}), jobset()) == (True, "")
 
 
 # --- review (the AdmissionReview envelope) --------------------------------------------------
@@ -217,11 +215,11 @@ def test_review_create_returns_a_base64_json_patch() -> None:
 
 
 def test_review_denies_with_a_message_and_never_patches_updates() -> None:
-    bad = jobset({api.ENABLED: "true", api.MEMBER_REPEAT_LIMIT: "0"})
+    bad = jobset({names.ENABLED: "true", names.MEMBER_REPEAT_LIMIT: "0"})
     resp = review(admission_review("CREATE", bad), S, mutating=True)["response"]
     assert resp["allowed"] is False
     assert resp["status"]["code"] == 400
-    assert api.MEMBER_REPEAT_LIMIT in resp["status"]["message"]
+    assert names.MEMBER_REPEAT_LIMIT in resp["status"]["message"]
     assert "patch" not in resp
     old = transform(jobset(), S)
     update = review(admission_review("UPDATE", jobset(), old), S, mutating=True)["response"]
@@ -280,7 +278,7 @@ def test_mutate_handler_makes_kopf_send_the_transform() -> None:
 
 def test_handlers_raise_admission_errors_with_the_message() -> None:
     bad = kopf.Body(
-        cast(kopf.RawBody, jobset({api.ENABLED: "true", api.NO_COMMON_CHECKPOINT: "retry"}))
+        cast(kopf.RawBody, jobset({names.ENABLED: "true", names.NO_COMMON_CHECKPOINT: "retry"}))
     )
     for hid in (MUTATE_ID, VALIDATE_ID):
         with pytest.raises(kopf.AdmissionError, match="no-common-checkpoint") as info:
@@ -314,7 +312,7 @@ def test_webhook_manifest_rules_paths_and_conditions() -> None:
         assert wh["sideEffects"] == "None"
         assert wh["rules"][0]["resources"] == ["jobsets"]
         [cond] = wh["matchConditions"]
-        assert f"'{api.ENABLED}' in object.metadata.annotations" in cond["expression"]
+        assert f"'{names.ENABLED}' in object.metadata.annotations" in cond["expression"]
     assert "== 'true'" in mut["matchConditions"][0]["expression"]
     svc = docs["Service"]
     assert svc["metadata"]["name"] == mut["clientConfig"]["service"]["name"]

@@ -1,0 +1,328 @@
+"""``make bench``: hybrid recovery vs stock JobSet at scale on the local cluster.
+
+    python -m bench --sizes 1000,5000 --reps 3 --node-death-sizes 1000
+
+Writes ``docs/bench/results.json`` (machine-readable, every repetition) and PNG plots next to
+it; prints a summary. See docs/benchmarks.md for the method and what is simulated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from jobset_inplace import names
+from jobset_inplace.core.transform import AGENT_CONTAINER
+from testbed.cluster import LocalCluster
+from testbed.controller import ControllerProcess, prepare
+from testbed.demo import run_demo
+from testbed.kube import clients, wait_for
+from testbed.versions import binaries, versions
+
+from . import report
+from .scenarios import FLEET_SA, Bench, ProcessMeter, log, node_unhealthy_after
+
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "bench"
+NAMESPACE = "bench"
+SPARE_NODES = 8  # room for replacements when a node dies
+
+
+def _sizes(raw: str) -> list[int]:
+    if raw == "none":
+        return []
+    try:
+        sizes = [int(s) for s in raw.split(",") if s]
+    except ValueError:
+        sizes = []
+    if not sizes or any(s < 2 for s in sizes):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated gang sizes >= 2 (e.g. 1000,5000) or none, got {raw!r}"
+        )
+    return sizes
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=[1000, 5000],
+        help="gang sizes (pods), or none (only the agent start-up on the real node)",
+    )
+    p.add_argument("--reps", type=int, default=3, help="repetitions per size (hybrid)")
+    p.add_argument(
+        "--stock-reps",
+        type=int,
+        default=2,
+        help="repetitions per size of the stock path (minutes each at thousands of pods)",
+    )
+    p.add_argument(
+        "--node-death-sizes",
+        type=_sizes,
+        default=[1000],
+        help="sizes at which a node is killed, or none (the stock path takes minutes)",
+    )
+    p.add_argument(
+        "--pods-per-job",
+        type=int,
+        default=10,
+        help="pods per Job of the gang's replicatedJob (completions = parallelism)",
+    )
+    p.add_argument(
+        "--restart-delay",
+        type=float,
+        default=2.0,
+        help="simulated kubelet in-place restart time, seconds (stated in the report)",
+    )
+    p.add_argument("--stock-cap", type=float, default=900.0, help="cap for a stock recovery, s")
+    p.add_argument("--node-cap", type=float, default=480.0, help="cap for a node-death run, s")
+    p.add_argument("--setup-timeout", type=float, default=1200.0, help="cap for gang set-up, s")
+    p.add_argument(
+        "--paths",
+        default="hybrid,stock",
+        help="which recovery paths to run: hybrid,stock (the default) or one of them "
+        "(ratios need both)",
+    )
+    p.add_argument(
+        "--verbose-controller",
+        action="store_true",
+        help="run the controller with -v (every planning pass logged; costs it some CPU)",
+    )
+    p.add_argument(
+        "--apiserver-profile",
+        type=float,
+        default=20.0,
+        metavar="SECONDS",
+        help="kube-apiserver CPU profile over the first SECONDS of the first recovery of each "
+        "path and size (files next to the results; 0: none)",
+    )
+    p.add_argument(
+        "--apiserver-profile-paths",
+        default="hybrid,stock",
+        help="which paths get the extra profiled recovery (a stock one at 5000 pods takes ~14 "
+        "min): hybrid,stock or one of them",
+    )
+    p.add_argument(
+        "--protocol-only",
+        action="store_true",
+        help="the simulated kubelet writes only the failed pod's status: the hybrid recovery's "
+        "time without the other members' kubelet status writes (hybrid path only)",
+    )
+    p.add_argument("--skip-agent-start", action="store_true", help="skip the real-node part")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
+    p.add_argument("--label", default="", help="a name for this run in the results")
+    args = p.parse_args(argv)
+    if args.reps < 1 or args.stock_reps < 1:
+        p.error("--reps and --stock-reps must be >= 1")
+    if args.pods_per_job < 1:
+        p.error("--pods-per-job must be >= 1")
+    args.paths = set(args.paths.split(","))
+    if args.protocol_only:
+        args.paths = {"hybrid"}
+    args.apiserver_profile_paths = set(args.apiserver_profile_paths.split(","))
+    if not args.apiserver_profile_paths <= {"hybrid", "stock"}:
+        p.error("--apiserver-profile-paths must be hybrid,stock or one of them")
+    if not args.paths or not args.paths <= {"hybrid", "stock"}:
+        p.error("--paths must be hybrid,stock or one of them")
+    return args
+
+
+def fleet_token(cluster: LocalCluster, namespace: str) -> Path:
+    """A ServiceAccount token for the simulated agents: get/watch GangStates, patch pods and
+    their status (the simulated kubelet writes pod status)."""
+    objs = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": FLEET_SA}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": FLEET_SA},
+            "rules": [
+                {
+                    "apiGroups": [names.GROUP],
+                    "resources": [names.GANGSTATE_PLURAL],
+                    "verbs": ["get", "list", "watch"],
+                },
+                {"apiGroups": [""], "resources": ["pods", "pods/status"], "verbs": ["patch"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": FLEET_SA},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": FLEET_SA},
+            "subjects": [{"kind": "ServiceAccount", "name": FLEET_SA, "namespace": namespace}],
+        },
+    ]
+    kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig), "-n", namespace]
+    subprocess.run(
+        [*kubectl, "apply", "-f", "-"],
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}).encode(),
+        check=True,
+        capture_output=True,
+    )
+    token = subprocess.run(
+        [*kubectl, "create", "token", FLEET_SA, "--duration", "6h"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    path = cluster.state_dir / "bench-fleet.token"
+    path.write_text(token)
+    return path
+
+
+def apiserver_metrics(cluster: LocalCluster) -> str:
+    kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig)]
+    return subprocess.run(
+        [*kubectl, "get", "--raw", "/metrics"], check=True, capture_output=True, text=True
+    ).stdout
+
+
+def agent_start(cluster: LocalCluster, cycles: int) -> dict[str, Any]:
+    """Agent process start -> epoch reported, on real containers of the real nodes: the
+    demo gang (real kubelet, real agent) through ``cycles`` in-place recoveries; each agent
+    logs its latency (process start per the kernel -> report accepted)."""
+    kube = clients(cluster.kubeconfig)
+    samples: list[float] = []
+    for i in range(cycles):
+        name = f"agent-start-{i}"
+        run_demo(cluster, name=name, namespace="bench-agent")
+        kubectl = [
+            str(binaries().kubectl),
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "-n",
+            "bench-agent",
+        ]
+        pods = kube.core.list_namespaced_pod(
+            "bench-agent", label_selector=f"{names.JOBSET_NAME_LABEL}={name}"
+        ).items
+        for p in pods:
+            # the agent process the in-place restart started (the restart path's start-up);
+            # a pod's first agent also waits for the controller to initialise the GangState
+            restarted = any(
+                s.name == AGENT_CONTAINER and s.restart_count >= 1
+                for s in p.status.init_container_statuses or []
+            )
+            if not restarted:
+                continue
+            out = subprocess.run(
+                [*kubectl, "logs", p.metadata.name, "-c", AGENT_CONTAINER],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            samples += report.agent_latencies(out)
+        kube.custom.delete_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", "bench-agent", "jobsets", name
+        )
+    wait_for(
+        "agent-start pods gone",
+        lambda: not kube.core.list_namespaced_pod("bench-agent").items,
+        180,
+        1,
+    )
+    return {"samples_s": samples, "cycles": cycles}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    started = time.time()
+    cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
+    # Few nodes at first when the agent's start-up is measured (an otherwise idle cluster).
+    first = args.sizes[0] if args.sizes and args.skip_agent_start else 0
+    cluster.up(nodes=first + SPARE_NODES, real_nodes=1)
+    kube = clients(cluster.kubeconfig)
+    prepare(kube, cluster.kubeconfig, NAMESPACE)
+    token = fleet_token(cluster, NAMESPACE)
+    ctl = ControllerProcess(
+        cluster, cluster.logs_dir / "controller-bench.log", verbose=args.verbose_controller
+    )
+    results: dict[str, Any] = {
+        "label": args.label,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "memory_gib": round(
+                os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1
+            ),
+            "python": platform.python_version(),
+            "kernel": platform.release(),
+        },
+        "versions": {
+            "kubernetes": versions().kubernetes,
+            "jobset": versions().jobset,
+            "kueue": versions().kueue,
+            "kwok": versions().kwok,
+        },
+        "settings": {
+            "restart_delay_s": args.restart_delay,
+            "pods_per_job": args.pods_per_job,
+            "kwok_nodes": "gang size + 8 (scaled before each size)",
+            "node_unhealthy_after": {str(s): node_unhealthy_after(s) for s in args.sizes},
+            "stock_cap_s": args.stock_cap,
+            "node_cap_s": args.node_cap,
+            "reps": args.reps,
+            "stock_reps": args.stock_reps,
+            "kubelet_status_writes": "failed pod only" if args.protocol_only else "every pod",
+        },
+        "sizes": {},
+    }
+    try:
+        bench = Bench(
+            kube=kube,
+            namespace=NAMESPACE,
+            server=kube.api.configuration.host,
+            ca_file=Path(kube.api.configuration.ssl_ca_cert),
+            token_file=token,
+            meter=ProcessMeter(ctl.proc.pid, partial(apiserver_metrics, cluster)),
+            restart_delay=args.restart_delay,
+            pods_per_job=args.pods_per_job,
+            setup_timeout=args.setup_timeout,
+            stock_cap=args.stock_cap,
+            node_cap=args.node_cap,
+            kubectl=[str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig)],
+            profile_s=args.apiserver_profile,
+            profile_paths=args.apiserver_profile_paths,
+            profile_dir=args.out,
+            kubelet_writes=not args.protocol_only,
+        )
+        bench.clean()
+        if not args.skip_agent_start:
+            log("=== agent start-up on the real node (idle cluster: no gang, few kwok nodes)")
+            results["agent_start"] = agent_start(cluster, 3)
+        for size in args.sizes:
+            cluster.scale_nodes(size + SPARE_NODES)  # one pod per node, a few spare
+            death = size in args.node_death_sizes
+            row: dict[str, Any] = {}
+            death_note = ", node death" * death
+            if "hybrid" in args.paths:
+                log(f"=== gang of {size} pods: hybrid ({args.reps} reps{death_note})")
+                row["hybrid"] = bench.hybrid(size, args.reps, death)
+                results["sizes"][str(size)] = row
+                report.write(args.out, results)  # keep what was measured so far
+            if "stock" in args.paths:
+                log(f"=== gang of {size} pods: stock JobSet ({args.stock_reps} reps{death_note})")
+                row["stock"] = bench.stock(size, args.stock_reps, death)
+            results["sizes"][str(size)] = row
+            report.write(args.out, results)  # keep what was measured so far
+        results["controller_rss_end_mib"] = round(bench.meter.rss_mib(), 1)
+    finally:
+        ctl.stop()
+    results["duration_s"] = round(time.time() - started, 1)
+    written = report.write(args.out, results)
+    print(report.text(results))
+    log("written: " + ", ".join(str(f) for f in written))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,452 @@
+"""Simulated agents and kubelets for the kwok members of one gang (kwok nodes run no containers).
+
+What is real and what is not:
+
+* **Real**: the agent's decision code (:class:`~jobset_inplace.agent.logic.AgentLogic`, one
+  per simulated agent process), its status parser, its HTTP client
+  (:class:`~jobset_inplace.agent.kubeapi.KubeApi`) and every request an agent makes per pod:
+  a GET of the GangState when an agent process starts, and a merge patch of its own pod's
+  report annotations for each epoch. Requests carry a real ServiceAccount token.
+* **Simulated**: (1) the GangState watch: one watch feeds every simulated agent instead of one
+  watch per agent (the apiserver's watch fan-out is not measured); (2) the kubelet's in-place
+  restart (``RestartAllContainers``): two pod-status patches, ``AllContainersRestarting=True``
+  (plus the trainer's terminated state for an injected crash), then after ``restart_delay``
+  seconds ``AllContainersRestarting=False`` with every container running again and its
+  ``restartCount`` incremented, after which a new agent "process" starts; (3) checkpoint tiers:
+  every agent reports the same steps, so the barrier's resume step is ``steps[-1]``.
+
+With ``kubelet_writes=False`` (``--protocol-only``) the simulated kubelet writes the failed
+member's pod status only: the other members restart silently, so what is left on the
+apiserver is the recovery protocol itself (each new agent's GET and report) and the cluster's
+background load. The controller does not need the kubelet's writes to run a recovery.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import heapq
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from jobset_inplace import names
+from jobset_inplace.agent.kubeapi import ApiError, KubeApi, TransportErrors
+from jobset_inplace.agent.logic import (
+    AgentLogic,
+    GangView,
+    MalformedStatus,
+    Open,
+    Report,
+    Restart,
+    parse_gangstate,
+)
+from jobset_inplace.trainer.checkpoints import encode_steps
+
+RESTARTING = "AllContainersRestarting"
+_ERRORS = (ApiError, ValueError, *TransportErrors)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class SimAgent:
+    pod: str
+    uid: str
+    containers: list[str]
+    logic: AgentLogic = field(default_factory=AgentLogic)
+    busy: bool = False  # an API call of this agent is in flight
+    restarting: bool = False  # the simulated kubelet is restarting the pod's containers
+    crashed: bool = False  # its trainer crashed (the injected failure): status always written
+    restarts: int = 0
+    view: GangView | None = None  # the newest status this agent process has seen
+
+
+@dataclass
+class EpochMarks:
+    """When (time.monotonic()) the fleet saw things happen for one epoch."""
+
+    seen: float | None = None  # the GangState first showed this epoch
+    reports: dict[str, float] = field(default_factory=dict)  # pod -> its report was accepted
+    barrier_open: float | None = None  # the GangState showed the barrier open
+    opened: dict[str, float] = field(default_factory=dict)  # pod -> its agent opened
+
+
+class Fleet:
+    """Agents for every Running member pod of gang ``gang`` in ``namespace``."""
+
+    def __init__(
+        self,
+        kube: client.ApiClient,
+        *,
+        server: str,
+        token_file: Path,
+        ca_file: Path,
+        namespace: str,
+        gang: str,
+        restart_delay: float,
+        steps: tuple[int, ...] = (100, 200),
+        workers: int = 32,
+        kubelet_writes: bool = True,
+    ) -> None:
+        self.core = client.CoreV1Api(kube)
+        self.namespace, self.gang = namespace, gang
+        self.restart_delay = restart_delay
+        self.kubelet_writes = kubelet_writes
+        self.steps = encode_steps(list(steps))
+        self._api = threading.local()
+        self._server, self._token_file, self._ca_file = server, token_file, ca_file
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="fleet")
+        self._lock = threading.RLock()
+        self._halt = threading.Event()
+        self.agents: dict[str, SimAgent] = {}  # pod name -> agent
+        self.view: GangView | None = None
+        self._gang_uid: str | None = None
+        self.marks: dict[int, EpochMarks] = {}
+        self.requests = 0
+        self.errors: list[str] = []
+        path = KubeApi.gangstates_path(
+            names.GROUP, names.VERSION, namespace, names.GANGSTATE_PLURAL
+        )
+        self._gang_collection, self._gang_object = path, f"{path}/{gang}"
+        # delayed work (simulated restart times, retries): one timer thread, never a pool
+        # worker asleep
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._timer_seq = itertools.count()
+        self._timer_wake = threading.Condition(self._lock)
+        self._threads = [
+            threading.Thread(target=self._watch_gang, daemon=True, name="fleet-gang"),
+            threading.Thread(target=self._watch_pods, daemon=True, name="fleet-pods"),
+            threading.Thread(target=self._run_timers, daemon=True, name="fleet-timers"),
+        ]
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        self._halt.set()
+        with self._timer_wake:
+            self._timer_wake.notify()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _later(self, delay: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the pool after ``delay`` seconds."""
+        with self._timer_wake:
+            heapq.heappush(self._timers, (time.monotonic() + delay, next(self._timer_seq), fn))
+            self._timer_wake.notify()
+
+    def _run_timers(self) -> None:
+        with self._timer_wake:
+            while not self._halt.is_set():
+                now = time.monotonic()
+                while self._timers and self._timers[0][0] <= now:
+                    _, _, fn = heapq.heappop(self._timers)
+                    self._pool.submit(fn)
+                wait = self._timers[0][0] - now if self._timers else None
+                self._timer_wake.wait(wait)
+
+    def marks_for(self, epoch: int) -> EpochMarks:
+        with self._lock:
+            return self.marks.setdefault(epoch, EpochMarks())
+
+    # --- API calls (thread-local kept-alive connections, like one agent each) ------------
+
+    def _make_api(self) -> KubeApi:
+        return KubeApi(self._server, self._token_file, self._ca_file, timeout=30.0)
+
+    def _kube(self) -> KubeApi:
+        api_: KubeApi | None = getattr(self._api, "kube", None)
+        if api_ is None:
+            api_ = self._api.kube = self._make_api()
+        return api_
+
+    def _call(self, fn: Callable[[KubeApi], Any]) -> Any:
+        with self._lock:
+            self.requests += 1
+        return fn(self._kube())
+
+    def _pod_path(self, pod: str) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/pods/{pod}"
+
+    # --- the GangState, seen by every agent -----------------------------------------------
+
+    def _watch_gang(self) -> None:
+        kube = self._make_api()
+        rv: str | None = None
+        while not self._halt.is_set():
+            try:
+                if rv is None:
+                    obj = kube.get(self._gang_object)
+                    rv = obj["metadata"]["resourceVersion"]
+                    self._observe(obj)
+                for ev in kube.watch(self._gang_collection, self.gang, rv, 300):
+                    if ev.get("type") == "ERROR":
+                        rv = None
+                        break
+                    obj = ev.get("object") or {}
+                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                    if ev.get("type") in ("ADDED", "MODIFIED"):
+                        self._observe(obj)
+            except ApiError as e:
+                if e.status != 404:
+                    self._error(f"gang watch: {e}")
+                rv = None
+                self._halt.wait(0.2)
+            except (*TransportErrors, ValueError) as e:
+                self._error(f"gang watch: {e}")
+                rv = None
+                self._halt.wait(0.2)
+
+    def _observe(self, obj: dict[str, Any]) -> None:
+        try:
+            view = parse_gangstate(obj)
+        except MalformedStatus as e:
+            self._error(f"malformed GangState: {e}")
+            return
+        if view is None:
+            return
+        now = time.monotonic()
+        uid = (obj.get("metadata") or {}).get("uid")
+        with self._lock:
+            if uid != self._gang_uid:
+                # a new GangState (an earlier gang of the same name had its own epochs)
+                self._gang_uid, self.marks = uid, {}
+            self.view = view
+            marks = self.marks.setdefault(view.epoch, EpochMarks())
+            if marks.seen is None:
+                marks.seen = now
+            if view.barrier_open and marks.barrier_open is None:
+                marks.barrier_open = now
+            agents = list(self.agents.values())
+        for agent in agents:
+            self._dispatch(agent, view)
+
+    # --- pods: a Running member pod gets an agent (the kubelet started its containers) ----
+
+    def _watch_pods(self) -> None:
+        """List + watch the gang's pods as raw JSON (the generated client's model objects cost
+        milliseconds per event, which at thousands of pods would slow the fleet itself)."""
+        selector = f"{names.JOBSET_NAME_LABEL}={self.gang}"
+        while not self._halt.is_set():
+            try:
+                resp = self.core.list_namespaced_pod(
+                    self.namespace, label_selector=selector, _preload_content=False
+                )
+                listed = json.loads(resp.data)
+                for p in listed["items"]:
+                    self._pod_event("ADDED", p)
+                stream = self.core.list_namespaced_pod(
+                    self.namespace,
+                    label_selector=selector,
+                    resource_version=listed["metadata"]["resourceVersion"],
+                    watch=True,
+                    timeout_seconds=300,
+                    _preload_content=False,
+                )
+                for line in stream:
+                    if self._halt.is_set():
+                        stream.close()
+                        return
+                    if line.strip():
+                        ev = json.loads(line)
+                        if ev.get("type") == "ERROR":
+                            break
+                        self._pod_event(ev["type"], ev["object"])
+            except Exception as e:  # a bench thread must not die silently
+                self._error(f"pod watch: {type(e).__name__}: {e}")
+                self._halt.wait(0.5)
+
+    def _pod_event(self, kind: str, pod: dict[str, Any]) -> None:
+        meta, status = pod["metadata"], pod.get("status") or {}
+        name, deleting = meta["name"], bool(meta.get("deletionTimestamp"))
+        live = kind != "DELETED" and status.get("phase") == "Running" and not deleting
+        with self._lock:
+            agent = self.agents.get(name)
+            if not live:
+                if agent is not None and (kind == "DELETED" or deleting):
+                    del self.agents[name]
+                return
+            if agent is not None and agent.uid == meta["uid"]:
+                return
+            containers = [c["name"] for c in pod["spec"]["containers"]]
+            agent = SimAgent(name, meta["uid"], containers)
+            self.agents[name] = agent
+        self._pool.submit(self._agent_starts, agent)
+
+    # --- one agent ------------------------------------------------------------------------
+
+    def _agent_starts(self, agent: SimAgent) -> None:
+        """A new agent process: read the GangState (its first request), then act."""
+        try:
+            obj = self._call(lambda k: k.get(self._gang_object))
+            view = parse_gangstate(obj)
+        except (*_ERRORS, MalformedStatus) as e:
+            self._error(f"{agent.pod}: agent start: {e}")
+            self._retry(lambda: self._agent_starts(agent))
+            return
+        with self._lock:
+            agent.restarting = False
+        if view is not None:
+            self._dispatch(agent, view)
+
+    def _dispatch(self, agent: SimAgent, view: GangView) -> None:
+        """Run the agent's decision for ``view`` and start the resulting action."""
+        with self._lock:
+            old = agent.view
+            # keep the newest: a closed barrier never follows an open one within an epoch
+            if old is not None and old.epoch == view.epoch and old.barrier_open:
+                view = old
+            agent.view = view
+            if agent.busy or agent.restarting or self.agents.get(agent.pod) is not agent:
+                return
+            while True:
+                action = agent.logic.step(view)
+                if isinstance(action, Open):
+                    agent.logic.opened_barrier(action.epoch)
+                    self.marks.setdefault(action.epoch, EpochMarks()).opened[agent.pod] = (
+                        time.monotonic()
+                    )
+                    continue
+                if isinstance(action, Report):
+                    agent.busy = True
+                    self._pool.submit(self._report, agent, action)
+                elif isinstance(action, Restart):
+                    agent.restarting = True
+                    self._pool.submit(self._kubelet_restart, agent, None)
+                return
+
+    def _report(self, agent: SimAgent, action: Report) -> None:
+        patch = {
+            "metadata": {
+                "annotations": {
+                    names.REPORT_EPOCH: str(action.epoch),
+                    names.REPORT_STEPS: self.steps,
+                }
+            }
+        }
+        try:
+            self._call(lambda k: k.merge_patch(self._pod_path(agent.pod), patch))
+        except _ERRORS as e:
+            with self._lock:
+                agent.busy = False
+            if isinstance(e, ApiError) and e.status == 404:
+                return  # the pod is gone
+            self._error(f"{agent.pod}: report: {e}")
+            self._retry(lambda: self._redispatch(agent))
+            return
+        with self._lock:
+            agent.logic.reported_epoch(action.epoch, action.barrier_closed)
+            agent.busy = False
+            self.marks.setdefault(action.epoch, EpochMarks()).reports[agent.pod] = time.monotonic()
+        self._redispatch(agent)
+
+    def _redispatch(self, agent: SimAgent) -> None:
+        with self._lock:
+            view = agent.view if agent.view is not None else self.view
+        if view is not None:
+            self._dispatch(agent, view)
+
+    def _retry(self, fn: Callable[[], None]) -> None:
+        if not self._halt.is_set():
+            self._later(0.5, fn)
+
+    # --- the simulated kubelet ------------------------------------------------------------
+
+    def crash_trainer(self, pod: str) -> float:
+        """Inject a trainer crash into ``pod`` (exit 3: the pod's restart rule restarts all its
+        containers in place); the time the kubelet's status update was accepted."""
+        with self._lock:
+            agent = self.agents[pod]
+            agent.restarting = agent.crashed = True
+        self._kubelet_status(agent, restarting=True, crashed=True)
+        t = time.monotonic()
+        self._pool.submit(self._kubelet_restart, agent, t)
+        return t
+
+    def _kubelet_restart(self, agent: SimAgent, already_signalled: float | None) -> None:
+        """Containers stop (status written), and come back ``restart_delay`` s later."""
+        if already_signalled is None and self.kubelet_writes:
+            try:
+                self._kubelet_status(agent, restarting=True, crashed=False)
+            except _ERRORS as e:
+                if isinstance(e, ApiError) and e.status == 404:
+                    return
+                self._error(f"{agent.pod}: kubelet: {e}")
+                self._retry(lambda: self._kubelet_restart(agent, already_signalled))
+                return
+        self._later(self.restart_delay, lambda: self._containers_back(agent))
+
+    def _containers_back(self, agent: SimAgent) -> None:
+        try:
+            with self._lock:
+                restarts = agent.restarts + 1
+                write = self.kubelet_writes or agent.crashed
+            if write:
+                self._kubelet_status(agent, restarting=False, crashed=False, restarts=restarts)
+        except _ERRORS as e:
+            if isinstance(e, ApiError) and e.status == 404:
+                return
+            self._error(f"{agent.pod}: kubelet: {e}")
+            self._retry(lambda: self._containers_back(agent))
+            return
+        with self._lock:
+            agent.restarts, agent.crashed = restarts, False
+            agent.logic = AgentLogic()  # the agent container restarted: a new process
+            agent.view = None
+        self._agent_starts(agent)
+
+    def _kubelet_status(
+        self, agent: SimAgent, *, restarting: bool, crashed: bool, restarts: int | None = None
+    ) -> None:
+        now = _now()
+        count = agent.restarts if restarts is None else restarts
+        statuses = []
+        for name in agent.containers:
+            if crashed and name == "trainer":
+                state: dict[str, Any] = {
+                    "terminated": {"exitCode": 3, "reason": "Error", "finishedAt": now}
+                }
+            elif restarting:
+                state = {"waiting": {"reason": "RestartingAllContainers"}}
+            else:
+                state = {"running": {"startedAt": now}}
+            statuses.append(
+                {
+                    "name": name,
+                    "image": "sim",
+                    "imageID": "sim",
+                    "ready": not restarting,
+                    "restartCount": count,
+                    "started": not restarting,
+                    "state": state,
+                }
+            )
+        body = {
+            "status": {
+                "conditions": [
+                    {"type": RESTARTING, "status": str(restarting), "lastTransitionTime": now}
+                ],
+                "containerStatuses": statuses,
+            }
+        }
+        path = self._pod_path(agent.pod) + "/status"
+        self._call(
+            lambda k: k.request("PATCH", path, body, "application/strategic-merge-patch+json")
+        )
+
+    def _error(self, msg: str) -> None:
+        with self._lock:
+            if len(self.errors) < 200:
+                self.errors.append(msg)

@@ -1,0 +1,520 @@
+"""The benchmark's scenarios on the local cluster: a gang of N kwok members (one pod per kwok
+node), recovered by jobset-inplace (with the simulated agent fleet) and by stock JobSet, in the
+same run. Every figure is wall-clock time measured here, from the moment the failure was
+injected (the simulated kubelet's status write or the node's heartbeat stopping was accepted by
+the apiserver)."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from jobset_inplace import names
+from jobset_inplace.core.transform import AgentSettings, transform
+from testbed import workloads
+from testbed.kube import Clients, create_jobset, wait_for
+from testbed.kwoknodes import set_heartbeat
+
+from .fleet import Fleet
+from .profile import ApiserverProfile
+
+JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
+# kwok nodes offer 32 CPUs (kwokctl's node template): asking for 24 leaves room for one pod
+# per node, as for a training worker that takes all of a node's accelerators.
+WORKER_CPU = "24"
+FLEET_SA = "bench-fleet"
+
+
+def node_unhealthy_after(size: int) -> str:
+    """The gang's node-unhealthy-after. kwok's simulated heartbeats for 5000 nodes on 2 cores
+    run late: while a 5000-pod gang was being created, node Leases went more than 70 s
+    unrenewed (confirmed by fresh reads), which any Lease reader rightly calls dead nodes (the
+    gang escalated after 5 replacements, with 15 s and with 60 s). Real kubelets renew on their
+    own machines. So gangs above 2000 pods measure the worker-failure path only, with node
+    detection out of the way; the node-death scenario runs at 1000 pods with the default."""
+    return "15s" if size <= 2000 else "1h"
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def status_mib(pid: int, key: str = "VmRSS") -> float:
+    """A memory figure of /proc/<pid>/status (VmRSS, VmHWM: the peak), MiB; 0 if absent."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU seconds of a process (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# Processes whose CPU use is reported per measured window (the 2 cores are shared by all).
+WATCHED_PROCESSES = {
+    "kube-apiserver": "kube-apiserver",
+    "etcd": "etcd",
+    "kube-controller": "kube-controller-manager",
+    "kube-scheduler": "kube-scheduler",
+    "kwok-controller": "kwok-controller",
+    "jobset": "jobset",
+    "kueue": "kueue",
+}
+
+
+def watched_pids() -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                comm = (d / "comm").read_text().strip()
+            except OSError:
+                continue
+            for name, label in WATCHED_PROCESSES.items():
+                if comm == name:
+                    out[label] = int(d.name)
+    return out
+
+
+_REQUESTS = re.compile(r"^apiserver_request_total\{(.*)\} (\S+)$", re.MULTILINE)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def apiserver_requests(metrics: str) -> dict[str, float]:
+    """``apiserver_request_total`` from the apiserver's /metrics text, summed by verb and
+    resource (``"PATCH pods/status"``)."""
+    out: dict[str, float] = {}
+    for labels_text, value in _REQUESTS.findall(metrics):
+        labels = dict(_LABEL.findall(labels_text))
+        sub = labels.get("subresource")
+        key = f"{labels.get('verb')} {labels.get('resource')}{'/' + sub if sub else ''}"
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+@dataclass
+class ProcessMeter:
+    """CPU seconds and peak RSS of the controller per measured window, and the CPU seconds of
+    every other process on the machine's 2 cores that takes part (control plane, kwok, JobSet,
+    Kueue, this benchmark with its simulated fleet)."""
+
+    pid: int
+    metrics: Callable[[], str] | None = None  # the apiserver's /metrics text
+    others: dict[str, int] = field(default_factory=watched_pids)
+
+    def _stat(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def rss_mib(self, key: str = "VmRSS") -> float:
+        return status_mib(self.pid, key)
+
+    @contextmanager
+    def window(self, out: dict[str, Any]) -> Iterator[None]:
+        Path(f"/proc/{self.pid}/clear_refs").write_text("5")  # reset the peak RSS (VmHWM)
+        procs = {**self.others, "benchmark (fleet)": os.getpid()}
+        requests0 = apiserver_requests(self.metrics()) if self.metrics else {}
+        cpu0 = self._stat()
+        others0 = {k: cpu_seconds(p) for k, p in procs.items()}
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            out["controller_cpu_s"] = round(self._stat() - cpu0, 3)
+            out["controller_peak_rss_mib"] = round(self.rss_mib("VmHWM"), 1)
+            out["window_s"] = round(time.monotonic() - t0, 3)
+            out["cpu_s_by_process"] = {
+                k: round(cpu_seconds(p) - others0[k], 2) for k, p in procs.items()
+            }
+            if self.metrics:
+                # every client's requests in the window (the metrics read itself included)
+                requests = apiserver_requests(self.metrics())
+                delta = {k: v - requests0.get(k, 0.0) for k, v in requests.items()}
+                out["apiserver_requests"] = {
+                    k: int(v) for k, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v
+                }
+
+
+@dataclass
+class Bench:
+    kube: Clients
+    namespace: str
+    server: str
+    ca_file: Path
+    token_file: Path
+    meter: ProcessMeter
+    restart_delay: float
+    pods_per_job: int
+    setup_timeout: float
+    stock_cap: float
+    node_cap: float
+    kubectl: list[str] = field(default_factory=list)  # admin kubectl, for the apiserver profile
+    # kube-apiserver CPU profile (seconds) over one extra recovery of each path, kept out of
+    # the measured repetitions (profiling costs the apiserver CPU); 0: none
+    profile_s: float = 0.0
+    profile_paths: set[str] = field(default_factory=lambda: {"hybrid", "stock"})
+    profile_dir: Path = Path()
+    kubelet_writes: bool = True  # False: the simulated kubelet writes the failed pod only
+    results: dict[str, Any] = field(default_factory=dict)
+
+    # --- gangs ----------------------------------------------------------------------------
+
+    def _gang(self, name: str, size: int, hybrid: bool) -> dict[str, Any]:
+        per_job = min(self.pods_per_job, size)
+        if size % per_job:
+            raise ValueError(f"gang size {size} is not a multiple of --pods-per-job {per_job}")
+        js = workloads.jobset(
+            name,
+            [("workers", size // per_job, per_job)],
+            # A barrier deadline for thousands of members on 2 shared cores (the default 5m
+            # would recreate laggards of a slow-but-progressing recovery).
+            annotations={
+                names.ENABLED: "true",
+                names.BARRIER_TIMEOUT: "20m",
+                names.NODE_UNHEALTHY_AFTER: node_unhealthy_after(size),
+            }
+            if hybrid
+            else {},
+            node_selector=dict(workloads.KWOK_NODE_SELECTOR),
+            pod=workloads.whole_node_trainer(WORKER_CPU),
+        )
+        for rj in js["spec"]["replicatedJobs"]:
+            rj["template"]["spec"]["backoffLimit"] = 0
+        if hybrid:
+            return transform(js, AgentSettings(image="agent:sim"))
+        # stock: any failed Job restarts the whole JobSet (every pod deleted and recreated)
+        js["spec"]["failurePolicy"] = {"maxRestarts": 1000}
+        return js
+
+    def _pods(self, name: str) -> list[client.V1Pod]:
+        return list(
+            self.kube.core.list_namespaced_pod(
+                self.namespace, label_selector=f"{names.JOBSET_NAME_LABEL}={name}"
+            ).items
+        )
+
+    def _running(self, name: str, size: int, attempt: int | None = None, avoid: str = "") -> bool:
+        members: set[str] = set()
+        for p in self._pods(name):
+            labels = p.metadata.labels or {}
+            if p.status.phase != "Running" or p.metadata.deletion_timestamp:
+                continue
+            if attempt is not None and labels.get(names.RESTART_ATTEMPT_LABEL) != str(attempt):
+                continue
+            if avoid and p.spec.node_name == avoid:
+                continue
+            members.add(
+                f"{labels.get(names.JOB_INDEX_LABEL)}/{labels.get('batch.kubernetes.io/job-completion-index')}"
+            )
+        return len(members) >= size
+
+    def _create(self, name: str, size: int, hybrid: bool) -> float:
+        t0 = time.monotonic()
+        create_jobset(self.kube, self.namespace, self._gang(name, size, hybrid))
+        self._wait(f"{size} pods of {name} running", lambda: self._running(name, size), t0)
+        took = time.monotonic() - t0
+        log(f"{name}: {size} pods running {took:.1f}s after the JobSet was created")
+        return took
+
+    def _wait(self, what: str, probe: Callable[[], Any], since: float) -> Any:
+        """Poll ``probe`` (with progress lines) until truthy or the setup timeout."""
+        last = 0.0
+        while True:
+            got = probe()
+            if got:
+                return got
+            now = time.monotonic()
+            if now - since > self.setup_timeout:
+                raise TimeoutError(f"{what}: not after {self.setup_timeout:.0f}s")
+            if now - last > 30:
+                log(f"waiting for {what} ({now - since:.0f}s) ...")
+                last = now
+            time.sleep(1.0)
+
+    def clean(self) -> None:
+        """Delete JobSets a previous (interrupted) run left in the namespace."""
+        for js in self.kube.custom.list_namespaced_custom_object(
+            JOBSET_GROUP, JOBSET_VERSION, self.namespace, JOBSETS
+        )["items"]:
+            log(f"deleting {js['metadata']['name']} left by an earlier run")
+            self._delete(js["metadata"]["name"])
+
+    def _delete(self, name: str) -> None:
+        try:
+            self.kube.custom.delete_namespaced_custom_object(
+                JOBSET_GROUP,
+                JOBSET_VERSION,
+                self.namespace,
+                JOBSETS,
+                name,
+                body={"propagationPolicy": "Background"},
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        t0 = time.monotonic()
+        self._wait(f"pods of {name} gone", lambda: not self._pods(name), t0)
+        log(f"{name}: deleted, pods gone after {time.monotonic() - t0:.1f}s")
+
+    def _fleet(self, name: str) -> Fleet:
+        fleet = Fleet(
+            self.kube.api,
+            server=self.server,
+            token_file=self.token_file,
+            ca_file=self.ca_file,
+            namespace=self.namespace,
+            gang=name,
+            restart_delay=self.restart_delay,
+            kubelet_writes=self.kubelet_writes,
+        )
+        fleet.start()
+        return fleet
+
+    # --- (a) one worker fails: hybrid -----------------------------------------------------
+
+    def hybrid(self, size: int, reps: int, node_death: bool) -> dict[str, Any]:
+        name = f"hybrid-{size}"
+        out: dict[str, Any] = {"size": size, "worker_failure": [], "node_death": []}
+        fleet = self._fleet(name)
+        try:
+            setup: dict[str, float] = {}
+            with self.meter.window(setup):
+                out["setup_s"] = self._create(name, size, hybrid=True)
+                t0 = time.monotonic()
+                self._wait(
+                    "barrier of epoch 1", lambda: _opened_all(fleet, 1, size), time.monotonic()
+                )
+                out["first_barrier_s"] = round(time.monotonic() - t0, 2)
+            out["setup_controller"] = setup
+            for rep in range(reps):
+                out["worker_failure"].append(self._worker_failure(fleet, size, rep))
+            if self.profile_s > 0 and "hybrid" in self.profile_paths:
+                out["profiled"] = self._worker_failure(fleet, size, reps, profiled=True)
+            if node_death:
+                out["node_death"].append(self._hybrid_node_death(fleet, name, size))
+            out["fleet_requests"] = fleet.requests
+            out["fleet_errors"] = fleet.errors[:20]
+        finally:
+            fleet.stop()
+            self._delete(name)
+        return out
+
+    def _worker_failure(
+        self, fleet: Fleet, size: int, rep: int, profiled: bool = False
+    ) -> dict[str, Any]:
+        epoch = _epoch(fleet)
+        victim = random.choice(sorted(fleet.agents))
+        m: dict[str, Any] = {"rep": rep, "victim": victim}
+        before = fleet.requests
+        profile = self._profile(f"hybrid-{size}") if profiled else None
+        with self.meter.window(m):
+            t0 = fleet.crash_trainer(victim)
+            _wait_recovered(fleet, epoch + 1, size, self.setup_timeout)
+        m.update(_phases(fleet, epoch + 1, t0, self.restart_delay))
+        if profile is not None:
+            m["apiserver_profile"] = profile.result(self.profile_s + 60)
+        m["fleet_requests"] = fleet.requests - before
+        log(
+            f"hybrid {size}: worker failure #{rep + 1}{' (profiled)' * profiled}: "
+            f"barrier open {m['barrier_open_s']:.2f}s "
+            f"(detect {m['detection_s']:.2f}, restart+report {m['restart_s']:.2f}, "
+            f"barrier {m['barrier_s']:.2f}), all running {m['all_running_s']:.2f}s; "
+            f"controller {m['controller_cpu_s']:.1f} CPU-s, peak RSS "
+            f"{m['controller_peak_rss_mib']:.0f} MiB"
+        )
+        time.sleep(2)  # let the last events settle before the next repetition
+        return m
+
+    def _hybrid_node_death(self, fleet: Fleet, name: str, size: int) -> dict[str, Any]:
+        epoch = _epoch(fleet)
+        victim = random.choice(sorted(fleet.agents))
+        node = self.kube.core.read_namespaced_pod(victim, self.namespace).spec.node_name
+        m: dict[str, Any] = {"victim": victim, "node": node}
+        with self.meter.window(m):
+            set_heartbeat(self.kube, node, alive=False)
+            t0 = time.monotonic()
+            try:
+                _wait_recovered(fleet, epoch + 1, size, self.node_cap)
+                m.update(_phases(fleet, epoch + 1, t0, self.restart_delay))
+                m["running_s"] = m["all_running_s"]
+            finally:
+                set_heartbeat(self.kube, node, alive=True)
+        log(
+            f"hybrid {size}: node {node} died: detected {m['detection_s']:.1f}s, gang running "
+            f"again {m['all_running_s']:.1f}s"
+        )
+        return m
+
+    def _profile(self, what: str) -> ApiserverProfile | None:
+        """Start a kube-apiserver CPU profile of the next ``profile_s`` seconds (the failure is
+        injected once it runs)."""
+        if self.profile_s <= 0:
+            return None
+        path = self.profile_dir / f"apiserver-{what}.pprof"
+        profile = ApiserverProfile(self.kubectl, self.profile_s, path).start()
+        time.sleep(0.5)  # the profile request reaches the apiserver before the failure
+        return profile
+
+    # --- (b), (c) the stock path ----------------------------------------------------------
+
+    def stock(self, size: int, reps: int, node_death: bool) -> dict[str, Any]:
+        name = f"stock-{size}"
+        out: dict[str, Any] = {"size": size, "worker_failure": [], "node_death": []}
+        try:
+            out["setup_s"] = self._create(name, size, hybrid=False)
+            extra = int(self.profile_s > 0 and "stock" in self.profile_paths)  # profiled
+            for rep in range(reps + extra):
+                m: dict[str, Any] = {"rep": rep}
+                pod = random.choice(self._pods(name))
+                m["victim"] = pod.metadata.name
+                profile = self._profile(f"stock-{size}") if rep == reps else None
+                t0 = self._fail_pod(pod)
+                ok = _poll(partial(self._running, name, size, attempt=rep + 1), t0, self.stock_cap)
+                m["all_running_s"] = round(time.monotonic() - t0, 2)
+                m["capped"] = not ok
+                if profile is not None:
+                    m["apiserver_profile"] = profile.result(self.profile_s + 60)
+                note = " (profiled)" if profile else ""
+                log(f"stock {size}: worker failure #{rep + 1}{note}: {_fmt(m)} to all pods running")
+                if profile:
+                    out["profiled"] = m
+                else:
+                    out["worker_failure"].append(m)
+            if node_death:
+                out["node_death"].append(self._stock_node_death(name, size))
+        finally:
+            self._delete(name)
+        return out
+
+    def _fail_pod(self, pod: client.V1Pod) -> float:
+        """What the kubelet reports when the trainer exits 3 under restartPolicy Never."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        statuses = [
+            {
+                "name": c.name,
+                "image": c.image,
+                "imageID": "sim",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 3, "reason": "Error", "finishedAt": now}},
+            }
+            for c in pod.spec.containers
+        ]
+        self.kube.core.patch_namespaced_pod_status(
+            pod.metadata.name,
+            self.namespace,
+            {"status": {"phase": "Failed", "containerStatuses": statuses}},
+        )
+        return time.monotonic()
+
+    def _stock_node_death(self, name: str, size: int) -> dict[str, Any]:
+        pod = random.choice([p for p in self._pods(name) if p.status.phase == "Running"])
+        node = pod.spec.node_name
+        m: dict[str, Any] = {"victim": pod.metadata.name, "node": node}
+        set_heartbeat(self.kube, node, alive=False)
+        t0 = time.monotonic()
+        try:
+            ok = _poll(
+                lambda: self._running(name, size, avoid=node),
+                t0,
+                self.node_cap,
+                progress=f"stock {size}: gang running again after node {node} died",
+            )
+            m["running_s"] = round(time.monotonic() - t0, 2)
+            m["capped"] = not ok
+            stuck = [
+                p.metadata.name
+                for p in self._pods(name)
+                if p.spec.node_name == node and p.metadata.deletion_timestamp
+            ]
+            m["stuck_terminating"] = stuck
+        finally:
+            set_heartbeat(self.kube, node, alive=True)
+        log(f"stock {size}: node {node} died: {_fmt(m, 'running_s')} to the gang running again")
+        return m
+
+
+# --- measurements from the fleet's marks ----------------------------------------------------
+
+
+def _epoch(fleet: Fleet) -> int:
+    view = fleet.view
+    if view is None:
+        raise RuntimeError("the fleet has not seen the GangState")
+    return view.epoch
+
+
+def _opened_all(fleet: Fleet, epoch: int, size: int) -> bool:
+    m = fleet.marks_for(epoch)
+    return m.barrier_open is not None and len(m.opened) >= size
+
+
+def _wait_recovered(fleet: Fleet, epoch: int, size: int, timeout: float) -> None:
+    wait_for(
+        f"every agent of epoch {epoch} past the barrier",
+        lambda: _opened_all(fleet, epoch, size),
+        timeout,
+        0.05,
+    )
+
+
+def _phases(fleet: Fleet, epoch: int, t0: float, restart_delay: float) -> dict[str, Any]:
+    m = fleet.marks_for(epoch)
+    assert m.seen is not None
+    assert m.barrier_open is not None
+    last_report = max(m.reports.values())
+    opened = max(m.opened.values())
+    total = m.barrier_open - t0
+    return {
+        "detection_s": round(m.seen - t0, 3),
+        "restart_s": round(last_report - m.seen, 3),
+        "barrier_s": round(m.barrier_open - last_report, 3),
+        "barrier_open_s": round(total, 3),
+        # the simulated kubelet restart sits once on the critical path
+        "protocol_s": round(total - restart_delay, 3),
+        "all_running_s": round(opened - t0, 3),
+        "reports": len(m.reports),
+    }
+
+
+def _poll(
+    probe: Callable[[], bool], since: float, cap: float, progress: str = "", every: float = 30
+) -> bool:
+    last = since
+    while time.monotonic() - since < cap:
+        if probe():
+            return True
+        if progress and time.monotonic() - last > every:
+            last = time.monotonic()
+            log(f"{progress}: not yet ({last - since:.0f}s of at most {cap:.0f}s)")
+        time.sleep(0.5)
+    return False
+
+
+def _fmt(m: dict[str, Any], key: str = "all_running_s") -> str:
+    return (">= " if m.get("capped") else "") + f"{m[key]:.1f}s"
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "min": round(min(values), 3),
+        "median": round(statistics.median(values), 3),
+        "max": round(max(values), 3),
+    }

@@ -1,0 +1,219 @@
+"""Serving the admission webhook with kopf: the handlers (thin wrappers over the pure
+:mod:`jobset_inplace.core.admission`) and a standalone runner.
+
+In production the controller process serves the webhook (``register_webhooks`` is called on
+the controller's registry and ``settings.admission.server`` is a :class:`kopf.WebhookServer`
+with the serving certificate). The webhook configurations are static manifests
+(``manifests/webhook/``), so kopf's self-managed configurations stay off
+(``settings.admission.managed`` is None) and the controller needs no RBAC on them.
+
+URL paths: ``/mutate-jobsets`` and ``/validate-jobsets`` (kopf routes ``/<handler id>``).
+
+Standalone (tests, or a separate webhook Deployment)::
+
+    python -m jobset_inplace.controller.webhook_server --kubeconfig KUBECONFIG \\
+        --addr 0.0.0.0 --port 9443 --cert tls.crt --key tls.key
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jsonpatch
+import kopf
+
+from jobset_inplace.core.admission import mutate, validate
+from jobset_inplace.core.transform import DEFAULT_AGENT_IMAGE, AgentSettings
+
+log = logging.getLogger("jobset_inplace.admission")
+
+JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
+MUTATE_ID = "mutate-jobsets"
+VALIDATE_ID = "validate-jobsets"
+DEFAULT_PORT = 9443
+DEFAULT_CERT_DIR = "/etc/jobset-inplace/webhook-certs"
+# Environment of the controller process (the Deployment mounts the serving Secret there).
+WEBHOOK_PORT_ENV = "JSI_WEBHOOK_PORT"
+WEBHOOK_CERT_DIR_ENV = "JSI_WEBHOOK_CERT_DIR"
+
+
+AGENT_IMAGE_ENV = "JSI_AGENT_IMAGE"
+AGENT_PULL_POLICY_ENV = "JSI_AGENT_IMAGE_PULL_POLICY"
+AGENT_API_SERVER_ENV = "JSI_AGENT_API_SERVER"
+
+
+def settings_from_env(env: Mapping[str, str] | None = None) -> AgentSettings:
+    """Agent settings for the transform: ``JSI_AGENT_IMAGE`` (default
+    ``jobset-inplace/agent:<version>``), ``JSI_AGENT_IMAGE_PULL_POLICY`` (default
+    ``IfNotPresent``), ``JSI_AGENT_API_SERVER`` (default: in-cluster config)."""
+    e = os.environ if env is None else env
+    return AgentSettings(
+        image=e.get(AGENT_IMAGE_ENV) or DEFAULT_AGENT_IMAGE,
+        image_pull_policy=e.get(AGENT_PULL_POLICY_ENV) or "IfNotPresent",
+        api_server=e.get(AGENT_API_SERVER_ENV) or None,
+    )
+
+
+def _object(body: kopf.Body) -> dict[str, Any]:
+    return dict(body)
+
+
+def register_webhooks(registry: kopf.OperatorRegistry, settings: AgentSettings) -> None:
+    """Register the JobSet mutating (CREATE) and validating (CREATE, UPDATE) handlers into
+    ``registry``. Both log one line per request (what reached the webhook and the verdict)."""
+
+    @kopf.on.mutate(
+        JOBSET_GROUP,
+        JOBSET_VERSION,
+        JOBSET_PLURAL,
+        id=MUTATE_ID,
+        operations=["CREATE"],
+        registry=registry,
+    )
+    def mutate_jobset(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
+        obj, operation = _object(body), kwargs.get("operation")
+        name = _ref(obj)
+        allowed, message = validate(obj)
+        if not allowed:
+            log.info("mutate %s %s: denied: %s", operation, name, message)
+            raise kopf.AdmissionError(message, code=400)
+        ops = mutate(obj, settings)
+        log.info("mutate %s %s: %d patch ops", operation, name, len(ops))
+        if ops:
+            # kopf diffs the body before/after its transformation functions; applying our
+            # exact ops keeps webhook.mutate the one source of truth for the patch.
+            patch.fns.append(lambda raw: jsonpatch.apply_patch(raw, ops, in_place=True))
+
+    @kopf.on.validate(
+        JOBSET_GROUP,
+        JOBSET_VERSION,
+        JOBSET_PLURAL,
+        id=VALIDATE_ID,
+        operations=["CREATE", "UPDATE"],
+        registry=registry,
+    )
+    def validate_jobset(body: kopf.Body, **kwargs: Any) -> None:
+        obj, operation, old = _object(body), kwargs.get("operation"), kwargs.get("old")
+        previous = dict(old) if operation == "UPDATE" and old is not None else None
+        allowed, message = validate(obj, previous)
+        log.info("validate %s %s: %s", operation, _ref(obj), "allowed" if allowed else message)
+        if not allowed:
+            raise kopf.AdmissionError(message, code=400)
+
+
+def _ref(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name') or meta.get('generateName', '')}"
+
+
+def webhook_server(
+    *,
+    cert: str,
+    key: str,
+    port: int = DEFAULT_PORT,
+    addr: str | None = None,
+    host: str | None = None,
+) -> kopf.WebhookServer:
+    """The HTTPS server for ``settings.admission.server``: ``cert``/``key`` are the serving
+    certificate files (re-read by kopf when they change, e.g. cert-manager renewals)."""
+    return kopf.WebhookServer(addr=addr, port=port, host=host, certfile=cert, pkeyfile=key)
+
+
+def server_from_env(env: dict[str, str] | None = None) -> kopf.WebhookServer | None:
+    """The controller's webhook server, if ``JSI_WEBHOOK_CERT_DIR`` holds tls.crt/tls.key
+    (else None: the controller runs without serving admission)."""
+    e = os.environ if env is None else env
+    cert_dir = e.get(WEBHOOK_CERT_DIR_ENV, DEFAULT_CERT_DIR)
+    cert, key = os.path.join(cert_dir, "tls.crt"), os.path.join(cert_dir, "tls.key")
+    if not (os.path.exists(cert) and os.path.exists(key)):
+        return None
+    return webhook_server(cert=cert, key=key, port=int(e.get(WEBHOOK_PORT_ENV, DEFAULT_PORT)))
+
+
+def connection_from_kubeconfig(path: str) -> kopf.ConnectionInfo:
+    """kopf credentials from a kubeconfig file (without touching the client's global
+    default configuration)."""
+    from kubernetes import config  # noqa: PLC0415 (only the runner needs it)
+
+    c = config.new_client_from_config(config_file=path).configuration
+    auth = (c.api_key or {}).get("authorization") or (c.api_key or {}).get("BearerToken")
+    scheme, _, token = (auth or "").partition(" ")
+    return kopf.ConnectionInfo(
+        server=c.host,
+        ca_path=c.ssl_ca_cert,
+        insecure=not c.verify_ssl,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=c.cert_file,
+        private_key_path=c.key_file,
+    )
+
+
+async def serve(
+    *,
+    kubeconfig: str | None,
+    server: kopf.WebhookServer,
+    settings: AgentSettings,
+    stop_flag: asyncio.Event | threading.Event | None = None,
+    ready_flag: asyncio.Event | threading.Event | None = None,
+) -> None:
+    """Run only the admission webhook (no controller handlers) until ``stop_flag``."""
+    registry = kopf.OperatorRegistry()
+    register_webhooks(registry, settings)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        if kubeconfig:
+            return connection_from_kubeconfig(kubeconfig)
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.peering.standalone = True
+        settings.posting.enabled = False
+        settings.admission.server = server
+        settings.admission.managed = None  # configurations are manifests/webhook/
+
+    await kopf.operator(
+        registry=registry,
+        clusterwide=True,
+        standalone=True,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m jobset_inplace.controller.webhook_server",
+        description="Serve the jobset-inplace admission webhook (mutate/validate JobSets). "
+        "Agent settings from $JSI_AGENT_IMAGE (default jobset-inplace/agent:<version>).",
+    )
+    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
+    p.add_argument("--addr", default="0.0.0.0", help="listen address")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--cert", required=True, help="serving certificate (PEM)")
+    p.add_argument("--key", required=True, help="its private key (PEM)")
+    p.add_argument("--agent-image", help="overrides $JSI_AGENT_IMAGE")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("kopf").setLevel(logging.WARNING)
+    settings = settings_from_env()
+    if args.agent_image:
+        settings = AgentSettings(
+            image=args.agent_image,
+            image_pull_policy=settings.image_pull_policy,
+            api_server=settings.api_server,
+        )
+    server = webhook_server(cert=args.cert, key=args.key, port=args.port, addr=args.addr)
+    asyncio.run(serve(kubeconfig=args.kubeconfig, server=server, settings=settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Admission logic for JobSets, as pure functions (no server, no kopf): what the mutating
+webhook adds to an opted-in JobSet and what the validating webhook refuses.
+
+* :func:`mutate`: JSON-patch ops that turn a JobSet into its :func:`~.transform.transform`
+  (only on CREATE: a JobSet's pod templates are immutable afterwards).
+* :func:`validate`: ``(allowed, message)``; the message names the annotation or field and the
+  accepted form (guarantee 8).
+* :func:`review`: a whole ``admission.k8s.io/v1`` AdmissionReview request -> response, for
+  any HTTP server; the kopf handlers in :mod:`.controller.admission` use the two above.
+
+Only JobSets that opted in (``jobset-inplace.dev/enabled: "true"``) are changed; the webhook
+configurations' ``matchConditions`` make sure the others never even reach the server.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import jsonpatch
+
+from jobset_inplace import names
+from jobset_inplace.core.policy import PolicyError, parse_policy
+from jobset_inplace.core.transform import (
+    AGENT_CONTAINER,
+    DEFAULT_AGENT_IMAGE,
+    AgentSettings,
+    TransformError,
+    transform,
+)
+
+JSONPatchOp = dict[str, Any]
+
+
+def _annotations(obj: Mapping[str, Any] | None) -> dict[str, str]:
+    return dict(((obj or {}).get("metadata") or {}).get("annotations") or {})
+
+
+def _opted_in(obj: Mapping[str, Any] | None) -> bool:
+    return _annotations(obj).get(names.ENABLED) == "true"
+
+
+def mutate(jobset: Mapping[str, Any], settings: AgentSettings) -> list[JSONPatchOp]:
+    """JSON-patch ops (RFC 6902) from ``jobset`` to its transform; ``[]`` when it did not
+    opt in or is already transformed (the transform is idempotent).
+
+    Raises :class:`~.policy.PolicyError` / :class:`~.transform.TransformError` when it cannot
+    be made safe (:func:`validate` turns those into a refusal)."""
+    if not _opted_in(jobset):
+        return []
+    before = json.loads(json.dumps(jobset))  # a plain, deep copy
+    after = transform(before, settings)
+    ops: list[JSONPatchOp] = jsonpatch.make_patch(before, after).patch
+    return ops
+
+
+# Refusals do not depend on the agent image; any settings give the same verdict.
+_VALIDATION_SETTINGS = AgentSettings(image=DEFAULT_AGENT_IMAGE)
+
+
+def _policy_keys(obj: Mapping[str, Any] | None) -> dict[str, str]:
+    return {k: v for k, v in _annotations(obj).items() if k.startswith(names.PREFIX)}
+
+
+def _has_agent(jobset: Mapping[str, Any]) -> bool:
+    rjs = (jobset.get("spec") or {}).get("replicatedJobs") or []
+    for rj in rjs:
+        pod = ((rj.get("template") or {}).get("spec") or {}).get("template") or {}
+        inits = (pod.get("spec") or {}).get("initContainers") or []
+        if not any(c.get("name") == AGENT_CONTAINER for c in inits):
+            return False
+    return bool(rjs)
+
+
+def validate(jobset: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> tuple[bool, str]:
+    """``(allowed, message)`` for a JobSet CREATE (``old`` is None) or UPDATE.
+
+    * ``enabled`` must be ``"true"`` or ``"false"``; a JobSet that did not opt in is not
+      checked any further (it is none of our business).
+    * CREATE of an opted-in JobSet: every ``jobset-inplace.dev/*`` annotation parses and the
+      transform accepts the spec (e.g. pod ``restartPolicy: Never``,
+      ``completions == parallelism``).
+    * UPDATE of an opted-in JobSet: only a change of its ``jobset-inplace.dev/*`` annotations
+      is checked, so updates by other controllers (Kueue, JobSet) are never blocked by our
+      policy. Opting in on UPDATE is refused unless every pod template already carries the
+      agent: pod templates are immutable, and a gang without agents could never pass the
+      barrier.
+    """
+    enabled = _annotations(jobset).get(names.ENABLED)
+    if enabled is None or enabled == "false":
+        return True, ""
+    if enabled != "true":
+        return False, str(PolicyError(names.ENABLED, enabled, '"true" or "false"'))
+    try:
+        if old is None:
+            transform(json.loads(json.dumps(jobset)), _VALIDATION_SETTINGS)
+        else:
+            _validate_update(jobset, old)
+    except (PolicyError, TransformError) as e:
+        return False, str(e)
+    return True, ""
+
+
+def _validate_update(jobset: Mapping[str, Any], old: Mapping[str, Any]) -> None:
+    if _policy_keys(old) == _policy_keys(jobset):
+        return
+    if not _opted_in(old) and not _has_agent(jobset):
+        raise TransformError(
+            f'annotation {names.ENABLED}="true" cannot be added to an existing JobSet: the '
+            "agent is injected when the JobSet is created (pod templates are immutable); "
+            "create it with the annotation, or use `kubectl jobset-inplace enable`"
+        )
+    parse_policy(_annotations(jobset))
+
+
+def review(
+    request: Mapping[str, Any], settings: AgentSettings, *, mutating: bool
+) -> dict[str, Any]:
+    """An AdmissionReview response for an AdmissionReview ``request`` (``admission.k8s.io/v1``)
+    on jobsets: the mutating verdict (patch) or the validating one."""
+    req = request.get("request") or {}
+    response: dict[str, Any] = {"uid": req.get("uid", ""), "allowed": True}
+    out = {
+        "apiVersion": request.get("apiVersion", "admission.k8s.io/v1"),
+        "kind": "AdmissionReview",
+        "response": response,
+    }
+    operation = req.get("operation")
+    obj, old = req.get("object"), req.get("oldObject")
+    if obj is None or operation not in ("CREATE", "UPDATE"):
+        return out
+    allowed, message = validate(obj, old if operation == "UPDATE" else None)
+    if not allowed:
+        response.update(allowed=False, status={"code": 400, "message": message})
+        return out
+    if mutating and operation == "CREATE":
+        ops = mutate(obj, settings)
+        if ops:
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
+    return out

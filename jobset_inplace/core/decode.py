@@ -1,0 +1,220 @@
+"""Pure conversions from API objects (plain dicts as the API returns them) to the planner's
+views. No I/O; the controller calls these from its watch caches."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from jobset_inplace import names
+from jobset_inplace.core.model import GangSpec, NodeView, PodView
+from jobset_inplace.core.policy import PolicyError, parse_duration
+from jobset_inplace.trainer.checkpoints import decode_steps
+
+Obj = Mapping[str, Any]
+
+# Pod conditions Kueue sets when it terminates pods itself (TAS node replacement, failure
+# recovery of pods stuck on unreachable nodes): not worker failures.
+KUEUE_POD_CONDITIONS = ("TerminatedByKueue", "KueueFailureRecovery")
+
+
+def ts(value: str | None, default: float = 0.0) -> float:
+    if not value:
+        return default
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def member_key(labels: Mapping[str, str]) -> str | None:
+    """``<replicatedJob>/<jobIndex>/<completionIndex>``: a member's stable identity across
+    pod recreations (None for pods JobSet did not label)."""
+    try:
+        return "/".join(
+            (
+                labels[names.REPLICATED_JOB_LABEL],
+                labels[names.JOB_INDEX_LABEL],
+                labels[names.COMPLETION_INDEX_LABEL],
+            )
+        )
+    except KeyError:
+        return None
+
+
+def expected_members(jobset: Obj) -> frozenset[str]:
+    out: set[str] = set()
+    for rj in jobset["spec"].get("replicatedJobs") or []:
+        job = rj["template"]["spec"]
+        pods = int(job.get("parallelism", 1))
+        out.update(
+            f"{rj['name']}/{j}/{c}" for j in range(int(rj.get("replicas", 1))) for c in range(pods)
+        )
+    return frozenset(out)
+
+
+def _condition(obj: Obj, ctype: str) -> Mapping[str, Any] | None:
+    for cond in obj.get("status", {}).get("conditions") or []:
+        if cond.get("type") == ctype:
+            return dict(cond)
+    return None
+
+
+def jobset_finished(jobset: Obj) -> bool:
+    status = jobset.get("status") or {}
+    if status.get("terminalState"):
+        return True
+    return any(
+        (c := _condition(jobset, t)) is not None and c.get("status") == "True"
+        for t in ("Completed", "Failed")
+    )
+
+
+def gang_spec(jobset: Obj) -> GangSpec:
+    meta = jobset["metadata"]
+    return GangSpec(
+        namespace=meta["namespace"],
+        name=meta["name"],
+        members=expected_members(jobset),
+        restart_attempt=int((jobset.get("status") or {}).get("restarts") or 0),
+        suspended=bool(jobset["spec"].get("suspend")),
+        finished=jobset_finished(jobset),
+        restart_request=(meta.get("annotations") or {}).get(names.RESTART_REQUEST, ""),
+    )
+
+
+def _resources_unhealthy(statuses: list[Mapping[str, Any]]) -> bool:
+    return any(
+        res.get("health") == "Unhealthy"
+        for s in statuses
+        for ars in s.get("allocatedResourcesStatus") or []
+        for res in ars.get("resources") or []
+    )
+
+
+def pod_view(pod: Obj) -> PodView | None:
+    meta, status = pod["metadata"], pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    member = member_key(labels)
+    if member is None:
+        return None
+    annotations = meta.get("annotations") or {}
+    epoch: int | None = None
+    steps: tuple[int, ...] | None = None
+    errors = []
+    raw_epoch = annotations.get(names.REPORT_EPOCH)
+    if raw_epoch is not None:
+        try:
+            epoch = int(raw_epoch)
+            if epoch < 0:
+                raise ValueError
+        except ValueError:
+            errors.append(f"{names.REPORT_EPOCH}={raw_epoch!r} is not a non-negative integer")
+            epoch = None
+    raw_steps = annotations.get(names.REPORT_STEPS)
+    if raw_steps is not None:
+        try:
+            steps = tuple(decode_steps(raw_steps))
+        except ValueError as e:
+            errors.append(f"{names.REPORT_STEPS}: {e}")
+    containers = status.get("containerStatuses") or []
+    escalated = _condition(pod, names.ESCALATION_CONDITION)
+    by_kueue = any(
+        (c := _condition(pod, t)) is not None and c.get("status") == "True"
+        for t in KUEUE_POD_CONDITIONS
+    )
+    restarting = _condition(pod, "AllContainersRestarting")
+    return PodView(
+        name=meta["name"],
+        uid=meta["uid"],
+        member=member,
+        node=pod.get("spec", {}).get("nodeName"),
+        phase=status.get("phase") or "Pending",
+        created=ts(meta.get("creationTimestamp")),
+        deleting=bool(meta.get("deletionTimestamp")),
+        restart_attempt=int(labels.get(names.RESTART_ATTEMPT_LABEL) or 0),
+        reported_epoch=None if errors else epoch,
+        reported_steps=None if errors else steps,
+        report_error="; ".join(errors) or None,
+        trainer_failed=any(
+            (c.get("state") or {}).get("terminated", {}).get("exitCode", 0) != 0 for c in containers
+        ),
+        restarting=restarting is not None and restarting.get("status") == "True",
+        devices_unhealthy=_resources_unhealthy(containers),
+        escalated=escalated is not None and escalated.get("status") == "True",
+        by_kueue=by_kueue,
+    )
+
+
+def node_view(node: Obj, lease: Obj | None, now: float) -> NodeView:
+    ready = _condition(node, "Ready")
+    conditions = tuple(
+        (c["type"], ts(c.get("lastTransitionTime"), now))
+        for c in node.get("status", {}).get("conditions") or []
+        if c.get("type") != "Ready" and c.get("status") == "True"
+    )
+    taints = tuple(
+        (t["key"], ts(t.get("timeAdded"), now))
+        for t in node.get("spec", {}).get("taints") or []
+        if t.get("effect") in ("NoSchedule", "NoExecute")
+    )
+    renewed = lease_renewal(lease)[1] if lease else None
+    return NodeView(
+        name=node["metadata"]["name"],
+        ready=(ready or {}).get("status", "Unknown"),
+        ready_since=ts((ready or {}).get("lastTransitionTime"), now),
+        lease_renewed=renewed or None,
+        taints=taints,
+        conditions=conditions,
+    )
+
+
+def lease_renewal(lease: Obj) -> tuple[str, float | None]:
+    """A node Lease's node name and last renewal (None: never renewed)."""
+    renew = (lease.get("spec") or {}).get("renewTime")
+    return str(lease["metadata"]["name"]), ts(renew) if isinstance(renew, str) and renew else None
+
+
+def kueue_stand_down(workload: Obj) -> str:
+    """Why the gang must stand down because of its Kueue Workload ('' if it need not):
+    evicted (any reason: preemption, PodsReadyTimeout, NodeFailures, ...), deactivated, or
+    finished. Kueue then suspends the JobSet itself; reacting to the Workload is earlier."""
+    if (workload.get("spec") or {}).get("active") is False:
+        return "Kueue Workload deactivated"
+    evicted = _condition(workload, "Evicted")
+    admitted = _condition(workload, "Admitted")
+    if evicted is not None and evicted.get("status") == "True":
+        # An eviction older than the current admission is history (re-admitted since).
+        readmitted = (
+            admitted is not None
+            and admitted.get("status") == "True"
+            and ts(admitted.get("lastTransitionTime")) > ts(evicted.get("lastTransitionTime"))
+        )
+        if not readmitted:
+            return f"Kueue evicted the Workload ({evicted.get('reason', 'unknown')})"
+    finished = _condition(workload, "Finished")
+    if finished is not None and finished.get("status") == "True":
+        return "Kueue Workload finished"
+    return ""
+
+
+def workload_owner(workload: Obj) -> tuple[str, str] | None:
+    """(namespace, JobSet name) of the JobSet owning this Workload."""
+    meta = workload["metadata"]
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == "JobSet" and ref.get("apiVersion", "").startswith("jobset.x-k8s.io/"):
+            return meta["namespace"], ref["name"]
+    return None
+
+
+def kueue_recovery_timeout(config_yaml: str) -> float | None:
+    """``waitForPodsReady.recoveryTimeout`` (seconds) from Kueue's Configuration YAML."""
+    cfg = yaml.safe_load(config_yaml) or {}
+    wfpr = cfg.get("waitForPodsReady") or {}
+    raw = wfpr.get("recoveryTimeout")
+    if raw is None:
+        return None
+    try:
+        return parse_duration("waitForPodsReady.recoveryTimeout", str(raw))
+    except PolicyError:
+        return None

@@ -1,0 +1,157 @@
+"""The GangState custom resource: one per opted-in JobSet, owned by it, holding the
+planner's memory in ``.status``. This module converts between :class:`~.model.GangStatus` and
+the JSON the API stores (camelCase, RFC 3339 times), and builds new objects.
+
+Agents watch this object, so it stays small: counts rather than member lists, and only the
+failing or recreated members of the current recovery by name."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from jobset_inplace import names
+from jobset_inplace.core.model import GangStatus, Phase, Recovery
+
+
+def rfc3339(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(value: str | None) -> float | None:
+    if not value:
+        return None
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _recovery_to_dict(r: Recovery) -> dict[str, Any]:
+    return {
+        "epoch": r.epoch,
+        "startedAt": rfc3339(r.started),
+        "deadline": rfc3339(r.deadline),
+        "deadlineExtended": r.deadline_extended,
+        "openedAt": rfc3339(r.opened),
+        "durationSeconds": None if r.duration is None else round(r.duration, 3),
+        "causes": dict(r.causes),
+        "inPlace": r.in_place,
+        "recreated": dict(r.recreated),
+        "resumeStep": r.resume_step,
+    }
+
+
+def _recovery_from_dict(d: dict[str, Any]) -> Recovery:
+    return Recovery(
+        epoch=int(d["epoch"]),
+        started=parse_time(d.get("startedAt")) or 0.0,
+        deadline=parse_time(d.get("deadline")) or 0.0,
+        causes=dict(d.get("causes") or {}),
+        in_place=int(d.get("inPlace") or 0),
+        recreated=dict(d.get("recreated") or {}),
+        deadline_extended=bool(d.get("deadlineExtended")),
+        opened=parse_time(d.get("openedAt")),
+        resume_step=d.get("resumeStep"),
+    )
+
+
+def status_to_dict(s: GangStatus) -> dict[str, Any]:
+    return {
+        "phase": s.phase.value,
+        "reason": s.reason,
+        "message": s.message,
+        "epoch": s.epoch,
+        "barrierOpen": s.barrier_open,
+        "resumeStep": s.resume_step,
+        "restartAttempt": s.restart_attempt,
+        "members": {"expected": s.expected, "reported": s.reported, "ready": s.ready},
+        "budgets": {"inPlaceUsed": s.inplace_used, "recreateUsed": s.recreate_used},
+        "memberFailures": dict(s.member_failures),
+        "recovery": None if s.recovery is None else _recovery_to_dict(s.recovery),
+        "history": list(s.history),
+        "restartRequest": s.restart_request,
+        "kueueMarginSeconds": s.kueue_margin_s,
+    }
+
+
+def status_from_dict(d: dict[str, Any] | None) -> GangStatus:
+    """The persisted status; a missing or empty status is a gang seen for the first time."""
+    if not d or "epoch" not in d:
+        return GangStatus()
+    members = d.get("members") or {}
+    budgets = d.get("budgets") or {}
+    rec = d.get("recovery")
+    return GangStatus(
+        phase=Phase(d.get("phase") or Phase.RECOVERING.value),
+        epoch=int(d["epoch"]),
+        barrier_open=bool(d.get("barrierOpen")),
+        resume_step=d.get("resumeStep"),
+        restart_attempt=int(d.get("restartAttempt") or 0),
+        recovery=_recovery_from_dict(rec) if rec else None,
+        history=list(d.get("history") or []),
+        inplace_used=int(budgets.get("inPlaceUsed") or 0),
+        recreate_used=int(budgets.get("recreateUsed") or 0),
+        member_failures={k: int(v) for k, v in (d.get("memberFailures") or {}).items()},
+        expected=int(members.get("expected") or 0),
+        reported=int(members.get("reported") or 0),
+        ready=int(members.get("ready") or 0),
+        reason=d.get("reason") or "",
+        message=d.get("message") or "",
+        restart_request=d.get("restartRequest") or "",
+        kueue_margin_s=d.get("kueueMarginSeconds"),
+    )
+
+
+def owned_by(gangstate: dict[str, Any], jobset_uid: str) -> bool:
+    """Whether ``gangstate`` belongs to the JobSet with ``jobset_uid`` (not to an earlier
+    JobSet of the same name whose GangState the garbage collector has not removed yet)."""
+    owners = (gangstate.get("metadata") or {}).get("ownerReferences") or []
+    return any(o.get("uid") == jobset_uid for o in owners)
+
+
+def new_gangstate(jobset: dict[str, Any]) -> dict[str, Any]:
+    """A GangState for ``jobset`` (same name and namespace), owned by it so that it goes
+    away with the JobSet."""
+    meta = jobset["metadata"]
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.GANGSTATE_KIND,
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "labels": {names.JOBSET_NAME_LABEL: meta["name"]},
+            "ownerReferences": [
+                {
+                    "apiVersion": jobset["apiVersion"],
+                    "kind": jobset["kind"],
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {"jobSetName": meta["name"]},
+    }
+
+
+# Member counts shown in the status for people (kubectl, printer columns). Each member's report
+# changes them, and every agent watches the GangState, so each write is an event for all of
+# them: counts alone are written at most once a second, and less often for large gangs (the
+# apiserver's fan-out of one write grows with the members): every 5 s at 5000.
+PROGRESS_WRITE_INTERVAL_S = 1.0
+PROGRESS_WRITE_S_PER_MEMBER = 0.001
+
+
+def progress_write_interval(members: int) -> float:
+    """Least time between two writes of the GangState that change member counts only."""
+    return max(PROGRESS_WRITE_INTERVAL_S, members * PROGRESS_WRITE_S_PER_MEMBER)
+
+
+def progress_only(old: GangStatus, new: GangStatus) -> bool:
+    """Whether ``new`` differs from ``old`` in the member counts alone (nothing the agents or
+    the planner act on: those are recomputed from the pods on every pass)."""
+    return old != new and new == dataclasses.replace(
+        old, expected=new.expected, reported=new.reported, ready=new.ready
+    )

@@ -1,0 +1,195 @@
+"""The planner's inputs and outputs: plain, immutable views of the cluster (built by the
+controller's adapters from API objects) and the gang state persisted in the GangState status.
+
+Times are seconds since the epoch (floats); the adapters convert API timestamps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from jobset_inplace import names
+from jobset_inplace.core.policy import Policy
+
+HISTORY_LIMIT = 20
+
+
+class Phase(StrEnum):
+    RUNNING = "Running"
+    RECOVERING = "Recovering"
+    ESCALATED = "Escalated"
+    STOOD_DOWN = "StoodDown"
+    FAILED = "Failed"
+
+
+class Cause(StrEnum):
+    """Why a member needs recovery (first signal wins per member)."""
+
+    TRAINER_EXITED = "TrainerExited"  # a main container terminated non-zero
+    RESTARTING = "ContainersRestarting"  # pod condition AllContainersRestarting=True
+    POD_FAILED = "PodFailed"
+    POD_DELETED = "PodDeleted"  # deleting, or gone with no replacement yet
+    NODE_UNHEALTHY = "NodeUnhealthy"
+    DEVICE_UNHEALTHY = "DeviceUnhealthy"  # allocatedResourcesStatus Unhealthy
+    REPEATED_FAILURE = "RepeatedFailure"  # failed in place member-repeat-limit times in a row
+    BARRIER_TIMEOUT = "BarrierTimeout"
+    JOBSET_RESTARTED = "JobSetRestarted"
+    MANUAL_RESTART = "ManualRestart"  # kubectl jobset-inplace restart (no budget charged)
+
+
+# Causes whose member must get a new pod (possibly on another node) rather than restart in place.
+RECREATE_CAUSES = frozenset(
+    {Cause.NODE_UNHEALTHY, Cause.DEVICE_UNHEALTHY, Cause.REPEATED_FAILURE, Cause.BARRIER_TIMEOUT}
+)
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    uid: str
+    member: str  # stable slot id: "<replicatedJob>/<jobIndex>/<completionIndex>"
+    node: str | None
+    phase: str  # Pending | Running | Succeeded | Failed
+    created: float
+    deleting: bool = False
+    restart_attempt: int = 0  # JobSet's restart-attempt label
+    reported_epoch: int | None = None  # agent report (pod annotation)
+    reported_steps: tuple[int, ...] | None = None
+    report_error: str | None = None  # malformed agent report (never acted on)
+    trainer_failed: bool = False
+    restarting: bool = False
+    devices_unhealthy: bool = False
+    escalated: bool = False  # carries our escalation condition
+    by_kueue: bool = False  # failed or terminated by Kueue itself (not a worker failure)
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    ready: str = "True"  # status of the Ready condition: True | False | Unknown
+    ready_since: float = 0.0  # lastTransitionTime of Ready
+    lease_renewed: float | None = None  # node Lease renewTime
+    taints: tuple[tuple[str, float], ...] = ()  # (key, timeAdded) of NoSchedule/NoExecute taints
+    conditions: tuple[tuple[str, float], ...] = ()  # (type, since) of conditions that are True
+
+
+@dataclass(frozen=True)
+class GangSpec:
+    namespace: str
+    name: str
+    members: frozenset[str]  # every expected member slot
+    restart_attempt: int = 0  # JobSet status.restarts
+    suspended: bool = False
+    finished: bool = False  # JobSet Completed or Failed
+    restart_request: str = ""  # value of the restart-request annotation
+    kueue_stand_down: str = ""  # why Kueue took the gang away (evicted, deactivated, finished)
+    # Kueue waitForPodsReady.recoveryTimeout for a Kueue-managed gang (None: not managed/known)
+    kueue_recovery_timeout_s: float | None = None
+
+
+@dataclass
+class Recovery:
+    epoch: int
+    started: float
+    deadline: float
+    causes: dict[str, str] = field(default_factory=dict)  # failing member -> Cause
+    # Members restarted in place: every member not in ``recreated`` (a count, not a list: the
+    # GangState is watched by every agent and must stay small at thousands of members).
+    in_place: int = 0
+    recreated: dict[str, str] = field(default_factory=dict)  # member -> uid of replaced pod
+    deadline_extended: bool = False
+    opened: float | None = None
+    resume_step: int | None = None
+
+    @property
+    def duration(self) -> float | None:
+        return None if self.opened is None else self.opened - self.started
+
+
+@dataclass
+class GangStatus:
+    """What the controller persists (GangState ``.status``); the planner's memory."""
+
+    phase: Phase = Phase.RECOVERING
+    epoch: int = 1
+    barrier_open: bool = False
+    resume_step: int | None = None
+    restart_attempt: int = 0
+    recovery: Recovery | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    inplace_used: int = 0
+    recreate_used: int = 0
+    member_failures: dict[str, int] = field(default_factory=dict)  # consecutive, per member
+    expected: int = 0
+    reported: int = 0
+    ready: int = 0
+    reason: str = ""
+    message: str = ""
+    restart_request: str = ""  # the last manual restart request acted on
+    # Kueue recoveryTimeout minus the worst-case recovery (two barrier deadlines); None: n/a
+    kueue_margin_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now: float
+    gang: GangSpec
+    policy: Policy
+    pods: tuple[PodView, ...]
+    nodes: dict[str, NodeView]
+    status: GangStatus
+
+
+# --- actions ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReplacePod:
+    """Get a member a new pod: delete this one (the Job controller recreates it). With
+    ``fail_first`` the pod is first marked Failed through its status (its kubelet is gone, so
+    nothing else would make it terminal) and deleted without grace. With ``taint_node`` the
+    pod's node is first marked NoSchedule (``jobset-inplace.dev/unhealthy``) so that the
+    replacement does not land on it; the controller removes that taint once the node renews its
+    Lease again."""
+
+    pod: str
+    uid: str
+    member: str
+    cause: Cause
+    fail_first: bool = False
+    taint_node: str | None = None
+    taint_key: str = names.UNHEALTHY_TAINT
+    # When the pod stopped being seen alive (its node's first unhealthy signal); written as the
+    # time its Ready condition went False, which the Job controller's pod-failure backoff
+    # (10 s, doubling per failure of the Job) counts from, instead of from the deletion.
+    failed_since: float | None = None
+
+
+@dataclass(frozen=True)
+class EscalatePod:
+    """Mark a pod Failed with the escalation condition; the injected Job podFailurePolicy
+    turns that into a Job failure, which JobSet's failure policy handles (restart or fail)."""
+
+    pod: str
+    uid: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Event:
+    reason: str
+    message: str
+    warning: bool = False
+
+
+Action = ReplacePod | EscalatePod | Event
+
+
+@dataclass
+class Plan:
+    status: GangStatus
+    actions: list[Action] = field(default_factory=list)
+    requeue_after: float | None = None  # seconds until the planner must look again
+
+    def wake_at(self, now: float, when: float) -> None:
+        delay = max(0.0, when - now)
+        self.requeue_after = delay if self.requeue_after is None else min(self.requeue_after, delay)

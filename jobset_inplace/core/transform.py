@@ -1,0 +1,249 @@
+"""The JobSet transform: an opted-in JobSet made ready for hybrid recovery. Pure and
+idempotent; the admission webhook, ``kubectl jobset-inplace enable`` and the demo all use it.
+
+What it adds to every replicated Job (nothing else is changed):
+
+* the agent as a sidecar (init container with ``restartPolicy: Always``) whose restart exit
+  code triggers ``RestartAllContainers``, whose startupProbe is the gang barrier, with the
+  downward-API env it needs and the shared state volume;
+* on every main container: ``RestartAllContainers`` when it exits non-zero, the state volume;
+* on the Job: ``backoffLimit: 2147483647`` (in-place restarts never count, replacements must
+  not fail the Job), ``podReplacementPolicy: Failed``, and a ``podFailurePolicy`` that fails
+  the Job when the controller escalates;
+* on the JobSet (only if it has none): a ``failurePolicy`` restarting it on that failure.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from jobset_inplace import __version__, names
+from jobset_inplace.core.policy import Escalation, Policy, parse_policy
+from jobset_inplace.trainer import (
+    DEFAULT_STATE_DIR,
+    ENV_CHECKPOINT_LOCAL_DIR,
+    ENV_CHECKPOINT_PERSISTENT_DIR,
+    ENV_STATE_DIR,
+)
+
+AGENT_CONTAINER = "jobset-inplace-agent"
+# The image that runs the agent (Python 3 plus this package); the webhook and `enable` default.
+DEFAULT_AGENT_IMAGE = f"jobset-inplace/agent:{__version__}"
+STATE_VOLUME = "jobset-inplace-state"
+STATE_DIR = str(DEFAULT_STATE_DIR)
+AGENT_SERVICE_ACCOUNT = "jobset-inplace-agent"
+MAX_BACKOFF = 2147483647
+DEFAULT_MAX_RESTARTS = 2
+
+
+class TransformError(ValueError):
+    """The JobSet cannot be made safe; the message names the field."""
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    image: str
+    image_pull_policy: str = "IfNotPresent"
+    service_account: str = AGENT_SERVICE_ACCOUNT
+    probe_port: int = names.DEFAULT_PROBE_PORT
+    # Where agents reach the apiserver when in-cluster Service routing is not available
+    # (the local cluster's real nodes have no kube-proxy); None: in-cluster config.
+    api_server: str | None = None
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def agent_container(jobset_name: str, policy: Policy, s: AgentSettings) -> dict[str, Any]:
+    return {
+        "name": AGENT_CONTAINER,
+        "image": s.image,
+        "imagePullPolicy": s.image_pull_policy,
+        "command": ["python3", "-m", "jobset_inplace.agent"],
+        "restartPolicy": "Always",
+        # The agent exits with the restart code when its epoch is outdated. Any other non-zero
+        # exit (a crash, an OOM kill) must restart the whole pod too: a lone new agent could
+        # not tell that its trainer is still running an old epoch.
+        "restartPolicyRules": [
+            {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}
+        ],
+        "env": [
+            _field_env("POD_NAME", "metadata.name"),
+            _field_env("POD_NAMESPACE", "metadata.namespace"),
+            {"name": "JSI_GANGSTATE", "value": jobset_name},
+            {"name": ENV_STATE_DIR, "value": STATE_DIR},
+            {"name": "JSI_RESTART_EXIT_CODE", "value": str(policy.restart_exit_code)},
+            {"name": "JSI_PROBE_PORT", "value": str(s.probe_port)},
+            *([{"name": "JSI_API_SERVER", "value": s.api_server}] if s.api_server else []),
+        ],
+        # The barrier: main containers start only once this passes. Its failures restart
+        # only the agent (exit 137 is not the restart code); the controller owns deadlines.
+        "startupProbe": {
+            "httpGet": {"path": "/barrier", "port": s.probe_port},
+            "periodSeconds": 1,
+            "failureThreshold": 100000,
+        },
+        "volumeMounts": [{"name": STATE_VOLUME, "mountPath": STATE_DIR}],
+        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+    }
+
+
+def _add_by_name(items: list[dict[str, Any]], item: dict[str, Any]) -> list[dict[str, Any]]:
+    """Replace the entry with the same name, or append (keeps order: idempotent)."""
+    out = [i for i in items if i.get("name") != item["name"]]
+    if len(out) == len(items):
+        return [*items, item]
+    return [item if i.get("name") == item["name"] else i for i in items]
+
+
+CHECKPOINT_ENV = (ENV_CHECKPOINT_LOCAL_DIR, ENV_CHECKPOINT_PERSISTENT_DIR)
+
+
+def _share_checkpoint_tiers(agent: dict[str, Any], containers: list[dict[str, Any]]) -> None:
+    """The agent reports the checkpoints the trainer writes: give it the trainer's checkpoint
+    tier variables and the volume mounts those directories live on."""
+    for c in containers:
+        for env in c.get("env") or []:
+            if env.get("name") not in CHECKPOINT_ENV or "value" not in env:
+                continue
+            agent["env"] = _add_by_name(agent["env"], dict(env))
+            path = env["value"].rstrip("/") + "/"
+            for m in c.get("volumeMounts") or []:
+                if path.startswith(m["mountPath"].rstrip("/") + "/"):
+                    mounts = [x for x in agent["volumeMounts"] if x["name"] != m["name"]]
+                    agent["volumeMounts"] = [*mounts, {**m, "readOnly": False}]
+
+
+def _prepare_pod(
+    pod: dict[str, Any], agent: dict[str, Any], where: str, s: AgentSettings, policy: Policy
+) -> None:
+    spec = pod.setdefault("spec", {})
+    agent = copy.deepcopy(agent)
+    tiers = {
+        ENV_CHECKPOINT_LOCAL_DIR: policy.checkpoint_dirs.local,
+        ENV_CHECKPOINT_PERSISTENT_DIR: policy.checkpoint_dirs.persistent,
+    }
+    for c in spec.get("containers") or []:
+        for name, value in tiers.items():
+            if value and not any(e.get("name") == name for e in c.get("env") or []):
+                c["env"] = [*(c.get("env") or []), {"name": name, "value": value}]
+    _share_checkpoint_tiers(agent, spec.get("containers") or [])
+    if spec.get("restartPolicy", "Never") != "Never":
+        raise TransformError(
+            f"{where}.spec.restartPolicy must be Never (in-place restarts and "
+            f"the Job failure policy need it), got {spec['restartPolicy']!r}"
+        )
+    spec["restartPolicy"] = "Never"
+    spec["volumes"] = _add_by_name(
+        spec.get("volumes") or [], {"name": STATE_VOLUME, "emptyDir": {}}
+    )
+    spec["initContainers"] = _add_by_name(spec.get("initContainers") or [], agent)
+    spec.setdefault("serviceAccountName", s.service_account)
+    rule = {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}
+    for i, c in enumerate(spec.get("containers") or []):
+        rules = c.get("restartPolicyRules")
+        if rules not in (None, [rule]):
+            raise TransformError(
+                f"{where}.spec.containers[{i}].restartPolicyRules: jobset-inplace sets "
+                "[RestartAllContainers on exit codes NotIn [0]]; remove your rules"
+            )
+        c["restartPolicy"] = "Never"
+        c["restartPolicyRules"] = [rule]
+        mount = {"name": STATE_VOLUME, "mountPath": STATE_DIR}
+        c["volumeMounts"] = _add_by_name(c.get("volumeMounts") or [], mount)
+        env = {"name": ENV_STATE_DIR, "value": STATE_DIR}
+        c["env"] = _add_by_name(c.get("env") or [], env)
+
+
+FAIL_JOBSET_RULE = {
+    "name": "jobset-inplace-escalation",
+    "action": "FailJobSet",
+    "onJobFailureReasons": ["PodFailurePolicy"],
+}
+ESCALATION_RULE = {
+    "action": "FailJob",
+    "onPodConditions": [{"type": names.ESCALATION_CONDITION, "status": "True"}],
+}
+
+
+def transform(jobset: dict[str, Any], settings: AgentSettings) -> dict[str, Any]:
+    """The JobSet with everything hybrid recovery needs; raises :class:`TransformError` (or
+    :class:`~.policy.PolicyError` for bad annotations) when it cannot be made safe."""
+    out = copy.deepcopy(jobset)
+    meta = out.get("metadata") or {}
+    policy = parse_policy(meta.get("annotations"))
+    name = meta.get("name")
+    if not name:
+        raise TransformError("metadata.name is required (generateName is not supported)")
+    agent = agent_container(name, policy, settings)
+    spec = out.setdefault("spec", {})
+    for r, rj in enumerate(spec.get("replicatedJobs") or []):
+        where = f"spec.replicatedJobs[{r}].template.spec"
+        job = rj.setdefault("template", {}).setdefault("spec", {})
+        par, comp = job.get("parallelism", 1), job.get("completions", job.get("parallelism", 1))
+        if par != comp:
+            raise TransformError(
+                f"{where}: completions ({comp}) must equal parallelism ({par}) "
+                "so every member is one long-running pod"
+            )
+        job["backoffLimit"] = MAX_BACKOFF
+        job["podReplacementPolicy"] = "Failed"
+        pfp = job.setdefault("podFailurePolicy", {"rules": []})
+        rules = pfp.setdefault("rules", [])
+        if ESCALATION_RULE not in rules:
+            rules.insert(0, copy.deepcopy(ESCALATION_RULE))
+        _prepare_pod(job.setdefault("template", {}), agent, f"{where}.template", settings, policy)
+    fp = spec.get("failurePolicy")
+    if policy.escalation == Escalation.FAIL_JOBSET:
+        # An escalation fails the Job with reason PodFailurePolicy: fail the whole JobSet on it.
+        rules = spec.setdefault("failurePolicy", {"maxRestarts": 0}).setdefault("rules", [])
+        if FAIL_JOBSET_RULE not in rules:
+            rules.insert(0, copy.deepcopy(FAIL_JOBSET_RULE))
+    elif fp is None:
+        spec["failurePolicy"] = {"maxRestarts": DEFAULT_MAX_RESTARTS}
+    elif int(fp.get("maxRestarts", 0)) < 1:
+        raise TransformError(
+            "spec.failurePolicy.maxRestarts must be >= 1: escalation restarts the JobSet "
+            f"through its failure policy (or set {names.ESCALATION}: {Escalation.FAIL_JOBSET})"
+        )
+    return out
+
+
+def agent_rbac(
+    namespace: str, service_account: str = AGENT_SERVICE_ACCOUNT
+) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding an agent needs in ``namespace``: read GangStates,
+    patch pods (a ValidatingAdmissionPolicy narrows that to its own pod's annotations)."""
+    role = f"{service_account}"
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": service_account, "namespace": namespace},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": role, "namespace": namespace},
+            "rules": [
+                {
+                    "apiGroups": [names.GROUP],
+                    "resources": [names.GANGSTATE_PLURAL],
+                    "verbs": ["get", "list", "watch"],
+                },
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": role, "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [
+                {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
+            ],
+        },
+    ]

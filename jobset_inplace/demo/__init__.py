@@ -1,1 +1,0 @@
-"""The demo: a small trainer and the scripted recovery run of ``make demo``."""

@@ -1,0 +1,66 @@
+"""Names of jobset-inplace's API surface, defined once: the API group, the gang-state resource,
+annotation keys, labels, condition types and exit codes."""
+
+from __future__ import annotations
+
+from typing import Final
+
+GROUP: Final = "jobset-inplace.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+GANGSTATE_KIND: Final = "GangState"
+GANGSTATE_PLURAL: Final = "gangstates"
+
+# --- JobSet annotations (the user-facing opt-in and policy; see docs/annotations.md) -----------
+PREFIX: Final = f"{GROUP}/"
+ENABLED: Final = f"{PREFIX}enabled"
+INPLACE_BUDGET: Final = f"{PREFIX}inplace-budget"
+RECREATE_BUDGET: Final = f"{PREFIX}recreate-budget"
+BARRIER_TIMEOUT: Final = f"{PREFIX}barrier-timeout"
+NODE_UNHEALTHY_AFTER: Final = f"{PREFIX}node-unhealthy-after"
+UNHEALTHY_TAINTS: Final = f"{PREFIX}unhealthy-node-taints"
+UNHEALTHY_CONDITIONS: Final = f"{PREFIX}unhealthy-node-conditions"
+FORCE_DELETE: Final = f"{PREFIX}force-delete"
+MEMBER_REPEAT_LIMIT: Final = f"{PREFIX}member-repeat-limit"
+NO_COMMON_CHECKPOINT: Final = f"{PREFIX}no-common-checkpoint"
+RESTART_EXIT_CODE: Final = f"{PREFIX}restart-exit-code"
+CHECKPOINT_DIRS: Final = f"{PREFIX}checkpoint-dirs"
+ESCALATION: Final = f"{PREFIX}escalation"
+KUEUE_RECOVERY_TIMEOUT: Final = f"{PREFIX}kueue-recovery-timeout"
+TAINT_ON_DEVICE_FAULT: Final = f"{PREFIX}taint-on-device-fault"
+# Set by `kubectl jobset-inplace restart`: a new value asks for one manual in-place gang restart.
+RESTART_REQUEST: Final = f"{PREFIX}restart-request"
+
+# --- Pod annotations written by the agent (its only write; reports to the controller) ---------
+REPORT_EPOCH: Final = f"{PREFIX}epoch"
+REPORT_STEPS: Final = f"{PREFIX}checkpoint-steps"
+
+# --- Pod condition set by the controller to escalate through JobSet's failure policy ---------
+ESCALATION_CONDITION: Final = "JobsetInplaceEscalated"
+# ... and on a pod on a dead node that it marks Failed before replacing it
+REPLACED_CONDITION: Final = "JobsetInplaceReplaced"
+
+NODE_LEASE_NAMESPACE: Final = "kube-node-lease"
+
+# --- Node taint set on a node the controller found unhealthy (so replacements avoid it) -------
+UNHEALTHY_TAINT: Final = f"{PREFIX}unhealthy"
+# ... and, with the taint-on-device-fault policy, on a Ready node whose device failed a member.
+# Removed by people after the repair (the node itself looks healthy), never by the controller.
+DEVICE_UNHEALTHY_TAINT: Final = f"{PREFIX}device-unhealthy"
+
+DEFAULT_RESTART_EXIT_CODE: Final = 88
+# The agent's barrier endpoint (its startupProbe) in every member pod.
+DEFAULT_PROBE_PORT: Final = 8187
+
+# --- Labels and annotations JobSet and the Job controller put on pods -------------------------
+JOBSET_NAME_LABEL: Final = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL: Final = "jobset.sigs.k8s.io/replicatedjob-name"
+JOB_INDEX_LABEL: Final = "jobset.sigs.k8s.io/job-index"
+RESTART_ATTEMPT_LABEL: Final = "jobset.sigs.k8s.io/restart-attempt"
+COMPLETION_INDEX_LABEL: Final = "batch.kubernetes.io/job-completion-index"
+
+# --- Kueue's configuration in a standard install (waitForPodsReady.recoveryTimeout) ----------
+KUEUE_CONFIG_NAMESPACE: Final = "kueue-system"
+KUEUE_CONFIG_MAP: Final = "kueue-manager-config"
+KUEUE_CONFIG_KEY: Final = "controller_manager_config.yaml"

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# Build every upstream binary the local cluster needs from Go modules (no downloads of
+# prebuilt binaries, no container images). Versions come from testbed/versions.env.
+#
+# Results are cached outside the repository, keyed by version:
+#   $JSI_CACHE_DIR/bin/<component>-<version>/<binary>
+# A binary that is already there is not rebuilt, so re-running is cheap and safe.
+#
+# Usage: testbed/build-binaries.sh [component ...]
+#   components: kubernetes etcd kwok jobset kueue (default: all)
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=testbed/versions.env
+source "$here/versions.env"
+
+cache="${JSI_CACHE_DIR:-$HOME/.cache/jobset-inplace}"
+export CGO_ENABLED=0
+export GOFLAGS="${GOFLAGS:--buildvcs=false}"
+# Builds are memory-heavy (~2 GiB per link); two parallel compile jobs fit 2 cores.
+build_flags=(-trimpath -p "${JSI_BUILD_JOBS:-2}")
+
+log() { printf '[binaries %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# go_build OUT_PATH PACKAGE LDFLAGS (run in the current module directory)
+go_build() {
+  local out="$1" pkg="$2" ldflags="${3:-}"
+  if [[ -x "$out" ]]; then
+    log "cached   $(basename "$out") ($out)"
+    return
+  fi
+  local start=$SECONDS
+  log "building $(basename "$out") from $pkg ..."
+  go build "${build_flags[@]}" -ldflags "-s -w $ldflags" -o "$out.tmp" "$pkg"
+  mv -f "$out.tmp" "$out"
+  log "built    $(basename "$out") in $((SECONDS - start))s"
+}
+
+# A throwaway module that requires k8s.io/kubernetes and maps every staging module
+# (which k8s.io/kubernetes replaces with ./staging/...) to its published v0.X.Y tag.
+build_kubernetes() {
+  local v="$KUBERNETES_VERSION" dir="$cache/bin/kubernetes-$KUBERNETES_VERSION"
+  local mod="$cache/src/kubernetes-$v"
+  mkdir -p "$dir" "$mod"
+  local staging="v0.${v#v1.}"
+  local components=(kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet)
+  local missing=0 c
+  for c in "${components[@]}"; do [[ -x "$dir/$c" ]] || missing=1; done
+  if (( missing == 0 )); then log "cached   kubernetes $v ($dir)"; return; fi
+
+  if [[ ! -f "$mod/.resolved" ]]; then
+    log "resolving k8s.io/kubernetes@$v (staging modules -> $staging) ..."
+    (
+      cd "$mod"
+      local gomod
+      gomod="$(go mod download -json "k8s.io/kubernetes@$v" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
+      {
+        echo "module jobset-inplace.dev/build/kubernetes"
+        echo
+        echo "go 1.25.0"
+        echo
+        echo "require k8s.io/kubernetes $v"
+        echo
+        echo "replace ("
+        grep -E '^\s*k8s\.io/[a-z0-9-]+ => \./staging/' "$gomod" |
+          awk -v s="$staging" '{print "\t" $1 " => " $1 " " s}'
+        echo ")"
+      } > go.mod
+      {
+        echo "//go:build tools"
+        echo
+        echo "package tools"
+        echo
+        echo "import ("
+        for c in "${components[@]}"; do echo "	_ \"k8s.io/kubernetes/cmd/$c\""; done
+        echo ")"
+      } > tools.go
+      go mod tidy
+      touch .resolved
+    )
+  fi
+  local major="${v#v}"; major="${major%%.*}"
+  local minor="${v#v*.}"; minor="${minor%%.*}"
+  local date ldflags="" p
+  date="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $p.gitVersion=$v -X $p.gitMajor=$major -X $p.gitMinor=$minor"
+    ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=$date"
+  done
+  cd "$mod"
+  for c in "${components[@]}"; do go_build "$dir/$c" "k8s.io/kubernetes/cmd/$c" "$ldflags"; done
+}
+
+# module_build KEY MODULE VERSION LDFLAGS PACKAGE[=BINARY]...: build main packages of MODULE@VERSION
+# through a throwaway module that requires it. (Unlike `go install pkg@version`, this does not
+# ask the proxy for the module's version list, which the proxy refuses for some modules.)
+module_build() {
+  local key="$1" module="$2" v="$3" ldflags="$4"
+  shift 4
+  local dir="$cache/bin/$key-$v" mod="$cache/src/$key-$v" pkg missing=0
+  bin_name() { if [[ "$1" == *=* ]]; then echo "${1#*=}"; else basename "$1"; fi; }
+  for pkg in "$@"; do [[ -x "$dir/$(bin_name "$pkg")" ]] || missing=1; done
+  if (( missing == 0 )); then log "cached   $key $v ($dir)"; return; fi
+  mkdir -p "$dir" "$mod"
+  cd "$mod"
+  if [[ ! -f .resolved ]]; then
+    log "resolving $module@$v ..."
+    printf 'module jobset-inplace.dev/build/%s\n\ngo 1.25.0\n\nrequire %s %s\n' \
+      "$key" "$module" "$v" > go.mod
+    {
+      printf '//go:build tools\n\npackage tools\n\nimport (\n'
+      for pkg in "$@"; do printf '\t_ "%s"\n' "${pkg%%=*}"; done
+      printf ')\n'
+    } > tools.go
+    # Start from the checksums the upstream module pins for its own dependencies: some of them
+    # (e.g. Kueue's sigs.k8s.io/scheduler-library pre-release) are not in the checksum database.
+    local src
+    src="$(go mod download -json "$module@$v" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+    if [[ -f "$src/go.sum" ]]; then cp "$src/go.sum" go.sum && chmod u+w go.sum; fi
+    go mod tidy
+    touch .resolved
+  fi
+  for pkg in "$@"; do go_build "$dir/$(bin_name "$pkg")" "${pkg%%=*}" "$ldflags"; done
+}
+
+build_etcd() {
+  module_build etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" \
+    "-X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" go.etcd.io/etcd/server/v3=etcd
+}
+
+build_kwok() {
+  module_build kwok sigs.k8s.io/kwok "$KWOK_VERSION" \
+    "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" \
+    sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl
+}
+
+build_jobset() {
+  module_build jobset sigs.k8s.io/jobset "$JOBSET_VERSION" \
+    "-X sigs.k8s.io/jobset/pkg/version.GitVersion=$JOBSET_VERSION" sigs.k8s.io/jobset
+  fetch_module_source sigs.k8s.io/jobset "$JOBSET_VERSION"
+}
+
+build_kueue() {
+  module_build kueue sigs.k8s.io/kueue "$KUEUE_VERSION" \
+    "-X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue
+  fetch_module_source sigs.k8s.io/kueue "$KUEUE_VERSION"
+}
+
+# CRDs and manifests are read from the pinned module sources in the Go module cache.
+fetch_module_source() {
+  local m="$1" v="$2"
+  go mod download "$m@$v" >/dev/null 2>&1 || go mod download -x "$m@$v"
+  log "source   $m@$v at $(go env GOMODCACHE)/$m@$v"
+}
+
+main() {
+  local want=("$@")
+  (( ${#want[@]} )) || want=(kubernetes etcd kwok jobset kueue)
+  local total=$SECONDS c
+  mkdir -p "$cache"
+  # One build at a time: concurrent builds would fight over the same outputs and 2 cores.
+  exec 9>"$cache/.build.lock"
+  if ! flock -n 9; then
+    log "another build holds $cache/.build.lock; waiting for it ..."
+    flock 9
+  fi
+  log "cache: $cache"
+  for c in "${want[@]}"; do
+    case "$c" in
+      kubernetes) build_kubernetes ;;
+      etcd) build_etcd ;;
+      kwok) build_kwok ;;
+      jobset) build_jobset ;;
+      kueue) build_kueue ;;
+      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue)" >&2; exit 2 ;;
+    esac
+  done
+  log "all requested binaries present ($((SECONDS - total))s)"
+}
+
+main "$@"

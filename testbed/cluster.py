@@ -1,0 +1,579 @@
+"""The full local cluster: kwokctl (binary runtime, our locally built binaries) for etcd,
+kube-apiserver, kube-controller-manager, kube-scheduler and the kwok controller with N fake
+nodes; plus the real JobSet and Kueue controllers as processes whose admission and conversion
+webhooks the apiserver calls on loopback.
+
+Everything is idempotent: ``up`` on a running cluster only fills in what is missing.
+"""
+
+from __future__ import annotations
+
+import compileall
+import json
+import os
+import py_compile
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from . import addons, certs, processes
+from .controlplane import FEATURE_GATES
+from .kube import clients
+from .kubectl import Kubectl
+from .versions import Binaries, binaries, cache_dir, ensure_binaries, module_source, versions
+
+DEFAULT_NAME = "jsi"
+DEFAULT_NODES = 4
+# Real kubelet nodes (containerd + runc) beside the kwok nodes: in-place restarts need them.
+DEFAULT_REAL_NODES = 2
+REAL_NODE_LABEL = "jobset-inplace.dev/real-node"
+REALNODE_DIR = Path(__file__).resolve().parent / "realnode"
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "jobset_inplace"
+# The demo trainer, a module of its own in the image (``python3 -m demo_trainer``).
+DEMO_TRAINER = Path(__file__).resolve().parent / "demo_trainer.py"
+IMAGE_PYTHON = (3, 11)  # python3 of the node image (Debian bookworm, testbed/realnode)
+# Pods on real nodes have no Service routing (no kube-proxy) and cannot reach the host's
+# loopback, so the apiserver is also reachable at this address of the host (outside every
+# node's 10.244.<n>.0/24 pod subnet; n >= 1).
+POD_API_ADDRESS = "10.244.0.1"
+# Upstream defaults (kube-controller-manager >= 1.32): a silent node is marked Unknown after
+# node-monitor-grace-period, checked every node-monitor-period. Kept realistic on purpose: the
+# benchmarks compare against stock Kubernetes timing.
+NODE_MONITOR_GRACE_SECONDS = 50
+NODE_MONITOR_PERIOD_SECONDS = 5
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+# Kueue (v0.19) reads its metrics serving cert from this fixed path whenever its internal
+# certificate management is off; there is no setting for it.
+KUEUE_METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
+
+
+def log(msg: str) -> None:
+    print(f"[cluster {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# kwok's default Stages minus ``pod-complete``, which would finish every Job pod a moment
+# after it starts Running: training pods here run until a test says otherwise. (Passing any
+# Stage to kwokctl replaces all of its defaults, hence the full list.)
+KWOK_STAGE_FILES = (
+    "kustomize/stage/node/fast/node-initialize.yaml",
+    "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "kustomize/stage/pod/fast/pod-ready.yaml",
+    "kustomize/stage/pod/fast/pod-delete.yaml",
+)
+
+
+# kwok's default of 4 workers each for Leases and pod/node stages falls behind with thousands
+# of nodes on 2 cores: node Leases went unrenewed for 25+ s while a 1000-pod gang was being
+# created (seen by the bench), which is a dead node to anyone reading Leases. More workers keep
+# the simulated kubelets' heartbeats on time.
+KWOK_CONTROLLER_CONFIG = {
+    "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+    "kind": "KwokConfiguration",
+    "options": {
+        "nodeLeaseParallelism": 32,
+        "podPlayStageParallelism": 16,
+        "nodePlayStageParallelism": 16,
+    },
+}
+
+
+def kwok_stages() -> list[dict[str, object]]:
+    """The Stages above, read from the pinned kwok module source."""
+    src = module_source("sigs.k8s.io/kwok", versions().kwok)
+    return [yaml.safe_load((src / f).read_text()) for f in KWOK_STAGE_FILES]
+
+
+@dataclass
+class Ports:
+    jobset_webhook: int
+    jobset_health: int
+    jobset_metrics: int
+    kueue_webhook: int
+    kueue_health: int
+    kueue_metrics: int
+
+    @classmethod
+    def allocate(cls) -> Ports:
+        return cls(*(processes.free_port() for _ in range(6)))
+
+
+@dataclass
+class ClusterState:
+    """What ``up`` decided once and every later call reuses (``state.json``)."""
+
+    name: str
+    ports: Ports
+    pids: dict[str, int] = field(default_factory=dict)
+    real_nodes: list[str] = field(default_factory=list)
+
+
+class LocalCluster:
+    def __init__(self, name: str = DEFAULT_NAME) -> None:
+        self.name = name
+        self.state_dir = cache_dir() / "clusters" / name
+        self.kwok_workdir = cache_dir() / "kwok"
+        self.kubeconfig = self.kwok_workdir / "clusters" / name / "kubeconfig.yaml"
+        self.pki = self.kwok_workdir / "clusters" / name / "pki"
+        self.logs_dir = self.state_dir / "logs"
+        self.cert_dir = self.state_dir / "webhook-certs"
+        self._overlay = cache_dir() / "overlay" / name
+
+    # ----- state -------------------------------------------------------------------------
+    @property
+    def _state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    def _load_state(self) -> ClusterState:
+        if self._state_file.exists():
+            raw = json.loads(self._state_file.read_text())
+            return ClusterState(
+                raw["name"], Ports(**raw["ports"]), raw.get("pids", {}), raw.get("real_nodes", [])
+            )
+        return ClusterState(self.name, Ports.allocate())
+
+    def _save_state(self, state: ClusterState) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._state_file.write_text(json.dumps(asdict(state), indent=2))
+
+    # ----- kwokctl -----------------------------------------------------------------------
+    def _kwokctl(
+        self, bins: Binaries, *args: str, check: bool = True, capture: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            "KWOK_WORKDIR": str(self.kwok_workdir),
+            # kwokctl shells out to kubectl; make sure it finds the pinned one.
+            "PATH": f"{bins.kubernetes_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        return subprocess.run(
+            [str(bins.kwokctl), *args], env=env, text=True, check=check, capture_output=capture
+        )
+
+    def _kwokctl_config(self, bins: Binaries) -> Path:
+        cfg = {
+            "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+            "kind": "KwokctlConfiguration",
+            # kwokctl's kwok-controller manages all nodes by default; here it must leave real
+            # kubelet nodes alone and let a test silence one kwok node (kwoknodes.py).
+            "componentsPatches": [
+                {
+                    # `kubectl logs/exec` on real kubelet nodes: the apiserver dials the node IP
+                    # and authenticates with the admin cert, signed by the CA the kubelets trust.
+                    "name": "kube-apiserver",
+                    "extraArgs": [
+                        {"key": "kubelet-client-certificate", "value": str(self.pki / "admin.crt")},
+                        {"key": "kubelet-client-key", "value": str(self.pki / "admin.key")},
+                        {"key": "kubelet-preferred-address-types", "value": "InternalIP"},
+                    ],
+                },
+                {
+                    "name": "kwok-controller",
+                    "extraArgs": [
+                        {"key": "manage-all-nodes", "value": "false", "override": True},
+                        {
+                            "key": "manage-nodes-with-annotation-selector",
+                            "value": f"{KWOK_NODE_ANNOTATION}=fake",
+                        },
+                    ],
+                },
+            ],
+            "options": {
+                "runtime": "binary",
+                "kubeVersion": versions().kubernetes,
+                "etcdVersion": versions().etcd,
+                "kwokVersion": versions().kwok,
+                "kubeApiserverBinary": str(bins.kube_apiserver),
+                "kubeControllerManagerBinary": str(bins.kube_controller_manager),
+                "kubeSchedulerBinary": str(bins.kube_scheduler),
+                "kubectlBinary": str(bins.kubectl),
+                "etcdBinary": str(bins.etcd),
+                "kwokControllerBinary": str(bins.kwok),
+                "kubeFeatureGates": FEATURE_GATES,
+                "kubeAuthorization": True,
+                "kubeAdmission": True,
+                "securePort": True,
+                # Real-node pods reach the apiserver at POD_API_ADDRESS (see _ensure_pod_api).
+                "bindAddress": "0.0.0.0",
+                "kubeApiserverCertSANs": [POD_API_ADDRESS],
+                "heartbeatFactor": 1,
+                "kubeControllerManagerNodeMonitorGracePeriodMilliseconds": (
+                    NODE_MONITOR_GRACE_SECONDS * 1000
+                ),
+                "kubeControllerManagerNodeMonitorPeriodMilliseconds": NODE_MONITOR_PERIOD_SECONDS
+                * 1000,
+            },
+        }
+        path = self.state_dir / "kwokctl.yaml"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump_all([cfg, KWOK_CONTROLLER_CONFIG, *kwok_stages()]))
+        return path
+
+    def _kwok_cluster_exists(self, bins: Binaries) -> bool:
+        out = self._kwokctl(bins, "get", "clusters", check=False).stdout
+        return self.name in out.split()
+
+    def _api_ready(self) -> bool:
+        if not self.kubeconfig.exists():
+            return False
+        res = subprocess.run(
+            [
+                str(binaries().kubectl),
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "get",
+                "--raw",
+                "/readyz",
+                "--request-timeout=3s",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return res.returncode == 0
+
+    def _ensure_control_plane(self, bins: Binaries) -> None:
+        if self._kwok_cluster_exists(bins):
+            if self._api_ready():
+                log(f"control plane '{self.name}' already running")
+                return
+            log(f"control plane '{self.name}' exists but is stopped: starting it")
+            self._kwokctl(
+                bins, "start", "cluster", "--name", self.name, "--wait", "2m", capture=False
+            )
+        else:
+            log(f"creating control plane '{self.name}' with kwokctl (binary runtime) ...")
+            self._kwokctl(
+                bins,
+                "create",
+                "cluster",
+                "--name",
+                self.name,
+                "--config",
+                str(self._kwokctl_config(bins)),
+                "--kubeconfig",
+                str(self.state_dir / "kubeconfig-merged.yaml"),
+                "--wait",
+                "2m",
+                capture=False,
+            )
+        processes.wait_until("kube-apiserver", self._api_ready, 60)
+
+    def scale_nodes(self, count: int) -> None:
+        bins = ensure_binaries()
+        log(f"ensuring {count} kwok nodes ...")
+        self._kwokctl(
+            bins, "scale", "node", "--name", self.name, "--replicas", str(count), capture=False
+        )
+        self._declare_kwok_features()
+
+    def _declare_kwok_features(self) -> None:
+        """kwok nodes run no kubelet to declare node features; pods with restart rules are only
+        scheduled onto nodes that declare ``RestartAllContainersOnContainerExits``, so declare it
+        for them (what a 1.35 kubelet with the gate on reports). Concurrent patches: a bench
+        cluster has thousands of nodes."""
+        core = clients(self.kubeconfig).core
+        feature = "RestartAllContainersOnContainerExits"
+        names = [
+            n.metadata.name
+            for n in core.list_node(label_selector="type=kwok").items
+            if feature not in (n.status.declared_features or [])
+        ]
+        patch = {"status": {"declaredFeatures": [feature]}}
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda n: core.patch_node_status(n, patch), names))
+        if names:
+            log(f"declared {feature} on {len(names)} kwok nodes")
+
+    # ----- JobSet + Kueue ----------------------------------------------------------------
+    def _controller_running(self, state: ClusterState, name: str) -> bool:
+        pid = state.pids.get(name)
+        return pid is not None and processes.pid_alive(pid)
+
+    def _start_addon(
+        self, state: ClusterState, name: str, cmd: list[str | Path], health_port: int
+    ) -> None:
+        logfile = self.logs_dir / f"{name}.log"
+        if self._controller_running(state, name):
+            log(f"{name} controller already running (pid {state.pids[name]})")
+        else:
+            proc = processes.start(
+                cmd, logfile, detach=True, env={"KUBECONFIG": str(self.kubeconfig)}
+            )
+            state.pids[name] = proc.pid
+            self._save_state(state)
+            log(f"started {name} controller (pid {proc.pid}, log {logfile})")
+        pid = state.pids[name]
+
+        def ready() -> bool:
+            if not processes.pid_alive(pid):
+                tail = "\n".join(logfile.read_text(errors="replace").splitlines()[-15:])
+                raise RuntimeError(f"{name} controller exited; last lines of {logfile}:\n{tail}")
+            return processes.http_ok(f"http://127.0.0.1:{health_port}/readyz")
+
+        processes.wait_until(f"{name} controller", ready, 120, log=logfile)
+
+    def _ensure_addons(self, bins: Binaries, state: ClusterState) -> None:
+        cert = certs.ensure_serving_cert(self.cert_dir, ips=["127.0.0.1"], dns=["localhost"])
+        kubectl = Kubectl(self.kubeconfig, bins.kubectl)
+        p = state.ports
+        jobset_src, kueue_src = addons.jobset_source(), addons.kueue_source()
+
+        log(f"installing JobSet {versions().jobset} CRDs and webhooks from {jobset_src}")
+        kubectl.apply_yaml(
+            addons.render(
+                jobset_src / "config/default",
+                f"https://127.0.0.1:{p.jobset_webhook}",
+                cert.ca_bundle(),
+                namespace="jobset-system",
+            ),
+            server_side=True,
+        )
+        log(f"installing Kueue {versions().kueue} CRDs and webhooks from {kueue_src}")
+        kubectl.apply_yaml(
+            addons.render(
+                kueue_src / "config/default",
+                f"https://127.0.0.1:{p.kueue_webhook}",
+                cert.ca_bundle(),
+                namespace="kueue-system",
+            ),
+            server_side=True,
+        )
+
+        # Both controllers set up informers at start and exit if a kind is not served yet.
+        crds = kubectl.run("get", "crd", "-o", "jsonpath={.items[*].metadata.name}").split()
+        kubectl.wait_crds_established(
+            [c for c in crds if c.endswith((".jobset.x-k8s.io", ".kueue.x-k8s.io"))]
+        )
+
+        jobset_cfg = self.state_dir / "jobset-config.yaml"
+        jobset_cfg.write_text(
+            yaml.safe_dump(
+                addons.jobset_config(
+                    webhook_port=p.jobset_webhook,
+                    health_port=p.jobset_health,
+                    metrics_port=p.jobset_metrics,
+                    cert_dir=self.cert_dir,
+                )
+            )
+        )
+        kueue_cfg = self.state_dir / "kueue-config.yaml"
+        kueue_cfg.write_text(
+            yaml.safe_dump(
+                addons.kueue_config(
+                    webhook_port=p.kueue_webhook,
+                    health_port=p.kueue_health,
+                    metrics_port=p.kueue_metrics,
+                    cert_dir=self.cert_dir,
+                )
+            )
+        )
+
+        self._start_addon(
+            state,
+            "jobset",
+            [bins.jobset, "--config", jobset_cfg, "--kubeconfig", self.kubeconfig],
+            p.jobset_health,
+        )
+        self._install_kueue_metrics_cert(cert)
+        # The visibility API server needs an in-cluster APIService; it is not used here.
+        self._start_addon(
+            state,
+            "kueue",
+            [
+                bins.kueue,
+                "--config",
+                kueue_cfg,
+                "--kubeconfig",
+                self.kubeconfig,
+                "--feature-gates",
+                "VisibilityOnDemand=false",
+            ],
+            p.kueue_health,
+        )
+        self._wait_webhooks_serving(kubectl)
+
+    @staticmethod
+    def _install_kueue_metrics_cert(cert: certs.ServingCert) -> None:
+        try:
+            KUEUE_METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
+            for src in (cert.crt, cert.key):
+                dst = KUEUE_METRICS_CERT_DIR / src.name
+                if not dst.exists() or dst.read_bytes() != src.read_bytes():
+                    dst.write_bytes(src.read_bytes())
+        except PermissionError as e:
+            raise RuntimeError(
+                f"Kueue needs its metrics certificate in {KUEUE_METRICS_CERT_DIR} (fixed path in "
+                f"Kueue when internal cert management is off); cannot write there: {e}. "
+                "Run as root or create that directory writable for this user."
+            ) from e
+
+    def _wait_webhooks_serving(self, kubectl: Kubectl) -> None:
+        """A server-side dry-run create goes through JobSet's and Kueue's admission webhooks:
+        it only succeeds once the apiserver really reaches both."""
+        probe = yaml.safe_dump(
+            {
+                "apiVersion": "jobset.x-k8s.io/v1alpha2",
+                "kind": "JobSet",
+                "metadata": {"name": "webhook-probe", "namespace": "default"},
+                "spec": {
+                    "replicatedJobs": [
+                        {
+                            "name": "w",
+                            "replicas": 1,
+                            "template": {
+                                "spec": {
+                                    "template": {
+                                        "spec": {
+                                            "restartPolicy": "Never",
+                                            "containers": [{"name": "c", "image": "busybox"}],
+                                        }
+                                    }
+                                }
+                            },
+                        }
+                    ]
+                },
+            }
+        )
+
+        def ok() -> bool:
+            try:
+                kubectl.run("create", "--dry-run=server", "-f", "-", stdin=probe)
+            except RuntimeError:
+                return False
+            return True
+
+        processes.wait_until("JobSet/Kueue admission webhooks", ok, 60)
+        log("JobSet and Kueue admission webhooks are serving")
+
+    # ----- real kubelet nodes ------------------------------------------------------------
+    def real_node_names(self, count: int) -> list[str]:
+        return [f"{self.name}-real-{i}" for i in range(1, count + 1)]
+
+    def _package_overlay(self) -> Path:
+        """This checkout's ``jobset_inplace`` package and the demo trainer as an image layer: the
+        agent and the demo trainer run from it in real containers (standard library only)."""
+        root = cache_dir() / "overlay" / self.name
+        site = root / "usr/lib/python3/dist-packages"
+        dest = site / "jobset_inplace"
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(PACKAGE_DIR, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copy2(DEMO_TRAINER, site / DEMO_TRAINER.name)
+        if sys.version_info[:2] == IMAGE_PYTHON:
+            # Bytecode in the image: a container's writable layer is new after every in-place
+            # restart, so without it each agent start compiled the package again (~30 ms CPU).
+            # Unchecked: the image is immutable, and the layer's file times are rewritten.
+            compileall.compile_dir(
+                site,
+                quiet=1,
+                ddir=f"/{site.relative_to(root)}",
+                invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+            )
+        else:
+            log(f"not precompiling the agent: this Python is not the image's {IMAGE_PYTHON}")
+        return root
+
+    def _realnode(self, script: str, *args: str) -> None:
+        env = {
+            **os.environ,
+            "JSI_KUBELET_CLIENT_CA_FILE": str(self.pki / "ca.crt"),
+            "JSI_PYTHON_IMAGE_OVERLAY": str(self._overlay),
+        }
+        subprocess.run(["bash", str(REALNODE_DIR / script), *args], check=True, env=env)
+
+    def _ensure_pod_api(self) -> None:
+        """Give the host POD_API_ADDRESS (on ``lo``: pods' packets for it arrive over their
+        bridge and are delivered locally)."""
+        have = subprocess.run(
+            ["ip", "-o", "addr", "show", "dev", "lo"], capture_output=True, text=True, check=False
+        )
+        if f" {POD_API_ADDRESS}/" in have.stdout:
+            return
+        cmd = ["ip", "addr", "add", f"{POD_API_ADDRESS}/32", "dev", "lo", "label", "lo:jsi"]
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if res.returncode != 0 and "File exists" not in res.stderr:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr.strip()}")
+
+    @property
+    def pod_api_server(self) -> str:
+        """The apiserver URL for agents in real-node pods."""
+        server = yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+        port = server.rsplit(":", 1)[1]
+        return f"https://{POD_API_ADDRESS}:{port}"
+
+    def _ensure_real_nodes(self, state: ClusterState, count: int) -> None:
+        if count == 0:
+            return
+        self._ensure_pod_api()
+        log(f"ensuring {count} real kubelet node(s) (containerd + runc, local images) ...")
+        self._overlay = self._package_overlay()
+        self._realnode("install-runtime.sh")
+        self._realnode("build-images.sh")
+        for node in self.real_node_names(count):
+            if node not in state.real_nodes:
+                state.real_nodes.append(node)
+                self._save_state(state)
+            self._realnode("kubelet.sh", "up", node, str(self.kubeconfig))
+
+    def _remove_real_nodes(self, state: ClusterState) -> None:
+        for node in state.real_nodes:
+            log(f"removing real node {node} (kubelet, containerd, its containers)")
+            self._realnode("kubelet.sh", "purge", node)
+        state.real_nodes.clear()
+
+    # ----- public ------------------------------------------------------------------------
+    def up(self, nodes: int = DEFAULT_NODES, real_nodes: int = DEFAULT_REAL_NODES) -> None:
+        t0 = time.monotonic()
+        bins = ensure_binaries()
+        state = self._load_state()
+        self._save_state(state)
+        self._ensure_control_plane(bins)
+        self.scale_nodes(nodes)
+        self._ensure_addons(bins, state)
+        self._ensure_real_nodes(state, real_nodes)
+        log(f"cluster '{self.name}' ready in {time.monotonic() - t0:.1f}s")
+        self.print_info()
+
+    def is_up(self) -> bool:
+        state = self._load_state()
+        return (
+            self._api_ready()
+            and self._controller_running(state, "jobset")
+            and self._controller_running(state, "kueue")
+        )
+
+    def down(self) -> None:
+        bins = ensure_binaries()
+        state = self._load_state()
+        self._remove_real_nodes(state)
+        for name, pid in state.pids.items():
+            log(f"stopping {name} controller (pid {pid})")
+            processes.stop_pid(pid)
+        if self._kwok_cluster_exists(bins):
+            log(f"deleting control plane '{self.name}'")
+            self._kwokctl(
+                bins,
+                "delete",
+                "cluster",
+                "--name",
+                self.name,
+                "--kubeconfig",
+                str(self.state_dir / "kubeconfig-merged.yaml"),
+                capture=False,
+            )
+        if self._state_file.exists():
+            self._state_file.unlink()
+        log(f"cluster '{self.name}' is down (logs kept in {self.logs_dir})")
+
+    def print_info(self) -> None:
+        print(f"kubeconfig: {self.kubeconfig}")
+        print(f"  export KUBECONFIG={self.kubeconfig}")
+        print(f"control-plane logs: {self.kwok_workdir / 'clusters' / self.name / 'logs'}")
+        print(f"JobSet/Kueue logs:  {self.logs_dir}")

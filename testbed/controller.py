@@ -1,0 +1,136 @@
+"""The controller under test: ``jobset-inplace run`` as a process against the local cluster,
+with its admission webhook served on loopback, and what a namespace needs for gangs (the
+GangState CRD, the agent's RBAC). Used by the e2e suite, the demo and the benchmark."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from jobset_inplace import names
+from jobset_inplace.core.transform import AGENT_CONTAINER, agent_rbac
+
+from . import addons, certs, processes, workloads
+from .cluster import LocalCluster
+from .kube import Clients
+from .kubectl import Kubectl
+from .versions import REPO_ROOT, binaries
+
+CRD = REPO_ROOT / "manifests" / "crd" / "gangstates.yaml"
+WEBHOOK_MANIFEST = REPO_ROOT / "manifests" / "webhook" / "webhook.yaml"
+# The node image of the real kubelet nodes: Python, this checkout's package and the demo trainer.
+IMAGE = "jobset-inplace/python:local"
+
+
+class ControllerProcess:
+    """``jobset-inplace run`` against the local cluster, serving the admission webhook on
+    loopback (the cluster's local CA signed its serving cert); the webhook configurations from
+    ``manifests/webhook/`` are installed with their clientConfig pointed at it, and removed again
+    by :meth:`stop` (their failurePolicy is Fail)."""
+
+    def __init__(self, cluster: LocalCluster, log: Path, *, verbose: bool = False) -> None:
+        self.log, self.cluster = log, cluster
+        self.kubectl = Kubectl(cluster.kubeconfig)
+        port = processes.free_port()
+        objs = [o for o in yaml.safe_load_all(WEBHOOK_MANIFEST.read_text()) if o]
+        cert = certs.ServingCert(
+            cluster.cert_dir / "ca.crt", cluster.cert_dir / "tls.crt", cluster.cert_dir / "tls.key"
+        )
+        configs = addons.rewrite_for_loopback(
+            objs, f"https://127.0.0.1:{port}", cert.ca_bundle(), namespace="jobset-inplace-system"
+        )
+        self.configs = [o for o in configs if o["kind"] in addons.WEBHOOK_CONFIG_KINDS]
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(cluster.kubeconfig),
+            "JSI_WEBHOOK_CERT_DIR": str(cluster.cert_dir),
+            "JSI_WEBHOOK_PORT": str(port),
+            "JSI_AGENT_IMAGE": IMAGE,
+            "JSI_AGENT_IMAGE_PULL_POLICY": "Never",
+            "JSI_AGENT_API_SERVER": cluster.pod_api_server,
+        }
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "jobset_inplace.controller.main",
+                    "run",
+                    *(["-v"] * verbose),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        self.kubectl.apply_yaml(yaml.safe_dump_all(self.configs), server_side=True)
+        processes.wait_until("jobset-inplace admission webhook", self._injects, 60, log=log)
+
+    def _injects(self) -> bool:
+        """A server-side dry run of an opted-in JobSet comes back with the agent injected."""
+        probe = workloads.jobset(
+            "webhook-probe", [("w", 1, 1)], annotations={names.ENABLED: "true"}
+        )
+        probe["metadata"]["namespace"] = "default"
+        try:
+            out = self.kubectl.run(
+                "create", "--dry-run=server", "-o", "yaml", "-f", "-", stdin=yaml.safe_dump(probe)
+            )
+        except RuntimeError:
+            return False
+        return AGENT_CONTAINER in out
+
+    def stop(self) -> None:
+        for cfg in self.configs:
+            self.kubectl.run(
+                "delete", cfg["kind"], cfg["metadata"]["name"], "--ignore-not-found", check=False
+            )
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def gang_state(kube: Clients, ns: str, name: str) -> dict[str, Any]:
+    try:
+        obj = kube.custom.get_namespaced_custom_object(
+            names.GROUP, names.VERSION, ns, names.GANGSTATE_PLURAL, name
+        )
+    except ApiException:
+        return {}
+    return dict(obj.get("status") or {})
+
+
+def member_pods(kube: Clients, ns: str, name: str) -> dict[str, Any]:
+    pods = kube.core.list_namespaced_pod(
+        ns, label_selector=f"{names.JOBSET_NAME_LABEL}={name}"
+    ).items
+    return {
+        p.metadata.labels[names.JOB_INDEX_LABEL]: p
+        for p in pods
+        if not p.metadata.deletion_timestamp
+    }
+
+
+def prepare(kube: Clients, cluster_kubeconfig: Path, namespace: str) -> None:
+    kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster_kubeconfig)]
+    subprocess.run(
+        [*kubectl, "apply", "--server-side", "-f", str(CRD)], check=True, capture_output=True
+    )
+    try:
+        kube.core.create_namespace({"metadata": {"name": namespace}})
+    except ApiException as e:
+        if e.status != 409:
+            raise
+    manifest = yaml.safe_dump_all(agent_rbac(namespace))
+    subprocess.run(
+        [*kubectl, "apply", "-f", "-"], input=manifest.encode(), check=True, capture_output=True
+    )

@@ -1,0 +1,291 @@
+#!/usr/bin/env bash
+# Build the container images a real kubelet node needs, offline, from Debian packages only
+# (no registry is reachable here), and optionally import them into a containerd.
+#
+# Images (docker-archive tarballs, cached by a hash of their inputs):
+#   pause   registry.k8s.io/pause:3.10 (+ tag jobset-inplace/pause:local)
+#           one static file: catatonit in pause mode (`/catatonit -P`), from Debian's catatonit.
+#   python  jobset-inplace/python:local
+#           `debootstrap --variant=minbase --include=python3 bookworm` rootfs
+#           -> umoci (new layout, unpack, repack, config) -> skopeo copy oci: -> docker-archive:.
+#           Has /bin/sh (dash), python3 (3.11) with its full standard library, coreutils;
+#           no pip. (python3-minimal alone lacks json/asyncio/http: see JSI_PYTHON_IMAGE_PACKAGES.)
+#
+# Cache: $JSI_CACHE_DIR/images/<name>-<hash>.tar (default JSI_CACHE_DIR=~/.cache/jobset-inplace).
+# <hash> covers the build recipe (the bash functions below, as `declare -f` prints them),
+# the versions of the Debian tools used, suite, mirror and package list. An existing
+# archive is reused as is; --force rebuilds.
+# Package *versions inside* the Python image are whatever the mirror serves at build time;
+# the list is written next to the archive (<name>-<hash>.packages).
+#
+# Hook for the project's code (wheel + dependencies): set JSI_PYTHON_IMAGE_OVERLAY=DIR and
+# the tree under DIR (laid out as from /) is added on top of the cached base image as a
+# second layer, same tag; the archive is python-<base hash>-<tree hash>.tar. See
+# docs/real-node.md ("Adding the project's code") for how to fill DIR.
+#
+# Usage:
+#   testbed/realnode/build-images.sh [--force] [--import CONTAINERD_SOCKET]...
+#     --import SOCK   also import every image into containerd at SOCK, namespace k8s.io
+#                     (skipped when the image there already carries the same build hash label)
+# Env:
+#   JSI_CACHE_DIR             cache root
+#   JSI_DEBIAN_MIRROR         mirror for debootstrap (default: the one apt uses for bookworm)
+#   JSI_DEBIAN_SUITE          default bookworm
+#   JSI_PYTHON_IMAGE_PACKAGES debootstrap --include list for the Python image (default python3;
+#                             python3-minimal gives a smaller image without json/asyncio/http)
+#   JSI_PYTHON_IMAGE_OVERLAY  optional directory added as a 2nd layer of the Python image
+#   JSI_KEEP_OLD_IMAGES=1     keep archives of other recipes (default: prune them)
+set -euo pipefail
+
+cache="${JSI_CACHE_DIR:-$HOME/.cache/jobset-inplace}"
+imgdir="$cache/images"
+suite="${JSI_DEBIAN_SUITE:-bookworm}"
+overlay="${JSI_PYTHON_IMAGE_OVERLAY:-}"
+# python3-minimal alone lacks json, asyncio, http, ctypes, uuid, concurrent... (they are in
+# libpython3.11-stdlib), which the kubernetes client and kopf need: default to python3.
+python_packages="${JSI_PYTHON_IMAGE_PACKAGES:-python3}"
+# Fixed timestamp for files, layers and image configs (reproducibility).
+export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-1704067200}" # 2024-01-01T00:00:00Z
+created="$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)"
+
+PAUSE_NAME="registry.k8s.io/pause:3.10"
+PAUSE_ALIAS="jobset-inplace/pause:local"
+PYTHON_NAME="jobset-inplace/python:local"
+HASH_LABEL="dev.jobset-inplace.build-hash"
+
+log() { printf '[images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+force=""
+imports=()
+while (($#)); do
+  case "$1" in
+    --force) force=1 ;;
+    --import) imports+=("$2"); shift ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed 's/^# \{0,1\}//;$d'; exit 0 ;;
+    *) die "unknown argument: $1" ;;
+  esac
+  shift
+done
+
+[[ $(id -u) -eq 0 ]] || die "needs root (debootstrap, umoci unpack keep file ownership)"
+for b in debootstrap umoci skopeo catatonit ctr; do
+  command -v "$b" >/dev/null || die "$b missing: run testbed/realnode/install-runtime.sh"
+done
+
+debian_mirror() {
+  if [[ -n "${JSI_DEBIAN_MIRROR:-}" ]]; then
+    echo "$JSI_DEBIAN_MIRROR"
+    return
+  fi
+  local m=""
+  # deb822 sources: first URIs line of a stanza whose Suites has the suite and that is not security
+  if compgen -G '/etc/apt/sources.list.d/*.sources' >/dev/null; then
+    m="$(awk -v s="$suite" '
+      /^URIs:/ {u=$2} /^Suites:/ {for (i=2;i<=NF;i++) if ($i==s) ok=1}
+      /^$/ {if (ok && u !~ /security/) {print u; exit} ok=0; u=""}
+      END {if (ok && u !~ /security/) print u}' /etc/apt/sources.list.d/*.sources | head -1)"
+  fi
+  if [[ -z "$m" && -f /etc/apt/sources.list ]]; then
+    m="$(awk -v s="$suite" '$1=="deb" && $3==s && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list)"
+  fi
+  echo "${m:-http://deb.debian.org/debian}"
+}
+mirror="$(debian_mirror)"
+
+pkgver() { dpkg-query -W -f='${Version}' "$1"; }
+
+# Deterministic tar of a tree -> sha256 (used for the overlay hash).
+tree_hash() {
+  tar --sort=name --mtime="@0" --owner=0 --group=0 --numeric-owner -C "$1" -cf - . | sha256sum | cut -c1-64
+}
+
+# Clamp mtimes so that layer tarballs depend on content, not on build time.
+clamp_mtimes() {
+  find "$1" -newermt "@$SOURCE_DATE_EPOCH" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
+}
+
+# ---- recipes (their `declare -f` text is part of the cache key) ----
+
+# $1 = bundle rootfs dir
+pause_rootfs() {
+  install -m 0755 "$(command -v catatonit)" "$1/catatonit"
+}
+pause_config() {
+  umoci config --image "$1" --no-history --created "$created" \
+    --config.entrypoint /catatonit --config.entrypoint -P \
+    --config.workingdir / --config.user 65535:65535 \
+    --config.label org.opencontainers.image.description="catatonit -P (pause) built by jobset-inplace"
+}
+
+# $1 = bundle rootfs dir (must exist and be empty)
+python_rootfs() {
+  local r="${1:?rootfs dir}"
+  debootstrap --variant=minbase --include="$python_packages" --components=main \
+    "$suite" "$r" "$mirror" >"$work/debootstrap.log" 2>&1 || {
+    tail -30 "$work/debootstrap.log" >&2
+    return 1
+  }
+  # Drop caches, logs and per-machine files (containerd supplies hostname/hosts/resolv.conf).
+  [[ "$r" == "$work/bundle/rootfs" ]] || return 1 # never clean anything but our rootfs
+  rm -rf "${r:?}"/var/cache/apt/*.bin "${r:?}"/var/cache/apt/archives/*.deb \
+    "${r:?}"/var/lib/apt/lists/* "${r:?}"/var/log/* "${r:?}"/var/cache/ldconfig/aux-cache \
+    "${r:?}"/var/lib/dpkg/*-old "${r:?}"/debootstrap "${r:?}"/dev/* "${r:?}"/run/* "${r:?}"/tmp/*
+  : >"$r/etc/machine-id"
+  : >"$r/etc/hostname"
+  rm -f "$r/etc/resolv.conf"
+}
+python_config() {
+  umoci config --image "$1" --no-history --created "$created" \
+    --config.cmd python3 --config.workingdir / \
+    --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --config.env LANG=C.UTF-8 --config.env PYTHONUNBUFFERED=1 \
+    --config.label org.opencontainers.image.description="Debian $suite minbase + $python_packages, built by jobset-inplace"
+}
+
+# ---- generic machinery ----
+
+# build_image KEY NAME ALIAS ROOTFS_FN CONFIG_FN -> sets $archive
+build_image() {
+  local key="$1" name="$2" alias="$3" rootfs_fn="$4" config_fn="$5"
+  local hash
+  hash="$(
+    {
+      declare -f "$rootfs_fn" "$config_fn" build_image clamp_mtimes
+      echo "$name $alias $suite $mirror $created $python_packages"
+      echo "debootstrap=$(pkgver debootstrap) umoci=$(pkgver umoci) skopeo=$(pkgver skopeo) catatonit=$(pkgver catatonit)"
+    } | sha256sum | cut -c1-16
+  )"
+  archive="$imgdir/$key-$hash.tar"
+  eval "${key}_hash=$hash"
+  if [[ -s "$archive" && -z "$force" ]]; then
+    log "$key: cached $archive ($(du -h "$archive" | cut -f1))"
+    return
+  fi
+  local t0=$SECONDS t
+  log "$key: building $name (hash $hash) ..."
+  work="$(mktemp -d "$imgdir/.work-$key-XXXXXX")"
+  local layout="$work/oci"
+  umoci init --layout "$layout"
+  umoci new --image "$layout:img"
+  umoci unpack --image "$layout:img" "$work/bundle" >/dev/null
+  t=$SECONDS
+  "$rootfs_fn" "$work/bundle/rootfs"
+  log "$key: rootfs ready in $((SECONDS - t))s ($(du -sh "$work/bundle/rootfs" | cut -f1))"
+  clamp_mtimes "$work/bundle/rootfs"
+  t=$SECONDS
+  umoci repack --image "$layout:img" --history.created "$created" \
+    --history.created_by "jobset-inplace build-images.sh $rootfs_fn" "$work/bundle"
+  "$config_fn" "$layout:img"
+  umoci gc --layout "$layout"
+  log "$key: umoci repack+config in $((SECONDS - t))s"
+  t=$SECONDS
+  local extra=()
+  [[ -n "$alias" ]] && extra=(--additional-tag "$alias")
+  rm -f "$archive.tmp"
+  skopeo copy --quiet "${extra[@]}" "oci:$layout:img" "docker-archive:$archive.tmp:$name"
+  log "$key: skopeo copy in $((SECONDS - t))s"
+  if [[ "$key" == python ]]; then
+    # shellcheck disable=SC2016 # dpkg-query format, not shell
+    chroot "$work/bundle/rootfs" dpkg-query -W -f='${Package} ${Version}\n' >"$imgdir/$key-$hash.packages" 2>/dev/null || true
+  fi
+  mv -f "$archive.tmp" "$archive"
+  rm -rf "$work"
+  work=""
+  log "$key: built $archive ($(du -h "$archive" | cut -f1)) in $((SECONDS - t0))s"
+}
+
+# build_overlay BASE_ARCHIVE BASE_HASH NAME DIR -> sets $archive, python_hash
+# The cached base image plus one layer holding DIR's tree (no debootstrap re-run).
+build_overlay() {
+  local base="$1" base_hash="$2" name="$3" src="$4" ohash
+  [[ -d "$src" ]] || die "JSI_PYTHON_IMAGE_OVERLAY=$src is not a directory"
+  ohash="$(tree_hash "$src" | cut -c1-16)"
+  python_hash="$base_hash-$ohash"
+  archive="$imgdir/python-$python_hash.tar"
+  if [[ -s "$archive" && -z "$force" ]]; then
+    log "python+overlay: cached $archive ($(du -h "$archive" | cut -f1))"
+    return
+  fi
+  local t0=$SECONDS
+  log "python+overlay: adding $src (tree hash $ohash) as a layer on $(basename "$base") ..."
+  work="$(mktemp -d "$imgdir/.work-overlay-XXXXXX")"
+  skopeo copy --quiet "docker-archive:$base" "oci:$work/oci:img"
+  umoci unpack --image "$work/oci:img" "$work/bundle" >/dev/null
+  cp -a "$src/." "$work/bundle/rootfs/"
+  clamp_mtimes "$work/bundle/rootfs"
+  umoci repack --image "$work/oci:img" --history.created "$created" \
+    --history.created_by "jobset-inplace overlay $ohash" "$work/bundle"
+  umoci gc --layout "$work/oci"
+  rm -f "$archive.tmp"
+  skopeo copy --quiet "oci:$work/oci:img" "docker-archive:$archive.tmp:$name"
+  mv -f "$archive.tmp" "$archive"
+  rm -rf "$work"
+  work=""
+  log "python+overlay: built $archive ($(du -h "$archive" | cut -f1)) in $((SECONDS - t0))s"
+}
+
+# import_image ADDRESS ARCHIVE HASH NAME...
+import_image() {
+  local addr="$1" archive="$2" hash="$3"
+  shift 3
+  local c=(ctr --address "$addr" --namespace k8s.io)
+  local want=() n full
+  for n in "$@"; do
+    full="$n"
+    [[ "$n" == */* && "${n%%/*}" == *[.:]* ]] || full="docker.io/$n"
+    if "${c[@]}" images ls "name==$full" 2>/dev/null | grep -q "$HASH_LABEL=$hash"; then
+      continue
+    fi
+    want+=("$full")
+  done
+  if ((${#want[@]} == 0)); then
+    log "import: $* already in $addr (hash $hash)"
+    return
+  fi
+  local t=$SECONDS
+  "${c[@]}" images import --snapshotter overlayfs "$archive" >/dev/null
+  for full in "${want[@]}"; do
+    "${c[@]}" images label "$full" "$HASH_LABEL=$hash" >/dev/null
+  done
+  log "import: ${want[*]} -> $addr in $((SECONDS - t))s"
+}
+
+work=""
+trap '[[ -z "$work" ]] || rm -rf "$work"' EXIT
+mkdir -p "$imgdir"
+rm -rf "$imgdir"/.work-* # leftovers of an interrupted build
+total=$SECONDS
+log "Debian mirror $mirror, suite $suite, cache $imgdir"
+build_image pause "$PAUSE_NAME" "$PAUSE_ALIAS" pause_rootfs pause_config
+pause_archive="$archive"
+build_image python "$PYTHON_NAME" "" python_rootfs python_config
+python_archive="$archive"
+python_base_hash="$python_hash"
+if [[ -n "$overlay" ]]; then
+  # shellcheck disable=SC2154
+  build_overlay "$python_archive" "$python_hash" "$PYTHON_NAME" "$overlay"
+  python_archive="$archive"
+fi
+log "images ready in $((SECONDS - total))s"
+# Drop archives of older recipes (each Python one is ~160 MB); JSI_KEEP_OLD_IMAGES=1 keeps them.
+if [[ "${JSI_KEEP_OLD_IMAGES:-}" != 1 ]]; then
+  for f in "$imgdir"/pause-*.tar "$imgdir"/python-*.tar; do
+    [[ -e "$f" ]] || continue
+    case "$f" in
+      "$pause_archive" | "$python_archive" | "$imgdir/python-$python_base_hash"*.tar) continue ;;
+    esac
+    log "pruning stale $(basename "$f")"
+    rm -f "$f" "${f%.tar}.packages"
+  done
+fi
+for addr in "${imports[@]}"; do
+  [[ -S "$addr" ]] || die "no containerd socket at $addr (start it: testbed/realnode/containerd.sh up)"
+  # shellcheck disable=SC2154
+  import_image "$addr" "$pause_archive" "$pause_hash" "$PAUSE_NAME" "$PAUSE_ALIAS"
+  # shellcheck disable=SC2154
+  import_image "$addr" "$python_archive" "$python_hash" "$PYTHON_NAME"
+done
+# Machine-readable summary on stdout.
+echo "pause=$pause_archive"
+echo "python=$python_archive"

@@ -1,0 +1,140 @@
+"""The pinned upstream versions (single source: ``testbed/versions.env``) and where their
+binaries and module sources live."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+TESTBED_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTBED_DIR.parent
+VERSIONS_FILE = TESTBED_DIR / "versions.env"
+BUILD_SCRIPT = TESTBED_DIR / "build-binaries.sh"
+
+
+def cache_dir() -> Path:
+    """Root of everything built or generated outside the repository."""
+    default = Path.home() / ".cache" / "jobset-inplace"
+    return Path(os.environ.get("JSI_CACHE_DIR", default))
+
+
+@dataclass(frozen=True)
+class Versions:
+    kubernetes: str
+    etcd: str
+    kwok: str
+    jobset: str
+    kueue: str
+
+
+def parse_versions(text: str) -> Versions:
+    """Parse ``KEY=VALUE`` lines; comments and blank lines are ignored."""
+    values: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise ValueError(f"{VERSIONS_FILE.name}: expected KEY=VALUE, got {raw!r}")
+        values[key.strip()] = value.strip()
+    try:
+        return Versions(
+            kubernetes=values["KUBERNETES_VERSION"],
+            etcd=values["ETCD_VERSION"],
+            kwok=values["KWOK_VERSION"],
+            jobset=values["JOBSET_VERSION"],
+            kueue=values["KUEUE_VERSION"],
+        )
+    except KeyError as missing:
+        raise ValueError(f"{VERSIONS_FILE.name}: missing {missing.args[0]}") from None
+
+
+@cache
+def versions() -> Versions:
+    return parse_versions(VERSIONS_FILE.read_text())
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Absolute paths of the cached upstream binaries."""
+
+    kube_apiserver: Path
+    kube_controller_manager: Path
+    kube_scheduler: Path
+    kubectl: Path
+    kubelet: Path
+    etcd: Path
+    kwok: Path
+    kwokctl: Path
+    jobset: Path
+    kueue: Path
+
+    @property
+    def kubernetes_dir(self) -> Path:
+        return self.kubectl.parent
+
+
+def binaries(v: Versions | None = None) -> Binaries:
+    v = v or versions()
+    b = cache_dir() / "bin"
+    k8s = b / f"kubernetes-{v.kubernetes}"
+    kwok = b / f"kwok-{v.kwok}"
+    return Binaries(
+        kube_apiserver=k8s / "kube-apiserver",
+        kube_controller_manager=k8s / "kube-controller-manager",
+        kube_scheduler=k8s / "kube-scheduler",
+        kubectl=k8s / "kubectl",
+        kubelet=k8s / "kubelet",
+        etcd=b / f"etcd-{v.etcd}" / "etcd",
+        kwok=kwok / "kwok",
+        kwokctl=kwok / "kwokctl",
+        jobset=b / f"jobset-{v.jobset}" / "jobset",
+        kueue=b / f"kueue-{v.kueue}" / "kueue",
+    )
+
+
+# Which build-binaries.sh component produces each binary.
+COMPONENT_OF = {
+    "kube_apiserver": "kubernetes",
+    "kube_controller_manager": "kubernetes",
+    "kube_scheduler": "kubernetes",
+    "kubectl": "kubernetes",
+    "kubelet": "kubernetes",
+    "etcd": "etcd",
+    "kwok": "kwok",
+    "kwokctl": "kwok",
+    "jobset": "jobset",
+    "kueue": "kueue",
+}
+
+
+def ensure_binaries(*needed: str) -> Binaries:
+    """Return the binaries, building the missing ones among ``needed`` (attribute names of
+    :class:`Binaries`; all when empty). Idempotent; the build script shows progress."""
+    bins = binaries()
+    names = needed or tuple(COMPONENT_OF)
+    missing = [n for n in names if not os.access(getattr(bins, n), os.X_OK)]
+    if missing:
+        components = sorted({COMPONENT_OF[n] for n in missing})
+        subprocess.run(["bash", str(BUILD_SCRIPT), *components], check=True)
+        still = [n for n in names if not os.access(getattr(bins, n), os.X_OK)]
+        if still:
+            raise RuntimeError(f"{BUILD_SCRIPT} finished but these are missing: {still}")
+    return bins
+
+
+def module_source(module: str, version: str) -> Path:
+    """Directory of a pinned Go module in the module cache (downloaded if needed)."""
+    out = subprocess.run(
+        ["go", "mod", "download", "-json", f"{module}@{version}"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=cache_dir() if cache_dir().exists() else None,
+    ).stdout
+    return Path(json.loads(out)["Dir"])
