@@ -28,10 +28,11 @@ venv: $(VENV)/.installed ## Python virtualenv with the package and dev tools
 binaries: ## build pinned upstream binaries from Go modules (cached, idempotent)
 	bash testbed/build-binaries.sh
 
-lint: venv ## ruff + mypy
+lint: venv ## ruff + mypy + the layer contracts (import-linter, [tool.importlinter])
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 unit: venv ## pure unit tests (no cluster)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
