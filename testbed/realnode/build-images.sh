@@ -29,7 +29,8 @@
 #                     (skipped when the image there already carries the same build hash label)
 # Env:
 #   JSI_CACHE_DIR             cache root
-#   JSI_DEBIAN_MIRROR         mirror for debootstrap (default: the one apt uses for bookworm)
+#   JSI_DEBIAN_MIRROR         mirror for debootstrap (default: the one apt uses for the suite;
+#                             none configured and none set: the script stops with an error)
 #   JSI_DEBIAN_SUITE          default bookworm
 #   JSI_PYTHON_IMAGE_PACKAGES debootstrap --include list for the Python image (default python3;
 #                             python3-minimal gives a smaller image without json/asyncio/http)
@@ -89,9 +90,12 @@ debian_mirror() {
   if [[ -z "$m" && -f /etc/apt/sources.list ]]; then
     m="$(awk -v s="$suite" '$1=="deb" && $3==s && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list)"
   fi
-  echo "${m:-http://deb.debian.org/debian}"
+  # No fallback to a public mirror: the build uses the machine's configured sources only.
+  [[ -n "$m" ]] || die "no Debian mirror found for suite $suite in /etc/apt/sources.list or" \
+    "/etc/apt/sources.list.d/*.sources: configure one for apt, or set JSI_DEBIAN_MIRROR=URL"
+  echo "$m"
 }
-mirror="$(debian_mirror)"
+mirror="$(debian_mirror)" || exit 1
 
 pkgver() { dpkg-query -W -f='${Version}' "$1"; }
 
