@@ -51,8 +51,8 @@ class Gang:
     status: GangStatus | None = None  # last persisted; None until loaded from the API
     kueue_stand_down: str = ""  # from the JobSet's Kueue Workload (views.kueue_stand_down)
     kueue_managed: bool = False  # Kueue made a Workload for it
-    reported: set[str] = field(default_factory=set)  # Event messages already posted once
-    progress_written: float = 0.0  # time.monotonic() of the last status write
+    posted: set[str] = field(default_factory=set)  # messages of once-only Events posted
+    status_written_at: float = 0.0  # wall time of this process's last status write
 
 
 # Kueue's default waitForPodsReady.recoveryTimeout (v0.19), assumed for Kueue-managed gangs when
@@ -66,6 +66,7 @@ class ClusterCache:
     kueue_recovery_timeout_s: float | None = None  # from Kueue's configuration, if readable
     nodes: dict[str, NodeView] = field(default_factory=dict)
     leases: dict[str, float] = field(default_factory=dict)
+    lease_reads: dict[str, float] = field(default_factory=dict)  # node -> last direct read
     # Pods seen before their JobSet (watch order is arbitrary), kept until it shows up.
     orphans: dict[GangKey, dict[str, PodView]] = field(default_factory=dict)
 
@@ -114,7 +115,11 @@ class ClusterCache:
         if deleted:
             self.nodes.pop(node.name, None)
             return old is not None
-        self.nodes[node.name] = dataclasses.replace(node, lease_renewed=self.leases.get(node.name))
+        self.nodes[node.name] = dataclasses.replace(
+            node,
+            lease_renewed=self.leases.get(node.name),
+            lease_read_at=self.lease_reads.get(node.name),
+        )
         return self.nodes[node.name] != old
 
     def replace_nodes(self, nodes: Sequence[NodeView]) -> None:
@@ -123,15 +128,22 @@ class ClusterCache:
         for node in nodes:
             self.upsert_node(node)
 
-    def set_lease(self, node: str, renewed: float | None) -> None:
-        """Record a Lease renewal; the node's view carries it (snapshots copy nothing)."""
-        if renewed is None:
+    def set_lease(self, node: str, renewed: float | None, read_at: float | None = None) -> None:
+        """Record a Lease renewal, from the watch or (``read_at``: when) read directly; the
+        node's view carries both (snapshots copy nothing)."""
+        if renewed is None:  # no Lease: nothing to confirm either
             self.leases.pop(node, None)
+            self.lease_reads.pop(node, None)
         else:
+            if read_at is not None:
+                self.lease_reads[node] = read_at
+            elif self.leases.get(node) != renewed:  # a direct read confirmed an older renewal
+                self.lease_reads.pop(node, None)
             self.leases[node] = renewed
         view = self.nodes.get(node)
-        if view is not None and view.lease_renewed != renewed:
-            self.nodes[node] = dataclasses.replace(view, lease_renewed=renewed)
+        read = self.lease_reads.get(node)
+        if view is not None and (view.lease_renewed, view.lease_read_at) != (renewed, read):
+            self.nodes[node] = dataclasses.replace(view, lease_renewed=renewed, lease_read_at=read)
 
     def replace_leases(self, leases: Sequence[tuple[str, float | None]]) -> None:
         """A complete list of the node Leases, as ``lease_renewal`` decodes them (a relist):
@@ -163,4 +175,6 @@ class ClusterCache:
             pods=tuple(gang.pods.values()),
             nodes=nodes,
             status=gang.status,
+            status_written_at=gang.status_written_at,
+            posted=frozenset(gang.posted),
         )

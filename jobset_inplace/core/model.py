@@ -11,16 +11,9 @@ from typing import Any
 
 from jobset_inplace import names
 from jobset_inplace.core.policy import Policy
+from jobset_inplace.core.statemachine import Edge, Phase
 
 HISTORY_LIMIT = 20
-
-
-class Phase(StrEnum):
-    RUNNING = "Running"
-    RECOVERING = "Recovering"
-    ESCALATED = "Escalated"
-    STOOD_DOWN = "StoodDown"
-    FAILED = "Failed"
 
 
 class Cause(StrEnum):
@@ -72,6 +65,8 @@ class NodeView:
     lease_renewed: float | None = None  # node Lease renewTime
     taints: tuple[tuple[str, float], ...] = ()  # (key, timeAdded) of NoSchedule/NoExecute taints
     conditions: tuple[tuple[str, float], ...] = ()  # (type, since) of conditions that are True
+    # When the controller last read the Lease from the API itself (not from its watch).
+    lease_read_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -93,7 +88,7 @@ class Recovery:
     epoch: int
     started: float
     deadline: float
-    causes: dict[str, str] = field(default_factory=dict)  # failing member -> Cause
+    causes: dict[str, Cause] = field(default_factory=dict)  # failing member -> first signal
     # Members restarted in place: every member not in ``recreated`` (a count, not a list: the
     # GangState is watched by every agent and must stay small at thousands of members).
     in_place: int = 0
@@ -139,6 +134,8 @@ class Snapshot:
     pods: tuple[PodView, ...]
     nodes: dict[str, NodeView]
     status: GangStatus
+    status_written_at: float = 0.0  # when ``status`` was last written (0: not by this process)
+    posted: frozenset[str] = frozenset()  # messages of once-only Events already posted
 
 
 # --- actions ----------------------------------------------------------------------------------
@@ -175,13 +172,29 @@ class EscalatePod:
 
 
 @dataclass(frozen=True)
+class UntaintNode:
+    """Remove the controller's unhealthy taint from a node whose kubelet is back."""
+
+    node: str
+
+
+@dataclass(frozen=True)
+class ReadLeases:
+    """Read these nodes' Leases from the API and plan again: each counts as unhealthy only
+    because of a Lease the watch may be late with, and a stale cache must never replace a pod."""
+
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Event:
     reason: str
     message: str
     warning: bool = False
+    once: bool = False  # post at most once per controller run (the snapshot's ``posted``)
 
 
-Action = ReplacePod | EscalatePod | Event
+Action = ReplacePod | EscalatePod | UntaintNode | ReadLeases | Event
 
 
 @dataclass
@@ -189,6 +202,7 @@ class Plan:
     status: GangStatus
     actions: list[Action] = field(default_factory=list)
     requeue_after: float | None = None  # seconds until the planner must look again
+    edges: list[Edge] = field(default_factory=list)  # the transitions this pass took
 
     def wake_at(self, now: float, when: float) -> None:
         delay = max(0.0, when - now)

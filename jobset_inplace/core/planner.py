@@ -3,42 +3,42 @@ pods, their nodes, the persisted gang status, the time) to a :class:`~.model.Pla
 status, the actions, when to look again). No I/O: the controller's adapters build snapshots
 and carry out plans; tests drive it directly.
 
-State machine (see docs/architecture.md)::
-
-    Recovering --all members report epoch E--> Running (barrier of E open, resume step chosen)
-    Running --any member failure--> Recovering (epoch E+1; unhealthy-node pods replaced,
-                                                 all others restart in place)
-    Recovering --new node/device failure--> Recovering (same epoch, that pod replaced)
-    Recovering --deadline--> lagging members replaced, deadline renewed once --> Escalated
-    any --budget exhausted / no common checkpoint--> Escalated (JobSet failure policy restarts)
-    Escalated --JobSet restart observed--> Recovering (new epoch, budgets reset)
-    any --JobSet suspended--> StoodDown --resumed--> Recovering (new epoch)
-    any --JobSet finished--> Failed (if escalated) or stays as is
+The state machine's phases and edges are a table (:mod:`.statemachine`); here each edge is one
+method of :class:`_Planning`, and every phase change goes through ``_Planning.go``, which refuses
+an edge the table does not allow. Besides the gang's plan: :func:`plan_node` (the unhealthy
+taint comes off a node that is back) and :func:`refuse_policy` (a JobSet whose annotations do
+not parse).
 """
 
 from __future__ import annotations
 
 import copy
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Final
 
 from jobset_inplace import names
-from jobset_inplace.core.gangstate import rfc3339
+from jobset_inplace.core.gangstate import progress_only, progress_write_interval
 from jobset_inplace.core.model import (
     HISTORY_LIMIT,
     RECREATE_CAUSES,
+    Action,
     Cause,
     EscalatePod,
     Event,
+    GangSpec,
     NodeView,
-    Phase,
     Plan,
     PodView,
+    ReadLeases,
     Recovery,
     ReplacePod,
     Snapshot,
+    UntaintNode,
 )
 from jobset_inplace.core.policy import ForceDelete, NoCommonCheckpoint, Policy
+from jobset_inplace.core.statemachine import TRANSITIONS, Edge, IllegalTransition, Phase, target
+from jobset_inplace.times import rfc3339
 
 # The kubelet renews its node Lease every 10 s; a Lease older than this is a missed renewal.
 LEASE_RENEW_INTERVAL_S = 10.0
@@ -86,25 +86,28 @@ def node_state(node: NodeView | None, policy: Policy, now: float) -> tuple[bool,
     return (True, None) if now >= due else (False, due)
 
 
-def stale_lease_nodes(s: Snapshot) -> list[str]:
-    """Ready nodes that count as unhealthy only because of their Lease: the adapter reads
-    those Leases afresh before planning, so a lagging watch never replaces a pod."""
+def unconfirmed_lease_nodes(s: Snapshot) -> list[str]:
+    """Ready nodes that count as unhealthy only because of their Lease, and whose Lease the
+    controller has not read itself since it went stale: on a busy apiserver the watch can lag
+    by tens of seconds, so these are read afresh before anything is decided."""
+    limit = LEASE_RENEW_INTERVAL_S + s.policy.node_unhealthy_after_s
     return sorted(
         name
         for name, node in s.nodes.items()
         if node.ready == "True"
         and node.lease_renewed is not None
-        and s.now - node.lease_renewed > LEASE_RENEW_INTERVAL_S + s.policy.node_unhealthy_after_s
+        and s.now - node.lease_renewed > limit
+        and (node.lease_read_at is None or node.lease_read_at - node.lease_renewed <= limit)
     )
 
 
-def may_untaint(node: NodeView | None, lease_renewed: float | None, now: float) -> bool:
+def may_untaint(node: NodeView, now: float) -> bool:
     """Whether the controller's unhealthy taint may come off ``node``: it carries the taint,
     is Ready, and its kubelet has just renewed its Lease (it is back)."""
-    if node is None or lease_renewed is None or node.ready != "True":
+    if node.lease_renewed is None or node.ready != "True":
         return False
     tainted = any(key == names.UNHEALTHY_TAINT for key, _ in node.taints)
-    return tainted and now - lease_renewed < LEASE_RENEW_INTERVAL_S
+    return tainted and now - node.lease_renewed < LEASE_RENEW_INTERVAL_S
 
 
 # --- members ----------------------------------------------------------------------------------
@@ -167,11 +170,46 @@ def common_resume_step(pods: Iterable[PodView]) -> int | None:
 # --- planning ---------------------------------------------------------------------------------
 def plan(s: Snapshot) -> Plan:
     """The next status and actions for one gang."""
+    unconfirmed = unconfirmed_lease_nodes(s)
+    if unconfirmed:
+        # Look before deciding anything: read those Leases, then plan again at once.
+        return Plan(copy.deepcopy(s.status), [ReadLeases(tuple(unconfirmed))], requeue_after=0.0)
     return _Planning(s).run()
 
 
+def plan_node(node: NodeView | None, now: float) -> list[Action]:
+    """Actions for one node, whatever gang it served: the controller's unhealthy taint comes
+    off once the node is back."""
+    return [UntaintNode(node.name)] if node is not None and may_untaint(node, now) else []
+
+
+def refuse_policy(error: str, posted: frozenset[str]) -> list[Action]:
+    """A JobSet whose annotations do not parse is not recovered; say why, once."""
+    return [] if error in posted else [Event("InvalidPolicy", error, warning=True, once=True)]
+
+
+def jobset_edge(gang: GangSpec, phase: Phase, restart_attempt: int) -> Edge | None:
+    """The JobSet-level transition due, if any (these come before any member's failure)."""
+    if gang.finished:
+        return Edge.JOBSET_FAILED if phase == Phase.ESCALATED else Edge.JOBSET_FINISHED
+    if gang.suspended or gang.kueue_stand_down:
+        return None if phase == Phase.STOOD_DOWN else Edge.STOOD_DOWN
+    if phase == Phase.STOOD_DOWN:
+        return Edge.RESUMED
+    if gang.restart_attempt != restart_attempt:
+        return Edge.JOBSET_RESTARTED
+    return None
+
+
+# Phases in which only a JobSet-level transition can happen.
+WAITING_FOR_JOBSET = frozenset({Phase.ESCALATED, Phase.STOOD_DOWN, Phase.FAILED})
+
+
 class _Planning:
-    """One planning pass: the snapshot, the status being built and the plan's actions."""
+    """One planning pass: the snapshot, the status being built and the plan's actions.
+
+    :meth:`run` picks the transition; each edge of :data:`~.statemachine.TRANSITIONS` has one
+    method here named after it, and every phase change goes through :meth:`go`."""
 
     def __init__(self, s: Snapshot) -> None:
         self.s = s
@@ -192,6 +230,36 @@ class _Planning:
         rt = self.recovery_timeout
         return bt if rt is None else min(bt, KUEUE_RECOVERY_SHARE * rt / 2)
 
+    def run(self) -> Plan:
+        s, st = self.s, self.st
+        self.observe()
+        edge = jobset_edge(s.gang, st.phase, st.restart_attempt)
+        if edge is not None:
+            self.JOBSET_EDGES[edge](self)
+        elif st.phase not in WAITING_FOR_JOBSET:
+            causes, wake = member_causes(s, self.current)
+            if wake is not None:
+                self.p.wake_at(s.now, wake)
+            if st.phase == Phase.RUNNING:
+                self.running(causes)
+            else:
+                self.recovering(causes)
+        self.defer_progress_only_write()
+        return self.p
+
+    # -- what every pass records --
+    def observe(self) -> None:
+        """Member counts, the Kueue margin, malformed reports (status and Events only)."""
+        st = self.st
+        self.check_kueue_margin()
+        st.expected = len(self.s.gang.members)
+        st.ready = sum(1 for pod in self.current.values() if pod.phase == "Running")
+        for pod in self.current.values():
+            if pod.report_error:
+                msg = f"pod {pod.name}: {pod.report_error}"
+                if msg not in self.s.posted:
+                    self.event("MalformedReport", msg, warning=True, once=True)
+
     def check_kueue_margin(self) -> None:
         rt, st = self.recovery_timeout, self.st
         margin = None if rt is None else round(rt - 2 * self.barrier_timeout, 3)
@@ -206,103 +274,98 @@ class _Planning:
                 )
         st.kueue_margin_s = margin
 
-    def run(self) -> Plan:
-        s, st = self.s, self.st
-        self.check_kueue_margin()
-        st.expected = len(s.gang.members)
-        st.ready = sum(1 for pod in self.current.values() if pod.phase == "Running")
-        for pod in self.current.values():
-            if pod.report_error:
-                self.event("MalformedReport", f"pod {pod.name}: {pod.report_error}", warning=True)
-        if self.stand_down_or_restart():
-            return self.p
-        causes, wake = member_causes(s, self.current)
-        if wake is not None:
-            self.p.wake_at(s.now, wake)
-        if st.phase == Phase.RUNNING:
-            st.reported = sum(1 for p in self.current.values() if p.reported_epoch == st.epoch)
-            if causes:
-                self.start_recovery(causes)
-            elif s.gang.restart_request and s.gang.restart_request != st.restart_request:
-                st.restart_request = s.gang.restart_request
-                self.begin_epoch(f"manual restart ({s.gang.restart_request})", Cause.MANUAL_RESTART)
-        else:
-            self.continue_recovery(causes)
-        return self.p
+    def defer_progress_only_write(self) -> None:
+        """A change of the member counts alone is written at most every
+        :func:`~.gangstate.progress_write_interval` (each write reaches every agent's watch):
+        until then the persisted status stands and the planner looks again when it is due."""
+        s = self.s
+        if not progress_only(s.status, self.p.status):
+            return
+        due = s.status_written_at + progress_write_interval(len(s.gang.members))
+        if s.now < due:
+            self.p.status = s.status
+            self.p.wake_at(s.now, due)
 
-    # -- helpers --
-    def event(self, reason: str, message: str, *, warning: bool = False) -> None:
-        self.p.actions.append(Event(reason, message, warning))
-
-    def set_phase(self, phase: Phase, reason: str, message: str = "") -> None:
-        self.st.phase, self.st.reason, self.st.message = phase, reason, message
-
-    def replace(self, pod: PodView, cause: Cause) -> None:
-        unreachable = self.s.policy.force_delete == ForceDelete.UNREACHABLE
-        fail_first = cause == Cause.NODE_UNHEALTHY and unreachable
-        node = self.s.nodes.get(pod.node or "")
-        dead = cause == Cause.NODE_UNHEALTHY
-        device = cause == Cause.DEVICE_UNHEALTHY and self.s.policy.taint_on_device_fault
-        self.p.actions.append(
-            ReplacePod(
-                pod.name,
-                pod.uid,
-                pod.member,
-                cause,
-                fail_first,
-                taint_node=pod.node if dead or device else None,
-                taint_key=names.UNHEALTHY_TAINT if dead else names.DEVICE_UNHEALTHY_TAINT,
-                failed_since=unhealthy_since(node, self.s.policy, self.s.now)
-                if node and dead
-                else None,
+    # -- the one way the phase changes --
+    def go(
+        self,
+        edge: Edge,
+        reason: str,
+        message: str = "",
+        *,
+        causes: Mapping[str, Cause] | None = None,
+    ) -> None:
+        """Take ``edge``: the phase the table says (refusing an edge it does not allow from
+        here) and, for an edge that opens an epoch, epoch E+1 with a closed barrier and a new
+        recovery record (``causes``: the failing members, none for a fresh epoch)."""
+        st = self.st
+        phase = target(edge, st.phase)
+        if TRANSITIONS[edge].new_epoch:
+            st.epoch += 1
+            st.barrier_open = False
+            st.resume_step = None
+            st.recovery = Recovery(
+                epoch=st.epoch,
+                started=self.s.now,
+                deadline=self.s.now + self.barrier_timeout,
+                causes=dict(causes or {}),
+                # a failure's recovery restarts every member in place but the replaced ones
+                in_place=len(self.s.gang.members) if causes else 0,
             )
-        )
+        st.phase, st.reason, st.message = phase, reason, message
+        self.p.edges.append(edge)
 
-    def live(self, member: str) -> PodView | None:
-        pod = self.current.get(member)
-        ok = pod is not None and not pod.deleting and pod.phase in ("Pending", "Running")
-        return pod if ok else None
+    # -- JobSet-level edges --
+    def jobset_failed(self) -> None:
+        self.go(Edge.JOBSET_FAILED, "JobSetFailed", "the JobSet failed after escalation")
 
-    # -- lifecycle outside recoveries --
-    def stand_down_or_restart(self) -> bool:
-        """Handle JobSet-level states; True when the pass is done."""
+    def jobset_finished(self) -> None:
+        self.go(Edge.JOBSET_FINISHED, self.st.reason, self.st.message)
+
+    def stood_down(self) -> None:
         gang, st = self.s.gang, self.st
-        if gang.finished:
-            if st.phase == Phase.ESCALATED:
-                self.set_phase(Phase.FAILED, "JobSetFailed", "the JobSet failed after escalation")
-            return True
-        if gang.suspended or gang.kueue_stand_down:
-            why = gang.kueue_stand_down or "the JobSet is suspended"
-            if st.phase != Phase.STOOD_DOWN:
-                reason = "Kueue" if gang.kueue_stand_down else "Suspended"
-                self.set_phase(Phase.STOOD_DOWN, reason, why)
-                st.barrier_open = False
-                st.recovery = None  # an in-flight recovery is cancelled, not resumed later
-                self.event("StoodDown", f"{why}: recovery stands down")
-            return True
-        if st.phase == Phase.STOOD_DOWN:
-            self.begin_epoch("resumed after suspension")
-            return True
-        if gang.restart_attempt != st.restart_attempt:
-            st.restart_attempt = gang.restart_attempt
-            st.inplace_used = st.recreate_used = 0
-            st.member_failures.clear()
-            self.begin_epoch(f"JobSet restart {gang.restart_attempt}")
-            return True
-        return st.phase in (Phase.ESCALATED, Phase.FAILED)
-
-    def begin_epoch(self, why: str, cause: Cause = Cause.JOBSET_RESTARTED) -> None:
-        """A new epoch every member joins (no failure to charge to a budget)."""
-        s, st = self.s, self.st
-        st.epoch += 1
+        why = gang.kueue_stand_down or "the JobSet is suspended"
+        self.go(Edge.STOOD_DOWN, "Kueue" if gang.kueue_stand_down else "Suspended", why)
         st.barrier_open = False
-        st.resume_step = None
-        st.recovery = Recovery(st.epoch, s.now, s.now + self.barrier_timeout)
-        self.set_phase(Phase.RECOVERING, cause.value, why)
-        self.event("EpochStarted", f"epoch {st.epoch}: {why}")
+        st.recovery = None  # an in-flight recovery is cancelled, not resumed later
+        self.event("StoodDown", f"{why}: recovery stands down")
 
-    # -- recoveries --
-    def start_recovery(self, causes: dict[str, Cause]) -> None:
+    def resumed(self) -> None:
+        self.fresh_epoch(Edge.RESUMED, "resumed after suspension")
+
+    def jobset_restarted(self) -> None:
+        st, attempt = self.st, self.s.gang.restart_attempt
+        st.restart_attempt = attempt
+        st.inplace_used = st.recreate_used = 0
+        st.member_failures.clear()
+        self.fresh_epoch(Edge.JOBSET_RESTARTED, f"JobSet restart {attempt}")
+
+    JOBSET_EDGES: Final[Mapping[Edge, Callable[[_Planning], None]]] = {
+        Edge.JOBSET_FAILED: jobset_failed,
+        Edge.JOBSET_FINISHED: jobset_finished,
+        Edge.STOOD_DOWN: stood_down,
+        Edge.RESUMED: resumed,
+        Edge.JOBSET_RESTARTED: jobset_restarted,
+    }
+
+    def fresh_epoch(self, edge: Edge, why: str, cause: Cause = Cause.JOBSET_RESTARTED) -> None:
+        """A new epoch every member joins (no failure to charge to a budget)."""
+        self.go(edge, cause.value, why)
+        self.event("EpochStarted", f"epoch {self.st.epoch}: {why}")
+
+    # -- Running --
+    def running(self, causes: dict[str, Cause]) -> None:
+        st, request = self.st, self.s.gang.restart_request
+        st.reported = sum(1 for p in self.current.values() if p.reported_epoch == st.epoch)
+        if causes:
+            self.member_failed(causes)
+        elif request and request != st.restart_request:
+            st.restart_request = request
+            self.fresh_epoch(
+                Edge.MANUAL_RESTART, f"manual restart ({request})", Cause.MANUAL_RESTART
+            )
+
+    def member_failed(self, causes: dict[str, Cause]) -> None:
         s, st, policy = self.s, self.st, self.s.policy
         decided = {
             m: Cause.REPEATED_FAILURE
@@ -312,42 +375,20 @@ class _Planning:
             for m, c in causes.items()
         }
         replaced = {m: c for m, c in decided.items() if c not in IN_PLACE_CAUSES}
-        if st.inplace_used + 1 > policy.inplace_budget:
-            self.escalate(
-                "InPlaceBudgetExhausted",
-                f"in-place budget of {policy.inplace_budget} recoveries used up",
-            )
+        if not self.charge(inplace=1, recreate=len(replaced)):
             return
-        if st.recreate_used + len(replaced) > policy.recreate_budget:
-            self.escalate(
-                "RecreateBudgetExhausted",
-                f"recreate budget of {policy.recreate_budget} pods used up",
-            )
-            return
-        st.inplace_used += 1
-        st.recreate_used += len(replaced)
         for member in s.gang.members:
             if decided.get(member) in IN_PLACE_CAUSES:
                 st.member_failures[member] = st.member_failures.get(member, 0) + 1
             else:
                 st.member_failures.pop(member, None)
-
-        st.epoch += 1
-        st.barrier_open = False
-        st.resume_step = None
-        rec = st.recovery = Recovery(
-            epoch=st.epoch,
-            started=s.now,
-            deadline=s.now + self.barrier_timeout,
-            causes={m: c.value for m, c in decided.items()},
-            in_place=len(s.gang.members) - len(replaced),
-        )
+        self.go(Edge.MEMBER_FAILED, _main_cause(decided), causes=decided)
+        rec = self.recovery
         for member, cause in sorted(replaced.items()):
             pod = self.current.get(member)
-            rec.recreated[member] = pod.uid if pod else ""
-            if pod is not None and cause in RECREATE_CAUSES and not pod.deleting:
+            self.mark_recreated(rec, member, pod.uid if pod else "", cause)
+            if pod is not None:
                 self.replace(pod, cause)
-        self.set_phase(Phase.RECOVERING, _main_cause(decided))
         self.event(
             "RecoveryStarted",
             f"epoch {st.epoch}: {_describe(decided)}; {rec.in_place} in place, "
@@ -355,11 +396,19 @@ class _Planning:
         )
         self.p.wake_at(s.now, rec.deadline)
 
-    def continue_recovery(self, causes: dict[str, Cause]) -> None:
+    # -- Recovering --
+    @property
+    def recovery(self) -> Recovery:
+        rec = self.st.recovery
+        if rec is None:  # every edge into Recovering records one; GANG_SEEN makes the first
+            raise IllegalTransition(f"phase {self.st.phase} without a recovery record")
+        return rec
+
+    def recovering(self, causes: dict[str, Cause]) -> None:
         s, st = self.s, self.st
-        rec = st.recovery
-        if rec is None:  # first look at a gang: epoch 1 opens like any other
-            rec = st.recovery = Recovery(st.epoch, s.now, s.now + self.barrier_timeout)
+        if st.recovery is None:
+            self.gang_seen()
+        rec = self.recovery
         if not self.fold_failures(rec, causes):
             return
         members = sorted(s.gang.members)
@@ -373,19 +422,24 @@ class _Planning:
         ]
         st.reported = len(joined)
         if len(joined) == len(members):
-            self.open_barrier(rec, joined)
+            self.barrier_opened(rec, joined)
         elif not rec.causes:
             pass  # a fresh epoch (start, JobSet restart, resume): pods are still being made
         elif s.now < rec.deadline:
             self.p.wake_at(s.now, rec.deadline)
         else:
-            self.deadline_missed(rec, [m for m in members if m not in {p.member for p in joined}])
+            self.barrier_deadline(rec, [m for m in members if m not in {p.member for p in joined}])
+
+    def gang_seen(self) -> None:
+        """First look at a gang: epoch 1 opens like any other (the status starts Recovering)."""
+        s, st = self.s, self.st
+        self.go(Edge.GANG_SEEN, st.reason, st.message)
+        st.recovery = Recovery(st.epoch, s.now, s.now + self.barrier_timeout)
 
     def fold_failures(self, rec: Recovery, causes: dict[str, Cause]) -> bool:
         """Failures while the barrier waits join this recovery: members restarting in place
         rejoin the same epoch; a member whose (new) pod fails again gets another pod.
         False when that escalated."""
-        st, policy = self.st, self.s.policy
         for member, cause in sorted(causes.items()):
             pod = self.current.get(member)
             uid = pod.uid if pod else ""
@@ -402,58 +456,49 @@ class _Planning:
             if recorded is not None and (pod is None or recorded in ("", uid)):
                 # Already decided (and charged): repeat the replacement, which is idempotent,
                 # in case the last pass stopped (a crash) before carrying it out.
-                if pod is not None and cause in RECREATE_CAUSES and not pod.deleting:
+                if pod is not None:
                     self.replace(pod, cause)
                 continue
-            if st.recreate_used + 1 > policy.recreate_budget:
-                self.escalate(
-                    "RecreateBudgetExhausted",
-                    f"recreate budget of {policy.recreate_budget} pods used up",
-                )
+            if not self.charge(recreate=1):
                 return False
-            st.recreate_used += 1
-            if member not in rec.recreated:
-                rec.in_place -= 1
-            rec.recreated[member] = uid
-            rec.causes.setdefault(member, cause.value)
-            if pod is not None and cause in RECREATE_CAUSES and not pod.deleting:
+            self.go(Edge.FAILURE_WHILE_WAITING, self.st.reason, self.st.message)
+            self.mark_recreated(rec, member, uid, cause)
+            if pod is not None:
                 self.replace(pod, cause)
-            self.event("RecoveryExtended", f"epoch {st.epoch}: {member} {cause.value}, recreated")
+            self.event(
+                "RecoveryExtended", f"epoch {self.st.epoch}: {member} {cause.value}, recreated"
+            )
         return True
 
-    def deadline_missed(self, rec: Recovery, lagging: list[str]) -> None:
-        st, policy = self.st, self.s.policy
-        names = ", ".join(lagging[:5]) + (" ..." if len(lagging) > 5 else "")
+    def barrier_deadline(self, rec: Recovery, lagging: list[str]) -> None:
+        st = self.st
+        names_ = ", ".join(lagging[:5]) + (" ..." if len(lagging) > 5 else "")
         if rec.deadline_extended:
             self.escalate(
                 "BarrierTimeout",
-                f"epoch {st.epoch}: {len(lagging)} member(s) never joined ({names})",
+                f"epoch {st.epoch}: {len(lagging)} member(s) never joined ({names_})",
             )
             return
         live = [pod for m in lagging if (pod := self.live(m)) is not None]
-        if st.recreate_used + len(live) > policy.recreate_budget:
-            self.escalate(
-                "RecreateBudgetExhausted", f"barrier timeout needs {len(live)} more recreations"
-            )
+        if not self.charge(
+            recreate=len(live), what=f"barrier timeout needs {len(live)} more recreations"
+        ):
             return
+        self.go(Edge.BARRIER_DEADLINE, st.reason, st.message)
         for pod in live:
-            st.recreate_used += 1
-            if pod.member not in rec.recreated:
-                rec.in_place -= 1
-            rec.recreated[pod.member] = pod.uid
-            rec.causes.setdefault(pod.member, Cause.BARRIER_TIMEOUT.value)
+            self.mark_recreated(rec, pod.member, pod.uid, Cause.BARRIER_TIMEOUT)
             self.replace(pod, Cause.BARRIER_TIMEOUT)
         rec.deadline_extended = True
         rec.deadline = self.s.now + self.barrier_timeout
         self.event(
             "BarrierTimeout",
-            f"epoch {st.epoch}: {len(lagging)} member(s) did not join in time ({names}); "
+            f"epoch {st.epoch}: {len(lagging)} member(s) did not join in time ({names_}); "
             f"{len(live)} recreated",
             warning=True,
         )
         self.p.wake_at(self.s.now, rec.deadline)
 
-    def open_barrier(self, rec: Recovery, joined: list[PodView]) -> None:
+    def barrier_opened(self, rec: Recovery, joined: list[PodView]) -> None:
         st = self.st
         step = common_resume_step(joined)
         no_common = step is None and any(pod.reported_steps for pod in joined)
@@ -463,11 +508,11 @@ class _Planning:
                 f"epoch {st.epoch}: no checkpoint step is available to every member",
             )
             return
+        self.go(Edge.BARRIER_OPENED, "BarrierOpen")
         st.barrier_open = True
         st.resume_step = step
         rec.opened = self.s.now
         rec.resume_step = step
-        self.set_phase(Phase.RUNNING, "BarrierOpen")
         if rec.causes:
             st.history.append(_summary(rec))
             del st.history[:-HISTORY_LIMIT]
@@ -481,13 +526,75 @@ class _Planning:
             how = f"all {len(joined)} members joined"
         self.event("BarrierOpened", f"epoch {st.epoch}: resume {where}; {how}")
 
+    # -- escalation and budgets --
+    def charge(self, *, inplace: int = 0, recreate: int = 0, what: str = "") -> bool:
+        """Charge a recovery to the budgets; when one would be exceeded, escalate instead."""
+        st, policy = self.st, self.s.policy
+        if inplace and st.inplace_used + inplace > policy.inplace_budget:
+            self.escalate(
+                "InPlaceBudgetExhausted",
+                f"in-place budget of {policy.inplace_budget} recoveries used up",
+            )
+            return False
+        if st.recreate_used + recreate > policy.recreate_budget:
+            self.escalate(
+                "RecreateBudgetExhausted",
+                what or f"recreate budget of {policy.recreate_budget} pods used up",
+            )
+            return False
+        st.inplace_used += inplace
+        st.recreate_used += recreate
+        return True
+
     def escalate(self, reason: str, message: str) -> None:
         live = [pod for m in sorted(self.current) if (pod := self.live(m)) is not None]
+        self.go(Edge.ESCALATED, reason, message)
         self.st.barrier_open = False
-        self.set_phase(Phase.ESCALATED, reason, message)
         if live:
             self.p.actions.append(EscalatePod(live[0].name, live[0].uid, f"{reason}: {message}"))
         self.event("Escalated", f"{reason}: {message}; restarting the JobSet", warning=True)
+
+    # -- helpers --
+    def event(
+        self, reason: str, message: str, *, warning: bool = False, once: bool = False
+    ) -> None:
+        self.p.actions.append(Event(reason, message, warning, once))
+
+    def mark_recreated(self, rec: Recovery, member: str, uid: str, cause: Cause) -> None:
+        """Record that ``member`` gets a new pod in this recovery (its pod ``uid`` replaced)."""
+        if member not in rec.recreated:
+            rec.in_place -= 1
+        rec.recreated[member] = uid
+        rec.causes.setdefault(member, cause)
+
+    def replace(self, pod: PodView, cause: Cause) -> None:
+        """Replace ``pod`` for ``cause`` (if the cause calls for a new pod and it is not being
+        deleted already)."""
+        if cause not in RECREATE_CAUSES or pod.deleting:
+            return
+        unreachable = self.s.policy.force_delete == ForceDelete.UNREACHABLE
+        dead = cause == Cause.NODE_UNHEALTHY
+        device = cause == Cause.DEVICE_UNHEALTHY and self.s.policy.taint_on_device_fault
+        node = self.s.nodes.get(pod.node or "")
+        self.p.actions.append(
+            ReplacePod(
+                pod.name,
+                pod.uid,
+                pod.member,
+                cause,
+                fail_first=dead and unreachable,
+                taint_node=pod.node if dead or device else None,
+                taint_key=names.UNHEALTHY_TAINT if dead else names.DEVICE_UNHEALTHY_TAINT,
+                failed_since=unhealthy_since(node, self.s.policy, self.s.now)
+                if node and dead
+                else None,
+            )
+        )
+
+    def live(self, member: str) -> PodView | None:
+        pod = self.current.get(member)
+        ok = pod is not None and not pod.deleting and pod.phase in ("Pending", "Running")
+        return pod if ok else None
 
 
 def _main_cause(causes: Mapping[str, Cause]) -> str:
@@ -505,7 +612,7 @@ def _describe(causes: Mapping[str, Cause]) -> str:
 def _summary(rec: Recovery) -> dict[str, object]:
     return {
         "epoch": rec.epoch,
-        "causes": dict(Counter(rec.causes.values())),
+        "causes": dict(Counter(c.value for c in rec.causes.values())),
         "inPlace": rec.in_place,
         "recreated": len(rec.recreated),
         "startedAt": rfc3339(rec.started),

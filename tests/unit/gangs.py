@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jobset_inplace.core.model import GangSpec, GangStatus, NodeView, Phase, PodView, Snapshot
+from jobset_inplace.core.model import GangSpec, GangStatus, NodeView, PodView, Snapshot
 from jobset_inplace.core.policy import Policy
+from jobset_inplace.core.statemachine import Phase
 
 NOW = 1_000_000.0
 

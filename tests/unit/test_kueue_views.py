@@ -13,9 +13,10 @@ from jobset_inplace.core.decode import (
     pod_view,
     workload_owner,
 )
-from jobset_inplace.core.model import Event, Phase
+from jobset_inplace.core.model import Event
 from jobset_inplace.core.planner import plan
 from jobset_inplace.core.policy import Policy
+from jobset_inplace.core.statemachine import Phase
 
 from .gangs import pods, snapshot, with_pod
 

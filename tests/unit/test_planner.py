@@ -12,13 +12,21 @@ from jobset_inplace.core.model import (
     Event,
     GangStatus,
     NodeView,
-    Phase,
     Plan,
+    ReadLeases,
     ReplacePod,
     Snapshot,
+    UntaintNode,
 )
-from jobset_inplace.core.planner import may_untaint, plan, stale_lease_nodes
+from jobset_inplace.core.planner import (
+    may_untaint,
+    plan,
+    plan_node,
+    refuse_policy,
+    unconfirmed_lease_nodes,
+)
 from jobset_inplace.core.policy import ForceDelete, NoCommonCheckpoint, Policy
+from jobset_inplace.core.statemachine import Phase
 from jobset_inplace.names import DEVICE_UNHEALTHY_TAINT, UNHEALTHY_TAINT
 
 from .gangs import NOW, member, nodes, pods, running, snapshot, with_pod
@@ -165,11 +173,22 @@ def test_node_flap_under_threshold_does_nothing_and_looks_again_when_due() -> No
     assert p.requeue_after == pytest.approx(Policy().node_unhealthy_after_s - 5)
 
 
-def test_stale_lease_is_a_signal_before_ready_changes() -> None:
+def test_stale_lease_is_a_signal_before_ready_changes_once_read_afresh() -> None:
     nm = nodes(4)
     nm["n1"] = NodeView("n1", ready="True", lease_renewed=NOW - 26)  # stale for 16 s > 15 s
+    first = plan(snapshot(node_map=nm))
+    assert first.actions == [ReadLeases(("n1",))], "the watch may lag: read it first"
+    assert (first.status, first.requeue_after) == (running(), 0.0)
+    # The fresh read (just now) confirmed the old renewal: now it counts.
+    nm["n1"] = dataclasses.replace(nm["n1"], lease_read_at=NOW)
     p = plan(snapshot(node_map=nm))
     assert [r.member for r in replaced(p)] == [member(1)]
+
+
+def test_a_lease_read_before_it_went_stale_confirms_nothing() -> None:
+    nm = nodes(4)
+    nm["n1"] = NodeView("n1", ready="True", lease_renewed=NOW - 26, lease_read_at=NOW - 20)
+    assert plan(snapshot(node_map=nm)).actions == [ReadLeases(("n1",))]
 
 
 XID = "gpu.example.com/xid"
@@ -415,12 +434,21 @@ def test_manual_restart_request_starts_one_new_epoch_without_charging() -> None:
 
 
 def test_unhealthy_taint_comes_off_only_when_the_node_is_back() -> None:
-    tainted = NodeView("n", taints=((UNHEALTHY_TAINT, NOW - 60),))
-    assert may_untaint(tainted, NOW - 1, NOW)
-    assert not may_untaint(tainted, NOW - 30, NOW), "a stale renewal is not a comeback"
-    assert not may_untaint(dataclasses.replace(tainted, ready="Unknown"), NOW - 1, NOW)
-    assert not may_untaint(NodeView("n"), NOW - 1, NOW), "nothing to remove"
-    assert not may_untaint(None, NOW - 1, NOW)
+    tainted = NodeView("n", taints=((UNHEALTHY_TAINT, NOW - 60),), lease_renewed=NOW - 1)
+    assert may_untaint(tainted, NOW)
+    assert plan_node(tainted, NOW) == [UntaintNode("n")]
+    stale = dataclasses.replace(tainted, lease_renewed=NOW - 30)
+    assert not may_untaint(stale, NOW), "a stale renewal is not a comeback"
+    assert not may_untaint(dataclasses.replace(tainted, ready="Unknown"), NOW)
+    assert not may_untaint(NodeView("n", lease_renewed=NOW - 1), NOW), "nothing to remove"
+    assert plan_node(stale, NOW) == plan_node(None, NOW) == []
+
+
+def test_invalid_policy_is_said_once() -> None:
+    (e,) = refuse_policy("bad annotation", frozenset())
+    assert isinstance(e, Event)
+    assert (e.reason, e.warning, e.once) == ("InvalidPolicy", True, True)
+    assert refuse_policy("bad annotation", frozenset({"bad annotation"})) == []
 
 
 def test_only_ready_nodes_stale_by_their_lease_alone_are_read_again() -> None:
@@ -428,7 +456,7 @@ def test_only_ready_nodes_stale_by_their_lease_alone_are_read_again() -> None:
     nm["n1"] = dataclasses.replace(nm["n1"], lease_renewed=NOW - 26)  # 10 + 15 s: stale
     nm["n2"] = dataclasses.replace(nm["n2"], lease_renewed=NOW - 24)  # not yet
     nm["n3"] = NodeView("n3", ready="Unknown", ready_since=NOW - 60, lease_renewed=NOW - 60)
-    assert stale_lease_nodes(snapshot(node_map=nm)) == ["n1"]
+    assert unconfirmed_lease_nodes(snapshot(node_map=nm)) == ["n1"]
 
 
 def test_device_fault_replaces_without_tainting_by_default() -> None:

@@ -1,87 +1,112 @@
-"""When the reconciler plans a gang after events: the first event after a quiet spell at once
-(a failure's first signal waits for nothing), a burst after it coalesced at most every debounce,
-never sooner than the pass spacing. Passes are recorded instead of run."""
+"""When the reconciler plans a gang, on a clock the tests advance by hand (no real sleeps): the
+first event after a quiet spell at once (a failure's first signal waits for nothing), a burst
+after it coalesced at most every debounce, never sooner than the pass spacing; a failed pass,
+whatever the error, retried with backoff. And what one pass does, in order: load, plan (with
+fresh Lease reads when the plan asks for them), write the status, act."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
 
-from jobset_inplace.controller.cache import ClusterCache, GangKey
-from jobset_inplace.controller.operator import Reconciler
+import pytest
+
+from jobset_inplace.controller.cache import ClusterCache, GangKey, PodEntry
+from jobset_inplace.controller.reconciler import PASS_SPACING, Reconciler, retry_delay
+from jobset_inplace.core.model import Action, Event, GangStatus, NodeView, ReplacePod
+from jobset_inplace.core.policy import Policy
+
+from .clocks import ManualClock
+from .gangs import member, pods, running
 
 KEY: GangKey = ("ns", "gang")
 
 
+async def settle() -> None:
+    """Let the tasks the timers started run (yields only; no time goes by)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
 class Recording(Reconciler):
-    """A reconciler whose passes only record their loop time."""
+    """A reconciler whose passes only record the clock's time (and may fail)."""
 
-    def __init__(self, debounce: float) -> None:
-        super().__init__(ClusterCache(), executor=None, debounce=debounce)  # type: ignore[arg-type]
+    def __init__(self, debounce: float, fail: int = 0) -> None:
+        self.manual = ManualClock()
+        super().__init__(ClusterCache(), executor=None, debounce=debounce, clock=self.manual)  # type: ignore[arg-type]
         self.ran: list[float] = []
+        self.fail = fail
 
-    async def reconcile(self, key: GangKey) -> None:
-        self.ran.append(asyncio.get_running_loop().time())
+    async def _reconcile(self, key: GangKey) -> None:
+        self.ran.append(self._fired[key])  # when its timer fired
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("not an ApiException")
 
 
 async def test_first_event_after_quiet_is_planned_at_once() -> None:
     r = Recording(debounce=0.5)
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
+    t0 = r.manual.now
     r.poke(KEY)
-    await asyncio.sleep(0.05)
-    assert len(r.ran) == 1
-    assert r.ran[0] - t0 < 0.05  # not after the 0.5 s debounce
+    r.manual.advance(0)
+    await settle()
+    assert r.ran == [t0]  # not after the 0.5 s debounce
 
 
 async def test_burst_after_a_pass_is_coalesced_into_one_pass_a_debounce_later() -> None:
     r = Recording(debounce=0.3)
-    loop = asyncio.get_running_loop()
+    t0 = r.manual.now
     r.poke(KEY)
-    await asyncio.sleep(0.02)
-    first = r.ran[0]
+    r.manual.advance(0)
+    await settle()
     for _ in range(20):  # a burst of events right after the first pass
         r.poke(KEY)
-        await asyncio.sleep(0.005)
-    await asyncio.sleep(0.4)
-    assert len(r.ran) == 2
-    assert r.ran[1] - first >= 0.3 - 0.01
-    assert loop.time() - first >= 0.4
+        r.manual.advance(0.005)
+        await settle()
+    assert r.ran == [t0]
+    r.manual.advance(0.4)
+    await settle()
+    assert r.ran == [t0, pytest.approx(t0 + 0.3)]
 
 
 async def test_pass_spacing_still_applies_to_the_first_event() -> None:
     r = Recording(debounce=0.05)
-    loop = asyncio.get_running_loop()
-    r._not_before[KEY] = loop.time() + 0.3  # the last pass's planning was expensive
-    t0 = loop.time()
+    t0 = r.manual.now
+    r._not_before[KEY] = t0 + 0.3  # the last pass's planning was expensive
     r.poke(KEY)
-    await asyncio.sleep(0.1)
+    r.manual.advance(0.1)
+    await settle()
     assert r.ran == []
-    await asyncio.sleep(0.3)
-    assert len(r.ran) == 1
-    assert r.ran[0] - t0 >= 0.3 - 0.01
+    r.manual.advance(0.3)
+    await settle()
+    assert r.ran == [pytest.approx(t0 + 0.3)]
 
 
 async def test_explicit_delay_is_kept() -> None:
     r = Recording(debounce=0.0)
-    t0 = asyncio.get_running_loop().time()
+    t0 = r.manual.now
     r.poke(KEY, 0.2)
-    await asyncio.sleep(0.1)
+    r.manual.advance(0.1)
+    await settle()
     assert r.ran == []
-    await asyncio.sleep(0.2)
-    assert len(r.ran) == 1
-    assert r.ran[0] - t0 >= 0.2 - 0.01
+    r.manual.advance(0.2)
+    await settle()
+    assert r.ran == [pytest.approx(t0 + 0.2)]
 
 
 async def test_forget_cancels_the_pending_pass_and_drops_the_gangs_state() -> None:
     r = Recording(debounce=0.0)
-    loop = asyncio.get_running_loop()
     r.poke(KEY)
-    await asyncio.sleep(0.01)
-    r._not_before[KEY] = loop.time() + 0.1
+    r.manual.advance(0)
+    await settle()
+    r._not_before[KEY] = r.manual.now + 0.1
     r._locks[KEY] = asyncio.Lock()
     r.poke(KEY, 0.1)  # a pass is due
     r.forget(KEY)  # the JobSet was deleted
-    await asyncio.sleep(0.2)
+    r.manual.advance(0.2)
+    await settle()
     assert len(r.ran) == 1  # only the pass before the deletion
     assert (r._timers, r._not_before, r._fired, r._locks) == ({}, {}, {}, {})
 
@@ -92,3 +117,123 @@ async def test_forget_keeps_a_lock_held_by_a_running_pass() -> None:
     async with lock:
         r.forget(KEY)
         assert r._locks[KEY] is lock  # a new pass must still wait for the running one
+
+
+async def test_a_failed_pass_is_retried_with_backoff_whatever_the_error() -> None:
+    r = Recording(debounce=0.0, fail=3)
+    r.cache.upsert_jobset(jobset(), Policy(), "")
+    t0 = r.manual.now
+    r.poke(KEY)
+    for step in (0, retry_delay(1), retry_delay(2), retry_delay(3)):
+        r.manual.advance(step)
+        await settle()
+    assert r.ran == [t0, t0 + 1, t0 + 3, t0 + 7]  # 1, 2, 4 s apart
+    assert r._failures == {}, "a pass that worked resets the backoff"
+    assert r.manual.pending == []
+    assert retry_delay(100) == 60.0
+
+
+# --- one pass, with a recording executor ---------------------------------------------------------
+def jobset(members: int = 2) -> dict[str, Any]:
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"namespace": KEY[0], "name": KEY[1], "uid": "js-uid", "annotations": {}},
+        "spec": {
+            "replicatedJobs": [
+                {"name": "workers", "replicas": members, "template": {"spec": {"parallelism": 1}}}
+            ]
+        },
+    }
+
+
+@dataclass
+class RecordingExecutor:
+    status: GangStatus
+    leases: dict[str, float | None] = field(default_factory=dict)
+    calls: list[str] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
+
+    def load_or_create(self, jobset: dict[str, Any]) -> GangStatus:
+        self.calls.append("load")
+        return self.status
+
+    def lease_renewals(self, nodes: list[str]) -> dict[str, float | None]:
+        self.calls.append(f"read leases {','.join(nodes)}")
+        return {n: self.leases.get(n) for n in nodes}
+
+    def write_status(self, namespace: str, name: str, status: GangStatus) -> None:
+        self.calls.append(f"write epoch {status.epoch} {status.phase}")
+
+    def run(self, jobset: dict[str, Any], actions: list[Action]) -> None:
+        self.calls.append("act")
+        self.actions += actions
+
+
+def gang(
+    executor: RecordingExecutor, **pod_changes: Any
+) -> tuple[Reconciler, ManualClock, ClusterCache]:
+    clock = ManualClock()
+    cache = ClusterCache()
+    cache.upsert_jobset(jobset(), Policy(), "")
+    for pod in pods(2, epoch=2):
+        view = pod if pod.member != member(1) else dataclasses.replace(pod, **pod_changes)
+        cache.upsert_pod(PodEntry(pod.uid, KEY, view))
+    for i in range(2):
+        cache.upsert_node(NodeView(f"n{i}"))
+        cache.set_lease(f"n{i}", clock.wall() - 1)
+    r = Reconciler(cache, executor, clock=clock)  # type: ignore[arg-type]
+    return r, clock, cache
+
+
+async def test_a_pass_writes_the_status_before_it_acts_and_spaces_the_next_pass() -> None:
+    ex = RecordingExecutor(running(2))
+    r, clock, _ = gang(ex, trainer_failed=True)
+    clock.cpu_step = 0.01  # the planning "costs" 10 ms of CPU
+    await r.reconcile(KEY)
+    assert ex.calls == ["load", "write epoch 3 Recovering", "act"]
+    assert r._not_before[KEY] == pytest.approx(clock.now + PASS_SPACING * 0.01)
+
+
+async def test_a_once_only_event_is_posted_once() -> None:
+    ex = RecordingExecutor(running(2))
+    r, _, _ = gang(ex, report_error="bad epoch")
+    await r.reconcile(KEY)
+    await r.reconcile(KEY)
+    malformed = [a for a in ex.actions if isinstance(a, Event) and a.reason == "MalformedReport"]
+    assert len(malformed) == 1
+    assert r.cache.gangs[KEY].posted == {malformed[0].message}
+
+
+async def test_a_lease_stale_in_the_cache_is_read_before_a_pod_is_replaced() -> None:
+    ex = RecordingExecutor(running(2, expected=2, ready=2, reported=2))
+    r, clock, cache = gang(ex)
+    cache.set_lease("n1", clock.wall() - 30)  # what the (lagging?) watch says
+    ex.leases = {"n1": clock.wall() - 2}  # the API: renewed 2 s ago, the watch lags
+    await r.reconcile(KEY)
+    assert ex.calls == ["load", "read leases n1"]  # nothing replaced, nothing written
+    ex.calls.clear()
+    ex.leases = {"n1": clock.wall() - 30}  # really silent this time (a read of an older
+    cache.set_lease("n1", clock.wall() - 30)  # renewal confirms nothing about this one)
+    await r.reconcile(KEY)
+    assert ex.calls[:2] == ["read leases n1", "write epoch 3 Recovering"]
+    assert [a.member for a in ex.actions if isinstance(a, ReplacePod)] == [member(1)]
+    assert cache.nodes["n1"].lease_read_at == clock.wall()
+
+
+async def test_counts_alone_are_written_later() -> None:
+    ex = RecordingExecutor(running(2))
+    r, clock, cache = gang(ex)
+    await r.reconcile(KEY)  # the counts (expected, ready, reported) change: first write
+    assert ex.calls == ["load", "write epoch 2 Running"]
+    pod = cache.gangs[KEY].pods["uid-1"]
+    cache.upsert_pod(
+        PodEntry("uid-1", KEY, dataclasses.replace(pod, phase="Pending"))
+    )  # ready 2 -> 1
+    await r.reconcile(KEY)
+    assert ex.calls == ["load", "write epoch 2 Running"], "counts alone: not yet"
+    assert [when - clock.now for when in clock.pending] == [pytest.approx(1.0)]
+    clock.advance(1.0)
+    await settle()
+    await r.reconcile(KEY)
+    assert ex.calls[-1] == "write epoch 2 Running"
