@@ -21,6 +21,7 @@ from typing import Any
 
 from jobset_inplace import names
 from jobset_inplace.core.transform import AGENT_CONTAINER
+from jobset_inplace.times import format_time
 from testbed.cluster import LocalCluster
 from testbed.controller import ControllerProcess, prepare
 from testbed.demo import run_demo
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     results: dict[str, Any] = {
         "label": args.label,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "started": format_time(started, micro=False),
         "machine": {
             "cpus": os.cpu_count(),
             "memory_gib": round(

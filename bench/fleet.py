@@ -23,7 +23,6 @@ background load. The controller does not need the kubelet's writes to run a reco
 
 from __future__ import annotations
 
-import datetime as dt
 import heapq
 import itertools
 import json
@@ -48,14 +47,11 @@ from jobset_inplace.agent.logic import (
     Restart,
     parse_gangstate,
 )
+from jobset_inplace.times import format_time
 from jobset_inplace.trainer.checkpoints import encode_steps
 
 RESTARTING = "AllContainersRestarting"
 _ERRORS = (ApiError, ValueError, *TransportErrors)
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -410,7 +406,7 @@ class Fleet:
     def _kubelet_status(
         self, agent: SimAgent, *, restarting: bool, crashed: bool, restarts: int | None = None
     ) -> None:
-        now = _now()
+        now = format_time(micro=False)
         count = agent.restarts if restarts is None else restarts
         statuses = []
         for name in agent.containers:

@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import names
+from jobset_inplace.apierrors import or_none
+from jobset_inplace.core.decode import member_key
 from jobset_inplace.core.transform import AgentSettings, transform
+from jobset_inplace.times import format_time
 from testbed import workloads
 from testbed.kube import Clients, create_jobset, wait_for
 from testbed.kwoknodes import set_heartbeat
@@ -220,9 +222,8 @@ class Bench:
                 continue
             if avoid and p.spec.node_name == avoid:
                 continue
-            members.add(
-                f"{labels.get(names.JOB_INDEX_LABEL)}/{labels.get('batch.kubernetes.io/job-completion-index')}"
-            )
+            if (member := member_key(labels)) is not None:
+                members.add(member)
         return len(members) >= size
 
     def _create(self, name: str, size: int, hybrid: bool) -> float:
@@ -257,18 +258,15 @@ class Bench:
             self._delete(js["metadata"]["name"])
 
     def _delete(self, name: str) -> None:
-        try:
-            self.kube.custom.delete_namespaced_custom_object(
-                JOBSET_GROUP,
-                JOBSET_VERSION,
-                self.namespace,
-                JOBSETS,
-                name,
-                body={"propagationPolicy": "Background"},
-            )
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        or_none(
+            self.kube.custom.delete_namespaced_custom_object,
+            JOBSET_GROUP,
+            JOBSET_VERSION,
+            self.namespace,
+            JOBSETS,
+            name,
+            body={"propagationPolicy": "Background"},
+        )
         t0 = time.monotonic()
         self._wait(f"pods of {name} gone", lambda: not self._pods(name), t0)
         log(f"{name}: deleted, pods gone after {time.monotonic() - t0:.1f}s")
@@ -405,7 +403,7 @@ class Bench:
 
     def _fail_pod(self, pod: client.V1Pod) -> float:
         """What the kubelet reports when the trainer exits 3 under restartPolicy Never."""
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        now = format_time(micro=False)
         statuses = [
             {
                 "name": c.name,

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from jobset_inplace import names
+from jobset_inplace.apierrors import or_none
 from jobset_inplace.core.transform import AGENT_CONTAINER, STATE_DIR
 
 from . import workloads
@@ -199,12 +198,8 @@ def main() -> int:
     cluster.up()
     ctl = ControllerProcess(cluster, cluster.logs_dir / "controller-demo.log")
     kube = clients(cluster.kubeconfig)
-    try:
-        kube.core.delete_namespace(NAMESPACE)
+    if or_none(kube.core.delete_namespace, NAMESPACE) is not None:
         wait_for("old demo namespace gone", lambda: _gone(kube), 120, 1)
-    except ApiException as e:
-        if e.status != 404:
-            raise
     try:
         result = run_demo(cluster)
     finally:
@@ -221,11 +216,7 @@ def main() -> int:
 
 
 def _gone(kube: Clients) -> bool:
-    try:
-        kube.core.read_namespace(NAMESPACE)
-    except ApiException as e:
-        return bool(e.status == 404)
-    return False
+    return or_none(kube.core.read_namespace, NAMESPACE) is None
 
 
 if __name__ == "__main__":

@@ -15,6 +15,9 @@ from typing import Any, TypeVar
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from jobset_inplace.apierrors import or_none
+from jobset_inplace.core.decode import condition
+
 T = TypeVar("T")
 
 JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
@@ -71,11 +74,7 @@ def temporary_namespace(c: Clients, prefix: str, *, default_sa: bool = False) ->
     try:
         yield name
     finally:
-        try:
-            c.core.delete_namespace(name, propagation_policy="Background")
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        or_none(c.core.delete_namespace, name, propagation_policy="Background")
 
 
 def get_jobset(c: Clients, namespace: str, name: str) -> dict[str, Any]:
@@ -93,7 +92,5 @@ def create_jobset(c: Clients, namespace: str, body: dict[str, Any]) -> dict[str,
 
 
 def node_ready_status(node: client.V1Node) -> str:
-    for cond in node.status.conditions or []:
-        if cond.type == "Ready":
-            return str(cond.status)
-    return "Missing"
+    """The node's Ready condition status ("True", "False", "Unknown"; "Missing" if none)."""
+    return str((condition(node.to_dict(), "Ready") or {}).get("status", "Missing"))

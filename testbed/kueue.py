@@ -9,7 +9,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
+from jobset_inplace.apierrors import or_none
+
+# The product's condition lookup, kept importable from here for the e2e tests.
+from jobset_inplace.core.decode import condition as condition  # noqa: PLC0414
 
 from .kube import Clients
 
@@ -86,11 +89,7 @@ def create_queue(
 
 def delete_queue(kube: Clients, q: Queue) -> None:
     for plural, name in (("clusterqueues", q.cluster_queue), ("resourceflavors", q.flavor)):
-        try:
-            kube.custom.delete_cluster_custom_object(*KUEUE, plural, name)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        or_none(kube.custom.delete_cluster_custom_object, *KUEUE, plural, name)
 
 
 @contextlib.contextmanager
@@ -109,11 +108,4 @@ def workload_of(kube: Clients, namespace: str, jobset_name: str) -> dict[str, An
         owners = wl["metadata"].get("ownerReferences") or []
         if any(o["kind"] == "JobSet" and o["name"] == jobset_name for o in owners):
             return dict(wl)
-    return None
-
-
-def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any] | None:
-    for cond in obj.get("status", {}).get("conditions") or []:
-        if cond["type"] == ctype:
-            return dict(cond)
     return None

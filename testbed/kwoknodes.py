@@ -15,9 +15,10 @@ grace + period + one renew interval = 50 s + 5 s + 10 s (:data:`NODE_UNHEALTHY_B
 
 from __future__ import annotations
 
-import datetime as dt
+import time
 
 from jobset_inplace.names import NODE_LEASE_NAMESPACE
+from jobset_inplace.times import format_time
 
 from .cluster import KWOK_NODE_ANNOTATION, NODE_MONITOR_GRACE_SECONDS, NODE_MONITOR_PERIOD_SECONDS
 from .kube import Clients
@@ -34,20 +35,15 @@ def is_kwok_node(c: Clients, name: str) -> bool:
     return (node.metadata.annotations or {}).get(KWOK_NODE_ANNOTATION) == "fake"
 
 
-def _micro_time(t: dt.datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def set_heartbeat(c: Clients, name: str, *, alive: bool) -> None:
     """Silence (``alive=False``) or revive kwok's heartbeats for node ``name``."""
-    now = dt.datetime.now(dt.UTC)
     if not alive:
         # renewTime is left as kwok last wrote it: the node died just after its last
         # heartbeat, at a random point of its renew interval, as a real node does.
         spec = {"holderIdentity": SILENCED_HOLDER, "leaseDurationSeconds": 24 * 3600}
     else:
         # An expired Lease: kwok takes it over on its next try and manages the node again.
-        spec = {"leaseDurationSeconds": 1, "renewTime": _micro_time(now - dt.timedelta(hours=1))}
+        spec = {"leaseDurationSeconds": 1, "renewTime": format_time(time.time() - 3600)}
     # A merge patch carries no resourceVersion: it wins over kwok's concurrent renewal, whose
     # update then conflicts and re-reads the Lease.
     c.coordination.patch_namespaced_lease(name, NODE_LEASE_NAMESPACE, {"spec": spec})

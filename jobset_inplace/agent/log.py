@@ -10,6 +10,7 @@ from typing import TextIO
 __all__ = ["Log"]
 
 
+# Not jobset_inplace.times: the agent imports only the standard library, names and trainer.
 def _timestamp(t: float) -> str:
     millis = int((t % 1) * 1000)
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{millis:03d}Z"

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from jobset_inplace.trainer.checkpoints import MAX_STEP
+from jobset_inplace.trainer.checkpoints import MAX_STEP, is_int
 
 __all__ = [
     "Action",
@@ -50,20 +50,12 @@ class GangView:
     resume_step: int | None  # meaningful only while barrier_open
     phase: str = ""
 
-    def describe(self) -> str:
-        barrier = "open" if self.barrier_open else "closed"
-        step = "" if not self.barrier_open else f", resumeStep {self.resume_step}"
-        phase = f" ({self.phase})" if self.phase else ""
-        return f"epoch {self.epoch}{phase}, barrier {barrier}{step}"
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
 
 def parse_gangstate(obj: object) -> GangView | None:
     """The view of a GangState object; None while it has no status epoch yet (the controller
     has not initialised it). Raises `MalformedStatus` naming the offending field."""
+    # Not core.gangstate.status_from_dict: the agent imports only the standard library, names
+    # and trainer (start-up budget), and must name a malformed field rather than crash on it.
     if not isinstance(obj, Mapping):
         raise MalformedStatus(f"GangState is not a JSON object: {type(obj).__name__}")
     status = obj.get("status")
@@ -74,7 +66,7 @@ def parse_gangstate(obj: object) -> GangView | None:
     if status.get("epoch") is None:
         return None
     epoch = status["epoch"]
-    if not _is_int(epoch) or not 0 <= epoch <= MAX_STEP:
+    if not is_int(epoch) or not 0 <= epoch <= MAX_STEP:
         raise MalformedStatus(f"status.epoch must be an integer >= 0, got {_short(epoch)}")
     barrier = status.get("barrierOpen", False)
     if barrier is None:
@@ -82,7 +74,7 @@ def parse_gangstate(obj: object) -> GangView | None:
     if not isinstance(barrier, bool):
         raise MalformedStatus(f"status.barrierOpen must be a boolean, got {_short(barrier)}")
     step = status.get("resumeStep")
-    if barrier and step is not None and (not _is_int(step) or not 0 <= step <= MAX_STEP):
+    if barrier and step is not None and (not is_int(step) or not 0 <= step <= MAX_STEP):
         raise MalformedStatus(
             f"status.resumeStep must be null or an integer 0..{MAX_STEP}, got {_short(step)}"
         )

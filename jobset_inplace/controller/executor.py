@@ -14,20 +14,14 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import names
+from jobset_inplace.apierrors import or_none
 from jobset_inplace.core.gangstate import new_gangstate, owned_by, status_from_dict, status_to_dict
 from jobset_inplace.core.model import Action, EscalatePod, Event, GangStatus, ReplacePod
+from jobset_inplace.times import format_time
 
 log = logging.getLogger("jobset_inplace.controller")
 
 COMPONENT = "jobset-inplace"
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _rfc3339(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Executor:
@@ -40,14 +34,10 @@ class Executor:
         """Last renewal of each node's Lease, read from the API (None: no Lease)."""
         out: dict[str, float | None] = {}
         for node in nodes:
-            try:
-                lease = self.coordination.read_namespaced_lease(node, names.NODE_LEASE_NAMESPACE)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
-                out[node] = None
-                continue
-            renew = lease.spec.renew_time
+            lease = or_none(
+                self.coordination.read_namespaced_lease, node, names.NODE_LEASE_NAMESPACE
+            )
+            renew = None if lease is None else lease.spec.renew_time
             out[node] = renew.timestamp() if renew is not None else None
         return out
 
@@ -55,13 +45,9 @@ class Executor:
     def load_or_create(self, jobset: dict[str, Any]) -> GangStatus:
         meta = jobset["metadata"]
         where = (names.GROUP, names.VERSION, meta["namespace"], names.GANGSTATE_PLURAL)
-        obj: dict[str, Any] | None
-        try:
-            obj = self.custom.get_namespaced_custom_object(*where, meta["name"])
-        except ApiException as e:
-            if e.status != 404:
-                raise
-            obj = None
+        obj: dict[str, Any] | None = or_none(
+            self.custom.get_namespaced_custom_object, *where, meta["name"]
+        )
         if obj is not None and not owned_by(obj, meta["uid"]):
             # Left by an earlier JobSet of the same name and not garbage-collected yet: its
             # epochs are not this gang's.
@@ -107,13 +93,8 @@ class Executor:
     ) -> bool:
         """Mark a pod Failed with a condition through its status (the kubelet is gone or the
         failure must reach the Job's podFailurePolicy). False if the pod is no longer there."""
-        try:
-            pod = self.core.read_namespaced_pod(a.pod, namespace)
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise
-        if pod.metadata.uid != a.uid:
+        pod = or_none(self.core.read_namespaced_pod, a.pod, namespace)
+        if pod is None or pod.metadata.uid != a.uid:
             return False
         drop = {ctype, "Ready"} if since is not None else {ctype}
         conditions = [c for c in (pod.status.conditions or []) if c.type not in drop]
@@ -124,7 +105,7 @@ class Executor:
                     "type": "Ready",
                     "status": "False",
                     "reason": "NodeUnhealthy",
-                    "lastTransitionTime": _rfc3339(since),
+                    "lastTransitionTime": format_time(since, micro=False),
                 }
             )
         body = {
@@ -139,7 +120,7 @@ class Executor:
                         "status": "True",
                         "reason": "JobsetInplace",
                         "message": msg[:1000],
-                        "lastTransitionTime": _now(),
+                        "lastTransitionTime": format_time(micro=False),
                     },
                 ],
             },
@@ -153,12 +134,9 @@ class Executor:
         """Add or remove our ``key:NoSchedule`` taint (``jobset-inplace.dev/unhealthy`` by
         default; idempotent; optimistic concurrency on the node's resourceVersion)."""
         for _ in range(5):
-            try:
-                obj = self.core.read_node(node)
-            except ApiException as e:
-                if e.status == 404:
-                    return
-                raise
+            obj = or_none(self.core.read_node, node)
+            if obj is None:
+                return
             taints = [
                 self.core.api_client.sanitize_for_serialization(t)
                 for t in obj.spec.taints or []

@@ -5,8 +5,9 @@ webhook adds to an opted-in JobSet and what the validating webhook refuses.
   (only on CREATE: a JobSet's pod templates are immutable afterwards).
 * :func:`validate`: ``(allowed, message)``; the message names the annotation or field and the
   accepted form (guarantee 8).
-* :func:`review`: a whole ``admission.k8s.io/v1`` AdmissionReview request -> response, for
-  any HTTP server; the kopf handlers in :mod:`.controller.admission` use the two above.
+
+The kopf handlers in :mod:`jobset_inplace.controller.webhook_server` call these two and build
+the AdmissionReview responses.
 
 Only JobSets that opted in (``jobset-inplace.dev/enabled: "true"``) are changed; the webhook
 configurations' ``matchConditions`` make sure the others never even reach the server.
@@ -14,7 +15,6 @@ configurations' ``matchConditions`` make sure the others never even reach the se
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -22,7 +22,7 @@ from typing import Any
 import jsonpatch
 
 from jobset_inplace import names
-from jobset_inplace.core.policy import PolicyError, parse_policy
+from jobset_inplace.core.policy import PolicyError, is_enabled, parse_enabled, parse_policy
 from jobset_inplace.core.transform import (
     AGENT_CONTAINER,
     DEFAULT_AGENT_IMAGE,
@@ -38,17 +38,13 @@ def _annotations(obj: Mapping[str, Any] | None) -> dict[str, str]:
     return dict(((obj or {}).get("metadata") or {}).get("annotations") or {})
 
 
-def _opted_in(obj: Mapping[str, Any] | None) -> bool:
-    return _annotations(obj).get(names.ENABLED) == "true"
-
-
 def mutate(jobset: Mapping[str, Any], settings: AgentSettings) -> list[JSONPatchOp]:
     """JSON-patch ops (RFC 6902) from ``jobset`` to its transform; ``[]`` when it did not
     opt in or is already transformed (the transform is idempotent).
 
     Raises :class:`~.policy.PolicyError` / :class:`~.transform.TransformError` when it cannot
     be made safe (:func:`validate` turns those into a refusal)."""
-    if not _opted_in(jobset):
+    if not is_enabled(_annotations(jobset)):
         return []
     before = json.loads(json.dumps(jobset))  # a plain, deep copy
     after = transform(before, settings)
@@ -88,12 +84,9 @@ def validate(jobset: Mapping[str, Any], old: Mapping[str, Any] | None = None) ->
       agent: pod templates are immutable, and a gang without agents could never pass the
       barrier.
     """
-    enabled = _annotations(jobset).get(names.ENABLED)
-    if enabled is None or enabled == "false":
-        return True, ""
-    if enabled != "true":
-        return False, str(PolicyError(names.ENABLED, enabled, '"true" or "false"'))
     try:
+        if not parse_enabled(_annotations(jobset)):
+            return True, ""
         if old is None:
             transform(json.loads(json.dumps(jobset)), _VALIDATION_SETTINGS)
         else:
@@ -106,38 +99,10 @@ def validate(jobset: Mapping[str, Any], old: Mapping[str, Any] | None = None) ->
 def _validate_update(jobset: Mapping[str, Any], old: Mapping[str, Any]) -> None:
     if _policy_keys(old) == _policy_keys(jobset):
         return
-    if not _opted_in(old) and not _has_agent(jobset):
+    if not is_enabled(_annotations(old)) and not _has_agent(jobset):
         raise TransformError(
             f'annotation {names.ENABLED}="true" cannot be added to an existing JobSet: the '
             "agent is injected when the JobSet is created (pod templates are immutable); "
             "create it with the annotation, or use `kubectl jobset-inplace enable`"
         )
     parse_policy(_annotations(jobset))
-
-
-def review(
-    request: Mapping[str, Any], settings: AgentSettings, *, mutating: bool
-) -> dict[str, Any]:
-    """An AdmissionReview response for an AdmissionReview ``request`` (``admission.k8s.io/v1``)
-    on jobsets: the mutating verdict (patch) or the validating one."""
-    req = request.get("request") or {}
-    response: dict[str, Any] = {"uid": req.get("uid", ""), "allowed": True}
-    out = {
-        "apiVersion": request.get("apiVersion", "admission.k8s.io/v1"),
-        "kind": "AdmissionReview",
-        "response": response,
-    }
-    operation = req.get("operation")
-    obj, old = req.get("object"), req.get("oldObject")
-    if obj is None or operation not in ("CREATE", "UPDATE"):
-        return out
-    allowed, message = validate(obj, old if operation == "UPDATE" else None)
-    if not allowed:
-        response.update(allowed=False, status={"code": 400, "message": message})
-        return out
-    if mutating and operation == "CREATE":
-        ops = mutate(obj, settings)
-        if ops:
-            response["patchType"] = "JSONPatch"
-            response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
-    return out

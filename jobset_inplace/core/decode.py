@@ -3,7 +3,6 @@ views. No I/O; the controller calls these from its watch caches."""
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,6 +11,7 @@ import yaml
 from jobset_inplace import names
 from jobset_inplace.core.model import GangSpec, NodeView, PodView
 from jobset_inplace.core.policy import PolicyError, parse_duration
+from jobset_inplace.times import parse_time
 from jobset_inplace.trainer.checkpoints import decode_steps
 
 Obj = Mapping[str, Any]
@@ -21,23 +21,25 @@ Obj = Mapping[str, Any]
 KUEUE_POD_CONDITIONS = ("TerminatedByKueue", "KueueFailureRecovery")
 
 
-def ts(value: str | None, default: float = 0.0) -> float:
-    if not value:
-        return default
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+def _ts(value: str | None, default: float = 0.0) -> float:
+    t = parse_time(value)
+    return default if t is None else t
+
+
+# The pod labels JobSet sets that name a member: replicated Job, Job index, completion index.
+MEMBER_LABELS = (names.REPLICATED_JOB_LABEL, names.JOB_INDEX_LABEL, names.COMPLETION_INDEX_LABEL)
+
+
+def member_name(replicated_job: str, job_index: object, completion_index: object) -> str:
+    """``<replicatedJob>/<jobIndex>/<completionIndex>``: a member's stable identity across
+    pod recreations."""
+    return f"{replicated_job}/{job_index}/{completion_index}"
 
 
 def member_key(labels: Mapping[str, str]) -> str | None:
-    """``<replicatedJob>/<jobIndex>/<completionIndex>``: a member's stable identity across
-    pod recreations (None for pods JobSet did not label)."""
+    """The :func:`member_name` of a pod from its labels (None for pods JobSet did not label)."""
     try:
-        return "/".join(
-            (
-                labels[names.REPLICATED_JOB_LABEL],
-                labels[names.JOB_INDEX_LABEL],
-                labels[names.COMPLETION_INDEX_LABEL],
-            )
-        )
+        return member_name(*(labels[k] for k in MEMBER_LABELS))
     except KeyError:
         return None
 
@@ -48,26 +50,31 @@ def expected_members(jobset: Obj) -> frozenset[str]:
         job = rj["template"]["spec"]
         pods = int(job.get("parallelism", 1))
         out.update(
-            f"{rj['name']}/{j}/{c}" for j in range(int(rj.get("replicas", 1))) for c in range(pods)
+            member_name(rj["name"], j, c)
+            for j in range(int(rj.get("replicas", 1)))
+            for c in range(pods)
         )
     return frozenset(out)
 
 
-def _condition(obj: Obj, ctype: str) -> Mapping[str, Any] | None:
-    for cond in obj.get("status", {}).get("conditions") or []:
+def condition(obj: Obj, ctype: str) -> dict[str, Any] | None:
+    """The condition of type ``ctype`` in ``obj``'s ``status.conditions`` (a copy), or None."""
+    for cond in (obj.get("status") or {}).get("conditions") or []:
         if cond.get("type") == ctype:
             return dict(cond)
     return None
+
+
+def condition_true(obj: Obj, ctype: str) -> bool:
+    """Whether ``obj`` has the condition ``ctype`` with status ``"True"``."""
+    return (condition(obj, ctype) or {}).get("status") == "True"
 
 
 def jobset_finished(jobset: Obj) -> bool:
     status = jobset.get("status") or {}
     if status.get("terminalState"):
         return True
-    return any(
-        (c := _condition(jobset, t)) is not None and c.get("status") == "True"
-        for t in ("Completed", "Failed")
-    )
+    return any(condition_true(jobset, t) for t in ("Completed", "Failed"))
 
 
 def gang_spec(jobset: Obj) -> GangSpec:
@@ -118,19 +125,13 @@ def pod_view(pod: Obj) -> PodView | None:
         except ValueError as e:
             errors.append(f"{names.REPORT_STEPS}: {e}")
     containers = status.get("containerStatuses") or []
-    escalated = _condition(pod, names.ESCALATION_CONDITION)
-    by_kueue = any(
-        (c := _condition(pod, t)) is not None and c.get("status") == "True"
-        for t in KUEUE_POD_CONDITIONS
-    )
-    restarting = _condition(pod, "AllContainersRestarting")
     return PodView(
         name=meta["name"],
         uid=meta["uid"],
         member=member,
         node=pod.get("spec", {}).get("nodeName"),
         phase=status.get("phase") or "Pending",
-        created=ts(meta.get("creationTimestamp")),
+        created=_ts(meta.get("creationTimestamp")),
         deleting=bool(meta.get("deletionTimestamp")),
         restart_attempt=int(labels.get(names.RESTART_ATTEMPT_LABEL) or 0),
         reported_epoch=None if errors else epoch,
@@ -139,22 +140,22 @@ def pod_view(pod: Obj) -> PodView | None:
         trainer_failed=any(
             (c.get("state") or {}).get("terminated", {}).get("exitCode", 0) != 0 for c in containers
         ),
-        restarting=restarting is not None and restarting.get("status") == "True",
+        restarting=condition_true(pod, "AllContainersRestarting"),
         devices_unhealthy=_resources_unhealthy(containers),
-        escalated=escalated is not None and escalated.get("status") == "True",
-        by_kueue=by_kueue,
+        escalated=condition_true(pod, names.ESCALATION_CONDITION),
+        by_kueue=any(condition_true(pod, t) for t in KUEUE_POD_CONDITIONS),
     )
 
 
 def node_view(node: Obj, lease: Obj | None, now: float) -> NodeView:
-    ready = _condition(node, "Ready")
+    ready = condition(node, "Ready")
     conditions = tuple(
-        (c["type"], ts(c.get("lastTransitionTime"), now))
+        (c["type"], _ts(c.get("lastTransitionTime"), now))
         for c in node.get("status", {}).get("conditions") or []
         if c.get("type") != "Ready" and c.get("status") == "True"
     )
     taints = tuple(
-        (t["key"], ts(t.get("timeAdded"), now))
+        (t["key"], _ts(t.get("timeAdded"), now))
         for t in node.get("spec", {}).get("taints") or []
         if t.get("effect") in ("NoSchedule", "NoExecute")
     )
@@ -162,7 +163,7 @@ def node_view(node: Obj, lease: Obj | None, now: float) -> NodeView:
     return NodeView(
         name=node["metadata"]["name"],
         ready=(ready or {}).get("status", "Unknown"),
-        ready_since=ts((ready or {}).get("lastTransitionTime"), now),
+        ready_since=_ts((ready or {}).get("lastTransitionTime"), now),
         lease_renewed=renewed or None,
         taints=taints,
         conditions=conditions,
@@ -172,7 +173,7 @@ def node_view(node: Obj, lease: Obj | None, now: float) -> NodeView:
 def lease_renewal(lease: Obj) -> tuple[str, float | None]:
     """A node Lease's node name and last renewal (None: never renewed)."""
     renew = (lease.get("spec") or {}).get("renewTime")
-    return str(lease["metadata"]["name"]), ts(renew) if isinstance(renew, str) and renew else None
+    return str(lease["metadata"]["name"]), parse_time(renew) if isinstance(renew, str) else None
 
 
 def kueue_stand_down(workload: Obj) -> str:
@@ -181,19 +182,18 @@ def kueue_stand_down(workload: Obj) -> str:
     finished. Kueue then suspends the JobSet itself; reacting to the Workload is earlier."""
     if (workload.get("spec") or {}).get("active") is False:
         return "Kueue Workload deactivated"
-    evicted = _condition(workload, "Evicted")
-    admitted = _condition(workload, "Admitted")
+    evicted = condition(workload, "Evicted")
+    admitted = condition(workload, "Admitted")
     if evicted is not None and evicted.get("status") == "True":
         # An eviction older than the current admission is history (re-admitted since).
         readmitted = (
             admitted is not None
             and admitted.get("status") == "True"
-            and ts(admitted.get("lastTransitionTime")) > ts(evicted.get("lastTransitionTime"))
+            and _ts(admitted.get("lastTransitionTime")) > _ts(evicted.get("lastTransitionTime"))
         )
         if not readmitted:
             return f"Kueue evicted the Workload ({evicted.get('reason', 'unknown')})"
-    finished = _condition(workload, "Finished")
-    if finished is not None and finished.get("status") == "True":
+    if condition_true(workload, "Finished"):
         return "Kueue Workload finished"
     return ""
 

@@ -8,23 +8,15 @@ failing or recreated members of the current recovery by name."""
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 from typing import Any
 
 from jobset_inplace import names
 from jobset_inplace.core.model import GangStatus, Phase, Recovery
+from jobset_inplace.times import parse_time
 
-
-def rfc3339(t: float | None) -> str | None:
-    if t is None:
-        return None
-    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_time(value: str | None) -> float | None:
-    if not value:
-        return None
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+# Re-exported ("as" form) while core/planner.py still imports rfc3339 from here; its home is
+# jobset_inplace.times.
+from jobset_inplace.times import rfc3339 as rfc3339  # noqa: PLC0414
 
 
 def _recovery_to_dict(r: Recovery) -> dict[str, Any]:

@@ -79,7 +79,16 @@ class PolicyError(ValueError):
 
 
 def is_enabled(annotations: Mapping[str, str] | None) -> bool:
+    """Whether a JobSet with these annotations opted in (``enabled: "true"``; any other value,
+    or none, is not opted in). :func:`parse_enabled` also refuses a malformed value."""
     return (annotations or {}).get(names.ENABLED) == "true"
+
+
+def parse_enabled(annotations: Mapping[str, str] | None) -> bool:
+    """:func:`is_enabled`, raising :class:`PolicyError` unless ``enabled`` is absent,
+    ``"true"`` or ``"false"``."""
+    value = (annotations or {}).get(names.ENABLED)
+    return value is not None and _bool(names.ENABLED, value)
 
 
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?$")
@@ -169,8 +178,6 @@ def parse_policy(annotations: Mapping[str, str] | None) -> Policy:
 
     Raises :class:`PolicyError` for the first malformed key (in a stable order)."""
     a = annotations or {}
-    enabled = a.get(names.ENABLED)
-    if enabled is not None and enabled not in ("true", "false"):
-        raise PolicyError(names.ENABLED, enabled, '"true" or "false"')
+    parse_enabled(a)
     values: dict[str, Any] = {f: parse(k, a[k]) for f, k, parse in _PARSERS if k in a}
     return dataclasses.replace(Policy(), **values)

@@ -16,8 +16,10 @@ from typing import IO, Any, NoReturn
 import urllib3
 
 from jobset_inplace import names
+from jobset_inplace.apierrors import or_none
 from jobset_inplace.core.policy import PolicyError, is_enabled, parse_duration
 from jobset_inplace.core.transform import DEFAULT_AGENT_IMAGE, TransformError
+from jobset_inplace.times import format_time
 
 from . import doctor as doctor_mod
 from . import enable as enable_mod
@@ -114,31 +116,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 # --- commands ------------------------------------------------------------------------------------
 def _get_gangstate(c: Cluster, name: str) -> dict[str, Any]:
-    try:
-        return c.gangstate(name)
-    except ApiException as e:
-        if e.status == 404:
-            raise CommandError(
-                f"GangState {name} not found in namespace {c.namespace}: is the JobSet opted in "
-                f"({names.ENABLED}=true) and the controller running? "
-                "(if the GangState CRD itself is missing: kubectl jobset-inplace doctor)",
-                ExitCode.NOT_FOUND,
-            ) from None
-        raise
-
-
-def _get_jobset(c: Cluster, name: str) -> dict[str, Any] | None:
-    try:
-        return c.jobset(name)
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
+    gs = or_none(c.gangstate, name)
+    if gs is None:
+        raise CommandError(
+            f"GangState {name} not found in namespace {c.namespace}: is the JobSet opted in "
+            f"({names.ENABLED}=true) and the controller running? "
+            "(if the GangState CRD itself is missing: kubectl jobset-inplace doctor)",
+            ExitCode.NOT_FOUND,
+        )
+    return gs
 
 
 def cmd_status(c: Cluster, args: argparse.Namespace, out: IO[str]) -> ExitCode:
     gs = _get_gangstate(c, args.name)
-    js = _get_jobset(c, args.name)
+    js = or_none(c.jobset, args.name)
     pods = c.jobset_pods(args.name)
     names = sorted({str(n) for p in pods if (n := (p.get("spec") or {}).get("nodeName"))})
     nodes: dict[str, dict[str, Any] | None] | None = {}
@@ -167,7 +158,7 @@ def cmd_history(c: Cluster, args: argparse.Namespace, out: IO[str]) -> ExitCode:
 
 def restart_value(now: dt.datetime | None = None) -> str:
     """A fresh, unique request value: the UTC time to the microsecond."""
-    return (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_time(None if now is None else now.timestamp())
 
 
 def confirm(question: str, stdin: IO[str], err: IO[str]) -> bool:
@@ -186,7 +177,7 @@ def confirm(question: str, stdin: IO[str], err: IO[str]) -> bool:
 def cmd_restart(
     c: Cluster, args: argparse.Namespace, out: IO[str], stdin: IO[str], err: IO[str]
 ) -> ExitCode:
-    js = _get_jobset(c, args.name)
+    js = or_none(c.jobset, args.name)
     if js is None:
         raise CommandError(
             f"JobSet {args.name} not found in namespace {c.namespace}", ExitCode.NOT_FOUND
@@ -269,6 +260,9 @@ def main(
     except CommandError as e:
         err.write(f"error: {e}\n")
         return int(e.code)
+    except render.MalformedStatus as e:
+        err.write(f"error: {e}\n")
+        return int(ExitCode.FAILED)
     except ApiException as e:
         err.write(f"error: the API server answered {api_error_message(e)}\n")
         return int(ExitCode.FAILED)

@@ -15,6 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from jobset_inplace import names
+from jobset_inplace.apierrors import or_none
 
 JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -91,12 +92,8 @@ class Cluster:
 
     def node(self, name: str) -> dict[str, Any] | None:
         """The node, or ``None`` if it does not exist (other errors raise)."""
-        try:
-            return self._json(self.core.read_node(name, _preload_content=False))
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        resp = or_none(self.core.read_node, name, _preload_content=False)
+        return None if resp is None else self._json(resp)
 
     # --- cluster-wide reads for doctor -----------------------------------------------------------
     def server_version(self) -> dict[str, Any]:
@@ -104,16 +101,10 @@ class Cluster:
         return {"major": v.major, "minor": v.minor, "gitVersion": v.git_version}
 
     def crd(self, name: str) -> dict[str, Any] | None:
-        try:
-            return self._json(
-                client.ApiextensionsV1Api(self.api_client).read_custom_resource_definition(
-                    name, _preload_content=False
-                )
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        """The CustomResourceDefinition, or ``None`` if it does not exist."""
+        api = client.ApiextensionsV1Api(self.api_client)
+        resp = or_none(api.read_custom_resource_definition, name, _preload_content=False)
+        return None if resp is None else self._json(resp)
 
     def nodes(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = (

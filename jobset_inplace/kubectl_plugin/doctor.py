@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import yaml
 
 from jobset_inplace import names
+from jobset_inplace.core.decode import condition_true
 from jobset_inplace.core.policy import Policy, PolicyError, parse_duration
 
 from .cluster import api_error_message
@@ -128,11 +129,6 @@ def _crd_versions(crd: Mapping[str, Any]) -> list[str]:
     return [v["name"] for v in (crd.get("spec") or {}).get("versions") or [] if v.get("served")]
 
 
-def _established(crd: Mapping[str, Any]) -> bool:
-    conds = (crd.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
-
-
 def check_jobset_crd(crd: Mapping[str, Any] | None, images: Sequence[str] = ()) -> Check:
     name = "JobSet CRD"
     if crd is None:
@@ -158,7 +154,7 @@ def check_gangstate_crd(crd: Mapping[str, Any] | None) -> Check:
         return Check(name, Result.FAIL, f"{GANGSTATE_CRD} not installed", CRD_HINT)
     if names.VERSION not in _crd_versions(crd):
         return Check(name, Result.FAIL, f"{names.VERSION} not served", CRD_HINT)
-    if not _established(crd):
+    if not condition_true(crd, "Established"):
         return Check(name, Result.FAIL, "not Established yet", "wait, then check the CRD status")
     return Check(name, Result.PASS, f"{GANGSTATE_CRD} ({names.VERSION}) established")
 

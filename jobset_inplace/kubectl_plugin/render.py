@@ -12,14 +12,21 @@ from typing import Any
 import yaml
 
 from jobset_inplace import names
-from jobset_inplace.core.gangstate import parse_time
+from jobset_inplace.core.decode import MEMBER_LABELS, condition, condition_true, member_name
+from jobset_inplace.core.gangstate import status_from_dict
+from jobset_inplace.core.model import GangStatus, Recovery
 from jobset_inplace.core.policy import Policy, PolicyError, parse_policy
+from jobset_inplace.times import rfc3339
 
 REPORT_KIND = "GangStatusReport"
 HISTORY_KIND = "GangRecoveryHistory"
 POD_STATES = ("running", "restarting", "pending", "failed", "succeeded")
 
 Obj = Mapping[str, Any]
+
+
+class MalformedStatus(ValueError):
+    """The GangState's status cannot be read (a field of the wrong type or value)."""
 
 
 # --- small formatting helpers ----------------------------------------------------------------
@@ -69,19 +76,10 @@ def dump(doc: Any, fmt: str) -> str:
 
 # --- pods and nodes ----------------------------------------------------------------------------
 def member_id(pod: Obj) -> str:
-    """The stable member slot: ``<replicatedJob>/<jobIndex>/<completionIndex>``."""
+    """The stable member slot, :func:`~jobset_inplace.core.decode.member_name` (``?`` for a
+    missing label)."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    return "/".join(
-        labels.get(k, "?")
-        for k in (names.REPLICATED_JOB_LABEL, names.JOB_INDEX_LABEL, names.COMPLETION_INDEX_LABEL)
-    )
-
-
-def _condition(obj: Obj, ctype: str) -> str | None:
-    for c in (obj.get("status") or {}).get("conditions") or []:
-        if c.get("type") == ctype:
-            return str(c.get("status"))
-    return None
+    return member_name(*(labels.get(k, "?") for k in MEMBER_LABELS))
 
 
 def pod_state(pod: Obj) -> str:
@@ -95,7 +93,7 @@ def pod_state(pod: Obj) -> str:
         return "failed"
     if phase == "Succeeded":
         return "succeeded"
-    if _condition(pod, "AllContainersRestarting") == "True":
+    if condition_true(pod, "AllContainersRestarting"):
         return "restarting"
     if phase != "Running":
         return "pending"
@@ -110,7 +108,7 @@ def node_problems(node: Obj | None) -> list[str]:
     if node is None:
         return ["NotFound"]
     out = []
-    ready = _condition(node, "Ready")
+    ready = (condition(node, "Ready") or {}).get("status")
     if ready != "True":
         out.append(f"Ready={ready or 'Missing'}")
     for t in (node.get("spec") or {}).get("taints") or []:
@@ -134,30 +132,37 @@ def _budget(used: int, limit: int | None) -> dict[str, Any]:
     return {"used": used, "limit": limit, "left": left}
 
 
-def _last_recovery(rec: Obj | None, now: float) -> dict[str, Any] | None:
-    if not rec:
+def gang_status(gangstate: Obj) -> GangStatus | None:
+    """The GangState's status as the controller reads it
+    (:func:`~jobset_inplace.core.gangstate.status_from_dict`); None while the controller has
+    not initialised it (no epoch yet). Raises :class:`MalformedStatus`."""
+    st = gangstate.get("status") or {}
+    if "epoch" not in st:
         return None
-    causes: dict[str, str] = dict(rec.get("causes") or {})
-    recreated: dict[str, str] = dict(rec.get("recreated") or {})
-    started = rec.get("startedAt")
-    duration = rec.get("durationSeconds")
-    in_progress = rec.get("openedAt") is None
-    elapsed = None
-    if in_progress and (t := parse_time(started)) is not None:
-        elapsed = round(max(0.0, now - t), 3)
+    try:
+        return status_from_dict(dict(st))
+    except (KeyError, TypeError, ValueError) as e:
+        raise MalformedStatus(f"cannot read the status of the GangState: {e!r}") from e
+
+
+def _last_recovery(rec: Recovery | None, now: float) -> dict[str, Any] | None:
+    if rec is None:
+        return None
+    in_progress = rec.opened is None
+    causes = {member: str(cause) for member, cause in rec.causes.items()}
     return {
-        "epoch": rec.get("epoch"),
+        "epoch": rec.epoch,
         "causes": dict(sorted(Counter(causes.values()).items())),
         "failedMembers": dict(sorted(causes.items())),
-        "inPlace": int(rec.get("inPlace") or 0),
-        "recreated": len(recreated),
-        "recreatedMembers": sorted(recreated),
-        "startedAt": started,
-        "openedAt": rec.get("openedAt"),
-        "durationSeconds": duration,
+        "inPlace": rec.in_place,
+        "recreated": len(rec.recreated),
+        "recreatedMembers": sorted(rec.recreated),
+        "startedAt": rfc3339(rec.started),
+        "openedAt": rfc3339(rec.opened),
+        "durationSeconds": None if rec.duration is None else round(rec.duration, 3),
         "inProgress": in_progress,
-        "elapsedSeconds": elapsed,
-        "resumeStep": rec.get("resumeStep"),
+        "elapsedSeconds": round(max(0.0, now - rec.started), 3) if in_progress else None,
+        "resumeStep": rec.resume_step,
     }
 
 
@@ -173,10 +178,9 @@ def status_document(
     ``nodes`` maps node name -> node (``None``: the node is gone); ``nodes=None`` means nodes
     could not be read, which the document says instead of guessing."""
     meta = gangstate.get("metadata") or {}
-    st = gangstate.get("status") or {}
-    members = st.get("members") or {}
-    budgets = st.get("budgets") or {}
-    rec = st.get("recovery") or None
+    status = gang_status(gangstate)
+    s = status or GangStatus()  # counts of a status not initialised yet: zero
+    rec = s.recovery
 
     policy: Policy | None = None
     policy_error = None
@@ -187,8 +191,8 @@ def status_document(
         policy_error = str(e)
 
     counts = Counter(pod_state(p) for p in pods)
-    causes = (rec or {}).get("causes") or {}
-    recreated = (rec or {}).get("recreated") or {}
+    causes = {member: str(cause) for member, cause in rec.causes.items()} if rec else {}
+    recreated = rec.recreated if rec else {}
     member_pods: list[dict[str, Any]] = []
     for p in sorted(pods, key=lambda p: (member_id(p), (p.get("metadata") or {}).get("name"))):
         pm = p.get("metadata") or {}
@@ -225,26 +229,18 @@ def status_document(
         "jobSet": meta.get("name"),
         "namespace": meta.get("namespace"),
         "jobSetFound": jobset is not None,
-        "phase": st.get("phase"),
-        "reason": st.get("reason") or None,
-        "message": st.get("message") or None,
-        "epoch": st.get("epoch"),
-        "barrierOpen": bool(st.get("barrierOpen")),
-        "resumeStep": st.get("resumeStep"),
-        "members": {
-            "expected": int(members.get("expected") or 0),
-            "reported": int(members.get("reported") or 0),
-            "ready": int(members.get("ready") or 0),
-        },
+        "phase": status.phase.value if status else None,
+        "reason": s.reason or None,
+        "message": s.message or None,
+        "epoch": status.epoch if status else None,
+        "barrierOpen": s.barrier_open,
+        "resumeStep": s.resume_step,
+        "members": {"expected": s.expected, "reported": s.reported, "ready": s.ready},
         "pods": {k: counts.get(k, 0) for k in POD_STATES},
         "unhealthyNodes": unhealthy,
         "budgets": {
-            "inPlace": _budget(
-                int(budgets.get("inPlaceUsed") or 0), policy.inplace_budget if policy else None
-            ),
-            "recreate": _budget(
-                int(budgets.get("recreateUsed") or 0), policy.recreate_budget if policy else None
-            ),
+            "inPlace": _budget(s.inplace_used, policy.inplace_budget if policy else None),
+            "recreate": _budget(s.recreate_used, policy.recreate_budget if policy else None),
         },
         "policyError": policy_error,
         "lastRecovery": _last_recovery(rec, now),
@@ -340,9 +336,9 @@ def render_status(doc: Mapping[str, Any], *, wide: bool = False) -> str:
 # --- history -------------------------------------------------------------------------------------
 def history_document(gangstate: Obj) -> dict[str, Any]:
     meta = gangstate.get("metadata") or {}
-    st = gangstate.get("status") or {}
+    status = gang_status(gangstate)
     entries = []
-    for h in st.get("history") or []:
+    for h in status.history if status else []:
         entries.append(
             {
                 "epoch": h.get("epoch"),

@@ -24,6 +24,7 @@ from jobset_inplace.trainer.checkpoints import (
     RETIRED_MARKER,
     check_step,
     is_complete,
+    is_int,
     mark_complete,
     step_dir,
 )
@@ -58,10 +59,6 @@ _TIERS: tuple[Tier, ...] = ("local", "persistent", "both")
 _GANG_RE = re.compile(r"[^/\s]+/[^/\s]+")
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 @dataclass(frozen=True)
 class ResumeInfo:
     """What the agent tells the trainer before the barrier opens for `epoch`."""
@@ -71,10 +68,10 @@ class ResumeInfo:
     gang: str  # "<namespace>/<jobset>"
 
     def __post_init__(self) -> None:
-        if not _is_int(self.epoch) or self.epoch < 0:
+        if not is_int(self.epoch) or self.epoch < 0:
             raise ValueError(f"epoch must be a non-negative integer, got {self.epoch!r}")
         if self.resume_step is not None:
-            if not _is_int(self.resume_step):
+            if not is_int(self.resume_step):
                 raise ValueError(f"resumeStep must be an integer or null, got {self.resume_step!r}")
             check_step(self.resume_step)
         if not isinstance(self.gang, str) or _GANG_RE.fullmatch(self.gang) is None:

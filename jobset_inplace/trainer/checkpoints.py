@@ -24,6 +24,7 @@ __all__ = [
     "decode_steps",
     "encode_steps",
     "is_complete",
+    "is_int",
     "mark_complete",
     "retire_steps_after",
     "scan_tier",
@@ -55,9 +56,14 @@ _ACCEPTED_FORM = (
 )
 
 
+def is_int(value: object) -> bool:
+    """Whether `value` is an int and not a bool (JSON ``true`` is no step, epoch or count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_step(step: int) -> int:
     """Return `step` if it is a valid step number (int in ``0..MAX_STEP``), else raise."""
-    if isinstance(step, bool) or not isinstance(step, int):
+    if not is_int(step):
         raise TypeError(f"step must be an int, got {type(step).__name__}")
     if not 0 <= step <= MAX_STEP:
         raise ValueError(f"step must be between 0 and {MAX_STEP}, got {step}")

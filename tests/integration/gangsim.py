@@ -6,12 +6,12 @@ agent's annotations."""
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +20,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import names
+from jobset_inplace.times import format_time
 from testbed import workloads
 from testbed.kube import Clients, create_jobset, wait_for
 
@@ -28,13 +29,11 @@ RJ = "workers"
 
 
 def now_iso(offset: float = 0.0) -> str:
-    t = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset)
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time(time.time() + offset, micro=False)
 
 
 def micro(offset: float = 0.0) -> str:
-    t = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset)
-    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_time(time.time() + offset)
 
 
 def running_status(restarts: int = 0, *, exit_code: int | None = None) -> dict[str, Any]:

@@ -14,13 +14,13 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import names
-from jobset_inplace.core.gangstate import parse_time
 from jobset_inplace.kubectl_plugin import ExitCode, main
 from jobset_inplace.kubectl_plugin import doctor as d
 from jobset_inplace.kubectl_plugin import render as r
 from jobset_inplace.kubectl_plugin.cli import build_parser, restart_value
 from jobset_inplace.kubectl_plugin.cluster import Cluster
 from jobset_inplace.kubectl_plugin.enable import enable_diff, enable_text
+from jobset_inplace.times import parse_time
 
 NS, NAME = "ml", "train"
 NOW = parse_time("2026-11-21T10:00:30Z") or 0.0
@@ -461,6 +461,38 @@ def test_history_through_main() -> None:
     code, out, _ = run(["history", NAME], FakeCluster(jobset(), gangstate()))
     assert code == ExitCode.OK
     assert len(out.splitlines()) == 3
+
+
+def test_status_and_history_report_a_malformed_gangstate_status() -> None:
+    gs = gangstate(phase="Exploded")  # read as the controller reads it: not a phase
+    for command in ("status", "history"):
+        code, out, err = run([command, NAME], FakeCluster(jobset(), gs))
+        assert code == ExitCode.FAILED
+        assert out == ""
+        assert "cannot read the status of the GangState" in err
+        assert "Exploded" in err
+
+
+def test_status_of_a_gangstate_the_controller_has_not_initialised() -> None:
+    gs = gangstate()
+    gs["status"] = {}
+    out = r.status_document(gs, jobset(), [], {}, NOW)
+    assert (out["phase"], out["epoch"], out["barrierOpen"], out["resumeStep"]) == (
+        None,
+        None,
+        False,
+        None,
+    )
+    assert out["members"] == {"expected": 0, "reported": 0, "ready": 0}
+    assert out["lastRecovery"] is None
+    assert "Unknown (no status yet" in r.render_status(out)
+    assert r.history_document(gs)["recoveries"] == []
+
+
+def test_member_id_marks_missing_labels() -> None:
+    labels = {names.REPLICATED_JOB_LABEL: "workers", names.COMPLETION_INDEX_LABEL: "0"}
+    assert r.member_id({"metadata": {"labels": labels}}) == "workers/?/0"
+    assert r.member_id(PODS[0]) == "workers/0/0"
 
 
 def test_restart_refuses_without_tty() -> None:

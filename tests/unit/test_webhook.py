@@ -1,10 +1,9 @@
 """Admission logic (pure): what the mutating webhook patches, what the validating webhook
-refuses and with which message, the AdmissionReview envelope, the kopf handlers' patch, and
+refuses and with which message, the kopf handlers (their operations, patch and refusals), and
 that the shipped manifests match the code."""
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
 from pathlib import Path
@@ -23,7 +22,7 @@ from jobset_inplace.controller.webhook_server import (
     server_from_env,
     settings_from_env,
 )
-from jobset_inplace.core.admission import mutate, review, validate
+from jobset_inplace.core.admission import mutate, validate
 from jobset_inplace.core.policy import PolicyError
 from jobset_inplace.core.transform import (
     AGENT_SERVICE_ACCOUNT,
@@ -188,50 +187,6 @@ def test_opting_in_on_update_needs_the_agent_already_there() -> None:
     assert validate(jobset({names.ENABLED: "false"}), jobset()) == (True, "")
 
 
-# --- review (the AdmissionReview envelope) --------------------------------------------------
-
-
-def admission_review(operation: str, obj: Any, old: Any = None) -> dict[str, Any]:
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "0b1c",
-            "operation": operation,
-            "resource": {"group": "jobset.x-k8s.io", "version": "v1alpha2", "resource": "jobsets"},
-            "object": obj,
-            "oldObject": old,
-        },
-    }
-
-
-def test_review_create_returns_a_base64_json_patch() -> None:
-    out = review(admission_review("CREATE", jobset()), S, mutating=True)
-    resp = out["response"]
-    assert (out["kind"], resp["uid"], resp["allowed"]) == ("AdmissionReview", "0b1c", True)
-    assert resp["patchType"] == "JSONPatch"
-    ops = json.loads(base64.b64decode(resp["patch"]))
-    assert jsonpatch.apply_patch(jobset(), ops) == transform(jobset(), S)
-
-
-def test_review_denies_with_a_message_and_never_patches_updates() -> None:
-    bad = jobset({names.ENABLED: "true", names.MEMBER_REPEAT_LIMIT: "0"})
-    resp = review(admission_review("CREATE", bad), S, mutating=True)["response"]
-    assert resp["allowed"] is False
-    assert resp["status"]["code"] == 400
-    assert names.MEMBER_REPEAT_LIMIT in resp["status"]["message"]
-    assert "patch" not in resp
-    old = transform(jobset(), S)
-    update = review(admission_review("UPDATE", jobset(), old), S, mutating=True)["response"]
-    assert update == {"uid": "0b1c", "allowed": True}
-    validating = review(admission_review("CREATE", jobset()), S, mutating=False)["response"]
-    assert validating == {"uid": "0b1c", "allowed": True}
-    assert review(admission_review("DELETE", None, old), S, mutating=True)["response"] == {
-        "uid": "0b1c",
-        "allowed": True,
-    }
-
-
 # --- settings -------------------------------------------------------------------------------
 
 
@@ -281,10 +236,12 @@ def test_handlers_raise_admission_errors_with_the_message() -> None:
         cast(kopf.RawBody, jobset({names.ENABLED: "true", names.NO_COMMON_CHECKPOINT: "retry"}))
     )
     for hid in (MUTATE_ID, VALIDATE_ID):
+        patch = kopf.Patch(body=bad)
         with pytest.raises(kopf.AdmissionError, match="no-common-checkpoint") as info:
-            handlers()[hid].fn(body=bad, patch=kopf.Patch(body=bad), operation="CREATE")
+            handlers()[hid].fn(body=bad, patch=patch, operation="CREATE")
         assert info.value.code == 400
         assert "escalate or scratch" in str(info.value)
+        assert not patch.fns  # a refusal never patches
 
 
 # --- manifests match the code -----------------------------------------------------------------
