@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import jobset_inplace.trainer as trainer_module
 from jobset_inplace import trainer
 from jobset_inplace.trainer import (
     DEFAULT_STATE_DIR,
@@ -186,21 +185,44 @@ def test_wait_returns_an_existing_file(tmp_path: Path) -> None:
     assert wait_for_resume(timeout=0, state_dir=tmp_path) == ResumeInfo(1, 5, GANG)
 
 
-def test_wait_sees_a_file_written_later(tmp_path: Path) -> None:
-    writer = threading.Timer(0.05, write_resume, (ResumeInfo(2, None, GANG), tmp_path))
-    writer.start()
-    try:
-        got = wait_for_resume(timeout=30, poll=0.01, state_dir=tmp_path)
-    finally:
-        writer.join()
+class FakeTime:
+    """``time.monotonic``/``time.sleep`` for the trainer module: sleeping moves the clock on
+    (no real time passes) and may run what "happens meanwhile" (e.g. the agent's write)."""
+
+    def __init__(self, meanwhile: Callable[[], object] | None = None) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+        self.meanwhile = meanwhile
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+        if self.meanwhile is not None and len(self.slept) == 3:
+            self.meanwhile()
+
+
+def fake_time(monkeypatch: pytest.MonkeyPatch, fake: FakeTime) -> FakeTime:
+    monkeypatch.setattr(trainer_module.time, "monotonic", fake.monotonic)
+    monkeypatch.setattr(trainer_module.time, "sleep", fake.sleep)
+    return fake
+
+
+def test_wait_sees_a_file_written_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    written = FakeTime(lambda: write_resume(ResumeInfo(2, None, GANG), tmp_path))
+    fake = fake_time(monkeypatch, written)
+    got = wait_for_resume(timeout=30, poll=0.5, state_dir=tmp_path)
     assert got == ResumeInfo(2, None, GANG)
+    assert fake.slept == [0.5, 0.5, 0.5], "polled until the agent wrote it"
 
 
-def test_wait_times_out_with_a_hint(tmp_path: Path) -> None:
-    start = time.monotonic()
+def test_wait_times_out_with_a_hint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = fake_time(monkeypatch, FakeTime())
     with pytest.raises(TimeoutError, match=f"is the jobset-inplace agent running.*{ENV_STATE_DIR}"):
-        wait_for_resume(timeout=0.05, poll=0.01, state_dir=tmp_path)
-    assert time.monotonic() - start < 10  # bounded, not a speed assertion
+        wait_for_resume(timeout=1.0, poll=0.4, state_dir=tmp_path)
+    assert fake.slept == [0.4, 0.4, pytest.approx(0.2)], "never sleeps past the timeout"
 
 
 def test_wait_rejects_non_positive_poll(tmp_path: Path) -> None:
