@@ -16,7 +16,14 @@ from kubernetes.client.exceptions import ApiException
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
 from jobset_inplace.core.gangstate import new_gangstate, owned_by, status_from_dict, status_to_dict
-from jobset_inplace.core.model import Action, EscalatePod, Event, GangStatus, ReplacePod
+from jobset_inplace.core.model import (
+    Action,
+    EscalatePod,
+    Event,
+    GangStatus,
+    ReplacePod,
+    UntaintNode,
+)
 from jobset_inplace.times import format_time
 
 log = logging.getLogger("jobset_inplace.controller")
@@ -233,3 +240,9 @@ class Executor:
             if isinstance(a, Event):
                 log.info("%s/%s %s: %s", ns, jobset["metadata"]["name"], a.reason, a.message)
                 self.post_event(jobset, a)
+
+    def run_node(self, actions: list[Action]) -> None:
+        """Carry out a node's plan (:func:`~jobset_inplace.core.planner.plan_node`)."""
+        for a in actions:
+            if isinstance(a, UntaintNode):
+                self.set_unhealthy_taint(a.node, False)

@@ -11,12 +11,9 @@ import dataclasses
 from typing import Any
 
 from jobset_inplace import names
-from jobset_inplace.core.model import GangStatus, Phase, Recovery
-from jobset_inplace.times import parse_time
-
-# Re-exported ("as" form) while core/planner.py still imports rfc3339 from here; its home is
-# jobset_inplace.times.
-from jobset_inplace.times import rfc3339 as rfc3339  # noqa: PLC0414
+from jobset_inplace.core.model import Cause, GangStatus, Recovery
+from jobset_inplace.core.statemachine import Phase
+from jobset_inplace.times import parse_time, rfc3339
 
 
 def _recovery_to_dict(r: Recovery) -> dict[str, Any]:
@@ -27,7 +24,7 @@ def _recovery_to_dict(r: Recovery) -> dict[str, Any]:
         "deadlineExtended": r.deadline_extended,
         "openedAt": rfc3339(r.opened),
         "durationSeconds": None if r.duration is None else round(r.duration, 3),
-        "causes": dict(r.causes),
+        "causes": {member: cause.value for member, cause in r.causes.items()},
         "inPlace": r.in_place,
         "recreated": dict(r.recreated),
         "resumeStep": r.resume_step,
@@ -39,7 +36,7 @@ def _recovery_from_dict(d: dict[str, Any]) -> Recovery:
         epoch=int(d["epoch"]),
         started=parse_time(d.get("startedAt")) or 0.0,
         deadline=parse_time(d.get("deadline")) or 0.0,
-        causes=dict(d.get("causes") or {}),
+        causes={member: Cause(cause) for member, cause in (d.get("causes") or {}).items()},
         in_place=int(d.get("inPlace") or 0),
         recreated=dict(d.get("recreated") or {}),
         deadline_extended=bool(d.get("deadlineExtended")),

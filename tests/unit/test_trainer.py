@@ -7,6 +7,7 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -205,8 +206,8 @@ class FakeTime:
 
 
 def fake_time(monkeypatch: pytest.MonkeyPatch, fake: FakeTime) -> FakeTime:
-    monkeypatch.setattr(trainer_module.time, "monotonic", fake.monotonic)
-    monkeypatch.setattr(trainer_module.time, "sleep", fake.sleep)
+    clock = SimpleNamespace(monotonic=fake.monotonic, sleep=fake.sleep)
+    monkeypatch.setattr(trainer_module, "time", clock)  # the module's own name, nothing else
     return fake
 
 
