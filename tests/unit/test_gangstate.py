@@ -1,7 +1,24 @@
-import dataclasses
+"""The GangState status: which writes are progress only, and the encoding the controller
+writes and reads back (``status_to_dict`` / ``status_from_dict``)."""
 
-from jobset_inplace.core.gangstate import progress_only, progress_write_interval
-from jobset_inplace.core.model import GangStatus, Phase
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from jobset_inplace.core.gangstate import (
+    progress_only,
+    progress_write_interval,
+    status_from_dict,
+    status_to_dict,
+)
+from jobset_inplace.core.model import Cause, GangStatus, Recovery
+from jobset_inplace.core.statemachine import Phase
 
 
 def test_member_counts_alone_are_progress() -> None:
@@ -23,3 +40,139 @@ def test_count_writes_get_rarer_for_large_gangs_only() -> None:
     assert progress_write_interval(4) == 1.0
     assert progress_write_interval(1000) == 1.0
     assert progress_write_interval(5000) == 5.0
+
+
+# --- the GangState status encoding: what the controller writes, it reads back ------------------
+# Times are multiples of 1/64 s: exact in binary and in the 6 decimals of the RFC 3339 encoding.
+T0 = 1_790_000_000.0
+
+
+def full_status() -> GangStatus:
+    """Every field away from its default, with a recovery in flight that has opened."""
+    return GangStatus(
+        phase=Phase.RUNNING,
+        epoch=7,
+        barrier_open=True,
+        resume_step=4200,
+        restart_attempt=2,
+        recovery=Recovery(
+            epoch=7,
+            started=T0 + 0.25,
+            deadline=T0 + 300.5,
+            causes={"workers/1/0": Cause.NODE_UNHEALTHY, "workers/3/0": Cause.TRAINER_EXITED},
+            in_place=3,
+            recreated={"workers/1/0": "uid-old-1"},
+            deadline_extended=True,
+            opened=T0 + 12.015625,
+            resume_step=4200,
+        ),
+        history=[{"epoch": 6, "causes": {"workers/0/0": "PodFailed"}, "durationSeconds": 4.5}],
+        inplace_used=3,
+        recreate_used=1,
+        member_failures={"workers/3/0": 2},
+        expected=4,
+        reported=4,
+        ready=4,
+        reason="BarrierOpen",
+        message="resumed at step 4200",
+        restart_request="2026-01-01T00:00:00Z",
+        kueue_margin_s=60.0,
+    )
+
+
+def round_trip(s: GangStatus) -> GangStatus:
+    """Encode, go through JSON as the API stores it, decode."""
+    return status_from_dict(json.loads(json.dumps(status_to_dict(s))))
+
+
+def test_fully_populated_status_survives_the_round_trip() -> None:
+    s = full_status()
+    assert s.recovery is not None
+    for obj, default in ((s, GangStatus()), (s.recovery, Recovery(0, 0.0, 0.0))):
+        same = [
+            f.name
+            for f in dataclasses.fields(obj)
+            if getattr(obj, f.name) == getattr(default, f.name)
+        ]
+        assert not same, f"full_status leaves {same} at their defaults"
+    back = round_trip(s)
+    assert back == s
+    assert back.recovery is not None
+    assert back.recovery.causes == {
+        "workers/1/0": Cause.NODE_UNHEALTHY,
+        "workers/3/0": Cause.TRAINER_EXITED,
+    }
+    assert back.recovery.duration == pytest.approx(12.015625 - 0.25)
+
+
+def test_encoding_is_the_documented_camel_case_json() -> None:
+    d = status_to_dict(full_status())
+    assert d["phase"] == "Running"
+    assert d["barrierOpen"] is True
+    assert d["members"] == {"expected": 4, "reported": 4, "ready": 4}
+    assert d["budgets"] == {"inPlaceUsed": 3, "recreateUsed": 1}
+    rec = d["recovery"]
+    assert rec["causes"] == {"workers/1/0": "NodeUnhealthy", "workers/3/0": "TrainerExited"}
+    assert rec["startedAt"].endswith("Z")
+    assert rec["durationSeconds"] == pytest.approx(11.766)
+    assert rec["recreated"] == {"workers/1/0": "uid-old-1"}
+
+
+@pytest.mark.parametrize("stored", [None, {}, {"phase": "Running"}])
+def test_a_missing_status_is_a_gang_seen_for_the_first_time(stored: Any) -> None:
+    assert status_from_dict(stored) == GangStatus()
+
+
+def test_a_status_without_recovery_round_trips() -> None:
+    s = GangStatus(phase=Phase.STOOD_DOWN, epoch=3, reason="Kueue", message="evicted")
+    assert round_trip(s) == s
+    assert status_to_dict(s)["recovery"] is None
+
+
+times = st.integers(0, 4_000_000_000 * 64).map(lambda n: n / 64)
+members = st.text(alphabet="abcdefghij/0123456789-", min_size=1, max_size=20)
+small = st.integers(0, 10_000)
+
+recoveries = st.builds(
+    Recovery,
+    epoch=st.integers(1, 10_000),
+    started=times,
+    deadline=times,
+    causes=st.dictionaries(members, st.sampled_from(list(Cause)), max_size=5),
+    in_place=small,
+    recreated=st.dictionaries(members, st.text(max_size=36), max_size=5),
+    deadline_extended=st.booleans(),
+    opened=st.none() | times,
+    resume_step=st.none() | small,
+)
+
+statuses = st.builds(
+    GangStatus,
+    phase=st.sampled_from(list(Phase)),
+    epoch=st.integers(0, 10_000),
+    barrier_open=st.booleans(),
+    resume_step=st.none() | small,
+    restart_attempt=small,
+    recovery=st.none() | recoveries,
+    history=st.lists(
+        st.dictionaries(st.text(max_size=10), st.integers() | st.text(max_size=10), max_size=4),
+        max_size=3,
+    ),
+    inplace_used=small,
+    recreate_used=small,
+    member_failures=st.dictionaries(members, small, max_size=5),
+    expected=small,
+    reported=small,
+    ready=small,
+    reason=st.text(max_size=20),
+    message=st.text(max_size=40),
+    restart_request=st.text(max_size=20),
+    kueue_margin_s=st.none() | times,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(statuses)
+def test_any_status_survives_the_round_trip(s: GangStatus) -> None:
+    event(f"recovery: {'none' if s.recovery is None else 'present'}")
+    assert round_trip(s) == s
