@@ -169,6 +169,21 @@ class Gang:
             },
         )
 
+    def withdraw_report(self, i: int) -> dict[str, str]:
+        """Remove member ``i``'s report (as before its agent's first report); returns it."""
+        ann = self.pod(i).metadata.annotations or {}
+        keys = (names.REPORT_EPOCH, names.REPORT_STEPS)
+        old = {k: ann[k] for k in keys if k in ann}
+        self.kube.core.patch_namespaced_pod(
+            self.pods[i], self.namespace, {"metadata": {"annotations": dict.fromkeys(keys)}}
+        )
+        return old
+
+    def restore_report(self, i: int, report: dict[str, str]) -> None:
+        self.kube.core.patch_namespaced_pod(
+            self.pods[i], self.namespace, {"metadata": {"annotations": report}}
+        )
+
     def report_all(self, epoch: int, steps: str = "200,100") -> None:
         for i in self.pods:
             self.report(i, epoch, steps)

@@ -67,6 +67,26 @@ def reasons(g: Gang) -> list[str]:
     return [r for r, _ in g.events()]
 
 
+def controller_looked(g: Gang, i: int = 0) -> dict[str, Any]:
+    """Positive control before asserting that something did not happen: make a change the
+    controller must answer with a status write on this gang (member ``i``'s report withdrawn,
+    then restored: the reported count drops by one, then comes back) and wait for both writes.
+    Passes of a gang run one at a time, in order: the pass that wrote the restored count came
+    after everything the test did before calling this. Returns that status."""
+    before = g.state()
+    n = before["members"]["reported"]
+    report = g.withdraw_report(i)
+    g.wait_state(
+        f"reported {n - 1} of {before['members']['expected']} once member {i}'s report is gone",
+        lambda s: s["members"]["reported"] == n - 1,
+    )
+    g.restore_report(i, report)
+    return g.wait_state(
+        f"reported {n} again once member {i}'s report is back",
+        lambda s: s["members"]["reported"] == n,
+    )
+
+
 def test_worker_crash_restarts_all_members_in_place(gang: Gang) -> None:
     st = start_running(gang)
     assert st["resumeStep"] == 200
@@ -130,14 +150,20 @@ def test_member_on_notready_node_is_replaced_others_in_place(gang: Gang, kube: C
 def test_node_flap_under_threshold_does_nothing(gang: Gang, kube: Clients) -> None:
     gang.annotations[names.NODE_UNHEALTHY_AFTER] = "10s"
     start_running(gang)
+    assert gang.state()["members"]["reported"] == 4
+    flap = time.monotonic()
     set_node_ready(kube, gang.node(3), "False")
-    time.sleep(3)  # shorter than the threshold: the flap must be ignored ...
+    time.sleep(3)  # the flap lasts 3 s, shorter than the threshold: it must be ignored ...
     set_node_ready(kube, gang.node(3), "True")
     renew_lease(kube, gang.node(3))
-    deadline = time.monotonic() + 12  # ... also once the threshold would have passed
-    while time.monotonic() < deadline:
+    # ... also once the threshold would have passed (the planner looks again at that time).
+    while time.monotonic() < flap + 10 + 2:
         assert gang.state()["epoch"] == 1
         time.sleep(0.5)
+    # Positive control: the controller planned this gang after that moment and still saw nothing
+    # to recover.
+    st = controller_looked(gang)
+    assert (st["epoch"], st["phase"], st["barrierOpen"]) == (1, "Running", True)
     assert "RecoveryStarted" not in reasons(gang)
 
 
@@ -150,10 +176,13 @@ def test_second_failure_during_barrier_converges(gang: Gang, kube: Clients) -> N
         gang.report(i, 2)
     gang.restart_in_place(3)
     gang.report(3, 1)  # member 3 lags (never all four at epoch 2: the barrier stays closed) ...
+    gang.wait_state("members 0-2 back at epoch 2", lambda s: s["members"]["reported"] == 3)
     gang.fail_trainer(1)  # ... and member 1 crashes while the barrier waits
-    time.sleep(1)
-    st = gang.state()
+    # The controller saw the crash (member 1 no longer counts as back) and folded it into the
+    # recovery under way: no new epoch, the barrier still closed.
+    st = gang.wait_state("member 1's crash seen", lambda s: s["members"]["reported"] == 2)
     assert (st["epoch"], st["barrierOpen"]) == (2, False)
+    assert reasons(gang).count("RecoveryStarted") == 1
     gang.restart_in_place(1)
     gang.report(1, 2)
     gang.report(3, 2)
@@ -181,7 +210,8 @@ def test_budget_exhausted_escalates_through_the_job_failure_policy(gang: Gang) -
         return False
 
     wait_for("a pod failed with the escalation condition", escalated_pod, 10)
-    assert "Escalated" in reasons(gang)
+    # Events come last in a pass, after the pod actions.
+    wait_for("Escalated event", lambda: "Escalated" in reasons(gang), 10)
 
 
 def test_controller_killed_mid_recovery_completes_exactly_one(
@@ -190,12 +220,17 @@ def test_controller_killed_mid_recovery_completes_exactly_one(
     start_running(gang)
     gang.fail_trainer(1)
     gang.wait_state("epoch 2", lambda s: s["epoch"] == 2)
+    # The pass that opened epoch 2 writes the status first and posts its Event last: kill the
+    # controller once that pass is over (a kill between the two loses the Event, which no later
+    # pass posts again), with the recovery still under way (barrier closed).
+    wait_for("RecoveryStarted event", lambda: "RecoveryStarted" in reasons(gang), 10)
     controller.kill()
     gang.rejoin_all(2)
     controller.start()
-    st = gang.wait_state("barrier open at epoch 2", lambda s: s["barrierOpen"] and s["epoch"] == 2)
-    time.sleep(2)  # a second recovery would show as epoch 3 by now
-    st = gang.state()
+    gang.wait_state("barrier open at epoch 2", lambda s: s["barrierOpen"] and s["epoch"] == 2)
+    # Positive control instead of a fixed sleep: the restarted controller planned the gang again
+    # after the barrier opened, and a second recovery would show as epoch 3.
+    st = controller_looked(gang)
     assert (st["epoch"], st["budgets"]["inPlaceUsed"], len(st["history"])) == (2, 1, 1)
     assert reasons(gang).count("RecoveryStarted") == 1
 
@@ -217,7 +252,10 @@ def test_malformed_report_is_an_event_not_a_crash(gang: Gang, controller: Contro
 def test_jobset_without_opt_in_is_untouched(gang: Gang, kube: Clients) -> None:
     gang.create(enabled=False)
     gang.fail_trainer(0)
-    time.sleep(3)
+    # Positive control instead of a fixed sleep: an opted-in gang created after that runs to an
+    # open barrier, so the controller has handled the JobSet and pod events that came before.
+    other = Gang(kube, gang.namespace, f"{gang.name}-on", 2, dict(FAST), leases=gang.leases)
+    start_running(other)
     with pytest.raises(ApiException) as err:
         gang.state()
     assert err.value.status == 404
