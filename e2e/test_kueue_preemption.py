@@ -154,11 +154,17 @@ def test_preemption_during_recovery_stands_down_then_resumes(
             assert evicted is not None
             assert evicted["status"] == "True"
             assert evicted["reason"] == "Preempted"
-            events = kube.core.list_namespaced_event(
-                namespace, field_selector="involvedObject.name=gang"
-            ).items
-            ours = [e.reason for e in events if e.source.component == "jobset-inplace"]
-            assert "StoodDown" in ours
+
+            def our_events() -> list[str]:
+                events = kube.core.list_namespaced_event(
+                    namespace, field_selector="involvedObject.name=gang"
+                ).items
+                return [e.reason for e in events if e.source.component == "jobset-inplace"]
+
+            # Events come last in the controller's pass, after the status write seen above.
+            ours = wait_for(
+                "StoodDown event", lambda: r if "StoodDown" in (r := our_events()) else None, 30
+            )
             assert "RecoveryExtended" not in ours
             assert "Escalated" not in ours
 
@@ -182,7 +188,18 @@ def test_preemption_during_recovery_stands_down_then_resumes(
                 0.5,
             )
             pods = [p.metadata.name for p in member_pods(kube, namespace, "gang").values()]
-            steps = _resume_steps(local_cluster.kubeconfig, namespace, pods)
+            # A trainer container runs (waiting for its agent) before the barrier opens, and
+            # logs where it resumes once it reads the resume point: wait for every log line.
+            steps = wait_for(
+                "every trainer logged where it resumed",
+                lambda: (
+                    got
+                    if all(got := _resume_steps(local_cluster.kubeconfig, namespace, pods))
+                    else None
+                ),
+                60,
+                1,
+            )
             expected = st["resumeStep"] or 0
             assert steps == [[expected]] * len(pods), steps
             print(

@@ -243,8 +243,16 @@ def _run(kube: Clients, namespace: str, topo: Topology) -> None:
             0.2,
         )
         assert st["recovery"]["causes"] == {"workers/0/0": "NodeUnhealthy"}
-        taints = {t.key: t.effect for t in kube.core.read_node(dead).spec.taints or []}
-        assert taints.get(names.UNHEALTHY_TAINT) == "NoSchedule"
+
+        # The controller writes the status before it acts: wait for the taint itself.
+        def taint_effect() -> str | None:
+            taints = {t.key: t.effect for t in kube.core.read_node(dead).spec.taints or []}
+            return taints.get(names.UNHEALTHY_TAINT)
+
+        effect = wait_for(
+            f"{names.UNHEALTHY_TAINT} taint on dead node {dead}", taint_effect, 30, 0.2
+        )
+        assert effect == "NoSchedule"
 
         st = wait_for(
             f"barrier of epoch {trained + 1} (replacement placed by Kueue and joined)",

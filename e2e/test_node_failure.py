@@ -82,6 +82,23 @@ def _state(kube: Clients, namespace: str) -> dict[str, Any]:
     return dict(obj.get("status") or {})
 
 
+def _taints(kube: Clients, node: str) -> set[str]:
+    return {t.key for t in kube.core.read_node(node).spec.taints or []}
+
+
+def _gone_or_failed(kube: Clients, namespace: str, pod: Any) -> bool:
+    """Whether ``pod`` (that very pod, by UID) is deleted, being deleted or Failed."""
+    try:
+        now = kube.core.read_namespaced_pod(pod.metadata.name, namespace)
+    except ApiException as e:
+        if e.status == 404:
+            return True
+        raise
+    if now.metadata.uid != pod.metadata.uid:
+        return True
+    return bool(now.metadata.deletion_timestamp) or now.status.phase == "Failed"
+
+
 def test_dead_kwok_node_pod_replaced_elsewhere_others_in_place(
     local_cluster: LocalCluster | None,
     controller: ControllerProcess,
@@ -109,8 +126,20 @@ def test_dead_kwok_node_pod_replaced_elsewhere_others_in_place(
         detected = time.monotonic() - t0
         assert st["recovery"]["causes"] == {"workers/0/0": "NodeUnhealthy"}
         assert st["recovery"]["recreated"] == {"workers/0/0": victim.metadata.uid}
-        taints = {t.key for t in kube.core.read_node(dead).spec.taints or []}
-        assert names.UNHEALTHY_TAINT in taints
+        # The controller writes the status before it acts (taint, then pod replacement): the
+        # epoch is an intermediate write; wait for the actions themselves.
+        wait_for(
+            f"{names.UNHEALTHY_TAINT} taint on dead node {dead}",
+            lambda: names.UNHEALTHY_TAINT in _taints(kube, dead),
+            30,
+            0.2,
+        )
+        wait_for(
+            f"pod {victim.metadata.name} on the dead node replaced (failed or deleted)",
+            lambda: _gone_or_failed(kube, namespace, victim),
+            30,
+            0.2,
+        )
 
         st = wait_for(
             "barrier of epoch 2",
@@ -135,10 +164,7 @@ def test_dead_kwok_node_pod_replaced_elsewhere_others_in_place(
         set_heartbeat(kube, dead, alive=True)
     wait_for(
         f"{names.UNHEALTHY_TAINT} taint removed from revived node {dead}",
-        lambda: (
-            names.UNHEALTHY_TAINT
-            not in {t.key for t in kube.core.read_node(dead).spec.taints or []}
-        ),
+        lambda: names.UNHEALTHY_TAINT not in _taints(kube, dead),
         60,
         1,
     )
