@@ -1,6 +1,12 @@
 """e2e fixtures. The suite runs against ``JSI_KUBECONFIG`` when set (any cluster with JobSet
 and Kueue installed), otherwise against the local cluster, which it brings up if needed
-(idempotent) and takes down afterwards only if it created it (``JSI_KEEP_CLUSTER=1`` keeps it)."""
+(idempotent) and takes down afterwards only if it created it (``JSI_KEEP_CLUSTER=1`` keeps it).
+
+Every e2e test runs on the local cluster. On another cluster, the tests that need one of its
+levers (the controller run as a local process with its webhook on loopback, kwok nodes whose
+heartbeat a test stops, real kubelet nodes with the locally built image) skip with that reason.
+A skipped e2e test is not a pass: the run lists each one with its reason at the end and exits
+non-zero, unless ``JSI_E2E_PARTIAL=1`` accepts a partial run."""
 
 from __future__ import annotations
 
@@ -57,3 +63,69 @@ def controller(local_cluster: LocalCluster | None) -> Iterator[ControllerProcess
     ctl = ControllerProcess(local_cluster, local_cluster.logs_dir / "controller-e2e.log")
     yield ctl
     ctl.stop()
+
+
+# --- a partial run is not a pass ---------------------------------------------------------------
+PARTIAL_ENV = "JSI_E2E_PARTIAL"
+E2E_DIR = Path(__file__).resolve().parent
+
+
+class PartialRunCheck:
+    """Lists the e2e tests that were skipped, with their reasons, at the end of the run; any
+    skipped e2e test makes the run fail unless ``JSI_E2E_PARTIAL=1``. Only e2e tests count
+    (``make test`` runs every tier in one pytest session)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.selected: list[str] = []
+        self.skipped: dict[str, str] = {}
+
+    def in_e2e(self, nodeid: str) -> bool:
+        path = (self.config.rootpath / nodeid.split("::", 1)[0]).resolve()
+        return path.is_relative_to(E2E_DIR)
+
+    @property
+    def accepted(self) -> bool:
+        return os.environ.get(PARTIAL_ENV) == "1"
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.selected = [item.nodeid for item in session.items if self.in_e2e(item.nodeid)]
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.skipped and not hasattr(report, "wasxfail") and self.in_e2e(report.nodeid):
+            longrepr = report.longrepr
+            reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+            self.skipped[report.nodeid] = reason.removeprefix("Skipped: ")
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.skipped and not self.accepted and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not self.selected or self.config.option.collectonly:
+            return
+        where = os.environ.get("JSI_KUBECONFIG")
+        cluster = f"the cluster of JSI_KUBECONFIG={where}" if where else "the local cluster"
+        tr, n, skipped = terminalreporter, len(self.selected), self.skipped
+        if not skipped:
+            tr.write_line(f"e2e on {cluster}: no test skipped ({n} selected)")
+            return
+        tr.write_sep("=", f"e2e: {len(skipped)} of {n} selected tests did not run", red=True)
+        tr.write_line(f"on {cluster}:")
+        for nodeid, reason in skipped.items():
+            tr.write_line(f"  SKIPPED {nodeid}")
+            tr.write_line(f"          {reason}")
+        if self.accepted:
+            tr.write_line(
+                f"{PARTIAL_ENV}=1: a partial run is accepted; the exit status ignores them"
+            )
+        else:
+            tr.write_line(
+                f"a partial run is a failure (exit status 1 if nothing else failed); "
+                f"{PARTIAL_ENV}=1 accepts it. docs/testing.md says what runs where.",
+                red=True,
+            )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(PartialRunCheck(config), "jsi-e2e-partial-run")

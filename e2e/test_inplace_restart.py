@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from kubernetes import watch
 
-from testbed.cluster import REAL_NODE_LABEL
+from testbed.cluster import REAL_NODE_LABEL, LocalCluster
 from testbed.kube import Clients, wait_for
 from testbed.versions import binaries
 
@@ -120,7 +120,12 @@ class PodWatch:
 
 
 @pytest.fixture
-def real_node(kube: Clients) -> str:
+def real_node(kube: Clients, local_cluster: LocalCluster | None) -> str:
+    if local_cluster is None:
+        pytest.skip(
+            f"needs the local cluster's real kubelet nodes ({REAL_NODE_LABEL}=true) and its "
+            f"node image {IMAGE} (JSI_KUBECONFIG points elsewhere)"
+        )
     nodes = kube.core.list_node(label_selector=f"{REAL_NODE_LABEL}=true").items
     ready = [
         n.metadata.name

@@ -1,11 +1,14 @@
-"""``kubectl jobset-inplace doctor`` on the local cluster: every check passes there (Kubernetes
-1.35 with the restart gates, JobSet, Kueue, the GangState CRD, nodes declaring the feature)."""
+"""``kubectl jobset-inplace doctor`` on the cluster under test. On any cluster the suite
+supports, no check fails (the GangState CRD is installed first, as the suite does); on the local
+cluster every check that can pass does (Kubernetes 1.35 with the restart gates, JobSet, Kueue,
+the GangState CRD, nodes declaring the feature)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,10 +19,10 @@ from testbed.kubectl import Kubectl
 pytestmark = pytest.mark.e2e
 
 
-def test_doctor_passes_on_the_local_cluster(local_cluster: LocalCluster | None) -> None:
-    if local_cluster is None:
-        pytest.skip("asserts what the local cluster has; run doctor by hand elsewhere")
-    Kubectl(local_cluster.kubeconfig).apply_files([CRD], server_side=True)
+def test_doctor_passes_on_the_cluster(
+    cluster_kubeconfig: Path, local_cluster: LocalCluster | None
+) -> None:
+    Kubectl(cluster_kubeconfig).apply_files([CRD], server_side=True)
     res = subprocess.run(
         [
             sys.executable,
@@ -29,7 +32,7 @@ def test_doctor_passes_on_the_local_cluster(local_cluster: LocalCluster | None) 
             "-o",
             "json",
             "--kubeconfig",
-            str(local_cluster.kubeconfig),
+            str(cluster_kubeconfig),
         ],
         capture_output=True,
         text=True,
@@ -43,6 +46,8 @@ def test_doctor_passes_on_the_local_cluster(local_cluster: LocalCluster | None) 
     print("\n" + "\n".join(f"{r:5} {n}" for n, r in results.items()))
     failing = {n: r for n, r in results.items() if r == "FAIL"}
     assert not failing
+    if local_cluster is None:
+        return  # another cluster may lack Kueue or node feature declarations: WARN, not FAIL
     passed = [n for n, r in results.items() if r == "PASS"]
     # version, RestartAllContainers dry-run, JobSet, GangState CRD, Kueue, declared features
     assert len(passed) >= 6, results
