@@ -18,7 +18,7 @@ from jobset_inplace import names
 from jobset_inplace.core.transform import AgentSettings, transform
 from testbed import workloads
 from testbed.cluster import LocalCluster
-from testbed.controller import ControllerProcess, prepare
+from testbed.controller import ControllerProcess, gang_state, member_pods, prepare
 from testbed.kube import Clients, create_jobset, wait_for
 from testbed.kwoknodes import set_heartbeat
 from testbed.simagents import SimulatedAgents
@@ -60,26 +60,11 @@ def _jobset() -> dict[str, Any]:
 
 
 def _pods(kube: Clients, namespace: str) -> dict[str, Any]:
-    pods = kube.core.list_namespaced_pod(
-        namespace, label_selector=f"{names.JOBSET_NAME_LABEL}={NAME}"
-    ).items
-    return {
-        p.metadata.labels[names.JOB_INDEX_LABEL]: p
-        for p in pods
-        if not p.metadata.deletion_timestamp and p.status.phase != "Failed"
-    }
+    return member_pods(kube, namespace, NAME, include_failed=False)
 
 
 def _state(kube: Clients, namespace: str) -> dict[str, Any]:
-    try:
-        obj = kube.custom.get_namespaced_custom_object(
-            names.GROUP, names.VERSION, namespace, names.GANGSTATE_PLURAL, NAME
-        )
-    except ApiException as e:
-        if e.status == 404:  # the controller has not created it yet
-            return {}
-        raise
-    return dict(obj.get("status") or {})
+    return gang_state(kube, namespace, NAME)
 
 
 def _taints(kube: Clients, node: str) -> set[str]:

@@ -14,6 +14,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import names
+from jobset_inplace.apierrors import or_none
 from jobset_inplace.core.transform import AGENT_CONTAINER, agent_rbac
 
 from . import addons, certs, processes, workloads
@@ -100,23 +101,29 @@ class ControllerProcess:
 
 
 def gang_state(kube: Clients, ns: str, name: str) -> dict[str, Any]:
-    try:
-        obj = kube.custom.get_namespaced_custom_object(
-            names.GROUP, names.VERSION, ns, names.GANGSTATE_PLURAL, name
-        )
-    except ApiException:
-        return {}
-    return dict(obj.get("status") or {})
+    """The GangState's status ({} until the controller created it)."""
+    obj = or_none(
+        kube.custom.get_namespaced_custom_object,
+        names.GROUP,
+        names.VERSION,
+        ns,
+        names.GANGSTATE_PLURAL,
+        name,
+    )
+    return dict((obj or {}).get("status") or {})
 
 
-def member_pods(kube: Clients, ns: str, name: str) -> dict[str, Any]:
+def member_pods(
+    kube: Clients, ns: str, name: str, *, include_failed: bool = True
+) -> dict[str, Any]:
+    """The gang's pods that are not being deleted, by job index."""
     pods = kube.core.list_namespaced_pod(
         ns, label_selector=f"{names.JOBSET_NAME_LABEL}={name}"
     ).items
     return {
         p.metadata.labels[names.JOB_INDEX_LABEL]: p
         for p in pods
-        if not p.metadata.deletion_timestamp
+        if not p.metadata.deletion_timestamp and (include_failed or p.status.phase != "Failed")
     }
 
 

@@ -48,7 +48,6 @@ class DemoResult:
     uids_before: dict[str, str]
     uids_after: dict[str, str]
     resume_step: int | None
-    barrier_openings: int
     recovery_seconds: float
     state: dict[str, Any]
     webhook_injected: bool
@@ -177,16 +176,11 @@ def run_demo(
     else:
         raise AssertionError(f"recovery did not complete in 180 s; timeline {tl.entries}")
     st = gang_state(kube, namespace, name)
-    events = kube.core.list_namespaced_event(
-        namespace, field_selector=f"involvedObject.name={name}"
-    ).items
-    openings = sum(1 for e in events if e.reason == "BarrierOpened")
     return DemoResult(
         timeline=tl,
         uids_before=before,
         uids_after={i: p.metadata.uid for i, p in member_pods(kube, namespace, name).items()},
         resume_step=st.get("resumeStep"),
-        barrier_openings=openings,
         recovery_seconds=float(st["recovery"]["durationSeconds"]),
         state=st,
         webhook_injected=injected,

@@ -26,5 +26,8 @@ kubectl -n jobset-system rollout status deploy/jobset-controller-manager --timeo
 kubectl -n kueue-system rollout status deploy/kueue-controller-manager --timeout=5m
 
 cd "$repo"
-JSI_KUBECONFIG="$kubeconfig" JSI_E2E_NODE_SELECTOR="${JSI_E2E_NODE_SELECTOR:-kubernetes.io/os=linux}" \
+# On a cluster the suite did not build, the tests that need the local cluster (the controller as
+# a local process with its webhook on loopback, real kubelet nodes, kwok) do not run: accept a
+# partial run here; the summary at the end lists each test that did not run and why.
+JSI_E2E_PARTIAL=1 JSI_KUBECONFIG="$kubeconfig" JSI_E2E_NODE_SELECTOR="${JSI_E2E_NODE_SELECTOR:-kubernetes.io/os=linux}" \
   .venv/bin/python -m pytest e2e "$@"

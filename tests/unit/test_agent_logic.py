@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -198,6 +199,7 @@ def test_rule_invariants(events: list[GangView | Fail]) -> None:
             counted = True
         for _ in range(4):
             action = logic.step(view)
+            hypothesis.event(type(action).__name__)  # which rule this example reached (statistics)
             if isinstance(action, Report):
                 assert opened_epoch is None
                 assert action.epoch == view.epoch

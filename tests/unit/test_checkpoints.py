@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from jobset_inplace.trainer.checkpoints import (
@@ -211,7 +211,10 @@ def test_selection_is_capped_newest_first_and_keeps_newest_persistent(
     newest_persistent = sorted(persistent, reverse=True)[: min(reserve, limit)]
     assert set(newest_persistent) <= set(got)
     if reserve == 0 or set(newest_persistent) <= set(union[:limit]):
+        event("the reserve changes nothing: plain newest-first cap")
         assert got == union[:limit]
+    else:
+        event("the reserve keeps older persistent steps")
     # Everything reported beyond the reserve is a newest-first prefix of the rest.
     rest = [s for s in union if s not in newest_persistent]
     assert [s for s in got if s not in newest_persistent] == rest[
