@@ -15,8 +15,16 @@ import pytest
 
 from jobset_inplace.controller.cache import ClusterCache, GangKey, PodEntry
 from jobset_inplace.controller.reconciler import PASS_SPACING, Reconciler, retry_delay
-from jobset_inplace.core.model import Action, Event, GangStatus, NodeView, ReplacePod
+from jobset_inplace.core.model import (
+    Action,
+    Event,
+    GangStatus,
+    NodeView,
+    ReplacePod,
+    UntaintNode,
+)
 from jobset_inplace.core.policy import Policy
+from jobset_inplace.names import UNHEALTHY_TAINT
 
 from .clocks import ManualClock
 from .gangs import member, pods, running
@@ -169,6 +177,9 @@ class RecordingExecutor:
         self.calls.append("act")
         self.actions += actions
 
+    def run_node(self, actions: list[Action]) -> None:
+        self.calls += [f"untaint {a.node}" for a in actions if isinstance(a, UntaintNode)]
+
 
 def gang(
     executor: RecordingExecutor, **pod_changes: Any
@@ -237,3 +248,14 @@ async def test_counts_alone_are_written_later() -> None:
     await settle()
     await r.reconcile(KEY)
     assert ex.calls[-1] == "write epoch 2 Running"
+
+
+async def test_a_node_that_is_back_loses_our_taint() -> None:
+    ex = RecordingExecutor(running(2))
+    r, clock, cache = gang(ex)
+    cache.upsert_node(NodeView("n1", taints=((UNHEALTHY_TAINT, clock.wall() - 60),)))
+    r.node_changed("n0")  # renewed, but never tainted: nothing to do
+    cache.set_lease("n1", clock.wall())  # its kubelet renewed the Lease again
+    r.node_changed("n1")
+    await asyncio.gather(*(asyncio.all_tasks() - {asyncio.current_task()}))
+    assert ex.calls == ["untaint n1"]
