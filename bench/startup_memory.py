@@ -184,10 +184,13 @@ def baseline_tree(ref: str) -> Iterator[Path]:
 def measure(tree: Path, kubeconfig: Path, logfile: Path, timeout: float) -> dict[str, float]:
     """Start the controller from ``tree``; its memory once the cache is primed."""
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(tree)}
+    # the controller's command line moved to controller/main.py; a baseline may predate it
+    new = (tree / "jobset_inplace" / "controller" / "main.py").exists()
+    entry = "jobset_inplace.controller.main" if new else "jobset_inplace.cli"
     started = time.monotonic()
     with logfile.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jobset_inplace.controller.main", "run"],
+            [sys.executable, "-m", entry, "run"],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
