@@ -35,6 +35,9 @@ RESTART_REQUEST: Final = f"{PREFIX}restart-request"
 # --- Pod annotations written by the agent (its only write; reports to the controller) ---------
 REPORT_EPOCH: Final = f"{PREFIX}epoch"
 REPORT_STEPS: Final = f"{PREFIX}checkpoint-steps"
+# ... and, when it reported epoch E after E's barrier had opened (a restart the controller may
+# not have seen: it waits for the next epoch), E; removed with its next report of a closed barrier.
+REPORT_LATE: Final = f"{PREFIX}late-for-epoch"
 
 # --- Pod condition set by the controller to escalate through JobSet's failure policy ---------
 ESCALATION_CONDITION: Final = "JobsetInplaceEscalated"

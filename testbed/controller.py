@@ -48,7 +48,7 @@ class ControllerProcess:
         )
         self.configs = [o for o in configs if o["kind"] in addons.WEBHOOK_CONFIG_KINDS]
         log.parent.mkdir(parents=True, exist_ok=True)
-        env = {
+        self.env = {
             **os.environ,
             "KUBECONFIG": str(cluster.kubeconfig),
             "JSI_WEBHOOK_CERT_DIR": str(cluster.cert_dir),
@@ -57,21 +57,33 @@ class ControllerProcess:
             "JSI_AGENT_IMAGE_PULL_POLICY": "Never",
             "JSI_AGENT_API_SERVER": cluster.pod_api_server,
         }
-        with log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "jobset_inplace.controller.main",
-                    "run",
-                    *(["-v"] * verbose),
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
+        self.verbose = verbose
+        self.proc = self._spawn()
         self.kubectl.apply_yaml(yaml.safe_dump_all(self.configs), server_side=True)
         processes.wait_until("jobset-inplace admission webhook", self._injects, 60, log=log)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        command = [sys.executable, "-m", "jobset_inplace.controller.main", "run"]
+        with self.log.open("ab") as out:
+            return subprocess.Popen(
+                [*command, *(["-v"] * self.verbose)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+            )
+
+    def kill(self) -> None:
+        """Crash the controller (SIGKILL, as an OOM kill or a lost node would): nothing runs
+        until :meth:`start`; the webhook configurations stay (JobSet writes fail meanwhile)."""
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def start(self) -> None:
+        """Start the controller again after :meth:`kill`; returns once its webhook serves."""
+        if self.proc.poll() is None:
+            raise RuntimeError("the controller is still running")
+        self.proc = self._spawn()
+        processes.wait_until("jobset-inplace admission webhook", self._injects, 60, log=self.log)
 
     def _injects(self) -> bool:
         """A server-side dry run of an opted-in JobSet comes back with the agent injected."""

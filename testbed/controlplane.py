@@ -34,9 +34,31 @@ class ControlPlane:
     token: str
     procs: list[Popen[bytes]] = field(default_factory=list)
     started_in: float = 0.0
+    apiserver: list[str | Path] = field(default_factory=list)  # its command line
 
     def kubectl(self) -> Kubectl:
         return Kubectl(self.kubeconfig)
+
+    @property
+    def apiserver_log(self) -> Path:
+        return self.workdir / "kube-apiserver.log"
+
+    def stop_apiserver(self) -> None:
+        """An apiserver outage: kube-apiserver stops (etcd keeps the state)."""
+        processes.stop(self.procs.pop())  # started last
+
+    def start_apiserver(self) -> None:
+        """The end of the outage: the same kube-apiserver (same port, certificate, etcd)."""
+        self.procs.append(processes.start(self.apiserver, self.apiserver_log))
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        processes.wait_until(
+            "kube-apiserver",
+            lambda: processes.https_ok(f"{self.server}/readyz", token=self.token),
+            60,
+            log=self.apiserver_log,
+        )
 
     def stop(self) -> None:
         for p in reversed(self.procs):
@@ -88,47 +110,37 @@ def start_control_plane(bins: Binaries | None = None, *, install_crds: bool = Tr
         sa_key, sa_pub = certs.ensure_service_account_keypair(workdir / "pki")
         tokens = workdir / "tokens.csv"
         tokens.write_text(f'{token},admin,admin,"system:masters"\n')
-        api_log = workdir / "kube-apiserver.log"
-        cp.procs.append(
-            processes.start(
-                [
-                    bins.kube_apiserver,
-                    "--etcd-servers",
-                    f"http://127.0.0.1:{etcd_port}",
-                    "--bind-address",
-                    "127.0.0.1",
-                    "--advertise-address",
-                    "127.0.0.1",
-                    "--secure-port",
-                    str(api_port),
-                    "--cert-dir",
-                    workdir / "pki",
-                    "--token-auth-file",
-                    tokens,
-                    "--authorization-mode",
-                    "RBAC",
-                    "--service-account-issuer",
-                    "https://kubernetes.default.svc",
-                    "--service-account-key-file",
-                    sa_pub,
-                    "--service-account-signing-key-file",
-                    sa_key,
-                    "--service-cluster-ip-range",
-                    SERVICE_CIDR,
-                    "--feature-gates",
-                    FEATURE_GATES,
-                    "--enable-priority-and-fairness=false",
-                ],
-                api_log,
-            )
-        )
+        cp.apiserver = [
+            bins.kube_apiserver,
+            "--etcd-servers",
+            f"http://127.0.0.1:{etcd_port}",
+            "--bind-address",
+            "127.0.0.1",
+            "--advertise-address",
+            "127.0.0.1",
+            "--secure-port",
+            str(api_port),
+            "--cert-dir",
+            workdir / "pki",
+            "--token-auth-file",
+            tokens,
+            "--authorization-mode",
+            "RBAC",
+            "--service-account-issuer",
+            "https://kubernetes.default.svc",
+            "--service-account-key-file",
+            sa_pub,
+            "--service-account-signing-key-file",
+            sa_key,
+            "--service-cluster-ip-range",
+            SERVICE_CIDR,
+            "--feature-gates",
+            FEATURE_GATES,
+            "--enable-priority-and-fairness=false",
+        ]
+        cp.procs.append(processes.start(cp.apiserver, cp.apiserver_log))
         cp.server = f"https://127.0.0.1:{api_port}"
-        processes.wait_until(
-            "kube-apiserver",
-            lambda: processes.https_ok(f"{cp.server}/readyz", token=token),
-            60,
-            log=api_log,
-        )
+        cp._wait_ready()
         # kube-apiserver made itself a CA and a serving cert for 127.0.0.1/localhost there.
         kubeconfig.write_token_kubeconfig(
             cp.kubeconfig, cp.server, token, workdir / "pki" / "apiserver.crt"

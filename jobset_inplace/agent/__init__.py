@@ -32,8 +32,10 @@ code. SIGTERM/SIGINT exit 0.
 Protocol (decisions in `jobset_inplace.agent.logic`):
 
 1. Start: remove ``resume.json``; GET the GangState; adopt ``status.epoch``; merge-patch the
-   own pod's annotations ``jobset-inplace.dev/epoch`` and ``jobset-inplace.dev/checkpoint-steps``
-   (nothing else, no other object). Then watch the GangState (``fieldSelector=metadata.name``),
+   own pod's annotations ``jobset-inplace.dev/epoch`` and ``jobset-inplace.dev/checkpoint-steps``,
+   and ``jobset-inplace.dev/late-for-epoch`` when the barrier was already open (it restarted
+   after the gang had resumed; the controller recovers the gang for it), removed by its next
+   report into a closed barrier (nothing else, no other object). Then watch the GangState (``fieldSelector=metadata.name``),
    re-established from the last resourceVersion when the server ends it, re-read after errors
    with exponential backoff (0.2 s doubling to 10 s, jittered): with a broken watch this
    degrades to a periodic GET.

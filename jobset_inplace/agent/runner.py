@@ -210,6 +210,8 @@ class Agent:
                 "annotations": {
                     names.REPORT_EPOCH: str(action.epoch),
                     names.REPORT_STEPS: encode_steps(steps),
+                    # reported into an open barrier: this agent (re)started unseen, and waits
+                    names.REPORT_LATE: None if action.barrier_closed else str(action.epoch),
                 }
             }
         }

@@ -67,6 +67,9 @@ class ClusterCache:
     nodes: dict[str, NodeView] = field(default_factory=dict)
     leases: dict[str, float] = field(default_factory=dict)
     lease_reads: dict[str, float] = field(default_factory=dict)  # node -> last direct read
+    # Since when the controller has watched node Leases without a break (its start, or the end
+    # of an outage): a renewal it could not have seen does not make a node silent.
+    leases_observed_since: float = 0.0
     # Pods seen before their JobSet (watch order is arbitrary), kept until it shows up.
     orphans: dict[GangKey, dict[str, PodView]] = field(default_factory=dict)
 
@@ -177,4 +180,6 @@ class ClusterCache:
             status=gang.status,
             status_written_at=gang.status_written_at,
             posted=frozenset(gang.posted),
+            leases_observed_since=self.leases_observed_since,
+            cluster_nodes=self.nodes,
         )

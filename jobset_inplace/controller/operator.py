@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable
 from functools import partial
 from typing import Any
@@ -94,6 +95,13 @@ def lease_events(r: Reconciler, events: list[WatchEvent[tuple[str, float | None]
         r.node_changed(name)
 
 
+def leases_observed_since(r: Reconciler, since: float) -> None:
+    """The Lease watch works again after a failure (an outage): renewals made meanwhile could
+    not be seen, so a node's silence counts only from now."""
+    r.cache.leases_observed_since = since
+    plan_all(r)
+
+
 def plan_all(r: Reconciler) -> None:
     for key in r.cache.gangs:
         r.poke(key)
@@ -129,6 +137,7 @@ def raw_watches(r: Reconciler) -> list[RawWatch[Any]]:
             replace=cache.replace_leases,
             on_events=partial(lease_events, r),
             on_relist=partial(plan_all, r),
+            on_resumed=partial(leases_observed_since, r),
         ),
     ]
 
@@ -145,6 +154,7 @@ def prime(r: Reconciler, watches: list[RawWatch[Any]]) -> None:
                 r.cache.upsert_jobset(js, parse_policy(meta.get("annotations")), "")
             except PolicyError as e:
                 r.cache.upsert_jobset(js, None, str(e))
+    r.cache.leases_observed_since = time.time()  # nothing was observed before this start
     counts = {w.what: w.prime() for w in watches}
     r.cache.kueue_recovery_timeout_s = read_kueue_recovery_timeout(core)
     log.info(

@@ -7,7 +7,9 @@ each object with ``json`` and at once into the few fields the cache keeps (``dec
 page's or a queued event's JSON is never kept: decoded, 5000 pods or nodes take ~100 MiB), and
 hands the result to the event loop, which owns the cache. A watch that times out resumes from the
 last resourceVersion seen (bookmarks keep it fresh); a watch the apiserver expired (410) is
-followed by a full list, handed over as a resync so objects deleted in the gap are dropped."""
+followed by a full list, handed over as a resync so objects deleted in the gap are dropped. A
+watch that failed (apiserver unreachable, an outage) reports when it watches again
+(``on_resumed``): what happened meanwhile could not be observed."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -42,11 +45,14 @@ class RawWatch(threading.Thread, Generic[T]):
         replace: Callable[[list[T]], None],
         on_events: Callable[[list[WatchEvent[T]]], None],
         on_relist: Callable[[], None],
+        on_resumed: Callable[[float], None] | None = None,
         timeout_s: int = 300,
     ) -> None:
         super().__init__(daemon=True, name=f"watch-{what}")
         self.what, self.call, self.decode, self.timeout_s = what, call, decode, timeout_s
         self.replace, self.on_events, self.on_relist = replace, on_events, on_relist
+        self.on_resumed = on_resumed
+        self.failed = False  # the last attempt to list or watch failed
         self.loop: asyncio.AbstractEventLoop | None = None
         self.rv: str | None = None  # None: list (again) before watching
         self.halt = threading.Event()
@@ -96,6 +102,7 @@ class RawWatch(threading.Thread, Generic[T]):
                 self._watch()
                 backoff = 0.5
             except Exception as e:  # a dead watch thread would blind the controller
+                self.failed = True
                 log.warning("%s watch: %r; retrying in %.1f s", self.what, e, backoff)
                 self.halt.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
@@ -109,6 +116,11 @@ class RawWatch(threading.Thread, Generic[T]):
             timeout_seconds=self.timeout_s,
             _preload_content=False,
         )
+        if self.failed:
+            self.failed = False
+            log.info("%s watch: watching again", self.what)
+            if self.on_resumed is not None:
+                self.loop.call_soon_threadsafe(self.on_resumed, time.time())
         try:
             for line in stream:
                 if self.halt.is_set():

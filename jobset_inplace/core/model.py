@@ -5,6 +5,7 @@ Times are seconds since the epoch (floats); the adapters convert API timestamps.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -21,6 +22,9 @@ class Cause(StrEnum):
 
     TRAINER_EXITED = "TrainerExited"  # a main container terminated non-zero
     RESTARTING = "ContainersRestarting"  # pod condition AllContainersRestarting=True
+    # its agent reported after the barrier had opened and waits for the next epoch: the member
+    # restarted (a failure the controller did not see, e.g. while it was down)
+    AGENT_WAITING = "AgentWaiting"
     POD_FAILED = "PodFailed"
     POD_DELETED = "PodDeleted"  # deleting, or gone with no replacement yet
     NODE_UNHEALTHY = "NodeUnhealthy"
@@ -50,6 +54,7 @@ class PodView:
     reported_epoch: int | None = None  # agent report (pod annotation)
     reported_steps: tuple[int, ...] | None = None
     report_error: str | None = None  # malformed agent report (never acted on)
+    late_for_epoch: int | None = None  # its agent reported this epoch after its barrier opened
     trainer_failed: bool = False
     restarting: bool = False
     devices_unhealthy: bool = False
@@ -136,6 +141,10 @@ class Snapshot:
     status: GangStatus
     status_written_at: float = 0.0  # when ``status`` was last written (0: not by this process)
     posted: frozenset[str] = frozenset()  # messages of once-only Events already posted
+    # Since when the controller could see every Lease renewal (its start, the end of an outage)
+    leases_observed_since: float = 0.0
+    # every node the controller knows (to tell one node's death from a cluster-wide disruption)
+    cluster_nodes: Mapping[str, NodeView] = field(default_factory=dict)
 
 
 # --- actions ----------------------------------------------------------------------------------

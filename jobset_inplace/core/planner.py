@@ -50,38 +50,59 @@ BUILTIN_UNHEALTHY_TAINTS = frozenset(
         "node.kubernetes.io/out-of-service",
     }
 )
-IN_PLACE_CAUSES = frozenset({Cause.TRAINER_EXITED, Cause.RESTARTING})
+IN_PLACE_CAUSES = frozenset({Cause.TRAINER_EXITED, Cause.RESTARTING, Cause.AGENT_WAITING})
 # Share of Kueue's recoveryTimeout a recovery may use at most (the rest is the safety margin).
 KUEUE_RECOVERY_SHARE = 0.8
 
 
+# Kubernetes' node lifecycle controller stops evicting in a zone that looks disrupted: more than
+# two of its nodes unhealthy and at least 55 % of them (its unhealthyZoneThreshold), or all of
+# them. So many nodes silent at once is the control plane's or the network's trouble, not each
+# node's: the controller replaces nothing on it (nothing deleted on a guess).
+DISRUPTION_SHARE = 0.55
+DISRUPTION_MIN_UNHEALTHY = 3
+
+
 # --- node health ------------------------------------------------------------------------------
-def unhealthy_since(node: NodeView, policy: Policy, now: float) -> float | None:
+def lease_seen(node: NodeView, observed_since: float) -> float | None:
+    """The latest moment the node's kubelet is known to have been alive: its last renewal, or
+    when the controller started watching Leases without a break (a renewal made while it could
+    not watch, during an outage or before its start, would not have been seen)."""
+    return None if node.lease_renewed is None else max(node.lease_renewed, observed_since)
+
+
+def unhealthy_since(
+    node: NodeView, policy: Policy, now: float, observed_since: float = 0.0
+) -> float | None:
     """Since when the node shows any unhealthy signal (None: healthy now)."""
     since: list[float] = []
     if node.ready != "True":
         since.append(node.ready_since)
-    if node.lease_renewed is not None and now - node.lease_renewed > LEASE_RENEW_INTERVAL_S:
-        since.append(node.lease_renewed + LEASE_RENEW_INTERVAL_S)
+    seen = lease_seen(node, observed_since)
+    if seen is not None and now - seen > LEASE_RENEW_INTERVAL_S:
+        since.append(seen + LEASE_RENEW_INTERVAL_S)
     taints = BUILTIN_UNHEALTHY_TAINTS | policy.unhealthy_taints
     since += [added for key, added in node.taints if key in taints]
     since += [t for ctype, t in node.conditions if ctype in policy.unhealthy_conditions]
     return min(since) if since else None
 
 
-def node_state(node: NodeView | None, policy: Policy, now: float) -> tuple[bool, float | None]:
+def node_state(
+    node: NodeView | None, policy: Policy, now: float, observed_since: float = 0.0
+) -> tuple[bool, float | None]:
     """(unhealthy, time it will count as unhealthy if the signal persists).
 
     A signal counts only once it has lasted ``node_unhealthy_after``: shorter flaps do nothing."""
     if node is None:
         return False, None
-    since = unhealthy_since(node, policy, now)
+    since = unhealthy_since(node, policy, now, observed_since)
     if since is None:
         # Healthy now; a Lease that stops being renewed makes no event, so look again when
         # it would have gone stale for long enough.
-        if node.lease_renewed is None:
+        seen = lease_seen(node, observed_since)
+        if seen is None:
             return False, None
-        return False, node.lease_renewed + LEASE_RENEW_INTERVAL_S + policy.node_unhealthy_after_s
+        return False, seen + LEASE_RENEW_INTERVAL_S + policy.node_unhealthy_after_s
     due = since + policy.node_unhealthy_after_s
     return (True, None) if now >= due else (False, due)
 
@@ -96,7 +117,7 @@ def unconfirmed_lease_nodes(s: Snapshot) -> list[str]:
         for name, node in s.nodes.items()
         if node.ready == "True"
         and node.lease_renewed is not None
-        and s.now - node.lease_renewed > limit
+        and s.now - max(node.lease_renewed, s.leases_observed_since) > limit
         and (node.lease_read_at is None or node.lease_read_at - node.lease_renewed <= limit)
     )
 
@@ -134,6 +155,7 @@ def member_causes(
     that are not old enough yet (node flaps under the threshold)."""
     causes: dict[str, Cause] = {}
     wake: float | None = None
+    running = s.status.phase == Phase.RUNNING and s.status.barrier_open
     for member in sorted(s.gang.members):
         pod = current.get(member)
         if pod is not None and (pod.escalated or pod.by_kueue or pod.phase == "Succeeded"):
@@ -144,7 +166,8 @@ def member_causes(
         if pod.phase == "Failed":
             causes[member] = Cause.POD_FAILED
             continue
-        bad_node, due = node_state(s.nodes.get(pod.node or ""), s.policy, s.now)
+        node = s.nodes.get(pod.node or "")
+        bad_node, due = node_state(node, s.policy, s.now, s.leases_observed_since)
         if due is not None:
             wake = due if wake is None else min(wake, due)
         if bad_node:
@@ -155,7 +178,24 @@ def member_causes(
             causes[member] = Cause.TRAINER_EXITED
         elif pod.restarting:
             causes[member] = Cause.RESTARTING
+        elif running and pod.late_for_epoch == s.status.epoch:
+            # It restarted after the barrier opened and waits for a new epoch; the kubelet's
+            # restart left no other trace (the controller was away, or missed it).
+            causes[member] = Cause.AGENT_WAITING
     return causes, wake
+
+
+def disruption(s: Snapshot) -> tuple[int, int] | None:
+    """(unhealthy, all) nodes when so many are unhealthy at once that replacing a pod for its
+    node would be a guess (:data:`DISRUPTION_SHARE`); None otherwise."""
+    total = len(s.cluster_nodes)
+    bad = sum(
+        1
+        for node in s.cluster_nodes.values()
+        if unhealthy_since(node, s.policy, s.now, s.leases_observed_since) is not None
+    )
+    many = bad >= DISRUPTION_MIN_UNHEALTHY and bad >= DISRUPTION_SHARE * total
+    return (bad, total) if bad and (bad == total or many) else None
 
 
 def common_resume_step(pods: Iterable[PodView]) -> int | None:
@@ -171,7 +211,7 @@ def common_resume_step(pods: Iterable[PodView]) -> int | None:
 def plan(s: Snapshot) -> Plan:
     """The next status and actions for one gang."""
     unconfirmed = unconfirmed_lease_nodes(s)
-    if unconfirmed:
+    if unconfirmed and disruption(s) is None:
         # Look before deciding anything: read those Leases, then plan again at once.
         return Plan(copy.deepcopy(s.status), [ReadLeases(tuple(unconfirmed))], requeue_after=0.0)
     return _Planning(s).run()
@@ -240,6 +280,8 @@ class _Planning:
             causes, wake = member_causes(s, self.current)
             if wake is not None:
                 self.p.wake_at(s.now, wake)
+            if Cause.NODE_UNHEALTHY in causes.values():
+                causes = self.unless_disrupted(causes)
             if st.phase == Phase.RUNNING:
                 self.running(causes)
             else:
@@ -273,6 +315,22 @@ class _Planning:
                     warning=True,
                 )
         st.kueue_margin_s = margin
+
+    def unless_disrupted(self, causes: dict[str, Cause]) -> dict[str, Cause]:
+        """``causes`` without the node failures while the cluster looks disrupted (then look
+        again a renew interval later)."""
+        d = disruption(self.s)
+        if d is None:
+            return causes
+        self.event(
+            "NodeDisruption",
+            f"{d[0]} of {d[1]} nodes unhealthy at once: no pod is replaced for its node until "
+            "they recover (a control-plane or network outage looks like this)",
+            warning=True,
+            once=True,
+        )
+        self.p.wake_at(self.s.now, self.s.now + LEASE_RENEW_INTERVAL_S)
+        return {m: c for m, c in causes.items() if c != Cause.NODE_UNHEALTHY}
 
     def defer_progress_only_write(self) -> None:
         """A change of the member counts alone is written at most every
@@ -585,7 +643,9 @@ class _Planning:
                 fail_first=dead and unreachable,
                 taint_node=pod.node if dead or device else None,
                 taint_key=names.UNHEALTHY_TAINT if dead else names.DEVICE_UNHEALTHY_TAINT,
-                failed_since=unhealthy_since(node, self.s.policy, self.s.now)
+                failed_since=unhealthy_since(
+                    node, self.s.policy, self.s.now, self.s.leases_observed_since
+                )
                 if node and dead
                 else None,
             )

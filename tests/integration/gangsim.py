@@ -263,12 +263,14 @@ class LeaseKeeper(threading.Thread):
         self.kube, self.interval = kube, interval
         self.nodes: set[str] = set()
         self.dead: set[str] = set()
+        self.paused = False  # every kubelet between retries (e.g. just after an outage)
         self._stop_event = threading.Event()
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval):
-            for name in sorted(self.nodes - self.dead):
-                with contextlib.suppress(ApiException):  # the next round retries
+            for name in sorted(self.nodes - self.dead) if not self.paused else []:
+                # the apiserver may be down (an outage test): the next round retries
+                with contextlib.suppress(Exception):
                     renew_lease(self.kube, name)
 
     def stop(self) -> None:

@@ -305,6 +305,9 @@ def test_agent_finding_barrier_open_does_not_open(
     agent = start_agent("late-0", "late")
 
     wait_reported(kube, namespace, "late-0", 3)
+    # ... and says so on its pod: the controller treats a member waiting for the next epoch
+    # as a failure, even one it did not see (it was down when the pod restarted in place)
+    assert pod_annotations(kube, namespace, "late-0").get(names.REPORT_LATE) == "3"
     assert "did not take part" in agent.wait_barrier(503, "did not take part")
     # More status traffic for the same epoch changes nothing.
     set_status(kube, namespace, "late", {"members": {"expected": 2, "reported": 2}})
@@ -314,6 +317,7 @@ def test_agent_finding_barrier_open_does_not_open(
     # Had it opened on any of those, this bump would make it exit with the restart code.
     set_status(kube, namespace, "late", closed(4))
     wait_reported(kube, namespace, "late-0", 4)
+    assert names.REPORT_LATE not in pod_annotations(kube, namespace, "late-0"), "in time"
     agent.wait_barrier(503, "closed")
     assert agent.alive()
     assert agent.resume() is None

@@ -54,13 +54,15 @@ def snapshot(
     **gang: Any,
 ) -> Snapshot:
     status = status or running()
+    node_map = node_map if node_map is not None else nodes(n, now)
     return Snapshot(
         now=now,
         gang=GangSpec("ns", "train", frozenset(member(i) for i in range(n)), **gang),
         policy=policy or Policy(),
         pods=tuple(pod_list if pod_list is not None else pods(n, epoch=status.epoch)),
-        nodes=node_map if node_map is not None else nodes(n, now),
+        nodes=node_map,
         status=status,
+        cluster_nodes=node_map,  # the gang's nodes are the whole cluster
     )
 
 

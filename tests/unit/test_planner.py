@@ -476,3 +476,76 @@ def test_device_fault_taints_the_ready_node_when_asked() -> None:
     (r,) = replaced(p)
     assert (r.member, r.taint_node, r.taint_key) == (member(1), "n1", DEVICE_UNHEALTHY_TAINT)
     assert r.failed_since is None
+
+
+def test_a_member_waiting_for_the_next_epoch_is_a_failure_even_unseen() -> None:
+    """Its pod restarted in place while the controller was away: nothing in the pod status
+    shows it, but its agent reported into the open barrier and waits for a new epoch."""
+    pl = with_pod(pods(4, epoch=2), 2, late_for_epoch=2)
+    p = plan(snapshot(pod_list=pl))
+    assert p.status.phase == Phase.RECOVERING
+    assert p.status.epoch == 3
+    assert p.status.recovery is not None
+    assert p.status.recovery.causes == {member(2): Cause.AGENT_WAITING}
+    assert replaced(p) == [], "restarted in place like any other member"
+    assert p.status.member_failures == {member(2): 1}
+
+
+def test_a_late_mark_of_an_older_epoch_or_while_recovering_is_no_failure() -> None:
+    stale = with_pod(pods(4, epoch=2), 2, late_for_epoch=1)
+    assert plan(snapshot(pod_list=stale)).status.epoch == 2
+    st = recovering(3)
+    waiting = with_pod(pods(4, epoch=3), 2, late_for_epoch=3)
+    p = plan(snapshot(status=st, pod_list=waiting))
+    assert p.status.recovery is not None
+    assert member(2) not in p.status.recovery.causes
+
+
+def silent(name: str, since: float, *, read: bool = True) -> NodeView:
+    """A Ready node whose Lease was last renewed at ``since`` (read afresh just now)."""
+    return NodeView(name, lease_renewed=since, lease_read_at=NOW if read else None)
+
+
+def test_a_silence_counts_only_from_when_the_controller_could_watch() -> None:
+    """After an apiserver outage every Lease is as old as the outage: a node is silent only
+    for the time since the Lease watch works again, not for the outage."""
+    nm = nodes(4)
+    nm["n1"] = silent("n1", NOW - 40)
+    st = snapshot(node_map=nm)
+    assert [r.member for r in replaced(plan(st))] == [member(1)], "watched all along"
+    after_outage = dataclasses.replace(st, leases_observed_since=NOW - 5)
+    p = plan(after_outage)
+    assert (replaced(p), p.status.epoch) == ([], 2), "its kubelet could not renew either"
+    assert p.requeue_after == pytest.approx(-5 + 10 + 15), "look again when it would count"
+    fresh = nodes(4, now=NOW + 21)  # the others renewed since
+    fresh["n1"] = nm["n1"]  # 26 s watched, no renewal: now it counts
+    later = dataclasses.replace(after_outage, now=NOW + 21, nodes=fresh, cluster_nodes=fresh)
+    assert [r.member for r in replaced(plan(later))] == [member(1)]
+
+
+def test_many_nodes_silent_at_once_replace_nothing() -> None:
+    """More than two nodes and at least 55 % of them unhealthy: a disruption (as Kubernetes'
+    node lifecycle controller decides), not node failures."""
+    nm = {f"n{i}": silent(f"n{i}", NOW - 60) for i in range(4)}
+    nm["n3"] = NodeView("n3", lease_renewed=NOW - 1)
+    p = plan(snapshot(node_map=nm))
+    assert (replaced(p), p.status.epoch, p.status.phase) == ([], 2, Phase.RUNNING)
+    assert events(p) == ["NodeDisruption"]
+    assert p.requeue_after == pytest.approx(10)
+    assert plan(snapshot(node_map={k: silent(k, NOW - 60, read=False) for k in nm})).actions == [
+        Event(
+            "NodeDisruption",
+            "4 of 4 nodes unhealthy at once: no pod is replaced for its node until they recover "
+            "(a control-plane or network outage looks like this)",
+            warning=True,
+            once=True,
+        )
+    ], "no Lease read either"
+
+
+def test_one_dead_node_among_many_is_replaced() -> None:
+    nm = nodes(6)
+    nm["n1"] = silent("n1", NOW - 60)
+    nm["n2"] = silent("n2", NOW - 60)  # 2 of 6: no disruption
+    p = plan(snapshot(n=6, node_map=nm))
+    assert sorted(r.member for r in replaced(p)) == [member(1), member(2)]

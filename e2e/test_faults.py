@@ -1,0 +1,87 @@
+"""Fault injection on the local cluster: each test is a class of fault a hostile operator (or a
+bad day) brings, on real components (real kubelet nodes, real in-place restarts, real JobSet),
+and what the product must still guarantee (docs/guarantees.md: the fault model).
+
+Classes covered here:
+
+* the controller down while a member fails and restarts in place (the failure must not be lost:
+  guarantee 6)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobset_inplace import names
+from testbed.cluster import LocalCluster
+from testbed.controller import ControllerProcess, gang_state, member_pods, prepare
+from testbed.demo import demo_jobset, inject_failure, trainers_running
+from testbed.kube import Clients, create_jobset, wait_for
+
+MEMBERS = 2
+
+
+def _annotations(pod: Any) -> dict[str, str]:
+    return dict(pod.metadata.annotations or {})
+
+
+def test_a_failure_while_the_controller_is_down_is_not_lost(
+    local_cluster: LocalCluster | None, controller: ControllerProcess, kube: Clients, namespace: str
+) -> None:
+    """Controller killed; a trainer exits; the kubelet restarts its pod in place within a
+    couple of seconds and the pod status shows nothing any more; the new agent finds epoch 1's
+    barrier open and waits. The controller, started again, must recover the gang (epoch 2,
+    everyone in place, one resume step) instead of seeing a Running gang with every member
+    reported."""
+    assert local_cluster is not None
+    prepare(kube, local_cluster.kubeconfig, namespace)
+    create_jobset(kube, namespace, demo_jobset("gang", MEMBERS))
+    wait_for(
+        "barrier of epoch 1", lambda: gang_state(kube, namespace, "gang").get("barrierOpen"), 180
+    )
+    wait_for("trainers running", lambda: trainers_running(kube, namespace, "gang", MEMBERS, 0), 120)
+    before = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
+    victim = member_pods(kube, namespace, "gang")["1"]
+
+    controller.kill()
+    try:
+        inject_failure(local_cluster.kubeconfig, namespace, victim.metadata.name)
+        # The unseen restart happened: its new agent reported into the open barrier and waits.
+        wait_for(
+            f"pod {victim.metadata.name} restarted in place, its agent waiting for a new epoch",
+            lambda: (
+                _annotations(kube.core.read_namespaced_pod(victim.metadata.name, namespace)).get(
+                    names.REPORT_LATE
+                )
+                == "1"
+            ),
+            60,
+        )
+        st = gang_state(kube, namespace, "gang")
+        assert (st["epoch"], st["phase"], st["barrierOpen"]) == (1, "Running", True)
+    finally:
+        controller.start()
+
+    st = wait_for(
+        "the controller recovers the gang into epoch 2",
+        lambda: s if (s := gang_state(kube, namespace, "gang")).get("epoch") == 2 else None,
+        60,
+    )
+    assert st["recovery"]["causes"] == {"workers/1/0": "AgentWaiting"}
+    st = wait_for(
+        "barrier of epoch 2",
+        lambda: s if (s := gang_state(kube, namespace, "gang")).get("barrierOpen") else None,
+        120,
+    )
+    assert st["epoch"] == 2
+    assert st["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 0}
+    wait_for(
+        "every trainer running again",
+        lambda: trainers_running(kube, namespace, "gang", MEMBERS, 1),
+        120,
+    )
+    after = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
+    assert after == before, "every member kept its pod (in place)"
+    assert all(
+        names.REPORT_LATE not in _annotations(p)
+        for p in member_pods(kube, namespace, "gang").values()
+    )
