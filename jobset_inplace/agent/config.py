@@ -9,6 +9,7 @@ from pathlib import Path
 
 from jobset_inplace.names import DEFAULT_PROBE_PORT, DEFAULT_RESTART_EXIT_CODE
 from jobset_inplace.trainer import resolve_state_dir, tier_roots
+from jobset_inplace.trainer.checkpoints import parse_canonical_int
 
 __all__ = [
     "DEFAULT_PROBE_PORT",
@@ -69,12 +70,12 @@ def _int(
     raw = env.get(var, "")
     if raw == "":
         return default
-    try:
-        value = int(raw.strip(), 10)
-    except ValueError:
-        value = low - 1
-    if not low <= value <= high:
-        raise ConfigError(f"{var} must be an integer {low}..{high}{why}, got {raw!r}")
+    # Canonical decimal only, as everywhere (not " 88", "+88", "088", "8_8", full-width digits).
+    value = parse_canonical_int(raw, high)
+    if value is None or value < low:
+        raise ConfigError(
+            f"{var} must be an integer {low}..{high}{why} in plain decimal digits, got {raw[:40]!r}"
+        )
     return value
 
 
@@ -91,6 +92,8 @@ def _server(env: Mapping[str, str]) -> str:
             "KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT are not set (not running in a pod?); "
             "set JSI_API_SERVER to reach the API server"
         )
+    if parse_canonical_int(port, 65535) in (None, 0):
+        raise ConfigError(f"KUBERNETES_SERVICE_PORT must be a port 1..65535, got {port[:40]!r}")
     if ":" in host:  # IPv6 literal
         host = f"[{host}]"
     return f"https://{host}:{port}"

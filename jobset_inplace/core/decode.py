@@ -12,7 +12,12 @@ from jobset_inplace import names
 from jobset_inplace.core.model import GangSpec, NodeView, PodView
 from jobset_inplace.core.policy import PolicyError, parse_duration
 from jobset_inplace.times import parse_time
-from jobset_inplace.trainer.checkpoints import decode_steps
+from jobset_inplace.trainer.checkpoints import (
+    MAX_STEP,
+    decode_steps,
+    parse_canonical_int,
+    shorten_repr,
+)
 
 Obj = Mapping[str, Any]
 
@@ -99,6 +104,27 @@ def _resources_unhealthy(statuses: list[Mapping[str, Any]]) -> bool:
     )
 
 
+# A malformed report's value is shown cut to this many characters (of its repr): the message
+# becomes the pod view's report_error, an Event and a log line, and is remembered so that it is
+# posted once; an agent (or anyone else) can write annotations of hundreds of KB.
+REPORT_VALUE_SHOWN = 80
+# ... and a whole report_error at most this long (each part is short; this is the backstop).
+REPORT_ERROR_MAX = 1000
+
+
+def _capped(error: str) -> str:
+    return error if len(error) <= REPORT_ERROR_MAX else error[: REPORT_ERROR_MAX - 3] + "..."
+
+
+def bad_report_number(key: str, raw: str) -> str:
+    """The report_error part for a number in a report (epoch, late-for-epoch) that is not
+    canonical."""
+    return (
+        f"{key}={shorten_repr(raw, REPORT_VALUE_SHOWN)} is not an integer from 0 to {MAX_STEP} "
+        "in canonical form (ASCII digits only: no sign, spaces, underscores or leading zeros)"
+    )
+
+
 def pod_view(pod: Obj) -> PodView | None:
     meta, status = pod["metadata"], pod.get("status") or {}
     labels = meta.get("labels") or {}
@@ -111,19 +137,21 @@ def pod_view(pod: Obj) -> PodView | None:
     errors = []
     raw_epoch = annotations.get(names.REPORT_EPOCH)
     if raw_epoch is not None:
-        try:
-            epoch = int(raw_epoch)
-            if epoch < 0:
-                raise ValueError
-        except ValueError:
-            errors.append(f"{names.REPORT_EPOCH}={raw_epoch!r} is not a non-negative integer")
-            epoch = None
+        epoch = parse_canonical_int(raw_epoch)
+        if epoch is None:
+            errors.append(bad_report_number(names.REPORT_EPOCH, raw_epoch))
     raw_steps = annotations.get(names.REPORT_STEPS)
     if raw_steps is not None:
         try:
             steps = tuple(decode_steps(raw_steps))
         except ValueError as e:
             errors.append(f"{names.REPORT_STEPS}: {e}")
+    late: int | None = None
+    raw_late = annotations.get(names.REPORT_LATE)
+    if raw_late is not None:
+        late = parse_canonical_int(raw_late)
+        if late is None:
+            errors.append(bad_report_number(names.REPORT_LATE, raw_late))
     containers = status.get("containerStatuses") or []
     return PodView(
         name=meta["name"],
@@ -136,7 +164,8 @@ def pod_view(pod: Obj) -> PodView | None:
         restart_attempt=int(labels.get(names.RESTART_ATTEMPT_LABEL) or 0),
         reported_epoch=None if errors else epoch,
         reported_steps=None if errors else steps,
-        report_error="; ".join(errors) or None,
+        report_error=_capped("; ".join(errors)) or None,
+        late_for_epoch=None if errors else late,
         trainer_failed=any(
             (c.get("state") or {}).get("terminated", {}).get("exitCode", 0) != 0 for c in containers
         ),

@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from jobset_inplace import names
+from jobset_inplace.trainer.checkpoints import parse_canonical_int, shorten_repr
 
 E = TypeVar("E", bound=StrEnum)
 
@@ -74,8 +75,14 @@ class PolicyError(ValueError):
     """A malformed annotation: names the key, the value and the accepted form."""
 
     def __init__(self, key: str, value: str, accepted: str) -> None:
-        super().__init__(f"annotation {key}={value!r} is invalid: expected {accepted}")
+        # The value is shown cut (an annotation can be hundreds of KB): the message is a webhook
+        # refusal or an InvalidPolicy Event.
+        shown = shorten_repr(value, VALUE_SHOWN)
+        super().__init__(f"annotation {key}={shown} is invalid: expected {accepted}")
         self.key, self.value, self.accepted = key, value, accepted
+
+
+VALUE_SHOWN = 80  # characters of a bad value's repr in a PolicyError message
 
 
 def is_enabled(annotations: Mapping[str, str] | None) -> bool:
@@ -91,26 +98,78 @@ def parse_enabled(annotations: Mapping[str, str] | None) -> bool:
     return value is not None and _bool(names.ENABLED, value)
 
 
-_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?$")
+# --- accepted ranges (docs/annotations.md) ---------------------------------------------------
+# Every number of the policy is bounded: a value the webhook admits must never break a planning
+# pass (a barrier deadline of 99999999h is past the year 9999, which RFC 3339 cannot write), and
+# values at either end must still make sense.
+#
+# barrier-timeout: a member's in-place restart (container restart, interpreter and trainer
+# start-up, rejoining) takes seconds to tens of seconds; a shorter deadline turns ordinary
+# recoveries into recreations, then a full JobSet restart (0s did so in 67 ms). A recovery
+# still waiting after a day is stuck: escalate rather than hold the gang's nodes.
+BARRIER_TIMEOUT_RANGE_S = (30.0, 24 * 3600.0)
+# node-unhealthy-after: the flap filter; 0s turns it off. 5s is the shortest tested setting
+# (e2e); an hour is the longest a dead node's members should wait (bench uses it to keep node
+# detection out of the way on overloaded simulated nodes).
+NODE_UNHEALTHY_AFTER_RANGE_S = (5.0, 3600.0)
+# kueue-recovery-timeout (Kueue's waitForPodsReady.recoveryTimeout): barrier deadlines are cut
+# to 40 % of it (two of them fit in 80 %), so below 75s the deadline would fall under
+# barrier-timeout's 30s minimum. Above 60h it caps nothing (2 x 24h / 80 %); 7 days is room.
+KUEUE_RECOVERY_TIMEOUT_RANGE_S = (75.0, 7 * 24 * 3600.0)
+INPLACE_BUDGET_RANGE = (0, 10_000)
+RECREATE_BUDGET_RANGE = (0, 10_000)
+MEMBER_REPEAT_LIMIT_RANGE = (1, 1000)
+# 0 is success, 1 a Python crash and 2 a configuration error of the agent: none may mean
+# "restart".
+RESTART_EXIT_CODE_RANGE = (3, 255)
+
+# Go-style, hours, minutes and seconds (in this order, each optional); ASCII digits only.
+_DURATION = re.compile(r"(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+(?:\.[0-9]+)?)s)?")
+_DURATION_MAX_LEN = 32  # far more than any sane duration; int() of a huge one is slow or fails
 _NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$")
+INT_FORM = "plain decimal digits: no sign, spaces, underscores or leading zeros"
+
+
+def format_duration(seconds: float) -> str:
+    """``seconds`` as :func:`parse_duration` reads it: ``75.0`` -> ``1m15s``, ``3600`` -> ``1h``."""
+    whole = int(seconds)
+    h, rest = divmod(whole, 3600)
+    m, s = divmod(rest, 60)
+    frac = round(seconds - whole, 3)
+    out = (f"{h}h" if h else "") + (f"{m}m" if m else "")
+    if s or frac or not out:
+        out += f"{s + frac:g}s" if frac else f"{s}s"
+    return out
 
 
 def parse_duration(key: str, value: str) -> float:
-    """Go-style durations: ``90s``, ``5m``, ``1h30m``, ``2.5s``."""
-    m = _DURATION.match(value.strip())
-    if not value.strip() or not m or not any(m.groups()):
+    """Go-style durations: ``90s``, ``5m``, ``1h30m``, ``2.5s`` (any length of time: the policy's
+    durations are bounded by :func:`_duration`)."""
+    m = _DURATION.fullmatch(value) if len(value) <= _DURATION_MAX_LEN else None
+    if not m or not any(m.groups()):
         raise PolicyError(key, value, "a duration such as 30s, 5m or 1h30m")
     h, mi, s = m.groups()
     return int(h or 0) * 3600 + int(mi or 0) * 60 + float(s or 0)
 
 
-def _int(key: str, value: str, lo: int, hi: int) -> int:
+def _duration(key: str, value: str, bounds: tuple[float, float], examples: str) -> float:
+    """:func:`parse_duration` within ``bounds``; the error states the form and the range."""
+    lo, hi = bounds
+    accepted = f"a duration such as {examples}, from {format_duration(lo)} to {format_duration(hi)}"
     try:
-        n = int(value.strip())
-    except ValueError:
-        n = lo - 1
-    if not lo <= n <= hi:
-        raise PolicyError(key, value, f"an integer from {lo} to {hi}")
+        seconds = parse_duration(key, value)
+    except PolicyError:
+        raise PolicyError(key, value, accepted) from None
+    if not lo <= seconds <= hi:
+        raise PolicyError(key, value, accepted)
+    return seconds
+
+
+def _int(key: str, value: str, bounds: tuple[int, int]) -> int:
+    lo, hi = bounds
+    n = parse_canonical_int(value, hi)
+    if n is None or n < lo:
+        raise PolicyError(key, value, f"an integer from {lo} to {hi} ({INT_FORM})")
     return n
 
 
@@ -151,24 +210,43 @@ def _bool(key: str, value: str) -> bool:
 
 
 _PARSERS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
-    ("inplace_budget", names.INPLACE_BUDGET, lambda k, v: _int(k, v, 0, 10_000)),
-    ("recreate_budget", names.RECREATE_BUDGET, lambda k, v: _int(k, v, 0, 10_000)),
-    ("barrier_timeout_s", names.BARRIER_TIMEOUT, parse_duration),
-    ("node_unhealthy_after_s", names.NODE_UNHEALTHY_AFTER, parse_duration),
+    ("inplace_budget", names.INPLACE_BUDGET, lambda k, v: _int(k, v, INPLACE_BUDGET_RANGE)),
+    ("recreate_budget", names.RECREATE_BUDGET, lambda k, v: _int(k, v, RECREATE_BUDGET_RANGE)),
+    (
+        "barrier_timeout_s",
+        names.BARRIER_TIMEOUT,
+        lambda k, v: _duration(k, v, BARRIER_TIMEOUT_RANGE_S, "30s, 5m or 1h30m"),
+    ),
+    (
+        "node_unhealthy_after_s",
+        names.NODE_UNHEALTHY_AFTER,
+        lambda k, v: _duration(k, v, NODE_UNHEALTHY_AFTER_RANGE_S, "5s, 15s or 1m"),
+    ),
     ("unhealthy_taints", names.UNHEALTHY_TAINTS, _names),
     ("unhealthy_conditions", names.UNHEALTHY_CONDITIONS, _names),
     ("force_delete", names.FORCE_DELETE, lambda k, v: _choice(k, v, ForceDelete)),
-    ("member_repeat_limit", names.MEMBER_REPEAT_LIMIT, lambda k, v: _int(k, v, 1, 1000)),
+    (
+        "member_repeat_limit",
+        names.MEMBER_REPEAT_LIMIT,
+        lambda k, v: _int(k, v, MEMBER_REPEAT_LIMIT_RANGE),
+    ),
     (
         "no_common_checkpoint",
         names.NO_COMMON_CHECKPOINT,
         lambda k, v: _choice(k, v, NoCommonCheckpoint),
     ),
-    # 1 is a Python crash and 2 a configuration error of the agent: neither may mean "restart".
-    ("restart_exit_code", names.RESTART_EXIT_CODE, lambda k, v: _int(k, v, 3, 255)),
+    (
+        "restart_exit_code",
+        names.RESTART_EXIT_CODE,
+        lambda k, v: _int(k, v, RESTART_EXIT_CODE_RANGE),
+    ),
     ("checkpoint_dirs", names.CHECKPOINT_DIRS, _checkpoint_dirs),
     ("escalation", names.ESCALATION, lambda k, v: _choice(k, v, Escalation)),
-    ("kueue_recovery_timeout_s", names.KUEUE_RECOVERY_TIMEOUT, parse_duration),
+    (
+        "kueue_recovery_timeout_s",
+        names.KUEUE_RECOVERY_TIMEOUT,
+        lambda k, v: _duration(k, v, KUEUE_RECOVERY_TIMEOUT_RANGE_S, "3m, 30m or 1h"),
+    ),
     ("taint_on_device_fault", names.TAINT_ON_DEVICE_FAULT, _bool),
 )
 

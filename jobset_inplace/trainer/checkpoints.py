@@ -26,9 +26,11 @@ __all__ = [
     "is_complete",
     "is_int",
     "mark_complete",
+    "parse_canonical_int",
     "retire_steps_after",
     "scan_tier",
     "select_steps",
+    "shorten_repr",
     "step_dir",
 ]
 
@@ -46,14 +48,32 @@ MAX_STEP = 2**63 - 1
 DEFAULT_REPORT_LIMIT = 16
 DEFAULT_PERSISTENT_RESERVE = 4
 
-# Canonical decimal only ("0", "17"; not "017", "+1", " 1"): one step, one spelling, one dir.
-_STEP_RE = re.compile(r"0|[1-9][0-9]*")
-_MAX_STEP_DIGITS = len(str(MAX_STEP))
+# Canonical decimal only ("0", "17"; not "017", "+1", " 1"): one number, one spelling (and one
+# step directory). An explicit [0-9]: \d and int() also take non-ASCII digits.
+_CANONICAL_INT_RE = re.compile(r"0|[1-9][0-9]*")
 _STEP_DIR_RE = re.compile(STEP_DIR_PREFIX + r"(0|[1-9][0-9]{0,18})")
 _ACCEPTED_FORM = (
     "expected decimal integers 0..2^63-1 without spaces or leading zeros, comma-separated, "
     "strictly decreasing (newest first), e.g. '300,200,100', or an empty string for none"
 )
+
+
+def parse_canonical_int(text: str, high: int = MAX_STEP) -> int | None:
+    """The value of `text` if it is a decimal integer from 0 to `high` in canonical form, else
+    None. The one parse of the numbers people and agents write as text (policy annotations,
+    the agents' reports, the agent's environment).
+
+    Canonical: ASCII digits only, no sign, no leading zero (but "0" itself), no spaces or
+    underscores. Python's ``int()`` also takes " 1", "+1", "01", "1_0", full-width ("\\uff11")
+    and Arabic-Indic ("\\u0661") digits: several spellings of one number, none of which a
+    well-behaved writer produces. The length is checked first, so a huge value costs nothing
+    (``int()`` refuses more than 4300 digits with a ValueError)."""
+    if not isinstance(text, str) or not 0 < len(text) <= len(str(high)):
+        return None
+    if _CANONICAL_INT_RE.fullmatch(text) is None:
+        return None
+    value = int(text)
+    return value if value <= high else None
 
 
 def is_int(value: object) -> bool:
@@ -163,8 +183,11 @@ def encode_steps(steps: Iterable[int]) -> str:
     return ",".join(str(s) for s in sorted({check_step(s) for s in steps}, reverse=True))
 
 
-def _shorten(text: str, width: int = 80) -> str:
-    return repr(text) if len(text) <= width else repr(text[:width]) + f"... ({len(text)} chars)"
+def shorten_repr(text: str, width: int = 80) -> str:
+    """`text`'s repr, cut to `width` characters (escapes count: the result stays short) and
+    followed by the length of `text` when cut: how messages show a value that may be huge."""
+    shown = repr(text)
+    return shown if len(shown) <= width else shown[:width] + f"... ({len(text)} chars)"
 
 
 def decode_steps(text: str) -> list[int]:
@@ -176,12 +199,12 @@ def decode_steps(text: str) -> list[int]:
         return []
     steps: list[int] = []
     for index, item in enumerate(text.split(",")):
-        if _STEP_RE.fullmatch(item) is None:
-            what = "is empty" if item == "" else f"({_shorten(item, 24)}) is not a step number"
+        if _CANONICAL_INT_RE.fullmatch(item) is None:
+            what = "is empty" if item == "" else f"({shorten_repr(item, 24)}) is not a step number"
             raise _malformed(text, index, what)
-        step = int(item) if len(item) <= _MAX_STEP_DIGITS else MAX_STEP + 1
-        if step > MAX_STEP:
-            raise _malformed(text, index, f"({_shorten(item, 24)}) exceeds {MAX_STEP}")
+        step = parse_canonical_int(item)
+        if step is None:
+            raise _malformed(text, index, f"({shorten_repr(item, 24)}) exceeds {MAX_STEP}")
         if steps and step >= steps[-1]:
             raise _malformed(text, index, f"({step}) is not below the one before ({steps[-1]})")
         steps.append(step)
@@ -190,7 +213,7 @@ def decode_steps(text: str) -> list[int]:
 
 def _malformed(text: str, index: int, what: str) -> ValueError:
     return ValueError(
-        f"malformed checkpoint step list {_shorten(text)}: element {index + 1} {what}; "
+        f"malformed checkpoint step list {shorten_repr(text)}: element {index + 1} {what}; "
         f"{_ACCEPTED_FORM}"
     )
 

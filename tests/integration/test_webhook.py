@@ -238,6 +238,48 @@ def test_bad_annotation_is_rejected_naming_key_and_form(
     assert "spec.replicatedJobs[0].template.spec" in err.body, err.body
 
 
+def test_values_out_of_range_or_not_canonical_are_rejected_with_the_range(
+    kube: Clients, namespace: str, webhook: Webhook
+) -> None:
+    refused = [
+        # admitted before, then every planning pass of the gang raised (RFC 3339 ends in 9999)
+        (names.BARRIER_TIMEOUT, "99999999h", "from 30s to 24h"),
+        (names.BARRIER_TIMEOUT, "0s", "from 30s to 24h"),
+        (names.NODE_UNHEALTHY_AFTER, "0s", "from 5s to 1h"),
+        (names.KUEUE_RECOVERY_TIMEOUT, "1m", "from 1m15s to 168h"),
+        (names.INPLACE_BUDGET, "+1", "an integer from 0 to 10000"),
+        (names.INPLACE_BUDGET, "\uff11", "an integer from 0 to 10000"),  # full-width one
+        (names.MEMBER_REPEAT_LIMIT, "1_0", "an integer from 1 to 1000"),
+        (names.RESTART_EXIT_CODE, "088", "an integer from 3 to 255"),
+        (names.RECREATE_BUDGET, "9" * 100_000, "an integer from 0 to 10000"),
+    ]
+    for i, (key, value, accepted) in enumerate(refused):
+        err = create_error(
+            kube, namespace, jobset(f"range-{i}", {names.ENABLED: "true", key: value})
+        )
+        assert err.status in (400, 403), err
+        assert key in err.body, err.body
+        assert accepted in err.body, err.body
+        assert len(err.body) < 2000, "the value is shown cut"
+    # both ends of every range are admitted
+    keys = (
+        names.BARRIER_TIMEOUT,
+        names.NODE_UNHEALTHY_AFTER,
+        names.KUEUE_RECOVERY_TIMEOUT,
+        names.INPLACE_BUDGET,
+        names.MEMBER_REPEAT_LIMIT,
+        names.RESTART_EXIT_CODE,
+    )
+    ends = {
+        "lo": ("30s", "5s", "1m15s", "0", "1", "3"),
+        "hi": ("24h", "1h", "168h", "10000", "1000", "255"),
+    }
+    for end, values in ends.items():
+        annotations = {names.ENABLED: "true", **dict(zip(keys, values, strict=True))}
+        create_jobset(kube, namespace, jobset(f"range-{end}", annotations))
+        assert agent_containers(get_jobset(kube, namespace, f"range-{end}"))
+
+
 def test_not_opted_in_jobset_is_untouched_and_never_sent(
     kube: Clients, namespace: str, webhook: Webhook
 ) -> None:

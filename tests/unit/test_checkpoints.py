@@ -12,6 +12,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from jobset_inplace.agent.config import ConfigError, load_config
 from jobset_inplace.trainer.checkpoints import (
     COMPLETE_MARKER,
     MAX_STEP,
@@ -20,6 +21,7 @@ from jobset_inplace.trainer.checkpoints import (
     decode_steps,
     encode_steps,
     mark_complete,
+    parse_canonical_int,
     retire_steps_after,
     scan_tier,
     select_steps,
@@ -278,7 +280,8 @@ def test_decode_accepts_the_encoded_form() -> None:
         ("1,2", "element 2 (2) is not below the one before (1)"),
         ("2,2", "element 2 (2) is not below the one before (2)"),
         (str(MAX_STEP + 1), f"element 1 ('{MAX_STEP + 1}') exceeds {MAX_STEP}"),
-        ("9" * 5000, "element 1 ('999999999999999999999999'... (5000 chars)) exceeds"),
+        ("9" * 5000, "element 1 ('99999999999999999999999... (5000 chars)) exceeds"),
+        ("\x00" * 5000, "element 1 ('\\x00\\x00\\x00\\x00\\x00\\x0... (5000 chars)) is not"),
     ],
 )
 def test_decode_rejects_malformed_with_a_useful_message(text: str, problem: str) -> None:
@@ -311,6 +314,113 @@ def test_decode_accepts_only_the_canonical_form(text: str) -> None:
         assert error.startswith("malformed checkpoint step list")
     else:
         assert encode_steps(steps) == text
+
+
+# --- the canonical integer parse (steps, epochs, policy integers, the agent's environment) ----
+
+# int() takes every one of these. Full-width (\uff11) and Arabic-Indic (\u0661) digits are
+# escaped (ruff flags them as look-alikes).
+NON_CANONICAL = [
+    "\uff11",
+    "\u0661",
+    "1\u0661",
+    "1_0",
+    " 1",
+    "1 ",
+    "1\n",
+    "+1",
+    "-1",
+    "-0",
+    "01",
+    "00",
+    "1.0",
+    "1e3",
+    "0x1",
+    "",
+]
+
+
+@pytest.mark.parametrize("text", NON_CANONICAL)
+def test_parse_canonical_int_refuses_what_int_takes(text: str) -> None:
+    assert parse_canonical_int(text) is None
+    with pytest.raises(ValueError, match="malformed checkpoint step list"):
+        decode_steps(text or ",")
+    with pytest.raises(ValueError, match="malformed checkpoint step list"):
+        decode_steps(f"5,{text}")
+
+
+@pytest.mark.parametrize(
+    ("text", "high", "value"),
+    [
+        ("0", MAX_STEP, 0),
+        ("7", MAX_STEP, 7),
+        ("10", MAX_STEP, 10),
+        (str(MAX_STEP), MAX_STEP, MAX_STEP),
+        (str(MAX_STEP + 1), MAX_STEP, None),
+        ("9" * 5000, MAX_STEP, None),  # more digits than int() takes: no ValueError
+        ("255", 255, 255),
+        ("256", 255, None),
+        ("1000", 255, None),
+    ],
+)
+def test_parse_canonical_int_reads_decimal_up_to_high(
+    text: str, high: int, value: int | None
+) -> None:
+    assert parse_canonical_int(text, high) == value
+
+
+@PROPERTY
+@given(st.integers(0, MAX_STEP))
+def test_parse_canonical_int_reads_back_str(n: int) -> None:
+    assert parse_canonical_int(str(n)) == n
+
+
+@PROPERTY
+@given(st.text(max_size=25))
+def test_parse_canonical_int_accepts_exactly_str_of_an_int(text: str) -> None:
+    value = parse_canonical_int(text)
+    event("canonical" if value is not None else "refused")
+    assert value is None or str(value) == text
+
+
+def agent_env(tmp_path: Path) -> dict[str, str]:
+    token = tmp_path / "token"
+    token.write_text("t")
+    return {
+        "POD_NAME": "p",
+        "POD_NAMESPACE": "ns",
+        "JSI_GANGSTATE": "g",
+        "JSI_API_SERVER": "http://127.0.0.1:1",
+        "JSI_TOKEN_FILE": str(token),
+    }
+
+
+@pytest.mark.parametrize("text", [t for t in NON_CANONICAL if t])
+def test_the_agent_environment_refuses_the_same_forms(text: str, tmp_path: Path) -> None:
+    """The agent's numeric variables use the same parse (tests of the agent's configuration as
+    a whole are in test_agent_logic.py). int() reads each of these as a port (1 or 0)."""
+    env = agent_env(tmp_path)
+    assert load_config(env).probe_port == 8187
+    assert load_config({**env, "JSI_PROBE_PORT": "1"}).probe_port == 1
+    with pytest.raises(ConfigError, match="JSI_PROBE_PORT"):
+        load_config({**env, "JSI_PROBE_PORT": text})
+    in_pod = {k: v for k, v in env.items() if k != "JSI_API_SERVER"}
+    in_pod |= {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "JSI_CA_FILE": env["JSI_TOKEN_FILE"]}
+    server = load_config({**in_pod, "KUBERNETES_SERVICE_PORT": "443"}).server
+    assert server == "https://10.96.0.1:443"
+    with pytest.raises(ConfigError, match="KUBERNETES_SERVICE_PORT"):
+        load_config({**in_pod, "KUBERNETES_SERVICE_PORT": text})
+
+
+# 88 as int() reads it: full-width, Arabic-Indic, underscore, space, sign, leading zero
+@pytest.mark.parametrize(
+    "text", ["\uff18\uff18", "\u0668\u0668", "8_8", " 88", "88 ", "+88", "088"]
+)
+def test_the_agent_restart_exit_code_is_canonical(text: str, tmp_path: Path) -> None:
+    env = agent_env(tmp_path)
+    assert load_config({**env, "JSI_RESTART_EXIT_CODE": "88"}).restart_exit_code == 88
+    with pytest.raises(ConfigError, match="JSI_RESTART_EXIT_CODE"):
+        load_config({**env, "JSI_RESTART_EXIT_CODE": text})
 
 
 # --- retire_steps_after ----------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from jobset_inplace import names
-from jobset_inplace.core.decode import pod_view
+from jobset_inplace.core.decode import REPORT_ERROR_MAX, REPORT_VALUE_SHOWN, pod_view
 from jobset_inplace.core.model import Cause, Event, PodView
 from jobset_inplace.core.planner import plan
 
@@ -231,6 +231,73 @@ def test_malformed_report_is_an_error_and_reports_nothing(epoch: str, steps: str
     assert reasons == ["MalformedReport"]
 
 
+# Python's int() takes all of these as an epoch; a report number is canonical only (the agent
+# writes str(epoch)). Full-width (\uff11) and Arabic-Indic (\u0661) digits are escaped.
+NON_CANONICAL = ["\uff12", "\u0662", "1_0", " 2", "2 ", "+2", "02", "-0", "00", "2\n", "0x2"]
+
+
+@pytest.mark.parametrize("key", [names.REPORT_EPOCH, names.REPORT_LATE])
+@pytest.mark.parametrize("value", [*NON_CANONICAL, "9" * 19 + "0", "9" * 5000, ""])
+def test_report_numbers_are_canonical_decimal_only(key: str, value: str) -> None:
+    pod = raw_pod()
+    pod["metadata"]["annotations"][key] = value
+    view = pod_view(pod)
+    assert view is not None
+    assert view.report_error is not None
+    assert view.report_error.startswith(f"{key}={repr(value)[:20]}")
+    assert "canonical form" in view.report_error
+    assert (view.reported_epoch, view.reported_steps, view.late_for_epoch) == (None, None, None)
+
+
+@pytest.mark.parametrize("value", ["0", "2", "10", str(2**63 - 1)])
+def test_canonical_report_numbers_are_read(value: str) -> None:
+    pod = raw_pod()
+    pod["metadata"]["annotations"][names.REPORT_EPOCH] = value
+    pod["metadata"]["annotations"][names.REPORT_LATE] = value
+    view = pod_view(pod)
+    assert view is not None
+    assert (view.report_error, view.reported_epoch, view.late_for_epoch) == (
+        None,
+        int(value),
+        int(value),
+    )
+
+
+HUGE = 100_000  # an annotation of 100 KB: seen in the controller log, whole, once per value
+
+
+@pytest.mark.parametrize(
+    ("epoch", "steps"),
+    [
+        ("7" * HUGE, "200,100"),
+        ("2", "300," * (HUGE // 4)),
+        ("x" * HUGE, "y" * HUGE),
+        ("\x00" * HUGE, "\U000e0001" * HUGE),  # repr escapes: 4 and 10 characters each
+    ],
+    ids=["epoch digits", "steps list", "both", "escaped characters"],
+)
+def test_report_error_of_a_huge_value_stays_short(epoch: str, steps: str) -> None:
+    pod = raw_pod()
+    _annotations(epoch=epoch, steps=steps)(pod)
+    view = pod_view(pod)
+    assert view is not None
+    error = view.report_error
+    assert error is not None
+    assert len(error) <= REPORT_ERROR_MAX
+    # each part alone is short: the backstop did not have to cut it
+    for part in error.split(f"; {names.REPORT_STEPS}"):
+        assert len(part) < 512, part
+    assert not error.endswith("...")
+    if epoch != "2":  # the bad epoch is shown cut, with its length
+        assert f"... ({HUGE} chars)" in error
+        shown = error.split("=", 1)[1].split("... (", 1)[0]
+        assert len(shown) == REPORT_VALUE_SHOWN
+    # ... and so is the Event the planner posts for it
+    p = plan(snapshot(2, pod_list=[view, *pods(2, epoch=2)[1:]]))
+    [message] = [a.message for a in p.actions if isinstance(a, Event)]
+    assert len(message) <= REPORT_ERROR_MAX + 100
+
+
 def test_both_halves_malformed_name_both_keys() -> None:
     pod = raw_pod()
     _annotations(epoch="soon", steps="x")(pod)
@@ -271,3 +338,14 @@ def test_decoding_does_not_change_the_pod() -> None:
     before = copy.deepcopy(pod)
     pod_view(pod)
     assert pod == before
+
+
+def test_report_error_of_three_huge_values_stays_short() -> None:
+    pod = raw_pod()
+    _annotations(epoch="\x00" * HUGE, steps="\U000e0001" * HUGE)(pod)
+    pod["metadata"]["annotations"][names.REPORT_LATE] = "\x00" * HUGE
+    view = pod_view(pod)
+    assert view is not None
+    assert view.report_error is not None
+    assert len(view.report_error) <= REPORT_ERROR_MAX
+    assert names.REPORT_LATE in view.report_error

@@ -1,5 +1,5 @@
-"""``parse_policy``: the defaults, every annotation's accepted forms, and errors that name the
-key, the value and the accepted form."""
+"""``parse_policy``: the defaults, every annotation's accepted forms and ranges (both ends),
+and errors that name the key, the value and the accepted form (with the range)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from jobset_inplace import names
+from jobset_inplace.core import policy
 from jobset_inplace.core.policy import (
     CheckpointDirs,
     Escalation,
@@ -15,6 +16,8 @@ from jobset_inplace.core.policy import (
     NoCommonCheckpoint,
     Policy,
     PolicyError,
+    format_duration,
+    parse_duration,
     parse_policy,
 )
 
@@ -53,17 +56,22 @@ def test_the_defaults() -> None:
 ACCEPTED: list[tuple[str, str, str, Any]] = [
     (names.INPLACE_BUDGET, "0", "inplace_budget", 0),
     (names.INPLACE_BUDGET, "3", "inplace_budget", 3),
-    (names.INPLACE_BUDGET, " 7 ", "inplace_budget", 7),
+    (names.INPLACE_BUDGET, "10", "inplace_budget", 10),
     (names.INPLACE_BUDGET, "10000", "inplace_budget", 10_000),
     (names.RECREATE_BUDGET, "0", "recreate_budget", 0),
     (names.RECREATE_BUDGET, "10000", "recreate_budget", 10_000),
+    (names.BARRIER_TIMEOUT, "30s", "barrier_timeout_s", 30.0),  # the minimum
     (names.BARRIER_TIMEOUT, "90s", "barrier_timeout_s", 90.0),
     (names.BARRIER_TIMEOUT, "5m", "barrier_timeout_s", 300.0),
     (names.BARRIER_TIMEOUT, "1h30m", "barrier_timeout_s", 5400.0),
     (names.BARRIER_TIMEOUT, "1h2m3s", "barrier_timeout_s", 3723.0),
     (names.BARRIER_TIMEOUT, "2h", "barrier_timeout_s", 7200.0),
-    (names.NODE_UNHEALTHY_AFTER, "2.5s", "node_unhealthy_after_s", 2.5),
-    (names.NODE_UNHEALTHY_AFTER, "0s", "node_unhealthy_after_s", 0.0),
+    (names.BARRIER_TIMEOUT, "05m", "barrier_timeout_s", 300.0),  # as Go's ParseDuration
+    (names.BARRIER_TIMEOUT, "24h", "barrier_timeout_s", 86400.0),  # the maximum
+    (names.BARRIER_TIMEOUT, "23h59m60s", "barrier_timeout_s", 86400.0),
+    (names.NODE_UNHEALTHY_AFTER, "5s", "node_unhealthy_after_s", 5.0),  # the minimum
+    (names.NODE_UNHEALTHY_AFTER, "7.5s", "node_unhealthy_after_s", 7.5),
+    (names.NODE_UNHEALTHY_AFTER, "1h", "node_unhealthy_after_s", 3600.0),  # the maximum
     (names.UNHEALTHY_TAINTS, "example.com/gpu-fault", "unhealthy_taints",
      frozenset({"example.com/gpu-fault"})),
     (names.UNHEALTHY_TAINTS, " a.io/x , b.io/y_z ,", "unhealthy_taints",
@@ -73,6 +81,7 @@ ACCEPTED: list[tuple[str, str, str, Any]] = [
     (names.FORCE_DELETE, "never", "force_delete", ForceDelete.NEVER),
     (names.FORCE_DELETE, "unreachable", "force_delete", ForceDelete.UNREACHABLE),
     (names.MEMBER_REPEAT_LIMIT, "1", "member_repeat_limit", 1),
+    (names.MEMBER_REPEAT_LIMIT, "10", "member_repeat_limit", 10),
     (names.MEMBER_REPEAT_LIMIT, "1000", "member_repeat_limit", 1000),
     (names.NO_COMMON_CHECKPOINT, "scratch", "no_common_checkpoint", NoCommonCheckpoint.SCRATCH),
     (names.NO_COMMON_CHECKPOINT, "escalate", "no_common_checkpoint", NoCommonCheckpoint.ESCALATE),
@@ -86,6 +95,8 @@ ACCEPTED: list[tuple[str, str, str, Any]] = [
     (names.ESCALATION, "fail-jobset", "escalation", Escalation.FAIL_JOBSET),
     (names.ESCALATION, "restart-jobset", "escalation", Escalation.RESTART_JOBSET),
     (names.KUEUE_RECOVERY_TIMEOUT, "3m", "kueue_recovery_timeout_s", 180.0),
+    (names.KUEUE_RECOVERY_TIMEOUT, "1m15s", "kueue_recovery_timeout_s", 75.0),  # the minimum
+    (names.KUEUE_RECOVERY_TIMEOUT, "168h", "kueue_recovery_timeout_s", 604800.0),  # the maximum
     (names.TAINT_ON_DEVICE_FAULT, "true", "taint_on_device_fault", True),
     (names.TAINT_ON_DEVICE_FAULT, "false", "taint_on_device_fault", False),
 ]  # fmt: skip
@@ -108,6 +119,15 @@ def test_every_annotation_key_is_covered() -> None:
     fields = {f for _, _, f, _ in ACCEPTED}
     assert fields == set(vars(Policy())), "a Policy field without a test of its annotation"
     assert len(keys) == len(fields)
+
+
+def test_every_bound_is_accepted() -> None:
+    """Both ends of every range are accepted (in the table above, checked here against the
+    module's constants so that a changed range shows up)."""
+    accepted = {(k, parsed) for k, _, _, parsed in ACCEPTED}
+    for key, (lo, hi) in RANGES.items():
+        assert (key, lo) in accepted, (key, lo)
+        assert (key, hi) in accepted, (key, hi)
 
 
 def test_all_annotations_together() -> None:
@@ -148,40 +168,120 @@ def test_all_annotations_together() -> None:
     )
 
 
-DURATION = "a duration such as 30s, 5m or 1h30m"
+RANGES: dict[str, tuple[float, float]] = {
+    names.INPLACE_BUDGET: (0, 10_000),
+    names.RECREATE_BUDGET: (0, 10_000),
+    names.BARRIER_TIMEOUT: (30.0, 86_400.0),
+    names.NODE_UNHEALTHY_AFTER: (5.0, 3600.0),
+    names.MEMBER_REPEAT_LIMIT: (1, 1000),
+    names.RESTART_EXIT_CODE: (3, 255),
+    names.KUEUE_RECOVERY_TIMEOUT: (75.0, 604_800.0),
+}
+
+
+def test_the_ranges_are_the_modules() -> None:
+    assert RANGES == {
+        names.INPLACE_BUDGET: policy.INPLACE_BUDGET_RANGE,
+        names.RECREATE_BUDGET: policy.RECREATE_BUDGET_RANGE,
+        names.BARRIER_TIMEOUT: policy.BARRIER_TIMEOUT_RANGE_S,
+        names.NODE_UNHEALTHY_AFTER: policy.NODE_UNHEALTHY_AFTER_RANGE_S,
+        names.MEMBER_REPEAT_LIMIT: policy.MEMBER_REPEAT_LIMIT_RANGE,
+        names.RESTART_EXIT_CODE: policy.RESTART_EXIT_CODE_RANGE,
+        names.KUEUE_RECOVERY_TIMEOUT: policy.KUEUE_RECOVERY_TIMEOUT_RANGE_S,
+    }
+
+
+def int_form(lo: int, hi: int) -> str:
+    digits = "plain decimal digits: no sign, spaces, underscores or leading zeros"
+    return f"an integer from {lo} to {hi} ({digits})"
+
+
+BUDGET = int_form(0, 10_000)
+REPEAT = int_form(1, 1000)
+EXIT = int_form(3, 255)
+BARRIER = "a duration such as 30s, 5m or 1h30m, from 30s to 24h"
+NODE = "a duration such as 5s, 15s or 1m, from 5s to 1h"
+KUEUE = "a duration such as 3m, 30m or 1h, from 1m15s to 168h"
 NAMES = "a comma-separated list of taint keys or condition types"
 DIRS = "local=/abs/path,persistent=/abs/path (either part may be left out)"
+
+# Python's int() takes all of these; a policy integer (and a report number) is canonical only.
+# Full-width (\uff11) and Arabic-Indic (\u0661) digits are escaped: ruff flags them as look-alikes.
+NON_CANONICAL_INTS = [
+    "\uff11",
+    "\u0661",
+    "1_0",
+    " 1",
+    "1 ",
+    "+1",
+    "01",
+    "-0",
+    "00",
+    "1.0",
+    "0x1",
+    "1e1",
+]
 
 # (annotation, malformed value, the accepted form the error must state)
 REJECTED: list[tuple[str, str, str]] = [
     (names.ENABLED, "yes", '"true" or "false"'),
     (names.ENABLED, "True", '"true" or "false"'),
-    (names.INPLACE_BUDGET, "-1", "an integer from 0 to 10000"),
-    (names.INPLACE_BUDGET, "10001", "an integer from 0 to 10000"),
-    (names.INPLACE_BUDGET, "three", "an integer from 0 to 10000"),
-    (names.INPLACE_BUDGET, "2.5", "an integer from 0 to 10000"),
-    (names.RECREATE_BUDGET, "", "an integer from 0 to 10000"),
-    (names.BARRIER_TIMEOUT, "soon", DURATION),
-    (names.BARRIER_TIMEOUT, "300", DURATION),  # a unit is required
-    (names.BARRIER_TIMEOUT, "", DURATION),
-    (names.BARRIER_TIMEOUT, "1d", DURATION),
-    (names.BARRIER_TIMEOUT, "-5s", DURATION),
-    (names.BARRIER_TIMEOUT, "5m1h", DURATION),  # largest unit first
-    (names.NODE_UNHEALTHY_AFTER, "15 s", DURATION),
-    (names.KUEUE_RECOVERY_TIMEOUT, "3 minutes", DURATION),
+    (names.INPLACE_BUDGET, "-1", BUDGET),
+    (names.INPLACE_BUDGET, "10001", BUDGET),
+    (names.INPLACE_BUDGET, "three", BUDGET),
+    (names.INPLACE_BUDGET, "2.5", BUDGET),
+    (names.INPLACE_BUDGET, " 7 ", BUDGET),
+    (names.INPLACE_BUDGET, "9" * 5000, BUDGET),  # beyond int()'s 4300 digits: still refused
+    *((names.INPLACE_BUDGET, v, BUDGET) for v in NON_CANONICAL_INTS),
+    (names.RECREATE_BUDGET, "", BUDGET),
+    (names.RECREATE_BUDGET, "10001", BUDGET),
+    *((names.RECREATE_BUDGET, v, BUDGET) for v in NON_CANONICAL_INTS),
+    (names.BARRIER_TIMEOUT, "soon", BARRIER),
+    (names.BARRIER_TIMEOUT, "300", BARRIER),  # a unit is required
+    (names.BARRIER_TIMEOUT, "", BARRIER),
+    (names.BARRIER_TIMEOUT, "1d", BARRIER),
+    (names.BARRIER_TIMEOUT, "-5s", BARRIER),
+    (names.BARRIER_TIMEOUT, "5m1h", BARRIER),  # largest unit first
+    (names.BARRIER_TIMEOUT, " 5m", BARRIER),
+    (names.BARRIER_TIMEOUT, "5m ", BARRIER),
+    (names.BARRIER_TIMEOUT, "5m\n", BARRIER),
+    (names.BARRIER_TIMEOUT, "\uff15m", BARRIER),  # full-width digit five
+    (names.BARRIER_TIMEOUT, "\u0665m", BARRIER),  # Arabic-Indic digit
+    (names.BARRIER_TIMEOUT, "1_0m", BARRIER),
+    (names.BARRIER_TIMEOUT, "+5m", BARRIER),
+    (names.BARRIER_TIMEOUT, "0s", BARRIER),  # escalated a failure to a JobSet restart in 67 ms
+    (names.BARRIER_TIMEOUT, "29.999s", BARRIER),
+    (names.BARRIER_TIMEOUT, "24h0m0.001s", BARRIER),
+    (names.BARRIER_TIMEOUT, "25h", BARRIER),
+    (names.BARRIER_TIMEOUT, "99999999h", BARRIER),  # past the year 9999: crashed the planner
+    (names.BARRIER_TIMEOUT, "1" * 5000 + "h", BARRIER),
+    (names.NODE_UNHEALTHY_AFTER, "15 s", NODE),
+    (names.NODE_UNHEALTHY_AFTER, "0s", NODE),  # the flap filter off
+    (names.NODE_UNHEALTHY_AFTER, "2.5s", NODE),
+    (names.NODE_UNHEALTHY_AFTER, "4.999s", NODE),
+    (names.NODE_UNHEALTHY_AFTER, "1h0m1s", NODE),
+    (names.NODE_UNHEALTHY_AFTER, "2h", NODE),
+    (names.KUEUE_RECOVERY_TIMEOUT, "3 minutes", KUEUE),
+    (names.KUEUE_RECOVERY_TIMEOUT, "0s", KUEUE),
+    (names.KUEUE_RECOVERY_TIMEOUT, "1m14s", KUEUE),
+    (names.KUEUE_RECOVERY_TIMEOUT, "168h0m1s", KUEUE),
     (names.UNHEALTHY_TAINTS, "", NAMES),
     (names.UNHEALTHY_TAINTS, " , ", NAMES),
     (names.UNHEALTHY_TAINTS, "a.io/x,bad key", NAMES),
     (names.UNHEALTHY_CONDITIONS, "-Leading", NAMES),
     (names.FORCE_DELETE, "always", "never or unreachable"),
     (names.FORCE_DELETE, "Never", "never or unreachable"),
-    (names.MEMBER_REPEAT_LIMIT, "0", "an integer from 1 to 1000"),
-    (names.MEMBER_REPEAT_LIMIT, "1001", "an integer from 1 to 1000"),
+    (names.MEMBER_REPEAT_LIMIT, "0", REPEAT),
+    (names.MEMBER_REPEAT_LIMIT, "1001", REPEAT),
+    *((names.MEMBER_REPEAT_LIMIT, v, REPEAT) for v in NON_CANONICAL_INTS),
     (names.NO_COMMON_CHECKPOINT, "restart", "escalate or scratch"),
     # 1 is a Python crash and 2 the agent's configuration error: never "restart"
-    (names.RESTART_EXIT_CODE, "1", "an integer from 3 to 255"),
-    (names.RESTART_EXIT_CODE, "2", "an integer from 3 to 255"),
-    (names.RESTART_EXIT_CODE, "256", "an integer from 3 to 255"),
+    (names.RESTART_EXIT_CODE, "1", EXIT),
+    (names.RESTART_EXIT_CODE, "2", EXIT),
+    (names.RESTART_EXIT_CODE, "256", EXIT),
+    (names.RESTART_EXIT_CODE, "088", EXIT),
+    (names.RESTART_EXIT_CODE, "\uff18\uff18", EXIT),
+    (names.RESTART_EXIT_CODE, "\u0668\u0668", EXIT),
     (names.CHECKPOINT_DIRS, "", DIRS),
     (names.CHECKPOINT_DIRS, "local=relative/path", DIRS),
     (names.CHECKPOINT_DIRS, "/no/tier", DIRS),
@@ -202,8 +302,13 @@ def test_malformed_annotation_names_key_value_and_accepted_form(
         parse_policy(annotations)
     e = err.value
     assert (e.key, e.value, e.accepted) == (key, value, accepted)
-    assert str(e) == f"annotation {key}={value!r} is invalid: expected {accepted}"
+    shown = repr(value) if len(repr(value)) <= 80 else f"{repr(value)[:80]}... ({len(value)} chars)"
+    assert str(e) == f"annotation {key}={shown} is invalid: expected {accepted}"
     assert isinstance(e, ValueError)
+    if key in RANGES:  # the message states the range
+        lo, hi = RANGES[key]
+        fmt = format_duration if isinstance(lo, float) else str
+        assert f"from {fmt(lo)} to {fmt(hi)}" in str(e)
 
 
 def test_every_annotation_key_has_a_rejected_form() -> None:
@@ -220,3 +325,23 @@ def test_the_first_malformed_key_in_a_stable_order_is_reported() -> None:
     with pytest.raises(PolicyError) as err:
         parse_policy({names.ENABLED: "on", names.INPLACE_BUDGET: "x"})
     assert err.value.key == names.ENABLED
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0s"), (2.5, "2.5s"), (30, "30s"), (75, "1m15s"), (3600, "1h"), (3723, "1h2m3s"),
+     (86_400, "24h"), (604_800, "168h")],
+)  # fmt: skip
+def test_format_duration_is_read_back_by_parse_duration(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+    assert parse_duration("k", text) == seconds
+
+
+def test_parse_duration_itself_is_unbounded_but_canonical() -> None:
+    """The plugin's --barrier-timeout and Kueue's configured recoveryTimeout use the bare
+    parse (no policy range), with the same form."""
+    assert parse_duration("k", "0s") == 0.0
+    assert parse_duration("k", "48h") == 172_800.0
+    for bad in (" 5m", "\uff15m", "1_0s", "1" * 100 + "s"):
+        with pytest.raises(PolicyError):
+            parse_duration("k", bad)

@@ -117,7 +117,19 @@ def test_enabled_typo_names_the_key_and_accepted_form(value: str) -> None:
     ("key", "value", "accepted"),
     [
         (names.BARRIER_TIMEOUT, "five minutes", "30s, 5m or 1h30m"),
+        # admitted before, then every planning pass of the gang raised (RFC 3339 ends in 9999)
+        (names.BARRIER_TIMEOUT, "99999999h", "from 30s to 24h"),
+        (names.BARRIER_TIMEOUT, "0s", "from 30s to 24h"),  # a JobSet restart in 67 ms
+        (names.NODE_UNHEALTHY_AFTER, "0s", "from 5s to 1h"),  # the flap filter off
+        (names.NODE_UNHEALTHY_AFTER, "2h", "from 5s to 1h"),
+        (names.KUEUE_RECOVERY_TIMEOUT, "1m", "from 1m15s to 168h"),
         (names.INPLACE_BUDGET, "-1", "0 to 10000"),
+        (names.INPLACE_BUDGET, "+1", "0 to 10000"),
+        (names.INPLACE_BUDGET, "\uff11", "0 to 10000"),  # full-width digit one
+        (names.INPLACE_BUDGET, "1_0", "0 to 10000"),
+        (names.INPLACE_BUDGET, "9" * 5000, "0 to 10000"),  # past int()'s 4300 digits
+        (names.RECREATE_BUDGET, " 1", "0 to 10000"),
+        (names.MEMBER_REPEAT_LIMIT, "03", "1 to 1000"),
         (names.FORCE_DELETE, "always", "never or unreachable"),
         (names.RESTART_EXIT_CODE, "1", "3 to 255"),
         (names.UNHEALTHY_TAINTS, ",", "comma-separated list"),
@@ -129,8 +141,9 @@ def test_bad_annotation_names_the_key_and_accepted_form(
     allowed, message = validate(jobset({names.ENABLED: "true", key: value}))
     assert not allowed
     assert key in message
-    assert repr(value) in message
+    assert repr(value)[:80] in message
     assert accepted in message
+    assert len(message) < 512  # a huge value is shown cut
 
 
 def test_transform_refusals_name_the_field() -> None:
@@ -151,6 +164,29 @@ def test_valid_and_transformed_jobsets_are_allowed() -> None:
     )
     assert validate(good) == (True, "")
     assert validate(transform(good, S)) == (True, "")
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        ("30s", "5s", "1m15s", "0", "0", "1", "3"),  # every lower bound
+        ("24h", "1h", "168h", "10000", "10000", "1000", "255"),  # every upper bound
+    ],
+    ids=["lower bounds", "upper bounds"],
+)
+def test_both_ends_of_every_range_are_admitted(values: tuple[str, ...]) -> None:
+    keys = (
+        names.BARRIER_TIMEOUT,
+        names.NODE_UNHEALTHY_AFTER,
+        names.KUEUE_RECOVERY_TIMEOUT,
+        names.INPLACE_BUDGET,
+        names.RECREATE_BUDGET,
+        names.MEMBER_REPEAT_LIMIT,
+        names.RESTART_EXIT_CODE,
+    )
+    annotations = {names.ENABLED: "true", **dict(zip(keys, values, strict=True))}
+    assert validate(jobset(annotations)) == (True, "")
+    assert validate(transform(jobset(annotations), S)) == (True, "")
 
 
 def test_update_checks_only_changed_policy_annotations() -> None:
