@@ -35,10 +35,10 @@ Protocol (decisions in `jobset_inplace.agent.logic`):
    own pod's annotations ``jobset-inplace.dev/epoch`` and ``jobset-inplace.dev/checkpoint-steps``,
    and ``jobset-inplace.dev/late-for-epoch`` when the barrier was already open (it restarted
    after the gang had resumed; the controller recovers the gang for it), removed by its next
-   report into a closed barrier (nothing else, no other object). Then watch the GangState (``fieldSelector=metadata.name``),
-   re-established from the last resourceVersion when the server ends it, re-read after errors
-   with exponential backoff (0.2 s doubling to 10 s, jittered): with a broken watch this
-   degrades to a periodic GET.
+   report into a closed barrier (nothing else, no other object). Then watch the GangState
+   (``fieldSelector=metadata.name``), re-established from the last resourceVersion when the
+   server ends it, re-read after errors with exponential backoff (0.2 s doubling to 10 s,
+   jittered): with a broken watch this degrades to a periodic GET.
 2. Barrier: the agent opens (retires the steps newer than ``status.resumeStep`` in both tiers,
    writes ``resume.json`` atomically, then ``/barrier`` answers 200) iff ``status.barrierOpen``
    for its epoch *and* it took part: it reported that epoch after seeing the barrier closed, or
