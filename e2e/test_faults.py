@@ -9,12 +9,13 @@ Classes covered here:
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from jobset_inplace import names
 from testbed.cluster import LocalCluster
 from testbed.controller import ControllerProcess, gang_state, member_pods, prepare
-from testbed.demo import demo_jobset, inject_failure, trainers_running
+from testbed.demo import checkpointed, demo_jobset, inject_failure, trainers_running
 from testbed.kube import Clients, create_jobset, wait_for
 
 MEMBERS = 2
@@ -39,6 +40,9 @@ def test_a_failure_while_the_controller_is_down_is_not_lost(
         "barrier of epoch 1", lambda: gang_state(kube, namespace, "gang").get("barrierOpen"), 180
     )
     wait_for("trainers running", lambda: trainers_running(kube, namespace, "gang", MEMBERS, 0), 120)
+    kubeconfig = local_cluster.kubeconfig
+    saved = partial(checkpointed, kube, kubeconfig, namespace, "gang")
+    wait_for("a checkpoint on every member", saved, 60)  # a common step to resume from
     before = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
     victim = member_pods(kube, namespace, "gang")["1"]
 
@@ -74,6 +78,7 @@ def test_a_failure_while_the_controller_is_down_is_not_lost(
     )
     assert st["epoch"] == 2
     assert st["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 0}
+    assert (st["resumeStep"] or 0) > 0, "from the common checkpoint, not from scratch"
     wait_for(
         "every trainer running again",
         lambda: trainers_running(kube, namespace, "gang", MEMBERS, 1),

@@ -4,7 +4,6 @@ demo trainer in real containers on the real kubelet nodes, JobSet and its Job co
 from __future__ import annotations
 
 import re
-import subprocess
 from functools import partial
 from pathlib import Path
 
@@ -12,19 +11,14 @@ import pytest
 
 from testbed.cluster import LocalCluster
 from testbed.controller import ControllerProcess
-from testbed.demo import run_demo
+from testbed.demo import run_demo, trainer_log
 from testbed.kube import Clients, wait_for
-from testbed.versions import binaries
 
 pytestmark = pytest.mark.e2e
 
 
 def _resumed_at(kubeconfig: Path, namespace: str, pod: str) -> list[int]:
-    out = subprocess.run(
-        [str(binaries().kubectl), "--kubeconfig", str(kubeconfig), "-n", namespace, "logs", pod,
-         "-c", "trainer"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+    out = trainer_log(kubeconfig, namespace, pod)
     return [int(m) for m in re.findall(r"resuming at step (\d+)", out)]
 
 

@@ -98,6 +98,23 @@ def trainers_running(kube: Clients, ns: str, name: str, members: int, restarts: 
     return True
 
 
+def trainer_log(kubeconfig: Path, namespace: str, pod: str) -> str:
+    """What the demo trainer of ``pod`` printed (its current container)."""
+    cmd = [str(binaries().kubectl), "--kubeconfig", str(kubeconfig), "-n", namespace, "logs"]
+    return subprocess.run(
+        [*cmd, pod, "-c", "trainer"], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def checkpointed(kube: Clients, kubeconfig: Path, namespace: str, name: str) -> bool:
+    """Every member's trainer saved a checkpoint (so the gang has a common step to resume)."""
+    pods = member_pods(kube, namespace, name)
+    return bool(pods) and all(
+        "checkpoint saved" in trainer_log(kubeconfig, namespace, p.metadata.name)
+        for p in pods.values()
+    )
+
+
 def inject_failure(kubeconfig: Path, namespace: str, pod: str) -> None:
     """Make the demo trainer in ``pod`` exit 3 at its next step."""
     cmd = [str(binaries().kubectl), "--kubeconfig", str(kubeconfig), "-n", namespace, "exec"]
@@ -129,7 +146,11 @@ def run_demo(
     wait_for(
         "trainers running", lambda: trainers_running(kube, namespace, name, members, 0), 120, 0.5
     )
-    time.sleep(5)  # let it train and checkpoint (step 10, 20 at 0.2 s/step)
+    wait_for(  # every member has a checkpoint (step 10 at 0.2 s/step): a step to resume from
+        "a checkpoint on every member",
+        lambda: checkpointed(kube, cluster.kubeconfig, namespace, name),
+        60,
+    )
     before = {i: p.metadata.uid for i, p in member_pods(kube, namespace, name).items()}
     victim = sorted(before)[-1]
     victim_pod = member_pods(kube, namespace, name)[victim].metadata.name

@@ -125,6 +125,14 @@ def bad_report_number(key: str, raw: str) -> str:
     )
 
 
+def _not_ready_since(pod: Obj) -> float | None:
+    """When the pod's Ready condition stopped being True (None: Ready, or not known yet)."""
+    ready = condition(pod, "Ready")
+    if ready is None or ready.get("status") == "True":
+        return None
+    return _ts(ready.get("lastTransitionTime"))
+
+
 def pod_view(pod: Obj) -> PodView | None:
     meta, status = pod["metadata"], pod.get("status") or {}
     labels = meta.get("labels") or {}
@@ -170,6 +178,7 @@ def pod_view(pod: Obj) -> PodView | None:
             (c.get("state") or {}).get("terminated", {}).get("exitCode", 0) != 0 for c in containers
         ),
         restarting=condition_true(pod, "AllContainersRestarting"),
+        not_ready_since=_not_ready_since(pod),
         devices_unhealthy=_resources_unhealthy(containers),
         escalated=condition_true(pod, names.ESCALATION_CONDITION),
         by_kueue=any(condition_true(pod, t) for t in KUEUE_POD_CONDITIONS),

@@ -25,6 +25,8 @@ class Cause(StrEnum):
     # its agent reported after the barrier had opened and waits for the next epoch: the member
     # restarted (a failure the controller did not see, e.g. while it was down)
     AGENT_WAITING = "AgentWaiting"
+    # not Ready for barrier-timeout while the gang runs: stuck (e.g. its agent cannot report)
+    NOT_READY = "NotReady"
     POD_FAILED = "PodFailed"
     POD_DELETED = "PodDeleted"  # deleting, or gone with no replacement yet
     NODE_UNHEALTHY = "NodeUnhealthy"
@@ -55,6 +57,7 @@ class PodView:
     reported_steps: tuple[int, ...] | None = None
     report_error: str | None = None  # malformed agent report (never acted on)
     late_for_epoch: int | None = None  # its agent reported this epoch after its barrier opened
+    not_ready_since: float | None = None  # its Ready condition is not True since then
     trainer_failed: bool = False
     restarting: bool = False
     devices_unhealthy: bool = False

@@ -50,7 +50,9 @@ BUILTIN_UNHEALTHY_TAINTS = frozenset(
         "node.kubernetes.io/out-of-service",
     }
 )
-IN_PLACE_CAUSES = frozenset({Cause.TRAINER_EXITED, Cause.RESTARTING, Cause.AGENT_WAITING})
+IN_PLACE_CAUSES = frozenset(
+    {Cause.TRAINER_EXITED, Cause.RESTARTING, Cause.AGENT_WAITING, Cause.NOT_READY}
+)
 # Share of Kueue's recoveryTimeout a recovery may use at most (the rest is the safety margin).
 KUEUE_RECOVERY_SHARE = 0.8
 
@@ -156,6 +158,7 @@ def member_causes(
     causes: dict[str, Cause] = {}
     wake: float | None = None
     running = s.status.phase == Phase.RUNNING and s.status.barrier_open
+    opened = (s.status.recovery.opened if s.status.recovery else None) or 0.0
     for member in sorted(s.gang.members):
         pod = current.get(member)
         if pod is not None and (pod.escalated or pod.by_kueue or pod.phase == "Succeeded"):
@@ -182,6 +185,14 @@ def member_causes(
             # It restarted after the barrier opened and waits for a new epoch; the kubelet's
             # restart left no other trace (the controller was away, or missed it).
             causes[member] = Cause.AGENT_WAITING
+        elif running and pod.not_ready_since is not None:
+            # Every wait is bounded: a member not Ready for a barrier timeout since the gang
+            # resumed is stuck (its agent cannot report, its trainer hangs in start-up).
+            due = max(pod.not_ready_since, opened) + s.policy.barrier_timeout_s
+            if s.now >= due:
+                causes[member] = Cause.NOT_READY
+            else:
+                wake = due if wake is None else min(wake, due)
     return causes, wake
 
 

@@ -20,7 +20,7 @@ from .gangsim import CRD, Controller, Gang, LeaseKeeper, renew_lease, set_node_r
 
 pytestmark = pytest.mark.integration
 
-FAST = {names.NODE_UNHEALTHY_AFTER: "2s", names.BARRIER_TIMEOUT: "60s"}
+FAST = {names.NODE_UNHEALTHY_AFTER: "5s", names.BARRIER_TIMEOUT: "60s"}  # the shortest allowed
 
 
 # Module scope: the controller acts on every opted-in JobSet it sees, so it must not outlive
@@ -309,3 +309,35 @@ def test_jobset_recreated_with_the_same_name_gets_a_fresh_gangstate(
     assert st["epoch"] == 1
     gang.report_all(1)
     gang.wait_state("barrier open at epoch 1", lambda s: s["barrierOpen"] and s["epoch"] == 1)
+
+
+def test_a_jobset_deleted_in_the_foreground_does_not_get_its_gangstate_back(
+    gang: Gang, kube: Clients, leases: LeaseKeeper, controller: Controller
+) -> None:
+    """Foreground deletion: the JobSet stays (deletionTimestamp, the foregroundDeletion
+    finalizer) while the garbage collector removes its dependents, the GangState first. This
+    control plane runs no garbage collector: the test deletes the GangState as it would."""
+    start_running(gang)
+    jobsets = ("jobset.x-k8s.io", "v1alpha2", gang.namespace, "jobsets")
+    kube.custom.delete_namespaced_custom_object(
+        *jobsets, gang.name, propagation_policy="Foreground"
+    )
+    stops = f"{gang.namespace}/{gang.name}: JobSet deleted: recovery stops"
+    wait_for("the controller handled the deletion", lambda: stops in controller.tail(200), 30)
+    kube.custom.delete_namespaced_custom_object(
+        names.GROUP, names.VERSION, gang.namespace, names.GANGSTATE_PLURAL, gang.name
+    )
+    gang.fail_trainer(1)  # an event for the deleting gang: a pass would write its status
+    # A later gang is created, runs, fails and recovers: the controller has handled the
+    # deleting gang's pod event (and would have retried a status write that found no GangState).
+    other = Gang(
+        kube, gang.namespace, f"other-{uuid.uuid4().hex[:4]}", 2, dict(FAST), leases=leases
+    )
+    start_running(other)
+    other.fail_trainer(0)
+    other.wait_state("the other gang recovers", lambda s: s["epoch"] == 2)
+    other.rejoin_all(2)
+    other.wait_state("the other gang runs again", lambda s: s["barrierOpen"] and s["epoch"] == 2)
+    with pytest.raises(ApiException) as gone:
+        gang.state()
+    assert gone.value.status == 404, "the GangState of a JobSet being deleted was created again"

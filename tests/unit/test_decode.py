@@ -108,7 +108,7 @@ def _device_health(health: str) -> Callable[[Pod], None]:
 
 
 def _annotations(**values: str | None) -> Callable[[Pod], None]:
-    keys = {"epoch": names.REPORT_EPOCH, "steps": names.REPORT_STEPS}
+    keys = {"epoch": names.REPORT_EPOCH, "steps": names.REPORT_STEPS, "late": names.REPORT_LATE}
 
     def change(p: Pod) -> None:
         ann = p["metadata"]["annotations"]
@@ -117,6 +117,15 @@ def _annotations(**values: str | None) -> Callable[[Pod], None]:
                 ann.pop(keys[k], None)
             else:
                 ann[keys[k]] = v
+
+    return change
+
+
+def _not_ready(since: str) -> Callable[[Pod], None]:
+    def change(p: Pod) -> None:
+        p["status"]["conditions"] = [
+            {"type": "Ready", "status": "False", "lastTransitionTime": since}
+        ]
 
     return change
 
@@ -168,6 +177,22 @@ TABLE: dict[str, tuple[Callable[[Pod], None], dict[str, Any], Cause | None]] = {
         None,
     ),
     "report without checkpoints": (_annotations(steps=""), {"reported_steps": ()}, None),
+    "its agent reported into the open barrier (restarted unseen)": (
+        _annotations(late="2"),
+        {"late_for_epoch": 2},
+        Cause.AGENT_WAITING,
+    ),
+    "late for an older epoch": (_annotations(late="1"), {"late_for_epoch": 1}, None),
+    "not Ready for long while running": (
+        _not_ready("1970-01-01T00:00:00Z"),
+        {"not_ready_since": 0.0},
+        Cause.NOT_READY,
+    ),
+    "not Ready just now": (
+        _not_ready(CREATED),
+        {"not_ready_since": dt.datetime(2026, 1, 1, tzinfo=dt.UTC).timestamp()},
+        None,
+    ),
 }
 
 

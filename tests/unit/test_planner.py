@@ -14,6 +14,7 @@ from jobset_inplace.core.model import (
     NodeView,
     Plan,
     ReadLeases,
+    Recovery,
     ReplacePod,
     Snapshot,
     UntaintNode,
@@ -549,3 +550,19 @@ def test_one_dead_node_among_many_is_replaced() -> None:
     nm["n2"] = silent("n2", NOW - 60)  # 2 of 6: no disruption
     p = plan(snapshot(n=6, node_map=nm))
     assert sorted(r.member for r in replaced(p)) == [member(1), member(2)]
+
+
+def test_a_member_not_ready_for_a_barrier_timeout_while_running_is_recovered() -> None:
+    """Every wait is bounded: e.g. a member whose agent cannot report (403) after an unseen
+    restart sits not Ready with the gang Running; counted from when the barrier opened."""
+    st = running(2)
+    st.recovery = Recovery(2, NOW - 400, NOW - 100, opened=NOW - 200)
+    stuck = with_pod(pods(4, epoch=2), 3, not_ready_since=NOW - 1000)
+    no_leases = {f"n{i}": NodeView(f"n{i}") for i in range(4)}  # no other wake-up
+    p = plan(snapshot(status=st, pod_list=stuck, node_map=no_leases))
+    assert p.status.epoch == 2, "200 s since the barrier opened: not yet"
+    assert p.requeue_after == pytest.approx(100)
+    later = plan(snapshot(status=st, pod_list=stuck, node_map=no_leases, now=NOW + 100))
+    assert later.status.recovery is not None
+    assert later.status.recovery.causes == {member(3): Cause.NOT_READY}
+    assert replaced(later) == [], "in place first (member-repeat-limit recreates it)"
