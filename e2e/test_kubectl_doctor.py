@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from testbed.cluster import LocalCluster
-from testbed.controller import CRD
+from testbed.controller import AGENT_POLICY, CRD
 from testbed.kubectl import Kubectl
 
 pytestmark = pytest.mark.e2e
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.e2e
 def test_doctor_passes_on_the_cluster(
     cluster_kubeconfig: Path, local_cluster: LocalCluster | None
 ) -> None:
-    Kubectl(cluster_kubeconfig).apply_files([CRD], server_side=True)
+    Kubectl(cluster_kubeconfig).apply_files([CRD, AGENT_POLICY], server_side=True)
     res = subprocess.run(
         [
             sys.executable,
@@ -49,5 +49,7 @@ def test_doctor_passes_on_the_cluster(
     if local_cluster is None:
         return  # another cluster may lack Kueue or node feature declarations: WARN, not FAIL
     passed = [n for n, r in results.items() if r == "PASS"]
-    # version, RestartAllContainers dry-run, JobSet, GangState CRD, Kueue, declared features
-    assert len(passed) >= 6, results
+    # version, RestartAllContainers dry-run, JobSet, GangState CRD, agent admission policy,
+    # Kueue, declared features
+    assert len(passed) >= 7, results
+    assert results["Agent admission policy"] == "PASS"

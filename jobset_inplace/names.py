@@ -46,6 +46,10 @@ REPLACED_CONDITION: Final = "JobsetInplaceReplaced"
 
 NODE_LEASE_NAMESPACE: Final = "kube-node-lease"
 
+# The ValidatingAdmissionPolicy (and its binding) that lets an agent patch only its own pod's
+# jobset-inplace.dev/ annotations (manifests/rbac/agent-vap.yaml; guarantee 9).
+AGENT_POLICY: Final = "jobset-inplace-agent-own-pod"
+
 # --- Node taint set on a node the controller found unhealthy (so replacements avoid it) -------
 UNHEALTHY_TAINT: Final = f"{PREFIX}unhealthy"
 # ... and, with the taint-on-device-fault policy, on a Ready node whose device failed a member.

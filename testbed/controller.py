@@ -25,6 +25,8 @@ from .versions import REPO_ROOT, binaries
 
 CRD = REPO_ROOT / "manifests" / "crd" / "gangstates.yaml"
 WEBHOOK_MANIFEST = REPO_ROOT / "manifests" / "webhook" / "webhook.yaml"
+# The agent may patch only its own pod (guarantee 9): installed wherever agents run.
+AGENT_POLICY = REPO_ROOT / "manifests" / "rbac" / "agent-vap.yaml"
 # The node image of the real kubelet nodes: Python, this checkout's package and the demo trainer.
 IMAGE = "jobset-inplace/python:local"
 
@@ -140,10 +142,15 @@ def member_pods(
 
 
 def prepare(kube: Clients, cluster_kubeconfig: Path, namespace: str) -> None:
+    """What a cluster and ``namespace`` need for gangs, as the install docs say: the GangState
+    CRD, the agent's least-privilege admission policy, the agent's RBAC in the namespace."""
     kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster_kubeconfig)]
-    subprocess.run(
-        [*kubectl, "apply", "--server-side", "-f", str(CRD)], check=True, capture_output=True
-    )
+    for manifest_file in (CRD, AGENT_POLICY):
+        subprocess.run(
+            [*kubectl, "apply", "--server-side", "-f", str(manifest_file)],
+            check=True,
+            capture_output=True,
+        )
     try:
         kube.core.create_namespace({"metadata": {"name": namespace}})
     except ApiException as e:

@@ -106,6 +106,19 @@ class Cluster:
         resp = or_none(api.read_custom_resource_definition, name, _preload_content=False)
         return None if resp is None else self._json(resp)
 
+    def admission_policy(self, name: str) -> dict[str, Any] | None:
+        """The ValidatingAdmissionPolicy, or ``None`` if it does not exist."""
+        api = client.AdmissionregistrationV1Api(self.api_client)
+        resp = or_none(api.read_validating_admission_policy, name, _preload_content=False)
+        return None if resp is None else self._json(resp)
+
+    def admission_policy_binding(self, name: str) -> dict[str, Any] | None:
+        """The ValidatingAdmissionPolicyBinding, or ``None`` if it does not exist."""
+        api = client.AdmissionregistrationV1Api(self.api_client)
+        read = api.read_validating_admission_policy_binding
+        resp = or_none(read, name, _preload_content=False)
+        return None if resp is None else self._json(resp)
+
     def nodes(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = (
             self._json(self.core.list_node(_preload_content=False)).get("items") or []

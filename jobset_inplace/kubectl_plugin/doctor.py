@@ -59,6 +59,8 @@ class ClusterReader(Protocol):
     def dry_run_pod(self, body: dict[str, Any]) -> dict[str, Any]: ...
     def configmap(self, namespace: str, name: str) -> dict[str, Any]: ...
     def deployment_images(self, namespace: str) -> list[str]: ...
+    def admission_policy(self, name: str) -> dict[str, Any] | None: ...
+    def admission_policy_binding(self, name: str) -> dict[str, Any] | None: ...
 
 
 # --- pure checks ---------------------------------------------------------------------------------
@@ -195,6 +197,29 @@ def check_declared_features(nodes: Sequence[Mapping[str, Any]]) -> Check:
     )
 
 
+AGENT_POLICY_HINT = "kubectl apply --server-side -f manifests/rbac/agent-vap.yaml"
+
+
+def check_agent_policy(
+    policy: Mapping[str, Any] | None, binding: Mapping[str, Any] | None
+) -> Check:
+    """Guarantee 9 needs the apiserver's ValidatingAdmissionPolicy: RBAC alone lets an agent
+    patch every pod of its namespace."""
+    name = "Agent admission policy"
+    unenforced = "an agent may patch any pod its namespace's RBAC allows (least privilege off)"
+    if policy is None:
+        detail = f"ValidatingAdmissionPolicy {names.AGENT_POLICY} not installed: {unenforced}"
+        return Check(name, Result.WARN, detail, AGENT_POLICY_HINT)
+    if binding is None:
+        detail = f"{names.AGENT_POLICY} installed but not bound: {unenforced}"
+        return Check(name, Result.WARN, detail, AGENT_POLICY_HINT)
+    actions = (binding.get("spec") or {}).get("validationActions") or []
+    if "Deny" not in actions:
+        detail = f"{names.AGENT_POLICY} bound with {actions}, not Deny: {unenforced}"
+        return Check(name, Result.WARN, detail, AGENT_POLICY_HINT)
+    return Check(name, Result.PASS, f"{names.AGENT_POLICY}: an agent patches only its own pod")
+
+
 def check_kueue_recovery(  # noqa: PLR0911 (one return per outcome reads best)
     config_text: str | None, barrier_timeout_s: float, why: str = ""
 ) -> Check:
@@ -275,6 +300,16 @@ def run_checks(c: ClusterReader, barrier_timeout_s: float | None = None) -> list
         _safe("GangState CRD", CRD_HINT, lambda: check_gangstate_crd(c.crd(GANGSTATE_CRD)))
     )
 
+    checks.append(
+        _safe(
+            "Agent admission policy",
+            "check the kubeconfig",
+            lambda: check_agent_policy(
+                c.admission_policy(names.AGENT_POLICY),
+                c.admission_policy_binding(names.AGENT_POLICY),
+            ),
+        )
+    )
     kueue_present: dict[str, bool] = {}
 
     def kueue() -> Check:

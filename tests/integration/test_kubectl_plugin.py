@@ -19,6 +19,7 @@ import yaml
 from jobset_inplace import names
 from jobset_inplace.core.gangstate import new_gangstate
 from jobset_inplace.kubectl_plugin import ExitCode
+from testbed.controller import AGENT_POLICY
 from testbed.controlplane import ControlPlane
 from testbed.kube import Clients, get_jobset
 
@@ -290,6 +291,7 @@ def test_doctor(
         kube.core.patch_node_status(
             node, {"status": {"declaredFeatures": ["RestartAllContainersOnContainerExits"]}}
         )
+        control_plane.kubectl().run("delete", "-f", str(AGENT_POLICY), "--ignore-not-found")
         res = plugin(control_plane, "doctor", namespace=namespace)
         results = {}
         for line in res.stdout.splitlines()[1:]:
@@ -303,10 +305,20 @@ def test_doctor(
         assert results["Kueue CRDs"] == "WARN"  # not installed in the integration plane
         assert results["Kueue recoveryTimeout"] == "SKIP"
         assert results["Node declared features"] == "PASS", res.stdout
+        assert results["Agent admission policy"] == "WARN", "least privilege not enforced"
+        assert "manifests/rbac/agent-vap.yaml" in res.stdout, "the fix is named"
         assert res.returncode == ExitCode.OK, res.stdout + res.stderr
 
         as_json = plugin(control_plane, "doctor", "-o", "json", namespace=namespace)
         checks = {c["name"]: c for c in json.loads(as_json.stdout)["checks"]}
         assert "v1alpha2" in checks["JobSet CRD"]["detail"]
+
+        control_plane.kubectl().apply_files([AGENT_POLICY], server_side=True)
+        try:
+            installed = plugin(control_plane, "doctor", "-o", "json", namespace=namespace)
+            checks = {c["name"]: c for c in json.loads(installed.stdout)["checks"]}
+            assert checks["Agent admission policy"]["result"] == "PASS"
+        finally:
+            control_plane.kubectl().run("delete", "-f", str(AGENT_POLICY), check=False)
     finally:
         kube.core.delete_node(node)

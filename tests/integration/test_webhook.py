@@ -29,6 +29,7 @@ from jobset_inplace import names
 from jobset_inplace.core.transform import AGENT_CONTAINER, ESCALATION_RULE, MAX_BACKOFF
 from testbed import workloads
 from testbed.certs import ensure_serving_cert
+from testbed.controller import AGENT_POLICY
 from testbed.controlplane import ControlPlane
 from testbed.kube import Clients, create_jobset, get_jobset, wait_for
 from testbed.processes import free_port
@@ -37,7 +38,7 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 WEBHOOK_MANIFEST = REPO / "manifests" / "webhook" / "webhook.yaml"
-VAP_MANIFEST = REPO / "manifests" / "rbac" / "agent-vap.yaml"
+VAP_MANIFEST = AGENT_POLICY
 AGENT_RBAC_MANIFEST = REPO / "manifests" / "rbac" / "agent.yaml"
 AGENT_IMAGE = "example.test/jobset-inplace-agent:webhook-test"
 AGENT_SA = "jobset-inplace-agent"

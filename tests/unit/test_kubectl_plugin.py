@@ -735,6 +735,30 @@ class FakeReader:
     def deployment_images(self, namespace: str) -> list[str]:
         raise ApiException(status=403, reason="Forbidden")
 
+    def admission_policy(self, name: str) -> dict[str, Any] | None:
+        return {"metadata": {"name": name}}
+
+    def admission_policy_binding(self, name: str) -> dict[str, Any] | None:
+        return {"metadata": {"name": name}, "spec": {"validationActions": ["Deny"]}}
+
+
+@pytest.mark.parametrize(
+    ("policy", "binding", "result"),
+    [
+        (None, None, "WARN"),
+        ({}, None, "WARN"),
+        ({}, {"spec": {"validationActions": ["Audit"]}}, "WARN"),
+        ({}, {"spec": {"validationActions": ["Deny"]}}, "PASS"),
+    ],
+)
+def test_check_agent_policy(
+    policy: dict[str, Any] | None, binding: dict[str, Any] | None, result: str
+) -> None:
+    check = d.check_agent_policy(policy, binding)
+    assert check.result == result
+    if result == "WARN":
+        assert check.hint == d.AGENT_POLICY_HINT
+
 
 def test_run_checks_and_render() -> None:
     checks = d.run_checks(FakeReader())
@@ -743,6 +767,7 @@ def test_run_checks_and_render() -> None:
         ("RestartAllContainers", "PASS"),
         ("JobSet CRD", "PASS"),
         ("GangState CRD", "PASS"),
+        ("Agent admission policy", "PASS"),
         ("Kueue CRDs", "PASS"),
         ("Node declared features", "WARN"),
         ("Kueue recoveryTimeout", "SKIP"),
@@ -751,7 +776,7 @@ def test_run_checks_and_render() -> None:
     assert not d.failed(checks)
     text = d.render_checks(checks)
     assert "    fix: enable the RestartAllContainersOnContainerExits" in text
-    assert text.endswith("0 failed, 1 warnings, 7 checks\n")
+    assert text.endswith("0 failed, 1 warnings, 8 checks\n")
 
 
 def test_doctor_exit_code_is_1_on_any_fail() -> None:
