@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,7 @@ from jobset_inplace.core.model import GangSpec, GangStatus, NodeView, PodView, S
 from jobset_inplace.core.policy import Policy
 
 GangKey = tuple[str, str]  # (namespace, JobSet name)
+POSTED_MAX = 1000  # once-only Event keys remembered per gang
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,17 @@ class Gang:
     status: GangStatus | None = None  # last persisted; None until loaded from the API
     kueue_stand_down: str = ""  # from the JobSet's Kueue Workload (views.kueue_stand_down)
     kueue_managed: bool = False  # Kueue made a Workload for it
-    posted: set[str] = field(default_factory=set)  # messages of once-only Events posted
+    # keys of once-only Events posted (insertion-ordered; the oldest go beyond POSTED_MAX)
+    posted: dict[str, None] = field(default_factory=dict)
     status_written_at: float = 0.0  # wall time of this process's last status write
+
+    def remember_posted(self, keys: Iterable[str]) -> None:
+        """Record once-only Events as posted; memory stays bounded (a pod writing garbage
+        reports could otherwise grow it forever): the oldest keys are forgotten first."""
+        for key in keys:
+            self.posted[key] = None
+        while len(self.posted) > POSTED_MAX:
+            del self.posted[next(iter(self.posted))]
 
 
 # Kueue's default waitForPodsReady.recoveryTimeout (v0.19), assumed for Kueue-managed gangs when

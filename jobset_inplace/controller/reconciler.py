@@ -188,7 +188,7 @@ class Reconciler:
         if not actions:
             return
         await asyncio.to_thread(self.executor.run, gang.jobset, actions)
-        gang.posted.update(a.message for a in actions if isinstance(a, Event) and a.once)
+        gang.remember_posted(a.once_key for a in actions if isinstance(a, Event) and a.once_key)
 
     # --- nodes --------------------------------------------------------------------------------
     def node_changed(self, name: str) -> None:

@@ -143,7 +143,7 @@ class Snapshot:
     nodes: dict[str, NodeView]
     status: GangStatus
     status_written_at: float = 0.0  # when ``status`` was last written (0: not by this process)
-    posted: frozenset[str] = frozenset()  # messages of once-only Events already posted
+    posted: frozenset[str] = frozenset()  # keys of once-only Events already posted
     # Since when the controller could see every Lease renewal (its start, the end of an outage)
     leases_observed_since: float = 0.0
     # every node the controller knows (to tell one node's death from a cluster-wide disruption)
@@ -203,7 +203,8 @@ class Event:
     reason: str
     message: str
     warning: bool = False
-    once: bool = False  # post at most once per controller run (the snapshot's ``posted``)
+    # post at most once per controller run for this key (the snapshot's ``posted``)
+    once_key: str | None = None
 
 
 Action = ReplacePod | EscalatePod | UntaintNode | ReadLeases | Event

@@ -236,7 +236,8 @@ def plan_node(node: NodeView | None, now: float) -> list[Action]:
 
 def refuse_policy(error: str, posted: frozenset[str]) -> list[Action]:
     """A JobSet whose annotations do not parse is not recovered; say why, once."""
-    return [] if error in posted else [Event("InvalidPolicy", error, warning=True, once=True)]
+    key = f"InvalidPolicy/{error}"
+    return [] if key in posted else [Event("InvalidPolicy", error, warning=True, once_key=key)]
 
 
 def jobset_edge(gang: GangSpec, phase: Phase, restart_attempt: int) -> Edge | None:
@@ -308,10 +309,10 @@ class _Planning:
         st.expected = len(self.s.gang.members)
         st.ready = sum(1 for pod in self.current.values() if pod.phase == "Running")
         for pod in self.current.values():
-            if pod.report_error:
+            key = f"MalformedReport/{pod.uid}"  # one Event per pod, however often it changes
+            if pod.report_error and key not in self.s.posted:
                 msg = f"pod {pod.name}: {pod.report_error}"
-                if msg not in self.s.posted:
-                    self.event("MalformedReport", msg, warning=True, once=True)
+                self.event("MalformedReport", msg, warning=True, once_key=key)
 
     def check_kueue_margin(self) -> None:
         rt, st = self.recovery_timeout, self.st
@@ -338,7 +339,7 @@ class _Planning:
             f"{d[0]} of {d[1]} nodes unhealthy at once: no pod is replaced for its node until "
             "they recover (a control-plane or network outage looks like this)",
             warning=True,
-            once=True,
+            once_key=f"NodeDisruption/{self.st.epoch}",
         )
         self.p.wake_at(self.s.now, self.s.now + LEASE_RENEW_INTERVAL_S)
         return {m: c for m, c in causes.items() if c != Cause.NODE_UNHEALTHY}
@@ -625,9 +626,9 @@ class _Planning:
 
     # -- helpers --
     def event(
-        self, reason: str, message: str, *, warning: bool = False, once: bool = False
+        self, reason: str, message: str, *, warning: bool = False, once_key: str | None = None
     ) -> None:
-        self.p.actions.append(Event(reason, message, warning, once))
+        self.p.actions.append(Event(reason, message, warning, once_key))
 
     def mark_recreated(self, rec: Recovery, member: str, uid: str, cause: Cause) -> None:
         """Record that ``member`` gets a new pod in this recovery (its pod ``uid`` replaced)."""

@@ -448,8 +448,9 @@ def test_unhealthy_taint_comes_off_only_when_the_node_is_back() -> None:
 def test_invalid_policy_is_said_once() -> None:
     (e,) = refuse_policy("bad annotation", frozenset())
     assert isinstance(e, Event)
-    assert (e.reason, e.warning, e.once) == ("InvalidPolicy", True, True)
-    assert refuse_policy("bad annotation", frozenset({"bad annotation"})) == []
+    assert (e.reason, e.warning) == ("InvalidPolicy", True)
+    assert e.once_key is not None
+    assert refuse_policy("bad annotation", frozenset({e.once_key})) == []
 
 
 def test_only_ready_nodes_stale_by_their_lease_alone_are_read_again() -> None:
@@ -539,7 +540,7 @@ def test_many_nodes_silent_at_once_replace_nothing() -> None:
             "4 of 4 nodes unhealthy at once: no pod is replaced for its node until they recover "
             "(a control-plane or network outage looks like this)",
             warning=True,
-            once=True,
+            once_key="NodeDisruption/2",
         )
     ], "no Lease read either"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from jobset_inplace.controller.cache import ClusterCache, GangKey, PodEntry
+from jobset_inplace.controller.cache import POSTED_MAX, ClusterCache, GangKey, PodEntry
 from jobset_inplace.controller.reconciler import PASS_SPACING, Reconciler, retry_delay
 from jobset_inplace.core.model import (
     Action,
@@ -206,14 +206,20 @@ async def test_a_pass_writes_the_status_before_it_acts_and_spaces_the_next_pass(
     assert r._not_before[KEY] == pytest.approx(clock.now + PASS_SPACING * 0.01)
 
 
-async def test_a_once_only_event_is_posted_once() -> None:
+async def test_a_once_only_event_is_posted_once_per_pod_and_memory_stays_bounded() -> None:
     ex = RecordingExecutor(running(2))
-    r, _, _ = gang(ex, report_error="bad epoch")
+    r, _, cache = gang(ex, report_error="bad epoch")
     await r.reconcile(KEY)
+    pod = cache.gangs[KEY].pods["uid-1"]
+    garbage = dataclasses.replace(pod, report_error="another kind of garbage")
+    cache.upsert_pod(PodEntry("uid-1", KEY, garbage))  # the same pod writes other garbage
     await r.reconcile(KEY)
     malformed = [a for a in ex.actions if isinstance(a, Event) and a.reason == "MalformedReport"]
-    assert len(malformed) == 1
-    assert r.cache.gangs[KEY].posted == {malformed[0].message}
+    assert len(malformed) == 1, "rate-limited per pod"
+    assert list(cache.gangs[KEY].posted) == ["MalformedReport/uid-1"]
+    cache.gangs[KEY].remember_posted(f"k{i}" for i in range(POSTED_MAX + 5))
+    assert len(cache.gangs[KEY].posted) == POSTED_MAX
+    assert "MalformedReport/uid-1" not in cache.gangs[KEY].posted, "the oldest go first"
 
 
 async def test_a_lease_stale_in_the_cache_is_read_before_a_pod_is_replaced() -> None:
