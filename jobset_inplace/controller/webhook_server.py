@@ -28,7 +28,7 @@ from typing import Any
 import jsonpatch
 import kopf
 
-from jobset_inplace.core.admission import mutate, validate
+from jobset_inplace.core.admission import mutate, validate, warnings
 from jobset_inplace.core.transform import DEFAULT_AGENT_IMAGE, AgentSettings
 
 log = logging.getLogger("jobset_inplace.admission")
@@ -105,6 +105,8 @@ def register_webhooks(registry: kopf.OperatorRegistry, settings: AgentSettings) 
         log.info("validate %s %s: %s", operation, _ref(obj), "allowed" if allowed else message)
         if not allowed:
             raise kopf.AdmissionError(message, code=400)
+        if operation == "CREATE":
+            kwargs["warnings"].extend(warnings(obj))
 
 
 def _ref(obj: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ from jobset_inplace import names
 from jobset_inplace.core.policy import PolicyError, is_enabled, parse_enabled, parse_policy
 from jobset_inplace.core.transform import (
     AGENT_CONTAINER,
+    AGENT_SERVICE_ACCOUNT,
     DEFAULT_AGENT_IMAGE,
     AgentSettings,
     TransformError,
@@ -94,6 +95,32 @@ def validate(jobset: Mapping[str, Any], old: Mapping[str, Any] | None = None) ->
     except (PolicyError, TransformError) as e:
         return False, str(e)
     return True, ""
+
+
+def warnings(jobset: Mapping[str, Any]) -> list[str]:
+    """What an opted-in JobSet is admitted with but told about (kubectl prints each line).
+
+    Pods that name their own ServiceAccount: the agent reports with that account's token, so it
+    needs the agent Role bound to it (without it, agents get 403, nothing is reported and the
+    gang never opens its barrier: the controller says so with a MembersNotReporting Event),
+    and the least-privilege admission policy matches the agent's own account only."""
+    if not is_enabled(_annotations(jobset)):
+        return []
+    out = []
+    for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
+        pod = (((rj.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")
+        account = (pod or {}).get("serviceAccountName")
+        if account and account != AGENT_SERVICE_ACCOUNT:
+            out.append(
+                f"replicatedJob {rj.get('name')!r}: pods run as ServiceAccount {account!r}, so "
+                f"their jobset-inplace agent reports with its token: bind the "
+                f"{AGENT_SERVICE_ACCOUNT} Role to it (kubectl create rolebinding "
+                f"{AGENT_SERVICE_ACCOUNT}-{account} --role={AGENT_SERVICE_ACCOUNT} "
+                f"--serviceaccount=NAMESPACE:{account}), or the gang never starts; the "
+                f"least-privilege policy ({names.AGENT_POLICY}) covers only "
+                f"{AGENT_SERVICE_ACCOUNT}"
+            )
+    return out
 
 
 def _validate_update(jobset: Mapping[str, Any], old: Mapping[str, Any]) -> None:

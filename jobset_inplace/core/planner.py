@@ -309,10 +309,9 @@ class _Planning:
         st.expected = len(self.s.gang.members)
         st.ready = sum(1 for pod in self.current.values() if pod.phase == "Running")
         for pod in self.current.values():
-            key = f"MalformedReport/{pod.uid}"  # one Event per pod, however often it changes
-            if pod.report_error and key not in self.s.posted:
+            if pod.report_error:  # one Event per pod, however often its garbage changes
                 msg = f"pod {pod.name}: {pod.report_error}"
-                self.event("MalformedReport", msg, warning=True, once_key=key)
+                self.event("MalformedReport", msg, warning=True, once_key=f"Malformed/{pod.uid}")
 
     def check_kueue_margin(self) -> None:
         rt, st = self.recovery_timeout, self.st
@@ -493,12 +492,30 @@ class _Planning:
         st.reported = len(joined)
         if len(joined) == len(members):
             self.barrier_opened(rec, joined)
-        elif not rec.causes:
-            pass  # a fresh epoch (start, JobSet restart, resume): pods are still being made
+        elif not rec.causes:  # a fresh epoch (start, JobSet restart, resume): nothing failed
+            self.fresh_epoch_waits(rec, [m for m in members if m not in {p.member for p in joined}])
         elif s.now < rec.deadline:
             self.p.wake_at(s.now, rec.deadline)
         else:
             self.barrier_deadline(rec, [m for m in members if m not in {p.member for p in joined}])
+
+    def fresh_epoch_waits(self, rec: Recovery, missing: list[str]) -> None:
+        """Pods of a fresh epoch are still being made: wait, with no deadline to act on (nothing
+        failed), but never silently: past the barrier timeout, say who has not reported."""
+        s = self.s
+        if s.now < rec.deadline:
+            self.p.wake_at(s.now, rec.deadline)
+            return
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        message = (
+            f"epoch {self.st.epoch}: {len(missing)} member(s) have not reported after "
+            f"{self.barrier_timeout:.0f}s ({shown}): are their pods scheduled, and may their "
+            "agents report (their ServiceAccount's RBAC, the agent's log)?"
+        )
+        self.st.message = message
+        self.event(
+            "MembersNotReporting", message, warning=True, once_key=f"NotReporting/{rec.epoch}"
+        )
 
     def gang_seen(self) -> None:
         """First look at a gang: epoch 1 opens like any other (the status starts Recovering)."""
@@ -628,7 +645,9 @@ class _Planning:
     def event(
         self, reason: str, message: str, *, warning: bool = False, once_key: str | None = None
     ) -> None:
-        self.p.actions.append(Event(reason, message, warning, once_key))
+        """Post an Event; one with a ``once_key`` only if none with that key was posted."""
+        if once_key is None or once_key not in self.s.posted:
+            self.p.actions.append(Event(reason, message, warning, once_key))
 
     def mark_recreated(self, rec: Recovery, member: str, uid: str, cause: Cause) -> None:
         """Record that ``member`` gets a new pod in this recovery (its pod ``uid`` replaced)."""

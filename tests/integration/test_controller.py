@@ -341,3 +341,15 @@ def test_a_jobset_deleted_in_the_foreground_does_not_get_its_gangstate_back(
     with pytest.raises(ApiException) as gone:
         gang.state()
     assert gone.value.status == 404, "the GangState of a JobSet being deleted was created again"
+
+
+def test_a_gang_whose_agents_never_report_is_said_not_silent(gang: Gang) -> None:
+    """Agents that cannot report (e.g. 403: their pods run as a ServiceAccount without the
+    agent's Role) leave a fresh gang waiting: the wait is visible, an Event and the status."""
+    gang.annotations[names.BARRIER_TIMEOUT] = "30s"  # the shortest allowed
+    gang.create()
+    gang.wait_state("created with epoch 1", lambda s: s.get("epoch") == 1)
+    wait_for("MembersNotReporting", lambda: "MembersNotReporting" in reasons(gang), 60)
+    st = gang.state()
+    assert "4 member(s) have not reported after 30s" in st["message"]
+    assert (st["phase"], st["barrierOpen"]) == ("Recovering", False)

@@ -219,6 +219,23 @@ def test_opted_in_jobset_gets_the_injected_spec(
     assert any("mutate CREATE" in ln for ln in webhook.requests_for("train"))
 
 
+def test_own_service_account_is_admitted_with_a_warning_kubectl_prints(
+    kube: Clients, namespace: str, webhook: Webhook
+) -> None:
+    body = jobset("own-sa", {names.ENABLED: "true"})
+    body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+        "serviceAccountName"
+    ] = "trainer-sa"
+    resp = kube.custom.create_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", body, _preload_content=False
+    )
+    warning = resp.headers.get("Warning") or ""  # what kubectl prints as "Warning: ..."
+    assert "'trainer-sa'" in warning, resp.headers
+    assert "kubectl create rolebinding" in warning
+    js = get_jobset(kube, namespace, "own-sa")
+    assert job_spec(js)["template"]["spec"]["serviceAccountName"] == "trainer-sa", "kept"
+
+
 def test_bad_annotation_is_rejected_naming_key_and_form(
     kube: Clients, namespace: str, webhook: Webhook
 ) -> None:

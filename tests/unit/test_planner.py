@@ -567,3 +567,20 @@ def test_a_member_not_ready_for_a_barrier_timeout_while_running_is_recovered() -
     assert later.status.recovery is not None
     assert later.status.recovery.causes == {member(3): Cause.NOT_READY}
     assert replaced(later) == [], "in place first (member-repeat-limit recreates it)"
+
+
+def test_a_fresh_epoch_nobody_reports_to_is_said_not_silent() -> None:
+    """Nothing failed (a start): no deadline to act on, but past the barrier timeout the
+    controller says who has not reported (e.g. agents whose ServiceAccount may not report)."""
+    silent_pods = pods(4, epoch=None)
+    p = plan(snapshot(status=GangStatus(), pod_list=silent_pods))  # a gang seen for the first time
+    assert events(p) == []
+    later = plan(snapshot(status=p.status, pod_list=silent_pods, now=NOW + 301))
+    assert events(later) == ["MembersNotReporting"]
+    assert "4 member(s) have not reported after 300s" in later.status.message
+    assert (later.status.phase, later.status.epoch, replaced(later)) == (Phase.RECOVERING, 1, [])
+    (said,) = later.actions
+    assert isinstance(said, Event)
+    assert said.once_key is not None
+    quiet = snapshot(status=later.status, pod_list=silent_pods, now=NOW + 400)
+    assert events(plan(dataclasses.replace(quiet, posted=frozenset({said.once_key})))) == []

@@ -216,10 +216,10 @@ async def test_a_once_only_event_is_posted_once_per_pod_and_memory_stays_bounded
     await r.reconcile(KEY)
     malformed = [a for a in ex.actions if isinstance(a, Event) and a.reason == "MalformedReport"]
     assert len(malformed) == 1, "rate-limited per pod"
-    assert list(cache.gangs[KEY].posted) == ["MalformedReport/uid-1"]
+    assert list(cache.gangs[KEY].posted) == ["Malformed/uid-1"]
     cache.gangs[KEY].remember_posted(f"k{i}" for i in range(POSTED_MAX + 5))
     assert len(cache.gangs[KEY].posted) == POSTED_MAX
-    assert "MalformedReport/uid-1" not in cache.gangs[KEY].posted, "the oldest go first"
+    assert "Malformed/uid-1" not in cache.gangs[KEY].posted, "the oldest go first"
 
 
 async def test_a_lease_stale_in_the_cache_is_read_before_a_pod_is_replaced() -> None:

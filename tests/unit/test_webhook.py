@@ -22,7 +22,7 @@ from jobset_inplace.controller.webhook_server import (
     server_from_env,
     settings_from_env,
 )
-from jobset_inplace.core.admission import mutate, validate
+from jobset_inplace.core.admission import mutate, validate, warnings
 from jobset_inplace.core.policy import PolicyError
 from jobset_inplace.core.transform import (
     AGENT_SERVICE_ACCOUNT,
@@ -335,3 +335,14 @@ def test_controller_serves_only_with_a_mounted_certificate(tmp_path: Path) -> No
         str(tmp_path / "tls.crt"),
         str(tmp_path / "tls.key"),
     )
+
+
+def test_own_service_account_is_admitted_with_a_warning() -> None:
+    own = jobset({names.ENABLED: "true"}, serviceAccountName="trainer-sa")
+    assert validate(own) == (True, "")
+    (warning,) = warnings(own)
+    assert "'trainer-sa'" in warning
+    assert "kubectl create rolebinding" in warning
+    assert warnings(jobset({names.ENABLED: "true"})) == []
+    assert warnings(jobset({names.ENABLED: "true"}, serviceAccountName=AGENT_SERVICE_ACCOUNT)) == []
+    assert warnings(jobset({}, serviceAccountName="trainer-sa")) == [], "not opted in"
