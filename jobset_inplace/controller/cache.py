@@ -50,7 +50,7 @@ class Gang:
     jobset: dict[str, Any] = field(default_factory=dict)
     pods: dict[str, PodView] = field(default_factory=dict)  # uid -> view
     status: GangStatus | None = None  # last persisted; None until loaded from the API
-    kueue_stand_down: str = ""  # from the JobSet's Kueue Workload (views.kueue_stand_down)
+    kueue_stand_down: str = ""  # from the JobSet's Kueue Workload (decode.kueue_stand_down)
     kueue_managed: bool = False  # Kueue made a Workload for it
     # keys of once-only Events posted (insertion-ordered; the oldest go beyond POSTED_MAX)
     posted: dict[str, None] = field(default_factory=dict)
@@ -144,9 +144,12 @@ class ClusterCache:
     def set_lease(self, node: str, renewed: float | None, read_at: float | None = None) -> None:
         """Record a Lease renewal, from the watch or (``read_at``: when) read directly; the
         node's view carries both (snapshots copy nothing)."""
+        cached = self.leases.get(node)
         if renewed is None:  # no Lease: nothing to confirm either
             self.leases.pop(node, None)
             self.lease_reads.pop(node, None)
+        elif read_at is None and cached is not None and renewed < cached:
+            return  # a lagging watch's older renewal: a direct read already saw a newer one
         else:
             if read_at is not None:
                 self.lease_reads[node] = read_at

@@ -202,7 +202,9 @@ class Executor:
         self._fail_pod(namespace, a, names.ESCALATION_CONDITION, a.message)
 
     # --- events -------------------------------------------------------------------------------
-    def post_event(self, jobset: dict[str, Any], e: Event) -> None:
+    def post_event(self, jobset: dict[str, Any], e: Event) -> bool:
+        """Post ``e`` on the JobSet; False if the API refused it (best effort: never a reason
+        to fail a pass)."""
         meta = jobset["metadata"]
         now = dt.datetime.now(dt.UTC)
         body = client.CoreV1Event(
@@ -226,11 +228,15 @@ class Executor:
         )
         try:
             self.core.create_namespaced_event(meta["namespace"], body)
-        except ApiException as err:  # an Event is best effort, never a reason to fail a pass
+        except ApiException as err:
             log.warning("could not post event %s on %s: %s", e.reason, meta["name"], err.reason)
+            return False
+        return True
 
-    def run(self, jobset: dict[str, Any], actions: list[Action]) -> None:
+    def run(self, jobset: dict[str, Any], actions: list[Action]) -> list[Event]:
+        """Carry out a plan's actions; the Events actually posted."""
         ns = jobset["metadata"]["namespace"]
+        posted: list[Event] = []
         for a in actions:
             if isinstance(a, ReplacePod):
                 self.replace_pod(ns, a)
@@ -239,7 +245,9 @@ class Executor:
         for a in actions:
             if isinstance(a, Event):
                 log.info("%s/%s %s: %s", ns, jobset["metadata"]["name"], a.reason, a.message)
-                self.post_event(jobset, a)
+                if self.post_event(jobset, a):
+                    posted.append(a)
+        return posted
 
     def run_node(self, actions: list[Action]) -> None:
         """Carry out a node's plan (:func:`~jobset_inplace.core.planner.plan_node`)."""

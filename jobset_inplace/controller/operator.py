@@ -29,6 +29,7 @@ from jobset_inplace.core.decode import (
     workload_owner,
 )
 from jobset_inplace.core.model import NodeView
+from jobset_inplace.core.planner import observation_restarts
 from jobset_inplace.core.policy import PolicyError, is_enabled, parse_policy
 
 from .cache import ClusterCache, PodEntry, node_entry, pod_entry
@@ -105,11 +106,13 @@ def lease_events(r: Reconciler, events: list[WatchEvent[tuple[str, float | None]
         r.node_changed(name)
 
 
-def leases_observed_since(r: Reconciler, since: float) -> None:
-    """The Lease watch works again after a failure (an outage): renewals made meanwhile could
-    not be seen, so a node's silence counts only from now."""
-    r.cache.leases_observed_since = since
-    plan_all(r)
+def leases_observed_since(r: Reconciler, down_since: float, up_at: float) -> None:
+    """The Lease watch works again after failing since ``down_since``: after an outage a
+    node's silence counts only from now (renewals may not have been possible meanwhile)."""
+    since = observation_restarts(r.cache.leases_observed_since, down_since, up_at)
+    if since != r.cache.leases_observed_since:
+        r.cache.leases_observed_since = since
+        plan_all(r)
 
 
 def plan_all(r: Reconciler) -> None:

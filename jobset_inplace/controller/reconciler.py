@@ -19,7 +19,7 @@ from kubernetes import client
 from jobset_inplace.controller.cache import ClusterCache, Gang, GangKey
 from jobset_inplace.controller.clock import Clock, LoopClock, Timer
 from jobset_inplace.controller.executor import Executor
-from jobset_inplace.core.model import Action, Event, Plan, ReadLeases
+from jobset_inplace.core.model import Action, Plan, ReadLeases
 from jobset_inplace.core.planner import plan, plan_node, refuse_policy
 
 log = logging.getLogger("jobset_inplace.controller")
@@ -120,7 +120,10 @@ class Reconciler:
                 else:
                     log.exception("%s/%s: planning pass failed; retry %d", *key, failures)
                 if gang is not None:
-                    self.poke(key, retry_delay(failures))
+                    delay = retry_delay(failures)
+                    # events must not retry it sooner: the backoff holds until the retry
+                    self._not_before[key] = self.clock.monotonic() + delay
+                    self.poke(key, delay)
             else:
                 self._failures.pop(key, None)
 
@@ -187,8 +190,8 @@ class Reconciler:
     async def _act(self, gang: Gang, actions: list[Action]) -> None:
         if not actions:
             return
-        await asyncio.to_thread(self.executor.run, gang.jobset, actions)
-        gang.remember_posted(a.once_key for a in actions if isinstance(a, Event) and a.once_key)
+        posted = await asyncio.to_thread(self.executor.run, gang.jobset, actions)
+        gang.remember_posted(e.once_key for e in posted if e.once_key)  # not the failed ones
 
     # --- nodes --------------------------------------------------------------------------------
     def node_changed(self, name: str) -> None:

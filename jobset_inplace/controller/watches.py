@@ -8,8 +8,8 @@ page's or a queued event's JSON is never kept: decoded, 5000 pods or nodes take 
 hands the result to the event loop, which owns the cache. A watch that times out resumes from the
 last resourceVersion seen (bookmarks keep it fresh); a watch the apiserver expired (410) is
 followed by a full list, handed over as a resync so objects deleted in the gap are dropped. A
-watch that failed (apiserver unreachable, an outage) reports when it watches again
-(``on_resumed``): what happened meanwhile could not be observed."""
+watch that failed (apiserver unreachable, an outage) reports when it watches again, and since
+when it could not (``on_resumed``)."""
 
 from __future__ import annotations
 
@@ -45,14 +45,14 @@ class RawWatch(threading.Thread, Generic[T]):
         replace: Callable[[list[T]], None],
         on_events: Callable[[list[WatchEvent[T]]], None],
         on_relist: Callable[[], None],
-        on_resumed: Callable[[float], None] | None = None,
+        on_resumed: Callable[[float, float], None] | None = None,
         timeout_s: int = 300,
     ) -> None:
         super().__init__(daemon=True, name=f"watch-{what}")
         self.what, self.call, self.decode, self.timeout_s = what, call, decode, timeout_s
         self.replace, self.on_events, self.on_relist = replace, on_events, on_relist
         self.on_resumed = on_resumed
-        self.failed = False  # the last attempt to list or watch failed
+        self.down_since: float | None = None  # when listing or watching began to fail
         self.loop: asyncio.AbstractEventLoop | None = None
         self.rv: str | None = None  # None: list (again) before watching
         self.halt = threading.Event()
@@ -102,7 +102,8 @@ class RawWatch(threading.Thread, Generic[T]):
                 self._watch()
                 backoff = 0.5
             except Exception as e:  # a dead watch thread would blind the controller
-                self.failed = True
+                if self.down_since is None:
+                    self.down_since = time.time()
                 log.warning("%s watch: %r; retrying in %.1f s", self.what, e, backoff)
                 self.halt.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
@@ -116,11 +117,11 @@ class RawWatch(threading.Thread, Generic[T]):
             timeout_seconds=self.timeout_s,
             _preload_content=False,
         )
-        if self.failed:
-            self.failed = False
-            log.info("%s watch: watching again", self.what)
+        if self.down_since is not None:
+            down, self.down_since = self.down_since, None
+            log.info("%s watch: watching again after %.1f s", self.what, time.time() - down)
             if self.on_resumed is not None:
-                self.loop.call_soon_threadsafe(self.on_resumed, time.time())
+                self.loop.call_soon_threadsafe(self.on_resumed, down, time.time())
         try:
             for line in stream:
                 if self.halt.is_set():

@@ -11,6 +11,7 @@ import yaml
 from jobset_inplace import names
 from jobset_inplace.core.model import GangSpec, NodeView, PodView
 from jobset_inplace.core.policy import PolicyError, parse_duration
+from jobset_inplace.core.transform import AGENT_CONTAINER
 from jobset_inplace.times import parse_time
 from jobset_inplace.trainer.checkpoints import (
     MAX_STEP,
@@ -125,6 +126,16 @@ def bad_report_number(key: str, raw: str) -> str:
     )
 
 
+def _agent_started(status: Obj) -> float | None:
+    """When the pod's running agent (a sidecar: an init container) started; None if it is not
+    running."""
+    for c in status.get("initContainerStatuses") or []:
+        if c.get("name") == AGENT_CONTAINER:
+            started = ((c.get("state") or {}).get("running") or {}).get("startedAt")
+            return _ts(started) if started else None
+    return None
+
+
 def _not_ready_since(pod: Obj) -> float | None:
     """When the pod's Ready condition stopped being True (None: Ready, or not known yet)."""
     ready = condition(pod, "Ready")
@@ -179,6 +190,7 @@ def pod_view(pod: Obj) -> PodView | None:
         ),
         restarting=condition_true(pod, "AllContainersRestarting"),
         not_ready_since=_not_ready_since(pod),
+        agent_started=_agent_started(status),
         devices_unhealthy=_resources_unhealthy(containers),
         escalated=condition_true(pod, names.ESCALATION_CONDITION),
         by_kueue=any(condition_true(pod, t) for t in KUEUE_POD_CONDITIONS),

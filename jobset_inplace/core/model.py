@@ -58,6 +58,7 @@ class PodView:
     report_error: str | None = None  # malformed agent report (never acted on)
     late_for_epoch: int | None = None  # its agent reported this epoch after its barrier opened
     not_ready_since: float | None = None  # its Ready condition is not True since then
+    agent_started: float | None = None  # when its running agent container started
     trainer_failed: bool = False
     restarting: bool = False
     devices_unhealthy: bool = False
@@ -203,7 +204,8 @@ class Event:
     reason: str
     message: str
     warning: bool = False
-    # post at most once per controller run for this key (the snapshot's ``posted``)
+    # posted only if no Event with this key was (the snapshot's ``posted``: the keys this
+    # controller process posted, the most recent 1000 per gang)
     once_key: str | None = None
 
 

@@ -13,6 +13,7 @@ not parse).
 from __future__ import annotations
 
 import copy
+import functools
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
@@ -43,12 +44,10 @@ from jobset_inplace.times import rfc3339
 # The kubelet renews its node Lease every 10 s; a Lease older than this is a missed renewal.
 LEASE_RENEW_INTERVAL_S = 10.0
 # Taints that always mean the node's pods cannot run (besides the configured ones).
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
 BUILTIN_UNHEALTHY_TAINTS = frozenset(
-    {
-        "node.kubernetes.io/unreachable",
-        "node.kubernetes.io/not-ready",
-        "node.kubernetes.io/out-of-service",
-    }
+    {UNREACHABLE_TAINT, "node.kubernetes.io/not-ready", OUT_OF_SERVICE_TAINT}
 )
 IN_PLACE_CAUSES = frozenset(
     {Cause.TRAINER_EXITED, Cause.RESTARTING, Cause.AGENT_WAITING, Cause.NOT_READY}
@@ -71,6 +70,14 @@ def lease_seen(node: NodeView, observed_since: float) -> float | None:
     when the controller started watching Leases without a break (a renewal made while it could
     not watch, during an outage or before its start, would not have been seen)."""
     return None if node.lease_renewed is None else max(node.lease_renewed, observed_since)
+
+
+def observation_restarts(since: float, down_since: float, up_at: float) -> float:
+    """Since when the controller has seen every Lease renewal, after its Lease watch was down
+    from ``down_since`` to ``up_at``: a gap shorter than a renew interval lost nothing (the
+    watch resumes from its last resourceVersion, or relists); a longer one is an outage, during
+    which kubelets may not have been able to renew: silence counts again from ``up_at``."""
+    return up_at if up_at - down_since >= LEASE_RENEW_INTERVAL_S else since
 
 
 def unhealthy_since(
@@ -119,7 +126,7 @@ def unconfirmed_lease_nodes(s: Snapshot) -> list[str]:
         for name, node in s.nodes.items()
         if node.ready == "True"
         and node.lease_renewed is not None
-        and s.now - max(node.lease_renewed, s.leases_observed_since) > limit
+        and s.now - max(node.lease_renewed, s.leases_observed_since) >= limit
         and (node.lease_read_at is None or node.lease_read_at - node.lease_renewed <= limit)
     )
 
@@ -151,14 +158,15 @@ def _rank(pod: PodView) -> tuple[bool, float]:
 
 
 def member_causes(
-    s: Snapshot, current: Mapping[str, PodView]
+    s: Snapshot, current: Mapping[str, PodView], barrier_timeout: float
 ) -> tuple[dict[str, Cause], float | None]:
     """Failure cause per failing member (first signal), and when to look again for signals
-    that are not old enough yet (node flaps under the threshold)."""
+    that are not old enough yet (node flaps under the threshold, a restarted member not Ready
+    yet)."""
     causes: dict[str, Cause] = {}
     wake: float | None = None
     running = s.status.phase == Phase.RUNNING and s.status.barrier_open
-    opened = (s.status.recovery.opened if s.status.recovery else None) or 0.0
+    opened = (s.status.recovery.opened if s.status.recovery else None) or s.now
     for member in sorted(s.gang.members):
         pod = current.get(member)
         if pod is not None and (pod.escalated or pod.by_kueue or pod.phase == "Succeeded"):
@@ -185,10 +193,11 @@ def member_causes(
             # It restarted after the barrier opened and waits for a new epoch; the kubelet's
             # restart left no other trace (the controller was away, or missed it).
             causes[member] = Cause.AGENT_WAITING
-        elif running and pod.not_ready_since is not None:
-            # Every wait is bounded: a member not Ready for a barrier timeout since the gang
-            # resumed is stuck (its agent cannot report, its trainer hangs in start-up).
-            due = max(pod.not_ready_since, opened) + s.policy.barrier_timeout_s
+        elif running and pod.not_ready_since is not None and (pod.agent_started or 0) > opened:
+            # Every wait is bounded: a member restarted after the barrier opened (its agent
+            # started since) that is still not Ready a barrier timeout later is stuck (its agent
+            # cannot report, e.g. 403). Not a cold start: there the agent started before.
+            due = max(pod.not_ready_since, pod.agent_started or 0) + barrier_timeout
             if s.now >= due:
                 causes[member] = Cause.NOT_READY
             else:
@@ -196,14 +205,23 @@ def member_causes(
     return causes, wake
 
 
+def silent(node: NodeView, now: float, observed_since: float) -> bool:
+    """Whether nothing is heard from the node: Ready Unknown, a stale Lease, or the
+    ``unreachable`` taint (not the signals an operator or a node problem detector sets, such as
+    ``out-of-service`` or configured taints: those are never a disruption)."""
+    seen = lease_seen(node, observed_since)
+    stale = seen is not None and now - seen > LEASE_RENEW_INTERVAL_S
+    unreachable = any(key == UNREACHABLE_TAINT for key, _ in node.taints)
+    return node.ready == "Unknown" or stale or unreachable
+
+
 def disruption(s: Snapshot) -> tuple[int, int] | None:
-    """(unhealthy, all) nodes when so many are unhealthy at once that replacing a pod for its
-    node would be a guess (:data:`DISRUPTION_SHARE`); None otherwise."""
+    """(silent, all) nodes when so many are silent at once that replacing a pod for its node
+    would be a guess (:data:`DISRUPTION_SHARE`); None otherwise. O(nodes): planned only when a
+    node failure is at stake."""
     total = len(s.cluster_nodes)
     bad = sum(
-        1
-        for node in s.cluster_nodes.values()
-        if unhealthy_since(node, s.policy, s.now, s.leases_observed_since) is not None
+        1 for node in s.cluster_nodes.values() if silent(node, s.now, s.leases_observed_since)
     )
     many = bad >= DISRUPTION_MIN_UNHEALTHY and bad >= DISRUPTION_SHARE * total
     return (bad, total) if bad and (bad == total or many) else None
@@ -222,7 +240,7 @@ def common_resume_step(pods: Iterable[PodView]) -> int | None:
 def plan(s: Snapshot) -> Plan:
     """The next status and actions for one gang."""
     unconfirmed = unconfirmed_lease_nodes(s)
-    if unconfirmed and disruption(s) is None:
+    if unconfirmed and disruption(s) is None:  # in a disruption nothing is replaced anyway
         # Look before deciding anything: read those Leases, then plan again at once.
         return Plan(copy.deepcopy(s.status), [ReadLeases(tuple(unconfirmed))], requeue_after=0.0)
     return _Planning(s).run()
@@ -289,7 +307,7 @@ class _Planning:
         if edge is not None:
             self.JOBSET_EDGES[edge](self)
         elif st.phase not in WAITING_FOR_JOBSET:
-            causes, wake = member_causes(s, self.current)
+            causes, wake = member_causes(s, self.current, self.barrier_timeout)
             if wake is not None:
                 self.p.wake_at(s.now, wake)
             if Cause.NODE_UNHEALTHY in causes.values():
@@ -327,10 +345,24 @@ class _Planning:
                 )
         st.kueue_margin_s = margin
 
+    @functools.cached_property
+    def disrupted(self) -> tuple[int, int] | None:
+        return disruption(self.s)
+
+    def silent_node(self, member: str) -> bool:
+        """Whether ``member``'s node is silent and no operator declared it out of service."""
+        pod = self.current.get(member)
+        node = self.s.nodes.get(pod.node or "") if pod is not None else None
+        return (
+            node is not None
+            and silent(node, self.s.now, self.s.leases_observed_since)
+            and not any(key == OUT_OF_SERVICE_TAINT for key, _ in node.taints)
+        )
+
     def unless_disrupted(self, causes: dict[str, Cause]) -> dict[str, Cause]:
-        """``causes`` without the node failures while the cluster looks disrupted (then look
-        again a renew interval later)."""
-        d = disruption(self.s)
+        """``causes`` without the failures of silent nodes while the cluster looks disrupted
+        (then look again a renew interval later)."""
+        d = self.disrupted
         if d is None:
             return causes
         self.event(
@@ -341,7 +373,9 @@ class _Planning:
             once_key=f"NodeDisruption/{self.st.epoch}",
         )
         self.p.wake_at(self.s.now, self.s.now + LEASE_RENEW_INTERVAL_S)
-        return {m: c for m, c in causes.items() if c != Cause.NODE_UNHEALTHY}
+        return {
+            m: c for m, c in causes.items() if c != Cause.NODE_UNHEALTHY or not self.silent_node(m)
+        }
 
     def defer_progress_only_write(self) -> None:
         """A change of the member counts alone is written at most every
@@ -496,6 +530,8 @@ class _Planning:
             self.fresh_epoch_waits(rec, [m for m in members if m not in {p.member for p in joined}])
         elif s.now < rec.deadline:
             self.p.wake_at(s.now, rec.deadline)
+        elif self.disrupted is not None:  # laggards on silent nodes: no replacement on a guess
+            self.p.wake_at(s.now, s.now + LEASE_RENEW_INTERVAL_S)
         else:
             self.barrier_deadline(rec, [m for m in members if m not in {p.member for p in joined}])
 
@@ -512,7 +548,8 @@ class _Planning:
             f"{self.barrier_timeout:.0f}s ({shown}): are their pods scheduled, and may their "
             "agents report (their ServiceAccount's RBAC, the agent's log)?"
         )
-        self.st.message = message
+        # constant in the status (each change is a write every agent's watch receives)
+        self.st.message = "members have not reported: see the MembersNotReporting Event"
         self.event(
             "MembersNotReporting", message, warning=True, once_key=f"NotReporting/{rec.epoch}"
         )

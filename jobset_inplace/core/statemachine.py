@@ -13,7 +13,8 @@ Phases:
 * ``Escalated``: recovery gave up (budget, deadline twice, no common checkpoint) and handed the
   gang to JobSet's failure policy; waits for JobSet's restart or failure.
 * ``StoodDown``: the JobSet is suspended or Kueue took the gang away; nothing is recovered.
-* ``Failed``: the JobSet failed after an escalation (terminal).
+* ``Failed``: the JobSet failed after an escalation (nothing more happens unless the JobSet
+  itself changes again: the table allows a restart or a stand-down from any phase).
 """
 
 from __future__ import annotations

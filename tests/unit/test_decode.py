@@ -130,6 +130,16 @@ def _not_ready(since: str) -> Callable[[Pod], None]:
     return change
 
 
+def _agent_running(since: str) -> Callable[[Pod], None]:
+    def change(p: Pod) -> None:
+        p["status"]["initContainerStatuses"] = [
+            {"name": "jobset-inplace-agent", "state": {"running": {"startedAt": since}}},
+            {"name": "other-init", "state": {"running": {"startedAt": CREATED}}},
+        ]
+
+    return change
+
+
 def _restart_attempt(value: str | None) -> Callable[[Pod], None]:
     def change(p: Pod) -> None:
         if value is None:
@@ -183,10 +193,15 @@ TABLE: dict[str, tuple[Callable[[Pod], None], dict[str, Any], Cause | None]] = {
         Cause.AGENT_WAITING,
     ),
     "late for an older epoch": (_annotations(late="1"), {"late_for_epoch": 1}, None),
-    "not Ready for long while running": (
+    "not Ready for long (its agent not restarted since: a cold start, an image pull)": (
         _not_ready("1970-01-01T00:00:00Z"),
         {"not_ready_since": 0.0},
-        Cause.NOT_READY,
+        None,
+    ),
+    "its agent running since": (
+        _agent_running(DELETED),
+        {"agent_started": dt.datetime(2026, 1, 1, 1, tzinfo=dt.UTC).timestamp()},
+        None,
     ),
     "not Ready just now": (
         _not_ready(CREATED),

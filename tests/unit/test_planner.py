@@ -21,6 +21,7 @@ from jobset_inplace.core.model import (
 )
 from jobset_inplace.core.planner import (
     may_untaint,
+    observation_restarts,
     plan,
     plan_node,
     refuse_policy,
@@ -554,19 +555,30 @@ def test_one_dead_node_among_many_is_replaced() -> None:
 
 
 def test_a_member_not_ready_for_a_barrier_timeout_while_running_is_recovered() -> None:
-    """Every wait is bounded: e.g. a member whose agent cannot report (403) after an unseen
-    restart sits not Ready with the gang Running; counted from when the barrier opened."""
+    """Every wait is bounded: a member that restarted after the barrier opened (its agent
+    started since) and stays not Ready, e.g. its agent cannot report (403), is recovered a
+    barrier timeout after it restarted."""
     st = running(2)
     st.recovery = Recovery(2, NOW - 400, NOW - 100, opened=NOW - 200)
-    stuck = with_pod(pods(4, epoch=2), 3, not_ready_since=NOW - 1000)
+    stuck = with_pod(pods(4, epoch=2), 3, not_ready_since=NOW - 1000, agent_started=NOW - 150)
     no_leases = {f"n{i}": NodeView(f"n{i}") for i in range(4)}  # no other wake-up
     p = plan(snapshot(status=st, pod_list=stuck, node_map=no_leases))
-    assert p.status.epoch == 2, "200 s since the barrier opened: not yet"
-    assert p.requeue_after == pytest.approx(100)
-    later = plan(snapshot(status=st, pod_list=stuck, node_map=no_leases, now=NOW + 100))
+    assert p.status.epoch == 2, "150 s since it restarted: not yet"
+    assert p.requeue_after == pytest.approx(150)
+    later = plan(snapshot(status=st, pod_list=stuck, node_map=no_leases, now=NOW + 150))
     assert later.status.recovery is not None
     assert later.status.recovery.causes == {member(3): Cause.NOT_READY}
     assert replaced(later) == [], "in place first (member-repeat-limit recreates it)"
+
+
+def test_a_cold_start_or_a_slow_image_pull_is_no_failure() -> None:
+    """The trainer starts (and its image is pulled) only once the barrier opened: a member not
+    Ready long after that, whose agent has not restarted, is left alone."""
+    st = running(2)
+    st.recovery = Recovery(2, NOW - 4000, NOW - 3700, opened=NOW - 3600)
+    slow = with_pod(pods(4, epoch=2), 3, not_ready_since=NOW - 3600, agent_started=NOW - 3700)
+    p = plan(snapshot(status=st, pod_list=slow))
+    assert (p.status.epoch, p.actions) == (2, [])
 
 
 def test_a_fresh_epoch_nobody_reports_to_is_said_not_silent() -> None:
@@ -577,10 +589,47 @@ def test_a_fresh_epoch_nobody_reports_to_is_said_not_silent() -> None:
     assert events(p) == []
     later = plan(snapshot(status=p.status, pod_list=silent_pods, now=NOW + 301))
     assert events(later) == ["MembersNotReporting"]
-    assert "4 member(s) have not reported after 300s" in later.status.message
-    assert (later.status.phase, later.status.epoch, replaced(later)) == (Phase.RECOVERING, 1, [])
     (said,) = later.actions
     assert isinstance(said, Event)
+    assert "4 member(s) have not reported after 300s" in said.message
+    assert "MembersNotReporting" in later.status.message, "constant: no write per report"
+    assert (later.status.phase, later.status.epoch, replaced(later)) == (Phase.RECOVERING, 1, [])
     assert said.once_key is not None
     quiet = snapshot(status=later.status, pod_list=silent_pods, now=NOW + 400)
     assert events(plan(dataclasses.replace(quiet, posted=frozenset({said.once_key})))) == []
+
+
+def test_disruption_counts_the_whole_cluster_and_spares_what_an_operator_declares() -> None:
+    """All four nodes of the gang dead among 100: node failures, replaced. Every node silent:
+    a disruption, but a node an operator marked out-of-service is still replaced."""
+    gang_nodes = {f"n{i}": silent(f"n{i}", NOW - 60) for i in range(4)}
+    cluster = gang_nodes | {f"m{i}": NodeView(f"m{i}", lease_renewed=NOW - 1) for i in range(96)}
+    s = dataclasses.replace(snapshot(node_map=gang_nodes), cluster_nodes=cluster)
+    assert len(replaced(plan(s))) == 4
+    oos = dataclasses.replace(
+        gang_nodes["n2"], taints=(("node.kubernetes.io/out-of-service", NOW - 30),)
+    )
+    declared = gang_nodes | {"n2": oos}
+    p = plan(snapshot(node_map=declared))  # the gang's four nodes are the whole cluster
+    assert events(p) == ["NodeDisruption", "RecoveryStarted"]
+    assert [r.member for r in replaced(p)] == [member(2)]
+
+
+def test_no_barrier_deadline_acts_during_a_disruption() -> None:
+    """Laggards on silent nodes are not replaced when the deadline passes in a disruption."""
+    st = GangStatus(
+        phase=Phase.RECOVERING,
+        epoch=3,
+        recovery=Recovery(3, NOW - 400, NOW - 1, causes={member(0): Cause.TRAINER_EXITED}),
+    )
+    nm = {f"n{i}": silent(f"n{i}", NOW - 60) for i in range(4)}
+    p = plan(snapshot(status=st, pod_list=pods(4, epoch=2), node_map=nm))
+    assert (replaced(p), p.status.phase) == ([], Phase.RECOVERING)
+    assert p.requeue_after == pytest.approx(10)
+
+
+def test_the_observation_window_restarts_only_after_an_outage() -> None:
+    """A Lease watch down for less than a renew interval lost no renewal (it resumes from its
+    resourceVersion): the window stays; after a longer gap it restarts when watching again."""
+    assert observation_restarts(100.0, down_since=500.0, up_at=505.0) == 100.0
+    assert observation_restarts(100.0, down_since=500.0, up_at=540.0) == 540.0

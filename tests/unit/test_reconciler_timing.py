@@ -173,9 +173,10 @@ class RecordingExecutor:
     def write_status(self, namespace: str, name: str, status: GangStatus) -> None:
         self.calls.append(f"write epoch {status.epoch} {status.phase}")
 
-    def run(self, jobset: dict[str, Any], actions: list[Action]) -> None:
+    def run(self, jobset: dict[str, Any], actions: list[Action]) -> list[Event]:
         self.calls.append("act")
         self.actions += actions
+        return [a for a in actions if isinstance(a, Event)]
 
     def run_node(self, actions: list[Action]) -> None:
         self.calls += [f"untaint {a.node}" for a in actions if isinstance(a, UntaintNode)]
@@ -225,13 +226,17 @@ async def test_a_once_only_event_is_posted_once_per_pod_and_memory_stays_bounded
 async def test_a_lease_stale_in_the_cache_is_read_before_a_pod_is_replaced() -> None:
     ex = RecordingExecutor(running(2, expected=2, ready=2, reported=2))
     r, clock, cache = gang(ex)
-    cache.set_lease("n1", clock.wall() - 30)  # what the (lagging?) watch says
-    ex.leases = {"n1": clock.wall() - 2}  # the API: renewed 2 s ago, the watch lags
+    cache.set_lease("n1", None)
+    cache.set_lease("n1", clock.wall() - 30)  # what the lagging watch says
+    ex.leases = {"n1": clock.wall() - 2}  # the API: renewed 2 s ago
     await r.reconcile(KEY)
     assert ex.calls == ["load", "read leases n1"]  # nothing replaced, nothing written
+    assert cache.leases["n1"] == clock.wall() - 2
+    cache.set_lease("n1", clock.wall() - 20)  # the watch catches up late: never backwards
+    assert cache.leases["n1"] == clock.wall() - 2
     ex.calls.clear()
-    ex.leases = {"n1": clock.wall() - 30}  # really silent this time (a read of an older
-    cache.set_lease("n1", clock.wall() - 30)  # renewal confirms nothing about this one)
+    clock.advance(40)  # n1 really went silent; n0 renews
+    cache.set_lease("n0", clock.wall() - 1)
     await r.reconcile(KEY)
     assert ex.calls[:2] == ["read leases n1", "write epoch 3 Recovering"]
     assert [a.member for a in ex.actions if isinstance(a, ReplacePod)] == [member(1)]
@@ -250,10 +255,9 @@ async def test_counts_alone_are_written_later() -> None:
     await r.reconcile(KEY)
     assert ex.calls == ["load", "write epoch 2 Running"], "counts alone: not yet"
     assert [when - clock.now for when in clock.pending] == [pytest.approx(1.0)]
-    clock.advance(1.0)
-    await settle()
-    await r.reconcile(KEY)
-    assert ex.calls[-1] == "write epoch 2 Running"
+    clock.advance(1.0)  # the pass the planner asked for, by its timer alone
+    await asyncio.gather(*(asyncio.all_tasks() - {asyncio.current_task()}))
+    assert ex.calls == ["load", "write epoch 2 Running", "write epoch 2 Running"]
 
 
 async def test_a_node_that_is_back_loses_our_taint() -> None:
@@ -265,3 +269,20 @@ async def test_a_node_that_is_back_loses_our_taint() -> None:
     r.node_changed("n1")
     await asyncio.gather(*(asyncio.all_tasks() - {asyncio.current_task()}))
     assert ex.calls == ["untaint n1"]
+
+
+async def test_events_do_not_retry_a_failing_gang_sooner_than_its_backoff() -> None:
+    r = Recording(debounce=0.0, fail=1)
+    r.cache.upsert_jobset(jobset(), Policy(), "")
+    t0 = r.manual.now
+    r.poke(KEY)
+    r.manual.advance(0)
+    await settle()  # the pass failed: retry in 1 s
+    for _ in range(5):  # pod events meanwhile
+        r.poke(KEY)
+        r.manual.advance(0.1)
+        await settle()
+    assert r.ran == [t0], "not at the event rate"
+    r.manual.advance(0.6)
+    await settle()
+    assert r.ran == [t0, pytest.approx(t0 + 1)]

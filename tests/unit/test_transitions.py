@@ -231,12 +231,14 @@ def test_every_edge_has_a_row() -> None:
     assert {r.edge for r in ROWS} == set(Edge)
 
 
-def test_a_pass_takes_only_edges_the_table_allows_from_where_it_was() -> None:
+def test_the_edges_a_pass_took_lead_from_its_phase_to_the_next() -> None:
     for r in ROWS:
         s = r.world()
+        p = plan(s)
         phase = s.status.phase
-        for edge in plan(s).edges:
+        for edge in p.edges:
             phase = target(edge, phase)  # raises IllegalTransition if not allowed
+        assert phase == p.status.phase, r
 
 
 def test_an_edge_the_table_does_not_allow_is_refused() -> None:
