@@ -378,6 +378,8 @@ def test_a_gang_whose_agents_never_report_is_said_not_silent(gang: Gang) -> None
     gang.create()
     gang.wait_state("created with epoch 1", lambda s: s.get("epoch") == 1)
     wait_for("MembersNotReporting", lambda: "MembersNotReporting" in reasons(gang), 60)
+    (said,) = [m for r, m in gang.events() if r == "MembersNotReporting"]
+    assert "4 member(s) have not reported after 30s" in said
     st = gang.state()
-    assert "4 member(s) have not reported after 30s" in st["message"]
+    assert "MembersNotReporting" in st["message"]
     assert (st["phase"], st["barrierOpen"]) == ("Recovering", False)
