@@ -30,7 +30,7 @@ from jobset_inplace.core.decode import (
 )
 from jobset_inplace.core.model import NodeView
 from jobset_inplace.core.planner import observation_restarts
-from jobset_inplace.core.policy import PolicyError, is_enabled, parse_policy
+from jobset_inplace.core.policy import PolicyError, is_managed, parse_policy
 
 from .cache import ClusterCache, PodEntry, node_entry, pod_entry
 from .executor import Executor
@@ -41,17 +41,10 @@ from .webhook_server import register_webhooks, server_from_env, settings_from_en
 log = logging.getLogger("jobset_inplace.controller")
 
 
-def managed(jobset: dict[str, Any]) -> bool:
-    """Whether the controller recovers this JobSet: it opted in and is not being deleted (a
-    foreground deletion removes the GangState first: it must not be created again)."""
-    meta = jobset["metadata"]
-    return is_enabled(meta.get("annotations")) and not meta.get("deletionTimestamp")
-
-
 def _jobset_event(r: Reconciler, body: dict[str, Any], deleted: bool) -> None:
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
-    if deleted or not managed(body):
+    if deleted or not is_managed(body):
         if key in r.cache.gangs:
             why = "deleted" if deleted or meta.get("deletionTimestamp") else "opted out"
             log.info("%s/%s: JobSet %s: recovery stops", *key, why)
@@ -162,7 +155,7 @@ def prime(r: Reconciler, watches: list[RawWatch[Any]]) -> None:
     custom, core = r.executor.custom, r.executor.core
     for js in custom.list_cluster_custom_object("jobset.x-k8s.io", "v1alpha2", "jobsets")["items"]:
         meta = js["metadata"]
-        if managed(js):
+        if is_managed(js):
             try:
                 r.cache.upsert_jobset(js, parse_policy(meta.get("annotations")), "")
             except PolicyError as e:

@@ -542,7 +542,7 @@ class _Planning:
         if s.now < rec.deadline:
             self.p.wake_at(s.now, rec.deadline)
             return
-        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        shown = _some(missing)
         message = (
             f"epoch {self.st.epoch}: {len(missing)} member(s) have not reported after "
             f"{self.barrier_timeout:.0f}s ({shown}): are their pods scheduled, and may their "
@@ -596,7 +596,7 @@ class _Planning:
 
     def barrier_deadline(self, rec: Recovery, lagging: list[str]) -> None:
         st = self.st
-        names_ = ", ".join(lagging[:5]) + (" ..." if len(lagging) > 5 else "")
+        names_ = _some(lagging)
         if rec.deadline_extended:
             self.escalate(
                 "BarrierTimeout",
@@ -723,6 +723,11 @@ class _Planning:
         pod = self.current.get(member)
         ok = pod is not None and not pod.deleting and pod.phase in ("Pending", "Running")
         return pod if ok else None
+
+
+def _some(members: list[str], shown: int = 5) -> str:
+    """The first few of ``members`` for a message (a gang may have thousands)."""
+    return ", ".join(members[:shown]) + (" ..." if len(members) > shown else "")
 
 
 def _main_cause(causes: Mapping[str, Cause]) -> str:

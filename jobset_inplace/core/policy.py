@@ -91,6 +91,13 @@ def is_enabled(annotations: Mapping[str, str] | None) -> bool:
     return (annotations or {}).get(names.ENABLED) == "true"
 
 
+def is_managed(jobset: Mapping[str, Any]) -> bool:
+    """Whether the controller recovers this JobSet: it opted in and is not being deleted (a
+    foreground deletion removes the GangState first: it must not be created again)."""
+    meta = jobset.get("metadata") or {}
+    return is_enabled(meta.get("annotations")) and not meta.get("deletionTimestamp")
+
+
 def parse_enabled(annotations: Mapping[str, str] | None) -> bool:
     """:func:`is_enabled`, raising :class:`PolicyError` unless ``enabled`` is absent,
     ``"true"`` or ``"false"``."""

@@ -17,6 +17,7 @@ from jobset_inplace.core.policy import (
     Policy,
     PolicyError,
     format_duration,
+    is_managed,
     parse_duration,
     parse_policy,
 )
@@ -345,3 +346,11 @@ def test_parse_duration_itself_is_unbounded_but_canonical() -> None:
     for bad in (" 5m", "\uff15m", "1_0s", "1" * 100 + "s"):
         with pytest.raises(PolicyError):
             parse_duration("k", bad)
+
+
+def test_a_jobset_is_managed_while_opted_in_and_not_being_deleted() -> None:
+    on = {"metadata": {"annotations": {names.ENABLED: "true"}}}
+    assert is_managed(on)
+    assert not is_managed({"metadata": {"annotations": {names.ENABLED: "false"}}})
+    deleting = {"metadata": {**on["metadata"], "deletionTimestamp": "2026-11-23T00:00:00Z"}}
+    assert not is_managed(deleting), "a foreground deletion removes the GangState first"
