@@ -144,6 +144,17 @@ def _not_ready_since(pod: Obj) -> float | None:
     return _ts(ready.get("lastTransitionTime"))
 
 
+def _report_number(annotations: Mapping[str, str], key: str, errors: list[str]) -> int | None:
+    """The number an agent wrote under ``key`` (None: absent, or malformed: then an error)."""
+    raw = annotations.get(key)
+    if raw is None:
+        return None
+    value = parse_canonical_int(raw)
+    if value is None:
+        errors.append(bad_report_number(key, raw))
+    return value
+
+
 def pod_view(pod: Obj) -> PodView | None:
     meta, status = pod["metadata"], pod.get("status") or {}
     labels = meta.get("labels") or {}
@@ -153,24 +164,15 @@ def pod_view(pod: Obj) -> PodView | None:
     annotations = meta.get("annotations") or {}
     epoch: int | None = None
     steps: tuple[int, ...] | None = None
-    errors = []
-    raw_epoch = annotations.get(names.REPORT_EPOCH)
-    if raw_epoch is not None:
-        epoch = parse_canonical_int(raw_epoch)
-        if epoch is None:
-            errors.append(bad_report_number(names.REPORT_EPOCH, raw_epoch))
+    errors: list[str] = []
+    epoch = _report_number(annotations, names.REPORT_EPOCH, errors)
     raw_steps = annotations.get(names.REPORT_STEPS)
     if raw_steps is not None:
         try:
             steps = tuple(decode_steps(raw_steps))
         except ValueError as e:
             errors.append(f"{names.REPORT_STEPS}: {e}")
-    late: int | None = None
-    raw_late = annotations.get(names.REPORT_LATE)
-    if raw_late is not None:
-        late = parse_canonical_int(raw_late)
-        if late is None:
-            errors.append(bad_report_number(names.REPORT_LATE, raw_late))
+    late = _report_number(annotations, names.REPORT_LATE, errors)
     containers = status.get("containerStatuses") or []
     return PodView(
         name=meta["name"],

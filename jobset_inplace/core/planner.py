@@ -72,6 +72,12 @@ def lease_seen(node: NodeView, observed_since: float) -> float | None:
     return None if node.lease_renewed is None else max(node.lease_renewed, observed_since)
 
 
+def lease_stale(node: NodeView, now: float, observed_since: float) -> bool:
+    """Whether the node missed a Lease renewal the controller could have seen."""
+    seen = lease_seen(node, observed_since)
+    return seen is not None and now - seen > LEASE_RENEW_INTERVAL_S
+
+
 def observation_restarts(since: float, down_since: float, up_at: float) -> float:
     """Since when the controller has seen every Lease renewal, after its Lease watch was down
     from ``down_since`` to ``up_at``: a gap shorter than a renew interval lost nothing (the
@@ -81,14 +87,14 @@ def observation_restarts(since: float, down_since: float, up_at: float) -> float
 
 
 def unhealthy_since(
-    node: NodeView, policy: Policy, now: float, observed_since: float = 0.0
+    node: NodeView, policy: Policy, now: float, observed_since: float
 ) -> float | None:
     """Since when the node shows any unhealthy signal (None: healthy now)."""
     since: list[float] = []
     if node.ready != "True":
         since.append(node.ready_since)
     seen = lease_seen(node, observed_since)
-    if seen is not None and now - seen > LEASE_RENEW_INTERVAL_S:
+    if seen is not None and lease_stale(node, now, observed_since):
         since.append(seen + LEASE_RENEW_INTERVAL_S)
     taints = BUILTIN_UNHEALTHY_TAINTS | policy.unhealthy_taints
     since += [added for key, added in node.taints if key in taints]
@@ -97,7 +103,7 @@ def unhealthy_since(
 
 
 def node_state(
-    node: NodeView | None, policy: Policy, now: float, observed_since: float = 0.0
+    node: NodeView | None, policy: Policy, now: float, observed_since: float
 ) -> tuple[bool, float | None]:
     """(unhealthy, time it will count as unhealthy if the signal persists).
 
@@ -209,10 +215,8 @@ def silent(node: NodeView, now: float, observed_since: float) -> bool:
     """Whether nothing is heard from the node: Ready Unknown, a stale Lease, or the
     ``unreachable`` taint (not the signals an operator or a node problem detector sets, such as
     ``out-of-service`` or configured taints: those are never a disruption)."""
-    seen = lease_seen(node, observed_since)
-    stale = seen is not None and now - seen > LEASE_RENEW_INTERVAL_S
     unreachable = any(key == UNREACHABLE_TAINT for key, _ in node.taints)
-    return node.ready == "Unknown" or stale or unreachable
+    return node.ready == "Unknown" or lease_stale(node, now, observed_since) or unreachable
 
 
 def disruption(s: Snapshot) -> tuple[int, int] | None:
@@ -239,11 +243,12 @@ def common_resume_step(pods: Iterable[PodView]) -> int | None:
 # --- planning ---------------------------------------------------------------------------------
 def plan(s: Snapshot) -> Plan:
     """The next status and actions for one gang."""
+    planning = _Planning(s)
     unconfirmed = unconfirmed_lease_nodes(s)
-    if unconfirmed and disruption(s) is None:  # in a disruption nothing is replaced anyway
+    if unconfirmed and planning.disrupted is None:  # in a disruption nothing is replaced
         # Look before deciding anything: read those Leases, then plan again at once.
         return Plan(copy.deepcopy(s.status), [ReadLeases(tuple(unconfirmed))], requeue_after=0.0)
-    return _Planning(s).run()
+    return planning.run()
 
 
 def plan_node(node: NodeView | None, now: float) -> list[Action]:
@@ -524,16 +529,18 @@ class _Planning:
             and m not in causes  # still failing: not back yet
         ]
         st.reported = len(joined)
-        if len(joined) == len(members):
+        back = {p.member for p in joined}
+        missing = [m for m in members if m not in back]
+        if not missing:
             self.barrier_opened(rec, joined)
         elif not rec.causes:  # a fresh epoch (start, JobSet restart, resume): nothing failed
-            self.fresh_epoch_waits(rec, [m for m in members if m not in {p.member for p in joined}])
+            self.fresh_epoch_waits(rec, missing)
         elif s.now < rec.deadline:
             self.p.wake_at(s.now, rec.deadline)
         elif self.disrupted is not None:  # laggards on silent nodes: no replacement on a guess
             self.p.wake_at(s.now, s.now + LEASE_RENEW_INTERVAL_S)
         else:
-            self.barrier_deadline(rec, [m for m in members if m not in {p.member for p in joined}])
+            self.barrier_deadline(rec, missing)
 
     def fresh_epoch_waits(self, rec: Recovery, missing: list[str]) -> None:
         """Pods of a fresh epoch are still being made: wait, with no deadline to act on (nothing

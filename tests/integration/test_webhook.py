@@ -38,7 +38,6 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 WEBHOOK_MANIFEST = REPO / "manifests" / "webhook" / "webhook.yaml"
-VAP_MANIFEST = AGENT_POLICY
 AGENT_RBAC_MANIFEST = REPO / "manifests" / "rbac" / "agent.yaml"
 AGENT_IMAGE = "example.test/jobset-inplace-agent:webhook-test"
 AGENT_SA = "jobset-inplace-agent"
@@ -357,11 +356,11 @@ def test_update_validates_changed_annotations_only(
 @pytest.fixture
 def agent_vap(control_plane: ControlPlane) -> Iterator[None]:
     kubectl = control_plane.kubectl()
-    kubectl.apply_files([VAP_MANIFEST], server_side=True)
+    kubectl.apply_files([AGENT_POLICY], server_side=True)
     try:
         yield
     finally:
-        kubectl.run("delete", "-f", str(VAP_MANIFEST), "--ignore-not-found", check=False)
+        kubectl.run("delete", "-f", str(AGENT_POLICY), "--ignore-not-found", check=False)
 
 
 def _pod(name: str) -> dict[str, Any]:
