@@ -153,7 +153,7 @@ class ClusterCache:
         else:
             if read_at is not None:
                 self.lease_reads[node] = read_at
-            elif self.leases.get(node) != renewed:  # a direct read confirmed an older renewal
+            elif cached != renewed:  # a direct read confirmed an older renewal
                 self.lease_reads.pop(node, None)
             self.leases[node] = renewed
         view = self.nodes.get(node)
