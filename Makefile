@@ -6,6 +6,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 JSI_CACHE_DIR ?= $(HOME)/.cache/jobset-inplace
 export JSI_CACHE_DIR
+# Kubernetes minor for the local cluster and tests (testbed/versions.env; empty: its default,
+# 1.37). `make test K8S=1.35` runs everything on the older supported release.
+K8S ?=
+export K8S
 NODES ?= 4
 REAL_NODES ?= 2
 PYTEST_ARGS ?=

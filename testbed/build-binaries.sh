@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Build every upstream binary the local cluster needs from Go modules (no downloads of
-# prebuilt binaries, no container images). Versions come from testbed/versions.env.
+# prebuilt binaries, no container images). Versions come from testbed/versions.env; K8S
+# picks the Kubernetes minor (default K8S_DEFAULT there), e.g. `K8S=1.35 build-binaries.sh`.
 #
 # Results are cached outside the repository, keyed by version:
 #   $JSI_CACHE_DIR/bin/<component>-<version>/<binary>
 # A binary that is already there is not rebuilt, so re-running is cheap and safe.
 #
 # Usage: testbed/build-binaries.sh [component ...]
-#   components: kubernetes etcd kwok jobset kueue (default: all)
+#   components: kubernetes etcd kwok jobset kueue containerd runc (default: all)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=testbed/versions.env
-source "$here/versions.env"
+# shellcheck source=testbed/versions.sh
+source "$here/versions.sh"
 
 cache="${JSI_CACHE_DIR:-$HOME/.cache/jobset-inplace}"
 export CGO_ENABLED=0
@@ -146,6 +147,32 @@ build_kueue() {
   fetch_module_source sigs.k8s.io/kueue "$KUEUE_VERSION"
 }
 
+# The real kubelet nodes' runtime: containerd, its runc shim and ctr. Static (CGO off); the
+# btrfs/devmapper/zfs snapshotters are compiled out (overlayfs only, as the node config says).
+build_containerd() {
+  local v="$CONTAINERD_VERSION"
+  GOFLAGS="$GOFLAGS -tags=no_btrfs,no_devmapper,no_zfs,urfave_cli_no_docs" module_build \
+    containerd github.com/containerd/containerd/v2 "$v" \
+    "-X github.com/containerd/containerd/v2/version.Version=$v -X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2" \
+    github.com/containerd/containerd/v2/cmd/containerd \
+    github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+    github.com/containerd/containerd/v2/cmd/ctr
+}
+
+# runc needs cgo and libseccomp (Debian's libseccomp-dev, installed by realnode/install-runtime.sh).
+build_runc() {
+  local v="$RUNC_VERSION"
+  if [[ ! -x "$cache/bin/runc-$v/runc" ]] && ! pkg-config --exists libseccomp 2>/dev/null; then
+    if [[ $(id -u) -ne 0 ]]; then
+      log "runc needs libseccomp-dev: run testbed/realnode/install-runtime.sh as root"
+      exit 1
+    fi
+    bash "$here/realnode/install-runtime.sh"
+  fi
+  CGO_ENABLED=1 GOFLAGS="$GOFLAGS -tags=seccomp" module_build runc github.com/opencontainers/runc "$v" \
+    "-X main.version=${v#v}" github.com/opencontainers/runc
+}
+
 # CRDs and manifests are read from the pinned module sources in the Go module cache.
 fetch_module_source() {
   local m="$1" v="$2"
@@ -155,7 +182,7 @@ fetch_module_source() {
 
 main() {
   local want=("$@")
-  (( ${#want[@]} )) || want=(kubernetes etcd kwok jobset kueue)
+  (( ${#want[@]} )) || want=(kubernetes etcd kwok jobset kueue containerd runc)
   local total=$SECONDS c
   mkdir -p "$cache"
   # One build at a time: concurrent builds would fight over the same outputs and 2 cores.
@@ -172,7 +199,9 @@ main() {
       kwok) build_kwok ;;
       jobset) build_jobset ;;
       kueue) build_kueue ;;
-      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue)" >&2; exit 2 ;;
+      containerd) build_containerd ;;
+      runc) build_runc ;;
+      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc)" >&2; exit 2 ;;
     esac
   done
   log "all requested binaries present ($((SECONDS - total))s)"

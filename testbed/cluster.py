@@ -22,11 +22,20 @@ from pathlib import Path
 
 import yaml
 
+from jobset_inplace.platform import RESTART_ALL_FEATURE
+
 from . import addons, certs, processes
-from .controlplane import FEATURE_GATES
 from .kube import clients
 from .kubectl import Kubectl
-from .versions import Binaries, binaries, cache_dir, ensure_binaries, module_source, versions
+from .versions import (
+    COMPONENT_OF,
+    Binaries,
+    binaries,
+    cache_dir,
+    ensure_binaries,
+    module_source,
+    versions,
+)
 
 DEFAULT_NAME = "jsi"
 DEFAULT_NODES = 4
@@ -111,6 +120,7 @@ class ClusterState:
     ports: Ports
     pids: dict[str, int] = field(default_factory=dict)
     real_nodes: list[str] = field(default_factory=list)
+    kubernetes: str = ""  # the release the cluster was brought up with
 
 
 class LocalCluster:
@@ -133,7 +143,11 @@ class LocalCluster:
         if self._state_file.exists():
             raw = json.loads(self._state_file.read_text())
             return ClusterState(
-                raw["name"], Ports(**raw["ports"]), raw.get("pids", {}), raw.get("real_nodes", [])
+                raw["name"],
+                Ports(**raw["ports"]),
+                raw.get("pids", {}),
+                raw.get("real_nodes", []),
+                raw.get("kubernetes", ""),
             )
         return ClusterState(self.name, Ports.allocate())
 
@@ -194,7 +208,7 @@ class LocalCluster:
                 "kubectlBinary": str(bins.kubectl),
                 "etcdBinary": str(bins.etcd),
                 "kwokControllerBinary": str(bins.kwok),
-                "kubeFeatureGates": FEATURE_GATES,
+                "kubeFeatureGates": versions().feature_gates,
                 "kubeAuthorization": True,
                 "kubeAdmission": True,
                 "securePort": True,
@@ -275,10 +289,10 @@ class LocalCluster:
     def _declare_kwok_features(self) -> None:
         """kwok nodes run no kubelet to declare node features; pods with restart rules are only
         scheduled onto nodes that declare ``RestartAllContainersOnContainerExits``, so declare it
-        for them (what a 1.35 kubelet with the gate on reports). Concurrent patches: a bench
-        cluster has thousands of nodes."""
+        for them (what a 1.36+ kubelet, or a 1.35 one with the gate on, reports). Concurrent
+        patches: a bench cluster has thousands of nodes."""
         core = clients(self.kubeconfig).core
-        feature = "RestartAllContainersOnContainerExits"
+        feature = RESTART_ALL_FEATURE
         names = [
             n.metadata.name
             for n in core.list_node(label_selector="type=kwok").items
@@ -531,8 +545,19 @@ class LocalCluster:
     # ----- public ------------------------------------------------------------------------
     def up(self, nodes: int = DEFAULT_NODES, real_nodes: int = DEFAULT_REAL_NODES) -> None:
         t0 = time.monotonic()
-        bins = ensure_binaries()
+        wanted = versions().kubernetes
         state = self._load_state()
+        if state.kubernetes not in ("", wanted) and self.is_up():
+            raise RuntimeError(
+                f"cluster {self.name} runs Kubernetes {state.kubernetes} but K8S selects {wanted}:"
+                " take it down first (make cluster-down, with the K8S it was made with)"
+                " or use another JSI_CLUSTER_NAME"
+            )
+        runtime = ("containerd", "runc")
+        bins = ensure_binaries(
+            *(n for n, c in COMPONENT_OF.items() if real_nodes or c not in runtime)
+        )
+        state.kubernetes = wanted
         self._save_state(state)
         self._ensure_control_plane(bins)
         self.scale_nodes(nodes)
@@ -550,7 +575,7 @@ class LocalCluster:
         )
 
     def down(self) -> None:
-        bins = ensure_binaries()
+        bins = ensure_binaries("kwokctl", "kubectl")
         state = self._load_state()
         self._remove_real_nodes(state)
         for name, pid in state.pids.items():

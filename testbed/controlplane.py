@@ -17,11 +17,16 @@ from subprocess import Popen
 from . import certs, kubeconfig, processes
 from .addons import jobset_crds
 from .kubectl import Kubectl
-from .versions import Binaries, ensure_binaries
+from .versions import Binaries, ensure_binaries, versions
 
-# Gates the in-place restart API needs on Kubernetes 1.35 (alpha there; on by default in 1.36).
-FEATURE_GATES = "RestartAllContainersOnContainerExits=true,NodeDeclaredFeatures=true"
 SERVICE_CIDR = "10.96.0.0/16"
+
+
+def feature_gates_args() -> list[str]:
+    """``--feature-gates`` for the pinned Kubernetes: the in-place path's gates on 1.35, none
+    from 1.36 (the components run with their defaults)."""
+    gates = versions().feature_gates
+    return ["--feature-gates", gates] if gates else []
 
 
 @dataclass
@@ -134,8 +139,7 @@ def start_control_plane(bins: Binaries | None = None, *, install_crds: bool = Tr
             sa_key,
             "--service-cluster-ip-range",
             SERVICE_CIDR,
-            "--feature-gates",
-            FEATURE_GATES,
+            *feature_gates_args(),
             "--enable-priority-and-fairness=false",
         ]
         cp.procs.append(processes.start(cp.apiserver, cp.apiserver_log))

@@ -1,14 +1,17 @@
-"""The pinned upstream versions (single source: ``testbed/versions.env``) and where their
-binaries and module sources live."""
+"""The pinned upstream versions (single source: ``testbed/versions.env``; ``K8S`` in the
+environment picks the Kubernetes minor) and where their binaries and module sources live."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+from jobset_inplace.platform import gates_flag
 
 TESTBED_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTBED_DIR.parent
@@ -22,6 +25,10 @@ def cache_dir() -> Path:
     return Path(os.environ.get("JSI_CACHE_DIR", default))
 
 
+K8S_ENV = "K8S"
+"""Environment variable that picks the Kubernetes minor (``1.35``); versions.sh reads it too."""
+
+
 @dataclass(frozen=True)
 class Versions:
     kubernetes: str
@@ -29,10 +36,22 @@ class Versions:
     kwok: str
     jobset: str
     kueue: str
+    containerd: str
+    runc: str
+
+    @property
+    def kubernetes_minor(self) -> int:
+        return int(self.kubernetes.split(".")[1])
+
+    @property
+    def feature_gates(self) -> str:
+        """``--feature-gates`` for the in-place path on this Kubernetes (empty on 1.36+)."""
+        return gates_flag(self.kubernetes_minor)
 
 
-def parse_versions(text: str) -> Versions:
-    """Parse ``KEY=VALUE`` lines; comments and blank lines are ignored."""
+def parse_versions(text: str, k8s: str = "") -> Versions:
+    """Parse ``KEY=VALUE`` lines (comments and blank lines ignored) and resolve the Kubernetes
+    minor ``k8s`` (``1.35``; empty: ``K8S_DEFAULT``) to its pinned release."""
     values: dict[str, str] = {}
     for raw in text.splitlines():
         line = raw.strip()
@@ -43,12 +62,26 @@ def parse_versions(text: str) -> Versions:
             raise ValueError(f"{VERSIONS_FILE.name}: expected KEY=VALUE, got {raw!r}")
         values[key.strip()] = value.strip()
     try:
+        minor = k8s or values["K8S_DEFAULT"]
+        supported = sorted(
+            k.removeprefix("KUBERNETES_").replace("_", ".")
+            for k in values
+            if k.startswith("KUBERNETES_")
+        )
+        kubernetes = values.get("KUBERNETES_" + minor.replace(".", "_"))
+        if not re.fullmatch(r"1\.\d+", minor) or kubernetes is None:
+            raise ValueError(
+                f"{K8S_ENV}={minor}: not a supported Kubernetes minor"
+                f" (accepted: {' '.join(supported)})"
+            )
         return Versions(
-            kubernetes=values["KUBERNETES_VERSION"],
+            kubernetes=kubernetes,
             etcd=values["ETCD_VERSION"],
             kwok=values["KWOK_VERSION"],
             jobset=values["JOBSET_VERSION"],
             kueue=values["KUEUE_VERSION"],
+            containerd=values["CONTAINERD_VERSION"],
+            runc=values["RUNC_VERSION"],
         )
     except KeyError as missing:
         raise ValueError(f"{VERSIONS_FILE.name}: missing {missing.args[0]}") from None
@@ -56,7 +89,8 @@ def parse_versions(text: str) -> Versions:
 
 @cache
 def versions() -> Versions:
-    return parse_versions(VERSIONS_FILE.read_text())
+    """The pinned versions, Kubernetes as ``K8S`` selects it."""
+    return parse_versions(VERSIONS_FILE.read_text(), os.environ.get(K8S_ENV, ""))
 
 
 @dataclass(frozen=True)
@@ -73,6 +107,10 @@ class Binaries:
     kwokctl: Path
     jobset: Path
     kueue: Path
+    containerd: Path
+    containerd_shim: Path
+    ctr: Path
+    runc: Path
 
     @property
     def kubernetes_dir(self) -> Path:
@@ -84,6 +122,7 @@ def binaries(v: Versions | None = None) -> Binaries:
     b = cache_dir() / "bin"
     k8s = b / f"kubernetes-{v.kubernetes}"
     kwok = b / f"kwok-{v.kwok}"
+    containerd = b / f"containerd-{v.containerd}"
     return Binaries(
         kube_apiserver=k8s / "kube-apiserver",
         kube_controller_manager=k8s / "kube-controller-manager",
@@ -95,6 +134,10 @@ def binaries(v: Versions | None = None) -> Binaries:
         kwokctl=kwok / "kwokctl",
         jobset=b / f"jobset-{v.jobset}" / "jobset",
         kueue=b / f"kueue-{v.kueue}" / "kueue",
+        containerd=containerd / "containerd",
+        containerd_shim=containerd / "containerd-shim-runc-v2",
+        ctr=containerd / "ctr",
+        runc=b / f"runc-{v.runc}" / "runc",
     )
 
 
@@ -110,6 +153,10 @@ COMPONENT_OF = {
     "kwokctl": "kwok",
     "jobset": "jobset",
     "kueue": "kueue",
+    "containerd": "containerd",
+    "containerd_shim": "containerd",
+    "ctr": "containerd",
+    "runc": "runc",
 }
 
 

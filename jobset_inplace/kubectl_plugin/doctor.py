@@ -15,12 +15,17 @@ import yaml
 from jobset_inplace import names
 from jobset_inplace.core.decode import condition_true
 from jobset_inplace.core.policy import Policy, PolicyError, parse_duration
+from jobset_inplace.platform import (
+    DEFAULT_ON_MINOR,
+    GATED_COMPONENTS,
+    MIN_MINOR,
+    RESTART_ALL_FEATURE,
+    gates_flag,
+)
 
 from .cluster import api_error_message
 from .render import fmt_duration, table
 
-MIN_MINOR = 35
-RESTART_ALL_FEATURE = "RestartAllContainersOnContainerExits"
 JOBSET_CRD = "jobsets.jobset.x-k8s.io"
 GANGSTATE_CRD = f"{names.GANGSTATE_PLURAL}.{names.GROUP}"
 KUEUE_CRDS = (
@@ -64,21 +69,51 @@ class ClusterReader(Protocol):
 
 
 # --- pure checks ---------------------------------------------------------------------------------
-def check_version(version: Mapping[str, Any]) -> Check:
-    name = "Kubernetes version"
-    git = str(version.get("gitVersion") or "?")
+def parse_minor(version: Mapping[str, Any]) -> int | None:
+    """The minor of a ``/version`` answer (``"37"``, ``"37+"``) when the major is 1."""
     try:
         major = int(re.sub(r"\D.*", "", str(version.get("major") or "")))
         minor = int(re.sub(r"\D.*", "", str(version.get("minor") or "")))
     except ValueError:
+        return None
+    return minor if major == 1 else None
+
+
+def _gates_advice(minor: int | None, where: str) -> str:
+    """What to do when the in-place path is off, for a cluster at ``1.<minor>``."""
+    if minor is not None and MIN_MINOR <= minor < DEFAULT_ON_MINOR:
+        return f"1.{minor} needs --feature-gates={gates_flag(minor)} on {where}"
+    if minor is not None and minor >= DEFAULT_ON_MINOR:
+        return (
+            f"{RESTART_ALL_FEATURE} is on by default since 1.{DEFAULT_ON_MINOR}: remove the"
+            f" --feature-gates entry that turns it off on {where}"
+        )
+    return f"enable the {RESTART_ALL_FEATURE} feature gate on {where} (on by default from 1.36)"
+
+
+def check_version(version: Mapping[str, Any]) -> Check:
+    name = "Kubernetes version"
+    git = str(version.get("gitVersion") or "?")
+    minor = parse_minor(version)
+    if minor is None:
         return Check(name, Result.WARN, f"cannot parse server version {git}", "check by hand")
-    if (major, minor) >= (1, MIN_MINOR):
-        return Check(name, Result.PASS, f"{git} (>= 1.{MIN_MINOR})")
+    if minor < MIN_MINOR:
+        return Check(
+            name,
+            Result.FAIL,
+            f"{git} is older than 1.{MIN_MINOR}",
+            f"upgrade to Kubernetes 1.{DEFAULT_ON_MINOR}+ (RestartAllContainers is on by default"
+            f" there; 1.{MIN_MINOR} has it as alpha)",
+        )
+    if minor < DEFAULT_ON_MINOR:
+        return Check(
+            name,
+            Result.PASS,
+            f"{git}: RestartAllContainers is alpha here; {', '.join(GATED_COMPONENTS)} need"
+            f" --feature-gates={gates_flag(minor)} (on by default from 1.{DEFAULT_ON_MINOR})",
+        )
     return Check(
-        name,
-        Result.FAIL,
-        f"{git} is older than 1.{MIN_MINOR}",
-        f"upgrade to Kubernetes 1.{MIN_MINOR}+ (RestartAllContainers appeared there)",
+        name, Result.PASS, f"{git}: RestartAllContainers on by default (1.{DEFAULT_ON_MINOR}+)"
     )
 
 
@@ -106,12 +141,11 @@ def probe_pod() -> dict[str, Any]:
     }
 
 
-def check_dry_run(created: Mapping[str, Any] | None, error: str | None) -> Check:
+def check_dry_run(
+    created: Mapping[str, Any] | None, error: str | None, minor: int | None = None
+) -> Check:
     name = "RestartAllContainers"
-    gate_hint = (
-        f"enable the {RESTART_ALL_FEATURE} feature gate on kube-apiserver and kubelets "
-        "(alpha in 1.35, default on in 1.36)"
-    )
+    gate_hint = _gates_advice(minor, "kube-apiserver")
     if error is not None:
         if re.search(r"restartPolicyRules|RestartAllContainers|restartPolicy", error):
             return Check(name, Result.FAIL, f"rejected by the apiserver: {error}", gate_hint)
@@ -179,21 +213,50 @@ def check_kueue_crds(present: Mapping[str, bool]) -> Check:
     )
 
 
+def _kubelet_minor(node: Mapping[str, Any]) -> int | None:
+    kubelet = str(((node.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion") or "")
+    m = re.match(r"v?1\.(\d+)", kubelet)
+    return int(m.group(1)) if m else None
+
+
 def check_declared_features(nodes: Sequence[Mapping[str, Any]]) -> Check:
+    """Every node should declare the feature: the scheduler places a pod with a
+    ``RestartAllContainers`` rule only on a node that does (``NodeDeclaredFeatures``)."""
     name = "Node declared features"
-    declaring = [
+    missing = [
         n
         for n in nodes
-        if RESTART_ALL_FEATURE in ((n.get("status") or {}).get("declaredFeatures") or [])
+        if RESTART_ALL_FEATURE not in ((n.get("status") or {}).get("declaredFeatures") or [])
     ]
-    detail = f"{len(declaring)}/{len(nodes)} nodes declare {RESTART_ALL_FEATURE}"
-    if declaring:
+    detail = f"{len(nodes) - len(missing)}/{len(nodes)} nodes declare {RESTART_ALL_FEATURE}"
+    if not missing:
         return Check(name, Result.PASS, detail)
+    shown = ", ".join(
+        f"{(n.get('metadata') or {}).get('name', '?')} (kubelet "
+        f"{((n.get('status') or {}).get('nodeInfo') or {}).get('kubeletVersion') or '?'})"
+        for n in missing[:3]
+    )
+    more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+    advice: list[str] = []
+    for m in sorted({_kubelet_minor(n) for n in missing}, key=lambda m: -1 if m is None else m):
+        if m is not None and m < MIN_MINOR:
+            line = f"upgrade kubelets older than 1.{MIN_MINOR}"
+        else:
+            line = _gates_advice(m, "those kubelets")
+        if line not in advice:
+            advice.append(line)
+    if len(missing) == len(nodes):
+        return Check(
+            name,
+            Result.FAIL,
+            f"{detail}: pods with the rule cannot be scheduled anywhere ({shown}{more})",
+            "; ".join(advice),
+        )
     return Check(
         name,
         Result.WARN,
-        detail,
-        f"enable the {RESTART_ALL_FEATURE} and NodeDeclaredFeatures gates on the kubelets",
+        f"{detail}: opted-in pods only go to the others; not declaring: {shown}{more}",
+        "; ".join(advice),
     )
 
 
@@ -268,11 +331,14 @@ def _safe(name: str, hint: str, fn: Callable[[], Check]) -> Check:
 
 def run_checks(c: ClusterReader, barrier_timeout_s: float | None = None) -> list[Check]:
     barrier = Policy().barrier_timeout_s if barrier_timeout_s is None else barrier_timeout_s
-    checks = [
-        _safe(
-            "Kubernetes version", "check the kubeconfig", lambda: check_version(c.server_version())
-        )
-    ]
+    server: dict[str, Any] = {}
+
+    def version() -> Check:
+        server.update(c.server_version())
+        return check_version(server)
+
+    checks = [_safe("Kubernetes version", "check the kubeconfig", version)]
+    minor = parse_minor(server) if server else None
 
     def dry_run() -> Check:
         try:
@@ -280,8 +346,8 @@ def run_checks(c: ClusterReader, barrier_timeout_s: float | None = None) -> list
         except Exception as e:
             if getattr(e, "status", None) is None:  # not an API answer: let _safe report it
                 raise
-            return check_dry_run(None, api_error_message(e))
-        return check_dry_run(created, None)
+            return check_dry_run(None, api_error_message(e), minor)
+        return check_dry_run(created, None, minor)
 
     checks.append(_safe("RestartAllContainers", "check the kubeconfig", dry_run))
 

@@ -38,7 +38,9 @@
 #   JSI_KEEP_OLD_IMAGES=1     keep archives of other recipes (default: prune them)
 set -euo pipefail
 
-cache="${JSI_CACHE_DIR:-$HOME/.cache/jobset-inplace}"
+# shellcheck source=testbed/versions.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/../versions.sh"
+cache="$JSI_CACHE"
 imgdir="$cache/images"
 suite="${JSI_DEBIAN_SUITE:-bookworm}"
 overlay="${JSI_PYTHON_IMAGE_OVERLAY:-}"
@@ -70,7 +72,7 @@ while (($#)); do
 done
 
 [[ $(id -u) -eq 0 ]] || die "needs root (debootstrap, umoci unpack keep file ownership)"
-for b in debootstrap umoci skopeo catatonit ctr; do
+for b in debootstrap umoci skopeo catatonit; do
   command -v "$b" >/dev/null || die "$b missing: run testbed/realnode/install-runtime.sh"
 done
 
@@ -233,7 +235,7 @@ build_overlay() {
 import_image() {
   local addr="$1" archive="$2" hash="$3"
   shift 3
-  local c=(ctr --address "$addr" --namespace k8s.io)
+  local c=("$CONTAINERD_BIN/ctr" --address "$addr" --namespace k8s.io)
   local want=() n full
   for n in "$@"; do
     full="$n"
@@ -284,6 +286,7 @@ if [[ "${JSI_KEEP_OLD_IMAGES:-}" != 1 ]]; then
   done
 fi
 for addr in "${imports[@]}"; do
+  [[ -x "$CONTAINERD_BIN/ctr" ]] || die "no $CONTAINERD_BIN/ctr: run testbed/build-binaries.sh containerd"
   [[ -S "$addr" ]] || die "no containerd socket at $addr (start it: testbed/realnode/containerd.sh up)"
   # shellcheck disable=SC2154
   import_image "$addr" "$pause_archive" "$pause_hash" "$PAUSE_NAME" "$PAUSE_ALIAS"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install, from Debian packages only, what a real kubelet node needs on this VM:
-# a container runtime (containerd 1.6 + runc), CNI plugins, the host tools kubelet and
+# Install, from Debian packages only, what a real kubelet node needs on this VM besides the
+# runtime (containerd 2.x and runc are built from Go modules by testbed/build-binaries.sh;
+# runc's build needs libseccomp-dev from here): CNI plugins, the host tools kubelet and
 # kube-proxy-less pod networking call (iptables, conntrack, socat, iproute2), and the
 # offline image tool chain (debootstrap, umoci, skopeo, catatonit, busybox-static).
 #
@@ -8,16 +9,17 @@
 # the script does no apt work at all (not even `apt-get update`).
 #
 # Usage: testbed/realnode/install-runtime.sh
-# Needs root (apt-get). Does NOT start the distribution's containerd service: see
-# testbed/realnode/containerd.sh for the project's own containerd instance.
+# Needs root (apt-get). Each node runs the project's own containerd instance:
+# testbed/realnode/containerd.sh.
 set -euo pipefail
 
 log() { printf '[install-runtime %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 # package -> a file it provides (used only for the progress line)
 packages=(
-  containerd                   # /usr/bin/containerd, ctr, containerd-shim-runc-v2
-  runc                         # /usr/sbin/runc
+  libseccomp-dev               # runc's seccomp support (cgo build; libseccomp2 at run time)
+  pkg-config                   # runc's build finds libseccomp with it
+  gcc                          # cgo for runc
   containernetworking-plugins  # /usr/lib/cni/{bridge,host-local,loopback,portmap,...}
   iptables                     # CNI bridge ipMasq/portmap, kubelet
   conntrack                    # kubelet / portmap cleanup
@@ -50,15 +52,6 @@ else
   start=$SECONDS
   log "installing ${#missing[@]} package(s): ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  # Do not let the package's postinst start the distribution's containerd.service
-  # (we run our own instance on our own socket). policy-rc.d is only added if absent.
-  added_policy=""
-  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
-    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
-    chmod +x /usr/sbin/policy-rc.d
-    added_policy=1
-  fi
-  trap '[[ -n "$added_policy" ]] && rm -f /usr/sbin/policy-rc.d' EXIT
   log "apt-get update ..."
   apt-get update -qq
   log "apt-get install ..."
@@ -74,10 +67,10 @@ else
 fi
 
 # Sanity: the binaries the other scripts call.
-for b in containerd ctr containerd-shim-runc-v2 runc umoci skopeo debootstrap catatonit \
-  busybox iptables conntrack; do
+for b in umoci skopeo debootstrap catatonit busybox iptables conntrack pkg-config gcc; do
   command -v "$b" >/dev/null || { log "ERROR: $b not on PATH"; exit 1; }
 done
 [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] \
   || { log "ERROR: CNI plugins missing under /usr/lib/cni"; exit 1; }
-log "ok: containerd $(containerd --version | awk '{print $3}'), $(runc --version | head -1)"
+pkg-config --exists libseccomp || { log "ERROR: libseccomp-dev installed but pkg-config cannot find it"; exit 1; }
+log "ok: CNI plugins, image tools, libseccomp $(pkg-config --modversion libseccomp)"

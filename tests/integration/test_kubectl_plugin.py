@@ -19,6 +19,7 @@ import yaml
 from jobset_inplace import names
 from jobset_inplace.core.gangstate import new_gangstate
 from jobset_inplace.kubectl_plugin import ExitCode
+from jobset_inplace.platform import RESTART_ALL_FEATURE
 from testbed.controller import AGENT_POLICY
 from testbed.controlplane import ControlPlane
 from testbed.kube import Clients, get_jobset
@@ -288,9 +289,10 @@ def test_doctor(
     node = f"doctor-{uuid.uuid4().hex[:4]}"
     ensure_node(kube, node)
     try:
-        kube.core.patch_node_status(
-            node, {"status": {"declaredFeatures": ["RestartAllContainersOnContainerExits"]}}
-        )
+        for n in kube.core.list_node().items:  # other tests' nodes too: doctor checks all
+            kube.core.patch_node_status(
+                n.metadata.name, {"status": {"declaredFeatures": [RESTART_ALL_FEATURE]}}
+            )
         control_plane.kubectl().run("delete", "-f", str(AGENT_POLICY), "--ignore-not-found")
         res = plugin(control_plane, "doctor", namespace=namespace)
         results = {}

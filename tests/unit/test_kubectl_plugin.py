@@ -20,6 +20,7 @@ from jobset_inplace.kubectl_plugin import render as r
 from jobset_inplace.kubectl_plugin.cli import build_parser, restart_value
 from jobset_inplace.kubectl_plugin.cluster import Cluster
 from jobset_inplace.kubectl_plugin.enable import enable_diff, enable_text
+from jobset_inplace.platform import RESTART_ALL_FEATURE
 from jobset_inplace.times import parse_time
 
 NS, NAME = "ml", "train"
@@ -642,12 +643,27 @@ def test_enable_missing_file(tmp_path: Path) -> None:
 
 
 # --- doctor -------------------------------------------------------------------------------------
-def test_check_version() -> None:
-    assert d.check_version({"major": "1", "minor": "35", "gitVersion": "v1.35.4"}).result == "PASS"
-    assert d.check_version({"major": "1", "minor": "36+", "gitVersion": "v1.36"}).result == "PASS"
-    old = d.check_version({"major": "1", "minor": "34", "gitVersion": "v1.34.1"})
+GATES_135 = "RestartAllContainersOnContainerExits=true,NodeDeclaredFeatures=true"
+
+
+def version(minor: str) -> dict[str, Any]:
+    return {"major": "1", "minor": minor, "gitVersion": f"v1.{minor.rstrip('+')}.2"}
+
+
+def test_check_version_tells_gated_from_default_on() -> None:
+    v135 = d.check_version(version("35"))
+    assert v135.result == "PASS"
+    assert "alpha" in v135.detail
+    assert GATES_135 in v135.detail
+    for minor in ("36", "37+"):
+        c = d.check_version(version(minor))
+        assert c.result == "PASS"
+        assert "on by default" in c.detail
+        assert "--feature-gates" not in c.detail
+    old = d.check_version(version("34"))
     assert old.result == "FAIL"
     assert "upgrade" in old.hint
+    assert d.check_version({"major": "x"}).result == "WARN"
 
 
 def test_check_dry_run() -> None:
@@ -658,16 +674,55 @@ def test_check_dry_run() -> None:
     assert d.check_dry_run(dropped, None).result == "FAIL"
     rejected = d.check_dry_run(None, 'spec.containers[0].restartPolicyRules[0].action: "x"')
     assert rejected.result == "FAIL"
-    assert d.RESTART_ALL_FEATURE in rejected.hint
+    assert RESTART_ALL_FEATURE in rejected.hint
     assert d.check_dry_run(None, "pods is forbidden").result == "WARN"
 
 
+def test_check_dry_run_advice_follows_the_version() -> None:
+    err = 'spec.containers[0].restartPolicyRules: Forbidden: "x"'
+    assert d.check_dry_run(None, err, 35).hint == (
+        f"1.35 needs --feature-gates={GATES_135} on kube-apiserver"
+    )
+    on37 = d.check_dry_run(None, err, 37).hint
+    assert "on by default since 1.36" in on37
+    assert "turns it off on kube-apiserver" in on37
+
+
+def declaring(n: dict[str, Any], kubelet: str) -> dict[str, Any]:
+    n["status"]["nodeInfo"] = {"kubeletVersion": kubelet}
+    n["status"]["declaredFeatures"] = [RESTART_ALL_FEATURE]
+    return n
+
+
+def with_kubelet(n: dict[str, Any], kubelet: str) -> dict[str, Any]:
+    n["status"]["nodeInfo"] = {"kubeletVersion": kubelet}
+    return n
+
+
 def test_check_declared_features() -> None:
-    n = node("a")
-    assert d.check_declared_features([n]).result == "WARN"
-    n["status"]["declaredFeatures"] = [d.RESTART_ALL_FEATURE]
-    c = d.check_declared_features([n, node("b")])
-    assert (c.result, c.detail) == ("PASS", f"1/2 nodes declare {d.RESTART_ALL_FEATURE}")
+    c = d.check_declared_features([declaring(node("a"), "v1.37.2")])
+    assert (c.result, c.detail) == ("PASS", f"1/1 nodes declare {RESTART_ALL_FEATURE}")
+    none = d.check_declared_features([with_kubelet(node("a"), "v1.35.4")])
+    assert none.result == "FAIL"
+    assert "cannot be scheduled anywhere" in none.detail
+    assert none.hint == f"1.35 needs --feature-gates={GATES_135} on those kubelets"
+    some = d.check_declared_features(
+        [
+            declaring(node("a"), "v1.37.2"),
+            with_kubelet(node("b"), "v1.37.2"),
+            with_kubelet(node("c"), "v1.34.1"),
+            node("d"),
+        ]
+    )
+    assert some.result == "WARN"
+    assert some.detail.startswith(f"1/4 nodes declare {RESTART_ALL_FEATURE}")
+    assert "b (kubelet v1.37.2), c (kubelet v1.34.1), d (kubelet ?)" in some.detail
+    assert some.hint.split("; ")[:2] == [
+        f"enable the {RESTART_ALL_FEATURE} feature gate on those kubelets"
+        " (on by default from 1.36)",
+        "upgrade kubelets older than 1.35",
+    ]
+    assert "remove the --feature-gates entry that turns it off" in some.hint.split("; ")[2]
 
 
 def test_check_crds() -> None:
@@ -724,7 +779,7 @@ class FakeReader:
         }
 
     def nodes(self) -> list[dict[str, Any]]:
-        return [node("a")]
+        return [declaring(node("a"), "v1.35.4"), with_kubelet(node("b"), "v1.35.4")]
 
     def dry_run_pod(self, body: dict[str, Any]) -> dict[str, Any]:
         return body
@@ -775,7 +830,7 @@ def test_run_checks_and_render() -> None:
     assert "403" in checks[-1].detail
     assert not d.failed(checks)
     text = d.render_checks(checks)
-    assert "    fix: enable the RestartAllContainersOnContainerExits" in text
+    assert f"    fix: 1.35 needs --feature-gates={GATES_135} on those kubelets" in text
     assert text.endswith("0 failed, 1 warnings, 8 checks\n")
 
 
