@@ -6,16 +6,20 @@ holds the Lease, by updating the node's and its pods' status. :func:`set_heartbe
 stops touching the node and its pods. That is what a dead or partitioned kubelet looks like to
 the control plane: the Lease goes stale at once, pod status freezes, and the node lifecycle
 controller marks the node ``Ready=Unknown`` (taint ``node.kubernetes.io/unreachable``) once
-``node-monitor-grace-period`` has passed since the last renewal, checked every
-``node-monitor-period``.
+``node-monitor-grace-period`` has passed since the last renewal it observed (on 1.37 the
+lever's own write, see :func:`set_heartbeat`), checked every ``node-monitor-period``.
 
 Expected time from the lever to ``Ready=Unknown`` with the local cluster's settings: at most
-grace + period + one renew interval = 50 s + 5 s + 10 s (:data:`NODE_UNHEALTHY_BOUND_SECONDS`).
+grace + period + one renew interval = 50 s + 5 s + 10 s (:data:`NODE_UNHEALTHY_BOUND_SECONDS`;
+the renew interval is the margin for 1.35, which counts from kwok's last renewal).
 """
 
 from __future__ import annotations
 
 import time
+from http import HTTPStatus
+
+from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace.names import NODE_LEASE_NAMESPACE
 from jobset_inplace.times import format_time
@@ -28,6 +32,7 @@ NODE_UNHEALTHY_BOUND_SECONDS = (
     NODE_MONITOR_GRACE_SECONDS + NODE_MONITOR_PERIOD_SECONDS + KWOK_LEASE_RENEW_SECONDS
 )
 SILENCED_HOLDER = "jobset-inplace-e2e/silenced"
+SILENCE_ATTEMPTS = 5
 
 
 def is_kwok_node(c: Clients, name: str) -> bool:
@@ -37,13 +42,35 @@ def is_kwok_node(c: Clients, name: str) -> bool:
 
 def set_heartbeat(c: Clients, name: str, *, alive: bool) -> None:
     """Silence (``alive=False``) or revive kwok's heartbeats for node ``name``."""
-    if not alive:
-        # renewTime is left as kwok last wrote it: the node died just after its last
-        # heartbeat, at a random point of its renew interval, as a real node does.
-        spec = {"holderIdentity": SILENCED_HOLDER, "leaseDurationSeconds": 24 * 3600}
-    else:
-        # An expired Lease: kwok takes it over on its next try and manages the node again.
+    if alive:
+        # An expired Lease: kwok takes it over on its next try and manages the node again. A
+        # merge patch carries no resourceVersion: it wins over a concurrent renewal.
         spec = {"leaseDurationSeconds": 1, "renewTime": format_time(time.time() - 3600)}
-    # A merge patch carries no resourceVersion: it wins over kwok's concurrent renewal, whose
-    # update then conflicts and re-reads the Lease.
-    c.coordination.patch_namespaced_lease(name, NODE_LEASE_NAMESPACE, {"spec": spec})
+        c.coordination.patch_namespaced_lease(name, NODE_LEASE_NAMESPACE, {"spec": spec})
+        return
+    for _ in range(SILENCE_ATTEMPTS):
+        lease = c.coordination.read_namespaced_lease(name, NODE_LEASE_NAMESPACE)
+        # renewTime moves on by 10 us only: the node died just after its last heartbeat, at a
+        # random point of its renew interval, as a real node does. It must move on at all:
+        # from 1.37 the node lifecycle controller (NodeControllerLeaseCircuitBreaker, beta, on)
+        # GETs a Lease that looks expired and, if its resourceVersion differs from the last
+        # renewal it saw, waits for its cache instead of marking the node; a write that leaves
+        # renewTime as it was is never taken as a renewal, so the node would never go Unknown.
+        renewed = lease.spec.renew_time.timestamp() + 1e-5
+        body = {
+            # Optimistic concurrency: a kwok renewal between the read and this write conflicts
+            # (409) and is read again, so renewTime never moves backwards.
+            "metadata": {"resourceVersion": lease.metadata.resource_version},
+            "spec": {
+                "holderIdentity": SILENCED_HOLDER,
+                "leaseDurationSeconds": 24 * 3600,
+                "renewTime": format_time(renewed),
+            },
+        }
+        try:
+            c.coordination.patch_namespaced_lease(name, NODE_LEASE_NAMESPACE, body)
+            return
+        except ApiException as e:
+            if e.status != HTTPStatus.CONFLICT:
+                raise
+    raise RuntimeError(f"could not silence node {name}: its Lease changed {SILENCE_ATTEMPTS} times")

@@ -20,3 +20,8 @@ JSI_CACHE="${JSI_CACHE_DIR:-$HOME/.cache/jobset-inplace}"
 KUBERNETES_BIN="$JSI_CACHE/bin/kubernetes-$KUBERNETES_VERSION"
 CONTAINERD_BIN="$JSI_CACHE/bin/containerd-$CONTAINERD_VERSION"
 RUNC_BIN="$JSI_CACHE/bin/runc-$RUNC_VERSION/runc"
+
+# ctr (containerd 2.2+) warns on every call that cgroup v1 is deprecated: this VM is cgroup v1
+# (docs/real-node.md), so drop that one line and keep every other message.
+quiet_ctr() { grep -v 'support for cgroup v1 is deprecated' || true; }
+ctr_quiet() { "$CONTAINERD_BIN/ctr" "$@" 2> >(quiet_ctr >&2); }

@@ -235,7 +235,7 @@ build_overlay() {
 import_image() {
   local addr="$1" archive="$2" hash="$3"
   shift 3
-  local c=("$CONTAINERD_BIN/ctr" --address "$addr" --namespace k8s.io)
+  local c=(ctr_quiet --address "$addr" --namespace k8s.io)
   local want=() n full
   for n in "$@"; do
     full="$n"

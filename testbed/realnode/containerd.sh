@@ -60,7 +60,7 @@ PAUSE_IMAGE="registry.k8s.io/pause:3.10"
 
 log() { printf '[containerd %s %s] %s\n' "$node" "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
-ctr_() { "$CONTAINERD_BIN/ctr" --address "$sock" "$@"; }
+ctr_() { ctr_quiet --address "$sock" "$@"; }
 
 running_pid() {
   [[ -f "$pidfile" ]] || return 1
