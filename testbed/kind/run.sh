@@ -1,17 +1,35 @@
 #!/usr/bin/env bash
 # Run the e2e suite on a kind cluster (hosts with Docker only; not run by this project's CI).
 # JobSet and Kueue are installed from the pinned module sources with their release images.
+# K8S picks the Kubernetes minor as everywhere else (kindest/node:<release> must exist for it).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$here/../.."
-source "$here/../versions.env"
+# shellcheck source=testbed/versions.sh
+source "$here/../versions.sh"
 
 command -v kind >/dev/null || { echo "kind not found: install kind and a Docker engine" >&2; exit 2; }
 docker info >/dev/null 2>&1 || { echo "no Docker engine reachable: this path needs one" >&2; exit 2; }
 
 kubeconfig="${JSI_KIND_KUBECONFIG:-$HOME/.kube/jsi-kind.yaml}"
 if ! kind get clusters | grep -qx jsi; then
-  kind create cluster --config "$here/cluster.yaml" --kubeconfig "$kubeconfig" --wait 5m
+  config="$(mktemp)"
+  trap 'rm -f "$config"' EXIT
+  # One control plane, four workers, the gates the in-place path needs on this release
+  # (jobset_inplace/platform.py: none from 1.36).
+  PYTHONPATH="$repo" python3 - "$KUBERNETES_VERSION" >"$config" <<'EOF'
+import sys
+from jobset_inplace.platform import gates_needed
+release = sys.argv[1]
+print("kind: Cluster\napiVersion: kind.x-k8s.io/v1alpha4\nname: jsi")
+gates = gates_needed(int(release.split(".")[1]))
+if gates:
+    print("featureGates:", *(f"  {g}: true" for g in gates), sep="\n")
+print("nodes:")
+for role in ["control-plane"] + ["worker"] * 4:
+    print(f"- role: {role}\n  image: kindest/node:{release}")
+EOF
+  kind create cluster --config "$config" --kubeconfig "$kubeconfig" --wait 5m
 fi
 export KUBECONFIG="$kubeconfig"
 gomod="$(go env GOMODCACHE)"
