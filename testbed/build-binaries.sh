@@ -15,7 +15,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=testbed/versions.sh
 source "$here/versions.sh"
 
-cache="${JSI_CACHE_DIR:-$HOME/.cache/jobset-inplace}"
+cache="$JSI_CACHE"
 export CGO_ENABLED=0
 export GOFLAGS="${GOFLAGS:--buildvcs=false}"
 # Builds are memory-heavy (~2 GiB per link); two parallel compile jobs fit 2 cores.
@@ -40,7 +40,7 @@ go_build() {
 # A throwaway module that requires k8s.io/kubernetes and maps every staging module
 # (which k8s.io/kubernetes replaces with ./staging/...) to its published v0.X.Y tag.
 build_kubernetes() {
-  local v="$KUBERNETES_VERSION" dir="$cache/bin/kubernetes-$KUBERNETES_VERSION"
+  local v="$KUBERNETES_VERSION" dir="$KUBERNETES_BIN"
   local mod="$cache/src/kubernetes-$v"
   mkdir -p "$dir" "$mod"
   local staging="v0.${v#v1.}"

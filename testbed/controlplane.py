@@ -123,6 +123,10 @@ def start_control_plane(bins: Binaries | None = None, *, install_crds: bool = Tr
             "127.0.0.1",
             "--advertise-address",
             "127.0.0.1",
+            # No endpoints for the `kubernetes` Service: nothing here routes to it, and from
+            # 1.37 the default (lease) reconciler refuses a loopback advertise address.
+            "--endpoint-reconciler-type",
+            "none",
             "--secure-port",
             str(api_port),
             "--cert-dir",
