@@ -14,7 +14,7 @@ from testbed.versions import versions
 
 
 def write_state(c: LocalCluster, kubernetes: str) -> dict[str, object]:
-    state = {
+    state: dict[str, object] = {
         "name": c.name,
         "ports": vars(Ports.allocate()),
         "pids": {"jobset": 1},
