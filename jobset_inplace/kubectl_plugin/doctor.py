@@ -88,7 +88,10 @@ def _gates_advice(minor: int | None, where: str) -> str:
             f"{RESTART_ALL_FEATURE} is on by default since 1.{DEFAULT_ON_MINOR}: remove the"
             f" --feature-gates entry that turns it off on {where}"
         )
-    return f"enable the {RESTART_ALL_FEATURE} feature gate on {where} (on by default from 1.36)"
+    return (
+        f"enable the {RESTART_ALL_FEATURE} feature gate on {where}"
+        f" (on by default from 1.{DEFAULT_ON_MINOR})"
+    )
 
 
 def check_version(version: Mapping[str, Any]) -> Check:
