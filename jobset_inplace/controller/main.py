@@ -4,9 +4,43 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
+from jobset_inplace.core.leadership import ElectionTiming
+from jobset_inplace.core.policy import PolicyError, parse_duration
+
+from .leader import DEFAULT_LEASE, Election, default_identity
 from .operator import run as run_controller
+
+DEFAULT_NAMESPACE = "jobset-inplace-system"
+NAMESPACE_ENV = "POD_NAMESPACE"  # set from the downward API in manifests/controller
+
+
+def _election(args: argparse.Namespace) -> Election | None:
+    """The ``--leader-elect-*`` flags; ValueError names the flag and the accepted form."""
+    if not args.leader_elect:
+        return None
+    seconds = {}
+    for flag in ("lease_duration", "renew_deadline", "retry_period"):
+        value = getattr(args, f"leader_elect_{flag}")
+        name = "--leader-elect-" + flag.replace("_", "-")
+        try:
+            seconds[flag] = parse_duration(name, value)
+        except PolicyError:
+            raise ValueError(
+                f"{name} {value!r}: expected a duration such as 2s, 15s or 1m"
+            ) from None
+    timing = ElectionTiming(
+        seconds["lease_duration"], seconds["renew_deadline"], seconds["retry_period"]
+    )
+    timing.check()
+    return Election(
+        namespace=args.leader_elect_namespace,
+        identity=args.leader_elect_identity or default_identity(),
+        timing=timing,
+        lease=args.leader_elect_lease_name,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,12 +53,42 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "-v", "--verbose", action="store_true", help="debug logging (e.g. every planning pass)"
     )
+    le = run.add_argument_group(
+        "leader election (several replicas: only the Lease holder acts; docs/operations.md)"
+    )
+    le.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="run as a candidate for a coordination.k8s.io Lease (off: this is the only replica)",
+    )
+    le.add_argument(
+        "--leader-elect-namespace",
+        default=os.environ.get(NAMESPACE_ENV) or DEFAULT_NAMESPACE,
+        help=f"namespace of the Lease (default ${NAMESPACE_ENV}, else {DEFAULT_NAMESPACE})",
+    )
+    le.add_argument("--leader-elect-lease-name", default=DEFAULT_LEASE)
+    le.add_argument(
+        "--leader-elect-identity", default="", help="this candidate's name (default: host_random)"
+    )
+    defaults = ElectionTiming()
+    for flag, value, what in (
+        ("lease-duration", defaults.lease_duration_s, "how long a silent leader keeps the Lease"),
+        ("renew-deadline", defaults.renew_deadline_s, "a leader that cannot renew this long exits"),
+        ("retry-period", defaults.retry_period_s, "how often candidates try and leaders renew"),
+    ):
+        le.add_argument(
+            f"--leader-elect-{flag}", default=f"{value:g}s", help=f"{what} (%(default)s)"
+        )
     args = parser.parse_args(argv)
+    try:
+        election = _election(args)
+    except ValueError as e:
+        parser.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # the project's own debug lines only: the API client's would log every response body
     logging.getLogger("jobset_inplace").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     if args.command == "run":
-        run_controller(liveness=args.liveness)
+        run_controller(liveness=args.liveness, election=election)
     return 0
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
 import time
 from collections.abc import Iterable
 from functools import partial
@@ -34,11 +36,15 @@ from jobset_inplace.core.policy import PolicyError, is_managed, parse_policy
 
 from .cache import ClusterCache, PodEntry, node_entry, pod_entry
 from .executor import Executor
+from .leader import Election, LeaderElector
 from .reconciler import Reconciler
 from .watches import RawWatch, WatchEvent
-from .webhook_server import register_webhooks, server_from_env, settings_from_env
+from .webhook_server import serve_side, server_from_env, settings_from_env
 
 log = logging.getLogger("jobset_inplace.controller")
+
+# Exit status of a replica that lost the leader Lease (its pod restarts as a candidate).
+LOST_LEADERSHIP_EXIT = 3
 
 
 def _jobset_event(r: Reconciler, body: dict[str, Any], deleted: bool) -> None:
@@ -189,20 +195,52 @@ def build_reconciler() -> Reconciler:
     return Reconciler(ClusterCache(), Executor(client.ApiClient()))
 
 
-def run(*, liveness: str | None = None) -> None:
-    """Run the controller until interrupted (``jobset-inplace run``)."""
+def run(*, liveness: str | None = None, election: Election | None = None) -> None:
+    """Run the controller until interrupted (``jobset-inplace run``).
+
+    Every replica serves the admission webhook (when its certificate is mounted) and the
+    liveness endpoint from a side operator on its own thread; with ``election``, only the
+    replica holding the Lease runs the controller (watches, passes, writes), and a replica that
+    loses it exits at once (its pod restarts as a candidate)."""
     # kopf logs every handled event at INFO: thousands of pods would flood the log.
     logging.getLogger("kopf").setLevel(logging.WARNING)
     reconciler = build_reconciler()
+    stop_side = threading.Event()
+    side = threading.Thread(
+        target=lambda: asyncio.run(
+            serve_side(server_from_env(), settings_from_env(), liveness, stop_side)
+        ),
+        name="webhook",
+        daemon=True,
+    )
+    side.start()
+    elector = None
+    if election is not None:
+        elector = LeaderElector(client.CoordinationV1Api(client.ApiClient()), election)
+        log.info("leader: candidate %s for %s", election.identity, elector.where)
+        elector.acquire()
+        elector.keep(on_lost=_leadership_lost)
+    try:
+        run_controller(reconciler)
+    finally:
+        stop_side.set()
+        if elector is not None:
+            elector.release()
+
+
+def _leadership_lost(why: str) -> None:
+    """Stop acting now: another replica may already lead. No cleanup runs (it could act)."""
+    log.error("leader: leadership lost (%s): exiting", why)
+    logging.shutdown()
+    os._exit(LOST_LEADERSHIP_EXIT)
+
+
+def run_controller(reconciler: Reconciler) -> None:
+    """The controller proper (this replica leads, or there is no election)."""
     watches = raw_watches(reconciler)
     registry = kopf.OperatorRegistry()
     with _registry(registry):
         setup(reconciler)
-    # Admission webhook (docs/webhook.md): served only when the serving cert is mounted
-    # ($JSI_WEBHOOK_CERT_DIR, default /etc/jobset-inplace/webhook-certs, tls.crt + tls.key).
-    webhook_server = server_from_env()
-    if webhook_server is not None:
-        register_webhooks(registry, settings_from_env())
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -214,8 +252,6 @@ def run(*, liveness: str | None = None) -> None:
         settings.posting.enabled = False  # Events are ours, concise and on the JobSet
         settings.watching.server_timeout = 300
         settings.persistence.diffbase_storage = _NoDiffBase()
-        settings.admission.server = webhook_server
-        settings.admission.managed = None  # the configurations are manifests/webhook/
 
     @kopf.on.startup(registry=registry)
     async def start_watches(**_: Any) -> None:
@@ -224,11 +260,7 @@ def run(*, liveness: str | None = None) -> None:
         for w in watches:
             w.start_on(asyncio.get_running_loop())
 
-    asyncio.run(
-        kopf.operator(
-            registry=registry, clusterwide=True, standalone=True, liveness_endpoint=liveness
-        )
-    )
+    asyncio.run(kopf.operator(registry=registry, clusterwide=True, standalone=True))
 
 
 class _NoDiffBase(kopf.DiffBaseStorage):

@@ -191,6 +191,39 @@ async def serve(
     )
 
 
+async def serve_side(
+    server: kopf.WebhookServer | None,
+    settings: AgentSettings,
+    liveness: str | None,
+    stop_flag: threading.Event,
+) -> None:
+    """What every replica of ``jobset-inplace run`` serves, leader or not, on its own thread:
+    the admission webhook (when ``server``: its certificate is mounted) and the liveness
+    endpoint. The controller's operator (leader only) serves neither."""
+    registry = kopf.OperatorRegistry()
+    if server is not None:
+        register_webhooks(registry, settings)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.peering.standalone = True
+        settings.posting.enabled = False
+        settings.admission.server = server
+        settings.admission.managed = None  # configurations are manifests/webhook/
+
+    await kopf.operator(
+        registry=registry,
+        clusterwide=True,
+        standalone=True,
+        stop_flag=stop_flag,
+        liveness_endpoint=liveness,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         prog="python -m jobset_inplace.controller.webhook_server",

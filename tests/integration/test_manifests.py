@@ -14,7 +14,10 @@ pytestmark = pytest.mark.integration
 
 SA = "system:serviceaccount:jobset-inplace-system:jobset-inplace-controller"
 
-NEEDED = [
+# (verb, resource[/subresource], namespace or None for cluster scope[, object name])
+Access = tuple[str, str, str | None] | tuple[str, str, str | None, str]
+
+NEEDED: list[Access] = [
     ("watch", "jobsets.jobset.x-k8s.io", None),
     ("list", "pods", None),
     ("delete", "pods", "team-a"),
@@ -25,17 +28,21 @@ NEEDED = [
     ("patch", "gangstates.jobset-inplace.dev/status", "team-a"),
     ("create", "events", "team-a"),
     ("watch", "workloads.kueue.x-k8s.io", None),
+    ("create", "leases.coordination.k8s.io", "jobset-inplace-system"),
+    ("update", "leases.coordination.k8s.io", "jobset-inplace-system", "jobset-inplace-controller"),
 ]
-NOT_GRANTED = [
+NOT_GRANTED: list[Access] = [
     ("update", "jobsets.jobset.x-k8s.io", "team-a"),
     ("patch", "jobsets.jobset.x-k8s.io/status", "team-a"),
     ("create", "pods", "team-a"),
     ("get", "secrets", "team-a"),
     ("patch", "workloads.kueue.x-k8s.io/status", "team-a"),
+    ("update", "leases.coordination.k8s.io", "kube-node-lease", "node-1"),
+    ("update", "leases.coordination.k8s.io", "jobset-inplace-system", "another-lease"),
 ]
 
 
-def _can(kube: Clients, verb: str, resource: str, namespace: str | None) -> bool:
+def _can(kube: Clients, verb: str, resource: str, namespace: str | None, name: str = "") -> bool:
     """A SubjectAccessReview (works for resources whose CRD is not installed here)."""
     resource, _, sub = resource.partition("/")
     name, _, group = resource.partition(".")
@@ -51,6 +58,7 @@ def _can(kube: Clients, verb: str, resource: str, namespace: str | None) -> bool
                 "resource": name,
                 "subresource": sub,
                 "namespace": namespace or "",
+                "name": name,
             },
         },
     }

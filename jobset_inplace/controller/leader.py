@@ -1,0 +1,190 @@
+"""Leader election for ``jobset-inplace run``: the Lease reads and writes behind
+:mod:`jobset_inplace.core.leadership` (which decides). It runs on threads of its own, so a
+busy event loop never delays a renewal, and a watchdog stops the process as soon as the last
+successful renewal is ``renew_deadline`` old: a leader that cannot prove it still leads must not
+act (client-go does the same)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from jobset_inplace.core.leadership import (
+    JITTER,
+    ElectionTiming,
+    LeaseRecord,
+    Step,
+    claim,
+    lease_body,
+    must_stop,
+    next_step,
+    record_of,
+    released,
+)
+
+log = logging.getLogger("jobset_inplace.controller")
+
+DEFAULT_LEASE = "jobset-inplace-controller"
+WATCHDOG_PERIOD_S = 0.5
+
+
+class ElectionError(RuntimeError):
+    """The election cannot work as configured (retrying would not help)."""
+
+
+def default_identity() -> str:
+    """Pod name (the hostname in a pod) plus a random suffix, as client-go candidates use."""
+    return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class Election:
+    """Leader election settings of ``jobset-inplace run`` (flags ``--leader-elect-*``)."""
+
+    namespace: str
+    identity: str = field(default_factory=default_identity)
+    timing: ElectionTiming = field(default_factory=ElectionTiming)
+    lease: str = DEFAULT_LEASE
+
+
+class LeaderElector:
+    def __init__(self, api: client.CoordinationV1Api, election: Election) -> None:
+        election.timing.check()
+        self.api, self.namespace, self.name = api, election.namespace, election.lease
+        self.identity, self.timing = election.identity, election.timing
+        self.renewed_at: float | None = None  # monotonic time of the last successful write
+        self.holder = ""  # who held the Lease when last read
+        self._seen: tuple[str, float] | None = None  # (resourceVersion, monotonic first seen)
+        self._stop = threading.Event()
+        # per request: two attempts fit into the renew deadline
+        self._timeout = self.timing.renew_deadline_s / 2
+
+    @property
+    def where(self) -> str:
+        return f"Lease {self.namespace}/{self.name}"
+
+    # --- one round ------------------------------------------------------------------------
+    def try_once(self) -> bool:
+        """Read the Lease, decide, write: True when this candidate holds it afterwards."""
+        now = time.monotonic()
+        try:
+            raw = self.api.read_namespaced_lease(
+                self.name, self.namespace, _preload_content=False, _request_timeout=self._timeout
+            )
+            lease = json.loads(raw.data)
+        except ApiException as e:
+            if e.status != HTTPStatus.NOT_FOUND:
+                raise
+            lease = None
+        rv = None if lease is None else str(lease["metadata"]["resourceVersion"])
+        if self._seen is None or self._seen[0] != (rv or ""):
+            self._seen = (rv or "", now)
+        record = None if lease is None else record_of(lease)
+        self.holder = record.holder if record else ""
+        step = next_step(record, self.identity, now=now, observed_since=self._seen[1])
+        if step is Step.WAIT:
+            return False
+        new = claim(
+            record, self.identity, wall=time.time(), duration_s=int(self.timing.lease_duration_s)
+        )
+        try:
+            self._write(new, rv)
+        except ApiException as e:
+            if e.status == HTTPStatus.CONFLICT:  # another candidate wrote first
+                return False
+            if e.status == HTTPStatus.NOT_FOUND and lease is None:
+                raise ElectionError(
+                    f"cannot create {self.where}: namespace {self.namespace} not found (create"
+                    " it, or set --leader-elect-namespace)"
+                ) from None
+            raise
+        self.renewed_at, self.holder = now, self.identity
+        if step is not Step.RENEW:
+            log.info("leader: %s acquired by %s (%s)", self.where, self.identity, step.value)
+        return True
+
+    def _write(self, record: LeaseRecord, rv: str | None) -> None:
+        body = lease_body(self.name, self.namespace, record, rv)
+        if rv is None:
+            self.api.create_namespaced_lease(self.namespace, body, _request_timeout=self._timeout)
+        else:
+            self.api.replace_namespaced_lease(
+                self.name, self.namespace, body, _request_timeout=self._timeout
+            )
+
+    # --- the candidate's life -------------------------------------------------------------
+    def acquire(self) -> None:
+        """Block until this candidate holds the Lease (retrying every retry period, jittered)."""
+        told = None
+        while True:
+            try:
+                if self.try_once():
+                    return
+            except ElectionError:
+                raise
+            except Exception as e:
+                log.warning("leader: reading/writing %s failed: %s", self.where, e)
+            if self.holder != told:
+                told = self.holder
+                log.info("leader: waiting, %s is held by %s", self.where, self.holder or "nobody")
+            time.sleep(self.timing.retry_period_s * random.uniform(1, JITTER))
+
+    def keep(self, on_lost: Callable[[str], None]) -> None:
+        """Renew every retry period on a daemon thread; call ``on_lost`` (once, from the
+        watchdog thread) when another candidate holds the Lease or the last successful
+        renewal is ``renew_deadline`` old."""
+        lost = threading.Event()
+        why: list[str] = []
+
+        def renew() -> None:
+            while not self._stop.wait(self.timing.retry_period_s):
+                try:
+                    if not self.try_once() and not self._stop.is_set():
+                        why.append(f"{self.where} is now held by {self.holder or 'nobody'}")
+                        lost.set()
+                        return
+                except Exception as e:
+                    log.warning("leader: renewing %s failed: %s", self.where, e)
+
+        def watchdog() -> None:
+            while not self._stop.is_set():
+                late = self.renewed_at is not None and must_stop(
+                    self.renewed_at, time.monotonic(), self.timing
+                )
+                if late:
+                    why.append(f"no renewal of {self.where} for {self.timing.renew_deadline_s:g}s")
+                if lost.is_set() or late:
+                    on_lost(why[0])
+                    return
+                lost.wait(WATCHDOG_PERIOD_S)
+
+        threading.Thread(target=renew, name="leader-renew", daemon=True).start()
+        threading.Thread(target=watchdog, name="leader-watchdog", daemon=True).start()
+
+    def release(self) -> None:
+        """Stop renewing and, if this candidate still holds the Lease, hand it over at once."""
+        self._stop.set()
+        try:
+            raw = self.api.read_namespaced_lease(
+                self.name, self.namespace, _preload_content=False, _request_timeout=self._timeout
+            )
+            lease = json.loads(raw.data)
+            record = record_of(lease)
+            if record.holder == self.identity:
+                self._write(
+                    released(record, wall=time.time()), lease["metadata"]["resourceVersion"]
+                )
+                log.info("leader: released %s", self.where)
+        except Exception as e:
+            log.warning("leader: could not release %s: %s", self.where, e)

@@ -1,0 +1,114 @@
+"""Leader election against a real kube-apiserver: one leader at a time, hand-over on release,
+take-over of a silent leader after the lease duration (not before), and a leader that cannot
+renew stops (short timings: the rules, not the defaults, are under test)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from jobset_inplace.controller.leader import Election, ElectionError, LeaderElector
+from jobset_inplace.core.leadership import ElectionTiming
+from testbed.kube import Clients
+
+pytestmark = pytest.mark.integration
+
+FAST = ElectionTiming(lease_duration_s=3, renew_deadline_s=2, retry_period_s=0.5)
+LEASE = "test-leader"
+
+
+class Lost:
+    """on_lost callback: records why and wakes the test."""
+
+    def __init__(self) -> None:
+        self.why: list[str] = []
+        self.event = threading.Event()
+
+    def __call__(self, why: str) -> None:
+        self.why.append(why)
+        self.event.set()
+
+
+def candidate(kube: Clients, namespace: str, identity: str) -> LeaderElector:
+    election = Election(namespace=namespace, identity=identity, timing=FAST, lease=LEASE)
+    return LeaderElector(client.CoordinationV1Api(kube.api), election)
+
+
+def spec(kube: Clients, namespace: str) -> client.V1LeaseSpec:
+    lease = kube.coordination.read_namespaced_lease(LEASE, namespace)
+    return lease.spec
+
+
+def test_one_leader_then_hand_over_on_release(kube: Clients, namespace: str) -> None:
+    a, b = candidate(kube, namespace, "a"), candidate(kube, namespace, "b")
+    assert a.try_once()
+    assert not b.try_once()
+    assert b.holder == "a"
+    s = spec(kube, namespace)
+    assert (s.holder_identity, s.lease_duration_seconds, s.lease_transitions) == ("a", 3, 0)
+    assert a.try_once(), "the holder renews"
+    a.release()
+    assert b.try_once(), "a released Lease is taken at the next try"
+    s = spec(kube, namespace)
+    assert (s.holder_identity, s.lease_transitions) == ("b", 1)
+
+
+def test_a_silent_leader_is_replaced_after_the_lease_duration(
+    kube: Clients, namespace: str
+) -> None:
+    a, b = candidate(kube, namespace, "a"), candidate(kube, namespace, "b")
+    assert a.try_once()  # then a crashes: no renewal, no release
+    start = time.monotonic()
+    b.acquire()
+    took = time.monotonic() - start
+    print(f"\nsilent leader replaced after {took:.2f}s (lease duration {FAST.lease_duration_s}s)")
+    assert took >= FAST.lease_duration_s, "never before the lease duration"
+    assert spec(kube, namespace).holder_identity == "b"
+
+
+def test_a_leader_whose_lease_is_taken_stops(kube: Clients, namespace: str) -> None:
+    a = candidate(kube, namespace, "a")
+    assert a.try_once()
+    lost = Lost()
+    a.keep(on_lost=lost)
+    try:
+        kube.coordination.patch_namespaced_lease(
+            LEASE, namespace, {"spec": {"holderIdentity": "intruder"}}
+        )
+        assert lost.event.wait(FAST.retry_period_s * 4)
+        assert lost.why == [f"Lease {namespace}/{LEASE} is now held by intruder"]
+    finally:
+        a.release()
+    assert spec(kube, namespace).holder_identity == "intruder", "release leaves others' Lease"
+
+
+def test_a_leader_that_cannot_renew_stops_at_the_renew_deadline(
+    kube: Clients, namespace: str
+) -> None:
+    a = candidate(kube, namespace, "a")
+    assert a.try_once()
+    lost = Lost()
+
+    def refuse(*_: object, **__: object) -> None:  # every write now fails (apiserver trouble)
+        raise ApiException(status=500, reason="Internal Server Error")
+
+    a.api.replace_namespaced_lease = refuse
+    a.keep(on_lost=lost)
+    try:
+        assert lost.event.wait(FAST.renew_deadline_s + 2)
+        assert a.renewed_at is not None
+        late = time.monotonic() - a.renewed_at
+        assert FAST.renew_deadline_s <= late < FAST.renew_deadline_s + 1, late
+        assert lost.why == [f"no renewal of Lease {namespace}/{LEASE} for 2s"]
+    finally:
+        a.release()
+
+
+def test_a_missing_namespace_is_named(kube: Clients) -> None:
+    c = candidate(kube, "no-such-namespace", "a")
+    with pytest.raises(ElectionError, match="namespace no-such-namespace not found"):
+        c.acquire()
