@@ -55,12 +55,18 @@ def namespace(kube: Clients, request: pytest.FixtureRequest) -> Iterator[str]:
         yield ns
 
 
+MAIN = "e2e-main"  # the session controller's leader-election identity
+
+
 @pytest.fixture(scope="session")
 def controller(local_cluster: LocalCluster | None) -> Iterator[ControllerProcess]:
     """``jobset-inplace run`` against the local cluster for the session."""
     if local_cluster is None:
         pytest.skip("runs the controller on the local cluster (JSI_KUBECONFIG points elsewhere)")
-    ctl = ControllerProcess(local_cluster, local_cluster.logs_dir / "controller-e2e.log")
+    # As installed: a leader-election candidate (docs/operations.md); the only one, so it leads.
+    ctl = ControllerProcess(
+        local_cluster, local_cluster.logs_dir / "controller-e2e.log", leader_identity=MAIN
+    )
     yield ctl
     ctl.stop()
 

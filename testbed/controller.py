@@ -27,6 +27,8 @@ CRD = REPO_ROOT / "manifests" / "crd" / "gangstates.yaml"
 WEBHOOK_MANIFEST = REPO_ROOT / "manifests" / "webhook" / "webhook.yaml"
 # The agent may patch only its own pod (guarantee 9): installed wherever agents run.
 AGENT_POLICY = REPO_ROOT / "manifests" / "rbac" / "agent-vap.yaml"
+# Where candidates keep the leader Lease (the install's namespace).
+LEASE_NAMESPACE = "jobset-inplace-system"
 # The node image of the real kubelet nodes: Python, this checkout's package and the demo trainer.
 IMAGE = "jobset-inplace/python:local"
 
@@ -37,8 +39,21 @@ class ControllerProcess:
     ``manifests/webhook/`` are installed with their clientConfig pointed at it, and removed again
     by :meth:`stop` (their failurePolicy is Fail)."""
 
-    def __init__(self, cluster: LocalCluster, log: Path, *, verbose: bool = False) -> None:
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        log: Path,
+        *,
+        verbose: bool = False,
+        leader_identity: str | None = None,
+        install_webhook: bool = True,
+    ) -> None:
+        """``leader_identity``: run as a leader-election candidate with this identity (stable
+        across :meth:`kill` and :meth:`start`, as a pod's restarted container keeps its pod).
+        ``install_webhook`` False: serve the webhook but leave the cluster's configurations to
+        another instance (a standby replica)."""
         self.log, self.cluster = log, cluster
+        self.leader_identity, self.install_webhook = leader_identity, install_webhook
         self.kubectl = Kubectl(cluster.kubeconfig)
         port = processes.free_port()
         objs = [o for o in yaml.safe_load_all(WEBHOOK_MANIFEST.read_text()) if o]
@@ -60,12 +75,28 @@ class ControllerProcess:
             "JSI_AGENT_API_SERVER": cluster.pod_api_server,
         }
         self.verbose = verbose
+        if leader_identity is not None:
+            self.kubectl.apply_yaml(
+                yaml.safe_dump(
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NAMESPACE}}
+                ),
+                server_side=True,
+            )
         self.proc = self._spawn()
-        self.kubectl.apply_yaml(yaml.safe_dump_all(self.configs), server_side=True)
-        processes.wait_until("jobset-inplace admission webhook", self._injects, 60, log=log)
+        if install_webhook:
+            self.kubectl.apply_yaml(yaml.safe_dump_all(self.configs), server_side=True)
+            processes.wait_until("jobset-inplace admission webhook", self._injects, 60, log=log)
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         command = [sys.executable, "-m", "jobset_inplace.controller.main", "run"]
+        if self.leader_identity is not None:
+            command += [
+                "--leader-elect",
+                "--leader-elect-namespace",
+                LEASE_NAMESPACE,
+                "--leader-elect-identity",
+                self.leader_identity,
+            ]
         with self.log.open("ab") as out:
             return subprocess.Popen(
                 [*command, *(["-v"] * self.verbose)],
@@ -85,7 +116,10 @@ class ControllerProcess:
         if self.proc.poll() is None:
             raise RuntimeError("the controller is still running")
         self.proc = self._spawn()
-        processes.wait_until("jobset-inplace admission webhook", self._injects, 60, log=self.log)
+        if self.install_webhook:
+            processes.wait_until(
+                "jobset-inplace admission webhook", self._injects, 60, log=self.log
+            )
 
     def _injects(self) -> bool:
         """A server-side dry run of an opted-in JobSet comes back with the agent injected."""
@@ -102,7 +136,8 @@ class ControllerProcess:
         return AGENT_CONTAINER in out
 
     def stop(self) -> None:
-        for cfg in self.configs:
+        """SIGTERM (a leader releases its Lease) and remove the webhook configurations."""
+        for cfg in self.configs if self.install_webhook else []:
             self.kubectl.run(
                 "delete", cfg["kind"], cfg["metadata"]["name"], "--ignore-not-found", check=False
             )
