@@ -42,10 +42,12 @@ NOT_GRANTED: list[Access] = [
 ]
 
 
-def _can(kube: Clients, verb: str, resource: str, namespace: str | None, name: str = "") -> bool:
+def _can(
+    kube: Clients, verb: str, resource: str, namespace: str | None, object_name: str = ""
+) -> bool:
     """A SubjectAccessReview (works for resources whose CRD is not installed here)."""
     resource, _, sub = resource.partition("/")
-    name, _, group = resource.partition(".")
+    plural, _, group = resource.partition(".")
     review = {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SubjectAccessReview",
@@ -55,10 +57,10 @@ def _can(kube: Clients, verb: str, resource: str, namespace: str | None, name: s
             "resourceAttributes": {
                 "verb": verb,
                 "group": group,
-                "resource": name,
+                "resource": plural,
                 "subresource": sub,
                 "namespace": namespace or "",
-                "name": name,
+                "name": object_name,
             },
         },
     }
