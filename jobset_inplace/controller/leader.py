@@ -84,6 +84,8 @@ class LeaderElector:
             )
             lease = json.loads(raw.data)
         except ApiException as e:
+            if e.status == HTTPStatus.FORBIDDEN:
+                raise self._forbidden(e, "read") from None
             if e.status != HTTPStatus.NOT_FOUND:
                 raise
             lease = None
@@ -103,6 +105,8 @@ class LeaderElector:
         except ApiException as e:
             if e.status == HTTPStatus.CONFLICT:  # another candidate wrote first
                 return False
+            if e.status == HTTPStatus.FORBIDDEN:
+                raise self._forbidden(e, "create" if lease is None else "update") from None
             if e.status == HTTPStatus.NOT_FOUND and lease is None:
                 raise ElectionError(
                     f"cannot create {self.where}: namespace {self.namespace} not found (create"
@@ -113,6 +117,12 @@ class LeaderElector:
         if step is not Step.RENEW:
             log.info("leader: %s acquired by %s (%s)", self.where, self.identity, step.value)
         return True
+
+    def _forbidden(self, e: ApiException, verb: str) -> ElectionError:
+        return ElectionError(
+            f"not allowed to {verb} {self.where} ({e.reason}): grant it (manifests/controller/"
+            "rbac.yaml, Role jobset-inplace-controller-leader)"
+        )
 
     def _write(self, record: LeaseRecord, rv: str | None) -> None:
         body = lease_body(self.name, self.namespace, record, rv)

@@ -112,3 +112,12 @@ def test_a_missing_namespace_is_named(kube: Clients) -> None:
     c = candidate(kube, "no-such-namespace", "a")
     with pytest.raises(ElectionError, match="namespace no-such-namespace not found"):
         c.acquire()
+
+
+def test_missing_rights_are_named(kube: Clients, namespace: str) -> None:
+    api = client.ApiClient(kube.api.configuration)
+    api.set_default_header("Impersonate-User", "someone-without-rights")
+    election = Election(namespace=namespace, identity="a", timing=FAST, lease=LEASE)
+    c = LeaderElector(client.CoordinationV1Api(api), election)
+    with pytest.raises(ElectionError, match=r"not allowed to read Lease .*: grant it"):
+        c.acquire()
