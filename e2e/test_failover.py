@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import re
 import time
-from functools import partial
 
 import pytest
 
 from testbed.cluster import LocalCluster
-from testbed.controller import ControllerProcess, gang_state, member_pods, prepare
-from testbed.demo import checkpointed, demo_jobset, inject_failure, trainers_running
-from testbed.kube import Clients, create_jobset, wait_for
+from testbed.controller import ControllerProcess, gang_state, member_pods
+from testbed.demo import inject_failure, trainers_running, training_gang
+from testbed.kube import Clients, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -34,14 +33,7 @@ def test_leader_killed_mid_recovery_the_standby_completes_it_exactly_once(
     local_cluster: LocalCluster | None, controller: ControllerProcess, kube: Clients, namespace: str
 ) -> None:
     assert local_cluster is not None
-    prepare(kube, local_cluster.kubeconfig, namespace)
-    create_jobset(kube, namespace, demo_jobset("gang", MEMBERS))
-    wait_for(
-        "barrier of epoch 1", lambda: gang_state(kube, namespace, "gang").get("barrierOpen"), 180
-    )
-    wait_for("trainers running", lambda: trainers_running(kube, namespace, "gang", MEMBERS, 0), 120)
-    saved = partial(checkpointed, kube, local_cluster.kubeconfig, namespace, "gang")
-    wait_for("a checkpoint on every member", saved, 60)
+    training_gang(kube, local_cluster, namespace, "gang", MEMBERS)
     before = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
 
     log = local_cluster.logs_dir / "controller-standby.log"

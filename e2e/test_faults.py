@@ -9,14 +9,13 @@ Classes covered here:
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 from jobset_inplace import names
 from testbed.cluster import LocalCluster
-from testbed.controller import ControllerProcess, gang_state, member_pods, prepare
-from testbed.demo import checkpointed, demo_jobset, inject_failure, trainers_running
-from testbed.kube import Clients, create_jobset, wait_for
+from testbed.controller import ControllerProcess, gang_state, member_pods
+from testbed.demo import inject_failure, trainers_running, training_gang
+from testbed.kube import Clients, wait_for
 
 MEMBERS = 2
 
@@ -34,15 +33,7 @@ def test_a_failure_while_the_controller_is_down_is_not_lost(
     everyone in place, one resume step) instead of seeing a Running gang with every member
     reported."""
     assert local_cluster is not None
-    prepare(kube, local_cluster.kubeconfig, namespace)
-    create_jobset(kube, namespace, demo_jobset("gang", MEMBERS))
-    wait_for(
-        "barrier of epoch 1", lambda: gang_state(kube, namespace, "gang").get("barrierOpen"), 180
-    )
-    wait_for("trainers running", lambda: trainers_running(kube, namespace, "gang", MEMBERS, 0), 120)
-    kubeconfig = local_cluster.kubeconfig
-    saved = partial(checkpointed, kube, kubeconfig, namespace, "gang")
-    wait_for("a checkpoint on every member", saved, 60)  # a common step to resume from
+    training_gang(kube, local_cluster, namespace, "gang", MEMBERS)
     before = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
     victim = member_pods(kube, namespace, "gang")["1"]
 

@@ -115,6 +115,24 @@ def checkpointed(kube: Clients, kubeconfig: Path, namespace: str, name: str) -> 
     )
 
 
+def training_gang(
+    kube: Clients, cluster: LocalCluster, namespace: str, name: str, members: int
+) -> None:
+    """A demo gang in ``namespace`` (prepared for gangs), trained to a checkpoint on every
+    member: epoch 1's barrier open, every trainer running, a common step to resume from."""
+    prepare(kube, cluster.kubeconfig, namespace)
+    create_jobset(kube, namespace, demo_jobset(name, members))
+    wait_for(
+        "barrier of epoch 1", lambda: gang_state(kube, namespace, name).get("barrierOpen"), 180
+    )
+    wait_for("trainers running", lambda: trainers_running(kube, namespace, name, members, 0), 120)
+    wait_for(
+        "a checkpoint on every member",
+        lambda: checkpointed(kube, cluster.kubeconfig, namespace, name),
+        60,
+    )
+
+
 def inject_failure(kubeconfig: Path, namespace: str, pod: str) -> None:
     """Make the demo trainer in ``pod`` exit 3 at its next step."""
     cmd = [str(binaries().kubectl), "--kubeconfig", str(kubeconfig), "-n", namespace, "exec"]

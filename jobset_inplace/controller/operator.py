@@ -39,7 +39,7 @@ from .executor import Executor
 from .leader import Election, LeaderElector
 from .reconciler import Reconciler
 from .watches import RawWatch, WatchEvent
-from .webhook_server import serve_side, server_from_env, settings_from_env
+from .webhook_server import serve, server_from_env, settings_from_env
 
 log = logging.getLogger("jobset_inplace.controller")
 
@@ -208,7 +208,13 @@ def run(*, liveness: str | None = None, election: Election | None = None) -> Non
     stop_side = threading.Event()
     side = threading.Thread(
         target=lambda: asyncio.run(
-            serve_side(server_from_env(), settings_from_env(), liveness, stop_side)
+            serve(
+                kubeconfig=None,
+                server=server_from_env(),
+                settings=settings_from_env(),
+                liveness=liveness,
+                stop_flag=stop_side,
+            )
         ),
         name="webhook",
         daemon=True,

@@ -160,14 +160,19 @@ def connection_from_kubeconfig(path: str) -> kopf.ConnectionInfo:
 async def serve(
     *,
     kubeconfig: str | None,
-    server: kopf.WebhookServer,
+    server: kopf.WebhookServer | None,
     settings: AgentSettings,
+    liveness: str | None = None,
     stop_flag: asyncio.Event | threading.Event | None = None,
     ready_flag: asyncio.Event | threading.Event | None = None,
 ) -> None:
-    """Run only the admission webhook (no controller handlers) until ``stop_flag``."""
+    """Run the admission webhook (when ``server``: its certificate is mounted) and the liveness
+    endpoint, with no controller handlers, until ``stop_flag``. Standalone, or on its own thread
+    in every replica of ``jobset-inplace run``, leader or not (the controller's operator, which
+    only the leader runs, serves neither)."""
     registry = kopf.OperatorRegistry()
-    register_webhooks(registry, settings)
+    if server is not None:
+        register_webhooks(registry, settings)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -188,38 +193,6 @@ async def serve(
         standalone=True,
         stop_flag=stop_flag,
         ready_flag=ready_flag,
-    )
-
-
-async def serve_side(
-    server: kopf.WebhookServer | None,
-    settings: AgentSettings,
-    liveness: str | None,
-    stop_flag: threading.Event,
-) -> None:
-    """What every replica of ``jobset-inplace run`` serves, leader or not, on its own thread:
-    the admission webhook (when ``server``: its certificate is mounted) and the liveness
-    endpoint. The controller's operator (leader only) serves neither."""
-    registry = kopf.OperatorRegistry()
-    if server is not None:
-        register_webhooks(registry, settings)
-
-    @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        return kopf.login_via_client(**kwargs)
-
-    @kopf.on.startup(registry=registry)
-    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.peering.standalone = True
-        settings.posting.enabled = False
-        settings.admission.server = server
-        settings.admission.managed = None  # configurations are manifests/webhook/
-
-    await kopf.operator(
-        registry=registry,
-        clusterwide=True,
-        standalone=True,
-        stop_flag=stop_flag,
         liveness_endpoint=liveness,
     )
 
