@@ -5,11 +5,12 @@ one charge of the in-place budget, every member in place."""
 
 from __future__ import annotations
 
-import re
 import time
 
 import pytest
 
+from jobset_inplace import names
+from jobset_inplace.controller.leader import DEFAULT_LEASE
 from testbed.cluster import LocalCluster
 from testbed.controller import ControllerProcess, gang_state, member_pods
 from testbed.demo import inject_failure, trainers_running, training_gang
@@ -19,7 +20,11 @@ pytestmark = pytest.mark.e2e
 
 MEMBERS = 2
 STANDBY = "e2e-standby"
-ACQUIRED = re.compile(r"leader: Lease \S+ acquired by " + STANDBY)
+
+
+def _leader(kube: Clients) -> str:
+    lease = kube.coordination.read_namespaced_lease(DEFAULT_LEASE, names.INSTALL_NAMESPACE)
+    return str(lease.spec.holder_identity or "")
 
 
 def _barrier_openings(kube: Clients, namespace: str, name: str) -> list[str]:
@@ -57,11 +62,7 @@ def test_leader_killed_mid_recovery_the_standby_completes_it_exactly_once(
         killed = time.monotonic()
         assert not st["barrierOpen"], "the recovery must still be running when the leader dies"
 
-        wait_for(
-            "the standby takes the Lease",
-            lambda: ACQUIRED.search(log.read_text(errors="replace")),
-            60,
-        )
+        wait_for("the standby takes the Lease", lambda: _leader(kube) == STANDBY, 60, 0.2)
         took_over = time.monotonic() - killed
         st = wait_for(
             "barrier of epoch 2, opened by the standby",

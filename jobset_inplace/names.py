@@ -45,6 +45,8 @@ ESCALATION_CONDITION: Final = "JobsetInplaceEscalated"
 REPLACED_CONDITION: Final = "JobsetInplaceReplaced"
 
 NODE_LEASE_NAMESPACE: Final = "kube-node-lease"
+# Where manifests/ install the controller (and where its leader Lease lives by default).
+INSTALL_NAMESPACE: Final = "jobset-inplace-system"
 
 # The ValidatingAdmissionPolicy (and its binding) that lets an agent patch only its own pod's
 # jobset-inplace.dev/ annotations (manifests/rbac/agent-vap.yaml; guarantee 9).

@@ -292,17 +292,16 @@ class LocalCluster:
         for them (what a 1.36+ kubelet, or a 1.35 one with the gate on, reports). Concurrent
         patches: a bench cluster has thousands of nodes."""
         core = clients(self.kubeconfig).core
-        feature = RESTART_ALL_FEATURE
         names = [
             n.metadata.name
             for n in core.list_node(label_selector="type=kwok").items
-            if feature not in (n.status.declared_features or [])
+            if RESTART_ALL_FEATURE not in (n.status.declared_features or [])
         ]
-        patch = {"status": {"declaredFeatures": [feature]}}
+        patch = {"status": {"declaredFeatures": [RESTART_ALL_FEATURE]}}
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda n: core.patch_node_status(n, patch), names))
         if names:
-            log(f"declared {feature} on {len(names)} kwok nodes")
+            log(f"declared {RESTART_ALL_FEATURE} on {len(names)} kwok nodes")
 
     # ----- JobSet + Kueue ----------------------------------------------------------------
     def _controller_running(self, state: ClusterState, name: str) -> bool:

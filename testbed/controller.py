@@ -27,8 +27,6 @@ CRD = REPO_ROOT / "manifests" / "crd" / "gangstates.yaml"
 WEBHOOK_MANIFEST = REPO_ROOT / "manifests" / "webhook" / "webhook.yaml"
 # The agent may patch only its own pod (guarantee 9): installed wherever agents run.
 AGENT_POLICY = REPO_ROOT / "manifests" / "rbac" / "agent-vap.yaml"
-# Where candidates keep the leader Lease (the install's namespace).
-LEASE_NAMESPACE = "jobset-inplace-system"
 # The node image of the real kubelet nodes: Python, this checkout's package and the demo trainer.
 IMAGE = "jobset-inplace/python:local"
 
@@ -61,7 +59,7 @@ class ControllerProcess:
             cluster.cert_dir / "ca.crt", cluster.cert_dir / "tls.crt", cluster.cert_dir / "tls.key"
         )
         configs = addons.rewrite_for_loopback(
-            objs, f"https://127.0.0.1:{port}", cert.ca_bundle(), namespace="jobset-inplace-system"
+            objs, f"https://127.0.0.1:{port}", cert.ca_bundle(), namespace=names.INSTALL_NAMESPACE
         )
         self.configs = [o for o in configs if o["kind"] in addons.WEBHOOK_CONFIG_KINDS]
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -78,7 +76,11 @@ class ControllerProcess:
         if leader_identity is not None:
             self.kubectl.apply_yaml(
                 yaml.safe_dump(
-                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NAMESPACE}}
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Namespace",
+                        "metadata": {"name": names.INSTALL_NAMESPACE},
+                    }
                 ),
                 server_side=True,
             )
@@ -93,7 +95,7 @@ class ControllerProcess:
             command += [
                 "--leader-elect",
                 "--leader-elect-namespace",
-                LEASE_NAMESPACE,
+                names.INSTALL_NAMESPACE,
                 "--leader-elect-identity",
                 self.leader_identity,
             ]

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -78,18 +79,7 @@ class LeaderElector:
     def try_once(self) -> bool:
         """Read the Lease, decide, write: True when this candidate holds it afterwards."""
         now = time.monotonic()
-        try:
-            raw = self.api.read_namespaced_lease(
-                self.name, self.namespace, _preload_content=False, _request_timeout=self._timeout
-            )
-            lease = json.loads(raw.data)
-        except ApiException as e:
-            if e.status == HTTPStatus.FORBIDDEN:
-                raise self._forbidden(e, "read") from None
-            if e.status != HTTPStatus.NOT_FOUND:
-                raise
-            lease = None
-        rv = None if lease is None else str(lease["metadata"]["resourceVersion"])
+        lease, rv = self._read()
         if self._seen is None or self._seen[0] != (rv or ""):
             self._seen = (rv or "", now)
         record = None if lease is None else record_of(lease)
@@ -117,6 +107,21 @@ class LeaderElector:
         if step is not Step.RENEW:
             log.info("leader: %s acquired by %s (%s)", self.where, self.identity, step.value)
         return True
+
+    def _read(self) -> tuple[dict[str, Any] | None, str | None]:
+        """The Lease (JSON) and its resourceVersion; (None, None) when there is none yet."""
+        try:
+            raw = self.api.read_namespaced_lease(
+                self.name, self.namespace, _preload_content=False, _request_timeout=self._timeout
+            )
+        except ApiException as e:
+            if e.status == HTTPStatus.FORBIDDEN:
+                raise self._forbidden(e, "read") from None
+            if e.status != HTTPStatus.NOT_FOUND:
+                raise
+            return None, None
+        lease: dict[str, Any] = json.loads(raw.data)
+        return lease, str(lease["metadata"]["resourceVersion"])
 
     def _forbidden(self, e: ApiException, verb: str) -> ElectionError:
         return ElectionError(
@@ -186,15 +191,10 @@ class LeaderElector:
         """Stop renewing and, if this candidate still holds the Lease, hand it over at once."""
         self._stop.set()
         try:
-            raw = self.api.read_namespaced_lease(
-                self.name, self.namespace, _preload_content=False, _request_timeout=self._timeout
-            )
-            lease = json.loads(raw.data)
-            record = record_of(lease)
-            if record.holder == self.identity:
-                self._write(
-                    released(record, wall=time.time()), lease["metadata"]["resourceVersion"]
-                )
+            lease, rv = self._read()
+            record = None if lease is None else record_of(lease)
+            if record is not None and record.holder == self.identity:
+                self._write(released(record, wall=time.time()), rv)
                 log.info("leader: released %s", self.where)
         except Exception as e:
             log.warning("leader: could not release %s: %s", self.where, e)

@@ -7,13 +7,13 @@ import logging
 import os
 import sys
 
+from jobset_inplace import names
 from jobset_inplace.core.leadership import ElectionTiming
 from jobset_inplace.core.policy import PolicyError, parse_duration
 
 from .leader import DEFAULT_LEASE, Election, default_identity
 from .operator import run as run_controller
 
-DEFAULT_NAMESPACE = "jobset-inplace-system"
 NAMESPACE_ENV = "POD_NAMESPACE"  # set from the downward API in manifests/controller
 
 
@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     le.add_argument(
         "--leader-elect-namespace",
-        default=os.environ.get(NAMESPACE_ENV) or DEFAULT_NAMESPACE,
-        help=f"namespace of the Lease (default ${NAMESPACE_ENV}, else {DEFAULT_NAMESPACE})",
+        default=os.environ.get(NAMESPACE_ENV) or names.INSTALL_NAMESPACE,
+        help=f"namespace of the Lease (default ${NAMESPACE_ENV}, else {names.INSTALL_NAMESPACE})",
     )
     le.add_argument("--leader-elect-lease-name", default=DEFAULT_LEASE)
     le.add_argument(

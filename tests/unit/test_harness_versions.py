@@ -91,5 +91,10 @@ def test_gates_needed_by_minor() -> None:
         gates_needed(34)
 
 
-def test_session_versions_follow_the_environment() -> None:
-    assert versions() == parse_versions(VERSIONS_FILE.read_text(), os.environ.get(K8S_ENV, ""))
+def test_session_versions_follow_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for minor, release in (("1.35", "v1.35."), ("", "v1.37.")):
+        monkeypatch.setenv(K8S_ENV, minor)
+        versions.cache_clear()
+        assert versions().kubernetes.startswith(release)
+    monkeypatch.undo()
+    versions.cache_clear()  # the session's own value again
