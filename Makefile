@@ -15,7 +15,7 @@ REAL_NODES ?= 2
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: help venv binaries lint test unit integration e2e e2e-kind cluster-up cluster-down \
+.PHONY: help venv binaries images lint test unit integration e2e e2e-kind cluster-up cluster-down \
         cluster-status demo bench clean
 
 help: ## list targets
@@ -31,6 +31,9 @@ venv: $(VENV)/.installed ## Python virtualenv with the package and dev tools
 
 binaries: ## build pinned upstream binaries from Go modules (cached, idempotent)
 	bash testbed/build-binaries.sh
+
+images: venv ## the agent and controller images, offline and reproducible (docs/images.md)
+	$(PY) -m testbed.images
 
 lint: venv ## ruff + mypy + the layer contracts (import-linter, [tool.importlinter])
 	$(VENV)/bin/ruff check .

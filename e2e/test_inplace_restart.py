@@ -21,12 +21,13 @@ import pytest
 from kubernetes import watch
 
 from testbed.cluster import REAL_NODE_LABEL, LocalCluster
+from testbed.images import NODE_IMAGE
 from testbed.kube import Clients, wait_for
 from testbed.versions import binaries
 
 pytestmark = pytest.mark.e2e
 
-IMAGE = "jobset-inplace/python:local"
+IMAGE = NODE_IMAGE
 RESTART_EXIT_CODE = 88
 POD = "inplace"
 CYCLES = 3

@@ -44,11 +44,19 @@ build_kubernetes() {
   local mod="$cache/src/kubernetes-$v"
   mkdir -p "$dir" "$mod"
   local staging="v0.${v#v1.}"
-  local components=(kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet)
+  local components=(kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet kube-proxy)
   local missing=0 c
   for c in "${components[@]}"; do [[ -x "$dir/$c" ]] || missing=1; done
   if (( missing == 0 )); then log "cached   kubernetes $v ($dir)"; return; fi
 
+  # The tools file lists the components; a new component means resolving again.
+  local tools
+  tools="$(
+    printf '//go:build tools\n\npackage tools\n\nimport (\n'
+    for c in "${components[@]}"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$c"; done
+    printf ')\n'
+  )"
+  if [[ "$(cat "$mod/tools.go" 2>/dev/null)" != "$tools" ]]; then rm -f "$mod/.resolved"; fi
   if [[ ! -f "$mod/.resolved" ]]; then
     log "resolving k8s.io/kubernetes@$v (staging modules -> $staging) ..."
     (
@@ -67,15 +75,7 @@ build_kubernetes() {
           awk -v s="$staging" '{print "\t" $1 " => " $1 " " s}'
         echo ")"
       } > go.mod
-      {
-        echo "//go:build tools"
-        echo
-        echo "package tools"
-        echo
-        echo "import ("
-        for c in "${components[@]}"; do echo "	_ \"k8s.io/kubernetes/cmd/$c\""; done
-        echo ")"
-      } > tools.go
+      echo "$tools" > tools.go
       go mod tidy
       touch .resolved
     )

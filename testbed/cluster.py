@@ -8,11 +8,8 @@ Everything is idempotent: ``up`` on a running cluster only fills in what is miss
 
 from __future__ import annotations
 
-import compileall
 import json
 import os
-import py_compile
-import shutil
 import subprocess
 import sys
 import time
@@ -24,7 +21,8 @@ import yaml
 
 from jobset_inplace.platform import RESTART_ALL_FEATURE
 
-from . import addons, certs, processes
+from . import addons, certs, images, processes
+from .images import NODE_IMAGE
 from .kube import clients
 from .kubectl import Kubectl
 from .versions import (
@@ -43,14 +41,18 @@ DEFAULT_NODES = 4
 DEFAULT_REAL_NODES = 2
 REAL_NODE_LABEL = "jobset-inplace.dev/real-node"
 REALNODE_DIR = Path(__file__).resolve().parent / "realnode"
-PACKAGE_DIR = Path(__file__).resolve().parents[1] / "jobset_inplace"
 # The demo trainer, a module of its own in the image (``python3 -m demo_trainer``).
 DEMO_TRAINER = Path(__file__).resolve().parent / "demo_trainer.py"
-IMAGE_PYTHON = (3, 11)  # python3 of the node image (Debian bookworm, testbed/realnode)
-# Pods on real nodes have no Service routing (no kube-proxy) and cannot reach the host's
-# loopback, so the apiserver is also reachable at this address of the host (outside every
-# node's 10.244.<n>.0/24 pod subnet; n >= 1).
+# The apiserver's address for pods on real nodes (they cannot reach the host's loopback): an
+# address of the host outside every node's 10.244.<n>.0/24 pod subnet (n >= 1). The apiserver
+# advertises it, so the ``kubernetes`` Service's endpoint is this address.
 POD_API_ADDRESS = "10.244.0.1"
+POD_CIDR = "10.244.0.0/16"
+# Services: kube-proxy (iptables mode, one per host: the real nodes share its network stack)
+# routes ClusterIPs, so in-cluster clients reach the apiserver at KUBERNETES_SERVICE_IP (in its
+# certificate) and the apiserver reaches webhook Services, as in any cluster.
+SERVICE_CIDR = "10.0.0.0/24"
+KUBERNETES_SERVICE_IP = "10.0.0.1"
 # Upstream defaults (kube-controller-manager >= 1.32): a silent node is marked Unknown after
 # node-monitor-grace-period, checked every node-monitor-period. Kept realistic on purpose: the
 # benchmarks compare against stock Kubernetes timing.
@@ -132,7 +134,7 @@ class LocalCluster:
         self.pki = self.kwok_workdir / "clusters" / name / "pki"
         self.logs_dir = self.state_dir / "logs"
         self.cert_dir = self.state_dir / "webhook-certs"
-        self._overlay = cache_dir() / "overlay" / name
+        self._images: list[str] = []
 
     # ----- state -------------------------------------------------------------------------
     @property
@@ -184,6 +186,8 @@ class LocalCluster:
                         {"key": "kubelet-client-certificate", "value": str(self.pki / "admin.crt")},
                         {"key": "kubelet-client-key", "value": str(self.pki / "admin.key")},
                         {"key": "kubelet-preferred-address-types", "value": "InternalIP"},
+                        {"key": "advertise-address", "value": POD_API_ADDRESS},
+                        {"key": "service-cluster-ip-range", "value": SERVICE_CIDR},
                     ],
                 },
                 {
@@ -214,7 +218,7 @@ class LocalCluster:
                 "securePort": True,
                 # Real-node pods reach the apiserver at POD_API_ADDRESS (see _ensure_pod_api).
                 "bindAddress": "0.0.0.0",
-                "kubeApiserverCertSANs": [POD_API_ADDRESS],
+                "kubeApiserverCertSANs": [POD_API_ADDRESS, KUBERNETES_SERVICE_IP],
                 "heartbeatFactor": 1,
                 "kubeControllerManagerNodeMonitorGracePeriodMilliseconds": (
                     NODE_MONITOR_GRACE_SECONDS * 1000
@@ -469,35 +473,20 @@ class LocalCluster:
     def real_node_names(self, count: int) -> list[str]:
         return [f"{self.name}-real-{i}" for i in range(1, count + 1)]
 
-    def _package_overlay(self) -> Path:
-        """This checkout's ``jobset_inplace`` package and the demo trainer as an image layer: the
-        agent and the demo trainer run from it in real containers (standard library only)."""
-        root = cache_dir() / "overlay" / self.name
-        site = root / "usr/lib/python3/dist-packages"
-        dest = site / "jobset_inplace"
-        if dest.exists():
-            shutil.rmtree(dest)
-        shutil.copytree(PACKAGE_DIR, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        shutil.copy2(DEMO_TRAINER, site / DEMO_TRAINER.name)
-        if sys.version_info[:2] == IMAGE_PYTHON:
-            # Bytecode in the image: a container's writable layer is new after every in-place
-            # restart, so without it each agent start compiled the package again (~30 ms CPU).
-            # Unchecked: the image is immutable, and the layer's file times are rewritten.
-            compileall.compile_dir(
-                site,
-                quiet=1,
-                ddir=f"/{site.relative_to(root)}",
-                invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
-            )
-        else:
-            log(f"not precompiling the agent: this Python is not the image's {IMAGE_PYTHON}")
-        return root
+    def _node_images(self) -> list[str]:
+        """The images every real node gets (``build-images.sh --image`` specs): the product
+        images (``make images``) and python:local, this checkout's package and the demo
+        trainer on the Python image (the e2e tests' trainers; agents of the local-process
+        controller)."""
+        overlay = cache_dir() / "overlay" / self.name
+        images.copy_package(overlay, DEMO_TRAINER)
+        return [f"python={NODE_IMAGE}={overlay}", *images.image_specs(images.prepare_trees())]
 
     def _realnode(self, script: str, *args: str) -> None:
         env = {
             **os.environ,
             "JSI_KUBELET_CLIENT_CA_FILE": str(self.pki / "ca.crt"),
-            "JSI_PYTHON_IMAGE_OVERLAY": str(self._overlay),
+            "JSI_IMAGES": " ".join(self._images),
         }
         subprocess.run(["bash", str(REALNODE_DIR / script), *args], check=True, env=env)
 
@@ -526,7 +515,7 @@ class LocalCluster:
             return
         self._ensure_pod_api()
         log(f"ensuring {count} real kubelet node(s) (containerd + runc, local images) ...")
-        self._overlay = self._package_overlay()
+        self._images = self._node_images()
         self._realnode("install-runtime.sh")
         self._realnode("build-images.sh")
         for node in self.real_node_names(count):
@@ -535,7 +524,54 @@ class LocalCluster:
                 self._save_state(state)
             self._realnode("kubelet.sh", "up", node, str(self.kubeconfig))
 
+        self._ensure_kube_proxy(state)
+
+    def _ensure_kube_proxy(self, state: ClusterState) -> None:
+        """kube-proxy (iptables mode) for the host the real nodes share: Service ClusterIPs work
+        from their pods and from the host (the apiserver calling a webhook Service)."""
+        if self._controller_running(state, "kube-proxy"):
+            log(f"kube-proxy already running (pid {state.pids['kube-proxy']})")
+            return
+        health = processes.free_port()
+        config = self.state_dir / "kube-proxy.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+                    "kind": "KubeProxyConfiguration",
+                    "clientConnection": {"kubeconfig": str(self.kubeconfig)},
+                    "hostnameOverride": state.real_nodes[0],
+                    "mode": "iptables",
+                    "clusterCIDR": POD_CIDR,
+                    "nodePortAddresses": ["primary"],
+                    "healthzBindAddress": f"127.0.0.1:{health}",
+                    "metricsBindAddress": f"127.0.0.1:{processes.free_port()}",
+                    "conntrack": {"maxPerCore": 0},  # leave the host's conntrack sysctls alone
+                }
+            )
+        )
+        logfile = self.logs_dir / "kube-proxy.log"
+        proc = processes.start([binaries().kube_proxy, "--config", config], logfile, detach=True)
+        state.pids["kube-proxy"] = proc.pid
+        self._save_state(state)
+        log(f"started kube-proxy (pid {proc.pid}, log {logfile})")
+        processes.wait_until(
+            "kube-proxy",
+            lambda: processes.http_ok(f"http://127.0.0.1:{health}/healthz"),
+            60,
+            log=logfile,
+        )
+
+    def _stop_kube_proxy(self, state: ClusterState) -> None:
+        pid = state.pids.pop("kube-proxy", None)
+        if pid is None:
+            return
+        log(f"stopping kube-proxy (pid {pid}) and removing its iptables rules")
+        processes.stop_pid(pid)
+        subprocess.run([str(binaries().kube_proxy), "--cleanup"], capture_output=True, check=False)
+
     def _remove_real_nodes(self, state: ClusterState) -> None:
+        self._stop_kube_proxy(state)
         for node in state.real_nodes:
             log(f"removing real node {node} (kubelet, containerd, its containers)")
             self._realnode("kubelet.sh", "purge", node)

@@ -19,6 +19,7 @@ from jobset_inplace.core.transform import AGENT_CONTAINER, agent_rbac
 
 from . import addons, certs, processes, workloads
 from .cluster import LocalCluster
+from .images import NODE_IMAGE
 from .kube import Clients
 from .kubectl import Kubectl
 from .versions import REPO_ROOT, binaries
@@ -28,7 +29,7 @@ WEBHOOK_MANIFEST = REPO_ROOT / "manifests" / "webhook" / "webhook.yaml"
 # The agent may patch only its own pod (guarantee 9): installed wherever agents run.
 AGENT_POLICY = REPO_ROOT / "manifests" / "rbac" / "agent-vap.yaml"
 # The node image of the real kubelet nodes: Python, this checkout's package and the demo trainer.
-IMAGE = "jobset-inplace/python:local"
+IMAGE = NODE_IMAGE
 
 
 class ControllerProcess:

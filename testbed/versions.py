@@ -102,6 +102,7 @@ class Binaries:
     kube_scheduler: Path
     kubectl: Path
     kubelet: Path
+    kube_proxy: Path
     etcd: Path
     kwok: Path
     kwokctl: Path
@@ -129,6 +130,7 @@ def binaries(v: Versions | None = None) -> Binaries:
         kube_scheduler=k8s / "kube-scheduler",
         kubectl=k8s / "kubectl",
         kubelet=k8s / "kubelet",
+        kube_proxy=k8s / "kube-proxy",
         etcd=b / f"etcd-{v.etcd}" / "etcd",
         kwok=kwok / "kwok",
         kwokctl=kwok / "kwokctl",
@@ -148,6 +150,7 @@ COMPONENT_OF = {
     "kube_scheduler": "kubernetes",
     "kubectl": "kubernetes",
     "kubelet": "kubernetes",
+    "kube_proxy": "kubernetes",
     "etcd": "etcd",
     "kwok": "kwok",
     "kwokctl": "kwok",

@@ -18,13 +18,17 @@
 # Package *versions inside* the Python image are whatever the mirror serves at build time;
 # the list is written next to the archive (<name>-<hash>.packages).
 #
-# Hook for the project's code (wheel + dependencies): set JSI_PYTHON_IMAGE_OVERLAY=DIR and
-# the tree under DIR (laid out as from /) is added on top of the cached base image as a
-# second layer, same tag; the archive is python-<base hash>-<tree hash>.tar. See
-# docs/real-node.md ("Adding the project's code") for how to fill DIR.
+# Images on top of the Python image: --image KEY=NAME=DIR adds the tree under DIR (laid out
+# as from /) to the cached base as one more layer, tagged NAME, with the image config of
+# $DIR.config (optional; lines of `umoci config` options, e.g. --config.user=65532:65532);
+# the archive is KEY-<base hash>-<tree hash>.tar (no debootstrap re-run). The product images
+# (testbed/images.py: agent, controller) and the local nodes' python:local (the project's
+# code and the demo trainer, testbed/cluster.py) are made this way. See docs/images.md.
 #
 # Usage:
-#   testbed/realnode/build-images.sh [--force] [--import CONTAINERD_SOCKET]...
+#   testbed/realnode/build-images.sh [--force] [--image KEY=NAME=DIR]... [--import SOCK]...
+#     --image KEY=NAME=DIR  an image of DIR's tree on the Python image (NAME may be the Python
+#                     image's own tag: it then replaces it)
 #     --import SOCK   also import every image into containerd at SOCK, namespace k8s.io
 #                     (skipped when the image there already carries the same build hash label)
 # Env:
@@ -34,7 +38,8 @@
 #   JSI_DEBIAN_SUITE          default bookworm
 #   JSI_PYTHON_IMAGE_PACKAGES debootstrap --include list for the Python image (default python3;
 #                             python3-minimal gives a smaller image without json/asyncio/http)
-#   JSI_PYTHON_IMAGE_OVERLAY  optional directory added as a 2nd layer of the Python image
+#   JSI_IMAGES                more --image specs, separated by spaces (how containerd.sh up,
+#                             which runs this script, gets the harness's images onto a node)
 #   JSI_KEEP_OLD_IMAGES=1     keep archives of other recipes (default: prune them)
 set -euo pipefail
 
@@ -43,7 +48,6 @@ source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/../versions.sh"
 cache="$JSI_CACHE"
 imgdir="$cache/images"
 suite="${JSI_DEBIAN_SUITE:-bookworm}"
-overlay="${JSI_PYTHON_IMAGE_OVERLAY:-}"
 # python3-minimal alone lacks json, asyncio, http, ctypes, uuid, concurrent... (they are in
 # libpython3.11-stdlib), which the kubernetes client and kopf need: default to python3.
 python_packages="${JSI_PYTHON_IMAGE_PACKAGES:-python3}"
@@ -61,10 +65,13 @@ die() { log "ERROR: $*"; exit 1; }
 
 force=""
 imports=()
+overlays=() # KEY=NAME=DIR
+read -ra overlays <<<"${JSI_IMAGES:-}"
 while (($#)); do
   case "$1" in
     --force) force=1 ;;
     --import) imports+=("$2"); shift ;;
+    --image) overlays+=("$2"); shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed 's/^# \{0,1\}//;$d'; exit 0 ;;
     *) die "unknown argument: $1" ;;
   esac
@@ -137,6 +144,11 @@ python_rootfs() {
   rm -rf "${r:?}"/var/cache/apt/*.bin "${r:?}"/var/cache/apt/archives/*.deb \
     "${r:?}"/var/lib/apt/lists/* "${r:?}"/var/log/* "${r:?}"/var/cache/ldconfig/aux-cache \
     "${r:?}"/var/lib/dpkg/*-old "${r:?}"/debootstrap "${r:?}"/dev/* "${r:?}"/run/* "${r:?}"/tmp/*
+  # Documentation, manuals and translations: nothing in a container reads them (~50 MB of
+  # 160); the packages' copyright files stay.
+  find "$r/usr/share/doc" -mindepth 1 ! -type d ! -name copyright -delete
+  find "$r/usr/share/doc" -mindepth 1 -type d -empty -delete
+  rm -rf "${r:?}"/usr/share/man/* "${r:?}"/usr/share/info/* "${r:?}"/usr/share/locale/*
   : >"$r/etc/machine-id"
   : >"$r/etc/hostname"
   rm -f "$r/etc/resolv.conf"
@@ -201,34 +213,39 @@ build_image() {
   log "$key: built $archive ($(du -h "$archive" | cut -f1)) in $((SECONDS - t0))s"
 }
 
-# build_overlay BASE_ARCHIVE BASE_HASH NAME DIR -> sets $archive, python_hash
-# The cached base image plus one layer holding DIR's tree (no debootstrap re-run).
+# build_overlay KEY BASE_ARCHIVE BASE_HASH NAME DIR -> sets $archive, $overlay_hash
+# The cached base image plus one layer holding DIR's tree (no debootstrap re-run), with the
+# extra `umoci config` options listed in DIR.config (one per line), if that file exists.
 build_overlay() {
-  local base="$1" base_hash="$2" name="$3" src="$4" ohash
-  [[ -d "$src" ]] || die "JSI_PYTHON_IMAGE_OVERLAY=$src is not a directory"
-  ohash="$(tree_hash "$src" | cut -c1-16)"
-  python_hash="$base_hash-$ohash"
-  archive="$imgdir/python-$python_hash.tar"
+  local key="$1" base="$2" base_hash="$3" name="$4" src="$5" ohash opts=()
+  [[ -d "$src" ]] || die "--image $key: $src is not a directory"
+  [[ ! -f "$src.config" ]] || mapfile -t opts <"$src.config"
+  ohash="$({ tree_hash "$src"; echo "$name ${opts[*]}"; declare -f build_overlay; } | sha256sum | cut -c1-16)"
+  overlay_hash="$base_hash-$ohash"
+  archive="$imgdir/$key-$overlay_hash.tar"
   if [[ -s "$archive" && -z "$force" ]]; then
-    log "python+overlay: cached $archive ($(du -h "$archive" | cut -f1))"
+    log "$key: cached $archive ($(du -h "$archive" | cut -f1))"
     return
   fi
   local t0=$SECONDS
-  log "python+overlay: adding $src (tree hash $ohash) as a layer on $(basename "$base") ..."
-  work="$(mktemp -d "$imgdir/.work-overlay-XXXXXX")"
+  log "$key: adding $src (hash $ohash) as a layer on $(basename "$base") ..."
+  work="$(mktemp -d "$imgdir/.work-$key-XXXXXX")"
   skopeo copy --quiet "docker-archive:$base" "oci:$work/oci:img"
   umoci unpack --image "$work/oci:img" "$work/bundle" >/dev/null
   cp -a "$src/." "$work/bundle/rootfs/"
   clamp_mtimes "$work/bundle/rootfs"
   umoci repack --image "$work/oci:img" --history.created "$created" \
-    --history.created_by "jobset-inplace overlay $ohash" "$work/bundle"
+    --history.created_by "jobset-inplace $key layer $ohash" "$work/bundle"
+  if ((${#opts[@]})); then
+    umoci config --image "$work/oci:img" --no-history --created "$created" "${opts[@]}"
+  fi
   umoci gc --layout "$work/oci"
   rm -f "$archive.tmp"
   skopeo copy --quiet "oci:$work/oci:img" "docker-archive:$archive.tmp:$name"
   mv -f "$archive.tmp" "$archive"
   rm -rf "$work"
   work=""
-  log "python+overlay: built $archive ($(du -h "$archive" | cut -f1)) in $((SECONDS - t0))s"
+  log "$key: built $archive ($(du -h "$archive" | cut -f1)) in $((SECONDS - t0))s"
 }
 
 # import_image ADDRESS ARCHIVE HASH NAME...
@@ -268,31 +285,40 @@ pause_archive="$archive"
 build_image python "$PYTHON_NAME" "" python_rootfs python_config
 python_archive="$archive"
 python_base_hash="$python_hash"
-if [[ -n "$overlay" ]]; then
+declare -A out_archive=([pause]="$pause_archive" [python]="$python_archive")
+declare -A out_hash=([pause]="$pause_hash" [python]="$python_hash")
+declare -A out_name=([pause]="$PAUSE_NAME $PAUSE_ALIAS" [python]="$PYTHON_NAME")
+keys=(pause python)
+for spec in "${overlays[@]}"; do
+  [[ "$spec" == ?*=?*=?* ]] || die "--image: expected KEY=NAME=DIR, got '$spec'"
+  key="${spec%%=*}" rest="${spec#*=}"
+  name="${rest%%=*}" dir="${rest#*=}"
+  [[ "$key" =~ ^[a-z][a-z0-9-]*$ && "$key" != pause ]] || die "--image: bad KEY '$key' (a-z, 0-9, -)"
+  build_overlay "$key" "$python_archive" "$python_base_hash" "$name" "$dir"
   # shellcheck disable=SC2154
-  build_overlay "$python_archive" "$python_hash" "$PYTHON_NAME" "$overlay"
-  python_archive="$archive"
-fi
+  out_archive[$key]="$archive" out_hash[$key]="$overlay_hash" out_name[$key]="$name"
+  [[ " ${keys[*]} " == *" $key "* ]] || keys+=("$key")
+done
 log "images ready in $((SECONDS - total))s"
-# Drop archives of older recipes (each Python one is ~160 MB); JSI_KEEP_OLD_IMAGES=1 keeps them.
+# Drop archives of older recipes and trees (each is ~100 MB or more); JSI_KEEP_OLD_IMAGES=1
+# keeps them. The base Python archive stays while an image is built on it.
 if [[ "${JSI_KEEP_OLD_IMAGES:-}" != 1 ]]; then
-  for f in "$imgdir"/pause-*.tar "$imgdir"/python-*.tar; do
-    [[ -e "$f" ]] || continue
-    case "$f" in
-      "$pause_archive" | "$python_archive" | "$imgdir/python-$python_base_hash"*.tar) continue ;;
-    esac
-    log "pruning stale $(basename "$f")"
-    rm -f "$f" "${f%.tar}.packages"
+  for key in "${keys[@]}"; do
+    for f in "$imgdir/$key"-*.tar; do
+      [[ -e "$f" && "$f" != "${out_archive[$key]}" && "$f" != "$python_archive" ]] || continue
+      [[ "$key" != python || "$f" != "$imgdir/python-$python_base_hash.tar" ]] || continue
+      log "pruning stale $(basename "$f")"
+      rm -f "$f" "${f%.tar}.packages"
+    done
   done
 fi
 for addr in "${imports[@]}"; do
   [[ -x "$CONTAINERD_BIN/ctr" ]] || die "no $CONTAINERD_BIN/ctr: run testbed/build-binaries.sh containerd"
   [[ -S "$addr" ]] || die "no containerd socket at $addr (start it: testbed/realnode/containerd.sh up)"
-  # shellcheck disable=SC2154
-  import_image "$addr" "$pause_archive" "$pause_hash" "$PAUSE_NAME" "$PAUSE_ALIAS"
-  # shellcheck disable=SC2154
-  import_image "$addr" "$python_archive" "$python_hash" "$PYTHON_NAME"
+  for key in "${keys[@]}"; do
+    # shellcheck disable=SC2086 # names are words
+    import_image "$addr" "${out_archive[$key]}" "${out_hash[$key]}" ${out_name[$key]}
+  done
 done
-# Machine-readable summary on stdout.
-echo "pause=$pause_archive"
-echo "python=$python_archive"
+# Machine-readable summary on stdout: KEY=ARCHIVE per image.
+for key in "${keys[@]}"; do echo "$key=${out_archive[$key]}"; done

@@ -1,0 +1,289 @@
+"""The product images, built offline: ``make images`` (``python -m testbed.images``).
+
+Both are the real nodes' Python image (Debian bookworm minbase + python3 3.11, made from Debian
+packages by ``testbed/realnode/build-images.sh``: rootfs -> umoci -> skopeo, no Docker engine)
+plus one layer:
+
+* ``jobset-inplace/agent:<version>``: the ``jobset_inplace`` package (standard library only,
+  import contract ``agent-stdlib-only``), compiled to unchecked-hash bytecode: the agent
+  starts again after every in-place restart and must not compile itself on the way.
+* ``jobset-inplace/controller:<version>``: the package plus its dependencies, pinned with
+  hashes in ``images/controller-requirements.txt`` (wheels only), and the ``jobset-inplace``
+  command.
+
+Reproducible: file times are clamped to SOURCE_DATE_EPOCH, bytecode carries no timestamp, the
+layer tarballs are written in name order; the same checkout gives the same image digests
+(``--force`` rebuilds to show it). ``images/*.Dockerfile`` are the same recipes for Docker
+users (docs/images.md)."""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import hashlib
+import json
+import py_compile
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobset_inplace import __version__
+from jobset_inplace.core.transform import DEFAULT_AGENT_IMAGE
+
+from .versions import cache_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_DIR = ROOT / "jobset_inplace"
+REQUIREMENTS = ROOT / "images" / "controller-requirements.txt"
+BUILD_IMAGES = ROOT / "testbed" / "realnode" / "build-images.sh"
+IMAGE_PYTHON = (3, 11)  # python3 of Debian bookworm, the images' base
+# Where Debian's python3 looks for packages: the distribution's directory and the local one.
+DIST_PACKAGES = "usr/lib/python3/dist-packages"
+LOCAL_PACKAGES = "usr/local/lib/python3.11/dist-packages"
+AGENT_IMAGE = DEFAULT_AGENT_IMAGE
+# The local nodes' test image: this checkout's package and the demo trainer on the Python
+# image (build-images.sh's PYTHON_NAME, replaced by that layer on the nodes).
+NODE_IMAGE = "jobset-inplace/python:local"
+CONTROLLER_IMAGE = f"jobset-inplace/controller:{__version__}"
+# Neither image needs root; 65532 is the usual "nonroot" of distroless images.
+NONROOT = "65532:65532"
+# The ``jobset-inplace`` command of the controller image (also the Dockerfile's).
+CONTROLLER_COMMAND = ROOT / "images" / "jobset-inplace"
+
+
+def log(msg: str) -> None:
+    print(f"[images {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Image:
+    key: str
+    name: str
+    archive: Path
+
+    def size_mb(self) -> float:
+        return self.archive.stat().st_size / 1e6
+
+    def digest(self) -> str:
+        """The image's config digest (its ID): the same for the same content, wherever
+        stored."""
+        manifest = json.loads(_tar_member(self.archive, "manifest.json"))
+        return "sha256:" + Path(manifest[0]["Config"]).name.removesuffix(".json")
+
+
+def _tar_member(archive: Path, member: str) -> str:
+    return subprocess.run(
+        ["tar", "-xOf", str(archive), member], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def _labels(title: str) -> list[str]:
+    return [
+        f"--config.label=org.opencontainers.image.title={title}",
+        f"--config.label=org.opencontainers.image.version={__version__}",
+        "--config.label=org.opencontainers.image.licenses=Apache-2.0",
+    ]
+
+
+def _compile(site: Path, root: Path) -> None:
+    ok = compileall.compile_dir(
+        site,
+        quiet=1,
+        ddir=f"/{site.relative_to(root)}",
+        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+    )
+    if not ok:
+        raise RuntimeError(f"compiling {site} failed")
+
+
+def copy_package(root: Path, *modules: Path) -> None:
+    """This checkout's ``jobset_inplace`` (and ``modules``) into the image tree ``root``, with
+    its bytecode: a container's writable layer is new after every in-place restart, so without
+    it each agent start compiled the package again (~30 ms of CPU on the recovery's path)."""
+    _check_python()
+    if root.exists():
+        shutil.rmtree(root)
+    site = root / DIST_PACKAGES
+    site.mkdir(parents=True)
+    shutil.copytree(
+        PACKAGE_DIR, site / "jobset_inplace", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    for m in modules:
+        shutil.copy2(m, site / m.name)
+    _compile(site, root)
+
+
+def _check_python() -> None:
+    if sys.version_info[:2] != IMAGE_PYTHON:
+        raise RuntimeError(
+            f"building the images needs Python {'.'.join(map(str, IMAGE_PYTHON))} (the images'"
+            f" python3: bytecode and compiled wheels must match), this is {sys.version.split()[0]}"
+        )
+
+
+# Parts of the dependencies the controller never imports, left out of the image.
+UNUSED = ("kubernetes/aio",)  # the client's asyncio variant: 68 MB of 185
+
+
+def _dependencies(force: bool) -> Path:
+    """The controller's dependencies installed from the pinned wheels, cached by the
+    requirements file's hash."""
+    digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:16]
+    deps = cache_dir() / "image-trees" / f"deps-{digest}"
+    if deps.exists() and force:
+        shutil.rmtree(deps)
+    if deps.exists():
+        return deps
+    log(f"installing the controller's dependencies ({REQUIREMENTS.name}, {digest}) ...")
+    t0 = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(dir=deps.parent))
+    target = tmp / LOCAL_PACKAGES
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-compile",
+            "--only-binary=:all:",
+            "--require-hashes",
+            "--target",
+            str(target),
+            "-r",
+            str(REQUIREMENTS),
+        ],
+        check=True,
+    )
+    shutil.rmtree(target / "bin", ignore_errors=True)  # console scripts name this venv's python
+    for part in UNUSED:
+        shutil.rmtree(target / part)
+    _compile(target, tmp)
+    tmp.rename(deps)
+    log(f"dependencies ready in {time.monotonic() - t0:.0f}s")
+    return deps
+
+
+def prepare_trees(force: bool = False) -> dict[str, tuple[str, Path]]:
+    """The layer trees (and their ``.config`` files) of the product images: key -> (name,
+    tree). Rewritten from this checkout each time (a few seconds; the archives are cached by
+    the trees' content)."""
+    _check_python()
+    base = cache_dir() / "image-trees"
+    base.mkdir(parents=True, exist_ok=True)
+    deps = _dependencies(force)
+    trees: dict[str, tuple[str, Path]] = {}
+    for key, name in (("agent", AGENT_IMAGE), ("controller", CONTROLLER_IMAGE)):
+        root = base / key
+        copy_package(root)
+        options = [f"--config.user={NONROOT}", *_labels(f"jobset-inplace {key}")]
+        if key == "agent":
+            options += [
+                "--config.cmd=python3",
+                "--config.cmd=-m",
+                "--config.cmd=jobset_inplace.agent",
+            ]
+        else:
+            shutil.copytree(deps / LOCAL_PACKAGES, root / LOCAL_PACKAGES)
+            command = root / "usr/local/bin/jobset-inplace"
+            command.parent.mkdir(parents=True)
+            shutil.copyfile(CONTROLLER_COMMAND, command)
+            command.chmod(0o755)
+            options += ["--config.cmd=jobset-inplace", "--config.cmd=run"]
+        root.with_suffix(".config").write_text("\n".join(options) + "\n")
+        trees[key] = (name, root)
+    return trees
+
+
+def image_specs(trees: dict[str, tuple[str, Path]]) -> list[str]:
+    """``build-images.sh --image`` specs (``KEY=NAME=DIR``)."""
+    return [f"{key}={name}={root}" for key, (name, root) in trees.items()]
+
+
+def build(*, force: bool = False, imports: Sequence[str] = ()) -> list[Image]:
+    trees = prepare_trees(force)
+    cmd = ["bash", str(BUILD_IMAGES), *(["--force"] if force else [])]
+    for spec in image_specs(trees):
+        cmd += ["--image", spec]
+    for sock in imports:
+        cmd += ["--import", sock]
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, env=_env()).stdout
+    archives = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return [Image(key, name, Path(archives[key])) for key, (name, _) in trees.items()]
+
+
+def _env() -> dict[str, str]:
+    import os  # noqa: PLC0415
+
+    # stderr of the script (progress) goes straight to the terminal; JSI_IMAGES would add the
+    # harness's node images to a product build.
+    return {k: v for k, v in os.environ.items() if k != "JSI_IMAGES"}
+
+
+def lock() -> None:
+    """Write images/controller-requirements.txt: pyproject's dependencies resolved to wheels,
+    with their hashes (``python -m testbed.images --lock``)."""
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    with tempfile.NamedTemporaryFile(suffix=".json") as report:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--dry-run",
+                "--ignore-installed",
+                "--only-binary=:all:",
+                "--report",
+                report.name,
+                *deps,
+            ],
+            check=True,
+        )
+        installs = json.loads(Path(report.name).read_text())["install"]
+    lines = [
+        "# The controller image's Python dependencies: pyproject.toml's, resolved to wheels for",
+        "# CPython 3.11 (the image's python3). Regenerate: python -m testbed.images --lock",
+    ]
+    for item in sorted(installs, key=lambda i: i["metadata"]["name"].lower()):
+        meta, sha = item["metadata"], item["download_info"]["archive_info"]["hashes"]["sha256"]
+        lines.append(f"{meta['name']}=={meta['version']} \\\n    --hash=sha256:{sha}")
+    REQUIREMENTS.write_text("\n".join(lines) + "\n")
+    log(f"wrote {REQUIREMENTS} ({len(installs)} packages)")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m testbed.images", description=__doc__.split("\n")[0])
+    p.add_argument("--force", action="store_true", help="rebuild even if cached (same digests)")
+    p.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="SOCK",
+        help="also import the images into the containerd at SOCK",
+    )
+    p.add_argument("--lock", action="store_true", help="re-resolve the pinned dependencies")
+    args = p.parse_args(argv)
+    if args.lock:
+        lock()
+        return
+    t0 = time.monotonic()
+    images = build(force=args.force, imports=args.imports)
+    print(f"{'image':<40} {'size':>8}  digest")
+    for i in images:
+        print(f"{i.name:<40} {i.size_mb():>6.1f}MB  {i.digest()}")
+        print(f"  {i.archive}")
+    log(f"done in {time.monotonic() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
