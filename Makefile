@@ -15,7 +15,7 @@ REAL_NODES ?= 2
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: help venv binaries images lint test unit integration e2e e2e-kind cluster-up cluster-down \
+.PHONY: help venv binaries images lint test unit integration e2e e2e-kind cluster-up cluster-down cluster-install \
         cluster-status demo bench clean
 
 help: ## list targets
@@ -58,6 +58,9 @@ cluster-up: venv binaries ## local cluster: control plane, NODES kwok + REAL_NOD
 
 cluster-down: venv ## stop and delete the local cluster
 	$(PY) -m testbed down
+
+cluster-install: venv ## install jobset-inplace in the local cluster like a user (images, kubectl apply -k)
+	$(PY) -m testbed install
 
 cluster-status: venv ## is the local cluster up, and where are its kubeconfig and logs
 	$(PY) -m testbed status

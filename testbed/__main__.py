@@ -7,6 +7,7 @@ import os
 import sys
 
 from .cluster import DEFAULT_NAME, DEFAULT_NODES, DEFAULT_REAL_NODES, LocalCluster
+from .install import Installation
 from .versions import ensure_binaries
 
 
@@ -36,6 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("down", help="stop and delete the cluster")
     sub.add_parser("status", help="say whether the cluster is up and where it lives")
     sub.add_parser("binaries", help="build any missing upstream binaries")
+    sub.add_parser(
+        "install",
+        help="install jobset-inplace in the cluster as a user would (images on the real nodes,"
+        " kubectl apply -k manifests/overlays/local)",
+    )
+    sub.add_parser("uninstall", help="delete what install applied (gangs keep running)")
     args = parser.parse_args(argv)
 
     if args.command == "binaries":
@@ -48,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.real_nodes < 0:
             parser.error("--real-nodes must be 0 or a positive integer")
         cluster.up(args.nodes, args.real_nodes)
+    elif args.command == "install":
+        Installation(cluster).install()
+    elif args.command == "uninstall":
+        Installation(cluster).uninstall()
     elif args.command == "down":
         cluster.down()
     elif args.command == "status":

@@ -470,6 +470,10 @@ class LocalCluster:
         log("JobSet and Kueue admission webhooks are serving")
 
     # ----- real kubelet nodes ------------------------------------------------------------
+    def real_nodes(self) -> list[str]:
+        """The real kubelet nodes the cluster has now."""
+        return list(self._load_state().real_nodes)
+
     def real_node_names(self, count: int) -> list[str]:
         return [f"{self.name}-real-{i}" for i in range(1, count + 1)]
 

@@ -15,11 +15,12 @@ from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
-from jobset_inplace.core.transform import AGENT_CONTAINER, agent_rbac
+from jobset_inplace.core.transform import agent_rbac
 
-from . import addons, certs, processes, workloads
+from . import addons, certs, processes
 from .cluster import LocalCluster
 from .images import NODE_IMAGE
+from .install import webhook_injects
 from .kube import Clients
 from .kubectl import Kubectl
 from .versions import REPO_ROOT, binaries
@@ -95,7 +96,7 @@ class ControllerProcess:
         if self.leader_identity is not None:
             command += [
                 "--leader-elect",
-                "--leader-elect-namespace",
+                "--namespace",
                 names.INSTALL_NAMESPACE,
                 "--leader-elect-identity",
                 self.leader_identity,
@@ -125,18 +126,7 @@ class ControllerProcess:
             )
 
     def _injects(self) -> bool:
-        """A server-side dry run of an opted-in JobSet comes back with the agent injected."""
-        probe = workloads.jobset(
-            "webhook-probe", [("w", 1, 1)], annotations={names.ENABLED: "true"}
-        )
-        probe["metadata"]["namespace"] = "default"
-        try:
-            out = self.kubectl.run(
-                "create", "--dry-run=server", "-o", "yaml", "-f", "-", stdin=yaml.safe_dump(probe)
-            )
-        except RuntimeError:
-            return False
-        return AGENT_CONTAINER in out
+        return webhook_injects(self.kubectl)
 
     def stop(self) -> None:
         """SIGTERM (a leader releases its Lease) and remove the webhook configurations."""

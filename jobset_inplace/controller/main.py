@@ -11,6 +11,7 @@ from jobset_inplace import names
 from jobset_inplace.core.leadership import ElectionTiming
 from jobset_inplace.core.policy import PolicyError, parse_duration
 
+from .certificates import SECRET_NAME
 from .leader import DEFAULT_LEASE, Election, default_identity
 from .operator import run as run_controller
 
@@ -36,7 +37,7 @@ def _election(args: argparse.Namespace) -> Election | None:
     )
     timing.check()
     return Election(
-        namespace=args.leader_elect_namespace,
+        namespace=args.namespace,
         identity=args.leader_elect_identity or default_identity(),
         timing=timing,
         lease=args.leader_elect_lease_name,
@@ -48,7 +49,23 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the recovery controller")
     run.add_argument(
-        "--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
+        "--health-port",
+        type=int,
+        default=None,
+        help="serve /healthz, /readyz and /metrics on this port (docs/operations.md)",
+    )
+    run.add_argument(
+        "--namespace",
+        default=os.environ.get(NAMESPACE_ENV) or names.INSTALL_NAMESPACE,
+        help=f"where jobset-inplace is installed: its Lease and webhook Secret"
+        f" (default ${NAMESPACE_ENV}, else {names.INSTALL_NAMESPACE})",
+    )
+    run.add_argument(
+        "--manage-webhook-certificate",
+        action="store_true",
+        help="make and renew the webhook's CA and certificate in the Secret"
+        f" {SECRET_NAME} and inject the CA into the webhook configurations (off: serve the"
+        " files in $JSI_WEBHOOK_CERT_DIR, e.g. cert-manager's, if there are any)",
     )
     run.add_argument(
         "-v", "--verbose", action="store_true", help="debug logging (e.g. every planning pass)"
@@ -60,11 +77,6 @@ def main(argv: list[str] | None = None) -> int:
         "--leader-elect",
         action="store_true",
         help="run as a candidate for a coordination.k8s.io Lease (off: this is the only replica)",
-    )
-    le.add_argument(
-        "--leader-elect-namespace",
-        default=os.environ.get(NAMESPACE_ENV) or names.INSTALL_NAMESPACE,
-        help=f"namespace of the Lease (default ${NAMESPACE_ENV}, else {names.INSTALL_NAMESPACE})",
     )
     le.add_argument("--leader-elect-lease-name", default=DEFAULT_LEASE)
     le.add_argument(
@@ -88,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     # the project's own debug lines only: the API client's would log every response body
     logging.getLogger("jobset_inplace").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     if args.command == "run":
-        run_controller(liveness=args.liveness, election=election)
+        run_controller(
+            election=election,
+            health_port=args.health_port,
+            certificate_namespace=args.namespace if args.manage_webhook_certificate else None,
+        )
     return 0
 
 

@@ -35,11 +35,19 @@ from jobset_inplace.core.planner import observation_restarts
 from jobset_inplace.core.policy import PolicyError, is_managed, parse_policy
 
 from .cache import ClusterCache, PodEntry, node_entry, pod_entry
+from .certificates import CertificateError, CertificateManager
 from .executor import Executor
+from .health import Check, HealthServer, port_open
 from .leader import Election, LeaderElector
 from .reconciler import Reconciler
 from .watches import RawWatch, WatchEvent
-from .webhook_server import serve, server_from_env, settings_from_env
+from .webhook_server import (
+    DEFAULT_PORT,
+    cert_dir_from_env,
+    serve,
+    server_from_env,
+    settings_from_env,
+)
 
 log = logging.getLogger("jobset_inplace.controller")
 
@@ -195,24 +203,54 @@ def build_reconciler() -> Reconciler:
     return Reconciler(ClusterCache(), Executor(client.ApiClient()))
 
 
-def run(*, liveness: str | None = None, election: Election | None = None) -> None:
+# A replica that cannot set up its webhook certificate (missing Secret or RBAC) tries again
+# this often, unready, instead of crash-looping.
+CERTIFICATE_RETRY_S = 10.0
+
+
+def run(
+    *,
+    election: Election | None = None,
+    health_port: int | None = None,
+    certificate_namespace: str | None = None,
+) -> None:
     """Run the controller until interrupted (``jobset-inplace run``).
 
-    Every replica serves the admission webhook (when its certificate is mounted) and the
-    liveness endpoint from a side operator on its own thread; with ``election``, only the
-    replica holding the Lease runs the controller (watches, passes, writes), and a replica that
-    loses it exits at once (its pod restarts as a candidate)."""
+    Every replica serves the health endpoint (``health_port``), the admission webhook (when it
+    has a certificate: its own, managed in ``certificate_namespace``, or mounted files) from a
+    side operator on its own thread; with ``election``, only the replica holding the Lease
+    runs the controller (watches, passes, writes), and a replica that loses it exits at once
+    (its pod restarts as a candidate)."""
     # kopf logs every handled event at INFO: thousands of pods would flood the log.
     logging.getLogger("kopf").setLevel(logging.WARNING)
     reconciler = build_reconciler()
+    checks: dict[str, Check] = {}
+    health = None
+    if health_port is not None:
+        health = HealthServer(health_port, checks)
+        health.start()
     stop_side = threading.Event()
+    if certificate_namespace is not None:
+        certificates = CertificateManager(
+            client.CoreV1Api(client.ApiClient()),
+            client.AdmissionregistrationV1Api(client.ApiClient()),
+            certificate_namespace,
+            cert_dir_from_env(),
+        )
+        checks["webhook-certificate"] = certificates.ready.is_set
+        _first_certificate(certificates)
+        threading.Thread(
+            target=certificates.run, args=(stop_side,), name="certificates", daemon=True
+        ).start()
+    server = server_from_env()
+    if server is not None:
+        checks["webhook-server"] = port_open(server.port or DEFAULT_PORT)
     side = threading.Thread(
         target=lambda: asyncio.run(
             serve(
                 kubeconfig=None,
-                server=server_from_env(),
+                server=server,
                 settings=settings_from_env(),
-                liveness=liveness,
                 stop_flag=stop_side,
             )
         ),
@@ -232,6 +270,22 @@ def run(*, liveness: str | None = None, election: Election | None = None) -> Non
         stop_side.set()
         if elector is not None:
             elector.release()
+        if health is not None:
+            health.stop()
+
+
+def _first_certificate(certificates: CertificateManager) -> None:
+    """Block until the webhook has a certificate; a setup error is logged with its fix and
+    retried (the replica stays unready meanwhile), never a crash loop."""
+    while True:
+        try:
+            certificates.ensure()
+            return
+        except CertificateError as e:
+            log.error("webhook certificate: %s; retrying in %.0fs", e, CERTIFICATE_RETRY_S)
+        except client.exceptions.ApiException as e:
+            log.warning("webhook certificate: API error %s %s; retrying", e.status, e.reason)
+        time.sleep(CERTIFICATE_RETRY_S)
 
 
 def _leadership_lost(why: str) -> None:

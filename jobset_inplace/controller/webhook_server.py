@@ -23,6 +23,7 @@ import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import jsonpatch
@@ -127,12 +128,19 @@ def webhook_server(
     return kopf.WebhookServer(addr=addr, port=port, host=host, certfile=cert, pkeyfile=key)
 
 
+def cert_dir_from_env(env: Mapping[str, str] | None = None) -> Path:
+    """Where the serving certificate is (``JSI_WEBHOOK_CERT_DIR``, default
+    /etc/jobset-inplace/webhook-certs): mounted from a Secret, or written by the controller."""
+    e = os.environ if env is None else env
+    return Path(e.get(WEBHOOK_CERT_DIR_ENV, DEFAULT_CERT_DIR))
+
+
 def server_from_env(env: dict[str, str] | None = None) -> kopf.WebhookServer | None:
     """The controller's webhook server, if ``JSI_WEBHOOK_CERT_DIR`` holds tls.crt/tls.key
     (else None: the controller runs without serving admission)."""
     e = os.environ if env is None else env
-    cert_dir = e.get(WEBHOOK_CERT_DIR_ENV, DEFAULT_CERT_DIR)
-    cert, key = os.path.join(cert_dir, "tls.crt"), os.path.join(cert_dir, "tls.key")
+    cert_dir = cert_dir_from_env(e)
+    cert, key = str(cert_dir / "tls.crt"), str(cert_dir / "tls.key")
     if not (os.path.exists(cert) and os.path.exists(key)):
         return None
     return webhook_server(cert=cert, key=key, port=int(e.get(WEBHOOK_PORT_ENV, DEFAULT_PORT)))
@@ -162,14 +170,13 @@ async def serve(
     kubeconfig: str | None,
     server: kopf.WebhookServer | None,
     settings: AgentSettings,
-    liveness: str | None = None,
     stop_flag: asyncio.Event | threading.Event | None = None,
     ready_flag: asyncio.Event | threading.Event | None = None,
 ) -> None:
-    """Run the admission webhook (when ``server``: its certificate is mounted) and the liveness
-    endpoint, with no controller handlers, until ``stop_flag``. Standalone, or on its own thread
-    in every replica of ``jobset-inplace run``, leader or not (the controller's operator, which
-    only the leader runs, serves neither)."""
+    """Run the admission webhook (when ``server``: it has a certificate), with no controller
+    handlers, until ``stop_flag``. Standalone, or on its own thread in every replica of
+    ``jobset-inplace run``, leader or not (the controller's operator, which only the leader
+    runs, does not serve it)."""
     registry = kopf.OperatorRegistry()
     if server is not None:
         register_webhooks(registry, settings)
@@ -193,7 +200,6 @@ async def serve(
         standalone=True,
         stop_flag=stop_flag,
         ready_flag=ready_flag,
-        liveness_endpoint=liveness,
     )
 
 

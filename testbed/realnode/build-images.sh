@@ -149,6 +149,10 @@ python_rootfs() {
   find "$r/usr/share/doc" -mindepth 1 ! -type d ! -name copyright -delete
   find "$r/usr/share/doc" -mindepth 1 -type d -empty -delete
   rm -rf "${r:?}"/usr/share/man/* "${r:?}"/usr/share/info/* "${r:?}"/usr/share/locale/*
+  # The images' non-root user (as distroless's "nonroot"): programs that look up their user
+  # (getpass, ~) find one.
+  echo "nonroot:x:65532:65532:nonroot:/nonexistent:/usr/sbin/nologin" >>"$r/etc/passwd"
+  echo "nonroot:x:65532:" >>"$r/etc/group"
   : >"$r/etc/machine-id"
   : >"$r/etc/hostname"
   rm -f "$r/etc/resolv.conf"
@@ -316,6 +320,11 @@ for addr in "${imports[@]}"; do
   [[ -x "$CONTAINERD_BIN/ctr" ]] || die "no $CONTAINERD_BIN/ctr: run testbed/build-binaries.sh containerd"
   [[ -S "$addr" ]] || die "no containerd socket at $addr (start it: testbed/realnode/containerd.sh up)"
   for key in "${keys[@]}"; do
+    # The bare Python image only when no --image builds on it without replacing it (it would
+    # overwrite a python:local layer imported earlier; the other images carry its layers).
+    if [[ "$key" == python && "${out_archive[python]}" == "$python_archive" && ${#overlays[@]} -gt 0 ]]; then
+      continue
+    fi
     # shellcheck disable=SC2086 # names are words
     import_image "$addr" "${out_archive[$key]}" "${out_hash[$key]}" ${out_name[$key]}
   done

@@ -30,6 +30,20 @@ NEEDED: list[Access] = [
     ("watch", "workloads.kueue.x-k8s.io", None),
     ("create", "leases.coordination.k8s.io", "jobset-inplace-system"),
     ("update", "leases.coordination.k8s.io", "jobset-inplace-system", "jobset-inplace-controller"),
+    ("get", "secrets", "jobset-inplace-system", "jobset-inplace-webhook-tls"),
+    ("update", "secrets", "jobset-inplace-system", "jobset-inplace-webhook-tls"),
+    (
+        "update",
+        "mutatingwebhookconfigurations.admissionregistration.k8s.io",
+        None,
+        "jobset-inplace-webhook",
+    ),
+    (
+        "update",
+        "validatingwebhookconfigurations.admissionregistration.k8s.io",
+        None,
+        "jobset-inplace-webhook",
+    ),
 ]
 NOT_GRANTED: list[Access] = [
     ("update", "jobsets.jobset.x-k8s.io", "team-a"),
@@ -39,6 +53,9 @@ NOT_GRANTED: list[Access] = [
     ("patch", "workloads.kueue.x-k8s.io/status", "team-a"),
     ("update", "leases.coordination.k8s.io", "kube-node-lease", "node-1"),
     ("update", "leases.coordination.k8s.io", "jobset-inplace-system", "another-lease"),
+    ("get", "secrets", "jobset-inplace-system", "another-secret"),
+    ("list", "secrets", "jobset-inplace-system"),
+    ("update", "validatingwebhookconfigurations.admissionregistration.k8s.io", None, "other"),
 ]
 
 

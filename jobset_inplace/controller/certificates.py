@@ -1,0 +1,308 @@
+"""The admission webhook's TLS, managed by the controller itself (no cert-manager needed), the
+way JobSet's and Kueue's cert-controller do it:
+
+* a Secret shipped empty with the manifests (``jobset-inplace-webhook-tls``) holds a CA
+  (``ca.crt``/``ca.key``) and a serving certificate for the webhook Service's DNS names signed
+  by it (``tls.crt``/``tls.key``);
+* every replica, at start and then every :data:`CHECK_INTERVAL_S`, reads it; if it is empty,
+  unparsable, for other names, or near expiry, the replica makes new material and writes it
+  with the Secret's resourceVersion (optimistic concurrency: if two replicas race, one write
+  wins and the other re-reads and uses it);
+* the CA goes into ``caBundle`` of both webhook configurations (also on resourceVersion),
+  whenever it differs;
+* the serving pair is written to the replica's certificate directory, where kopf's webhook
+  server picks it up (and re-reads it when it changes).
+
+:func:`renewal_reason` is the decision (pure: material and ``now`` in, a reason out);
+:class:`CertificateManager` loads, writes and acts."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from kubernetes import client
+
+log = logging.getLogger("jobset_inplace.certificates")
+
+SECRET_NAME = "jobset-inplace-webhook-tls"
+SERVICE_NAME = "jobset-inplace-webhook"
+# Both webhook configurations (mutating and validating) carry this name.
+WEBHOOK_CONFIGURATION = "jobset-inplace-webhook"
+CA_VALIDITY = datetime.timedelta(days=3650)
+CERT_VALIDITY = datetime.timedelta(days=365)
+# New material once less than this is left of either certificate.
+RENEW_BEFORE = datetime.timedelta(days=30)
+CHECK_INTERVAL_S = 60.0
+KEYS = ("ca.crt", "ca.key", "tls.crt", "tls.key")
+
+
+def service_dns_names(namespace: str) -> list[str]:
+    """The names the apiserver may use for the webhook Service."""
+    base = f"{SERVICE_NAME}.{namespace}.svc"
+    return [base, f"{base}.cluster.local"]
+
+
+@dataclass(frozen=True)
+class Material:
+    """PEM bytes of the CA and of the serving certificate and their keys."""
+
+    ca_crt: bytes
+    ca_key: bytes
+    tls_crt: bytes
+    tls_key: bytes
+
+    @classmethod
+    def from_secret_data(cls, data: dict[str, bytes]) -> Material | None:
+        if not all(data.get(k) for k in KEYS):
+            return None
+        return cls(*(data[k] for k in KEYS))
+
+    def secret_data(self) -> dict[str, bytes]:
+        return dict(zip(KEYS, (self.ca_crt, self.ca_key, self.tls_crt, self.tls_key), strict=True))
+
+
+def renewal_reason(  # noqa: PLR0911 (one reason per check)
+    m: Material | None, dns_names: list[str], now: datetime.datetime
+) -> str:
+    """Why ``m`` cannot serve ``dns_names`` until well after ``now`` ("" if it can)."""
+    if m is None:
+        return "no certificate yet"
+    try:
+        ca = x509.load_pem_x509_certificate(m.ca_crt)
+        cert = x509.load_pem_x509_certificate(m.tls_crt)
+        serialization.load_pem_private_key(m.tls_key, None)
+        serialization.load_pem_private_key(m.ca_key, None)
+    except ValueError as e:
+        return f"unreadable material ({e})"
+    for what, c in (("CA", ca), ("serving certificate", cert)):
+        if c.not_valid_after_utc - now < RENEW_BEFORE:
+            return f"{what} expires {c.not_valid_after_utc:%Y-%m-%d}"
+        if c.not_valid_before_utc > now:
+            return f"{what} not valid before {c.not_valid_before_utc:%Y-%m-%d %H:%M}"
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature) as e:
+        return f"serving certificate not signed by the CA ({type(e).__name__})"
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    missing = set(dns_names) - set(sans.get_values_for_type(x509.DNSName))
+    if missing:
+        return f"serving certificate lacks {', '.join(sorted(missing))}"
+    return ""
+
+
+def usable_ca(m: Material | None, now: datetime.datetime) -> tuple[bytes, bytes] | None:
+    """``m``'s CA and key if they can sign for a while yet: a new serving certificate keeps
+    the CA, so clients that have the bundle keep trusting the webhook."""
+    if m is None:
+        return None
+    try:
+        ca = x509.load_pem_x509_certificate(m.ca_crt)
+        key = serialization.load_pem_private_key(m.ca_key, None)
+    except ValueError:
+        return None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or ca.not_valid_after_utc - now < (
+        RENEW_BEFORE + CERT_VALIDITY
+    ):
+        return None
+    return m.ca_crt, m.ca_key
+
+
+def issue(
+    dns_names: list[str], now: datetime.datetime, ca: tuple[bytes, bytes] | None = None
+) -> Material:
+    """A serving certificate for ``dns_names`` (ECDSA P-256) signed by ``ca`` (PEM certificate
+    and key), or by a new CA when there is none."""
+    start = now - datetime.timedelta(minutes=5)  # tolerate clock skew between machines
+    pem = serialization.Encoding.PEM
+    if ca is None:
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "jobset-inplace-webhook-ca")])
+        ca_cert = (
+            x509.CertificateBuilder()
+            .subject_name(ca_name)
+            .issuer_name(ca_name)
+            .public_key(ca_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(start)
+            .not_valid_after(now + CA_VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(ca_key, hashes.SHA256())
+        )
+        ca = (ca_cert.public_bytes(pem), _private_pem(ca_key))
+    ca_cert = x509.load_pem_x509_certificate(ca[0])
+    signer = serialization.load_pem_private_key(ca[1], None)
+    assert isinstance(signer, ec.EllipticCurvePrivateKey)  # usable_ca() checked it
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(now + CERT_VALIDITY)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names]), False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)
+        .sign(signer, hashes.SHA256())
+    )
+    return Material(ca[0], ca[1], cert.public_bytes(pem), _private_pem(key))
+
+
+def _private_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+class CertificateError(RuntimeError):
+    """The certificate cannot be managed (missing Secret, missing RBAC); says what to fix."""
+
+
+@dataclass
+class CertificateManager:
+    core: client.CoreV1Api
+    admission: client.AdmissionregistrationV1Api
+    namespace: str
+    cert_dir: Path
+    clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC)
+
+    def __post_init__(self) -> None:
+        self.ready = threading.Event()  # material written and both caBundles injected
+
+    def ensure(self) -> Material:
+        """One round: valid material in the Secret, its CA in both configurations, the serving
+        pair in ``cert_dir``."""
+        material = self._ensure_secret()
+        for kind in ("mutating", "validating"):
+            self._inject(kind, material.ca_crt)
+        self._write_files(material)
+        self.ready.set()
+        return material
+
+    def run(self, stop: threading.Event) -> None:
+        """Check again every :data:`CHECK_INTERVAL_S` until ``stop`` (renewals, another
+        replica's new material, a caBundle someone reset)."""
+        while not stop.wait(CHECK_INTERVAL_S):
+            try:
+                self.ensure()
+            except Exception:  # the next round retries; the served pair stays valid meanwhile
+                log.exception("webhook certificate check failed")
+
+    # --- the Secret -------------------------------------------------------------------------
+    def _ensure_secret(self) -> Material:
+        dns = service_dns_names(self.namespace)
+        for _ in range(5):
+            secret = self._call(self.core.read_namespaced_secret, SECRET_NAME, self.namespace)
+            data = {k: _b64decode(v) for k, v in (secret.data or {}).items()}
+            have = Material.from_secret_data(data)
+            reason = renewal_reason(have, dns, self.clock())
+            if not reason and have is not None:
+                return have
+            new = issue(dns, self.clock(), usable_ca(have, self.clock()))
+            secret.data = {k: _b64encode(v) for k, v in new.secret_data().items()}
+            try:  # replace carries the resourceVersion read: a concurrent writer wins, we re-read
+                self._call(self.core.replace_namespaced_secret, SECRET_NAME, self.namespace, secret)
+            except client.exceptions.ApiException as e:
+                if e.status == 409:
+                    log.info("webhook certificate: another replica wrote it first; re-reading")
+                    continue
+                raise
+            log.info("webhook certificate: new material written (%s)", reason)
+            return new
+        raise CertificateError(f"Secret {self.namespace}/{SECRET_NAME} keeps changing under us")
+
+    # --- caBundle ---------------------------------------------------------------------------
+    def _inject(self, kind: str, ca: bytes) -> None:
+        read, replace = (
+            (
+                self.admission.read_mutating_webhook_configuration,
+                self.admission.replace_mutating_webhook_configuration,
+            )
+            if kind == "mutating"
+            else (
+                self.admission.read_validating_webhook_configuration,
+                self.admission.replace_validating_webhook_configuration,
+            )
+        )
+        bundle = _b64encode(ca)
+        for _ in range(5):
+            cfg = self._call(read, WEBHOOK_CONFIGURATION)
+            stale = [w for w in cfg.webhooks or [] if w.client_config.ca_bundle != bundle]
+            if not stale:
+                return
+            for w in stale:
+                w.client_config.ca_bundle = bundle
+            try:
+                self._call(replace, WEBHOOK_CONFIGURATION, cfg)
+            except client.exceptions.ApiException as e:
+                if e.status == 409:
+                    continue
+                raise
+            log.info("webhook certificate: CA injected into the %s configuration", kind)
+            return
+        raise CertificateError(f"{kind} webhook configuration keeps changing under us")
+
+    # --- files ------------------------------------------------------------------------------
+    def _write_files(self, m: Material) -> None:
+        """Atomically, and only on change (kopf restarts its server when the files change)."""
+        self.cert_dir.mkdir(parents=True, exist_ok=True)
+        for name, content in (("tls.crt", m.tls_crt), ("tls.key", m.tls_key)):
+            path = self.cert_dir / name
+            if path.exists() and path.read_bytes() == content:
+                continue
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(content)
+            os.chmod(tmp, 0o600)
+            tmp.replace(path)
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except client.exceptions.ApiException as e:
+            if e.status == 404:
+                raise CertificateError(
+                    f"{fn.__name__}: not found ({', '.join(map(str, args[:2]))}): apply the"
+                    " jobset-inplace manifests (the Secret and the webhook configurations are"
+                    " part of them)"
+                ) from e
+            if e.status == 403:
+                raise CertificateError(
+                    f"{fn.__name__}: forbidden: the controller's ServiceAccount needs the"
+                    " webhook-certificate rules of manifests/controller/rbac.yaml"
+                ) from e
+            raise
+
+
+def _b64encode(b: bytes) -> str:
+    return base64.b64encode(b).decode()
+
+
+def _b64decode(s: str) -> bytes:
+    return base64.b64decode(s)

@@ -1,0 +1,97 @@
+"""jobset-inplace installed *in* the local cluster, as a user installs it: the product images
+(``make images``) on every real node, then ``kubectl apply --server-side -k
+manifests/overlays/local``; the controller runs as its Deployment (2 replicas, leader
+election, self-managed webhook certificate) on the real kubelet nodes.
+
+``python -m testbed install`` / ``uninstall`` (``make cluster-install``)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from jobset_inplace import names
+from jobset_inplace.core.transform import AGENT_CONTAINER
+
+from . import images, workloads
+from .cluster import LocalCluster, log
+from .kubectl import Kubectl
+from .processes import wait_until
+from .versions import REPO_ROOT, cache_dir
+
+OVERLAY = REPO_ROOT / "manifests" / "overlays" / "local"
+DEPLOYMENT = "jobset-inplace-controller"
+POD_LABEL = "app.kubernetes.io/name=jobset-inplace-controller"
+CRD = "gangstates.jobset-inplace.dev"
+
+
+def node_socket(node: str) -> Path:
+    """The containerd socket of real node ``node`` (testbed/realnode/containerd.sh)."""
+    return cache_dir() / "realnode" / node / "containerd" / "containerd.sock"
+
+
+@dataclass
+class Installation:
+    cluster: LocalCluster
+
+    @property
+    def kubectl(self) -> Kubectl:
+        return Kubectl(self.cluster.kubeconfig)
+
+    def install(self, timeout: float = 180) -> None:
+        """Images onto the nodes, apply, wait until both replicas are ready and the webhook
+        injects (idempotent: a re-run rolls out a changed image)."""
+        t0 = time.monotonic()
+        nodes = self.cluster.real_nodes()
+        if not nodes:
+            raise RuntimeError(
+                "the in-cluster install runs on real kubelet nodes and this cluster has none:"
+                " make cluster-up REAL_NODES=2"
+            )
+        built = images.build(imports=[str(node_socket(n)) for n in nodes])
+        log(
+            f"images on {', '.join(nodes)}: "
+            + ", ".join(f"{i.name} {i.digest()[:19]}" for i in built)
+        )
+        self.kubectl.run("apply", "--server-side", "--force-conflicts", "-k", str(OVERLAY))
+        self.kubectl.wait_crds_established([CRD])
+        self.kubectl.run(
+            "rollout",
+            "status",
+            f"deployment/{DEPLOYMENT}",
+            "-n",
+            names.INSTALL_NAMESPACE,
+            f"--timeout={int(timeout)}s",
+        )
+        wait_until(
+            "the in-cluster webhook injects the agent", lambda: webhook_injects(self.kubectl), 60
+        )
+        log(f"jobset-inplace installed in-cluster in {time.monotonic() - t0:.1f}s")
+
+    def uninstall(self) -> None:
+        """Remove everything the manifests made (JobSets keep running: docs/operations.md)."""
+        self.kubectl.run("delete", "-k", str(OVERLAY), "--ignore-not-found", "--wait=true")
+
+    def pods(self) -> list[dict[str, Any]]:
+        out = self.kubectl.run(
+            "get", "pods", "-n", names.INSTALL_NAMESPACE, "-l", POD_LABEL, "-o", "yaml"
+        )
+        items: list[dict[str, Any]] = yaml.safe_load(out)["items"]
+        return items
+
+
+def webhook_injects(kubectl: Kubectl) -> bool:
+    """A server-side dry run of an opted-in JobSet comes back with the agent injected."""
+    probe = workloads.jobset("webhook-probe", [("w", 1, 1)], annotations={names.ENABLED: "true"})
+    probe["metadata"]["namespace"] = "default"
+    try:
+        out = kubectl.run(
+            "create", "--dry-run=server", "-o", "yaml", "-f", "-", stdin=yaml.safe_dump(probe)
+        )
+    except RuntimeError:
+        return False
+    return AGENT_CONTAINER in out
