@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from testbed.cluster import DEFAULT_NODES, DEFAULT_REAL_NODES, LocalCluster
-from testbed.controller import ControllerProcess
+from testbed.install import Installation
 from testbed.kube import Clients, clients, temporary_namespace
 
 
@@ -55,20 +55,17 @@ def namespace(kube: Clients, request: pytest.FixtureRequest) -> Iterator[str]:
         yield ns
 
 
-MAIN = "e2e-main"  # the session controller's leader-election identity
-
-
 @pytest.fixture(scope="session")
-def controller(local_cluster: LocalCluster | None) -> Iterator[ControllerProcess]:
-    """``jobset-inplace run`` against the local cluster for the session."""
+def controller(local_cluster: LocalCluster | None) -> Iterator[Installation]:
+    """jobset-inplace installed in the local cluster as users install it (images on the real
+    nodes, ``kubectl apply -k``; 2 replicas, leader election, self-managed webhook TLS), for
+    the session; uninstalled afterwards (a kept cluster is left as it was)."""
     if local_cluster is None:
-        pytest.skip("runs the controller on the local cluster (JSI_KUBECONFIG points elsewhere)")
-    # As installed: a leader-election candidate (docs/operations.md); the only one, so it leads.
-    ctl = ControllerProcess(
-        local_cluster, local_cluster.logs_dir / "controller-e2e.log", leader_identity=MAIN
-    )
-    yield ctl
-    ctl.stop()
+        pytest.skip("installs the locally built images on the local cluster's real nodes")
+    installation = Installation(local_cluster)
+    installation.install()
+    yield installation
+    installation.uninstall()
 
 
 # --- a partial run is not a pass ---------------------------------------------------------------

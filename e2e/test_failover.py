@@ -1,30 +1,38 @@
-"""HA: two controller replicas with leader election on the local cluster. The leader is killed
-(SIGKILL, as a deleted or crashed pod) in the middle of a recovery; the standby takes the Lease
-once it expires and completes that recovery exactly once: one new epoch, one barrier opening,
-one charge of the in-place budget, every member in place."""
+"""HA on the in-cluster install: two controller replicas (the Deployment) with leader election.
+The leader's pod is deleted in the middle of a recovery (as a drain, an upgrade or an operator
+does); the other replica takes the Lease and completes that recovery exactly once: one new
+epoch, one barrier opening, one charge of the in-place budget, every member in place. (A
+leader that dies without releasing its Lease is replaced once the Lease expires:
+tests/integration/test_leader.py.)"""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
 from jobset_inplace import names
 from jobset_inplace.controller.leader import DEFAULT_LEASE
+from jobset_inplace.times import parse_time
 from testbed.cluster import LocalCluster
-from testbed.controller import ControllerProcess, gang_state, member_pods
+from testbed.controller import gang_state, member_pods
 from testbed.demo import inject_failure, trainers_running, training_gang
+from testbed.install import Installation
 from testbed.kube import Clients, wait_for
 
 pytestmark = pytest.mark.e2e
 
 MEMBERS = 2
-STANDBY = "e2e-standby"
 
 
-def _leader(kube: Clients) -> str:
-    lease = kube.coordination.read_namespaced_lease(DEFAULT_LEASE, names.INSTALL_NAMESPACE)
-    return str(lease.spec.holder_identity or "")
+def _lease(kube: Clients) -> Any:
+    return kube.coordination.read_namespaced_lease(DEFAULT_LEASE, names.INSTALL_NAMESPACE).spec
+
+
+def _leader_pod(kube: Clients) -> str:
+    """The pod of the Lease holder (identities are <pod name>_<random>)."""
+    return str(_lease(kube).holder_identity or "").rsplit("_", 1)[0]
 
 
 def _barrier_openings(kube: Clients, namespace: str, name: str) -> list[str]:
@@ -34,22 +42,16 @@ def _barrier_openings(kube: Clients, namespace: str, name: str) -> list[str]:
     return [e.message for e in events if e.reason == "BarrierOpened"]
 
 
-def test_leader_killed_mid_recovery_the_standby_completes_it_exactly_once(
-    local_cluster: LocalCluster | None, controller: ControllerProcess, kube: Clients, namespace: str
+def test_leader_pod_deleted_mid_recovery_the_other_replica_completes_it_exactly_once(
+    local_cluster: LocalCluster | None, controller: Installation, kube: Clients, namespace: str
 ) -> None:
     assert local_cluster is not None
     training_gang(kube, local_cluster, namespace, "gang", MEMBERS)
     before = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
-
-    log = local_cluster.logs_dir / "controller-standby.log"
-    log.unlink(missing_ok=True)
-    standby = ControllerProcess(local_cluster, log, leader_identity=STANDBY, install_webhook=False)
+    replicas = {p["metadata"]["name"] for p in controller.pods()}
+    leader = _leader_pod(kube)
+    assert leader in replicas, f"the Lease holder {leader} is one of the replicas {replicas}"
     try:
-        wait_for(
-            "the standby waiting for the Lease",
-            lambda: "leader: waiting" in log.read_text(errors="replace"),
-            30,
-        )
         victim = member_pods(kube, namespace, "gang")["1"]
         inject_failure(local_cluster.kubeconfig, namespace, victim.metadata.name)
         st = wait_for(
@@ -58,22 +60,32 @@ def test_leader_killed_mid_recovery_the_standby_completes_it_exactly_once(
             60,
             0.05,
         )
-        controller.kill()  # mid-recovery: the barrier of epoch 2 is not open yet
-        killed = time.monotonic()
-        assert not st["barrierOpen"], "the recovery must still be running when the leader dies"
+        controller.kubectl.run(
+            "delete", "pod", leader, "-n", names.INSTALL_NAMESPACE, "--wait=false"
+        )
+        deleted = time.monotonic()
+        assert not st["barrierOpen"], "the recovery must still be running when the leader goes"
 
-        wait_for("the standby takes the Lease", lambda: _leader(kube) == STANDBY, 60, 0.2)
-        took_over = time.monotonic() - killed
+        (successor,) = replicas - {leader}
+        wait_for(
+            "the other replica takes the Lease", lambda: _leader_pod(kube) == successor, 60, 0.1
+        )
+        took_over = time.monotonic() - deleted
+        acquired = _lease(kube).acquire_time.timestamp()
         st = wait_for(
-            "barrier of epoch 2, opened by the standby",
+            "barrier of epoch 2, opened by the new leader",
             lambda: s if (s := gang_state(kube, namespace, "gang")).get("barrierOpen") else None,
             120,
         )
-        opened = time.monotonic() - killed
+        opened = time.monotonic() - deleted
         print(
-            f"\nleader killed mid-recovery: standby leads after {took_over:.1f}s, barrier of"
-            f" epoch 2 open {opened:.1f}s after the kill (lease duration 15s)"
+            f"\nleader pod deleted mid-recovery: {successor} leads after {took_over:.1f}s,"
+            f" barrier of epoch 2 open {opened:.1f}s after the delete"
         )
+        opened_at = parse_time(st["recovery"]["openedAt"])
+        assert opened_at is not None
+        # same clock (one machine): the new leader opened it, not the old one on its way out
+        assert opened_at >= acquired, (opened_at, acquired)
         assert st["epoch"] == 2, "one new epoch, not two"
         assert st["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 0}, "charged once"
         assert st["recovery"]["causes"] == {"workers/1/0": "TrainerExited"}
@@ -96,5 +108,4 @@ def test_leader_killed_mid_recovery_the_standby_completes_it_exactly_once(
         after = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
         assert after == before, "every member kept its pod (in place)"
     finally:
-        standby.stop()  # releases the Lease
-        controller.start()  # the session's controller leads again for the tests after this
+        controller.scale(2)  # the Deployment's replacement pod: two replicas for what follows

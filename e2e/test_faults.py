@@ -13,8 +13,9 @@ from typing import Any
 
 from jobset_inplace import names
 from testbed.cluster import LocalCluster
-from testbed.controller import ControllerProcess, gang_state, member_pods
+from testbed.controller import gang_state, member_pods
 from testbed.demo import inject_failure, trainers_running, training_gang
+from testbed.install import Installation
 from testbed.kube import Clients, wait_for
 
 MEMBERS = 2
@@ -25,19 +26,19 @@ def _annotations(pod: Any) -> dict[str, str]:
 
 
 def test_a_failure_while_the_controller_is_down_is_not_lost(
-    local_cluster: LocalCluster | None, controller: ControllerProcess, kube: Clients, namespace: str
+    local_cluster: LocalCluster | None, controller: Installation, kube: Clients, namespace: str
 ) -> None:
-    """Controller killed; a trainer exits; the kubelet restarts its pod in place within a
-    couple of seconds and the pod status shows nothing any more; the new agent finds epoch 1's
-    barrier open and waits. The controller, started again, must recover the gang (epoch 2,
-    everyone in place, one resume step) instead of seeing a Running gang with every member
-    reported."""
+    """Controller down (its Deployment scaled to 0); a trainer exits; the kubelet restarts its
+    pod in place within a couple of seconds and the pod status shows nothing any more; the new
+    agent finds epoch 1's barrier open and waits. The controller, started again, must recover
+    the gang (epoch 2, everyone in place, one resume step) instead of seeing a Running gang with
+    every member reported."""
     assert local_cluster is not None
     training_gang(kube, local_cluster, namespace, "gang", MEMBERS)
     before = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
     victim = member_pods(kube, namespace, "gang")["1"]
 
-    controller.kill()
+    controller.scale(0)  # every replica gone (an outage of the controller)
     try:
         inject_failure(local_cluster.kubeconfig, namespace, victim.metadata.name)
         # The unseen restart happened: its new agent reported into the open barrier and waits.
@@ -54,7 +55,7 @@ def test_a_failure_while_the_controller_is_down_is_not_lost(
         st = gang_state(kube, namespace, "gang")
         assert (st["epoch"], st["phase"], st["barrierOpen"]) == (1, "Running", True)
     finally:
-        controller.start()
+        controller.scale(2)
 
     st = wait_for(
         "the controller recovers the gang into epoch 2",

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from testbed.cluster import LocalCluster
-from testbed.controller import ControllerProcess
 from testbed.demo import run_demo, trainer_log
+from testbed.install import Installation
 from testbed.kube import Clients, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -30,7 +30,7 @@ def _barrier_openings(kube: Clients, namespace: str, name: str) -> int:
 
 
 def test_trainer_crash_restarts_the_gang_in_place_from_one_step(
-    local_cluster: LocalCluster | None, controller: ControllerProcess, kube: Clients, namespace: str
+    local_cluster: LocalCluster | None, controller: Installation, kube: Clients, namespace: str
 ) -> None:
     assert local_cluster is not None
     result = run_demo(local_cluster, name="gang", namespace=namespace, members=2)

@@ -15,8 +15,9 @@ from kubernetes.client.exceptions import ApiException
 
 from testbed import workloads
 from testbed.cluster import LocalCluster
-from testbed.controller import ControllerProcess, gang_state, member_pods, prepare
+from testbed.controller import gang_state, member_pods, prepare
 from testbed.demo import demo_jobset, inject_failure, trainers_running
+from testbed.install import Installation
 from testbed.kube import Clients, create_jobset, wait_for
 from testbed.kueue import KUEUE, QUEUE_LABEL, condition, queue, workload_of
 from testbed.versions import binaries
@@ -78,7 +79,7 @@ def _resume_steps(kubeconfig: Any, namespace: str, pods: list[str]) -> list[list
 
 
 def test_preemption_during_recovery_stands_down_then_resumes(
-    local_cluster: LocalCluster | None, controller: ControllerProcess, kube: Clients, namespace: str
+    local_cluster: LocalCluster | None, controller: Installation, kube: Clients, namespace: str
 ) -> None:
     assert local_cluster is not None
     prio = f"high-{uuid.uuid4().hex[:6]}"

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from testbed.cluster import LocalCluster
-from testbed.controller import ControllerProcess
 from testbed.demo import run_demo
+from testbed.install import Installation
 from testbed.kube import Clients, wait_for
 from testbed.kueue import QUEUE_LABEL, condition, queue, workload_of
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_admitted_gang_keeps_admission_through_in_place_recovery(
-    local_cluster: LocalCluster | None, controller: ControllerProcess, kube: Clients, namespace: str
+    local_cluster: LocalCluster | None, controller: Installation, kube: Clients, namespace: str
 ) -> None:
     assert local_cluster is not None
     with queue(kube, namespace) as q:

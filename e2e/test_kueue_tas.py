@@ -26,7 +26,8 @@ from jobset_inplace import names
 from jobset_inplace.core.transform import AgentSettings, transform
 from testbed import workloads
 from testbed.cluster import LocalCluster
-from testbed.controller import ControllerProcess, gang_state, prepare
+from testbed.controller import gang_state, prepare
+from testbed.install import Installation
 from testbed.kube import Clients, create_jobset, wait_for
 from testbed.kueue import KUEUE, QUEUE_LABEL, condition, workload_of
 from testbed.kwoknodes import set_heartbeat
@@ -187,7 +188,7 @@ def _live_pods(kube: Clients, namespace: str) -> dict[str, Any]:
 
 def test_tas_node_failure_replacement_placed_by_kueue_in_the_rack(
     local_cluster: LocalCluster | None,
-    controller: ControllerProcess,
+    controller: Installation,
     kube: Clients,
     namespace: str,
     topology: Topology,

@@ -18,7 +18,8 @@ from jobset_inplace import names
 from jobset_inplace.core.transform import AgentSettings, transform
 from testbed import workloads
 from testbed.cluster import LocalCluster
-from testbed.controller import ControllerProcess, gang_state, member_pods, prepare
+from testbed.controller import gang_state, member_pods, prepare
+from testbed.install import Installation
 from testbed.kube import Clients, create_jobset, wait_for
 from testbed.kwoknodes import set_heartbeat
 from testbed.simagents import SimulatedAgents
@@ -86,7 +87,7 @@ def _gone_or_failed(kube: Clients, namespace: str, pod: Any) -> bool:
 
 def test_dead_kwok_node_pod_replaced_elsewhere_others_in_place(
     local_cluster: LocalCluster | None,
-    controller: ControllerProcess,
+    controller: Installation,
     kube: Clients,
     namespace: str,
     agents: SimulatedAgents,

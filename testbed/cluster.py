@@ -527,7 +527,12 @@ class LocalCluster:
                 state.real_nodes.append(node)
                 self._save_state(state)
             self._realnode("kubelet.sh", "up", node, str(self.kubeconfig))
-
+        # Nodes that were already up get this checkout's images too (a no-op when they have
+        # them: the import compares build hashes).
+        imports = [
+            a for n in self.real_node_names(count) for a in ("--import", str(images.node_socket(n)))
+        ]
+        self._realnode("build-images.sh", *imports)
         self._ensure_kube_proxy(state)
 
     def _ensure_kube_proxy(self, state: ClusterState) -> None:

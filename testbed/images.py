@@ -202,6 +202,11 @@ def prepare_trees(force: bool = False) -> dict[str, tuple[str, Path]]:
     return trees
 
 
+def node_socket(node: str) -> Path:
+    """The containerd socket of the local cluster's real node ``node`` (realnode/containerd.sh)."""
+    return cache_dir() / "realnode" / node / "containerd" / "containerd.sock"
+
+
 def image_specs(trees: dict[str, tuple[str, Path]]) -> list[str]:
     """``build-images.sh --image`` specs (``KEY=NAME=DIR``)."""
     return [f"{key}={name}={root}" for key, (name, root) in trees.items()]

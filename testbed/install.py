@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -21,17 +20,12 @@ from . import images, workloads
 from .cluster import LocalCluster, log
 from .kubectl import Kubectl
 from .processes import wait_until
-from .versions import REPO_ROOT, cache_dir
+from .versions import REPO_ROOT
 
 OVERLAY = REPO_ROOT / "manifests" / "overlays" / "local"
 DEPLOYMENT = "jobset-inplace-controller"
 POD_LABEL = "app.kubernetes.io/name=jobset-inplace-controller"
 CRD = "gangstates.jobset-inplace.dev"
-
-
-def node_socket(node: str) -> Path:
-    """The containerd socket of real node ``node`` (testbed/realnode/containerd.sh)."""
-    return cache_dir() / "realnode" / node / "containerd" / "containerd.sock"
 
 
 @dataclass
@@ -52,7 +46,7 @@ class Installation:
                 "the in-cluster install runs on real kubelet nodes and this cluster has none:"
                 " make cluster-up REAL_NODES=2"
             )
-        built = images.build(imports=[str(node_socket(n)) for n in nodes])
+        built = images.build(imports=[str(images.node_socket(n)) for n in nodes])
         log(
             f"images on {', '.join(nodes)}: "
             + ", ".join(f"{i.name} {i.digest()[:19]}" for i in built)
@@ -75,6 +69,19 @@ class Installation:
     def uninstall(self) -> None:
         """Remove everything the manifests made (JobSets keep running: docs/operations.md)."""
         self.kubectl.run("delete", "-k", str(OVERLAY), "--ignore-not-found", "--wait=true")
+
+    def scale(self, replicas: int, timeout: float = 120) -> None:
+        """Scale the controller Deployment and wait until it is there: ``replicas`` ready pods
+        (the webhook serving again), or none left at all for 0."""
+        ns = names.INSTALL_NAMESPACE
+        self.kubectl.run("scale", f"deployment/{DEPLOYMENT}", "-n", ns, f"--replicas={replicas}")
+        if replicas == 0:
+            wait_until("no controller pod left", lambda: not self.pods(), timeout)
+            return
+        self.kubectl.run(
+            "rollout", "status", f"deployment/{DEPLOYMENT}", "-n", ns, f"--timeout={int(timeout)}s"
+        )
+        wait_until("the webhook injects the agent", lambda: webhook_injects(self.kubectl), 60)
 
     def pods(self) -> list[dict[str, Any]]:
         out = self.kubectl.run(

@@ -2,7 +2,8 @@
 :mod:`jobset_inplace.core.leadership` (which decides). It runs on threads of its own, so a
 busy event loop never delays a renewal, and a watchdog stops the process as soon as the last
 successful renewal is ``renew_deadline`` old: a leader that cannot prove it still leads must not
-act (client-go does the same)."""
+act (client-go does the same). The ``jobset_inplace_leader`` gauge follows: 1 from acquiring the
+Lease until losing or releasing it."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from jobset_inplace.controller.metrics import set_leader
 from jobset_inplace.core.leadership import (
     JITTER,
     ElectionTiming,
@@ -100,7 +102,7 @@ class LeaderElector:
             if e.status == HTTPStatus.NOT_FOUND and lease is None:
                 raise ElectionError(
                     f"cannot create {self.where}: namespace {self.namespace} not found (create"
-                    " it, or set --leader-elect-namespace)"
+                    " it, or set --namespace)"
                 ) from None
             raise
         self.renewed_at, self.holder = now, self.identity
@@ -145,6 +147,7 @@ class LeaderElector:
         while True:
             try:
                 if self.try_once():
+                    set_leader(True)
                     return
             except ElectionError:
                 raise
@@ -180,6 +183,7 @@ class LeaderElector:
                 if late:
                     why.append(f"no renewal of {self.where} for {self.timing.renew_deadline_s:g}s")
                 if lost.is_set() or late:
+                    set_leader(False)
                     on_lost(why[0])
                     return
                 lost.wait(WATCHDOG_PERIOD_S)
@@ -190,6 +194,7 @@ class LeaderElector:
     def release(self) -> None:
         """Stop renewing and, if this candidate still holds the Lease, hand it over at once."""
         self._stop.set()
+        set_leader(False)
         try:
             lease, rv = self._read()
             record = None if lease is None else record_of(lease)

@@ -34,6 +34,7 @@ from jobset_inplace.core.model import NodeView
 from jobset_inplace.core.planner import observation_restarts
 from jobset_inplace.core.policy import PolicyError, is_managed, parse_policy
 
+from . import metrics
 from .cache import ClusterCache, PodEntry, node_entry, pod_entry
 from .certificates import CertificateError, CertificateManager
 from .executor import Executor
@@ -224,10 +225,11 @@ def run(
     # kopf logs every handled event at INFO: thousands of pods would flood the log.
     logging.getLogger("kopf").setLevel(logging.WARNING)
     reconciler = build_reconciler()
+    metrics.bind(reconciler)
     checks: dict[str, Check] = {}
     health = None
     if health_port is not None:
-        health = HealthServer(health_port, checks)
+        health = HealthServer(health_port, checks, metrics=metrics.exposition)
         health.start()
     stop_side = threading.Event()
     if certificate_namespace is not None:
@@ -259,7 +261,9 @@ def run(
     )
     side.start()
     elector = None
-    if election is not None:
+    if election is None:
+        metrics.set_leader(True)  # the only replica (the elector sets it otherwise)
+    else:
         elector = LeaderElector(client.CoordinationV1Api(client.ApiClient()), election)
         log.info("leader: candidate %s for %s", election.identity, elector.where)
         elector.acquire()

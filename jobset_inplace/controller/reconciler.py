@@ -19,8 +19,10 @@ from kubernetes import client
 from jobset_inplace.controller.cache import ClusterCache, Gang, GangKey
 from jobset_inplace.controller.clock import Clock, LoopClock, Timer
 from jobset_inplace.controller.executor import Executor
-from jobset_inplace.core.model import Action, Plan, ReadLeases
+from jobset_inplace.controller.metrics import METRICS, Metrics
+from jobset_inplace.core.model import Action, Plan, ReadLeases, Snapshot
 from jobset_inplace.core.planner import plan, plan_node, refuse_policy
+from jobset_inplace.core.telemetry import observe
 
 log = logging.getLogger("jobset_inplace.controller")
 
@@ -49,6 +51,7 @@ class Reconciler:
     executor: Executor
     debounce: float = DEBOUNCE_S
     clock: Clock = field(default_factory=LoopClock)
+    metrics: Metrics = METRICS  # the process's (one registry, served on /metrics)
     _timers: dict[GangKey, tuple[float, Timer]] = field(default_factory=dict)
     _locks: dict[GangKey, asyncio.Lock] = field(default_factory=dict)
     _not_before: dict[GangKey, float] = field(default_factory=dict)  # scheduling clock
@@ -110,6 +113,7 @@ class Reconciler:
             try:
                 await self._reconcile(key)
             except Exception as e:  # retried below, whatever it was
+                self.metrics.passed(failed=True)
                 failures = self._failures[key] = self._failures.get(key, 0) + 1
                 gang = self.cache.gangs.get(key)
                 if isinstance(e, client.exceptions.ApiException):
@@ -125,6 +129,7 @@ class Reconciler:
                     self._not_before[key] = self.clock.monotonic() + delay
                     self.poke(key, delay)
             else:
+                self.metrics.passed(failed=False)
                 self._failures.pop(key, None)
 
     async def _reconcile(self, key: GangKey) -> None:
@@ -136,19 +141,20 @@ class Reconciler:
             return
         if gang.status is None:
             gang.status = await asyncio.to_thread(self.executor.load_or_create, gang.jobset)
-        result = self._plan(gang)
+        snap, result = self._plan(gang)
         for _ in range(MAX_PLANS_PER_PASS - 1):
             reads = [a for a in result.actions if isinstance(a, ReadLeases)]
             if not reads:
                 break
             await self._read_leases([n for a in reads for n in a.nodes])
-            result = self._plan(gang)
+            snap, result = self._plan(gang)
         await self._write(gang, result)
+        self.metrics.record(observe(snap, result))  # once written: a failed write is retried
         await self._act(gang, [a for a in result.actions if not isinstance(a, ReadLeases)])
         if result.requeue_after is not None:
             self.poke(key, result.requeue_after)
 
-    def _plan(self, gang: Gang) -> Plan:
+    def _plan(self, gang: Gang) -> tuple[Snapshot, Plan]:
         snap = self.cache.snapshot(gang, self.clock.wall())
         if snap is None:  # the caller loaded both; a JobSet update may have dropped the policy
             raise LookupError(f"{gang.key}: no policy or status to plan with")
@@ -156,6 +162,7 @@ class Reconciler:
         result = plan(snap)
         cpu = self.clock.cpu() - started
         self.passes += 1
+        self.metrics.planned(cpu)
         self._not_before[gang.key] = self.clock.monotonic() + PASS_SPACING * cpu
         log.debug(
             "%s/%s: pass %d, epoch %d %s, %d/%d reported, %.1f ms CPU, edges %s",
@@ -168,7 +175,7 @@ class Reconciler:
             cpu * 1000,
             ",".join(result.edges) or "-",
         )
-        return result
+        return snap, result
 
     async def _read_leases(self, nodes: list[str]) -> None:
         fresh = await asyncio.to_thread(self.executor.lease_renewals, nodes)

@@ -9,7 +9,8 @@ hands the result to the event loop, which owns the cache. A watch that times out
 last resourceVersion seen (bookmarks keep it fresh); a watch the apiserver expired (410) is
 followed by a full list, handed over as a resync so objects deleted in the gap are dropped. A
 watch that failed (apiserver unreachable, an outage) reports when it watches again, and since
-when it could not (``on_resumed``)."""
+when it could not (``on_resumed``). Each restart and each handled event's lag (the delay from
+the change the object records to its handling on the loop) go to the metrics."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
+
+from jobset_inplace.controller.metrics import METRICS, WATCH_EXPIRED, WATCH_FAILED, Metrics
+from jobset_inplace.core.telemetry import event_time
 
 log = logging.getLogger("jobset_inplace.controller")
 
@@ -47,11 +51,12 @@ class RawWatch(threading.Thread, Generic[T]):
         on_relist: Callable[[], None],
         on_resumed: Callable[[float, float], None] | None = None,
         timeout_s: int = 300,
+        metrics: Metrics = METRICS,
     ) -> None:
         super().__init__(daemon=True, name=f"watch-{what}")
         self.what, self.call, self.decode, self.timeout_s = what, call, decode, timeout_s
         self.replace, self.on_events, self.on_relist = replace, on_events, on_relist
-        self.on_resumed = on_resumed
+        self.on_resumed, self.metrics = on_resumed, metrics
         self.down_since: float | None = None  # when listing or watching began to fail
         self.loop: asyncio.AbstractEventLoop | None = None
         self.rv: str | None = None  # None: list (again) before watching
@@ -104,6 +109,7 @@ class RawWatch(threading.Thread, Generic[T]):
             except Exception as e:  # a dead watch thread would blind the controller
                 if self.down_since is None:
                     self.down_since = time.time()
+                self.metrics.watch_restarted(self.what, WATCH_FAILED)
                 log.warning("%s watch: %r; retrying in %.1f s", self.what, e, backoff)
                 self.halt.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
@@ -132,11 +138,21 @@ class RawWatch(threading.Thread, Generic[T]):
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":  # e.g. 410 Gone: the resourceVersion expired
                     log.info("%s watch: %s; listing again", self.what, obj.get("message"))
+                    self.metrics.watch_restarted(self.what, WATCH_EXPIRED)
                     self.rv = None
                     return
                 self.rv = (obj.get("metadata") or {}).get("resourceVersion") or self.rv
                 if kind != "BOOKMARK":
                     decoded = self.decode(obj)
-                    self.loop.call_soon_threadsafe(self.on_events, [(str(kind), decoded)])
+                    # a deletion is not stamped: only additions and changes have a lag
+                    changed = event_time(obj) if kind != "DELETED" else None
+                    self.loop.call_soon_threadsafe(self._handle, [(str(kind), decoded)], changed)
         finally:
             stream.release_conn()
+
+    def _handle(self, events: list[WatchEvent[T]], changed: float | None) -> None:
+        """On the loop: hand ``events`` over; record the lag from ``changed`` (when the object
+        says it changed) to now, when the cache has them."""
+        self.on_events(events)
+        if changed is not None:
+            self.metrics.event_handled(self.what, time.time() - changed)

@@ -12,7 +12,7 @@ from typing import Any
 
 from jobset_inplace import names
 from jobset_inplace.core.model import Cause, GangStatus, Recovery
-from jobset_inplace.core.statemachine import Phase
+from jobset_inplace.core.statemachine import Edge, Phase
 from jobset_inplace.times import parse_time, rfc3339
 
 
@@ -28,6 +28,9 @@ def _recovery_to_dict(r: Recovery) -> dict[str, Any]:
         "inPlace": r.in_place,
         "recreated": dict(r.recreated),
         "resumeStep": r.resume_step,
+        "openedBy": None if r.opened_by is None else r.opened_by.value,
+        "firstSignal": None if r.first_signal is None else r.first_signal.value,
+        "firstSignalAt": rfc3339(r.first_signal_at),
     }
 
 
@@ -42,6 +45,10 @@ def _recovery_from_dict(d: dict[str, Any]) -> Recovery:
         deadline_extended=bool(d.get("deadlineExtended")),
         opened=parse_time(d.get("openedAt")),
         resume_step=d.get("resumeStep"),
+        # absent from statuses written before they were recorded
+        opened_by=Edge(d["openedBy"]) if d.get("openedBy") else None,
+        first_signal=Cause(d["firstSignal"]) if d.get("firstSignal") else None,
+        first_signal_at=parse_time(d.get("firstSignalAt")),
     )
 
 

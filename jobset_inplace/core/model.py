@@ -105,6 +105,12 @@ class Recovery:
     deadline_extended: bool = False
     opened: float | None = None
     resume_step: int | None = None
+    # The edge that opened this epoch (None: written by a controller that did not record it).
+    opened_by: Edge | None = None
+    # A member failure's recovery: the earliest failure signal of the members that started it,
+    # and since when it showed (the snapshot's times: see planner.first_signal).
+    first_signal: Cause | None = None
+    first_signal_at: float | None = None
 
     @property
     def duration(self) -> float | None:

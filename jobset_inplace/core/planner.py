@@ -211,6 +211,33 @@ def member_causes(
     return causes, wake
 
 
+def first_signal(
+    s: Snapshot, current: Mapping[str, PodView], causes: Mapping[str, Cause]
+) -> tuple[Cause, float]:
+    """The earliest of the failing members' signals (``causes``: not empty) and since when it
+    showed, from the times the snapshot carries: a node's first unhealthy signal (the
+    threshold it must last is part of detection); a pod's Ready condition turning False (for a
+    stuck member: its agent's start, if later), when that lies between the barrier's opening
+    and now (an older one is not this failure's). A signal without such a time (a pod deleted
+    or gone) counts from now: the pass that saw it."""
+    rec = s.status.recovery
+    opened = (rec.opened if rec is not None else None) or 0.0
+    seen: list[tuple[float, str, Cause]] = []
+    for member, cause in causes.items():
+        pod = current.get(member)
+        node = s.nodes.get(pod.node or "") if pod is not None else None
+        at = s.now
+        if cause == Cause.NODE_UNHEALTHY and node is not None:
+            since = unhealthy_since(node, s.policy, s.now, s.leases_observed_since)
+            at = s.now if since is None else min(since, s.now)
+        elif pod is not None and pod.not_ready_since is not None:
+            since = max(pod.not_ready_since, pod.agent_started or 0.0)
+            at = since if opened <= since <= s.now else s.now
+        seen.append((at, member, cause))
+    at, _, cause = min(seen)
+    return cause, at
+
+
 def silent(node: NodeView, now: float, observed_since: float) -> bool:
     """Whether nothing is heard from the node: Ready Unknown, a stale Lease, or the
     ``unreachable`` taint (not the signals an operator or a node problem detector sets, such as
@@ -419,6 +446,7 @@ class _Planning:
                 causes=dict(causes or {}),
                 # a failure's recovery restarts every member in place but the replaced ones
                 in_place=len(self.s.gang.members) if causes else 0,
+                opened_by=edge,
             )
         st.phase, st.reason, st.message = phase, reason, message
         self.p.edges.append(edge)
@@ -492,6 +520,7 @@ class _Planning:
                 st.member_failures.pop(member, None)
         self.go(Edge.MEMBER_FAILED, _main_cause(decided), causes=decided)
         rec = self.recovery
+        rec.first_signal, rec.first_signal_at = first_signal(s, self.current, causes)
         for member, cause in sorted(replaced.items()):
             pod = self.current.get(member)
             self.mark_recreated(rec, member, pod.uid if pod else "", cause)
@@ -565,7 +594,9 @@ class _Planning:
         """First look at a gang: epoch 1 opens like any other (the status starts Recovering)."""
         s, st = self.s, self.st
         self.go(Edge.GANG_SEEN, st.reason, st.message)
-        st.recovery = Recovery(st.epoch, s.now, s.now + self.barrier_timeout)
+        st.recovery = Recovery(
+            st.epoch, s.now, s.now + self.barrier_timeout, opened_by=Edge.GANG_SEEN
+        )
 
     def fold_failures(self, rec: Recovery, causes: dict[str, Cause]) -> bool:
         """Failures while the barrier waits join this recovery: members restarting in place

@@ -18,7 +18,7 @@ from jobset_inplace.core.gangstate import (
     status_to_dict,
 )
 from jobset_inplace.core.model import Cause, GangStatus, Recovery
-from jobset_inplace.core.statemachine import Phase
+from jobset_inplace.core.statemachine import Edge, Phase
 
 
 def test_member_counts_alone_are_progress() -> None:
@@ -65,6 +65,9 @@ def full_status() -> GangStatus:
             deadline_extended=True,
             opened=T0 + 12.015625,
             resume_step=4200,
+            opened_by=Edge.MEMBER_FAILED,
+            first_signal=Cause.NODE_UNHEALTHY,
+            first_signal_at=T0 - 14.5,
         ),
         history=[{"epoch": 6, "causes": {"workers/0/0": "PodFailed"}, "durationSeconds": 4.5}],
         inplace_used=3,
@@ -116,6 +119,18 @@ def test_encoding_is_the_documented_camel_case_json() -> None:
     assert rec["startedAt"].endswith("Z")
     assert rec["durationSeconds"] == pytest.approx(11.766)
     assert rec["recreated"] == {"workers/1/0": "uid-old-1"}
+    assert (rec["openedBy"], rec["firstSignal"]) == ("MemberFailed", "NodeUnhealthy")
+    assert rec["firstSignalAt"] == "2026-09-21T14:13:05.500000Z"
+
+
+def test_a_recovery_written_before_its_opening_edge_was_recorded_still_reads() -> None:
+    rec = status_to_dict(full_status())["recovery"]
+    for key in ("openedBy", "firstSignal", "firstSignalAt"):
+        del rec[key]
+    back = status_from_dict(status_to_dict(full_status()) | {"recovery": rec}).recovery
+    assert back is not None
+    assert (back.opened_by, back.first_signal, back.first_signal_at) == (None, None, None)
+    assert back.causes == {"workers/1/0": Cause.NODE_UNHEALTHY, "workers/3/0": Cause.TRAINER_EXITED}
 
 
 @pytest.mark.parametrize("stored", [None, {}, {"phase": "Running"}])
@@ -144,6 +159,9 @@ recoveries = st.builds(
     deadline_extended=st.booleans(),
     opened=st.none() | times,
     resume_step=st.none() | small,
+    opened_by=st.none() | st.sampled_from(list(Edge)),
+    first_signal=st.none() | st.sampled_from(list(Cause)),
+    first_signal_at=st.none() | times,
 )
 
 statuses = st.builds(

@@ -1,0 +1,265 @@
+"""The Prometheus adapter: observations, passes, watches and leadership recorded into a fresh
+registry, read back from the exposition text as Prometheus would parse it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import prometheus_client
+import pytest
+from kubernetes.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from jobset_inplace.controller import metrics
+from jobset_inplace.controller.cache import ClusterCache
+from jobset_inplace.controller.leader import Election, LeaderElector
+from jobset_inplace.controller.metrics import Metrics
+from jobset_inplace.controller.watches import RawWatch, WatchEvent
+from jobset_inplace.core.model import GangStatus
+from jobset_inplace.core.policy import Policy
+from jobset_inplace.core.statemachine import Edge, Phase
+from jobset_inplace.core.telemetry import (
+    Escalated,
+    FailureDetected,
+    MembersRestarted,
+    RecoveryEnded,
+    RecoveryStarted,
+    RecoveryTimed,
+    StepsLost,
+    StoodDown,
+)
+from jobset_inplace.times import format_time
+
+from .test_reconciler_timing import KEY, RecordingExecutor, gang, jobset
+from .test_watches import Response, Scripted, name
+
+Labels = frozenset[tuple[str, str]]
+
+
+def scrape(m: Metrics) -> dict[tuple[str, Labels], float]:
+    """Every sample of the exposition, by (name, labels)."""
+    body, ctype = m.exposition()
+    assert ctype.startswith("text/plain")
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+    }
+
+
+def value(m: Metrics, sample: str, **labels: str) -> float | None:
+    return scrape(m).get((sample, frozenset(labels.items())))
+
+
+@pytest.fixture
+def m() -> Metrics:
+    return Metrics(CollectorRegistry())
+
+
+# --- observations --------------------------------------------------------------------------------
+def test_a_recovery_moves_its_counters_and_histograms(m: Metrics) -> None:
+    m.record(
+        [
+            RecoveryStarted("TrainerExited"),
+            FailureDetected(2.5),
+            MembersRestarted(in_place=4, recreated=1),
+            RecoveryEnded("TrainerExited", Edge.BARRIER_OPENED),
+            StepsLost(100),
+            RecoveryTimed(restart=None, barrier=None, total=12.5),
+        ]
+    )
+    assert value(m, "jobset_inplace_recoveries_started_total", cause="TrainerExited") == 1
+    assert (
+        value(m, "jobset_inplace_recoveries_total", cause="TrainerExited", outcome="BarrierOpened")
+        == 1
+    )
+    detection = "jobset_inplace_recovery_detection_seconds"
+    assert value(m, f"{detection}_count") == 1
+    assert value(m, f"{detection}_sum") == 2.5
+    assert value(m, f"{detection}_bucket", le="2.0") == 0
+    assert value(m, f"{detection}_bucket", le="3.0") == 1
+    assert value(m, "jobset_inplace_members_restarted_total", mode="in_place") == 4
+    assert value(m, "jobset_inplace_members_restarted_total", mode="recreated") == 1
+    assert value(m, "jobset_inplace_recovery_duration_seconds_sum") == 12.5
+    assert value(m, "jobset_inplace_recovery_restart_seconds_count") == 0, "unknown: not observed"
+    assert value(m, "jobset_inplace_recovery_barrier_seconds_count") == 0
+    assert value(m, "jobset_inplace_recovery_steps_lost_bucket", le="50.0") == 0
+    assert value(m, "jobset_inplace_recovery_steps_lost_bucket", le="100.0") == 1
+
+
+def test_escalations_and_stand_downs_are_counted_by_reason(m: Metrics) -> None:
+    m.record([Escalated("BarrierTimeout"), Escalated("BarrierTimeout"), StoodDown("Kueue")])
+    m.record([RecoveryTimed(restart=8.0, barrier=2.0, total=None)])
+    assert value(m, "jobset_inplace_escalations_total", reason="BarrierTimeout") == 2
+    assert value(m, "jobset_inplace_stand_downs_total", reason="Kueue") == 1
+    assert value(m, "jobset_inplace_recovery_restart_seconds_sum") == 8.0
+    assert value(m, "jobset_inplace_recovery_barrier_seconds_sum") == 2.0
+    assert value(m, "jobset_inplace_recovery_duration_seconds_count") == 0
+
+
+def test_known_label_values_and_internals_exist_before_anything_happened(m: Metrics) -> None:
+    samples = scrape(m)
+    for mode in ("in_place", "recreated"):
+        assert samples[("jobset_inplace_members_restarted_total", frozenset({("mode", mode)}))] == 0
+    for sample in ("passes_total", "pass_failures_total", "leader"):
+        assert samples[(f"jobset_inplace_{sample}", frozenset())] == 0
+
+
+# --- per gang, at scrape time --------------------------------------------------------------------
+def test_gangs_by_phase_and_budgets_left_are_read_from_the_cache_when_scraped(m: Metrics) -> None:
+    cache = ClusterCache()
+    m.bind(cache)
+    g = cache.upsert_jobset(jobset(), Policy(inplace_budget=3, recreate_budget=2), "")
+    other = ("ns", "other")
+    cache.upsert_jobset(
+        jobset() | {"metadata": {**jobset()["metadata"], "name": other[1]}}, None, ""
+    )
+    assert value(m, "jobset_inplace_gangs", phase="Running") == 0, "status not loaded: not counted"
+    g.status = GangStatus(phase=Phase.RUNNING, inplace_used=1, recreate_used=2)
+    budget = "jobset_inplace_gang_restart_budget_remaining"
+    assert value(m, "jobset_inplace_gangs", phase="Running") == 1
+    assert value(m, "jobset_inplace_gangs", phase="Escalated") == 0
+    assert value(m, budget, namespace="ns", jobset="gang", budget="in_place") == 2
+    assert value(m, budget, namespace="ns", jobset="gang", budget="recreate") == 0
+    assert not any(dict(labels).get("jobset") == "other" for _, labels in scrape(m))
+    cache.forget_jobset(KEY)
+    assert not any(sample == budget for sample, _ in scrape(m)), "no series of a deleted gang"
+    assert value(m, "jobset_inplace_gangs", phase="Running") == 0
+
+
+def test_binding_again_reads_the_new_cache_only(m: Metrics) -> None:
+    first, second = ClusterCache(), ClusterCache()
+    for cache in (first, second):
+        m.bind(cache)
+    g = first.upsert_jobset(jobset(), Policy(), "")
+    g.status = GangStatus(phase=Phase.RUNNING)
+    assert value(m, "jobset_inplace_gangs", phase="Running") == 0
+
+
+def test_the_process_registry_is_private_and_served_as_text() -> None:
+    body, ctype = metrics.exposition()
+    assert b"jobset_inplace_leader" in body
+    assert ctype == prometheus_client.CONTENT_TYPE_LATEST
+    assert b"jobset_inplace_" not in prometheus_client.generate_latest(prometheus_client.REGISTRY)
+
+
+# --- the reconciler's passes ---------------------------------------------------------------------
+async def test_a_pass_that_starts_a_recovery_records_it_after_the_status_write(m: Metrics) -> None:
+    ex = RecordingExecutor(GangStatus(phase=Phase.RUNNING, epoch=2, barrier_open=True))
+    r, clock, _ = gang(ex, trainer_failed=True)
+    r.metrics = m
+    clock.cpu_step = 0.004
+    await r.reconcile(KEY)
+    assert ex.calls == ["load", "write epoch 3 Recovering", "act"]
+    assert value(m, "jobset_inplace_recoveries_started_total", cause="TrainerExited") == 1
+    assert value(m, "jobset_inplace_members_restarted_total", mode="in_place") == 2
+    assert value(m, "jobset_inplace_passes_total") == 1
+    assert value(m, "jobset_inplace_pass_failures_total") == 0
+    assert value(m, "jobset_inplace_planning_cpu_seconds_count") == 1
+    assert value(m, "jobset_inplace_planning_cpu_seconds_sum") == pytest.approx(0.004)
+
+
+class FailingWrite(RecordingExecutor):
+    def write_status(self, namespace: str, name: str, status: GangStatus) -> None:
+        raise RuntimeError("the apiserver went away")
+
+
+async def test_a_pass_whose_status_write_fails_records_no_recovery(m: Metrics) -> None:
+    ex = FailingWrite(GangStatus(phase=Phase.RUNNING, epoch=2, barrier_open=True))
+    r, _, _ = gang(ex, trainer_failed=True)
+    r.metrics = m
+    await r.reconcile(KEY)  # retried later: the retry plans the same recovery again
+    assert value(m, "jobset_inplace_pass_failures_total") == 1
+    assert value(m, "jobset_inplace_passes_total") == 1
+    assert value(m, "jobset_inplace_recoveries_started_total", cause="TrainerExited") is None
+
+
+# --- watches ------------------------------------------------------------------------------------
+class Broken(Response):
+    """A watch whose connection breaks."""
+
+    def __iter__(self) -> Iterator[bytes]:
+        raise ConnectionError("connection reset")
+
+
+def test_watch_events_have_a_lag_and_restarts_are_counted_by_reason(m: Metrics) -> None:
+    changed = format_time(time.time() - 3)
+    fields = [{"manager": "kubelet", "time": changed}]
+    stamped = {"metadata": {"name": "a", "resourceVersion": "11", "managedFields": fields}}
+    call = Scripted(
+        lists=[Response({"metadata": {"resourceVersion": "10"}, "items": []})] * 2,
+        watches=[
+            Response(lines=[{"type": "MODIFIED", "object": stamped}]),
+            Response(lines=[{"type": "DELETED", "object": stamped}]),  # not stamped: no lag
+            Broken(),
+            Response(lines=[{"type": "ERROR", "object": {"message": "too old", "code": 410}}]),
+        ],
+    )
+    events: list[WatchEvent[str]] = []
+    w = RawWatch(
+        "node Leases",
+        call,
+        decode=name,
+        replace=lambda _: None,
+        on_events=events.extend,
+        on_relist=lambda: None,
+        metrics=m,
+    )
+    call.watch = w
+    w.prime()
+
+    async def run_until_the_script_ends() -> None:
+        w.start_on(asyncio.get_running_loop())
+        await asyncio.to_thread(w.join, 10)
+        await asyncio.sleep(0)
+
+    asyncio.run(run_until_the_script_ends())
+    assert events == [("MODIFIED", "a"), ("DELETED", "a")]
+    lag = "jobset_inplace_event_lag_seconds"
+    assert value(m, f"{lag}_count", watch="node_leases") == 1
+    assert 3 <= (value(m, f"{lag}_sum", watch="node_leases") or 0) < 13
+    restarts = "jobset_inplace_watch_restarts_total"
+    assert value(m, restarts, watch="node_leases", reason="error") == 1
+    assert value(m, restarts, watch="node_leases", reason="expired") == 1
+
+
+def test_a_negative_lag_from_clock_skew_counts_as_none(m: Metrics) -> None:
+    m.event_handled("pods", -0.4)
+    assert value(m, "jobset_inplace_event_lag_seconds_sum", watch="pods") == 0
+
+
+# --- leadership ---------------------------------------------------------------------------------
+class LeaseApi:
+    """A Lease store answering as the apiserver does (404 until created)."""
+
+    def __init__(self) -> None:
+        self.lease: dict[str, Any] | None = None
+
+    def read_namespaced_lease(self, name: str, namespace: str, **_: Any) -> SimpleNamespace:
+        if self.lease is None:
+            raise ApiException(status=404)
+        return SimpleNamespace(data=json.dumps(self.lease).encode())
+
+    def create_namespaced_lease(self, namespace: str, body: dict[str, Any], **_: Any) -> None:
+        self.lease = body | {"metadata": body["metadata"] | {"resourceVersion": "1"}}
+
+    def replace_namespaced_lease(self, name: str, ns: str, body: dict[str, Any], **_: Any) -> None:
+        self.create_namespaced_lease(ns, body)
+
+
+def test_the_leader_gauge_follows_the_lease() -> None:
+    metrics.set_leader(False)
+    elector = LeaderElector(LeaseApi(), Election("jobset-inplace-system"))
+    elector.acquire()
+    assert value(metrics.METRICS, "jobset_inplace_leader") == 1
+    elector.release()
+    assert value(metrics.METRICS, "jobset_inplace_leader") == 0
+    metrics.set_leader(True)  # no election: the wiring says this replica acts
+    assert value(metrics.METRICS, "jobset_inplace_leader") == 1
+    metrics.set_leader(False)
