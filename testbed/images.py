@@ -51,7 +51,7 @@ AGENT_IMAGE = DEFAULT_AGENT_IMAGE
 # image (build-images.sh's PYTHON_NAME, replaced by that layer on the nodes).
 NODE_IMAGE = "jobset-inplace/python:local"
 CONTROLLER_IMAGE = f"jobset-inplace/controller:{__version__}"
-# Neither image needs root; 65532 is the usual "nonroot" of distroless images.
+# The controller's user (65532, distroless's "nonroot"; in the base image's /etc/passwd).
 NONROOT = "65532:65532"
 # The ``jobset-inplace`` command of the controller image (also the Dockerfile's).
 CONTROLLER_COMMAND = ROOT / "images" / "jobset-inplace"
@@ -183,8 +183,10 @@ def prepare_trees(force: bool = False) -> dict[str, tuple[str, Path]]:
     for key, name in (("agent", AGENT_IMAGE), ("controller", CONTROLLER_IMAGE)):
         root = base / key
         copy_package(root)
-        options = [f"--config.user={NONROOT}", *_labels(f"jobset-inplace {key}")]
+        options = _labels(f"jobset-inplace {key}")
         if key == "agent":
+            # No user of its own: the agent renames the trainer's checkpoint markers, so it runs
+            # as the pod says, like the trainer (root unless runAsUser; docs/images.md).
             options += [
                 "--config.cmd=python3",
                 "--config.cmd=-m",
@@ -196,7 +198,11 @@ def prepare_trees(force: bool = False) -> dict[str, tuple[str, Path]]:
             command.parent.mkdir(parents=True)
             shutil.copyfile(CONTROLLER_COMMAND, command)
             command.chmod(0o755)
-            options += ["--config.cmd=jobset-inplace", "--config.cmd=run"]
+            options += [
+                f"--config.user={NONROOT}",
+                "--config.cmd=jobset-inplace",
+                "--config.cmd=run",
+            ]
         root.with_suffix(".config").write_text("\n".join(options) + "\n")
         trees[key] = (name, root)
     return trees

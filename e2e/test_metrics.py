@@ -1,0 +1,122 @@
+"""The in-cluster controller's /metrics after a real recovery: every replica serves it, the
+leader's counters and histograms moved by one recovery with the right labels, the standby
+says it does not lead (docs/metrics.md)."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from jobset_inplace import names
+from jobset_inplace.controller.leader import DEFAULT_LEASE
+from jobset_inplace.core.policy import parse_policy
+from testbed.cluster import LocalCluster
+from testbed.controller import gang_state, member_pods
+from testbed.demo import inject_failure, training_gang
+from testbed.install import Installation
+from testbed.kube import Clients, wait_for
+
+pytestmark = pytest.mark.e2e
+
+MEMBERS = 2
+PORT = 8080  # --health-port in manifests/controller/deployment.yaml
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(pod_ip: str) -> tuple[str, Samples]:
+    with urllib.request.urlopen(f"http://{pod_ip}:{PORT}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, frozenset(s.labels.items()))] = s.value
+    return text, samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get(("jobset_inplace_" + name, frozenset(labels.items())), 0.0)
+
+
+def test_metrics_after_one_recovery(
+    local_cluster: LocalCluster | None, controller: Installation, kube: Clients, namespace: str
+) -> None:
+    assert local_cluster is not None
+
+    def other_gangs() -> list[str]:
+        items = kube.custom.list_cluster_custom_object(
+            "jobset-inplace.dev", "v1alpha1", "gangstates"
+        )["items"]
+        return [
+            g["metadata"]["namespace"] for g in items if g["metadata"]["namespace"] != namespace
+        ]
+
+    # The counters are the controller's, across gangs: earlier tests' gangs, whose namespaces
+    # are still being deleted, must not move them during this one.
+    wait_for("earlier tests' gangs gone", lambda: not other_gangs(), 180)
+    training_gang(kube, local_cluster, namespace, "gang", MEMBERS)
+    holder = kube.coordination.read_namespaced_lease(DEFAULT_LEASE, names.INSTALL_NAMESPACE)
+    leader = str(holder.spec.holder_identity).rsplit("_", 1)[0]
+    ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in controller.pods()}
+    (standby,) = set(ips) - {leader}
+    _, before = scrape(ips[leader])
+
+    victim = member_pods(kube, namespace, "gang")["1"]
+    inject_failure(local_cluster.kubeconfig, namespace, victim.metadata.name)
+    wait_for(
+        "barrier of epoch 2",
+        lambda: (s := gang_state(kube, namespace, "gang")).get("epoch") == 2 and s["barrierOpen"],
+        120,
+    )
+    text, after = scrape(ips[leader])
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    print("\nscrape of the leader after one recovery (excerpt):")
+    for line in text.splitlines():
+        if line.startswith(
+            (
+                "jobset_inplace_recoveries",
+                "jobset_inplace_members_restarted_total",
+                "jobset_inplace_recovery_duration_seconds_sum",
+                "jobset_inplace_recovery_duration_seconds_count",
+                "jobset_inplace_recovery_detection_seconds_sum",
+                "jobset_inplace_gangs{",
+                "jobset_inplace_leader ",
+            )
+        ) or (namespace in line):
+            print("  " + line)
+
+    cause = {"cause": "TrainerExited"}
+    assert delta("recoveries_started_total", **cause) == 1
+    assert delta("recoveries_total", **cause, outcome="BarrierOpened") == 1
+    assert delta("members_restarted_total", mode="in_place") == MEMBERS
+    assert delta("members_restarted_total", mode="recreated") == 0
+    for phase in ("detection", "restart", "barrier", "duration"):
+        assert delta(f"recovery_{phase}_seconds_count") == 1, phase
+    total = delta("recovery_duration_seconds_sum")
+    assert 0 < total < 120, f"one recovery of {total}s"
+    assert delta("recovery_steps_lost_count") == 1
+    assert delta("passes_total") > 0
+    assert value(after, "gangs", phase="Running") >= 1
+    st = gang_state(kube, namespace, "gang")
+    used = st["budgets"]["inPlaceUsed"]
+    assert used == 1
+    jobset = kube.custom.get_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", "gang"
+    )
+    budget = parse_policy(jobset["metadata"]["annotations"]).inplace_budget
+    left = value(
+        after,
+        "gang_restart_budget_remaining",
+        namespace=namespace,
+        jobset="gang",
+        budget="in_place",
+    )
+    assert left == budget - used, f"{budget} - {used} left"
+    assert value(after, "leader") == 1
+    _, standby_samples = scrape(ips[standby])
+    assert value(standby_samples, "leader") == 0, "the standby serves /metrics, not leading"
+    assert value(standby_samples, "recoveries_total", **cause, outcome="BarrierOpened") == 0
