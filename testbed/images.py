@@ -13,8 +13,8 @@ plus one layer:
 
 Reproducible: file times are clamped to SOURCE_DATE_EPOCH, bytecode carries no timestamp, the
 layer tarballs are written in name order; the same checkout gives the same image digests
-(``--force`` rebuilds to show it). ``images/*.Dockerfile`` are the same recipes for Docker
-users (docs/images.md)."""
+(``--force`` rebuilds to show it). ``images/Dockerfile`` is the same recipe for Docker users
+(docs/images.md)."""
 
 from __future__ import annotations
 

@@ -48,8 +48,8 @@ class AgentSettings:
     image_pull_policy: str = "IfNotPresent"
     service_account: str = AGENT_SERVICE_ACCOUNT
     probe_port: int = names.DEFAULT_PROBE_PORT
-    # Where agents reach the apiserver when in-cluster Service routing is not available
-    # (the local cluster's real nodes have no kube-proxy); None: in-cluster config.
+    # Where agents reach the apiserver instead of the in-cluster Service (the tests' local-process
+    # controller gives its agents the host's address); None: in-cluster config.
     api_server: str | None = None
 
 

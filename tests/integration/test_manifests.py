@@ -90,12 +90,18 @@ def test_manifests_apply_and_controller_rbac_is_sufficient_and_least(
 ) -> None:
     kubectl = control_plane.kubectl()
     kubectl.run("apply", "--server-side", "-k", str(REPO_ROOT / "manifests"))
-    kubectl.wait_crds_established(["gangstates.jobset-inplace.dev"])
-    out = kubectl.run(
-        "get", "deployment,serviceaccount", "-n", "jobset-inplace-system", "-o", "name"
-    )
-    assert "deployment.apps/jobset-inplace-controller" in out
-    missing = [n for n in NEEDED if not _can(kube, *n)]
-    assert not missing, f"controller ServiceAccount lacks {missing}"
-    extra = [n for n in NOT_GRANTED if _can(kube, *n)]
-    assert not extra, f"controller ServiceAccount may {extra}"
+    try:
+        kubectl.wait_crds_established(["gangstates.jobset-inplace.dev"])
+        out = kubectl.run(
+            "get", "deployment,serviceaccount", "-n", "jobset-inplace-system", "-o", "name"
+        )
+        assert "deployment.apps/jobset-inplace-controller" in out
+        missing = [n for n in NEEDED if not _can(kube, *n)]
+        assert not missing, f"controller ServiceAccount lacks {missing}"
+        extra = [n for n in NOT_GRANTED if _can(kube, *n)]
+        assert not extra, f"controller ServiceAccount may {extra}"
+    finally:
+        # No controller serves these here: with failurePolicy Fail they would refuse every
+        # opted-in JobSet the later tests of this control plane create.
+        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+            kubectl.run("delete", kind, "jobset-inplace-webhook", "--ignore-not-found")
