@@ -3,8 +3,8 @@ and Kueue installed), otherwise against the local cluster, which it brings up if
 (idempotent) and takes down afterwards only if it created it (``JSI_KEEP_CLUSTER=1`` keeps it).
 
 Every e2e test runs on the local cluster. On another cluster, the tests that need one of its
-levers (the controller run as a local process with its webhook on loopback, kwok nodes whose
-heartbeat a test stops, real kubelet nodes with the locally built image) skip with that reason.
+levers (the controller installed from the locally built images on its real kubelet nodes, kwok
+nodes whose heartbeat a test stops) skip with that reason.
 A skipped e2e test is not a pass: the run lists each one with its reason at the end and exits
 non-zero, unless ``JSI_E2E_PARTIAL=1`` accepts a partial run."""
 

@@ -22,6 +22,7 @@ import argparse
 import compileall
 import hashlib
 import json
+import os
 import py_compile
 import shutil
 import subprocess
@@ -67,8 +68,8 @@ class Image:
     name: str
     archive: Path
 
-    def size_mb(self) -> float:
-        return self.archive.stat().st_size / 1e6
+    def size_mib(self) -> float:
+        return self.archive.stat().st_size / 2**20
 
     def digest(self) -> str:
         """The image's config digest (its ID): the same for the same content, wherever
@@ -128,7 +129,7 @@ def _check_python() -> None:
 
 
 # Parts of the dependencies the controller never imports, left out of the image.
-UNUSED = ("kubernetes/aio",)  # the client's asyncio variant: 68 MB of 185
+UNUSED = ("kubernetes/aio",)  # the client's asyncio variant: 68 MiB of the 185 MiB installed
 
 
 def _dependencies(force: bool) -> Path:
@@ -144,23 +145,14 @@ def _dependencies(force: bool) -> Path:
     t0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(dir=deps.parent))
     target = tmp / LOCAL_PACKAGES
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-compile",
-            "--only-binary=:all:",
-            "--require-hashes",
-            "--target",
-            str(target),
-            "-r",
-            str(REQUIREMENTS),
-        ],
-        check=True,
+    _pip_install(
+        "--no-deps",
+        "--no-compile",
+        "--require-hashes",
+        "--target",
+        str(target),
+        "-r",
+        str(REQUIREMENTS),
     )
     shutil.rmtree(target / "bin", ignore_errors=True)  # console scripts name this venv's python
     for part in UNUSED:
@@ -231,11 +223,16 @@ def build(*, force: bool = False, imports: Sequence[str] = ()) -> list[Image]:
 
 
 def _env() -> dict[str, str]:
-    import os  # noqa: PLC0415
-
     # stderr of the script (progress) goes straight to the terminal; JSI_IMAGES would add the
     # harness's node images to a product build.
     return {k: v for k, v in os.environ.items() if k != "JSI_IMAGES"}
+
+
+def _pip_install(*args: str) -> None:
+    """This Python's pip (the machine's configured index), wheels only: built images must not
+    depend on compiling a source distribution here."""
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--only-binary=:all:", *args]
+    subprocess.run(cmd, check=True)
 
 
 def lock() -> None:
@@ -243,22 +240,7 @@ def lock() -> None:
     with their hashes (``python -m testbed.images --lock``)."""
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     with tempfile.NamedTemporaryFile(suffix=".json") as report:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--dry-run",
-                "--ignore-installed",
-                "--only-binary=:all:",
-                "--report",
-                report.name,
-                *deps,
-            ],
-            check=True,
-        )
+        _pip_install("--dry-run", "--ignore-installed", "--report", report.name, *deps)
         installs = json.loads(Path(report.name).read_text())["install"]
     lines = [
         "# The controller image's Python dependencies: pyproject.toml's, resolved to wheels for",
@@ -289,9 +271,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     t0 = time.monotonic()
     images = build(force=args.force, imports=args.imports)
-    print(f"{'image':<40} {'size':>8}  digest")
+    print(f"{'image':<40} {'size':>10}  digest")
     for i in images:
-        print(f"{i.name:<40} {i.size_mb():>6.1f}MB  {i.digest()}")
+        print(f"{i.name:<40} {i.size_mib():>6.1f} MiB  {i.digest()}")
         print(f"  {i.archive}")
     log(f"done in {time.monotonic() - t0:.0f}s")
 

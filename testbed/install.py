@@ -38,7 +38,8 @@ class Installation:
 
     def install(self, timeout: float = 180) -> None:
         """Images onto the nodes, apply, wait until both replicas are ready and the webhook
-        injects (idempotent: a re-run rolls out a changed image)."""
+        injects. Idempotent; pods already running keep the image they started with (same tag,
+        never pulled): a changed image reaches them when they restart."""
         t0 = time.monotonic()
         nodes = self.cluster.real_nodes()
         if not nodes:

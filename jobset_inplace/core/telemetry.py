@@ -176,12 +176,10 @@ def steps_lost(joined: Sequence[PodView], resume_step: int | None) -> int:
 
 def last_agent_start(joined: Sequence[PodView]) -> float | None:
     """When the last of the members' agents started (None: a start time is unknown)."""
-    last: float | None = None
-    for pod in joined:
-        if pod.agent_started is None:
-            return None
-        last = pod.agent_started if last is None else max(last, pod.agent_started)
-    return last
+    starts = [pod.agent_started for pod in joined]
+    if not starts or None in starts:
+        return None
+    return max(s for s in starts if s is not None)
 
 
 def budgets_left(policy: Policy, status: GangStatus) -> dict[str, int]:
