@@ -10,6 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobset_inplace import names
+from jobset_inplace.apierrors import or_none
 from jobset_inplace.controller.leader import DEFAULT_LEASE
 from jobset_inplace.core.policy import is_managed, parse_policy
 from testbed.cluster import LocalCluster
@@ -44,20 +45,31 @@ def test_metrics_after_one_recovery(
 ) -> None:
     assert local_cluster is not None
 
-    def other_gangs() -> list[str]:
-        """Opted-in JobSets of other namespaces that the controller still recovers: one being
-        deleted is dropped at once (its GangState and pods may linger: pods of a silenced kwok
-        node stay Terminating for good)."""
+    def other_gangs() -> list[tuple[str, str]]:
+        """Opted-in JobSets of other namespaces that the controller still recovers (one being
+        deleted is dropped at once)."""
         items = kube.custom.list_cluster_custom_object("jobset.x-k8s.io", "v1alpha2", "jobsets")
         return [
-            f"{j['metadata']['namespace']}/{j['metadata']['name']}"
+            (j["metadata"]["namespace"], j["metadata"]["name"])
             for j in items["items"]
             if j["metadata"]["namespace"] != namespace and is_managed(j)
         ]
 
-    # The counters are the controller's, across gangs: earlier tests' gangs, whose namespaces
-    # are still being deleted, must not move them during this one.
-    wait_for("earlier tests' gangs dropped by the controller", lambda: not other_gangs(), 180)
+    # The counters are the controller's, across gangs: earlier tests' gangs must not move them
+    # during this one. Their namespaces are being deleted, but the namespace controller may not
+    # reach their JobSets for minutes (seen after the TAS test: its silenced kwok node's pods
+    # stay Terminating): delete those JobSets now, as their namespace deletion would.
+    for ns, name in other_gangs():
+        if kube.core.read_namespace(ns).metadata.deletion_timestamp is not None:
+            or_none(
+                kube.custom.delete_namespaced_custom_object,
+                "jobset.x-k8s.io",
+                "v1alpha2",
+                ns,
+                "jobsets",
+                name,
+            )
+    wait_for("earlier tests' gangs dropped by the controller", lambda: not other_gangs(), 60)
     training_gang(kube, local_cluster, namespace, "gang", MEMBERS)
     holder = kube.coordination.read_namespaced_lease(DEFAULT_LEASE, names.INSTALL_NAMESPACE)
     leader = str(holder.spec.holder_identity).rsplit("_", 1)[0]
