@@ -109,8 +109,17 @@ def test_metrics_after_one_recovery(
     assert delta("recoveries_total", **cause, outcome="BarrierOpened") == 1
     assert delta("members_restarted_total", mode="in_place") == MEMBERS
     assert delta("members_restarted_total", mode="recreated") == 0
-    for phase in ("detection", "restart", "barrier", "duration"):
+    for phase in ("detection", "duration"):
         assert delta(f"recovery_{phase}_seconds_count") == 1, phase
+    # Restart and barrier split the recovery at the last agent's start, observed only when the
+    # pass that opens the barrier sees every member's running agent in its pod status (the
+    # kubelet's status can trail the agent's report: seen on 1.35; docs/metrics.md): both or
+    # neither, once at most.
+    split = delta("recovery_restart_seconds_count")
+    assert split == delta("recovery_barrier_seconds_count")
+    assert split in (0, 1)
+    if not split:
+        print("restart/barrier split not observed: an agent start missing from the pod status")
     total = delta("recovery_duration_seconds_sum")
     assert 0 < total < 120, f"one recovery of {total}s"
     assert delta("recovery_steps_lost_count") == 1
