@@ -11,7 +11,7 @@ non-zero, unless ``JSI_E2E_PARTIAL=1`` accepts a partial run."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -66,6 +66,22 @@ def controller(local_cluster: LocalCluster | None) -> Iterator[Installation]:
     installation.install()
     yield installation
     installation.uninstall()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failing test that used the in-cluster controller reports its pods' logs."""
+    report: pytest.TestReport = yield
+    installation = getattr(item, "funcargs", {}).get("controller")
+    if report.failed and call.when == "call" and isinstance(installation, Installation):
+        try:
+            logs = installation.logs()
+        except Exception as e:  # the report must not hide the failure behind another one
+            logs = f"(could not read the controller logs: {e})"
+        report.sections.append(("controller pods' logs", logs))
+    return report
 
 
 # --- a partial run is not a pass ---------------------------------------------------------------

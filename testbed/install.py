@@ -7,7 +7,11 @@ election, self-managed webhook certificate) on the real kubelet nodes.
 
 from __future__ import annotations
 
+import subprocess
+import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +87,46 @@ class Installation:
             "rollout", "status", f"deployment/{DEPLOYMENT}", "-n", ns, f"--timeout={int(timeout)}s"
         )
         wait_until("the webhook injects the agent", lambda: webhook_injects(self.kubectl), 60)
+
+    def logs(self, tail: int = 200) -> str:
+        """Every controller pod's phase and the last ``tail`` lines of its log, timestamped
+        (for a failing test's report)."""
+        parts = []
+        for pod in self.pods():
+            name = pod["metadata"]["name"]
+            phase = pod.get("status", {}).get("phase")
+            gone = " (terminating)" if pod["metadata"].get("deletionTimestamp") else ""
+            out = self.kubectl.run(
+                "logs",
+                name,
+                "-n",
+                names.INSTALL_NAMESPACE,
+                "--timestamps",
+                f"--tail={tail}",
+                check=False,
+            )
+            parts.append(f"--- {name}: {phase}{gone}\n{out}")
+        return "\n".join(parts)
+
+    @contextmanager
+    def following(self, pod: str) -> Iterator[Callable[[], str]]:
+        """Follow one controller pod's log for the block (it outlives the pod's deletion);
+        yields a function returning what was logged so far."""
+        with tempfile.TemporaryFile("w+") as out:
+            cmd = self.kubectl.command(
+                "logs", "-f", pod, "-n", names.INSTALL_NAMESPACE, "--timestamps"
+            )
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+            def so_far() -> str:
+                out.seek(0)
+                return out.read()
+
+            try:
+                yield so_far
+            finally:
+                proc.terminate()
+                proc.wait()
 
     def pods(self) -> list[dict[str, Any]]:
         out = self.kubectl.run(

@@ -15,8 +15,11 @@ class Kubectl:
         self.kubeconfig = kubeconfig
         self.binary = binary or binaries().kubectl
 
+    def command(self, *args: str) -> list[str]:
+        return [str(self.binary), "--kubeconfig", str(self.kubeconfig), *args]
+
     def run(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
-        cmd = [str(self.binary), "--kubeconfig", str(self.kubeconfig), *args]
+        cmd = self.command(*args)
         res = subprocess.run(cmd, input=stdin, capture_output=True, text=True, check=False)
         if check and res.returncode != 0:
             raise RuntimeError(
