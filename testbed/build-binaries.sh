@@ -8,7 +8,7 @@
 # A binary that is already there is not rebuilt, so re-running is cheap and safe.
 #
 # Usage: testbed/build-binaries.sh [component ...]
-#   components: kubernetes etcd kwok jobset kueue containerd runc (default: all)
+#   components: kubernetes etcd kwok jobset kueue containerd runc helm (default: all)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -173,6 +173,11 @@ build_runc() {
     "-X main.version=${v#v}" github.com/opencontainers/runc
 }
 
+build_helm() {
+  module_build helm helm.sh/helm/v4 "$HELM_VERSION" \
+    "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" helm.sh/helm/v4/cmd/helm
+}
+
 # CRDs and manifests are read from the pinned module sources in the Go module cache.
 fetch_module_source() {
   local m="$1" v="$2"
@@ -182,7 +187,7 @@ fetch_module_source() {
 
 main() {
   local want=("$@")
-  (( ${#want[@]} )) || want=(kubernetes etcd kwok jobset kueue containerd runc)
+  (( ${#want[@]} )) || want=(kubernetes etcd kwok jobset kueue containerd runc helm)
   local total=$SECONDS c
   mkdir -p "$cache"
   # One build at a time: concurrent builds would fight over the same outputs and 2 cores.
@@ -201,7 +206,8 @@ main() {
       kueue) build_kueue ;;
       containerd) build_containerd ;;
       runc) build_runc ;;
-      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc)" >&2; exit 2 ;;
+      helm) build_helm ;;
+      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc helm)" >&2; exit 2 ;;
     esac
   done
   log "all requested binaries present ($((SECONDS - total))s)"

@@ -174,11 +174,16 @@ def prepare(kube: Clients, cluster_kubeconfig: Path, namespace: str) -> None:
     CRD, the agent's least-privilege admission policy, the agent's RBAC in the namespace."""
     kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster_kubeconfig)]
     for manifest_file in (CRD, AGENT_POLICY):
-        subprocess.run(
-            [*kubectl, "apply", "--server-side", "-f", str(manifest_file)],
-            check=True,
+        # created when missing, never re-applied: an install (kustomize or the chart) owns them
+        res = subprocess.run(
+            [*kubectl, "create", "-f", str(manifest_file)],
+            check=False,
             capture_output=True,
+            text=True,
         )
+        errors = [e for e in res.stderr.splitlines() if "(AlreadyExists)" not in e]
+        if res.returncode != 0 and errors:
+            raise RuntimeError(f"kubectl create -f {manifest_file}: {res.stderr.strip()}")
     try:
         kube.core.create_namespace({"metadata": {"name": namespace}})
     except ApiException as e:

@@ -38,6 +38,7 @@ class Versions:
     kueue: str
     containerd: str
     runc: str
+    helm: str
 
     @property
     def kubernetes_minor(self) -> int:
@@ -82,6 +83,7 @@ def parse_versions(text: str, k8s: str = "") -> Versions:
             kueue=values["KUEUE_VERSION"],
             containerd=values["CONTAINERD_VERSION"],
             runc=values["RUNC_VERSION"],
+            helm=values["HELM_VERSION"],
         )
     except KeyError as missing:
         raise ValueError(f"{VERSIONS_FILE.name}: missing {missing.args[0]}") from None
@@ -112,6 +114,7 @@ class Binaries:
     containerd_shim: Path
     ctr: Path
     runc: Path
+    helm: Path
 
     @property
     def kubernetes_dir(self) -> Path:
@@ -140,6 +143,7 @@ def binaries(v: Versions | None = None) -> Binaries:
         containerd_shim=containerd / "containerd-shim-runc-v2",
         ctr=containerd / "ctr",
         runc=b / f"runc-{v.runc}" / "runc",
+        helm=b / f"helm-{v.helm}" / "helm",
     )
 
 
@@ -160,6 +164,7 @@ COMPONENT_OF = {
     "containerd_shim": "containerd",
     "ctr": "containerd",
     "runc": "runc",
+    "helm": "helm",
 }
 
 

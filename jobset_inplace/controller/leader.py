@@ -40,6 +40,7 @@ log = logging.getLogger("jobset_inplace.controller")
 
 DEFAULT_LEASE = "jobset-inplace-controller"
 WATCHDOG_PERIOD_S = 0.5
+SETUP_RETRY_S = 10.0  # a missing namespace or missing rights: retried this often
 
 
 class ElectionError(RuntimeError):
@@ -142,21 +143,25 @@ class LeaderElector:
 
     # --- the candidate's life -------------------------------------------------------------
     def acquire(self) -> None:
-        """Block until this candidate holds the Lease (retrying every retry period, jittered)."""
+        """Block until this candidate holds the Lease (retrying every retry period, jittered).
+        A setup error (namespace or rights missing) is logged with its fix and retried every
+        :data:`SETUP_RETRY_S`: the replica waits, unled, for the fix instead of crash-looping."""
         told = None
         while True:
+            pause = self.timing.retry_period_s * random.uniform(1, JITTER)
             try:
                 if self.try_once():
                     set_leader(True)
                     return
-            except ElectionError:
-                raise
+            except ElectionError as e:
+                log.error("leader: %s; retrying in %.0fs", e, SETUP_RETRY_S)
+                pause = SETUP_RETRY_S
             except Exception as e:
                 log.warning("leader: reading/writing %s failed: %s", self.where, e)
             if self.holder != told:
                 told = self.holder
                 log.info("leader: waiting, %s is held by %s", self.where, self.holder or "nobody")
-            time.sleep(self.timing.retry_period_s * random.uniform(1, JITTER))
+            time.sleep(pause)
 
     def keep(self, on_lost: Callable[[str], None]) -> None:
         """Renew every retry period on a daemon thread; call ``on_lost`` (once, from the

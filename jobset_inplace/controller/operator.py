@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
+import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -224,6 +226,7 @@ def run(
     (its pod restarts as a candidate)."""
     # kopf logs every handled event at INFO: thousands of pods would flood the log.
     logging.getLogger("kopf").setLevel(logging.WARNING)
+    _exit_on_sigterm()
     reconciler = build_reconciler()
     metrics.bind(reconciler)
     checks: dict[str, Check] = {}
@@ -261,14 +264,16 @@ def run(
     )
     side.start()
     elector = None
-    if election is None:
-        metrics.set_leader(True)  # the only replica (the elector sets it otherwise)
-    else:
-        elector = LeaderElector(client.CoordinationV1Api(client.ApiClient()), election)
-        log.info("leader: candidate %s for %s", election.identity, elector.where)
-        elector.acquire()
-        elector.keep(on_lost=_leadership_lost)
+    # Whatever ends this replica (SIGTERM while a standby, too), the side operator must stop:
+    # its executor thread waits for stop_side, and the interpreter joins it before exiting.
     try:
+        if election is None:
+            metrics.set_leader(True)  # the only replica (the elector sets it otherwise)
+        else:
+            elector = LeaderElector(client.CoordinationV1Api(client.ApiClient()), election)
+            log.info("leader: candidate %s for %s", election.identity, elector.where)
+            elector.acquire()
+            elector.keep(on_lost=_leadership_lost)
         run_controller(reconciler)
     finally:
         stop_side.set()
@@ -276,6 +281,14 @@ def run(
             elector.release()
         if health is not None:
             health.stop()
+
+
+def _exit_on_sigterm() -> None:
+    """Stop at SIGTERM until kopf takes the signal over (when this replica leads). The
+    process is its container's PID 1, for which the kernel drops signals without a handler:
+    a standby would otherwise wait out the pod's grace period on every rollout and uninstall."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
 
 def _first_certificate(certificates: CertificateManager) -> None:

@@ -4,16 +4,20 @@ renew stops (short timings: the rules, not the defaults, are under test)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+import uuid
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from jobset_inplace.controller import leader
 from jobset_inplace.controller.leader import Election, ElectionError, LeaderElector
 from jobset_inplace.core.leadership import ElectionTiming
 from testbed.kube import Clients
+from testbed.processes import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -108,10 +112,32 @@ def test_a_leader_that_cannot_renew_stops_at_the_renew_deadline(
         a.release()
 
 
-def test_a_missing_namespace_is_named(kube: Clients) -> None:
-    c = candidate(kube, "no-such-namespace", "a")
-    with pytest.raises(ElectionError, match="namespace no-such-namespace not found"):
+def test_a_missing_namespace_is_named_and_waited_for(
+    kube: Clients, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No crash loop: the candidate logs the fix and takes the Lease once it is applied."""
+    monkeypatch.setattr(leader, "SETUP_RETRY_S", 0.2)
+    ns = f"created-late-{uuid.uuid4().hex[:6]}"
+    c = candidate(kube, ns, "a")
+    with pytest.raises(ElectionError, match=f"namespace {ns} not found"):
+        c.try_once()
+    done = threading.Event()
+
+    def acquire() -> None:
         c.acquire()
+        done.set()
+
+    t = threading.Thread(target=acquire, daemon=True)
+    with caplog.at_level(logging.ERROR, logger="jobset_inplace.controller"):
+        t.start()
+        wait_until("the error logged", lambda: f"namespace {ns} not found" in caplog.text, 10)
+        assert not done.is_set(), "no Lease without its namespace"
+        kube.core.create_namespace({"metadata": {"name": ns}})
+        try:
+            assert done.wait(10), "the candidate takes the Lease once the namespace exists"
+        finally:
+            c.release()
+            kube.core.delete_namespace(ns)
 
 
 def test_missing_rights_are_named(kube: Clients, namespace: str) -> None:
@@ -120,4 +146,4 @@ def test_missing_rights_are_named(kube: Clients, namespace: str) -> None:
     election = Election(namespace=namespace, identity="a", timing=FAST, lease=LEASE)
     c = LeaderElector(client.CoordinationV1Api(api), election)
     with pytest.raises(ElectionError, match=r"not allowed to read Lease .*: grant it"):
-        c.acquire()
+        c.try_once()

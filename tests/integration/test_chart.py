@@ -1,0 +1,134 @@
+"""The Helm chart (charts/jobset-inplace) and the kustomize manifests describe one install:
+with its defaults the chart renders exactly the kustomize base's objects, and each chart
+option exactly the objects of the matching kustomize component. Bad values are refused by
+name. (Installing the chart on the local cluster: e2e/test_lifecycle.py.)"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from testbed.helm import Helm
+from testbed.kubectl import kustomize
+from testbed.versions import REPO_ROOT
+
+pytestmark = pytest.mark.integration
+
+MANIFESTS = REPO_ROOT / "manifests"
+# What only the chart says: keep the CRD (and so every GangState) on `helm uninstall`.
+HELM_ONLY_ANNOTATIONS = {"helm.sh/resource-policy"}
+
+Key = tuple[str, str, str, str]
+
+
+def _key(obj: dict[str, Any]) -> Key:
+    meta = obj["metadata"]
+    return (obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"])
+
+
+def _by_key(objects: list[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
+    out = {}
+    for obj in objects:
+        annotations = obj["metadata"].get("annotations") or {}
+        for a in HELM_ONLY_ANNOTATIONS & set(annotations):
+            del annotations[a]
+        if not annotations:
+            obj["metadata"].pop("annotations", None)
+        out[_key(obj)] = obj
+    return out
+
+
+def _kustomized(tmp_path: Path, components: list[str]) -> dict[Key, dict[str, Any]]:
+    """The base (manifests/default) with ``components``, without its Namespace (helm installs
+    into a namespace it is given: ``--create-namespace``)."""
+    rel = os.path.relpath(MANIFESTS, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": [f"{rel}/default"],
+                "components": [f"{rel}/components/{c}" for c in components],
+            }
+        )
+    )
+    objects = [d for d in yaml.safe_load_all(kustomize(tmp_path)) if d]
+    return _by_key([o for o in objects if o["kind"] != "Namespace"])
+
+
+def _same(chart: dict[Key, dict[str, Any]], kust: dict[Key, dict[str, Any]]) -> None:
+    assert sorted(chart) == sorted(kust), "the same objects"
+    for key, obj in kust.items():
+        assert chart[key] == obj, f"{key} differs"
+
+
+@pytest.fixture(scope="module")
+def helm() -> Helm:
+    return Helm()
+
+
+def test_chart_lints(helm: Helm) -> None:
+    out = helm.run("lint", "--strict", str(REPO_ROOT / "charts" / "jobset-inplace"))
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+
+
+def test_chart_defaults_are_the_kustomize_base(helm: Helm, tmp_path: Path) -> None:
+    _same(_by_key(helm.template()), _kustomized(tmp_path, []))
+
+
+def test_chart_options_are_the_kustomize_components(helm: Helm, tmp_path: Path) -> None:
+    values = {
+        "webhook": {"certificate": "cert-manager"},
+        "metrics": {
+            "podMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True},
+            "dashboard": {"enabled": True},
+        },
+    }
+    _same(_by_key(helm.template(values)), _kustomized(tmp_path, ["cert-manager", "prometheus"]))
+
+
+def test_chart_values_reach_the_deployment(helm: Helm) -> None:
+    values = {
+        "image": {"repository": "registry.example/jsi/controller", "tag": "1.2.3"},
+        "agentImage": {"repository": "registry.example/jsi/agent", "pullPolicy": "Always"},
+        "replicas": 3,
+        "leaderElection": {"leaseDuration": "30s", "renewDeadline": "20s", "retryPeriod": "4s"},
+        "resources": {"requests": {"cpu": "1"}},
+        "tolerations": [{"operator": "Exists"}],
+    }
+    (deploy,) = [o for o in helm.template(values) if o["kind"] == "Deployment"]
+    spec = deploy["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert deploy["spec"]["replicas"] == 3
+    assert container["image"] == "registry.example/jsi/controller:1.2.3"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["JSI_AGENT_IMAGE"] == "registry.example/jsi/agent:0.1.0"  # the appVersion
+    assert env["JSI_AGENT_IMAGE_PULL_POLICY"] == "Always"
+    assert {
+        "--leader-elect-lease-duration=30s",
+        "--leader-elect-renew-deadline=20s",
+        "--leader-elect-retry-period=4s",
+    } <= set(container["args"])
+    # helm merges maps with the defaults
+    assert container["resources"] == {
+        "requests": {"cpu": "1", "memory": "256Mi"},
+        "limits": {"memory": "512Mi"},
+    }
+    assert spec["tolerations"] == [{"operator": "Exists"}]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"webhook": {"certificate": "vault"}}, "webhook.certificate"),
+        ({"replicas": 2, "leaderElection": {"enabled": False}}, "leaderElection.enabled"),
+        ({"replicas": "two"}, "replicas"),
+        ({"leaderElection": {"leaseDuration": 15}}, "leaseDuration"),
+    ],
+)
+def test_bad_values_are_refused_by_name(helm: Helm, values: dict[str, Any], message: str) -> None:
+    with pytest.raises(RuntimeError, match=message):
+        helm.template(values)
