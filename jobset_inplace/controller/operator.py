@@ -45,11 +45,11 @@ from .leader import Election, LeaderElector
 from .reconciler import Reconciler
 from .watches import RawWatch, WatchEvent
 from .webhook_server import (
-    DEFAULT_PORT,
     cert_dir_from_env,
     serve,
     server_from_env,
     settings_from_env,
+    webhook_port_from_env,
 )
 
 log = logging.getLogger("jobset_inplace.controller")
@@ -235,6 +235,7 @@ def run(
         health = HealthServer(health_port, checks, metrics=metrics.exposition)
         health.start()
     stop_side = threading.Event()
+    certificates = None
     if certificate_namespace is not None:
         certificates = CertificateManager(
             client.CoreV1Api(client.ApiClient()),
@@ -243,26 +244,11 @@ def run(
             cert_dir_from_env(),
         )
         checks["webhook-certificate"] = certificates.ready.is_set
-        _first_certificate(certificates)
-        threading.Thread(
-            target=certificates.run, args=(stop_side,), name="certificates", daemon=True
-        ).start()
-    server = server_from_env()
-    if server is not None:
-        checks["webhook-server"] = port_open(server.port or DEFAULT_PORT)
-    side = threading.Thread(
-        target=lambda: asyncio.run(
-            serve(
-                kubeconfig=None,
-                server=server,
-                settings=settings_from_env(),
-                stop_flag=stop_side,
-            )
-        ),
-        name="webhook",
-        daemon=True,
-    )
-    side.start()
+    if certificates is not None or server_from_env() is not None:
+        checks["webhook-server"] = port_open(webhook_port_from_env())
+    threading.Thread(
+        target=_serve_webhook, args=(certificates, stop_side), name="webhook", daemon=True
+    ).start()
     elector = None
     # Whatever ends this replica (SIGTERM while a standby, too), the side operator must stop:
     # its executor thread waits for stop_side, and the interpreter joins it before exiting.
@@ -291,18 +277,34 @@ def _exit_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
 
-def _first_certificate(certificates: CertificateManager) -> None:
-    """Block until the webhook has a certificate; a setup error is logged with its fix and
-    retried (the replica stays unready meanwhile), never a crash loop."""
-    while True:
+def _serve_webhook(certificates: CertificateManager | None, stop: threading.Event) -> None:
+    """Every replica's webhook side, on its own thread: the certificate first (when
+    self-managed), then the admission server, until ``stop``. A certificate that cannot be
+    made holds up only the webhook (the replica stays unready), never leadership: recoveries
+    do not need the webhook."""
+    if certificates is not None:
+        if not _first_certificate(certificates, stop):
+            return
+        threading.Thread(
+            target=certificates.run, args=(stop,), name="certificates", daemon=True
+        ).start()
+    server = server_from_env()  # the files are there now, when self-managed
+    asyncio.run(serve(kubeconfig=None, server=server, settings=settings_from_env(), stop_flag=stop))
+
+
+def _first_certificate(certificates: CertificateManager, stop: threading.Event) -> bool:
+    """Wait until the webhook has a certificate (True) or ``stop`` (False); a setup error is
+    logged with its fix and retried (the replica stays unready meanwhile), never a crash loop."""
+    while not stop.is_set():
         try:
             certificates.ensure()
-            return
+            return True
         except CertificateError as e:
             log.error("webhook certificate: %s; retrying in %.0fs", e, CERTIFICATE_RETRY_S)
         except client.exceptions.ApiException as e:
             log.warning("webhook certificate: API error %s %s; retrying", e.status, e.reason)
-        time.sleep(CERTIFICATE_RETRY_S)
+        stop.wait(CERTIFICATE_RETRY_S)
+    return False
 
 
 def _leadership_lost(why: str) -> None:

@@ -143,7 +143,13 @@ def server_from_env(env: dict[str, str] | None = None) -> kopf.WebhookServer | N
     cert, key = str(cert_dir / "tls.crt"), str(cert_dir / "tls.key")
     if not (os.path.exists(cert) and os.path.exists(key)):
         return None
-    return webhook_server(cert=cert, key=key, port=int(e.get(WEBHOOK_PORT_ENV, DEFAULT_PORT)))
+    return webhook_server(cert=cert, key=key, port=webhook_port_from_env(e))
+
+
+def webhook_port_from_env(env: Mapping[str, str] | None = None) -> int:
+    """The webhook server's port (``JSI_WEBHOOK_PORT``, default 9443)."""
+    e = os.environ if env is None else env
+    return int(e.get(WEBHOOK_PORT_ENV, DEFAULT_PORT))
 
 
 def connection_from_kubeconfig(path: str) -> kopf.ConnectionInfo:
