@@ -65,8 +65,8 @@ cluster-install: venv ## install jobset-inplace in the local cluster like a user
 cluster-status: venv ## is the local cluster up, and where are its kubeconfig and logs
 	$(PY) -m testbed status
 
-e2e-kind: venv ## e2e suite on a kind cluster (needs a Docker engine; not run by CI here)
-	bash testbed/kind/run.sh
+e2e-kind: venv ## e2e suite on kind: images from the Dockerfile, in-cluster install (needs Docker; .github/workflows/e2e-kind.yaml)
+	bash testbed/kind/run.sh $(PYTEST_ARGS)
 
 demo: venv binaries ## hybrid recovery on the local cluster: train, inject a failure, print the timeline
 	$(PY) -m testbed.demo

@@ -195,7 +195,7 @@ def agent_start(cluster: LocalCluster, cycles: int) -> dict[str, Any]:
     samples: list[float] = []
     for i in range(cycles):
         name = f"agent-start-{i}"
-        run_demo(cluster, name=name, namespace="bench-agent")
+        run_demo(cluster.kubeconfig, name=name, namespace="bench-agent")
         kubectl = [
             str(binaries().kubectl),
             "--kubeconfig",

@@ -20,6 +20,8 @@ from testbed.cluster import DEFAULT_NODES, DEFAULT_REAL_NODES, LocalCluster
 from testbed.install import Installation
 from testbed.kube import Clients, clients, temporary_namespace
 
+IMAGES_LOADED_ENV = "JSI_E2E_IMAGES_LOADED"
+
 
 @pytest.fixture(scope="session")
 def local_cluster() -> Iterator[LocalCluster | None]:
@@ -39,6 +41,14 @@ def local_cluster() -> Iterator[LocalCluster | None]:
             cluster.down()
 
 
+@pytest.fixture
+def kwok_cluster(local_cluster: LocalCluster | None) -> LocalCluster:
+    """The local cluster, for tests that make its simulated (kwok) nodes fail."""
+    if local_cluster is None:
+        pytest.skip("makes kwok nodes fail: the local cluster's simulated nodes")
+    return local_cluster
+
+
 @pytest.fixture(scope="session")
 def cluster_kubeconfig(local_cluster: LocalCluster | None) -> Path:
     return local_cluster.kubeconfig if local_cluster else Path(os.environ["JSI_KUBECONFIG"])
@@ -56,13 +66,20 @@ def namespace(kube: Clients, request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def controller(local_cluster: LocalCluster | None) -> Iterator[Installation]:
-    """jobset-inplace installed in the local cluster as users install it (images on the real
-    nodes, ``kubectl apply -k``; 2 replicas, leader election, self-managed webhook TLS), for
-    the session; uninstalled afterwards (a kept cluster is left as it was)."""
-    if local_cluster is None:
-        pytest.skip("installs the locally built images on the local cluster's real nodes")
-    installation = Installation(local_cluster)
+def controller(
+    local_cluster: LocalCluster | None, cluster_kubeconfig: Path
+) -> Iterator[Installation]:
+    """jobset-inplace installed in the cluster as users install it (``kubectl apply -k``; 2
+    replicas, leader election, self-managed webhook TLS), for the session; uninstalled
+    afterwards. On the local cluster the locally built images are imported into its real nodes
+    first; another cluster qualifies when its nodes have the images already
+    (``JSI_E2E_IMAGES_LOADED=1``: testbed/kind/run.sh loads them into kind)."""
+    if local_cluster is None and os.environ.get(IMAGES_LOADED_ENV) != "1":
+        pytest.skip(
+            "installs the locally built images: the local cluster's real nodes, or a cluster"
+            f" whose nodes have them ({IMAGES_LOADED_ENV}=1, testbed/kind/run.sh)"
+        )
+    installation = Installation(cluster_kubeconfig, local_cluster)
     installation.install()
     yield installation
     installation.uninstall()

@@ -12,6 +12,7 @@ standby's retry period): either is a correct takeover."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +20,6 @@ import pytest
 from jobset_inplace import names
 from jobset_inplace.controller.leader import DEFAULT_LEASE
 from jobset_inplace.times import parse_time
-from testbed.cluster import LocalCluster
 from testbed.controller import gang_state, member_pods
 from testbed.demo import inject_failure, trainers_running, training_gang
 from testbed.install import Installation
@@ -47,17 +47,16 @@ def _barrier_openings(kube: Clients, namespace: str, name: str) -> list[str]:
 
 
 def test_leader_pod_deleted_mid_recovery_a_new_leader_completes_it_exactly_once(
-    local_cluster: LocalCluster | None, controller: Installation, kube: Clients, namespace: str
+    cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str
 ) -> None:
-    assert local_cluster is not None
-    training_gang(kube, local_cluster, namespace, "gang", MEMBERS)
+    training_gang(kube, cluster_kubeconfig, namespace, "gang", MEMBERS)
     before = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
     replicas = {p["metadata"]["name"] for p in controller.pods()}
     leader = _leader_pod(kube)
     assert leader in replicas, f"the Lease holder {leader} is one of the replicas {replicas}"
     with controller.following(leader) as leader_log:
         try:
-            _fail_over(local_cluster, controller, kube, namespace, leader, replicas, before)
+            _fail_over(cluster_kubeconfig, controller, kube, namespace, leader, replicas, before)
         except AssertionError:
             print(f"--- log of the deleted leader {leader}:\n{leader_log()}")
             raise
@@ -66,7 +65,7 @@ def test_leader_pod_deleted_mid_recovery_a_new_leader_completes_it_exactly_once(
 
 
 def _fail_over(  # noqa: PLR0917 (the test's fixtures and findings)
-    local_cluster: LocalCluster,
+    cluster_kubeconfig: Path,
     controller: Installation,
     kube: Clients,
     namespace: str,
@@ -75,7 +74,7 @@ def _fail_over(  # noqa: PLR0917 (the test's fixtures and findings)
     before: dict[str, str],
 ) -> None:
     victim = member_pods(kube, namespace, "gang")["1"]
-    inject_failure(local_cluster.kubeconfig, namespace, victim.metadata.name)
+    inject_failure(cluster_kubeconfig, namespace, victim.metadata.name)
     st = wait_for(
         "the leader opens epoch 2",
         lambda: s if (s := gang_state(kube, namespace, "gang")).get("epoch") == 2 else None,

@@ -9,10 +9,10 @@ Classes covered here:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from jobset_inplace import names
-from testbed.cluster import LocalCluster
 from testbed.controller import gang_state, member_pods
 from testbed.demo import inject_failure, trainers_running, training_gang
 from testbed.install import Installation
@@ -26,21 +26,20 @@ def _annotations(pod: Any) -> dict[str, str]:
 
 
 def test_a_failure_while_the_controller_is_down_is_not_lost(
-    local_cluster: LocalCluster | None, controller: Installation, kube: Clients, namespace: str
+    cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str
 ) -> None:
     """Controller down (its Deployment scaled to 0); a trainer exits; the kubelet restarts its
     pod in place within a couple of seconds and the pod status shows nothing any more; the new
     agent finds epoch 1's barrier open and waits. The controller, started again, must recover
     the gang (epoch 2, everyone in place, one resume step) instead of seeing a Running gang with
     every member reported."""
-    assert local_cluster is not None
-    training_gang(kube, local_cluster, namespace, "gang", MEMBERS)
+    training_gang(kube, cluster_kubeconfig, namespace, "gang", MEMBERS)
     before = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
     victim = member_pods(kube, namespace, "gang")["1"]
 
     controller.scale(0)  # every replica gone (an outage of the controller)
     try:
-        inject_failure(local_cluster.kubeconfig, namespace, victim.metadata.name)
+        inject_failure(cluster_kubeconfig, namespace, victim.metadata.name)
         # The unseen restart happened: its new agent reported into the open barrier and waits.
         wait_for(
             f"pod {victim.metadata.name} restarted in place, its agent waiting for a new epoch",

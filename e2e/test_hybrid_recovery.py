@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from testbed.cluster import LocalCluster
 from testbed.demo import run_demo, trainer_log
 from testbed.install import Installation
 from testbed.kube import Clients, wait_for
@@ -30,10 +29,9 @@ def _barrier_openings(kube: Clients, namespace: str, name: str) -> int:
 
 
 def test_trainer_crash_restarts_the_gang_in_place_from_one_step(
-    local_cluster: LocalCluster | None, controller: Installation, kube: Clients, namespace: str
+    cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str
 ) -> None:
-    assert local_cluster is not None
-    result = run_demo(local_cluster, name="gang", namespace=namespace, members=2)
+    result = run_demo(cluster_kubeconfig, name="gang", namespace=namespace, members=2)
 
     assert result.webhook_injected, "the admission webhook injected the agent at create"
     assert result.uids_after == result.uids_before, "every member kept its pod (in place)"
@@ -51,7 +49,7 @@ def test_trainer_crash_restarts_the_gang_in_place_from_one_step(
     assert openings == 2, "epoch 1 at start, epoch 2 once after the failure"
     pods = kube.core.list_namespaced_pod(namespace).items
     assert len(pods) == 2
-    kubeconfig = local_cluster.kubeconfig
+    kubeconfig = cluster_kubeconfig
     for pod in pods:
         # This container's log (after the in-place restart) says where it resumed, once its
         # trainer has read the resume point (it runs, waiting, before the barrier opens).

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +15,6 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from testbed import workloads
-from testbed.cluster import LocalCluster
 from testbed.controller import gang_state, member_pods, prepare
 from testbed.demo import demo_jobset, inject_failure, trainers_running
 from testbed.install import Installation
@@ -79,9 +79,8 @@ def _resume_steps(kubeconfig: Any, namespace: str, pods: list[str]) -> list[list
 
 
 def test_preemption_during_recovery_stands_down_then_resumes(
-    local_cluster: LocalCluster | None, controller: Installation, kube: Clients, namespace: str
+    cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str
 ) -> None:
-    assert local_cluster is not None
     prio = f"high-{uuid.uuid4().hex[:6]}"
     kube.custom.create_cluster_custom_object(
         *KUEUE,
@@ -102,7 +101,7 @@ def test_preemption_during_recovery_stands_down_then_resumes(
             memory="512Mi",
             preemption={"withinClusterQueue": "LowerPriority"},
         ) as q:
-            prepare(kube, local_cluster.kubeconfig, namespace)
+            prepare(kube, cluster_kubeconfig, namespace)
             create_jobset(kube, namespace, demo_jobset("gang", 2, {QUEUE_LABEL: q.local_queue}))
             wait_for(
                 "barrier of epoch 1",
@@ -120,7 +119,7 @@ def test_preemption_during_recovery_stands_down_then_resumes(
             # admission, so the epoch it trains in is not necessarily 1.
             trained = int(gang_state(kube, namespace, "gang")["epoch"])
             victim = sorted(member_pods(kube, namespace, "gang").items())[-1][1].metadata.name
-            inject_failure(local_cluster.kubeconfig, namespace, victim)
+            inject_failure(cluster_kubeconfig, namespace, victim)
             wait_for(
                 "recovery started",
                 lambda: (
@@ -194,9 +193,7 @@ def test_preemption_during_recovery_stands_down_then_resumes(
             steps = wait_for(
                 "every trainer logged where it resumed",
                 lambda: (
-                    got
-                    if all(got := _resume_steps(local_cluster.kubeconfig, namespace, pods))
-                    else None
+                    got if all(got := _resume_steps(cluster_kubeconfig, namespace, pods)) else None
                 ),
                 60,
                 1,

@@ -4,11 +4,11 @@ True with reason Recovered; no pod is recreated."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from testbed.cluster import LocalCluster
 from testbed.demo import run_demo
 from testbed.install import Installation
 from testbed.kube import Clients, wait_for
@@ -18,12 +18,11 @@ pytestmark = pytest.mark.e2e
 
 
 def test_admitted_gang_keeps_admission_through_in_place_recovery(
-    local_cluster: LocalCluster | None, controller: Installation, kube: Clients, namespace: str
+    cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str
 ) -> None:
-    assert local_cluster is not None
     with queue(kube, namespace) as q:
         result = run_demo(
-            local_cluster,
+            cluster_kubeconfig,
             name="queued",
             namespace=namespace,
             members=2,

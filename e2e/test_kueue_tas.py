@@ -187,14 +187,13 @@ def _live_pods(kube: Clients, namespace: str) -> dict[str, Any]:
 
 
 def test_tas_node_failure_replacement_placed_by_kueue_in_the_rack(
-    local_cluster: LocalCluster | None,
+    kwok_cluster: LocalCluster,
     controller: Installation,
     kube: Clients,
     namespace: str,
     topology: Topology,
 ) -> None:
-    assert local_cluster is not None
-    prepare(kube, local_cluster.kubeconfig, namespace)
+    prepare(kube, kwok_cluster.kubeconfig, namespace)
     agents = SimulatedAgents(kube, namespace, NAME)
     agents.start()
     try:

@@ -7,11 +7,11 @@ the GangState CRD. The session's kustomize install is put back afterwards."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from testbed.cluster import LocalCluster
 from testbed.controller import gang_state, member_pods
 from testbed.demo import inject_failure, trainer_log, trainers_running, training_gang
 from testbed.helm import LOCAL_VALUES, Helm
@@ -32,50 +32,49 @@ def _members(kube: Clients, namespace: str) -> dict[str, Any]:
     }
 
 
-def _newest_steps(cluster: LocalCluster, kube: Clients, namespace: str) -> dict[str, int]:
+def _newest_steps(kubeconfig: Path, kube: Clients, namespace: str) -> dict[str, int]:
     """Each member's newest checkpoint step (from its trainer's log)."""
     out = {}
     for i, p in member_pods(kube, namespace, "gang").items():
-        steps = STEP.findall(trainer_log(cluster.kubeconfig, namespace, p.metadata.name))
+        steps = STEP.findall(trainer_log(kubeconfig, namespace, p.metadata.name))
         out[i] = int(steps[-1]) if steps else -1
     return out
 
 
 def _still_training(
-    cluster: LocalCluster, kube: Clients, namespace: str, since: dict[str, int], what: str
+    kubeconfig: Path, kube: Clients, namespace: str, since: dict[str, int], what: str
 ) -> None:
     """Every member checkpoints a newer step than ``since``."""
     wait_for(
         f"every member checkpoints again {what}",
-        lambda: all(s > since[i] for i, s in _newest_steps(cluster, kube, namespace).items()),
+        lambda: all(s > since[i] for i, s in _newest_steps(kubeconfig, kube, namespace).items()),
         60,
     )
 
 
 def test_helm_install_upgrade_uninstall_leave_a_training_gang_alone(
-    local_cluster: LocalCluster | None, controller: Installation, kube: Clients, namespace: str
+    cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str
 ) -> None:
-    assert local_cluster is not None
-    helm = Helm(local_cluster.kubeconfig)
+    helm = Helm(cluster_kubeconfig)
     controller.uninstall()  # the chart takes the kustomize install's place for this test
     try:
         helm.upgrade_install(LOCAL_VALUES)
         wait_for(
             "the chart's webhook injects the agent", lambda: webhook_injects(controller.kubectl), 60
         )
-        training_gang(kube, local_cluster, namespace, "gang", MEMBERS)
+        training_gang(kube, cluster_kubeconfig, namespace, "gang", MEMBERS)
         members, state = _members(kube, namespace), gang_state(kube, namespace, "gang")
         replicas = {p["metadata"]["name"] for p in controller.pods()}
 
         # Upgrade: a changed pod template replaces both replicas, one after the other.
-        steps = _newest_steps(local_cluster, kube, namespace)
+        steps = _newest_steps(cluster_kubeconfig, kube, namespace)
         helm.upgrade_install({**LOCAL_VALUES, "leaderElection": {"retryPeriod": "3s"}})
         wait_for(
             "both replicas replaced",
             lambda: not replicas & {p["metadata"]["name"] for p in controller.pods()},
             120,
         )
-        _still_training(local_cluster, kube, namespace, steps, "after the upgrade")
+        _still_training(cluster_kubeconfig, kube, namespace, steps, "after the upgrade")
         assert _members(kube, namespace) == members, "no member pod replaced or restarted"
         after = gang_state(kube, namespace, "gang")
         assert (after["epoch"], after.get("history")) == (state["epoch"], state.get("history"))
@@ -83,7 +82,7 @@ def test_helm_install_upgrade_uninstall_leave_a_training_gang_alone(
 
         # The upgraded controller recovers the gang.
         inject_failure(
-            local_cluster.kubeconfig,
+            cluster_kubeconfig,
             namespace,
             member_pods(kube, namespace, "gang")["1"].metadata.name,
         )
@@ -103,11 +102,11 @@ def test_helm_install_upgrade_uninstall_leave_a_training_gang_alone(
         members = _members(kube, namespace)
 
         # Uninstall: the controller and the webhook go; the gang trains on, untouched.
-        steps = _newest_steps(local_cluster, kube, namespace)
+        steps = _newest_steps(cluster_kubeconfig, kube, namespace)
         helm.uninstall()
         # within the pods' 30 s grace period: every replica, the standby too, stops at SIGTERM
         wait_for("every controller pod gone", lambda: not controller.pods(), 25)
-        _still_training(local_cluster, kube, namespace, steps, "after the uninstall")
+        _still_training(cluster_kubeconfig, kube, namespace, steps, "after the uninstall")
         assert _members(kube, namespace) == members, "no member pod deleted or restarted"
         controller.kubectl.run("get", f"crd/{CRD}")  # kept by helm.sh/resource-policy
         assert gang_state(kube, namespace, "gang")["epoch"] == 2, "the GangState is kept"

@@ -86,14 +86,13 @@ def _gone_or_failed(kube: Clients, namespace: str, pod: Any) -> bool:
 
 
 def test_dead_kwok_node_pod_replaced_elsewhere_others_in_place(
-    local_cluster: LocalCluster | None,
+    kwok_cluster: LocalCluster,
     controller: Installation,
     kube: Clients,
     namespace: str,
     agents: SimulatedAgents,
 ) -> None:
-    assert local_cluster is not None
-    prepare(kube, local_cluster.kubeconfig, namespace)
+    prepare(kube, kwok_cluster.kubeconfig, namespace)
     create_jobset(kube, namespace, _jobset())
     wait_for("barrier of epoch 1", lambda: _state(kube, namespace).get("barrierOpen"), 120, 0.5)
     before = _pods(kube, namespace)

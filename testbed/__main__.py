@@ -56,9 +56,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--real-nodes must be 0 or a positive integer")
         cluster.up(args.nodes, args.real_nodes)
     elif args.command == "install":
-        Installation(cluster).install()
+        Installation(cluster.kubeconfig, cluster).install()
     elif args.command == "uninstall":
-        Installation(cluster).uninstall()
+        Installation(cluster.kubeconfig, cluster).uninstall()
     elif args.command == "down":
         cluster.down()
     elif args.command == "status":

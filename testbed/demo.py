@@ -115,12 +115,10 @@ def checkpointed(kube: Clients, kubeconfig: Path, namespace: str, name: str) -> 
     )
 
 
-def training_gang(
-    kube: Clients, cluster: LocalCluster, namespace: str, name: str, members: int
-) -> None:
+def training_gang(kube: Clients, kubeconfig: Path, namespace: str, name: str, members: int) -> None:
     """A demo gang in ``namespace`` (prepared for gangs), trained to a checkpoint on every
     member: epoch 1's barrier open, every trainer running, a common step to resume from."""
-    prepare(kube, cluster.kubeconfig, namespace)
+    prepare(kube, kubeconfig, namespace)
     create_jobset(kube, namespace, demo_jobset(name, members))
     wait_for(
         "barrier of epoch 1", lambda: gang_state(kube, namespace, name).get("barrierOpen"), 180
@@ -128,7 +126,7 @@ def training_gang(
     wait_for("trainers running", lambda: trainers_running(kube, namespace, name, members, 0), 120)
     wait_for(
         "a checkpoint on every member",
-        lambda: checkpointed(kube, cluster.kubeconfig, namespace, name),
+        lambda: checkpointed(kube, kubeconfig, namespace, name),
         60,
     )
 
@@ -141,15 +139,15 @@ def inject_failure(kubeconfig: Path, namespace: str, pod: str) -> None:
 
 
 def run_demo(
-    cluster: LocalCluster,
+    kubeconfig: Path,
     *,
     name: str = "demo",
     namespace: str = NAMESPACE,
     members: int = 2,
     labels: dict[str, str] | None = None,
 ) -> DemoResult:
-    kube = clients(cluster.kubeconfig)
-    prepare(kube, cluster.kubeconfig, namespace)
+    kube = clients(kubeconfig)
+    prepare(kube, kubeconfig, namespace)
     print(f"demo: JobSet {namespace}/{name}, {members} members on real kubelet nodes")
     created = create_jobset(kube, namespace, demo_jobset(name, members, labels))
     injected = _agent_injected(created)
@@ -166,7 +164,7 @@ def run_demo(
     )
     wait_for(  # every member has a checkpoint (step 10 at 0.2 s/step): a step to resume from
         "a checkpoint on every member",
-        lambda: checkpointed(kube, cluster.kubeconfig, namespace, name),
+        lambda: checkpointed(kube, kubeconfig, namespace, name),
         60,
     )
     before = {i: p.metadata.uid for i, p in member_pods(kube, namespace, name).items()}
@@ -175,7 +173,7 @@ def run_demo(
     st0 = gang_state(kube, namespace, name)
 
     tl = Timeline()
-    inject_failure(cluster.kubeconfig, namespace, victim_pod)
+    inject_failure(kubeconfig, namespace, victim_pod)
     tl.mark(f"failure injected: trainer of member {victim} ({victim_pod}) will exit 3")
     epoch = int(st0["epoch"])
     seen: set[str] = set()
@@ -234,7 +232,7 @@ def main() -> int:
     if or_none(kube.core.delete_namespace, NAMESPACE) is not None:
         wait_for("old demo namespace gone", lambda: _gone(kube), 120, 1)
     try:
-        result = run_demo(cluster)
+        result = run_demo(cluster.kubeconfig)
     finally:
         ctl.stop()
     print()

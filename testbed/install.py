@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -26,7 +27,8 @@ from .kubectl import Kubectl
 from .processes import wait_until
 from .versions import REPO_ROOT
 
-OVERLAY = REPO_ROOT / "manifests" / "overlays" / "local"
+MANIFESTS = REPO_ROOT / "manifests"
+OVERLAY = MANIFESTS / "overlays" / "local"
 DEPLOYMENT = "jobset-inplace-controller"
 POD_LABEL = "app.kubernetes.io/name=jobset-inplace-controller"
 CRD = "gangstates.jobset-inplace.dev"
@@ -34,29 +36,30 @@ CRD = "gangstates.jobset-inplace.dev"
 
 @dataclass
 class Installation:
-    cluster: LocalCluster
+    """jobset-inplace installed in the cluster of ``kubeconfig``. ``cluster``: the local
+    cluster, whose real nodes get the images imported (``overlays/local``); None: a cluster
+    whose nodes have the images already (kind: ``kind load``, testbed/kind/run.sh), installed
+    from ``manifests/`` exactly as a user installs it."""
+
+    kubeconfig: Path
+    cluster: LocalCluster | None = None
 
     @property
     def kubectl(self) -> Kubectl:
-        return Kubectl(self.cluster.kubeconfig)
+        return Kubectl(self.kubeconfig)
+
+    @property
+    def overlay(self) -> Path:
+        return OVERLAY if self.cluster is not None else MANIFESTS
 
     def install(self, timeout: float = 180) -> None:
         """Images onto the nodes, apply, wait until both replicas are ready and the webhook
         injects. Idempotent; pods already running keep the image they started with (same tag,
         never pulled): a changed image reaches them when they restart."""
         t0 = time.monotonic()
-        nodes = self.cluster.real_nodes()
-        if not nodes:
-            raise RuntimeError(
-                "the in-cluster install runs on real kubelet nodes and this cluster has none:"
-                " make cluster-up REAL_NODES=2"
-            )
-        built = images.build(imports=[str(images.node_socket(n)) for n in nodes])
-        log(
-            f"images on {', '.join(nodes)}: "
-            + ", ".join(f"{i.name} {i.digest()[:19]}" for i in built)
-        )
-        self.kubectl.run("apply", "--server-side", "--force-conflicts", "-k", str(OVERLAY))
+        if self.cluster is not None:
+            self._import_images(self.cluster)
+        self.kubectl.run("apply", "--server-side", "--force-conflicts", "-k", str(self.overlay))
         self.kubectl.wait_crds_established([CRD])
         self.kubectl.run(
             "rollout",
@@ -71,9 +74,23 @@ class Installation:
         )
         log(f"jobset-inplace installed in-cluster in {time.monotonic() - t0:.1f}s")
 
+    @staticmethod
+    def _import_images(cluster: LocalCluster) -> None:
+        nodes = cluster.real_nodes()
+        if not nodes:
+            raise RuntimeError(
+                "the in-cluster install runs on real kubelet nodes and this cluster has none:"
+                " make cluster-up REAL_NODES=2"
+            )
+        built = images.build(imports=[str(images.node_socket(n)) for n in nodes])
+        log(
+            f"images on {', '.join(nodes)}: "
+            + ", ".join(f"{i.name} {i.digest()[:19]}" for i in built)
+        )
+
     def uninstall(self) -> None:
         """Remove everything the manifests made (JobSets keep running: docs/operations.md)."""
-        self.kubectl.run("delete", "-k", str(OVERLAY), "--ignore-not-found", "--wait=true")
+        self.kubectl.run("delete", "-k", str(self.overlay), "--ignore-not-found", "--wait=true")
 
     def scale(self, replicas: int, timeout: float = 120) -> None:
         """Scale the controller Deployment and wait until it is there: ``replicas`` ready pods

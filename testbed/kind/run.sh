@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Run the e2e suite on a kind cluster (hosts with Docker only; not run by this project's CI).
-# JobSet and Kueue are installed from the pinned module sources with their release images.
+# Run the e2e suite on a kind cluster (hosts with Docker only: .github/workflows/e2e-kind.yaml on
+# a hosted runner; this project's own machines have no Docker engine, so it is not run there).
+# JobSet and Kueue are installed from the pinned module sources with their release images;
+# jobset-inplace from manifests/, with its images built from images/Dockerfile.
 # K8S picks the Kubernetes minor as everywhere else (kindest/node:<release> must exist for it).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -10,6 +12,10 @@ source "$here/../versions.sh"
 
 command -v kind >/dev/null || { echo "kind not found: install kind and a Docker engine" >&2; exit 2; }
 docker info >/dev/null 2>&1 || { echo "no Docker engine reachable: this path needs one" >&2; exit 2; }
+
+# The pinned kubectl, as on the local path (built from its Go module once, then cached).
+bash "$here/../build-binaries.sh" kubernetes
+kubectl() { "$KUBERNETES_BIN/kubectl" "$@"; }
 
 kubeconfig="${JSI_KIND_KUBECONFIG:-$HOME/.kube/jsi-kind.yaml}"
 if ! kind get clusters | grep -qx jsi; then
@@ -44,8 +50,22 @@ kubectl -n jobset-system rollout status deploy/jobset-controller-manager --timeo
 kubectl -n kueue-system rollout status deploy/kueue-controller-manager --timeout=5m
 
 cd "$repo"
-# On a cluster the suite did not build, the tests that need the local cluster (the controller as
-# a local process with its webhook on loopback, real kubelet nodes, kwok) do not run: accept a
-# partial run here; the summary at the end lists each test that did not run and why.
-JSI_E2E_PARTIAL=1 JSI_KUBECONFIG="$kubeconfig" JSI_E2E_NODE_SELECTOR="${JSI_E2E_NODE_SELECTOR:-kubernetes.io/os=linux}" \
+# The product images and the e2e trainer image, built with the Dockerfile (the offline recipe's
+# equivalent: docs/images.md) and loaded into every kind node; names from testbed/images.py.
+read -r agent controller trainer < <(.venv/bin/python -c \
+  'from testbed.images import AGENT_IMAGE as a, CONTROLLER_IMAGE as c, NODE_IMAGE as t; print(a, c, t)')
+docker build -f images/Dockerfile --target agent -t "$agent" .
+docker build -f images/Dockerfile --target controller -t "$controller" .
+docker build -f images/Dockerfile --target demo-trainer -t "$trainer" .
+kind load docker-image --name jsi "$agent" "$controller" "$trainer"
+# The e2e trainers run where the local cluster's real kubelet nodes would: every kind worker.
+kubectl label nodes -l '!node-role.kubernetes.io/control-plane' --overwrite \
+  jobset-inplace.dev/real-node=true
+
+# The suite installs jobset-inplace from manifests/ as a user would (JSI_E2E_IMAGES_LOADED: the
+# nodes have the images) and runs the in-cluster tests against it. The tests that need the
+# local cluster's own levers (kwok nodes, the real-node restart test) do not run: a partial run
+# is accepted here, and the summary at the end lists each test that did not run and why.
+JSI_E2E_IMAGES_LOADED=1 JSI_E2E_PARTIAL=1 JSI_KUBECONFIG="$kubeconfig" \
+  JSI_E2E_NODE_SELECTOR="${JSI_E2E_NODE_SELECTOR:-jobset-inplace.dev/real-node=true}" \
   .venv/bin/python -m pytest e2e "$@"
