@@ -46,10 +46,13 @@ class Helm:
             raise RuntimeError(f"helm {' '.join(args)} failed ({res.returncode}): {res.stderr}")
         return res.stdout
 
-    def template(self, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        """The chart's objects for ``values``, released in the install namespace."""
+    def template(
+        self, values: dict[str, Any] | None = None, chart: Path = CHART
+    ) -> list[dict[str, Any]]:
+        """The objects of ``chart`` (a directory or package) for ``values``, released in the
+        install namespace."""
         out = self.run(
-            "template", RELEASE, str(CHART), "-n", names.INSTALL_NAMESPACE, values=values
+            "template", RELEASE, str(chart), "-n", names.INSTALL_NAMESPACE, values=values
         )
         return [d for d in yaml.safe_load_all(out) if d]
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from testbed.helm import Helm
+from testbed.helm import CHART, Helm
 from testbed.kubectl import kustomize
 from testbed.versions import REPO_ROOT
 
@@ -70,8 +70,15 @@ def helm() -> Helm:
 
 
 def test_chart_lints(helm: Helm) -> None:
-    out = helm.run("lint", "--strict", str(REPO_ROOT / "charts" / "jobset-inplace"))
+    out = helm.run("lint", "--strict", str(CHART))
     assert "1 chart(s) linted, 0 chart(s) failed" in out
+
+
+def test_the_packaged_chart_renders_as_the_directory(helm: Helm, tmp_path: Path) -> None:
+    """``helm package`` follows the links under files/: a published chart is self-contained."""
+    helm.run("package", str(CHART), "-d", str(tmp_path))
+    (package,) = tmp_path.glob("jobset-inplace-*.tgz")
+    assert helm.template(chart=package) == helm.template()
 
 
 def test_chart_defaults_are_the_kustomize_base(helm: Helm, tmp_path: Path) -> None:
