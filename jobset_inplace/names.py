@@ -29,6 +29,8 @@ CHECKPOINT_DIRS: Final = f"{PREFIX}checkpoint-dirs"
 ESCALATION: Final = f"{PREFIX}escalation"
 KUEUE_RECOVERY_TIMEOUT: Final = f"{PREFIX}kueue-recovery-timeout"
 TAINT_ON_DEVICE_FAULT: Final = f"{PREFIX}taint-on-device-fault"
+RESTART_SCOPE: Final = f"{PREFIX}restart-scope"
+TRAINER_STOP_GRACE: Final = f"{PREFIX}trainer-stop-grace"
 # Set by `kubectl jobset-inplace restart`: a new value asks for one manual in-place gang restart.
 RESTART_REQUEST: Final = f"{PREFIX}restart-request"
 
@@ -38,6 +40,9 @@ REPORT_STEPS: Final = f"{PREFIX}checkpoint-steps"
 # ... and, when it reported epoch E after E's barrier had opened (a restart the controller may
 # not have seen: it waits for the next epoch), E; removed with its next report of a closed barrier.
 REPORT_LATE: Final = f"{PREFIX}late-for-epoch"
+# ... and (process restart scope) the epoch in which its trainer exited non-zero: the failure
+# signal the kubelet cannot see, the container keeps running; removed with its next report.
+REPORT_EXITED: Final = f"{PREFIX}exited-in-epoch"
 
 # --- Pod condition set by the controller to escalate through JobSet's failure policy ---------
 ESCALATION_CONDITION: Final = "JobsetInplaceEscalated"

@@ -11,15 +11,17 @@ import signal  # noqa: E402
 import ssl  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
 from types import FrameType  # noqa: E402
 
+from jobset_inplace import launcher  # noqa: E402
 from jobset_inplace.trainer import clear_resume  # noqa: E402
 
 from .config import EXIT_CONFIG, EXIT_CRASH, Config, ConfigError, load_config  # noqa: E402
 from .kubeapi import KubeApi  # noqa: E402
 from .log import Log  # noqa: E402
 from .probe import BarrierState, ProbeServer  # noqa: E402
-from .runner import Agent  # noqa: E402
+from .runner import Agent, ExitMonitor  # noqa: E402
 
 
 class Terminated(BaseException):
@@ -33,11 +35,26 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     raise Terminated(signum)
 
 
+def install_launcher(cfg: Config) -> None:
+    """Process scope: put the launcher where the main containers run it from (before the
+    probe answers /started, so before they start), and forget the last pod start's states."""
+    source = Path(launcher.__file__).read_bytes()
+    target = cfg.state_dir / launcher.LAUNCHER_FILE
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_bytes(source)
+    tmp.chmod(0o644)  # the trainer may run as another user
+    tmp.replace(target)
+    for c in cfg.launched:
+        launcher.state_file(cfg.state_dir, c).unlink(missing_ok=True)
+
+
 def _prepare(cfg: Config, barrier: BarrierState) -> tuple[KubeApi, ProbeServer]:
     """Everything that can fail because of the configuration; raises ConfigError."""
     try:
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         clear_resume(cfg.state_dir)  # the previous epoch's answer must not reach the trainer
+        if cfg.process_scope:
+            install_launcher(cfg)
     except OSError as e:
         raise ConfigError(f"JSI_STATE_DIR={cfg.state_dir}: not usable: {e}") from e
     try:
@@ -73,8 +90,11 @@ def main() -> int:
             f"agent for pod {cfg.namespace}/{cfg.pod_name}, GangState {cfg.gangstate}, "
             f"API {cfg.server}, probe :{cfg.probe_port}"
         )
+        agent = Agent(cfg, kube, barrier, log, started=_STARTED)
+        if cfg.process_scope:
+            ExitMonitor(agent, KubeApi(cfg.server, cfg.token_file, cfg.ca_file)).start()
         # No probe shutdown on the way out: it would delay the restart by its poll interval.
-        return Agent(cfg, kube, barrier, log, started=_STARTED).run()
+        return agent.run()
     except Terminated as t:
         log.info(f"{t} received: exiting")
         return 0

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobset_inplace.launcher import DEFAULT_STOP_GRACE, ENV_STOP_GRACE
 from jobset_inplace.names import DEFAULT_PROBE_PORT, DEFAULT_RESTART_EXIT_CODE
 from jobset_inplace.trainer import resolve_state_dir, tier_roots
 from jobset_inplace.trainer.checkpoints import parse_canonical_int
@@ -46,6 +47,15 @@ class Config:
     server: str  # https://host:port (or http:// for a simulation)
     token_file: Path | None  # None: send no token
     ca_file: Path | None  # None: system trust store (https) or plain http
+    # "process": trainers run under launchers (these main containers') that the agent stops
+    # and starts per epoch; "pod": the agent exits with the restart code (RestartAllContainers).
+    restart_scope: str = "pod"
+    launched: tuple[str, ...] = ()
+    stop_grace: float = DEFAULT_STOP_GRACE
+
+    @property
+    def process_scope(self) -> bool:
+        return self.restart_scope == "process"
 
     @property
     def gang(self) -> str:
@@ -110,6 +120,27 @@ def _readable_file(env: Mapping[str, str], var: str, default: Path) -> Path | No
     return path
 
 
+def _scope(env: Mapping[str, str]) -> tuple[str, tuple[str, ...], float]:
+    scope = env.get("JSI_RESTART_SCOPE", "") or "pod"
+    if scope not in ("process", "pod"):
+        raise ConfigError(f"JSI_RESTART_SCOPE must be process or pod, got {scope[:40]!r}")
+    raw = env.get("JSI_LAUNCHED_CONTAINERS", "")
+    launched = tuple(n for n in raw.split(",") if n)
+    if scope == "process" and not launched:
+        raise ConfigError("JSI_LAUNCHED_CONTAINERS must list the main containers (process scope)")
+    for n in launched:
+        if len(n) > 63 or _DNS_LABEL.fullmatch(n) is None:
+            raise ConfigError(f"JSI_LAUNCHED_CONTAINERS: {n[:70]!r} is not a container name")
+    grace_raw = env.get(ENV_STOP_GRACE, "")
+    try:
+        grace = float(grace_raw) if grace_raw else DEFAULT_STOP_GRACE
+    except ValueError:
+        grace = -1.0
+    if not 0 <= grace <= 3600:
+        raise ConfigError(f"{ENV_STOP_GRACE} must be 0..3600 seconds, got {grace_raw[:40]!r}")
+    return scope, launched, grace
+
+
 def load_config(env: Mapping[str, str]) -> Config:
     """The configuration in `env`; raises `ConfigError` naming the first bad variable."""
     pod = _name(env, "POD_NAME", _DNS_SUBDOMAIN, 253)
@@ -124,6 +155,7 @@ def load_config(env: Mapping[str, str]) -> Config:
         why=f" (0 is success, {EXIT_CRASH} an agent crash, {EXIT_CONFIG} a configuration error)",
     )
     port = _int(env, "JSI_PROBE_PORT", DEFAULT_PROBE_PORT, low=1, high=65535)
+    scope, launched, grace = _scope(env)
     server = _server(env)
     token = _readable_file(env, "JSI_TOKEN_FILE", SA_DIR / "token")
     local, persistent = tier_roots(env)
@@ -142,4 +174,7 @@ def load_config(env: Mapping[str, str]) -> Config:
         server=server,
         token_file=token,
         ca_file=ca,
+        restart_scope=scope,
+        launched=launched,
+        stop_grace=grace,
     )

@@ -33,7 +33,9 @@ __all__ = [
     "Report",
     "Restart",
     "Wait",
+    "failed_exit",
     "parse_gangstate",
+    "trainers_stopped",
 ]
 
 
@@ -177,3 +179,25 @@ class AgentLogic:
         if epoch != self.epoch or not self.joined:
             raise RuntimeError(f"cannot open epoch {epoch}: not joined (agent epoch {self.epoch})")
         self.opened = True
+
+
+# --- process restart scope: the launchers' states (jobset_inplace.launcher) -----------------
+
+LauncherState = tuple[str, int | None, int | None] | None  # (state, epoch, code); None: no file
+
+
+def trainers_stopped(states: Mapping[str, LauncherState]) -> bool:
+    """No launcher runs a trainer: the agent may report a new epoch (a launcher that has not
+    written its state yet runs nothing: it writes "running" before it starts one)."""
+    return all(s is None or s[0] != "running" for s in states.values())
+
+
+def failed_exit(states: Mapping[str, LauncherState], epoch: int | None) -> tuple[str, int] | None:
+    """(container, code) of a trainer that exited non-zero in ``epoch`` (the epoch this agent
+    opened): the failure to report. None if there is none."""
+    if epoch is None:
+        return None
+    for name, s in sorted(states.items()):
+        if s is not None and s[0] == "exited" and s[1] == epoch and s[2] not in (None, 0):
+            return name, s[2]
+    return None

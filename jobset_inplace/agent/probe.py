@@ -1,5 +1,6 @@
-"""The agent's HTTP probe endpoint: ``GET /barrier`` (the startupProbe that holds the trainer)
-and ``GET /healthz``."""
+"""The agent's HTTP probe endpoints: ``GET /barrier`` (the pod scope's startupProbe, which holds
+the trainer), ``GET /started`` (the process scope's: the launcher is installed, since the server
+starts after that) and ``GET /healthz``."""
 
 from __future__ import annotations
 
@@ -51,10 +52,10 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/barrier":
             is_open, reason = self.server.barrier.get()
             self._reply(200 if is_open else 503, reason)
-        elif path == "/healthz":
+        elif path in ("/healthz", "/started"):
             self._reply(200, "ok")
         else:
-            self._reply(404, "not found: try /barrier or /healthz")
+            self._reply(404, "not found: try /barrier, /started or /healthz")
 
     def _reply(self, status: int, text: str) -> None:
         body = (text + "\n").encode()

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from jobset_inplace import names
+from jobset_inplace import launcher, names
 from jobset_inplace.trainer import ResumeInfo, clear_resume, write_resume
 from jobset_inplace.trainer.checkpoints import available_steps, encode_steps, is_complete, step_dir
 from jobset_inplace.trainer.checkpoints import retire_steps_after as retire
@@ -17,16 +18,30 @@ from jobset_inplace.trainer.checkpoints import retire_steps_after as retire
 from .config import Config
 from .kubeapi import ApiError, KubeApi, TransportErrors
 from .log import Log
-from .logic import AgentLogic, GangView, MalformedStatus, Open, Report, Restart, Wait
+from .logic import (
+    AgentLogic,
+    GangView,
+    LauncherState,
+    MalformedStatus,
+    Open,
+    Report,
+    Restart,
+    Wait,
+    failed_exit,
+    trainers_stopped,
+)
 from .logic import parse_gangstate as parse
 from .probe import BarrierState
 
-__all__ = ["Agent", "Backoff", "process_age"]
+__all__ = ["Agent", "Backoff", "ExitMonitor", "process_age"]
 
 # Errors after which the agent re-reads the GangState (after a backoff) and decides again.
 _RETRY_ERRORS = (ApiError, ValueError, *TransportErrors)
 
 WATCH_SECONDS = (120, 180)  # server-side watch timeout, random in this range (spreads load)
+# Process scope: how long past the stop grace the launchers may take to confirm a stop before
+# the agent falls back to restarting the whole pod.
+STOP_SLACK_S = 5.0
 
 
 def process_age() -> float | None:
@@ -94,6 +109,8 @@ class Agent:
         self.first_report_latency: float | None = None
         self._open_reason = ""
         self._logged_wait = ""
+        # Process scope: the epoch whose trainers the launchers may run (read by the monitor).
+        self.running_epoch: int | None = None
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -212,6 +229,7 @@ class Agent:
                     names.REPORT_STEPS: encode_steps(steps),
                     # reported into an open barrier: this agent (re)started unseen, and waits
                     names.REPORT_LATE: None if action.barrier_closed else str(action.epoch),
+                    names.REPORT_EXITED: None,
                 }
             }
         }
@@ -254,6 +272,7 @@ class Agent:
         except (OSError, ValueError) as e:
             raise _ActionFailed(f"cannot prepare the resume of epoch {action.epoch}: {e}") from e
         self.logic.opened_barrier(action.epoch)
+        self.running_epoch = action.epoch
         where = "from scratch" if step is None else f"from step {step}"
         self._open_reason = f"open: epoch {action.epoch}, resume {where}"
         self.barrier.set(True, self._open_reason)
@@ -265,15 +284,43 @@ class Agent:
 
     def _restart(self, action: Restart) -> None:
         try:
-            clear_resume(self.cfg.state_dir)
+            clear_resume(self.cfg.state_dir)  # process scope: the launchers' stop signal
         except OSError as e:
             self.log.warning(f"cannot remove resume.json: {e}")
+        self.running_epoch = None
         self.barrier.set(False, f"restarting: epoch {action.old_epoch} -> {action.new_epoch}")
+        if self.cfg.process_scope and self._stop_trainers(action):
+            self.logic = AgentLogic()  # as a new agent would: report the new epoch and wait
+            self._open_reason = ""
+            return
         self.log.info(
             f"gang moved from epoch {action.old_epoch} to {action.new_epoch} while this pod's "
             f"trainer ran: exiting with {self.cfg.restart_exit_code} to restart all containers"
         )
         raise _RestartRequested(self.cfg.restart_exit_code)
+
+    def _stop_trainers(self, action: Restart) -> bool:
+        """Process scope: wait until no launcher runs a trainer (resume.json is gone, which
+        stops them); False if they do not confirm in time (then the pod restarts)."""
+        began = time.monotonic()
+        deadline = began + self.cfg.stop_grace + STOP_SLACK_S
+        while True:
+            states = launcher_states(self.cfg)
+            if trainers_stopped(states):
+                self.log.info(
+                    f"gang moved from epoch {action.old_epoch} to {action.new_epoch}: trainers "
+                    f"stopped in {time.monotonic() - began:.3f} s, joining epoch "
+                    f"{action.new_epoch} in place"
+                )
+                return True
+            if time.monotonic() > deadline:
+                running = sorted(n for n, st in states.items() if st and st[0] == "running")
+                self.log.warning(
+                    f"the launchers of {', '.join(running)} did not stop their trainers within "
+                    f"{self.cfg.stop_grace + STOP_SLACK_S:g} s: restarting the whole pod"
+                )
+                return False
+            time.sleep(launcher.POLL_SECONDS)
 
     def _waiting(self, reason: str, *, log: bool = False) -> None:
         """Set the probe's answer; with `log`, log `reason` if it is a new decision."""
@@ -284,6 +331,49 @@ class Agent:
             if not self.logic.opened:  # opening was logged already
                 self.log.info(reason)
         self.barrier.set(self.logic.opened, reason)
+
+
+def launcher_states(cfg: Config) -> dict[str, LauncherState]:
+    return {c: launcher.read_state(launcher.state_file(cfg.state_dir, c)) for c in cfg.launched}
+
+
+class ExitMonitor:
+    """Process scope: reports a trainer that exited non-zero in the running epoch on the pod
+    (``exited-in-epoch``), the failure signal the kubelet cannot see. A daemon thread with its
+    own API connection, polling the launchers' state files."""
+
+    def __init__(self, agent: Agent, kube: KubeApi) -> None:
+        self.agent, self.kube = agent, kube
+        self.reported: int | None = None  # the epoch last reported
+        self.thread = threading.Thread(target=self._run, name="exit-monitor", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        backoff = Backoff()
+        while True:
+            time.sleep(launcher.POLL_SECONDS)
+            try:
+                if self.check():
+                    backoff.reset()
+            except _RETRY_ERRORS as e:
+                self.agent.log.warning(f"cannot report the trainer's exit: {_describe(e)}")
+                time.sleep(backoff.next())
+
+    def check(self) -> bool:
+        """One look; True if it reported an exit."""
+        epoch = self.agent.running_epoch
+        failed = failed_exit(launcher_states(self.agent.cfg), epoch)
+        if failed is None or epoch == self.reported:
+            return False
+        container, code = failed
+        cfg = self.agent.cfg
+        patch = {"metadata": {"annotations": {names.REPORT_EXITED: str(epoch)}}}
+        self.kube.merge_patch(f"/api/v1/namespaces/{cfg.namespace}/pods/{cfg.pod_name}", patch)
+        self.reported = epoch
+        self.agent.log.info(f"trainer {container} exited {code} in epoch {epoch}: reported")
+        return True
 
 
 class _RestartRequested(Exception):

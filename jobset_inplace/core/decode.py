@@ -173,6 +173,7 @@ def pod_view(pod: Obj) -> PodView | None:
         except ValueError as e:
             errors.append(f"{names.REPORT_STEPS}: {e}")
     late = _report_number(annotations, names.REPORT_LATE, errors)
+    exited = _report_number(annotations, names.REPORT_EXITED, errors)
     containers = status.get("containerStatuses") or []
     return PodView(
         name=meta["name"],
@@ -187,6 +188,7 @@ def pod_view(pod: Obj) -> PodView | None:
         reported_steps=None if errors else steps,
         report_error=_capped("; ".join(errors)) or None,
         late_for_epoch=None if errors else late,
+        exited_in_epoch=None if errors else exited,
         trainer_failed=any(
             (c.get("state") or {}).get("terminated", {}).get("exitCode", 0) != 0 for c in containers
         ),

@@ -57,6 +57,7 @@ class PodView:
     reported_steps: tuple[int, ...] | None = None
     report_error: str | None = None  # malformed agent report (never acted on)
     late_for_epoch: int | None = None  # its agent reported this epoch after its barrier opened
+    exited_in_epoch: int | None = None  # its agent saw its trainer exit non-zero in this epoch
     not_ready_since: float | None = None  # its Ready condition is not True since then
     agent_started: float | None = None  # when its running agent container started
     trainer_failed: bool = False

@@ -191,7 +191,9 @@ def member_causes(
             causes[member] = Cause.NODE_UNHEALTHY
         elif pod.devices_unhealthy:
             causes[member] = Cause.DEVICE_UNHEALTHY
-        elif pod.trainer_failed:
+        elif pod.trainer_failed or (running and pod.exited_in_epoch == s.status.epoch):
+            # A container that exited non-zero (kubelet), or a trainer process that did in the
+            # running epoch (process scope: its launcher keeps the container up; the agent says).
             causes[member] = Cause.TRAINER_EXITED
         elif pod.restarting:
             causes[member] = Cause.RESTARTING

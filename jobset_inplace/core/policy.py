@@ -42,6 +42,15 @@ class Escalation(StrEnum):
     FAIL_JOBSET = "fail-jobset"
 
 
+class RestartScope(StrEnum):
+    """What a recovery restarts on a member that keeps its pod: the trainer processes (the
+    launcher stops and starts them; no container restarts) or every container of the pod
+    (``RestartAllContainers``: init containers re-run, a clean container filesystem)."""
+
+    PROCESS = "process"
+    POD = "pod"
+
+
 @dataclass(frozen=True)
 class CheckpointDirs:
     """Checkpoint tier roots inside the member containers (docs/trainer-contract.md)."""
@@ -69,6 +78,9 @@ class Policy:
     # Taint a Ready node NoSchedule when its device fails a member, before replacing the pod
     # (so that the replacement, and Kueue TAS's node replacement, avoid it).
     taint_on_device_fault: bool = False
+    restart_scope: RestartScope = RestartScope.PROCESS
+    # Process scope: how long a trainer may take to exit on SIGTERM before it is killed.
+    trainer_stop_grace_s: float = 1.0
 
 
 class PolicyError(ValueError):
@@ -123,6 +135,10 @@ NODE_UNHEALTHY_AFTER_RANGE_S = (5.0, 3600.0)
 # to 40 % of it (two of them fit in 80 %), so below 75s the deadline would fall under
 # barrier-timeout's 30s minimum. Above 60h it caps nothing (2 x 24h / 80 %); 7 days is room.
 KUEUE_RECOVERY_TIMEOUT_RANGE_S = (75.0, 7 * 24 * 3600.0)
+# trainer-stop-grace: on the critical path of every recovery for a trainer that ignores
+# SIGTERM; 0s kills at once. Its checkpoints are written atomically, so a kill cannot leave a
+# half-written step that counts.
+TRAINER_STOP_GRACE_RANGE_S = (0.0, 300.0)
 INPLACE_BUDGET_RANGE = (0, 10_000)
 RECREATE_BUDGET_RANGE = (0, 10_000)
 MEMBER_REPEAT_LIMIT_RANGE = (1, 1000)
@@ -255,6 +271,12 @@ _PARSERS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
         lambda k, v: _duration(k, v, KUEUE_RECOVERY_TIMEOUT_RANGE_S, "3m, 30m or 1h"),
     ),
     ("taint_on_device_fault", names.TAINT_ON_DEVICE_FAULT, _bool),
+    ("restart_scope", names.RESTART_SCOPE, lambda k, v: _choice(k, v, RestartScope)),
+    (
+        "trainer_stop_grace_s",
+        names.TRAINER_STOP_GRACE,
+        lambda k, v: _duration(k, v, TRAINER_STOP_GRACE_RANGE_S, "0s, 0.5s or 5s"),
+    ),
 )
 
 

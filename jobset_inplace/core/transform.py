@@ -7,6 +7,8 @@ What it adds to every replicated Job (nothing else is changed):
   code triggers ``RestartAllContainers``, whose startupProbe is the gang barrier, with the
   downward-API env it needs and the shared state volume;
 * on every main container: ``RestartAllContainers`` when it exits non-zero, the state volume;
+  in the process restart scope (the default) its command runs under the launcher
+  (:mod:`jobset_inplace.launcher`), which the agent starts and stops per epoch;
 * on the Job: ``backoffLimit: 2147483647`` (in-place restarts never count, replacements must
   not fail the Job), ``podReplacementPolicy: Failed``, and a ``podFailurePolicy`` that fails
   the Job when the controller escalates;
@@ -20,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobset_inplace import __version__, names
-from jobset_inplace.core.policy import Escalation, Policy, parse_policy
+from jobset_inplace.core.policy import Escalation, Policy, RestartScope, parse_policy
+from jobset_inplace.launcher import ENV_CONTAINER, ENV_STOP_GRACE, LAUNCHER_FILE
 from jobset_inplace.trainer import (
     DEFAULT_STATE_DIR,
     ENV_CHECKPOINT_LOCAL_DIR,
@@ -34,6 +37,11 @@ DEFAULT_AGENT_IMAGE = f"jobset-inplace/agent:{__version__}"
 STATE_VOLUME = "jobset-inplace-state"
 STATE_DIR = str(DEFAULT_STATE_DIR)
 AGENT_SERVICE_ACCOUNT = "jobset-inplace-agent"
+LAUNCHER_PATH = f"{STATE_DIR}/{LAUNCHER_FILE}"
+# The process scope's entrypoint prefix: the trainer image's python3 runs the launcher.
+LAUNCHER_COMMAND = ["python3", LAUNCHER_PATH, "--"]
+ENV_RESTART_SCOPE = "JSI_RESTART_SCOPE"
+ENV_LAUNCHED = "JSI_LAUNCHED_CONTAINERS"
 MAX_BACKOFF = 2147483647
 DEFAULT_MAX_RESTARTS = 2
 
@@ -58,6 +66,7 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
 
 
 def agent_container(jobset_name: str, policy: Policy, s: AgentSettings) -> dict[str, Any]:
+    process = policy.restart_scope == RestartScope.PROCESS
     return {
         "name": AGENT_CONTAINER,
         "image": s.image,
@@ -77,12 +86,15 @@ def agent_container(jobset_name: str, policy: Policy, s: AgentSettings) -> dict[
             {"name": ENV_STATE_DIR, "value": STATE_DIR},
             {"name": "JSI_RESTART_EXIT_CODE", "value": str(policy.restart_exit_code)},
             {"name": "JSI_PROBE_PORT", "value": str(s.probe_port)},
+            {"name": ENV_RESTART_SCOPE, "value": policy.restart_scope.value},
             *([{"name": "JSI_API_SERVER", "value": s.api_server}] if s.api_server else []),
         ],
-        # The barrier: main containers start only once this passes. Its failures restart
-        # only the agent (exit 137 is not the restart code); the controller owns deadlines.
+        # Pod scope: the barrier; main containers start only once this passes. Process scope:
+        # passes once the launcher is installed (the launchers hold the trainers). Its
+        # failures restart only the agent (137 is not the restart code); the controller owns
+        # deadlines.
         "startupProbe": {
-            "httpGet": {"path": "/barrier", "port": s.probe_port},
+            "httpGet": {"path": "/started" if process else "/barrier", "port": s.probe_port},
             "periodSeconds": 1,
             "failureThreshold": 100000,
         },
@@ -131,6 +143,8 @@ def _prepare_pod(
             if value and not any(e.get("name") == name for e in c.get("env") or []):
                 c["env"] = [*(c.get("env") or []), {"name": name, "value": value}]
     _share_checkpoint_tiers(agent, spec.get("containers") or [])
+    if policy.restart_scope == RestartScope.PROCESS:
+        _launch(spec.get("containers") or [], agent, where, policy)
     if spec.get("restartPolicy", "Never") != "Never":
         raise TransformError(
             f"{where}.spec.restartPolicy must be Never (in-place restarts and "
@@ -156,6 +170,29 @@ def _prepare_pod(
         c["volumeMounts"] = _add_by_name(c.get("volumeMounts") or [], mount)
         env = {"name": ENV_STATE_DIR, "value": STATE_DIR}
         c["env"] = _add_by_name(c.get("env") or [], env)
+
+
+def _launch(
+    containers: list[dict[str, Any]], agent: dict[str, Any], where: str, policy: Policy
+) -> None:
+    """Process scope: every main container's command runs under the launcher."""
+    grace = {"name": ENV_STOP_GRACE, "value": f"{policy.trainer_stop_grace_s:g}"}
+    for i, c in enumerate(containers):
+        command = list(c.get("command") or [])
+        if not command:
+            raise TransformError(
+                f"{where}.spec.containers[{i}].command is required with "
+                f"{names.RESTART_SCOPE}: {RestartScope.PROCESS} (the launcher runs it; the "
+                f"image's entrypoint cannot be read here): set it, or set "
+                f"{names.RESTART_SCOPE}: {RestartScope.POD}"
+            )
+        if command[: len(LAUNCHER_COMMAND)] != LAUNCHER_COMMAND:
+            c["command"] = [*LAUNCHER_COMMAND, *command]
+        env = _add_by_name(c.get("env") or [], {"name": ENV_CONTAINER, "value": c["name"]})
+        c["env"] = _add_by_name(env, grace)
+    launched = ",".join(c["name"] for c in containers)
+    agent["env"] = _add_by_name(agent["env"], {"name": ENV_LAUNCHED, "value": launched})
+    agent["env"] = _add_by_name(agent["env"], grace)
 
 
 FAIL_JOBSET_RULE = {

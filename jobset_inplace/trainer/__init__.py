@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from jobset_inplace.launcher import DEFAULT_STATE_DIR as _DEFAULT_STATE_DIR
+from jobset_inplace.launcher import ENV_STATE_DIR, RESUME_FILE
 from jobset_inplace.trainer.checkpoints import (
     COMPLETE_MARKER,
     RETIRED_MARKER,
@@ -48,11 +50,9 @@ __all__ = [
     "write_resume",
 ]
 
-ENV_STATE_DIR = "JSI_STATE_DIR"
 ENV_CHECKPOINT_LOCAL_DIR = "JSI_CHECKPOINT_LOCAL_DIR"
 ENV_CHECKPOINT_PERSISTENT_DIR = "JSI_CHECKPOINT_PERSISTENT_DIR"
-DEFAULT_STATE_DIR = Path("/var/run/jobset-inplace")
-RESUME_FILE = "resume.json"
+DEFAULT_STATE_DIR = Path(_DEFAULT_STATE_DIR)
 
 Tier = Literal["local", "persistent", "both"]
 _TIERS: tuple[Tier, ...] = ("local", "persistent", "both")

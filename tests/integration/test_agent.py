@@ -490,6 +490,10 @@ def test_bad_config_exits_2(
         ({"JSI_RESTART_EXIT_CODE": "2"}, "JSI_RESTART_EXIT_CODE"),
         ({"JSI_PROBE_PORT": "http"}, "JSI_PROBE_PORT"),
         ({"JSI_CA_FILE": str(tmp_path / "nope")}, "JSI_CA_FILE"),
+        ({"JSI_RESTART_SCOPE": "container"}, "JSI_RESTART_SCOPE"),
+        ({"JSI_RESTART_SCOPE": "process"}, "JSI_LAUNCHED_CONTAINERS"),
+        ({"JSI_LAUNCHED_CONTAINERS": "Trainer!"}, "JSI_LAUNCHED_CONTAINERS"),
+        ({"JSI_STOP_GRACE_SECONDS": "-1"}, "JSI_STOP_GRACE_SECONDS"),
     ]:
         agent = start_agent("cfg-0", "cfg", **env)
         assert agent.wait_exit() == 2, agent.text()
@@ -567,3 +571,106 @@ def test_start_to_report_latency(kube: Clients, namespace: str, start_agent: Sta
         + ", ".join(f"{x:.3f}" for x in seen)
         + f" s (median {statistics.median(seen):.3f})"
     )
+
+
+# --- process restart scope: the agent and a real launcher share the state directory ------------
+
+# The trainer under the launcher: notes each start, exits with the code written to `exit-now`.
+TRAINER = r"""
+import os, sys, time
+d = sys.argv[1]
+with open(os.path.join(d, "starts"), "a") as f:
+    f.write("%s %s\n" % (os.environ["JSI_EPOCH"], os.environ["JSI_RESUME_STEP"]))
+while True:
+    p = os.path.join(d, "exit-now")
+    if os.path.exists(p):
+        code = int(open(p).read()); os.unlink(p); sys.exit(code)
+    time.sleep(0.01)
+"""
+
+
+def start_launcher(agent: AgentProc) -> subprocess.Popen[bytes]:
+    """The main container's process as the transform makes it: the launcher the agent
+    installed, running the trainer."""
+    installed = agent.state_dir / "launcher.py"
+    wait_for("the agent installs the launcher", installed.exists, WAIT, POLL)
+    trainer = agent.state_dir.parent / "trainer.py"
+    trainer.write_text(TRAINER)
+    env = {**os.environ, "JSI_STATE_DIR": str(agent.state_dir), "JSI_CONTAINER_NAME": "trainer"}
+    cmd = [sys.executable, str(installed), "--", sys.executable, str(trainer)]
+    return subprocess.Popen([*cmd, str(agent.state_dir.parent)], env=env)
+
+
+def trainer_starts(agent: AgentProc) -> list[str]:
+    path = agent.state_dir.parent / "starts"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+PROCESS_SCOPE = {"JSI_RESTART_SCOPE": "process", "JSI_LAUNCHED_CONTAINERS": "trainer"}
+
+
+def test_process_scope_restarts_the_trainer_process_not_the_agent(
+    kube: Clients, namespace: str, start_agent: StartAgent
+) -> None:
+    """A crash is reported on the pod; a new epoch stops the trainer (or finds it exited),
+    the agent reports the new epoch itself and the launcher starts the trainer again: no
+    process but the trainer's ends."""
+    create_gangstate(kube, namespace, "proc", closed(1))
+    create_pod(kube, namespace, "proc-0")
+    agent = start_agent("proc-0", "proc", **PROCESS_SCOPE)
+    assert agent.get("/started")[0] == 200 or agent.wait_barrier(503)
+    launcher = start_launcher(agent)
+    try:
+        wait_reported(kube, namespace, "proc-0", 1)
+        assert trainer_starts(agent) == []  # barrier closed: the launcher holds the trainer
+        set_status(kube, namespace, "proc", opened(1, 100))
+        wait_for("trainer started in epoch 1", lambda: trainer_starts(agent) == ["1 100"], WAIT)
+
+        (agent.state_dir.parent / "exit-now").write_text("3")  # the trainer crashes
+        wait_for(
+            "the crash reported on the pod",
+            lambda: pod_annotations(kube, namespace, "proc-0").get(names.REPORT_EXITED) == "1",
+            WAIT,
+            POLL,
+        )
+        agent.wait_log("trainer trainer exited 3 in epoch 1: reported")
+
+        set_status(kube, namespace, "proc", closed(2))  # the controller starts a recovery
+        wait_reported(kube, namespace, "proc-0", 2)
+        assert names.REPORT_EXITED not in pod_annotations(kube, namespace, "proc-0")
+        set_status(kube, namespace, "proc", opened(2, 100))
+        wait_for("trainer again in epoch 2", lambda: trainer_starts(agent)[-1:] == ["2 100"], WAIT)
+
+        set_status(kube, namespace, "proc", closed(3))  # another member failed: stop, rejoin
+        wait_reported(kube, namespace, "proc-0", 3)
+        agent.wait_log("trainers stopped in [0-9.]+ s, joining epoch 3 in place")
+        assert agent.resume() is None
+        set_status(kube, namespace, "proc", opened(3, 100))
+        wait_for("trainer again in epoch 3", lambda: trainer_starts(agent)[-1:] == ["3 100"], WAIT)
+        assert trainer_starts(agent) == ["1 100", "2 100", "3 100"]
+        assert agent.alive()
+        assert launcher.poll() is None
+        assert "exiting with 88" not in agent.text()
+    finally:
+        launcher.kill()
+        launcher.wait()
+
+
+def test_process_scope_restarts_the_pod_when_a_launcher_does_not_stop(
+    kube: Clients, namespace: str, start_agent: StartAgent
+) -> None:
+    """A launcher that never confirms the stop (here: its state says running, and no launcher
+    is there to change it) must not leave an old trainer beside the new epoch: the agent
+    falls back to the restart exit code (RestartAllContainers)."""
+    create_gangstate(kube, namespace, "stuck", closed(1))
+    create_pod(kube, namespace, "stuck-0")
+    agent = start_agent("stuck-0", "stuck", JSI_STOP_GRACE_SECONDS="0", **PROCESS_SCOPE)
+    wait_reported(kube, namespace, "stuck-0", 1)
+    set_status(kube, namespace, "stuck", opened(1, 100))
+    wait_for("resume.json of epoch 1", lambda: agent.resume() is not None, WAIT, POLL)
+    (agent.state_dir / "launcher-trainer.json").write_text(
+        '{"state": "running", "epoch": 1, "code": null}'
+    )
+    set_status(kube, namespace, "stuck", closed(2))
+    assert agent.wait_exit(WAIT) == RESTART_CODE
+    assert "did not stop their trainers within 5 s: restarting the whole pod" in agent.text()

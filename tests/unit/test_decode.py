@@ -108,7 +108,12 @@ def _device_health(health: str) -> Callable[[Pod], None]:
 
 
 def _annotations(**values: str | None) -> Callable[[Pod], None]:
-    keys = {"epoch": names.REPORT_EPOCH, "steps": names.REPORT_STEPS, "late": names.REPORT_LATE}
+    keys = {
+        "epoch": names.REPORT_EPOCH,
+        "steps": names.REPORT_STEPS,
+        "late": names.REPORT_LATE,
+        "exited": names.REPORT_EXITED,
+    }
 
     def change(p: Pod) -> None:
         ann = p["metadata"]["annotations"]
@@ -193,6 +198,16 @@ TABLE: dict[str, tuple[Callable[[Pod], None], dict[str, Any], Cause | None]] = {
         Cause.AGENT_WAITING,
     ),
     "late for an older epoch": (_annotations(late="1"), {"late_for_epoch": 1}, None),
+    "its trainer process exited in the running epoch (process scope)": (
+        _annotations(exited="2"),
+        {"exited_in_epoch": 2},
+        Cause.TRAINER_EXITED,
+    ),
+    "its trainer exited in an older epoch": (
+        _annotations(exited="1"),
+        {"exited_in_epoch": 1},
+        None,
+    ),
     "not Ready for long (its agent not restarted since: a cold start, an image pull)": (
         _not_ready("1970-01-01T00:00:00Z"),
         {"not_ready_since": 0.0},

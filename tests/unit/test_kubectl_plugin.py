@@ -567,6 +567,7 @@ spec:
             containers:
             - name: trainer
               image: trainer:1
+              command: [python3, train.py]
 """
 
 

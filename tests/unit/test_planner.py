@@ -504,6 +504,23 @@ def test_a_late_mark_of_an_older_epoch_or_while_recovering_is_no_failure() -> No
     assert member(2) not in p.status.recovery.causes
 
 
+def test_a_trainer_process_exit_reported_by_its_agent_starts_a_recovery() -> None:
+    """Process scope: the launcher keeps the container up, so only the agent's report shows
+    the crash; it counts for the running epoch only."""
+    pl = with_pod(pods(4, epoch=2), 1, exited_in_epoch=2)
+    p = plan(snapshot(pod_list=pl))
+    assert p.status.epoch == 3
+    assert p.status.recovery is not None
+    assert p.status.recovery.causes == {member(1): Cause.TRAINER_EXITED}
+    assert replaced(p) == []
+    stale = with_pod(pods(4, epoch=2), 1, exited_in_epoch=1)
+    assert plan(snapshot(pod_list=stale)).status.epoch == 2
+    waiting = with_pod(pods(4, epoch=3), 1, exited_in_epoch=3)
+    p = plan(snapshot(status=recovering(3), pod_list=waiting))
+    assert p.status.recovery is not None
+    assert member(1) not in p.status.recovery.causes
+
+
 def silent(name: str, since: float, *, read: bool = True) -> NodeView:
     """A Ready node whose Lease was last renewed at ``since`` (read afresh just now)."""
     return NodeView(name, lease_renewed=since, lease_read_at=NOW if read else None)

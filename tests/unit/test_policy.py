@@ -16,6 +16,7 @@ from jobset_inplace.core.policy import (
     NoCommonCheckpoint,
     Policy,
     PolicyError,
+    RestartScope,
     format_duration,
     is_managed,
     parse_duration,
@@ -51,6 +52,8 @@ def test_the_defaults() -> None:
     assert p.escalation == Escalation.RESTART_JOBSET
     assert p.kueue_recovery_timeout_s is None
     assert p.taint_on_device_fault is False
+    assert p.restart_scope == RestartScope.PROCESS
+    assert p.trainer_stop_grace_s == 1.0
 
 
 # (annotation, value, Policy field, parsed value)
@@ -100,6 +103,11 @@ ACCEPTED: list[tuple[str, str, str, Any]] = [
     (names.KUEUE_RECOVERY_TIMEOUT, "168h", "kueue_recovery_timeout_s", 604800.0),  # the maximum
     (names.TAINT_ON_DEVICE_FAULT, "true", "taint_on_device_fault", True),
     (names.TAINT_ON_DEVICE_FAULT, "false", "taint_on_device_fault", False),
+    (names.RESTART_SCOPE, "pod", "restart_scope", RestartScope.POD),
+    (names.RESTART_SCOPE, "process", "restart_scope", RestartScope.PROCESS),
+    (names.TRAINER_STOP_GRACE, "0s", "trainer_stop_grace_s", 0.0),
+    (names.TRAINER_STOP_GRACE, "0.5s", "trainer_stop_grace_s", 0.5),
+    (names.TRAINER_STOP_GRACE, "5m", "trainer_stop_grace_s", 300.0),
 ]  # fmt: skip
 
 
@@ -149,6 +157,8 @@ def test_all_annotations_together() -> None:
             names.ESCALATION: "fail-jobset",
             names.KUEUE_RECOVERY_TIMEOUT: "10m",
             names.TAINT_ON_DEVICE_FAULT: "true",
+            names.RESTART_SCOPE: "pod",
+            names.TRAINER_STOP_GRACE: "3s",
         }
     )
     assert p == Policy(
@@ -166,6 +176,8 @@ def test_all_annotations_together() -> None:
         escalation=Escalation.FAIL_JOBSET,
         kueue_recovery_timeout_s=600.0,
         taint_on_device_fault=True,
+        restart_scope=RestartScope.POD,
+        trainer_stop_grace_s=3.0,
     )
 
 
@@ -177,6 +189,7 @@ RANGES: dict[str, tuple[float, float]] = {
     names.MEMBER_REPEAT_LIMIT: (1, 1000),
     names.RESTART_EXIT_CODE: (3, 255),
     names.KUEUE_RECOVERY_TIMEOUT: (75.0, 604_800.0),
+    names.TRAINER_STOP_GRACE: (0.0, 300.0),
 }
 
 
@@ -189,6 +202,7 @@ def test_the_ranges_are_the_modules() -> None:
         names.MEMBER_REPEAT_LIMIT: policy.MEMBER_REPEAT_LIMIT_RANGE,
         names.RESTART_EXIT_CODE: policy.RESTART_EXIT_CODE_RANGE,
         names.KUEUE_RECOVERY_TIMEOUT: policy.KUEUE_RECOVERY_TIMEOUT_RANGE_S,
+        names.TRAINER_STOP_GRACE: policy.TRAINER_STOP_GRACE_RANGE_S,
     }
 
 
@@ -291,6 +305,9 @@ REJECTED: list[tuple[str, str, str]] = [
     (names.ESCALATION, "restart", "restart-jobset or fail-jobset"),
     (names.TAINT_ON_DEVICE_FAULT, "yes", '"true" or "false"'),
     (names.TAINT_ON_DEVICE_FAULT, "TRUE", '"true" or "false"'),
+    (names.RESTART_SCOPE, "container", "process or pod"),
+    (names.TRAINER_STOP_GRACE, "1", "a duration such as 0s, 0.5s or 5s, from 0s to 5m"),
+    (names.TRAINER_STOP_GRACE, "6m", "a duration such as 0s, 0.5s or 5s, from 0s to 5m"),
 ]
 
 

@@ -14,7 +14,9 @@ from jobset_inplace.core.policy import PolicyError
 from jobset_inplace.core.transform import (
     AGENT_CONTAINER,
     ESCALATION_RULE,
+    LAUNCHER_PATH,
     MAX_BACKOFF,
+    STATE_DIR,
     AgentSettings,
     TransformError,
     transform,
@@ -39,7 +41,9 @@ def jobset(replicas: int = 2, pods: int = 1, **pod_spec: Any) -> dict[str, Any]:
                             "completions": pods,
                             "template": {
                                 "spec": {
-                                    "containers": [{"name": "trainer", "image": "t"}],
+                                    "containers": [
+                                        {"name": "trainer", "image": "t", "command": ["train"]}
+                                    ],
                                     **pod_spec,
                                 }
                             },
@@ -68,10 +72,53 @@ def test_adds_agent_rules_and_job_settings() -> None:
     assert agent["restartPolicy"] == "Always"
     assert agent["restartPolicyRules"][0]["exitCodes"] == {"operator": "NotIn", "values": [0]}
     assert {"name": "JSI_RESTART_EXIT_CODE", "value": "88"} in agent["env"]
-    assert agent["startupProbe"]["httpGet"]["path"] == "/barrier"
+    assert agent["startupProbe"]["httpGet"]["path"] == "/started"
     trainer = spec["containers"][0]
     assert trainer["restartPolicyRules"][0]["exitCodes"] == {"operator": "NotIn", "values": [0]}
     assert out["spec"]["failurePolicy"] == {"maxRestarts": 2}
+
+
+def test_process_scope_runs_every_main_container_under_the_launcher() -> None:
+    js = jobset()
+    spec = pod_spec(js)
+    spec["containers"].append(
+        {"name": "sidecar-ish", "image": "s", "command": ["s"], "args": ["-v"]}
+    )
+    js["metadata"]["annotations"][names.TRAINER_STOP_GRACE] = "0.5s"
+    out = pod_spec(transform(js, S))
+    agent = out["initContainers"][0]
+    trainer, second = out["containers"]
+    assert trainer["command"] == ["python3", LAUNCHER_PATH, "--", "train"]
+    assert (second["command"], second["args"]) == (["python3", LAUNCHER_PATH, "--", "s"], ["-v"])
+    assert {"name": "JSI_CONTAINER_NAME", "value": "trainer"} in trainer["env"]
+    assert {"name": "JSI_CONTAINER_NAME", "value": "sidecar-ish"} in second["env"]
+    assert {"name": "JSI_STOP_GRACE_SECONDS", "value": "0.5"} in trainer["env"]
+    assert {"name": "JSI_RESTART_SCOPE", "value": "process"} in agent["env"]
+    assert {"name": "JSI_LAUNCHED_CONTAINERS", "value": "trainer,sidecar-ish"} in agent["env"]
+    assert {"name": "JSI_STOP_GRACE_SECONDS", "value": "0.5"} in agent["env"]
+    assert LAUNCHER_PATH.startswith(STATE_DIR + "/")  # on the volume every container mounts
+
+
+def test_pod_scope_keeps_the_command_and_holds_trainers_with_the_startup_probe() -> None:
+    js = jobset()
+    js["metadata"]["annotations"][names.RESTART_SCOPE] = "pod"
+    del pod_spec(js)["containers"][0]["command"]  # the image's entrypoint is fine here
+    out = pod_spec(transform(js, S))
+    agent = out["initContainers"][0]
+    assert "command" not in out["containers"][0]
+    assert agent["startupProbe"]["httpGet"]["path"] == "/barrier"
+    assert {"name": "JSI_RESTART_SCOPE", "value": "pod"} in agent["env"]
+    assert not any(e["name"] == "JSI_LAUNCHED_CONTAINERS" for e in agent["env"])
+
+
+def test_process_scope_needs_a_command() -> None:
+    js = jobset()
+    del pod_spec(js)["containers"][0]["command"]
+    with pytest.raises(TransformError) as e:
+        transform(js, S)
+    msg = str(e.value)
+    assert "spec.replicatedJobs[0].template.spec.template.spec.containers[0].command" in msg
+    assert "jobset-inplace.dev/restart-scope: pod" in msg
 
 
 def test_restart_exit_code_annotation_is_used() -> None:

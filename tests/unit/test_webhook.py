@@ -56,7 +56,9 @@ def jobset(annotations: dict[str, str] | None = None, **pod_spec: Any) -> dict[s
                             "completions": 2,
                             "template": {
                                 "spec": {
-                                    "containers": [{"name": "trainer", "image": "t"}],
+                                    "containers": [
+                                        {"name": "trainer", "image": "t", "command": ["train"]}
+                                    ],
                                     **pod_spec,
                                 }
                             },

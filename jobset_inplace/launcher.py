@@ -1,0 +1,245 @@
+"""The trainer launcher of the process restart scope: the entrypoint of every main container.
+
+With ``jobset-inplace.dev/restart-scope: process`` (the default) a recovery restarts the
+trainer *process*, not the pod: no container is torn down, no probe period and no container
+start sit on the critical path. The transform makes each main container run
+``python3 $JSI_STATE_DIR/launcher.py -- <its command>``; the agent copies this file there when
+it starts (the trainer image needs only a ``python3``, 3.8 or newer). The launcher runs the
+command as a child process, in its own process group, only while the barrier is open for an
+epoch it has not run yet, and the agent and the launcher speak through two files in the
+shared state directory:
+
+* ``resume.json`` (written by the agent when the barrier of an epoch opens, removed when the gang
+  leaves that epoch): present with a new epoch -> start the command; gone or another epoch while
+  the command runs -> stop it (SIGTERM to its process group, SIGKILL after the stop grace).
+* ``launcher-<container>.json`` (written by the launcher): ``{"state", "epoch", "code"}`` with
+  state ``waiting`` (no child), ``running`` (written before the child starts), ``stopped``
+  (stopped for a new epoch) or ``exited`` (the child ended on its own, with ``code``). The agent
+  reports a non-zero ``exited`` to the controller (the failure signal) and reports a new epoch
+  only once no launcher is ``running``: no trainer of an old epoch runs while the gang agrees
+  where to resume.
+
+A child that exits 0 ends the launcher with 0 (the container completes). If the launcher itself
+dies, the container's ``RestartAllContainers`` rule restarts the whole pod, as in the pod scope.
+
+Standard library only, Python 3.8 compatible, and imports nothing of ``jobset_inplace``: it
+runs alone from the state volume on the trainer's interpreter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+ENV_STATE_DIR = "JSI_STATE_DIR"
+DEFAULT_STATE_DIR = "/var/run/jobset-inplace"
+RESUME_FILE = "resume.json"
+LAUNCHER_FILE = "launcher.py"  # where the agent installs this file in the state directory
+ENV_CONTAINER = "JSI_CONTAINER_NAME"  # the container's name: its state file's name
+ENV_STOP_GRACE = "JSI_STOP_GRACE_SECONDS"
+# Set for the child: the epoch it runs in and the step to resume from ("" for scratch).
+ENV_EPOCH = "JSI_EPOCH"
+ENV_RESUME_STEP = "JSI_RESUME_STEP"
+DEFAULT_STOP_GRACE = 1.0
+POLL_SECONDS = 0.02
+
+WAITING, RUNNING, STOPPED, EXITED = "waiting", "running", "stopped", "exited"
+STATES = (WAITING, RUNNING, STOPPED, EXITED)
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 127  # as a shell reports a command it cannot run
+
+
+def state_file(state_dir: Path | str, container: str) -> Path:
+    return Path(state_dir) / f"launcher-{container}.json"
+
+
+def read_state(path: Path) -> tuple[str, int | None, int | None] | None:
+    """(state, epoch, code) of a launcher state file; None if absent or unreadable."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("state") not in STATES:
+        return None
+    epoch, code = doc.get("epoch"), doc.get("code")
+    return (
+        doc["state"],
+        epoch if isinstance(epoch, int) else None,
+        code if isinstance(code, int) else None,
+    )
+
+
+def resume_epoch(state_dir: Path) -> tuple[int, int | None] | None:
+    """(epoch, resume step) of ``resume.json``; None while there is none (or it is unreadable:
+    the agent writes it atomically, so that is never a state to act on)."""
+    try:
+        doc = json.loads((state_dir / RESUME_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    epoch = doc.get("epoch") if isinstance(doc, dict) else None
+    if not isinstance(epoch, int) or isinstance(epoch, bool):
+        return None
+    step = doc.get("resumeStep")
+    return epoch, step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def _log(message: str) -> None:
+    t = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+    sys.stderr.write(f"{stamp} jobset-inplace launcher: {message}\n")
+    sys.stderr.flush()
+
+
+def _exit_code(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+class Launcher:
+    def __init__(self, argv: list[str], state_dir: Path, container: str, grace: float) -> None:
+        self.argv, self.state_dir, self.grace = argv, state_dir, grace
+        self.path = state_file(state_dir, container)
+        self.child: int | None = None  # pid (and process group) of the running command
+        self.code: int | None = None  # its exit code once reaped
+        self.terminating = False
+
+    def write(self, state: str, epoch: int | None, code: int | None = None) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(json.dumps({"state": state, "epoch": epoch, "code": code}) + "\n")
+        os.replace(tmp, self.path)
+
+    def reap(self) -> None:
+        """Collect every exited child (as PID 1 the launcher inherits orphans too)."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.child:
+                self.code = _exit_code(status)
+
+    def start(self, epoch: int, step: int | None) -> bool:
+        env = dict(os.environ)
+        env[ENV_EPOCH], env[ENV_RESUME_STEP] = str(epoch), "" if step is None else str(step)
+        self.code = None
+        try:
+            self.child = os.posix_spawnp(self.argv[0], self.argv, env, setsid=True)
+        except OSError as e:
+            _log(f"epoch {epoch}: cannot start {self.argv[0]!r}: {e}")
+            self.child, self.code = None, EXIT_NOT_FOUND
+            return False
+        _log(f"epoch {epoch}: started {' '.join(self.argv)} (pid {self.child}, resume step {step})")
+        return True
+
+    def signal_group(self, signum: int) -> None:
+        if self.child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.child, signum)
+
+    def wait_child(self, timeout: float | None) -> bool:
+        """Reap until the child has exited or `timeout` passed; whether it exited."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self.reap()
+            if self.code is not None:
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+
+    def stop(self) -> None:
+        """SIGTERM to the child's group, SIGKILL to what is left of it after the grace."""
+        began = time.monotonic()
+        self.signal_group(signal.SIGTERM)
+        self.wait_child(self.grace)
+        self.signal_group(signal.SIGKILL)  # the group's stragglers too
+        self.wait_child(None)
+        _log(f"stopped (exit {self.code}) in {time.monotonic() - began:.3f} s")
+
+    def run(self) -> int:
+        ran: int | None = None  # the last epoch the command was started in
+        self.write(WAITING, None)
+        while not self.terminating:
+            resume = resume_epoch(self.state_dir)
+            if resume is None or (ran is not None and resume[0] <= ran):
+                self.reap()
+                time.sleep(POLL_SECONDS)
+                continue
+            epoch = resume[0]
+            # Say "running" before starting, then look again: an agent that withdrew the epoch
+            # in between either sees "running" and waits, or the second look sees it gone.
+            self.write(RUNNING, epoch)
+            if resume_epoch(self.state_dir) != resume:
+                self.write(WAITING, ran)
+                continue
+            ran = epoch
+            if not self.start(epoch, resume[1]):
+                self.write(EXITED, epoch, self.code)
+                continue
+            outcome = self.supervise(epoch)
+            if outcome is not None:
+                return outcome
+        return 128 + signal.SIGTERM
+
+    def supervise(self, epoch: int) -> int | None:
+        """Until the child ends or the epoch is withdrawn; an exit code ends the launcher."""
+        while True:
+            self.reap()
+            if self.code is not None:
+                self.signal_group(signal.SIGKILL)  # what it left behind in its group
+                code = self.code
+                _log(f"epoch {epoch}: exited {code}")
+                self.write(EXITED, epoch, code)
+                self.child = None
+                return 0 if code == 0 else None
+            if self.terminating:
+                self.signal_group(signal.SIGTERM)
+                self.wait_child(None)
+                return self.code
+            resume = resume_epoch(self.state_dir)
+            if resume is None or resume[0] != epoch:
+                _log(f"epoch {epoch}: the gang moved on: stopping pid {self.child}")
+                self.stop()
+                self.write(STOPPED, epoch, self.code)
+                self.child = None
+                return None
+            time.sleep(POLL_SECONDS)
+
+
+def main(args: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if args is None else args)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        _log("usage: launcher.py -- COMMAND [ARG...]")
+        return EXIT_USAGE
+    state_dir = Path(os.environ.get(ENV_STATE_DIR) or DEFAULT_STATE_DIR)
+    container = os.environ.get(ENV_CONTAINER, "")
+    raw = os.environ.get(ENV_STOP_GRACE, "")
+    try:
+        grace = float(raw) if raw else DEFAULT_STOP_GRACE
+    except ValueError:
+        grace = -1.0
+    if not container or "/" in container or not 0 <= grace <= 3600:
+        _log(f"{ENV_CONTAINER} must name the container and {ENV_STOP_GRACE} be 0..3600 seconds")
+        return EXIT_USAGE
+    launcher = Launcher(argv, state_dir, container, grace)
+
+    def terminate(signum: int, frame: object) -> None:
+        launcher.terminating = True
+
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGINT, terminate)
+    return launcher.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

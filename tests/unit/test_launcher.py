@@ -1,0 +1,233 @@
+"""The process-scope launcher, run as a real process over a temporary state directory with real
+child processes: it starts the command only for a new open epoch, stops it when the epoch is
+withdrawn, reports what the command did, and never restarts it in an epoch it ran."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from jobset_inplace import launcher
+from jobset_inplace.trainer import ResumeInfo, clear_resume, write_resume
+
+# The child: records each start (epoch, resume step, pid), exits with the code written to
+# `exit-now`, and optionally ignores SIGTERM and leaves a grandchild in its process group.
+CHILD = r"""
+import os, signal, subprocess, sys, time
+d = sys.argv[1]
+with open(os.path.join(d, "starts"), "a") as f:
+    step = os.environ["JSI_RESUME_STEP"] or "-"
+    f.write("%s %s %d\n" % (os.environ["JSI_EPOCH"], step, os.getpid()))
+if os.environ.get("CHILD_IGNORES_TERM"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    g = subprocess.Popen([sys.executable, "-c", ignore])
+    open(os.path.join(d, "grandchild"), "w").write(str(g.pid))
+while True:
+    p = os.path.join(d, "exit-now")
+    if os.path.exists(p):
+        code = int(open(p).read()); os.unlink(p); sys.exit(code)
+    time.sleep(0.01)
+"""
+
+
+def until(what: str, check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (not reaped by its parent yet) counts as gone.
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+
+
+class Pod:
+    """A state directory and a running launcher over it."""
+
+    def __init__(self, tmp: Path, **env: str) -> None:
+        self.dir = tmp
+        (tmp / "child.py").write_text(CHILD)
+        self.env = {**os.environ, "JSI_STATE_DIR": str(tmp), "JSI_CONTAINER_NAME": "trainer"}
+        self.env.update(env)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                launcher.__file__,
+                "--",
+                sys.executable,
+                str(tmp / "child.py"),
+                str(tmp),
+            ],
+            env=self.env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def state(self) -> tuple[str, int | None, int | None] | None:
+        return launcher.read_state(launcher.state_file(self.dir, "trainer"))
+
+    def wait_state(self, state: str, epoch: int | None, code: int | None = None) -> None:
+        until(f"state {state} {epoch} {code}", lambda: self.state() == (state, epoch, code))
+
+    def open(self, epoch: int, step: int | None = None) -> None:
+        write_resume(ResumeInfo(epoch, step, "ns/gang"), self.dir)
+
+    def starts(self) -> list[tuple[str, str, int]]:
+        path = self.dir / "starts"
+        lines = path.read_text().split("\n") if path.exists() else []
+        return [(e, s, int(p)) for e, s, p in (line.split() for line in lines if line)]
+
+    def child_exits(self, code: int) -> None:
+        (self.dir / "exit-now").write_text(str(code))
+
+
+@pytest.fixture
+def pod(tmp_path: Path) -> Iterator[Pod]:
+    p = Pod(tmp_path)
+    yield p
+    if p.proc.poll() is None:
+        p.proc.kill()
+        p.proc.wait()
+
+
+def test_starts_only_for_a_new_open_epoch_and_stops_when_it_is_withdrawn(pod: Pod) -> None:
+    pod.wait_state("waiting", None)
+    assert pod.starts() == []  # no resume.json: nothing runs
+    pod.open(1, None)
+    pod.wait_state("running", 1)
+    until("first start", lambda: len(pod.starts()) == 1)
+    epoch, step, pid = pod.starts()[0]
+    assert (epoch, step) == ("1", "-")
+    clear_resume(pod.dir)  # the gang moved on
+    pod.wait_state("stopped", 1, 128 + signal.SIGTERM)
+    assert not alive(pid)
+    pod.open(2, 20)
+    pod.wait_state("running", 2)
+    until("second start", lambda: len(pod.starts()) == 2)
+    assert pod.starts()[1][:2] == ("2", "20")
+    assert pod.proc.poll() is None
+
+
+def test_a_crash_is_reported_and_not_restarted_in_the_same_epoch(pod: Pod) -> None:
+    pod.open(3, 10)
+    until("start", lambda: len(pod.starts()) == 1)
+    pod.child_exits(3)
+    pod.wait_state("exited", 3, 3)
+    # resume.json of epoch 3 is still there: the crashed epoch is never run again
+    time.sleep(0.3)
+    assert len(pod.starts()) == 1
+    assert pod.state() == ("exited", 3, 3)
+    pod.open(4, 10)
+    until("start in epoch 4", lambda: len(pod.starts()) == 2)
+    pod.child_exits(0)  # training done: the launcher ends with it
+    assert pod.proc.wait(10) == 0
+    assert pod.state() == ("exited", 4, 0)
+
+
+def test_a_stale_epoch_is_not_run(pod: Pod) -> None:
+    pod.open(5)
+    until("start", lambda: len(pod.starts()) == 1)
+    pod.child_exits(3)
+    pod.wait_state("exited", 5, 3)
+    pod.open(4)  # older than what ran: never
+    time.sleep(0.3)
+    assert len(pod.starts()) == 1
+
+
+def test_a_child_ignoring_sigterm_is_killed_with_its_group_after_the_grace(tmp_path: Path) -> None:
+    pod = Pod(tmp_path, JSI_STOP_GRACE_SECONDS="0.3", CHILD_IGNORES_TERM="1")
+    try:
+        pod.open(1)
+        until("grandchild", (tmp_path / "grandchild").exists)
+        grandchild = int((tmp_path / "grandchild").read_text())
+        began = time.monotonic()
+        clear_resume(tmp_path)
+        pod.wait_state("stopped", 1, 128 + signal.SIGKILL)
+        assert time.monotonic() - began >= 0.3
+        until("grandchild gone", lambda: not alive(grandchild))
+    finally:
+        pod.proc.kill()
+        pod.proc.wait()
+
+
+def test_sigterm_to_the_launcher_stops_the_child(pod: Pod) -> None:
+    pod.open(1)
+    until("start", lambda: len(pod.starts()) == 1)
+    pid = pod.starts()[0][2]
+    pod.proc.send_signal(signal.SIGTERM)
+    assert pod.proc.wait(10) == 128 + signal.SIGTERM
+    assert not alive(pid)
+
+
+def test_a_command_that_cannot_start_is_reported_as_exit_127(tmp_path: Path) -> None:
+    env = {**os.environ, "JSI_STATE_DIR": str(tmp_path), "JSI_CONTAINER_NAME": "trainer"}
+    proc = subprocess.Popen(
+        [sys.executable, launcher.__file__, "--", "/no/such/trainer"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        write_resume(ResumeInfo(1, None, "ns/gang"), tmp_path)
+        path = launcher.state_file(tmp_path, "trainer")
+        until("exited 127", lambda: launcher.read_state(path) == ("exited", 1, 127))
+    finally:
+        proc.kill()
+        _, err = proc.communicate()
+    assert "cannot start '/no/such/trainer'" in err
+
+
+@pytest.mark.parametrize(
+    ("env", "args"),
+    [
+        ({"JSI_CONTAINER_NAME": ""}, ["--", "true"]),
+        ({"JSI_CONTAINER_NAME": "t", "JSI_STOP_GRACE_SECONDS": "soon"}, ["--", "true"]),
+        ({"JSI_CONTAINER_NAME": "t"}, ["--"]),
+    ],
+)
+def test_bad_usage_exits_2_with_a_message(
+    tmp_path: Path, env: dict[str, str], args: list[str]
+) -> None:
+    full = {**os.environ, "JSI_STATE_DIR": str(tmp_path), **env}
+    done = subprocess.run(
+        [sys.executable, launcher.__file__, *args],
+        check=False,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert done.returncode == 2
+    assert "jobset-inplace launcher:" in done.stderr
+
+
+def test_state_file_round_trip_and_garbage(tmp_path: Path) -> None:
+    path = launcher.state_file(tmp_path, "c")
+    assert launcher.read_state(path) is None
+    path.write_text(json.dumps({"state": "exited", "epoch": 2, "code": 3}))
+    assert launcher.read_state(path) == ("exited", 2, 3)
+    path.write_text("{not json")
+    assert launcher.read_state(path) is None
+    path.write_text(json.dumps({"state": "dancing"}))
+    assert launcher.read_state(path) is None
+
+
+def test_the_launcher_parses_as_python_3_8() -> None:
+    """It runs on the trainer image's interpreter, which may be older than the agent's."""
+    ast.parse(Path(launcher.__file__).read_text(), feature_version=(3, 8))
