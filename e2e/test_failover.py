@@ -120,7 +120,7 @@ def _fail_over(  # noqa: PLR0917 (the test's fixtures and findings)
     )
     wait_for(
         "every trainer running again",
-        lambda: trainers_running(kube, namespace, "gang", MEMBERS, 1),
+        lambda: trainers_running(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, epoch=2),
         120,
     )
     # Once training runs again, still that one recovery: no epoch 3, no second opening.

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from jobset_inplace import names
 from testbed.controller import gang_state, member_pods
 from testbed.demo import inject_failure, trainers_running, training_gang
@@ -25,27 +27,40 @@ def _annotations(pod: Any) -> dict[str, str]:
     return dict(pod.metadata.annotations or {})
 
 
+# restart scope -> (the trace the unseen failure leaves on the pod, the cause the controller
+# finds there when it is back)
+UNSEEN = {
+    # the kubelet restarts the pod in place within seconds; its new agent finds epoch 1's
+    # barrier open, reports late and waits
+    "pod": (names.REPORT_LATE, "AgentWaiting"),
+    # the container keeps running; the agent reports its trainer's exit
+    "process": (names.REPORT_EXITED, "TrainerExited"),
+}
+
+
+@pytest.mark.parametrize("scope", ["process", "pod"])
 def test_a_failure_while_the_controller_is_down_is_not_lost(
-    cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str
+    cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str, scope: str
 ) -> None:
-    """Controller down (its Deployment scaled to 0); a trainer exits; the kubelet restarts its
-    pod in place within a couple of seconds and the pod status shows nothing any more; the new
-    agent finds epoch 1's barrier open and waits. The controller, started again, must recover
-    the gang (epoch 2, everyone in place, one resume step) instead of seeing a Running gang with
-    every member reported."""
-    training_gang(kube, cluster_kubeconfig, namespace, "gang", MEMBERS)
+    """Controller down (its Deployment scaled to 0); a trainer exits; the pod status shows
+    nothing of it a few seconds later (pod scope: restarted in place; process scope: the
+    launcher kept the container). The controller, started again, must recover the gang
+    (epoch 2, everyone in place, one resume step) instead of seeing a Running gang with every
+    member reported."""
+    trace, cause = UNSEEN[scope]
+    training_gang(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, scope=scope)
     before = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
     victim = member_pods(kube, namespace, "gang")["1"]
 
     controller.scale(0)  # every replica gone (an outage of the controller)
     try:
         inject_failure(cluster_kubeconfig, namespace, victim.metadata.name)
-        # The unseen restart happened: its new agent reported into the open barrier and waits.
+        # The failure left only the agent's mark on the pod.
         wait_for(
-            f"pod {victim.metadata.name} restarted in place, its agent waiting for a new epoch",
+            f"pod {victim.metadata.name}: {trace}=1",
             lambda: (
                 _annotations(kube.core.read_namespaced_pod(victim.metadata.name, namespace)).get(
-                    names.REPORT_LATE
+                    trace
                 )
                 == "1"
             ),
@@ -61,7 +76,7 @@ def test_a_failure_while_the_controller_is_down_is_not_lost(
         lambda: s if (s := gang_state(kube, namespace, "gang")).get("epoch") == 2 else None,
         60,
     )
-    assert st["recovery"]["causes"] == {"workers/1/0": "AgentWaiting"}
+    assert st["recovery"]["causes"] == {"workers/1/0": cause}
     st = wait_for(
         "barrier of epoch 2",
         lambda: s if (s := gang_state(kube, namespace, "gang")).get("barrierOpen") else None,
@@ -72,12 +87,9 @@ def test_a_failure_while_the_controller_is_down_is_not_lost(
     assert (st["resumeStep"] or 0) > 0, "from the common checkpoint, not from scratch"
     wait_for(
         "every trainer running again",
-        lambda: trainers_running(kube, namespace, "gang", MEMBERS, 1),
+        lambda: trainers_running(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, epoch=2),
         120,
     )
     after = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
     assert after == before, "every member kept its pod (in place)"
-    assert all(
-        names.REPORT_LATE not in _annotations(p)
-        for p in member_pods(kube, namespace, "gang").values()
-    )
+    assert all(trace not in _annotations(p) for p in member_pods(kube, namespace, "gang").values())

@@ -4,7 +4,6 @@ demo trainer in real containers on the real kubelet nodes, JobSet and its Job co
 from __future__ import annotations
 
 import re
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -28,10 +27,13 @@ def _barrier_openings(kube: Clients, namespace: str, name: str) -> int:
     return sum(1 for e in events if e.reason == "BarrierOpened")
 
 
+@pytest.mark.parametrize("scope", ["process", "pod"])
 def test_trainer_crash_restarts_the_gang_in_place_from_one_step(
-    cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str
+    cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str, scope: str
 ) -> None:
-    result = run_demo(cluster_kubeconfig, name="gang", namespace=namespace, members=2)
+    """Process scope (the default): only the trainer processes restart, no container does.
+    Pod scope: every container of every member restarts (RestartAllContainers), same pods."""
+    result = run_demo(cluster_kubeconfig, name="gang", namespace=namespace, members=2, scope=scope)
 
     assert result.webhook_injected, "the admission webhook injected the agent at create"
     assert result.uids_after == result.uids_before, "every member kept its pod (in place)"
@@ -51,15 +53,22 @@ def test_trainer_crash_restarts_the_gang_in_place_from_one_step(
     assert len(pods) == 2
     kubeconfig = cluster_kubeconfig
     for pod in pods:
-        # This container's log (after the in-place restart) says where it resumed, once its
-        # trainer has read the resume point (it runs, waiting, before the barrier opens).
+        # The trainer's log says where it resumed in the new epoch (the demo waited for it).
         name = pod.metadata.name
-        resumed = wait_for(
-            f"{name}: trainer logged where it resumed",
-            partial(_resumed_at, kubeconfig, namespace, name),
-            60,
-            1,
-        )
-        assert resumed == [result.resume_step]
-    steps = "; ".join(f"+{t:.2f}s {w.split(':')[0]}" for t, w in result.timeline.entries)
-    print(f"\nreal in-place gang recovery: {result.recovery_seconds:.2f}s to barrier; {steps}")
+        resumed = _resumed_at(kubeconfig, namespace, name)
+        assert resumed[-1] == result.resume_step
+        restarts = {
+            c.name: c.restart_count
+            for c in [*pod.status.init_container_statuses, *pod.status.container_statuses]
+        }
+        if scope == "process":
+            assert resumed == [0, result.resume_step], "one container's log: both epochs"
+            assert set(restarts.values()) == {0}, f"{name}: no container restarted: {restarts}"
+        else:
+            assert resumed == [result.resume_step], "a new container: only the new epoch"
+            assert min(restarts.values()) >= 1, f"{name}: every container restarted: {restarts}"
+    steps = "; ".join(f"+{t:.2f}s {w}" for w, t in result.phases)
+    print(
+        f"\nreal in-place gang recovery ({scope} scope): crash -> every trainer running "
+        f"{result.crash_to_running:.2f}s; {steps}"
+    )

@@ -78,6 +78,10 @@ def _resume_steps(kubeconfig: Any, namespace: str, pods: list[str]) -> list[list
     return out
 
 
+def gang_epoch(kube: Clients, namespace: str) -> int:
+    return int(gang_state(kube, namespace, "gang")["epoch"])
+
+
 def test_preemption_during_recovery_stands_down_then_resumes(
     cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str
 ) -> None:
@@ -111,7 +115,14 @@ def test_preemption_during_recovery_stands_down_then_resumes(
             )
             wait_for(
                 "trainers running",
-                lambda: trainers_running(kube, namespace, "gang", 2, 0),
+                lambda: trainers_running(
+                    kube,
+                    cluster_kubeconfig,
+                    namespace,
+                    "gang",
+                    2,
+                    epoch=gang_epoch(kube, namespace),
+                ),
                 120,
                 0.5,
             )
@@ -183,7 +194,14 @@ def test_preemption_during_recovery_stands_down_then_resumes(
             )
             wait_for(
                 "trainers running again",
-                lambda: trainers_running(kube, namespace, "gang", 2, 0),
+                lambda: trainers_running(
+                    kube,
+                    cluster_kubeconfig,
+                    namespace,
+                    "gang",
+                    2,
+                    epoch=gang_epoch(kube, namespace),
+                ),
                 120,
                 0.5,
             )

@@ -96,7 +96,7 @@ def test_helm_install_upgrade_uninstall_leave_a_training_gang_alone(
         )
         wait_for(
             "every trainer running again",
-            lambda: trainers_running(kube, namespace, "gang", MEMBERS, 1),
+            lambda: trainers_running(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, epoch=2),
             120,
         )
         members = _members(kube, namespace)

@@ -8,16 +8,19 @@ what the API shows: detection, in-place restarts, barrier opening, training agai
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
 from jobset_inplace.core.transform import AGENT_CONTAINER, STATE_DIR
+from jobset_inplace.times import parse_time
 
 from . import workloads
 from .cluster import REAL_NODE_LABEL, LocalCluster
@@ -51,10 +54,20 @@ class DemoResult:
     recovery_seconds: float
     state: dict[str, Any]
     webhook_injected: bool
+    # (phase, seconds after the crash) from the components' own log timestamps
+    phases: list[tuple[str, float]] = field(default_factory=list)
+
+    @property
+    def crash_to_running(self) -> float:
+        """Crash -> every trainer running again (resumed in the new epoch)."""
+        return self.phases[-1][1]
 
 
-def demo_jobset(name: str, members: int, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    """The demo JobSet as a user writes it: opted in, no agent (the webhook injects it)."""
+def demo_jobset(
+    name: str, members: int, labels: dict[str, str] | None = None, scope: str | None = None
+) -> dict[str, Any]:
+    """The demo JobSet as a user writes it: opted in, no agent (the webhook injects it);
+    ``scope``: the restart-scope annotation (None: the default)."""
     trainer = {
         "name": "trainer",
         "image": IMAGE,
@@ -70,7 +83,7 @@ def demo_jobset(name: str, members: int, labels: dict[str, str] | None = None) -
         name,
         [("workers", members, 1)],
         labels=labels,
-        annotations={names.ENABLED: "true"},
+        annotations={names.ENABLED: "true", **({names.RESTART_SCOPE: scope} if scope else {})},
         node_selector={REAL_NODE_LABEL: "true"},
         pod={
             "terminationGracePeriodSeconds": 2,
@@ -86,24 +99,56 @@ def _agent_injected(jobset: dict[str, Any]) -> bool:
     return any(c["name"] == AGENT_CONTAINER for c in spec.get("initContainers") or [])
 
 
-def trainers_running(kube: Clients, ns: str, name: str, members: int, restarts: int) -> bool:
+RESUMED = re.compile(r"epoch (\d+): resuming at step (\d+)")
+
+
+def trainers_running(
+    kube: Clients, kubeconfig: Path, ns: str, name: str, members: int, *, epoch: int
+) -> bool:
+    """Every member's trainer container runs and its trainer resumed in ``epoch`` or later
+    (its log says so: the same test for every restart scope)."""
     pods = member_pods(kube, ns, name)
     if len(pods) != members:
         return False
     for p in pods.values():
         cs = {c.name: c for c in p.status.container_statuses or []}
         t = cs.get("trainer")
-        if t is None or t.state.running is None or t.restart_count < restarts:
+        if t is None or t.state.running is None:
+            return False
+        try:
+            log = trainer_log(kubeconfig, ns, p.metadata.name)
+        except subprocess.CalledProcessError:
+            return False  # restarting: no log to read yet
+        if max((int(e) for e, _ in RESUMED.findall(log)), default=-1) < epoch:
             return False
     return True
 
 
 def trainer_log(kubeconfig: Path, namespace: str, pod: str) -> str:
     """What the demo trainer of ``pod`` printed (its current container)."""
+    return "".join(line + "\n" for _, line in timed_log(kubeconfig, namespace, pod, "trainer"))
+
+
+def timed_log(
+    kubeconfig: Path, namespace: str, pod: str, container: str
+) -> list[tuple[float, str]]:
+    """The container's log lines, each with the time the runtime received it."""
     cmd = [str(binaries().kubectl), "--kubeconfig", str(kubeconfig), "-n", namespace, "logs"]
-    return subprocess.run(
-        [*cmd, pod, "-c", "trainer"], capture_output=True, text=True, check=True
+    out = subprocess.run(
+        [*cmd, pod, "-c", container, "--timestamps"], capture_output=True, text=True, check=True
     ).stdout
+    lines = []
+    for raw in out.splitlines():
+        stamp, _, line = raw.partition(" ")
+        lines.append((_stamp(stamp), line))
+    return lines
+
+
+def _stamp(text: str) -> float:
+    """RFC 3339 with nanoseconds (the runtime's log timestamps) -> seconds since the epoch."""
+    whole, _, frac = text.rstrip("Z").partition(".")
+    base = datetime.fromisoformat(whole + "+00:00").timestamp()
+    return base + float("0." + (frac or "0"))
 
 
 def checkpointed(kube: Clients, kubeconfig: Path, namespace: str, name: str) -> bool:
@@ -115,15 +160,27 @@ def checkpointed(kube: Clients, kubeconfig: Path, namespace: str, name: str) -> 
     )
 
 
-def training_gang(kube: Clients, kubeconfig: Path, namespace: str, name: str, members: int) -> None:
+def training_gang(
+    kube: Clients,
+    kubeconfig: Path,
+    namespace: str,
+    name: str,
+    members: int,
+    *,
+    scope: str | None = None,
+) -> None:
     """A demo gang in ``namespace`` (prepared for gangs), trained to a checkpoint on every
     member: epoch 1's barrier open, every trainer running, a common step to resume from."""
     prepare(kube, kubeconfig, namespace)
-    create_jobset(kube, namespace, demo_jobset(name, members))
+    create_jobset(kube, namespace, demo_jobset(name, members, scope=scope))
     wait_for(
         "barrier of epoch 1", lambda: gang_state(kube, namespace, name).get("barrierOpen"), 180
     )
-    wait_for("trainers running", lambda: trainers_running(kube, namespace, name, members, 0), 120)
+    wait_for(
+        "trainers running",
+        lambda: trainers_running(kube, kubeconfig, namespace, name, members, epoch=1),
+        120,
+    )
     wait_for(
         "a checkpoint on every member",
         lambda: checkpointed(kube, kubeconfig, namespace, name),
@@ -131,11 +188,56 @@ def training_gang(kube: Clients, kubeconfig: Path, namespace: str, name: str, me
     )
 
 
-def inject_failure(kubeconfig: Path, namespace: str, pod: str) -> None:
-    """Make the demo trainer in ``pod`` exit 3 at its next step."""
+def inject_failure(kubeconfig: Path, namespace: str, pod: str, at: float | None = None) -> None:
+    """Make the demo trainer in ``pod`` exit 3 at its next step, or at the time ``at``
+    (seconds since the epoch: at least a step's time ahead)."""
     cmd = [str(binaries().kubectl), "--kubeconfig", str(kubeconfig), "-n", namespace, "exec"]
-    cmd += [pod, "-c", "trainer", "--", "touch", f"{STATE_DIR}/{FAILURE_FILE}"]
+    text = "" if at is None else f"{at:.3f}"
+    cmd += [pod, "-c", "trainer", "--", "sh", "-c", f"echo {text} > {STATE_DIR}/{FAILURE_FILE}"]
     subprocess.run(cmd, check=True, capture_output=True)
+
+
+# How far ahead of the injection the crash is set: kubectl exec takes ~0.2 s, a step 0.2 s.
+CRASH_LEAD_S = 1.5
+
+
+def _first_after(lines: list[tuple[float, str]], after: float, pattern: str) -> float | None:
+    return next((t for t, line in lines if t > after and re.search(pattern, line)), None)
+
+
+def recovery_phases(
+    kube: Clients, kubeconfig: Path, namespace: str, name: str, *, crash: float, epoch: int
+) -> list[tuple[str, float]]:
+    """Where the time from the crash to every trainer running in ``epoch`` went, from the
+    components' own timestamps: the controller's status (detection, barrier open), the agents'
+    and launchers' logs (stopped, reported), the trainers' logs (running). Seconds after the
+    crash; a phase is the latest member's."""
+    st = gang_state(kube, namespace, name)
+    rec = st.get("recovery") or {}
+    stopped: list[float] = []
+    reported: list[float] = []
+    running: list[float] = []
+    for pod in member_pods(kube, namespace, name).values():
+        pname = pod.metadata.name
+        trainer = timed_log(kubeconfig, namespace, pname, "trainer")
+        agent = timed_log(kubeconfig, namespace, pname, AGENT_CONTAINER)
+        at = _first_after(trainer, crash, r"launcher: stopped")
+        if at is not None:
+            stopped.append(at)
+        at = _first_after(agent, crash, rf"reported epoch {epoch}\b")
+        if at is not None:
+            reported.append(at)
+        at = _first_after(trainer, crash, rf"epoch {epoch}: resuming")
+        assert at is not None, f"{pname}: no resume in epoch {epoch} in its trainer's log"
+        running.append(at)
+    phases = [("first signal -> recovery started (controller)", parse_time(rec.get("startedAt")))]
+    if stopped:
+        phases.append(("healthy trainers stopped (launchers)", max(stopped)))
+    if reported:
+        phases.append((f"every agent reported epoch {epoch}", max(reported)))
+    phases.append(("barrier open (controller)", parse_time(rec.get("openedAt"))))
+    phases.append(("every trainer running again", max(running)))
+    return [(what, t - crash) for what, t in phases if t is not None]
 
 
 def run_demo(
@@ -145,11 +247,15 @@ def run_demo(
     namespace: str = NAMESPACE,
     members: int = 2,
     labels: dict[str, str] | None = None,
+    scope: str | None = None,
 ) -> DemoResult:
     kube = clients(kubeconfig)
     prepare(kube, kubeconfig, namespace)
-    print(f"demo: JobSet {namespace}/{name}, {members} members on real kubelet nodes")
-    created = create_jobset(kube, namespace, demo_jobset(name, members, labels))
+    print(
+        f"demo: JobSet {namespace}/{name}, {members} members on real kubelet nodes, "
+        f"restart scope {scope or 'default'}"
+    )
+    created = create_jobset(kube, namespace, demo_jobset(name, members, labels, scope))
     injected = _agent_injected(created)
     print(f"demo: admission webhook injected the agent: {injected}")
 
@@ -159,8 +265,12 @@ def run_demo(
         180,
         0.5,
     )
+    epoch = int(gang_state(kube, namespace, name)["epoch"])
     wait_for(
-        "trainers running", lambda: trainers_running(kube, namespace, name, members, 0), 120, 0.5
+        "trainers running",
+        lambda: trainers_running(kube, kubeconfig, namespace, name, members, epoch=epoch),
+        120,
+        0.5,
     )
     wait_for(  # every member has a checkpoint (step 10 at 0.2 s/step): a step to resume from
         "a checkpoint on every member",
@@ -170,17 +280,16 @@ def run_demo(
     before = {i: p.metadata.uid for i, p in member_pods(kube, namespace, name).items()}
     victim = sorted(before)[-1]
     victim_pod = member_pods(kube, namespace, name)[victim].metadata.name
-    st0 = gang_state(kube, namespace, name)
 
     tl = Timeline()
-    inject_failure(kubeconfig, namespace, victim_pod)
-    tl.mark(f"failure injected: trainer of member {victim} ({victim_pod}) will exit 3")
-    epoch = int(st0["epoch"])
+    crash = time.time() + CRASH_LEAD_S
+    inject_failure(kubeconfig, namespace, victim_pod, crash)
+    tl.t0 -= time.time() - crash  # the timeline counts from the crash
+    tl.mark(f"crash set: trainer of member {victim} ({victim_pod}) exits 3 at t+0")
     seen: set[str] = set()
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         st = gang_state(kube, namespace, name)
-        pods = member_pods(kube, namespace, name)
         if "detected" not in seen and st.get("epoch", 0) > epoch:
             rec = st.get("recovery") or {}
             tl.mark(
@@ -188,31 +297,25 @@ def run_demo(
                 f"{rec.get('inPlace')} in place, {len(rec.get('recreated') or {})} recreated"
             )
             seen.add("detected")
-        if (
-            "restarted" not in seen
-            and pods
-            and all(
-                (p.status.init_container_statuses or [None])[0] is not None
-                and p.status.init_container_statuses[0].restart_count >= 1
-                for p in pods.values()
-            )
-        ):
-            same = {i: p.metadata.uid for i, p in pods.items()} == before
-            tl.mark(f"all {len(pods)} members restarted in place (same pod UIDs: {same})")
-            seen.add("restarted")
         if "opened" not in seen and st.get("barrierOpen") and st.get("epoch", 0) > epoch:
             tl.mark(
                 f"barrier opened for epoch {st['epoch']}: resume at step "
                 f"{st.get('resumeStep')} (recovery {st['recovery']['durationSeconds']}s)"
             )
             seen.add("opened")
-        if "opened" in seen and trainers_running(kube, namespace, name, members, 1):
+        if "opened" in seen and trainers_running(
+            kube, kubeconfig, namespace, name, members, epoch=epoch + 1
+        ):
             tl.mark("training running again on every member")
             break
         time.sleep(0.1)
     else:
         raise AssertionError(f"recovery did not complete in 180 s; timeline {tl.entries}")
     st = gang_state(kube, namespace, name)
+    phases = recovery_phases(kube, kubeconfig, namespace, name, crash=crash, epoch=epoch + 1)
+    print("demo: where the time went (components' own timestamps, after the crash):")
+    for what, t in phases:
+        print(f"  t+{t:6.2f}s  {what}")
     return DemoResult(
         timeline=tl,
         uids_before=before,
@@ -221,6 +324,7 @@ def run_demo(
         recovery_seconds=float(st["recovery"]["durationSeconds"]),
         state=st,
         webhook_injected=injected,
+        phases=phases,
     )
 
 
@@ -237,7 +341,8 @@ def main() -> int:
         ctl.stop()
     print()
     print(
-        f"recovery: {result.recovery_seconds:.2f}s from first signal to barrier open; "
+        f"recovery: crash -> every trainer running again {result.crash_to_running:.2f}s "
+        f"({result.recovery_seconds:.2f}s from the first signal to barrier open); "
         f"resumed at step {result.resume_step}; pods kept: "
         f"{result.uids_before == result.uids_after}"
     )

@@ -3,10 +3,14 @@ trainer contract, and resumes from the step the gang agreed on. Standard library
 runs in the minimal Python image of the local cluster.
 
 Failure injection for demos and tests: creating ``$JSI_STATE_DIR/inject-failure`` makes the
-trainer exit with status 3 at its next step (as a crashed worker would).
+trainer exit with status 3 at its next step (as a crashed worker would); if the file holds a
+time (seconds since the epoch), it exits at that time exactly, so that a benchmark knows when
+the crash happened.
 
 Environment: ``JSI_DEMO_STEP_SECONDS`` (default 0.5), ``JSI_DEMO_CHECKPOINT_EVERY`` (default 10
-steps), ``JSI_DEMO_PERSIST_EVERY`` (default 20 steps; also saved to the persistent tier).
+steps), ``JSI_DEMO_PERSIST_EVERY`` (default 20 steps; also saved to the persistent tier),
+``JSI_DEMO_STANDALONE=1``: no jobset-inplace agent (stock JobSet, upstream InPlaceRestart): the
+trainer resumes from its own newest complete checkpoint, as such a trainer must.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import time
 from pathlib import Path
 
 from jobset_inplace.trainer import resolve_state_dir, save_checkpoint, tier_roots, wait_for_resume
+from jobset_inplace.trainer.checkpoints import available_steps
 
 FAILURE_FILE = "inject-failure"
 FAILURE_EXIT_CODE = 3
@@ -39,14 +44,22 @@ def main() -> int:
     persist_every = int(os.environ.get("JSI_DEMO_PERSIST_EVERY", "20"))
     state_dir = resolve_state_dir()
     local, persistent = tier_roots()
-    info = wait_for_resume(timeout=600)
-    step = info.resume_step or 0
-    _log(f"epoch {info.epoch}: resuming at step {step} ({info.gang})")
+    if os.environ.get("JSI_DEMO_STANDALONE"):
+        steps = available_steps(local, persistent)
+        step = steps[0] if steps else 0
+        _log(f"epoch 0: resuming at step {step} (standalone: its own newest checkpoint)")
+    else:
+        info = wait_for_resume(timeout=600)
+        step = info.resume_step or 0
+        _log(f"epoch {info.epoch}: resuming at step {step} ({info.gang})")
     fail = state_dir / FAILURE_FILE
     while True:
         time.sleep(step_s)
         if fail.exists():
+            at = fail.read_text().strip()
             fail.unlink()
+            if at:
+                time.sleep(max(0.0, float(at) - time.time()))
             _log(f"injected failure at step {step}: exiting {FAILURE_EXIT_CODE}")
             return FAILURE_EXIT_CODE
         step += 1

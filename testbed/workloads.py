@@ -54,6 +54,7 @@ def jobset(
             {
                 "name": "trainer",
                 "image": "trainer:local",
+                "command": ["python3", "train.py"],
                 "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
             }
         ],
