@@ -49,7 +49,9 @@ def _barrier_openings(kube: Clients, namespace: str, name: str) -> list[str]:
 def test_leader_pod_deleted_mid_recovery_a_new_leader_completes_it_exactly_once(
     cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str
 ) -> None:
-    training_gang(kube, cluster_kubeconfig, namespace, "gang", MEMBERS)
+    # The pod restart scope: its recovery takes seconds (the kubelet restarts every container),
+    # a window the leader is deleted in; the process scope's is over in ~0.2 s.
+    training_gang(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, scope="pod")
     before = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
     replicas = {p["metadata"]["name"] for p in controller.pods()}
     leader = _leader_pod(kube)
