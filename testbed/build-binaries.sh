@@ -8,7 +8,8 @@
 # A binary that is already there is not rebuilt, so re-running is cheap and safe.
 #
 # Usage: testbed/build-binaries.sh [component ...]
-#   components: kubernetes etcd kwok jobset kueue containerd runc helm (default: all)
+#   components: kubernetes etcd kwok jobset kueue containerd runc helm (default: all of these)
+#               and jobset-ipr-agent (upstream's in-place restart agent, for the benchmark)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -141,6 +142,13 @@ build_jobset() {
   fetch_module_source sigs.k8s.io/jobset "$JOBSET_VERSION"
 }
 
+# Upstream JobSet's own in-place restart agent (the InPlaceRestart feature), for the
+# benchmark's side-by-side runs only (not in the default set). Static: it goes into a node image.
+build_jobset_ipr_agent() {
+  CGO_ENABLED=0 module_build jobset-ipr-agent sigs.k8s.io/jobset "$JOBSET_VERSION" "" \
+    sigs.k8s.io/jobset/cmd/in-place-restart-agent
+}
+
 build_kueue() {
   module_build kueue sigs.k8s.io/kueue "$KUEUE_VERSION" \
     "-X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue
@@ -203,11 +211,12 @@ main() {
       etcd) build_etcd ;;
       kwok) build_kwok ;;
       jobset) build_jobset ;;
+      jobset-ipr-agent) build_jobset_ipr_agent ;;
       kueue) build_kueue ;;
       containerd) build_containerd ;;
       runc) build_runc ;;
       helm) build_helm ;;
-      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc helm)" >&2; exit 2 ;;
+      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc helm jobset-ipr-agent)" >&2; exit 2 ;;
     esac
   done
   log "all requested binaries present ($((SECONDS - total))s)"

@@ -13,7 +13,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -368,17 +370,6 @@ class LocalCluster:
             [c for c in crds if c.endswith((".jobset.x-k8s.io", ".kueue.x-k8s.io"))]
         )
 
-        jobset_cfg = self.state_dir / "jobset-config.yaml"
-        jobset_cfg.write_text(
-            yaml.safe_dump(
-                addons.jobset_config(
-                    webhook_port=p.jobset_webhook,
-                    health_port=p.jobset_health,
-                    metrics_port=p.jobset_metrics,
-                    cert_dir=self.cert_dir,
-                )
-            )
-        )
         kueue_cfg = self.state_dir / "kueue-config.yaml"
         kueue_cfg.write_text(
             yaml.safe_dump(
@@ -391,12 +382,7 @@ class LocalCluster:
             )
         )
 
-        self._start_addon(
-            state,
-            "jobset",
-            [bins.jobset, "--config", jobset_cfg, "--kubeconfig", self.kubeconfig],
-            p.jobset_health,
-        )
+        self._start_jobset(bins, state)
         self._install_kueue_metrics_cert(cert)
         # The visibility API server needs an in-cluster APIService; it is not used here.
         self._start_addon(
@@ -414,6 +400,46 @@ class LocalCluster:
             p.kueue_health,
         )
         self._wait_webhooks_serving(kubectl)
+
+    def _start_jobset(
+        self, bins: Binaries, state: ClusterState, gates: dict[str, bool] | None = None
+    ) -> None:
+        p = state.ports
+        config = addons.jobset_config(
+            webhook_port=p.jobset_webhook,
+            health_port=p.jobset_health,
+            metrics_port=p.jobset_metrics,
+            cert_dir=self.cert_dir,
+        )
+        if gates:
+            config["featureGates"] = gates  # v0.12's binary has no --feature-gates flag
+        jobset_cfg = self.state_dir / "jobset-config.yaml"
+        jobset_cfg.write_text(yaml.safe_dump(config))
+        self._start_addon(
+            state,
+            "jobset",
+            [bins.jobset, "--config", jobset_cfg, "--kubeconfig", self.kubeconfig],
+            p.jobset_health,
+        )
+
+    @contextmanager
+    def jobset_feature_gates(self, gates: dict[str, bool]) -> Iterator[None]:
+        """The JobSet controller restarted with ``gates`` (e.g. upstream's alpha
+        ``InPlaceRestart``) for the duration; restarted with its defaults afterwards."""
+        self._restart_jobset(gates)
+        try:
+            yield
+        finally:
+            self._restart_jobset(None)
+
+    def _restart_jobset(self, gates: dict[str, bool] | None) -> None:
+        bins = ensure_binaries("jobset")
+        state = self._load_state()
+        pid = state.pids.pop("jobset", None)
+        if pid is not None:
+            processes.stop_pid(pid)
+        self._start_jobset(bins, state, gates)
+        log(f"JobSet controller restarted with feature gates {gates or 'as default'}")
 
     @staticmethod
     def _install_kueue_metrics_cert(cert: certs.ServingCert) -> None:

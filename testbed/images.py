@@ -222,6 +222,34 @@ def build(*, force: bool = False, imports: Sequence[str] = ()) -> list[Image]:
     return [Image(key, name, Path(archives[key])) for key, (name, _) in trees.items()]
 
 
+# Upstream JobSet's in-place restart agent (the benchmark's third path), on the Python image so
+# that its main-container mode has a shell and python3 for the demo trainer.
+UPSTREAM_AGENT_IMAGE = "jobset-inplace/upstream-ipr-agent:local"
+UPSTREAM_AGENT_PATH = "/usr/local/bin/in-place-restart-agent"
+
+
+def build_upstream_agent(binary: Path, *, imports: Sequence[str] = ()) -> Image:
+    """The upstream agent image (its static binary as one layer; also this checkout's
+    package and demo trainer, for main-container mode's worker), imported into ``imports``."""
+    root = cache_dir() / "image-trees" / "upstream-ipr-agent"
+    copy_package(root, ROOT / "testbed" / "demo_trainer.py")
+    target = root / UPSTREAM_AGENT_PATH.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(binary, target)
+    target.chmod(0o755)
+    options = [
+        *_labels("upstream JobSet in-place restart agent"),
+        f"--config.cmd={UPSTREAM_AGENT_PATH}",
+    ]
+    root.with_suffix(".config").write_text("\n".join(options) + "\n")
+    cmd = ["bash", str(BUILD_IMAGES), "--image", f"ipr-agent={UPSTREAM_AGENT_IMAGE}={root}"]
+    for sock in imports:
+        cmd += ["--import", sock]
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, env=_env()).stdout
+    archives = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return Image("ipr-agent", UPSTREAM_AGENT_IMAGE, Path(archives["ipr-agent"]))
+
+
 def _env() -> dict[str, str]:
     # stderr of the script (progress) goes straight to the terminal; JSI_IMAGES would add the
     # harness's node images to a product build.

@@ -115,6 +115,7 @@ class Binaries:
     ctr: Path
     runc: Path
     helm: Path
+    jobset_ipr_agent: Path  # upstream JobSet's in-place restart agent (benchmark only)
 
     @property
     def kubernetes_dir(self) -> Path:
@@ -144,6 +145,7 @@ def binaries(v: Versions | None = None) -> Binaries:
         ctr=containerd / "ctr",
         runc=b / f"runc-{v.runc}" / "runc",
         helm=b / f"helm-{v.helm}" / "helm",
+        jobset_ipr_agent=b / f"jobset-ipr-agent-{v.jobset}" / "in-place-restart-agent",
     )
 
 
@@ -165,6 +167,7 @@ COMPONENT_OF = {
     "ctr": "containerd",
     "runc": "runc",
     "helm": "helm",
+    "jobset_ipr_agent": "jobset-ipr-agent",
 }
 
 

@@ -1,0 +1,421 @@
+"""Crash -> every trainer running again on the local cluster's real kubelet nodes, side by side.
+
+    python -m bench.realnode --reps 5            (make bench-realnode)
+
+Paths, each the demo's gang shape (2 members on the 2 real nodes, the demo trainer, a step every
+0.2 s, a checkpoint every 10 steps, terminationGracePeriodSeconds 2):
+
+* ``jsi-process``: jobset-inplace, restart scope ``process`` (the default);
+* ``jsi-pod``: jobset-inplace, restart scope ``pod`` (RestartAllContainers);
+* ``upstream-sidecar``: JobSet's own InPlaceRestart (v0.12, the ``InPlaceRestart`` gate on the
+  JobSet controller for these runs), its Go agent as a sidecar holding a startupProbe barrier;
+* ``upstream-main``: the same in its main-container mode (the agent is the trainer container's
+  entrypoint and runs the trainer as its child; container-level ``Restart`` rule);
+* ``stock``, ``stock-grace0``: stock JobSet (Recreate: every pod deleted and created again),
+  with the demo's grace period and with ``terminationGracePeriodSeconds: 0``.
+
+The same crash (the victim's trainer exits 3 at a set time), repetitions interleaved across the
+paths (this machine's drifts hit each alike). Every time is from the components' own
+timestamps: the crash time is set, "running" is the runtime's timestamp of each trainer's
+"resuming" log line, "barrier" is when the path lets trainers go (jobset-inplace: the
+controller's ``openedAt``; upstream: its agent's log line that lifts the barrier). Without an
+agent (upstream, stock) the trainer resumes from its own newest checkpoint. Results:
+``docs/bench/realnode.json`` and a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import utils
+
+from jobset_inplace import names
+from jobset_inplace.apierrors import or_none
+from jobset_inplace.core.transform import MAX_BACKOFF, STATE_DIR
+from jobset_inplace.times import parse_time
+from testbed import images
+from testbed.cluster import LocalCluster
+from testbed.controller import ControllerProcess, gang_state, prepare
+from testbed.demo import CRASH_LEAD_S, demo_jobset, inject_failure, timed_log
+from testbed.kube import Clients, clients, create_jobset, wait_for
+from testbed.versions import ensure_binaries, versions
+
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "bench" / "realnode.json"
+NAMESPACE = "bench-realnode"
+MEMBERS = 2
+UPSTREAM_AGENT = "in-place-restart-agent"
+UPSTREAM_SA = "upstream-ipr-agent"
+UPSTREAM_EXIT = 88  # IN_PLACE_RESTART_EXIT_CODE (upstream's default is 1)
+UPSTREAM_PROBE_PORT = 8081
+PATHS = ("jsi-process", "jsi-pod", "upstream-sidecar", "upstream-main", "stock", "stock-grace0")
+RESUMING = "resuming at step"
+
+
+def log(msg: str) -> None:
+    print(f"[realnode {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@dataclass
+class Run:
+    path: str
+    rep: int
+    barrier: float | None  # crash -> barrier lifted (None: the path has none)
+    running: float  # crash -> every trainer resumed
+
+
+# --- the JobSets -----------------------------------------------------------------------------
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _standalone(jobset: dict[str, Any], *, grace: int = 2) -> dict[str, Any]:
+    """The demo JobSet without jobset-inplace: the trainer finds its own checkpoint; a state
+    volume for the failure injection only."""
+    jobset["metadata"]["annotations"] = {}
+    job = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
+    pod = job["template"]["spec"]
+    pod["terminationGracePeriodSeconds"] = grace
+    pod["volumes"].append({"name": "state", "emptyDir": {}})
+    trainer = pod["containers"][0]
+    trainer["env"].append({"name": "JSI_DEMO_STANDALONE", "value": "1"})
+    trainer["volumeMounts"].append({"name": "state", "mountPath": STATE_DIR})
+    jobset["spec"]["failurePolicy"] = {"maxRestarts": 1000}
+    return jobset
+
+
+def stock_jobset(name: str, grace: int) -> dict[str, Any]:
+    js = _standalone(demo_jobset(name, MEMBERS), grace=grace)
+    js["spec"]["replicatedJobs"][0]["template"]["spec"]["backoffLimit"] = 0
+    return js
+
+
+def upstream_jobset(name: str, mode: str) -> dict[str, Any]:
+    """JobSet's InPlaceRestart as its v0.12 examples set it up (sidecar or main-container)."""
+    js = _standalone(demo_jobset(name, MEMBERS))
+    js["spec"]["failurePolicy"] = {"maxRestarts": 1000, "restartStrategy": "InPlaceRestart"}
+    job = js["spec"]["replicatedJobs"][0]["template"]["spec"]
+    job.update(backoffLimit=MAX_BACKOFF, podReplacementPolicy="Failed", completions=1)
+    pod = job["template"]["spec"]
+    pod["serviceAccountName"] = UPSTREAM_SA
+    trainer = pod["containers"][0]
+    env = [
+        _field_env("POD_NAME", "metadata.name"),
+        _field_env("JOBSET_NAME", f"metadata.labels['{names.JOBSET_NAME_LABEL}']"),
+        {"name": "IN_PLACE_RESTART_EXIT_CODE", "value": str(UPSTREAM_EXIT)},
+    ]
+    if mode == "sidecar":
+        pod["initContainers"] = [
+            {
+                "name": UPSTREAM_AGENT,
+                "image": images.UPSTREAM_AGENT_IMAGE,
+                "imagePullPolicy": "Never",
+                "restartPolicy": "Always",
+                "restartPolicyRules": [
+                    {
+                        "action": "RestartAllContainers",
+                        "exitCodes": {"operator": "In", "values": [UPSTREAM_EXIT]},
+                    }
+                ],
+                "env": [*env, {"name": "STARTUP_PROBE_PORT", "value": str(UPSTREAM_PROBE_PORT)}],
+                "startupProbe": {
+                    "httpGet": {"path": "/barrier-is-down", "port": UPSTREAM_PROBE_PORT},
+                    "periodSeconds": 1,
+                    "failureThreshold": 100000,
+                },
+            }
+        ]
+        trainer["restartPolicy"] = "Never"
+        trainer["restartPolicyRules"] = [
+            {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}
+        ]
+    else:  # main-container mode: the agent runs the trainer and restarts only its container
+        command = " ".join(trainer.pop("command"))
+        trainer["image"] = images.UPSTREAM_AGENT_IMAGE
+        trainer["command"] = [images.UPSTREAM_AGENT_PATH]
+        trainer["env"] += [
+            *env,
+            {"name": "WORKER_COMMAND", "value": command},
+            {"name": "SHELL", "value": "/bin/sh"},  # the image has no bash
+        ]
+        trainer["restartPolicy"] = "Never"
+        trainer["restartPolicyRules"] = [
+            {"action": "Restart", "exitCodes": {"operator": "NotIn", "values": [0]}}
+        ]
+    return js
+
+
+def upstream_rbac(namespace: str) -> list[dict[str, Any]]:
+    """What upstream's agent needs: watch its JobSet, apply its pod's annotation."""
+    meta = {"name": UPSTREAM_SA, "namespace": namespace}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta,
+            "rules": [
+                {
+                    "apiGroups": ["jobset.x-k8s.io"],
+                    "resources": ["jobsets"],
+                    "verbs": ["get", "list", "watch"],
+                },
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": UPSTREAM_SA,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": UPSTREAM_SA, "namespace": namespace}],
+        },
+    ]
+
+
+def jobset_for(path: str, name: str) -> dict[str, Any]:
+    if path.startswith("jsi-"):
+        return demo_jobset(name, MEMBERS, scope=path.removeprefix("jsi-"))
+    if path.startswith("upstream-"):
+        return upstream_jobset(name, path.removeprefix("upstream-"))
+    return stock_jobset(name, 0 if path == "stock-grace0" else 2)
+
+
+# --- one run ---------------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self.kubeconfig = cluster.kubeconfig
+        self.kube: Clients = clients(cluster.kubeconfig)
+
+    def pods(self, name: str) -> list[Any]:
+        selector = f"{names.JOBSET_NAME_LABEL}={name}"
+        items = self.kube.core.list_namespaced_pod(NAMESPACE, label_selector=selector).items
+        return [p for p in items if not p.metadata.deletion_timestamp]
+
+    def first_after(self, pod: str, container: str, after: float, text: str) -> float | None:
+        try:
+            lines = timed_log(self.kubeconfig, NAMESPACE, pod, container)
+        except subprocess.CalledProcessError:  # not started yet, or being replaced
+            return None
+        return next((t for t, line in lines if t > after and text in line), None)
+
+    def all_after(self, name: str, container: str, after: float, text: str) -> float | None:
+        """When the last member's log showed ``text`` after ``after`` (None: not all yet)."""
+        pods = self.pods(name)
+        if len(pods) != MEMBERS:
+            return None
+        times = [self.first_after(p.metadata.name, container, after, text) for p in pods]
+        return None if None in times else max(t for t in times if t is not None)
+
+    def run(self, path: str, rep: int) -> Run:
+        name = f"{path}-{rep}"
+        create_jobset(self.kube, NAMESPACE, jobset_for(path, name))
+        wait_for(
+            f"{name}: every trainer training",
+            lambda: self.all_after(name, "trainer", 0, RESUMING),
+            180,
+            0.5,
+        )
+        wait_for(
+            f"{name}: a checkpoint on every member",
+            lambda: self.all_after(name, "trainer", 0, "checkpoint saved"),
+            60,
+            0.5,
+        )
+        victim = sorted(p.metadata.name for p in self.pods(name))[-1]
+        crash = time.time() + CRASH_LEAD_S
+        inject_failure(self.kubeconfig, NAMESPACE, victim, crash)
+        running = wait_for(
+            f"{name}: every trainer running again",
+            lambda: self.all_after(name, "trainer", crash, RESUMING),
+            180,
+            0.5,
+        )
+        barrier = self.barrier(path, name, crash)
+        self.delete(name)
+        return Run(path, rep, None if barrier is None else barrier - crash, running - crash)
+
+    def barrier(self, path: str, name: str, crash: float) -> float | None:
+        if path.startswith("jsi-"):
+            rec = gang_state(self.kube, NAMESPACE, name).get("recovery") or {}
+            return parse_time(rec.get("openedAt"))
+        if path == "upstream-sidecar":
+            return self.all_after(name, UPSTREAM_AGENT, crash, "starting startup probe server")
+        if path == "upstream-main":
+            return self.all_after(name, "trainer", crash, "executing worker command")
+        return None
+
+    def delete(self, name: str) -> None:
+        self.kube.custom.delete_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", NAMESPACE, "jobsets", name,
+            body={"propagationPolicy": "Foreground"},
+        )  # fmt: skip
+        selector = f"{names.JOBSET_NAME_LABEL}={name}"
+        wait_for(
+            f"{name}: pods gone",
+            lambda: (
+                not self.kube.core.list_namespaced_pod(NAMESPACE, label_selector=selector).items
+            ),
+            120,
+            0.5,
+        )
+
+
+# --- the whole comparison --------------------------------------------------------------------
+
+
+@dataclass
+class PathSummary:
+    running_median: float
+    running_min: float
+    running_max: float
+    barrier_median: float | None
+    reps: int
+
+
+def summary(runs: list[Run]) -> dict[str, PathSummary]:
+    out: dict[str, PathSummary] = {}
+    for path in PATHS:
+        running = [r.running for r in runs if r.path == path]
+        barriers = [r.barrier for r in runs if r.path == path and r.barrier is not None]
+        if running:
+            out[path] = PathSummary(
+                statistics.median(running),
+                min(running),
+                max(running),
+                statistics.median(barriers) if barriers else None,
+                len(running),
+            )
+    return out
+
+
+def table(s: dict[str, PathSummary]) -> str:
+    """Markdown: medians, ranges and each path's ratio to jobset-inplace's default."""
+    base = s["jsi-process"].running_median if "jsi-process" in s else None
+    rows = [
+        "| path | crash -> barrier lifted (median) | crash -> every trainer running "
+        "(median, range) | / jsi-process |",
+        "|---|---|---|---|",
+    ]
+    for path, v in s.items():
+        barrier = "-" if v.barrier_median is None else f"{v.barrier_median:.2f} s"
+        ratio = f"{v.running_median / base:.1f}x" if base else "-"
+        rows.append(
+            f"| {path} | {barrier} | {v.running_median:.2f} s "
+            f"({v.running_min:.2f}-{v.running_max:.2f}) | {ratio} |"
+        )
+    return "\n".join(rows)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.realnode", description=__doc__.split("\n")[0])
+    p.add_argument("--reps", type=int, default=5, help="repetitions per path (default 5)")
+    p.add_argument(
+        "--paths",
+        type=lambda raw: [x for x in raw.split(",") if x],
+        default=list(PATHS),
+        help=f"comma-separated subset of {','.join(PATHS)}",
+    )
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON")
+    a = p.parse_args(argv)
+    unknown = sorted(set(a.paths) - set(PATHS))
+    if unknown or a.reps < 1:
+        p.error(f"--paths: unknown {unknown} (accepted: {','.join(PATHS)}); --reps must be >= 1")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
+    cluster.up()
+    nodes = cluster.real_nodes()
+    if len(nodes) < MEMBERS:
+        raise SystemExit(f"needs {MEMBERS} real nodes, the cluster has {nodes}: make cluster-up")
+    bench = Bench(cluster)
+    if or_none(bench.kube.core.read_namespace, NAMESPACE) is not None:
+        bench.kube.core.delete_namespace(NAMESPACE)
+        wait_for(
+            "old namespace gone",
+            lambda: or_none(bench.kube.core.read_namespace, NAMESPACE) is None,
+            120,
+            1,
+        )
+    prepare(bench.kube, cluster.kubeconfig, NAMESPACE)
+    create_objects(bench.kube, upstream_rbac(NAMESPACE))
+    if any(p.startswith("upstream-") for p in args.paths):
+        agent = ensure_binaries("jobset_ipr_agent").jobset_ipr_agent
+        image = images.build_upstream_agent(
+            agent, imports=[str(images.node_socket(n)) for n in nodes]
+        )
+        log(f"upstream agent image {image.name} ({image.size_mib():.0f} MiB) on {nodes}")
+    runs: list[Run] = []
+    controller = ControllerProcess(cluster, cluster.logs_dir / "controller-bench-realnode.log")
+    try:
+        groups: list[tuple[Callable[[], AbstractContextManager[None]], list[str]]] = [
+            (contextlib.nullcontext, [p for p in args.paths if not p.startswith("upstream-")]),
+            (
+                lambda: cluster.jobset_feature_gates({"InPlaceRestart": True}),
+                [p for p in args.paths if p.startswith("upstream-")],
+            ),
+        ]
+        for rep in range(args.reps):
+            for gates, paths in groups:
+                if not paths:
+                    continue
+                with gates():
+                    for path in paths:
+                        r = bench.run(path, rep)
+                        runs.append(r)
+                        b = "-" if r.barrier is None else f"{r.barrier:.2f}s"
+                        log(
+                            f"{path} rep {rep}: barrier {b}, every trainer running {r.running:.2f}s"
+                        )
+    finally:
+        controller.stop()
+    s = summary(runs)
+    print(table(s))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "kubernetes": versions().kubernetes,
+        "jobset": versions().jobset,
+        "members": MEMBERS,
+        "runs": [asdict(r) for r in runs],
+        "summary": {k: asdict(v) for k, v in s.items()},
+    }
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    log(f"results: {args.out}")
+    return 0
+
+
+def create_objects(kube: Clients, objs: list[dict[str, Any]]) -> None:
+    for obj in objs:
+        try:
+            utils.create_from_dict(kube.api, obj)
+        except utils.FailToCreateError as e:
+            if not all(getattr(x, "status", None) == 409 for x in e.api_exceptions):
+                raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
