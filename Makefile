@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
 .PHONY: help venv binaries images lint test unit integration e2e e2e-kind cluster-up cluster-down cluster-install \
-        cluster-status demo bench clean
+        cluster-status demo bench bench-realnode clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -74,6 +74,9 @@ demo: venv binaries ## hybrid recovery on the local cluster: train, inject a fai
 $(VENV)/.bench: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $@
+
+bench-realnode: venv binaries ## crash -> every trainer running on the real nodes: jobset-inplace vs upstream InPlaceRestart vs stock (BENCH_ARGS="--reps 5")
+	$(PY) -m bench.realnode $(BENCH_ARGS)
 
 bench: venv binaries $(VENV)/.bench ## scale benchmark, hybrid vs stock (not in make test; BENCH_ARGS="--sizes 100 --reps 2" for a quick run)
 	$(PY) -m bench $(BENCH_ARGS)

@@ -33,14 +33,17 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kubernetes import utils
 
+from bench.__main__ import apiserver_metrics
+from bench.scenarios import apiserver_requests
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
 from jobset_inplace.core.transform import MAX_BACKOFF, STATE_DIR
@@ -73,6 +76,26 @@ class Run:
     rep: int
     barrier: float | None  # crash -> barrier lifted (None: the path has none)
     running: float  # crash -> every trainer resumed
+    # API writes from the injection until every trainer ran again, by resource[/subresource]
+    # (the apiserver's own counters; the nodes' heartbeats left out, see WORKLOAD_RESOURCES)
+    writes: dict[str, int] = field(default_factory=dict)
+
+
+# What a recovery writes (everything else in the window is the cluster's background: node
+# heartbeats and Leases, endpoints).
+WORKLOAD_RESOURCES = ("pods", "jobs", "jobsets", "gangstates", "events")
+WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY", "DELETE")
+
+
+def write_counts(cluster: LocalCluster) -> Counter[str]:
+    """The apiserver's count of mutating requests on a workload's objects so far, per
+    resource[/subresource]."""
+    counts: Counter[str] = Counter()
+    for key, n in apiserver_requests(apiserver_metrics(cluster)).items():
+        verb, resource = key.split(" ", 1)
+        if verb in WRITE_VERBS and resource.split("/")[0] in WORKLOAD_RESOURCES:
+            counts[resource] += int(n)
+    return counts
 
 
 # --- the JobSets -----------------------------------------------------------------------------
@@ -244,6 +267,7 @@ class Bench:
         )
         victim = sorted(p.metadata.name for p in self.pods(name))[-1]
         crash = time.time() + CRASH_LEAD_S
+        before = write_counts(self.cluster)
         inject_failure(self.kubeconfig, NAMESPACE, victim, crash)
         running = wait_for(
             f"{name}: every trainer running again",
@@ -251,9 +275,12 @@ class Bench:
             180,
             0.5,
         )
+        writes = write_counts(self.cluster) - before
         barrier = self.barrier(path, name, crash)
         self.delete(name)
-        return Run(path, rep, None if barrier is None else barrier - crash, running - crash)
+        return Run(
+            path, rep, None if barrier is None else barrier - crash, running - crash, dict(writes)
+        )
 
     def barrier(self, path: str, name: str, crash: float) -> float | None:
         if path.startswith("jsi-"):
@@ -291,6 +318,7 @@ class PathSummary:
     running_max: float
     barrier_median: float | None
     reps: int
+    writes_median: float
 
 
 def summary(runs: list[Run]) -> dict[str, PathSummary]:
@@ -305,6 +333,7 @@ def summary(runs: list[Run]) -> dict[str, PathSummary]:
                 max(running),
                 statistics.median(barriers) if barriers else None,
                 len(running),
+                statistics.median(sum(r.writes.values()) for r in runs if r.path == path),
             )
     return out
 
@@ -314,15 +343,15 @@ def table(s: dict[str, PathSummary]) -> str:
     base = s["jsi-process"].running_median if "jsi-process" in s else None
     rows = [
         "| path | crash -> barrier lifted (median) | crash -> every trainer running "
-        "(median, range) | / jsi-process |",
-        "|---|---|---|---|",
+        "(median, range) | / jsi-process | API writes (median) |",
+        "|---|---|---|---|---|",
     ]
     for path, v in s.items():
         barrier = "-" if v.barrier_median is None else f"{v.barrier_median:.2f} s"
         ratio = f"{v.running_median / base:.1f}x" if base else "-"
         rows.append(
             f"| {path} | {barrier} | {v.running_median:.2f} s "
-            f"({v.running_min:.2f}-{v.running_max:.2f}) | {ratio} |"
+            f"({v.running_min:.2f}-{v.running_max:.2f}) | {ratio} | {v.writes_median:g} |"
         )
     return "\n".join(rows)
 

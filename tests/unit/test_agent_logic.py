@@ -24,7 +24,9 @@ from jobset_inplace.agent.logic import (
     Report,
     Restart,
     Wait,
+    failed_exit,
     parse_gangstate,
+    trainers_stopped,
 )
 from jobset_inplace.agent.runner import Backoff
 from jobset_inplace.trainer.checkpoints import MAX_STEP
@@ -417,3 +419,22 @@ def test_log_repeat_reports_muted_count_after_interval() -> None:
         log.repeat("gs", "WARN", "again")
     assert out.getvalue().splitlines()[-1].endswith("WARN again (repeated 2 more times)")
     assert len(out.getvalue().splitlines()) == 2
+
+
+# --- process restart scope: the launchers' states ------------------------------------------
+
+
+def test_trainers_stopped_only_when_no_launcher_runs_one() -> None:
+    assert trainers_stopped({})
+    assert trainers_stopped({"a": None, "b": ("waiting", None, None)})
+    assert trainers_stopped({"a": ("stopped", 2, 143), "b": ("exited", 2, 3)})
+    assert not trainers_stopped({"a": ("stopped", 2, 143), "b": ("running", 2, None)})
+
+
+def test_failed_exit_is_a_non_zero_exit_in_the_running_epoch() -> None:
+    states = {"b": ("exited", 2, 3), "a": ("exited", 2, 0), "c": ("running", 2, None)}
+    assert failed_exit(states, 2) == ("b", 3)
+    assert failed_exit(states, 3) is None  # an older epoch's exit is no failure of this one
+    assert failed_exit(states, None) is None  # no epoch running (barrier closed)
+    assert failed_exit({"a": ("exited", 2, 0)}, 2) is None  # success
+    assert failed_exit({"a": ("stopped", 2, 137)}, 2) is None  # stopped by us, not a failure
