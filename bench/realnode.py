@@ -417,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
                         runs.append(r)
                         b = "-" if r.barrier is None else f"{r.barrier:.2f}s"
                         log(
-                            f"{path} rep {rep}: barrier {b}, every trainer running {r.running:.2f}s"
+                            f"{path} rep {rep}: barrier {b}, every trainer running "
+                            f"{r.running:.2f}s, API writes {sum(r.writes.values())}"
                         )
     finally:
         controller.stop()
