@@ -191,6 +191,9 @@ class Bench:
                 names.ENABLED: "true",
                 names.BARRIER_TIMEOUT: "20m",
                 names.NODE_UNHEALTHY_AFTER: node_unhealthy_after(size),
+                # What the simulated fleet models: the kubelet's RestartAllContainers and a new
+                # agent process per member (bench/fleet.py).
+                names.RESTART_SCOPE: "pod",
             }
             if hybrid
             else {},
