@@ -245,7 +245,9 @@ def build_upstream_agent(binary: Path, *, imports: Sequence[str] = ()) -> Image:
     cmd = ["bash", str(BUILD_IMAGES), "--image", f"ipr-agent={UPSTREAM_AGENT_IMAGE}={root}"]
     for sock in imports:
         cmd += ["--import", sock]
-    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, env=_env()).stdout
+    # Alone in this build: the other images' archives are not stale, keep them.
+    env = {**_env(), "JSI_KEEP_OLD_IMAGES": "1"}
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, env=env).stdout
     archives = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     return Image("ipr-agent", UPSTREAM_AGENT_IMAGE, Path(archives["ipr-agent"]))
 
