@@ -7,6 +7,7 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,9 @@ WATCH_SECONDS = (120, 180)  # server-side watch timeout, random in this range (s
 # Process scope: how long past the stop grace the launchers may take to confirm a stop before
 # the agent falls back to restarting the whole pod.
 STOP_SLACK_S = 5.0
+# Process scope: a trainer's exit that cannot be reported for this long restarts the whole pod
+# instead (the kubelet's own signals then reach the controller): a gang never waits unseen.
+EXIT_REPORT_DEADLINE_S = 10.0
 
 
 def process_age() -> float | None:
@@ -340,11 +344,22 @@ def launcher_states(cfg: Config) -> dict[str, LauncherState]:
 class ExitMonitor:
     """Process scope: reports a trainer that exited non-zero in the running epoch on the pod
     (``exited-in-epoch``), the failure signal the kubelet cannot see. A daemon thread with its
-    own API connection, polling the launchers' state files."""
+    own API connection, polling the launchers' state files. If the report keeps failing for
+    ``EXIT_REPORT_DEADLINE_S``, it ends the process with the restart exit code: the pod
+    restarts (RestartAllContainers) and the kubelet's signals reach the controller."""
 
-    def __init__(self, agent: Agent, kube: KubeApi) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        kube: KubeApi,
+        *,
+        exit_process: Callable[[int], None] = os._exit,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.agent, self.kube = agent, kube
+        self.exit_process, self.clock = exit_process, clock
         self.reported: int | None = None  # the epoch last reported
+        self.failing_since: float | None = None
         self.thread = threading.Thread(target=self._run, name="exit-monitor", daemon=True)
 
     def start(self) -> None:
@@ -354,12 +369,31 @@ class ExitMonitor:
         backoff = Backoff()
         while True:
             time.sleep(launcher.POLL_SECONDS)
-            try:
-                if self.check():
-                    backoff.reset()
-            except _RETRY_ERRORS as e:
-                self.agent.log.warning(f"cannot report the trainer's exit: {_describe(e)}")
+            if not self.attempt():
                 time.sleep(backoff.next())
+            else:
+                backoff.reset()
+
+    def attempt(self) -> bool:
+        """One look, and the fallback; False if a report failed."""
+        try:
+            self.check()
+        except _RETRY_ERRORS as e:
+            now = self.clock()
+            if self.failing_since is None:
+                self.failing_since = now
+            if now - self.failing_since < EXIT_REPORT_DEADLINE_S:
+                self.agent.log.warning(f"cannot report the trainer's exit: {_describe(e)}")
+                return False
+            code = self.agent.cfg.restart_exit_code
+            self.agent.log.error(
+                f"cannot report the trainer's exit for {EXIT_REPORT_DEADLINE_S:g} s "
+                f"({_describe(e)}): exiting with {code} to restart the whole pod"
+            )
+            self.exit_process(code)
+            return False
+        self.failing_since = None
+        return True
 
     def check(self) -> bool:
         """One look; True if it reported an exit."""
