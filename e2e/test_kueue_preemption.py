@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +79,10 @@ def _resume_steps(kubeconfig: Any, namespace: str, pods: list[str]) -> list[list
     return out
 
 
-def gang_epoch(kube: Clients, namespace: str) -> int:
-    return int(gang_state(kube, namespace, "gang")["epoch"])
+def gang_trains(kube: Clients, kubeconfig: Path, namespace: str) -> bool:
+    """Both trainers run in the gang's current epoch (under Kueue it is not necessarily 1)."""
+    epoch = int(gang_state(kube, namespace, "gang")["epoch"])
+    return trainers_running(kube, kubeconfig, namespace, "gang", 2, epoch=epoch)
 
 
 def test_preemption_during_recovery_stands_down_then_resumes(
@@ -115,14 +118,7 @@ def test_preemption_during_recovery_stands_down_then_resumes(
             )
             wait_for(
                 "trainers running",
-                lambda: trainers_running(
-                    kube,
-                    cluster_kubeconfig,
-                    namespace,
-                    "gang",
-                    2,
-                    epoch=gang_epoch(kube, namespace),
-                ),
+                partial(gang_trains, kube, cluster_kubeconfig, namespace),
                 120,
                 0.5,
             )
@@ -194,14 +190,7 @@ def test_preemption_during_recovery_stands_down_then_resumes(
             )
             wait_for(
                 "trainers running again",
-                lambda: trainers_running(
-                    kube,
-                    cluster_kubeconfig,
-                    namespace,
-                    "gang",
-                    2,
-                    epoch=gang_epoch(kube, namespace),
-                ),
+                partial(gang_trains, kube, cluster_kubeconfig, namespace),
                 120,
                 0.5,
             )
