@@ -13,8 +13,10 @@ Rules (see the package docstring for why):
   *and* the agent took part: its report was made, or was still in place, while that epoch's
   barrier was closed. An agent that first sees its epoch's barrier already open waits.
 * A different epoch before this agent's barrier opened: adopt it in place (report again).
-  A different epoch after it opened: exit with the restart exit code (the pod restarts every
-  container in place; the next agent process joins the new epoch).
+  A different epoch after it opened: restart. Pod scope: exit with the restart exit code (the
+  pod restarts every container in place; the next agent process joins the new epoch). Process
+  scope: the runner stops the trainers through their launchers and starts a fresh
+  `AgentLogic`, which joins the new epoch as a new agent process would.
 """
 
 from __future__ import annotations
@@ -115,8 +117,8 @@ class Open:
 
 @dataclass(frozen=True)
 class Restart:
-    """This agent's trainer ran `old_epoch`; the gang moved to `new_epoch`: exit with the
-    restart exit code."""
+    """This agent's trainer ran `old_epoch`; the gang moved to `new_epoch`: stop the trainers
+    (process scope) or exit with the restart exit code (pod scope)."""
 
     old_epoch: int
     new_epoch: int
