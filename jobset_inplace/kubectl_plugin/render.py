@@ -242,6 +242,7 @@ def status_document(
             "inPlace": _budget(s.inplace_used, policy.inplace_budget if policy else None),
             "recreate": _budget(s.recreate_used, policy.recreate_budget if policy else None),
         },
+        "restartScope": policy.restart_scope.value if policy else None,
         "policyError": policy_error,
         "lastRecovery": _last_recovery(rec, now),
         "memberPods": member_pods,
@@ -283,6 +284,7 @@ def render_status(doc: Mapping[str, Any], *, wide: bool = False) -> str:
         ("Resume step:", fmt_value(doc["resumeStep"])),
         ("In-place budget:", _fmt_budget(doc["budgets"]["inPlace"])),
         ("Recreate budget:", _fmt_budget(doc["budgets"]["recreate"])),
+        ("Restart scope:", doc["restartScope"] or "unknown"),
     ]
     if doc.get("message"):
         rows.insert(2, ("Message:", doc["message"]))

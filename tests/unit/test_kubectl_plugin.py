@@ -274,6 +274,7 @@ def test_status_json_and_yaml_are_the_same_stable_document() -> None:
         "pods",
         "unhealthyNodes",
         "budgets",
+        "restartScope",
         "policyError",
         "lastRecovery",
         "memberPods",
