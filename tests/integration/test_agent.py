@@ -652,8 +652,12 @@ def test_process_scope_restarts_the_trainer_process_not_the_agent(
         assert launcher.poll() is None
         assert "exiting with 88" not in agent.text()
     finally:
-        launcher.kill()
-        launcher.wait()
+        launcher.send_signal(signal.SIGTERM)  # it stops its trainer, then exits
+        try:
+            launcher.wait(10)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            launcher.wait()
 
 
 def test_process_scope_restarts_the_pod_when_a_launcher_does_not_stop(

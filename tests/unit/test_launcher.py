@@ -5,6 +5,7 @@ withdrawn, reports what the command did, and never restarts it in an epoch it ra
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import signal
@@ -97,13 +98,22 @@ class Pod:
         (self.dir / "exit-now").write_text(str(code))
 
 
+def stop(p: Pod) -> None:
+    """End the launcher and every trainer it started (they run in their own sessions: a
+    killed launcher would leave them behind outside a container)."""
+    if p.proc.poll() is None:
+        p.proc.kill()
+        p.proc.wait()
+    for _, _, pid in p.starts():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
 @pytest.fixture
 def pod(tmp_path: Path) -> Iterator[Pod]:
     p = Pod(tmp_path)
     yield p
-    if p.proc.poll() is None:
-        p.proc.kill()
-        p.proc.wait()
+    stop(p)
 
 
 def test_starts_only_for_a_new_open_epoch_and_stops_when_it_is_withdrawn(pod: Pod) -> None:
@@ -162,8 +172,7 @@ def test_a_child_ignoring_sigterm_is_killed_with_its_group_after_the_grace(tmp_p
         assert time.monotonic() - began >= 0.3
         until("grandchild gone", lambda: not alive(grandchild))
     finally:
-        pod.proc.kill()
-        pod.proc.wait()
+        stop(pod)
 
 
 def test_sigterm_to_the_launcher_stops_the_child(pod: Pod) -> None:
