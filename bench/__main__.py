@@ -117,6 +117,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="the simulated kubelet writes only the failed pod's status: the hybrid recovery's "
         "time without the other members' kubelet status writes (hybrid path only)",
     )
+    p.add_argument(
+        "--scope",
+        choices=("process", "pod"),
+        default="process",
+        help="the hybrid gangs' restart scope, which the simulated fleet models (default: "
+        "process, the product's default; pod: a simulated kubelet RestartAllContainers and a "
+        "new agent process per member)",
+    )
     p.add_argument("--skip-agent-start", action="store_true", help="skip the real-node part")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
     p.add_argument("--label", default="", help="a name for this run in the results")
@@ -274,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             "reps": args.reps,
             "stock_reps": args.stock_reps,
             "kubelet_status_writes": "failed pod only" if args.protocol_only else "every pod",
+            "restart_scope": args.scope,
         },
         "sizes": {},
     }
@@ -295,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             profile_paths=args.apiserver_profile_paths,
             profile_dir=args.out,
             kubelet_writes=not args.protocol_only,
+            scope=args.scope,
         )
         bench.clean()
         if not args.skip_agent_start:

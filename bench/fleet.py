@@ -15,6 +15,11 @@ What is real and what is not:
   ``restartCount`` incremented, after which a new agent "process" starts; (3) checkpoint tiers:
   every agent reports the same steps, so the barrier's resume step is ``steps[-1]``.
 
+``scope`` is the gang's restart scope. ``pod``: as above. ``process``: no container restarts,
+so no kubelet write and no new agent process: a crash is the failed member's agent writing
+``exited-in-epoch`` on its pod; on a new epoch each agent "stops its trainer" (``stop_delay``
+seconds, no request: its launcher's work) and reports the new epoch from the same process.
+
 With ``kubelet_writes=False`` (``--protocol-only``) the simulated kubelet writes the failed
 member's pod status only: the other members restart silently, so what is left on the
 apiserver is the recovery protocol itself (each new agent's GET and report) and the cluster's
@@ -93,11 +98,14 @@ class Fleet:
         steps: tuple[int, ...] = (100, 200),
         workers: int = 32,
         kubelet_writes: bool = True,
+        scope: str = "pod",
+        stop_delay: float = 0.05,
     ) -> None:
         self.core = client.CoreV1Api(kube)
         self.namespace, self.gang = namespace, gang
         self.restart_delay = restart_delay
         self.kubelet_writes = kubelet_writes
+        self.scope, self.stop_delay = scope, stop_delay
         self.steps = encode_steps(list(steps))
         self._api = threading.local()
         self._server, self._token_file, self._ca_file = server, token_file, ca_file
@@ -318,10 +326,21 @@ class Fleet:
                 if isinstance(action, Report):
                     agent.busy = True
                     self._pool.submit(self._report, agent, action)
+                elif isinstance(action, Restart) and self.scope == "process":
+                    agent.busy = True  # its launcher stops the trainer (a crashed one is gone)
+                    delay = 0.0 if agent.crashed else self.stop_delay
+                    self._later(delay, lambda: self._trainers_stopped(agent))
                 elif isinstance(action, Restart):
                     agent.restarting = True
                     self._pool.submit(self._kubelet_restart, agent, None)
                 return
+
+    def _trainers_stopped(self, agent: SimAgent) -> None:
+        """Process scope: the agent joins the new epoch in place, as a new AgentLogic."""
+        with self._lock:
+            agent.logic = AgentLogic()
+            agent.busy = agent.crashed = False
+        self._redispatch(agent)
 
     def _report(self, agent: SimAgent, action: Report) -> None:
         patch = {
@@ -329,6 +348,9 @@ class Fleet:
                 "annotations": {
                     names.REPORT_EPOCH: str(action.epoch),
                     names.REPORT_STEPS: self.steps,
+                    # as the real agent's report (jobset_inplace/agent/runner.py)
+                    names.REPORT_LATE: None if action.barrier_closed else str(action.epoch),
+                    names.REPORT_EXITED: None,
                 }
             }
         }
@@ -361,8 +383,17 @@ class Fleet:
     # --- the simulated kubelet ------------------------------------------------------------
 
     def crash_trainer(self, pod: str) -> float:
-        """Inject a trainer crash into ``pod`` (exit 3: the pod's restart rule restarts all its
-        containers in place); the time the kubelet's status update was accepted."""
+        """Inject a trainer crash into ``pod``; the time its signal was accepted. Pod scope:
+        exit 3, the pod's restart rule restarts all its containers in place (the kubelet's
+        status update). Process scope: its agent reports the exit on the pod."""
+        if self.scope == "process":
+            with self._lock:
+                agent = self.agents[pod]
+                agent.crashed = True
+                epoch = agent.logic.epoch
+            patch = {"metadata": {"annotations": {names.REPORT_EXITED: str(epoch)}}}
+            self._call(lambda k: k.merge_patch(self._pod_path(pod), patch))
+            return time.monotonic()
         with self._lock:
             agent = self.agents[pod]
             agent.restarting = agent.crashed = True

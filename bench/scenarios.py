@@ -174,6 +174,7 @@ class Bench:
     profile_paths: set[str] = field(default_factory=lambda: {"hybrid", "stock"})
     profile_dir: Path = Path()
     kubelet_writes: bool = True  # False: the simulated kubelet writes the failed pod only
+    scope: str = "process"  # the hybrid gangs' restart scope (what the fleet simulates)
     results: dict[str, Any] = field(default_factory=dict)
 
     # --- gangs ----------------------------------------------------------------------------
@@ -191,9 +192,8 @@ class Bench:
                 names.ENABLED: "true",
                 names.BARRIER_TIMEOUT: "20m",
                 names.NODE_UNHEALTHY_AFTER: node_unhealthy_after(size),
-                # What the simulated fleet models: the kubelet's RestartAllContainers and a new
-                # agent process per member (bench/fleet.py).
-                names.RESTART_SCOPE: "pod",
+                # The scope the simulated fleet models (bench/fleet.py).
+                names.RESTART_SCOPE: self.scope,
             }
             if hybrid
             else {},
@@ -274,6 +274,11 @@ class Bench:
         self._wait(f"pods of {name} gone", lambda: not self._pods(name), t0)
         log(f"{name}: deleted, pods gone after {time.monotonic() - t0:.1f}s")
 
+    @property
+    def _restart_on_path(self) -> float:
+        """The simulated kubelet restart on a recovery's critical path (none: process scope)."""
+        return self.restart_delay if self.scope == "pod" else 0.0
+
     def _fleet(self, name: str) -> Fleet:
         fleet = Fleet(
             self.kube.api,
@@ -284,6 +289,7 @@ class Bench:
             gang=name,
             restart_delay=self.restart_delay,
             kubelet_writes=self.kubelet_writes,
+            scope=self.scope,
         )
         fleet.start()
         return fleet
@@ -328,7 +334,7 @@ class Bench:
         with self.meter.window(m):
             t0 = fleet.crash_trainer(victim)
             _wait_recovered(fleet, epoch + 1, size, self.setup_timeout)
-        m.update(_phases(fleet, epoch + 1, t0, self.restart_delay))
+        m.update(_phases(fleet, epoch + 1, t0, self._restart_on_path))
         if profile is not None:
             m["apiserver_profile"] = profile.result(self.profile_s + 60)
         m["fleet_requests"] = fleet.requests - before
@@ -353,7 +359,7 @@ class Bench:
             t0 = time.monotonic()
             try:
                 _wait_recovered(fleet, epoch + 1, size, self.node_cap)
-                m.update(_phases(fleet, epoch + 1, t0, self.restart_delay))
+                m.update(_phases(fleet, epoch + 1, t0, self._restart_on_path))
                 m["running_s"] = m["all_running_s"]
             finally:
                 set_heartbeat(self.kube, node, alive=True)
