@@ -17,8 +17,14 @@ from testbed.kueue import QUEUE_LABEL, condition, queue, workload_of
 pytestmark = pytest.mark.e2e
 
 
+# restart scope -> Kueue's PodsReady reason after the recovery: the pod scope's pods go not
+# Ready and come back (Kueue's recovery); the process scope's never stop being Ready.
+PODS_READY_REASON = {"pod": "Recovered", "process": "Started"}
+
+
+@pytest.mark.parametrize("scope", ["process", "pod"])
 def test_admitted_gang_keeps_admission_through_in_place_recovery(
-    cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str
+    cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str, scope: str
 ) -> None:
     with queue(kube, namespace) as q:
         result = run_demo(
@@ -27,6 +33,7 @@ def test_admitted_gang_keeps_admission_through_in_place_recovery(
             namespace=namespace,
             members=2,
             labels={QUEUE_LABEL: q.local_queue},
+            scope=scope,
         )
         assert result.webhook_injected
         assert result.uids_after == result.uids_before, "no pod recreated"
@@ -46,4 +53,4 @@ def test_admitted_gang_keeps_admission_through_in_place_recovery(
         ready = condition(wl, "PodsReady")
         assert ready is not None
         print(f"\nWorkload PodsReady after the in-place recovery: {ready['reason']}")
-        assert ready["reason"] == "Recovered"
+        assert ready["reason"] == PODS_READY_REASON[scope]

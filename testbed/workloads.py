@@ -30,6 +30,7 @@ def whole_node_trainer(cpu: str) -> dict[str, Any]:
             {
                 "name": "trainer",
                 "image": "trainer:sim",
+                "command": ["python3", "train.py"],
                 "resources": {"requests": {"cpu": cpu, "memory": "1Gi"}},
             }
         ]

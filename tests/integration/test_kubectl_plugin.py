@@ -255,7 +255,9 @@ def test_enable_on_a_file(control_plane: ControlPlane, tmp_path: Path) -> None:
                             "template": {
                                 "spec": {
                                     "restartPolicy": "Never",
-                                    "containers": [{"name": "trainer", "image": "t:1"}],
+                                    "containers": [
+                                        {"name": "trainer", "image": "t:1", "command": ["train"]}
+                                    ],
                                 }
                             }
                         }

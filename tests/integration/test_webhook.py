@@ -26,7 +26,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import names
-from jobset_inplace.core.transform import AGENT_CONTAINER, ESCALATION_RULE, MAX_BACKOFF
+from jobset_inplace.core.transform import (
+    AGENT_CONTAINER,
+    ESCALATION_RULE,
+    LAUNCHER_COMMAND,
+    MAX_BACKOFF,
+)
 from testbed import workloads
 from testbed.certs import ensure_serving_cert
 from testbed.controller import AGENT_POLICY
@@ -206,9 +211,11 @@ def test_opted_in_jobset_gets_the_injected_spec(
     assert agent["restartPolicyRules"] == [
         {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}
     ]
-    assert agent["startupProbe"]["httpGet"]["path"] == "/barrier"
+    # the default process restart scope: the launcher holds the trainer, not the probe
+    assert agent["startupProbe"]["httpGet"]["path"] == "/started"
     job = job_spec(js)
     [trainer] = job["template"]["spec"]["containers"]
+    assert trainer["command"][:3] == LAUNCHER_COMMAND
     assert trainer["restartPolicyRules"] == agent["restartPolicyRules"]
     assert job["backoffLimit"] == MAX_BACKOFF
     assert job["podReplacementPolicy"] == "Failed"
