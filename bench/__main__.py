@@ -1,4 +1,5 @@
-"""``make bench``: hybrid recovery vs stock JobSet at scale on the local cluster.
+"""``make bench``: hybrid recovery vs JobSet's InPlaceRestart vs stock JobSet at scale on the
+local cluster.
 
     python -m bench --sizes 1000,5000 --reps 3 --node-death-sizes 1000
 
@@ -9,6 +10,7 @@ it; prints a summary. See docs/benchmarks.md for the method and what is simulate
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -28,8 +30,16 @@ from testbed.demo import run_demo
 from testbed.kube import clients, wait_for
 from testbed.versions import binaries, versions
 
-from . import report
-from .scenarios import FLEET_SA, Bench, ProcessMeter, log, node_unhealthy_after
+from . import report, upstream
+from .scenarios import (
+    FLEET_SA,
+    IN_PLACE_PATHS,
+    PATHS,
+    Bench,
+    ProcessMeter,
+    log,
+    node_unhealthy_after,
+)
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "bench"
 NAMESPACE = "bench"
@@ -58,7 +68,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=[1000, 5000],
         help="gang sizes (pods), or none (only the agent start-up on the real node)",
     )
-    p.add_argument("--reps", type=int, default=3, help="repetitions per size (hybrid)")
+    p.add_argument("--reps", type=int, default=3, help="repetitions per size (hybrid, upstream)")
     p.add_argument(
         "--stock-reps",
         type=int,
@@ -88,9 +98,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--setup-timeout", type=float, default=1200.0, help="cap for gang set-up, s")
     p.add_argument(
         "--paths",
-        default="hybrid,stock",
-        help="which recovery paths to run: hybrid,stock (the default) or one of them "
-        "(ratios need both)",
+        default=",".join(PATHS),
+        help=f"which recovery paths to run, comma-separated: {','.join(PATHS)} (the default) "
+        "or some of them (ratios need hybrid and another); upstream is JobSet's InPlaceRestart "
+        "(its controller gate on for that path only, its agents simulated)",
     )
     p.add_argument(
         "--verbose-controller",
@@ -107,9 +118,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--apiserver-profile-paths",
-        default="hybrid,stock",
+        default=",".join(PATHS),
         help="which paths get the extra profiled recovery (a stock one at 5000 pods takes ~14 "
-        "min): hybrid,stock or one of them",
+        f"min): {','.join(PATHS)} or some of them",
     )
     p.add_argument(
         "--protocol-only",
@@ -137,16 +148,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.protocol_only:
         args.paths = {"hybrid"}
     args.apiserver_profile_paths = set(args.apiserver_profile_paths.split(","))
-    if not args.apiserver_profile_paths <= {"hybrid", "stock"}:
-        p.error("--apiserver-profile-paths must be hybrid,stock or one of them")
-    if not args.paths or not args.paths <= {"hybrid", "stock"}:
-        p.error("--paths must be hybrid,stock or one of them")
+    if not args.apiserver_profile_paths <= set(PATHS):
+        p.error(f"--apiserver-profile-paths must be some of {','.join(PATHS)}")
+    if not args.paths or not args.paths <= set(PATHS):
+        p.error(f"--paths must be some of {','.join(PATHS)}, got {','.join(sorted(args.paths))}")
     return args
 
 
 def fleet_token(cluster: LocalCluster, namespace: str) -> Path:
-    """A ServiceAccount token for the simulated agents: get/watch GangStates, patch pods and
-    their status (the simulated kubelet writes pod status)."""
+    """A ServiceAccount token for the simulated agents: get/watch GangStates (ours) and
+    JobSets (upstream's), patch pods and their status (the simulated kubelet writes pod
+    status)."""
     objs = [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": FLEET_SA}},
         {
@@ -157,6 +169,11 @@ def fleet_token(cluster: LocalCluster, namespace: str) -> Path:
                 {
                     "apiGroups": [names.GROUP],
                     "resources": [names.GANGSTATE_PLURAL],
+                    "verbs": ["get", "list", "watch"],
+                },
+                {
+                    "apiGroups": ["jobset.x-k8s.io"],
+                    "resources": ["jobsets"],
                     "verbs": ["get", "list", "watch"],
                 },
                 {"apiGroups": [""], "resources": ["pods", "pods/status"], "verbs": ["patch"]},
@@ -315,9 +332,17 @@ def main(argv: list[str] | None = None) -> int:
             death = size in args.node_death_sizes
             row: dict[str, Any] = {}
             death_note = ", node death" * death
-            if "hybrid" in args.paths:
-                log(f"=== gang of {size} pods: hybrid ({args.reps} reps{death_note})")
-                row["hybrid"] = bench.hybrid(size, args.reps, death)
+            for path in IN_PLACE_PATHS:
+                if path not in args.paths:
+                    continue
+                log(f"=== gang of {size} pods: {path} ({args.reps} reps{death_note})")
+                gates = (
+                    cluster.jobset_feature_gates(upstream.GATES)
+                    if path == "upstream"
+                    else (contextlib.nullcontext())
+                )
+                with gates:
+                    row[path] = bench.in_place(path, size, args.reps, death)
                 results["sizes"][str(size)] = row
                 report.write(args.out, results)  # keep what was measured so far
             if "stock" in args.paths:

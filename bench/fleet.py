@@ -56,7 +56,7 @@ from jobset_inplace.times import format_time
 from jobset_inplace.trainer.checkpoints import encode_steps
 
 RESTARTING = "AllContainersRestarting"
-_ERRORS = (ApiError, ValueError, *TransportErrors)
+API_ERRORS = (ApiError, ValueError, *TransportErrors)
 
 
 @dataclass
@@ -84,6 +84,8 @@ class EpochMarks:
 
 class Fleet:
     """Agents for every Running member pod of gang ``gang`` in ``namespace``."""
+
+    first_epoch = 1  # the epoch whose barrier opens when the gang first starts
 
     def __init__(
         self,
@@ -160,6 +162,18 @@ class Fleet:
                     self._pool.submit(fn)
                 wait = self._timers[0][0] - now if self._timers else None
                 self._timer_wake.wait(wait)
+
+    @property
+    def restarts_on_path(self) -> int:
+        """How many simulated kubelet restarts sit, one after the other, on a recovery's
+        critical path (the process scope restarts no container)."""
+        return 1 if self.scope == "pod" else 0
+
+    def epoch(self) -> int:
+        """The gang's epoch as the agents last saw it."""
+        if self.view is None:
+            raise RuntimeError("the fleet has not seen the GangState")
+        return self.view.epoch
 
     def marks_for(self, epoch: int) -> EpochMarks:
         with self._lock:
@@ -285,18 +299,26 @@ class Fleet:
             if agent is not None and agent.uid == meta["uid"]:
                 return
             containers = [c["name"] for c in pod["spec"]["containers"]]
-            agent = SimAgent(name, meta["uid"], containers)
+            agent = self._new_agent(name, meta["uid"], containers)
             self.agents[name] = agent
         self._pool.submit(self._agent_starts, agent)
 
     # --- one agent ------------------------------------------------------------------------
+
+    def _new_agent(self, pod: str, uid: str, containers: list[str]) -> SimAgent:
+        return SimAgent(pod, uid, containers)
+
+    def _new_process(self, agent: SimAgent) -> None:
+        """The agent container restarted: a new process (the lock held)."""
+        agent.logic = AgentLogic()
+        agent.view = None
 
     def _agent_starts(self, agent: SimAgent) -> None:
         """A new agent process: read the GangState (its first request), then act."""
         try:
             obj = self._call(lambda k: k.get(self._gang_object))
             view = parse_gangstate(obj)
-        except (*_ERRORS, MalformedStatus) as e:
+        except (*API_ERRORS, MalformedStatus) as e:
             self._error(f"{agent.pod}: agent start: {e}")
             self._retry(lambda: self._agent_starts(agent))
             return
@@ -356,7 +378,7 @@ class Fleet:
         }
         try:
             self._call(lambda k: k.merge_patch(self._pod_path(agent.pod), patch))
-        except _ERRORS as e:
+        except API_ERRORS as e:
             with self._lock:
                 agent.busy = False
             if isinstance(e, ApiError) and e.status == 404:
@@ -407,7 +429,7 @@ class Fleet:
         if already_signalled is None and self.kubelet_writes:
             try:
                 self._kubelet_status(agent, restarting=True, crashed=False)
-            except _ERRORS as e:
+            except API_ERRORS as e:
                 if isinstance(e, ApiError) and e.status == 404:
                     return
                 self._error(f"{agent.pod}: kubelet: {e}")
@@ -422,7 +444,7 @@ class Fleet:
                 write = self.kubelet_writes or agent.crashed
             if write:
                 self._kubelet_status(agent, restarting=False, crashed=False, restarts=restarts)
-        except _ERRORS as e:
+        except API_ERRORS as e:
             if isinstance(e, ApiError) and e.status == 404:
                 return
             self._error(f"{agent.pod}: kubelet: {e}")
@@ -430,8 +452,7 @@ class Fleet:
             return
         with self._lock:
             agent.restarts, agent.crashed = restarts, False
-            agent.logic = AgentLogic()  # the agent container restarted: a new process
-            agent.view = None
+            self._new_process(agent)
         self._agent_starts(agent)
 
     def _kubelet_status(

@@ -42,11 +42,12 @@ from typing import Any
 
 from kubernetes import utils
 
+from bench import upstream
 from bench.__main__ import apiserver_metrics
 from bench.scenarios import apiserver_requests
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
-from jobset_inplace.core.transform import MAX_BACKOFF, STATE_DIR
+from jobset_inplace.core.transform import STATE_DIR
 from jobset_inplace.times import parse_time
 from testbed import images
 from testbed.cluster import LocalCluster
@@ -58,10 +59,6 @@ from testbed.versions import ensure_binaries, versions
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "bench" / "realnode.json"
 NAMESPACE = "bench-realnode"
 MEMBERS = 2
-UPSTREAM_AGENT = "in-place-restart-agent"
-UPSTREAM_SA = "upstream-ipr-agent"
-UPSTREAM_EXIT = 88  # IN_PLACE_RESTART_EXIT_CODE (upstream's default is 1)
-UPSTREAM_PROBE_PORT = 8081
 PATHS = ("jsi-process", "jsi-pod", "upstream-sidecar", "upstream-main", "stock", "stock-grace0")
 RESUMING = "resuming at step"
 
@@ -101,10 +98,6 @@ def write_counts(cluster: LocalCluster) -> Counter[str]:
 # --- the JobSets -----------------------------------------------------------------------------
 
 
-def _field_env(name: str, path: str) -> dict[str, Any]:
-    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
-
-
 def _standalone(jobset: dict[str, Any], *, grace: int = 2) -> dict[str, Any]:
     """The demo JobSet without jobset-inplace: the trainer finds its own checkpoint; a state
     volume for the failure injection only."""
@@ -128,89 +121,12 @@ def stock_jobset(name: str, grace: int) -> dict[str, Any]:
 
 def upstream_jobset(name: str, mode: str) -> dict[str, Any]:
     """JobSet's InPlaceRestart as its v0.12 examples set it up (sidecar or main-container)."""
-    js = _standalone(demo_jobset(name, MEMBERS))
-    js["spec"]["failurePolicy"] = {"maxRestarts": 1000, "restartStrategy": "InPlaceRestart"}
-    job = js["spec"]["replicatedJobs"][0]["template"]["spec"]
-    job.update(backoffLimit=MAX_BACKOFF, podReplacementPolicy="Failed", completions=1)
-    pod = job["template"]["spec"]
-    pod["serviceAccountName"] = UPSTREAM_SA
-    trainer = pod["containers"][0]
-    env = [
-        _field_env("POD_NAME", "metadata.name"),
-        _field_env("JOBSET_NAME", f"metadata.labels['{names.JOBSET_NAME_LABEL}']"),
-        {"name": "IN_PLACE_RESTART_EXIT_CODE", "value": str(UPSTREAM_EXIT)},
-    ]
-    if mode == "sidecar":
-        pod["initContainers"] = [
-            {
-                "name": UPSTREAM_AGENT,
-                "image": images.UPSTREAM_AGENT_IMAGE,
-                "imagePullPolicy": "Never",
-                "restartPolicy": "Always",
-                "restartPolicyRules": [
-                    {
-                        "action": "RestartAllContainers",
-                        "exitCodes": {"operator": "In", "values": [UPSTREAM_EXIT]},
-                    }
-                ],
-                "env": [*env, {"name": "STARTUP_PROBE_PORT", "value": str(UPSTREAM_PROBE_PORT)}],
-                "startupProbe": {
-                    "httpGet": {"path": "/barrier-is-down", "port": UPSTREAM_PROBE_PORT},
-                    "periodSeconds": 1,
-                    "failureThreshold": 100000,
-                },
-            }
-        ]
-        trainer["restartPolicy"] = "Never"
-        trainer["restartPolicyRules"] = [
-            {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}
-        ]
-    else:  # main-container mode: the agent runs the trainer and restarts only its container
-        command = " ".join(trainer.pop("command"))
-        trainer["image"] = images.UPSTREAM_AGENT_IMAGE
-        trainer["command"] = [images.UPSTREAM_AGENT_PATH]
-        trainer["env"] += [
-            *env,
-            {"name": "WORKER_COMMAND", "value": command},
-            {"name": "SHELL", "value": "/bin/sh"},  # the image has no bash
-        ]
-        trainer["restartPolicy"] = "Never"
-        trainer["restartPolicyRules"] = [
-            {"action": "Restart", "exitCodes": {"operator": "NotIn", "values": [0]}}
-        ]
-    return js
-
-
-def upstream_rbac(namespace: str) -> list[dict[str, Any]]:
-    """What upstream's agent needs: watch its JobSet, apply its pod's annotation."""
-    meta = {"name": UPSTREAM_SA, "namespace": namespace}
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": meta,
-            "rules": [
-                {
-                    "apiGroups": ["jobset.x-k8s.io"],
-                    "resources": ["jobsets"],
-                    "verbs": ["get", "list", "watch"],
-                },
-                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]},
-            ],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": meta,
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "Role",
-                "name": UPSTREAM_SA,
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": UPSTREAM_SA, "namespace": namespace}],
-        },
-    ]
+    return upstream.in_place_restart(
+        _standalone(demo_jobset(name, MEMBERS)),
+        mode,
+        image=images.UPSTREAM_AGENT_IMAGE,
+        agent_path=images.UPSTREAM_AGENT_PATH,
+    )
 
 
 def jobset_for(path: str, name: str) -> dict[str, Any]:
@@ -287,7 +203,7 @@ class Bench:
             rec = gang_state(self.kube, NAMESPACE, name).get("recovery") or {}
             return parse_time(rec.get("openedAt"))
         if path == "upstream-sidecar":
-            return self.all_after(name, UPSTREAM_AGENT, crash, "starting startup probe server")
+            return self.all_after(name, upstream.AGENT, crash, "starting startup probe server")
         if path == "upstream-main":
             return self.all_after(name, "trainer", crash, "executing worker command")
         return None
@@ -390,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             1,
         )
     prepare(bench.kube, cluster.kubeconfig, NAMESPACE)
-    create_objects(bench.kube, upstream_rbac(NAMESPACE))
+    create_objects(bench.kube, upstream.rbac(NAMESPACE))
     if any(p.startswith("upstream-") for p in args.paths):
         agent = ensure_binaries("jobset_ipr_agent").jobset_ipr_agent
         image = images.build_upstream_agent(
@@ -403,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         groups: list[tuple[Callable[[], AbstractContextManager[None]], list[str]]] = [
             (contextlib.nullcontext, [p for p in args.paths if not p.startswith("upstream-")]),
             (
-                lambda: cluster.jobset_feature_gates({"InPlaceRestart": True}),
+                lambda: cluster.jobset_feature_gates(upstream.GATES),
                 [p for p in args.paths if p.startswith("upstream-")],
             ),
         ]

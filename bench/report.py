@@ -58,63 +58,80 @@ def requests_per_recovery(windows: list[dict[str, Any]], top: int = 10) -> dict[
     return dict(sorted(med.items(), key=lambda kv: -kv[1])[:top])
 
 
+IN_PLACE = ("hybrid", "upstream")  # the paths with phases (a simulated agent fleet)
+PHASES = ("detection_s", "restart_s", "barrier_s", "barrier_open_s", "protocol_s")
+LABEL = {"hybrid": "jobset-inplace", "upstream": "upstream IPR", "stock": "stock"}
+
+
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
-    """Per size: min/median/max of every phase, and the ratios stock / hybrid (medians)."""
+    """Per size: min/median/max of every phase of each path, and the ratios of the other paths'
+    medians over the hybrid's."""
     out: dict[str, Any] = {}
+    empty: dict[str, Any] = {"worker_failure": [], "node_death": []}
     for size, r in results.get("sizes", {}).items():
-        empty: dict[str, Any] = {"worker_failure": [], "node_death": []}
-        h, s = r.get("hybrid", empty), r.get("stock", empty)
-        hw, sw = h["worker_failure"], s["worker_failure"]
-        row: dict[str, Any] = {
-            "hybrid_worker_failure": {
-                k: stats(_col(hw, k))
-                for k in (
-                    "detection_s",
-                    "restart_s",
-                    "barrier_s",
-                    "barrier_open_s",
-                    "protocol_s",
-                    "all_running_s",
-                    "controller_cpu_s",
-                    "controller_peak_rss_mib",
-                )
-            },
-            "stock_worker_failure": {
-                "all_running_s": stats(_col(sw, "all_running_s")),
-                "capped": sum(1 for m in sw if m.get("capped")),
-            },
+        row: dict[str, Any] = {"paths": [p for p in (*IN_PLACE, "stock") if p in r]}
+        for path in IN_PLACE:
+            runs = r.get(path, empty)["worker_failure"]
+            keys = (*PHASES, "all_running_s", "controller_cpu_s", "controller_peak_rss_mib")
+            row[f"{path}_worker_failure"] = {k: stats(_col(runs, k)) for k in keys}
+        sw = r.get("stock", empty)["worker_failure"]
+        row["stock_worker_failure"] = {
+            "all_running_s": stats(_col(sw, "all_running_s")),
+            "capped": sum(1 for m in sw if m.get("capped")),
         }
+        hw = r.get("hybrid", empty)["worker_failure"]
         if any("cpu_s_by_process" in m for m in hw):
             row["hybrid_cores_by_process"] = cores_by_process(hw)
-        if any("apiserver_requests" in m for m in hw):
-            row["hybrid_apiserver_requests"] = requests_per_recovery(hw)
+        for path in IN_PLACE:
+            runs = r.get(path, empty)["worker_failure"]
+            if any("apiserver_requests" in m for m in runs):
+                row[f"{path}_apiserver_requests"] = requests_per_recovery(runs)
         profiles = {
             path: r[path]["profiled"]["apiserver_profile"]["share_pct"]
-            for path in ("hybrid", "stock")
+            for path in (*IN_PLACE, "stock")
             if "share_pct" in r.get(path, {}).get("profiled", {}).get("apiserver_profile", {})
         }
         if profiles:
             row["apiserver_cpu_share_pct"] = profiles
-        hb, sb = stats(_col(hw, "barrier_open_s")), stats(_col(sw, "all_running_s"))
-        ha = stats(_col(hw, "all_running_s"))
-        if hb and sb and ha:
-            row["ratio_stock_over_hybrid_barrier"] = round(sb["median"] / hb["median"], 1)
-            row["ratio_stock_over_hybrid_running"] = round(sb["median"] / ha["median"], 1)
-        if h["node_death"] and s["node_death"]:
-            hn, sn = h["node_death"][0], s["node_death"][0]
-            row["node_death"] = {
+        hb = row["hybrid_worker_failure"]["barrier_open_s"]
+        ha = row["hybrid_worker_failure"]["all_running_s"]
+        ub = row["upstream_worker_failure"]["barrier_open_s"]
+        ua = row["upstream_worker_failure"]["all_running_s"]
+        sa = row["stock_worker_failure"]["all_running_s"]
+        if hb and ha and sa:
+            row["ratio_stock_over_hybrid_barrier"] = round(sa["median"] / hb["median"], 1)
+            row["ratio_stock_over_hybrid_running"] = round(sa["median"] / ha["median"], 1)
+        if hb and ha and ub and ua:
+            row["ratio_upstream_over_hybrid_barrier"] = round(ub["median"] / hb["median"], 1)
+            row["ratio_upstream_over_hybrid_running"] = round(ua["median"] / ha["median"], 1)
+        deaths = {
+            p: r[p]["node_death"][0] for p in (*IN_PLACE, "stock") if r.get(p, empty)["node_death"]
+        }
+        if "hybrid" in deaths:
+            hn = deaths["hybrid"]
+            nd: dict[str, Any] = {
                 "hybrid_running_s": hn["running_s"],
-                "hybrid_detection_s": hn["detection_s"],
-                "stock_running_s": sn["running_s"],
-                "stock_capped": sn.get("capped", False),
-                "stock_stuck_terminating": len(sn.get("stuck_terminating", [])),
-                "ratio_stock_over_hybrid": round(sn["running_s"] / hn["running_s"], 1),
+                "hybrid_detection_s": hn.get("detection_s"),
+                "hybrid_capped": hn.get("capped", False),
             }
+            for path in ("upstream", "stock"):
+                if path in deaths:
+                    d = deaths[path]
+                    nd[f"{path}_running_s"] = d["running_s"]
+                    nd[f"{path}_capped"] = d.get("capped", False)
+                    nd[f"ratio_{path}_over_hybrid"] = round(d["running_s"] / hn["running_s"], 1)
+            if "stock" in deaths:
+                nd["stock_stuck_terminating"] = len(deaths["stock"].get("stuck_terminating", []))
+            row["node_death"] = nd
         out[size] = row
     agent = results.get("agent_start")
     if agent:
         out["agent_start"] = stats(agent["samples_s"])
     return out
+
+
+def _ge(capped: bool) -> str:
+    return ">= " if capped else ""
 
 
 def text(results: dict[str, Any]) -> str:
@@ -123,30 +140,40 @@ def text(results: dict[str, Any]) -> str:
     for size, row in summ.items():
         if size == "agent_start":
             continue
-        hw, sw = row["hybrid_worker_failure"], row["stock_worker_failure"]
         lines.append(f"gang of {size} pods, one worker fails:")
-        for k in ("detection_s", "restart_s", "barrier_s", "barrier_open_s", "protocol_s"):
-            lines.append(f"  hybrid {k:<22} {_fmt(hw[k])}")
-        lines.append(f"  hybrid {'all_running_s':<22} {_fmt(hw['all_running_s'])}")
-        capped = f" ({sw['capped']} capped: >=)" if sw["capped"] else ""
-        lines.append(f"  stock  {'all_running_s':<22} {_fmt(sw['all_running_s'])}{capped}")
-        if "ratio_stock_over_hybrid_barrier" in row:
+        for path in IN_PLACE:
+            if path not in row["paths"]:
+                continue
+            w = row[f"{path}_worker_failure"]
+            for k in (*PHASES, "all_running_s"):
+                lines.append(f"  {path:<8} {k:<22} {_fmt(w[k])}")
             lines.append(
-                f"  ratio stock / hybrid: {row['ratio_stock_over_hybrid_barrier']}x (to barrier "
-                f"open), {row['ratio_stock_over_hybrid_running']}x (to all running)"
+                f"  {path:<8} controller per recovery: {_fmt(w['controller_cpu_s'])} CPU-s, "
+                f"peak RSS {_fmt(w['controller_peak_rss_mib'])} MiB"
             )
-        lines.append(
-            f"  controller per recovery: {_fmt(hw['controller_cpu_s'])} CPU-s, peak RSS "
-            f"{_fmt(hw['controller_peak_rss_mib'])} MiB"
-        )
+        sw = row["stock_worker_failure"]
+        if "stock" in row["paths"]:
+            capped = f" ({sw['capped']} capped: >=)" if sw["capped"] else ""
+            lines.append(
+                f"  {'stock':<8} {'all_running_s':<22} {_fmt(sw['all_running_s'])}{capped}"
+            )
+        for path in ("upstream", "stock"):
+            if f"ratio_{path}_over_hybrid_barrier" in row:
+                lines.append(
+                    f"  ratio {path} / hybrid: {row[f'ratio_{path}_over_hybrid_barrier']}x (to "
+                    f"barrier open), {row[f'ratio_{path}_over_hybrid_running']}x (to all running)"
+                )
         nd = row.get("node_death")
         if nd:
-            ge = ">= " if nd["stock_capped"] else ""
-            lines.append(
-                f"  node death: hybrid {nd['hybrid_running_s']:.1f}s (detected "
-                f"{nd['hybrid_detection_s']:.1f}s), stock {ge}{nd['stock_running_s']:.1f}s, "
-                f"ratio {ge}{nd['ratio_stock_over_hybrid']}x"
-            )
+            parts = [f"hybrid {_ge(nd['hybrid_capped'])}{nd['hybrid_running_s']:.1f}s"]
+            for path in ("upstream", "stock"):
+                if f"{path}_running_s" in nd:
+                    ge = _ge(nd[f"{path}_capped"])
+                    parts.append(
+                        f"{path} {ge}{nd[f'{path}_running_s']:.1f}s "
+                        f"(ratio {ge}{nd[f'ratio_{path}_over_hybrid']}x)"
+                    )
+            lines.append("  node death -> gang running: " + ", ".join(parts))
     if summ.get("agent_start"):
         lines.append(f"agent start -> epoch reported (real node): {_fmt(summ['agent_start'])}")
     return "\n".join(lines)
@@ -185,35 +212,28 @@ def plot(out: Path, results: dict[str, Any]) -> list[Path]:
 
     sizes = sorted(results["sizes"], key=int)
     summ = summarize(results)
-    if any(
-        summ[s]["hybrid_worker_failure"]["barrier_open_s"] is None
-        or summ[s]["stock_worker_failure"]["all_running_s"] is None
-        for s in sizes
-    ):
+    if any(len(summ[s]["paths"]) < 2 or "hybrid" not in summ[s]["paths"] for s in sizes):
         return []  # a run of one path only: nothing to compare
 
     written: list[Path] = []
-    # 1. worker failure: hybrid phases (stacked medians) next to stock, per size
+    colors = {"hybrid": "tab:blue", "upstream": "tab:orange", "stock": "grey"}
+    # 1. worker failure: crash -> every member running, each path, per size
     fig, ax = plt.subplots(figsize=(7, 4))
-    x = range(len(sizes))
-    bottom = [0.0] * len(sizes)
-    for key, label in (
-        ("detection_s", "hybrid: detection"),
-        ("restart_s", "hybrid: restart + report"),
-        ("barrier_s", "hybrid: barrier"),
-    ):
-        vals = [summ[s]["hybrid_worker_failure"][key]["median"] for s in sizes]
-        ax.bar([i - 0.2 for i in x], vals, 0.4, bottom=bottom, label=label)
-        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-    stock = [summ[s]["stock_worker_failure"]["all_running_s"]["median"] for s in sizes]
-    ax.bar([i + 0.2 for i in x], stock, 0.4, label="stock JobSet restart", color="grey")
-    for i, s in enumerate(sizes):
-        ratio = summ[s].get("ratio_stock_over_hybrid_barrier")
-        if ratio:
-            ax.annotate(f"{ratio}x", (i + 0.2, stock[i]), ha="center", va="bottom")
-    ax.set_xticks(list(x), [f"{s} pods" for s in sizes])
+    paths = [p for p in (*IN_PLACE, "stock") if any(p in summ[s]["paths"] for s in sizes)]
+    width = 0.8 / len(paths)
+    for j, path in enumerate(paths):
+        for i, s in enumerate(sizes):
+            st = summ[s][f"{path}_worker_failure"]["all_running_s"]
+            if not st:
+                continue
+            xpos = i - 0.4 + width * (j + 0.5)
+            ax.bar(xpos, st["median"], width, color=colors[path], label=LABEL[path] * (i == 0))
+            ratio = summ[s].get(f"ratio_{path}_over_hybrid_running")
+            note = f"{st['median']:.1f}s" + (f"\n{ratio}x" if ratio else "")
+            ax.annotate(note, (xpos, st["median"]), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(range(len(sizes))), [f"{s} pods" for s in sizes])
     ax.set_ylabel("seconds (median)")
-    ax.set_title("One worker fails: first signal -> gang resumed")
+    ax.set_title("One worker fails: crash -> every member running again")
     ax.legend(fontsize=8)
     fig.tight_layout()
     written.append(out / "worker-failure.png")
@@ -224,21 +244,15 @@ def plot(out: Path, results: dict[str, Any]) -> list[Path]:
     rows = [(s, summ[s]["node_death"]) for s in sizes if "node_death" in summ[s]]
     if rows:
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        labels, vals, colors = [], [], []
         for s, nd in rows:
-            labels += [f"hybrid\n{s} pods", f"stock\n{s} pods"]
-            vals += [nd["hybrid_running_s"], nd["stock_running_s"]]
-            colors += ["tab:blue", "grey"]
-        bars = ax.bar(labels, vals, color=colors)
-        for b, (_, nd) in zip(bars[1::2], rows, strict=True):
-            ge = ">= " if nd["stock_capped"] else ""
-            ax.annotate(
-                f"{ge}{nd['stock_running_s']:.0f}s", (b.get_x() + 0.4, b.get_height()), ha="center"
-            )
-        for b, (_, nd) in zip(bars[0::2], rows, strict=True):
-            ax.annotate(
-                f"{nd['hybrid_running_s']:.0f}s", (b.get_x() + 0.4, b.get_height()), ha="center"
-            )
+            for path in (*IN_PLACE, "stock"):
+                run = nd.get(f"{path}_running_s")
+                if run is None:
+                    continue
+                label = f"{LABEL[path]}\n{s} pods"
+                ax.bar(label, run, color=colors[path])
+                ge = _ge(nd.get(f"{path}_capped", False))
+                ax.annotate(f"{ge}{run:.0f}s", (label, run), ha="center", va="bottom")
         ax.set_ylabel("seconds to the gang running again")
         ax.set_title("One node dies")
         fig.tight_layout()
@@ -275,45 +289,75 @@ def plot(out: Path, results: dict[str, Any]) -> list[Path]:
 def markdown(results: dict[str, Any]) -> str:
     """The results tables of docs/benchmarks.md (``python -m bench.report``)."""
     summ = summarize(results)
+    sizes = [s for s in summ if s != "agent_start"]
     out = [
-        "| gang | hybrid: detection | restart + report | barrier | **barrier open** "
-        "| protocol (minus the simulated restart) | all running | **stock: all running** "
-        "| **stock / hybrid** | controller (median CPU-s, max peak RSS) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "One worker fails, crash -> every member running again:",
+        "",
+        "| gang | **jobset-inplace** | upstream IPR | stock | **upstream / jobset-inplace** "
+        "| **stock / jobset-inplace** |",
+        "|---|---|---|---|---|---|",
     ]
-    for size, row in summ.items():
-        if size == "agent_start":
-            continue
-        hw, sw = row["hybrid_worker_failure"], row["stock_worker_failure"]
-        ge = ">= " if sw["capped"] else ""
-        ratio = row.get("ratio_stock_over_hybrid_barrier")
-        ratio_cell = f"**{ge}{ratio}x**" if ratio else "- (one path only)"
-        out.append(
-            f"| {size} pods | {_fmt(hw['detection_s'])} | {_fmt(hw['restart_s'])} "
-            f"| {_fmt(hw['barrier_s'])} | **{_fmt(hw['barrier_open_s'])}** "
-            f"| {_fmt(hw['protocol_s'])} | {_fmt(hw['all_running_s'])} "
-            f"| **{ge}{_fmt(sw['all_running_s'])}** | {ratio_cell} "
-            f"| {_med(hw['controller_cpu_s'])} CPU-s, {_max(hw['controller_peak_rss_mib'])} MiB |"
-        )
+    for size in sizes:
+        row = summ[size]
+        ge = _ge(row["stock_worker_failure"]["capped"] > 0)
+        cells = [
+            _fmt(row["hybrid_worker_failure"]["all_running_s"]),
+            _fmt(row["upstream_worker_failure"]["all_running_s"]),
+            ge + _fmt(row["stock_worker_failure"]["all_running_s"]),
+        ]
+        for path, g in (("upstream", ""), ("stock", ge)):
+            ratio = row.get(f"ratio_{path}_over_hybrid_running")
+            cells.append(f"**{g}{ratio}x**" if ratio else "-")
+        out.append(f"| {size} pods | **{cells[0]}** | " + " | ".join(cells[1:]) + " |")
+    out += [
+        "",
+        "Where the time goes (the in-place paths' phases):",
+        "",
+        "| gang | path | detection | restart + report | barrier | **barrier open** "
+        "| protocol (minus the simulated restarts) | all running "
+        "| controller (median CPU-s, max peak RSS) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for size in sizes:
+        for path in IN_PLACE:
+            if path not in summ[size]["paths"]:
+                continue
+            w = summ[size][f"{path}_worker_failure"]
+            out.append(
+                f"| {size} pods | {LABEL[path]} | {_fmt(w['detection_s'])} "
+                f"| {_fmt(w['restart_s'])} | {_fmt(w['barrier_s'])} "
+                f"| **{_fmt(w['barrier_open_s'])}** | {_fmt(w['protocol_s'])} "
+                f"| {_fmt(w['all_running_s'])} "
+                f"| {_med(w['controller_cpu_s'])} CPU-s, {_max(w['controller_peak_rss_mib'])} MiB |"
+            )
     out.append("")
     out.append("(seconds, min / median / max over the repetitions; ratio of the medians)")
-    deaths = [
-        (s, r["node_death"]) for s, r in summ.items() if s != "agent_start" and "node_death" in r
-    ]
+    deaths = [(s, summ[s]["node_death"]) for s in sizes if "node_death" in summ[s]]
     if deaths:
         out += [
             "",
-            "| gang | hybrid: node death -> detected | **-> gang running** "
-            "| **stock -> gang running** | **stock / hybrid** | stock pods stuck Terminating |",
-            "|---|---|---|---|---|---|",
+            "| gang | jobset-inplace: node death -> detected | **-> gang running** "
+            "| **upstream IPR -> gang running** | **stock -> gang running** "
+            "| **upstream / jobset-inplace** | **stock / jobset-inplace** "
+            "| stock pods stuck Terminating |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for size, nd in deaths:
-            ge = ">= " if nd["stock_capped"] else ""
-            hybrid, stock = nd["hybrid_running_s"], nd["stock_running_s"]
+            cells = []
+            for path in ("upstream", "stock"):
+                ge = _ge(nd.get(f"{path}_capped", False))
+                run = nd.get(f"{path}_running_s")
+                cells.append("-" if run is None else f"**{ge}{run:.1f}**")
+            for path in ("upstream", "stock"):
+                ge = _ge(nd.get(f"{path}_capped", False))
+                ratio = nd.get(f"ratio_{path}_over_hybrid")
+                cells.append("-" if ratio is None else f"**{ge}{ratio}x**")
+            detected = nd["hybrid_detection_s"]
             out.append(
-                f"| {size} pods | {nd['hybrid_detection_s']:.1f} | **{hybrid:.1f}** "
-                f"| **{ge}{stock:.1f}** | **{ge}{nd['ratio_stock_over_hybrid']}x** "
-                f"| {nd['stock_stuck_terminating']} |"
+                f"| {size} pods | {'-' if detected is None else f'{detected:.1f}'} "
+                f"| **{_ge(nd['hybrid_capped'])}{nd['hybrid_running_s']:.1f}** | "
+                + " | ".join(cells)
+                + f" | {nd.get('stock_stuck_terminating', '-')} |"
             )
     out += _by_size_table(
         summ,
@@ -323,13 +367,15 @@ def markdown(results: dict[str, Any]) -> str:
         "process",
         lambda v: f"{v:.2f}",
     )
-    out += _by_size_table(
-        summ,
-        "hybrid_apiserver_requests",
-        "apiserver requests during one hybrid worker-failure recovery, all clients (median):",
-        "request",
-        str,
-    )
+    for path in IN_PLACE:
+        out += _by_size_table(
+            summ,
+            f"{path}_apiserver_requests",
+            f"apiserver requests during one {LABEL[path]} worker-failure recovery, all clients "
+            "(median):",
+            "request",
+            str,
+        )
     for size, row in summ.items():
         shares = row.get("apiserver_cpu_share_pct") if size != "agent_start" else None
         if not shares:

@@ -1,8 +1,9 @@
 """The benchmark's scenarios on the local cluster: a gang of N kwok members (one pod per kwok
-node), recovered by jobset-inplace (with the simulated agent fleet) and by stock JobSet, in the
-same run. Every figure is wall-clock time measured here, from the moment the failure was
-injected (the simulated kubelet's status write or the node's heartbeat stopping was accepted by
-the apiserver)."""
+node), recovered by jobset-inplace (with the simulated agent fleet), by JobSet's own
+InPlaceRestart (with a simulated fleet of its agents) and by stock JobSet, in the same run.
+Every figure is wall-clock time measured here, from the moment the failure was injected (the
+simulated kubelet's or agent's write, or the node's heartbeat stopping, was accepted by the
+apiserver)."""
 
 from __future__ import annotations
 
@@ -29,14 +30,19 @@ from testbed import workloads
 from testbed.kube import Clients, create_jobset, wait_for
 from testbed.kwoknodes import set_heartbeat
 
+from . import upstream
 from .fleet import Fleet
 from .profile import ApiserverProfile
+from .upstream_fleet import UpstreamFleet
 
 JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 # kwok nodes offer 32 CPUs (kwokctl's node template): asking for 24 leaves room for one pod
 # per node, as for a training worker that takes all of a node's accelerators.
 WORKER_CPU = "24"
 FLEET_SA = "bench-fleet"
+# the recovery paths: jobset-inplace, upstream InPlaceRestart (sidecar mode), stock Recreate
+PATHS = ("hybrid", "upstream", "stock")
+IN_PLACE_PATHS = ("hybrid", "upstream")  # the ones with a simulated agent fleet
 
 
 def node_unhealthy_after(size: int) -> str:
@@ -171,7 +177,7 @@ class Bench:
     # kube-apiserver CPU profile (seconds) over one extra recovery of each path, kept out of
     # the measured repetitions (profiling costs the apiserver CPU); 0: none
     profile_s: float = 0.0
-    profile_paths: set[str] = field(default_factory=lambda: {"hybrid", "stock"})
+    profile_paths: set[str] = field(default_factory=lambda: set(PATHS))
     profile_dir: Path = Path()
     kubelet_writes: bool = True  # False: the simulated kubelet writes the failed pod only
     scope: str = "process"  # the hybrid gangs' restart scope (what the fleet simulates)
@@ -179,7 +185,7 @@ class Bench:
 
     # --- gangs ----------------------------------------------------------------------------
 
-    def _gang(self, name: str, size: int, hybrid: bool) -> dict[str, Any]:
+    def _gang(self, name: str, size: int, path: str) -> dict[str, Any]:
         per_job = min(self.pods_per_job, size)
         if size % per_job:
             raise ValueError(f"gang size {size} is not a multiple of --pods-per-job {per_job}")
@@ -195,15 +201,19 @@ class Bench:
                 # The scope the simulated fleet models (bench/fleet.py).
                 names.RESTART_SCOPE: self.scope,
             }
-            if hybrid
+            if path == "hybrid"
             else {},
             node_selector=dict(workloads.KWOK_NODE_SELECTOR),
             pod=workloads.whole_node_trainer(WORKER_CPU),
         )
         for rj in js["spec"]["replicatedJobs"]:
             rj["template"]["spec"]["backoffLimit"] = 0
-        if hybrid:
+        if path == "hybrid":
             return transform(js, AgentSettings(image="agent:sim"))
+        if path == "upstream":
+            return upstream.in_place_restart(
+                js, "sidecar", image="upstream-agent:sim", agent_path="/in-place-restart-agent"
+            )
         # stock: any failed Job restarts the whole JobSet (every pod deleted and recreated)
         js["spec"]["failurePolicy"] = {"maxRestarts": 1000}
         return js
@@ -229,9 +239,9 @@ class Bench:
                 members.add(member)
         return len(members) >= size
 
-    def _create(self, name: str, size: int, hybrid: bool) -> float:
+    def _create(self, name: str, size: int, path: str) -> float:
         t0 = time.monotonic()
-        create_jobset(self.kube, self.namespace, self._gang(name, size, hybrid))
+        create_jobset(self.kube, self.namespace, self._gang(name, size, path))
         self._wait(f"{size} pods of {name} running", lambda: self._running(name, size), t0)
         took = time.monotonic() - t0
         log(f"{name}: {size} pods running {took:.1f}s after the JobSet was created")
@@ -274,13 +284,9 @@ class Bench:
         self._wait(f"pods of {name} gone", lambda: not self._pods(name), t0)
         log(f"{name}: deleted, pods gone after {time.monotonic() - t0:.1f}s")
 
-    @property
-    def _restart_on_path(self) -> float:
-        """The simulated kubelet restart on a recovery's critical path (none: process scope)."""
-        return self.restart_delay if self.scope == "pod" else 0.0
-
-    def _fleet(self, name: str) -> Fleet:
-        fleet = Fleet(
+    def _fleet(self, path: str, name: str) -> Fleet:
+        kind = UpstreamFleet if path == "upstream" else partial(Fleet, scope=self.scope)
+        fleet = kind(
             self.kube.api,
             server=self.server,
             token_file=self.token_file,
@@ -289,33 +295,37 @@ class Bench:
             gang=name,
             restart_delay=self.restart_delay,
             kubelet_writes=self.kubelet_writes,
-            scope=self.scope,
         )
         fleet.start()
         return fleet
 
-    # --- (a) one worker fails: hybrid -----------------------------------------------------
+    # --- (a), (c) one worker fails, one node dies: the in-place paths ---------------------
 
-    def hybrid(self, size: int, reps: int, node_death: bool) -> dict[str, Any]:
-        name = f"hybrid-{size}"
+    def in_place(self, path: str, size: int, reps: int, node_death: bool) -> dict[str, Any]:
+        """``path``: hybrid (jobset-inplace) or upstream (JobSet's InPlaceRestart; the JobSet
+        controller must run with its gate on)."""
+        name = f"{path}-{size}"
         out: dict[str, Any] = {"size": size, "worker_failure": [], "node_death": []}
-        fleet = self._fleet(name)
+        fleet = self._fleet(path, name)
         try:
             setup: dict[str, float] = {}
             with self.meter.window(setup):
-                out["setup_s"] = self._create(name, size, hybrid=True)
+                out["setup_s"] = self._create(name, size, path)
                 t0 = time.monotonic()
+                first = fleet.first_epoch
                 self._wait(
-                    "barrier of epoch 1", lambda: _opened_all(fleet, 1, size), time.monotonic()
+                    f"barrier of epoch {first}",
+                    lambda: _opened_all(fleet, first, size),
+                    time.monotonic(),
                 )
                 out["first_barrier_s"] = round(time.monotonic() - t0, 2)
             out["setup_controller"] = setup
             for rep in range(reps):
-                out["worker_failure"].append(self._worker_failure(fleet, size, rep))
-            if self.profile_s > 0 and "hybrid" in self.profile_paths:
-                out["profiled"] = self._worker_failure(fleet, size, reps, profiled=True)
+                out["worker_failure"].append(self._worker_failure(fleet, path, size, rep))
+            if self.profile_s > 0 and path in self.profile_paths:
+                out["profiled"] = self._worker_failure(fleet, path, size, reps, profiled=True)
             if node_death:
-                out["node_death"].append(self._hybrid_node_death(fleet, name, size))
+                out["node_death"].append(self._in_place_node_death(fleet, path, size))
             out["fleet_requests"] = fleet.requests
             out["fleet_errors"] = fleet.errors[:20]
         finally:
@@ -324,22 +334,22 @@ class Bench:
         return out
 
     def _worker_failure(
-        self, fleet: Fleet, size: int, rep: int, profiled: bool = False
+        self, fleet: Fleet, path: str, size: int, rep: int, profiled: bool = False
     ) -> dict[str, Any]:
-        epoch = _epoch(fleet)
+        epoch = fleet.epoch()
         victim = random.choice(sorted(fleet.agents))
         m: dict[str, Any] = {"rep": rep, "victim": victim}
         before = fleet.requests
-        profile = self._profile(f"hybrid-{size}") if profiled else None
+        profile = self._profile(f"{path}-{size}") if profiled else None
         with self.meter.window(m):
             t0 = fleet.crash_trainer(victim)
             _wait_recovered(fleet, epoch + 1, size, self.setup_timeout)
-        m.update(_phases(fleet, epoch + 1, t0, self._restart_on_path))
+        m.update(_phases(fleet, epoch + 1, t0, fleet.restarts_on_path * self.restart_delay))
         if profile is not None:
             m["apiserver_profile"] = profile.result(self.profile_s + 60)
         m["fleet_requests"] = fleet.requests - before
         log(
-            f"hybrid {size}: worker failure #{rep + 1}{' (profiled)' * profiled}: "
+            f"{path} {size}: worker failure #{rep + 1}{' (profiled)' * profiled}: "
             f"barrier open {m['barrier_open_s']:.2f}s "
             f"(detect {m['detection_s']:.2f}, restart+report {m['restart_s']:.2f}, "
             f"barrier {m['barrier_s']:.2f}), all running {m['all_running_s']:.2f}s; "
@@ -349,8 +359,8 @@ class Bench:
         time.sleep(2)  # let the last events settle before the next repetition
         return m
 
-    def _hybrid_node_death(self, fleet: Fleet, name: str, size: int) -> dict[str, Any]:
-        epoch = _epoch(fleet)
+    def _in_place_node_death(self, fleet: Fleet, path: str, size: int) -> dict[str, Any]:
+        epoch = fleet.epoch()
         victim = random.choice(sorted(fleet.agents))
         node = self.kube.core.read_namespaced_pod(victim, self.namespace).spec.node_name
         m: dict[str, Any] = {"victim": victim, "node": node}
@@ -358,15 +368,22 @@ class Bench:
             set_heartbeat(self.kube, node, alive=False)
             t0 = time.monotonic()
             try:
-                _wait_recovered(fleet, epoch + 1, size, self.node_cap)
-                m.update(_phases(fleet, epoch + 1, t0, self._restart_on_path))
-                m["running_s"] = m["all_running_s"]
+                ok = _poll(
+                    lambda: _opened_all(fleet, epoch + 1, size),
+                    t0,
+                    self.node_cap,
+                    progress=f"{path} {size}: gang past the barrier after node {node} died",
+                )
+                m["capped"] = not ok
+                if ok:
+                    restarts = fleet.restarts_on_path * self.restart_delay
+                    m.update(_phases(fleet, epoch + 1, t0, restarts))
+                    m["running_s"] = m["all_running_s"]
+                else:
+                    m["running_s"] = round(time.monotonic() - t0, 2)
             finally:
                 set_heartbeat(self.kube, node, alive=True)
-        log(
-            f"hybrid {size}: node {node} died: detected {m['detection_s']:.1f}s, gang running "
-            f"again {m['all_running_s']:.1f}s"
-        )
+        log(f"{path} {size}: node {node} died: {_fmt(m, 'running_s')} to the gang running again")
         return m
 
     def _profile(self, what: str) -> ApiserverProfile | None:
@@ -385,7 +402,7 @@ class Bench:
         name = f"stock-{size}"
         out: dict[str, Any] = {"size": size, "worker_failure": [], "node_death": []}
         try:
-            out["setup_s"] = self._create(name, size, hybrid=False)
+            out["setup_s"] = self._create(name, size, "stock")
             extra = int(self.profile_s > 0 and "stock" in self.profile_paths)  # profiled
             for rep in range(reps + extra):
                 m: dict[str, Any] = {"rep": rep}
@@ -459,13 +476,6 @@ class Bench:
 
 
 # --- measurements from the fleet's marks ----------------------------------------------------
-
-
-def _epoch(fleet: Fleet) -> int:
-    view = fleet.view
-    if view is None:
-        raise RuntimeError("the fleet has not seen the GangState")
-    return view.epoch
 
 
 def _opened_all(fleet: Fleet, epoch: int, size: int) -> bool:
