@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from testbed import workloads
 from testbed.controller import gang_state, member_pods, prepare
-from testbed.demo import demo_jobset, inject_failure, trainers_running
+from testbed.demo import checkpointed, demo_jobset, inject_failure, trainers_running
 from testbed.install import Installation
 from testbed.kube import Clients, create_jobset, wait_for
 from testbed.kueue import KUEUE, QUEUE_LABEL, condition, queue, workload_of
@@ -120,6 +120,14 @@ def test_preemption_during_recovery_stands_down_then_resumes(
                 "trainers running",
                 partial(gang_trains, kube, cluster_kubeconfig, namespace),
                 120,
+                0.5,
+            )
+            # A crash before every member has a checkpoint escalates (no common step): this
+            # test is about preemption during an in-place recovery.
+            wait_for(
+                "a checkpoint on every member",
+                partial(checkpointed, kube, cluster_kubeconfig, namespace, "gang"),
+                60,
                 0.5,
             )
             # Under Kueue the gang starts suspended (StoodDown) and begins a fresh epoch on
