@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -155,11 +156,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def apply(cluster: LocalCluster, namespace: str, objs: list[dict[str, Any]]) -> None:
+    kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig), "-n", namespace]
+    subprocess.run(
+        [*kubectl, "apply", "-f", "-"],
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}).encode(),
+        check=True,
+        capture_output=True,
+    )
+
+
 def fleet_token(cluster: LocalCluster, namespace: str) -> Path:
     """A ServiceAccount token for the simulated agents: get/watch GangStates (ours) and
     JobSets (upstream's), patch pods and their status (the simulated kubelet writes pod
     status)."""
-    objs = [
+    objs: list[dict[str, Any]] = [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": FLEET_SA}},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -187,13 +198,8 @@ def fleet_token(cluster: LocalCluster, namespace: str) -> Path:
             "subjects": [{"kind": "ServiceAccount", "name": FLEET_SA, "namespace": namespace}],
         },
     ]
+    apply(cluster, namespace, objs)
     kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig), "-n", namespace]
-    subprocess.run(
-        [*kubectl, "apply", "-f", "-"],
-        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}).encode(),
-        check=True,
-        capture_output=True,
-    )
     token = subprocess.run(
         [*kubectl, "create", "token", FLEET_SA, "--duration", "6h"],
         check=True,
@@ -261,6 +267,9 @@ def agent_start(cluster: LocalCluster, cycles: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    # SIGTERM unwinds like Ctrl-C: the controller stops, the JobSet controller's gates return
+    # to their defaults
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     started = time.time()
     cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
     # Few nodes at first when the agent's start-up is measured (an otherwise idle cluster).
@@ -269,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     kube = clients(cluster.kubeconfig)
     prepare(kube, cluster.kubeconfig, NAMESPACE)
     token = fleet_token(cluster, NAMESPACE)
+    apply(cluster, NAMESPACE, upstream.rbac(NAMESPACE))  # the upstream pods' ServiceAccount
     ctl = ControllerProcess(
         cluster, cluster.logs_dir / "controller-bench.log", verbose=args.verbose_controller
     )

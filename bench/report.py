@@ -148,7 +148,7 @@ def text(results: dict[str, Any]) -> str:
             for k in (*PHASES, "all_running_s"):
                 lines.append(f"  {path:<8} {k:<22} {_fmt(w[k])}")
             lines.append(
-                f"  {path:<8} controller per recovery: {_fmt(w['controller_cpu_s'])} CPU-s, "
+                f"  {path:<8} recovering controller: {_fmt(w['controller_cpu_s'])} CPU-s, "
                 f"peak RSS {_fmt(w['controller_peak_rss_mib'])} MiB"
             )
         sw = row["stock_worker_failure"]
@@ -315,7 +315,7 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "| gang | path | detection | restart + report | barrier | **barrier open** "
         "| protocol (minus the simulated restarts) | all running "
-        "| controller (median CPU-s, max peak RSS) |",
+        "| recovering controller: jobset-inplace's / JobSet's (median CPU-s, max peak RSS) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for size in sizes:
