@@ -126,7 +126,6 @@ class ProcessMeter:
 
     pid: int
     metrics: Callable[[], str] | None = None  # the apiserver's /metrics text
-    others: dict[str, int] = field(default_factory=watched_pids)
 
     def _stat(self) -> float:
         return cpu_seconds(self.pid)
@@ -137,7 +136,8 @@ class ProcessMeter:
     @contextmanager
     def window(self, out: dict[str, Any]) -> Iterator[None]:
         Path(f"/proc/{self.pid}/clear_refs").write_text("5")  # reset the peak RSS (VmHWM)
-        procs = {**self.others, "benchmark (fleet)": os.getpid()}
+        # looked up per window: the JobSet controller restarts for the upstream path
+        procs = {**watched_pids(), "benchmark (fleet)": os.getpid()}
         requests0 = apiserver_requests(self.metrics()) if self.metrics else {}
         cpu0 = self._stat()
         others0 = {k: cpu_seconds(p) for k, p in procs.items()}
