@@ -31,6 +31,8 @@ KUEUE_RECOVERY_TIMEOUT: Final = f"{PREFIX}kueue-recovery-timeout"
 TAINT_ON_DEVICE_FAULT: Final = f"{PREFIX}taint-on-device-fault"
 RESTART_SCOPE: Final = f"{PREFIX}restart-scope"
 TRAINER_STOP_GRACE: Final = f"{PREFIX}trainer-stop-grace"
+HANG_TIMEOUT: Final = f"{PREFIX}hang-timeout"
+STARTUP_TIMEOUT: Final = f"{PREFIX}startup-timeout"
 # Set by `kubectl jobset-inplace restart`: a new value asks for one manual in-place gang restart.
 RESTART_REQUEST: Final = f"{PREFIX}restart-request"
 
@@ -43,6 +45,9 @@ REPORT_LATE: Final = f"{PREFIX}late-for-epoch"
 # ... and (process restart scope) the epoch in which its trainer exited non-zero: the failure
 # signal the kubelet cannot see, the container keeps running; removed with its next report.
 REPORT_EXITED: Final = f"{PREFIX}exited-in-epoch"
+# ... and the epoch in which its trainer made no progress for hang-timeout (or reported no first
+# step within startup-timeout): hung, though every process lives; removed with its next report.
+REPORT_HUNG: Final = f"{PREFIX}hung-in-epoch"
 
 # --- Pod condition set by the controller to escalate through JobSet's failure policy ---------
 ESCALATION_CONDITION: Final = "JobsetInplaceEscalated"
@@ -62,6 +67,10 @@ UNHEALTHY_TAINT: Final = f"{PREFIX}unhealthy"
 # ... and, with the taint-on-device-fault policy, on a Ready node whose device failed a member.
 # Removed by people after the repair (the node itself looks healthy), never by the controller.
 DEVICE_UNHEALTHY_TAINT: Final = f"{PREFIX}device-unhealthy"
+
+# The agent's hang detection settings (seconds), set by the transform from the annotations.
+ENV_HANG_TIMEOUT: Final = "JSI_HANG_TIMEOUT_SECONDS"
+ENV_STARTUP_TIMEOUT: Final = "JSI_STARTUP_TIMEOUT_SECONDS"
 
 DEFAULT_RESTART_EXIT_CODE: Final = 88
 # The agent's barrier endpoint (its startupProbe) in every member pod.

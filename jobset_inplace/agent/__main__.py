@@ -21,7 +21,7 @@ from .config import EXIT_CONFIG, EXIT_CRASH, Config, ConfigError, load_config  #
 from .kubeapi import KubeApi  # noqa: E402
 from .log import Log  # noqa: E402
 from .probe import BarrierState, ProbeServer  # noqa: E402
-from .runner import Agent, ExitMonitor  # noqa: E402
+from .runner import Agent, TrainerMonitor  # noqa: E402
 
 
 class Terminated(BaseException):
@@ -91,8 +91,9 @@ def main() -> int:
             f"API {cfg.server}, probe :{cfg.probe_port}"
         )
         agent = Agent(cfg, kube, barrier, log, started=_STARTED)
-        if cfg.process_scope:
-            ExitMonitor(agent, KubeApi(cfg.server, cfg.token_file, cfg.ca_file)).start()
+        monitor = TrainerMonitor(agent, KubeApi(cfg.server, cfg.token_file, cfg.ca_file))
+        if monitor.needed:
+            monitor.start()
         # No probe shutdown on the way out: it would delay the restart by its poll interval.
         return agent.run()
     except Terminated as t:

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from jobset_inplace.launcher import DEFAULT_STOP_GRACE, ENV_STOP_GRACE
-from jobset_inplace.names import DEFAULT_PROBE_PORT, DEFAULT_RESTART_EXIT_CODE
+from jobset_inplace.names import (
+    DEFAULT_PROBE_PORT,
+    DEFAULT_RESTART_EXIT_CODE,
+    ENV_HANG_TIMEOUT,
+    ENV_STARTUP_TIMEOUT,
+)
 from jobset_inplace.trainer import resolve_state_dir, tier_roots
 from jobset_inplace.trainer.checkpoints import parse_canonical_int
+
+from .hang import HangRule
 
 __all__ = [
     "DEFAULT_PROBE_PORT",
@@ -52,6 +59,7 @@ class Config:
     restart_scope: str = "pod"
     launched: tuple[str, ...] = ()
     stop_grace: float = DEFAULT_STOP_GRACE
+    hang: HangRule = field(default_factory=HangRule)
 
     @property
     def process_scope(self) -> bool:
@@ -141,6 +149,26 @@ def _scope(env: Mapping[str, str]) -> tuple[str, tuple[str, ...], float]:
     return scope, launched, grace
 
 
+MAX_HANG_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+def _seconds(env: Mapping[str, str], var: str) -> float | None:
+    """A positive number of seconds (None: unset, the check is off)."""
+    raw = env.get(var, "")
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= MAX_HANG_TIMEOUT_S:  # also refuses nan
+        raise ConfigError(
+            f"{var} must be seconds, more than 0 and at most {MAX_HANG_TIMEOUT_S:g}, "
+            f"got {raw[:40]!r}"
+        )
+    return value
+
+
 def load_config(env: Mapping[str, str]) -> Config:
     """The configuration in `env`; raises `ConfigError` naming the first bad variable."""
     pod = _name(env, "POD_NAME", _DNS_SUBDOMAIN, 253)
@@ -177,4 +205,5 @@ def load_config(env: Mapping[str, str]) -> Config:
         restart_scope=scope,
         launched=launched,
         stop_grace=grace,
+        hang=HangRule(_seconds(env, ENV_HANG_TIMEOUT), _seconds(env, ENV_STARTUP_TIMEOUT)),
     )

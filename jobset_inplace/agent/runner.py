@@ -15,8 +15,10 @@ from jobset_inplace import launcher, names
 from jobset_inplace.trainer import ResumeInfo, clear_resume, write_resume
 from jobset_inplace.trainer.checkpoints import available_steps, encode_steps, is_complete, step_dir
 from jobset_inplace.trainer.checkpoints import retire_steps_after as retire
+from jobset_inplace.trainer.progress import clear_progress, read_progress
 
 from .config import Config
+from .hang import HangWatch
 from .kubeapi import ApiError, KubeApi, TransportErrors
 from .log import Log
 from .logic import (
@@ -34,7 +36,7 @@ from .logic import (
 from .logic import parse_gangstate as parse
 from .probe import BarrierState
 
-__all__ = ["Agent", "Backoff", "ExitMonitor", "process_age"]
+__all__ = ["Agent", "Backoff", "TrainerMonitor", "process_age"]
 
 # Errors after which the agent re-reads the GangState (after a backoff) and decides again.
 _RETRY_ERRORS = (ApiError, ValueError, *TransportErrors)
@@ -43,9 +45,10 @@ WATCH_SECONDS = (120, 180)  # server-side watch timeout, random in this range (s
 # Process scope: how long past the stop grace the launchers may take to confirm a stop before
 # the agent falls back to restarting the whole pod.
 STOP_SLACK_S = 5.0
-# Process scope: a trainer's exit that cannot be reported for this long restarts the whole pod
-# instead (the kubelet's own signals then reach the controller): a gang never waits unseen.
+# A trainer's exit or hang that cannot be reported for this long restarts the whole pod instead
+# (the kubelet's own signals then reach the controller): a gang never waits unseen.
 EXIT_REPORT_DEADLINE_S = 10.0
+HANG_CHECK_SECONDS = 1.0  # how often the monitor reads the progress records
 
 
 def process_age() -> float | None:
@@ -113,8 +116,9 @@ class Agent:
         self.first_report_latency: float | None = None
         self._open_reason = ""
         self._logged_wait = ""
-        # Process scope: the epoch whose trainers the launchers may run (read by the monitor).
-        self.running_epoch: int | None = None
+        # The epoch whose trainers may run, and when its barrier opened (monotonic; read by the
+        # monitor thread: one tuple, replaced whole).
+        self.running: tuple[int, float] | None = None
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -234,6 +238,7 @@ class Agent:
                     # reported into an open barrier: this agent (re)started unseen, and waits
                     names.REPORT_LATE: None if action.barrier_closed else str(action.epoch),
                     names.REPORT_EXITED: None,
+                    names.REPORT_HUNG: None,
                 }
             }
         }
@@ -272,11 +277,12 @@ class Agent:
                     f"({', '.join(map(str, roots)) or 'none configured'}); opening anyway"
                 )
             retired = sorted({s for r in roots for s in retire(r, step)}, reverse=True)
+            clear_progress(cfg.state_dir)  # an epoch's progress records are its trainers' own
             write_resume(ResumeInfo(action.epoch, step, cfg.gang), cfg.state_dir)
         except (OSError, ValueError) as e:
             raise _ActionFailed(f"cannot prepare the resume of epoch {action.epoch}: {e}") from e
         self.logic.opened_barrier(action.epoch)
-        self.running_epoch = action.epoch
+        self.running = (action.epoch, time.monotonic())
         where = "from scratch" if step is None else f"from step {step}"
         self._open_reason = f"open: epoch {action.epoch}, resume {where}"
         self.barrier.set(True, self._open_reason)
@@ -291,7 +297,7 @@ class Agent:
             clear_resume(self.cfg.state_dir)  # process scope: the launchers' stop signal
         except OSError as e:
             self.log.warning(f"cannot remove resume.json: {e}")
-        self.running_epoch = None
+        self.running = None
         self.barrier.set(False, f"restarting: epoch {action.old_epoch} -> {action.new_epoch}")
         if self.cfg.process_scope and self._stop_trainers(action):
             self.logic = AgentLogic()  # as a new agent would: report the new epoch and wait
@@ -341,10 +347,12 @@ def launcher_states(cfg: Config) -> dict[str, LauncherState]:
     return {c: launcher.read_state(launcher.state_file(cfg.state_dir, c)) for c in cfg.launched}
 
 
-class ExitMonitor:
-    """Process scope: reports a trainer that exited non-zero in the running epoch on the pod
-    (``exited-in-epoch``), the failure signal the kubelet cannot see. A daemon thread with its
-    own API connection, polling the launchers' state files. If the report keeps failing for
+class TrainerMonitor:
+    """Reports on the pod what the kubelet cannot see of the running epoch's trainers, once per
+    epoch each: a trainer process that exited non-zero (process scope: its launcher keeps the
+    container up; ``exited-in-epoch``) and a hung trainer (hang detection on: `HangWatch`;
+    ``hung-in-epoch``). A daemon thread with its own API connection, polling the launchers'
+    state files and the progress records. If a report keeps failing for
     ``EXIT_REPORT_DEADLINE_S``, it ends the process with the restart exit code: the pod
     restarts (RestartAllContainers) and the kubelet's signals reach the controller."""
 
@@ -358,9 +366,16 @@ class ExitMonitor:
     ) -> None:
         self.agent, self.kube = agent, kube
         self.exit_process, self.clock = exit_process, clock
-        self.reported: int | None = None  # the epoch last reported
+        self.hang = HangWatch(agent.cfg.hang) if agent.cfg.hang.enabled else None
+        self.next_hang_check = 0.0
+        self.reported: dict[str, int] = {}  # annotation -> the epoch it was last reported for
         self.failing_since: float | None = None
-        self.thread = threading.Thread(target=self._run, name="exit-monitor", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="trainer-monitor", daemon=True)
+
+    @property
+    def needed(self) -> bool:
+        """Whether there is anything to watch (process scope, or hang detection on)."""
+        return self.agent.cfg.process_scope or self.hang is not None
 
     def start(self) -> None:
         self.thread.start()
@@ -368,7 +383,7 @@ class ExitMonitor:
     def _run(self) -> None:
         backoff = Backoff()
         while True:
-            time.sleep(launcher.POLL_SECONDS)
+            time.sleep(launcher.POLL_SECONDS if self.agent.cfg.process_scope else 0.2)
             if not self.attempt():
                 time.sleep(backoff.next())
             else:
@@ -383,11 +398,11 @@ class ExitMonitor:
             if self.failing_since is None:
                 self.failing_since = now
             if now - self.failing_since < EXIT_REPORT_DEADLINE_S:
-                self.agent.log.warning(f"cannot report the trainer's exit: {_describe(e)}")
+                self.agent.log.warning(f"cannot report on the trainer: {_describe(e)}")
                 return False
             code = self.agent.cfg.restart_exit_code
             self.agent.log.error(
-                f"cannot report the trainer's exit for {EXIT_REPORT_DEADLINE_S:g} s "
+                f"cannot report on the trainer for {EXIT_REPORT_DEADLINE_S:g} s "
                 f"({_describe(e)}): exiting with {code} to restart the whole pod"
             )
             self.exit_process(code)
@@ -396,17 +411,36 @@ class ExitMonitor:
         return True
 
     def check(self) -> bool:
-        """One look; True if it reported an exit."""
-        epoch = self.agent.running_epoch
-        failed = failed_exit(launcher_states(self.agent.cfg), epoch)
-        if failed is None or epoch == self.reported:
+        """One look; True if it reported something."""
+        running = self.agent.running
+        if running is None:
             return False
-        container, code = failed
+        epoch, opened_at = running
         cfg = self.agent.cfg
-        patch = {"metadata": {"annotations": {names.REPORT_EXITED: str(epoch)}}}
+        states = launcher_states(cfg) if cfg.process_scope else {}
+        failed = failed_exit(states, epoch)
+        if failed is not None:
+            container, code = failed
+            return self._report(names.REPORT_EXITED, epoch, f"trainer {container} exited {code}")
+        now = self.clock()
+        if self.hang is None or now < self.next_hang_check:
+            return False
+        self.next_hang_check = now + HANG_CHECK_SECONDS
+        if self.hang.epoch != epoch:
+            self.hang.opened(epoch, opened_at)
+        if cfg.process_scope and trainers_stopped(states):
+            return False  # no trainer runs (it finished, or is being stopped): none can hang
+        hung = self.hang.observe(now, read_progress(cfg.state_dir))
+        return hung is not None and self._report(names.REPORT_HUNG, epoch, hung.reason)
+
+    def _report(self, key: str, epoch: int, what: str) -> bool:
+        if self.reported.get(key) == epoch:
+            return False
+        cfg = self.agent.cfg
+        patch = {"metadata": {"annotations": {key: str(epoch)}}}
         self.kube.merge_patch(f"/api/v1/namespaces/{cfg.namespace}/pods/{cfg.pod_name}", patch)
-        self.reported = epoch
-        self.agent.log.info(f"trainer {container} exited {code} in epoch {epoch}: reported")
+        self.reported[key] = epoch
+        self.agent.log.info(f"{what} in epoch {epoch}: reported")
         return True
 
 

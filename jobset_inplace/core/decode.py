@@ -174,6 +174,7 @@ def pod_view(pod: Obj) -> PodView | None:
             errors.append(f"{names.REPORT_STEPS}: {e}")
     late = _report_number(annotations, names.REPORT_LATE, errors)
     exited = _report_number(annotations, names.REPORT_EXITED, errors)
+    hung = _report_number(annotations, names.REPORT_HUNG, errors)
     containers = status.get("containerStatuses") or []
     return PodView(
         name=meta["name"],
@@ -189,6 +190,7 @@ def pod_view(pod: Obj) -> PodView | None:
         report_error=_capped("; ".join(errors)) or None,
         late_for_epoch=None if errors else late,
         exited_in_epoch=None if errors else exited,
+        hung_in_epoch=None if errors else hung,
         trainer_failed=any(
             (c.get("state") or {}).get("terminated", {}).get("exitCode", 0) != 0 for c in containers
         ),

@@ -21,6 +21,7 @@ class Cause(StrEnum):
     """Why a member needs recovery (first signal wins per member)."""
 
     TRAINER_EXITED = "TrainerExited"  # a main container terminated non-zero
+    TRAINER_HUNG = "TrainerHung"  # its agent saw no progress for hang-timeout (or startup-timeout)
     RESTARTING = "ContainersRestarting"  # pod condition AllContainersRestarting=True
     # its agent reported after the barrier had opened and waits for the next epoch: the member
     # restarted (a failure the controller did not see, e.g. while it was down)
@@ -58,6 +59,7 @@ class PodView:
     report_error: str | None = None  # malformed agent report (never acted on)
     late_for_epoch: int | None = None  # its agent reported this epoch after its barrier opened
     exited_in_epoch: int | None = None  # its agent saw its trainer exit non-zero in this epoch
+    hung_in_epoch: int | None = None  # its agent saw its trainer hang in this epoch
     not_ready_since: float | None = None  # its Ready condition is not True since then
     agent_started: float | None = None  # when its running agent container started
     trainer_failed: bool = False

@@ -50,7 +50,13 @@ BUILTIN_UNHEALTHY_TAINTS = frozenset(
     {UNREACHABLE_TAINT, "node.kubernetes.io/not-ready", OUT_OF_SERVICE_TAINT}
 )
 IN_PLACE_CAUSES = frozenset(
-    {Cause.TRAINER_EXITED, Cause.RESTARTING, Cause.AGENT_WAITING, Cause.NOT_READY}
+    {
+        Cause.TRAINER_EXITED,
+        Cause.TRAINER_HUNG,
+        Cause.RESTARTING,
+        Cause.AGENT_WAITING,
+        Cause.NOT_READY,
+    }
 )
 # Share of Kueue's recoveryTimeout a recovery may use at most (the rest is the safety margin).
 KUEUE_RECOVERY_SHARE = 0.8
@@ -195,6 +201,10 @@ def member_causes(
             # A container that exited non-zero (kubelet), or a trainer process that did in the
             # running epoch (process scope: its launcher keeps the container up; the agent says).
             causes[member] = Cause.TRAINER_EXITED
+        elif running and pod.hung_in_epoch == s.status.epoch:
+            # Every process lives but its trainer stopped advancing (its agent says: the
+            # progress record, agent/hang.py); restarting it in place is a crash's recovery.
+            causes[member] = Cause.TRAINER_HUNG
         elif pod.restarting:
             causes[member] = Cause.RESTARTING
         elif running and pod.late_for_epoch == s.status.epoch:

@@ -81,6 +81,10 @@ class Policy:
     restart_scope: RestartScope = RestartScope.PROCESS
     # Process scope: how long a trainer may take to exit on SIGTERM before it is killed.
     trainer_stop_grace_s: float = 1.0
+    # Hang detection (off when None): no new step reported for this long after the first, or
+    # no first step this long after the barrier opened, is a hung trainer (docs/annotations.md).
+    hang_timeout_s: float | None = None
+    startup_timeout_s: float | None = None
 
 
 class PolicyError(ValueError):
@@ -139,6 +143,10 @@ KUEUE_RECOVERY_TIMEOUT_RANGE_S = (75.0, 7 * 24 * 3600.0)
 # SIGTERM; 0s kills at once. Its checkpoints are written atomically, so a kill cannot leave a
 # half-written step that counts.
 TRAINER_STOP_GRACE_RANGE_S = (0.0, 300.0)
+# hang-timeout, startup-timeout: off unless set (a trainer that does not report progress must
+# never be taken for a hung one). Progress is a file write per step, read by the agent every
+# second: 10s is the shortest that is not mostly the poll; past a week nothing is "detected".
+HANG_TIMEOUT_RANGE_S = (10.0, 7 * 24 * 3600.0)
 INPLACE_BUDGET_RANGE = (0, 10_000)
 RECREATE_BUDGET_RANGE = (0, 10_000)
 MEMBER_REPEAT_LIMIT_RANGE = (1, 1000)
@@ -276,6 +284,16 @@ _PARSERS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
         "trainer_stop_grace_s",
         names.TRAINER_STOP_GRACE,
         lambda k, v: _duration(k, v, TRAINER_STOP_GRACE_RANGE_S, "0s, 0.5s or 5s"),
+    ),
+    (
+        "hang_timeout_s",
+        names.HANG_TIMEOUT,
+        lambda k, v: _duration(k, v, HANG_TIMEOUT_RANGE_S, "10m, 30m or 1h"),
+    ),
+    (
+        "startup_timeout_s",
+        names.STARTUP_TIMEOUT,
+        lambda k, v: _duration(k, v, HANG_TIMEOUT_RANGE_S, "10m, 30m or 1h"),
     ),
 )
 

@@ -88,6 +88,8 @@ def agent_container(jobset_name: str, policy: Policy, s: AgentSettings) -> dict[
             {"name": "JSI_PROBE_PORT", "value": str(s.probe_port)},
             {"name": ENV_RESTART_SCOPE, "value": policy.restart_scope.value},
             *([{"name": "JSI_API_SERVER", "value": s.api_server}] if s.api_server else []),
+            *_seconds_env(names.ENV_HANG_TIMEOUT, policy.hang_timeout_s),
+            *_seconds_env(names.ENV_STARTUP_TIMEOUT, policy.startup_timeout_s),
         ],
         # Pod scope: the barrier; main containers start only once this passes. Process scope:
         # passes once the launcher is installed (the launchers hold the trainers). Its
@@ -101,6 +103,10 @@ def agent_container(jobset_name: str, policy: Policy, s: AgentSettings) -> dict[
         "volumeMounts": [{"name": STATE_VOLUME, "mountPath": STATE_DIR}],
         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
     }
+
+
+def _seconds_env(name: str, seconds: float | None) -> list[dict[str, Any]]:
+    return [] if seconds is None else [{"name": name, "value": f"{seconds:g}"}]
 
 
 def _add_by_name(items: list[dict[str, Any]], item: dict[str, Any]) -> list[dict[str, Any]]:
@@ -168,8 +174,9 @@ def _prepare_pod(
         c["restartPolicyRules"] = [rule]
         mount = {"name": STATE_VOLUME, "mountPath": STATE_DIR}
         c["volumeMounts"] = _add_by_name(c.get("volumeMounts") or [], mount)
-        env = {"name": ENV_STATE_DIR, "value": STATE_DIR}
-        c["env"] = _add_by_name(c.get("env") or [], env)
+        env = _add_by_name(c.get("env") or [], {"name": ENV_STATE_DIR, "value": STATE_DIR})
+        # Its state file's name (launcher) and its progress record's (hang detection).
+        c["env"] = _add_by_name(env, {"name": ENV_CONTAINER, "value": c["name"]})
 
 
 def _launch(
@@ -188,8 +195,7 @@ def _launch(
             )
         if command[: len(LAUNCHER_COMMAND)] != LAUNCHER_COMMAND:
             c["command"] = [*LAUNCHER_COMMAND, *command]
-        env = _add_by_name(c.get("env") or [], {"name": ENV_CONTAINER, "value": c["name"]})
-        c["env"] = _add_by_name(env, grace)
+        c["env"] = _add_by_name(c.get("env") or [], grace)
     launched = ",".join(c["name"] for c in containers)
     agent["env"] = _add_by_name(agent["env"], {"name": ENV_LAUNCHED, "value": launched})
     agent["env"] = _add_by_name(agent["env"], grace)

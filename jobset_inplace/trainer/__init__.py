@@ -30,6 +30,7 @@ from jobset_inplace.trainer.checkpoints import (
     mark_complete,
     step_dir,
 )
+from jobset_inplace.trainer.progress import ProgressReporter, report_progress
 
 __all__ = [
     "DEFAULT_STATE_DIR",
@@ -37,11 +38,13 @@ __all__ = [
     "ENV_CHECKPOINT_PERSISTENT_DIR",
     "ENV_STATE_DIR",
     "RESUME_FILE",
+    "ProgressReporter",
     "ResumeInfo",
     "Tier",
     "checkpoint_path",
     "clear_resume",
     "read_resume",
+    "report_progress",
     "resolve_state_dir",
     "save_checkpoint",
     "staged_checkpoint",

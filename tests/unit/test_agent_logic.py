@@ -316,6 +316,7 @@ def test_config_defaults(env: dict[str, str]) -> None:
     assert cfg.local_dir is None
     assert cfg.persistent_dir is None
     assert cfg.server == "https://127.0.0.1:6443"
+    assert not cfg.hang.enabled
 
 
 def test_config_overrides(env: dict[str, str]) -> None:
@@ -327,8 +328,11 @@ def test_config_overrides(env: dict[str, str]) -> None:
             "JSI_CHECKPOINT_PERSISTENT_DIR": "/p",
             "JSI_RESTART_EXIT_CODE": "99",
             "JSI_PROBE_PORT": "9000",
+            "JSI_HANG_TIMEOUT_SECONDS": "600",
+            "JSI_STARTUP_TIMEOUT_SECONDS": "90.5",
         }
     )
+    assert (cfg.hang.hang_timeout, cfg.hang.startup_timeout) == (600.0, 90.5)
     assert (cfg.state_dir, cfg.local_dir, cfg.persistent_dir) == (
         Path("/s"),
         Path("/l"),
@@ -373,6 +377,11 @@ def test_config_plain_http_without_token(env: dict[str, str]) -> None:
         ({"JSI_API_SERVER": ""}, "KUBERNETES_SERVICE_HOST"),
         ({"JSI_TOKEN_FILE": "/nonexistent/token"}, "JSI_TOKEN_FILE"),
         ({"JSI_CA_FILE": "/nonexistent/ca.crt"}, "JSI_CA_FILE"),
+        ({"JSI_HANG_TIMEOUT_SECONDS": "0"}, "JSI_HANG_TIMEOUT_SECONDS"),
+        ({"JSI_HANG_TIMEOUT_SECONDS": "10m"}, "JSI_HANG_TIMEOUT_SECONDS"),
+        ({"JSI_HANG_TIMEOUT_SECONDS": "nan"}, "JSI_HANG_TIMEOUT_SECONDS"),
+        ({"JSI_STARTUP_TIMEOUT_SECONDS": "-5"}, "JSI_STARTUP_TIMEOUT_SECONDS"),
+        ({"JSI_STARTUP_TIMEOUT_SECONDS": "1e9"}, "JSI_STARTUP_TIMEOUT_SECONDS"),
     ],
 )
 def test_config_errors_name_the_variable(

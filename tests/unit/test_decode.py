@@ -113,6 +113,7 @@ def _annotations(**values: str | None) -> Callable[[Pod], None]:
         "steps": names.REPORT_STEPS,
         "late": names.REPORT_LATE,
         "exited": names.REPORT_EXITED,
+        "hung": names.REPORT_HUNG,
     }
 
     def change(p: Pod) -> None:
@@ -203,6 +204,12 @@ TABLE: dict[str, tuple[Callable[[Pod], None], dict[str, Any], Cause | None]] = {
         {"exited_in_epoch": 2},
         Cause.TRAINER_EXITED,
     ),
+    "its trainer hung in the running epoch": (
+        _annotations(hung="2"),
+        {"hung_in_epoch": 2},
+        Cause.TRAINER_HUNG,
+    ),
+    "its trainer hung in an older epoch": (_annotations(hung="1"), {"hung_in_epoch": 1}, None),
     "its trainer exited in an older epoch": (
         _annotations(exited="1"),
         {"exited_in_epoch": 1},

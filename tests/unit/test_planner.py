@@ -521,6 +521,20 @@ def test_a_trainer_process_exit_reported_by_its_agent_starts_a_recovery() -> Non
     assert member(1) not in p.status.recovery.causes
 
 
+def test_a_hang_reported_by_its_agent_starts_an_in_place_recovery() -> None:
+    """Every process lives, the trainer stopped advancing: the agent says so for the running
+    epoch; the gang restarts in place, the member charged as for a crash."""
+    pl = with_pod(pods(4, epoch=2), 3, hung_in_epoch=2)
+    p = plan(snapshot(pod_list=pl))
+    assert p.status.epoch == 3
+    assert p.status.recovery is not None
+    assert p.status.recovery.causes == {member(3): Cause.TRAINER_HUNG}
+    assert p.status.recovery.in_place == 4
+    assert replaced(p) == []
+    stale = with_pod(pods(4, epoch=2), 3, hung_in_epoch=1)
+    assert plan(snapshot(pod_list=stale)).status.epoch == 2, "a hang of an older epoch"
+
+
 def silent(name: str, since: float, *, read: bool = True) -> NodeView:
     """A Ready node whose Lease was last renewed at ``since`` (read afresh just now)."""
     return NodeView(name, lease_renewed=since, lease_read_at=NOW if read else None)

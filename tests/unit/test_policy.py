@@ -54,6 +54,7 @@ def test_the_defaults() -> None:
     assert p.taint_on_device_fault is False
     assert p.restart_scope == RestartScope.PROCESS
     assert p.trainer_stop_grace_s == 1.0
+    assert (p.hang_timeout_s, p.startup_timeout_s) == (None, None), "hang detection off"
 
 
 # (annotation, value, Policy field, parsed value)
@@ -108,6 +109,12 @@ ACCEPTED: list[tuple[str, str, str, Any]] = [
     (names.TRAINER_STOP_GRACE, "0s", "trainer_stop_grace_s", 0.0),
     (names.TRAINER_STOP_GRACE, "0.5s", "trainer_stop_grace_s", 0.5),
     (names.TRAINER_STOP_GRACE, "5m", "trainer_stop_grace_s", 300.0),
+    (names.HANG_TIMEOUT, "10s", "hang_timeout_s", 10.0),
+    (names.HANG_TIMEOUT, "30m", "hang_timeout_s", 1800.0),
+    (names.HANG_TIMEOUT, "168h", "hang_timeout_s", 604_800.0),
+    (names.STARTUP_TIMEOUT, "10s", "startup_timeout_s", 10.0),
+    (names.STARTUP_TIMEOUT, "1h30m", "startup_timeout_s", 5400.0),
+    (names.STARTUP_TIMEOUT, "168h", "startup_timeout_s", 604_800.0),
 ]  # fmt: skip
 
 
@@ -159,6 +166,8 @@ def test_all_annotations_together() -> None:
             names.TAINT_ON_DEVICE_FAULT: "true",
             names.RESTART_SCOPE: "pod",
             names.TRAINER_STOP_GRACE: "3s",
+            names.HANG_TIMEOUT: "20m",
+            names.STARTUP_TIMEOUT: "1h",
         }
     )
     assert p == Policy(
@@ -178,6 +187,8 @@ def test_all_annotations_together() -> None:
         taint_on_device_fault=True,
         restart_scope=RestartScope.POD,
         trainer_stop_grace_s=3.0,
+        hang_timeout_s=1200.0,
+        startup_timeout_s=3600.0,
     )
 
 
@@ -190,6 +201,8 @@ RANGES: dict[str, tuple[float, float]] = {
     names.RESTART_EXIT_CODE: (3, 255),
     names.KUEUE_RECOVERY_TIMEOUT: (75.0, 604_800.0),
     names.TRAINER_STOP_GRACE: (0.0, 300.0),
+    names.HANG_TIMEOUT: (10.0, 604_800.0),
+    names.STARTUP_TIMEOUT: (10.0, 604_800.0),
 }
 
 
@@ -203,6 +216,8 @@ def test_the_ranges_are_the_modules() -> None:
         names.RESTART_EXIT_CODE: policy.RESTART_EXIT_CODE_RANGE,
         names.KUEUE_RECOVERY_TIMEOUT: policy.KUEUE_RECOVERY_TIMEOUT_RANGE_S,
         names.TRAINER_STOP_GRACE: policy.TRAINER_STOP_GRACE_RANGE_S,
+        names.HANG_TIMEOUT: policy.HANG_TIMEOUT_RANGE_S,
+        names.STARTUP_TIMEOUT: policy.HANG_TIMEOUT_RANGE_S,
     }
 
 
@@ -218,6 +233,7 @@ BARRIER = "a duration such as 30s, 5m or 1h30m, from 30s to 24h"
 NODE = "a duration such as 5s, 15s or 1m, from 5s to 1h"
 KUEUE = "a duration such as 3m, 30m or 1h, from 1m15s to 168h"
 NAMES = "a comma-separated list of taint keys or condition types"
+HANG = "a duration such as 10m, 30m or 1h, from 10s to 168h"
 DIRS = "local=/abs/path,persistent=/abs/path (either part may be left out)"
 
 # Python's int() takes all of these; a policy integer (and a report number) is canonical only.
@@ -284,6 +300,13 @@ REJECTED: list[tuple[str, str, str]] = [
     (names.UNHEALTHY_TAINTS, " , ", NAMES),
     (names.UNHEALTHY_TAINTS, "a.io/x,bad key", NAMES),
     (names.UNHEALTHY_CONDITIONS, "-Leading", NAMES),
+    (names.HANG_TIMEOUT, "0s", HANG),  # off is the annotation left out
+    (names.HANG_TIMEOUT, "9.999s", HANG),
+    (names.HANG_TIMEOUT, "30", HANG),
+    (names.HANG_TIMEOUT, "off", HANG),
+    (names.HANG_TIMEOUT, "168h0m1s", HANG),
+    (names.STARTUP_TIMEOUT, "5s", HANG),
+    (names.STARTUP_TIMEOUT, "1d", HANG),
     (names.FORCE_DELETE, "always", "never or unreachable"),
     (names.FORCE_DELETE, "Never", "never or unreachable"),
     (names.MEMBER_REPEAT_LIMIT, "0", REPEAT),

@@ -111,6 +111,23 @@ def test_pod_scope_keeps_the_command_and_holds_trainers_with_the_startup_probe()
     assert not any(e["name"] == "JSI_LAUNCHED_CONTAINERS" for e in agent["env"])
 
 
+@pytest.mark.parametrize("scope", ["process", "pod"])
+def test_hang_detection_settings_reach_the_agent(scope: str) -> None:
+    js = jobset()
+    ann = js["metadata"]["annotations"]
+    ann[names.RESTART_SCOPE] = scope
+    plain = pod_spec(transform(js, S))
+    assert not any("TIMEOUT" in e["name"] for e in plain["initContainers"][0]["env"]), "off"
+    ann[names.HANG_TIMEOUT], ann[names.STARTUP_TIMEOUT] = "10m", "1m30s"
+    out = pod_spec(transform(js, S))
+    agent = out["initContainers"][0]
+    assert {"name": names.ENV_HANG_TIMEOUT, "value": "600"} in agent["env"]
+    assert {"name": names.ENV_STARTUP_TIMEOUT, "value": "90"} in agent["env"]
+    # every main container knows its name: its progress record's (and its launcher state's)
+    trainer = out["containers"][0]
+    assert {"name": "JSI_CONTAINER_NAME", "value": trainer["name"]} in trainer["env"]
+
+
 def test_process_scope_needs_a_command() -> None:
     js = jobset()
     del pod_spec(js)["containers"][0]["command"]

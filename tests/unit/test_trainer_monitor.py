@@ -1,0 +1,195 @@
+"""The trainer monitor: it reports a trainer's non-zero exit (process scope) or hang (hang
+detection on) in the running epoch once, and restarts the whole pod when the report keeps
+failing (a crash or hang is never left unseen).
+The API is a recording stand-in here; tests/integration/test_agent.py runs the monitor against
+the real API server."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from jobset_inplace import launcher, names
+from jobset_inplace.agent.config import Config
+from jobset_inplace.agent.hang import HangRule
+from jobset_inplace.agent.kubeapi import ApiError, KubeApi
+from jobset_inplace.agent.log import Log
+from jobset_inplace.agent.probe import BarrierState
+from jobset_inplace.agent.runner import (
+    EXIT_REPORT_DEADLINE_S,
+    HANG_CHECK_SECONDS,
+    Agent,
+    TrainerMonitor,
+)
+from jobset_inplace.trainer.progress import ProgressReporter
+
+
+class RecordingApi:
+    """Records merge patches; fails with ``error`` while it is set."""
+
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, Any]] = []
+        self.error: ApiError | None = None
+
+    def merge_patch(self, path: str, body: Any) -> Any:
+        if self.error is not None:
+            raise self.error
+        self.patches.append((path, body))
+        return {}
+
+
+NO_HANG_RULE = HangRule()
+
+
+def monitor(
+    tmp_path: Path, scope: str = "process", hang: HangRule = NO_HANG_RULE
+) -> tuple[TrainerMonitor, RecordingApi, list[int], list[float]]:
+    cfg = Config(
+        pod_name="p-0", namespace="ns", gangstate="g", state_dir=tmp_path, local_dir=None,
+        persistent_dir=None, restart_exit_code=88, probe_port=1, server="http://x",
+        token_file=None, ca_file=None, restart_scope=scope,
+        launched=("trainer",) if scope == "process" else (), hang=hang,
+    )  # fmt: skip
+    api = RecordingApi()
+    agent = Agent(
+        cfg, KubeApi("http://x", None, None), BarrierState(), Log(io.StringIO()), started=0
+    )
+    exits: list[int] = []
+    now = [0.0]
+    m = TrainerMonitor(agent, api, exit_process=exits.append, clock=lambda: now[0])  # type: ignore[arg-type]
+    return m, api, exits, now
+
+
+def launcher_state(tmp_path: Path, state: str, epoch: int, code: int | None) -> None:
+    doc = {"state": state, "epoch": epoch, "code": code}
+    launcher.state_file(tmp_path, "trainer").write_text(json.dumps(doc))
+
+
+def test_reports_a_crash_in_the_running_epoch_once(tmp_path: Path) -> None:
+    m, api, exits, _ = monitor(tmp_path)
+    launcher_state(tmp_path, "exited", 2, 3)
+    assert m.attempt()
+    assert api.patches == []  # no epoch running (the barrier is not open): nothing to report
+    m.agent.running = (2, 0.0)
+    assert m.attempt()
+    assert api.patches == [
+        (
+            "/api/v1/namespaces/ns/pods/p-0",
+            {"metadata": {"annotations": {names.REPORT_EXITED: "2"}}},
+        )
+    ]
+    assert m.attempt()
+    assert len(api.patches) == 1, "reported once per epoch"
+    launcher_state(tmp_path, "exited", 2, 0)
+    m.reported.clear()
+    assert m.attempt()
+    assert len(api.patches) == 1, "exit 0 is no failure"
+    assert exits == []
+
+
+def test_restarts_the_pod_when_the_report_keeps_failing(tmp_path: Path) -> None:
+    m, api, exits, now = monitor(tmp_path)
+    m.agent.running = (1, 0.0)
+    launcher_state(tmp_path, "exited", 1, 3)
+    api.error = ApiError(403, "Forbidden", "pods is forbidden")
+    assert not m.attempt()
+    now[0] = EXIT_REPORT_DEADLINE_S - 0.1
+    assert not m.attempt()
+    assert exits == []
+    now[0] = EXIT_REPORT_DEADLINE_S
+    m.attempt()
+    assert exits == [88]
+
+
+def test_a_report_that_succeeds_in_time_resets_the_deadline(tmp_path: Path) -> None:
+    m, api, exits, now = monitor(tmp_path)
+    m.agent.running = (1, 0.0)
+    launcher_state(tmp_path, "exited", 1, 3)
+    api.error = ApiError(500, "InternalError", "etcd timeout")
+    assert not m.attempt()
+    api.error = None
+    now[0] = EXIT_REPORT_DEADLINE_S * 2
+    assert m.attempt()
+    assert m.failing_since is None
+    assert exits == []
+
+
+HUNG = "/api/v1/namespaces/ns/pods/p-0", {"metadata": {"annotations": {names.REPORT_HUNG: "3"}}}
+
+
+def at(m: TrainerMonitor, now: list[float], t: float) -> bool:
+    now[0] = t
+    return m.check()
+
+
+def test_monitors_only_what_there_is_to_watch(tmp_path: Path) -> None:
+    assert monitor(tmp_path, "process")[0].needed
+    assert not monitor(tmp_path, "pod")[0].needed, "pod scope without hang detection: nothing"
+    assert monitor(tmp_path, "pod", HangRule(hang_timeout=30))[0].needed
+
+
+def test_reports_a_trainer_that_stopped_advancing_once(tmp_path: Path) -> None:
+    m, api, _, now = monitor(tmp_path, "pod", HangRule(hang_timeout=30))
+    m.agent.running = (3, 0.0)
+    progress = ProgressReporter(tmp_path, "trainer")
+    assert not at(m, now, 100), "no first step yet, and no startup-timeout: no hang"
+    progress(5)
+    assert not at(m, now, 101)  # first seen at 101
+    progress(6)
+    assert not at(m, now, 120)  # advanced: seen at 120
+    assert not at(m, now, 149)
+    assert at(m, now, 150)
+    assert api.patches == [HUNG]
+    assert not at(m, now, 200), "reported once per epoch"
+    assert api.patches == [HUNG]
+
+
+def test_reports_a_trainer_that_never_made_a_first_step(tmp_path: Path) -> None:
+    m, api, _, now = monitor(tmp_path, "pod", HangRule(startup_timeout=60))
+    m.agent.running = (3, 10.0)  # the barrier opened at 10
+    assert not at(m, now, 69)
+    assert at(m, now, 70)
+    assert api.patches == [HUNG]
+
+
+def test_a_new_epoch_starts_the_watch_over(tmp_path: Path) -> None:
+    m, api, _, now = monitor(tmp_path, "pod", HangRule(hang_timeout=30, startup_timeout=60))
+    m.agent.running = (2, 0.0)
+    ProgressReporter(tmp_path, "trainer")(7)
+    assert not at(m, now, 1)
+    m.agent.running = (3, 20.0)  # the record of epoch 2 is removed when 3's barrier opens
+    (tmp_path / "progress-trainer.json").unlink()
+    assert not at(m, now, 40), "the epoch-2 record's age does not count in epoch 3"
+    assert at(m, now, 80), "epoch 3: no first step 60 s after its barrier opened"
+    assert api.patches == [HUNG]
+
+
+def test_no_hang_while_no_trainer_runs(tmp_path: Path) -> None:
+    m, api, _, now = monitor(tmp_path, "process", HangRule(hang_timeout=30))
+    m.agent.running = (3, 0.0)
+    ProgressReporter(tmp_path, "trainer")(1)
+    launcher_state(tmp_path, "running", 3, None)
+    assert not at(m, now, 1)
+    launcher_state(tmp_path, "stopped", 3, None)  # being stopped for a new epoch
+    assert not at(m, now, 100)
+    launcher_state(tmp_path, "running", 3, None)
+    assert at(m, now, 101)
+    assert api.patches == [HUNG]
+
+
+def test_a_crash_is_reported_before_a_hang(tmp_path: Path) -> None:
+    m, api, _, now = monitor(tmp_path, "process", HangRule(startup_timeout=10))
+    m.agent.running = (3, 0.0)
+    launcher_state(tmp_path, "exited", 3, 3)
+    assert at(m, now, 50)
+    assert [p[1]["metadata"]["annotations"] for p in api.patches] == [{names.REPORT_EXITED: "3"}]
+
+
+def test_reads_the_progress_records_at_most_once_a_second(tmp_path: Path) -> None:
+    m, _, _, now = monitor(tmp_path, "pod", HangRule(startup_timeout=60))
+    m.agent.running = (3, 0.0)
+    assert not at(m, now, 59.5)
+    assert not at(m, now, 60), f"next read at {59.5 + HANG_CHECK_SECONDS}"
+    assert at(m, now, 59.5 + HANG_CHECK_SECONDS)
