@@ -25,7 +25,7 @@ from jobset_inplace.times import parse_time
 from . import workloads
 from .cluster import REAL_NODE_LABEL, LocalCluster
 from .controller import IMAGE, ControllerProcess, gang_state, member_pods, prepare
-from .demo_trainer import FAILURE_FILE
+from .demo_trainer import FAILURE_FILE, HANG_FILE
 from .kube import Clients, clients, create_jobset, wait_for
 from .versions import binaries
 
@@ -64,10 +64,17 @@ class DemoResult:
 
 
 def demo_jobset(
-    name: str, members: int, labels: dict[str, str] | None = None, scope: str | None = None
+    name: str,
+    members: int,
+    labels: dict[str, str] | None = None,
+    scope: str | None = None,
+    *,
+    annotations: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The demo JobSet as a user writes it: opted in, no agent (the webhook injects it);
-    ``scope``: the restart-scope annotation (None: the default)."""
+    ``scope``: the restart-scope annotation (None: the default); ``annotations``: more of
+    them; ``env``: more of the trainer's environment."""
     trainer = {
         "name": "trainer",
         "image": IMAGE,
@@ -76,6 +83,7 @@ def demo_jobset(
         "env": [
             {"name": "JSI_CHECKPOINT_LOCAL_DIR", "value": "/ckpt/local"},
             {"name": "JSI_DEMO_STEP_SECONDS", "value": "0.2"},
+            *({"name": k, "value": v} for k, v in (env or {}).items()),
         ],
         "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}],
     }
@@ -83,7 +91,11 @@ def demo_jobset(
         name,
         [("workers", members, 1)],
         labels=labels,
-        annotations={names.ENABLED: "true", **({names.RESTART_SCOPE: scope} if scope else {})},
+        annotations={
+            names.ENABLED: "true",
+            **({names.RESTART_SCOPE: scope} if scope else {}),
+            **(annotations or {}),
+        },
         node_selector={REAL_NODE_LABEL: "true"},
         pod={
             "terminationGracePeriodSeconds": 2,
@@ -168,11 +180,14 @@ def training_gang(
     members: int,
     *,
     scope: str | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> None:
     """A demo gang in ``namespace`` (prepared for gangs), trained to a checkpoint on every
     member: epoch 1's barrier open, every trainer running, a common step to resume from."""
     prepare(kube, kubeconfig, namespace)
-    create_jobset(kube, namespace, demo_jobset(name, members, scope=scope))
+    create_jobset(
+        kube, namespace, demo_jobset(name, members, scope=scope, annotations=annotations)
+    )
     wait_for(
         "barrier of epoch 1", lambda: gang_state(kube, namespace, name).get("barrierOpen"), 180
     )
@@ -191,9 +206,18 @@ def training_gang(
 def inject_failure(kubeconfig: Path, namespace: str, pod: str, at: float | None = None) -> None:
     """Make the demo trainer in ``pod`` exit 3 at its next step, or at the time ``at``
     (seconds since the epoch: at least a step's time ahead)."""
+    _lever(kubeconfig, namespace, pod, FAILURE_FILE, "" if at is None else f"{at:.3f}")
+
+
+def inject_hang(kubeconfig: Path, namespace: str, pod: str) -> None:
+    """Make the demo trainer in ``pod`` hang at its next step (alive, no progress, SIGTERM
+    ignored)."""
+    _lever(kubeconfig, namespace, pod, HANG_FILE, "")
+
+
+def _lever(kubeconfig: Path, namespace: str, pod: str, lever: str, text: str) -> None:
     cmd = [str(binaries().kubectl), "--kubeconfig", str(kubeconfig), "-n", namespace, "exec"]
-    text = "" if at is None else f"{at:.3f}"
-    cmd += [pod, "-c", "trainer", "--", "sh", "-c", f"echo {text} > {STATE_DIR}/{FAILURE_FILE}"]
+    cmd += [pod, "-c", "trainer", "--", "sh", "-c", f"echo {text} > {STATE_DIR}/{lever}"]
     subprocess.run(cmd, check=True, capture_output=True)
 
 

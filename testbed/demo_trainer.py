@@ -7,6 +7,11 @@ trainer exit with status 3 at its next step (as a crashed worker would); if the 
 time (seconds since the epoch), it exits at that time exactly, so that a benchmark knows when
 the crash happened.
 
+Creating ``$JSI_STATE_DIR/inject-hang`` makes it hang at its next step, as a worker stuck in a
+collective does: every process alive, no more progress, SIGTERM ignored (only SIGKILL ends it).
+``JSI_DEMO_STARTUP_HANG_EPOCHS=1,3`` makes it hang before its first step in those epochs (a
+rendezvous that never forms). It reports its progress every step (hang detection's signal).
+
 Environment: ``JSI_DEMO_STEP_SECONDS`` (default 0.5), ``JSI_DEMO_CHECKPOINT_EVERY`` (default 10
 steps), ``JSI_DEMO_PERSIST_EVERY`` (default 20 steps; also saved to the persistent tier),
 ``JSI_DEMO_STANDALONE=1``: no jobset-inplace agent (stock JobSet, upstream InPlaceRestart): the
@@ -16,15 +21,25 @@ trainer resumes from its own newest complete checkpoint, as such a trainer must.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
-from jobset_inplace.trainer import resolve_state_dir, save_checkpoint, tier_roots, wait_for_resume
+from jobset_inplace.trainer import (
+    report_progress,
+    resolve_state_dir,
+    save_checkpoint,
+    tier_roots,
+    wait_for_resume,
+)
 from jobset_inplace.trainer.checkpoints import available_steps
 
 FAILURE_FILE = "inject-failure"
 FAILURE_EXIT_CODE = 3
+HANG_FILE = "inject-hang"
+ENV_STARTUP_HANG_EPOCHS = "JSI_DEMO_STARTUP_HANG_EPOCHS"
 
 
 def _log(msg: str) -> None:
@@ -38,13 +53,21 @@ def _write_step(step: int) -> object:
     return write
 
 
+def _hang(why: str) -> NoReturn:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _log(f"hanging {why}: no more progress, SIGTERM ignored")
+    while True:
+        time.sleep(3600)
+
+
 def main() -> int:
     step_s = float(os.environ.get("JSI_DEMO_STEP_SECONDS", "0.5"))
     every = int(os.environ.get("JSI_DEMO_CHECKPOINT_EVERY", "10"))
     persist_every = int(os.environ.get("JSI_DEMO_PERSIST_EVERY", "20"))
     state_dir = resolve_state_dir()
     local, persistent = tier_roots()
-    if os.environ.get("JSI_DEMO_STANDALONE"):
+    standalone = bool(os.environ.get("JSI_DEMO_STANDALONE"))
+    if standalone:
         steps = available_steps(local, persistent)
         step = steps[0] if steps else 0
         _log(f"epoch 0: resuming at step {step} (standalone: its own newest checkpoint)")
@@ -52,9 +75,15 @@ def main() -> int:
         info = wait_for_resume(timeout=600)
         step = info.resume_step or 0
         _log(f"epoch {info.epoch}: resuming at step {step} ({info.gang})")
-    fail = state_dir / FAILURE_FILE
+        hang_epochs = os.environ.get(ENV_STARTUP_HANG_EPOCHS, "").split(",")
+        if str(info.epoch) in hang_epochs:
+            _hang(f"before the first step of epoch {info.epoch}")
+    fail, hang = state_dir / FAILURE_FILE, state_dir / HANG_FILE
     while True:
         time.sleep(step_s)
+        if hang.exists():
+            hang.unlink()
+            _hang(f"at step {step}")
         if fail.exists():
             at = fail.read_text().strip()
             fail.unlink()
@@ -63,6 +92,8 @@ def main() -> int:
             _log(f"injected failure at step {step}: exiting {FAILURE_EXIT_CODE}")
             return FAILURE_EXIT_CODE
         step += 1
+        if not standalone:  # (no state directory without an agent)
+            report_progress(step)
         if step % every == 0:
             tier = "both" if persistent is not None and step % persist_every == 0 else "local"
             if local is None:
