@@ -9,7 +9,8 @@
 #
 # Usage: testbed/build-binaries.sh [component ...]
 #   components: kubernetes etcd kwok jobset kueue containerd runc helm (default: all of these)
-#               and jobset-ipr-agent (upstream's in-place restart agent, for the benchmark)
+#               and jobset-ipr-agent (upstream's in-place restart agent, for the benchmark),
+#               test-device-plugin (testbed/deviceplugin, for the device-health tests)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -149,6 +150,14 @@ build_jobset_ipr_agent() {
     sigs.k8s.io/jobset/cmd/in-place-restart-agent
 }
 
+# The device-health tests' device plugin (testbed/deviceplugin, this repository's own Go module),
+# keyed by a hash of its sources (testbed/versions.py computes the same: DEVICE_PLUGIN_SOURCES).
+build_test_device_plugin() {
+  local src="$here/deviceplugin" v
+  v="$(cd "$src" && cat main.go go.mod go.sum | sha256sum | cut -c1-12)"
+  (cd "$src" && go_build "$cache/bin/test-device-plugin-$v/jsi-test-device-plugin" . "")
+}
+
 build_kueue() {
   module_build kueue sigs.k8s.io/kueue "$KUEUE_VERSION" \
     "-X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue
@@ -212,11 +221,12 @@ main() {
       kwok) build_kwok ;;
       jobset) build_jobset ;;
       jobset-ipr-agent) build_jobset_ipr_agent ;;
+      test-device-plugin) build_test_device_plugin ;;
       kueue) build_kueue ;;
       containerd) build_containerd ;;
       runc) build_runc ;;
       helm) build_helm ;;
-      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc helm jobset-ipr-agent)" >&2; exit 2 ;;
+      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc helm jobset-ipr-agent test-device-plugin)" >&2; exit 2 ;;
     esac
   done
   log "all requested binaries present ($((SECONDS - total))s)"

@@ -71,10 +71,12 @@ def demo_jobset(
     *,
     annotations: dict[str, str] | None = None,
     env: dict[str, str] | None = None,
+    limits: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The demo JobSet as a user writes it: opted in, no agent (the webhook injects it);
     ``scope``: the restart-scope annotation (None: the default); ``annotations``: more of
-    them; ``env``: more of the trainer's environment."""
+    them; ``env``: more of the trainer's environment; ``limits``: its resource limits (e.g. a
+    device per member)."""
     trainer = {
         "name": "trainer",
         "image": IMAGE,
@@ -86,6 +88,7 @@ def demo_jobset(
             *({"name": k, "value": v} for k, v in (env or {}).items()),
         ],
         "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}],
+        **({"resources": {"limits": limits}} if limits else {}),
     }
     js = workloads.jobset(
         name,
@@ -181,12 +184,15 @@ def training_gang(
     *,
     scope: str | None = None,
     annotations: dict[str, str] | None = None,
+    limits: dict[str, str] | None = None,
 ) -> None:
     """A demo gang in ``namespace`` (prepared for gangs), trained to a checkpoint on every
     member: epoch 1's barrier open, every trainer running, a common step to resume from."""
     prepare(kube, kubeconfig, namespace)
     create_jobset(
-        kube, namespace, demo_jobset(name, members, scope=scope, annotations=annotations)
+        kube,
+        namespace,
+        demo_jobset(name, members, scope=scope, annotations=annotations, limits=limits),
     )
     wait_for(
         "barrier of epoch 1", lambda: gang_state(kube, namespace, name).get("barrierOpen"), 180

@@ -3,6 +3,7 @@ environment picks the Kubernetes minor) and where their binaries and module sour
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -46,8 +47,9 @@ class Versions:
 
     @property
     def feature_gates(self) -> str:
-        """``--feature-gates`` for the in-place path on this Kubernetes (empty on 1.36+)."""
-        return gates_flag(self.kubernetes_minor)
+        """``--feature-gates`` for the in-place path and device health on this Kubernetes
+        (empty on 1.36+)."""
+        return gates_flag(self.kubernetes_minor, device_health=True)
 
 
 def parse_versions(text: str, k8s: str = "") -> Versions:
@@ -116,6 +118,7 @@ class Binaries:
     runc: Path
     helm: Path
     jobset_ipr_agent: Path  # upstream JobSet's in-place restart agent (benchmark only)
+    test_device_plugin: Path  # testbed/deviceplugin, for the device-health tests
 
     @property
     def kubernetes_dir(self) -> Path:
@@ -146,7 +149,20 @@ def binaries(v: Versions | None = None) -> Binaries:
         runc=b / f"runc-{v.runc}" / "runc",
         helm=b / f"helm-{v.helm}" / "helm",
         jobset_ipr_agent=b / f"jobset-ipr-agent-{v.jobset}" / "in-place-restart-agent",
+        test_device_plugin=b
+        / f"test-device-plugin-{device_plugin_version()}"
+        / "jsi-test-device-plugin",
     )
+
+
+DEVICE_PLUGIN_DIR = Path(__file__).resolve().parent / "deviceplugin"
+# Its build is keyed by its sources (build-binaries.sh hashes the same files, in this order).
+DEVICE_PLUGIN_SOURCES = ("main.go", "go.mod", "go.sum")
+
+
+def device_plugin_version() -> str:
+    data = b"".join((DEVICE_PLUGIN_DIR / f).read_bytes() for f in DEVICE_PLUGIN_SOURCES)
+    return hashlib.sha256(data).hexdigest()[:12]
 
 
 # Which build-binaries.sh component produces each binary.
@@ -168,6 +184,7 @@ COMPONENT_OF = {
     "runc": "runc",
     "helm": "helm",
     "jobset_ipr_agent": "jobset-ipr-agent",
+    "test_device_plugin": "test-device-plugin",
 }
 
 

@@ -24,7 +24,8 @@
 #   - uses cgroup v1 + cgroupfs (failCgroupV1: false) under its own cgroup root /jsi-<node>,
 #   - runs with the feature gates the in-place path needs on the pinned Kubernetes
 #     (jobset_inplace/platform.py: RestartAllContainersOnContainerExits and NodeDeclaredFeatures
-#     on 1.35; none from 1.36, where they are on by default).
+#     on 1.35; none from 1.36, where they are on by default), and ResourceHealthStatus on 1.35
+#     (device health in pod status, for the device-fault tests).
 # K8S picks the Kubernetes minor (testbed/versions.env), as for build-binaries.sh.
 # Env: JSI_CACHE_DIR, JSI_KUBELET_VERBOSITY (default 2), JSI_NODE_READY_TIMEOUT (default 120 s),
 #   JSI_KUBELET_CLIENT_CA_FILE  CA whose client certs the kubelet accepts (x509 authn). Needed
@@ -42,8 +43,8 @@ minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
 # "featureGates:" YAML for the gates the in-place path needs here (empty from 1.36).
 FEATURE_GATES_YAML="$(PYTHONPATH="$here/../.." python3 -c '
 import sys
-from jobset_inplace.platform import gates_needed
-gates = gates_needed(int(sys.argv[1]))
+from jobset_inplace.platform import device_health_gates, gates_needed
+gates = gates_needed(int(sys.argv[1])) + device_health_gates(int(sys.argv[1]))
 print("featureGates:" if gates else "", *(f"  {g}: true" for g in gates), sep="\n")
 ' "$minor")"
 NODE_LABELS="jobset-inplace.dev/real-node=true"

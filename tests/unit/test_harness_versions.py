@@ -6,8 +6,15 @@ import subprocess
 
 import pytest
 
-from jobset_inplace.platform import gates_needed
-from testbed.versions import K8S_ENV, VERSIONS_FILE, parse_versions, versions
+from jobset_inplace.platform import device_health_gates, gates_needed
+from testbed.versions import (
+    DEVICE_PLUGIN_DIR,
+    K8S_ENV,
+    VERSIONS_FILE,
+    device_plugin_version,
+    parse_versions,
+    versions,
+)
 
 SHELL_VERSIONS = VERSIONS_FILE.with_suffix(".sh")
 FULL = (
@@ -29,7 +36,8 @@ def test_k8s_selects_the_minor_and_defaults_to_k8s_default() -> None:
     assert parse_versions(FULL).kubernetes == "v1.37.2"
     assert parse_versions(FULL, "1.35").kubernetes == "v1.35.4"
     assert parse_versions(FULL, "1.35").feature_gates == (
-        "RestartAllContainersOnContainerExits=true,NodeDeclaredFeatures=true"
+        "RestartAllContainersOnContainerExits=true,NodeDeclaredFeatures=true,"
+        "ResourceHealthStatus=true"
     )
     assert parse_versions(FULL).feature_gates == ""
 
@@ -84,6 +92,8 @@ def test_malformed_line_is_quoted() -> None:
 
 
 def test_gates_needed_by_minor() -> None:
+    assert device_health_gates(35) == ("ResourceHealthStatus",)
+    assert device_health_gates(36) == device_health_gates(37) == ()
     assert gates_needed(35) == ("RestartAllContainersOnContainerExits", "NodeDeclaredFeatures")
     assert gates_needed(36) == ()
     assert gates_needed(37) == ()
@@ -98,3 +108,17 @@ def test_session_versions_follow_the_environment(monkeypatch: pytest.MonkeyPatch
         assert versions().kubernetes.startswith(release)
     monkeypatch.undo()
     versions.cache_clear()  # the session's own value again
+
+
+def test_shell_and_python_key_the_device_plugin_build_alike() -> None:
+    """build-binaries.sh and testbed/versions.py must find the same cached binary."""
+    out = subprocess.run(
+        ["bash", "-c", "cat main.go go.mod go.sum | sha256sum | cut -c1-12"],
+        cwd=DEVICE_PLUGIN_DIR,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert out == device_plugin_version()
+    script = (VERSIONS_FILE.parent / "build-binaries.sh").read_text()
+    assert "cat main.go go.mod go.sum | sha256sum | cut -c1-12" in script

@@ -1,0 +1,131 @@
+"""Device health end to end on the real kubelet nodes: a test device plugin (the kubelet's
+device-plugin gRPC API) gives every member one device; one device turns Unhealthy; the real
+kubelet reports it in that pod's status (``allocatedResourcesStatus``); the controller replaces
+that member on another node (its node tainted: ``taint-on-device-fault``) and restarts the
+others in place, every member resuming from one step. Device Unhealthy -> barrier open is
+printed (docs/guarantees.md quotes it)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobset_inplace import names
+from jobset_inplace.times import parse_time
+from testbed.cluster import LocalCluster
+from testbed.controller import gang_state, member_pods
+from testbed.demo import trainer_log, trainers_running, training_gang
+from testbed.devices import RESOURCE, TestDevices
+from testbed.install import Installation
+from testbed.kube import Clients, wait_for
+
+pytestmark = pytest.mark.e2e
+
+MEMBERS = 2
+
+
+@pytest.fixture
+def devices(local_cluster: LocalCluster | None, kube: Clients, tmp_path: Path) -> Any:
+    if local_cluster is None:
+        pytest.skip("runs a device plugin beside the local cluster's real kubelets")
+    nodes = local_cluster.real_nodes()
+    with TestDevices(kube, nodes, tmp_path / "devices") as d:
+        try:
+            yield d
+        finally:
+            for node in nodes:  # removed by people after the repair, never by the controller
+                _untaint(kube, node)
+
+
+def _untaint(kube: Clients, node: str) -> None:
+    taints = kube.core.read_node(node).spec.taints or []
+    keep = [t for t in taints if t.key != names.DEVICE_UNHEALTHY_TAINT]
+    if len(keep) != len(taints):
+        kube.core.patch_node(node, {"spec": {"taints": keep or None}})
+
+
+def _device_status(pod: Any) -> list[tuple[str, str]]:
+    """(resourceID, health) of the pod's allocated test devices, as the kubelet reports them."""
+    out = []
+    for c in pod.status.container_statuses or []:
+        for ars in c.allocated_resources_status or []:
+            if ars.name == RESOURCE:
+                out += [(r.resource_id, r.health) for r in ars.resources or []]
+    return out
+
+
+def test_an_unhealthy_device_replaces_its_member_elsewhere(
+    cluster_kubeconfig: Path,
+    controller: Installation,
+    kube: Clients,
+    namespace: str,
+    devices: TestDevices,
+) -> None:
+    training_gang(
+        kube,
+        cluster_kubeconfig,
+        namespace,
+        "gang",
+        MEMBERS,
+        annotations={names.TAINT_ON_DEVICE_FAULT: "true"},
+        limits={RESOURCE: "1"},
+    )
+    before = member_pods(kube, namespace, "gang")
+    victim = before["1"]
+    node = victim.spec.node_name
+    held = wait_for(
+        f"the kubelet reports {victim.metadata.name}'s device",
+        lambda: _device_status(kube.core.read_namespaced_pod(victim.metadata.name, namespace)),
+        30,
+    )
+    assert len(held) == 1
+    assert held[0][1] == "Healthy"
+    device = held[0][0]
+
+    devices.set_health(node, device, healthy=False)
+    failed_at = time.time()
+    try:
+        st = wait_for(
+            "barrier of epoch 2",
+            lambda: (
+                s
+                if (s := gang_state(kube, namespace, "gang")).get("epoch") == 2 and s["barrierOpen"]
+                else None
+            ),
+            180,
+        )
+    finally:
+        devices.set_health(node, device, healthy=True)
+    rec = st["recovery"]
+    assert rec["causes"] == {"workers/1/0": "DeviceUnhealthy"}
+    assert set(rec["recreated"]) == {"workers/1/0"}
+    assert rec["inPlace"] == MEMBERS - 1
+    taints = {t.key: t.effect for t in kube.core.read_node(node).spec.taints or []}
+    assert taints.get(names.DEVICE_UNHEALTHY_TAINT) == "NoSchedule"
+    wait_for(
+        "every trainer running again",
+        lambda: trainers_running(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, epoch=2),
+        120,
+    )
+    after = member_pods(kube, namespace, "gang", include_failed=False)
+    assert after["0"].metadata.uid == before["0"].metadata.uid, "the healthy member in place"
+    assert after["1"].metadata.uid != victim.metadata.uid, "the device's member replaced"
+    assert after["1"].spec.node_name != node, "on another node"
+    resume = st["resumeStep"]
+    assert isinstance(resume, int)
+    assert resume > 0
+    for p in after.values():
+        assert f"epoch 2: resuming at step {resume}" in trainer_log(
+            cluster_kubeconfig, namespace, p.metadata.name
+        )
+    started, opened = parse_time(rec["startedAt"]), parse_time(rec["openedAt"])
+    assert started is not None
+    assert opened is not None
+    print(
+        f"\ndevice {device} Unhealthy -> recovery started {started - failed_at:.2f}s, "
+        f"-> barrier open {opened - failed_at:.2f}s (member replaced on "
+        f"{after['1'].spec.node_name}, {node} tainted)"
+    )
