@@ -20,7 +20,7 @@ from testbed.controller import gang_state, member_pods
 from testbed.demo import trainer_log, trainers_running, training_gang
 from testbed.devices import RESOURCE, TestDevices
 from testbed.install import Installation
-from testbed.kube import Clients, wait_for
+from testbed.kube import Clients, remove_taint, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -37,14 +37,7 @@ def devices(local_cluster: LocalCluster | None, kube: Clients, tmp_path: Path) -
             yield d
         finally:
             for node in nodes:  # removed by people after the repair, never by the controller
-                _untaint(kube, node)
-
-
-def _untaint(kube: Clients, node: str) -> None:
-    taints = kube.core.read_node(node).spec.taints or []
-    keep = [t for t in taints if t.key != names.DEVICE_UNHEALTHY_TAINT]
-    if len(keep) != len(taints):
-        kube.core.patch_node(node, {"spec": {"taints": keep or None}})
+                remove_taint(kube, node, names.DEVICE_UNHEALTHY_TAINT)
 
 
 def _device_status(pod: Any) -> list[tuple[str, str]]:

@@ -33,6 +33,10 @@ RESTART_SCOPE: Final = f"{PREFIX}restart-scope"
 TRAINER_STOP_GRACE: Final = f"{PREFIX}trainer-stop-grace"
 HANG_TIMEOUT: Final = f"{PREFIX}hang-timeout"
 STARTUP_TIMEOUT: Final = f"{PREFIX}startup-timeout"
+STRAGGLER_FACTOR: Final = f"{PREFIX}straggler-factor"
+STRAGGLER_WINDOWS: Final = f"{PREFIX}straggler-windows"
+STRAGGLER_WINDOW: Final = f"{PREFIX}straggler-window"
+STRAGGLER_ACTION: Final = f"{PREFIX}straggler-action"
 # Set by `kubectl jobset-inplace restart`: a new value asks for one manual in-place gang restart.
 RESTART_REQUEST: Final = f"{PREFIX}restart-request"
 
@@ -48,6 +52,9 @@ REPORT_EXITED: Final = f"{PREFIX}exited-in-epoch"
 # ... and the epoch in which its trainer made no progress for hang-timeout (or reported no first
 # step within startup-timeout): hung, though every process lives; removed with its next report.
 REPORT_HUNG: Final = f"{PREFIX}hung-in-epoch"
+# ... and (straggler detection on) its trainers' busy milliseconds per step in its last windows
+# of the epoch, newest first ("230,228,231"); removed with its next report.
+REPORT_BUSY: Final = f"{PREFIX}busy-ms-per-step"
 
 # --- Pod condition set by the controller to escalate through JobSet's failure policy ---------
 ESCALATION_CONDITION: Final = "JobsetInplaceEscalated"
@@ -71,6 +78,9 @@ DEVICE_UNHEALTHY_TAINT: Final = f"{PREFIX}device-unhealthy"
 # The agent's hang detection settings (seconds), set by the transform from the annotations.
 ENV_HANG_TIMEOUT: Final = "JSI_HANG_TIMEOUT_SECONDS"
 ENV_STARTUP_TIMEOUT: Final = "JSI_STARTUP_TIMEOUT_SECONDS"
+# ... and its straggler detection's: the window (seconds) and how many windows it publishes.
+ENV_STRAGGLER_WINDOW: Final = "JSI_STRAGGLER_WINDOW_SECONDS"
+ENV_STRAGGLER_WINDOWS: Final = "JSI_STRAGGLER_WINDOWS"
 
 DEFAULT_RESTART_EXIT_CODE: Final = 88
 # The agent's barrier endpoint (its startupProbe) in every member pod.

@@ -25,7 +25,7 @@ from jobset_inplace.times import parse_time
 from . import workloads
 from .cluster import REAL_NODE_LABEL, LocalCluster
 from .controller import IMAGE, ControllerProcess, gang_state, member_pods, prepare
-from .demo_trainer import FAILURE_FILE, HANG_FILE
+from .demo_trainer import FAILURE_FILE, HANG_FILE, SLOW_FILE
 from .kube import Clients, clients, create_jobset, wait_for
 from .versions import binaries
 
@@ -219,6 +219,11 @@ def inject_hang(kubeconfig: Path, namespace: str, pod: str) -> None:
     """Make the demo trainer in ``pod`` hang at its next step (alive, no progress, SIGTERM
     ignored)."""
     _lever(kubeconfig, namespace, pod, HANG_FILE, "")
+
+
+def inject_slowdown(kubeconfig: Path, namespace: str, pod: str, factor: float) -> None:
+    """Make the demo trainer in ``pod`` ``factor`` times slower per step (a straggler)."""
+    _lever(kubeconfig, namespace, pod, SLOW_FILE, f"{factor:g}")
 
 
 def _lever(kubeconfig: Path, namespace: str, pod: str, lever: str, text: str) -> None:

@@ -94,3 +94,11 @@ def create_jobset(c: Clients, namespace: str, body: dict[str, Any]) -> dict[str,
 def node_ready_status(node: client.V1Node) -> str:
     """The node's Ready condition status ("True", "False", "Unknown"; "Missing" if none)."""
     return str((condition(node.to_dict(), "Ready") or {}).get("status", "Missing"))
+
+
+def remove_taint(c: Clients, node: str, key: str) -> None:
+    """Remove the taints with ``key`` from ``node`` (as people do after a repair)."""
+    taints = c.core.read_node(node).spec.taints or []
+    keep = [t for t in taints if t.key != key]
+    if len(keep) != len(taints):
+        c.core.patch_node(node, {"spec": {"taints": keep or None}})

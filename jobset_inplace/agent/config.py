@@ -13,6 +13,8 @@ from jobset_inplace.names import (
     DEFAULT_RESTART_EXIT_CODE,
     ENV_HANG_TIMEOUT,
     ENV_STARTUP_TIMEOUT,
+    ENV_STRAGGLER_WINDOW,
+    ENV_STRAGGLER_WINDOWS,
 )
 from jobset_inplace.trainer import resolve_state_dir, tier_roots
 from jobset_inplace.trainer.checkpoints import parse_canonical_int
@@ -60,6 +62,9 @@ class Config:
     launched: tuple[str, ...] = ()
     stop_grace: float = DEFAULT_STOP_GRACE
     hang: HangRule = field(default_factory=HangRule)
+    # Straggler detection: the window (seconds; None: off) and how many windows to publish.
+    busy_window: float | None = None
+    busy_windows: int = 3
 
     @property
     def process_scope(self) -> bool:
@@ -153,7 +158,7 @@ MAX_HANG_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 def _seconds(env: Mapping[str, str], var: str) -> float | None:
-    """A positive number of seconds (None: unset, the check is off)."""
+    """A positive number of seconds (None: unset, the feature is off)."""
     raw = env.get(var, "")
     if not raw:
         return None
@@ -206,4 +211,6 @@ def load_config(env: Mapping[str, str]) -> Config:
         launched=launched,
         stop_grace=grace,
         hang=HangRule(_seconds(env, ENV_HANG_TIMEOUT), _seconds(env, ENV_STARTUP_TIMEOUT)),
+        busy_window=_seconds(env, ENV_STRAGGLER_WINDOW),
+        busy_windows=_int(env, ENV_STRAGGLER_WINDOWS, 3, low=1, high=20),
     )

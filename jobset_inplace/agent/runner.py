@@ -15,7 +15,7 @@ from jobset_inplace import launcher, names
 from jobset_inplace.trainer import ResumeInfo, clear_resume, write_resume
 from jobset_inplace.trainer.checkpoints import available_steps, encode_steps, is_complete, step_dir
 from jobset_inplace.trainer.checkpoints import retire_steps_after as retire
-from jobset_inplace.trainer.progress import clear_progress, read_progress
+from jobset_inplace.trainer.progress import clear_progress, encode_busy, read_progress
 
 from .config import Config
 from .hang import HangWatch
@@ -35,6 +35,7 @@ from .logic import (
 )
 from .logic import parse_gangstate as parse
 from .probe import BarrierState
+from .steptime import BusyWindows
 
 __all__ = ["Agent", "Backoff", "TrainerMonitor", "process_age"]
 
@@ -48,7 +49,7 @@ STOP_SLACK_S = 5.0
 # A trainer's exit or hang that cannot be reported for this long restarts the whole pod instead
 # (the kubelet's own signals then reach the controller): a gang never waits unseen.
 EXIT_REPORT_DEADLINE_S = 10.0
-HANG_CHECK_SECONDS = 1.0  # how often the monitor reads the progress records
+PROGRESS_READ_SECONDS = 1.0  # how often the monitor reads the progress records
 
 
 def process_age() -> float | None:
@@ -239,6 +240,7 @@ class Agent:
                     names.REPORT_LATE: None if action.barrier_closed else str(action.epoch),
                     names.REPORT_EXITED: None,
                     names.REPORT_HUNG: None,
+                    names.REPORT_BUSY: None,
                 }
             }
         }
@@ -366,16 +368,20 @@ class TrainerMonitor:
     ) -> None:
         self.agent, self.kube = agent, kube
         self.exit_process, self.clock = exit_process, clock
-        self.hang = HangWatch(agent.cfg.hang) if agent.cfg.hang.enabled else None
-        self.next_hang_check = 0.0
+        cfg = agent.cfg
+        self.hang = HangWatch(cfg.hang) if cfg.hang.enabled else None
+        self.busy = BusyWindows(cfg.busy_window, cfg.busy_windows) if cfg.busy_window else None
+        self.busy_pending: tuple[int, tuple[int, ...]] | None = None  # (epoch, history) to write
+        self.watched: int | None = None  # the epoch whose progress is being watched
+        self.next_read = 0.0
         self.reported: dict[str, int] = {}  # annotation -> the epoch it was last reported for
         self.failing_since: float | None = None
         self.thread = threading.Thread(target=self._run, name="trainer-monitor", daemon=True)
 
     @property
     def needed(self) -> bool:
-        """Whether there is anything to watch (process scope, or hang detection on)."""
-        return self.agent.cfg.process_scope or self.hang is not None
+        """Whether there is anything to watch (process scope, hang or straggler detection)."""
+        return self.agent.cfg.process_scope or self.hang is not None or self.busy is not None
 
     def start(self) -> None:
         self.thread.start()
@@ -423,15 +429,49 @@ class TrainerMonitor:
             container, code = failed
             return self._report(names.REPORT_EXITED, epoch, f"trainer {container} exited {code}")
         now = self.clock()
-        if self.hang is None or now < self.next_hang_check:
+        if (self.hang is None and self.busy is None) or now < self.next_read:
             return False
-        self.next_hang_check = now + HANG_CHECK_SECONDS
-        if self.hang.epoch != epoch:
-            self.hang.opened(epoch, opened_at)
+        self.next_read = now + PROGRESS_READ_SECONDS
+        if self.watched != epoch:
+            self.watched = epoch
+            if self.hang is not None:
+                self.hang.opened(epoch, opened_at)
+            if self.busy is not None:
+                self.busy.opened()
         if cfg.process_scope and trainers_stopped(states):
             return False  # no trainer runs (it finished, or is being stopped): none can hang
-        hung = self.hang.observe(now, read_progress(cfg.state_dir))
-        return hung is not None and self._report(names.REPORT_HUNG, epoch, hung.reason)
+        records = read_progress(cfg.state_dir)
+        if self.hang is not None:
+            hung = self.hang.observe(now, records)
+            if hung is not None and self._report(names.REPORT_HUNG, epoch, hung.reason):
+                return True
+        if self.busy is not None:
+            history = self.busy.observe(now, records)
+            if history is not None:
+                self.busy_pending = (epoch, history)
+            self._publish_busy()
+        return False
+
+    def _publish_busy(self) -> None:
+        """Write the busy windows on the pod; a failure is retried at the next read (the
+        straggler signal is advisory: it never restarts the pod)."""
+        if self.busy_pending is None:
+            return
+        epoch, history = self.busy_pending
+        running = self.agent.running
+        if running is None or running[0] != epoch:
+            self.busy_pending = None  # the epoch is over: its report removed the annotation
+            return
+        cfg = self.agent.cfg
+        value = encode_busy(history)
+        patch = {"metadata": {"annotations": {names.REPORT_BUSY: value}}}
+        try:
+            self.kube.merge_patch(f"/api/v1/namespaces/{cfg.namespace}/pods/{cfg.pod_name}", patch)
+        except _RETRY_ERRORS as e:
+            self.agent.log.warning(f"cannot publish busy time per step: {_describe(e)}")
+            return
+        self.busy_pending = None
+        self.agent.log.info(f"busy ms per step, newest window first: {value}")
 
     def _report(self, key: str, epoch: int, what: str) -> bool:
         if self.reported.get(key) == epoch:

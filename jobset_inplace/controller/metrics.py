@@ -74,7 +74,7 @@ class GangCollector(Collector):
         yield from self._families()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        phases, budgets = self._families()
+        phases, budgets, slow = self._families()
         counts = dict.fromkeys(Phase, 0)
         # a scrape runs on another thread than the event loop that changes the cache: tuple()
         # copies the dict's values in one step under the GIL, and each gang's status and policy
@@ -86,13 +86,16 @@ class GangCollector(Collector):
             counts[status.phase] += 1
             for budget, left in budgets_left(policy, status).items():
                 budgets.add_metric([*gang.key, budget], left)
+            if policy.straggler_factor is not None:
+                slow.add_metric(list(gang.key), len(status.stragglers))
         for phase, n in counts.items():
             phases.add_metric([phase.value], n)
         yield phases
         yield budgets
+        yield slow
 
     @staticmethod
-    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
         return (
             GaugeMetricFamily(
                 f"{PREFIX}gangs", "Opted-in gangs by phase of their GangState.", labels=["phase"]
@@ -101,6 +104,11 @@ class GangCollector(Collector):
                 f"{PREFIX}gang_restart_budget_remaining",
                 "What is left of a gang's budget: in_place (recoveries), recreate (pods).",
                 labels=["namespace", "jobset", "budget"],
+            ),
+            GaugeMetricFamily(
+                f"{PREFIX}gang_stragglers",
+                "Members of a gang slower than its median now (gangs with straggler detection).",
+                labels=["namespace", "jobset"],
             ),
         )
 

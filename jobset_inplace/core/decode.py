@@ -19,6 +19,7 @@ from jobset_inplace.trainer.checkpoints import (
     parse_canonical_int,
     shorten_repr,
 )
+from jobset_inplace.trainer.progress import decode_busy
 
 Obj = Mapping[str, Any]
 
@@ -175,6 +176,8 @@ def pod_view(pod: Obj) -> PodView | None:
     late = _report_number(annotations, names.REPORT_LATE, errors)
     exited = _report_number(annotations, names.REPORT_EXITED, errors)
     hung = _report_number(annotations, names.REPORT_HUNG, errors)
+    # advisory (straggler detection): a malformed one is ignored, never makes the report bad
+    busy = decode_busy(annotations.get(names.REPORT_BUSY) or "") or ()
     containers = status.get("containerStatuses") or []
     return PodView(
         name=meta["name"],
@@ -191,6 +194,7 @@ def pod_view(pod: Obj) -> PodView | None:
         late_for_epoch=None if errors else late,
         exited_in_epoch=None if errors else exited,
         hung_in_epoch=None if errors else hung,
+        busy_ms=() if errors else busy,
         trainer_failed=any(
             (c.get("state") or {}).get("terminated", {}).get("exitCode", 0) != 0 for c in containers
         ),

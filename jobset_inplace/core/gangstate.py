@@ -68,6 +68,7 @@ def status_to_dict(s: GangStatus) -> dict[str, Any]:
         "history": list(s.history),
         "restartRequest": s.restart_request,
         "kueueMarginSeconds": s.kueue_margin_s,
+        "stragglers": dict(s.stragglers),
     }
 
 
@@ -96,6 +97,7 @@ def status_from_dict(d: dict[str, Any] | None) -> GangStatus:
         message=d.get("message") or "",
         restart_request=d.get("restartRequest") or "",
         kueue_margin_s=d.get("kueueMarginSeconds"),
+        stragglers={k: float(v) for k, v in (d.get("stragglers") or {}).items()},
     )
 
 

@@ -22,6 +22,7 @@ class Cause(StrEnum):
 
     TRAINER_EXITED = "TrainerExited"  # a main container terminated non-zero
     TRAINER_HUNG = "TrainerHung"  # its agent saw no progress for hang-timeout (or startup-timeout)
+    STRAGGLER = "Straggler"  # slower than the gang (straggler-action: recreate)
     RESTARTING = "ContainersRestarting"  # pod condition AllContainersRestarting=True
     # its agent reported after the barrier had opened and waits for the next epoch: the member
     # restarted (a failure the controller did not see, e.g. while it was down)
@@ -40,7 +41,13 @@ class Cause(StrEnum):
 
 # Causes whose member must get a new pod (possibly on another node) rather than restart in place.
 RECREATE_CAUSES = frozenset(
-    {Cause.NODE_UNHEALTHY, Cause.DEVICE_UNHEALTHY, Cause.REPEATED_FAILURE, Cause.BARRIER_TIMEOUT}
+    {
+        Cause.NODE_UNHEALTHY,
+        Cause.DEVICE_UNHEALTHY,
+        Cause.REPEATED_FAILURE,
+        Cause.BARRIER_TIMEOUT,
+        Cause.STRAGGLER,
+    }
 )
 
 
@@ -60,6 +67,7 @@ class PodView:
     late_for_epoch: int | None = None  # its agent reported this epoch after its barrier opened
     exited_in_epoch: int | None = None  # its agent saw its trainer exit non-zero in this epoch
     hung_in_epoch: int | None = None  # its agent saw its trainer hang in this epoch
+    busy_ms: tuple[int, ...] = ()  # busy ms per step in its agent's last windows, newest first
     not_ready_since: float | None = None  # its Ready condition is not True since then
     agent_started: float | None = None  # when its running agent container started
     trainer_failed: bool = False
@@ -142,6 +150,8 @@ class GangStatus:
     restart_request: str = ""  # the last manual restart request acted on
     # Kueue recoveryTimeout minus the worst-case recovery (two barrier deadlines); None: n/a
     kueue_margin_s: float | None = None
+    # Members slower than the gang (straggler detection): busy time per step / the median
+    stragglers: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,9 @@ from jobset_inplace.core.model import (
     Snapshot,
     UntaintNode,
 )
-from jobset_inplace.core.policy import ForceDelete, NoCommonCheckpoint, Policy
+from jobset_inplace.core.policy import ForceDelete, NoCommonCheckpoint, Policy, StragglerAction
 from jobset_inplace.core.statemachine import TRANSITIONS, Edge, IllegalTransition, Phase, target
+from jobset_inplace.core.stragglers import stragglers
 from jobset_inplace.times import rfc3339
 
 # The kubelet renews its node Lease every 10 s; a Lease older than this is a missed renewal.
@@ -505,13 +506,39 @@ class _Planning:
     def running(self, causes: dict[str, Cause]) -> None:
         st, request = self.st, self.s.gang.restart_request
         st.reported = sum(1 for p in self.current.values() if p.reported_epoch == st.epoch)
+        slow = self.find_stragglers()
         if causes:
             self.member_failed(causes)
+        elif slow and self.s.policy.straggler_action == StragglerAction.RECREATE:
+            self.member_failed(dict.fromkeys(slow, Cause.STRAGGLER))
         elif request and request != st.restart_request:
             st.restart_request = request
             self.fresh_epoch(
                 Edge.MANUAL_RESTART, f"manual restart ({request})", Cause.MANUAL_RESTART
             )
+
+    def find_stragglers(self) -> dict[str, float]:
+        """The members slower than the gang in the running epoch (status and Events); {} with
+        straggler detection off."""
+        st, policy = self.st, self.s.policy
+        found: dict[str, float] = {}
+        if policy.straggler_factor is not None and st.barrier_open:
+            busy = {
+                m: p.busy_ms
+                for m, p in self.current.items()
+                if p.reported_epoch == st.epoch and p.busy_ms
+            }
+            found = stragglers(busy, policy.straggler_factor, policy.straggler_windows)
+        for member in sorted(set(found) - set(st.stragglers)):
+            self.event(
+                "StragglerDetected",
+                f"member {member}: busy time per step {found[member]:g}x the gang's median for "
+                f"{policy.straggler_windows} windows of {policy.straggler_window_s:g}s",
+                warning=True,
+                once_key=f"Straggler/{st.epoch}/{member}",
+            )
+        st.stragglers = found
+        return found
 
     def member_failed(self, causes: dict[str, Cause]) -> None:
         s, st, policy = self.s, self.st, self.s.policy
@@ -750,7 +777,10 @@ class _Planning:
             return
         unreachable = self.s.policy.force_delete == ForceDelete.UNREACHABLE
         dead = cause == Cause.NODE_UNHEALTHY
-        device = cause == Cause.DEVICE_UNHEALTHY and self.s.policy.taint_on_device_fault
+        # A straggler's node is slow: taint it as a failed device's (removed by people).
+        device = cause == Cause.STRAGGLER or (
+            cause == Cause.DEVICE_UNHEALTHY and self.s.policy.taint_on_device_fault
+        )
         node = self.s.nodes.get(pod.node or "")
         self.p.actions.append(
             ReplacePod(

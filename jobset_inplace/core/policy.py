@@ -51,6 +51,14 @@ class RestartScope(StrEnum):
     POD = "pod"
 
 
+class StragglerAction(StrEnum):
+    """What a straggler gets: an Event, the GangState status and a metric (``report``), or, on
+    top, its pod replaced on another node, the gang restarted in place (``recreate``)."""
+
+    REPORT = "report"
+    RECREATE = "recreate"
+
+
 @dataclass(frozen=True)
 class CheckpointDirs:
     """Checkpoint tier roots inside the member containers (docs/trainer-contract.md)."""
@@ -85,6 +93,12 @@ class Policy:
     # no first step this long after the barrier opened, is a hung trainer (docs/annotations.md).
     hang_timeout_s: float | None = None
     startup_timeout_s: float | None = None
+    # Straggler detection (off when the factor is None): busy time per step above factor x the
+    # gang's median for `straggler_windows` windows of `straggler_window_s` in a row.
+    straggler_factor: float | None = None
+    straggler_windows: int = 3
+    straggler_window_s: float = 300.0
+    straggler_action: StragglerAction = StragglerAction.REPORT
 
 
 class PolicyError(ValueError):
@@ -147,6 +161,13 @@ TRAINER_STOP_GRACE_RANGE_S = (0.0, 300.0)
 # never be taken for a hung one). Progress is a file write per step, read by the agent every
 # second: 10s is the shortest that is not mostly the poll; past a week nothing is "detected".
 HANG_TIMEOUT_RANGE_S = (10.0, 7 * 24 * 3600.0)
+# straggler-factor: slower than the median by less than 10 % is noise; 100x is a hang.
+STRAGGLER_FACTOR_RANGE = (1.1, 100.0)
+# straggler-windows: the agent publishes this many windows on its pod (one annotation).
+STRAGGLER_WINDOWS_RANGE = (1, 20)
+# straggler-window: each window is one pod write per member (5000 members, 5 min: 17 writes/s;
+# 30 s: 167/s, the shortest that is still a small share of a control plane's writes).
+STRAGGLER_WINDOW_RANGE_S = (30.0, 3600.0)
 INPLACE_BUDGET_RANGE = (0, 10_000)
 RECREATE_BUDGET_RANGE = (0, 10_000)
 MEMBER_REPEAT_LIMIT_RANGE = (1, 1000)
@@ -234,6 +255,17 @@ def _checkpoint_dirs(key: str, value: str) -> CheckpointDirs:
     return CheckpointDirs(found.get("local"), found.get("persistent"))
 
 
+def _factor(key: str, value: str, bounds: tuple[float, float]) -> float:
+    lo, hi = bounds
+    accepted = f"a number such as 1.5 or 2, from {lo:g} to {hi:g}"
+    if not re.fullmatch(r"[0-9]{1,4}(\.[0-9]{1,3})?", value):
+        raise PolicyError(key, value, accepted)
+    number = float(value)
+    if not lo <= number <= hi:
+        raise PolicyError(key, value, accepted)
+    return number
+
+
 def _bool(key: str, value: str) -> bool:
     if value not in ("true", "false"):
         raise PolicyError(key, value, '"true" or "false"')
@@ -295,6 +327,22 @@ _PARSERS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
         names.STARTUP_TIMEOUT,
         lambda k, v: _duration(k, v, HANG_TIMEOUT_RANGE_S, "10m, 30m or 1h"),
     ),
+    (
+        "straggler_factor",
+        names.STRAGGLER_FACTOR,
+        lambda k, v: _factor(k, v, STRAGGLER_FACTOR_RANGE),
+    ),
+    (
+        "straggler_windows",
+        names.STRAGGLER_WINDOWS,
+        lambda k, v: _int(k, v, STRAGGLER_WINDOWS_RANGE),
+    ),
+    (
+        "straggler_window_s",
+        names.STRAGGLER_WINDOW,
+        lambda k, v: _duration(k, v, STRAGGLER_WINDOW_RANGE_S, "1m, 5m or 15m"),
+    ),
+    ("straggler_action", names.STRAGGLER_ACTION, lambda k, v: _choice(k, v, StragglerAction)),
 )
 
 

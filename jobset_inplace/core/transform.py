@@ -90,6 +90,7 @@ def agent_container(jobset_name: str, policy: Policy, s: AgentSettings) -> dict[
             *([{"name": "JSI_API_SERVER", "value": s.api_server}] if s.api_server else []),
             *_seconds_env(names.ENV_HANG_TIMEOUT, policy.hang_timeout_s),
             *_seconds_env(names.ENV_STARTUP_TIMEOUT, policy.startup_timeout_s),
+            *_straggler_env(policy),
         ],
         # Pod scope: the barrier; main containers start only once this passes. Process scope:
         # passes once the launcher is installed (the launchers hold the trainers). Its
@@ -107,6 +108,15 @@ def agent_container(jobset_name: str, policy: Policy, s: AgentSettings) -> dict[
 
 def _seconds_env(name: str, seconds: float | None) -> list[dict[str, Any]]:
     return [] if seconds is None else [{"name": name, "value": f"{seconds:g}"}]
+
+
+def _straggler_env(policy: Policy) -> list[dict[str, Any]]:
+    if policy.straggler_factor is None:
+        return []
+    return [
+        *_seconds_env(names.ENV_STRAGGLER_WINDOW, policy.straggler_window_s),
+        {"name": names.ENV_STRAGGLER_WINDOWS, "value": str(policy.straggler_windows)},
+    ]
 
 
 def _add_by_name(items: list[dict[str, Any]], item: dict[str, Any]) -> list[dict[str, Any]]:

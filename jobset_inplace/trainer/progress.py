@@ -2,7 +2,8 @@
 
 A trainer calls :func:`report_progress` once per step (or keeps a :class:`ProgressReporter`).
 Each new step rewrites one small file in the shared state directory,
-``$JSI_STATE_DIR/progress-<name>.json`` = ``{"step": <int>, "at": <unix seconds>}``, atomically
+``$JSI_STATE_DIR/progress-<name>.json`` = ``{"step": <int>, "at": <unix seconds>}`` (and
+``"busyS"``: busy seconds summed over the steps, for straggler detection), atomically
 (a temporary file renamed over it); ``<name>`` is ``$JSI_CONTAINER_NAME`` (set on every main
 container), so several trainer containers of one pod keep one record each. No API request, no
 lock: a rename on the pod's local volume. The agent reads the records (:func:`read_progress`)
@@ -22,13 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobset_inplace.launcher import DEFAULT_STATE_DIR, ENV_CONTAINER, ENV_STATE_DIR
-from jobset_inplace.trainer.checkpoints import MAX_STEP, is_int
+from jobset_inplace.trainer.checkpoints import MAX_STEP, is_int, parse_canonical_int
 
 __all__ = [
     "DEFAULT_NAME",
     "Progress",
     "ProgressReporter",
     "clear_progress",
+    "decode_busy",
+    "encode_busy",
     "progress_file",
     "read_progress",
     "report_progress",
@@ -42,6 +45,9 @@ DEFAULT_NAME = "trainer"  # without $JSI_CONTAINER_NAME (a trainer run by hand)
 class Progress:
     step: int
     at: float  # when the trainer reached ``step`` (its clock: for people, not for detection)
+    # Seconds the trainer was busy (not waiting in collectives) over all the steps it reported
+    # so far; None if it does not say (straggler detection needs it).
+    busy: float | None = None
 
 
 def progress_file(state_dir: Path, name: str) -> Path:
@@ -72,7 +78,12 @@ def read_progress(state_dir: Path) -> dict[str, Progress]:
             continue
         if isinstance(at, bool) or not isinstance(at, int | float):
             continue
-        out[name[len(PREFIX) : -len(SUFFIX)]] = Progress(step, float(at))
+        busy = doc.get("busyS")
+        if isinstance(busy, bool) or not isinstance(busy, int | float) or not 0 <= busy < 1e15:
+            busy = None  # absent or malformed: the record still counts as progress
+        out[name[len(PREFIX) : -len(SUFFIX)]] = Progress(
+            step, float(at), None if busy is None else float(busy)
+        )
     return out
 
 
@@ -88,21 +99,51 @@ def clear_progress(state_dir: Path) -> None:
             path.unlink(missing_ok=True)
 
 
+# The agent's report of its windows (``jobset-inplace.dev/busy-ms-per-step``): busy
+# milliseconds per step, newest window first, comma-separated canonical integers.
+MAX_BUSY_WINDOWS = 20
+MAX_BUSY_MS = 10**9
+
+
+def encode_busy(history: tuple[int, ...]) -> str:
+    return ",".join(map(str, history))
+
+
+def decode_busy(text: str) -> tuple[int, ...] | None:
+    """The windows of a report; None if it is not in the form above."""
+    parts = text.split(",")
+    if len(parts) > MAX_BUSY_WINDOWS:
+        return None
+    values = [parse_canonical_int(p, MAX_BUSY_MS) for p in parts]
+    return None if any(v is None for v in values) else tuple(v for v in values if v is not None)
+
+
 class ProgressReporter:
-    """Writes the progress record when the step changes (calls with the same step are free)."""
+    """Writes the progress record when the step changes (calls with the same step are free,
+    but for adding their ``busy_s``)."""
 
     def __init__(self, state_dir: Path | None = None, name: str | None = None) -> None:
         directory = state_dir or Path(os.environ.get(ENV_STATE_DIR) or DEFAULT_STATE_DIR)
         self.path = progress_file(directory, name or os.environ.get(ENV_CONTAINER) or DEFAULT_NAME)
         self.step: int | None = None
+        self.busy: float | None = None  # the sum of the busy_s given so far
 
-    def __call__(self, step: int) -> None:
+    def __call__(self, step: int, busy_s: float | None = None) -> None:
         if not is_int(step) or not 0 <= step <= MAX_STEP:
             raise ValueError(f"step must be an integer 0..{MAX_STEP}, got {step!r}")
+        if busy_s is not None:
+            if isinstance(busy_s, bool) or not isinstance(busy_s, int | float):
+                raise ValueError(f"busy_s must be seconds (a number >= 0), got {busy_s!r}")
+            if not 0 <= busy_s < 1e9:  # also refuses nan
+                raise ValueError(f"busy_s must be seconds (a number >= 0), got {busy_s!r}")
+            self.busy = (self.busy or 0.0) + busy_s
         if step == self.step:
             return
+        doc: dict[str, float] = {"step": step, "at": round(time.time(), 3)}
+        if self.busy is not None:
+            doc["busyS"] = round(self.busy, 6)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps({"step": step, "at": round(time.time(), 3)}), encoding="utf-8")
+        tmp.write_text(json.dumps(doc), encoding="utf-8")
         os.replace(tmp, self.path)
         self.step = step
 
@@ -112,7 +153,9 @@ def _reporter() -> ProgressReporter:
     return ProgressReporter()
 
 
-def report_progress(step: int) -> None:
+def report_progress(step: int, busy_s: float | None = None) -> None:
     """Record that the trainer reached ``step`` (call it once per step; cheap when the step did
-    not change). Needed only with ``hang-timeout`` or ``startup-timeout`` set."""
-    _reporter()(step)
+    not change), and optionally how long the step kept it busy, not counting the time it
+    waited for the other members in collectives (``busy_s``: straggler detection's signal).
+    Needed only with hang or straggler detection on (docs/annotations.md)."""
+    _reporter()(step, busy_s)

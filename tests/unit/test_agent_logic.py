@@ -317,6 +317,7 @@ def test_config_defaults(env: dict[str, str]) -> None:
     assert cfg.persistent_dir is None
     assert cfg.server == "https://127.0.0.1:6443"
     assert not cfg.hang.enabled
+    assert cfg.busy_window is None
 
 
 def test_config_overrides(env: dict[str, str]) -> None:
@@ -330,8 +331,11 @@ def test_config_overrides(env: dict[str, str]) -> None:
             "JSI_PROBE_PORT": "9000",
             "JSI_HANG_TIMEOUT_SECONDS": "600",
             "JSI_STARTUP_TIMEOUT_SECONDS": "90.5",
+            "JSI_STRAGGLER_WINDOW_SECONDS": "300",
+            "JSI_STRAGGLER_WINDOWS": "5",
         }
     )
+    assert (cfg.busy_window, cfg.busy_windows) == (300.0, 5)
     assert (cfg.hang.hang_timeout, cfg.hang.startup_timeout) == (600.0, 90.5)
     assert (cfg.state_dir, cfg.local_dir, cfg.persistent_dir) == (
         Path("/s"),
@@ -382,6 +386,8 @@ def test_config_plain_http_without_token(env: dict[str, str]) -> None:
         ({"JSI_HANG_TIMEOUT_SECONDS": "nan"}, "JSI_HANG_TIMEOUT_SECONDS"),
         ({"JSI_STARTUP_TIMEOUT_SECONDS": "-5"}, "JSI_STARTUP_TIMEOUT_SECONDS"),
         ({"JSI_STARTUP_TIMEOUT_SECONDS": "1e9"}, "JSI_STARTUP_TIMEOUT_SECONDS"),
+        ({"JSI_STRAGGLER_WINDOWS": "0"}, "JSI_STRAGGLER_WINDOWS"),
+        ({"JSI_STRAGGLER_WINDOWS": "21"}, "JSI_STRAGGLER_WINDOWS"),
     ],
 )
 def test_config_errors_name_the_variable(

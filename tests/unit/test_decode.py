@@ -114,6 +114,7 @@ def _annotations(**values: str | None) -> Callable[[Pod], None]:
         "late": names.REPORT_LATE,
         "exited": names.REPORT_EXITED,
         "hung": names.REPORT_HUNG,
+        "busy": names.REPORT_BUSY,
     }
 
     def change(p: Pod) -> None:
@@ -210,6 +211,12 @@ TABLE: dict[str, tuple[Callable[[Pod], None], dict[str, Any], Cause | None]] = {
         Cause.TRAINER_HUNG,
     ),
     "its trainer hung in an older epoch": (_annotations(hung="1"), {"hung_in_epoch": 1}, None),
+    "its busy windows (straggler detection)": (
+        _annotations(busy="250,240"),
+        {"busy_ms": (250, 240)},
+        None,
+    ),
+    "malformed busy windows are ignored": (_annotations(busy="250,x"), {"busy_ms": ()}, None),
     "its trainer exited in an older epoch": (
         _annotations(exited="1"),
         {"exited_in_epoch": 1},

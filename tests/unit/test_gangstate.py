@@ -80,6 +80,7 @@ def full_status() -> GangStatus:
         message="resumed at step 4200",
         restart_request="2026-01-01T00:00:00Z",
         kueue_margin_s=60.0,
+        stragglers={"workers/2/0": 1.8},
     )
 
 
@@ -186,6 +187,7 @@ statuses = st.builds(
     message=st.text(max_size=40),
     restart_request=st.text(max_size=20),
     kueue_margin_s=st.none() | times,
+    stragglers=st.dictionaries(members, st.floats(1, 100).map(lambda f: round(f, 2)), max_size=3),
 )
 
 

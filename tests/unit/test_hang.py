@@ -120,6 +120,21 @@ def test_reporter_names_its_record_after_the_container(
     assert set(read_progress(tmp_path)) == {"worker"}
 
 
+def test_reporter_sums_the_busy_times(tmp_path: Path) -> None:
+    report = ProgressReporter(tmp_path, "t")
+    report(1)
+    assert read_progress(tmp_path)["t"].busy is None, "not said: no busyS"
+    report(2, busy_s=0.5)
+    report(2, busy_s=0.25)  # a same-step call adds, for the next write
+    report(3, busy_s=1)
+    assert read_progress(tmp_path)["t"] == Progress(3, read_progress(tmp_path)["t"].at, 1.75)
+    for bad in [-1.0, float("nan"), True, "1"]:
+        with pytest.raises(ValueError, match="busy_s must be seconds"):
+            report(4, busy_s=bad)  # type: ignore[arg-type]
+    (tmp_path / "progress-x.json").write_text(json.dumps({"step": 1, "at": 1, "busyS": "a"}))
+    assert read_progress(tmp_path)["x"] == Progress(1, 1.0, None), "bad busyS: still progress"
+
+
 @pytest.mark.parametrize("step", [-1, 2**63, True, 1.5, "3"])
 def test_reporter_refuses_a_bad_step(tmp_path: Path, step: object) -> None:
     with pytest.raises(ValueError, match="step must be an integer"):

@@ -128,6 +128,11 @@ def test_gangs_by_phase_and_budgets_left_are_read_from_the_cache_when_scraped(m:
     assert value(m, budget, namespace="ns", jobset="gang", budget="in_place") == 2
     assert value(m, budget, namespace="ns", jobset="gang", budget="recreate") == 0
     assert not any(dict(labels).get("jobset") == "other" for _, labels in scrape(m))
+    slow = "jobset_inplace_gang_stragglers"
+    assert value(m, slow, namespace="ns", jobset="gang") is None, "straggler detection off"
+    g.policy = Policy(straggler_factor=2.0)
+    g.status = GangStatus(phase=Phase.RUNNING, stragglers={"workers/1/0": 2.5})
+    assert value(m, slow, namespace="ns", jobset="gang") == 1
     cache.forget_jobset(KEY)
     assert not any(sample == budget for sample, _ in scrape(m)), "no series of a deleted gang"
     assert value(m, "jobset_inplace_gangs", phase="Running") == 0

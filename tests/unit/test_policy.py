@@ -17,6 +17,7 @@ from jobset_inplace.core.policy import (
     Policy,
     PolicyError,
     RestartScope,
+    StragglerAction,
     format_duration,
     is_managed,
     parse_duration,
@@ -55,6 +56,9 @@ def test_the_defaults() -> None:
     assert p.restart_scope == RestartScope.PROCESS
     assert p.trainer_stop_grace_s == 1.0
     assert (p.hang_timeout_s, p.startup_timeout_s) == (None, None), "hang detection off"
+    assert p.straggler_factor is None, "straggler detection off"
+    assert (p.straggler_windows, p.straggler_window_s) == (3, 300.0)
+    assert p.straggler_action == StragglerAction.REPORT
 
 
 # (annotation, value, Policy field, parsed value)
@@ -115,6 +119,15 @@ ACCEPTED: list[tuple[str, str, str, Any]] = [
     (names.STARTUP_TIMEOUT, "10s", "startup_timeout_s", 10.0),
     (names.STARTUP_TIMEOUT, "1h30m", "startup_timeout_s", 5400.0),
     (names.STARTUP_TIMEOUT, "168h", "startup_timeout_s", 604_800.0),
+    (names.STRAGGLER_FACTOR, "1.1", "straggler_factor", 1.1),
+    (names.STRAGGLER_FACTOR, "1.5", "straggler_factor", 1.5),
+    (names.STRAGGLER_FACTOR, "100", "straggler_factor", 100.0),
+    (names.STRAGGLER_WINDOWS, "1", "straggler_windows", 1),
+    (names.STRAGGLER_WINDOWS, "20", "straggler_windows", 20),
+    (names.STRAGGLER_WINDOW, "30s", "straggler_window_s", 30.0),
+    (names.STRAGGLER_WINDOW, "1h", "straggler_window_s", 3600.0),
+    (names.STRAGGLER_ACTION, "report", "straggler_action", StragglerAction.REPORT),
+    (names.STRAGGLER_ACTION, "recreate", "straggler_action", StragglerAction.RECREATE),
 ]  # fmt: skip
 
 
@@ -168,6 +181,10 @@ def test_all_annotations_together() -> None:
             names.TRAINER_STOP_GRACE: "3s",
             names.HANG_TIMEOUT: "20m",
             names.STARTUP_TIMEOUT: "1h",
+            names.STRAGGLER_FACTOR: "2",
+            names.STRAGGLER_WINDOWS: "4",
+            names.STRAGGLER_WINDOW: "2m",
+            names.STRAGGLER_ACTION: "recreate",
         }
     )
     assert p == Policy(
@@ -189,6 +206,10 @@ def test_all_annotations_together() -> None:
         trainer_stop_grace_s=3.0,
         hang_timeout_s=1200.0,
         startup_timeout_s=3600.0,
+        straggler_factor=2.0,
+        straggler_windows=4,
+        straggler_window_s=120.0,
+        straggler_action=StragglerAction.RECREATE,
     )
 
 
@@ -203,6 +224,9 @@ RANGES: dict[str, tuple[float, float]] = {
     names.TRAINER_STOP_GRACE: (0.0, 300.0),
     names.HANG_TIMEOUT: (10.0, 604_800.0),
     names.STARTUP_TIMEOUT: (10.0, 604_800.0),
+    names.STRAGGLER_FACTOR: (1.1, 100.0),
+    names.STRAGGLER_WINDOWS: (1, 20),
+    names.STRAGGLER_WINDOW: (30.0, 3600.0),
 }
 
 
@@ -218,6 +242,9 @@ def test_the_ranges_are_the_modules() -> None:
         names.TRAINER_STOP_GRACE: policy.TRAINER_STOP_GRACE_RANGE_S,
         names.HANG_TIMEOUT: policy.HANG_TIMEOUT_RANGE_S,
         names.STARTUP_TIMEOUT: policy.HANG_TIMEOUT_RANGE_S,
+        names.STRAGGLER_FACTOR: policy.STRAGGLER_FACTOR_RANGE,
+        names.STRAGGLER_WINDOWS: policy.STRAGGLER_WINDOWS_RANGE,
+        names.STRAGGLER_WINDOW: policy.STRAGGLER_WINDOW_RANGE_S,
     }
 
 
@@ -234,6 +261,8 @@ NODE = "a duration such as 5s, 15s or 1m, from 5s to 1h"
 KUEUE = "a duration such as 3m, 30m or 1h, from 1m15s to 168h"
 NAMES = "a comma-separated list of taint keys or condition types"
 HANG = "a duration such as 10m, 30m or 1h, from 10s to 168h"
+FACTOR = "a number such as 1.5 or 2, from 1.1 to 100"
+FACTORS = {names.STRAGGLER_FACTOR}  # ranges of plain numbers, not durations
 DIRS = "local=/abs/path,persistent=/abs/path (either part may be left out)"
 
 # Python's int() takes all of these; a policy integer (and a report number) is canonical only.
@@ -307,6 +336,19 @@ REJECTED: list[tuple[str, str, str]] = [
     (names.HANG_TIMEOUT, "168h0m1s", HANG),
     (names.STARTUP_TIMEOUT, "5s", HANG),
     (names.STARTUP_TIMEOUT, "1d", HANG),
+    (names.STRAGGLER_FACTOR, "1", FACTOR),
+    (names.STRAGGLER_FACTOR, "1.09", FACTOR),
+    (names.STRAGGLER_FACTOR, "100.5", FACTOR),
+    (names.STRAGGLER_FACTOR, "1.5x", FACTOR),
+    (names.STRAGGLER_FACTOR, " 2", FACTOR),
+    (names.STRAGGLER_FACTOR, "1e1", FACTOR),
+    (names.STRAGGLER_FACTOR, "nan", FACTOR),
+    (names.STRAGGLER_FACTOR, "\uff12", FACTOR),
+    (names.STRAGGLER_WINDOWS, "0", int_form(1, 20)),
+    (names.STRAGGLER_WINDOWS, "21", int_form(1, 20)),
+    (names.STRAGGLER_WINDOW, "29s", "a duration such as 1m, 5m or 15m, from 30s to 1h"),
+    (names.STRAGGLER_WINDOW, "2h", "a duration such as 1m, 5m or 15m, from 30s to 1h"),
+    (names.STRAGGLER_ACTION, "evict", "report or recreate"),
     (names.FORCE_DELETE, "always", "never or unreachable"),
     (names.FORCE_DELETE, "Never", "never or unreachable"),
     (names.MEMBER_REPEAT_LIMIT, "0", REPEAT),
@@ -348,7 +390,7 @@ def test_malformed_annotation_names_key_value_and_accepted_form(
     assert isinstance(e, ValueError)
     if key in RANGES:  # the message states the range
         lo, hi = RANGES[key]
-        fmt = format_duration if isinstance(lo, float) else str
+        fmt = format_duration if isinstance(lo, float) and key not in FACTORS else "{:g}".format
         assert f"from {fmt(lo)} to {fmt(hi)}" in str(e)
 
 

@@ -6,6 +6,7 @@ the real API server."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -19,7 +20,7 @@ from jobset_inplace.agent.log import Log
 from jobset_inplace.agent.probe import BarrierState
 from jobset_inplace.agent.runner import (
     EXIT_REPORT_DEADLINE_S,
-    HANG_CHECK_SECONDS,
+    PROGRESS_READ_SECONDS,
     Agent,
     TrainerMonitor,
 )
@@ -191,5 +192,26 @@ def test_reads_the_progress_records_at_most_once_a_second(tmp_path: Path) -> Non
     m, _, _, now = monitor(tmp_path, "pod", HangRule(startup_timeout=60))
     m.agent.running = (3, 0.0)
     assert not at(m, now, 59.5)
-    assert not at(m, now, 60), f"next read at {59.5 + HANG_CHECK_SECONDS}"
-    assert at(m, now, 59.5 + HANG_CHECK_SECONDS)
+    assert not at(m, now, 60), f"next read at {59.5 + PROGRESS_READ_SECONDS}"
+    assert at(m, now, 59.5 + PROGRESS_READ_SECONDS)
+
+
+def test_publishes_the_busy_windows_and_retries_without_restarting(tmp_path: Path) -> None:
+    m, api, exits, now = monitor(tmp_path, "pod")
+    m.agent.cfg = dataclasses.replace(m.agent.cfg, busy_window=60.0, busy_windows=2)
+    m = TrainerMonitor(m.agent, api, exit_process=exits.append, clock=lambda: now[0])  # type: ignore[arg-type]
+    assert m.needed
+    m.agent.running = (3, 0.0)
+    report = ProgressReporter(tmp_path, "trainer")
+    report(1, busy_s=0.1)
+    assert not at(m, now, 1)  # the first window starts
+    for step in range(2, 12):
+        report(step, busy_s=0.25)
+    api.error = ApiError(500, "InternalError", "etcd timeout")
+    assert not at(m, now, 61)
+    assert api.patches == []
+    api.error = None
+    assert not at(m, now, 62), "retried at the next read"
+    busy = {names.REPORT_BUSY: "250"}
+    assert api.patches == [("/api/v1/namespaces/ns/pods/p-0", {"metadata": {"annotations": busy}})]
+    assert exits == [], "an advisory signal never restarts the pod"

@@ -128,6 +128,18 @@ def test_hang_detection_settings_reach_the_agent(scope: str) -> None:
     assert {"name": "JSI_CONTAINER_NAME", "value": trainer["name"]} in trainer["env"]
 
 
+def test_straggler_detection_settings_reach_the_agent() -> None:
+    js = jobset()
+    ann = js["metadata"]["annotations"]
+    ann[names.STRAGGLER_WINDOW] = "1m"  # without a factor: off
+    agent = pod_spec(transform(js, S))["initContainers"][0]
+    assert not any("STRAGGLER" in e["name"] for e in agent["env"])
+    ann[names.STRAGGLER_FACTOR], ann[names.STRAGGLER_WINDOWS] = "1.5", "4"
+    agent = pod_spec(transform(js, S))["initContainers"][0]
+    assert {"name": names.ENV_STRAGGLER_WINDOW, "value": "60"} in agent["env"]
+    assert {"name": names.ENV_STRAGGLER_WINDOWS, "value": "4"} in agent["env"]
+
+
 def test_process_scope_needs_a_command() -> None:
     js = jobset()
     del pod_spec(js)["containers"][0]["command"]

@@ -1,0 +1,107 @@
+"""Straggler detection end to end on the real kubelet nodes: one member of a 3-member gang
+turns 4x slower per step (a degraded device or node); its agent's busy windows show it, the
+controller flags it (Event, GangState status) and, with ``straggler-action: recreate``,
+replaces it on another node (its node tainted) while the others restart in place, every member
+resuming from one step. Slowdown -> flagged is printed (docs/trainer-contract.md quotes it)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jobset_inplace import names
+from jobset_inplace.times import parse_time
+from testbed.cluster import LocalCluster
+from testbed.controller import gang_state, member_pods
+from testbed.demo import inject_slowdown, trainer_log, trainers_running, training_gang
+from testbed.install import Installation
+from testbed.kube import Clients, remove_taint, wait_for
+
+pytestmark = pytest.mark.e2e
+
+MEMBERS = 3  # a median needs 3 (core/stragglers.py)
+WINDOW_S = 30  # the shortest straggler-window
+WINDOWS = 2
+
+
+@pytest.fixture
+def untainted(local_cluster: LocalCluster | None, kube: Clients) -> Iterator[None]:
+    """The straggler's node is tainted like a failed device's: people remove it (here: the
+    test, afterwards)."""
+    if local_cluster is None:
+        pytest.skip("taints the local cluster's real nodes")
+    yield
+    for node in local_cluster.real_nodes():
+        remove_taint(kube, node, names.DEVICE_UNHEALTHY_TAINT)
+
+
+def test_a_straggler_is_flagged_and_replaced_elsewhere(
+    cluster_kubeconfig: Path,
+    controller: Installation,
+    kube: Clients,
+    namespace: str,
+    untainted: None,
+) -> None:
+    training_gang(
+        kube,
+        cluster_kubeconfig,
+        namespace,
+        "gang",
+        MEMBERS,
+        annotations={
+            names.STRAGGLER_FACTOR: "2",
+            names.STRAGGLER_WINDOWS: str(WINDOWS),
+            names.STRAGGLER_WINDOW: f"{WINDOW_S}s",
+            names.STRAGGLER_ACTION: "recreate",
+        },
+    )
+    before = member_pods(kube, namespace, "gang")
+    victim = before["2"]
+    inject_slowdown(cluster_kubeconfig, namespace, victim.metadata.name, 4)
+    slowed_at = time.time()
+
+    st = wait_for(
+        "the straggler's recovery",
+        lambda: s if (s := gang_state(kube, namespace, "gang")).get("epoch") == 2 else None,
+        (WINDOWS + 2) * WINDOW_S + 60,
+    )
+    rec = st["recovery"]
+    assert rec["causes"] == {"workers/2/0": "Straggler"}
+    assert set(rec["recreated"]) == {"workers/2/0"}
+    events = kube.core.list_namespaced_event(
+        namespace, field_selector="involvedObject.name=gang,reason=StragglerDetected"
+    ).items
+    assert [e.type for e in events] == ["Warning"], "one straggler, flagged once"
+    assert "member workers/2/0" in events[0].message
+    node = victim.spec.node_name
+    taints = {t.key: t.effect for t in kube.core.read_node(node).spec.taints or []}
+    assert taints.get(names.DEVICE_UNHEALTHY_TAINT) == "NoSchedule"
+
+    st = wait_for(
+        "barrier of epoch 2",
+        lambda: s if (s := gang_state(kube, namespace, "gang")).get("barrierOpen") else None,
+        120,
+    )
+    wait_for(
+        "every trainer running again",
+        lambda: trainers_running(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, epoch=2),
+        120,
+    )
+    after = member_pods(kube, namespace, "gang", include_failed=False)
+    for i in ("0", "1"):
+        assert after[i].metadata.uid == before[i].metadata.uid, f"member {i} in place"
+    assert after["2"].metadata.uid != victim.metadata.uid
+    assert after["2"].spec.node_name != node, "replaced on another node"
+    resume = st["resumeStep"]
+    for p in after.values():
+        log = trainer_log(cluster_kubeconfig, namespace, p.metadata.name)
+        assert f"epoch 2: resuming at step {resume}" in log
+    started = parse_time(rec["startedAt"])
+    assert started is not None
+    print(
+        f"\nstraggler (4x slower, factor 2, {WINDOWS} windows of {WINDOW_S}s): slowdown -> "
+        f"recovery started {started - slowed_at:.1f}s; replaced on {after['2'].spec.node_name}"
+    )
