@@ -353,8 +353,10 @@ class TrainerMonitor:
     """Reports on the pod what the kubelet cannot see of the running epoch's trainers, once per
     epoch each: a trainer process that exited non-zero (process scope: its launcher keeps the
     container up; ``exited-in-epoch``) and a hung trainer (hang detection on: `HangWatch`;
-    ``hung-in-epoch``). A daemon thread with its own API connection, polling the launchers'
-    state files and the progress records. If a report keeps failing for
+    ``hung-in-epoch``); and, once per window, the busy time per step that straggler detection
+    compares (`BusyWindows`; ``busy-ms-per-step``). A daemon thread with its own API
+    connection, polling the launchers' state files and the progress records. If a report (not
+    the advisory busy windows) keeps failing for
     ``EXIT_REPORT_DEADLINE_S``, it ends the process with the restart exit code: the pod
     restarts (RestartAllContainers) and the kubelet's signals reach the controller."""
 
