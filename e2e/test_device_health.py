@@ -51,11 +51,13 @@ def _device_status(pod: Any) -> list[tuple[str, str]]:
 
 
 def test_an_unhealthy_device_replaces_its_member_elsewhere(
+    *,  # (fixtures)
     cluster_kubeconfig: Path,
     controller: Installation,
     kube: Clients,
     namespace: str,
     devices: TestDevices,
+    tmp_path: Path,
 ) -> None:
     training_gang(
         kube,
@@ -65,6 +67,7 @@ def test_an_unhealthy_device_replaces_its_member_elsewhere(
         MEMBERS,
         annotations={names.TAINT_ON_DEVICE_FAULT: "true"},
         limits={RESOURCE: "1"},
+        persistent=tmp_path / "shared",  # the replacement's steps
     )
     before = member_pods(kube, namespace, "gang")
     victim = before["1"]

@@ -39,11 +39,13 @@ def untainted(local_cluster: LocalCluster | None, kube: Clients) -> Iterator[Non
 
 
 def test_a_straggler_is_flagged_and_replaced_elsewhere(
+    *,  # (fixtures)
     cluster_kubeconfig: Path,
     controller: Installation,
     kube: Clients,
     namespace: str,
     untainted: None,
+    tmp_path: Path,
 ) -> None:
     training_gang(
         kube,
@@ -57,6 +59,7 @@ def test_a_straggler_is_flagged_and_replaced_elsewhere(
             names.STRAGGLER_WINDOW: f"{WINDOW_S}s",
             names.STRAGGLER_ACTION: "recreate",
         },
+        persistent=tmp_path / "shared",  # the replacement's steps
     )
     before = member_pods(kube, namespace, "gang")
     victim = before["2"]

@@ -30,6 +30,7 @@ from .kube import Clients, clients, create_jobset, wait_for
 from .versions import binaries
 
 NAMESPACE = "jsi-demo"
+PERSISTENT_MOUNT = "/ckpt-shared"  # the persistent tier in the demo trainer (demo_jobset)
 
 
 @dataclass
@@ -72,22 +73,41 @@ def demo_jobset(
     annotations: dict[str, str] | None = None,
     env: dict[str, str] | None = None,
     limits: dict[str, str] | None = None,
+    persistent: Path | None = None,
 ) -> dict[str, Any]:
     """The demo JobSet as a user writes it: opted in, no agent (the webhook injects it);
     ``scope``: the restart-scope annotation (None: the default); ``annotations``: more of
     them; ``env``: more of the trainer's environment; ``limits``: its resource limits (e.g. a
-    device per member)."""
+    device per member); ``persistent``: a host directory as the persistent checkpoint tier,
+    one subdirectory per member index (the local cluster's real nodes share this host, as
+    nodes share a network filesystem), so a member recreated on another node finds its steps.
+    """
+    volumes: list[dict[str, Any]] = [{"name": "ckpt", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [{"name": "ckpt", "mountPath": "/ckpt"}]
+    tiers = [{"name": "JSI_CHECKPOINT_LOCAL_DIR", "value": "/ckpt/local"}]
+    if persistent is not None:
+        volumes.append(
+            {"name": "shared", "hostPath": {"path": str(persistent), "type": "DirectoryOrCreate"}}
+        )
+        mounts.append(
+            {
+                "name": "shared",
+                "mountPath": PERSISTENT_MOUNT,
+                "subPathExpr": "$(JOB_COMPLETION_INDEX)",
+            }
+        )
+        tiers.append({"name": "JSI_CHECKPOINT_PERSISTENT_DIR", "value": PERSISTENT_MOUNT})
     trainer = {
         "name": "trainer",
         "image": IMAGE,
         "imagePullPolicy": "Never",
         "command": ["python3", "-m", "demo_trainer"],
         "env": [
-            {"name": "JSI_CHECKPOINT_LOCAL_DIR", "value": "/ckpt/local"},
+            *tiers,
             {"name": "JSI_DEMO_STEP_SECONDS", "value": "0.2"},
             *({"name": k, "value": v} for k, v in (env or {}).items()),
         ],
-        "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}],
+        "volumeMounts": mounts,
         **({"resources": {"limits": limits}} if limits else {}),
     }
     js = workloads.jobset(
@@ -102,7 +122,7 @@ def demo_jobset(
         node_selector={REAL_NODE_LABEL: "true"},
         pod={
             "terminationGracePeriodSeconds": 2,
-            "volumes": [{"name": "ckpt", "emptyDir": {}}],
+            "volumes": volumes,
             "containers": [trainer],
         },
     )
@@ -166,12 +186,15 @@ def _stamp(text: str) -> float:
     return base + float("0." + (frac or "0"))
 
 
-def checkpointed(kube: Clients, kubeconfig: Path, namespace: str, name: str) -> bool:
-    """Every member's trainer saved a checkpoint (so the gang has a common step to resume)."""
+def checkpointed(
+    kube: Clients, kubeconfig: Path, namespace: str, name: str, *, persistent: bool = False
+) -> bool:
+    """Every member's trainer saved a checkpoint (so the gang has a common step to resume);
+    with ``persistent``, one in the persistent tier too (a recreated member's step)."""
+    said = "checkpoint saved (both)" if persistent else "checkpoint saved"
     pods = member_pods(kube, namespace, name)
     return bool(pods) and all(
-        "checkpoint saved" in trainer_log(kubeconfig, namespace, p.metadata.name)
-        for p in pods.values()
+        said in trainer_log(kubeconfig, namespace, p.metadata.name) for p in pods.values()
     )
 
 
@@ -185,14 +208,23 @@ def training_gang(
     scope: str | None = None,
     annotations: dict[str, str] | None = None,
     limits: dict[str, str] | None = None,
+    persistent: Path | None = None,
 ) -> None:
     """A demo gang in ``namespace`` (prepared for gangs), trained to a checkpoint on every
-    member: epoch 1's barrier open, every trainer running, a common step to resume from."""
+    member: epoch 1's barrier open, every trainer running, a common step to resume from (in
+    the ``persistent`` tier too if given: see `demo_jobset`)."""
     prepare(kube, kubeconfig, namespace)
     create_jobset(
         kube,
         namespace,
-        demo_jobset(name, members, scope=scope, annotations=annotations, limits=limits),
+        demo_jobset(
+            name,
+            members,
+            scope=scope,
+            annotations=annotations,
+            limits=limits,
+            persistent=persistent,
+        ),
     )
     wait_for(
         "barrier of epoch 1", lambda: gang_state(kube, namespace, name).get("barrierOpen"), 180
@@ -203,8 +235,8 @@ def training_gang(
         120,
     )
     wait_for(
-        "a checkpoint on every member",
-        lambda: checkpointed(kube, kubeconfig, namespace, name),
+        "a checkpoint on every member" + (" (persistent tier too)" if persistent else ""),
+        lambda: checkpointed(kube, kubeconfig, namespace, name, persistent=bool(persistent)),
         60,
     )
 

@@ -17,10 +17,12 @@ from .versions import cache_dir, ensure_binaries
 RESOURCE = "jobset-inplace.dev/test-device"
 
 
-def plugin_dir(node: str) -> Path:
-    """The kubelet's device-plugins directory on real node ``node`` (realnode/kubelet.sh:
-    ``--root-dir``)."""
-    return cache_dir() / "realnode" / node / "kubelet" / "root" / "device-plugins"
+def registry_dir(node: str) -> Path:
+    """The plugin registration directory of real node ``node``'s kubelet (``--root-dir`` in
+    realnode/kubelet.sh, plus ``plugins_registry``). Its device-plugins directory is no use:
+    the kubelet compiles that one in (/var/lib/kubelet/device-plugins), shared by every kubelet
+    on this host."""
+    return cache_dir() / "realnode" / node / "kubelet" / "root" / "plugins_registry"
 
 
 class TestDevices:
@@ -44,7 +46,7 @@ class TestDevices:
                 self.procs[node] = processes.start(
                     [
                         plugin,
-                        f"-dir={plugin_dir(node)}",
+                        f"-registry={registry_dir(node)}",
                         f"-resource={RESOURCE}",
                         f"-devices={self.count}",
                         f"-id-prefix={node}",

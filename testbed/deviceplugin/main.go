@@ -1,10 +1,14 @@
 // Command jsi-test-device-plugin is a test device plugin for the local cluster's real kubelet
 // nodes (the kubelet device-plugin gRPC API, v1beta1): it advertises -devices devices of
-// -resource to the kubelet whose device-plugins directory is -dir, and marks a device
+// -resource to the kubelet whose plugin registration directory is -registry, and marks a device
 // Unhealthy while its ID is a line of the -unhealthy file (the tests' lever), re-sending the
 // list on every change, as a real GPU plugin does on an XID error. Allocate hands the device IDs
-// to the container as JSI_TEST_DEVICES. It re-registers when the kubelet restarts (the kubelet
-// removes every socket in the directory when it starts).
+// to the container as JSI_TEST_DEVICES.
+//
+// It registers through the kubelet's plugin watcher (<--root-dir>/plugins_registry), not the
+// kubelet.sock of the device-plugins directory: that directory is compiled into the kubelet
+// (/var/lib/kubelet/device-plugins, whatever --root-dir says), so several kubelets on one
+// host, as the local cluster runs them, would share it.
 package main
 
 import (
@@ -20,8 +24,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
 const poll = 200 * time.Millisecond
@@ -104,9 +108,36 @@ func (p *plugin) GetPreferredAllocation(context.Context, *pluginapi.PreferredAll
 	return &pluginapi.PreferredAllocationResponse{}, nil
 }
 
-// serve starts the plugin's gRPC server on dir/name and registers it with the kubelet.
-func serve(p *plugin, dir, name, resource string) (*grpc.Server, error) {
-	sock := filepath.Join(dir, name)
+// registrar answers the kubelet's plugin watcher (pluginregistration v1) on the plugin's socket:
+// a DevicePlugin named after the resource, served on that same socket.
+type registrar struct {
+	registerapi.UnimplementedRegistrationServer
+	resource, endpoint string
+}
+
+func (r *registrar) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	return &registerapi.PluginInfo{
+		Type:              registerapi.DevicePlugin,
+		Name:              r.resource,
+		Endpoint:          r.endpoint,
+		SupportedVersions: []string{pluginapi.Version},
+	}, nil
+}
+
+func (r *registrar) NotifyRegistrationStatus(_ context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
+	if st.PluginRegistered {
+		log.Printf("registered %s with the kubelet", r.resource)
+	} else {
+		log.Printf("the kubelet refused %s: %s", r.resource, st.Error)
+	}
+	return &registerapi.RegistrationStatusResponse{}, nil
+}
+
+// serve starts the plugin's gRPC server on sock, where the kubelet's plugin watcher finds it.
+func serve(p *plugin, sock, resource string) (*grpc.Server, error) {
+	if err := os.MkdirAll(filepath.Dir(sock), 0o750); err != nil {
+		return nil, err
+	}
 	_ = os.Remove(sock)
 	lis, err := net.Listen("unix", sock)
 	if err != nil {
@@ -114,55 +145,37 @@ func serve(p *plugin, dir, name, resource string) (*grpc.Server, error) {
 	}
 	srv := grpc.NewServer()
 	pluginapi.RegisterDevicePluginServer(srv, p)
+	registerapi.RegisterRegistrationServer(srv, &registrar{resource: resource, endpoint: sock})
 	go func() { _ = srv.Serve(lis) }()
-	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "kubelet.sock"),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		srv.Stop()
-		return nil, fmt.Errorf("kubelet socket: %w", err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, err = pluginapi.NewRegistrationClient(conn).Register(ctx, &pluginapi.RegisterRequest{
-		Version:      pluginapi.Version,
-		Endpoint:     name,
-		ResourceName: resource,
-		Options:      &pluginapi.DevicePluginOptions{},
-	})
-	if err != nil {
-		srv.Stop()
-		return nil, fmt.Errorf("register %s with the kubelet: %w", resource, err)
-	}
-	log.Printf("registered %s (%d devices) at %s", resource, len(p.ids), sock)
+	log.Printf("serving %s (%d devices) at %s", resource, len(p.ids), sock)
 	return srv, nil
 }
 
 func main() {
-	dir := flag.String("dir", pluginapi.DevicePluginPath, "the kubelet's device-plugins directory")
+	dir := flag.String("registry", "", "the kubelet's plugin registration directory (<--root-dir>/plugins_registry)")
 	resource := flag.String("resource", "jobset-inplace.dev/test-device", "extended resource name")
 	count := flag.Int("devices", 2, "devices to advertise")
 	prefix := flag.String("id-prefix", "dev", "device IDs are <prefix>-<n>")
 	unhealthy := flag.String("unhealthy", "", "file listing the IDs of unhealthy devices, one per line")
 	flag.Parse()
-	if *count < 1 || *unhealthy == "" {
-		log.Fatal("-devices must be >= 1 and -unhealthy set")
+	if *dir == "" || *count < 1 || *unhealthy == "" {
+		log.Fatal("-registry must be set, -devices >= 1 and -unhealthy set")
 	}
 	p := &plugin{unhealthy: *unhealthy}
 	for i := 0; i < *count; i++ {
 		p.ids = append(p.ids, fmt.Sprintf("%s-%d", *prefix, i))
 	}
-	name := "jsi-test-" + *prefix + ".sock"
+	sock := filepath.Join(*dir, "jsi-test-"+*prefix+".sock")
 	var srv *grpc.Server
 	for {
-		// (Re)start and register while our socket is missing: at start, and after the kubelet
-		// restarted (it clears the directory) or before it is up.
-		if _, err := os.Stat(filepath.Join(*dir, name)); srv == nil || err != nil {
+		// (Re)start while our socket is missing: at start, or if someone removed it. A kubelet
+		// that restarts finds the socket again by itself (its watcher scans the directory).
+		if _, err := os.Stat(sock); srv == nil || err != nil {
 			if srv != nil {
 				srv.Stop()
 				srv = nil
 			}
-			s, err := serve(p, *dir, name, *resource)
+			s, err := serve(p, sock, *resource)
 			if err != nil {
 				log.Printf("%v; retrying", err)
 			} else {
