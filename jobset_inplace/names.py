@@ -26,6 +26,8 @@ MEMBER_REPEAT_LIMIT: Final = f"{PREFIX}member-repeat-limit"
 NO_COMMON_CHECKPOINT: Final = f"{PREFIX}no-common-checkpoint"
 RESTART_EXIT_CODE: Final = f"{PREFIX}restart-exit-code"
 CHECKPOINT_DIRS: Final = f"{PREFIX}checkpoint-dirs"
+CHECKPOINT_LAYOUT: Final = f"{PREFIX}checkpoint-layout"
+CHECKPOINT_STEP_PATTERN: Final = f"{PREFIX}checkpoint-step-pattern"
 ESCALATION: Final = f"{PREFIX}escalation"
 KUEUE_RECOVERY_TIMEOUT: Final = f"{PREFIX}kueue-recovery-timeout"
 TAINT_ON_DEVICE_FAULT: Final = f"{PREFIX}taint-on-device-fault"
@@ -81,6 +83,9 @@ ENV_STARTUP_TIMEOUT: Final = "JSI_STARTUP_TIMEOUT_SECONDS"
 # ... and its straggler detection's: the window (seconds) and how many windows it publishes.
 ENV_STRAGGLER_WINDOW: Final = "JSI_STRAGGLER_WINDOW_SECONDS"
 ENV_STRAGGLER_WINDOWS: Final = "JSI_STRAGGLER_WINDOWS"
+# ... and the checkpoint layout it reads and prepares (jobset_inplace.trainer.layouts).
+ENV_CHECKPOINT_LAYOUT: Final = "JSI_CHECKPOINT_LAYOUT"
+ENV_CHECKPOINT_STEP_PATTERN: Final = "JSI_CHECKPOINT_STEP_PATTERN"
 
 DEFAULT_RESTART_EXIT_CODE: Final = 88
 # The agent's barrier endpoint (its startupProbe) in every member pod.

@@ -11,6 +11,8 @@ from jobset_inplace.launcher import DEFAULT_STOP_GRACE, ENV_STOP_GRACE
 from jobset_inplace.names import (
     DEFAULT_PROBE_PORT,
     DEFAULT_RESTART_EXIT_CODE,
+    ENV_CHECKPOINT_LAYOUT,
+    ENV_CHECKPOINT_STEP_PATTERN,
     ENV_HANG_TIMEOUT,
     ENV_STARTUP_TIMEOUT,
     ENV_STRAGGLER_WINDOW,
@@ -18,6 +20,7 @@ from jobset_inplace.names import (
 )
 from jobset_inplace.trainer import resolve_state_dir, tier_roots
 from jobset_inplace.trainer.checkpoints import parse_canonical_int
+from jobset_inplace.trainer.layouts import CheckpointLayout, checkpoint_layout
 
 from .hang import HangRule
 
@@ -65,6 +68,8 @@ class Config:
     # Straggler detection: the window (seconds; None: off) and how many windows to publish.
     busy_window: float | None = None
     busy_windows: int = 3
+    # The checkpoint layout of both tiers (the trainer contract's unless the JobSet names one).
+    layout: CheckpointLayout = field(default_factory=lambda: checkpoint_layout("jobset-inplace"))
 
     @property
     def process_scope(self) -> bool:
@@ -174,6 +179,16 @@ def _seconds(env: Mapping[str, str], var: str) -> float | None:
     return value
 
 
+def _layout(env: Mapping[str, str]) -> CheckpointLayout:
+    try:
+        return checkpoint_layout(
+            env.get(ENV_CHECKPOINT_LAYOUT) or "jobset-inplace",
+            env.get(ENV_CHECKPOINT_STEP_PATTERN) or None,
+        )
+    except ValueError as e:
+        raise ConfigError(f"{ENV_CHECKPOINT_LAYOUT}/{ENV_CHECKPOINT_STEP_PATTERN}: {e}") from None
+
+
 def load_config(env: Mapping[str, str]) -> Config:
     """The configuration in `env`; raises `ConfigError` naming the first bad variable."""
     pod = _name(env, "POD_NAME", _DNS_SUBDOMAIN, 253)
@@ -213,4 +228,5 @@ def load_config(env: Mapping[str, str]) -> Config:
         hang=HangRule(_seconds(env, ENV_HANG_TIMEOUT), _seconds(env, ENV_STARTUP_TIMEOUT)),
         busy_window=_seconds(env, ENV_STRAGGLER_WINDOW),
         busy_windows=_int(env, ENV_STRAGGLER_WINDOWS, 3, low=1, high=20),
+        layout=_layout(env),
     )

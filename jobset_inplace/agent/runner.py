@@ -13,8 +13,8 @@ from typing import Any
 
 from jobset_inplace import launcher, names
 from jobset_inplace.trainer import ResumeInfo, clear_resume, write_resume
-from jobset_inplace.trainer.checkpoints import available_steps, encode_steps, is_complete, step_dir
-from jobset_inplace.trainer.checkpoints import retire_steps_after as retire
+from jobset_inplace.trainer.checkpoints import encode_steps, select_steps
+from jobset_inplace.trainer.layouts import Layout
 from jobset_inplace.trainer.progress import clear_progress, encode_busy, read_progress
 
 from .config import Config
@@ -227,9 +227,13 @@ class Agent:
 
     def _report(self, action: Report) -> None:
         cfg = self.cfg
+        scan = cfg.layout.steps
         try:
-            steps = available_steps(cfg.local_dir, cfg.persistent_dir)
-        except OSError as e:
+            steps = select_steps(
+                scan(cfg.local_dir) if cfg.local_dir else (),
+                scan(cfg.persistent_dir) if cfg.persistent_dir else (),
+            )
+        except (OSError, ValueError) as e:
             raise _ActionFailed(f"cannot scan the checkpoint tiers: {e}") from e
         patch = {
             "metadata": {
@@ -272,13 +276,17 @@ class Agent:
         cfg = self.cfg
         step = action.resume_step
         roots = [r for r in (cfg.local_dir, cfg.persistent_dir) if r is not None]
+        layout = cfg.layout
         try:
-            if step is not None and not any(is_complete(step_dir(r, step)) for r in roots):
+            if step is not None and not any(step in layout.steps(r) for r in roots):
                 self.log.warning(
                     f"resume step {step} is not complete in this pod's tiers "
                     f"({', '.join(map(str, roots)) or 'none configured'}); opening anyway"
                 )
-            retired = sorted({s for r in roots for s in retire(r, step)}, reverse=True)
+            retired = sorted(
+                {s for r in roots for s in layout.prepare_resume(r, step, action.epoch)},
+                reverse=True,
+            )
             clear_progress(cfg.state_dir)  # an epoch's progress records are its trainers' own
             write_resume(ResumeInfo(action.epoch, step, cfg.gang), cfg.state_dir)
         except (OSError, ValueError) as e:
@@ -288,7 +296,8 @@ class Agent:
         where = "from scratch" if step is None else f"from step {step}"
         self._open_reason = f"open: epoch {action.epoch}, resume {where}"
         self.barrier.set(True, self._open_reason)
-        also = f"; retired newer steps [{','.join(map(str, retired))}]" if retired else ""
+        done = "retired" if layout.kind is Layout.JOBSET_INPLACE else "set aside"
+        also = f"; {done} newer steps [{','.join(map(str, retired))}]" if retired else ""
         self.log.info(
             f"barrier of epoch {action.epoch} open: trainer may start, resume {where} "
             f"({Path(cfg.state_dir, 'resume.json')}){also}"

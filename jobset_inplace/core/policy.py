@@ -12,6 +12,12 @@ from typing import Any, TypeVar
 
 from jobset_inplace import names
 from jobset_inplace.trainer.checkpoints import parse_canonical_int, shorten_repr
+from jobset_inplace.trainer.layouts import (
+    PATTERN_FORM,
+    Layout,
+    checkpoint_layout,
+    parse_step_pattern,
+)
 
 E = TypeVar("E", bound=StrEnum)
 
@@ -80,6 +86,10 @@ class Policy:
     no_common_checkpoint: NoCommonCheckpoint = NoCommonCheckpoint.ESCALATE
     restart_exit_code: int = names.DEFAULT_RESTART_EXIT_CODE
     checkpoint_dirs: CheckpointDirs = CheckpointDirs()
+    # The framework's own checkpoint layout (docs/integrations.md); its step directory names
+    # (None: the layout's default).
+    checkpoint_layout: Layout = Layout.JOBSET_INPLACE
+    checkpoint_step_pattern: str | None = None
     escalation: Escalation = Escalation.RESTART_JOBSET
     # Overrides the recoveryTimeout read from Kueue's configuration (when it is not readable).
     kueue_recovery_timeout_s: float | None = None
@@ -255,6 +265,13 @@ def _checkpoint_dirs(key: str, value: str) -> CheckpointDirs:
     return CheckpointDirs(found.get("local"), found.get("persistent"))
 
 
+def _step_pattern(key: str, value: str) -> str:
+    try:
+        return parse_step_pattern(value).pattern
+    except ValueError:
+        raise PolicyError(key, value, PATTERN_FORM) from None
+
+
 def _factor(key: str, value: str, bounds: tuple[float, float]) -> float:
     lo, hi = bounds
     accepted = f"a number such as 1.5 or 2, from {lo:g} to {hi:g}"
@@ -304,6 +321,8 @@ _PARSERS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
         lambda k, v: _int(k, v, RESTART_EXIT_CODE_RANGE),
     ),
     ("checkpoint_dirs", names.CHECKPOINT_DIRS, _checkpoint_dirs),
+    ("checkpoint_layout", names.CHECKPOINT_LAYOUT, lambda k, v: _choice(k, v, Layout)),
+    ("checkpoint_step_pattern", names.CHECKPOINT_STEP_PATTERN, _step_pattern),
     ("escalation", names.ESCALATION, lambda k, v: _choice(k, v, Escalation)),
     (
         "kueue_recovery_timeout_s",
@@ -353,4 +372,12 @@ def parse_policy(annotations: Mapping[str, str] | None) -> Policy:
     a = annotations or {}
     parse_enabled(a)
     values: dict[str, Any] = {f: parse(k, a[k]) for f, k, parse in _PARSERS if k in a}
-    return dataclasses.replace(Policy(), **values)
+    policy = dataclasses.replace(Policy(), **values)
+    try:  # the pair: our own layout's step names are fixed
+        checkpoint_layout(policy.checkpoint_layout, policy.checkpoint_step_pattern)
+    except ValueError:
+        key = names.CHECKPOINT_STEP_PATTERN
+        raise PolicyError(
+            key, a[key], f"no {key} with {names.CHECKPOINT_LAYOUT} jobset-inplace (step-{{step}})"
+        ) from None
+    return policy

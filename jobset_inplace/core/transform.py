@@ -30,6 +30,7 @@ from jobset_inplace.trainer import (
     ENV_CHECKPOINT_PERSISTENT_DIR,
     ENV_STATE_DIR,
 )
+from jobset_inplace.trainer.layouts import Layout
 
 AGENT_CONTAINER = "jobset-inplace-agent"
 # The image that runs the agent (Python 3 plus this package); the webhook and `enable` default.
@@ -91,6 +92,7 @@ def agent_container(jobset_name: str, policy: Policy, s: AgentSettings) -> dict[
             *_seconds_env(names.ENV_HANG_TIMEOUT, policy.hang_timeout_s),
             *_seconds_env(names.ENV_STARTUP_TIMEOUT, policy.startup_timeout_s),
             *_straggler_env(policy),
+            *_layout_env(policy),
         ],
         # Pod scope: the barrier; main containers start only once this passes. Process scope:
         # passes once the launcher is installed (the launchers hold the trainers). Its
@@ -116,6 +118,19 @@ def _straggler_env(policy: Policy) -> list[dict[str, Any]]:
     return [
         *_seconds_env(names.ENV_STRAGGLER_WINDOW, policy.straggler_window_s),
         {"name": names.ENV_STRAGGLER_WINDOWS, "value": str(policy.straggler_windows)},
+    ]
+
+
+def _layout_env(policy: Policy) -> list[dict[str, Any]]:
+    if policy.checkpoint_layout is Layout.JOBSET_INPLACE:
+        return []
+    return [
+        {"name": names.ENV_CHECKPOINT_LAYOUT, "value": policy.checkpoint_layout.value},
+        *(
+            [{"name": names.ENV_CHECKPOINT_STEP_PATTERN, "value": policy.checkpoint_step_pattern}]
+            if policy.checkpoint_step_pattern
+            else []
+        ),
     ]
 
 

@@ -29,6 +29,7 @@ from kubernetes.client.exceptions import ApiException
 from jobset_inplace import names
 from jobset_inplace.trainer import RESUME_FILE, ResumeInfo, read_resume, staged_checkpoint
 from jobset_inplace.trainer.checkpoints import COMPLETE_MARKER, RETIRED_MARKER, decode_steps
+from jobset_inplace.trainer.layouts import SET_ASIDE_DIR
 from testbed.controlplane import ControlPlane
 from testbed.kube import Clients, wait_for
 from testbed.processes import free_port
@@ -207,11 +208,23 @@ def start_agent(
     token_file = tmp_path / "token"
     token_file.write_text(control_plane.token + "\n")
 
-    def start(pod: str, gang: str, *, token: str | None = None, **env: str) -> AgentProc:
+    def start(
+        pod: str,
+        gang: str,
+        *,
+        token: str | None = None,
+        tiers: Callable[[Path, Path], None] | None = None,
+        **env: str,
+    ) -> AgentProc:
+        """``tiers(local, persistent)`` writes the checkpoint tiers (default: the trainer
+        contract's steps 100, 200 and a partial 300 locally, 100 persistent)."""
         base = tmp_path / f"{pod}-{len(started)}"
         local, persistent, state = base / "local", base / "persistent", base / "state"
-        checkpoints(local, [100, 200], partial=(300,))
-        checkpoints(persistent, [100])
+        if tiers is None:
+            checkpoints(local, [100, 200], partial=(300,))
+            checkpoints(persistent, [100])
+        else:
+            tiers(local, persistent)
         state.mkdir(parents=True)
         (state / RESUME_FILE).write_text('{"epoch": 0, "resumeStep": 7, "gang": "old/one"}\n')
         tok = token_file
@@ -293,6 +306,38 @@ def test_report_open_restart(kube: Clients, namespace: str, start_agent: StartAg
     assert agent.wait_exit() == RESTART_CODE
     assert agent.resume() is None
     assert "exiting with 88" in agent.text()
+
+
+def test_a_framework_layout_is_reported_and_prepared_for_its_own_resume(
+    kube: Clients, namespace: str, start_agent: StartAgent
+) -> None:
+    """checkpoint-layout hf-trainer: the agent reports the Trainer's complete checkpoint-<S>
+    steps and, at the barrier, leaves the gang's step the newest one the Trainer's own
+    get_last_checkpoint finds (the newer ones set aside in the same root)."""
+    create_gangstate(kube, namespace, "gang", closed(1))
+    create_pod(kube, namespace, "gang-0")
+
+    def trainer_checkpoints(local: Path, persistent: Path) -> None:
+        for step in (100, 200, 300):
+            d = local / f"checkpoint-{step}"
+            d.mkdir(parents=True)
+            (d / "model.safetensors").write_text("w")
+            if step != 300:  # 300 is being written: no trainer_state.json yet
+                (d / "trainer_state.json").write_text("{}")
+        checkpoints(persistent, [100])  # the contract's step-100: not this layout's
+
+    agent = start_agent(
+        "gang-0", "gang", tiers=trainer_checkpoints, JSI_CHECKPOINT_LAYOUT="hf-trainer"
+    )
+    assert wait_reported(kube, namespace, "gang-0", 1) == "200,100"
+
+    set_status(kube, namespace, "gang", opened(1, 100))
+    assert "resume from step 100" in agent.wait_barrier(200)
+    left = sorted(p.name for p in agent.local.glob("checkpoint-*"))
+    assert left == ["checkpoint-100"]
+    aside = agent.local / SET_ASIDE_DIR / "epoch-1"
+    assert sorted(p.name for p in aside.iterdir()) == ["checkpoint-200", "checkpoint-300"]
+    assert "set aside newer steps [300,200]" in agent.text()
 
 
 def test_agent_finding_barrier_open_does_not_open(

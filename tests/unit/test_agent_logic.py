@@ -318,6 +318,7 @@ def test_config_defaults(env: dict[str, str]) -> None:
     assert cfg.server == "https://127.0.0.1:6443"
     assert not cfg.hang.enabled
     assert cfg.busy_window is None
+    assert cfg.layout.kind.value == "jobset-inplace"
 
 
 def test_config_overrides(env: dict[str, str]) -> None:
@@ -333,8 +334,11 @@ def test_config_overrides(env: dict[str, str]) -> None:
             "JSI_STARTUP_TIMEOUT_SECONDS": "90.5",
             "JSI_STRAGGLER_WINDOW_SECONDS": "300",
             "JSI_STRAGGLER_WINDOWS": "5",
+            "JSI_CHECKPOINT_LAYOUT": "torch-dcp",
+            "JSI_CHECKPOINT_STEP_PATTERN": "ckpt_{step}",
         }
     )
+    assert (cfg.layout.kind.value, cfg.layout.names.pattern) == ("torch-dcp", "ckpt_{step}")
     assert (cfg.busy_window, cfg.busy_windows) == (300.0, 5)
     assert (cfg.hang.hang_timeout, cfg.hang.startup_timeout) == (600.0, 90.5)
     assert (cfg.state_dir, cfg.local_dir, cfg.persistent_dir) == (
@@ -388,6 +392,8 @@ def test_config_plain_http_without_token(env: dict[str, str]) -> None:
         ({"JSI_STARTUP_TIMEOUT_SECONDS": "1e9"}, "JSI_STARTUP_TIMEOUT_SECONDS"),
         ({"JSI_STRAGGLER_WINDOWS": "0"}, "JSI_STRAGGLER_WINDOWS"),
         ({"JSI_STRAGGLER_WINDOWS": "21"}, "JSI_STRAGGLER_WINDOWS"),
+        ({"JSI_CHECKPOINT_LAYOUT": "pytorch"}, "JSI_CHECKPOINT_LAYOUT"),
+        ({"JSI_CHECKPOINT_LAYOUT": "orbax", "JSI_CHECKPOINT_STEP_PATTERN": "x"}, "STEP_PATTERN"),
     ],
 )
 def test_config_errors_name_the_variable(

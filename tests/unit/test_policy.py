@@ -23,6 +23,7 @@ from jobset_inplace.core.policy import (
     parse_duration,
     parse_policy,
 )
+from jobset_inplace.trainer.layouts import PATTERN_FORM, Layout
 
 
 @pytest.mark.parametrize(
@@ -128,6 +129,13 @@ ACCEPTED: list[tuple[str, str, str, Any]] = [
     (names.STRAGGLER_WINDOW, "1h", "straggler_window_s", 3600.0),
     (names.STRAGGLER_ACTION, "report", "straggler_action", StragglerAction.REPORT),
     (names.STRAGGLER_ACTION, "recreate", "straggler_action", StragglerAction.RECREATE),
+    (names.CHECKPOINT_LAYOUT, "orbax", "checkpoint_layout", Layout.ORBAX),
+    (names.CHECKPOINT_LAYOUT, "torch-dcp", "checkpoint_layout", Layout.TORCH_DCP),
+    (names.CHECKPOINT_LAYOUT, "hf-trainer", "checkpoint_layout", Layout.HF_TRAINER),
+    (names.CHECKPOINT_LAYOUT, "megatron", "checkpoint_layout", Layout.MEGATRON),
+    (names.CHECKPOINT_LAYOUT, "jobset-inplace", "checkpoint_layout", Layout.JOBSET_INPLACE),
+    # (with the default layout, ours, only its own names are accepted: see below)
+    (names.CHECKPOINT_STEP_PATTERN, "step-{step}", "checkpoint_step_pattern", "step-{step}"),
 ]  # fmt: skip
 
 
@@ -141,6 +149,17 @@ def test_each_annotation_sets_its_field_alone(
     default = Policy()
     others = {f: getattr(p, f) for f in vars(default) if f != field}
     assert others == {f: getattr(default, f) for f in others}
+
+
+def test_a_layout_takes_its_own_step_pattern() -> None:
+    p = parse_policy(
+        {
+            names.ENABLED: "true",
+            names.CHECKPOINT_LAYOUT: "torch-dcp",
+            names.CHECKPOINT_STEP_PATTERN: "ckpt_{step}",
+        }
+    )
+    assert (p.checkpoint_layout, p.checkpoint_step_pattern) == (Layout.TORCH_DCP, "ckpt_{step}")
 
 
 def test_every_annotation_key_is_covered() -> None:
@@ -373,6 +392,20 @@ REJECTED: list[tuple[str, str, str]] = [
     (names.RESTART_SCOPE, "container", "process or pod"),
     (names.TRAINER_STOP_GRACE, "1", "a duration such as 0s, 0.5s or 5s, from 0s to 5m"),
     (names.TRAINER_STOP_GRACE, "6m", "a duration such as 0s, 0.5s or 5s, from 0s to 5m"),
+    (
+        names.CHECKPOINT_LAYOUT,
+        "pytorch",
+        "jobset-inplace or orbax or torch-dcp or hf-trainer or megatron",
+    ),
+    (names.CHECKPOINT_STEP_PATTERN, "step-", PATTERN_FORM),
+    (names.CHECKPOINT_STEP_PATTERN, "a/{step}", PATTERN_FORM),
+    # the default layout (ours) has fixed names
+    (
+        names.CHECKPOINT_STEP_PATTERN,
+        "ckpt-{step}",
+        f"no {names.CHECKPOINT_STEP_PATTERN} with {names.CHECKPOINT_LAYOUT} jobset-inplace "
+        "(step-{step})",
+    ),
 ]
 
 

@@ -140,6 +140,20 @@ def test_straggler_detection_settings_reach_the_agent() -> None:
     assert {"name": names.ENV_STRAGGLER_WINDOWS, "value": "4"} in agent["env"]
 
 
+def test_the_checkpoint_layout_reaches_the_agent() -> None:
+    js = jobset()
+    ann = js["metadata"]["annotations"]
+    agent = pod_spec(transform(js, S))["initContainers"][0]
+    assert not any("LAYOUT" in e["name"] for e in agent["env"]), "ours: the default"
+    ann[names.CHECKPOINT_LAYOUT] = "hf-trainer"
+    agent = pod_spec(transform(js, S))["initContainers"][0]
+    assert {"name": names.ENV_CHECKPOINT_LAYOUT, "value": "hf-trainer"} in agent["env"]
+    assert not any(e["name"] == names.ENV_CHECKPOINT_STEP_PATTERN for e in agent["env"])
+    ann[names.CHECKPOINT_STEP_PATTERN] = "ckpt-{step}"
+    agent = pod_spec(transform(js, S))["initContainers"][0]
+    assert {"name": names.ENV_CHECKPOINT_STEP_PATTERN, "value": "ckpt-{step}"} in agent["env"]
+
+
 def test_process_scope_needs_a_command() -> None:
     js = jobset()
     del pod_spec(js)["containers"][0]["command"]
