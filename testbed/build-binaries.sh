@@ -10,7 +10,8 @@
 # Usage: testbed/build-binaries.sh [component ...]
 #   components: kubernetes etcd kwok jobset kueue containerd runc helm (default: all of these)
 #               and jobset-ipr-agent (upstream's in-place restart agent, for the benchmark),
-#               test-device-plugin (testbed/deviceplugin, for the device-health tests)
+#               test-device-plugin (testbed/deviceplugin, for the device-health tests),
+#               coredns (testbed/coredns, the real nodes' cluster DNS)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -150,13 +151,19 @@ build_jobset_ipr_agent() {
     sigs.k8s.io/jobset/cmd/in-place-restart-agent
 }
 
-# The device-health tests' device plugin (testbed/deviceplugin, this repository's own Go module),
-# keyed by a hash of its sources (testbed/versions.py computes the same: DEVICE_PLUGIN_SOURCES).
-build_test_device_plugin() {
-  local src="$here/deviceplugin" v
+# This repository's own Go modules (testbed/<dir>), each keyed by a hash of its sources
+# (testbed/versions.py computes the same: LOCAL_MODULE_SOURCES).
+local_module_build() {
+  local dir="$1" key="$2" name="$3" src="$here/$1" v
   v="$(cd "$src" && cat main.go go.mod go.sum | sha256sum | cut -c1-12)"
-  (cd "$src" && go_build "$cache/bin/test-device-plugin-$v/jsi-test-device-plugin" . "")
+  (cd "$src" && go_build "$cache/bin/$key-$v/$name" . "")
 }
+
+# The device-health tests' device plugin.
+build_test_device_plugin() { local_module_build deviceplugin test-device-plugin jsi-test-device-plugin; }
+
+# The real nodes' cluster DNS: CoreDNS with the plugins testbed/dns.py's Corefile uses.
+build_coredns() { local_module_build coredns coredns jsi-coredns; }
 
 build_kueue() {
   module_build kueue sigs.k8s.io/kueue "$KUEUE_VERSION" \
@@ -222,11 +229,12 @@ main() {
       jobset) build_jobset ;;
       jobset-ipr-agent) build_jobset_ipr_agent ;;
       test-device-plugin) build_test_device_plugin ;;
+      coredns) build_coredns ;;
       kueue) build_kueue ;;
       containerd) build_containerd ;;
       runc) build_runc ;;
       helm) build_helm ;;
-      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc helm jobset-ipr-agent test-device-plugin)" >&2; exit 2 ;;
+      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc helm jobset-ipr-agent test-device-plugin coredns)" >&2; exit 2 ;;
     esac
   done
   log "all requested binaries present ($((SECONDS - total))s)"

@@ -23,7 +23,7 @@ import yaml
 
 from jobset_inplace.platform import RESTART_ALL_FEATURE
 
-from . import addons, certs, images, processes
+from . import addons, certs, dns, images, processes
 from .images import NODE_IMAGE
 from .kube import clients
 from .kubectl import Kubectl
@@ -517,6 +517,7 @@ class LocalCluster:
             **os.environ,
             "JSI_KUBELET_CLIENT_CA_FILE": str(self.pki / "ca.crt"),
             "JSI_IMAGES": " ".join(self._images),
+            "JSI_CLUSTER_DNS": POD_API_ADDRESS,
         }
         subprocess.run(["bash", str(REALNODE_DIR / script), *args], check=True, env=env)
 
@@ -548,6 +549,7 @@ class LocalCluster:
         self._images = self._node_images()
         self._realnode("install-runtime.sh")
         self._realnode("build-images.sh")
+        self._ensure_dns(state)
         for node in self.real_node_names(count):
             if node not in state.real_nodes:
                 state.real_nodes.append(node)
@@ -560,6 +562,27 @@ class LocalCluster:
         ]
         self._realnode("build-images.sh", *imports)
         self._ensure_kube_proxy(state)
+
+    def _ensure_dns(self, state: ClusterState) -> None:
+        """CoreDNS on POD_API_ADDRESS:53 (the host address every real node's pods reach), the
+        kubelets' clusterDNS (testbed/dns.py)."""
+        if self._controller_running(state, "coredns"):
+            log(f"cluster DNS already running (pid {state.pids['coredns']})")
+            return
+        health, ready = processes.free_port(), processes.free_port()
+        config = self.state_dir / "Corefile"
+        config.write_text(dns.corefile(POD_API_ADDRESS, self.kubeconfig, health, ready))
+        logfile = self.logs_dir / "coredns.log"
+        proc = processes.start([binaries().coredns, "-conf", config], logfile, detach=True)
+        state.pids["coredns"] = proc.pid
+        self._save_state(state)
+        log(f"started CoreDNS on {POD_API_ADDRESS}:53 (pid {proc.pid}, log {logfile})")
+        processes.wait_until(
+            "CoreDNS",
+            lambda: processes.http_ok(f"http://127.0.0.1:{ready}/ready"),
+            60,
+            log=logfile,
+        )
 
     def _ensure_kube_proxy(self, state: ClusterState) -> None:
         """kube-proxy (iptables mode) for the host the real nodes share: Service ClusterIPs work
@@ -607,6 +630,9 @@ class LocalCluster:
 
     def _remove_real_nodes(self, state: ClusterState) -> None:
         self._stop_kube_proxy(state)
+        if (pid := state.pids.pop("coredns", None)) is not None:
+            log(f"stopping CoreDNS (pid {pid})")
+            processes.stop_pid(pid)
         for node in state.real_nodes:
             log(f"removing real node {node} (kubelet, containerd, its containers)")
             self._realnode("kubelet.sh", "purge", node)
@@ -623,7 +649,7 @@ class LocalCluster:
                 " take it down first (make cluster-down, with the K8S it was made with)"
                 " or use another JSI_CLUSTER_NAME"
             )
-        runtime = ("containerd", "runc")
+        runtime = ("containerd", "runc", "coredns")
         bins = ensure_binaries(
             *(n for n, c in COMPONENT_OF.items() if real_nodes or c not in runtime)
         )

@@ -119,6 +119,7 @@ class Binaries:
     helm: Path
     jobset_ipr_agent: Path  # upstream JobSet's in-place restart agent (benchmark only)
     test_device_plugin: Path  # testbed/deviceplugin, for the device-health tests
+    coredns: Path  # testbed/coredns: the real nodes' cluster DNS
 
     @property
     def kubernetes_dir(self) -> Path:
@@ -150,18 +151,19 @@ def binaries(v: Versions | None = None) -> Binaries:
         helm=b / f"helm-{v.helm}" / "helm",
         jobset_ipr_agent=b / f"jobset-ipr-agent-{v.jobset}" / "in-place-restart-agent",
         test_device_plugin=b
-        / f"test-device-plugin-{device_plugin_version()}"
+        / f"test-device-plugin-{local_module_version('deviceplugin')}"
         / "jsi-test-device-plugin",
+        coredns=b / f"coredns-{local_module_version('coredns')}" / "jsi-coredns",
     )
 
 
-DEVICE_PLUGIN_DIR = Path(__file__).resolve().parent / "deviceplugin"
-# Its build is keyed by its sources (build-binaries.sh hashes the same files, in this order).
-DEVICE_PLUGIN_SOURCES = ("main.go", "go.mod", "go.sum")
+# This repository's own Go modules under testbed/ (the device plugin, CoreDNS's build): each
+# build is keyed by its sources (build-binaries.sh hashes the same files, in this order).
+LOCAL_MODULE_SOURCES = ("main.go", "go.mod", "go.sum")
 
 
-def device_plugin_version() -> str:
-    data = b"".join((DEVICE_PLUGIN_DIR / f).read_bytes() for f in DEVICE_PLUGIN_SOURCES)
+def local_module_version(name: str) -> str:
+    data = b"".join((TESTBED_DIR / name / f).read_bytes() for f in LOCAL_MODULE_SOURCES)
     return hashlib.sha256(data).hexdigest()[:12]
 
 
@@ -185,6 +187,7 @@ COMPONENT_OF = {
     "helm": "helm",
     "jobset_ipr_agent": "jobset-ipr-agent",
     "test_device_plugin": "test-device-plugin",
+    "coredns": "coredns",
 }
 
 

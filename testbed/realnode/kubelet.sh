@@ -99,7 +99,9 @@ remove_cgroup_root() {
 }
 
 write_config() {
-  local port="$1" hport="$2" sock="$3" node_ip="$4" client_ca=""
+  local port="$1" hport="$2" sock="$3" node_ip="$4" client_ca="" cluster_dns=""
+  # The cluster DNS (testbed/dns.py: CoreDNS on the host); without it pods get the host's resolvers.
+  if [[ -n "${JSI_CLUSTER_DNS:-}" ]]; then cluster_dns="clusterDNS: [$JSI_CLUSTER_DNS]"; fi
   mkdir -p "$dir/root" "$dir/pki" "$dir/pod-logs"
   if [[ -n "${JSI_KUBELET_CLIENT_CA_FILE:-}" ]]; then
     cp "$JSI_KUBELET_CLIENT_CA_FILE" "$dir/pki/client-ca.crt"
@@ -136,6 +138,7 @@ failSwapOn: false
 serializeImagePulls: false
 resolvConf: /etc/resolv.conf
 clusterDomain: cluster.local
+$cluster_dns
 # Short status reports: tests see node/pod changes quickly.
 nodeStatusUpdateFrequency: 10s
 syncFrequency: 10s

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from testbed import cluster as cluster_mod
+from testbed import dns
 from testbed.cluster import LocalCluster, Ports
 from testbed.versions import versions
 
@@ -53,3 +54,13 @@ def test_state_round_trips_the_release(tmp_path: Path, monkeypatch: pytest.Monke
     c = LocalCluster("any")
     write_state(c, "v1.37.2")
     assert c._load_state().kubernetes == "v1.37.2"
+
+
+def test_coredns_serves_the_kubelets_cluster_domain(tmp_path: Path) -> None:
+    kubelet = (Path(__file__).parents[2] / "testbed" / "realnode" / "kubelet.sh").read_text()
+    assert f"clusterDomain: {dns.CLUSTER_DOMAIN}\n" in kubelet
+    conf = dns.corefile("10.244.0.1", tmp_path / "kubeconfig", 8081, 8082)
+    assert "bind 10.244.0.1\n" in conf
+    assert f"kubernetes {dns.CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{" in conf
+    assert f"kubeconfig {tmp_path / 'kubeconfig'}\n" in conf
+    assert "ready 127.0.0.1:8082\n" in conf

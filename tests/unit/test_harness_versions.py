@@ -8,10 +8,10 @@ import pytest
 
 from jobset_inplace.platform import device_health_gates, gates_needed
 from testbed.versions import (
-    DEVICE_PLUGIN_DIR,
     K8S_ENV,
+    TESTBED_DIR,
     VERSIONS_FILE,
-    device_plugin_version,
+    local_module_version,
     parse_versions,
     versions,
 )
@@ -110,15 +110,16 @@ def test_session_versions_follow_the_environment(monkeypatch: pytest.MonkeyPatch
     versions.cache_clear()  # the session's own value again
 
 
-def test_shell_and_python_key_the_device_plugin_build_alike() -> None:
+@pytest.mark.parametrize("module", ["deviceplugin", "coredns"])
+def test_shell_and_python_key_the_local_module_builds_alike(module: str) -> None:
     """build-binaries.sh and testbed/versions.py must find the same cached binary."""
     out = subprocess.run(
         ["bash", "-c", "cat main.go go.mod go.sum | sha256sum | cut -c1-12"],
-        cwd=DEVICE_PLUGIN_DIR,
+        cwd=TESTBED_DIR / module,
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
-    assert out == device_plugin_version()
+    assert out == local_module_version(module)
     script = (VERSIONS_FILE.parent / "build-binaries.sh").read_text()
     assert "cat main.go go.mod go.sum | sha256sum | cut -c1-12" in script
