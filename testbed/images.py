@@ -42,6 +42,12 @@ from .versions import cache_dir
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIR = ROOT / "jobset_inplace"
 REQUIREMENTS = ROOT / "images" / "controller-requirements.txt"
+# The real-framework test image (jobset-inplace/jax:local, e2e/test_framework_jax.py): JAX on
+# CPU and Orbax, pinned like the controller's dependencies.
+FRAMEWORK_PACKAGES = ("jax[cpu]==0.10.2", "orbax-checkpoint==0.12.8")
+FRAMEWORK_REQUIREMENTS = ROOT / "images" / "jax-requirements.txt"
+FRAMEWORK_IMAGE = "jobset-inplace/jax:local"
+FRAMEWORK_TRAINER = ROOT / "testbed" / "frameworks" / "jax_orbax_trainer.py"
 BUILD_IMAGES = ROOT / "testbed" / "realnode" / "build-images.sh"
 IMAGE_PYTHON = (3, 11)  # python3 of Debian bookworm, the images' base
 # Where Debian's python3 looks for packages: the distribution's directory and the local one.
@@ -132,16 +138,18 @@ def _check_python() -> None:
 UNUSED = ("kubernetes/aio",)  # the client's asyncio variant: 68 MiB of the 185 MiB installed
 
 
-def _dependencies(force: bool) -> Path:
-    """The controller's dependencies installed from the pinned wheels, cached by the
-    requirements file's hash."""
-    digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:16]
+def pinned_packages(
+    force: bool, requirements: Path = REQUIREMENTS, unused: Sequence[str] = UNUSED
+) -> Path:
+    """Pinned wheels (``requirements``) installed into an image tree, cached by the
+    requirements file's hash; ``unused``: parts of them left out."""
+    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
     deps = cache_dir() / "image-trees" / f"deps-{digest}"
     if deps.exists() and force:
         shutil.rmtree(deps)
     if deps.exists():
         return deps
-    log(f"installing the controller's dependencies ({REQUIREMENTS.name}, {digest}) ...")
+    log(f"installing the pinned dependencies of {requirements.name} ({digest}) ...")
     t0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(dir=deps.parent))
     target = tmp / LOCAL_PACKAGES
@@ -152,10 +160,10 @@ def _dependencies(force: bool) -> Path:
         "--target",
         str(target),
         "-r",
-        str(REQUIREMENTS),
+        str(requirements),
     )
     shutil.rmtree(target / "bin", ignore_errors=True)  # console scripts name this venv's python
-    for part in UNUSED:
+    for part in unused:
         shutil.rmtree(target / part)
     _compile(target, tmp)
     tmp.rename(deps)
@@ -170,7 +178,7 @@ def prepare_trees(force: bool = False) -> dict[str, tuple[str, Path]]:
     _check_python()
     base = cache_dir() / "image-trees"
     base.mkdir(parents=True, exist_ok=True)
-    deps = _dependencies(force)
+    deps = pinned_packages(force)
     trees: dict[str, tuple[str, Path]] = {}
     for key, name in (("agent", AGENT_IMAGE), ("controller", CONTROLLER_IMAGE)):
         root = base / key
@@ -252,6 +260,29 @@ def build_upstream_agent(binary: Path, *, imports: Sequence[str] = ()) -> Image:
     return Image("ipr-agent", UPSTREAM_AGENT_IMAGE, Path(archives["ipr-agent"]))
 
 
+def build_framework_image(*, imports: Sequence[str] = ()) -> Image:
+    """jobset-inplace/jax:local: the Python image plus JAX (CPU) and Orbax from
+    FRAMEWORK_REQUIREMENTS and the JAX trainer (``python3 -m jax_orbax_trainer``; it imports no
+    jobset-inplace), imported into ``imports``."""
+    deps = pinned_packages(False, FRAMEWORK_REQUIREMENTS, ())
+    root = cache_dir() / "image-trees" / "framework"
+    if root.exists():
+        shutil.rmtree(root)
+    site = root / DIST_PACKAGES
+    site.mkdir(parents=True)
+    shutil.copy2(FRAMEWORK_TRAINER, site / FRAMEWORK_TRAINER.name)
+    _compile(site, root)
+    shutil.copytree(deps / LOCAL_PACKAGES, root / LOCAL_PACKAGES)
+    root.with_suffix(".config").write_text("\n".join(_labels("JAX + Orbax trainer")) + "\n")
+    cmd = ["bash", str(BUILD_IMAGES), "--image", f"framework={FRAMEWORK_IMAGE}={root}"]
+    for sock in imports:
+        cmd += ["--import", sock]
+    env = {**_env(), "JSI_KEEP_OLD_IMAGES": "1"}  # alone in this build: keep the others
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, env=env).stdout
+    archives = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return Image("framework", FRAMEWORK_IMAGE, Path(archives["framework"]))
+
+
 def _env() -> dict[str, str]:
     # stderr of the script (progress) goes straight to the terminal; JSI_IMAGES would add the
     # harness's node images to a product build.
@@ -266,21 +297,27 @@ def _pip_install(*args: str) -> None:
 
 
 def lock() -> None:
-    """Write images/controller-requirements.txt: pyproject's dependencies resolved to wheels,
-    with their hashes (``python -m testbed.images --lock``)."""
+    """Write images/controller-requirements.txt (pyproject's dependencies) and
+    images/jax-requirements.txt (FRAMEWORK_PACKAGES), resolved to wheels with their hashes
+    (``python -m testbed.images --lock``)."""
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    _lock(REQUIREMENTS, deps, "The controller image's Python dependencies: pyproject.toml's")
+    _lock(FRAMEWORK_REQUIREMENTS, FRAMEWORK_PACKAGES, "The JAX trainer image's: JAX and Orbax")
+
+
+def _lock(path: Path, packages: Sequence[str], what: str) -> None:
     with tempfile.NamedTemporaryFile(suffix=".json") as report:
-        _pip_install("--dry-run", "--ignore-installed", "--report", report.name, *deps)
+        _pip_install("--dry-run", "--ignore-installed", "--report", report.name, *packages)
         installs = json.loads(Path(report.name).read_text())["install"]
     lines = [
-        "# The controller image's Python dependencies: pyproject.toml's, resolved to wheels for",
+        f"# {what}, resolved to wheels for",
         "# CPython 3.11 (the image's python3). Regenerate: python -m testbed.images --lock",
     ]
     for item in sorted(installs, key=lambda i: i["metadata"]["name"].lower()):
         meta, sha = item["metadata"], item["download_info"]["archive_info"]["hashes"]["sha256"]
         lines.append(f"{meta['name']}=={meta['version']} \\\n    --hash=sha256:{sha}")
-    REQUIREMENTS.write_text("\n".join(lines) + "\n")
-    log(f"wrote {REQUIREMENTS} ({len(installs)} packages)")
+    path.write_text("\n".join(lines) + "\n")
+    log(f"wrote {path} ({len(installs)} packages)")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
