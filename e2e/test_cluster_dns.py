@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from jobset_inplace import names
 from testbed.cluster import REAL_NODE_LABEL, LocalCluster
 from testbed.controller import IMAGE
 from testbed.kube import Clients, create_jobset, wait_for
@@ -60,7 +61,7 @@ def test_a_member_finds_its_peer_on_the_other_real_node_by_name(
             {
                 "name": "JOB_INDEX",
                 "valueFrom": {
-                    "fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/job-index']"}
+                    "fieldRef": {"fieldPath": f"metadata.labels['{names.JOB_INDEX_LABEL}']"}
                 },
             }
         ],
@@ -69,7 +70,7 @@ def test_a_member_finds_its_peer_on_the_other_real_node_by_name(
         "podAntiAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": [
                 {
-                    "labelSelector": {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": "gang"}},
+                    "labelSelector": {"matchLabels": {names.JOBSET_NAME_LABEL: "gang"}},
                     "topologyKey": "kubernetes.io/hostname",
                 }
             ]
@@ -89,7 +90,7 @@ def test_a_member_finds_its_peer_on_the_other_real_node_by_name(
     def pods_done() -> dict[str, Any] | None:
         pods = kube.core.list_namespaced_pod(namespace).items
         if len(pods) == 2 and all(p.status.phase in ("Succeeded", "Failed") for p in pods):
-            return {p.metadata.labels["jobset.sigs.k8s.io/job-index"]: p for p in pods}
+            return {p.metadata.labels[names.JOB_INDEX_LABEL]: p for p in pods}
         return None
 
     pods = wait_for("both members to finish", pods_done, 150)

@@ -52,7 +52,7 @@ def framework_image(local_cluster: LocalCluster | None) -> str:
 
 
 def _jax_jobset(shared: Path, image: str) -> dict[str, Any]:
-    index = "metadata.labels['jobset.sigs.k8s.io/job-index']"
+    index = f"metadata.labels['{names.JOB_INDEX_LABEL}']"
     trainer = {
         "name": "trainer",
         "image": image,

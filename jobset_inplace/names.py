@@ -57,6 +57,10 @@ REPORT_HUNG: Final = f"{PREFIX}hung-in-epoch"
 # ... and (straggler detection on) its trainers' busy milliseconds per step in its last windows
 # of the epoch, newest first ("230,228,231"); removed with its next report.
 REPORT_BUSY: Final = f"{PREFIX}busy-ms-per-step"
+# ... with, in the same write, the newest complete checkpoint step a replacement could load (the
+# persistent tier's; straggler-action recreate waits for the gang's next); removed with its next
+# report.
+REPORT_NEWEST_STEP: Final = f"{PREFIX}newest-checkpoint"
 
 # --- Pod condition set by the controller to escalate through JobSet's failure policy ---------
 ESCALATION_CONDITION: Final = "JobsetInplaceEscalated"

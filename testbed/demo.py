@@ -79,24 +79,25 @@ def demo_jobset(
     ``scope``: the restart-scope annotation (None: the default); ``annotations``: more of
     them; ``env``: more of the trainer's environment; ``limits``: its resource limits (e.g. a
     device per member); ``persistent``: a host directory as the persistent checkpoint tier,
-    one subdirectory per member index (the local cluster's real nodes share this host, as
-    nodes share a network filesystem), so a member recreated on another node finds its steps.
+    one subdirectory per member (its JobSet job index: the Job completion index is 0 in every
+    one-pod Job), shared by the local cluster's real nodes as nodes share a network filesystem,
+    so a member recreated on another node finds its steps.
     """
     volumes: list[dict[str, Any]] = [{"name": "ckpt", "emptyDir": {}}]
     mounts: list[dict[str, Any]] = [{"name": "ckpt", "mountPath": "/ckpt"}]
-    tiers = [{"name": "JSI_CHECKPOINT_LOCAL_DIR", "value": "/ckpt/local"}]
+    tiers: list[dict[str, Any]] = [{"name": "JSI_CHECKPOINT_LOCAL_DIR", "value": "/ckpt/local"}]
     if persistent is not None:
         volumes.append(
             {"name": "shared", "hostPath": {"path": str(persistent), "type": "DirectoryOrCreate"}}
         )
         mounts.append(
-            {
-                "name": "shared",
-                "mountPath": PERSISTENT_MOUNT,
-                "subPathExpr": "$(JOB_COMPLETION_INDEX)",
-            }
+            {"name": "shared", "mountPath": PERSISTENT_MOUNT, "subPathExpr": "$(JOB_INDEX)"}
         )
-        tiers.append({"name": "JSI_CHECKPOINT_PERSISTENT_DIR", "value": PERSISTENT_MOUNT})
+        index = {"fieldRef": {"fieldPath": f"metadata.labels['{names.JOB_INDEX_LABEL}']"}}
+        tiers += [
+            {"name": "JOB_INDEX", "valueFrom": index},
+            {"name": "JSI_CHECKPOINT_PERSISTENT_DIR", "value": PERSISTENT_MOUNT},
+        ]
     trainer = {
         "name": "trainer",
         "image": IMAGE,
@@ -254,7 +255,7 @@ def inject_hang(kubeconfig: Path, namespace: str, pod: str) -> None:
 
 
 def inject_slowdown(kubeconfig: Path, namespace: str, pod: str, factor: float) -> None:
-    """Make the demo trainer in ``pod`` ``factor`` times slower per step (a straggler)."""
+    """Make the demo trainer in ``pod`` compute ``factor`` times longer per step (a straggler)."""
     _lever(kubeconfig, namespace, pod, SLOW_FILE, f"{factor:g}")
 
 

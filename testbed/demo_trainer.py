@@ -11,9 +11,11 @@ Creating ``$JSI_STATE_DIR/inject-hang`` makes it hang at its next step, as a wor
 collective does: every process alive, no more progress, SIGTERM ignored (only SIGKILL ends it).
 ``JSI_DEMO_STARTUP_HANG_EPOCHS=1,3`` makes it hang before its first step in those epochs (a
 rendezvous that never forms). ``$JSI_STATE_DIR/inject-slow`` holding a factor (e.g. ``4``)
-makes each of its steps that many times longer from the next one on, as a degraded device or
-node does (a straggler). It reports its progress and busy time every step (the signals of
-hang and straggler detection; the demo's whole step is busy time).
+makes its busy time per step that many times longer from the next step on (at most the whole
+step), as a degraded device or node does to one member of a synchronous gang: it computes
+longer while the others wait for it in collectives, so the step pace and step numbers stay
+the gang's (a quarter of a step is busy otherwise). It reports its progress and busy time
+every step (the signals of hang and straggler detection).
 
 Environment: ``JSI_DEMO_STEP_SECONDS`` (default 0.5), ``JSI_DEMO_CHECKPOINT_EVERY`` (default 10
 steps), ``JSI_DEMO_PERSIST_EVERY`` (default 20 steps; also saved to the persistent tier),
@@ -43,6 +45,9 @@ FAILURE_FILE = "inject-failure"
 FAILURE_EXIT_CODE = 3
 HANG_FILE = "inject-hang"
 SLOW_FILE = "inject-slow"
+# The share of a step spent computing (busy); the rest is waiting for the other members in
+# collectives. A straggler computes longer, the others wait longer: the gang keeps one pace.
+BUSY_SHARE = 0.25
 ENV_STARTUP_HANG_EPOCHS = "JSI_DEMO_STARTUP_HANG_EPOCHS"
 
 
@@ -83,12 +88,13 @@ def main() -> int:
         if str(info.epoch) in hang_epochs:
             _hang(f"before the first step of epoch {info.epoch}")
     fail, hang, slow = state_dir / FAILURE_FILE, state_dir / HANG_FILE, state_dir / SLOW_FILE
+    busy_s = step_s * BUSY_SHARE
     while True:
         if slow.exists():
             factor = float(slow.read_text().strip() or "1")
             slow.unlink()
-            step_s *= factor
-            _log(f"slowed down {factor:g}x at step {step}: {step_s:g} s per step")
+            busy_s = min(step_s, busy_s * factor)
+            _log(f"slowed down {factor:g}x at step {step}: busy {busy_s:g} s per step")
         time.sleep(step_s)
         if hang.exists():
             hang.unlink()
@@ -102,7 +108,7 @@ def main() -> int:
             return FAILURE_EXIT_CODE
         step += 1
         if not standalone:  # (no state directory without an agent)
-            report_progress(step, busy_s=step_s)
+            report_progress(step, busy_s=busy_s)
         if step % every == 0:
             tier = "both" if persistent is not None and step % persist_every == 0 else "local"
             if local is None:

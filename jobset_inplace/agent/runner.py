@@ -245,6 +245,7 @@ class Agent:
                     names.REPORT_EXITED: None,
                     names.REPORT_HUNG: None,
                     names.REPORT_BUSY: None,
+                    names.REPORT_NEWEST_STEP: None,
                 }
             }
         }
@@ -475,14 +476,30 @@ class TrainerMonitor:
             return
         cfg = self.agent.cfg
         value = encode_busy(history)
-        patch = {"metadata": {"annotations": {names.REPORT_BUSY: value}}}
+        newest = self._newest_step()
+        annotations = {names.REPORT_BUSY: value, names.REPORT_NEWEST_STEP: newest}
+        patch = {"metadata": {"annotations": annotations}}
         try:
             self.kube.merge_patch(f"/api/v1/namespaces/{cfg.namespace}/pods/{cfg.pod_name}", patch)
         except _RETRY_ERRORS as e:
             self.agent.log.warning(f"cannot publish busy time per step: {_describe(e)}")
             return
         self.busy_pending = None
-        self.agent.log.info(f"busy ms per step, newest window first: {value}")
+        self.agent.log.info(
+            f"busy ms per step, newest window first: {value}; newest checkpoint: {newest}"
+        )
+
+    def _newest_step(self) -> str | None:
+        """The newest complete checkpoint step a replacement of this pod could load: its
+        persistent tier's, or its local tier's without one (None: none, or unreadable: the
+        controller then does not wait for a checkpoint to replace a straggler)."""
+        cfg = self.agent.cfg
+        root = cfg.persistent_dir or cfg.local_dir
+        try:
+            steps = cfg.layout.steps(root) if root is not None else set()
+        except (OSError, ValueError):
+            return None
+        return str(max(steps)) if steps else None
 
     def _report(self, key: str, epoch: int, what: str) -> bool:
         if self.reported.get(key) == epoch:

@@ -178,6 +178,7 @@ def pod_view(pod: Obj) -> PodView | None:
     hung = _report_number(annotations, names.REPORT_HUNG, errors)
     # advisory (straggler detection): a malformed one is ignored, never makes the report bad
     busy = decode_busy(annotations.get(names.REPORT_BUSY) or "") or ()
+    newest = parse_canonical_int(annotations.get(names.REPORT_NEWEST_STEP) or "")
     containers = status.get("containerStatuses") or []
     return PodView(
         name=meta["name"],
@@ -195,6 +196,7 @@ def pod_view(pod: Obj) -> PodView | None:
         exited_in_epoch=None if errors else exited,
         hung_in_epoch=None if errors else hung,
         busy_ms=() if errors else busy,
+        newest_step=None if errors else newest,
         trainer_failed=any(
             (c.get("state") or {}).get("terminated", {}).get("exitCode", 0) != 0 for c in containers
         ),

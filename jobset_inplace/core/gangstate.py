@@ -69,6 +69,7 @@ def status_to_dict(s: GangStatus) -> dict[str, Any]:
         "restartRequest": s.restart_request,
         "kueueMarginSeconds": s.kueue_margin_s,
         "stragglers": dict(s.stragglers),
+        "stragglerHoldStep": s.straggler_hold_step,
     }
 
 
@@ -98,6 +99,7 @@ def status_from_dict(d: dict[str, Any] | None) -> GangStatus:
         restart_request=d.get("restartRequest") or "",
         kueue_margin_s=d.get("kueueMarginSeconds"),
         stragglers={k: float(v) for k, v in (d.get("stragglers") or {}).items()},
+        straggler_hold_step=d.get("stragglerHoldStep"),
     )
 
 

@@ -68,6 +68,7 @@ class PodView:
     exited_in_epoch: int | None = None  # its agent saw its trainer exit non-zero in this epoch
     hung_in_epoch: int | None = None  # its agent saw its trainer hang in this epoch
     busy_ms: tuple[int, ...] = ()  # busy ms per step in its agent's last windows, newest first
+    newest_step: int | None = None  # the newest complete checkpoint its agent saw (with busy_ms)
     not_ready_since: float | None = None  # its Ready condition is not True since then
     agent_started: float | None = None  # when its running agent container started
     trainer_failed: bool = False
@@ -152,6 +153,9 @@ class GangStatus:
     kueue_margin_s: float | None = None
     # Members slower than the gang (straggler detection): busy time per step / the median
     stragglers: dict[str, float] = field(default_factory=dict)
+    # straggler-action recreate: the gang's newest common checkpoint when stragglers were
+    # found; they are replaced once every member has a newer one (None: none pending)
+    straggler_hold_step: int | None = None
 
 
 @dataclass(frozen=True)

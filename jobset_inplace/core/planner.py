@@ -452,6 +452,7 @@ class _Planning:
             st.epoch += 1
             st.barrier_open = False
             st.resume_step = None
+            st.straggler_hold_step = None
             st.recovery = Recovery(
                 epoch=st.epoch,
                 started=self.s.now,
@@ -507,9 +508,15 @@ class _Planning:
         st, request = self.st, self.s.gang.restart_request
         st.reported = sum(1 for p in self.current.values() if p.reported_epoch == st.epoch)
         slow = self.find_stragglers()
+        if not slow:
+            st.straggler_hold_step = None
         if causes:
             self.member_failed(causes)
-        elif slow and self.s.policy.straggler_action == StragglerAction.RECREATE:
+        elif (
+            slow
+            and self.s.policy.straggler_action == StragglerAction.RECREATE
+            and self.checkpointed_since_stragglers_found()
+        ):
             self.member_failed(dict.fromkeys(slow, Cause.STRAGGLER))
         elif request and request != st.restart_request:
             st.restart_request = request
@@ -539,6 +546,28 @@ class _Planning:
             )
         st.stragglers = found
         return found
+
+    def checkpointed_since_stragglers_found(self) -> bool:
+        """straggler-action recreate replaces at the gang's next checkpoint, so that the
+        replacement loses (almost) no progress: the first pass records the gang's newest common
+        checkpoint (the minimum of the members' newest, published with their busy windows);
+        the stragglers go once every member has a newer one. A gang whose agents publish no
+        newest step (no checkpoint seen) gives no such signal: replaced at once."""
+        st = self.st
+        newest = [p.newest_step for p in self.current.values() if p.reported_epoch == st.epoch]
+        if len(newest) < len(self.s.gang.members) or None in newest:
+            return True
+        common = min(n for n in newest if n is not None)
+        if st.straggler_hold_step is None:
+            st.straggler_hold_step = common
+            self.event(
+                "StragglerReplacementPending",
+                f"replacing {', '.join(sorted(st.stragglers))} after the gang's next "
+                f"checkpoint (every member past step {common})",
+                once_key=f"StragglerPending/{st.epoch}",
+            )
+            return False
+        return common > st.straggler_hold_step
 
     def member_failed(self, causes: dict[str, Cause]) -> None:
         s, st, policy = self.s, self.st, self.s.policy

@@ -18,6 +18,7 @@ What it adds to every replicated Job (nothing else is changed):
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,19 +146,41 @@ def _add_by_name(items: list[dict[str, Any]], item: dict[str, Any]) -> list[dict
 CHECKPOINT_ENV = (ENV_CHECKPOINT_LOCAL_DIR, ENV_CHECKPOINT_PERSISTENT_DIR)
 
 
+# A $(VAR) reference in an env value or a subPathExpr (expanded by the kubelet).
+_ENV_REFERENCE = re.compile(r"\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
+
+
 def _share_checkpoint_tiers(agent: dict[str, Any], containers: list[dict[str, Any]]) -> None:
     """The agent reports the checkpoints the trainer writes: give it the trainer's checkpoint
-    tier variables and the volume mounts those directories live on."""
+    tier variables and the volume mounts those directories live on, with the variables they
+    refer to (``/ckpt/$(JOB_INDEX)``, ``subPathExpr: $(JOB_INDEX)``: per-member roots), so
+    that the agent's paths expand to the trainer's."""
     for c in containers:
         for env in c.get("env") or []:
             if env.get("name") not in CHECKPOINT_ENV or "value" not in env:
                 continue
+            _share_references(agent, c, env["value"])
             agent["env"] = _add_by_name(agent["env"], dict(env))
             path = env["value"].rstrip("/") + "/"
             for m in c.get("volumeMounts") or []:
                 if path.startswith(m["mountPath"].rstrip("/") + "/"):
+                    _share_references(agent, c, m.get("subPathExpr") or "")
                     mounts = [x for x in agent["volumeMounts"] if x["name"] != m["name"]]
                     agent["volumeMounts"] = [*mounts, {**m, "readOnly": False}]
+
+
+def _share_references(
+    agent: dict[str, Any], container: dict[str, Any], text: str, seen: frozenset[str] = frozenset()
+) -> None:
+    """Add the env entries of ``container`` that ``text`` refers to (and those they refer to)
+    to the agent, before whatever refers to them (the kubelet expands only earlier ones)."""
+    defined = {e.get("name"): e for e in container.get("env") or []}
+    for name in _ENV_REFERENCE.findall(text):
+        entry = defined.get(name)
+        if entry is None or name in seen or any(e.get("name") == name for e in agent["env"]):
+            continue  # not the container's (the Job's own, or a Service's), or already there
+        _share_references(agent, container, entry.get("value") or "", seen | {name})
+        agent["env"] = _add_by_name(agent["env"], dict(entry))
 
 
 def _prepare_pod(

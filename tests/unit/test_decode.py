@@ -115,6 +115,7 @@ def _annotations(**values: str | None) -> Callable[[Pod], None]:
         "exited": names.REPORT_EXITED,
         "hung": names.REPORT_HUNG,
         "busy": names.REPORT_BUSY,
+        "newest": names.REPORT_NEWEST_STEP,
     }
 
     def change(p: Pod) -> None:
@@ -217,6 +218,16 @@ TABLE: dict[str, tuple[Callable[[Pod], None], dict[str, Any], Cause | None]] = {
         None,
     ),
     "malformed busy windows are ignored": (_annotations(busy="250,x"), {"busy_ms": ()}, None),
+    "its newest checkpoint (with the busy windows)": (
+        _annotations(busy="250", newest="4200"),
+        {"busy_ms": (250,), "newest_step": 4200},
+        None,
+    ),
+    "a malformed newest checkpoint is ignored": (
+        _annotations(newest="042"),
+        {"newest_step": None},
+        None,
+    ),
     "its trainer exited in an older epoch": (
         _annotations(exited="1"),
         {"exited_in_epoch": 1},

@@ -81,6 +81,7 @@ def full_status() -> GangStatus:
         restart_request="2026-01-01T00:00:00Z",
         kueue_margin_s=60.0,
         stragglers={"workers/2/0": 1.8},
+        straggler_hold_step=4300,
     )
 
 

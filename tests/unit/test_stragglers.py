@@ -129,3 +129,49 @@ def test_only_reports_of_the_running_epoch_count(epoch: int | None) -> None:
     policy = Policy(straggler_factor=2.0)
     pl = with_pod(gang(), 2, reported_epoch=epoch)
     assert plan(snapshot(pod_list=pl, policy=policy)).status.stragglers == {}
+
+
+def newest(pl: list[PodView], *steps: int | None) -> list[PodView]:
+    for i, step in enumerate(steps):
+        pl = with_pod(pl, i, newest_step=step)
+    return pl
+
+
+def test_recreate_waits_for_the_gangs_next_checkpoint() -> None:
+    """The straggler goes once every member has a checkpoint newer than the gang's newest
+    when it was found: the replacement then loses (almost) no progress."""
+    policy = Policy(straggler_factor=2.0, straggler_action=StragglerAction.RECREATE)
+    p = plan(snapshot(pod_list=newest(gang(), 100, 110, 100, 110), policy=policy))
+    assert p.status.epoch == 2, "not yet: waiting for the next checkpoint"
+    assert p.status.straggler_hold_step == 100
+    (pending,) = [
+        a for a in p.actions if isinstance(a, Event) and a.reason == "StragglerReplacementPending"
+    ]
+    assert member(2) in pending.message
+    assert "past step 100" in pending.message
+    # some members checkpointed since, not all: still waiting (and no second Event)
+    p = plan(snapshot(pod_list=newest(gang(), 110, 110, 100, 120), policy=policy, status=p.status))
+    assert p.status.epoch == 2
+    assert p.status.straggler_hold_step == 100
+    # every member past step 100: replaced, the hold cleared with the new epoch
+    p = plan(snapshot(pod_list=newest(gang(), 110, 110, 110, 120), policy=policy, status=p.status))
+    assert p.status.epoch == 3
+    assert p.status.recovery is not None
+    assert p.status.recovery.causes == {member(2): Cause.STRAGGLER}
+    assert p.status.straggler_hold_step is None
+
+
+def test_no_checkpoint_signal_replaces_at_once() -> None:
+    """An agent that publishes no newest step (it sees no checkpoint) gives nothing to wait for."""
+    policy = Policy(straggler_factor=2.0, straggler_action=StragglerAction.RECREATE)
+    p = plan(snapshot(pod_list=newest(gang(), 100, 100, None, 100), policy=policy))
+    assert p.status.epoch == 3
+
+
+def test_a_straggler_that_recovers_clears_the_hold() -> None:
+    policy = Policy(straggler_factor=2.0, straggler_action=StragglerAction.RECREATE)
+    p = plan(snapshot(pod_list=newest(gang(), 100, 100, 100, 100), policy=policy))
+    assert p.status.straggler_hold_step == 100
+    fast = newest(gang(slow=99), 110, 110, 110, 110)  # no straggler any more
+    p = plan(snapshot(pod_list=fast, policy=policy, status=p.status))
+    assert (p.status.epoch, p.status.straggler_hold_step, p.status.stragglers) == (2, None, {})

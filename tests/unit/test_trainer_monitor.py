@@ -24,6 +24,7 @@ from jobset_inplace.agent.runner import (
     Agent,
     TrainerMonitor,
 )
+from jobset_inplace.trainer import save_checkpoint
 from jobset_inplace.trainer.progress import ProgressReporter
 
 
@@ -198,7 +199,12 @@ def test_reads_the_progress_records_at_most_once_a_second(tmp_path: Path) -> Non
 
 def test_publishes_the_busy_windows_and_retries_without_restarting(tmp_path: Path) -> None:
     m, api, exits, now = monitor(tmp_path, "pod")
-    m.agent.cfg = dataclasses.replace(m.agent.cfg, busy_window=60.0, busy_windows=2)
+    local = tmp_path / "local"
+    for step in (10, 20):  # the newest complete checkpoint goes with the windows
+        save_checkpoint(step, lambda d: None, env={"JSI_CHECKPOINT_LOCAL_DIR": str(local)})
+    m.agent.cfg = dataclasses.replace(
+        m.agent.cfg, busy_window=60.0, busy_windows=2, local_dir=local
+    )
     m = TrainerMonitor(m.agent, api, exit_process=exits.append, clock=lambda: now[0])  # type: ignore[arg-type]
     assert m.needed
     m.agent.running = (3, 0.0)
@@ -212,6 +218,6 @@ def test_publishes_the_busy_windows_and_retries_without_restarting(tmp_path: Pat
     assert api.patches == []
     api.error = None
     assert not at(m, now, 62), "retried at the next read"
-    busy = {names.REPORT_BUSY: "250"}
+    busy = {names.REPORT_BUSY: "250", names.REPORT_NEWEST_STEP: "20"}
     assert api.patches == [("/api/v1/namespaces/ns/pods/p-0", {"metadata": {"annotations": busy}})]
     assert exits == [], "an advisory signal never restarts the pod"

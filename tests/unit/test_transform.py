@@ -234,6 +234,47 @@ def test_agent_sees_the_trainers_checkpoint_tiers() -> None:
     assert transform(once, S) == once
 
 
+def test_per_member_tier_paths_expand_alike_in_the_agent() -> None:
+    """A tier path or subPathExpr built from the trainer's variables (per-member roots): the
+    agent gets those variables too, before the tier variable, else its path stays literal."""
+    js = jobset(volumes=[{"name": "shared", "hostPath": {"path": "/mnt/shared"}}])
+    trainer = pod_spec(js)["containers"][0]
+    index = {"fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/job-index']"}}
+    trainer["env"] = [
+        {"name": "UNRELATED", "value": "x"},
+        {"name": "RJOB", "value": "workers"},
+        {"name": "JOB_INDEX", "valueFrom": index},
+        {"name": "MEMBER", "value": "$(RJOB)-$(JOB_INDEX)"},
+        {
+            "name": "JSI_CHECKPOINT_PERSISTENT_DIR",
+            "value": "/ckpt/$(MEMBER)/$(JOB_COMPLETION_INDEX)",
+        },
+        {"name": "JSI_CHECKPOINT_LOCAL_DIR", "value": "/shared/local"},
+    ]
+    trainer["volumeMounts"] = [
+        {"name": "ckpt", "mountPath": "/ckpt"},
+        {"name": "shared", "mountPath": "/shared", "subPathExpr": "$(JOB_INDEX)"},
+    ]
+    pod_spec(js)["volumes"].append({"name": "ckpt", "emptyDir": {}})
+    once = transform(js, S)
+    agent = pod_spec(once)["initContainers"][0]
+    names_in_order = [e["name"] for e in agent["env"]]
+    wanted = {"RJOB", "JOB_INDEX", "MEMBER", "JSI_CHECKPOINT_PERSISTENT_DIR"}
+    shared = [n for n in names_in_order if n in wanted | {"JSI_CHECKPOINT_LOCAL_DIR"}]
+    assert shared == [
+        "RJOB",
+        "JOB_INDEX",
+        "MEMBER",
+        "JSI_CHECKPOINT_PERSISTENT_DIR",
+        "JSI_CHECKPOINT_LOCAL_DIR",
+    ], "each after what it refers to; the Job's JOB_COMPLETION_INDEX is its own"
+    assert {"name": "JOB_INDEX", "valueFrom": index} in agent["env"]
+    assert "UNRELATED" not in names_in_order
+    mount = {"name": "shared", "mountPath": "/shared", "subPathExpr": "$(JOB_INDEX)"}
+    assert {**mount, "readOnly": False} in agent["volumeMounts"]
+    assert transform(once, S) == once
+
+
 def test_checkpoint_dirs_annotation_reaches_trainer_and_agent() -> None:
     js = jobset(volumes=[{"name": "ckpt", "emptyDir": {}}])
     js["metadata"]["annotations"][names.CHECKPOINT_DIRS] = "local=/ckpt/local,persistent=/ckpt/p"
