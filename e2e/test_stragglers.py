@@ -118,8 +118,8 @@ def test_a_straggler_is_flagged_and_replaced_elsewhere(
     assert started is not None
     flagged = events[0].first_timestamp
     print(
-        f"\nstraggler (computing 4x longer, factor 2, {WINDOWS} windows of {WINDOW_S}s): slowdown -> "
-        f"flagged {flagged.timestamp() - slowed_at:.1f}s -> replaced after the next "
+        f"\nstraggler (computing 4x longer, factor 2, {WINDOWS} windows of {WINDOW_S}s): "
+        f"slowdown -> flagged {flagged.timestamp() - slowed_at:.1f}s -> replaced after the next "
         f"checkpoint: recovery started {started - slowed_at:.1f}s, resumed at step {resume} "
         f"(newest at detection {held}); replaced on {after['2'].spec.node_name}"
     )
