@@ -15,7 +15,7 @@ from testbed.cluster import REAL_NODE_LABEL, LocalCluster
 from testbed.controller import IMAGE
 from testbed.kube import Clients, create_jobset, wait_for
 from testbed.kubectl import Kubectl
-from testbed.workloads import jobset
+from testbed.workloads import jobset, one_per_node
 
 pytestmark = pytest.mark.e2e
 
@@ -66,16 +66,6 @@ def test_a_member_finds_its_peer_on_the_other_real_node_by_name(
             }
         ],
     }
-    spread = {  # one member per real node: the lookup and the connection cross nodes
-        "podAntiAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": [
-                {
-                    "labelSelector": {"matchLabels": {names.JOBSET_NAME_LABEL: "gang"}},
-                    "topologyKey": "kubernetes.io/hostname",
-                }
-            ]
-        }
-    }
     create_jobset(
         kube,
         namespace,
@@ -83,7 +73,7 @@ def test_a_member_finds_its_peer_on_the_other_real_node_by_name(
             "gang",
             [("workers", 2, 1)],
             node_selector={REAL_NODE_LABEL: "true"},
-            pod={"containers": [container], "affinity": spread},
+            pod={"containers": [container], "affinity": one_per_node("gang")},
         ),
     )
 

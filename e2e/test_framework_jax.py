@@ -24,7 +24,7 @@ from testbed.demo import trainer_log
 from testbed.install import Installation
 from testbed.kube import Clients, create_jobset, wait_for
 from testbed.versions import binaries
-from testbed.workloads import jobset
+from testbed.workloads import jobset, one_per_node
 
 pytestmark = pytest.mark.e2e
 
@@ -67,16 +67,6 @@ def _jax_jobset(shared: Path, image: str) -> dict[str, Any]:
         ],
         "volumeMounts": [{"name": "shared", "mountPath": "/ckpt"}],
     }
-    spread = {
-        "podAntiAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": [
-                {
-                    "labelSelector": {"matchLabels": {names.JOBSET_NAME_LABEL: "gang"}},
-                    "topologyKey": "kubernetes.io/hostname",
-                }
-            ]
-        }
-    }
     return jobset(
         "gang",
         [("workers", MEMBERS, 1)],
@@ -94,7 +84,7 @@ def _jax_jobset(shared: Path, image: str) -> dict[str, Any]:
                 {"name": "shared", "hostPath": {"path": str(shared), "type": "DirectoryOrCreate"}}
             ],
             "containers": [trainer],
-            "affinity": spread,
+            "affinity": one_per_node("gang"),
         },
     )
 

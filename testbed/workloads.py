@@ -6,6 +6,8 @@ import copy
 import os
 from typing import Any
 
+from jobset_inplace import names
+
 KWOK_NODE_SELECTOR = {"type": "kwok"}
 
 
@@ -80,4 +82,19 @@ def jobset(
                 for rj, replicas, pods in replicated_jobs
             ],
         },
+    }
+
+
+def one_per_node(jobset_name: str) -> dict[str, Any]:
+    """Pod affinity that puts each pod of JobSet ``jobset_name`` on a node of its own (so that
+    its members talk across nodes)."""
+    return {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {names.JOBSET_NAME_LABEL: jobset_name}},
+                    "topologyKey": "kubernetes.io/hostname",
+                }
+            ]
+        }
     }
