@@ -11,6 +11,7 @@
 #   components: kubernetes etcd kwok jobset kueue containerd runc helm (default: all of these)
 #               and jobset-ipr-agent (upstream's in-place restart agent, for the benchmark),
 #               test-device-plugin (testbed/deviceplugin, for the device-health tests),
+#               test-dra-driver (testbed/draplugin, for the DRA device-taint test),
 #               coredns (testbed/coredns, the real nodes' cluster DNS)
 set -euo pipefail
 
@@ -162,6 +163,9 @@ local_module_build() {
 # The device-health tests' device plugin.
 build_test_device_plugin() { local_module_build deviceplugin test-device-plugin jsi-test-device-plugin; }
 
+# The DRA device-taint test's driver (k8s.io/dynamic-resource-allocation's kubelet plugin).
+build_test_dra_driver() { local_module_build draplugin test-dra-driver jsi-test-dra-driver; }
+
 # The real nodes' cluster DNS: CoreDNS with the plugins testbed/dns.py's Corefile uses.
 build_coredns() { local_module_build coredns coredns jsi-coredns; }
 
@@ -229,12 +233,13 @@ main() {
       jobset) build_jobset ;;
       jobset-ipr-agent) build_jobset_ipr_agent ;;
       test-device-plugin) build_test_device_plugin ;;
+      test-dra-driver) build_test_dra_driver ;;
       coredns) build_coredns ;;
       kueue) build_kueue ;;
       containerd) build_containerd ;;
       runc) build_runc ;;
       helm) build_helm ;;
-      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc helm jobset-ipr-agent test-device-plugin coredns)" >&2; exit 2 ;;
+      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc helm jobset-ipr-agent test-device-plugin test-dra-driver coredns)" >&2; exit 2 ;;
     esac
   done
   log "all requested binaries present ($((SECONDS - total))s)"

@@ -215,6 +215,7 @@ class LocalCluster:
                 "etcdBinary": str(bins.etcd),
                 "kwokControllerBinary": str(bins.kwok),
                 "kubeFeatureGates": versions().feature_gates,
+                "kubeRuntimeConfig": versions().runtime_config,
                 "kubeAuthorization": True,
                 "kubeAdmission": True,
                 "securePort": True,

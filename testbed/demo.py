@@ -73,15 +73,17 @@ def demo_jobset(
     annotations: dict[str, str] | None = None,
     env: dict[str, str] | None = None,
     limits: dict[str, str] | None = None,
+    claims: dict[str, str] | None = None,
     persistent: Path | None = None,
 ) -> dict[str, Any]:
     """The demo JobSet as a user writes it: opted in, no agent (the webhook injects it);
     ``scope``: the restart-scope annotation (None: the default); ``annotations``: more of
     them; ``env``: more of the trainer's environment; ``limits``: its resource limits (e.g. a
-    device per member); ``persistent``: a host directory as the persistent checkpoint tier,
-    one subdirectory per member (its JobSet job index: the Job completion index is 0 in every
-    one-pod Job), shared by the local cluster's real nodes as nodes share a network filesystem,
-    so a member recreated on another node finds its steps.
+    device per member); ``claims``: the trainer's DRA resource claims (pod claim name ->
+    ResourceClaimTemplate name: a claim of its own per pod); ``persistent``: a host directory as
+    the persistent checkpoint tier, one subdirectory per member (its JobSet job index: the Job
+    completion index is 0 in every one-pod Job), shared by the local cluster's real nodes as
+    nodes share a network filesystem, so a member recreated on another node finds its steps.
     """
     volumes: list[dict[str, Any]] = [{"name": "ckpt", "emptyDir": {}}]
     mounts: list[dict[str, Any]] = [{"name": "ckpt", "mountPath": "/ckpt"}]
@@ -98,7 +100,7 @@ def demo_jobset(
             {"name": "JOB_INDEX", "valueFrom": index},
             {"name": "JSI_CHECKPOINT_PERSISTENT_DIR", "value": PERSISTENT_MOUNT},
         ]
-    trainer = {
+    trainer: dict[str, Any] = {
         "name": "trainer",
         "image": IMAGE,
         "imagePullPolicy": "Never",
@@ -109,8 +111,13 @@ def demo_jobset(
             *({"name": k, "value": v} for k, v in (env or {}).items()),
         ],
         "volumeMounts": mounts,
-        **({"resources": {"limits": limits}} if limits else {}),
     }
+    resources: dict[str, Any] = {
+        **({"limits": limits} if limits else {}),
+        **({"claims": [{"name": c} for c in claims]} if claims else {}),
+    }
+    if resources:
+        trainer["resources"] = resources
     js = workloads.jobset(
         name,
         [("workers", members, 1)],
@@ -125,6 +132,15 @@ def demo_jobset(
             "terminationGracePeriodSeconds": 2,
             "volumes": volumes,
             "containers": [trainer],
+            **(
+                {
+                    "resourceClaims": [
+                        {"name": c, "resourceClaimTemplateName": t} for c, t in claims.items()
+                    ]
+                }
+                if claims
+                else {}
+            ),
         },
     )
     return js
@@ -209,6 +225,7 @@ def training_gang(
     scope: str | None = None,
     annotations: dict[str, str] | None = None,
     limits: dict[str, str] | None = None,
+    claims: dict[str, str] | None = None,
     persistent: Path | None = None,
 ) -> None:
     """A demo gang in ``namespace`` (prepared for gangs), trained to a checkpoint on every
@@ -224,6 +241,7 @@ def training_gang(
             scope=scope,
             annotations=annotations,
             limits=limits,
+            claims=claims,
             persistent=persistent,
         ),
     )

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from jobset_inplace.platform import gates_flag
+from jobset_inplace.platform import device_taint_runtime_config, gates_flag
 
 TESTBED_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTBED_DIR.parent
@@ -47,9 +47,15 @@ class Versions:
 
     @property
     def feature_gates(self) -> str:
-        """``--feature-gates`` for the in-place path and device health on this Kubernetes
-        (empty on 1.36+)."""
-        return gates_flag(self.kubernetes_minor, device_health=True)
+        """``--feature-gates`` for the in-place path, device health and DRA device taints on
+        this Kubernetes (empty on 1.37+)."""
+        return gates_flag(self.kubernetes_minor, device_health=True, device_taints=True)
+
+    @property
+    def runtime_config(self) -> str:
+        """``--runtime-config`` of kube-apiserver: the APIs the tests need that this Kubernetes
+        does not serve by default (empty on 1.37+)."""
+        return device_taint_runtime_config(self.kubernetes_minor)
 
 
 def parse_versions(text: str, k8s: str = "") -> Versions:
@@ -119,6 +125,7 @@ class Binaries:
     helm: Path
     jobset_ipr_agent: Path  # upstream JobSet's in-place restart agent (benchmark only)
     test_device_plugin: Path  # testbed/deviceplugin, for the device-health tests
+    test_dra_driver: Path  # testbed/draplugin, for the DRA device-taint test
     coredns: Path  # testbed/coredns: the real nodes' cluster DNS
 
     @property
@@ -153,11 +160,14 @@ def binaries(v: Versions | None = None) -> Binaries:
         test_device_plugin=b
         / f"test-device-plugin-{local_module_version('deviceplugin')}"
         / "jsi-test-device-plugin",
+        test_dra_driver=b
+        / f"test-dra-driver-{local_module_version('draplugin')}"
+        / "jsi-test-dra-driver",
         coredns=b / f"coredns-{local_module_version('coredns')}" / "jsi-coredns",
     )
 
 
-# This repository's own Go modules under testbed/ (the device plugin, CoreDNS's build): each
+# This repository's own Go modules under testbed/ (the device plugin, the DRA driver, CoreDNS): each
 # build is keyed by its sources (build-binaries.sh hashes the same files, in this order).
 LOCAL_MODULE_SOURCES = ("main.go", "go.mod", "go.sum")
 
@@ -187,6 +197,7 @@ COMPONENT_OF = {
     "helm": "helm",
     "jobset_ipr_agent": "jobset-ipr-agent",
     "test_device_plugin": "test-device-plugin",
+    "test_dra_driver": "test-dra-driver",
     "coredns": "coredns",
 }
 

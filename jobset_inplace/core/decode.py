@@ -27,6 +27,16 @@ Obj = Mapping[str, Any]
 # recovery of pods stuck on unreachable nodes): not worker failures.
 KUEUE_POD_CONDITIONS = ("TerminatedByKueue", "KueueFailureRecovery")
 
+# The DisruptionTarget reason of kube-controller-manager's device-taint eviction controller
+# (pkg/controller/devicetainteviction): a DRA device the pod holds has a NoExecute taint it does
+# not tolerate; the pod is deleted right after the condition is written.
+DEVICE_TAINT_EVICTION = "DeletionByDeviceTaintManager"
+
+
+def _device_taint_evicted(pod: Obj) -> bool:
+    target = condition(pod, "DisruptionTarget") or {}
+    return target.get("status") == "True" and target.get("reason") == DEVICE_TAINT_EVICTION
+
 
 def _ts(value: str | None, default: float = 0.0) -> float:
     t = parse_time(value)
@@ -204,6 +214,7 @@ def pod_view(pod: Obj) -> PodView | None:
         not_ready_since=_not_ready_since(pod),
         agent_started=_agent_started(status),
         devices_unhealthy=_resources_unhealthy(containers),
+        device_taint_evicted=_device_taint_evicted(pod),
         escalated=condition_true(pod, names.ESCALATION_CONDITION),
         by_kueue=any(condition_true(pod, t) for t in KUEUE_POD_CONDITIONS),
     )

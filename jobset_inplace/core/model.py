@@ -33,6 +33,8 @@ class Cause(StrEnum):
     POD_DELETED = "PodDeleted"  # deleting, or gone with no replacement yet
     NODE_UNHEALTHY = "NodeUnhealthy"
     DEVICE_UNHEALTHY = "DeviceUnhealthy"  # allocatedResourcesStatus Unhealthy
+    # evicted for a NoExecute DRA device taint (DeviceTaintRule or the driver's ResourceSlice)
+    DEVICE_TAINTED = "DeviceTainted"
     REPEATED_FAILURE = "RepeatedFailure"  # failed in place member-repeat-limit times in a row
     BARRIER_TIMEOUT = "BarrierTimeout"
     JOBSET_RESTARTED = "JobSetRestarted"
@@ -44,6 +46,7 @@ RECREATE_CAUSES = frozenset(
     {
         Cause.NODE_UNHEALTHY,
         Cause.DEVICE_UNHEALTHY,
+        Cause.DEVICE_TAINTED,
         Cause.REPEATED_FAILURE,
         Cause.BARRIER_TIMEOUT,
         Cause.STRAGGLER,
@@ -74,6 +77,8 @@ class PodView:
     trainer_failed: bool = False
     restarting: bool = False
     devices_unhealthy: bool = False
+    # being evicted by kube-controller-manager for a NoExecute taint on a DRA device it holds
+    device_taint_evicted: bool = False
     escalated: bool = False  # carries our escalation condition
     by_kueue: bool = False  # failed or terminated by Kueue itself (not a worker failure)
 

@@ -184,6 +184,11 @@ def member_causes(
         pod = current.get(member)
         if pod is not None and (pod.escalated or pod.by_kueue or pod.phase == "Succeeded"):
             continue  # ours, Kueue's own action (its replacement follows), or done
+        if pod is not None and pod.device_taint_evicted:
+            # Evicted (being, or already deleted) for a tainted DRA device: a new pod gets a
+            # new claim, and the scheduler allocates no device with that taint.
+            causes[member] = Cause.DEVICE_TAINTED
+            continue
         if pod is None or pod.deleting:
             causes[member] = Cause.POD_DELETED
             continue

@@ -74,9 +74,11 @@ def _trainer_exited(code: int) -> Callable[[Pod], None]:
     return change
 
 
-def _condition(ctype: str, status: str = "True") -> Callable[[Pod], None]:
+def _condition(ctype: str, status: str = "True", reason: str = "") -> Callable[[Pod], None]:
     def change(p: Pod) -> None:
-        p["status"]["conditions"].append({"type": ctype, "status": status})
+        p["status"]["conditions"].append(
+            {"type": ctype, "status": status, **({"reason": reason} if reason else {})}
+        )
 
     return change
 
@@ -177,6 +179,21 @@ TABLE: dict[str, tuple[Callable[[Pod], None], dict[str, Any], Cause | None]] = {
         Cause.DEVICE_UNHEALTHY,
     ),
     "allocated devices Healthy": (_device_health("Healthy"), {}, None),
+    "evicted for a DRA device taint": (
+        _condition("DisruptionTarget", reason="DeletionByDeviceTaintManager"),
+        {"device_taint_evicted": True},
+        Cause.DEVICE_TAINTED,
+    ),
+    "evicted for a node taint (not a device's)": (
+        _condition("DisruptionTarget", reason="DeletionByTaintManager"),
+        {},
+        None,
+    ),
+    "DisruptionTarget False": (
+        _condition("DisruptionTarget", "False", reason="DeletionByDeviceTaintManager"),
+        {},
+        None,
+    ),
     "allocated device Unknown (not a fault)": (_device_health("Unknown"), {}, None),
     "our escalation condition": (
         _condition(names.ESCALATION_CONDITION),

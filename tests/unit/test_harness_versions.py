@@ -6,7 +6,14 @@ import subprocess
 
 import pytest
 
-from jobset_inplace.platform import device_health_gates, gates_needed
+from jobset_inplace.platform import (
+    device_health_gates,
+    device_taint_gates,
+    device_taint_rule_version,
+    device_taint_runtime_config,
+    gates_flag,
+    gates_needed,
+)
 from testbed.versions import (
     K8S_ENV,
     TESTBED_DIR,
@@ -37,9 +44,11 @@ def test_k8s_selects_the_minor_and_defaults_to_k8s_default() -> None:
     assert parse_versions(FULL, "1.35").kubernetes == "v1.35.4"
     assert parse_versions(FULL, "1.35").feature_gates == (
         "RestartAllContainersOnContainerExits=true,NodeDeclaredFeatures=true,"
-        "ResourceHealthStatus=true"
+        "ResourceHealthStatus=true,DRADeviceTaints=true,DRADeviceTaintRules=true"
     )
+    assert parse_versions(FULL, "1.35").runtime_config == "resource.k8s.io/v1alpha3=true"
     assert parse_versions(FULL).feature_gates == ""
+    assert parse_versions(FULL).runtime_config == ""
 
 
 def test_unsupported_minor_names_the_variable_and_the_accepted_ones() -> None:
@@ -99,6 +108,20 @@ def test_gates_needed_by_minor() -> None:
     assert gates_needed(37) == ()
     with pytest.raises(ValueError, match=r"needs 1\.35\+"):
         gates_needed(34)
+
+
+def test_dra_device_taints_by_minor() -> None:
+    """Read off kube_features.go and the resource.k8s.io registry of v1.35.4 and v1.37.2."""
+    assert device_taint_gates(35) == ("DRADeviceTaints", "DRADeviceTaintRules")
+    assert device_taint_gates(37) == ()
+    assert [device_taint_rule_version(m) for m in (35, 36, 37)] == ["v1alpha3", "v1beta2", "v1"]
+    assert device_taint_runtime_config(35) == "resource.k8s.io/v1alpha3=true"
+    assert device_taint_runtime_config(37) == ""
+    assert gates_flag(35, device_taints=True) == (
+        "RestartAllContainersOnContainerExits=true,NodeDeclaredFeatures=true,"
+        "DRADeviceTaints=true,DRADeviceTaintRules=true"
+    )
+    assert gates_flag(37, device_health=True, device_taints=True) == ""
 
 
 def test_session_versions_follow_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -132,6 +132,8 @@ def test_force_delete_never_deletes_gracefully() -> None:
         (Cause.POD_DELETED, {"deleting": True}),
         (Cause.RESTARTING, {"restarting": True}),
         (Cause.DEVICE_UNHEALTHY, {"devices_unhealthy": True}),
+        (Cause.DEVICE_TAINTED, {"device_taint_evicted": True}),
+        (Cause.DEVICE_TAINTED, {"device_taint_evicted": True, "deleting": True}),
     ],
 )
 def test_each_pod_signal_starts_one_recovery(cause: Cause, change: dict[str, object]) -> None:
@@ -139,9 +141,15 @@ def test_each_pod_signal_starts_one_recovery(cause: Cause, change: dict[str, obj
     assert p.status.epoch == 3
     assert p.status.recovery is not None
     assert p.status.recovery.causes == {member(3): cause.value}
-    # Only a device fault needs us to delete the pod; the Job controller replaces failed and
+    # Only a device fault needs us to delete the pod (a device-taint eviction's pod: unless
+    # kube-controller-manager deletes it already); the Job controller replaces failed and
     # deleted pods itself, and in-place causes restart through the agents.
-    assert [r.cause for r in replaced(p)] == ([cause] if cause == Cause.DEVICE_UNHEALTHY else [])
+    ours = cause == Cause.DEVICE_UNHEALTHY or (
+        cause == Cause.DEVICE_TAINTED and not change.get("deleting")
+    )
+    assert [r.cause for r in replaced(p)] == ([cause] if ours else [])
+    in_place = cause == Cause.RESTARTING
+    assert set(p.status.recovery.recreated) == (set() if in_place else {member(3)})
 
 
 def test_vanished_pod_counts_as_recreated() -> None:
@@ -479,6 +487,20 @@ def test_device_fault_taints_the_ready_node_when_asked() -> None:
     (r,) = replaced(p)
     assert (r.member, r.taint_node, r.taint_key) == (member(1), "n1", DEVICE_UNHEALTHY_TAINT)
     assert r.failed_since is None
+
+
+def test_a_device_taint_eviction_never_taints_the_node() -> None:
+    """The scheduler keeps the new claim off the tainted device itself (the node's other
+    devices stay usable), so even ``taint-on-device-fault`` leaves the node alone."""
+    p = plan(
+        snapshot(
+            pod_list=with_pod(pods(4, epoch=2), 1, device_taint_evicted=True),
+            policy=Policy(taint_on_device_fault=True),
+        )
+    )
+    assert [(r.member, r.cause, r.taint_node) for r in replaced(p)] == [
+        (member(1), Cause.DEVICE_TAINTED, None)
+    ]
 
 
 def test_a_member_waiting_for_the_next_epoch_is_a_failure_even_unseen() -> None:

@@ -1,0 +1,119 @@
+"""DRA device taints end to end on the real kubelet nodes: a test DRA driver (testbed/draplugin)
+gives every member one device through a ResourceClaimTemplate; a DeviceTaintRule taints one
+member's device ``NoExecute``, as an administrator or a device health monitor does;
+kube-controller-manager's device-taint eviction controller evicts that pod (``DisruptionTarget``,
+``DeletionByDeviceTaintManager``); the controller replaces that member (cause
+``DeviceTainted``: its new pod's new claim gets an untainted device, the node is not tainted)
+and restarts the others in place, every member resuming from one step. DeviceTaintRule ->
+barrier open is printed (docs/guarantees.md quotes it)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jobset_inplace import names
+from jobset_inplace.times import parse_time
+from testbed.cluster import LocalCluster
+from testbed.controller import gang_state, member_pods
+from testbed.demo import trainer_log, trainers_running, training_gang
+from testbed.dra import TestDRADriver, allocated_devices, claim_template, taint_device, untaint
+from testbed.install import Installation
+from testbed.kube import Clients, wait_for
+
+pytestmark = pytest.mark.e2e
+
+MEMBERS = 2
+RULE = "jsi-e2e-device-taint"
+
+
+@pytest.fixture
+def dra(
+    local_cluster: LocalCluster | None, kube: Clients, cluster_kubeconfig: Path, tmp_path: Path
+) -> Iterator[TestDRADriver]:
+    if local_cluster is None:
+        pytest.skip("runs a DRA driver beside the local cluster's real kubelets")
+    with TestDRADriver(
+        kube, cluster_kubeconfig, local_cluster.real_nodes(), tmp_path / "dra"
+    ) as driver:
+        try:
+            yield driver
+        finally:
+            untaint(kube, RULE)
+
+
+def test_a_tainted_dra_device_replaces_its_member(
+    *,  # (fixtures)
+    cluster_kubeconfig: Path,
+    controller: Installation,
+    kube: Clients,
+    namespace: str,
+    dra: TestDRADriver,
+    tmp_path: Path,
+) -> None:
+    template = claim_template(kube, namespace)
+    training_gang(
+        kube,
+        cluster_kubeconfig,
+        namespace,
+        "gang",
+        MEMBERS,
+        # asked for, and not what a device taint does: the scheduler avoids the device itself
+        annotations={names.TAINT_ON_DEVICE_FAULT: "true"},
+        claims={"device": template},
+        persistent=tmp_path / "shared",  # the replacement's steps, wherever it lands
+    )
+    before = member_pods(kube, namespace, "gang")
+    victim = before["1"]
+    node = victim.spec.node_name
+    held = allocated_devices(kube, namespace, victim)
+    assert len(held) == 1, held
+    pool, device = held[0]
+    assert pool == node, "the driver's pool is its node"
+
+    taint_device(kube, RULE, pool, device, "NoExecute")
+    tainted_at = time.time()
+    st = wait_for(
+        "barrier of epoch 2",
+        lambda: (
+            s
+            if (s := gang_state(kube, namespace, "gang")).get("epoch") == 2 and s["barrierOpen"]
+            else None
+        ),
+        180,
+    )
+    rec = st["recovery"]
+    assert rec["causes"] == {"workers/1/0": "DeviceTainted"}
+    assert set(rec["recreated"]) == {"workers/1/0"}
+    assert rec["inPlace"] == MEMBERS - 1
+    node_taints = {t.key for t in kube.core.read_node(node).spec.taints or []}
+    assert names.DEVICE_UNHEALTHY_TAINT not in node_taints, "a device taint is not a node's"
+    wait_for(
+        "every trainer running again",
+        lambda: trainers_running(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, epoch=2),
+        120,
+    )
+    after = member_pods(kube, namespace, "gang", include_failed=False)
+    assert after["0"].metadata.uid == before["0"].metadata.uid, "the healthy member in place"
+    assert after["1"].metadata.uid != victim.metadata.uid, "the tainted device's member replaced"
+    now_held = allocated_devices(kube, namespace, after["1"])
+    assert len(now_held) == 1, now_held
+    assert now_held[0] != (pool, device), "its new claim holds another device"
+    resume = st["resumeStep"]
+    assert isinstance(resume, int)
+    assert resume > 0
+    for p in after.values():
+        assert f"epoch 2: resuming at step {resume}" in trainer_log(
+            cluster_kubeconfig, namespace, p.metadata.name
+        )
+    started, opened = parse_time(rec["startedAt"]), parse_time(rec["openedAt"])
+    assert started is not None
+    assert opened is not None
+    print(
+        f"\nDeviceTaintRule NoExecute on {pool}/{device} -> recovery started "
+        f"{started - tainted_at:.2f}s, -> barrier open {opened - tainted_at:.2f}s (member now "
+        f"on {now_held[0][0]}/{now_held[0][1]})"
+    )
