@@ -14,6 +14,7 @@ client: the Python client's generated models lag the API (DeviceTaintRule is ``v
 from __future__ import annotations
 
 import subprocess
+import tempfile
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -34,9 +35,9 @@ GROUP, VERSION = "resource.k8s.io", "v1"
 
 def plugin_dirs(node: str) -> tuple[Path, Path]:
     """(plugin registration directory of real node ``node``'s kubelet, the driver's own data
-    directory for its DRA socket)."""
+    directory for its DRA socket: a short path, as a unix socket's must be, under 108 bytes)."""
     root = cache_dir() / "realnode" / node / "kubelet" / "root"
-    return root / "plugins_registry", root / "plugins" / DRIVER
+    return root / "plugins_registry", Path(tempfile.gettempdir()) / "jsi-dra" / node
 
 
 def _apply(kube: Clients, plural: str, body: dict[str, Any], namespace: str | None = None) -> None:

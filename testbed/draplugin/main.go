@@ -132,6 +132,9 @@ func main() {
 		kubeletplugin.NodeName(*node),
 		kubeletplugin.KubeClient(client),
 		kubeletplugin.RegistrarDirectoryPath(*registry),
+		// <driver>-reg.sock under a kubelet --root-dir in the cache is over the 108 bytes of
+		// a unix socket's path.
+		kubeletplugin.RegistrarSocketFilename("jsi-dra-reg.sock"),
 		kubeletplugin.PluginDataDirectoryPath(*data),
 		kubeletplugin.HealthService(false),
 	)
