@@ -14,10 +14,9 @@ from typing import Any
 import pytest
 
 from jobset_inplace import names
-from jobset_inplace.times import parse_time
 from testbed.cluster import LocalCluster
-from testbed.controller import gang_state, member_pods
-from testbed.demo import trainer_log, trainers_running, training_gang
+from testbed.controller import barrier_open, member_pods, recovery_times
+from testbed.demo import assert_resumed, trainers_running, training_gang
 from testbed.devices import RESOURCE, TestDevices
 from testbed.install import Installation
 from testbed.kube import Clients, remove_taint, wait_for
@@ -84,15 +83,7 @@ def test_an_unhealthy_device_replaces_its_member_elsewhere(
     devices.set_health(node, device, healthy=False)
     failed_at = time.time()
     try:
-        st = wait_for(
-            "barrier of epoch 2",
-            lambda: (
-                s
-                if (s := gang_state(kube, namespace, "gang")).get("epoch") == 2 and s["barrierOpen"]
-                else None
-            ),
-            180,
-        )
+        st = barrier_open(kube, namespace, "gang", 2, 180)
     finally:
         devices.set_health(node, device, healthy=True)
     rec = st["recovery"]
@@ -113,13 +104,8 @@ def test_an_unhealthy_device_replaces_its_member_elsewhere(
     resume = st["resumeStep"]
     assert isinstance(resume, int)
     assert resume > 0
-    for p in after.values():
-        assert f"epoch 2: resuming at step {resume}" in trainer_log(
-            cluster_kubeconfig, namespace, p.metadata.name
-        )
-    started, opened = parse_time(rec["startedAt"]), parse_time(rec["openedAt"])
-    assert started is not None
-    assert opened is not None
+    assert_resumed(cluster_kubeconfig, namespace, after.values(), 2, resume)
+    started, opened = recovery_times(rec)
     print(
         f"\ndevice {device} Unhealthy -> recovery started {started - failed_at:.2f}s, "
         f"-> barrier open {opened - failed_at:.2f}s (member replaced on "

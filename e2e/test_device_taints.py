@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 
 from jobset_inplace import names
-from jobset_inplace.times import parse_time
 from testbed.cluster import LocalCluster
-from testbed.controller import gang_state, member_pods
-from testbed.demo import trainer_log, trainers_running, training_gang
+from testbed.controller import barrier_open, member_pods, recovery_times
+from testbed.demo import assert_resumed, trainers_running, training_gang
 from testbed.dra import TestDRADriver, allocated_devices, claim_template, taint_device, untaint
 from testbed.install import Installation
 from testbed.kube import Clients, wait_for
@@ -76,15 +75,7 @@ def test_a_tainted_dra_device_replaces_its_member(
 
     taint_device(kube, RULE, pool, device, "NoExecute")
     tainted_at = time.time()
-    st = wait_for(
-        "barrier of epoch 2",
-        lambda: (
-            s
-            if (s := gang_state(kube, namespace, "gang")).get("epoch") == 2 and s["barrierOpen"]
-            else None
-        ),
-        180,
-    )
+    st = barrier_open(kube, namespace, "gang", 2, 180)
     rec = st["recovery"]
     assert rec["causes"] == {"workers/1/0": "DeviceTainted"}
     assert set(rec["recreated"]) == {"workers/1/0"}
@@ -105,13 +96,8 @@ def test_a_tainted_dra_device_replaces_its_member(
     resume = st["resumeStep"]
     assert isinstance(resume, int)
     assert resume > 0
-    for p in after.values():
-        assert f"epoch 2: resuming at step {resume}" in trainer_log(
-            cluster_kubeconfig, namespace, p.metadata.name
-        )
-    started, opened = parse_time(rec["startedAt"]), parse_time(rec["openedAt"])
-    assert started is not None
-    assert opened is not None
+    assert_resumed(cluster_kubeconfig, namespace, after.values(), 2, resume)
+    started, opened = recovery_times(rec)
     print(
         f"\nDeviceTaintRule NoExecute on {pool}/{device} -> recovery started "
         f"{started - tainted_at:.2f}s, -> barrier open {opened - tainted_at:.2f}s (member now "

@@ -19,7 +19,7 @@ import pytest
 from jobset_inplace import names
 from testbed import images
 from testbed.cluster import REAL_NODE_LABEL, LocalCluster
-from testbed.controller import gang_state, member_pods, prepare
+from testbed.controller import barrier_open, member_pods, prepare
 from testbed.demo import trainer_log
 from testbed.install import Installation
 from testbed.kube import Clients, create_jobset, wait_for
@@ -140,15 +140,7 @@ def test_jax_ranks_resume_from_one_orbax_step_with_no_code_change(
     ).stdout
     assert out.startswith("killed"), out
 
-    st = wait_for(
-        "the gang's barrier of epoch 2",
-        lambda: (
-            s
-            if (s := gang_state(kube, namespace, "gang")).get("epoch") == 2 and s["barrierOpen"]
-            else None
-        ),
-        180,
-    )
+    st = barrier_open(kube, namespace, "gang", 2, 180)
     resume = st["resumeStep"]
     assert isinstance(resume, int)
     assert resume >= 40 - 10, "a recent step: Orbax saves every 10"

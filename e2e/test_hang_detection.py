@@ -12,7 +12,7 @@ import pytest
 
 from jobset_inplace import names
 from jobset_inplace.times import parse_time
-from testbed.controller import gang_state, member_pods, prepare
+from testbed.controller import barrier_open, member_pods, prepare, recovery_times
 from testbed.demo import (
     demo_jobset,
     inject_hang,
@@ -30,18 +30,6 @@ pytestmark = pytest.mark.e2e
 MEMBERS = 2
 TIMEOUT_S = 10  # the shortest hang-timeout / startup-timeout accepted
 HANG = {names.HANG_TIMEOUT: f"{TIMEOUT_S}s"}
-
-
-def _epoch(kube: Clients, namespace: str, epoch: int, timeout: float) -> dict[str, object]:
-    return wait_for(
-        f"barrier of epoch {epoch} open",
-        lambda: (
-            s
-            if (s := gang_state(kube, namespace, "gang")).get("epoch") == epoch and s["barrierOpen"]
-            else None
-        ),
-        timeout,
-    )
 
 
 def _resumed(kubeconfig: Path, namespace: str, pod: str) -> list[int]:
@@ -62,7 +50,7 @@ def test_a_hung_trainer_is_found_and_the_gang_restarts_in_place(
     victim = member_pods(kube, namespace, "gang")["1"].metadata.name
     inject_hang(cluster_kubeconfig, namespace, victim)
 
-    st = _epoch(kube, namespace, 2, TIMEOUT_S + 90)
+    st = barrier_open(kube, namespace, "gang", 2, TIMEOUT_S + 90)
     rec = st["recovery"]
     assert isinstance(rec, dict)
     assert rec["causes"] == {"workers/1/0": "TrainerHung"}
@@ -109,15 +97,12 @@ def test_a_trainer_that_never_makes_a_first_step_is_recovered(
         env={ENV_STARTUP_HANG_EPOCHS: "1"},
     )
     create_jobset(kube, namespace, js)
-    first = _epoch(kube, namespace, 1, 180)
-    opened = parse_time(str(first["recovery"]["openedAt"]))  # type: ignore[index]
-    st = _epoch(kube, namespace, 2, TIMEOUT_S + 90)
+    first = barrier_open(kube, namespace, "gang", 1, 180)
+    _, opened = recovery_times(first["recovery"])
+    st = barrier_open(kube, namespace, "gang", 2, TIMEOUT_S + 90)
     rec = st["recovery"]
-    assert isinstance(rec, dict)
     assert set(rec["causes"].values()) == {"TrainerHung"}
-    started = parse_time(str(rec["startedAt"]))
-    assert opened is not None
-    assert started is not None
+    started, _ = recovery_times(rec)
     assert started - opened >= TIMEOUT_S, "not before the startup-timeout"
     wait_for(
         "every trainer running in epoch 2",

@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 
 from jobset_inplace import names
-from jobset_inplace.times import parse_time
 from testbed.cluster import LocalCluster
-from testbed.controller import gang_state, member_pods
-from testbed.demo import inject_slowdown, trainer_log, trainers_running, training_gang
+from testbed.controller import barrier_open, gang_state, member_pods, recovery_times
+from testbed.demo import assert_resumed, inject_slowdown, trainers_running, training_gang
 from testbed.install import Installation
 from testbed.kube import Clients, remove_taint, wait_for
 
@@ -94,11 +93,7 @@ def test_a_straggler_is_flagged_and_replaced_elsewhere(
     taints = {t.key: t.effect for t in kube.core.read_node(node).spec.taints or []}
     assert taints.get(names.DEVICE_UNHEALTHY_TAINT) == "NoSchedule"
 
-    st = wait_for(
-        "barrier of epoch 2",
-        lambda: s if (s := gang_state(kube, namespace, "gang")).get("barrierOpen") else None,
-        120,
-    )
+    st = barrier_open(kube, namespace, "gang", 2, 120)
     wait_for(
         "every trainer running again",
         lambda: trainers_running(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, epoch=2),
@@ -111,11 +106,8 @@ def test_a_straggler_is_flagged_and_replaced_elsewhere(
     assert after["2"].spec.node_name != node, "replaced on another node"
     resume = st["resumeStep"]
     assert resume > held, "from the checkpoint after the detection, not the one before"
-    for p in after.values():
-        log = trainer_log(cluster_kubeconfig, namespace, p.metadata.name)
-        assert f"epoch 2: resuming at step {resume}" in log
-    started = parse_time(rec["startedAt"])
-    assert started is not None
+    assert_resumed(cluster_kubeconfig, namespace, after.values(), 2, resume)
+    started, _ = recovery_times(rec)
     flagged = events[0].first_timestamp
     print(
         f"\nstraggler (computing 4x longer, factor 2, {WINDOWS} windows of {WINDOW_S}s): "

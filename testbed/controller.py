@@ -16,12 +16,13 @@ from kubernetes.client.exceptions import ApiException
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
 from jobset_inplace.core.transform import agent_rbac
+from jobset_inplace.times import parse_time
 
 from . import addons, certs, processes
 from .cluster import LocalCluster
 from .images import NODE_IMAGE
 from .install import webhook_injects
-from .kube import Clients
+from .kube import Clients, wait_for
 from .kubectl import Kubectl
 from .versions import REPO_ROOT, binaries
 
@@ -153,6 +154,27 @@ def gang_state(kube: Clients, ns: str, name: str) -> dict[str, Any]:
         name,
     )
     return dict((obj or {}).get("status") or {})
+
+
+def barrier_open(kube: Clients, ns: str, name: str, epoch: int, timeout: float) -> dict[str, Any]:
+    """Wait until the barrier of ``epoch`` is open; the GangState's status then."""
+    return wait_for(
+        f"barrier of epoch {epoch} open",
+        lambda: (
+            st
+            if (st := gang_state(kube, ns, name)).get("epoch") == epoch and st["barrierOpen"]
+            else None
+        ),
+        timeout,
+    )
+
+
+def recovery_times(recovery: dict[str, Any]) -> tuple[float, float]:
+    """When a GangState's (opened) recovery started and when its barrier opened."""
+    started, opened = parse_time(recovery["startedAt"]), parse_time(recovery["openedAt"])
+    assert started is not None, recovery
+    assert opened is not None, recovery
+    return started, opened
 
 
 def member_pods(

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -152,6 +153,15 @@ def _agent_injected(jobset: dict[str, Any]) -> bool:
 
 
 RESUMED = re.compile(r"epoch (\d+): resuming at step (\d+)")
+
+
+def assert_resumed(kubeconfig: Path, ns: str, pods: Iterable[Any], epoch: int, step: int) -> None:
+    """Every demo trainer of ``pods`` resumed in ``epoch`` at ``step``."""
+    for p in pods:
+        log = trainer_log(kubeconfig, ns, p.metadata.name)
+        assert f"epoch {epoch}: resuming at step {step}" in log, (
+            f"{p.metadata.name}:\n{log[-2000:]}"
+        )
 
 
 def trainers_running(

@@ -6,72 +6,45 @@ status of the pod holding it (``allocatedResourcesStatus``, ResourceHealthStatus
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
-from types import TracebackType
 
 from . import processes
 from .kube import Clients, wait_for
-from .versions import cache_dir, ensure_binaries
+from .versions import ensure_binaries
 
 RESOURCE = "jobset-inplace.dev/test-device"
 
 
-def registry_dir(node: str) -> Path:
-    """The plugin registration directory of real node ``node``'s kubelet (``--root-dir`` in
-    realnode/kubelet.sh, plus ``plugins_registry``). Its device-plugins directory is no use:
-    the kubelet compiles that one in (/var/lib/kubelet/device-plugins), shared by every kubelet
-    on this host."""
-    return cache_dir() / "realnode" / node / "kubelet" / "root" / "plugins_registry"
-
-
-class TestDevices:
+class TestDevices(processes.NodeDaemons):
     """``count`` test devices on each of ``nodes``, for the life of a ``with`` block."""
 
-    __test__ = False  # not a pytest class
-
     def __init__(self, kube: Clients, nodes: list[str], workdir: Path, count: int = 2) -> None:
-        self.kube, self.nodes, self.workdir, self.count = kube, nodes, workdir, count
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        super().__init__(nodes, workdir)
+        self.kube, self.count = kube, count
 
     def lever(self, node: str) -> Path:
         return self.workdir / f"{node}.unhealthy"
 
-    def __enter__(self) -> TestDevices:
-        plugin = ensure_binaries("test_device_plugin").test_device_plugin
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        try:
-            for node in self.nodes:
-                self.lever(node).write_text("")
-                self.procs[node] = processes.start(
-                    [
-                        plugin,
-                        f"-registry={registry_dir(node)}",
-                        f"-resource={RESOURCE}",
-                        f"-devices={self.count}",
-                        f"-id-prefix={node}",
-                        f"-unhealthy={self.lever(node)}",
-                    ],
-                    self.workdir / f"{node}.log",
-                )
-            for node in self.nodes:
-                wait_for(
-                    f"{self.count} {RESOURCE} allocatable on {node}",
-                    lambda n=node: self.allocatable(n) == self.count,  # type: ignore[misc]
-                    60,
-                )
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def prepare(self) -> None:
+        self.plugin = ensure_binaries("test_device_plugin").test_device_plugin
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+    def command(self, node: str) -> list[str | Path]:
+        self.lever(node).write_text("")
+        return [
+            self.plugin,
+            f"-registry={processes.kubelet_plugin_registry(node)}",
+            f"-resource={RESOURCE}",
+            f"-devices={self.count}",
+            f"-id-prefix={node}",
+            f"-unhealthy={self.lever(node)}",
+        ]
+
+    def wait_serving(self, node: str) -> None:
+        wait_for(
+            f"{self.count} {RESOURCE} allocatable on {node}",
+            lambda: self.allocatable(node) == self.count,
+            60,
+        )
 
     def allocatable(self, node: str) -> int:
         alloc = self.kube.core.read_node(node).status.allocatable or {}
@@ -86,8 +59,3 @@ class TestDevices:
         tmp = lever.with_suffix(".tmp")
         tmp.write_text("".join(f"{d}\n" for d in sorted(bad)))
         tmp.replace(lever)
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            processes.stop(proc)
-        self.procs.clear()

@@ -13,10 +13,8 @@ client: the Python client's generated models lag the API (DeviceTaintRule is ``v
 
 from __future__ import annotations
 
-import subprocess
 import tempfile
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -25,7 +23,7 @@ from jobset_inplace.platform import device_taint_rule_version
 
 from . import processes
 from .kube import Clients, wait_for
-from .versions import cache_dir, ensure_binaries, versions
+from .versions import ensure_binaries, versions
 
 DRIVER = "test-device.jobset-inplace.dev"
 DEVICE_CLASS = DRIVER
@@ -33,11 +31,10 @@ CLAIM_TEMPLATE = "test-device"
 GROUP, VERSION = "resource.k8s.io", "v1"
 
 
-def plugin_dirs(node: str) -> tuple[Path, Path]:
-    """(plugin registration directory of real node ``node``'s kubelet, the driver's own data
-    directory for its DRA socket: a short path, as a unix socket's must be, under 108 bytes)."""
-    root = cache_dir() / "realnode" / node / "kubelet" / "root"
-    return root / "plugins_registry", Path(tempfile.gettempdir()) / "jsi-dra" / node
+def data_dir(node: str) -> Path:
+    """The driver's own directory for its DRA socket on ``node``: a short path, as a unix
+    socket's must be (under 108 bytes)."""
+    return Path(tempfile.gettempdir()) / "jsi-dra" / node
 
 
 def _apply(kube: Clients, plural: str, body: dict[str, Any], namespace: str | None = None) -> None:
@@ -123,76 +120,51 @@ def untaint(kube: Clients, rule: str) -> None:
             raise
 
 
-class TestDRADriver:
+class TestDRADriver(processes.NodeDaemons):
     """The test DRA driver on each of ``nodes`` with ``count`` devices, and its DeviceClass,
     for the life of a ``with`` block."""
-
-    __test__ = False  # not a pytest class
 
     def __init__(
         self, kube: Clients, kubeconfig: Path, nodes: list[str], workdir: Path, count: int = 2
     ) -> None:
-        self.kube, self.kubeconfig, self.nodes = kube, kubeconfig, nodes
-        self.workdir, self.count = workdir, count
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        super().__init__(nodes, workdir)
+        self.kube, self.kubeconfig, self.count = kube, kubeconfig, count
 
-    def __enter__(self) -> TestDRADriver:
-        driver = ensure_binaries("test_dra_driver").test_dra_driver
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        try:
-            _apply(
-                self.kube,
-                "deviceclasses",
-                {
-                    "apiVersion": f"{GROUP}/{VERSION}",
-                    "kind": "DeviceClass",
-                    "metadata": {"name": DEVICE_CLASS},
-                    "spec": {
-                        "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]
-                    },
-                },
-            )
-            for node in self.nodes:
-                registry, data = plugin_dirs(node)
-                self.procs[node] = processes.start(
-                    [
-                        driver,
-                        f"-driver={DRIVER}",
-                        f"-node={node}",
-                        f"-kubeconfig={self.kubeconfig}",
-                        f"-registry={registry}",
-                        f"-data={data}",
-                        f"-devices={self.count}",
-                    ],
-                    self.workdir / f"{node}.log",
-                )
-            for node in self.nodes:
-                wait_for(
-                    f"{node}'s kubelet registering the driver",
-                    lambda n=node: self.registered(n),  # type: ignore[misc]
-                    60,
-                )
-                wait_for(
-                    f"{self.count} {DRIVER} devices published for {node}",
-                    lambda n=node: self.published(n) == self.count,  # type: ignore[misc]
-                    60,
-                )
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def prepare(self) -> None:
+        self.driver = ensure_binaries("test_dra_driver").test_dra_driver
+        _apply(
+            self.kube,
+            "deviceclasses",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "DeviceClass",
+                "metadata": {"name": DEVICE_CLASS},
+                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+            },
+        )
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+    def command(self, node: str) -> list[str | Path]:
+        return [
+            self.driver,
+            f"-driver={DRIVER}",
+            f"-node={node}",
+            f"-kubeconfig={self.kubeconfig}",
+            f"-registry={processes.kubelet_plugin_registry(node)}",
+            f"-data={data_dir(node)}",
+            f"-devices={self.count}",
+        ]
+
+    def wait_serving(self, node: str) -> None:
+        wait_for(f"{node}'s kubelet registering the driver", lambda: self.registered(node), 60)
+        wait_for(
+            f"{self.count} {DRIVER} devices published for {node}",
+            lambda: self.published(node) == self.count,
+            60,
+        )
 
     def registered(self, node: str) -> bool:
         """Whether ``node``'s kubelet took the driver's registration (the driver logs it)."""
-        log = self.workdir / f"{node}.log"
+        log = self.log(node)
         return log.exists() and "registered=true" in log.read_text()
 
     def published(self, node: str) -> int:
@@ -205,8 +177,3 @@ class TestDRADriver:
             for s in slices["items"]
             if s["spec"].get("driver") == DRIVER
         )
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            processes.stop(proc)
-        self.procs.clear()

@@ -12,6 +12,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Self
+
+from .versions import cache_dir
 
 
 def free_port() -> int:
@@ -116,3 +119,57 @@ def http_ok(url: str) -> bool:
             return int(resp.status) == 200
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return False
+
+
+def kubelet_plugin_registry(node: str) -> Path:
+    """The plugin registration directory of the local cluster's real node ``node``'s kubelet
+    (its ``--root-dir``, realnode/kubelet.sh, plus ``plugins_registry``): where device plugins
+    and DRA drivers on this host register with that kubelet. (Its device-plugins directory is no
+    use: the kubelet compiles that one in, /var/lib/kubelet/device-plugins, shared by every
+    kubelet on this host.)"""
+    return cache_dir() / "realnode" / node / "kubelet" / "root" / "plugins_registry"
+
+
+class NodeDaemons:
+    """One host process per node beside the local cluster's real kubelets (a device plugin, a
+    DRA driver), for the life of a ``with`` block: started, each waited for until it serves,
+    all stopped on exit or when the start fails. Logs: ``workdir/<node>.log``."""
+
+    __test__ = False  # not a pytest class
+
+    def __init__(self, nodes: list[str], workdir: Path) -> None:
+        self.nodes, self.workdir = nodes, workdir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def prepare(self) -> None:
+        """Before the processes start (build the binary, create API objects)."""
+
+    def command(self, node: str) -> Sequence[str | Path]:
+        raise NotImplementedError
+
+    def wait_serving(self, node: str) -> None:
+        raise NotImplementedError
+
+    def log(self, node: str) -> Path:
+        return self.workdir / f"{node}.log"
+
+    def __enter__(self) -> Self:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.prepare()
+            for node in self.nodes:
+                self.procs[node] = start(self.command(node), self.log(node))
+            for node in self.nodes:
+                self.wait_serving(node)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            stop(proc)
+        self.procs.clear()
