@@ -107,11 +107,12 @@ def test_a_straggler_is_flagged_and_replaced_elsewhere(
     resume = st["resumeStep"]
     assert resume > held, "from the checkpoint after the detection, not the one before"
     assert_resumed(cluster_kubeconfig, namespace, after.values(), 2, resume)
-    started, _ = recovery_times(rec)
+    started, opened = recovery_times(st["recovery"])
     flagged = events[0].first_timestamp
     print(
         f"\nstraggler (computing 4x longer, factor 2, {WINDOWS} windows of {WINDOW_S}s): "
         f"slowdown -> flagged {flagged.timestamp() - slowed_at:.1f}s -> replaced after the next "
-        f"checkpoint: recovery started {started - slowed_at:.1f}s, resumed at step {resume} "
-        f"(newest at detection {held}); replaced on {after['2'].spec.node_name}"
+        f"checkpoint: recovery started {started - slowed_at:.1f}s, barrier open "
+        f"{opened - slowed_at:.1f}s, resumed at step {resume} (newest at detection {held}); "
+        f"replaced on {after['2'].spec.node_name}"
     )
