@@ -16,7 +16,7 @@ import pytest
 from jobset_inplace import names
 from testbed.cluster import LocalCluster
 from testbed.controller import barrier_open, member_pods, recovery_times
-from testbed.demo import assert_resumed, trainers_running, training_gang
+from testbed.demo import one_replaced_others_in_place, training_gang
 from testbed.devices import RESOURCE, TestDevices
 from testbed.install import Installation
 from testbed.kube import Clients, remove_taint, wait_for
@@ -92,19 +92,20 @@ def test_an_unhealthy_device_replaces_its_member_elsewhere(
     assert rec["inPlace"] == MEMBERS - 1
     taints = {t.key: t.effect for t in kube.core.read_node(node).spec.taints or []}
     assert taints.get(names.DEVICE_UNHEALTHY_TAINT) == "NoSchedule"
-    wait_for(
-        "every trainer running again",
-        lambda: trainers_running(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, epoch=2),
-        120,
-    )
-    after = member_pods(kube, namespace, "gang", include_failed=False)
-    assert after["0"].metadata.uid == before["0"].metadata.uid, "the healthy member in place"
-    assert after["1"].metadata.uid != victim.metadata.uid, "the device's member replaced"
-    assert after["1"].spec.node_name != node, "on another node"
     resume = st["resumeStep"]
     assert isinstance(resume, int)
     assert resume > 0
-    assert_resumed(cluster_kubeconfig, namespace, after.values(), 2, resume)
+    after = one_replaced_others_in_place(
+        kube,
+        cluster_kubeconfig,
+        namespace,
+        "gang",
+        before=before,
+        replaced="1",
+        epoch=2,
+        resume=resume,
+    )
+    assert after["1"].spec.node_name != node, "on another node"
     started, opened = recovery_times(rec)
     print(
         f"\ndevice {device} Unhealthy -> recovery started {started - failed_at:.2f}s, "

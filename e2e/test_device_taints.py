@@ -18,10 +18,10 @@ import pytest
 from jobset_inplace import names
 from testbed.cluster import LocalCluster
 from testbed.controller import barrier_open, member_pods, recovery_times
-from testbed.demo import assert_resumed, trainers_running, training_gang
+from testbed.demo import one_replaced_others_in_place, training_gang
 from testbed.dra import TestDRADriver, allocated_devices, claim_template, taint_device, untaint
 from testbed.install import Installation
-from testbed.kube import Clients, wait_for
+from testbed.kube import Clients
 
 pytestmark = pytest.mark.e2e
 
@@ -82,21 +82,22 @@ def test_a_tainted_dra_device_replaces_its_member(
     assert rec["inPlace"] == MEMBERS - 1
     node_taints = {t.key for t in kube.core.read_node(node).spec.taints or []}
     assert names.DEVICE_UNHEALTHY_TAINT not in node_taints, "a device taint is not a node's"
-    wait_for(
-        "every trainer running again",
-        lambda: trainers_running(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, epoch=2),
-        120,
-    )
-    after = member_pods(kube, namespace, "gang", include_failed=False)
-    assert after["0"].metadata.uid == before["0"].metadata.uid, "the healthy member in place"
-    assert after["1"].metadata.uid != victim.metadata.uid, "the tainted device's member replaced"
-    now_held = allocated_devices(kube, namespace, after["1"])
-    assert len(now_held) == 1, now_held
-    assert now_held[0] != (pool, device), "its new claim holds another device"
     resume = st["resumeStep"]
     assert isinstance(resume, int)
     assert resume > 0
-    assert_resumed(cluster_kubeconfig, namespace, after.values(), 2, resume)
+    after = one_replaced_others_in_place(
+        kube,
+        cluster_kubeconfig,
+        namespace,
+        "gang",
+        before=before,
+        replaced="1",
+        epoch=2,
+        resume=resume,
+    )
+    now_held = allocated_devices(kube, namespace, after["1"])
+    assert len(now_held) == 1, now_held
+    assert now_held[0] != (pool, device), "its new claim holds another device"
     started, opened = recovery_times(rec)
     print(
         f"\nDeviceTaintRule NoExecute on {pool}/{device} -> recovery started "

@@ -18,7 +18,7 @@ import pytest
 from jobset_inplace import names
 from testbed.cluster import LocalCluster
 from testbed.controller import barrier_open, gang_state, member_pods, recovery_times
-from testbed.demo import assert_resumed, inject_slowdown, trainers_running, training_gang
+from testbed.demo import inject_slowdown, one_replaced_others_in_place, training_gang
 from testbed.install import Installation
 from testbed.kube import Clients, remove_taint, wait_for
 
@@ -94,19 +94,19 @@ def test_a_straggler_is_flagged_and_replaced_elsewhere(
     assert taints.get(names.DEVICE_UNHEALTHY_TAINT) == "NoSchedule"
 
     st = barrier_open(kube, namespace, "gang", 2, 120)
-    wait_for(
-        "every trainer running again",
-        lambda: trainers_running(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, epoch=2),
-        120,
-    )
-    after = member_pods(kube, namespace, "gang", include_failed=False)
-    for i in ("0", "1"):
-        assert after[i].metadata.uid == before[i].metadata.uid, f"member {i} in place"
-    assert after["2"].metadata.uid != victim.metadata.uid
-    assert after["2"].spec.node_name != node, "replaced on another node"
     resume = st["resumeStep"]
     assert resume > held, "from the checkpoint after the detection, not the one before"
-    assert_resumed(cluster_kubeconfig, namespace, after.values(), 2, resume)
+    after = one_replaced_others_in_place(
+        kube,
+        cluster_kubeconfig,
+        namespace,
+        "gang",
+        before=before,
+        replaced="2",
+        epoch=2,
+        resume=resume,
+    )
+    assert after["2"].spec.node_name != node, "replaced on another node"
     started, opened = recovery_times(st["recovery"])
     flagged = events[0].first_timestamp
     print(

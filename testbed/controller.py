@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
@@ -22,7 +21,7 @@ from . import addons, certs, processes
 from .cluster import LocalCluster
 from .images import NODE_IMAGE
 from .install import webhook_injects
-from .kube import Clients, wait_for
+from .kube import Clients, create_unless_exists, wait_for
 from .kubectl import Kubectl
 from .versions import REPO_ROOT, binaries
 
@@ -206,11 +205,7 @@ def prepare(kube: Clients, cluster_kubeconfig: Path, namespace: str) -> None:
         errors = [e for e in res.stderr.splitlines() if "(AlreadyExists)" not in e]
         if res.returncode != 0 and errors:
             raise RuntimeError(f"kubectl create -f {manifest_file}: {res.stderr.strip()}")
-    try:
-        kube.core.create_namespace({"metadata": {"name": namespace}})
-    except ApiException as e:
-        if e.status != 409:
-            raise
+    create_unless_exists(kube.core.create_namespace, {"metadata": {"name": namespace}})
     manifest = yaml.safe_dump_all(agent_rbac(namespace))
     subprocess.run(
         [*kubectl, "apply", "-f", "-"], input=manifest.encode(), check=True, capture_output=True

@@ -164,6 +164,36 @@ def assert_resumed(kubeconfig: Path, ns: str, pods: Iterable[Any], epoch: int, s
         )
 
 
+def one_replaced_others_in_place(
+    kube: Clients,
+    kubeconfig: Path,
+    ns: str,
+    name: str,
+    *,
+    before: dict[str, Any],
+    replaced: str,
+    epoch: int,
+    resume: int,
+) -> dict[str, Any]:
+    """After a recovery to ``epoch`` that replaced member ``replaced`` (its job index) and
+    restarted the others in place: every trainer runs again, the others kept their pods (UIDs
+    of ``before``), ``replaced`` has a new one, and every trainer resumed at ``resume``. The
+    pods then, by job index."""
+    wait_for(
+        "every trainer running again",
+        lambda: trainers_running(kube, kubeconfig, ns, name, len(before), epoch=epoch),
+        120,
+    )
+    after: dict[str, Any] = member_pods(kube, ns, name, include_failed=False)
+    for i, pod in before.items():
+        if i == replaced:
+            assert after[i].metadata.uid != pod.metadata.uid, f"member {i} replaced"
+        else:
+            assert after[i].metadata.uid == pod.metadata.uid, f"member {i} in place"
+    assert_resumed(kubeconfig, ns, after.values(), epoch, resume)
+    return after
+
+
 def trainers_running(
     kube: Clients, kubeconfig: Path, ns: str, name: str, members: int, *, epoch: int
 ) -> bool:

@@ -17,12 +17,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
+from jobset_inplace.apierrors import or_none
 from jobset_inplace.platform import device_taint_rule_version
 
 from . import processes
-from .kube import Clients, wait_for
+from .kube import Clients, create_unless_exists, wait_for
 from .versions import ensure_binaries, versions
 
 DRIVER = "test-device.jobset-inplace.dev"
@@ -39,14 +38,12 @@ def data_dir(node: str) -> Path:
 
 def _apply(kube: Clients, plural: str, body: dict[str, Any], namespace: str | None = None) -> None:
     """Create ``body`` unless an object of its name exists (the test objects never change)."""
-    try:
-        if namespace is None:
-            kube.custom.create_cluster_custom_object(GROUP, VERSION, plural, body)
-        else:
-            kube.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, plural, body)
-    except ApiException as e:
-        if e.status != 409:
-            raise
+    if namespace is None:
+        create_unless_exists(kube.custom.create_cluster_custom_object, GROUP, VERSION, plural, body)
+    else:
+        create_unless_exists(
+            kube.custom.create_namespaced_custom_object, GROUP, VERSION, namespace, plural, body
+        )
 
 
 def claim_template(kube: Clients, namespace: str) -> str:
@@ -113,11 +110,9 @@ def taint_device(kube: Clients, rule: str, pool: str, device: str, effect: str) 
 
 
 def untaint(kube: Clients, rule: str) -> None:
-    try:
-        kube.custom.delete_cluster_custom_object(GROUP, _rule_version(), "devicetaintrules", rule)
-    except ApiException as e:
-        if e.status != 404:
-            raise
+    or_none(
+        kube.custom.delete_cluster_custom_object, GROUP, _rule_version(), "devicetaintrules", rule
+    )
 
 
 class TestDRADriver(processes.NodeDaemons):

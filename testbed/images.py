@@ -37,7 +37,7 @@ from pathlib import Path
 from jobset_inplace import __version__
 from jobset_inplace.core.transform import DEFAULT_AGENT_IMAGE
 
-from .versions import cache_dir
+from .versions import cache_dir, real_node_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIR = ROOT / "jobset_inplace"
@@ -210,7 +210,7 @@ def prepare_trees(force: bool = False) -> dict[str, tuple[str, Path]]:
 
 def node_socket(node: str) -> Path:
     """The containerd socket of the local cluster's real node ``node`` (realnode/containerd.sh)."""
-    return cache_dir() / "realnode" / node / "containerd" / "containerd.sock"
+    return real_node_dir(node) / "containerd" / "containerd.sock"
 
 
 def image_specs(trees: dict[str, tuple[str, Path]]) -> list[str]:

@@ -54,6 +54,16 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float, interval:
         time.sleep(interval)
 
 
+def create_unless_exists(call: Callable[..., object], /, *args: Any, **kwargs: Any) -> None:
+    """``call(*args, **kwargs)``, a create; an AlreadyExists (409) answer is fine: the object
+    is there (the test fixtures' objects never change)."""
+    try:
+        call(*args, **kwargs)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+
+
 @contextmanager
 def temporary_namespace(c: Clients, prefix: str, *, default_sa: bool = False) -> Iterator[str]:
     """A fresh namespace, deleted afterwards whatever happened in between.
@@ -66,11 +76,7 @@ def temporary_namespace(c: Clients, prefix: str, *, default_sa: bool = False) ->
     c.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     if default_sa:
         sa = client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="default"))
-        try:
-            c.core.create_namespaced_service_account(name, sa)
-        except ApiException as e:
-            if e.status != 409:
-                raise
+        create_unless_exists(c.core.create_namespaced_service_account, name, sa)
     try:
         yield name
     finally:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Self
 
-from .versions import cache_dir
+from .versions import real_node_dir
 
 
 def free_port() -> int:
@@ -127,7 +127,7 @@ def kubelet_plugin_registry(node: str) -> Path:
     and DRA drivers on this host register with that kubelet. (Its device-plugins directory is no
     use: the kubelet compiles that one in, /var/lib/kubelet/device-plugins, shared by every
     kubelet on this host.)"""
-    return cache_dir() / "realnode" / node / "kubelet" / "root" / "plugins_registry"
+    return real_node_dir(node) / "kubelet" / "root" / "plugins_registry"
 
 
 class NodeDaemons:

@@ -26,6 +26,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("JSI_CACHE_DIR", default))
 
 
+def real_node_dir(node: str) -> Path:
+    """Everything of the local cluster's real node ``node``: its ``kubelet/`` and ``containerd/``
+    (realnode/kubelet.sh and containerd.sh keep them there)."""
+    return cache_dir() / "realnode" / node
+
+
 K8S_ENV = "K8S"
 """Environment variable that picks the Kubernetes minor (``1.35``); versions.sh reads it too."""
 
