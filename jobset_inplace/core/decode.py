@@ -3,6 +3,7 @@ views. No I/O; the controller calls these from its watch caches."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -166,6 +167,62 @@ def _report_number(annotations: Mapping[str, str], key: str, errors: list[str]) 
     return value
 
 
+# What an agent reports for its epoch, as pod annotations or over the report channel (same keys,
+# same encoding). The straggler windows (busy time, newest checkpoint) stay pod annotations.
+CHANNEL_REPORT_KEYS = (
+    names.REPORT_EPOCH,
+    names.REPORT_STEPS,
+    names.REPORT_LATE,
+    names.REPORT_EXITED,
+    names.REPORT_HUNG,
+)
+
+
+def agent_report(values: Mapping[str, str]) -> tuple[dict[str, Any], str | None]:
+    """The :class:`PodView` fields of an agent's report (its pod annotations, or a report over
+    the channel), and the error that makes it unusable (then no field is set)."""
+    errors: list[str] = []
+    epoch = _report_number(values, names.REPORT_EPOCH, errors)
+    steps: tuple[int, ...] | None = None
+    raw_steps = values.get(names.REPORT_STEPS)
+    if raw_steps is not None:
+        try:
+            steps = tuple(decode_steps(raw_steps))
+        except ValueError as e:
+            errors.append(f"{names.REPORT_STEPS}: {e}")
+    late = _report_number(values, names.REPORT_LATE, errors)
+    exited = _report_number(values, names.REPORT_EXITED, errors)
+    hung = _report_number(values, names.REPORT_HUNG, errors)
+    if errors:
+        return {}, _capped("; ".join(errors))
+    return {
+        "reported_epoch": epoch,
+        "reported_steps": steps,
+        "late_for_epoch": late,
+        "exited_in_epoch": exited,
+        "hung_in_epoch": hung,
+    }, None
+
+
+def _report_order(epoch: int | None, exited: int | None, hung: int | None) -> tuple[int, int]:
+    """Reports of one pod's agents in the order they were made: by epoch, then by an exit or
+    hang seen in it (an agent reports those after its epoch)."""
+    return (-1 if epoch is None else epoch, max(-1, exited or -1, hung or -1))
+
+
+def with_channel_report(view: PodView, fields: Mapping[str, Any]) -> PodView:
+    """``view`` with its agent's report over the channel (``agent_report`` fields) in place of
+    its annotations' when the channel's is as new or newer (an agent whose channel fails
+    writes its next report on the pod instead)."""
+    theirs = _report_order(view.reported_epoch, view.exited_in_epoch, view.hung_in_epoch)
+    ours = _report_order(
+        fields["reported_epoch"], fields["exited_in_epoch"], fields["hung_in_epoch"]
+    )
+    if ours < theirs:
+        return view
+    return dataclasses.replace(view, report_error=None, **fields)
+
+
 def pod_view(pod: Obj) -> PodView | None:
     meta, status = pod["metadata"], pod.get("status") or {}
     labels = meta.get("labels") or {}
@@ -173,19 +230,7 @@ def pod_view(pod: Obj) -> PodView | None:
     if member is None:
         return None
     annotations = meta.get("annotations") or {}
-    epoch: int | None = None
-    steps: tuple[int, ...] | None = None
-    errors: list[str] = []
-    epoch = _report_number(annotations, names.REPORT_EPOCH, errors)
-    raw_steps = annotations.get(names.REPORT_STEPS)
-    if raw_steps is not None:
-        try:
-            steps = tuple(decode_steps(raw_steps))
-        except ValueError as e:
-            errors.append(f"{names.REPORT_STEPS}: {e}")
-    late = _report_number(annotations, names.REPORT_LATE, errors)
-    exited = _report_number(annotations, names.REPORT_EXITED, errors)
-    hung = _report_number(annotations, names.REPORT_HUNG, errors)
+    report, error = agent_report(annotations)
     # advisory (straggler detection): a malformed one is ignored, never makes the report bad
     busy = decode_busy(annotations.get(names.REPORT_BUSY) or "") or ()
     newest = parse_canonical_int(annotations.get(names.REPORT_NEWEST_STEP) or "")
@@ -199,14 +244,9 @@ def pod_view(pod: Obj) -> PodView | None:
         created=_ts(meta.get("creationTimestamp")),
         deleting=bool(meta.get("deletionTimestamp")),
         restart_attempt=int(labels.get(names.RESTART_ATTEMPT_LABEL) or 0),
-        reported_epoch=None if errors else epoch,
-        reported_steps=None if errors else steps,
-        report_error=_capped("; ".join(errors)) or None,
-        late_for_epoch=None if errors else late,
-        exited_in_epoch=None if errors else exited,
-        hung_in_epoch=None if errors else hung,
-        busy_ms=() if errors else busy,
-        newest_step=None if errors else newest,
+        report_error=error,
+        busy_ms=() if error else busy,
+        newest_step=None if error else newest,
         trainer_failed=any(
             (c.get("state") or {}).get("terminated", {}).get("exitCode", 0) != 0 for c in containers
         ),
@@ -217,6 +257,7 @@ def pod_view(pod: Obj) -> PodView | None:
         device_taint_evicted=_device_taint_evicted(pod),
         escalated=condition_true(pod, names.ESCALATION_CONDITION),
         by_kueue=any(condition_true(pod, t) for t in KUEUE_POD_CONDITIONS),
+        **report,
     )
 
 

@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from jobset_inplace import names
-from jobset_inplace.core.model import Cause, GangStatus, Recovery
+from jobset_inplace.core.model import Cause, GangStatus, Recovery, ReportEndpoint
 from jobset_inplace.core.statemachine import Edge, Phase
 from jobset_inplace.times import parse_time, rfc3339
 
@@ -70,7 +70,20 @@ def status_to_dict(s: GangStatus) -> dict[str, Any]:
         "kueueMarginSeconds": s.kueue_margin_s,
         "stragglers": dict(s.stragglers),
         "stragglerHoldStep": s.straggler_hold_step,
+        "reportEndpoint": None
+        if s.report_endpoint is None
+        else _endpoint_to_dict(s.report_endpoint),
     }
+
+
+def _endpoint_to_dict(e: ReportEndpoint) -> dict[str, str]:
+    return {"url": e.url, "certSHA256": e.cert_sha256, "leader": e.leader}
+
+
+def _endpoint_from_dict(d: Any) -> ReportEndpoint | None:
+    if not isinstance(d, dict) or not d.get("url"):
+        return None
+    return ReportEndpoint(str(d["url"]), str(d.get("certSHA256") or ""), str(d.get("leader") or ""))
 
 
 def status_from_dict(d: dict[str, Any] | None) -> GangStatus:
@@ -100,6 +113,7 @@ def status_from_dict(d: dict[str, Any] | None) -> GangStatus:
         kueue_margin_s=d.get("kueueMarginSeconds"),
         stragglers={k: float(v) for k, v in (d.get("stragglers") or {}).items()},
         straggler_hold_step=d.get("stragglerHoldStep"),
+        report_endpoint=_endpoint_from_dict(d.get("reportEndpoint")),
     )
 
 

@@ -55,6 +55,17 @@ RECREATE_CAUSES = frozenset(
 
 
 @dataclass(frozen=True)
+class ReportEndpoint:
+    """Where the leading controller takes agents' reports (the report channel,
+    docs/architecture.md): its URL, the SHA-256 of its serving certificate (agents pin it
+    before sending a token) and a per-process id: a new one tells agents to send again."""
+
+    url: str
+    cert_sha256: str
+    leader: str
+
+
+@dataclass(frozen=True)
 class PodView:
     name: str
     uid: str
@@ -161,6 +172,8 @@ class GangStatus:
     # straggler-action recreate: the gang's newest common checkpoint when stragglers were
     # found; they are replaced once every member has a newer one (None: none pending)
     straggler_hold_step: int | None = None
+    # the report channel the agents use (None: they write their reports on their pods)
+    report_endpoint: ReportEndpoint | None = None
 
 
 @dataclass(frozen=True)
@@ -177,6 +190,8 @@ class Snapshot:
     leases_observed_since: float = 0.0
     # every node the controller knows (to tell one node's death from a cluster-wide disruption)
     cluster_nodes: Mapping[str, NodeView] = field(default_factory=dict)
+    # this leader's report channel (None: not served; agents report on their pods)
+    report_endpoint: ReportEndpoint | None = None
 
 
 # --- actions ----------------------------------------------------------------------------------

@@ -366,6 +366,7 @@ class _Planning:
                 self.running(causes)
             else:
                 self.recovering(causes)
+        self.advertise_report_endpoint()
         self.defer_progress_only_write()
         return self.p
 
@@ -426,6 +427,11 @@ class _Planning:
         return {
             m: c for m, c in causes.items() if c != Cause.NODE_UNHEALTHY or not self.silent_node(m)
         }
+
+    def advertise_report_endpoint(self) -> None:
+        """The status names this leader's report channel: agents send their reports there (and
+        send them again when it changes: a new leader learns every report this way)."""
+        self.p.status.report_endpoint = self.s.report_endpoint
 
     def defer_progress_only_write(self) -> None:
         """A change of the member counts alone is written at most every

@@ -17,7 +17,7 @@ from jobset_inplace.core.gangstate import (
     status_from_dict,
     status_to_dict,
 )
-from jobset_inplace.core.model import Cause, GangStatus, Recovery
+from jobset_inplace.core.model import Cause, GangStatus, Recovery, ReportEndpoint
 from jobset_inplace.core.statemachine import Edge, Phase
 
 
@@ -82,6 +82,7 @@ def full_status() -> GangStatus:
         kueue_margin_s=60.0,
         stragglers={"workers/2/0": 1.8},
         straggler_hold_step=4300,
+        report_endpoint=ReportEndpoint("https://10.244.0.1:9444/v1/reports", "ab" * 32, "c0ffee"),
     )
 
 

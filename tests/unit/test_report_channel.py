@@ -1,0 +1,97 @@
+"""The report channel in the decision core: a report over the channel decodes like the pod
+annotations (same keys, same errors), the newer of the two wins, and the status names the
+leader's channel (a change is written at once: it is how agents learn to send again)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from jobset_inplace import names
+from jobset_inplace.core.decode import agent_report, with_channel_report
+from jobset_inplace.core.model import PodView, ReportEndpoint
+from jobset_inplace.core.planner import plan
+
+from .gangs import pods, running, snapshot
+
+ENDPOINT = ReportEndpoint("https://10.244.0.1:9444/v1/reports", "ab" * 32, "leader-1")
+
+
+def report(**values: str) -> dict[str, str]:
+    return {names.REPORT_EPOCH: "3", names.REPORT_STEPS: "200,100"} | values
+
+
+def view(**fields: object) -> PodView:
+    return dataclasses.replace(pods(1, epoch=2)[0], **fields)  # type: ignore[arg-type]
+
+
+def test_a_channel_report_decodes_like_the_annotations() -> None:
+    fields, error = agent_report(report(**{names.REPORT_EXITED: "3"}))
+    assert error is None
+    assert fields == {
+        "reported_epoch": 3,
+        "reported_steps": (200, 100),
+        "late_for_epoch": None,
+        "exited_in_epoch": 3,
+        "hung_in_epoch": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("key", "raw", "says"),
+    [
+        (names.REPORT_EPOCH, "three", "is not an integer"),
+        (names.REPORT_EPOCH, "03", "is not an integer"),
+        (names.REPORT_STEPS, "200,x", names.REPORT_STEPS),
+        (names.REPORT_HUNG, "-1", "is not an integer"),
+    ],
+)
+def test_a_malformed_report_names_the_field_and_sets_nothing(key: str, raw: str, says: str) -> None:
+    fields, error = agent_report(report(**{key: raw}))
+    assert fields == {}
+    assert error is not None
+    assert key in error
+    assert says in error
+
+
+def test_the_newer_report_wins_whichever_way_it_came() -> None:
+    annotated = view()  # reported epoch 2 on its pod
+    fields, _ = agent_report(report())  # epoch 3 over the channel
+    assert with_channel_report(annotated, fields).reported_epoch == 3
+    # the channel failed for epoch 4: the agent wrote it on its pod; the older channel report
+    # of epoch 3 must not hide it
+    newer_on_pod = view(reported_epoch=4, reported_steps=(300,))
+    assert with_channel_report(newer_on_pod, fields) == newer_on_pod
+    # an exit seen in the same epoch comes after that epoch's report
+    exited, _ = agent_report(report(**{names.REPORT_EXITED: "3"}))
+    same_epoch_on_pod = view(reported_epoch=3, reported_steps=(200, 100))
+    assert with_channel_report(same_epoch_on_pod, exited).exited_in_epoch == 3
+    assert (
+        with_channel_report(view(reported_epoch=3, exited_in_epoch=3), fields).exited_in_epoch == 3
+    )
+
+
+def test_a_channel_report_clears_an_older_malformed_annotation() -> None:
+    bad = view(reported_epoch=None, reported_steps=None, report_error="epoch='x' is bad")
+    fields, _ = agent_report(report())
+    merged = with_channel_report(bad, fields)
+    assert merged.report_error is None
+    assert merged.reported_epoch == 3
+
+
+def test_the_status_names_the_leaders_channel_and_a_new_leader_rewrites_it() -> None:
+    gang = pods(4, epoch=2)
+    first = plan(
+        dataclasses.replace(snapshot(status=running(), pod_list=gang), report_endpoint=ENDPOINT)
+    )
+    assert first.status.report_endpoint == ENDPOINT
+    assert first.status != running()  # a change the reconciler writes at once
+    taken_over = ReportEndpoint(ENDPOINT.url, ENDPOINT.cert_sha256, "leader-2")
+    s = snapshot(status=first.status, pod_list=gang)
+    assert (
+        plan(dataclasses.replace(s, report_endpoint=taken_over)).status.report_endpoint
+        == taken_over
+    )
+    # a controller without the channel tells agents to write their reports on their pods
+    assert plan(s).status.report_endpoint is None
