@@ -61,6 +61,19 @@ REPORT_BUSY: Final = f"{PREFIX}busy-ms-per-step"
 # persistent tier's; straggler-action recreate waits for the gang's next); removed with its next
 # report.
 REPORT_NEWEST_STEP: Final = f"{PREFIX}newest-checkpoint"
+# ... and the epoch those two belong to (an agent on the report channel does not clear them with
+# its next report; older windows are then ignored).
+REPORT_BUSY_EPOCH: Final = f"{PREFIX}busy-epoch"
+
+# --- The report channel (docs/architecture.md): agents send the reports above to the leader ---
+REPORT_PATH: Final = "/v1/reports"
+DEFAULT_REPORT_PORT: Final = 9444
+# A projected service-account token for this audience only (the agent's API token is never sent
+# to the controller); the leader checks it with a TokenReview, cached until the token expires.
+REPORT_TOKEN_AUDIENCE: Final = "jobset-inplace.dev/reports"
+REPORT_TOKEN_SECONDS: Final = 3600
+REPORT_TOKEN_DIR: Final = "/var/run/secrets/jobset-inplace.dev/reports"
+ENV_REPORT_TOKEN_FILE: Final = "JSI_REPORT_TOKEN_FILE"
 
 # --- Pod condition set by the controller to escalate through JobSet's failure policy ---------
 ESCALATION_CONDITION: Final = "JobsetInplaceEscalated"

@@ -522,13 +522,19 @@ class LocalCluster:
         }
         subprocess.run(["bash", str(REALNODE_DIR / script), *args], check=True, env=env)
 
-    def _ensure_pod_api(self) -> None:
-        """Give the host POD_API_ADDRESS (on ``lo``: pods' packets for it arrive over their
-        bridge and are delivered locally)."""
+    @property
+    def pod_reachable_address(self) -> str:
+        """A host address pods reach (POD_API_ADDRESS once the real nodes gave the host it;
+        else loopback: only host processes, the kwok clusters' simulated agents, connect)."""
         have = subprocess.run(
             ["ip", "-o", "addr", "show", "dev", "lo"], capture_output=True, text=True, check=False
         )
-        if f" {POD_API_ADDRESS}/" in have.stdout:
+        return POD_API_ADDRESS if f" {POD_API_ADDRESS}/" in have.stdout else "127.0.0.1"
+
+    def _ensure_pod_api(self) -> None:
+        """Give the host POD_API_ADDRESS (on ``lo``: pods' packets for it arrive over their
+        bridge and are delivered locally)."""
+        if self.pod_reachable_address == POD_API_ADDRESS:
             return
         cmd = ["ip", "addr", "add", f"{POD_API_ADDRESS}/32", "dev", "lo", "label", "lo:jsi"]
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -73,6 +73,9 @@ class ControllerProcess:
             "JSI_AGENT_IMAGE": IMAGE,
             "JSI_AGENT_IMAGE_PULL_POLICY": "Never",
             "JSI_AGENT_API_SERVER": cluster.pod_api_server,
+            # the report channel where the agents reach it (a free port: several instances)
+            "JSI_REPORT_ADVERTISE": cluster.pod_reachable_address,
+            "JSI_REPORT_LISTEN": f"{cluster.pod_reachable_address}:0",
         }
         self.verbose = verbose
         if leader_identity is not None:

@@ -14,6 +14,7 @@ from jobset_inplace.names import (
     ENV_CHECKPOINT_LAYOUT,
     ENV_CHECKPOINT_STEP_PATTERN,
     ENV_HANG_TIMEOUT,
+    ENV_REPORT_TOKEN_FILE,
     ENV_STARTUP_TIMEOUT,
     ENV_STRAGGLER_WINDOW,
     ENV_STRAGGLER_WINDOWS,
@@ -70,6 +71,14 @@ class Config:
     busy_windows: int = 3
     # The checkpoint layout of both tiers (the trainer contract's unless the JobSet names one).
     layout: CheckpointLayout = field(default_factory=lambda: checkpoint_layout("jobset-inplace"))
+    # The report channel: this pod's UID and its token for the channel's audience (either None:
+    # reports are written on the pod, as by agents injected before the channel existed).
+    pod_uid: str | None = None
+    report_token_file: Path | None = None
+
+    @property
+    def channel(self) -> bool:
+        return self.pod_uid is not None and self.report_token_file is not None
 
     @property
     def process_scope(self) -> bool:
@@ -229,4 +238,10 @@ def load_config(env: Mapping[str, str]) -> Config:
         busy_window=_seconds(env, ENV_STRAGGLER_WINDOW),
         busy_windows=_int(env, ENV_STRAGGLER_WINDOWS, 3, low=1, high=20),
         layout=_layout(env),
+        pod_uid=env.get("POD_UID") or None,
+        report_token_file=(
+            _readable_file(env, ENV_REPORT_TOKEN_FILE, Path())
+            if env.get(ENV_REPORT_TOKEN_FILE)
+            else None
+        ),
     )

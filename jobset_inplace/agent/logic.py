@@ -29,6 +29,7 @@ from jobset_inplace.trainer.checkpoints import MAX_STEP, is_int
 __all__ = [
     "Action",
     "AgentLogic",
+    "Endpoint",
     "GangView",
     "MalformedStatus",
     "Open",
@@ -46,6 +47,15 @@ class MalformedStatus(ValueError):
 
 
 @dataclass(frozen=True)
+class Endpoint:
+    """The leader's report channel as the status names it (docs/architecture.md)."""
+
+    url: str
+    cert_sha256: str  # hex SHA-256 of its certificate (DER): pinned
+    leader: str  # a new value: send the report again
+
+
+@dataclass(frozen=True)
 class GangView:
     """The part of a GangState status the agent acts on."""
 
@@ -53,6 +63,20 @@ class GangView:
     barrier_open: bool
     resume_step: int | None  # meaningful only while barrier_open
     phase: str = ""
+    endpoint: Endpoint | None = None  # None: report on the pod
+
+
+def parse_endpoint(value: object) -> Endpoint | None:
+    """``status.reportEndpoint``; None when absent or unusable (the agent then writes its
+    reports on its pod: a bad endpoint never holds a barrier)."""
+    if not isinstance(value, Mapping):
+        return None
+    url, pin, leader = value.get("url"), value.get("certSHA256"), value.get("leader")
+    if not (isinstance(url, str) and url.startswith("https://")):
+        return None
+    if not (isinstance(pin, str) and len(pin) == 64 and all(c in "0123456789abcdef" for c in pin)):
+        return None
+    return Endpoint(url, pin, leader if isinstance(leader, str) else "")
 
 
 def parse_gangstate(obj: object) -> GangView | None:
@@ -88,6 +112,7 @@ def parse_gangstate(obj: object) -> GangView | None:
         barrier_open=barrier,
         resume_step=step if barrier else None,
         phase=phase if isinstance(phase, str) else "",
+        endpoint=parse_endpoint(status.get("reportEndpoint")),
     )
 
 

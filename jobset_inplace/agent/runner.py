@@ -17,12 +17,14 @@ from jobset_inplace.trainer.checkpoints import encode_steps, select_steps
 from jobset_inplace.trainer.layouts import Layout
 from jobset_inplace.trainer.progress import clear_progress, encode_busy, read_progress
 
+from .channel import ChannelError, ReportChannel
 from .config import Config
 from .hang import HangWatch
 from .kubeapi import ApiError, KubeApi, TransportErrors
 from .log import Log
 from .logic import (
     AgentLogic,
+    Endpoint,
     GangView,
     LauncherState,
     MalformedStatus,
@@ -37,7 +39,7 @@ from .logic import parse_gangstate as parse
 from .probe import BarrierState
 from .steptime import BusyWindows
 
-__all__ = ["Agent", "Backoff", "TrainerMonitor", "process_age"]
+__all__ = ["Agent", "Backoff", "Reporter", "TrainerMonitor", "process_age"]
 
 # Errors after which the agent re-reads the GangState (after a backoff) and decides again.
 _RETRY_ERRORS = (ApiError, ValueError, *TransportErrors)
@@ -50,6 +52,9 @@ STOP_SLACK_S = 5.0
 # (the kubelet's own signals then reach the controller): a gang never waits unseen.
 EXIT_REPORT_DEADLINE_S = 10.0
 PROGRESS_READ_SECONDS = 1.0  # how often the monitor reads the progress records
+# After the report channel failed, reports go on the pod for this long (or until the status
+# names another leader's channel).
+CHANNEL_RETRY_S = 60.0
 
 
 def process_age() -> float | None:
@@ -91,6 +96,106 @@ class _Relist(Exception):
     """The watch cannot continue from its resourceVersion: read the object again."""
 
 
+# Every key a new epoch's report on the pod sets or removes (a report over the channel leaves the
+# straggler windows alone: they carry their epoch).
+_POD_REPORT_KEYS = (
+    names.REPORT_EPOCH,
+    names.REPORT_STEPS,
+    names.REPORT_LATE,
+    names.REPORT_EXITED,
+    names.REPORT_HUNG,
+    names.REPORT_BUSY,
+    names.REPORT_NEWEST_STEP,
+    names.REPORT_BUSY_EPOCH,
+)
+
+
+class Reporter:
+    """What this agent reported in its epoch (its record: annotation name -> value) and where:
+    over the report channel to the leader the GangState names, or on its pod when there is no
+    channel or it fails. Shared by the agent loop and the trainer monitor (each with its own
+    connections); a lock keeps the record and the sends in order."""
+
+    def __init__(self, cfg: Config, log: Log) -> None:
+        self.cfg, self.log = cfg, log
+        self.pod = f"/api/v1/namespaces/{cfg.namespace}/pods/{cfg.pod_name}"
+        self.lock = threading.Lock()
+        self.record: dict[str, str] = {}
+        self.sent_to: Endpoint | None = None  # the channel the record reached (None: the pod)
+        self.endpoint: Endpoint | None = None  # the newest status's channel
+        self.failed: tuple[Endpoint, float] | None = None  # a channel that failed, and until when
+
+    def channel_for(self) -> ReportChannel | None:
+        """A connection of this thread's own to the channel (None: not configured)."""
+        cfg = self.cfg
+        if cfg.pod_uid is None or cfg.report_token_file is None:
+            return None
+        return ReportChannel(
+            cfg.namespace, cfg.gangstate, cfg.pod_name, cfg.pod_uid, cfg.report_token_file
+        )
+
+    def report(
+        self,
+        update: dict[str, str],
+        *,
+        fresh: bool,
+        channel: ReportChannel | None,
+        kube: KubeApi,
+    ) -> str:
+        """Report ``update``: a new epoch's report (``fresh``: replaces the record) or an
+        addition to it (a trainer's exit or hang). Returns where it went ("channel" or "pod");
+        raises what the pod write raises."""
+        with self.lock:
+            record = dict(update) if fresh else {**self.record, **update}
+            return self._deliver(record, update, fresh=fresh, channel=channel, kube=kube)
+
+    def resend(self, epoch: int, channel: ReportChannel | None, kube: KubeApi) -> str | None:
+        """Send the record again if it went over the channel and the status now names another
+        leader (a new leader knows nothing of it) while its epoch is current; else None."""
+        with self.lock:
+            endpoint, sent_to = self.endpoint, self.sent_to
+            if sent_to is None or endpoint == sent_to:
+                return None
+            if self.record.get(names.REPORT_EPOCH) != str(epoch):
+                return None
+            return self._deliver(self.record, self.record, fresh=True, channel=channel, kube=kube)
+
+    def _deliver(
+        self,
+        record: dict[str, str],
+        update: dict[str, str],
+        *,
+        fresh: bool,
+        channel: ReportChannel | None,
+        kube: KubeApi,
+    ) -> str:
+        endpoint, failed = self.endpoint, self.failed
+        if failed is not None and (failed[0] != endpoint or time.monotonic() > failed[1]):
+            failed = self.failed = None
+        if channel is not None and endpoint is not None and failed is None:
+            try:
+                channel.send(endpoint, record)
+            except ChannelError as e:
+                # a channel that does not answer would cost every report its timeout
+                self.failed = (endpoint, time.monotonic() + CHANNEL_RETRY_S)
+                self.log.repeat(
+                    "channel",
+                    "WARN",
+                    f"report channel: {e}; writing reports on the pod (trying the channel "
+                    f"again in {CHANNEL_RETRY_S:g} s or with a new leader)",
+                )
+            else:
+                self.log.clear("channel")
+                self.record, self.sent_to = record, endpoint
+                return "channel"
+        values: dict[str, str | None] = dict(update)
+        if fresh:
+            values = {k: record.get(k) for k in _POD_REPORT_KEYS}
+        kube.merge_patch(self.pod, {"metadata": {"annotations": values}})
+        self.record, self.sent_to = record, None
+        return "pod"
+
+
 class Agent:
     def __init__(
         self,
@@ -107,12 +212,13 @@ class Agent:
         self.log = log
         self.logic = AgentLogic()
         self.backoff = Backoff()
+        self.reporter = Reporter(cfg, log)
+        self.channel = self.reporter.channel_for()
         self._started = started  # time.monotonic() when the entry module began
         self._collection = KubeApi.gangstates_path(
             names.GROUP, names.VERSION, cfg.namespace, names.GANGSTATE_PLURAL
         )
         self._object = f"{self._collection}/{cfg.gangstate}"
-        self._pod = f"/api/v1/namespaces/{cfg.namespace}/pods/{cfg.pod_name}"
         self._what = f"GangState {cfg.gang}"
         self.first_report_latency: float | None = None
         self._open_reason = ""
@@ -208,6 +314,13 @@ class Agent:
             self.log.repeat("gangstate", "INFO", f"{self._what} has no status epoch yet: waiting")
             return
         self.log.clear("gangstate")
+        self.reporter.endpoint = view.endpoint
+        try:
+            where = self.reporter.resend(view.epoch, self.channel, self.kube)
+        except _RETRY_ERRORS as e:
+            raise _ActionFailed(f"cannot report again for the new leader: {_describe(e)}") from e
+        if where is not None:
+            self.log.info(f"a new leader: report of epoch {view.epoch} sent again (on the {where})")
         self._handle(view)
 
     def _handle(self, view: GangView) -> None:
@@ -235,22 +348,12 @@ class Agent:
             )
         except (OSError, ValueError) as e:
             raise _ActionFailed(f"cannot scan the checkpoint tiers: {e}") from e
-        patch = {
-            "metadata": {
-                "annotations": {
-                    names.REPORT_EPOCH: str(action.epoch),
-                    names.REPORT_STEPS: encode_steps(steps),
-                    # reported into an open barrier: this agent (re)started unseen, and waits
-                    names.REPORT_LATE: None if action.barrier_closed else str(action.epoch),
-                    names.REPORT_EXITED: None,
-                    names.REPORT_HUNG: None,
-                    names.REPORT_BUSY: None,
-                    names.REPORT_NEWEST_STEP: None,
-                }
-            }
-        }
+        report = {names.REPORT_EPOCH: str(action.epoch), names.REPORT_STEPS: encode_steps(steps)}
+        if not action.barrier_closed:
+            # reported into an open barrier: this agent (re)started unseen, and waits
+            report[names.REPORT_LATE] = str(action.epoch)
         try:
-            self.kube.merge_patch(self._pod, patch)
+            where = self.reporter.report(report, fresh=True, channel=self.channel, kube=self.kube)
         except _RETRY_ERRORS as e:
             raise _ActionFailed(f"cannot report on pod {cfg.pod_name}: {_describe(e)}") from e
         previous = self.logic.epoch
@@ -263,15 +366,17 @@ class Agent:
             since = "process start" if age is not None else "agent start"
             self.log.info(
                 f"reported epoch {action.epoch}, checkpoint steps [{listed}]: "
-                f"{latency:.3f} s after {since}"
+                f"{latency:.3f} s after {since} (on the {where})"
             )
         elif previous != action.epoch:
             self.log.info(
                 f"adopted epoch {action.epoch} in place (was {previous}; this agent's barrier "
-                f"had not opened), reported checkpoint steps [{listed}]"
+                f"had not opened), reported checkpoint steps [{listed}] (on the {where})"
             )
         else:
-            self.log.info(f"reported epoch {action.epoch}, checkpoint steps [{listed}]")
+            self.log.info(
+                f"reported epoch {action.epoch}, checkpoint steps [{listed}] (on the {where})"
+            )
 
     def _open(self, action: Open) -> None:
         cfg = self.cfg
@@ -379,6 +484,7 @@ class TrainerMonitor:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.agent, self.kube = agent, kube
+        self.channel = agent.reporter.channel_for()
         self.exit_process, self.clock = exit_process, clock
         cfg = agent.cfg
         self.hang = HangWatch(cfg.hang) if cfg.hang.enabled else None
@@ -477,7 +583,11 @@ class TrainerMonitor:
         cfg = self.agent.cfg
         value = encode_busy(history)
         newest = self._newest_step()
-        annotations = {names.REPORT_BUSY: value, names.REPORT_NEWEST_STEP: newest}
+        annotations = {
+            names.REPORT_BUSY: value,
+            names.REPORT_NEWEST_STEP: newest,
+            names.REPORT_BUSY_EPOCH: str(epoch),
+        }
         patch = {"metadata": {"annotations": annotations}}
         try:
             self.kube.merge_patch(f"/api/v1/namespaces/{cfg.namespace}/pods/{cfg.pod_name}", patch)
@@ -504,11 +614,12 @@ class TrainerMonitor:
     def _report(self, key: str, epoch: int, what: str) -> bool:
         if self.reported.get(key) == epoch:
             return False
-        cfg = self.agent.cfg
-        patch = {"metadata": {"annotations": {key: str(epoch)}}}
-        self.kube.merge_patch(f"/api/v1/namespaces/{cfg.namespace}/pods/{cfg.pod_name}", patch)
+        reporter = self.agent.reporter
+        where = reporter.report(
+            {key: str(epoch)}, fresh=False, channel=self.channel, kube=self.kube
+        )
         self.reported[key] = epoch
-        self.agent.log.info(f"{what} in epoch {epoch}: reported")
+        self.agent.log.info(f"{what} in epoch {epoch}: reported (on the {where})")
         return True
 
 

@@ -11,8 +11,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobset_inplace import names
-from jobset_inplace.core.decode import gang_spec, node_view, pod_view
-from jobset_inplace.core.model import GangSpec, GangStatus, NodeView, PodView, Snapshot
+from jobset_inplace.core.decode import gang_spec, node_view, pod_view, with_channel_report
+from jobset_inplace.core.model import (
+    GangSpec,
+    GangStatus,
+    NodeView,
+    PodView,
+    ReportEndpoint,
+    Snapshot,
+)
 from jobset_inplace.core.policy import Policy
 
 GangKey = tuple[str, str]  # (namespace, JobSet name)
@@ -49,6 +56,8 @@ class Gang:
     policy_error: str = ""
     jobset: dict[str, Any] = field(default_factory=dict)
     pods: dict[str, PodView] = field(default_factory=dict)  # uid -> view
+    # uid -> the agent's newest report over the channel (agent_report fields), for pods in `pods`
+    reports: dict[str, dict[str, Any]] = field(default_factory=dict)
     status: GangStatus | None = None  # last persisted; None until loaded from the API
     kueue_stand_down: str = ""  # from the JobSet's Kueue Workload (decode.kueue_stand_down)
     kueue_managed: bool = False  # Kueue made a Workload for it
@@ -82,6 +91,8 @@ class ClusterCache:
     leases_observed_since: float = 0.0
     # Pods seen before their JobSet (watch order is arbitrary), kept until it shows up.
     orphans: dict[GangKey, dict[str, PodView]] = field(default_factory=dict)
+    # this leader's report channel, advertised in every gang's status (None: not served)
+    report_endpoint: ReportEndpoint | None = None
 
     def upsert_jobset(self, jobset: Mapping[str, Any], policy: Policy | None, error: str) -> Gang:
         spec = gang_spec(jobset)
@@ -110,6 +121,8 @@ class ClusterCache:
         pods = gang.pods if gang is not None else self.orphans.setdefault(pod.key, {})
         if deleted or pod.view is None:
             pods.pop(pod.uid, None)
+            if gang is not None:
+                gang.reports.pop(pod.uid, None)
         else:
             pods[pod.uid] = pod.view
         return pod.key
@@ -121,6 +134,17 @@ class ClusterCache:
         self.orphans = {}
         for pod in pods:
             self.upsert_pod(pod)
+        for gang in self.gangs.values():
+            gang.reports = {u: r for u, r in gang.reports.items() if u in gang.pods}
+
+    def set_report(self, key: GangKey, uid: str, fields: dict[str, Any]) -> bool:
+        """Keep an agent's report over the channel; False if ``uid`` is not a known member pod
+        of gang ``key`` (the agent then writes it on its pod)."""
+        gang = self.gangs.get(key)
+        if gang is None or uid not in gang.pods:
+            return False
+        gang.reports[uid] = fields
+        return True
 
     def upsert_node(self, node: NodeView, deleted: bool = False) -> bool:
         """Record a node event; whether the planner's view of the node changed."""
@@ -188,11 +212,15 @@ class ClusterCache:
             now=now,
             gang=spec,
             policy=gang.policy,
-            pods=tuple(gang.pods.values()),
+            pods=tuple(
+                with_channel_report(v, gang.reports[u]) if u in gang.reports else v
+                for u, v in gang.pods.items()
+            ),
             nodes=nodes,
             status=gang.status,
             status_written_at=gang.status_written_at,
             posted=frozenset(gang.posted),
             leases_observed_since=self.leases_observed_since,
             cluster_nodes=self.nodes,
+            report_endpoint=self.report_endpoint,
         )

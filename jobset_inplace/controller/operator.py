@@ -43,6 +43,7 @@ from .executor import Executor
 from .health import Check, HealthServer, port_open
 from .leader import Election, LeaderElector
 from .reconciler import Reconciler
+from .report_server import report_server_from_env
 from .watches import RawWatch, WatchEvent
 from .webhook_server import (
     cert_dir_from_env,
@@ -334,12 +335,25 @@ def run_controller(reconciler: Reconciler) -> None:
 
     @kopf.on.startup(registry=registry)
     async def start_watches(**_: Any) -> None:
+        await start_report_channel(reconciler)
         # kopf starts its own watches (JobSets) only when every startup handler is done
         await asyncio.to_thread(prime, reconciler, watches)
         for w in watches:
             w.start_on(asyncio.get_running_loop())
 
     asyncio.run(kopf.operator(registry=registry, clusterwide=True, standalone=True))
+
+
+async def start_report_channel(r: Reconciler) -> None:
+    """Serve the report channel before any pass advertises it. A channel that cannot start
+    (a port taken, a bad setting) is logged and left off: agents then write their reports on
+    their pods, as without it."""
+    try:
+        server = report_server_from_env(r.cache, r.poke, os.environ)
+        if server is not None:
+            r.cache.report_endpoint = await server.start()
+    except (OSError, ValueError) as e:
+        log.error("report channel: cannot serve it (%s); agents write their reports on pods", e)
 
 
 class _NoDiffBase(kopf.DiffBaseStorage):

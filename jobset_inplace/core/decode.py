@@ -234,6 +234,7 @@ def pod_view(pod: Obj) -> PodView | None:
     # advisory (straggler detection): a malformed one is ignored, never makes the report bad
     busy = decode_busy(annotations.get(names.REPORT_BUSY) or "") or ()
     newest = parse_canonical_int(annotations.get(names.REPORT_NEWEST_STEP) or "")
+    busy_epoch = parse_canonical_int(annotations.get(names.REPORT_BUSY_EPOCH) or "")
     containers = status.get("containerStatuses") or []
     return PodView(
         name=meta["name"],
@@ -247,6 +248,7 @@ def pod_view(pod: Obj) -> PodView | None:
         report_error=error,
         busy_ms=() if error else busy,
         newest_step=None if error else newest,
+        busy_epoch=busy_epoch,
         trainer_failed=any(
             (c.get("state") or {}).get("terminated", {}).get("exitCode", 0) != 0 for c in containers
         ),

@@ -83,6 +83,7 @@ class PodView:
     hung_in_epoch: int | None = None  # its agent saw its trainer hang in this epoch
     busy_ms: tuple[int, ...] = ()  # busy ms per step in its agent's last windows, newest first
     newest_step: int | None = None  # the newest complete checkpoint its agent saw (with busy_ms)
+    busy_epoch: int | None = None  # the epoch of busy_ms and newest_step (None: not recorded)
     not_ready_since: float | None = None  # its Ready condition is not True since then
     agent_started: float | None = None  # when its running agent container started
     trainer_failed: bool = False

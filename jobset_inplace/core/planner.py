@@ -544,7 +544,7 @@ class _Planning:
             busy = {
                 m: p.busy_ms
                 for m, p in self.current.items()
-                if p.reported_epoch == st.epoch and p.busy_ms
+                if p.reported_epoch == st.epoch and p.busy_ms and _busy_now(p, st.epoch)
             }
             found = stragglers(busy, policy.straggler_factor, policy.straggler_windows)
         for member in sorted(set(found) - set(st.stragglers)):
@@ -565,7 +565,11 @@ class _Planning:
         the stragglers go once every member has a newer one. A gang whose agents publish no
         newest step (no checkpoint seen) gives no such signal: replaced at once."""
         st = self.st
-        newest = [p.newest_step for p in self.current.values() if p.reported_epoch == st.epoch]
+        newest = [
+            p.newest_step if _busy_now(p, st.epoch) else None
+            for p in self.current.values()
+            if p.reported_epoch == st.epoch
+        ]
         if len(newest) < len(self.s.gang.members) or None in newest:
             return True
         common = min(n for n in newest if n is not None)
@@ -843,6 +847,12 @@ class _Planning:
         pod = self.current.get(member)
         ok = pod is not None and not pod.deleting and pod.phase in ("Pending", "Running")
         return pod if ok else None
+
+
+def _busy_now(pod: PodView, epoch: int) -> bool:
+    """Whether ``pod``'s busy windows (and newest step) are of ``epoch``: an agent on the report
+    channel leaves its older ones on the pod (unmarked ones were cleared by its reports)."""
+    return pod.busy_epoch is None or pod.busy_epoch == epoch
 
 
 def _some(members: list[str], shown: int = 5) -> str:

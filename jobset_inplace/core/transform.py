@@ -38,6 +38,8 @@ AGENT_CONTAINER = "jobset-inplace-agent"
 DEFAULT_AGENT_IMAGE = f"jobset-inplace/agent:{__version__}"
 STATE_VOLUME = "jobset-inplace-state"
 STATE_DIR = str(DEFAULT_STATE_DIR)
+REPORT_TOKEN_VOLUME = "jobset-inplace-report-token"
+REPORT_TOKEN_FILE = "token"
 AGENT_SERVICE_ACCOUNT = "jobset-inplace-agent"
 LAUNCHER_PATH = f"{STATE_DIR}/{LAUNCHER_FILE}"
 # The process scope's entrypoint prefix: the trainer image's python3 runs the launcher.
@@ -84,6 +86,11 @@ def agent_container(jobset_name: str, policy: Policy, s: AgentSettings) -> dict[
         "env": [
             _field_env("POD_NAME", "metadata.name"),
             _field_env("POD_NAMESPACE", "metadata.namespace"),
+            _field_env("POD_UID", "metadata.uid"),
+            {
+                "name": names.ENV_REPORT_TOKEN_FILE,
+                "value": f"{names.REPORT_TOKEN_DIR}/{REPORT_TOKEN_FILE}",
+            },
             {"name": "JSI_GANGSTATE", "value": jobset_name},
             {"name": ENV_STATE_DIR, "value": STATE_DIR},
             {"name": "JSI_RESTART_EXIT_CODE", "value": str(policy.restart_exit_code)},
@@ -104,9 +111,23 @@ def agent_container(jobset_name: str, policy: Policy, s: AgentSettings) -> dict[
             "periodSeconds": 1,
             "failureThreshold": 100000,
         },
-        "volumeMounts": [{"name": STATE_VOLUME, "mountPath": STATE_DIR}],
+        "volumeMounts": [
+            {"name": STATE_VOLUME, "mountPath": STATE_DIR},
+            {"name": REPORT_TOKEN_VOLUME, "mountPath": names.REPORT_TOKEN_DIR, "readOnly": True},
+        ],
         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
     }
+
+
+def report_token_volume() -> dict[str, Any]:
+    """The agent's token for the report channel: its own audience, so the controller never
+    receives a token the apiserver would accept."""
+    token = {
+        "audience": names.REPORT_TOKEN_AUDIENCE,
+        "expirationSeconds": names.REPORT_TOKEN_SECONDS,
+        "path": REPORT_TOKEN_FILE,
+    }
+    return {"name": REPORT_TOKEN_VOLUME, "projected": {"sources": [{"serviceAccountToken": token}]}}
 
 
 def _seconds_env(name: str, seconds: float | None) -> list[dict[str, Any]]:
@@ -205,9 +226,8 @@ def _prepare_pod(
             f"the Job failure policy need it), got {spec['restartPolicy']!r}"
         )
     spec["restartPolicy"] = "Never"
-    spec["volumes"] = _add_by_name(
-        spec.get("volumes") or [], {"name": STATE_VOLUME, "emptyDir": {}}
-    )
+    volumes = _add_by_name(spec.get("volumes") or [], {"name": STATE_VOLUME, "emptyDir": {}})
+    spec["volumes"] = _add_by_name(volumes, report_token_volume())
     spec["initContainers"] = _add_by_name(spec.get("initContainers") or [], agent)
     spec.setdefault("serviceAccountName", s.service_account)
     rule = {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}

@@ -25,6 +25,7 @@ from testbed import workloads
 from testbed.kube import Clients, create_jobset, wait_for
 
 CRD = Path(__file__).resolve().parents[2] / "manifests" / "crd" / "gangstates.yaml"
+CRD_NAME = f"{names.GANGSTATE_PLURAL}.{names.GROUP}"
 RJ = "workers"
 
 
@@ -284,9 +285,10 @@ class Controller:
     kubeconfig: Path
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = field(default_factory=dict)  # e.g. the report channel's settings
 
     def start(self) -> None:
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "jobset_inplace.controller.main", "run"],

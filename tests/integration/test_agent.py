@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,42 +23,22 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import names
-from jobset_inplace.trainer import RESUME_FILE, ResumeInfo, read_resume, staged_checkpoint
+from jobset_inplace.trainer import ResumeInfo
 from jobset_inplace.trainer.checkpoints import COMPLETE_MARKER, RETIRED_MARKER, decode_steps
 from jobset_inplace.trainer.layouts import SET_ASIDE_DIR
 from testbed.controlplane import ControlPlane
 from testbed.kube import Clients, wait_for
 from testbed.processes import free_port
 
+from .agentproc import POLL, WAIT, AgentProc, StartAgent, checkpoints
+from .gangsim import CRD_NAME
+
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
-CRD_FILE = REPO / "manifests" / "crd" / "gangstates.yaml"
-CRD_NAME = f"{names.GANGSTATE_PLURAL}.{names.GROUP}"
 RESTART_CODE = 88
-WAIT = 15.0  # bound of every wait for something the agent does within ~a second
-POLL = 0.01
 
 
 # --- the GangState and pods (the test plays the controller) ------------------------------------
-
-
-@pytest.fixture(scope="module")
-def gangstate_crd(control_plane: ControlPlane, kube: Clients) -> None:
-    kubectl = control_plane.kubectl()
-    kubectl.apply_files([CRD_FILE], server_side=True)
-    kubectl.wait_crds_established([CRD_NAME])
-
-    def served() -> bool:
-        try:
-            kube.custom.list_cluster_custom_object(
-                names.GROUP, names.VERSION, names.GANGSTATE_PLURAL
-            )
-        except ApiException:
-            return False
-        return True
-
-    wait_for("GangState resource served", served, 30, 0.2)
 
 
 def create_gangstate(kube: Clients, ns: str, name: str, status: dict[str, Any] | None) -> None:
@@ -121,151 +97,6 @@ def wait_reported(kube: Clients, ns: str, pod: str, epoch: int) -> str:
         return r if r[0] == str(epoch) else None
 
     return wait_for(f"pod {pod} to report epoch {epoch}", check, WAIT, POLL)[1] or ""
-
-
-# --- the agent process -------------------------------------------------------------------------
-
-
-@dataclass
-class AgentProc:
-    proc: subprocess.Popen[bytes]
-    log: Path
-    port: int
-    state_dir: Path
-    local: Path
-    persistent: Path
-    token_file: Path
-    started: float = field(default_factory=time.monotonic)
-
-    def barrier(self) -> tuple[int, str]:
-        """(HTTP status, body) of GET /barrier; (0, error) while nothing listens."""
-        return self.get("/barrier")
-
-    def get(self, path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
-                return int(r.status), r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode()
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-            return 0, str(e)
-
-    def wait_barrier(self, status: int, contains: str = "") -> str:
-        def check() -> str | None:
-            code, body = self.barrier()
-            return body if code == status and contains in body else None
-
-        return wait_for(f"/barrier {status} {contains!r}; log:\n{self.text()}", check, WAIT, POLL)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait_log(self, pattern: str, count: int = 1) -> str:
-        return wait_for(
-            f"agent log line {pattern!r} x{count}; log:\n{self.text()}",
-            lambda: self.text() if len(re.findall(pattern, self.text())) >= count else None,
-            WAIT,
-            POLL,
-        )
-
-    def wait_exit(self, timeout: float = WAIT) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(
-                f"agent still running after {timeout}s; log:\n{self.text()}"
-            ) from None
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def own_latency(self) -> float:
-        m = re.search(r"reported epoch \d+, checkpoint steps \[[^]]*\]: ([0-9.]+) s", self.text())
-        assert m, self.text()
-        return float(m.group(1))
-
-    def resume(self) -> ResumeInfo | None:
-        return read_resume(self.state_dir)
-
-
-StartAgent = Callable[..., AgentProc]
-
-
-def checkpoints(root: Path, complete: list[int], partial: tuple[int, ...] = ()) -> None:
-    for step in complete:
-        with staged_checkpoint(root, step, durable=False) as d:
-            (d / "weights").write_text(f"step {step}\n")
-    for step in partial:
-        (root / f"step-{step}").mkdir(parents=True)
-
-
-@pytest.fixture
-def start_agent(
-    control_plane: ControlPlane, namespace: str, gangstate_crd: None, tmp_path: Path
-) -> Iterator[StartAgent]:
-    """Start agent processes (each with its own dirs and port); stop the survivors after."""
-    started: list[AgentProc] = []
-    token_file = tmp_path / "token"
-    token_file.write_text(control_plane.token + "\n")
-
-    def start(
-        pod: str,
-        gang: str,
-        *,
-        token: str | None = None,
-        tiers: Callable[[Path, Path], None] | None = None,
-        **env: str,
-    ) -> AgentProc:
-        """``tiers(local, persistent)`` writes the checkpoint tiers (default: the trainer
-        contract's steps 100, 200 and a partial 300 locally, 100 persistent)."""
-        base = tmp_path / f"{pod}-{len(started)}"
-        local, persistent, state = base / "local", base / "persistent", base / "state"
-        if tiers is None:
-            checkpoints(local, [100, 200], partial=(300,))
-            checkpoints(persistent, [100])
-        else:
-            tiers(local, persistent)
-        state.mkdir(parents=True)
-        (state / RESUME_FILE).write_text('{"epoch": 0, "resumeStep": 7, "gang": "old/one"}\n')
-        tok = token_file
-        if token is not None:
-            tok = base / "token"
-            tok.write_text(token)
-        port = free_port()
-        log = base / "agent.log"
-        full_env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "POD_NAME": pod,
-            "POD_NAMESPACE": namespace,
-            "JSI_GANGSTATE": gang,
-            "JSI_STATE_DIR": str(state),
-            "JSI_CHECKPOINT_LOCAL_DIR": str(local),
-            "JSI_CHECKPOINT_PERSISTENT_DIR": str(persistent),
-            "JSI_PROBE_PORT": str(port),
-            "JSI_API_SERVER": control_plane.server,
-            "JSI_TOKEN_FILE": str(tok),
-            "JSI_CA_FILE": str(control_plane.workdir / "pki" / "apiserver.crt"),
-            **env,
-        }
-        with log.open("wb") as out:
-            t0 = time.monotonic()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "jobset_inplace.agent"],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=full_env,
-                cwd=base,
-            )
-        agent = AgentProc(proc, log, port, state, local, persistent, tok, t0)
-        started.append(agent)
-        return agent
-
-    yield start
-    for agent in started:
-        if agent.alive():
-            agent.proc.kill()
-            agent.proc.wait(10)
 
 
 # --- tests ---------------------------------------------------------------------------------------

@@ -218,6 +218,10 @@ def test_publishes_the_busy_windows_and_retries_without_restarting(tmp_path: Pat
     assert api.patches == []
     api.error = None
     assert not at(m, now, 62), "retried at the next read"
-    busy = {names.REPORT_BUSY: "250", names.REPORT_NEWEST_STEP: "20"}
+    busy = {
+        names.REPORT_BUSY: "250",
+        names.REPORT_NEWEST_STEP: "20",
+        names.REPORT_BUSY_EPOCH: "3",
+    }
     assert api.patches == [("/api/v1/namespaces/ns/pods/p-0", {"metadata": {"annotations": busy}})]
     assert exits == [], "an advisory signal never restarts the pod"

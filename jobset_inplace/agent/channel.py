@@ -1,0 +1,108 @@
+"""The agent's side of the report channel (docs/architecture.md): its report sent to the
+leader named in the GangState status, over one kept-alive HTTPS connection whose certificate
+must match the status's pin before the token is sent. Any failure raises `ChannelError`: the
+caller then writes the report on its pod instead (the channel never holds a barrier)."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import ssl
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from .kubeapi import USER_AGENT, TransportErrors
+from .logic import Endpoint
+
+__all__ = ["ChannelError", "ReportChannel"]
+
+TIMEOUT_S = 2.0  # a leader that does not answer this fast is not worth waiting for
+
+
+class ChannelError(Exception):
+    """The report did not reach the leader, or the leader refused it."""
+
+
+class ReportChannel:
+    """Reports of pod ``pod`` (namespace, name, uid) of gang ``gang`` to the leader. One per
+    thread (it holds a connection)."""
+
+    def __init__(self, namespace: str, gang: str, pod: str, uid: str, token_file: Path) -> None:
+        self._who = {"namespace": namespace, "gang": gang, "pod": pod, "uid": uid}
+        self._token_file = token_file
+        self._ssl = ssl.create_default_context()
+        self._ssl.check_hostname = False  # the certificate is pinned instead
+        self._ssl.verify_mode = ssl.CERT_NONE
+        self._conn: http.client.HTTPSConnection | None = None
+        self._endpoint: Endpoint | None = None
+
+    def send(self, endpoint: Endpoint, report: dict[str, str]) -> None:
+        """Deliver ``report`` (annotation name -> value) to ``endpoint``; raises
+        `ChannelError`. A kept-alive connection the leader closed is retried once."""
+        body = json.dumps({**self._who, "report": report}).encode()
+        for attempt in (1, 2):
+            fresh = self._conn is None or self._endpoint != endpoint
+            try:
+                conn = self._connection(endpoint)
+                token = self._token_file.read_text(encoding="utf-8").strip()
+                path = urlsplit(endpoint.url).path or "/"
+                headers = {
+                    "Authorization": f"Bearer {token}",
+                    "Content-Type": "application/json",
+                    "User-Agent": USER_AGENT,
+                }
+                conn.request("POST", path, body=body, headers=headers)
+                resp = conn.getresponse()
+                payload = resp.read()
+            except ChannelError:
+                self.close()
+                raise
+            except TransportErrors as e:
+                self.close()
+                if fresh or attempt == 2:
+                    raise ChannelError(f"{endpoint.url}: {type(e).__name__}: {e}") from e
+                continue
+            if resp.will_close:
+                self.close()
+            if resp.status != 200:
+                raise ChannelError(f"{endpoint.url}: HTTP {resp.status}: {_error(payload)}")
+            return
+        raise AssertionError("unreachable")
+
+    def _connection(self, endpoint: Endpoint) -> http.client.HTTPSConnection:
+        if self._conn is not None and self._endpoint == endpoint:
+            return self._conn
+        self.close()
+        parts = urlsplit(endpoint.url)
+        if parts.scheme != "https" or not parts.hostname:
+            raise ChannelError(f"not an https URL: {endpoint.url!r}")
+        conn = http.client.HTTPSConnection(
+            parts.hostname, parts.port or 443, timeout=TIMEOUT_S, context=self._ssl
+        )
+        conn.connect()
+        assert conn.sock is not None
+        der = conn.sock.getpeercert(binary_form=True) or b""
+        if hashlib.sha256(der).hexdigest() != endpoint.cert_sha256:
+            conn.close()
+            raise ChannelError(
+                f"{endpoint.url}: its certificate does not match the GangState's pin; no token sent"
+            )
+        self._conn, self._endpoint = conn, endpoint
+        return conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn, self._endpoint = None, None
+
+
+def _error(payload: bytes) -> str:
+    try:
+        doc = json.loads(payload)
+        error = doc.get("error") if isinstance(doc, dict) else None
+        if isinstance(error, str):
+            return error[:300]
+    except ValueError:
+        pass
+    return payload.decode("utf-8", "replace").strip()[:300]

@@ -1,0 +1,277 @@
+"""The report channel's server (docs/architecture.md, "Report channel"): the leader takes its
+agents' reports (epoch, checkpoint steps, a trainer's exit or hang) over HTTPS instead of each
+agent writing them on its pod, so a recovery's API writes do not grow with the gang.
+
+* Only the leader serves it, with a certificate made in memory at its start; the GangState
+  status names the URL, the certificate's SHA-256 (agents pin it before sending a token) and a
+  per-process id (:class:`~jobset_inplace.core.model.ReportEndpoint`, advertised by the
+  planner). A new leader's first status writes tell every agent to send its report again.
+* A report carries the agent's projected token for the audience
+  :data:`~jobset_inplace.names.REPORT_TOKEN_AUDIENCE`. The leader asks the apiserver who it is
+  (a TokenReview, cached until the token expires) and accepts reports only for that token's own
+  pod: an agent speaks for its own pod, as the admission policy holds its pod writes to.
+* Reports decode exactly as the pod annotations do
+  (:func:`~jobset_inplace.core.decode.agent_report`), land in the cache (the newer of channel
+  and annotations wins) and poke the gang's planner.
+
+Answers: 200 accepted; 400 a malformed report (the field named); 401 a token the apiserver
+does not accept for this audience; 403 a token of another pod; 409 a pod this leader does not
+know as a member of that gang (yet). Agents write their report on their pod after any failure."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import hashlib
+import json
+import logging
+import secrets
+import socket
+import ssl
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from kubernetes import client
+
+from jobset_inplace import names
+from jobset_inplace.core.decode import CHANNEL_REPORT_KEYS, agent_report
+from jobset_inplace.core.model import ReportEndpoint
+
+from .cache import ClusterCache, GangKey
+from .certificates import issue
+
+log = logging.getLogger("jobset_inplace.reports")
+
+# A reviewed token is trusted for at most this long (its own expiry, if sooner).
+TOKEN_CACHE_S = 300.0
+MAX_BODY = 16 * 1024
+PREFIX = "system:serviceaccount:"
+POD_NAME_KEY = "authentication.kubernetes.io/pod-name"
+POD_UID_KEY = "authentication.kubernetes.io/pod-uid"
+
+
+class Rejected(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The pod a token was issued to, and until when this leader trusts it."""
+
+    namespace: str
+    pod: str
+    uid: str
+    until: float
+
+
+def _unverified_expiry(token: str) -> float | None:
+    """The ``exp`` claim of a JWT the apiserver has already accepted (its signature is not
+    checked here: the TokenReview did)."""
+    try:
+        payload = token.split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        return float(claims["exp"])
+    except (IndexError, ValueError, KeyError, TypeError):
+        return None
+
+
+class TokenReviewer:
+    """Who a report token speaks for: one TokenReview per token (concurrent requests with the
+    same token share it), then cached for :data:`TOKEN_CACHE_S` or until the token expires."""
+
+    def __init__(
+        self, api: client.AuthenticationV1Api, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.api, self.clock = api, clock
+        self._known: dict[str, Identity] = {}
+        self._pending: dict[str, asyncio.Future[Identity]] = {}
+        self.reviews = 0  # TokenReviews made (metrics, tests)
+
+    async def identify(self, token: str) -> Identity:
+        key = hashlib.sha256(token.encode()).hexdigest()
+        now = self.clock()
+        known = self._known.get(key)
+        if known is not None and known.until > now:
+            return known
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = asyncio.ensure_future(self._review(token))
+            self._pending[key] = pending
+            pending.add_done_callback(lambda _: self._pending.pop(key, None))
+        identity = await asyncio.shield(pending)
+        if len(self._known) > 4 * 65536:  # bounded: drop what expired
+            self._known = {k: v for k, v in self._known.items() if v.until > now}
+        self._known[key] = identity
+        return identity
+
+    async def _review(self, token: str) -> Identity:
+        review = client.V1TokenReview(
+            spec=client.V1TokenReviewSpec(token=token, audiences=[names.REPORT_TOKEN_AUDIENCE])
+        )
+        try:
+            answer = await asyncio.to_thread(self.api.create_token_review, review)
+        except client.exceptions.ApiException as e:
+            raise Rejected(503, f"cannot review the token: API error {e.status} {e.reason}") from e
+        self.reviews += 1
+        status = answer.status
+        if status is None or not status.authenticated or status.user is None:
+            why = (status.error if status is not None else None) or "not authenticated"
+            raise Rejected(401, f"token not accepted for {names.REPORT_TOKEN_AUDIENCE}: {why}")
+        extra = status.user.extra or {}
+        pod, uid = (extra.get(POD_NAME_KEY) or [""])[0], (extra.get(POD_UID_KEY) or [""])[0]
+        user = status.user.username or ""
+        if not user.startswith(PREFIX) or not pod or not uid:
+            raise Rejected(401, f"not a pod-bound service-account token (user {user!r})")
+        namespace = user[len(PREFIX) :].split(":", 1)[0]
+        now = self.clock()
+        until = now + TOKEN_CACHE_S
+        expiry = _unverified_expiry(token)
+        if expiry is not None:
+            until = min(until, expiry)
+        return Identity(namespace, pod, uid, until)
+
+
+def _text(body: Mapping[str, Any], field: str) -> str:
+    value = body.get(field)
+    if not isinstance(value, str) or not value:
+        raise Rejected(400, f"{field}: a non-empty string is required, got {value!r:.80}")
+    return value
+
+
+def parse_request(body: object) -> tuple[str, str, str, str, dict[str, str]]:
+    """``(namespace, gang, pod, uid, report)`` of a report request's JSON body."""
+    if not isinstance(body, dict):
+        raise Rejected(400, "the body must be a JSON object")
+    report = body.get("report")
+    if not isinstance(report, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in report.items()
+    ):
+        raise Rejected(400, "report: an object of annotation name -> string value is required")
+    unknown = sorted(set(report) - set(CHANNEL_REPORT_KEYS))
+    if unknown:
+        raise Rejected(
+            400, f"report: unknown keys {unknown}; accepted: {list(CHANNEL_REPORT_KEYS)}"
+        )
+    fields = [_text(body, f) for f in ("namespace", "gang", "pod", "uid")]
+    return fields[0], fields[1], fields[2], fields[3], report
+
+
+def _serving_context() -> tuple[ssl.SSLContext, str]:
+    """A TLS context with a certificate made for this process, and its SHA-256 (DER)."""
+    material = issue(["jobset-inplace-reports"], datetime.datetime.now(datetime.UTC))
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    with tempfile.TemporaryDirectory() as d:  # ssl loads chains from files only
+        cert, key = Path(d, "tls.crt"), Path(d, "tls.key")
+        cert.write_bytes(material.tls_crt)
+        key.write_bytes(material.tls_key)
+        ctx.load_cert_chain(cert, key)
+    der = ssl.PEM_cert_to_DER_cert(material.tls_crt.decode())
+    return ctx, hashlib.sha256(der).hexdigest()
+
+
+class ReportServer:
+    """``POST /v1/reports`` on ``listen`` (host, port), advertised as ``advertise`` (host)."""
+
+    def __init__(
+        self,
+        cache: ClusterCache,
+        poke: Callable[[GangKey], None],
+        reviewer: TokenReviewer,
+        listen: tuple[str, int],
+        advertise: str,
+    ) -> None:
+        self.cache, self.poke, self.reviewer = cache, poke, reviewer
+        self.listen, self.advertise = listen, advertise
+        self.accepted = 0
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> ReportEndpoint:
+        """Listen; the endpoint to advertise (the port actually bound, if 0 was asked)."""
+        ctx, pin = _serving_context()
+        app = web.Application(client_max_size=MAX_BODY)
+        app.router.add_post(names.REPORT_PATH, self.handle)
+        # no access log: one line per report would be 5000 lines per recovery
+        # idle connections are kept an hour: an agent's next report needs no new handshake
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, keepalive_timeout=3600.0
+        )
+        await self._runner.setup()
+        sock = socket.create_server(self.listen, backlog=4096)
+        port = sock.getsockname()[1]  # the one bound, when 0 was asked
+        await web.SockSite(self._runner, sock, ssl_context=ctx).start()
+        where = f"[{self.advertise}]" if ":" in self.advertise else self.advertise
+        endpoint = ReportEndpoint(
+            f"https://{where}:{port}{names.REPORT_PATH}", pin, secrets.token_hex(8)
+        )
+        log.info("report channel: serving %s on %s:%d", endpoint.url, self.listen[0], port)
+        return endpoint
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        try:
+            await self._accept(request)
+        except Rejected as e:
+            if e.status != 409:
+                log.warning("report channel: rejected (%d): %s", e.status, e)
+            return web.json_response({"error": str(e)}, status=e.status)
+        self.accepted += 1
+        return web.json_response({"accepted": True})
+
+    async def _accept(self, request: web.Request) -> None:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme != "Bearer" or not token:
+            raise Rejected(401, "Authorization: Bearer <projected token> is required")
+        try:
+            body = await request.json()
+        except ValueError as e:
+            raise Rejected(400, f"the body is not JSON: {e}") from e
+        namespace, gang_name, pod, uid, values = parse_request(body)
+        who = await self.reviewer.identify(token)
+        if (who.namespace, who.pod, who.uid) != (namespace, pod, uid):
+            raise Rejected(
+                403,
+                f"the token of pod {who.namespace}/{who.pod} (uid {who.uid}) may not report "
+                f"for pod {namespace}/{pod} (uid {uid})",
+            )
+        fields, error = agent_report(values)
+        if error is not None:
+            raise Rejected(400, f"report: {error}")
+        key = (namespace, gang_name)
+        if not self.cache.set_report(key, uid, fields):
+            raise Rejected(409, f"pod {namespace}/{pod} is not a known member of gang {gang_name}")
+        self.poke(key)
+
+
+LISTEN_ENV = "JSI_REPORT_LISTEN"
+ADVERTISE_ENV = "JSI_REPORT_ADVERTISE"
+
+
+def report_server_from_env(
+    cache: ClusterCache, poke: Callable[[GangKey], None], env: Mapping[str, str]
+) -> ReportServer | None:
+    """The channel as configured: ``JSI_REPORT_LISTEN`` (ADDRESS:PORT, default 0.0.0.0:9444;
+    port 0: any free one), advertised at ``JSI_REPORT_ADVERTISE`` (an address agents reach;
+    default the pod's ``POD_IP``; ``off``: no channel, agents write their reports on pods)."""
+    advertise = env.get(ADVERTISE_ENV) or env.get("POD_IP") or ""
+    if advertise in ("", "off"):
+        why = "off" if advertise else f"no address to advertise (set POD_IP or {ADVERTISE_ENV})"
+        log.info("report channel: %s; agents write their reports on their pods", why)
+        return None
+    listen = env.get(LISTEN_ENV) or f"0.0.0.0:{names.DEFAULT_REPORT_PORT}"
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"{LISTEN_ENV} must be ADDRESS:PORT (port 0..65535), got {listen!r}")
+    auth = client.AuthenticationV1Api(client.ApiClient())
+    listen_at = (host.strip("[]") or "0.0.0.0", int(port))
+    return ReportServer(cache, poke, TokenReviewer(auth), listen_at, advertise)

@@ -1,0 +1,277 @@
+"""The report channel on the real apiserver (docs/architecture.md, "Report channel"):
+
+* the leader's server with the agent's client: a pod's own report is accepted with one
+  TokenReview per token; another pod's token, a token for another audience, a malformed report,
+  an unknown pod and a wrong certificate pin are each refused and say why;
+* crash safety: the leader is killed mid-recovery after half the members reported over the
+  channel; the new leader gets those reports again from the agents themselves and opens the
+  barrier, with no report written on any pod and one recovery charged;
+* degraded mode: agents that cannot reach the channel write their reports on their pods and the
+  recovery completes.
+
+Agents are real agent processes (no kubelet: the test plays it with pod status patches, as
+gangsim does); the controller is ``jobset-inplace run`` as a process."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from jobset_inplace import names
+from jobset_inplace.agent.channel import ChannelError, ReportChannel
+from jobset_inplace.agent.logic import Endpoint
+from jobset_inplace.controller.cache import ClusterCache, GangKey, pod_entry
+from jobset_inplace.controller.report_server import ReportServer, TokenReviewer
+from jobset_inplace.core.policy import Policy
+from testbed.controlplane import ControlPlane
+from testbed.kube import Clients, wait_for
+
+from .agentproc import AgentProc, StartAgent
+from .gangsim import CRD, CRD_NAME, Controller, Gang, LeaseKeeper
+
+pytestmark = pytest.mark.integration
+
+FAST = {names.NODE_UNHEALTHY_AFTER: "5s", names.BARRIER_TIMEOUT: "60s"}
+
+
+def report_token(
+    kube: Clients, ns: str, pod: Any, audience: str = names.REPORT_TOKEN_AUDIENCE
+) -> str:
+    """What the kubelet projects into the agent: a token bound to its pod, for ``audience``."""
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(
+            audiences=[audience],
+            expiration_seconds=names.REPORT_TOKEN_SECONDS,
+            bound_object_ref=client.V1BoundObjectReference(
+                kind="Pod", api_version="v1", name=pod.metadata.name, uid=pod.metadata.uid
+            ),
+        )
+    )
+    answer = kube.core.create_namespaced_service_account_token("default", ns, request)
+    return str(answer.status.token)
+
+
+# --- the server and the client ---------------------------------------------------------------
+
+
+async def test_only_a_pods_own_well_formed_report_is_accepted(
+    kube: Clients, namespace: str, gangstate_crd: None, tmp_path: Path
+) -> None:
+    gang = Gang(kube, namespace, f"g-{uuid.uuid4().hex[:4]}", 2)
+    gang.create()
+    cache, pokes = ClusterCache(), list[GangKey]()
+    jobset = kube.custom.get_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", gang.name
+    )
+    cache.upsert_jobset(jobset, Policy(), "")
+    pods = [gang.pod(i) for i in range(2)]
+    for pod in pods:
+        cache.upsert_pod(pod_entry(kube.api.sanitize_for_serialization(pod)))
+    reviewer = TokenReviewer(client.AuthenticationV1Api(kube.api))
+    server = ReportServer(cache, pokes.append, reviewer, ("127.0.0.1", 0), "127.0.0.1")
+    advertised = await server.start()
+    endpoint = Endpoint(advertised.url, advertised.cert_sha256, advertised.leader)
+    key = (namespace, gang.name)
+    try:
+
+        def channel(i: int, token: str, *, uid: str | None = None) -> ReportChannel:
+            path = tmp_path / f"token-{i}-{uuid.uuid4().hex[:4]}"
+            path.write_text(token)
+            pod = pods[i].metadata
+            return ReportChannel(namespace, gang.name, pod.name, uid or pod.uid, path)
+
+        async def send(ch: ReportChannel, report: dict[str, str], to: Endpoint = endpoint) -> str:
+            try:
+                await asyncio.to_thread(ch.send, to, report)
+            except ChannelError as e:
+                return str(e)
+            finally:
+                ch.close()
+            return "accepted"
+
+        own = report_token(kube, namespace, pods[0])
+        good = {names.REPORT_EPOCH: "1", names.REPORT_STEPS: "200,100"}
+        ch0 = channel(0, own)
+        assert await send(ch0, good) == "accepted"
+        assert await send(ch0, {**good, names.REPORT_EXITED: "1"}) == "accepted"
+        assert reviewer.reviews == 1, "one TokenReview per token"
+        assert pokes == [key, key]
+        view = cache.gangs[key].reports[pods[0].metadata.uid]
+        assert (view["reported_epoch"], view["exited_in_epoch"]) == (1, 1)
+
+        # member 0's token speaking for member 1
+        other = await send(channel(0, own, uid=pods[1].metadata.uid), good)
+        assert "HTTP 403" in other
+        assert "may not report" in other
+        # the agent's apiserver token (another audience) is not accepted by the channel
+        api_token = report_token(
+            kube, namespace, pods[1], audience="https://kubernetes.default.svc"
+        )
+        refused = await send(channel(1, api_token), good)
+        assert "HTTP 401" in refused
+        assert names.REPORT_TOKEN_AUDIENCE in refused
+        # malformed: the field is named
+        bad = await send(channel(0, own), {**good, names.REPORT_EPOCH: "one"})
+        assert "HTTP 400" in bad
+        assert names.REPORT_EPOCH in bad
+        unknown = await send(channel(0, own), {**good, "example.com/x": "1"})
+        assert "HTTP 400" in unknown
+        assert "unknown keys" in unknown
+        # a pod the leader does not know as a member (yet): the agent writes on its pod
+        cache.upsert_pod(pod_entry(kube.api.sanitize_for_serialization(pods[1])), deleted=True)
+        token1 = report_token(kube, namespace, pods[1])
+        assert "HTTP 409" in await send(channel(1, token1), good)
+        # a certificate that is not the pinned one: refused before any token is sent
+        reviews = reviewer.reviews
+        wrong = Endpoint(endpoint.url, "0" * 64, endpoint.leader)
+        pinned = await send(channel(0, report_token(kube, namespace, pods[0])), good, wrong)
+        assert "does not match the GangState's pin" in pinned
+        assert reviewer.reviews == reviews
+        assert server.accepted == 2
+    finally:
+        await server.stop()
+
+
+# --- with the controller and real agents -----------------------------------------------------
+
+
+@pytest.fixture
+def leases(kube: Clients) -> Iterator[LeaseKeeper]:
+    keeper = LeaseKeeper(kube)
+    keeper.start()
+    yield keeper
+    keeper.stop()
+
+
+def controller(control_plane: ControlPlane, tmp_path: Path, name: str, **env: str) -> Controller:
+    control_plane.kubectl().apply_files([CRD], server_side=True)
+    control_plane.kubectl().wait_crds_established([CRD_NAME])
+    ctl = Controller(control_plane.kubeconfig, tmp_path / f"{name}.log", env=env)
+    ctl.start()
+    return ctl
+
+
+CHANNEL = {"JSI_REPORT_ADVERTISE": "127.0.0.1", "JSI_REPORT_LISTEN": "127.0.0.1:0"}
+
+
+def start_member(
+    start_agent: StartAgent, kube: Clients, gang: Gang, i: int, tmp_path: Path
+) -> AgentProc:
+    """Member ``i``'s agent as the webhook injects it: its pod's UID and its channel token."""
+    pod = gang.pod(i)
+    token = tmp_path / f"report-token-{i}-{uuid.uuid4().hex[:4]}"
+    token.write_text(report_token(kube, gang.namespace, pod))
+    return start_agent(
+        gang.pods[i],
+        gang.name,
+        POD_UID=pod.metadata.uid,
+        # process scope without launchers: the agent stops no trainer and joins the next
+        # epoch from the same process (its resend to a new leader is what is tested)
+        JSI_RESTART_SCOPE="process",
+        JSI_LAUNCHED_CONTAINERS="trainer",
+        **{names.ENV_REPORT_TOKEN_FILE: str(token)},
+    )
+
+
+def endpoint_leader(gang: Gang) -> str:
+    return str((gang.state().get("reportEndpoint") or {}).get("leader") or "")
+
+
+def pod_reports(gang: Gang) -> dict[int, str | None]:
+    return {i: (gang.pod(i).metadata.annotations or {}).get(names.REPORT_EPOCH) for i in gang.pods}
+
+
+def test_a_new_leader_learns_every_report_from_the_agents(  # noqa: PLR0917 (fixtures)
+    kube: Clients,
+    namespace: str,
+    control_plane: ControlPlane,
+    start_agent: StartAgent,
+    leases: LeaseKeeper,
+    tmp_path: Path,
+) -> None:
+    first = controller(control_plane, tmp_path, "leader-1", **CHANNEL)
+    second: Controller | None = None
+    try:
+        gang = Gang(kube, namespace, f"train-{uuid.uuid4().hex[:4]}", 4, dict(FAST), leases=leases)
+        gang.create()
+        agents = [start_member(start_agent, kube, gang, i, tmp_path) for i in range(4)]
+        gang.wait_state("epoch 1 open", lambda s: s.get("barrierOpen") and s.get("epoch") == 1)
+        leader_1 = endpoint_leader(gang)
+        assert leader_1
+        # Members 2 and 3 are slow to come back from the next failure: their agents are gone
+        # until the new leader runs (they then start as the kubelet would restart them).
+        for a in agents[2:]:
+            a.proc.send_signal(signal.SIGKILL)
+            a.proc.wait(10)
+        gang.fail_trainer(0)
+        gang.wait_state("epoch 2 recovering", lambda s: s.get("epoch") == 2)
+        for i in range(4):
+            gang.restart_in_place(i)
+        for a in agents[:2]:
+            a.wait_log(r"reported epoch 2, checkpoint steps .*\(on the channel\)")
+        first.kill()  # SIGKILL mid-recovery: half the members' reports were only in its memory
+        assert not gang.state().get("barrierOpen")
+
+        second = controller(control_plane, tmp_path, "leader-2", **CHANNEL)
+        wait_for(
+            "the new leader to advertise its channel",
+            lambda: endpoint_leader(gang) not in ("", leader_1),
+            30,
+            0.2,
+        )
+        for a in agents[:2]:
+            a.wait_log(r"a new leader: report of epoch 2 sent again \(on the channel\)")
+        agents += [start_member(start_agent, kube, gang, i, tmp_path) for i in (2, 3)]
+        state = gang.wait_state(
+            "epoch 2 open", lambda s: s.get("barrierOpen") and s.get("epoch") == 2
+        )
+        assert state["budgets"]["inPlaceUsed"] == 1, "one recovery charged"
+        assert [h["epoch"] for h in state["history"]] == [2]
+        assert pod_reports(gang) == dict.fromkeys(range(4)), "no report written on a pod"
+        for a in (agents[0], agents[1], agents[4], agents[5]):
+            a.wait_barrier(200, "epoch 2")
+    finally:
+        for ctl in (first, second):
+            if ctl is not None:
+                ctl.stop()
+
+
+def test_agents_that_cannot_reach_the_channel_report_on_their_pods(  # noqa: PLR0917
+    kube: Clients,
+    namespace: str,
+    control_plane: ControlPlane,
+    start_agent: StartAgent,
+    leases: LeaseKeeper,
+    tmp_path: Path,
+) -> None:
+    # advertised where nothing listens (a NetworkPolicy, a firewall: the channel is unreachable)
+    ctl = controller(
+        control_plane,
+        tmp_path,
+        "unreachable",
+        JSI_REPORT_ADVERTISE="127.0.0.2",
+        JSI_REPORT_LISTEN="127.0.0.1:0",
+    )
+    try:
+        gang = Gang(kube, namespace, f"train-{uuid.uuid4().hex[:4]}", 2, dict(FAST), leases=leases)
+        gang.create()
+        agents = [start_member(start_agent, kube, gang, i, tmp_path) for i in range(2)]
+        gang.wait_state("epoch 1 open", lambda s: s.get("barrierOpen") and s.get("epoch") == 1)
+        gang.fail_trainer(1)
+        gang.wait_state("epoch 2 recovering", lambda s: s.get("epoch") == 2)
+        for i in range(2):
+            gang.restart_in_place(i)
+        gang.wait_state("epoch 2 open", lambda s: s.get("barrierOpen") and s.get("epoch") == 2)
+        assert pod_reports(gang) == {0: "2", 1: "2"}
+        for a in agents:
+            assert "writing reports on the pod (trying the channel again" in a.text()
+            a.wait_barrier(200, "epoch 2")
+    finally:
+        ctl.stop()

@@ -1,0 +1,134 @@
+"""The agent's `Reporter`: a report goes over the channel the status names, or on the pod when
+there is none or it fails (and the failed channel is left alone for a while, so a channel that
+does not answer costs one timeout, not one per report); a record sent to a leader that is
+gone is sent again to the new one. Stand-ins for the channel and the API here;
+tests/integration/test_report_channel.py runs both for real."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobset_inplace import names
+from jobset_inplace.agent import runner
+from jobset_inplace.agent.channel import ChannelError
+from jobset_inplace.agent.config import Config
+from jobset_inplace.agent.log import Log
+from jobset_inplace.agent.logic import Endpoint
+from jobset_inplace.agent.runner import CHANNEL_RETRY_S, Reporter
+
+POD = "/api/v1/namespaces/ns/pods/p-0"
+LEADER_1 = Endpoint("https://10.0.0.9:9444/v1/reports", "a" * 64, "one")
+LEADER_2 = Endpoint("https://10.0.0.8:9444/v1/reports", "b" * 64, "two")
+EPOCH_3 = {names.REPORT_EPOCH: "3", names.REPORT_STEPS: "200,100"}
+
+
+class Channel:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, str]]] = []
+        self.down = False
+
+    def send(self, endpoint: Endpoint, report: dict[str, str]) -> None:
+        if self.down:
+            raise ChannelError(f"{endpoint.url}: TimeoutError: timed out")
+        self.sent.append((endpoint.leader, dict(report)))
+
+
+class Api:
+    def __init__(self) -> None:
+        self.patches: list[dict[str, Any]] = []
+
+    def merge_patch(self, path: str, body: Any) -> Any:
+        assert path == POD
+        self.patches.append(body["metadata"]["annotations"])
+        return {}
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    now = [1000.0]
+    monkeypatch.setattr(runner.time, "monotonic", lambda: now[0])
+    return now
+
+
+def reporter(tmp_path: Path) -> tuple[Reporter, Channel, Api, io.StringIO]:
+    cfg = Config(
+        pod_name="p-0", namespace="ns", gangstate="g", state_dir=tmp_path, local_dir=None,
+        persistent_dir=None, restart_exit_code=88, probe_port=1, server="http://x",
+        token_file=None, ca_file=None,
+    )  # fmt: skip
+    out = io.StringIO()
+    return Reporter(cfg, Log(out)), Channel(), Api(), out
+
+
+def report(
+    r: Reporter, ch: Channel, api: Api, values: dict[str, str], *, fresh: bool = True
+) -> str:
+    return r.report(values, fresh=fresh, channel=ch, kube=api)  # type: ignore[arg-type]
+
+
+def resend(r: Reporter, ch: Channel, api: Api, epoch: int) -> str | None:
+    return r.resend(epoch, ch, api)  # type: ignore[arg-type]
+
+
+def test_reports_go_over_the_channel_the_status_names(tmp_path: Path, clock: list[float]) -> None:
+    r, ch, api, _ = reporter(tmp_path)
+    r.endpoint = LEADER_1
+    assert report(r, ch, api, EPOCH_3) == "channel"
+    assert report(r, ch, api, {names.REPORT_EXITED: "3"}, fresh=False) == "channel"
+    assert ch.sent == [("one", EPOCH_3), ("one", {**EPOCH_3, names.REPORT_EXITED: "3"})]
+    assert api.patches == []
+
+
+def test_without_a_channel_a_new_epochs_report_replaces_the_pods_keys(
+    tmp_path: Path, clock: list[float]
+) -> None:
+    r, ch, api, _ = reporter(tmp_path)
+    assert report(r, ch, api, EPOCH_3) == "pod"
+    assert api.patches[0][names.REPORT_EPOCH] == "3"
+    # the older epoch's exit, hang and straggler windows are removed with it
+    assert api.patches[0][names.REPORT_EXITED] is None
+    assert api.patches[0][names.REPORT_BUSY] is None
+    assert report(r, ch, api, {names.REPORT_HUNG: "3"}, fresh=False) == "pod"
+    assert api.patches[1] == {names.REPORT_HUNG: "3"}
+
+
+def test_a_failed_channel_is_left_alone_for_a_while(tmp_path: Path, clock: list[float]) -> None:
+    r, ch, api, out = reporter(tmp_path)
+    r.endpoint = LEADER_1
+    ch.down = True
+    assert report(r, ch, api, EPOCH_3) == "pod"
+    assert "writing reports on the pod" in out.getvalue()
+    ch.down = False
+    assert report(r, ch, api, {names.REPORT_EXITED: "3"}, fresh=False) == "pod", "not retried yet"
+    clock[0] += CHANNEL_RETRY_S + 1
+    assert report(r, ch, api, EPOCH_3) == "channel"
+    ch.down = True
+    assert report(r, ch, api, EPOCH_3) == "pod"
+    r.endpoint = LEADER_2  # a new leader: its channel is tried at once
+    ch.down = False
+    assert report(r, ch, api, EPOCH_3) == "channel"
+
+
+def test_a_new_leader_gets_the_record_again(tmp_path: Path, clock: list[float]) -> None:
+    r, ch, api, _ = reporter(tmp_path)
+    r.endpoint = LEADER_1
+    report(r, ch, api, EPOCH_3)
+    report(r, ch, api, {names.REPORT_EXITED: "3"}, fresh=False)
+    assert resend(r, ch, api, 3) is None  # same leader
+    r.endpoint = LEADER_2
+    assert resend(r, ch, api, 4) is None, "the status moved on: a new report follows"
+    assert resend(r, ch, api, 3) == "channel"
+    assert ch.sent[-1] == ("two", {**EPOCH_3, names.REPORT_EXITED: "3"})
+    assert resend(r, ch, api, 3) is None, "once"
+
+
+def test_a_record_written_on_the_pod_is_not_sent_again(tmp_path: Path, clock: list[float]) -> None:
+    r, ch, api, _ = reporter(tmp_path)
+    report(r, ch, api, EPOCH_3)  # no channel: on the pod, where any leader reads it
+    r.endpoint = LEADER_2
+    assert resend(r, ch, api, 3) is None
+    assert ch.sent == []
