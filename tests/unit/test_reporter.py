@@ -7,13 +7,13 @@ tests/integration/test_report_channel.py runs both for real."""
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from jobset_inplace import names
-from jobset_inplace.agent import runner
 from jobset_inplace.agent.channel import ChannelError
 from jobset_inplace.agent.config import Config
 from jobset_inplace.agent.log import Log
@@ -50,7 +50,7 @@ class Api:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     now = [1000.0]
-    monkeypatch.setattr(runner.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
     return now
 
 
