@@ -7,9 +7,9 @@ agent writing them on its pod, so a recovery's API writes do not grow with the g
   per-process id (:class:`~jobset_inplace.core.model.ReportEndpoint`, advertised by the
   planner). A new leader's first status writes tell every agent to send its report again.
 * A report carries the agent's projected token for the audience
-  :data:`~jobset_inplace.names.REPORT_TOKEN_AUDIENCE`. The leader asks the apiserver who it is
-  (a TokenReview, cached until the token expires) and accepts reports only for that token's own
-  pod: an agent speaks for its own pod, as the admission policy holds its pod writes to.
+  :data:`~jobset_inplace.names.REPORT_TOKEN_AUDIENCE`, verified offline
+  (:mod:`.report_tokens`); reports are accepted only for that token's own pod: an agent speaks
+  for its own pod, as the admission policy holds its pod writes to.
 * Reports decode exactly as the pod annotations do
   (:func:`~jobset_inplace.core.decode.agent_report`), land in the cache (the newer of channel
   and annotations wins) and poke the gang's planner.
@@ -20,19 +20,14 @@ know as a member of that gang (yet). Agents write their report on their pod afte
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import datetime
 import hashlib
-import json
 import logging
 import secrets
 import socket
 import ssl
 import tempfile
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,98 +40,11 @@ from jobset_inplace.core.model import ReportEndpoint
 
 from .cache import ClusterCache, GangKey
 from .certificates import issue
+from .report_tokens import Rejected, TokenVerifier
 
 log = logging.getLogger("jobset_inplace.reports")
 
-# A reviewed token is trusted for at most this long (its own expiry, if sooner).
-TOKEN_CACHE_S = 300.0
-MAX_BODY = 16 * 1024
-PREFIX = "system:serviceaccount:"
-POD_NAME_KEY = "authentication.kubernetes.io/pod-name"
-POD_UID_KEY = "authentication.kubernetes.io/pod-uid"
-
-
-class Rejected(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass(frozen=True)
-class Identity:
-    """The pod a token was issued to, and until when this leader trusts it."""
-
-    namespace: str
-    pod: str
-    uid: str
-    until: float
-
-
-def _unverified_expiry(token: str) -> float | None:
-    """The ``exp`` claim of a JWT the apiserver has already accepted (its signature is not
-    checked here: the TokenReview did)."""
-    try:
-        payload = token.split(".")[1]
-        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-        return float(claims["exp"])
-    except (IndexError, ValueError, KeyError, TypeError):
-        return None
-
-
-class TokenReviewer:
-    """Who a report token speaks for: one TokenReview per token (concurrent requests with the
-    same token share it), then cached for :data:`TOKEN_CACHE_S` or until the token expires."""
-
-    def __init__(
-        self, api: client.AuthenticationV1Api, clock: Callable[[], float] = time.time
-    ) -> None:
-        self.api, self.clock = api, clock
-        self._known: dict[str, Identity] = {}
-        self._pending: dict[str, asyncio.Future[Identity]] = {}
-        self.reviews = 0  # TokenReviews made (metrics, tests)
-
-    async def identify(self, token: str) -> Identity:
-        key = hashlib.sha256(token.encode()).hexdigest()
-        now = self.clock()
-        known = self._known.get(key)
-        if known is not None and known.until > now:
-            return known
-        pending = self._pending.get(key)
-        if pending is None:
-            pending = asyncio.ensure_future(self._review(token))
-            self._pending[key] = pending
-            pending.add_done_callback(lambda _: self._pending.pop(key, None))
-        identity = await asyncio.shield(pending)
-        if len(self._known) > 4 * 65536:  # bounded: drop what expired
-            self._known = {k: v for k, v in self._known.items() if v.until > now}
-        self._known[key] = identity
-        return identity
-
-    async def _review(self, token: str) -> Identity:
-        review = client.V1TokenReview(
-            spec=client.V1TokenReviewSpec(token=token, audiences=[names.REPORT_TOKEN_AUDIENCE])
-        )
-        try:
-            answer = await asyncio.to_thread(self.api.create_token_review, review)
-        except client.exceptions.ApiException as e:
-            raise Rejected(503, f"cannot review the token: API error {e.status} {e.reason}") from e
-        self.reviews += 1
-        status = answer.status
-        if status is None or not status.authenticated or status.user is None:
-            why = (status.error if status is not None else None) or "not authenticated"
-            raise Rejected(401, f"token not accepted for {names.REPORT_TOKEN_AUDIENCE}: {why}")
-        extra = status.user.extra or {}
-        pod, uid = (extra.get(POD_NAME_KEY) or [""])[0], (extra.get(POD_UID_KEY) or [""])[0]
-        user = status.user.username or ""
-        if not user.startswith(PREFIX) or not pod or not uid:
-            raise Rejected(401, f"not a pod-bound service-account token (user {user!r})")
-        namespace = user[len(PREFIX) :].split(":", 1)[0]
-        now = self.clock()
-        until = now + TOKEN_CACHE_S
-        expiry = _unverified_expiry(token)
-        if expiry is not None:
-            until = min(until, expiry)
-        return Identity(namespace, pod, uid, until)
+MAX_BODY = 16 * 1024  # a report is ~200 bytes
 
 
 def _text(body: Mapping[str, Any], field: str) -> str:
@@ -184,11 +92,11 @@ class ReportServer:
         self,
         cache: ClusterCache,
         poke: Callable[[GangKey], None],
-        reviewer: TokenReviewer,
+        verifier: TokenVerifier,
         listen: tuple[str, int],
         advertise: str,
     ) -> None:
-        self.cache, self.poke, self.reviewer = cache, poke, reviewer
+        self.cache, self.poke, self.verifier = cache, poke, verifier
         self.listen, self.advertise = listen, advertise
         self.accepted = 0
         self._runner: web.AppRunner | None = None
@@ -237,7 +145,7 @@ class ReportServer:
         except ValueError as e:
             raise Rejected(400, f"the body is not JSON: {e}") from e
         namespace, gang_name, pod, uid, values = parse_request(body)
-        who = await self.reviewer.identify(token)
+        who = await self.verifier.identify(token)
         if (who.namespace, who.pod, who.uid) != (namespace, pod, uid):
             raise Rejected(
                 403,
@@ -272,6 +180,5 @@ def report_server_from_env(
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(f"{LISTEN_ENV} must be ADDRESS:PORT (port 0..65535), got {listen!r}")
-    auth = client.AuthenticationV1Api(client.ApiClient())
     listen_at = (host.strip("[]") or "0.0.0.0", int(port))
-    return ReportServer(cache, poke, TokenReviewer(auth), listen_at, advertise)
+    return ReportServer(cache, poke, TokenVerifier(client.ApiClient()), listen_at, advertise)

@@ -28,7 +28,8 @@ from jobset_inplace import names
 from jobset_inplace.agent.channel import ChannelError, ReportChannel
 from jobset_inplace.agent.logic import Endpoint
 from jobset_inplace.controller.cache import ClusterCache, GangKey, pod_entry
-from jobset_inplace.controller.report_server import ReportServer, TokenReviewer
+from jobset_inplace.controller.report_server import ReportServer
+from jobset_inplace.controller.report_tokens import TokenVerifier
 from jobset_inplace.core.policy import Policy
 from testbed.controlplane import ControlPlane
 from testbed.kube import Clients, wait_for
@@ -74,8 +75,8 @@ async def test_only_a_pods_own_well_formed_report_is_accepted(
     pods = [gang.pod(i) for i in range(2)]
     for pod in pods:
         cache.upsert_pod(pod_entry(kube.api.sanitize_for_serialization(pod)))
-    reviewer = TokenReviewer(client.AuthenticationV1Api(kube.api))
-    server = ReportServer(cache, pokes.append, reviewer, ("127.0.0.1", 0), "127.0.0.1")
+    verifier = TokenVerifier(kube.api)
+    server = ReportServer(cache, pokes.append, verifier, ("127.0.0.1", 0), "127.0.0.1")
     advertised = await server.start()
     endpoint = Endpoint(advertised.url, advertised.cert_sha256, advertised.leader)
     key = (namespace, gang.name)
@@ -101,7 +102,7 @@ async def test_only_a_pods_own_well_formed_report_is_accepted(
         ch0 = channel(0, own)
         assert await send(ch0, good) == "accepted"
         assert await send(ch0, {**good, names.REPORT_EXITED: "1"}) == "accepted"
-        assert reviewer.reviews == 1, "one TokenReview per token"
+        assert (verifier.verified, verifier.reviews) == (1, 0), "verified offline, once"
         assert pokes == [key, key]
         view = cache.gangs[key].reports[pods[0].metadata.uid]
         assert (view["reported_epoch"], view["exited_in_epoch"]) == (1, 1)
@@ -129,12 +130,24 @@ async def test_only_a_pods_own_well_formed_report_is_accepted(
         token1 = report_token(kube, namespace, pods[1])
         assert "HTTP 409" in await send(channel(1, token1), good)
         # a certificate that is not the pinned one: refused before any token is sent
-        reviews = reviewer.reviews
+        verified = verifier.verified
         wrong = Endpoint(endpoint.url, "0" * 64, endpoint.leader)
         pinned = await send(channel(0, report_token(kube, namespace, pods[0])), good, wrong)
         assert "does not match the GangState's pin" in pinned
-        assert reviewer.reviews == reviews
+        assert verifier.verified == verified
         assert server.accepted == 2
+
+        # a cluster whose signing keys cannot be read: the apiserver reviews each new token
+        def forbidden() -> Any:
+            raise client.exceptions.ApiException(status=403, reason="Forbidden")
+
+        reviewing = TokenVerifier(kube.api)
+        reviewing._fetch = forbidden  # type: ignore[method-assign]
+        server.verifier = reviewing
+        assert await send(channel(0, own), good) == "accepted"
+        assert await send(channel(0, own), good) == "accepted"
+        assert "HTTP 401" in await send(channel(1, api_token), good)
+        assert (reviewing.verified, reviewing.reviews) == (1, 2), "a review per new token only"
     finally:
         await server.stop()
 
