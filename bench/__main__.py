@@ -137,6 +137,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "process, the product's default; pod: a simulated kubelet RestartAllContainers and a "
         "new agent process per member)",
     )
+    p.add_argument(
+        "--agent-reports",
+        choices=("channel", "pod"),
+        default="channel",
+        help="how the hybrid fleet's agents report: over the leader's report channel (the "
+        "product; falls back to pod annotations on failure) or as pod annotations only (the "
+        "protocol before the channel, for comparison)",
+    )
     p.add_argument("--skip-agent-start", action="store_true", help="skip the real-node part")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
     p.add_argument("--label", default="", help="a name for this run in the results")
@@ -309,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             "reps": args.reps,
             "stock_reps": args.stock_reps,
             "kubelet_status_writes": "failed pod only" if args.protocol_only else "every pod",
+            "agent_reports": args.agent_reports,
             "restart_scope": args.scope,
         },
         "sizes": {},
@@ -332,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             profile_dir=args.out,
             kubelet_writes=not args.protocol_only,
             scope=args.scope,
+            channel=args.agent_reports == "channel",
         )
         bench.clean()
         if not args.skip_agent_start:

@@ -4,9 +4,13 @@ What is real and what is not:
 
 * **Real**: the agent's decision code (:class:`~jobset_inplace.agent.logic.AgentLogic`, one
   per simulated agent process), its status parser, its HTTP client
-  (:class:`~jobset_inplace.agent.kubeapi.KubeApi`) and every request an agent makes per pod:
-  a GET of the GangState when an agent process starts, and a merge patch of its own pod's
-  report annotations for each epoch. Requests carry a real ServiceAccount token.
+  (:class:`~jobset_inplace.agent.kubeapi.KubeApi`), its reporter
+  (:class:`~jobset_inplace.agent.runner.Reporter`: the report channel with its own kept-alive
+  HTTPS connection per agent, or a merge patch of its pod's report annotations when the
+  channel is off or fails) and every request an agent makes per pod: a GET of the GangState
+  when an agent process starts and its report for each epoch. API requests carry a real
+  ServiceAccount token; channel reports carry a token bound to their pod for the channel's
+  audience, requested once per pod (as the kubelet does when it mounts the projected volume).
 * **Simulated**: (1) the GangState watch: one watch feeds every simulated agent instead of one
   watch per agent (the apiserver's watch fan-out is not measured); (2) the kubelet's in-place
   restart (``RestartAllContainers``): two pod-status patches, ``AllContainersRestarting=True``
@@ -31,6 +35,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -42,7 +48,10 @@ from typing import Any
 from kubernetes import client
 
 from jobset_inplace import names
+from jobset_inplace.agent.channel import ReportChannel
+from jobset_inplace.agent.config import Config
 from jobset_inplace.agent.kubeapi import ApiError, KubeApi, TransportErrors
+from jobset_inplace.agent.log import Log
 from jobset_inplace.agent.logic import (
     AgentLogic,
     GangView,
@@ -52,6 +61,7 @@ from jobset_inplace.agent.logic import (
     Restart,
     parse_gangstate,
 )
+from jobset_inplace.agent.runner import Reporter
 from jobset_inplace.times import format_time
 from jobset_inplace.trainer.checkpoints import encode_steps
 
@@ -70,6 +80,10 @@ class SimAgent:
     crashed: bool = False  # its trainer crashed (the injected failure): status always written
     restarts: int = 0
     view: GangView | None = None  # the newest status this agent process has seen
+    service_account: str = "default"
+    token_file: Path | None = None  # its projected channel token (None: not mounted yet)
+    reporter: Reporter | None = None  # the agent process's (None: reports on the pod)
+    channel: ReportChannel | None = None
 
 
 @dataclass
@@ -102,12 +116,16 @@ class Fleet:
         kubelet_writes: bool = True,
         scope: str = "pod",
         stop_delay: float = 0.05,
+        channel: bool = True,
     ) -> None:
         self.core = client.CoreV1Api(kube)
         self.namespace, self.gang = namespace, gang
         self.restart_delay = restart_delay
         self.kubelet_writes = kubelet_writes
         self.scope, self.stop_delay = scope, stop_delay
+        self.channel = channel  # agents use the report channel the GangState names
+        self._tokens = Path(tempfile.mkdtemp(prefix="fleet-tokens-"))
+        self._quiet = Log(open(os.devnull, "w"))  # noqa: SIM115 (the fleet's lifetime)
         self.steps = encode_steps(list(steps))
         self._api = threading.local()
         self._server, self._token_file, self._ca_file = server, token_file, ca_file
@@ -118,7 +136,8 @@ class Fleet:
         self.view: GangView | None = None
         self._gang_uid: str | None = None
         self.marks: dict[int, EpochMarks] = {}
-        self.requests = 0
+        self.requests = 0  # the agents' API requests
+        self.channel_reports = 0  # reports the leader's channel accepted
         self.errors: list[str] = []
         path = KubeApi.gangstates_path(
             names.GROUP, names.VERSION, namespace, names.GANGSTATE_PLURAL
@@ -300,6 +319,7 @@ class Fleet:
                 return
             containers = [c["name"] for c in pod["spec"]["containers"]]
             agent = self._new_agent(name, meta["uid"], containers)
+            agent.service_account = pod["spec"].get("serviceAccountName") or "default"
             self.agents[name] = agent
         self._pool.submit(self._agent_starts, agent)
 
@@ -312,13 +332,47 @@ class Fleet:
         """The agent container restarted: a new process (the lock held)."""
         agent.logic = AgentLogic()
         agent.view = None
+        if agent.channel is not None:
+            agent.channel.close()
+        agent.reporter = agent.channel = None
+
+    def _start_reporter(self, agent: SimAgent) -> None:
+        """The agent process's reporter, as the webhook configures a real one: its pod's UID
+        and the channel token the kubelet mounted (requested here once per pod)."""
+        if agent.token_file is None:
+            request = client.AuthenticationV1TokenRequest(
+                spec=client.V1TokenRequestSpec(
+                    audiences=[names.REPORT_TOKEN_AUDIENCE],
+                    expiration_seconds=names.REPORT_TOKEN_SECONDS,
+                    bound_object_ref=client.V1BoundObjectReference(
+                        kind="Pod", api_version="v1", name=agent.pod, uid=agent.uid
+                    ),
+                )
+            )
+            answer = self.core.create_namespaced_service_account_token(
+                agent.service_account, self.namespace, request
+            )
+            path = self._tokens / agent.uid
+            path.write_text(answer.status.token)
+            agent.token_file = path
+        cfg = Config(
+            pod_name=agent.pod, namespace=self.namespace, gangstate=self.gang,
+            state_dir=self._tokens, local_dir=None, persistent_dir=None, restart_exit_code=88,
+            probe_port=1, server=self._server, token_file=None, ca_file=None,
+            pod_uid=agent.uid, report_token_file=agent.token_file,
+        )  # fmt: skip
+        reporter = Reporter(cfg, self._quiet)
+        with self._lock:
+            agent.reporter, agent.channel = reporter, reporter.channel_for()
 
     def _agent_starts(self, agent: SimAgent) -> None:
         """A new agent process: read the GangState (its first request), then act."""
         try:
+            if self.channel and agent.reporter is None:
+                self._start_reporter(agent)
             obj = self._call(lambda k: k.get(self._gang_object))
             view = parse_gangstate(obj)
-        except (*API_ERRORS, MalformedStatus) as e:
+        except (*API_ERRORS, MalformedStatus, client.exceptions.ApiException) as e:
             self._error(f"{agent.pod}: agent start: {e}")
             self._retry(lambda: self._agent_starts(agent))
             return
@@ -365,19 +419,11 @@ class Fleet:
         self._redispatch(agent)
 
     def _report(self, agent: SimAgent, action: Report) -> None:
-        patch = {
-            "metadata": {
-                "annotations": {
-                    names.REPORT_EPOCH: str(action.epoch),
-                    names.REPORT_STEPS: self.steps,
-                    # as the real agent's report (jobset_inplace/agent/runner.py)
-                    names.REPORT_LATE: None if action.barrier_closed else str(action.epoch),
-                    names.REPORT_EXITED: None,
-                }
-            }
-        }
+        report = {names.REPORT_EPOCH: str(action.epoch), names.REPORT_STEPS: self.steps}
+        if not action.barrier_closed:  # as the real agent's report (agent/runner.py)
+            report[names.REPORT_LATE] = str(action.epoch)
         try:
-            self._call(lambda k: k.merge_patch(self._pod_path(agent.pod), patch))
+            self._deliver(agent, report, fresh=True)
         except API_ERRORS as e:
             with self._lock:
                 agent.busy = False
@@ -391,6 +437,25 @@ class Fleet:
             agent.busy = False
             self.marks.setdefault(action.epoch, EpochMarks()).reports[agent.pod] = time.monotonic()
         self._redispatch(agent)
+
+    def _deliver(self, agent: SimAgent, report: dict[str, str], *, fresh: bool) -> None:
+        """The agent's report: its reporter's way (channel, or pod on failure), or a pod patch
+        by the old rule when the fleet runs without the channel."""
+        reporter = agent.reporter
+        if reporter is None:
+            values: dict[str, str | None] = dict(report)
+            if fresh:
+                values = {names.REPORT_LATE: None, names.REPORT_EXITED: None, **report}
+            body = {"metadata": {"annotations": values}}
+            self._call(lambda k: k.merge_patch(self._pod_path(agent.pod), body))
+            return
+        reporter.endpoint = agent.view.endpoint if agent.view is not None else None
+        where = reporter.report(report, fresh=fresh, channel=agent.channel, kube=self._kube())
+        with self._lock:
+            if where == "channel":
+                self.channel_reports += 1
+            else:
+                self.requests += 1
 
     def _redispatch(self, agent: SimAgent) -> None:
         with self._lock:
@@ -413,8 +478,7 @@ class Fleet:
                 agent = self.agents[pod]
                 agent.crashed = True
                 epoch = agent.logic.epoch
-            patch = {"metadata": {"annotations": {names.REPORT_EXITED: str(epoch)}}}
-            self._call(lambda k: k.merge_patch(self._pod_path(pod), patch))
+            self._deliver(agent, {names.REPORT_EXITED: str(epoch)}, fresh=False)
             return time.monotonic()
         with self._lock:
             agent = self.agents[pod]

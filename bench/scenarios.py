@@ -181,6 +181,7 @@ class Bench:
     profile_dir: Path = Path()
     kubelet_writes: bool = True  # False: the simulated kubelet writes the failed pod only
     scope: str = "process"  # the hybrid gangs' restart scope (what the fleet simulates)
+    channel: bool = True  # the hybrid fleet's agents report over the leader's channel
     results: dict[str, Any] = field(default_factory=dict)
 
     # --- gangs ----------------------------------------------------------------------------
@@ -285,7 +286,11 @@ class Bench:
         log(f"{name}: deleted, pods gone after {time.monotonic() - t0:.1f}s")
 
     def _fleet(self, path: str, name: str) -> Fleet:
-        kind = UpstreamFleet if path == "upstream" else partial(Fleet, scope=self.scope)
+        kind = (
+            UpstreamFleet
+            if path == "upstream"
+            else partial(Fleet, scope=self.scope, channel=self.channel)
+        )
         fleet = kind(
             self.kube.api,
             server=self.server,
@@ -339,7 +344,7 @@ class Bench:
         epoch = fleet.epoch()
         victim = random.choice(sorted(fleet.agents))
         m: dict[str, Any] = {"rep": rep, "victim": victim}
-        before = fleet.requests
+        before, reports_before = fleet.requests, fleet.channel_reports
         profile = self._profile(f"{path}-{size}") if profiled else None
         with self.meter.window(m):
             t0 = fleet.crash_trainer(victim)
@@ -351,12 +356,14 @@ class Bench:
         if profile is not None:
             m["apiserver_profile"] = profile.result(self.profile_s + 60)
         m["fleet_requests"] = fleet.requests - before
+        m["fleet_channel_reports"] = fleet.channel_reports - reports_before
         log(
             f"{path} {size}: worker failure #{rep + 1}{' (profiled)' * profiled}: "
             f"barrier open {m['barrier_open_s']:.2f}s "
             f"(detect {m['detection_s']:.2f}, restart+report {m['restart_s']:.2f}, "
             f"barrier {m['barrier_s']:.2f}), all running {m['all_running_s']:.2f}s; "
-            f"recovering controller {m['controller_cpu_s']:.1f} CPU-s"
+            f"recovering controller {m['controller_cpu_s']:.1f} CPU-s; agents: "
+            f"{m['fleet_requests']} API requests, {m['fleet_channel_reports']} channel reports"
         )
         time.sleep(2)  # let the last events settle before the next repetition
         return m

@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import logging
+import resource
 import secrets
 import socket
 import ssl
@@ -85,6 +86,15 @@ def _serving_context() -> tuple[ssl.SSLContext, str]:
     return ctx, hashlib.sha256(der).hexdigest()
 
 
+def _raise_open_files_limit() -> None:
+    """Every agent keeps a connection open: allow as many open files as the hard limit does
+    (the soft limit is often 1024)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        log.info("report channel: open files limit %d -> %d", soft, hard)
+
+
 class ReportServer:
     """``POST /v1/reports`` on ``listen`` (host, port), advertised as ``advertise`` (host)."""
 
@@ -103,6 +113,7 @@ class ReportServer:
 
     async def start(self) -> ReportEndpoint:
         """Listen; the endpoint to advertise (the port actually bound, if 0 was asked)."""
+        _raise_open_files_limit()
         ctx, pin = _serving_context()
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_post(names.REPORT_PATH, self.handle)
