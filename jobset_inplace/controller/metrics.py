@@ -197,6 +197,13 @@ class Metrics:
             buckets=LAG_BUCKETS,
             registry=r,
         )
+        self.report_channel_requests = Counter(
+            f"{PREFIX}report_channel_requests_total",
+            "Agents' reports over the report channel, by answer (200 accepted; any other: "
+            "refused, the agent wrote that report on its pod).",
+            ["code"],
+            registry=r,
+        )
         self.watch_restarts = Counter(
             f"{PREFIX}watch_restarts_total",
             "Raw watches restarted, by watch and reason (error: retried; expired: relisted).",

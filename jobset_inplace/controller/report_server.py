@@ -41,6 +41,7 @@ from jobset_inplace.core.model import ReportEndpoint
 
 from .cache import ClusterCache, GangKey
 from .certificates import issue
+from .metrics import METRICS
 from .report_tokens import Rejected, TokenVerifier
 
 log = logging.getLogger("jobset_inplace.reports")
@@ -143,8 +144,10 @@ class ReportServer:
         except Rejected as e:
             if e.status != 409:
                 log.warning("report channel: rejected (%d): %s", e.status, e)
+            METRICS.report_channel_requests.labels(str(e.status)).inc()
             return web.json_response({"error": str(e)}, status=e.status)
         self.accepted += 1
+        METRICS.report_channel_requests.labels("200").inc()
         return web.json_response({"accepted": True})
 
     async def _accept(self, request: web.Request) -> None:
