@@ -61,7 +61,12 @@ def status_to_dict(s: GangStatus) -> dict[str, Any]:
         "barrierOpen": s.barrier_open,
         "resumeStep": s.resume_step,
         "restartAttempt": s.restart_attempt,
-        "members": {"expected": s.expected, "reported": s.reported, "ready": s.ready},
+        "members": {
+            "expected": s.expected,
+            "reported": s.reported,
+            "ready": s.ready,
+            "waiting": list(s.waiting),
+        },
         "budgets": {"inPlaceUsed": s.inplace_used, "recreateUsed": s.recreate_used},
         "memberFailures": dict(s.member_failures),
         "recovery": None if s.recovery is None else _recovery_to_dict(s.recovery),
@@ -107,6 +112,7 @@ def status_from_dict(d: dict[str, Any] | None) -> GangStatus:
         expected=int(members.get("expected") or 0),
         reported=int(members.get("reported") or 0),
         ready=int(members.get("ready") or 0),
+        waiting=[str(m) for m in members.get("waiting") or []],
         reason=d.get("reason") or "",
         message=d.get("message") or "",
         restart_request=d.get("restartRequest") or "",
@@ -164,8 +170,9 @@ def progress_write_interval(members: int) -> float:
 
 
 def progress_only(old: GangStatus, new: GangStatus) -> bool:
-    """Whether ``new`` differs from ``old`` in the member counts alone (nothing the agents or
+    """Whether ``new`` differs from ``old`` in the member counts (and the members waited for)
+    alone (nothing the agents or
     the planner act on: those are recomputed from the pods on every pass)."""
     return old != new and new == dataclasses.replace(
-        old, expected=new.expected, reported=new.reported, ready=new.ready
+        old, expected=new.expected, reported=new.reported, ready=new.ready, waiting=new.waiting
     )

@@ -15,6 +15,7 @@ from jobset_inplace.core.policy import Policy
 from jobset_inplace.core.statemachine import Edge, Phase
 
 HISTORY_LIMIT = 20
+WAITING_SHOWN = 10  # members named in GangStatus.waiting
 
 
 class Cause(StrEnum):
@@ -163,6 +164,9 @@ class GangStatus:
     expected: int = 0
     reported: int = 0
     ready: int = 0
+    # during a recovery, the first WAITING_SHOWN members whose report the barrier still waits
+    # for (agents on the report channel leave nothing on their pods to show it)
+    waiting: list[str] = field(default_factory=list)
     reason: str = ""
     message: str = ""
     restart_request: str = ""  # the last manual restart request acted on

@@ -23,6 +23,7 @@ from jobset_inplace.core.gangstate import progress_only, progress_write_interval
 from jobset_inplace.core.model import (
     HISTORY_LIMIT,
     RECREATE_CAUSES,
+    WAITING_SHOWN,
     Action,
     Cause,
     EscalatePod,
@@ -518,6 +519,7 @@ class _Planning:
     def running(self, causes: dict[str, Cause]) -> None:
         st, request = self.st, self.s.gang.restart_request
         st.reported = sum(1 for p in self.current.values() if p.reported_epoch == st.epoch)
+        st.waiting = []
         slow = self.find_stragglers()
         if not slow:
             st.straggler_hold_step = None
@@ -643,6 +645,7 @@ class _Planning:
         st.reported = len(joined)
         back = {p.member for p in joined}
         missing = [m for m in members if m not in back]
+        st.waiting = missing[:WAITING_SHOWN]
         if not missing:
             self.barrier_opened(rec, joined)
         elif not rec.causes:  # a fresh epoch (start, JobSet restart, resume): nothing failed

@@ -206,7 +206,10 @@ def status_document(
                 "node": node,
                 "state": pod_state(p),
                 "deleting": pm.get("deletionTimestamp") is not None,
-                "reportedEpoch": ann.get(names.REPORT_EPOCH),
+                # an agent on the report channel writes nothing on its pod: who the barrier
+                # waits for is in the status (members.waiting)
+                "reportedEpoch": ann.get(names.REPORT_EPOCH)
+                or ("(channel)" if s.report_endpoint is not None else None),
                 "checkpointSteps": ann.get(names.REPORT_STEPS),
                 "restarts": _pod_restarts(p),
                 "cause": causes.get(member),
@@ -235,7 +238,12 @@ def status_document(
         "epoch": status.epoch if status else None,
         "barrierOpen": s.barrier_open,
         "resumeStep": s.resume_step,
-        "members": {"expected": s.expected, "reported": s.reported, "ready": s.ready},
+        "members": {
+            "expected": s.expected,
+            "reported": s.reported,
+            "ready": s.ready,
+            "waiting": list(s.waiting),
+        },
         "pods": {k: counts.get(k, 0) for k in POD_STATES},
         "unhealthyNodes": unhealthy,
         "budgets": {
@@ -286,6 +294,12 @@ def render_status(doc: Mapping[str, Any], *, wide: bool = False) -> str:
         ("Recreate budget:", _fmt_budget(doc["budgets"]["recreate"])),
         ("Restart scope:", doc["restartScope"] or "unknown"),
     ]
+    waiting = m.get("waiting") or []
+    if waiting and not doc["barrierOpen"]:
+        more = m["expected"] - m["reported"] - len(waiting)
+        rows.insert(
+            4, ("Waiting for:", ", ".join(waiting) + (f" (+{more} more)" if more > 0 else ""))
+        )
     if doc.get("message"):
         rows.insert(2, ("Message:", doc["message"]))
     if doc.get("policyError"):

@@ -76,6 +76,7 @@ def full_status() -> GangStatus:
         expected=4,
         reported=4,
         ready=4,
+        waiting=["workers/2/0"],
         reason="BarrierOpen",
         message="resumed at step 4200",
         restart_request="2026-01-01T00:00:00Z",
@@ -115,7 +116,17 @@ def test_encoding_is_the_documented_camel_case_json() -> None:
     d = status_to_dict(full_status())
     assert d["phase"] == "Running"
     assert d["barrierOpen"] is True
-    assert d["members"] == {"expected": 4, "reported": 4, "ready": 4}
+    assert d["members"] == {
+        "expected": 4,
+        "reported": 4,
+        "ready": 4,
+        "waiting": ["workers/2/0"],
+    }
+    assert d["reportEndpoint"] == {
+        "url": "https://10.244.0.1:9444/v1/reports",
+        "certSHA256": "ab" * 32,
+        "leader": "c0ffee",
+    }
     assert d["budgets"] == {"inPlaceUsed": 3, "recreateUsed": 1}
     rec = d["recovery"]
     assert rec["causes"] == {"workers/1/0": "NodeUnhealthy", "workers/3/0": "TrainerExited"}

@@ -144,7 +144,7 @@ def test_status_document_counts_budgets_nodes_and_last_recovery() -> None:
     assert out["kind"] == "GangStatusReport"
     assert (out["jobSet"], out["namespace"], out["phase"], out["epoch"]) == (NAME, NS, "Running", 3)
     assert out["barrierOpen"] is True
-    assert out["members"] == {"expected": 3, "reported": 3, "ready": 3}
+    assert out["members"] == {"expected": 3, "reported": 3, "ready": 3, "waiting": []}
     assert out["pods"] == {
         "running": 1,
         "restarting": 1,
@@ -252,6 +252,30 @@ def test_status_wide_adds_one_line_per_member() -> None:
     assert table[2].endswith("NodeUnhealthy (recreated)")
     assert table[3].split()[3] == "restarting"
     assert table[3].endswith("TrainerExited")
+
+
+def test_status_of_a_gang_on_the_report_channel_names_who_the_barrier_waits_for() -> None:
+    endpoint = {"url": "https://10.0.0.9:9444/v1/reports", "certSHA256": "a" * 64, "leader": "x"}
+    pods = [
+        {**p, "metadata": {**p["metadata"], "annotations": {}}} for p in PODS
+    ]  # nothing reported on the pods: the agents use the channel
+    out = r.status_document(
+        gangstate(
+            phase="Recovering",
+            barrierOpen=False,
+            members={"expected": 20, "reported": 8, "ready": 20, "waiting": ["workers/1/0"]},
+            reportEndpoint=endpoint,
+        ),
+        jobset(),
+        pods,
+        NODES,
+        NOW,
+    )
+    text = r.render_status(out, wide=True)
+    assert "Waiting for:" in text
+    assert "workers/1/0 (+11 more)" in text
+    table = text.split("\n\n", 1)[1].splitlines()
+    assert table[1].split()[4] == "(channel)"
 
 
 def test_status_json_and_yaml_are_the_same_stable_document() -> None:
@@ -485,7 +509,7 @@ def test_status_of_a_gangstate_the_controller_has_not_initialised() -> None:
         False,
         None,
     )
-    assert out["members"] == {"expected": 0, "reported": 0, "ready": 0}
+    assert out["members"] == {"expected": 0, "reported": 0, "ready": 0, "waiting": []}
     assert out["lastRecovery"] is None
     assert "Unknown (no status yet" in r.render_status(out)
     assert r.history_document(gs)["recoveries"] == []

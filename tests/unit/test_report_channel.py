@@ -10,10 +10,11 @@ import pytest
 
 from jobset_inplace import names
 from jobset_inplace.core.decode import agent_report, with_channel_report
-from jobset_inplace.core.model import PodView, ReportEndpoint
+from jobset_inplace.core.model import WAITING_SHOWN, PodView, Recovery, ReportEndpoint
 from jobset_inplace.core.planner import plan
+from jobset_inplace.core.statemachine import Phase
 
-from .gangs import pods, running, snapshot
+from .gangs import NOW, pods, running, snapshot
 
 ENDPOINT = ReportEndpoint("https://10.244.0.1:9444/v1/reports", "ab" * 32, "leader-1")
 
@@ -95,3 +96,20 @@ def test_the_status_names_the_leaders_channel_and_a_new_leader_rewrites_it() -> 
     )
     # a controller without the channel tells agents to write their reports on their pods
     assert plan(s).status.report_endpoint is None
+
+
+def test_the_status_names_the_members_a_recovery_still_waits_for() -> None:
+    gang = pods(12, epoch=3)
+    late = [
+        dataclasses.replace(p, reported_epoch=2) if i in (1, 5) else p for i, p in enumerate(gang)
+    ]
+    status = dataclasses.replace(running(), phase=Phase.RECOVERING, epoch=3, barrier_open=False)
+    status.recovery = Recovery(epoch=3, started=NOW - 1, deadline=NOW + 300, causes={})
+    p = plan(snapshot(12, status=status, pod_list=late))
+    assert p.status.waiting == [late[1].member, late[5].member]
+    everyone_late = [dataclasses.replace(x, reported_epoch=2) for x in gang]
+    p = plan(snapshot(12, status=status, pod_list=everyone_late))
+    assert len(p.status.waiting) == WAITING_SHOWN
+    opened = plan(snapshot(12, status=status, pod_list=gang)).status
+    assert opened.barrier_open
+    assert opened.waiting == []
