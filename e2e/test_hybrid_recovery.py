@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from jobset_inplace import names
 from testbed.demo import run_demo, trainer_log
 from testbed.install import Installation
 from testbed.kube import Clients, wait_for
@@ -51,6 +52,14 @@ def test_trainer_crash_restarts_the_gang_in_place_from_one_step(
     assert openings == 2, "epoch 1 at start, epoch 2 once after the failure"
     pods = kube.core.list_namespaced_pod(namespace).items
     assert len(pods) == 2
+    # The agents reported over the leader's report channel, which the status names: nothing
+    # on the pods (a failed channel would have left its report there).
+    endpoint = result.state.get("reportEndpoint") or {}
+    assert endpoint.get("url", "").startswith("https://"), result.state
+    reports_on_pods = {
+        p.metadata.name: (p.metadata.annotations or {}).get(names.REPORT_EPOCH) for p in pods
+    }
+    assert set(reports_on_pods.values()) == {None}, reports_on_pods
     kubeconfig = cluster_kubeconfig
     for pod in pods:
         # The trainer's log says where it resumed in the new epoch (the demo waited for it).

@@ -23,13 +23,12 @@ from __future__ import annotations
 import datetime
 import hashlib
 import logging
+import os
 import resource
 import secrets
 import socket
 import ssl
-import tempfile
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -78,13 +77,26 @@ def _serving_context() -> tuple[ssl.SSLContext, str]:
     """A TLS context with a certificate made for this process, and its SHA-256 (DER)."""
     material = issue(["jobset-inplace-reports"], datetime.datetime.now(datetime.UTC))
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    with tempfile.TemporaryDirectory() as d:  # ssl loads chains from files only
-        cert, key = Path(d, "tls.crt"), Path(d, "tls.key")
-        cert.write_bytes(material.tls_crt)
-        key.write_bytes(material.tls_key)
-        ctx.load_cert_chain(cert, key)
+    _load_chain(ctx, material.tls_crt, material.tls_key)
     der = ssl.PEM_cert_to_DER_cert(material.tls_crt.decode())
     return ctx, hashlib.sha256(der).hexdigest()
+
+
+def _load_chain(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    """``ssl`` loads a chain from files only: anonymous in-memory files (the controller's root
+    filesystem is read-only, and the key never touches a disk)."""
+    fds: list[int] = []
+    try:
+        for data in (cert, key):
+            fd = os.memfd_create("jobset-inplace-report-tls")
+            fds.append(fd)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        ctx.load_cert_chain(f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}")
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _raise_open_files_limit() -> None:
