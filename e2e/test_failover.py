@@ -83,6 +83,8 @@ def _fail_over(  # noqa: PLR0917 (the test's fixtures and findings)
         60,
         0.05,
     )
+    old_channel = (st.get("reportEndpoint") or {}).get("leader")
+    assert old_channel, f"the leader names its report channel: {st}"
     controller.kubectl.run("delete", "pod", leader, "-n", names.INSTALL_NAMESPACE, "--wait=false")
     deleted = time.monotonic()
     assert not st["barrierOpen"], "the recovery must still be running when the leader goes"
@@ -101,11 +103,20 @@ def _fail_over(  # noqa: PLR0917 (the test's fixtures and findings)
         120,
     )
     opened = time.monotonic() - deleted
+    # the new leader named its own channel; agents that had reported to the old one sent their
+    # reports again there, those that reported in between wrote them on their pods
+    assert (st.get("reportEndpoint") or {}).get("leader") not in (None, old_channel), st
+    on_pods = sum(
+        1
+        for p in member_pods(kube, namespace, "gang").values()
+        if (p.metadata.annotations or {}).get(names.REPORT_EPOCH) == "2"
+    )
     print(
         f"\nleader pod deleted mid-recovery: {successor}"
         f" ({'the standby' if successor in replicas else 'the replacement pod'})"
         f" leads after {took_over:.1f}s,"
-        f" barrier of epoch 2 open {opened:.1f}s after the delete"
+        f" barrier of epoch 2 open {opened:.1f}s after the delete;"
+        f" {on_pods} of {MEMBERS} members reported epoch 2 on their pods (channel down meanwhile)"
     )
     opened_at = parse_time(st["recovery"]["openedAt"])
     assert opened_at is not None
