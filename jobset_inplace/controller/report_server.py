@@ -24,10 +24,12 @@ import datetime
 import hashlib
 import logging
 import os
+import re
 import resource
 import secrets
 import socket
 import ssl
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -46,6 +48,7 @@ from .report_tokens import Rejected, TokenVerifier
 log = logging.getLogger("jobset_inplace.reports")
 
 MAX_BODY = 16 * 1024  # a report is ~200 bytes
+LOG_EVERY_S = 10.0  # refusals of one code are logged at most this often
 
 
 def _text(body: Mapping[str, Any], field: str) -> str:
@@ -123,6 +126,8 @@ class ReportServer:
         self.listen, self.advertise = listen, advertise
         self.accepted = 0
         self._runner: web.AppRunner | None = None
+        self._quiet_until: dict[int, float] = {}  # refusal code -> no warning logged before
+        self._unlogged: dict[int, int] = {}  # refusals not logged since, by code
 
     async def start(self) -> ReportEndpoint:
         """Listen; the endpoint to advertise (the port actually bound, if 0 was asked)."""
@@ -155,12 +160,24 @@ class ReportServer:
             await self._accept(request)
         except Rejected as e:
             if e.status != 409:
-                log.warning("report channel: rejected (%d): %s", e.status, e)
+                self._warn(e)
             METRICS.report_channel_requests.labels(str(e.status)).inc()
             return web.json_response({"error": str(e)}, status=e.status)
         self.accepted += 1
         METRICS.report_channel_requests.labels("200").inc()
         return web.json_response({"accepted": True})
+
+    def _warn(self, e: Rejected) -> None:
+        """One warning per refusal code every LOG_EVERY_S (a misconfiguration would otherwise
+        log a line per agent), with how many were not logged."""
+        now = time.monotonic()
+        if now < self._quiet_until.get(e.status, 0.0):
+            self._unlogged[e.status] = self._unlogged.get(e.status, 0) + 1
+            return
+        more = self._unlogged.pop(e.status, 0)
+        also = f" (and {more} more refused with {e.status} since the last warning)" if more else ""
+        log.warning("report channel: refused (%d): %s%s", e.status, e, also)
+        self._quiet_until[e.status] = now + LOG_EVERY_S
 
     async def _accept(self, request: web.Request) -> None:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
@@ -204,7 +221,7 @@ def report_server_from_env(
         return None
     listen = env.get(LISTEN_ENV) or f"0.0.0.0:{names.DEFAULT_REPORT_PORT}"
     host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+    if not sep or not re.fullmatch(r"[0-9]{1,5}", port) or int(port) > 65535:
         raise ValueError(f"{LISTEN_ENV} must be ADDRESS:PORT (port 0..65535), got {listen!r}")
     listen_at = (host.strip("[]") or "0.0.0.0", int(port))
     return ReportServer(cache, poke, TokenVerifier(client.ApiClient()), listen_at, advertise)

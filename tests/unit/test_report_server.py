@@ -1,0 +1,82 @@
+"""The report channel's settings and request parsing (controller/report_server.py): bad
+settings name the variable and the accepted form, a missing address turns the channel off
+(agents then report on their pods), and a malformed request names its field.
+tests/integration/test_report_channel.py serves it for real."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from jobset_inplace import names
+from jobset_inplace.controller.cache import ClusterCache
+from jobset_inplace.controller.report_server import (
+    ReportServer,
+    parse_request,
+    report_server_from_env,
+)
+from jobset_inplace.controller.report_tokens import Rejected
+
+
+def server(**env: str) -> ReportServer | None:
+    return report_server_from_env(ClusterCache(), lambda key: None, env)
+
+
+def test_the_channel_listens_where_configured_and_is_off_without_an_address() -> None:
+    s = server(POD_IP="10.244.1.7")
+    assert s is not None
+    assert (s.listen, s.advertise) == (("0.0.0.0", names.DEFAULT_REPORT_PORT), "10.244.1.7")
+    s = server(POD_IP="10.244.1.7", JSI_REPORT_ADVERTISE="10.0.0.5", JSI_REPORT_LISTEN="[::]:0")
+    assert s is not None
+    assert (s.listen, s.advertise) == (("::", 0), "10.0.0.5")
+    assert server() is None
+    assert server(POD_IP="10.244.1.7", JSI_REPORT_ADVERTISE="off") is None
+
+
+@pytest.mark.parametrize("listen", ["9444", "host:", "host:65536", "host:\uff19\uff14\uff14\uff14", "host:-1"])
+def test_a_bad_listen_address_names_the_variable_and_the_form(listen: str) -> None:
+    with pytest.raises(ValueError, match=r"JSI_REPORT_LISTEN must be ADDRESS:PORT"):
+        server(POD_IP="10.244.1.7", JSI_REPORT_LISTEN=listen)
+
+
+GOOD = {
+    "namespace": "ns",
+    "gang": "train",
+    "pod": "train-workers-0-0-x",
+    "uid": "uid-0",
+    "report": {names.REPORT_EPOCH: "3", names.REPORT_STEPS: "200"},
+}
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ([], "must be a JSON object"),
+        ({**GOOD, "report": {names.REPORT_EPOCH: 3}}, "report: an object of annotation name"),
+        ({**GOOD, "report": {names.REPORT_BUSY: "10"}}, "unknown keys"),
+        ({**GOOD, "uid": ""}, "uid: a non-empty string is required"),
+        ({k: v for k, v in GOOD.items() if k != "gang"}, "gang: a non-empty string"),
+    ],
+)
+def test_a_malformed_request_names_its_field(body: object, says: str) -> None:
+    with pytest.raises(Rejected, match=says) as e:
+        parse_request(body)
+    assert e.value.status == 400
+
+
+def test_a_well_formed_request_is_parsed() -> None:
+    assert parse_request(GOOD) == ("ns", "train", "train-workers-0-0-x", "uid-0", GOOD["report"])
+
+
+def test_refusals_are_logged_once_in_a_while_with_a_count(caplog: pytest.LogCaptureFixture) -> None:
+    s = server(POD_IP="10.244.1.7")
+    assert s is not None
+    with caplog.at_level(logging.WARNING, "jobset_inplace.reports"):
+        for _ in range(5):
+            s._warn(Rejected(401, "token expired or not yet valid"))
+        s._quiet_until.clear()
+        s._warn(Rejected(401, "token expired or not yet valid"))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert "and 4 more refused with 401" in lines[1]
