@@ -34,7 +34,9 @@ def test_the_channel_listens_where_configured_and_is_off_without_an_address() ->
     assert server(POD_IP="10.244.1.7", JSI_REPORT_ADVERTISE="off") is None
 
 
-@pytest.mark.parametrize("listen", ["9444", "host:", "host:65536", "host:\uff19\uff14\uff14\uff14", "host:-1"])
+@pytest.mark.parametrize(
+    "listen", ["9444", "host:", "host:65536", "host:\uff19\uff14\uff14\uff14", "host:-1"]
+)
 def test_a_bad_listen_address_names_the_variable_and_the_form(listen: str) -> None:
     with pytest.raises(ValueError, match=r"JSI_REPORT_LISTEN must be ADDRESS:PORT"):
         server(POD_IP="10.244.1.7", JSI_REPORT_LISTEN=listen)
