@@ -30,6 +30,7 @@ import secrets
 import socket
 import ssl
 import time
+from asyncio import sslproto
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -48,6 +49,7 @@ from .report_tokens import Rejected, TokenVerifier
 log = logging.getLogger("jobset_inplace.reports")
 
 MAX_BODY = 16 * 1024  # a report is ~200 bytes
+TLS_READ_BUFFER = 16 * 1024  # per connection (see _small_tls_buffers)
 LOG_EVERY_S = 10.0  # refusals of one code are logged at most this often
 
 
@@ -102,6 +104,14 @@ def _load_chain(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
             os.close(fd)
 
 
+def _small_tls_buffers() -> None:
+    """asyncio gives every TLS connection a 256 KiB read buffer (``SSLProtocol.max_size``):
+    measured, the leader's RSS grew from ~100 MiB to 1549 MiB with 5000 agents' kept-alive
+    connections. A report is ~1.5 KiB; one TLS record (16 KiB) is plenty, and a larger body is
+    still read whole, in more steps. Process-wide (the stdlib has no per-server setting)."""
+    sslproto.SSLProtocol.max_size = TLS_READ_BUFFER
+
+
 def _raise_open_files_limit() -> None:
     """Every agent keeps a connection open: allow as many open files as the hard limit does
     (the soft limit is often 1024)."""
@@ -132,6 +142,7 @@ class ReportServer:
     async def start(self) -> ReportEndpoint:
         """Listen; the endpoint to advertise (the port actually bound, if 0 was asked)."""
         _raise_open_files_limit()
+        _small_tls_buffers()
         ctx, pin = _serving_context()
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_post(names.REPORT_PATH, self.handle)
