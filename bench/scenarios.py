@@ -357,12 +357,15 @@ class Bench:
             m["apiserver_profile"] = profile.result(self.profile_s + 60)
         m["fleet_requests"] = fleet.requests - before
         m["fleet_channel_reports"] = fleet.channel_reports - reports_before
+        peak = m.get("controller_peak_rss_mib")
+        rss = f", peak RSS {peak:.0f} MiB" if peak is not None else ""
         log(
             f"{path} {size}: worker failure #{rep + 1}{' (profiled)' * profiled}: "
             f"barrier open {m['barrier_open_s']:.2f}s "
             f"(detect {m['detection_s']:.2f}, restart+report {m['restart_s']:.2f}, "
             f"barrier {m['barrier_s']:.2f}), all running {m['all_running_s']:.2f}s; "
-            f"recovering controller {m['controller_cpu_s']:.1f} CPU-s; agents: "
+            f"recovering controller {m['controller_cpu_s']:.1f} CPU-s"
+            f"{rss}; agents: "
             f"{m['fleet_requests']} API requests, {m['fleet_channel_reports']} channel reports"
         )
         time.sleep(2)  # let the last events settle before the next repetition
