@@ -55,7 +55,8 @@ class Gang:
     policy: Policy | None  # None: the annotations are malformed (reported, nothing done)
     policy_error: str = ""
     jobset: dict[str, Any] = field(default_factory=dict)
-    pods: dict[str, PodView] = field(default_factory=dict)  # uid -> view
+    # uid -> view, with its agent's report over the channel merged in (with_channel_report)
+    pods: dict[str, PodView] = field(default_factory=dict)
     # uid -> the agent's newest report over the channel (agent_report fields), for pods in `pods`
     reports: dict[str, dict[str, Any]] = field(default_factory=dict)
     status: GangStatus | None = None  # last persisted; None until loaded from the API
@@ -124,7 +125,8 @@ class ClusterCache:
             if gang is not None:
                 gang.reports.pop(pod.uid, None)
         else:
-            pods[pod.uid] = pod.view
+            report = gang.reports.get(pod.uid) if gang is not None else None
+            pods[pod.uid] = pod.view if report is None else with_channel_report(pod.view, report)
         return pod.key
 
     def replace_pods(self, pods: Sequence[PodEntry]) -> None:
@@ -141,9 +143,11 @@ class ClusterCache:
         """Keep an agent's report over the channel; False if ``uid`` is not a known member pod
         of gang ``key`` (the agent then writes it on its pod)."""
         gang = self.gangs.get(key)
-        if gang is None or uid not in gang.pods:
+        view = gang.pods.get(uid) if gang is not None else None
+        if gang is None or view is None:
             return False
         gang.reports[uid] = fields
+        gang.pods[uid] = with_channel_report(view, fields)
         return True
 
     def upsert_node(self, node: NodeView, deleted: bool = False) -> bool:
@@ -212,10 +216,7 @@ class ClusterCache:
             now=now,
             gang=spec,
             policy=gang.policy,
-            pods=tuple(
-                with_channel_report(v, gang.reports[u]) if u in gang.reports else v
-                for u, v in gang.pods.items()
-            ),
+            pods=tuple(gang.pods.values()),
             nodes=nodes,
             status=gang.status,
             status_written_at=gang.status_written_at,

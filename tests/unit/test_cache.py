@@ -4,9 +4,11 @@ decode them."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from jobset_inplace import names
 from jobset_inplace.controller.cache import ClusterCache, PodEntry, node_entry, pod_entry
-from jobset_inplace.core.decode import lease_renewal
+from jobset_inplace.core.decode import agent_report, lease_renewal
 from jobset_inplace.core.model import NodeView
 from jobset_inplace.core.policy import Policy
 
@@ -76,3 +78,30 @@ def test_replace_leases_forgets_leases_missing_from_the_list() -> None:
     assert c.nodes["n1"].lease_renewed is None
     assert c.nodes["n2"].lease_renewed is not None
     assert c.nodes["n2"].lease_renewed > NOW
+
+
+def reported(uid: str, epoch: int, index: int = 0) -> PodEntry:
+    """Pod ``uid`` whose agent wrote its report of ``epoch`` on the pod."""
+    entry = pod(uid, index=index)
+    assert entry.view is not None
+    return PodEntry(uid, entry.key, dataclasses.replace(entry.view, reported_epoch=epoch))
+
+
+def test_a_channel_report_is_kept_with_its_pod_and_the_newer_report_wins() -> None:
+    c = cache_with_gang()
+    key = ("ns", "train")
+    fields, _ = agent_report({names.REPORT_EPOCH: "3", names.REPORT_STEPS: "200"})
+    assert not c.set_report(key, "a", fields), "a pod the cache does not know: refused"
+    c.upsert_pod(pod("a"))
+    assert c.set_report(key, "a", fields)
+    assert c.gangs[key].pods["a"].reported_epoch == 3
+    c.upsert_pod(pod("a"))  # a status change of the pod: the channel's report stays merged
+    assert c.gangs[key].pods["a"].reported_epoch == 3
+    c.upsert_pod(reported("a", 4))  # the channel failed: epoch 4 written on the pod wins
+    assert c.gangs[key].pods["a"].reported_epoch == 4
+    c.upsert_pod(pod("b", index=1))
+    assert c.set_report(key, "b", fields)
+    c.replace_pods([pod("a")])  # b gone while the watch was down: so is its report
+    assert set(c.gangs[key].reports) == {"a"}
+    c.upsert_pod(pod("a"), deleted=True)
+    assert c.gangs[key].reports == {}
