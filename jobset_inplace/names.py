@@ -66,6 +66,9 @@ REPORT_NEWEST_STEP: Final = f"{PREFIX}newest-checkpoint"
 REPORT_BUSY_EPOCH: Final = f"{PREFIX}busy-epoch"
 
 # --- The report channel (docs/architecture.md): agents send the reports above to the leader ---
+# What goes over it, as pod annotations do (same keys, same encoding); the straggler windows
+# (busy time, newest checkpoint) stay pod annotations.
+CHANNEL_REPORT_KEYS: Final = (REPORT_EPOCH, REPORT_STEPS, REPORT_LATE, REPORT_EXITED, REPORT_HUNG)
 REPORT_PATH: Final = "/v1/reports"
 DEFAULT_REPORT_PORT: Final = 9444
 # A projected service-account token for this audience only (the agent's API token is never sent

@@ -124,6 +124,7 @@ class Reporter:
         self.sent_to: Endpoint | None = None  # the channel the record reached (None: the pod)
         self.endpoint: Endpoint | None = None  # the newest status's channel
         self.failed: tuple[Endpoint, float] | None = None  # a channel that failed, and until when
+        self.on_pod = False  # the last report written on the pod is still there
 
     def channel_for(self) -> ReportChannel | None:
         """A connection of this thread's own to the channel (None: not configured)."""
@@ -187,13 +188,28 @@ class Reporter:
             else:
                 self.log.clear("channel")
                 self.record, self.sent_to = record, endpoint
+                self._clear_pod(kube)
                 return "channel"
         values: dict[str, str | None] = dict(update)
         if fresh:
             values = {k: record.get(k) for k in _POD_REPORT_KEYS}
         kube.merge_patch(self.pod, {"metadata": {"annotations": values}})
-        self.record, self.sent_to = record, None
+        self.record, self.sent_to, self.on_pod = record, None, True
         return "pod"
+
+    def _clear_pod(self, kube: KubeApi) -> None:
+        """After a report on the pod (the channel had failed), the next one over the channel
+        removes it: the pod keeps no stale trace (the controller would take the newer anyway).
+        Retried with the next report if it fails."""
+        if not self.on_pod:
+            return
+        annotations = dict.fromkeys(names.CHANNEL_REPORT_KEYS)
+        try:
+            kube.merge_patch(self.pod, {"metadata": {"annotations": annotations}})
+        except (ApiError, *TransportErrors) as e:
+            self.log.warning(f"cannot remove the report written on the pod: {e}")
+            return
+        self.on_pod = False
 
 
 class Agent:

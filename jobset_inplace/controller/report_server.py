@@ -38,7 +38,7 @@ from aiohttp import web
 from kubernetes import client
 
 from jobset_inplace import names
-from jobset_inplace.core.decode import CHANNEL_REPORT_KEYS, agent_report
+from jobset_inplace.core.decode import agent_report
 from jobset_inplace.core.model import ReportEndpoint
 
 from .cache import ClusterCache, GangKey
@@ -69,10 +69,10 @@ def parse_request(body: object) -> tuple[str, str, str, str, dict[str, str]]:
         isinstance(k, str) and isinstance(v, str) for k, v in report.items()
     ):
         raise Rejected(400, "report: an object of annotation name -> string value is required")
-    unknown = sorted(set(report) - set(CHANNEL_REPORT_KEYS))
+    unknown = sorted(set(report) - set(names.CHANNEL_REPORT_KEYS))
     if unknown:
         raise Rejected(
-            400, f"report: unknown keys {unknown}; accepted: {list(CHANNEL_REPORT_KEYS)}"
+            400, f"report: unknown keys {unknown}; accepted: {list(names.CHANNEL_REPORT_KEYS)}"
         )
     fields = [_text(body, f) for f in ("namespace", "gang", "pod", "uid")]
     return fields[0], fields[1], fields[2], fields[3], report

@@ -167,17 +167,6 @@ def _report_number(annotations: Mapping[str, str], key: str, errors: list[str]) 
     return value
 
 
-# What an agent reports for its epoch, as pod annotations or over the report channel (same keys,
-# same encoding). The straggler windows (busy time, newest checkpoint) stay pod annotations.
-CHANNEL_REPORT_KEYS = (
-    names.REPORT_EPOCH,
-    names.REPORT_STEPS,
-    names.REPORT_LATE,
-    names.REPORT_EXITED,
-    names.REPORT_HUNG,
-)
-
-
 def agent_report(values: Mapping[str, str]) -> tuple[dict[str, Any], str | None]:
     """The :class:`PodView` fields of an agent's report (its pod annotations, or a report over
     the channel), and the error that makes it unusable (then no field is set)."""

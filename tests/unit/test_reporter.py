@@ -132,3 +132,18 @@ def test_a_record_written_on_the_pod_is_not_sent_again(tmp_path: Path, clock: li
     r.endpoint = LEADER_2
     assert resend(r, ch, api, 3) is None
     assert ch.sent == []
+
+
+def test_the_first_report_over_the_channel_removes_the_one_left_on_the_pod(
+    tmp_path: Path, clock: list[float]
+) -> None:
+    r, ch, api, _ = reporter(tmp_path)
+    r.endpoint = LEADER_1
+    ch.down = True  # the leader is down: the exit goes on the pod
+    assert report(r, ch, api, {names.REPORT_EXITED: "3"}, fresh=False) == "pod"
+    ch.down = False
+    r.endpoint = LEADER_2  # a new leader: the next epoch's report over its channel
+    assert report(r, ch, api, {names.REPORT_EPOCH: "4", names.REPORT_STEPS: "200"}) == "channel"
+    assert api.patches[-1] == dict.fromkeys(names.CHANNEL_REPORT_KEYS), "the pod's trace removed"
+    assert report(r, ch, api, {names.REPORT_HUNG: "4"}, fresh=False) == "channel"
+    assert len(api.patches) == 2, "removed once"
