@@ -196,7 +196,8 @@ def agent_report(values: Mapping[str, str]) -> tuple[dict[str, Any], str | None]
 def _report_order(epoch: int | None, exited: int | None, hung: int | None) -> tuple[int, int]:
     """Reports of one pod's agents in the order they were made: by epoch, then by an exit or
     hang seen in it (an agent reports those after its epoch)."""
-    return (-1 if epoch is None else epoch, max(-1, exited or -1, hung or -1))
+    seen = [e for e in (exited, hung) if e is not None]
+    return (-1 if epoch is None else epoch, max(seen, default=-1))
 
 
 def with_channel_report(view: PodView, fields: Mapping[str, Any]) -> PodView:
