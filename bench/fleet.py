@@ -64,6 +64,7 @@ from jobset_inplace.agent.logic import (
 from jobset_inplace.agent.runner import Reporter
 from jobset_inplace.times import format_time
 from jobset_inplace.trainer.checkpoints import encode_steps
+from testbed.kube import pod_token
 
 RESTARTING = "AllContainersRestarting"
 API_ERRORS = (ApiError, ValueError, *TransportErrors)
@@ -82,7 +83,7 @@ class SimAgent:
     view: GangView | None = None  # the newest status this agent process has seen
     service_account: str = "default"
     token_file: Path | None = None  # its projected channel token (None: not mounted yet)
-    reporter: Reporter | None = None  # the agent process's (None: reports on the pod)
+    reporter: Reporter | None = None  # the agent process's (None: not started yet)
     channel: ReportChannel | None = None
 
 
@@ -320,6 +321,9 @@ class Fleet:
             containers = [c["name"] for c in pod["spec"]["containers"]]
             agent = self._new_agent(name, meta["uid"], containers)
             agent.service_account = pod["spec"].get("serviceAccountName") or "default"
+            # its process is starting: no GangState event acts on it before its own start
+            # (a real agent reads the status only once it runs)
+            agent.restarting = True
             self.agents[name] = agent
         self._pool.submit(self._agent_starts, agent)
 
@@ -338,22 +342,19 @@ class Fleet:
 
     def _start_reporter(self, agent: SimAgent) -> None:
         """The agent process's reporter, as the webhook configures a real one: its pod's UID
-        and the channel token the kubelet mounted (requested here once per pod)."""
-        if agent.token_file is None:
-            request = client.AuthenticationV1TokenRequest(
-                spec=client.V1TokenRequestSpec(
-                    audiences=[names.REPORT_TOKEN_AUDIENCE],
-                    expiration_seconds=names.REPORT_TOKEN_SECONDS,
-                    bound_object_ref=client.V1BoundObjectReference(
-                        kind="Pod", api_version="v1", name=agent.pod, uid=agent.uid
-                    ),
-                )
-            )
-            answer = self.core.create_namespaced_service_account_token(
-                agent.service_account, self.namespace, request
+        and, with the channel, the token the kubelet mounted (requested here once per pod)."""
+        if self.channel and agent.token_file is None:
+            token = pod_token(
+                self.core,
+                self.namespace,
+                service_account=agent.service_account,
+                pod=agent.pod,
+                uid=agent.uid,
+                audience=names.REPORT_TOKEN_AUDIENCE,
+                seconds=names.REPORT_TOKEN_SECONDS,
             )
             path = self._tokens / agent.uid
-            path.write_text(answer.status.token)
+            path.write_text(token)
             agent.token_file = path
         cfg = Config(
             pod_name=agent.pod, namespace=self.namespace, gangstate=self.gang,
@@ -368,7 +369,7 @@ class Fleet:
     def _agent_starts(self, agent: SimAgent) -> None:
         """A new agent process: read the GangState (its first request), then act."""
         try:
-            if self.channel and agent.reporter is None:
+            if agent.reporter is None:
                 self._start_reporter(agent)
             obj = self._call(lambda k: k.get(self._gang_object))
             view = parse_gangstate(obj)
@@ -439,16 +440,10 @@ class Fleet:
         self._redispatch(agent)
 
     def _deliver(self, agent: SimAgent, report: dict[str, str], *, fresh: bool) -> None:
-        """The agent's report: its reporter's way (channel, or pod on failure), or a pod patch
-        by the old rule when the fleet runs without the channel."""
+        """The agent's report, the real agent's way (``Reporter``: the channel, or the pod
+        when there is none or it fails)."""
         reporter = agent.reporter
-        if reporter is None:
-            values: dict[str, str | None] = dict(report)
-            if fresh:
-                values = {names.REPORT_LATE: None, names.REPORT_EXITED: None, **report}
-            body = {"metadata": {"annotations": values}}
-            self._call(lambda k: k.merge_patch(self._pod_path(agent.pod), body))
-            return
+        assert reporter is not None, "an agent process starts with its reporter"
         reporter.endpoint = agent.view.endpoint if agent.view is not None else None
         where = reporter.report(report, fresh=fresh, channel=agent.channel, kube=self._kube())
         with self._lock:

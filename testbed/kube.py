@@ -83,6 +83,31 @@ def temporary_namespace(c: Clients, prefix: str, *, default_sa: bool = False) ->
         or_none(c.core.delete_namespace, name, propagation_policy="Background")
 
 
+def pod_token(
+    core: client.CoreV1Api,
+    namespace: str,
+    *,
+    service_account: str,
+    pod: str,
+    uid: str,
+    audience: str,
+    seconds: int,
+) -> str:
+    """What the kubelet projects into a pod: a service-account token bound to the pod, for
+    ``audience`` (a TokenRequest)."""
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(
+            audiences=[audience],
+            expiration_seconds=seconds,
+            bound_object_ref=client.V1BoundObjectReference(
+                kind="Pod", api_version="v1", name=pod, uid=uid
+            ),
+        )
+    )
+    answer = core.create_namespaced_service_account_token(service_account, namespace, request)
+    return str(answer.status.token)
+
+
 def get_jobset(c: Clients, namespace: str, name: str) -> dict[str, Any]:
     obj: dict[str, Any] = c.custom.get_namespaced_custom_object(
         JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name

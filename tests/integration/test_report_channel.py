@@ -32,7 +32,7 @@ from jobset_inplace.controller.report_server import ReportServer
 from jobset_inplace.controller.report_tokens import TokenVerifier
 from jobset_inplace.core.policy import Policy
 from testbed.controlplane import ControlPlane
-from testbed.kube import Clients, wait_for
+from testbed.kube import Clients, pod_token, wait_for
 
 from .agentproc import AgentProc, StartAgent
 from .gangsim import CRD, CRD_NAME, Controller, Gang, LeaseKeeper
@@ -45,18 +45,17 @@ FAST = {names.NODE_UNHEALTHY_AFTER: "5s", names.BARRIER_TIMEOUT: "60s"}
 def report_token(
     kube: Clients, ns: str, pod: Any, audience: str = names.REPORT_TOKEN_AUDIENCE
 ) -> str:
-    """What the kubelet projects into the agent: a token bound to its pod, for ``audience``."""
-    request = client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(
-            audiences=[audience],
-            expiration_seconds=names.REPORT_TOKEN_SECONDS,
-            bound_object_ref=client.V1BoundObjectReference(
-                kind="Pod", api_version="v1", name=pod.metadata.name, uid=pod.metadata.uid
-            ),
-        )
+    """The agent's channel token (or, with ``audience``, another pod-bound token)."""
+    meta = pod.metadata
+    return pod_token(
+        kube.core,
+        ns,
+        service_account="default",
+        pod=meta.name,
+        uid=meta.uid,
+        audience=audience,
+        seconds=names.REPORT_TOKEN_SECONDS,
     )
-    answer = kube.core.create_namespaced_service_account_token("default", ns, request)
-    return str(answer.status.token)
 
 
 # --- the server and the client ---------------------------------------------------------------
