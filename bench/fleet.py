@@ -35,7 +35,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
-import os
 import tempfile
 import threading
 import time
@@ -87,6 +86,19 @@ class SimAgent:
     channel: ReportChannel | None = None
 
 
+class _AgentLog(Log):
+    """The simulated agents' log: their warnings (a report that fell back from the channel to
+    the pod, and why) become fleet errors, in the results; the rest is dropped."""
+
+    def __init__(self, keep: Callable[[str], None]) -> None:
+        super().__init__()
+        self._keep = keep
+
+    def _write(self, level: str, message: str) -> None:
+        if level != "INFO":
+            self._keep(f"agent {level}: {message}")
+
+
 @dataclass
 class EpochMarks:
     """When (time.monotonic()) the fleet saw things happen for one epoch."""
@@ -126,7 +138,7 @@ class Fleet:
         self.scope, self.stop_delay = scope, stop_delay
         self.channel = channel  # agents use the report channel the GangState names
         self._tokens = Path(tempfile.mkdtemp(prefix="fleet-tokens-"))
-        self._quiet = Log(open(os.devnull, "w"))  # noqa: SIM115 (the fleet's lifetime)
+        self._agent_log = _AgentLog(self._error)
         self.steps = encode_steps(list(steps))
         self._api = threading.local()
         self._server, self._token_file, self._ca_file = server, token_file, ca_file
@@ -362,7 +374,7 @@ class Fleet:
             probe_port=1, server=self._server, token_file=None, ca_file=None,
             pod_uid=agent.uid, report_token_file=agent.token_file,
         )  # fmt: skip
-        reporter = Reporter(cfg, self._quiet)
+        reporter = Reporter(cfg, self._agent_log)
         with self._lock:
             agent.reporter, agent.channel = reporter, reporter.channel_for()
 

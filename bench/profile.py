@@ -1,14 +1,20 @@
-"""CPU profiles of kube-apiserver during a measured recovery: where the bound's CPU goes.
+"""CPU profiles during a measured recovery: where the bound's CPU goes.
 
-The apiserver serves Go's pprof (``--profiling``, on by default) to cluster admins; a profile
-is taken over the first seconds of a recovery (the restart phase, the apiserver's busiest) and
-summarised with ``go tool pprof`` into shares of the sampled CPU by what the code does.
+* kube-apiserver serves Go's pprof (``--profiling``, on by default) to cluster admins; a
+  profile is taken over the first seconds of a recovery (the restart phase, the apiserver's
+  busiest) and summarised with ``go tool pprof`` into shares of the sampled CPU by what the
+  code does.
+* The controller (Python) is sampled by ``py-spy`` over the same seconds and summarised into
+  the functions with the most samples, on their own and with what they call.
 """
 
 from __future__ import annotations
 
+import collections
 import re
+import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -92,3 +98,80 @@ def summarise(path: Path) -> dict[str, object]:
         if re.match(r"\s*[\d.]+m?s\s", line)
     ]
     return {"sampled": total, "share_pct": shares, "top_cum": top}
+
+
+class ControllerProfile:
+    """``seconds`` of ``py-spy`` samples of process ``pid`` (the controller), raw stacks written
+    to ``path``; taken on a thread."""
+
+    RATE_HZ = 100
+
+    def __init__(self, pid: int, seconds: float, path: Path) -> None:
+        self.path = path
+        self.error = ""
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        self._cmd = [
+            spy,
+            "record",
+            "--pid",
+            str(pid),
+            "--duration",
+            str(max(1, round(seconds))),
+            "--rate",
+            str(self.RATE_HZ),
+            "--format",
+            "raw",
+            "--nonblocking",  # the controller is not paused per sample
+            "--output",
+            str(path),
+        ]
+        self._thread = threading.Thread(target=self._take, daemon=True, name="controller-spy")
+
+    def start(self) -> ControllerProfile:
+        self._thread.start()
+        return self
+
+    def _take(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            done = subprocess.run(self._cmd, capture_output=True, check=False)
+        except OSError as e:  # py-spy not installed: pip install -e '.[bench]'
+            self.error = f"{self._cmd[0]}: {e}"
+            return
+        if done.returncode:
+            self.error = done.stderr.decode(errors="replace").strip()[-300:]
+
+    def result(self, timeout: float) -> dict[str, object]:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return {"error": "profile not finished"}
+        if self.error:
+            return {"error": self.error}
+        return {"file": self.path.name, **summarise_stacks(self.path)}
+
+
+def summarise_stacks(path: Path, top: int = 30) -> dict[str, object]:
+    """py-spy's raw (collapsed) stacks: the functions with the most samples on their own
+    ("self") and with their callees ("inclusive"), as percent of all samples."""
+    own: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = stack.split(";")
+        own[frames[-1]] += n
+        for frame in set(frames):
+            inclusive[frame] += n
+
+    def shares(counter: collections.Counter[str]) -> list[str]:
+        return [f"{100 * n / total:5.1f}% {f}" for f, n in counter.most_common(top)]
+
+    return {
+        "samples": total,
+        "self": shares(own) if total else [],
+        "inclusive": shares(inclusive) if total else [],
+    }

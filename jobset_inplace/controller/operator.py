@@ -23,6 +23,7 @@ from functools import partial
 from typing import Any
 
 import kopf
+import uvloop
 from kubernetes import client, config
 
 from jobset_inplace import names
@@ -341,7 +342,11 @@ def run_controller(reconciler: Reconciler) -> None:
         for w in watches:
             w.start_on(asyncio.get_running_loop())
 
-    asyncio.run(kopf.operator(registry=registry, clusterwide=True, standalone=True))
+    # uvloop: its TLS and sockets are compiled, not Python; measured, the report channel costs
+    # the leader ~30 % less CPU per report and ~25 % less memory per agent connection
+    # (docs/benchmarks.md). kopf supports it (its CLI uses it when installed).
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(kopf.operator(registry=registry, clusterwide=True, standalone=True))
 
 
 async def start_report_channel(r: Reconciler) -> None:
