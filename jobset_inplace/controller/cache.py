@@ -65,6 +65,9 @@ class Gang:
     # keys of once-only Events posted (insertion-ordered; the oldest go beyond POSTED_MAX)
     posted: dict[str, None] = field(default_factory=dict)
     status_written_at: float = 0.0  # wall time of this process's last status write
+    # members whose channel report is behind `behind_epoch` (completes_epoch's hint)
+    behind: set[str] = field(default_factory=set)
+    behind_epoch: int | None = None
 
     def remember_posted(self, keys: Iterable[str]) -> None:
         """Record once-only Events as posted; memory stays bounded (a pod writing garbage
@@ -149,6 +152,25 @@ class ClusterCache:
         gang.reports[uid] = fields
         gang.pods[uid] = with_channel_report(view, fields)
         return True
+
+    def completes_epoch(self, key: GangKey, uid: str) -> bool:
+        """Whether the report just kept for ``uid`` is the last one the gang's current epoch
+        waited for: a scheduling hint (plan now, not after the pass spacing), True at most once
+        per epoch. Counted over the channel's reports only, from the first one of an epoch: a
+        hint missed (a report on the pod) leaves the pass to the usual spacing, one given early
+        costs one pass."""
+        gang = self.gangs.get(key)
+        if gang is None or gang.status is None:
+            return False
+        epoch = gang.status.epoch
+        if gang.behind_epoch != epoch:  # once per epoch: O(members)
+            gang.behind = {u for u, p in gang.pods.items() if p.reported_epoch != epoch}
+            gang.behind_epoch = epoch
+            return not gang.behind
+        if uid not in gang.behind or gang.pods[uid].reported_epoch != epoch:
+            return False
+        gang.behind.discard(uid)
+        return not gang.behind
 
     def upsert_node(self, node: NodeView, deleted: bool = False) -> bool:
         """Record a node event; whether the planner's view of the node changed."""

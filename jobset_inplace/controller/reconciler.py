@@ -60,11 +60,15 @@ class Reconciler:
     passes: int = 0
 
     # --- scheduling ---------------------------------------------------------------------------
-    def poke(self, key: GangKey, delay: float | None = None) -> None:
+    def poke(self, key: GangKey, delay: float | None = None, *, urgent: bool = False) -> None:
         """Plan gang ``key`` after ``delay``; by default as soon as the debounce (counted from
-        the last pass) and the pass spacing allow, unless already due sooner."""
+        the last pass) and the pass spacing allow, unless already due sooner. ``urgent``: now,
+        whatever the debounce and spacing (the last report a barrier waited for; a failing gang
+        still keeps its backoff)."""
         now = self.clock.monotonic()
-        if delay is None:
+        if urgent and key not in self._failures:
+            when = now
+        elif delay is None:
             last = self._fired.get(key)
             debounced = now if last is None else last + self.debounce
             when = max(now, debounced, self._not_before.get(key, 0.0))

@@ -31,8 +31,8 @@ import secrets
 import socket
 import ssl
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from aiohttp import web
 from kubernetes import client
@@ -47,6 +47,13 @@ from .metrics import METRICS
 from .report_tokens import Rejected, TokenVerifier
 
 log = logging.getLogger("jobset_inplace.reports")
+
+
+class Poke(Protocol):
+    """Plan a gang (:meth:`.Reconciler.poke`); ``urgent``: now, the gang waits for nothing."""
+
+    def __call__(self, key: GangKey, *, urgent: bool = False) -> None: ...
+
 
 MAX_BODY = 16 * 1024  # a report is ~200 bytes
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
@@ -137,7 +144,7 @@ class ReportServer:
     def __init__(
         self,
         cache: ClusterCache,
-        poke: Callable[[GangKey], None],
+        poke: Poke,
         verifier: TokenVerifier,
         listen: tuple[str, int],
         advertise: str,
@@ -222,7 +229,7 @@ class ReportServer:
         key = (namespace, gang_name)
         if not self.cache.set_report(key, uid, fields):
             raise Rejected(409, f"pod {namespace}/{pod} is not a known member of gang {gang_name}")
-        self.poke(key)
+        self.poke(key, urgent=self.cache.completes_epoch(key, uid))
 
 
 LISTEN_ENV = "JSI_REPORT_LISTEN"
@@ -230,7 +237,7 @@ ADVERTISE_ENV = "JSI_REPORT_ADVERTISE"
 
 
 def report_server_from_env(
-    cache: ClusterCache, poke: Callable[[GangKey], None], env: Mapping[str, str]
+    cache: ClusterCache, poke: Poke, env: Mapping[str, str]
 ) -> ReportServer | None:
     """The channel as configured: ``JSI_REPORT_LISTEN`` (ADDRESS:PORT, default 0.0.0.0:9444;
     port 0: any free one), advertised at ``JSI_REPORT_ADVERTISE`` (an address agents reach;

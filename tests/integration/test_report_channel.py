@@ -75,7 +75,11 @@ async def test_only_a_pods_own_well_formed_report_is_accepted(
     for pod in pods:
         cache.upsert_pod(pod_entry(kube.api.sanitize_for_serialization(pod)))
     verifier = TokenVerifier(kube.api)
-    server = ReportServer(cache, pokes.append, verifier, ("127.0.0.1", 0), "127.0.0.1")
+
+    def poke(key: GangKey, *, urgent: bool = False) -> None:
+        pokes.append(key)
+
+    server = ReportServer(cache, poke, verifier, ("127.0.0.1", 0), "127.0.0.1")
     advertised = await server.start()
     endpoint = Endpoint(advertised.url, advertised.cert_sha256, advertised.leader)
     key = (namespace, gang.name)

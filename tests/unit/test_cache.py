@@ -9,7 +9,7 @@ import dataclasses
 from jobset_inplace import names
 from jobset_inplace.controller.cache import ClusterCache, PodEntry, node_entry, pod_entry
 from jobset_inplace.core.decode import agent_report, lease_renewal
-from jobset_inplace.core.model import NodeView
+from jobset_inplace.core.model import GangStatus, NodeView
 from jobset_inplace.core.policy import Policy
 
 NOW = 1_000_000.0
@@ -105,3 +105,27 @@ def test_a_channel_report_is_kept_with_its_pod_and_the_newer_report_wins() -> No
     assert set(c.gangs[key].reports) == {"a"}
     c.upsert_pod(pod("a"), deleted=True)
     assert c.gangs[key].reports == {}
+
+
+def test_the_last_report_an_epoch_waits_for_is_flagged_once() -> None:
+    c = cache_with_gang()
+    key = ("ns", "train")
+    for i, uid in enumerate("abc"):
+        c.upsert_pod(pod(uid, index=i))
+    epoch4, _ = agent_report({names.REPORT_EPOCH: "4", names.REPORT_STEPS: "200"})
+    epoch3, _ = agent_report({names.REPORT_EPOCH: "3", names.REPORT_STEPS: "200"})
+    epoch5, _ = agent_report({names.REPORT_EPOCH: "5", names.REPORT_STEPS: "200"})
+
+    def report(uid: str, fields: dict[str, object]) -> bool:
+        assert c.set_report(key, uid, fields)
+        return c.completes_epoch(key, uid)
+
+    assert not c.completes_epoch(key, "a"), "no status loaded yet: no hint"
+    c.gangs[key].status = GangStatus(epoch=4)
+    assert [report(u, epoch4) for u in "ab"] == [False, False]
+    assert not report("a", epoch4), "a report again: still waiting for c"
+    assert not report("c", epoch3), "a report of another epoch does not count"
+    assert report("c", epoch4), "the last one"
+    assert not report("c", epoch4), "once per epoch: a resent report is no news"
+    c.gangs[key].status = GangStatus(epoch=5)
+    assert [report(u, epoch5) for u in "abc"] == [False, False, True]

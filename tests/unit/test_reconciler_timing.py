@@ -92,6 +92,35 @@ async def test_pass_spacing_still_applies_to_the_first_event() -> None:
     assert r.ran == [pytest.approx(t0 + 0.3)]
 
 
+async def test_an_urgent_poke_skips_debounce_and_spacing_but_not_a_failures_backoff() -> None:
+    r = Recording(debounce=0.5)
+    r.poke(KEY)
+    r.manual.advance(0)
+    await settle()
+    r._not_before[KEY] = r.manual.now + 0.3  # expensive planning
+    r.poke(KEY)  # a pass is due in 0.5 s (debounce)
+    t1 = r.manual.now
+    r.poke(KEY, urgent=True)  # the last report the barrier waited for
+    r.manual.advance(0)
+    await settle()
+    assert r.ran[1:] == [t1]
+    r.manual.advance(1)
+    await settle()
+    assert len(r.ran) == 2, "the due pass was replaced, not added"
+    failing = Recording(debounce=0.0, fail=1)
+    failing.cache.upsert_jobset(jobset(), Policy(), "")
+    failing.poke(KEY)
+    failing.manual.advance(0)
+    await settle()  # failed: retried after its backoff
+    failing.poke(KEY, urgent=True)
+    failing.manual.advance(0)
+    await settle()
+    assert len(failing.ran) == 1
+    failing.manual.advance(retry_delay(1))
+    await settle()
+    assert len(failing.ran) == 2
+
+
 async def test_explicit_delay_is_kept() -> None:
     r = Recording(debounce=0.0)
     t0 = r.manual.now

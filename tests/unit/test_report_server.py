@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from jobset_inplace import names
-from jobset_inplace.controller.cache import ClusterCache
+from jobset_inplace.controller.cache import ClusterCache, GangKey
 from jobset_inplace.controller.report_server import (
     ReportServer,
     parse_request,
@@ -19,8 +19,12 @@ from jobset_inplace.controller.report_server import (
 from jobset_inplace.controller.report_tokens import Rejected
 
 
+def no_poke(key: GangKey, *, urgent: bool = False) -> None:
+    pass
+
+
 def server(**env: str) -> ReportServer | None:
-    return report_server_from_env(ClusterCache(), lambda key: None, env)
+    return report_server_from_env(ClusterCache(), no_poke, env)
 
 
 def test_the_channel_listens_where_configured_and_is_off_without_an_address() -> None:
