@@ -5,7 +5,8 @@ doing it is the executor's; this module only decides *when* a gang is planned.
 Scheduling: the first event after a quiet spell is planned at once (a failure's first signal
 waits for nothing), later ones are coalesced (at most one pass per ``debounce``), and while
 events stream in a gang's passes are spaced by ``PASS_SPACING`` times the CPU time of its last
-planning. A pass that fails, for whatever reason, is retried with exponential backoff."""
+planning; an urgent poke (the last report a barrier waits for) skips both. A pass that fails,
+for whatever reason, is retried with exponential backoff."""
 
 from __future__ import annotations
 

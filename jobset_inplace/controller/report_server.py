@@ -20,8 +20,10 @@ know as a member of that gang (yet). Agents write their report on their pod afte
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import datetime
+import functools
 import hashlib
 import logging
 import os
@@ -59,6 +61,7 @@ MAX_BODY = 16 * 1024  # a report is ~200 bytes
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 MMAP_THRESHOLD = 128 * 1024  # glibc's default (see _untouched_buffers_stay_free)
 LOG_EVERY_S = 10.0  # refusals of one code are logged at most this often
+QUIET_S = 2.0  # requests stopped this long: a burst is over (free memory is given back)
 
 
 def _text(body: Mapping[str, Any], field: str) -> str:
@@ -112,6 +115,17 @@ def _load_chain(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
             os.close(fd)
 
 
+@functools.cache
+def _glibc() -> Any | None:
+    """The C library if it is glibc (``mallopt``, ``malloc_trim``); None otherwise."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt, libc.malloc_trim  # noqa: B018 (AttributeError: not glibc)
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
 def _untouched_buffers_stay_free() -> None:
     """uvloop (the controller's event loop) gives every TLS connection a 256 KiB read buffer, of
     which a report touches a few KiB. glibc serves such a buffer from a fresh mapping (untouched
@@ -120,13 +134,20 @@ def _untouched_buffers_stay_free() -> None:
     2000 agents: peak RSS 255 MiB with the moving threshold, 187 MiB with it fixed. Fixing it
     (``mallopt(M_MMAP_THRESHOLD)``) also stops that adjustment for every larger block, which
     then costs a map and unmap each: a few microseconds, next to a report's ~0.3 ms."""
-    try:
-        libc = ctypes.CDLL(None)
-        if libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1:
-            return
-    except (OSError, AttributeError):  # not glibc
-        pass
-    log.info("report channel: could not fix the malloc mmap threshold (not glibc?)")
+    libc = _glibc()
+    if libc is None or libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1:
+        log.info("report channel: could not fix the malloc mmap threshold (not glibc?)")
+
+
+def _release_free_memory() -> None:
+    """Give the heap's free pages back to the system (``malloc_trim``). A burst of TLS
+    handshakes (every agent connecting at a gang's start, or to a new leader) leaves most of
+    what they used free but scattered among live blocks, which glibc keeps: measured with 5000
+    connections, 216 MiB before, 125 MiB after. Runs off the event loop (ctypes releases the
+    GIL); ~10 ms."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def _raise_open_files_limit() -> None:
@@ -152,6 +173,8 @@ class ReportServer:
         self.cache, self.poke, self.verifier = cache, poke, verifier
         self.listen, self.advertise = listen, advertise
         self.accepted = 0
+        self.handled = 0  # requests, whatever the answer
+        self._releaser: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self._quiet_until: dict[int, float] = {}  # refusal code -> no warning logged before
         self._unlogged: dict[int, int] = {}  # refusals not logged since, by code
@@ -172,6 +195,7 @@ class ReportServer:
         sock = socket.create_server(self.listen, backlog=4096)
         port = sock.getsockname()[1]  # the one bound, when 0 was asked
         await web.SockSite(self._runner, sock, ssl_context=ctx).start()
+        self._releaser = asyncio.create_task(self._release_after_bursts())
         where = f"[{self.advertise}]" if ":" in self.advertise else self.advertise
         endpoint = ReportEndpoint(
             f"https://{where}:{port}{names.REPORT_PATH}", pin, secrets.token_hex(8)
@@ -179,11 +203,25 @@ class ReportServer:
         log.info("report channel: serving %s on %s:%d", endpoint.url, self.listen[0], port)
         return endpoint
 
+    async def _release_after_bursts(self) -> None:
+        """Free memory back to the system once requests stop for QUIET_S after a burst."""
+        seen, burst = self.handled, False
+        while True:
+            await asyncio.sleep(QUIET_S)
+            if self.handled != seen:
+                seen, burst = self.handled, True
+            elif burst:
+                burst = False
+                await asyncio.to_thread(_release_free_memory)
+
     async def stop(self) -> None:
+        if self._releaser is not None:
+            self._releaser.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
 
     async def handle(self, request: web.Request) -> web.Response:
+        self.handled += 1
         try:
             await self._accept(request)
         except Rejected as e:

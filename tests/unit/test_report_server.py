@@ -5,11 +5,13 @@ tests/integration/test_report_channel.py serves it for real."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
 
 from jobset_inplace import names
+from jobset_inplace.controller import report_server
 from jobset_inplace.controller.cache import ClusterCache, GangKey
 from jobset_inplace.controller.report_server import (
     ReportServer,
@@ -86,3 +88,34 @@ def test_refusals_are_logged_once_in_a_while_with_a_count(caplog: pytest.LogCapt
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2
     assert "and 4 more refused with 401" in lines[1]
+
+
+async def test_free_memory_is_given_back_once_after_each_burst_of_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    s = server(POD_IP="10.244.1.7")
+    assert s is not None
+    released: list[int] = []
+    monkeypatch.setattr(report_server, "QUIET_S", 0.01)
+    monkeypatch.setattr(report_server, "_release_free_memory", lambda: released.append(s.handled))
+
+    async def until_released(count: int) -> None:
+        for _ in range(500):  # <= 5 s
+            if len(released) >= count:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"released {released}, expected {count} times")
+
+    task = asyncio.create_task(s._release_after_bursts())
+    try:
+        await asyncio.sleep(0.05)
+        assert released == [], "no request, nothing to give back"
+        s.handled += 5000  # a burst: every agent's first report
+        await until_released(1)
+        await asyncio.sleep(0.1)
+        assert released == [5000], "once per burst, not every quiet interval"
+        s.handled += 1
+        await until_released(2)
+        assert released == [5000, 5001]
+    finally:
+        task.cancel()
