@@ -4,8 +4,9 @@
   profile is taken over the first seconds of a recovery (the restart phase, the apiserver's
   busiest) and summarised with ``go tool pprof`` into shares of the sampled CPU by what the
   code does.
-* The controller (Python) is sampled by ``py-spy`` over the same seconds and summarised into
-  the functions with the most samples, on their own and with what they call.
+* The controller and the benchmark's simulated fleet (Python) are sampled by ``py-spy`` over
+  the same seconds and summarised into the functions with the most samples, on their own and
+  with what they call.
 """
 
 from __future__ import annotations
@@ -100,9 +101,9 @@ def summarise(path: Path) -> dict[str, object]:
     return {"sampled": total, "share_pct": shares, "top_cum": top}
 
 
-class ControllerProfile:
-    """``seconds`` of ``py-spy`` samples of process ``pid`` (the controller), raw stacks written
-    to ``path``; taken on a thread."""
+class PySpyProfile:
+    """``seconds`` of ``py-spy`` samples of Python process ``pid``, raw stacks written to
+    ``path``; taken on a thread."""
 
     RATE_HZ = 100
 
@@ -125,9 +126,9 @@ class ControllerProfile:
             "--output",
             str(path),
         ]
-        self._thread = threading.Thread(target=self._take, daemon=True, name="controller-spy")
+        self._thread = threading.Thread(target=self._take, daemon=True, name="py-spy")
 
-    def start(self) -> ControllerProfile:
+    def start(self) -> PySpyProfile:
         self._thread.start()
         return self
 

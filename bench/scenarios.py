@@ -32,7 +32,7 @@ from testbed.kwoknodes import set_heartbeat
 
 from . import upstream
 from .fleet import Fleet
-from .profile import ApiserverProfile, ControllerProfile
+from .profile import ApiserverProfile, PySpyProfile
 from .upstream_fleet import UpstreamFleet
 
 JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
@@ -345,10 +345,11 @@ class Bench:
         victim = random.choice(sorted(fleet.agents))
         m: dict[str, Any] = {"rep": rep, "victim": victim}
         before, reports_before = fleet.requests, fleet.channel_reports
-        spy = None
-        if profiled and self.profile_s > 0 and path == "hybrid":  # the controller's CPU: py-spy
-            out = self.profile_dir / f"controller-{path}-{size}.txt"
-            spy = ControllerProfile(self.meter.pid, self.profile_s, out).start()
+        spies: dict[str, PySpyProfile] = {}
+        if profiled and self.profile_s > 0 and path == "hybrid":  # Python's CPU: py-spy
+            for who, pid in (("controller", self.meter.pid), ("fleet", os.getpid())):
+                out = self.profile_dir / f"{who}-{path}-{size}.txt"
+                spies[who] = PySpyProfile(pid, self.profile_s, out).start()
         profile = self._profile(f"{path}-{size}") if profiled else None
         with self.meter.window(m):
             t0 = fleet.crash_trainer(victim)
@@ -359,8 +360,8 @@ class Bench:
             del m["controller_peak_rss_mib"]
         if profile is not None:
             m["apiserver_profile"] = profile.result(self.profile_s + 60)
-        if spy is not None:
-            m["controller_profile"] = spy.result(self.profile_s + 60)
+        for who, spy in spies.items():
+            m[f"{who}_profile"] = spy.result(self.profile_s + 60)
         m["fleet_requests"] = fleet.requests - before
         m["fleet_channel_reports"] = fleet.channel_reports - reports_before
         peak = m.get("controller_peak_rss_mib")
