@@ -342,9 +342,8 @@ def run_controller(reconciler: Reconciler) -> None:
         for w in watches:
             w.start_on(asyncio.get_running_loop())
 
-    # uvloop: its TLS and sockets are compiled, not Python; measured, the report channel costs
-    # the leader ~30 % less CPU per report and ~25 % less memory per agent connection
-    # (docs/benchmarks.md). kopf supports it (its CLI uses it when installed).
+    # uvloop: its TLS and sockets are compiled, not Python: the report channel costs the leader
+    # less CPU per report (docs/benchmarks.md). kopf supports it (its CLI uses it if installed).
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(kopf.operator(registry=registry, clusterwide=True, standalone=True))
 
