@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Self
 
 # What the apiserver's CPU goes to: ``go tool pprof -focus`` regexes over the call stacks,
 # mostly the request handlers' subtrees (a sample can count in two rows: managedFields runs
@@ -43,26 +44,36 @@ CATEGORIES = {
 _SHARE = re.compile(r"Showing nodes accounting for [^,]+, ([\d.]+)% of ([\d.]+m?s) total")
 
 
-class ApiserverProfile:
-    """``seconds`` of kube-apiserver CPU profile written to ``path``, taken on a thread."""
+class _Profile:
+    """A profiler command run on a thread, its output in ``path``; ``result`` waits for it and
+    summarises the file."""
 
-    def __init__(self, kubectl: list[str], seconds: float, path: Path) -> None:
+    def __init__(self, cmd: list[str], path: Path) -> None:
         self.path = path
         self.error = ""
-        url = f"/debug/pprof/profile?seconds={max(1, round(seconds))}"
-        self._cmd = [*kubectl, "get", "--raw", url]
-        self._thread = threading.Thread(target=self._take, daemon=True, name="apiserver-pprof")
+        self._cmd = cmd
+        self._thread = threading.Thread(target=self._take, daemon=True, name=type(self).__name__)
 
-    def start(self) -> ApiserverProfile:
+    def start(self) -> Self:
         self._thread.start()
         return self
 
+    def _run(self) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(self._cmd, capture_output=True, check=False)
+
     def _take(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("wb") as out:
-            done = subprocess.run(self._cmd, stdout=out, stderr=subprocess.PIPE, check=False)
+        try:
+            done = self._run()
+        except OSError as e:  # the profiler is not installed
+            self.error = f"{self._cmd[0]}: {e}"
+            return
         if done.returncode:
-            self.error = done.stderr.decode(errors="replace").strip()[:300]
+            why = done.stderr.decode(errors="replace").strip()[-300:]
+            self.error = why or f"{self._cmd[0]}: exit status {done.returncode}"
+
+    def _summary(self) -> dict[str, object]:
+        raise NotImplementedError
 
     def result(self, timeout: float) -> dict[str, object]:
         """Wait for the profile and summarise it."""
@@ -71,7 +82,22 @@ class ApiserverProfile:
             return {"error": "profile not finished"}
         if self.error:
             return {"error": self.error}
-        return {"file": self.path.name, **summarise(self.path)}
+        return {"file": self.path.name, **self._summary()}
+
+
+class ApiserverProfile(_Profile):
+    """``seconds`` of kube-apiserver CPU profile (Go pprof, through ``kubectl get --raw``)."""
+
+    def __init__(self, kubectl: list[str], seconds: float, path: Path) -> None:
+        url = f"/debug/pprof/profile?seconds={max(1, round(seconds))}"
+        super().__init__([*kubectl, "get", "--raw", url], path)
+
+    def _run(self) -> subprocess.CompletedProcess[bytes]:
+        with self.path.open("wb") as out:
+            return subprocess.run(self._cmd, stdout=out, stderr=subprocess.PIPE, check=False)
+
+    def _summary(self) -> dict[str, object]:
+        return summarise(self.path)
 
 
 def _pprof(path: Path, *args: str) -> str:
@@ -101,54 +127,21 @@ def summarise(path: Path) -> dict[str, object]:
     return {"sampled": total, "share_pct": shares, "top_cum": top}
 
 
-class PySpyProfile:
-    """``seconds`` of ``py-spy`` samples of Python process ``pid``, raw stacks written to
-    ``path``; taken on a thread."""
+class PySpyProfile(_Profile):
+    """``seconds`` of ``py-spy`` samples of Python process ``pid`` (raw stacks; py-spy comes with
+    ``pip install -e '.[bench]'``)."""
 
     RATE_HZ = 100
 
     def __init__(self, pid: int, seconds: float, path: Path) -> None:
-        self.path = path
-        self.error = ""
         spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-        self._cmd = [
-            spy,
-            "record",
-            "--pid",
-            str(pid),
-            "--duration",
-            str(max(1, round(seconds))),
-            "--rate",
-            str(self.RATE_HZ),
-            "--format",
-            "raw",
-            "--nonblocking",  # the controller is not paused per sample
-            "--output",
-            str(path),
-        ]
-        self._thread = threading.Thread(target=self._take, daemon=True, name="py-spy")
+        cmd = [spy, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds)))]
+        # --nonblocking: the process is not paused per sample
+        cmd += ["--rate", str(self.RATE_HZ), "--format", "raw", "--nonblocking"]
+        super().__init__([*cmd, "--output", str(path)], path)
 
-    def start(self) -> PySpyProfile:
-        self._thread.start()
-        return self
-
-    def _take(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            done = subprocess.run(self._cmd, capture_output=True, check=False)
-        except OSError as e:  # py-spy not installed: pip install -e '.[bench]'
-            self.error = f"{self._cmd[0]}: {e}"
-            return
-        if done.returncode:
-            self.error = done.stderr.decode(errors="replace").strip()[-300:]
-
-    def result(self, timeout: float) -> dict[str, object]:
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            return {"error": "profile not finished"}
-        if self.error:
-            return {"error": self.error}
-        return {"file": self.path.name, **summarise_stacks(self.path)}
+    def _summary(self) -> dict[str, object]:
+        return summarise_stacks(self.path)
 
 
 def summarise_stacks(path: Path, top: int = 30) -> dict[str, object]:
