@@ -233,6 +233,7 @@ def plot(out: Path, results: dict[str, Any]) -> list[Path]:
             ax.annotate(note, (xpos, st["median"]), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(range(len(sizes))), [f"{s} pods" for s in sizes])
     ax.set_ylabel("seconds (median)")
+    ax.margins(y=0.15)  # room for the labels above the tallest bar
     ax.set_title("One worker fails: crash -> every member running again")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -254,6 +255,7 @@ def plot(out: Path, results: dict[str, Any]) -> list[Path]:
                 ge = _ge(nd.get(f"{path}_capped", False))
                 ax.annotate(f"{ge}{run:.0f}s", (label, run), ha="center", va="bottom")
         ax.set_ylabel("seconds to the gang running again")
+        ax.margins(y=0.15)
         ax.set_title("One node dies")
         fig.tight_layout()
         written.append(out / "node-death.png")
