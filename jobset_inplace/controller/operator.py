@@ -334,9 +334,12 @@ def run_controller(reconciler: Reconciler) -> None:
         settings.watching.server_timeout = 300
         settings.persistence.diffbase_storage = _NoDiffBase()
 
+    stop = asyncio.Event()  # kopf's stop flag: set at SIGTERM (binds to the loop at first use)
+
     @kopf.on.startup(registry=registry)
     async def start_watches(**_: Any) -> None:
         await start_report_channel(reconciler)
+        _stop_at_sigterm(reconciler, stop)
         # kopf starts its own watches (JobSets) only when every startup handler is done
         await asyncio.to_thread(prime, reconciler, watches)
         for w in watches:
@@ -345,7 +348,24 @@ def run_controller(reconciler: Reconciler) -> None:
     # uvloop: its TLS and sockets are compiled, not Python: the report channel costs the leader
     # less CPU per report (docs/benchmarks.md). kopf supports it (its CLI uses it if installed).
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(kopf.operator(registry=registry, clusterwide=True, standalone=True))
+        runner.run(
+            kopf.operator(registry=registry, clusterwide=True, standalone=True, stop_flag=stop)
+        )
+
+
+def _stop_at_sigterm(reconciler: Reconciler, stop: asyncio.Event) -> None:
+    """At SIGTERM the leader stops planning at once, then kopf stops. (This replaces the SIGTERM
+    handler kopf installed when it started: its shutdown takes seconds, during which the
+    reconciler would go on acting, e.g. finish a recovery its successor should take over.)"""
+    if threading.current_thread() is not threading.main_thread():
+        return  # signals reach the main thread only (tests run the controller in a thread)
+
+    def on_sigterm() -> None:
+        log.info("SIGTERM: no new planning pass; stopping")
+        reconciler.stop()
+        stop.set()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
 
 
 async def start_report_channel(r: Reconciler) -> None:

@@ -59,6 +59,15 @@ class Reconciler:
     _fired: dict[GangKey, float] = field(default_factory=dict)  # scheduling time of last pass
     _failures: dict[GangKey, int] = field(default_factory=dict)  # failed passes in a row
     passes: int = 0
+    stopped: bool = False  # this replica is terminating: no pass starts any more
+
+    def stop(self) -> None:
+        """Start no pass any more (SIGTERM): a terminating leader stops acting at once, while
+        its shutdown may take seconds; the next leader plans from the API (guarantee 6)."""
+        self.stopped = True
+        for _, timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
 
     # --- scheduling ---------------------------------------------------------------------------
     def poke(self, key: GangKey, delay: float | None = None, *, urgent: bool = False) -> None:
@@ -66,6 +75,8 @@ class Reconciler:
         the last pass) and the pass spacing allow, unless already due sooner. ``urgent``: now,
         whatever the debounce and spacing (the last report a barrier waited for; a failing gang
         still keeps its backoff)."""
+        if self.stopped:
+            return
         now = self.clock.monotonic()
         if urgent and key not in self._failures:
             when = now
@@ -97,6 +108,8 @@ class Reconciler:
 
     def _fire(self, key: GangKey) -> None:
         self._timers.pop(key, None)
+        if self.stopped:
+            return
         self._fired[key] = self.clock.monotonic()
         self.spawn(self.reconcile(key))
 

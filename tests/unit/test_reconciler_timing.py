@@ -121,6 +121,18 @@ async def test_an_urgent_poke_skips_debounce_and_spacing_but_not_a_failures_back
     assert len(failing.ran) == 2
 
 
+async def test_a_stopped_reconciler_starts_no_pass() -> None:
+    r = Recording(debounce=0.0)
+    r.poke(KEY, 0.2)  # a pass is due
+    r.stop()  # SIGTERM
+    r.poke(KEY)
+    r.poke(KEY, urgent=True)
+    r.manual.advance(1)
+    await settle()
+    assert r.ran == []
+    assert r._timers == {}
+
+
 async def test_explicit_delay_is_kept() -> None:
     r = Recording(debounce=0.0)
     t0 = r.manual.now
