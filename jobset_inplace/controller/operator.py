@@ -358,7 +358,7 @@ def _stop_at_sigterm(reconciler: Reconciler, stop: asyncio.Event) -> None:
     handler kopf installed when it started: its shutdown takes seconds, during which the
     reconciler would go on acting, e.g. finish a recovery its successor should take over.)"""
     if threading.current_thread() is not threading.main_thread():
-        return  # signals reach the main thread only (tests run the controller in a thread)
+        return  # only the main thread may set signal handlers
 
     def on_sigterm() -> None:
         log.info("SIGTERM: no new planning pass; stopping")
