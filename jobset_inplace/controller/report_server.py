@@ -16,7 +16,8 @@ agent writing them on its pod, so a recovery's API writes do not grow with the g
 
 Answers: 200 accepted; 400 a malformed report (the field named); 401 a token the apiserver
 does not accept for this audience; 403 a token of another pod; 409 a pod this leader does not
-know as a member of that gang (yet). Agents write their report on their pod after any failure."""
+know as a member of that gang (yet); a request that is not a report is refused by the HTTP layer
+(:mod:`.report_http`). Agents write their report on their pod after any failure."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import ctypes
 import datetime
 import functools
 import hashlib
+import json
 import logging
 import os
 import re
@@ -36,7 +38,6 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from aiohttp import web
 from kubernetes import client
 
 from jobset_inplace import names
@@ -46,6 +47,7 @@ from jobset_inplace.core.model import ReportEndpoint
 from .cache import ClusterCache, GangKey
 from .certificates import issue
 from .metrics import METRICS
+from .report_http import SWEEP_S, HttpServer, Request
 from .report_tokens import Rejected, TokenVerifier
 
 log = logging.getLogger("jobset_inplace.reports")
@@ -193,8 +195,9 @@ class ReportServer:
         self.listen, self.advertise = listen, advertise
         self.accepted = 0
         self.handled = 0  # requests, whatever the answer
-        self._releaser: asyncio.Task[None] | None = None
-        self._runner: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._server: asyncio.Server | None = None
+        self.http: HttpServer | None = None
         self._quiet_until: dict[int, float] = {}  # refusal code -> no warning logged before
         self._unlogged: dict[int, int] = {}  # refusals not logged since, by code
 
@@ -203,24 +206,27 @@ class ReportServer:
         _raise_open_files_limit()
         _untouched_buffers_stay_free()
         ctx, pin = _serving_context()
-        app = web.Application(client_max_size=MAX_BODY)
-        app.router.add_post(names.REPORT_PATH, self.handle)
-        # no access log: one line per report would be 5000 lines per recovery
-        # idle connections are kept an hour: an agent's next report needs no new handshake
-        self._runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, keepalive_timeout=3600.0
-        )
-        await self._runner.setup()
+        loop = asyncio.get_running_loop()
+        self.http = HttpServer(self.handle, names.REPORT_PATH.encode(), MAX_BODY, loop.time)
         sock = socket.create_server(self.listen, backlog=4096)
         port = sock.getsockname()[1]  # the one bound, when 0 was asked
-        await web.SockSite(self._runner, sock, ssl_context=ctx).start()
-        self._releaser = asyncio.create_task(self._release_after_bursts())
+        self._server = await loop.create_server(self.http.connection, sock=sock, ssl=ctx)
+        self._tasks = [
+            asyncio.create_task(self._release_after_bursts()),
+            asyncio.create_task(self._sweep(self.http)),
+        ]
         where = f"[{self.advertise}]" if ":" in self.advertise else self.advertise
         endpoint = ReportEndpoint(
             f"https://{where}:{port}{names.REPORT_PATH}", pin, secrets.token_hex(8)
         )
         log.info("report channel: serving %s on %s:%d", endpoint.url, self.listen[0], port)
         return endpoint
+
+    @staticmethod
+    async def _sweep(http: HttpServer) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            http.sweep()
 
     async def _release_after_bursts(self) -> None:
         """Free memory back to the system once requests stop for QUIET_S after a burst."""
@@ -234,12 +240,17 @@ class ReportServer:
                 await asyncio.to_thread(_release_free_memory)
 
     async def stop(self) -> None:
-        if self._releaser is not None:
-            self._releaser.cancel()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        for task in self._tasks:
+            task.cancel()
+        if self._server is not None:
+            self._server.close()
+            if self.http is not None:
+                for c in list(self.http.connections):
+                    c.close()
+            await self._server.wait_closed()
 
-    async def handle(self, request: web.Request) -> web.Response:
+    async def handle(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """The answer to one report request: (status, JSON body)."""
         self.handled += 1
         try:
             await self._accept(request)
@@ -247,10 +258,10 @@ class ReportServer:
             if e.status != 409:
                 self._warn(e)
             METRICS.report_channel_requests.labels(str(e.status)).inc()
-            return web.json_response({"error": str(e)}, status=e.status)
+            return e.status, {"error": str(e)}
         self.accepted += 1
         METRICS.report_channel_requests.labels("200").inc()
-        return web.json_response({"accepted": True})
+        return 200, {"accepted": True}
 
     def _warn(self, e: Rejected) -> None:
         """One warning per refusal code every LOG_EVERY_S (a misconfiguration would otherwise
@@ -264,12 +275,12 @@ class ReportServer:
         log.warning("report channel: refused (%d): %s%s", e.status, e, also)
         self._quiet_until[e.status] = now + LOG_EVERY_S
 
-    async def _accept(self, request: web.Request) -> None:
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    async def _accept(self, request: Request) -> None:
+        scheme, _, token = request.authorization.partition(" ")
         if scheme != "Bearer" or not token:
             raise Rejected(401, "Authorization: Bearer <projected token> is required")
         try:
-            body = await request.json()
+            body = json.loads(request.body)
         except ValueError as e:
             raise Rejected(400, f"the body is not JSON: {e}") from e
         namespace, gang_name, pod, uid, values = parse_request(body)

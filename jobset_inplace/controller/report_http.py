@@ -1,0 +1,265 @@
+"""HTTP/1.1 for the report channel (:mod:`.report_server`): one route, small bodies, connections
+kept alive between recoveries.
+
+Every agent keeps its connection open, so the leader holds one per member: at 5000 members a
+general-purpose server's per-connection objects and per-request work were a large share of
+the leader's memory and CPU (docs/benchmarks.md). This serves the one request agents make,
+strictly: ``POST <path>`` with a ``Content-Length`` body of at most ``max_body`` bytes; any
+other request is answered with its status (404, 405, 411, 413, 431, 501 or 400, the reason
+named) and the connection closed. Requests on a connection are answered in order (pipelining
+allowed); a connection is closed when it stays idle for ``idle_s``, or when a request begun
+is not complete within ``request_s``.
+
+:func:`next_request` (bytes in, a request or a refusal out, no I/O) carries the parsing;
+:class:`Connection` only buffers, hands requests to the handler and writes answers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, cast
+
+log = logging.getLogger("jobset_inplace.reports")
+
+MAX_HEAD = 16 * 1024  # request line and headers; a projected token is ~1-2 KiB
+IDLE_S = 3600.0  # an idle connection is kept this long: an agent's next report needs no handshake
+REQUEST_S = 30.0  # a request begun must be complete within this
+SWEEP_S = 30.0  # how often idle and stalled connections are looked for
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    409: "Conflict",
+    411: "Length Required",
+    413: "Content Too Large",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    501: "Not Implemented",
+}
+_REQUEST_LINE = re.compile(rb"([A-Z]{1,16}) (\S{1,2048}) HTTP/1\.([01])")
+_HEADER_NAME = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    authorization: str  # the Authorization header's value, "" when absent
+    body: bytes
+    keep_alive: bool  # False: answer, then close
+
+
+class Refused(Exception):
+    """A request that is not served: answered with ``status`` and the connection closed."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+Handler = Callable[[Request], Coroutine[Any, Any, tuple[int, dict[str, Any]]]]
+
+
+def next_request(
+    buffer: bytes | bytearray, path: bytes, max_body: int
+) -> tuple[Request, int] | None:
+    """The first request in ``buffer`` and how many bytes it took; None while incomplete.
+    Raises :class:`Refused` for a request that is not served."""
+    end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
+    if end < 0:
+        if len(buffer) > MAX_HEAD:
+            raise Refused(431, f"the request line and headers exceed {MAX_HEAD} bytes")
+        return None
+    minor, headers = _head(bytes(buffer[:end]), path)
+    size = _body_size(headers, max_body)
+    start = end + 4
+    if len(buffer) < start + size:
+        return None
+    connection = headers.get(b"connection", b"").lower()
+    keep_alive = connection != b"close" and (minor == b"1" or connection == b"keep-alive")
+    auth = headers.get(b"authorization", b"").decode("latin-1")
+    return Request(auth, bytes(buffer[start : start + size]), keep_alive), start + size
+
+
+def _head(head: bytes, path: bytes) -> tuple[bytes, dict[bytes, bytes]]:
+    """The HTTP minor version and the headers (lower-case names) of a POST to ``path``."""
+    line, *fields = head.split(b"\r\n")
+    m = _REQUEST_LINE.fullmatch(line)
+    if m is None:
+        raise Refused(400, "the request line must be: METHOD PATH HTTP/1.1")
+    method, target, minor = m.groups()
+    headers: dict[bytes, bytes] = {}
+    for field in fields:
+        name, sep, value = field.partition(b":")
+        if not sep or _HEADER_NAME.fullmatch(name) is None:
+            raise Refused(400, f"malformed header line {field[:60]!r}")
+        name = name.lower()
+        if name in headers and name in (b"content-length", b"authorization"):
+            raise Refused(400, f"header {name.decode()} given twice")
+        headers[name] = value.strip(b" \t")
+    if target != path:
+        raise Refused(404, f"no such path; reports go to POST {path.decode()}")
+    if method != b"POST":
+        raise Refused(405, f"method {method.decode()}: reports are sent with POST")
+    return minor, headers
+
+
+def _body_size(headers: dict[bytes, bytes], max_body: int) -> int:
+    if b"transfer-encoding" in headers:
+        raise Refused(501, "Transfer-Encoding is not accepted; send Content-Length")
+    length = headers.get(b"content-length")
+    if length is None:
+        raise Refused(411, "Content-Length is required")
+    if not length.isdigit() or len(length) > 9:
+        raise Refused(400, f"Content-Length must be a byte count, got {length[:20]!r}")
+    if int(length) > max_body:
+        raise Refused(413, f"the body exceeds {max_body} bytes")
+    return int(length)
+
+
+def response(status: int, payload: dict[str, Any], *, close: bool) -> bytes:
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    head = (
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        f"{'Connection: close' + chr(13) + chr(10) if close else ''}\r\n"
+    )
+    return head.encode() + body
+
+
+class Connection(asyncio.Protocol):
+    """One agent's connection: requests in order, one at a time."""
+
+    __slots__ = (
+        "_blocked",
+        "_buffer",
+        "_busy",
+        "_closed",
+        "_server",
+        "_transport",
+        "begun",
+        "last_active",
+    )
+
+    def __init__(self, server: HttpServer) -> None:
+        self._server = server
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._busy = False  # a request is being handled
+        self._blocked = False  # the peer does not read its answers: take no more requests
+        self._closed = False
+        self.last_active = server.now()
+        self.begun: float | None = None  # when the incomplete request in the buffer began
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's TLS transport is not an asyncio.Transport subclass, but has its methods
+        self._transport = cast(asyncio.Transport, transport)
+        self._server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._server.connections.discard(self)
+        self._buffer = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        self.last_active = self._server.now()
+        if self.begun is None:
+            self.begun = self.last_active
+        if not self._busy:
+            self._next()
+        if len(self._buffer) > 2 * (MAX_HEAD + self._server.max_body):
+            assert self._transport is not None
+            self._transport.pause_reading()  # pipelined well past one request: wait
+
+    def pause_writing(self) -> None:
+        self._blocked = True
+
+    def resume_writing(self) -> None:
+        self._blocked = False
+        if not self._busy:
+            self._next()
+
+    def _next(self) -> None:
+        if self._blocked or self._closed:
+            return
+        try:
+            parsed = next_request(self._buffer, self._server.path, self._server.max_body)
+        except Refused as e:
+            self.close_with(e.status, {"error": str(e)})
+            return
+        if parsed is None:
+            if not self._buffer:
+                self.begun = None
+            return
+        request, used = parsed
+        del self._buffer[:used]
+        self.begun = self.last_active if self._buffer else None
+        self._busy = True
+        task = asyncio.get_running_loop().create_task(self._server.handler(request))
+        task.add_done_callback(lambda t: self._answered(t, request.keep_alive))
+
+    def _answered(self, task: asyncio.Task[tuple[int, dict[str, Any]]], keep_alive: bool) -> None:
+        self._busy = False
+        if self._closed:
+            return
+        try:
+            status, payload = task.result()
+        except Exception:
+            log.exception("report channel: a request failed")
+            self.close_with(500, {"error": "internal error; report on the pod"})
+            return
+        if not keep_alive:
+            self.close_with(status, payload)
+            return
+        assert self._transport is not None
+        self._transport.write(response(status, payload, close=False))
+        self.last_active = self._server.now()
+        self._transport.resume_reading()
+        self._next()
+
+    def close_with(self, status: int, payload: dict[str, Any]) -> None:
+        """Answer, then close (a refused or stalled request)."""
+        if self._transport is not None and not self._closed:
+            self._transport.write(response(status, payload, close=True))
+        self.close()
+
+    def close(self) -> None:
+        if self._transport is not None and not self._closed:
+            self._transport.close()
+        self._closed = True
+
+
+@dataclass
+class HttpServer:
+    """Serves ``handler`` at ``path``; :meth:`sweep` closes idle and stalled connections."""
+
+    handler: Handler
+    path: bytes
+    max_body: int
+    now: Callable[[], float]
+
+    def __post_init__(self) -> None:
+        self.connections: set[Connection] = set()
+
+    def connection(self) -> Connection:
+        return Connection(self)
+
+    def sweep(self) -> int:
+        """Close connections idle for IDLE_S or with a request begun REQUEST_S ago; how many."""
+        now, closed = self.now(), 0
+        for c in list(self.connections):
+            if c.begun is not None and now - c.begun > REQUEST_S:
+                c.close_with(408, {"error": f"the request was not complete within {REQUEST_S} s"})
+                closed += 1
+            elif c.begun is None and now - c.last_active > IDLE_S:
+                c.close()  # silently: the agent's next report reconnects
+                closed += 1
+        return closed
