@@ -7,18 +7,20 @@ the leader's memory and CPU (docs/benchmarks.md). This serves the one request ag
 strictly: ``POST <path>`` with a ``Content-Length`` body of at most ``max_body`` bytes; any
 other request is answered with its status (404, 405, 411, 413, 431, 501 or 400, the reason
 named) and the connection closed. Requests on a connection are answered in order (pipelining
-allowed); a connection is closed when it stays idle for ``idle_s``, or when a request begun
-is not complete within ``request_s``.
+allowed); a connection is closed when it stays idle for IDLE_S, or when its TLS handshake or
+a request begun is not complete within REQUEST_S.
 
 :func:`next_request` (bytes in, a request or a refusal out, no I/O) carries the parsing;
-:class:`Connection` only buffers, hands requests to the handler and writes answers."""
+:class:`Connection` only decrypts, buffers, hands requests to the handler and writes answers."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
+import ssl
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, cast
@@ -29,6 +31,7 @@ MAX_HEAD = 16 * 1024  # request line and headers; a projected token is ~1-2 KiB
 IDLE_S = 3600.0  # an idle connection is kept this long: an agent's next report needs no handshake
 REQUEST_S = 30.0  # a request begun must be complete within this
 SWEEP_S = 30.0  # how often idle and stalled connections are looked for
+TLS_READ = 64 * 1024  # plaintext taken from OpenSSL per read
 
 _REASONS = {
     200: "OK",
@@ -135,7 +138,12 @@ def response(status: int, payload: dict[str, Any], *, close: bool) -> bytes:
 
 
 class Connection(asyncio.Protocol):
-    """One agent's connection: requests in order, one at a time."""
+    """One agent's connection: TLS when the server has a context, then requests in order, one
+    at a time.
+
+    TLS runs here, on a plain transport: OpenSSL through two memory BIOs (:class:`ssl.SSLObject`),
+    as asyncio's and uvloop's TLS transports do, without the read buffer they keep per
+    connection (uvloop's is 256 KiB, and where it lands on reused heap all of it is resident)."""
 
     __slots__ = (
         "_blocked",
@@ -143,34 +151,52 @@ class Connection(asyncio.Protocol):
         "_busy",
         "_closed",
         "_server",
+        "_tls",
+        "_tls_in",
+        "_tls_out",
         "_transport",
         "begun",
         "last_active",
+        "secure",
     )
 
     def __init__(self, server: HttpServer) -> None:
         self._server = server
         self._transport: asyncio.Transport | None = None
+        self._tls: ssl.SSLObject | None = None
+        self._tls_in: ssl.MemoryBIO | None = None  # bytes from the peer, to OpenSSL
+        self._tls_out: ssl.MemoryBIO | None = None  # bytes from OpenSSL, to the peer
+        self.secure = False  # the TLS handshake is done (or there is no TLS)
         self._buffer = bytearray()
         self._busy = False  # a request is being handled
         self._blocked = False  # the peer does not read its answers: take no more requests
         self._closed = False
         self.last_active = server.now()
-        self.begun: float | None = None  # when the incomplete request in the buffer began
+        self.begun: float | None = None  # when the incomplete request (or handshake) began
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's TLS transport is not an asyncio.Transport subclass, but has its methods
         self._transport = cast(asyncio.Transport, transport)
         self._server.connections.add(self)
+        if self._server.tls is None:
+            self.secure = True
+            return
+        self._tls_in, self._tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._tls = self._server.tls.wrap_bio(self._tls_in, self._tls_out, server_side=True)
+        self.begun = self.last_active  # the handshake must end within REQUEST_S too
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self._server.connections.discard(self)
         self._buffer = bytearray()
+        self._tls = self._tls_in = self._tls_out = None
 
     def data_received(self, data: bytes) -> None:
-        self._buffer += data
         self.last_active = self._server.now()
+        if self._tls is not None:
+            data = self._decrypt(data)
+            if not data:
+                return
+        self._buffer += data
         if self.begun is None:
             self.begun = self.last_active
         if not self._busy:
@@ -178,6 +204,47 @@ class Connection(asyncio.Protocol):
         if len(self._buffer) > 2 * (MAX_HEAD + self._server.max_body):
             assert self._transport is not None
             self._transport.pause_reading()  # pipelined well past one request: wait
+
+    def _decrypt(self, data: bytes) -> bytes:
+        """The plaintext in ``data`` (b"" while the handshake is on). A TLS error or the peer's
+        close ends the connection."""
+        tls, incoming = self._tls, self._tls_in
+        assert tls is not None
+        assert incoming is not None
+        incoming.write(data)
+        plain = b""
+        try:
+            if not self.secure:
+                tls.do_handshake()
+                self.secure = True
+                self.begun = None
+            while chunk := tls.read(TLS_READ):
+                plain += chunk
+            self._flush()
+            self.close()  # b"": the peer closed
+            return b""
+        except ssl.SSLWantReadError:
+            self._flush()  # handshake messages, session tickets
+            return plain
+        except ssl.SSLError as e:  # SSLZeroReturnError: the peer's close_notify
+            if not isinstance(e, ssl.SSLZeroReturnError):
+                log.debug("report channel: TLS: %s", e)
+            self._flush()
+            self.close()
+            return b""
+
+    def _flush(self) -> None:
+        out = self._tls_out.read() if self._tls_out is not None else b""
+        if out and self._transport is not None:
+            self._transport.write(out)
+
+    def _send(self, data: bytes) -> None:
+        assert self._transport is not None
+        if self._tls is None:
+            self._transport.write(data)
+            return
+        self._tls.write(data)
+        self._flush()
 
     def pause_writing(self) -> None:
         self._blocked = True
@@ -219,22 +286,29 @@ class Connection(asyncio.Protocol):
         if not keep_alive:
             self.close_with(status, payload)
             return
-        assert self._transport is not None
-        self._transport.write(response(status, payload, close=False))
+        self._send(response(status, payload, close=False))
         self.last_active = self._server.now()
+        assert self._transport is not None
         self._transport.resume_reading()
         self._next()
 
     def close_with(self, status: int, payload: dict[str, Any]) -> None:
-        """Answer, then close (a refused or stalled request)."""
-        if self._transport is not None and not self._closed:
-            self._transport.write(response(status, payload, close=True))
+        """Answer, then close (a refused or stalled request; before the TLS handshake ends
+        there is no one to answer)."""
+        if self.secure and not self._closed:
+            self._send(response(status, payload, close=True))
         self.close()
 
     def close(self) -> None:
-        if self._transport is not None and not self._closed:
-            self._transport.close()
+        if self._transport is None or self._closed:
+            self._closed = True
+            return
         self._closed = True
+        if self._tls is not None and self.secure:
+            with contextlib.suppress(ssl.SSLError):  # it would wait for the peer's: not needed
+                self._tls.unwrap()  # our close_notify
+            self._flush()
+        self._transport.close()
 
 
 @dataclass
@@ -245,6 +319,7 @@ class HttpServer:
     path: bytes
     max_body: int
     now: Callable[[], float]
+    tls: ssl.SSLContext | None = None  # None: plain HTTP
 
     def __post_init__(self) -> None:
         self.connections: set[Connection] = set()

@@ -60,8 +60,6 @@ class Poke(Protocol):
 
 
 MAX_BODY = 16 * 1024  # a report is ~200 bytes
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-MMAP_THRESHOLD = 128 * 1024  # glibc's default (see _untouched_buffers_stay_free)
 LOG_EVERY_S = 10.0  # refusals of one code are logged at most this often
 QUIET_S = 2.0  # requests stopped this long: a burst is over (free memory is given back)
 
@@ -119,27 +117,13 @@ def _load_chain(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
 
 @functools.cache
 def _glibc() -> Any | None:
-    """The C library if it is glibc (``mallopt``, ``malloc_trim``); None otherwise."""
+    """The C library if it is glibc (``malloc_trim``); None otherwise."""
     try:
         libc = ctypes.CDLL(None)
-        libc.mallopt, libc.malloc_trim  # noqa: B018 (AttributeError: not glibc)
+        libc.malloc_trim  # noqa: B018 (AttributeError: not glibc)
     except (OSError, AttributeError):
         return None
     return libc
-
-
-def _untouched_buffers_stay_free() -> None:
-    """uvloop (the controller's event loop) gives every TLS connection a 256 KiB read buffer, of
-    which a report touches a few KiB. glibc serves such a buffer from a fresh mapping (untouched
-    pages cost no memory) only while its mmap threshold stays at 128 KiB; freed 256 KiB blocks
-    raise the threshold, after which the buffers come from reused, resident heap. Measured at
-    2000 agents: peak RSS 255 MiB with the moving threshold, 187 MiB with it fixed. Fixing it
-    (``mallopt(M_MMAP_THRESHOLD)``) also stops that adjustment for every larger block, which
-    then costs a map and unmap each (not measured apart: controller CPU per recovery at 2000
-    agents was 0.8-1.0 CPU-s with it fixed, 0.7-0.8 without)."""
-    libc = _glibc()
-    if libc is None or libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1:
-        log.info("report channel: could not fix the malloc mmap threshold (not glibc?)")
 
 
 def _rss_mib() -> float:
@@ -204,13 +188,14 @@ class ReportServer:
     async def start(self) -> ReportEndpoint:
         """Listen; the endpoint to advertise (the port actually bound, if 0 was asked)."""
         _raise_open_files_limit()
-        _untouched_buffers_stay_free()
         ctx, pin = _serving_context()
         loop = asyncio.get_running_loop()
-        self.http = HttpServer(self.handle, names.REPORT_PATH.encode(), MAX_BODY, loop.time)
+        path = names.REPORT_PATH.encode()
+        self.http = HttpServer(self.handle, path, MAX_BODY, loop.time, tls=ctx)
         sock = socket.create_server(self.listen, backlog=4096)
         port = sock.getsockname()[1]  # the one bound, when 0 was asked
-        self._server = await loop.create_server(self.http.connection, sock=sock, ssl=ctx)
+        # plain TCP: the connection does its own TLS (report_http.Connection)
+        self._server = await loop.create_server(self.http.connection, sock=sock)
         self._tasks = [
             asyncio.create_task(self._release_after_bursts()),
             asyncio.create_task(self._sweep(self.http)),

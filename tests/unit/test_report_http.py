@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from jobset_inplace.controller import report_http
+from jobset_inplace.controller import report_http, report_server
 from jobset_inplace.controller.report_http import (
     MAX_HEAD,
     HttpServer,
@@ -258,4 +259,95 @@ async def test_no_request_is_taken_while_the_peer_does_not_read_its_answers(
     conn.resume_writing()
     assert await read_answer(reader) == (200, {"got": "two"}, False)
     assert await read_answer(reader) == (200, {"got": "three"}, False)
+    writer.close()
+
+
+# --- over TLS: the connection's own, on a plain transport --------------------------------
+
+
+@pytest.fixture
+async def served_tls() -> AsyncIterator[tuple[HttpServer, int, list[Request], Clock]]:
+    seen: list[Request] = []
+    clock = Clock()
+
+    async def handler(request: Request) -> tuple[int, dict[str, Any]]:
+        seen.append(request)
+        return 200, {"got": request.body.decode()}
+
+    ctx, _ = report_server._serving_context()
+    http = HttpServer(handler, PATH, 100, clock, tls=ctx)
+    server = await asyncio.get_running_loop().create_server(http.connection, "127.0.0.1", 0)
+    try:
+        yield http, server.sockets[0].getsockname()[1], seen, clock
+    finally:
+        server.close()
+        for c in list(http.connections):
+            c.close()
+
+
+def client_tls() -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    return ctx
+
+
+async def test_over_tls_requests_are_answered_and_the_connection_kept(
+    served_tls: tuple[HttpServer, int, list[Request], Clock],
+) -> None:
+    http, port, seen, _ = served_tls
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_tls())
+    writer.write(post(b"one") + post(b"two"))
+    assert await read_answer(reader) == (200, {"got": "one"}, False)
+    assert await read_answer(reader) == (200, {"got": "two"}, False)
+    writer.write(post(b"x" * 100))  # a body of the most allowed, in TLS records of its own
+    assert await read_answer(reader) == (200, {"got": "x" * 100}, False)
+    assert [r.body for r in seen] == [b"one", b"two", b"x" * 100]
+    (conn,) = http.connections
+    assert conn.secure
+    writer.close()
+    await writer.wait_closed()
+    for _ in range(200):  # the peer's close reaches the server
+        if not http.connections:
+            break
+        await asyncio.sleep(0.01)
+    assert not http.connections
+
+
+async def test_over_tls_a_refusal_is_answered_inside_tls_and_closes(
+    served_tls: tuple[HttpServer, int, list[Request], Clock],
+) -> None:
+    _, port, seen, _ = served_tls
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_tls())
+    writer.write(b"POST /v1/reports HTTP/1.1\r\nContent-Length: 101\r\n\r\n")
+    status, body, closes = await read_answer(reader)
+    assert (status, closes) == (413, True)
+    assert "100 bytes" in body["error"]
+    assert await closed(reader)
+    assert seen == []
+
+
+async def test_a_peer_that_does_not_speak_tls_is_dropped(
+    served_tls: tuple[HttpServer, int, list[Request], Clock],
+) -> None:
+    _, port, seen, _ = served_tls
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post())  # plain HTTP to the TLS port
+    assert await closed(reader)
+    assert seen == []
+    writer.close()
+
+
+async def test_a_handshake_not_finished_in_time_is_swept_without_an_answer(
+    served_tls: tuple[HttpServer, int, list[Request], Clock],
+) -> None:
+    http, port, _, clock = served_tls
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)  # connects, says nothing
+    for _ in range(200):
+        if http.connections:
+            break
+        await asyncio.sleep(0.01)
+    assert http.sweep() == 0
+    clock.t += report_http.REQUEST_S + 1
+    assert http.sweep() == 1
+    assert await closed(reader)
     writer.close()
