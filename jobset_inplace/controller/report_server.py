@@ -89,7 +89,7 @@ def parse_request(body: object) -> tuple[str, str, str, str, dict[str, str]]:
     return fields[0], fields[1], fields[2], fields[3], report
 
 
-def _serving_context() -> tuple[ssl.SSLContext, str]:
+def serving_context() -> tuple[ssl.SSLContext, str]:
     """A TLS context with a certificate made for this process, and its SHA-256 (DER)."""
     material = issue(["jobset-inplace-reports"], datetime.datetime.now(datetime.UTC))
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -188,7 +188,7 @@ class ReportServer:
     async def start(self) -> ReportEndpoint:
         """Listen; the endpoint to advertise (the port actually bound, if 0 was asked)."""
         _raise_open_files_limit()
-        ctx, pin = _serving_context()
+        ctx, pin = serving_context()
         loop = asyncio.get_running_loop()
         path = names.REPORT_PATH.encode()
         self.http = HttpServer(self.handle, path, MAX_BODY, loop.time, tls=ctx)

@@ -274,7 +274,7 @@ async def served_tls() -> AsyncIterator[tuple[HttpServer, int, list[Request], Cl
         seen.append(request)
         return 200, {"got": request.body.decode()}
 
-    ctx, _ = report_server._serving_context()
+    ctx, _ = report_server.serving_context()
     http = HttpServer(handler, PATH, 100, clock, tls=ctx)
     server = await asyncio.get_running_loop().create_server(http.connection, "127.0.0.1", 0)
     try:
