@@ -243,7 +243,12 @@ class Connection(asyncio.Protocol):
         if self._tls is None:
             self._transport.write(data)
             return
-        self._tls.write(data)
+        try:
+            self._tls.write(data)
+        except ssl.SSLError as e:  # the peer closed its side of TLS meanwhile
+            log.debug("report channel: TLS: %s", e)
+            self.close()
+            return
         self._flush()
 
     def pause_writing(self) -> None:
