@@ -6,6 +6,7 @@ connection tests serve over real loopback sockets (plain TCP: TLS is the transpo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
 from collections.abc import AsyncIterator
@@ -123,8 +124,12 @@ class Clock:
         return self.t
 
 
-@pytest.fixture
-async def served() -> AsyncIterator[tuple[HttpServer, int, list[Request], Clock]]:
+Served = tuple[HttpServer, int, list[Request], Clock]
+
+
+@contextlib.asynccontextmanager
+async def serving(tls: ssl.SSLContext | None) -> AsyncIterator[Served]:
+    """(the server, its port, the requests its handler saw, its clock)."""
     seen: list[Request] = []
     clock = Clock()
 
@@ -135,15 +140,20 @@ async def served() -> AsyncIterator[tuple[HttpServer, int, list[Request], Clock]
         await asyncio.sleep(0.01 if request.body == b"slow" else 0)
         return 200, {"got": request.body.decode()}
 
-    http = HttpServer(handler, PATH, 100, clock)
+    http = HttpServer(handler, PATH, 100, clock, tls=tls)
     server = await asyncio.get_running_loop().create_server(http.connection, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
     try:
-        yield http, port, seen, clock
+        yield http, server.sockets[0].getsockname()[1], seen, clock
     finally:
         server.close()
         for c in list(http.connections):
             c.close()
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[Served]:
+    async with serving(None) as s:
+        yield s
 
 
 async def read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, Any], bool]:
@@ -160,7 +170,7 @@ async def closed(reader: asyncio.StreamReader) -> bool:
 
 
 async def test_pipelined_requests_on_one_connection_are_answered_in_order(
-    served: tuple[HttpServer, int, list[Request], Clock],
+    served: Served,
 ) -> None:
     http, port, seen, _ = served
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -175,7 +185,7 @@ async def test_pipelined_requests_on_one_connection_are_answered_in_order(
 
 
 async def test_a_refused_request_is_answered_and_its_connection_closed(
-    served: tuple[HttpServer, int, list[Request], Clock],
+    served: Served,
 ) -> None:
     _, port, seen, _ = served
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -189,7 +199,7 @@ async def test_a_refused_request_is_answered_and_its_connection_closed(
 
 
 async def test_a_failing_handler_answers_500_and_closes(
-    served: tuple[HttpServer, int, list[Request], Clock],
+    served: Served,
 ) -> None:
     _, port, _, _ = served
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -200,7 +210,7 @@ async def test_a_failing_handler_answers_500_and_closes(
 
 
 async def test_connection_close_is_honoured(
-    served: tuple[HttpServer, int, list[Request], Clock],
+    served: Served,
 ) -> None:
     _, port, _, _ = served
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -211,7 +221,7 @@ async def test_connection_close_is_honoured(
 
 
 async def test_the_sweep_closes_stalled_requests_and_idle_connections_only(
-    served: tuple[HttpServer, int, list[Request], Clock],
+    served: Served,
 ) -> None:
     http, port, _, clock = served
     stalled_r, stalled_w = await asyncio.open_connection("127.0.0.1", port)
@@ -245,7 +255,7 @@ async def test_the_sweep_closes_stalled_requests_and_idle_connections_only(
 
 
 async def test_no_request_is_taken_while_the_peer_does_not_read_its_answers(
-    served: tuple[HttpServer, int, list[Request], Clock],
+    served: Served,
 ) -> None:
     http, port, seen, _ = served
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -266,23 +276,9 @@ async def test_no_request_is_taken_while_the_peer_does_not_read_its_answers(
 
 
 @pytest.fixture
-async def served_tls() -> AsyncIterator[tuple[HttpServer, int, list[Request], Clock]]:
-    seen: list[Request] = []
-    clock = Clock()
-
-    async def handler(request: Request) -> tuple[int, dict[str, Any]]:
-        seen.append(request)
-        return 200, {"got": request.body.decode()}
-
-    ctx, _ = report_server.serving_context()
-    http = HttpServer(handler, PATH, 100, clock, tls=ctx)
-    server = await asyncio.get_running_loop().create_server(http.connection, "127.0.0.1", 0)
-    try:
-        yield http, server.sockets[0].getsockname()[1], seen, clock
-    finally:
-        server.close()
-        for c in list(http.connections):
-            c.close()
+async def served_tls() -> AsyncIterator[Served]:
+    async with serving(report_server.serving_context()[0]) as s:
+        yield s
 
 
 def client_tls() -> ssl.SSLContext:
@@ -292,7 +288,7 @@ def client_tls() -> ssl.SSLContext:
 
 
 async def test_over_tls_requests_are_answered_and_the_connection_kept(
-    served_tls: tuple[HttpServer, int, list[Request], Clock],
+    served_tls: Served,
 ) -> None:
     http, port, seen, _ = served_tls
     reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_tls())
@@ -314,7 +310,7 @@ async def test_over_tls_requests_are_answered_and_the_connection_kept(
 
 
 async def test_over_tls_a_refusal_is_answered_inside_tls_and_closes(
-    served_tls: tuple[HttpServer, int, list[Request], Clock],
+    served_tls: Served,
 ) -> None:
     _, port, seen, _ = served_tls
     reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_tls())
@@ -327,7 +323,7 @@ async def test_over_tls_a_refusal_is_answered_inside_tls_and_closes(
 
 
 async def test_a_peer_that_does_not_speak_tls_is_dropped(
-    served_tls: tuple[HttpServer, int, list[Request], Clock],
+    served_tls: Served,
 ) -> None:
     _, port, seen, _ = served_tls
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -338,7 +334,7 @@ async def test_a_peer_that_does_not_speak_tls_is_dropped(
 
 
 async def test_a_handshake_not_finished_in_time_is_swept_without_an_answer(
-    served_tls: tuple[HttpServer, int, list[Request], Clock],
+    served_tls: Served,
 ) -> None:
     http, port, _, clock = served_tls
     reader, writer = await asyncio.open_connection("127.0.0.1", port)  # connects, says nothing
