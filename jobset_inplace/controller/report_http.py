@@ -265,7 +265,7 @@ class Connection(asyncio.Protocol):
         try:
             parsed = next_request(self._buffer, self._server.path, self._server.max_body)
         except Refused as e:
-            self.close_with(e.status, {"error": str(e)})
+            self.refuse(e)
             return
         if parsed is None:
             if not self._buffer:
@@ -297,6 +297,12 @@ class Connection(asyncio.Protocol):
         self._transport.resume_reading()
         self._next()
 
+    def refuse(self, e: Refused) -> None:
+        """Tell the server (``on_refused``), answer ``e`` and close."""
+        if self._server.on_refused is not None:
+            self._server.on_refused(e)
+        self.close_with(e.status, {"error": str(e)})
+
     def close_with(self, status: int, payload: dict[str, Any]) -> None:
         """Answer, then close (a refused or stalled request; before the TLS handshake ends
         there is no one to answer)."""
@@ -325,6 +331,7 @@ class HttpServer:
     max_body: int
     now: Callable[[], float]
     tls: ssl.SSLContext | None = None  # None: plain HTTP
+    on_refused: Callable[[Refused], None] | None = None  # a request that was not a report
 
     def __post_init__(self) -> None:
         self.connections: set[Connection] = set()
@@ -337,7 +344,7 @@ class HttpServer:
         now, closed = self.now(), 0
         for c in list(self.connections):
             if c.begun is not None and now - c.begun > REQUEST_S:
-                c.close_with(408, {"error": f"the request was not complete within {REQUEST_S} s"})
+                c.refuse(Refused(408, f"the request was not complete within {REQUEST_S:.0f} s"))
                 closed += 1
             elif c.begun is None and now - c.last_active > IDLE_S:
                 c.close()  # silently: the agent's next report reconnects

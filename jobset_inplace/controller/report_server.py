@@ -47,7 +47,7 @@ from jobset_inplace.core.model import ReportEndpoint
 from .cache import ClusterCache, GangKey
 from .certificates import issue
 from .metrics import METRICS
-from .report_http import SWEEP_S, HttpServer, Request
+from .report_http import SWEEP_S, HttpServer, Refused, Request
 from .report_tokens import Rejected, TokenVerifier
 
 log = logging.getLogger("jobset_inplace.reports")
@@ -191,7 +191,9 @@ class ReportServer:
         ctx, pin = serving_context()
         loop = asyncio.get_running_loop()
         path = names.REPORT_PATH.encode()
-        self.http = HttpServer(self.handle, path, MAX_BODY, loop.time, tls=ctx)
+        self.http = HttpServer(
+            self.handle, path, MAX_BODY, loop.time, tls=ctx, on_refused=self._refused
+        )
         sock = socket.create_server(self.listen, backlog=4096)
         port = sock.getsockname()[1]  # the one bound, when 0 was asked
         # plain TCP: the connection does its own TLS (report_http.Connection)
@@ -247,6 +249,12 @@ class ReportServer:
         self.accepted += 1
         METRICS.report_channel_requests.labels("200").inc()
         return 200, {"accepted": True}
+
+    def _refused(self, e: Refused) -> None:
+        """A request the HTTP layer refused (not a report: its status names why)."""
+        self.handled += 1
+        self._warn(Rejected(e.status, str(e)))
+        METRICS.report_channel_requests.labels(str(e.status)).inc()
 
     def _warn(self, e: Rejected) -> None:
         """One warning per refusal code every LOG_EVERY_S (a misconfiguration would otherwise

@@ -187,7 +187,9 @@ async def test_pipelined_requests_on_one_connection_are_answered_in_order(
 async def test_a_refused_request_is_answered_and_its_connection_closed(
     served: Served,
 ) -> None:
-    _, port, seen, _ = served
+    http, port, seen, _ = served
+    refusals: list[int] = []
+    http.on_refused = lambda e: refusals.append(e.status)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"GET /v1/reports HTTP/1.1\r\n\r\n" + post())
     status, body, closes = await read_answer(reader)
@@ -195,6 +197,7 @@ async def test_a_refused_request_is_answered_and_its_connection_closed(
     assert "POST" in body["error"]
     assert await closed(reader)
     assert seen == [], "nothing after a refused request is served"
+    assert refusals == [405], "the server is told (metrics, a warning)"
     writer.close()
 
 
@@ -224,6 +227,8 @@ async def test_the_sweep_closes_stalled_requests_and_idle_connections_only(
     served: Served,
 ) -> None:
     http, port, _, clock = served
+    refusals: list[int] = []
+    http.on_refused = lambda e: refusals.append(e.status)
     stalled_r, stalled_w = await asyncio.open_connection("127.0.0.1", port)
     idle_r, idle_w = await asyncio.open_connection("127.0.0.1", port)
     busy_r, busy_w = await asyncio.open_connection("127.0.0.1", port)
@@ -242,12 +247,14 @@ async def test_the_sweep_closes_stalled_requests_and_idle_connections_only(
     assert (await read_answer(busy_r))[0] == 200
     assert http.sweep() == 1
     assert (await read_answer(stalled_r))[::2] == (408, True)
+    assert refusals == [408]
 
     clock.t += report_http.IDLE_S
     busy_w.write(post(b"again"))
     assert (await read_answer(busy_r))[0] == 200
     assert http.sweep() == 1
     assert await closed(idle_r), "an idle connection is closed without an answer"
+    assert refusals == [408], "and is not a refusal"
     busy_w.write(post(b"still"))
     assert (await read_answer(busy_r))[0] == 200
     for w in (stalled_w, idle_w, busy_w):

@@ -13,6 +13,8 @@ import pytest
 from jobset_inplace import names
 from jobset_inplace.controller import report_server
 from jobset_inplace.controller.cache import ClusterCache, GangKey
+from jobset_inplace.controller.metrics import METRICS
+from jobset_inplace.controller.report_http import Refused
 from jobset_inplace.controller.report_server import (
     ReportServer,
     parse_request,
@@ -119,3 +121,17 @@ async def test_free_memory_is_given_back_once_after_each_burst_of_requests(
         assert released == [5000, 5001]
     finally:
         task.cancel()
+
+
+def test_a_request_refused_by_the_http_layer_is_counted_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    s = server(POD_IP="10.244.1.7")
+    assert s is not None
+    counter = METRICS.report_channel_requests.labels("404")
+    before = counter._value.get()
+    with caplog.at_level(logging.WARNING, logger="jobset_inplace.reports"):
+        s._refused(Refused(404, "no such path; reports go to POST /v1/reports"))
+    assert counter._value.get() == before + 1
+    assert s.handled == 1
+    assert "refused (404): no such path" in caplog.text
