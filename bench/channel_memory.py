@@ -25,6 +25,7 @@ from typing import Any
 
 import uvloop
 
+from bench.scenarios import cpu_seconds, status_mib
 from jobset_inplace import names
 from jobset_inplace.controller.report_http import HttpServer, Request
 from jobset_inplace.controller.report_server import serving_context
@@ -36,10 +37,7 @@ TOKEN = "x" * 1100  # a projected token's size
 
 
 def _server_state() -> dict[str, float]:
-    with open("/proc/self/status", encoding="ascii") as f:
-        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-    t = os.times()
-    return {"rss_kib": rss, "cpu_s": t.user + t.system}
+    return {"rss_mib": status_mib(os.getpid()), "cpu_s": cpu_seconds(os.getpid())}
 
 
 async def _serve(sock: socket.socket) -> None:
@@ -110,7 +108,7 @@ async def _drive(port: int, n: int, concurrency: int, ask: Any) -> list[dict[str
 
 
 def measure(n: int, concurrency: int) -> list[dict[str, float]]:
-    """The server's state (RSS KiB, CPU s, open connections) idle, after round 1, after round
+    """The server's state (RSS MiB, CPU s, open connections) idle, after round 1, after round
     2."""
     sock = socket.create_server(("127.0.0.1", 0), backlog=4096)
     port = sock.getsockname()[1]
@@ -152,8 +150,8 @@ def main() -> int:
     n = args.connections
     idle, one, two = measure(n, args.concurrency)
     print(
-        f"server: idle RSS {idle['rss_kib'] / 1024:.1f} MiB; with {n} connections "
-        f"{one['rss_kib'] / 1024:.1f} MiB: {(one['rss_kib'] - idle['rss_kib']) / n:.1f} KiB per "
+        f"server: idle RSS {idle['rss_mib']:.1f} MiB; with {n} connections "
+        f"{one['rss_mib']:.1f} MiB: {(one['rss_mib'] - idle['rss_mib']) * 1024 / n:.1f} KiB per "
         f"connection (after malloc_trim)\n"
         f"server CPU per report: round 1 (with its handshake) "
         f"{(one['cpu_s'] - idle['cpu_s']) / n * 1000:.3f} ms, round 2 (kept alive) "

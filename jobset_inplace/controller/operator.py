@@ -345,8 +345,8 @@ def run_controller(reconciler: Reconciler) -> None:
         for w in watches:
             w.start_on(asyncio.get_running_loop())
 
-    # uvloop: its TLS and sockets are compiled, not Python: the report channel costs the leader
-    # less CPU per report (docs/benchmarks.md). kopf supports it (its CLI uses it if installed).
+    # uvloop: its event loop and sockets are compiled, not Python (chosen at 2000 agents:
+    # docs/benchmarks.md). kopf supports it (its CLI uses it if installed).
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(
             kopf.operator(registry=registry, clusterwide=True, standalone=True, stop_flag=stop)

@@ -8,7 +8,7 @@ strictly: ``POST <path>`` with a ``Content-Length`` body of at most ``max_body``
 other request is answered with its status (404, 405, 411, 413, 431, 501 or 400, the reason
 named) and the connection closed. Requests on a connection are answered in order (pipelining
 allowed); a connection is closed when it stays idle for IDLE_S, or when its TLS handshake or
-a request begun is not complete within REQUEST_S.
+a request begun is not complete within REQUEST_S (a request is answered 408).
 
 :func:`next_request` (bytes in, a request or a refusal out, no I/O) carries the parsing;
 :class:`Connection` only decrypts, buffers, hands requests to the handler and writes answers."""
@@ -23,6 +23,7 @@ import re
 import ssl
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, cast
 
 log = logging.getLogger("jobset_inplace.reports")
@@ -33,21 +34,6 @@ REQUEST_S = 30.0  # a request begun must be complete within this
 SWEEP_S = 30.0  # how often idle and stalled connections are looked for
 TLS_READ = 64 * 1024  # plaintext taken from OpenSSL per read
 
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    408: "Request Timeout",
-    409: "Conflict",
-    411: "Length Required",
-    413: "Content Too Large",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    501: "Not Implemented",
-}
 _REQUEST_LINE = re.compile(rb"([A-Z]{1,16}) (\S{1,2048}) HTTP/1\.([01])")
 _HEADER_NAME = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
@@ -129,10 +115,10 @@ def _body_size(headers: dict[bytes, bytes], max_body: int) -> int:
 
 def response(status: int, payload: dict[str, Any], *, close: bool) -> bytes:
     body = json.dumps(payload, separators=(",", ":")).encode()
+    closing = "Connection: close\r\n" if close else ""
     head = (
-        f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        f"{'Connection: close' + chr(13) + chr(10) if close else ''}\r\n"
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{closing}\r\n"
     )
     return head.encode() + body
 

@@ -10,4 +10,3 @@ def test_every_connection_is_made_kept_and_answered() -> None:
     idle, first, second = measure(20, 8)
     assert idle["connections"] == 0
     assert first["connections"] == second["connections"] == 20
-    assert second["cpu_s"] >= first["cpu_s"] >= idle["cpu_s"]
