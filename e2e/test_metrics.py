@@ -10,13 +10,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobset_inplace import names
-from jobset_inplace.apierrors import or_none
 from jobset_inplace.controller.leader import DEFAULT_LEASE
 from jobset_inplace.core.policy import is_managed, parse_policy
 from testbed.controller import gang_state, member_pods
 from testbed.demo import inject_failure, training_gang
 from testbed.install import Installation
-from testbed.kube import Clients, wait_for
+from testbed.kube import TEST_NAMESPACE_LABEL, Clients, delete_jobsets, jobsets, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -42,39 +41,68 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get(("jobset_inplace_" + name, frozenset(labels.items())), 0.0)
 
 
+def gangs_tracked(samples: Samples) -> float:
+    """How many gangs the replica's cache holds (its ``gangs`` gauge, over every phase)."""
+    return sum(v for (name, _), v in samples.items() if name == "jobset_inplace_gangs")
+
+
+def settled_leader(kube: Clients, controller: Installation) -> tuple[str, str]:
+    """(leader, standby) once the install is settled: two running replicas, neither being
+    deleted, one of them holding the Lease (an earlier test's rollout or reinstall may still be
+    moving the leadership)."""
+
+    def pair() -> tuple[str, str] | None:
+        pods = controller.pods()
+        live = {
+            p["metadata"]["name"]
+            for p in pods
+            if p.get("status", {}).get("phase") == "Running"
+            and not p["metadata"].get("deletionTimestamp")
+        }
+        lease = kube.coordination.read_namespaced_lease(DEFAULT_LEASE, names.INSTALL_NAMESPACE)
+        leader = str(lease.spec.holder_identity or "").rsplit("_", 1)[0]
+        if len(pods) != 2 or len(live) != 2 or leader not in live:
+            return None
+        (standby,) = live - {leader}
+        return leader, standby
+
+    return wait_for("two running replicas, one holding the Lease", pair, 120)
+
+
+def only_gang_in_the_cluster(kube: Clients, namespace: str, leader: str) -> None:
+    """The counters are the controller's, across gangs: no other gang may move them while this
+    test measures. Delete the opted-in JobSets that earlier tests left in the namespaces they
+    made (their namespace deletion may not have reached them yet, or not begun), then wait
+    until the leader's cache has dropped every gang. A gang in a namespace no test made is not
+    this test's to delete: it fails, naming it."""
+    others = [
+        (j["metadata"]["namespace"], j["metadata"]["name"])
+        for j in jobsets(kube)
+        if j["metadata"]["namespace"] != namespace and is_managed(j)
+    ]
+    foreign = [
+        f"{ns}/{name}"
+        for ns, name in others
+        if TEST_NAMESPACE_LABEL not in (kube.core.read_namespace(ns).metadata.labels or {})
+    ]
+    assert not foreign, (
+        f"opted-in JobSets this suite did not make would move the counters: {foreign}"
+    )
+    for ns in sorted({ns for ns, _ in others}):
+        delete_jobsets(kube, ns)
+    wait_for(
+        "the leader's cache without any gang",
+        lambda: gangs_tracked(scrape(kube, leader)[1]) == 0,
+        60,
+    )
+
+
 def test_metrics_after_one_recovery(
     cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str
 ) -> None:
-
-    def other_gangs() -> list[tuple[str, str]]:
-        """Opted-in JobSets of other namespaces that the controller still recovers (one being
-        deleted is dropped at once)."""
-        items = kube.custom.list_cluster_custom_object("jobset.x-k8s.io", "v1alpha2", "jobsets")
-        return [
-            (j["metadata"]["namespace"], j["metadata"]["name"])
-            for j in items["items"]
-            if j["metadata"]["namespace"] != namespace and is_managed(j)
-        ]
-
-    # The counters are the controller's, across gangs: earlier tests' gangs must not move them
-    # during this one. Their namespaces are being deleted, but the namespace controller may not
-    # reach their JobSets for minutes (seen after the TAS test: its silenced kwok node's pods
-    # stay Terminating): delete those JobSets now, as their namespace deletion would.
-    for ns, name in other_gangs():
-        if kube.core.read_namespace(ns).metadata.deletion_timestamp is not None:
-            or_none(
-                kube.custom.delete_namespaced_custom_object,
-                "jobset.x-k8s.io",
-                "v1alpha2",
-                ns,
-                "jobsets",
-                name,
-            )
-    wait_for("earlier tests' gangs dropped by the controller", lambda: not other_gangs(), 60)
+    leader, standby = settled_leader(kube, controller)
+    only_gang_in_the_cluster(kube, namespace, leader)
     training_gang(kube, cluster_kubeconfig, namespace, "gang", MEMBERS)
-    holder = kube.coordination.read_namespaced_lease(DEFAULT_LEASE, names.INSTALL_NAMESPACE)
-    leader = str(holder.spec.holder_identity).rsplit("_", 1)[0]
-    (standby,) = {p["metadata"]["name"] for p in controller.pods()} - {leader}
     _, before = scrape(kube, leader)
 
     victim = member_pods(kube, namespace, "gang")["1"]
@@ -104,6 +132,8 @@ def test_metrics_after_one_recovery(
         ) or (namespace in line):
             print("  " + line)
 
+    assert gangs_tracked(after) == 1, "this test's gang alone in the leader's cache"
+    assert settled_leader(kube, controller)[0] == leader, "the same leader throughout"
     cause = {"cause": "TrainerExited"}
     assert delta("recoveries_started_total", **cause) == 1
     assert delta("recoveries_total", **cause, outcome="BarrierOpened") == 1

@@ -166,10 +166,14 @@ class Launcher:
 
     def run(self) -> int:
         ran: int | None = None  # the last epoch the command was started in
+        declined: int | None = None  # the last epoch said not to be run (logged once)
         self.write(WAITING, None)
         while not self.terminating:
             resume = resume_epoch(self.state_dir)
             if resume is None or (ran is not None and resume[0] <= ran):
+                if resume is not None and resume[0] != declined:
+                    declined = resume[0]
+                    _log(f"epoch {declined}: not run (the command already ran in epoch {ran})")
                 self.reap()
                 time.sleep(POLL_SECONDS)
                 continue

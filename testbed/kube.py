@@ -64,23 +64,72 @@ def create_unless_exists(call: Callable[..., object], /, *args: Any, **kwargs: A
             raise
 
 
+# Every namespace a test makes carries this label: a test that needs the cluster to itself
+# (e2e/test_metrics.py) may clean up what earlier tests left, and nothing else.
+TEST_NAMESPACE_LABEL = "jobset-inplace.dev/test-namespace"
+
+
 @contextmanager
 def temporary_namespace(c: Clients, prefix: str, *, default_sa: bool = False) -> Iterator[str]:
-    """A fresh namespace, deleted afterwards whatever happened in between.
+    """A fresh namespace, deleted afterwards whatever happened in between: its JobSets first,
+    so that the controller drops their gangs before any of their pods goes (the namespace
+    controller deletes pods and JobSets in no set order, and a member's pod deleted first is a
+    failure the controller would start recovering).
 
     ``default_sa`` creates the ``default`` ServiceAccount, which pod admission requires and
     which only kube-controller-manager would otherwise create (the integration control plane
     runs none)."""
     base = re.sub(r"[^a-z0-9-]+", "-", prefix.lower())[:40].strip("-")
     name = f"{base}-{uuid.uuid4().hex[:6]}"
-    c.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    meta = client.V1ObjectMeta(name=name, labels={TEST_NAMESPACE_LABEL: "true"})
+    c.core.create_namespace(client.V1Namespace(metadata=meta))
     if default_sa:
         sa = client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="default"))
         create_unless_exists(c.core.create_namespaced_service_account, name, sa)
     try:
         yield name
     finally:
-        or_none(c.core.delete_namespace, name, propagation_policy="Background")
+        try:
+            delete_jobsets(c, name)
+        finally:
+            or_none(c.core.delete_namespace, name, propagation_policy="Background")
+
+
+def jobsets(c: Clients, namespace: str | None = None) -> list[dict[str, Any]]:
+    """The JobSets of ``namespace`` (of every namespace for None); none if JobSet's CRD is not
+    installed."""
+    args = (JOBSET_GROUP, JOBSET_VERSION)
+    try:
+        if namespace is None:
+            found = c.custom.list_cluster_custom_object(*args, JOBSET_PLURAL)
+        else:
+            found = c.custom.list_namespaced_custom_object(*args, namespace, JOBSET_PLURAL)
+    except ApiException as e:
+        if e.status == 404:
+            return []
+        raise
+    items: list[dict[str, Any]] = found["items"]
+    return items
+
+
+def delete_jobsets(c: Clients, namespace: str, timeout: float = 60) -> None:
+    """Delete every JobSet of ``namespace`` (their Jobs and pods go after them) and wait until
+    the API has none left."""
+    for js in jobsets(c, namespace):
+        or_none(
+            c.custom.delete_namespaced_custom_object,
+            JOBSET_GROUP,
+            JOBSET_VERSION,
+            namespace,
+            JOBSET_PLURAL,
+            js["metadata"]["name"],
+            propagation_policy="Background",
+        )
+    try:
+        wait_for(f"the JobSets of {namespace} deleted", lambda: not jobsets(c, namespace), timeout)
+    except AssertionError as e:
+        left = [j["metadata"]["name"] for j in jobsets(c, namespace)]
+        raise AssertionError(f"{e}; still there: {left}") from None
 
 
 def pod_token(

@@ -66,19 +66,18 @@ class Pod:
         (tmp / "child.py").write_text(CHILD)
         self.env = {**os.environ, "JSI_STATE_DIR": str(tmp), "JSI_CONTAINER_NAME": "trainer"}
         self.env.update(env)
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                launcher.__file__,
-                "--",
-                sys.executable,
-                str(tmp / "child.py"),
-                str(tmp),
-            ],
-            env=self.env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        self.log_path = tmp / "launcher.log"
+        command = [sys.executable, launcher.__file__, "--", sys.executable, str(tmp / "child.py")]
+        with self.log_path.open("w") as log:  # the launcher has its own copy of the descriptor
+            self.proc = subprocess.Popen([*command, str(tmp)], env=self.env, stderr=log)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_declined(self, epoch: int) -> None:
+        """Until the launcher has seen ``epoch``'s resume.json and decided not to run it (the
+        positive control of a test that nothing starts)."""
+        until(f"epoch {epoch} declined", lambda: f"epoch {epoch}: not run" in self.log())
 
     def state(self) -> tuple[str, int | None, int | None] | None:
         return launcher.read_state(launcher.state_file(self.dir, "trainer"))
@@ -140,7 +139,7 @@ def test_a_crash_is_reported_and_not_restarted_in_the_same_epoch(pod: Pod) -> No
     pod.child_exits(3)
     pod.wait_state("exited", 3, 3)
     # resume.json of epoch 3 is still there: the crashed epoch is never run again
-    time.sleep(0.3)
+    pod.wait_declined(3)
     assert len(pod.starts()) == 1
     assert pod.state() == ("exited", 3, 3)
     pod.open(4, 10)
@@ -156,8 +155,12 @@ def test_a_stale_epoch_is_not_run(pod: Pod) -> None:
     pod.child_exits(3)
     pod.wait_state("exited", 5, 3)
     pod.open(4)  # older than what ran: never
-    time.sleep(0.3)
+    pod.wait_declined(4)
     assert len(pod.starts()) == 1
+    pod.open(6)  # and a newer one still runs
+    until("start in epoch 6", lambda: len(pod.starts()) == 2)
+    assert pod.starts()[1][0] == "6"
+    assert pod.log().count("epoch 4: not run") == 1, "said once, not on every poll"
 
 
 def test_a_child_ignoring_sigterm_is_killed_with_its_group_after_the_grace(tmp_path: Path) -> None:
