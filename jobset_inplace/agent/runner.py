@@ -148,7 +148,7 @@ class Reporter:
         raises what the pod write raises."""
         with self.lock:
             record = dict(update) if fresh else {**self.record, **update}
-            return self._deliver(record, update, fresh=fresh, channel=channel, kube=kube)
+            return self._deliver(record, fresh=fresh, channel=channel, kube=kube)
 
     def resend(self, epoch: int, channel: ReportChannel | None, kube: KubeApi) -> str | None:
         """Send the record again if it went over the channel and the status now names another
@@ -159,12 +159,11 @@ class Reporter:
                 return None
             if self.record.get(names.REPORT_EPOCH) != str(epoch):
                 return None
-            return self._deliver(self.record, self.record, fresh=True, channel=channel, kube=kube)
+            return self._deliver(self.record, fresh=True, channel=channel, kube=kube)
 
     def _deliver(
         self,
         record: dict[str, str],
-        update: dict[str, str],
         *,
         fresh: bool,
         channel: ReportChannel | None,
@@ -190,9 +189,12 @@ class Reporter:
                 self.record, self.sent_to = record, endpoint
                 self._clear_pod(kube)
                 return "channel"
-        values: dict[str, str | None] = dict(update)
-        if fresh:
-            values = {k: record.get(k) for k in _POD_REPORT_KEYS}
+        values: dict[str, str | None] = {k: record.get(k) for k in _POD_REPORT_KEYS}
+        if not fresh:
+            # The record, not only the update: the epoch's report may have gone over the
+            # channel, and an exit alone on the pod would rank below it (core/decode.py).
+            # Nothing is removed: what the pod holds of its epoch stays.
+            values = {k: v for k in names.CHANNEL_REPORT_KEYS if (v := record.get(k)) is not None}
         kube.merge_patch(self.pod, {"metadata": {"annotations": values}})
         self.record, self.sent_to, self.on_pod = record, None, True
         return "pod"

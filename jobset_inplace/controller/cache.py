@@ -11,7 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobset_inplace import names
-from jobset_inplace.core.decode import gang_spec, node_view, pod_view, with_channel_report
+from jobset_inplace.core.decode import (
+    gang_spec,
+    newer_report,
+    node_view,
+    pod_view,
+    with_channel_report,
+)
 from jobset_inplace.core.model import (
     GangSpec,
     GangStatus,
@@ -149,8 +155,9 @@ class ClusterCache:
         view = gang.pods.get(uid) if gang is not None else None
         if gang is None or view is None:
             return False
-        gang.reports[uid] = fields
-        gang.pods[uid] = with_channel_report(view, fields)
+        if newer_report(gang.reports.get(uid), fields):  # else a late one, overtaken: dropped
+            gang.reports[uid] = fields
+            gang.pods[uid] = with_channel_report(view, fields)
         return True
 
     def completes_epoch(self, key: GangKey, uid: str) -> bool:

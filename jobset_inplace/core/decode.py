@@ -194,23 +194,37 @@ def agent_report(values: Mapping[str, str]) -> tuple[dict[str, Any], str | None]
 
 
 def _report_order(epoch: int | None, exited: int | None, hung: int | None) -> tuple[int, int]:
-    """Reports of one pod's agents in the order they were made: by epoch, then by an exit or
-    hang seen in it (an agent reports those after its epoch)."""
-    seen = [e for e in (exited, hung) if e is not None]
-    return (-1 if epoch is None else epoch, max(seen, default=-1))
+    """Reports of one pod's agents in the order they were made: by the epoch they are about,
+    then by an exit or hang seen in it. An agent reports an exit or hang in epoch N only after
+    its report of epoch N, so such a report is of epoch N at least, whether or not it repeats
+    that report (an older agent's fallback wrote only the exit on its pod)."""
+    seen = max((e for e in (exited, hung) if e is not None), default=-1)
+    return (max(-1 if epoch is None else epoch, seen), seen)
 
 
 def with_channel_report(view: PodView, fields: Mapping[str, Any]) -> PodView:
-    """``view`` with its agent's report over the channel (``agent_report`` fields) in place of
-    its annotations' when the channel's is as new or newer (an agent whose channel fails
-    writes its next report on the pod instead)."""
-    theirs = _report_order(view.reported_epoch, view.exited_in_epoch, view.hung_in_epoch)
-    ours = _report_order(
+    """``view`` (its pod's annotations) with its agent's report over the channel
+    (``agent_report`` fields): whichever of the two is newer wins, wherever it came from (an
+    agent whose channel fails writes its next report on the pod instead). A newer report that
+    names no epoch is an exit or hang added to the older one's epoch report, not a new one."""
+    on_pod = (view.reported_epoch, view.exited_in_epoch, view.hung_in_epoch)
+    if _report_order(*on_pod) <= _report_order(
         fields["reported_epoch"], fields["exited_in_epoch"], fields["hung_in_epoch"]
-    )
-    if ours < theirs:
+    ):
+        return dataclasses.replace(view, report_error=None, **fields)
+    if view.reported_epoch is not None:
         return view
-    return dataclasses.replace(view, report_error=None, **fields)
+    added = {k: v for k, v in fields.items() if getattr(view, k) is None}
+    return dataclasses.replace(view, **added)
+
+
+def newer_report(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    """Whether channel report ``new`` (``agent_report`` fields) is as new as ``old`` or newer:
+    a late, older request must not replace the report that overtook it."""
+    if old is None:
+        return True
+    order = ("reported_epoch", "exited_in_epoch", "hung_in_epoch")
+    return _report_order(*(new[k] for k in order)) >= _report_order(*(old[k] for k in order))
 
 
 def pod_view(pod: Obj) -> PodView | None:

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from jobset_inplace import names
-from jobset_inplace.core.decode import agent_report, with_channel_report
+from jobset_inplace.core.decode import agent_report, newer_report, with_channel_report
 from jobset_inplace.core.model import WAITING_SHOWN, PodView, Recovery, ReportEndpoint
 from jobset_inplace.core.planner import plan
 from jobset_inplace.core.statemachine import Phase
@@ -71,6 +71,37 @@ def test_the_newer_report_wins_whichever_way_it_came() -> None:
     assert (
         with_channel_report(view(reported_epoch=3, exited_in_epoch=3), fields).exited_in_epoch == 3
     )
+
+
+def test_an_exit_written_on_the_pod_after_the_epochs_channel_report_is_not_hidden() -> None:
+    """The channel took epoch 3's report, then failed: the agent wrote the trainer's exit on
+    its pod. Whatever the pod holds (the whole record, or, from an older agent, the exit
+    alone), the exit is what the planner sees, with the epoch's steps."""
+    fields, _ = agent_report(report())  # epoch 3 over the channel
+    whole = view(reported_epoch=3, reported_steps=(200, 100), exited_in_epoch=3)
+    alone = view(reported_epoch=None, reported_steps=None, exited_in_epoch=3)
+    for on_pod in (whole, alone):
+        merged = with_channel_report(on_pod, fields)
+        assert (merged.reported_epoch, merged.exited_in_epoch) == (3, 3)
+        assert merged.reported_steps == (200, 100)
+    # a hang alone on the pod, the same
+    hung = with_channel_report(view(reported_epoch=None, hung_in_epoch=3), fields)
+    assert (hung.reported_epoch, hung.hung_in_epoch) == (3, 3)
+    # an exit of an older epoch on the pod is not newer than epoch 3's report
+    old = with_channel_report(view(reported_epoch=None, exited_in_epoch=2), fields)
+    assert (old.reported_epoch, old.exited_in_epoch) == (3, None)
+
+
+def test_a_late_older_channel_report_does_not_replace_a_newer_one() -> None:
+    newer, _ = agent_report(report(**{names.REPORT_EPOCH: "4"}))
+    exited, _ = agent_report(report(**{names.REPORT_EXITED: "3"}))
+    older, _ = agent_report(report())
+    assert newer_report(None, older)
+    assert newer_report(older, newer)
+    assert not newer_report(newer, older)
+    assert newer_report(older, exited), "an exit in epoch 3 comes after epoch 3's report"
+    assert not newer_report(exited, older)
+    assert newer_report(older, older), "the same report again (a resend) is kept"
 
 
 def test_a_channel_report_clears_an_older_malformed_annotation() -> None:

@@ -93,7 +93,21 @@ def test_without_a_channel_a_new_epochs_report_replaces_the_pods_keys(
     assert api.patches[0][names.REPORT_EXITED] is None
     assert api.patches[0][names.REPORT_BUSY] is None
     assert report(r, ch, api, {names.REPORT_HUNG: "3"}, fresh=False) == "pod"
-    assert api.patches[1] == {names.REPORT_HUNG: "3"}
+    # an addition writes the record again (nothing removed, the straggler windows left alone)
+    assert api.patches[1] == {**EPOCH_3, names.REPORT_HUNG: "3"}
+
+
+def test_an_exit_after_the_channel_failed_goes_on_the_pod_with_its_epochs_report(
+    tmp_path: Path, clock: list[float]
+) -> None:
+    """Epoch 3's report went over the channel, then the channel failed: the exit written on
+    the pod carries the whole record, so it ranks above the channel's (core/decode.py)."""
+    r, ch, api, _ = reporter(tmp_path)
+    r.endpoint = LEADER_1
+    assert report(r, ch, api, EPOCH_3) == "channel"
+    ch.down = True
+    assert report(r, ch, api, {names.REPORT_EXITED: "3"}, fresh=False) == "pod"
+    assert api.patches[-1] == {**EPOCH_3, names.REPORT_EXITED: "3"}
 
 
 def test_a_failed_channel_is_left_alone_for_a_while(tmp_path: Path, clock: list[float]) -> None:
