@@ -28,7 +28,9 @@ import uvloop
 from bench.scenarios import cpu_seconds, status_mib
 from jobset_inplace import names
 from jobset_inplace.controller.report_http import HttpServer, Request
+from jobset_inplace.controller.report_limits import Limits
 from jobset_inplace.controller.report_server import serving_context
+from testbed.controller import FLEET_LIMITS
 
 REPORT = json.dumps(
     {"namespace": "bench", "gang": "g", "pod": "p" * 40, "uid": "u" * 36, "report": {"epoch": "2"}}
@@ -47,7 +49,12 @@ async def _serve(sock: socket.socket) -> None:
 
     loop = asyncio.get_running_loop()
     ctx, _ = serving_context()
-    http = HttpServer(handle, names.REPORT_PATH.encode(), 16 * 1024, loop.time, tls=ctx)
+    # every connection comes from this host's one address: no per-source limit (the
+    # controller run as a host process does the same: testbed/controller.py)
+    limits = Limits.parse(FLEET_LIMITS)
+    http = HttpServer(
+        handle, names.REPORT_PATH.encode(), 16 * 1024, loop.time, tls=ctx, limits=limits
+    )
     await loop.create_server(http.connection, sock=sock)
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)

@@ -26,6 +26,8 @@ from .kubectl import Kubectl
 from .versions import REPO_ROOT, binaries
 
 CRD = REPO_ROOT / "manifests" / "crd" / "gangstates.yaml"
+# JSI_REPORT_LIMITS of the controller run as a host process (report_limits.Limits.parse)
+FLEET_LIMITS = "max_per_source=100000,max_unauthenticated_per_source=100000,connect_burst=100000"
 WEBHOOK_MANIFEST = REPO_ROOT / "manifests" / "webhook" / "webhook.yaml"
 # The agent may patch only its own pod (guarantee 9): installed wherever agents run.
 AGENT_POLICY = REPO_ROOT / "manifests" / "rbac" / "agent-vap.yaml"
@@ -76,6 +78,9 @@ class ControllerProcess:
             # the report channel where the agents reach it (a free port: several instances)
             "JSI_REPORT_ADVERTISE": cluster.pod_reachable_address,
             "JSI_REPORT_LISTEN": f"{cluster.pod_reachable_address}:0",
+            # the simulated fleet's agents (bench/) all connect from this host's one address:
+            # its per-source limits would otherwise refuse all but the first few hundred
+            "JSI_REPORT_LIMITS": FLEET_LIMITS,
         }
         self.verbose = verbose
         if leader_identity is not None:

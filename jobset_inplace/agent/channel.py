@@ -9,7 +9,9 @@ import functools
 import hashlib
 import http.client
 import json
+import random
 import ssl
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -19,6 +21,10 @@ from .logic import Endpoint
 __all__ = ["ChannelError", "ReportChannel"]
 
 TIMEOUT_S = 2.0  # a leader that does not answer this fast is not worth waiting for
+# A new connection the leader drops before TLS (its connection limits: many agents at once, a
+# new leader) is tried again once after a random pause in this range, not given up at once.
+REFUSED_RETRY_S = (0.1, 1.0)
+_pause = time.sleep  # the tests' lever on that pause
 
 
 @functools.cache
@@ -26,7 +32,7 @@ def _client_context() -> ssl.SSLContext:
     """TLS without CA verification: the server's certificate is pinned instead (checked after
     the handshake, before anything is sent). No CA store is loaded; one per process."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3  # what the leader accepts
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
     return ctx
@@ -70,8 +76,10 @@ class ReportChannel:
                 raise
             except TransportErrors as e:
                 self.close()
-                if fresh or attempt == 2:
+                if attempt == 2 or (fresh and not _dropped(e)):
                     raise ChannelError(f"{endpoint.url}: {type(e).__name__}: {e}") from e
+                if fresh:
+                    _pause(random.uniform(*REFUSED_RETRY_S))
                 continue
             if resp.will_close:
                 self.close()
@@ -105,6 +113,12 @@ class ReportChannel:
         if self._conn is not None:
             self._conn.close()
         self._conn, self._endpoint = None, None
+
+
+def _dropped(e: BaseException) -> bool:
+    """A connection closed by the leader before any answer (a limit of its channel), rather
+    than a leader that is not there (refused) or does not answer (timeout)."""
+    return isinstance(e, (ConnectionResetError, ssl.SSLEOFError, ssl.SSLZeroReturnError))
 
 
 def _error(payload: bytes) -> str:

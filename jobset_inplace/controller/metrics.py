@@ -204,6 +204,13 @@ class Metrics:
             ["code"],
             registry=r,
         )
+        self.report_channel_connections_refused = Counter(
+            f"{PREFIX}report_channel_connections_refused_total",
+            "Report channel connections closed before a report was accepted on them, by reason "
+            "(a limit reached, a rate exceeded, no report within the pre-authentication time).",
+            ["reason"],
+            registry=r,
+        )
         self.watch_restarts = Counter(
             f"{PREFIX}watch_restarts_total",
             "Raw watches restarted, by watch and reason (error: retried; expired: relisted).",

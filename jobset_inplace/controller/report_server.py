@@ -35,7 +35,7 @@ import secrets
 import socket
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from kubernetes import client
@@ -47,7 +47,8 @@ from jobset_inplace.core.model import ReportEndpoint
 from .cache import ClusterCache, GangKey
 from .certificates import issue
 from .metrics import METRICS
-from .report_http import SWEEP_S, HttpServer, Refused, Request
+from .report_http import PREAUTH_SWEEP_S, SWEEP_S, HttpServer, Refused, Request
+from .report_limits import Limits
 from .report_tokens import Rejected, TokenVerifier
 
 log = logging.getLogger("jobset_inplace.reports")
@@ -93,6 +94,10 @@ def serving_context() -> tuple[ssl.SSLContext, str]:
     """A TLS context with a certificate made for this process, and its SHA-256 (DER)."""
     material = issue(["jobset-inplace-reports"], datetime.datetime.now(datetime.UTC))
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    # TLS 1.3 only (no renegotiation in it), and no session tickets: agents keep their
+    # connection instead, and a ticket is state a client makes the server compute
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.options |= ssl.OP_NO_TICKET | ssl.OP_NO_RENEGOTIATION
     _load_chain(ctx, material.tls_crt, material.tls_key)
     der = ssl.PEM_cert_to_DER_cert(material.tls_crt.decode())
     return ctx, hashlib.sha256(der).hexdigest()
@@ -155,13 +160,15 @@ def _release_free_memory() -> None:
         )
 
 
-def _raise_open_files_limit() -> None:
+def _raise_open_files_limit() -> int:
     """Every agent keeps a connection open: allow as many open files as the hard limit does
-    (the soft limit is often 1024)."""
+    (the soft limit is often 1024). The limit now."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         log.info("report channel: open files limit %d -> %d", soft, hard)
+        soft = hard
+    return 1 << 20 if soft == resource.RLIM_INFINITY else soft
 
 
 class ReportServer:
@@ -174,25 +181,35 @@ class ReportServer:
         verifier: TokenVerifier,
         listen: tuple[str, int],
         advertise: str,
+        *,
+        limits: Limits | None = None,
     ) -> None:
         self.cache, self.poke, self.verifier = cache, poke, verifier
-        self.listen, self.advertise = listen, advertise
+        self.listen, self.advertise, self.limits = listen, advertise, limits or Limits()
         self.accepted = 0
         self.handled = 0  # requests, whatever the answer
         self._tasks: list[asyncio.Task[None]] = []
         self._server: asyncio.Server | None = None
         self.http: HttpServer | None = None
-        self._quiet_until: dict[int, float] = {}  # refusal code -> no warning logged before
-        self._unlogged: dict[int, int] = {}  # refusals not logged since, by code
+        self._quiet_until: dict[str, float] = {}  # refusal -> no warning logged before
+        self._unlogged: dict[str, int] = {}  # refusals not logged since, by kind
 
     async def start(self) -> ReportEndpoint:
         """Listen; the endpoint to advertise (the port actually bound, if 0 was asked)."""
-        _raise_open_files_limit()
+        limits = Limits.for_open_files(_raise_open_files_limit(), self.limits)
+        log.info("report channel: limits %s", limits)
         ctx, pin = serving_context()
         loop = asyncio.get_running_loop()
         path = names.REPORT_PATH.encode()
         self.http = HttpServer(
-            self.handle, path, MAX_BODY, loop.time, tls=ctx, on_refused=self._refused
+            self.handle,
+            path,
+            MAX_BODY,
+            loop.time,
+            tls=ctx,
+            on_refused=self._refused,
+            limits=limits,
+            on_dropped=self._dropped,
         )
         sock = socket.create_server(self.listen, backlog=4096)
         port = sock.getsockname()[1]  # the one bound, when 0 was asked
@@ -200,7 +217,8 @@ class ReportServer:
         self._server = await loop.create_server(self.http.connection, sock=sock)
         self._tasks = [
             asyncio.create_task(self._release_after_bursts()),
-            asyncio.create_task(self._sweep(self.http)),
+            asyncio.create_task(self._every(SWEEP_S, self.http.sweep)),
+            asyncio.create_task(self._every(PREAUTH_SWEEP_S, self.http.sweep_unauthenticated)),
         ]
         where = f"[{self.advertise}]" if ":" in self.advertise else self.advertise
         endpoint = ReportEndpoint(
@@ -210,10 +228,10 @@ class ReportServer:
         return endpoint
 
     @staticmethod
-    async def _sweep(http: HttpServer) -> None:
+    async def _every(seconds: float, sweep: Callable[[], int]) -> None:
         while True:
-            await asyncio.sleep(SWEEP_S)
-            http.sweep()
+            await asyncio.sleep(seconds)
+            sweep()
 
     async def _release_after_bursts(self) -> None:
         """Free memory back to the system once requests stop for QUIET_S after a burst."""
@@ -243,7 +261,7 @@ class ReportServer:
             await self._accept(request)
         except Rejected as e:
             if e.status != 409:
-                self._warn(e)
+                self._warn(str(e.status), f"refused ({e.status}): {e}")
             METRICS.report_channel_requests.labels(str(e.status)).inc()
             return e.status, {"error": str(e)}
         self.accepted += 1
@@ -253,20 +271,27 @@ class ReportServer:
     def _refused(self, e: Refused) -> None:
         """A request the HTTP layer refused (not a report: its status names why)."""
         self.handled += 1
-        self._warn(Rejected(e.status, str(e)))
+        self._warn(str(e.status), f"refused ({e.status}): {e}")
         METRICS.report_channel_requests.labels(str(e.status)).inc()
 
-    def _warn(self, e: Rejected) -> None:
-        """One warning per refusal code every LOG_EVERY_S (a misconfiguration would otherwise
-        log a line per agent), with how many were not logged."""
+    def _dropped(self, reason: str) -> None:
+        """A connection refused before it was served, or dropped unauthenticated."""
+        METRICS.report_channel_connections_refused.labels(reason).inc()
+        self._warn(reason, f"connection refused: {reason.replace('_', ' ')}")
+
+    def _warn(self, key: str, message: str) -> None:
+        """One warning per refusal ``key`` every LOG_EVERY_S (a misconfiguration, or an
+        attack, would otherwise log a line per request), with how many were not logged. The
+        message may quote what a client sent: control characters are escaped."""
         now = time.monotonic()
-        if now < self._quiet_until.get(e.status, 0.0):
-            self._unlogged[e.status] = self._unlogged.get(e.status, 0) + 1
+        if now < self._quiet_until.get(key, 0.0):
+            self._unlogged[key] = self._unlogged.get(key, 0) + 1
             return
-        more = self._unlogged.pop(e.status, 0)
-        also = f" (and {more} more refused with {e.status} since the last warning)" if more else ""
-        log.warning("report channel: refused (%d): %s%s", e.status, e, also)
-        self._quiet_until[e.status] = now + LOG_EVERY_S
+        more = self._unlogged.pop(key, 0)
+        also = f" (and {more} more of them since the last warning)" if more else ""
+        text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)
+        log.warning("report channel: %s%s", text, also)
+        self._quiet_until[key] = now + LOG_EVERY_S
 
     async def _accept(self, request: Request) -> None:
         scheme, _, token = request.authorization.partition(" ")
@@ -276,6 +301,8 @@ class ReportServer:
             body = json.loads(request.body)
         except ValueError as e:
             raise Rejected(400, f"the body is not JSON: {e}") from e
+        except RecursionError:  # nested deeper than the interpreter's stack: a report is flat
+            raise Rejected(400, "the body is nested too deep for a report") from None
         namespace, gang_name, pod, uid, values = parse_request(body)
         who = await self.verifier.identify(token)
         if (who.namespace, who.pod, who.uid) != (namespace, pod, uid):
@@ -295,6 +322,7 @@ class ReportServer:
 
 LISTEN_ENV = "JSI_REPORT_LISTEN"
 ADVERTISE_ENV = "JSI_REPORT_ADVERTISE"
+LIMITS_ENV = "JSI_REPORT_LIMITS"
 
 
 def report_server_from_env(
@@ -302,7 +330,8 @@ def report_server_from_env(
 ) -> ReportServer | None:
     """The channel as configured: ``JSI_REPORT_LISTEN`` (ADDRESS:PORT, default 0.0.0.0:9444;
     port 0: any free one), advertised at ``JSI_REPORT_ADVERTISE`` (an address agents reach;
-    default the pod's ``POD_IP``; ``off``: no channel, agents write their reports on pods)."""
+    default the pod's ``POD_IP``; ``off``: no channel, agents write their reports on pods),
+    with ``JSI_REPORT_LIMITS`` (``key=value,...``: :class:`.report_limits.Limits`)."""
     advertise = env.get(ADVERTISE_ENV) or env.get("POD_IP") or ""
     if advertise in ("", "off"):
         why = "off" if advertise else f"no address to advertise (set POD_IP or {ADVERTISE_ENV})"
@@ -313,4 +342,9 @@ def report_server_from_env(
     if not sep or not re.fullmatch(r"[0-9]{1,5}", port) or int(port) > 65535:
         raise ValueError(f"{LISTEN_ENV} must be ADDRESS:PORT (port 0..65535), got {listen!r}")
     listen_at = (host.strip("[]") or "0.0.0.0", int(port))
-    return ReportServer(cache, poke, TokenVerifier(client.ApiClient()), listen_at, advertise)
+    try:
+        limits = Limits.parse(env.get(LIMITS_ENV, ""))
+    except ValueError as e:
+        raise ValueError(f"{LIMITS_ENV}: {e}") from None
+    verifier = TokenVerifier(client.ApiClient())
+    return ReportServer(cache, poke, verifier, listen_at, advertise, limits=limits)

@@ -86,7 +86,7 @@ def _b64decode(part: str) -> bytes:
 def _json(part: str) -> dict[str, Any]:
     try:
         doc = json.loads(_b64decode(part))
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the stack, not a JWT
         raise Rejected(401, "malformed token: not JSON") from None
     if not isinstance(doc, dict):
         raise Rejected(401, "malformed token: not a JSON object")

@@ -20,40 +20,58 @@ from jobset_inplace.controller.report_http import (
     HttpServer,
     Refused,
     Request,
-    next_request,
+    RequestReader,
     response,
+)
+from jobset_inplace.controller.report_limits import (
+    OVER_UNAUTHENTICATED,
+    PREAUTH_TIMEOUT,
+    RATE_LIMITED,
+    Limits,
 )
 
 PATH = b"/v1/reports"
+HOST = "Host: leader\r\n"
 
 
 def post(body: bytes = b'{"a":1}', *, version: str = "1.1", extra: str = "") -> bytes:
     head = (
-        f"POST /v1/reports HTTP/{version}\r\nHost: leader\r\nAuthorization: Bearer tok\r\n"
+        f"POST /v1/reports HTTP/{version}\r\n{HOST}Authorization: Bearer tok\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
     )
     return head.encode() + body
 
 
+def next_request(raw: bytes, max_body: int = 100) -> Request | None:
+    return RequestReader(PATH, max_body, raw).next()
+
+
 def test_a_report_request_is_parsed_with_its_token_and_body() -> None:
-    raw = post(b'{"epoch":"2"}')
-    assert next_request(raw, PATH, 100) == (Request("Bearer tok", b'{"epoch":"2"}', True), len(raw))
+    assert next_request(post(b'{"epoch":"2"}')) == Request("Bearer tok", b'{"epoch":"2"}', True)
 
 
 @pytest.mark.parametrize("cut", [10, len(post()) - 1])
 def test_an_incomplete_request_waits_for_more(cut: int) -> None:
-    assert next_request(post()[:cut], PATH, 100) is None
+    assert next_request(post()[:cut]) is None
 
 
-def test_pipelined_requests_are_taken_one_at_a_time() -> None:
-    first, second = post(b"1"), post(b"22")
-    parsed = next_request(first + second, PATH, 100)
-    assert parsed is not None
-    assert parsed == (Request("Bearer tok", b"1", True), len(first))
-    assert next_request((first + second)[parsed[1] :], PATH, 100) == (
-        Request("Bearer tok", b"22", True),
-        len(second),
-    )
+def test_a_request_trickled_a_byte_at_a_time_is_read_once() -> None:
+    reader, raw = RequestReader(PATH, 100), post(b"12345")
+    for i in range(len(raw) - 1):
+        reader.feed(raw[i : i + 1])
+        assert reader.next() is None
+    reader.feed(raw[-1:])
+    assert reader.next() == Request("Bearer tok", b"12345", True)
+
+
+def test_pipelined_requests_are_taken_one_after_the_other() -> None:
+    reader = RequestReader(PATH, 100, post(b"1") + post(b"22")[:30])
+    assert reader.next() == Request("Bearer tok", b"1", True)
+    assert reader.next() is None
+    assert not reader.idle, "part of the next one is there"
+    reader.feed(post(b"22")[30:])
+    assert reader.next() == Request("Bearer tok", b"22", True)
+    assert reader.idle
 
 
 @pytest.mark.parametrize(
@@ -62,45 +80,62 @@ def test_pipelined_requests_are_taken_one_at_a_time() -> None:
         ("1.1", "", True),
         ("1.1", "Connection: close\r\n", False),
         ("1.0", "", False),
-        ("1.0", "Connection: keep-alive\r\n", True),
+        # h11 keeps no HTTP/1.0 connection alive; agents speak 1.1
+        ("1.0", "Connection: keep-alive\r\n", False),
     ],
 )
 def test_the_connection_is_kept_as_http_says(version: str, extra: str, keep_alive: bool) -> None:
-    parsed = next_request(post(version=version, extra=extra), PATH, 100)
+    parsed = next_request(post(version=version, extra=extra))
     assert parsed is not None
-    assert parsed[0].keep_alive is keep_alive
+    assert parsed.keep_alive is keep_alive
+
+
+R = "POST /v1/reports HTTP/1.1\r\n" + HOST
 
 
 @pytest.mark.parametrize(
     ("raw", "status", "says"),
     [
-        (b"POST /v1/reports\r\n\r\n", 400, "request line"),
-        (b"GET /v1/reports HTTP/1.1\r\n\r\n", 405, "POST"),
-        (b"POST /other HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 404, "POST /v1/reports"),
-        (b"POST /v1/reports HTTP/1.1\r\nbad line\r\n\r\n", 400, "malformed header"),
-        (b"POST /v1/reports HTTP/1.1\r\n folded: x\r\n\r\n", 400, "malformed header"),
-        (
-            b"POST /v1/reports HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
-            501,
-            "Content-Length",
-        ),
-        (b"POST /v1/reports HTTP/1.1\r\n\r\n", 411, "Content-Length is required"),
-        (b"POST /v1/reports HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400, "byte count"),
-        (b"POST /v1/reports HTTP/1.1\r\nContent-Length: 101\r\n\r\n", 413, "100 bytes"),
-        (
-            b"POST /v1/reports HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n1",
-            400,
-            "twice",
-        ),
-        (b"POST /v1/reports HTTP/1.1\r\nX: " + b"y" * MAX_HEAD, 431, f"{MAX_HEAD} bytes"),
+        ("POST /v1/reports\r\n\r\n", 400, "request line"),
+        ("GET /v1/reports HTTP/1.1\r\n" + HOST + "\r\n", 405, "POST"),
+        ("POST /other HTTP/1.1\r\n" + HOST + "Content-Length: 0\r\n\r\n", 404, "/v1/reports"),
+        (R + "bad line\r\n\r\n", 400, "illegal header line"),
+        ("POST /v1/reports HTTP/1.1\r\n folded: x\r\n" + HOST + "\r\n", 400, "continuation"),
+        (R + "Transfer-Encoding: chunked\r\n\r\n", 501, "Content-Length"),
+        (R + "\r\n", 411, "Content-Length is required"),
+        (R + "Content-Length: -1\r\n\r\n", 400, "Content-Length"),
+        (R + "Content-Length: 101\r\n\r\n", 413, "100 bytes"),
+        (R + "Content-Length: 99999999999999999999\r\n\r\n", 413, "100 bytes"),
+        (R + "Content-Length: 1\r\nContent-Length: 2\r\n\r\n1", 400, "Content-Length"),
+        (R + "Authorization: a\r\nAuthorization: b\r\nContent-Length: 0\r\n\r\n", 400, "twice"),
+        ("POST /v1/reports HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 400, "Host"),
+        # CR, LF or NUL inside a header value: framed differently by different parsers
+        (R + "X: a\rb\r\nContent-Length: 0\r\n\r\n", 400, "illegal header line"),
+        (R + "X: a\x00b\r\nContent-Length: 0\r\n\r\n", 400, "illegal header line"),
+        (R + "X: " + "y" * MAX_HEAD, 431, f"{MAX_HEAD} bytes"),
     ],
 )
 def test_any_other_request_is_refused_with_its_status_and_reason(
-    raw: bytes, status: int, says: str
+    raw: str, status: int, says: str
 ) -> None:
     with pytest.raises(Refused, match=says) as e:
-        next_request(raw, PATH, 100)
+        next_request(raw.encode())
     assert e.value.status == status
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 4096, MAX_HEAD + 100])
+def test_a_head_too_long_is_431_however_it_is_split(chunk: int) -> None:
+    raw = (R + "X: " + "y" * MAX_HEAD + "\r\n\r\n").encode()
+    reader = RequestReader(PATH, 100)
+
+    def read() -> None:
+        for i in range(0, len(raw), chunk):
+            reader.feed(raw[i : i + chunk])
+            reader.next()
+
+    with pytest.raises(Refused) as e:
+        read()
+    assert e.value.status == 431
 
 
 def test_an_answer_is_json_with_its_length() -> None:
@@ -130,12 +165,16 @@ class Served(NamedTuple):
     seen: list[Request]  # the requests the handler got
     clock: Clock
     refusals: list[int]  # the statuses of the requests the server was told it refused
+    dropped: list[str]  # the connections it was told it dropped, why
 
 
 @contextlib.asynccontextmanager
-async def serving(tls: ssl.SSLContext | None) -> AsyncIterator[Served]:
+async def serving(
+    tls: ssl.SSLContext | None, limits: Limits | None = None
+) -> AsyncIterator[Served]:
     seen: list[Request] = []
     refusals: list[int] = []
+    dropped: list[str] = []
     clock = Clock()
 
     async def handler(request: Request) -> tuple[int, dict[str, Any]]:
@@ -143,14 +182,23 @@ async def serving(tls: ssl.SSLContext | None) -> AsyncIterator[Served]:
         if request.body == b"boom":
             raise RuntimeError("a bug")
         await asyncio.sleep(0.01 if request.body == b"slow" else 0)
+        if request.body == b"deny":
+            return 401, {"error": "no"}
         return 200, {"got": request.body.decode()}
 
     http = HttpServer(
-        handler, PATH, 100, clock, tls=tls, on_refused=lambda e: refusals.append(e.status)
+        handler,
+        PATH,
+        100,
+        clock,
+        tls=tls,
+        on_refused=lambda e: refusals.append(e.status),
+        limits=limits,
+        on_dropped=dropped.append,
     )
     server = await asyncio.get_running_loop().create_server(http.connection, "127.0.0.1", 0)
     try:
-        yield Served(http, server.sockets[0].getsockname()[1], seen, clock, refusals)
+        yield Served(http, server.sockets[0].getsockname()[1], seen, clock, refusals, dropped)
     finally:
         server.close()
         for c in list(http.connections):
@@ -173,7 +221,10 @@ async def read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, Any]
 
 
 async def closed(reader: asyncio.StreamReader) -> bool:
-    return await asyncio.wait_for(reader.read(1), 5) == b""
+    try:
+        return await asyncio.wait_for(reader.read(1), 5) == b""
+    except ConnectionResetError:  # closed with bytes it had not read, or refused at once
+        return True
 
 
 async def test_pipelined_requests_on_one_connection_are_answered_in_order(
@@ -196,7 +247,7 @@ async def test_a_refused_request_is_answered_and_its_connection_closed(
 ) -> None:
     port, seen, refusals = served.port, served.seen, served.refusals
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"GET /v1/reports HTTP/1.1\r\n\r\n" + post())
+    writer.write(b"GET /v1/reports HTTP/1.1\r\nHost: l\r\n\r\n" + post())
     status, body, closes = await read_answer(reader)
     assert (status, closes) == (405, True)
     assert "POST" in body["error"]
@@ -228,21 +279,33 @@ async def test_connection_close_is_honoured(
     writer.close()
 
 
+async def connections(http: HttpServer, n: int) -> None:
+    for _ in range(500):
+        if len(http.connections) == n:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{len(http.connections)} connections, not {n}")
+
+
 async def test_the_sweep_closes_stalled_requests_and_idle_connections_only(
     served: Served,
 ) -> None:
+    """Of connections that had a report accepted: one with a request begun and never finished
+    is answered 408 after REQUEST_S, one idle for IDLE_S is closed silently."""
     http, port, clock, refusals = served.http, served.port, served.clock, served.refusals
-    stalled_r, stalled_w = await asyncio.open_connection("127.0.0.1", port)
-    idle_r, idle_w = await asyncio.open_connection("127.0.0.1", port)
-    busy_r, busy_w = await asyncio.open_connection("127.0.0.1", port)
+    streams = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+    for r, w in streams:
+        w.write(post(b"hello"))  # authenticated
+        assert (await read_answer(r))[0] == 200
+    (stalled_r, stalled_w), (idle_r, idle_w), (busy_r, busy_w) = streams
     stalled_w.write(post()[:20])  # a request begun, never finished
     idle_w.write(post(b"once"))
     assert (await read_answer(idle_r))[0] == 200
-    for _ in range(100):
-        if len(http.connections) == 3:
+    await stalled_w.drain()
+    for _ in range(100):  # the stalled bytes have arrived
+        if any(c.begun is not None for c in http.connections):
             break
         await asyncio.sleep(0.01)
-    await asyncio.sleep(0.05)  # the stalled bytes have arrived
     assert http.sweep() == 0, "nothing is old yet"
 
     clock.t += report_http.REQUEST_S + 1
@@ -260,8 +323,65 @@ async def test_the_sweep_closes_stalled_requests_and_idle_connections_only(
     assert refusals == [408], "and is not a refusal"
     busy_w.write(post(b"still"))
     assert (await read_answer(busy_r))[0] == 200
-    for w in (stalled_w, idle_w, busy_w):
+    for _, w in streams:
         w.close()
+
+
+async def test_a_connection_without_a_report_accepted_in_time_is_dropped(
+    served: Served,
+) -> None:
+    """Idle, or with a request begun: either way PREAUTH_S after it connected, counted."""
+    http, port, clock, dropped = served.http, served.port, served.clock, served.dropped
+    idle_r, idle_w = await asyncio.open_connection("127.0.0.1", port)
+    part_r, part_w = await asyncio.open_connection("127.0.0.1", port)
+    part_w.write(post()[:20])
+    await connections(http, 2)
+    for _ in range(200):  # its bytes were read (closing on unread ones would reset it)
+        if any(c.begun is not None for c in http.connections):
+            break
+        await asyncio.sleep(0.01)
+    assert http.sweep_unauthenticated() == 0
+    assert http.sweep() == 0, "the long sweep leaves them to the short one"
+    clock.t += report_http.PREAUTH_S + 0.1
+    assert http.sweep_unauthenticated() == 2
+    assert (await read_answer(idle_r))[::2] == (408, True)
+    assert (await read_answer(part_r))[::2] == (408, True)
+    assert dropped == [PREAUTH_TIMEOUT] * 2
+    for w in (idle_w, part_w):
+        w.close()
+
+
+async def test_a_refused_report_costs_its_connection() -> None:
+    async with serving(None) as s:
+        reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+        writer.write(post(b"deny") + post(b"more"))
+        assert (await read_answer(reader))[::2] == (401, True)
+        assert await closed(reader)
+        assert [r.body for r in s.seen] == [b"deny"]
+        writer.close()
+
+
+async def test_connections_over_the_limits_are_refused_before_anything_is_read() -> None:
+    limits = Limits(max_unauthenticated_per_source=2, connect_burst=3, connect_rate=1e-9)
+    async with serving(None, limits) as s:
+        first = [await asyncio.open_connection("127.0.0.1", s.port) for _ in range(2)]
+        await connections(s.http, 2)
+        r, w = await asyncio.open_connection("127.0.0.1", s.port)
+        assert await closed(r), "a third unauthenticated connection from one source"
+        w.close()
+        assert s.dropped == [OVER_UNAUTHENTICATED]
+        # one of the two has a report accepted: it counts no more as unauthenticated
+        first[0][1].write(post(b"hello"))
+        assert (await read_answer(first[0][0]))[0] == 200
+        r2, w2 = await asyncio.open_connection("127.0.0.1", s.port)  # the last of the burst
+        w2.write(post(b"hello"))
+        assert (await read_answer(r2))[0] == 200
+        r3, w3 = await asyncio.open_connection("127.0.0.1", s.port)
+        assert await closed(r3), "the source's burst of new connections is spent"
+        assert s.dropped == [OVER_UNAUTHENTICATED, RATE_LIMITED]
+        assert s.http.admission.open == 3
+        for _, w in [*first, (r2, w2), (r3, w3)]:
+            w.close()
 
 
 async def test_no_request_is_taken_while_the_peer_does_not_read_its_answers(
@@ -324,7 +444,7 @@ async def test_over_tls_a_refusal_is_answered_inside_tls_and_closes(
 ) -> None:
     port, seen = served_tls.port, served_tls.seen
     reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_tls())
-    writer.write(b"POST /v1/reports HTTP/1.1\r\nContent-Length: 101\r\n\r\n")
+    writer.write(b"POST /v1/reports HTTP/1.1\r\nHost: l\r\nContent-Length: 101\r\n\r\n")
     status, body, closes = await read_answer(reader)
     assert (status, closes) == (413, True)
     assert "100 bytes" in body["error"]
@@ -348,12 +468,46 @@ async def test_a_handshake_not_finished_in_time_is_swept_without_an_answer(
 ) -> None:
     http, port, clock = served_tls.http, served_tls.port, served_tls.clock
     reader, writer = await asyncio.open_connection("127.0.0.1", port)  # connects, says nothing
+    await connections(http, 1)
+    assert http.sweep_unauthenticated() == 0
+    clock.t += report_http.PREAUTH_S + 0.1
+    assert http.sweep_unauthenticated() == 1
+    assert await closed(reader)
+    assert served_tls.dropped == [PREAUTH_TIMEOUT]
+    writer.close()
+
+
+async def test_a_tls_record_held_short_of_its_last_byte_does_not_keep_a_connection(
+    served_tls: Served,
+) -> None:
+    """The handshake done, then a record begun and never finished: no plaintext ever reaches
+    HTTP, and still the connection goes at PREAUTH_S."""
+    http, port, clock = served_tls.http, served_tls.port, served_tls.clock
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = client_tls().wrap_bio(incoming, outgoing)
+    while True:  # the client's half of the handshake, by hand: the record below is raw
+        try:
+            tls.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            writer.write(outgoing.read())
+            incoming.write(await asyncio.wait_for(reader.read(65536), 5))
+    writer.write(outgoing.read())  # the client's Finished
+    await connections(http, 1)
+    (conn,) = http.connections
     for _ in range(200):
-        if http.connections:
+        if conn.secure:
             break
         await asyncio.sleep(0.01)
-    assert http.sweep() == 0
-    clock.t += report_http.REQUEST_S + 1
-    assert http.sweep() == 1
-    assert await closed(reader)
+    assert conn.secure
+    # the header of a 100-byte application-data record, and 10 of its bytes
+    writer.write(bytes([23, 3, 3, 0, 100]) + b"x" * 10)
+    await writer.drain()
+    clock.t += report_http.PREAUTH_S - 1
+    assert http.sweep_unauthenticated() == 0
+    clock.t += 1.1
+    assert http.sweep_unauthenticated() == 1
+    await connections(http, 0)
+    assert served_tls.dropped == [PREAUTH_TIMEOUT]
     writer.close()

@@ -84,12 +84,16 @@ def test_refusals_are_logged_once_in_a_while_with_a_count(caplog: pytest.LogCapt
     assert s is not None
     with caplog.at_level(logging.WARNING, "jobset_inplace.reports"):
         for _ in range(5):
-            s._warn(Rejected(401, "token expired or not yet valid"))
+            s._warn("401", "refused (401): token expired or not yet valid")
         s._quiet_until.clear()
-        s._warn(Rejected(401, "token expired or not yet valid"))
+        s._warn("401", "refused (401): token expired or not yet valid")
+        s._warn("403", "refused (403): pod evil\nFAKE LOG LINE\x00")
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 2
-    assert "and 4 more refused with 401" in lines[1]
+    assert len(lines) == 3
+    assert "and 4 more of them" in lines[1]
+    assert lines[2] == "report channel: refused (403): pod evil\\nFAKE LOG LINE\\x00", (
+        "what a client sent is escaped: it cannot forge log lines"
+    )
 
 
 async def test_free_memory_is_given_back_once_after_each_burst_of_requests(

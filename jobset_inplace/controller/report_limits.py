@@ -1,0 +1,164 @@
+"""What the report channel lets in before anyone has authenticated: its port is reachable from
+every pod of the cluster, so a hostile pod must not be able to exhaust the leader's memory,
+file descriptors or event loop with connections that never send a valid report
+(docs/guarantees.md, "The report channel's attacker").
+
+:class:`Admission` decides, with no I/O and the clock passed in, whether a new connection from a
+source address is taken, and counts what is open. Limits, all per leader process:
+
+* ``max_connections``: every connection, below the open-files limit with a reserve for the
+  API sockets the controller needs (status writes, pod actions, Lease renewals);
+* ``max_unauthenticated``: connections that have not had a report accepted yet, and
+  ``max_unauthenticated_per_source`` of them from one address (a pod, or a node for
+  host-network pods);
+* ``max_per_source``: every connection from one address;
+* a token bucket per source for new connections (``connect_rate`` per second, ``connect_burst``
+  at once): a TLS handshake costs ~0.5 ms of the loop's CPU.
+
+A connection that authenticates (a report accepted) stops counting as unauthenticated; it is
+then the only kind kept open while idle (report_http.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+# Reasons a connection is dropped before it is served: the ``reason`` label of
+# jobset_inplace_report_channel_connections_refused_total.
+OVER_TOTAL = "connection_limit"
+OVER_SOURCE = "source_limit"
+OVER_UNAUTHENTICATED = "unauthenticated_limit"
+RATE_LIMITED = "rate_limited"
+PREAUTH_TIMEOUT = "preauth_timeout"  # handshake and first report not done within PREAUTH_S
+REFUSALS = (OVER_TOTAL, OVER_SOURCE, OVER_UNAUTHENTICATED, RATE_LIMITED, PREAUTH_TIMEOUT)
+
+# Open-files reserve kept for everything but the channel's connections.
+FD_RESERVE = 512
+MAX_SOURCES = 65536  # source addresses whose bucket is remembered (least recently seen go first)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_connections: int = 20000
+    max_per_source: int = 512
+    max_unauthenticated: int = 2048
+    max_unauthenticated_per_source: int = 64
+    connect_rate: float = 50.0  # new connections per second from one source
+    connect_burst: float = 400.0  # every agent of a host-network node reconnecting to a new leader
+
+    @staticmethod
+    def parse(text: str) -> Limits:
+        """Limits from ``key=value,...`` (keys: the field names; unnamed ones keep their
+        default), as ``JSI_REPORT_LIMITS`` gives them. Raises ValueError naming what is
+        wrong and the accepted form."""
+        values: dict[str, float | int] = {}
+        known = {f.name: f.type for f in dataclasses.fields(Limits)}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, sep, raw = item.partition("=")
+            key = key.strip()
+            if not sep or key not in known:
+                raise ValueError(f"{item!r}: expected KEY=VALUE with KEY one of {', '.join(known)}")
+            number: float | int
+            try:
+                number = float(raw) if known[key] == "float" else int(raw)
+            except ValueError:
+                kind = "a number" if known[key] == "float" else "a whole number"
+                raise ValueError(f"{key}: {raw!r} is not {kind}") from None
+            if not number > 0:
+                raise ValueError(f"{key}: must be above 0, got {raw!r}")
+            values[key] = number
+        return Limits(**values)  # type: ignore[arg-type]
+
+    @staticmethod
+    def for_open_files(limit: int, base: Limits | None = None) -> Limits:
+        """``base`` with ``max_connections`` below an open-files ``limit`` (less the reserve)."""
+        base = base or Limits()
+        cap = max(1, min(base.max_connections, limit - FD_RESERVE))
+        return Limits(
+            max_connections=cap,
+            max_per_source=min(base.max_per_source, cap),
+            max_unauthenticated=min(base.max_unauthenticated, cap),
+            max_unauthenticated_per_source=base.max_unauthenticated_per_source,
+            connect_rate=base.connect_rate,
+            connect_burst=base.connect_burst,
+        )
+
+
+@dataclass
+class _Source:
+    open: int = 0
+    unauthenticated: int = 0
+    tokens: float = 0.0
+    refilled: float = 0.0
+
+
+@dataclass
+class Admission:
+    limits: Limits = field(default_factory=Limits)
+    open: int = 0
+    unauthenticated: int = 0
+    _sources: OrderedDict[str, _Source] = field(default_factory=OrderedDict)
+
+    def admit(self, source: str, now: float) -> str | None:
+        """Take a new, unauthenticated connection from ``source``: None, or why it is refused
+        (one of REFUSALS; then nothing is counted)."""
+        lim = self.limits
+        s = self._source(source, now)
+        if self.open >= lim.max_connections:
+            return OVER_TOTAL
+        if s.open >= lim.max_per_source:
+            return OVER_SOURCE
+        if (
+            self.unauthenticated >= lim.max_unauthenticated
+            or s.unauthenticated >= lim.max_unauthenticated_per_source
+        ):
+            return OVER_UNAUTHENTICATED
+        if s.tokens < 1:
+            return RATE_LIMITED
+        s.tokens -= 1
+        s.open += 1
+        s.unauthenticated += 1
+        self.open += 1
+        self.unauthenticated += 1
+        return None
+
+    def authenticated(self, source: str) -> None:
+        """A connection of ``source`` had a report accepted (once per connection)."""
+        s = self._sources.get(source)
+        if s is not None and s.unauthenticated > 0:
+            s.unauthenticated -= 1
+            self.unauthenticated -= 1
+
+    def closed(self, source: str, *, authenticated: bool) -> None:
+        s = self._sources.get(source)
+        if s is None or s.open == 0:
+            return
+        s.open -= 1
+        self.open -= 1
+        if not authenticated and s.unauthenticated > 0:
+            s.unauthenticated -= 1
+            self.unauthenticated -= 1
+
+    def _source(self, source: str, now: float) -> _Source:
+        lim = self.limits
+        s = self._sources.get(source)
+        if s is None:
+            s = self._sources[source] = _Source(tokens=lim.connect_burst, refilled=now)
+            self._forget_idle_sources()
+        else:
+            self._sources.move_to_end(source)
+            s.tokens = min(lim.connect_burst, s.tokens + (now - s.refilled) * lim.connect_rate)
+            s.refilled = now
+        return s
+
+    def _forget_idle_sources(self) -> None:
+        """Bound the memory of buckets: the least recently seen sources with nothing open go
+        (their next connection starts with a full bucket)."""
+        if len(self._sources) <= MAX_SOURCES:
+            return
+        for source, s in list(self._sources.items()):
+            if len(self._sources) <= MAX_SOURCES // 2:
+                break
+            if s.open == 0:
+                del self._sources[source]
