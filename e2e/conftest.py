@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from testbed.cluster import DEFAULT_NODES, DEFAULT_REAL_NODES, LocalCluster
+from jobset_inplace import names
+from testbed.cluster import DEFAULT_NODES, DEFAULT_REAL_NODES, LocalCluster, log
 from testbed.install import Installation
-from testbed.kube import Clients, clients, temporary_namespace
+from testbed.kube import Clients, clients, remove_taint, temporary_namespace, wait_for
+from testbed.kwoknodes import NODE_DOWN_TAINTS, kwok_nodes, set_heartbeat, silenced, unhealthy
 
 IMAGES_LOADED_ENV = "JSI_E2E_IMAGES_LOADED"
 
@@ -47,6 +49,50 @@ def kwok_cluster(local_cluster: LocalCluster | None) -> LocalCluster:
     if local_cluster is None:
         pytest.skip("makes kwok nodes fail: the local cluster's simulated nodes")
     return local_cluster
+
+
+# A revived kwok node is Ready again once kwok has taken its Lease back (its next try, ~10 s) and
+# the node lifecycle controller has seen it (node-monitor-period) and lifted its taints.
+KWOK_NODE_REVIVAL_SECONDS = 120
+# ... and the controller's leader lifts its unhealthy taint as soon as it sees the node back.
+TAINT_LIFT_SECONDS = 30
+
+
+@pytest.fixture
+def healthy_kwok_nodes(kwok_cluster: LocalCluster, kube: Clients) -> Iterator[list[str]]:
+    """The kwok nodes' names, every one of them healthy before the test and again after it,
+    whatever it did: a node left silenced, not Ready or tainted would fail or skew later tests
+    (in any order). For tests that make kwok nodes fail."""
+    heal_kwok_nodes(kube)
+    yield kwok_nodes(kube)
+    heal_kwok_nodes(kube)
+
+
+def heal_kwok_nodes(kube: Clients) -> None:
+    """Revive every silenced kwok node and wait until all are Ready, without the node lifecycle
+    controller's taints and without the controller's unhealthy taint. Only a running leader
+    lifts that one; with none (uninstalled, or broken by the test) it goes here after a bounded
+    wait. Before a test too: an interrupted run can leave a node silenced."""
+    for node in silenced(kube):
+        set_heartbeat(kube, node, alive=True)
+    _wait_kwok_nodes(kube, NODE_DOWN_TAINTS, "every kwok node Ready", KWOK_NODE_REVIVAL_SECONDS)
+    ours = (names.UNHEALTHY_TAINT,)
+    try:
+        _wait_kwok_nodes(
+            kube, ours, f"{names.UNHEALTHY_TAINT} lifted by the controller", TAINT_LIFT_SECONDS
+        )
+    except AssertionError as e:
+        log(f"{e}: removing it")
+        for node in unhealthy(kube, ours):
+            remove_taint(kube, node, names.UNHEALTHY_TAINT)
+
+
+def _wait_kwok_nodes(kube: Clients, taints: tuple[str, ...], what: str, timeout: float) -> None:
+    """Wait until every kwok node is Ready without ``taints``; on timeout say what is wrong."""
+    try:
+        wait_for(what, lambda: not unhealthy(kube, taints), timeout, 1)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; still: {unhealthy(kube, taints)}") from None
 
 
 @pytest.fixture(scope="session")

@@ -34,11 +34,6 @@ def _lease(kube: Clients) -> Any:
     return kube.coordination.read_namespaced_lease(DEFAULT_LEASE, names.INSTALL_NAMESPACE).spec
 
 
-def _leader_pod(kube: Clients) -> str:
-    """The pod of the Lease holder (identities are <pod name>_<random>)."""
-    return str(_lease(kube).holder_identity or "").rsplit("_", 1)[0]
-
-
 def _barrier_openings(kube: Clients, namespace: str, name: str) -> list[str]:
     events = kube.core.list_namespaced_event(
         namespace, field_selector=f"involvedObject.name={name}"
@@ -53,9 +48,8 @@ def test_leader_pod_deleted_mid_recovery_a_new_leader_completes_it_exactly_once(
     # a window the leader is deleted in; the process scope's is over in ~0.2 s.
     training_gang(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, scope="pod")
     before = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
-    replicas = {p["metadata"]["name"] for p in controller.pods()}
-    leader = _leader_pod(kube)
-    assert leader in replicas, f"the Lease holder {leader} is one of the replicas {replicas}"
+    leader, others = controller.wait_settled(2)
+    replicas = {leader, *others}
     with controller.following(leader) as leader_log:
         try:
             _fail_over(cluster_kubeconfig, controller, kube, namespace, leader, replicas, before)
@@ -91,7 +85,7 @@ def _fail_over(  # noqa: PLR0917 (the test's fixtures and findings)
 
     successor = wait_for(
         "a new leader takes the Lease",
-        lambda: holder if (holder := _leader_pod(kube)) not in {"", leader} else None,
+        lambda: holder if (holder := controller.leader()) not in {"", leader} else None,
         60,
         0.1,
     )

@@ -147,12 +147,10 @@ class Topology:
 
 
 @pytest.fixture
-def topology(kube: Clients, namespace: str) -> Iterator[Topology]:
-    nodes = sorted(
-        n.metadata.name
-        for n in kube.core.list_node(label_selector="type=kwok").items
-        if not n.spec.unschedulable
-    )[: MEMBERS + 1]  # one spare in the rack for the replacement
+def topology(kube: Clients, namespace: str, healthy_kwok_nodes: list[str]) -> Iterator[Topology]:
+    """Over healthy kwok nodes; the one the test kills is back and untainted afterwards."""
+    usable = [n for n in healthy_kwok_nodes if not kube.core.read_node(n).spec.unschedulable]
+    nodes = usable[: MEMBERS + 1]  # one spare in the rack for the replacement
     if len(nodes) < MEMBERS + 1:
         pytest.fail(f"needs {MEMBERS + 1} kwok nodes, the cluster has {len(nodes)}")
     topo = Topology(kube, namespace, nodes)

@@ -7,6 +7,8 @@ the GangState CRD. The session's kustomize install is put back afterwards."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +54,30 @@ def _still_training(
     )
 
 
+@contextmanager
+def _chart_instead_of(controller: Installation, helm: Helm) -> Iterator[None]:
+    """The chart takes the session's kustomize install's place for the block; the kustomize
+    install comes back afterwards whatever failed, uninstalls included: every later test needs
+    a controller."""
+    try:
+        controller.uninstall()
+        try:
+            yield
+        finally:
+            try:
+                helm.uninstall()
+            except RuntimeError as e:
+                if "not found" not in str(e):
+                    raise
+    finally:
+        controller.install()
+
+
 def test_helm_install_upgrade_uninstall_leave_a_training_gang_alone(
     cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str
 ) -> None:
     helm = Helm(cluster_kubeconfig)
-    controller.uninstall()  # the chart takes the kustomize install's place for this test
-    try:
+    with _chart_instead_of(controller, helm):
         helm.upgrade_install(LOCAL_VALUES)
         wait_for(
             "the chart's webhook injects the agent", lambda: webhook_injects(controller.kubectl), 60
@@ -110,10 +130,3 @@ def test_helm_install_upgrade_uninstall_leave_a_training_gang_alone(
         assert _members(kube, namespace) == members, "no member pod deleted or restarted"
         controller.kubectl.run("get", f"crd/{CRD}")  # kept by helm.sh/resource-policy
         assert gang_state(kube, namespace, "gang")["epoch"] == 2, "the GangState is kept"
-    finally:
-        try:
-            helm.uninstall()
-        except RuntimeError as e:
-            if "not found" not in str(e):
-                raise
-        controller.install()

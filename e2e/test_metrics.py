@@ -10,7 +10,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobset_inplace import names
-from jobset_inplace.controller.leader import DEFAULT_LEASE
 from jobset_inplace.core.policy import is_managed, parse_policy
 from testbed.controller import gang_state, member_pods
 from testbed.demo import inject_failure, training_gang
@@ -46,29 +45,6 @@ def gangs_tracked(samples: Samples) -> float:
     return sum(v for (name, _), v in samples.items() if name == "jobset_inplace_gangs")
 
 
-def settled_leader(kube: Clients, controller: Installation) -> tuple[str, str]:
-    """(leader, standby) once the install is settled: two running replicas, neither being
-    deleted, one of them holding the Lease (an earlier test's rollout or reinstall may still be
-    moving the leadership)."""
-
-    def pair() -> tuple[str, str] | None:
-        pods = controller.pods()
-        live = {
-            p["metadata"]["name"]
-            for p in pods
-            if p.get("status", {}).get("phase") == "Running"
-            and not p["metadata"].get("deletionTimestamp")
-        }
-        lease = kube.coordination.read_namespaced_lease(DEFAULT_LEASE, names.INSTALL_NAMESPACE)
-        leader = str(lease.spec.holder_identity or "").rsplit("_", 1)[0]
-        if len(pods) != 2 or len(live) != 2 or leader not in live:
-            return None
-        (standby,) = live - {leader}
-        return leader, standby
-
-    return wait_for("two running replicas, one holding the Lease", pair, 120)
-
-
 def only_gang_in_the_cluster(kube: Clients, namespace: str, leader: str) -> None:
     """The counters are the controller's, across gangs: no other gang may move them while this
     test measures. Delete the opted-in JobSets that earlier tests left in the namespaces they
@@ -100,10 +76,14 @@ def only_gang_in_the_cluster(kube: Clients, namespace: str, leader: str) -> None
 def test_metrics_after_one_recovery(
     cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str
 ) -> None:
-    leader, standby = settled_leader(kube, controller)
+    # an earlier test's rollout or reinstall may still be moving the leadership
+    leader, (standby,) = controller.wait_settled(2)
     only_gang_in_the_cluster(kube, namespace, leader)
     training_gang(kube, cluster_kubeconfig, namespace, "gang", MEMBERS)
     _, before = scrape(kube, leader)
+    # the standby may have led before (a failover or reinstall in an earlier test): its own
+    # counters need not be 0, they must not move
+    _, standby_before = scrape(kube, standby)
 
     victim = member_pods(kube, namespace, "gang")["1"]
     inject_failure(cluster_kubeconfig, namespace, victim.metadata.name)
@@ -133,7 +113,7 @@ def test_metrics_after_one_recovery(
             print("  " + line)
 
     assert gangs_tracked(after) == 1, "this test's gang alone in the leader's cache"
-    assert settled_leader(kube, controller)[0] == leader, "the same leader throughout"
+    assert controller.wait_settled(2)[0] == leader, "the same leader throughout"
     cause = {"cause": "TrainerExited"}
     assert delta("recoveries_started_total", **cause) == 1
     assert delta("recoveries_total", **cause, outcome="BarrierOpened") == 1
@@ -171,6 +151,10 @@ def test_metrics_after_one_recovery(
     )
     assert left == budget - used, f"{budget} - {used} left"
     assert value(after, "leader") == 1
-    _, standby_samples = scrape(kube, standby)
-    assert value(standby_samples, "leader") == 0, "the standby serves /metrics, not leading"
-    assert value(standby_samples, "recoveries_total", **cause, outcome="BarrierOpened") == 0
+    _, standby_after = scrape(kube, standby)
+    assert value(standby_after, "leader") == 0, "the standby serves /metrics, not leading"
+    recovered = {**cause, "outcome": "BarrierOpened"}
+    standby_delta = value(standby_after, "recoveries_total", **recovered) - value(
+        standby_before, "recoveries_total", **recovered
+    )
+    assert standby_delta == 0, "the standby counted no recovery"

@@ -85,6 +85,7 @@ def _gone_or_failed(kube: Clients, namespace: str, pod: Any) -> bool:
     return bool(now.metadata.deletion_timestamp) or now.status.phase == "Failed"
 
 
+@pytest.mark.usefixtures("healthy_kwok_nodes")  # the dead node back and untainted, pass or fail
 def test_dead_kwok_node_pod_replaced_elsewhere_others_in_place(
     kwok_cluster: LocalCluster,
     controller: Installation,

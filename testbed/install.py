@@ -13,16 +13,20 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from jobset_inplace import names
+from jobset_inplace.apierrors import or_none
+from jobset_inplace.controller.leader import DEFAULT_LEASE
 from jobset_inplace.core.transform import AGENT_CONTAINER
 
 from . import images, workloads
 from .cluster import LocalCluster, log
+from .kube import Clients, clients, wait_for
 from .kubectl import Kubectl
 from .processes import wait_until
 from .versions import REPO_ROOT
@@ -48,14 +52,19 @@ class Installation:
     def kubectl(self) -> Kubectl:
         return Kubectl(self.kubeconfig)
 
+    @cached_property
+    def kube(self) -> Clients:
+        return clients(self.kubeconfig)
+
     @property
     def overlay(self) -> Path:
         return OVERLAY if self.cluster is not None else MANIFESTS
 
     def install(self, timeout: float = 180) -> None:
-        """Images onto the nodes, apply, wait until both replicas are ready and the webhook
-        injects. Idempotent; pods already running keep the image they started with (same tag,
-        never pulled): a changed image reaches them when they restart."""
+        """Images onto the nodes, apply, wait until the replicas are ready, the webhook
+        injects and the install is settled (:meth:`wait_settled`). Idempotent; pods already
+        running keep the image they started with (same tag, never pulled): a changed image
+        reaches them when they restart."""
         t0 = time.monotonic()
         if self.cluster is not None:
             self._import_images(self.cluster)
@@ -72,6 +81,15 @@ class Installation:
         wait_until(
             "the in-cluster webhook injects the agent", lambda: webhook_injects(self.kubectl), 60
         )
+        replicas = self.kubectl.run(
+            "get",
+            f"deployment/{DEPLOYMENT}",
+            "-n",
+            names.INSTALL_NAMESPACE,
+            "-o",
+            "jsonpath={.spec.replicas}",
+        )
+        self.wait_settled(int(replicas))
         log(f"jobset-inplace installed in-cluster in {time.monotonic() - t0:.1f}s")
 
     @staticmethod
@@ -94,7 +112,8 @@ class Installation:
 
     def scale(self, replicas: int, timeout: float = 120) -> None:
         """Scale the controller Deployment and wait until it is there: ``replicas`` ready pods
-        (the webhook serving again), or none left at all for 0."""
+        (the webhook serving again) and settled (:meth:`wait_settled`), or none left at all for
+        0."""
         ns = names.INSTALL_NAMESPACE
         self.kubectl.run("scale", f"deployment/{DEPLOYMENT}", "-n", ns, f"--replicas={replicas}")
         if replicas == 0:
@@ -104,6 +123,41 @@ class Installation:
             "rollout", "status", f"deployment/{DEPLOYMENT}", "-n", ns, f"--timeout={int(timeout)}s"
         )
         wait_until("the webhook injects the agent", lambda: webhook_injects(self.kubectl), 60)
+        self.wait_settled(replicas, timeout)
+
+    def leader(self) -> str:
+        """The pod holding the controller's leader Lease (identities are ``<pod name>_<random>``);
+        "" while none does."""
+        lease = or_none(
+            self.kube.coordination.read_namespaced_lease, DEFAULT_LEASE, names.INSTALL_NAMESPACE
+        )
+        holder = lease.spec.holder_identity if lease is not None else None
+        return str(holder or "").rsplit("_", 1)[0]
+
+    def wait_settled(self, replicas: int, timeout: float = 120) -> tuple[str, list[str]]:
+        """Wait until exactly ``replicas`` pods run, none of them being deleted, and one of
+        them holds the Lease; return (leader, the others). A rollout can be complete while a
+        replaced pod is still terminating (and may still lead, or the Lease be free), which a
+        test reading the leader or the replicas would take for the install."""
+
+        def settled() -> tuple[str, list[str]] | None:
+            pods = self.pods()
+            running = {
+                p["metadata"]["name"]
+                for p in pods
+                if p.get("status", {}).get("phase") == "Running"
+                and not p["metadata"].get("deletionTimestamp")
+            }
+            leader = self.leader()
+            if len(pods) != replicas or len(running) != replicas or leader not in running:
+                return None
+            return leader, sorted(running - {leader})
+
+        return wait_for(
+            f"{replicas} running controller replicas, none terminating, one holding the Lease",
+            settled,
+            timeout,
+        )
 
     def logs(self, tail: int = 200) -> str:
         """Every controller pod's phase and the last ``tail`` lines of its log, timestamped

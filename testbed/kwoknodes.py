@@ -25,7 +25,8 @@ from jobset_inplace.names import NODE_LEASE_NAMESPACE
 from jobset_inplace.times import format_time
 
 from .cluster import KWOK_NODE_ANNOTATION, NODE_MONITOR_GRACE_SECONDS, NODE_MONITOR_PERIOD_SECONDS
-from .kube import Clients
+from .kube import Clients, node_ready_status
+from .workloads import KWOK_NODE_SELECTOR
 
 KWOK_LEASE_RENEW_SECONDS = 10  # kwok renews node Leases about every 10 s
 NODE_UNHEALTHY_BOUND_SECONDS = (
@@ -33,11 +34,40 @@ NODE_UNHEALTHY_BOUND_SECONDS = (
 )
 SILENCED_HOLDER = "jobset-inplace-e2e/silenced"
 SILENCE_ATTEMPTS = 5
+# The node lifecycle controller's taints on a node that is not (or not yet again) Ready.
+NODE_DOWN_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+KWOK_LABEL_SELECTOR = ",".join(f"{k}={v}" for k, v in KWOK_NODE_SELECTOR.items())
 
 
 def is_kwok_node(c: Clients, name: str) -> bool:
     node = c.core.read_node(name)
     return (node.metadata.annotations or {}).get(KWOK_NODE_ANNOTATION) == "fake"
+
+
+def kwok_nodes(c: Clients) -> list[str]:
+    """The names of the cluster's kwok nodes, sorted."""
+    return sorted(
+        n.metadata.name for n in c.core.list_node(label_selector=KWOK_LABEL_SELECTOR).items
+    )
+
+
+def silenced(c: Clients) -> list[str]:
+    """The nodes whose heartbeats :func:`set_heartbeat` stopped (their Lease is held by
+    :data:`SILENCED_HOLDER`)."""
+    leases = c.coordination.list_namespaced_lease(NODE_LEASE_NAMESPACE).items
+    return sorted(x.metadata.name for x in leases if x.spec.holder_identity == SILENCED_HOLDER)
+
+
+def unhealthy(c: Clients, taints: tuple[str, ...]) -> dict[str, list[str]]:
+    """Each kwok node that is not Ready or carries one of ``taints``, with what is wrong."""
+    out = {}
+    for node in c.core.list_node(label_selector=KWOK_LABEL_SELECTOR).items:
+        ready = node_ready_status(node)
+        wrong = [] if ready == "True" else [f"Ready={ready}"]
+        wrong += [t.key for t in node.spec.taints or [] if t.key in taints]
+        if wrong:
+            out[node.metadata.name] = wrong
+    return out
 
 
 def set_heartbeat(c: Clients, name: str, *, alive: bool) -> None:
