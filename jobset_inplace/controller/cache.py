@@ -103,6 +103,8 @@ class ClusterCache:
     orphans: dict[GangKey, dict[str, PodView]] = field(default_factory=dict)
     # this leader's report channel, advertised in every gang's status (None: not served)
     report_endpoint: ReportEndpoint | None = None
+    # when this process started leading (Snapshot.reports_since)
+    reports_since: float = 0.0
 
     def upsert_jobset(self, jobset: Mapping[str, Any], policy: Policy | None, error: str) -> Gang:
         spec = gang_spec(jobset)
@@ -253,4 +255,5 @@ class ClusterCache:
             leases_observed_since=self.leases_observed_since,
             cluster_nodes=self.nodes,
             report_endpoint=self.report_endpoint,
+            reports_since=self.reports_since,
         )

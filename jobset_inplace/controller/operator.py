@@ -179,7 +179,8 @@ def prime(r: Reconciler, watches: list[RawWatch[Any]]) -> None:
                 r.cache.upsert_jobset(js, parse_policy(meta.get("annotations")), "")
             except PolicyError as e:
                 r.cache.upsert_jobset(js, None, str(e))
-    r.cache.leases_observed_since = time.time()  # nothing was observed before this start
+    # nothing was observed, and no report heard, before this start
+    r.cache.leases_observed_since = r.cache.reports_since = time.time()
     counts = {w.what: w.prime() for w in watches}
     r.cache.kueue_recovery_timeout_s = read_kueue_recovery_timeout(core)
     log.info(

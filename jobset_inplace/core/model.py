@@ -197,6 +197,10 @@ class Snapshot:
     cluster_nodes: Mapping[str, NodeView] = field(default_factory=dict)
     # this leader's report channel (None: not served; agents report on their pods)
     report_endpoint: ReportEndpoint | None = None
+    # Since when this controller can have heard every agent's report: its start as leader.
+    # Reports sent over the channel to a leader before it were in that one's memory only;
+    # agents send them again once the status names this leader's channel.
+    reports_since: float = 0.0
 
 
 # --- actions ----------------------------------------------------------------------------------

@@ -62,6 +62,11 @@ IN_PLACE_CAUSES = frozenset(
 )
 # Share of Kueue's recoveryTimeout a recovery may use at most (the rest is the safety margin).
 KUEUE_RECOVERY_SHARE = 0.8
+# After a new leader starts, how long its barrier deadlines wait for the agents' reports to
+# reach it: an agent sends its record again as soon as its GangState watch shows the new
+# channel (well under a second), or, when that channel fails, writes it on its pod after its
+# 2 s timeout and one retry.
+REPORT_AGAIN_S = 15.0
 
 
 # Kubernetes' node lifecycle controller stops evicting in a zone that looks disrupted: more than
@@ -652,6 +657,10 @@ class _Planning:
             self.fresh_epoch_waits(rec, missing)
         elif s.now < rec.deadline:
             self.p.wake_at(s.now, rec.deadline)
+        elif s.now < (heard := s.reports_since + REPORT_AGAIN_S):
+            # a new leader: members that reported to the one before send again first, and
+            # none of them is recreated for not having reported to this one (guarantee 6)
+            self.p.wake_at(s.now, heard)
         elif self.disrupted is not None:  # laggards on silent nodes: no replacement on a guess
             self.p.wake_at(s.now, s.now + LEASE_RENEW_INTERVAL_S)
         else:

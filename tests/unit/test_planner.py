@@ -20,6 +20,7 @@ from jobset_inplace.core.model import (
     UntaintNode,
 )
 from jobset_inplace.core.planner import (
+    REPORT_AGAIN_S,
     may_untaint,
     observation_restarts,
     plan,
@@ -350,6 +351,26 @@ def test_barrier_deadline_recreates_laggards_then_escalates() -> None:
     p2 = plan(snapshot(status=p1.status, pod_list=pl2, now=rec.deadline + 1))
     assert p2.status.phase == Phase.ESCALATED
     assert p2.status.reason == "BarrierTimeout"
+
+
+def test_a_new_leader_recreates_nobody_for_not_having_reported_to_it_yet() -> None:
+    """Past the barrier deadline, a leader that has just started has heard nothing over its
+    channel yet (the reports went to the one before): it waits REPORT_AGAIN_S for the agents
+    to send them again, then acts as any leader would (guarantee 6)."""
+    st = recovering(3)
+    assert st.recovery is not None
+    pl = [dataclasses.replace(p, reported_epoch=2) for p in pods(4, epoch=3)]
+    late = st.recovery.deadline + 1
+    started = late - 1
+    p = plan(dataclasses.replace(snapshot(status=st, pod_list=pl, now=late), reports_since=started))
+    assert replaced(p) == []
+    assert p.requeue_after == started + REPORT_AGAIN_S - late
+    reported = [dataclasses.replace(x, reported_epoch=3) for x in pl]
+    s = snapshot(status=st, pod_list=reported, now=late + 1)
+    assert plan(dataclasses.replace(s, reports_since=started)).status.barrier_open
+    after = snapshot(status=st, pod_list=pl, now=started + REPORT_AGAIN_S)
+    p = plan(dataclasses.replace(after, reports_since=started))
+    assert len(replaced(p)) == 4, "nobody sent anything in time: the deadline acts"
 
 
 def test_escalated_gang_waits_for_jobset_restart_then_starts_fresh() -> None:
