@@ -107,6 +107,10 @@ ENV_STRAGGLER_WINDOWS: Final = "JSI_STRAGGLER_WINDOWS"
 ENV_CHECKPOINT_LAYOUT: Final = "JSI_CHECKPOINT_LAYOUT"
 ENV_CHECKPOINT_STEP_PATTERN: Final = "JSI_CHECKPOINT_STEP_PATTERN"
 
+# On every pod the webhook prepares (its agent's): the NetworkPolicy shipped with the controller
+# lets only such pods reach the report channel.
+AGENT_POD_LABEL: Final = "jobset-inplace.dev/agent"
+
 DEFAULT_RESTART_EXIT_CODE: Final = 88
 # The agent's barrier endpoint (its startupProbe) in every member pod.
 DEFAULT_PROBE_PORT: Final = 8187

@@ -208,6 +208,8 @@ def _prepare_pod(
     pod: dict[str, Any], agent: dict[str, Any], where: str, s: AgentSettings, policy: Policy
 ) -> None:
     spec = pod.setdefault("spec", {})
+    labels = pod.setdefault("metadata", {}).setdefault("labels", {})
+    labels[names.AGENT_POD_LABEL] = "true"
     agent = copy.deepcopy(agent)
     tiers = {
         ENV_CHECKPOINT_LOCAL_DIR: policy.checkpoint_dirs.local,

@@ -78,6 +78,16 @@ def test_adds_agent_rules_and_job_settings() -> None:
     assert out["spec"]["failurePolicy"] == {"maxRestarts": 2}
 
 
+def test_every_prepared_pod_carries_the_agent_label_and_keeps_its_own() -> None:
+    """The label the shipped NetworkPolicy admits to the report channel."""
+    js = jobset()
+    template = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    template["metadata"] = {"labels": {"team": "a"}}
+    out = transform(js, S)
+    labels = out["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"]["labels"]
+    assert labels == {"team": "a", names.AGENT_POD_LABEL: "true"}
+
+
 def test_process_scope_runs_every_main_container_under_the_launcher() -> None:
     js = jobset()
     spec = pod_spec(js)
