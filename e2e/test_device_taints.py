@@ -35,6 +35,9 @@ def dra(
 ) -> Iterator[TestDRADriver]:
     if local_cluster is None:
         pytest.skip("runs a DRA driver beside the local cluster's real kubelets")
+    # A run aborted before its teardown leaves its rule, which would taint (and evict) this
+    # run's devices at once, and the test could not create it again.
+    untaint(kube, RULE)
     with TestDRADriver(
         kube, cluster_kubeconfig, local_cluster.real_nodes(), tmp_path / "dra"
     ) as driver:

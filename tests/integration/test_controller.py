@@ -15,6 +15,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import names
+from jobset_inplace.apierrors import or_none
 from testbed.controlplane import ControlPlane
 from testbed.kube import Clients, wait_for
 
@@ -51,6 +52,10 @@ def leases(kube: Clients) -> Iterator[LeaseKeeper]:
 def gang(
     kube: Clients, namespace: str, controller: Controller, leases: LeaseKeeper
 ) -> Iterator[Gang]:
+    # A controller that died during an earlier test (whose teardown below failed it) is started
+    # again: one crash must not fail every later test of the module too.
+    if controller.proc is None or controller.proc.poll() is not None:
+        controller.start()
     g = Gang(kube, namespace, f"train-{uuid.uuid4().hex[:4]}", 4, dict(FAST), leases=leases)
     yield g
     if controller.proc is not None and controller.proc.poll() is not None:
@@ -227,8 +232,10 @@ def test_controller_killed_mid_recovery_completes_exactly_one(
     # pass posts again), with the recovery still under way (barrier closed).
     wait_for("RecoveryStarted event", lambda: "RecoveryStarted" in reasons(gang), 10)
     controller.kill()
-    gang.rejoin_all(2)
-    controller.start()
+    try:
+        gang.rejoin_all(2)
+    finally:
+        controller.start()  # the later tests of this module need it
     gang.wait_state("barrier open at epoch 2", lambda s: s["barrierOpen"] and s["epoch"] == 2)
     # Positive control instead of a fixed sleep: the restarted controller planned the gang again
     # after the barrier opened, and a second recovery would show as epoch 3.
@@ -251,8 +258,10 @@ def test_controller_killed_at_any_point_of_a_recovery_recovers_exactly_once(
     start_running(gang)
     gang.fail_trainer(1)
     time.sleep(delay)  # the fault's timing (seed JSI_FAULT_SEED), not a wait for an outcome
-    controller.kill()
-    controller.start()
+    try:
+        controller.kill()
+    finally:
+        controller.start()  # the later tests of this module need it
     gang.wait_state("epoch 2", lambda s: s["epoch"] == 2)
     gang.rejoin_all(2)
     gang.wait_state("barrier open at epoch 2", lambda s: s["barrierOpen"] and s["epoch"] == 2)
@@ -350,25 +359,44 @@ def test_a_jobset_deleted_in_the_foreground_does_not_get_its_gangstate_back(
     kube.custom.delete_namespaced_custom_object(
         *jobsets, gang.name, propagation_policy="Foreground"
     )
-    stops = f"{gang.namespace}/{gang.name}: JobSet deleted: recovery stops"
-    wait_for("the controller handled the deletion", lambda: stops in controller.tail(200), 30)
-    kube.custom.delete_namespaced_custom_object(
-        names.GROUP, names.VERSION, gang.namespace, names.GANGSTATE_PLURAL, gang.name
-    )
-    gang.fail_trainer(1)  # an event for the deleting gang: a pass would write its status
-    # A later gang is created, runs, fails and recovers: the controller has handled the
-    # deleting gang's pod event (and would have retried a status write that found no GangState).
-    other = Gang(
-        kube, gang.namespace, f"other-{uuid.uuid4().hex[:4]}", 2, dict(FAST), leases=leases
-    )
-    start_running(other)
-    other.fail_trainer(0)
-    other.wait_state("the other gang recovers", lambda s: s["epoch"] == 2)
-    other.rejoin_all(2)
-    other.wait_state("the other gang runs again", lambda s: s["barrierOpen"] and s["epoch"] == 2)
-    with pytest.raises(ApiException) as gone:
-        gang.state()
-    assert gone.value.status == 404, "the GangState of a JobSet being deleted was created again"
+    try:
+        stops = f"{gang.namespace}/{gang.name}: JobSet deleted: recovery stops"
+        wait_for("the controller handled the deletion", lambda: stops in controller.tail(200), 30)
+        kube.custom.delete_namespaced_custom_object(
+            names.GROUP, names.VERSION, gang.namespace, names.GANGSTATE_PLURAL, gang.name
+        )
+        gang.fail_trainer(1)  # an event for the deleting gang: a pass would write its status
+        # A later gang is created, runs, fails and recovers: the controller has handled the
+        # deleting gang's pod event (and would have retried a status write that found no
+        # GangState).
+        other = Gang(
+            kube, gang.namespace, f"other-{uuid.uuid4().hex[:4]}", 2, dict(FAST), leases=leases
+        )
+        start_running(other)
+        other.fail_trainer(0)
+        other.wait_state("the other gang recovers", lambda s: s["epoch"] == 2)
+        other.rejoin_all(2)
+        other.wait_state(
+            "the other gang runs again", lambda s: s["barrierOpen"] and s["epoch"] == 2
+        )
+        with pytest.raises(ApiException) as gone:
+            gang.state()
+        assert gone.value.status == 404, "the GangState of a JobSet being deleted was created again"
+    finally:
+        # What the garbage collector does once the dependents are gone: without it the
+        # foregroundDeletion finalizer keeps the JobSet for ever, and the namespace's teardown
+        # waits for its JobSets to go.
+        or_none(
+            kube.custom.patch_namespaced_custom_object,
+            *jobsets,
+            gang.name,
+            {"metadata": {"finalizers": None}},
+        )
+        wait_for(
+            f"JobSet {gang.name} gone once its finalizers are removed",
+            lambda: or_none(kube.custom.get_namespaced_custom_object, *jobsets, gang.name) is None,
+            15,
+        )
 
 
 def test_a_gang_whose_agents_never_report_is_said_not_silent(gang: Gang) -> None:

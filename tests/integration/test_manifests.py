@@ -4,10 +4,14 @@ exactly what the controller does (and not more than needed)."""
 from __future__ import annotations
 
 import pytest
+import yaml
 from kubernetes import client
 
+from jobset_inplace import names
+from jobset_inplace.apierrors import or_none
 from testbed.controlplane import ControlPlane
-from testbed.kube import Clients
+from testbed.kube import Clients, wait_for
+from testbed.kubectl import Kubectl, kustomize
 from testbed.versions import REPO_ROOT
 
 pytestmark = pytest.mark.integration
@@ -85,6 +89,27 @@ def _can(
     return bool(out.status.allowed)
 
 
+def _uninstall_but_the_crd(kubectl: Kubectl, kube: Clients) -> None:
+    """Delete what the install applied, except the GangState CRD, which the other tests of this
+    session's plane use (its ``gangstate_crd`` fixture applies it once). With no controller
+    behind them, the webhook configurations (failurePolicy Fail) would refuse every opted-in
+    JobSet later tests create, and the agent's ValidatingAdmissionPolicy judge their pods."""
+    objs = [o for o in yaml.safe_load_all(kustomize(REPO_ROOT / "manifests")) if o]
+    rest = [o for o in objs if o["kind"] not in ("CustomResourceDefinition", "Namespace")]
+    kubectl.run(
+        "delete", "-f", "-", "--ignore-not-found", "--timeout=60s", stdin=yaml.safe_dump_all(rest)
+    )
+    # No namespace controller here: the namespace, emptied above, is finalized as it would be
+    # (else it stays Terminating for the rest of the session).
+    ns = names.INSTALL_NAMESPACE
+    or_none(kube.core.delete_namespace, ns)
+    finalized = client.V1Namespace(
+        metadata=client.V1ObjectMeta(name=ns), spec=client.V1NamespaceSpec(finalizers=[])
+    )
+    or_none(kube.core.replace_namespace_finalize, ns, finalized)
+    wait_for(f"namespace {ns} gone", lambda: or_none(kube.core.read_namespace, ns) is None, 30)
+
+
 def test_manifests_apply_and_controller_rbac_is_sufficient_and_least(
     control_plane: ControlPlane, kube: Clients
 ) -> None:
@@ -101,7 +126,4 @@ def test_manifests_apply_and_controller_rbac_is_sufficient_and_least(
         extra = [n for n in NOT_GRANTED if _can(kube, *n)]
         assert not extra, f"controller ServiceAccount may {extra}"
     finally:
-        # No controller serves these here: with failurePolicy Fail they would refuse every
-        # opted-in JobSet the later tests of this control plane create.
-        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-            kubectl.run("delete", kind, "jobset-inplace-webhook", "--ignore-not-found")
+        _uninstall_but_the_crd(kubectl, kube)

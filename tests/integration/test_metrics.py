@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from kubernetes import config
+from kubernetes import client, config
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -44,10 +44,28 @@ def leases(kube: Clients, control_plane: ControlPlane) -> Iterator[LeaseKeeper]:
 
 
 @contextmanager
+def default_kube_config(kubeconfig: Path) -> Iterator[None]:
+    """``kubeconfig`` as the client's process-wide default Configuration (what the watches'
+    clients use), restored afterwards: the tests that follow, of any tier when ``make test``
+    runs them in one process, must not reach this control plane by accident."""
+    saved = client.Configuration.get_default_copy()
+    config.load_kube_config(config_file=str(kubeconfig))
+    try:
+        yield
+    finally:
+        client.Configuration.set_default(saved)
+
+
+@contextmanager
 def controller_for(gang: Gang, kube: Clients, kubeconfig: Path) -> Iterator[Metrics]:
     """The controller of ``jobset-inplace run`` for ``gang`` only (other tests' JobSets stay in
     their terminating namespaces: forgotten), recording into a registry of its own."""
-    config.load_kube_config(config_file=str(kubeconfig))  # the watches' clients
+    with default_kube_config(kubeconfig), _controller_for(gang, kube) as m:
+        yield m
+
+
+@contextmanager
+def _controller_for(gang: Gang, kube: Clients) -> Iterator[Metrics]:
     m = Metrics(CollectorRegistry())
     r = Reconciler(ClusterCache(), Executor(kube.api), metrics=m)
     m.bind(r.cache)

@@ -14,7 +14,6 @@ import copy
 import socket
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,7 @@ from testbed import workloads
 from testbed.certs import ensure_serving_cert
 from testbed.controller import AGENT_POLICY
 from testbed.controlplane import ControlPlane
-from testbed.kube import Clients, create_jobset, get_jobset, wait_for
+from testbed.kube import Clients, create_jobset, get_jobset, temporary_namespace, wait_for
 from testbed.processes import free_port
 
 pytestmark = pytest.mark.integration
@@ -157,10 +156,9 @@ def webhook(
 
 def _wait_webhook_active(kube: Clients, hook: Webhook) -> None:
     """The apiserver picks up new configurations asynchronously: probe until a JobSet created
-    in a scratch namespace comes back mutated."""
-    ns = f"webhook-probe-{uuid.uuid4().hex[:6]}"
-    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
-    try:
+    in a scratch namespace comes back mutated. The namespace is a test one (labelled, its
+    opted-in probe JobSets deleted): they must not outlive the probe."""
+    with temporary_namespace(kube, "webhook-probe", default_sa=True) as ns:
         attempt = 0
 
         def mutated() -> bool:
@@ -170,8 +168,6 @@ def _wait_webhook_active(kube: Clients, hook: Webhook) -> None:
             return bool(agent_containers(created))
 
         wait_for("the webhook configurations to take effect", mutated, WAIT, 0.5)
-    finally:
-        kube.core.delete_namespace(ns, propagation_policy="Background")
 
 
 # --- JobSets ------------------------------------------------------------------------------------
