@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ from jobset_inplace.controller.cache import ClusterCache, GangKey, pod_entry
 from jobset_inplace.controller.report_server import ReportServer
 from jobset_inplace.controller.report_tokens import TokenVerifier
 from jobset_inplace.core.policy import Policy
+from jobset_inplace.times import parse_time
 from testbed.controlplane import ControlPlane
 from testbed.kube import Clients, pod_token, wait_for
 
@@ -253,6 +255,54 @@ def test_a_new_leader_learns_every_report_from_the_agents(  # noqa: PLR0917 (fix
         assert pod_reports(gang) == dict.fromkeys(range(4)), "no report written on a pod"
         for a in (agents[0], agents[1], agents[4], agents[5]):
             a.wait_barrier(200, "epoch 2")
+    finally:
+        for ctl in (first, second):
+            if ctl is not None:
+                ctl.stop()
+
+
+def test_a_new_leader_past_the_barrier_deadline_recreates_nobody_who_had_reported(  # noqa: PLR0917
+    kube: Clients,
+    namespace: str,
+    control_plane: ControlPlane,
+    start_agent: StartAgent,
+    leases: LeaseKeeper,
+    tmp_path: Path,
+) -> None:
+    """The leader dies with two of three members' reports in its memory only; its successor
+    starts after the barrier deadline has passed. It recreates nobody for not having reported
+    to it: the agents send their reports again, the slow member comes back, and the barrier
+    opens: one epoch, every pod the same, one recovery charged (guarantee 6)."""
+    first = controller(control_plane, tmp_path, "leader-1", **CHANNEL)
+    second: Controller | None = None
+    try:
+        policy = {**FAST, names.BARRIER_TIMEOUT: "30s"}  # the least accepted
+        gang = Gang(kube, namespace, f"train-{uuid.uuid4().hex[:4]}", 3, policy, leases=leases)
+        gang.create()
+        agents = [start_member(start_agent, kube, gang, i, tmp_path) for i in range(3)]
+        gang.wait_state("epoch 1 open", lambda s: s.get("barrierOpen") and s.get("epoch") == 1)
+        uids = gang.uids()
+        agents[2].proc.send_signal(signal.SIGKILL)  # member 2 is slow to come back
+        agents[2].proc.wait(10)
+        gang.fail_trainer(0)
+        state = gang.wait_state("epoch 2 recovering", lambda s: s.get("epoch") == 2)
+        for i in range(3):
+            gang.restart_in_place(i)
+        for a in agents[:2]:
+            a.wait_log(r"reported epoch 2, checkpoint steps .*\(on the channel\)")
+        first.kill()
+        deadline = parse_time(state["recovery"]["deadline"])
+        assert deadline is not None
+        wait_for("the barrier deadline passed", lambda: time.time() > deadline + 1, 60, 0.5)
+
+        second = controller(control_plane, tmp_path, "leader-2", **CHANNEL)
+        agents.append(start_member(start_agent, kube, gang, 2, tmp_path))
+        state = gang.wait_state(
+            "epoch 2 open", lambda s: s.get("barrierOpen") and s.get("epoch") == 2
+        )
+        assert state["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 0}
+        assert [h["epoch"] for h in state["history"]] == [2]
+        assert gang.uids() == uids, "no pod recreated"
     finally:
         for ctl in (first, second):
             if ctl is not None:
