@@ -25,7 +25,9 @@ import hashlib
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +42,19 @@ log = logging.getLogger("jobset_inplace.reports")
 
 LEEWAY_S = 60.0  # clock skew allowed on nbf / exp (as the apiserver's own validator)
 KEYS_REFRESH_S = 30.0  # least time between two reads of the signing keys
+# A read of the keys that failed for a reason that may pass (429 while thousands of agents
+# reach a new leader, 5xx, a connection error) is tried again after this, doubling to
+# KEYS_REFRESH_S; meanwhile reports are answered 503 (their agents write them on their pods).
+# Only a definite 403 or 404 (RBAC, no issuer discovery) switches to TokenReviews.
+KEYS_RETRY_S = 0.5
 CACHE_MAX = 4 * 65536  # verified tokens remembered (expired ones dropped beyond this)
+REJECTED_S = 60.0  # a refused token is answered from memory this long
+REJECTED_MAX = 65536  # refused tokens remembered (the oldest forgotten first)
+# TokenReviews run on threads of their own (never the pool status writes and pod actions
+# share), at most this many at once and this many waiting; beyond, a report is answered 503.
+REVIEW_THREADS = 2
+REVIEW_QUEUE = 64
+REVIEW_TIMEOUT_S = 5.0
 SA_PREFIX = "system:serviceaccount:"
 POD_NAME_KEY = "authentication.kubernetes.io/pod-name"  # TokenReview user extra
 POD_UID_KEY = "authentication.kubernetes.io/pod-uid"
@@ -59,11 +73,13 @@ _CURVES: dict[str, tuple[ec.EllipticCurve, int]] = {
 
 
 class Rejected(Exception):
-    """A report refused, with its HTTP status."""
+    """A report refused, with its HTTP status. ``lasting``: the token itself is refused, and
+    would be again (not so for a key this leader has not read yet)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, lasting: bool = True) -> None:
         super().__init__(message)
         self.status = status
+        self.lasting = lasting and status == 401
 
 
 @dataclass(frozen=True)
@@ -173,16 +189,21 @@ def check_claims(claims: Mapping[str, Any], issuer: str, now: float) -> Identity
 
 class TokenVerifier:
     """:meth:`identify` a report token: offline against the signing keys, or (keys
-    unreadable) by TokenReview; each verified token remembered until it expires."""
+    unreadable) by TokenReview; each verified token remembered until it expires, each refused
+    one for REJECTED_S."""
 
     def __init__(self, api: client.ApiClient, clock: Callable[[], float] = time.time) -> None:
         self.api, self.clock = api, clock
         self._known: dict[str, Identity] = {}
+        self._rejected: OrderedDict[str, tuple[float, Rejected]] = OrderedDict()
         self._keys: dict[str, PublicKey] = {}
         self._issuer: str | None = None
         self._offline = True  # False once the keys proved unreadable: TokenReviews
         self._keys_read_at = float("-inf")
+        self._keys_failures = 0  # reads failed in a row (for a reason that may pass)
         self._keys_lock = asyncio.Lock()
+        self._reviewer: ThreadPoolExecutor | None = None
+        self._reviews_pending = 0
         self.verified = 0  # tokens checked (not served from memory)
         self.reviews = 0  # TokenReviews made
 
@@ -192,12 +213,26 @@ class TokenVerifier:
         known = self._known.get(key)
         if known is not None and now <= known.until + LEEWAY_S:
             return known
-        identity = await (self._verify(token, now) if self._offline else self._review(token))
+        refused = self._rejected.get(key)
+        if refused is not None and now < refused[0]:
+            raise refused[1]
+        try:
+            identity = await (self._verify(token, now) if self._offline else self._review(token))
+        except Rejected as e:
+            if e.lasting:  # the same answer next time: given from memory
+                self._remember_rejected(key, now, e)
+            raise
         self.verified += 1
         if len(self._known) >= CACHE_MAX:
             self._known = {k: v for k, v in self._known.items() if now <= v.until + LEEWAY_S}
         self._known[key] = identity
         return identity
+
+    def _remember_rejected(self, key: str, now: float, e: Rejected) -> None:
+        self._rejected[key] = (now + REJECTED_S, e)
+        self._rejected.move_to_end(key)
+        while len(self._rejected) > REJECTED_MAX:
+            self._rejected.popitem(last=False)
 
     async def _verify(self, token: str, now: float) -> Identity:
         t = parse_token(token)
@@ -206,29 +241,44 @@ class TokenVerifier:
             await self._read_keys()
             if not self._offline:
                 return await self._review(token)
+            if self._issuer is None:
+                raise Rejected(503, "the signing keys could not be read yet; report on the pod")
         signer = self._keys.get(kid)
         if signer is None:
-            raise Rejected(401, f"token signed by unknown key {kid!r}")
+            raise Rejected(401, f"token signed by unknown key {kid!r}", lasting=False)
         verify_signature(t, signer)
         assert self._issuer is not None
         return check_claims(t.claims, self._issuer, now)
 
+    def _keys_due(self) -> bool:
+        wait = KEYS_REFRESH_S
+        if self._keys_failures:
+            wait = min(KEYS_REFRESH_S, KEYS_RETRY_S * 2 ** (self._keys_failures - 1))
+        return self.clock() - self._keys_read_at >= wait
+
     async def _read_keys(self) -> None:
         async with self._keys_lock:
-            if self.clock() - self._keys_read_at < KEYS_REFRESH_S:
+            if not self._keys_due():
                 return
             self._keys_read_at = self.clock()
             try:
                 config, jwks = await asyncio.to_thread(self._fetch)
             except client.exceptions.ApiException as e:
-                log.warning(
-                    "report channel: cannot read the service-account signing keys (%s %s); "
-                    "verifying tokens by TokenReview",
-                    e.status,
-                    e.reason,
-                )
-                self._offline = False
+                if e.status in (403, 404):
+                    log.warning(
+                        "report channel: the service-account signing keys may not be read "
+                        "(%s %s); verifying tokens by TokenReview",
+                        e.status,
+                        e.reason,
+                    )
+                    self._offline = False
+                    return
+                self._read_failed(f"{e.status} {e.reason}")
                 return
+            except OSError as e:  # the connection (urllib3's errors are OSErrors)
+                self._read_failed(f"{type(e).__name__}: {e}")
+                return
+            self._keys_failures = 0
             keys = {str(k.get("kid") or ""): public_key(k) for k in jwks.get("keys") or []}
             self._keys = {kid: k for kid, k in keys.items() if k is not None}
             self._issuer = str(config.get("issuer") or "")
@@ -238,6 +288,15 @@ class TokenVerifier:
                 self._issuer,
             )
 
+    def _read_failed(self, why: str) -> None:
+        self._keys_failures += 1
+        log.warning(
+            "report channel: cannot read the service-account signing keys (%s); trying again "
+            "in %.1f s",
+            why,
+            min(KEYS_REFRESH_S, KEYS_RETRY_S * 2 ** (self._keys_failures - 1)),
+        )
+
     def _fetch(self) -> tuple[dict[str, Any], dict[str, Any]]:
         well_known = client.WellKnownApi(self.api)
         config = well_known.get_service_account_issuer_open_id_configuration(_preload_content=False)
@@ -246,20 +305,38 @@ class TokenVerifier:
         )
         return _as_dict(config.data), _as_dict(jwks.data)
 
+    def _create_review(self, review: client.V1TokenReview) -> Any:
+        return client.AuthenticationV1Api(self.api).create_token_review(review)
+
     async def _review(self, token: str) -> Identity:
+        parse_token(token)  # not even a JWT: no API request for it
+        if self._reviews_pending >= REVIEW_THREADS + REVIEW_QUEUE:
+            raise Rejected(503, "too many token reviews in flight; report on the pod")
+        if self._reviewer is None:
+            self._reviewer = ThreadPoolExecutor(REVIEW_THREADS, "jsi-token-review")
         review = client.V1TokenReview(
             spec=client.V1TokenReviewSpec(token=token, audiences=[names.REPORT_TOKEN_AUDIENCE])
         )
-        api = client.AuthenticationV1Api(self.api)
+        loop = asyncio.get_running_loop()
+        self._reviews_pending += 1
         try:
-            answer = await asyncio.to_thread(api.create_token_review, review)
+            call = loop.run_in_executor(self._reviewer, self._create_review, review)
+            answer = await asyncio.wait_for(call, REVIEW_TIMEOUT_S)
+        except TimeoutError:
+            raise Rejected(503, f"the token review took over {REVIEW_TIMEOUT_S:g} s") from None
         except client.exceptions.ApiException as e:
             raise Rejected(503, f"cannot review the token: API error {e.status} {e.reason}") from e
+        except OSError as e:
+            raise Rejected(503, f"cannot review the token: {type(e).__name__}") from e
+        finally:
+            self._reviews_pending -= 1
         self.reviews += 1
         status = answer.status
         if status is None or not status.authenticated or status.user is None:
             why = (status.error if status is not None else None) or "not authenticated"
             raise Rejected(401, f"token not accepted for {names.REPORT_TOKEN_AUDIENCE}: {why}")
+        if names.REPORT_TOKEN_AUDIENCE not in (status.audiences or []):
+            raise Rejected(401, f"token not valid for the audience {names.REPORT_TOKEN_AUDIENCE}")
         extra = status.user.extra or {}
         pod, uid = (extra.get(POD_NAME_KEY) or [""])[0], (extra.get(POD_UID_KEY) or [""])[0]
         user = status.user.username or ""

@@ -5,19 +5,29 @@ here; tests/integration/test_report_channel.py verifies the apiserver's own toke
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import threading
 from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa, utils
+from kubernetes import client
 
 from jobset_inplace import names
 from jobset_inplace.controller.report_tokens import (
+    KEYS_RETRY_S,
+    POD_NAME_KEY,
+    POD_UID_KEY,
+    REJECTED_S,
+    REVIEW_QUEUE,
+    REVIEW_THREADS,
     Identity,
     PublicKey,
     Rejected,
+    TokenVerifier,
     check_claims,
     parse_token,
     public_key,
@@ -141,3 +151,133 @@ def test_keys_service_accounts_are_not_signed_with_are_skipped() -> None:
     assert public_key({"kty": "oct", "k": "c2VjcmV0"}) is None
     assert public_key({"kty": "EC", "crv": "secp256k1", "x": "AA", "y": "AA"}) is None
     assert public_key({"kty": "RSA", "n": "AQAB"}) is None  # no exponent
+
+
+# --- the verifier: reading the keys, TokenReviews, what it remembers --------------------------
+
+
+class Verifier(TokenVerifier):
+    """The verifier with the apiserver's answers played by the test: ``fetches`` the results
+    of successive reads of the keys (an exception is raised), ``review`` the TokenReview's."""
+
+    def __init__(self, fetches: list[Any], review: Any = None) -> None:
+        self.now = NOW
+        super().__init__(client.ApiClient(), clock=lambda: self.now)
+        self.fetches, self.review, self.fetched, self.reviewed = fetches, review, 0, 0
+
+    def _fetch(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        self.fetched += 1
+        answer = self.fetches.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return dict(answer[0]), dict(answer[1])
+
+    def _create_review(self, review: client.V1TokenReview) -> Any:
+        self.reviewed += 1
+        if isinstance(self.review, BaseException):
+            raise self.review
+        if callable(self.review):
+            return self.review()
+        return self.review
+
+
+KEYS = ({"issuer": ISSUER}, {"keys": [rsa_jwk()]})
+
+
+def api_error(status: int) -> client.exceptions.ApiException:
+    return client.exceptions.ApiException(status=status, reason="test")
+
+
+def identify(v: TokenVerifier, tok: str) -> Identity:
+    return asyncio.run(v.identify(tok))
+
+
+def test_a_key_read_that_may_pass_is_retried_with_backoff_not_given_up() -> None:
+    """A 429 (thousands of agents at a new leader) or a connection error: 503 for now, the keys
+    read again after KEYS_RETRY_S doubling; never TokenReviews for the life of the process."""
+    v = Verifier([api_error(429), OSError("reset"), KEYS])
+    good = token(claims())
+
+    def refused_for_now() -> None:
+        with pytest.raises(Rejected) as e:
+            identify(v, good)
+        assert e.value.status == 503
+
+    refused_for_now()  # the 429
+    refused_for_now()
+    assert v.fetched == 1, "not read again before the backoff"
+    v.now += KEYS_RETRY_S
+    refused_for_now()  # the connection error
+    v.now += KEYS_RETRY_S
+    refused_for_now()
+    assert v.fetched == 2, "the backoff doubled"
+    v.now += KEYS_RETRY_S
+    assert identify(v, good).pod == "p-0"
+    assert (v.fetched, v.reviewed) == (3, 0)
+
+
+def review_of(pod: str, uid: str, audiences: list[str]) -> client.V1TokenReview:
+    user = client.V1UserInfo(
+        username="system:serviceaccount:ns:default",
+        extra={POD_NAME_KEY: [pod], POD_UID_KEY: [uid]},
+    )
+    status = client.V1TokenReviewStatus(authenticated=True, user=user, audiences=audiences)
+    return client.V1TokenReview(spec=client.V1TokenReviewSpec(token="x"), status=status)
+
+
+def test_keys_that_may_not_be_read_switch_to_token_reviews_with_the_audience_checked() -> None:
+    v = Verifier([api_error(403)], review_of("p-0", "uid-0", [names.REPORT_TOKEN_AUDIENCE]))
+    assert identify(v, token(claims())).uid == "uid-0"
+    assert v.reviewed == 1
+    other = Verifier([api_error(404)], review_of("p-0", "uid-0", ["another-audience"]))
+    with pytest.raises(Rejected, match="audience"):
+        identify(other, token(claims()))
+
+
+def test_a_refused_token_is_answered_from_memory_for_a_while() -> None:
+    unauthenticated = client.V1TokenReviewStatus(authenticated=False, error="invalid token")
+    spec = client.V1TokenReviewSpec(token="x")
+    v = Verifier([api_error(403)], client.V1TokenReview(spec=spec, status=unauthenticated))
+    bad = token(claims())
+    for _ in range(3):
+        with pytest.raises(Rejected) as e:
+            identify(v, bad)
+        assert e.value.status == 401
+    assert v.reviewed == 1, "one TokenReview, then memory"
+    v.now += REJECTED_S
+    with pytest.raises(Rejected):
+        identify(v, bad)
+    assert v.reviewed == 2
+    with pytest.raises(Rejected, match="three parts"):
+        identify(v, "not-a-jwt")
+    assert v.reviewed == 2, "not a JWT: no TokenReview"
+
+
+def test_token_reviews_are_bounded_and_timed_out() -> None:
+    """On threads of their own, at most REVIEW_THREADS + REVIEW_QUEUE at once (the rest 503 at
+    once), each given up after REVIEW_TIMEOUT_S (503)."""
+    release = threading.Event()
+
+    def slow() -> client.V1TokenReview:
+        release.wait(10)
+        return review_of("p-0", "uid-0", [names.REPORT_TOKEN_AUDIENCE])
+
+    v = Verifier([api_error(403)], slow)
+
+    async def flood() -> list[int]:
+        tokens = [token(claims(jti=str(i))) for i in range(REVIEW_THREADS + REVIEW_QUEUE + 5)]
+        tasks = [asyncio.ensure_future(v.identify(t)) for t in tokens]
+        await asyncio.sleep(0.2)
+        release.set()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        return [r.status if isinstance(r, Rejected) else 200 for r in done]
+
+    statuses = asyncio.run(flood())
+    assert statuses.count(503) == 5, "what is beyond the queue is refused at once"
+    assert statuses.count(200) == REVIEW_THREADS + REVIEW_QUEUE
+
+    stuck = Verifier([api_error(403)], lambda: release.clear() or release.wait(30))
+    with pytest.raises(Rejected, match="took over") as e:
+        identify(stuck, token(claims()))
+    assert e.value.status == 503
+    release.set()
