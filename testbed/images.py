@@ -151,6 +151,7 @@ def pinned_packages(
         return deps
     log(f"installing the pinned dependencies of {requirements.name} ({digest}) ...")
     t0 = time.monotonic()
+    deps.parent.mkdir(parents=True, exist_ok=True)  # a new cache has none
     tmp = Path(tempfile.mkdtemp(dir=deps.parent))
     target = tmp / LOCAL_PACKAGES
     _pip_install(
