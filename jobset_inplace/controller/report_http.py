@@ -7,12 +7,13 @@ the one request agents make: ``POST <path>`` with a ``Content-Length`` body of a
 ``max_body`` bytes. Any other request, and any answer but 200, is answered with its status
 (the reason named) and the connection closed.
 
-Against a hostile client (docs/guarantees.md, "The report channel's attacker"):
+Against a hostile client (docs/guarantees.md, fault model, "a hostile pod at the report
+channel's port"):
 
 * a new connection is taken only within :class:`.report_limits.Admission`'s limits (total, per
   source, unauthenticated, a rate per source); refused ones are closed before any TLS;
 * a connection must finish its TLS handshake and have a report accepted within PREAUTH_S of
-  its first byte (partial TLS records count: the clock is on the bytes, not the plaintext);
+  connecting, whatever it sent meanwhile (a TLS record held short of its last byte included);
 * only a connection that has had a report accepted is kept while idle (IDLE_S), and a request
   begun on it must be complete within REQUEST_S;
 * h11 finds a request's end without re-reading what it has seen, so a peer trickling bytes

@@ -1,7 +1,7 @@
 """What the report channel lets in before anyone has authenticated: its port is reachable from
 every pod of the cluster, so a hostile pod must not be able to exhaust the leader's memory,
 file descriptors or event loop with connections that never send a valid report
-(docs/guarantees.md, "The report channel's attacker").
+(docs/guarantees.md, fault model: a hostile pod at the channel's port).
 
 :class:`Admission` decides, with no I/O and the clock passed in, whether a new connection from a
 source address is taken, and counts what is open. Limits, all per leader process:
