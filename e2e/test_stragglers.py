@@ -90,8 +90,14 @@ def test_a_straggler_is_flagged_and_replaced_elsewhere(
     assert m, pending.message
     held = int(m.group(1))
     node = victim.spec.node_name
-    taints = {t.key: t.effect for t in kube.core.read_node(node).spec.taints or []}
-    assert taints.get(names.DEVICE_UNHEALTHY_TAINT) == "NoSchedule"
+
+    def effect() -> str | None:
+        taints = kube.core.read_node(node).spec.taints or []
+        return next((t.effect for t in taints if t.key == names.DEVICE_UNHEALTHY_TAINT), None)
+
+    # the pass that opened epoch 2 writes its status first, then taints and replaces: the
+    # status can be seen a moment before the taint is there
+    assert wait_for(f"node {node} tainted", effect, 30, 0.2) == "NoSchedule"
 
     st = barrier_open(kube, namespace, "gang", 2, 120)
     resume = st["resumeStep"]
