@@ -252,17 +252,23 @@ def _run(kube: Clients, namespace: str, topo: Topology) -> None:
         )
         assert effect == "NoSchedule"
 
-        st = wait_for(
-            f"barrier of epoch {trained + 1} (replacement placed by Kueue and joined)",
-            lambda: (
-                s
-                if (s := gang_state(kube, namespace, NAME)).get("barrierOpen")
-                and s["epoch"] == trained + 1
-                else None
-            ),
-            150,
-            0.5,
-        )
+        try:
+            st = wait_for(
+                f"barrier of epoch {trained + 1} (replacement placed by Kueue and joined)",
+                lambda: (
+                    s
+                    if (s := gang_state(kube, namespace, NAME)).get("barrierOpen")
+                    and s["epoch"] == trained + 1
+                    else None
+                ),
+                150,
+                0.5,
+            )
+        except AssertionError as e:  # what Kueue decided (it evicted the Workload in 1 of 3 runs)
+            wl_now = workload_of(kube, namespace, NAME) or {}
+            status = wl_now.get("status") or {}
+            why = {k: status.get(k) for k in ("conditions", "unhealthyNodes")}
+            raise AssertionError(f"{e}; the Workload: {why}") from None
         took = time.monotonic() - t0
         after = _live_pods(kube, namespace)
         new = after["0"]
