@@ -18,7 +18,7 @@ import asyncio
 import signal
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -206,65 +206,75 @@ def pod_reports(gang: Gang) -> dict[int, str | None]:
     return {i: (gang.pod(i).metadata.annotations or {}).get(names.REPORT_EPOCH) for i in gang.pods}
 
 
+StartLeader = Callable[[str], Controller]
+
+
+@pytest.fixture
+def leaders(control_plane: ControlPlane, tmp_path: Path) -> Iterator[StartLeader]:
+    """``jobset-inplace run`` with the report channel, one per call (its leader identity), all
+    stopped afterwards: the failover tests kill one and start its successor."""
+    started: list[Controller] = []
+
+    def start(identity: str) -> Controller:
+        started.append(controller(control_plane, tmp_path, identity, **CHANNEL))
+        return started[-1]
+
+    yield start
+    for ctl in started:
+        ctl.stop()
+
+
 def test_a_new_leader_learns_every_report_from_the_agents(  # noqa: PLR0917 (fixtures)
     kube: Clients,
     namespace: str,
-    control_plane: ControlPlane,
+    leaders: StartLeader,
     start_agent: StartAgent,
     leases: LeaseKeeper,
     tmp_path: Path,
 ) -> None:
-    first = controller(control_plane, tmp_path, "leader-1", **CHANNEL)
-    second: Controller | None = None
-    try:
-        gang = Gang(kube, namespace, f"train-{uuid.uuid4().hex[:4]}", 4, dict(FAST), leases=leases)
-        gang.create()
-        agents = [start_member(start_agent, kube, gang, i, tmp_path) for i in range(4)]
-        gang.wait_state("epoch 1 open", lambda s: s.get("barrierOpen") and s.get("epoch") == 1)
-        leader_1 = endpoint_leader(gang)
-        assert leader_1
-        # Members 2 and 3 are slow to come back from the next failure: their agents are gone
-        # until the new leader runs (they then start as the kubelet would restart them).
-        for a in agents[2:]:
-            a.proc.send_signal(signal.SIGKILL)
-            a.proc.wait(10)
-        gang.fail_trainer(0)
-        gang.wait_state("epoch 2 recovering", lambda s: s.get("epoch") == 2)
-        for i in range(4):
-            gang.restart_in_place(i)
-        for a in agents[:2]:
-            a.wait_log(r"reported epoch 2, checkpoint steps .*\(on the channel\)")
-        first.kill()  # SIGKILL mid-recovery: half the members' reports were only in its memory
-        assert not gang.state().get("barrierOpen")
+    first = leaders("leader-1")
+    gang = Gang(kube, namespace, f"train-{uuid.uuid4().hex[:4]}", 4, dict(FAST), leases=leases)
+    gang.create()
+    agents = [start_member(start_agent, kube, gang, i, tmp_path) for i in range(4)]
+    gang.wait_state("epoch 1 open", lambda s: s.get("barrierOpen") and s.get("epoch") == 1)
+    leader_1 = endpoint_leader(gang)
+    assert leader_1
+    # Members 2 and 3 are slow to come back from the next failure: their agents are gone
+    # until the new leader runs (they then start as the kubelet would restart them).
+    for a in agents[2:]:
+        a.proc.send_signal(signal.SIGKILL)
+        a.proc.wait(10)
+    gang.fail_trainer(0)
+    gang.wait_state("epoch 2 recovering", lambda s: s.get("epoch") == 2)
+    for i in range(4):
+        gang.restart_in_place(i)
+    for a in agents[:2]:
+        a.wait_log(r"reported epoch 2, checkpoint steps .*\(on the channel\)")
+    first.kill()  # SIGKILL mid-recovery: half the members' reports were only in its memory
+    assert not gang.state().get("barrierOpen")
 
-        second = controller(control_plane, tmp_path, "leader-2", **CHANNEL)
-        wait_for(
-            "the new leader to advertise its channel",
-            lambda: endpoint_leader(gang) not in ("", leader_1),
-            30,
-            0.2,
-        )
-        for a in agents[:2]:
-            a.wait_log(r"a new leader: report of epoch 2 sent again \(on the channel\)")
-        agents += [start_member(start_agent, kube, gang, i, tmp_path) for i in (2, 3)]
-        state = gang.wait_state(
-            "epoch 2 open", lambda s: s.get("barrierOpen") and s.get("epoch") == 2
-        )
-        assert state["budgets"]["inPlaceUsed"] == 1, "one recovery charged"
-        assert [h["epoch"] for h in state["history"]] == [2]
-        assert pod_reports(gang) == dict.fromkeys(range(4)), "no report written on a pod"
-        for a in (agents[0], agents[1], agents[4], agents[5]):
-            a.wait_barrier(200, "epoch 2")
-    finally:
-        for ctl in (first, second):
-            if ctl is not None:
-                ctl.stop()
+    leaders("leader-2")
+    wait_for(
+        "the new leader to advertise its channel",
+        lambda: endpoint_leader(gang) not in ("", leader_1),
+        30,
+        0.2,
+    )
+    for a in agents[:2]:
+        a.wait_log(r"a new leader: report of epoch 2 sent again \(on the channel\)")
+    agents += [start_member(start_agent, kube, gang, i, tmp_path) for i in (2, 3)]
+    state = gang.wait_state("epoch 2 open", lambda s: s.get("barrierOpen") and s.get("epoch") == 2)
+    assert state["budgets"]["inPlaceUsed"] == 1, "one recovery charged"
+    assert [h["epoch"] for h in state["history"]] == [2]
+    assert pod_reports(gang) == dict.fromkeys(range(4)), "no report written on a pod"
+    for a in (agents[0], agents[1], agents[4], agents[5]):
+        a.wait_barrier(200, "epoch 2")
 
 
 def test_a_new_leader_past_the_barrier_deadline_recreates_nobody_who_had_reported(  # noqa: PLR0917
     kube: Clients,
     namespace: str,
-    control_plane: ControlPlane,
+    leaders: StartLeader,
     start_agent: StartAgent,
     leases: LeaseKeeper,
     tmp_path: Path,
@@ -273,40 +283,32 @@ def test_a_new_leader_past_the_barrier_deadline_recreates_nobody_who_had_reporte
     starts after the barrier deadline has passed. It recreates nobody for not having reported
     to it: the agents send their reports again, the slow member comes back, and the barrier
     opens: one epoch, every pod the same, one recovery charged (guarantee 6)."""
-    first = controller(control_plane, tmp_path, "leader-1", **CHANNEL)
-    second: Controller | None = None
-    try:
-        policy = {**FAST, names.BARRIER_TIMEOUT: "30s"}  # the least accepted
-        gang = Gang(kube, namespace, f"train-{uuid.uuid4().hex[:4]}", 3, policy, leases=leases)
-        gang.create()
-        agents = [start_member(start_agent, kube, gang, i, tmp_path) for i in range(3)]
-        gang.wait_state("epoch 1 open", lambda s: s.get("barrierOpen") and s.get("epoch") == 1)
-        uids = gang.uids()
-        agents[2].proc.send_signal(signal.SIGKILL)  # member 2 is slow to come back
-        agents[2].proc.wait(10)
-        gang.fail_trainer(0)
-        state = gang.wait_state("epoch 2 recovering", lambda s: s.get("epoch") == 2)
-        for i in range(3):
-            gang.restart_in_place(i)
-        for a in agents[:2]:
-            a.wait_log(r"reported epoch 2, checkpoint steps .*\(on the channel\)")
-        first.kill()
-        deadline = parse_time(state["recovery"]["deadline"])
-        assert deadline is not None
-        wait_for("the barrier deadline passed", lambda: time.time() > deadline + 1, 60, 0.5)
+    first = leaders("leader-1")
+    policy = {**FAST, names.BARRIER_TIMEOUT: "30s"}  # the least accepted
+    gang = Gang(kube, namespace, f"train-{uuid.uuid4().hex[:4]}", 3, policy, leases=leases)
+    gang.create()
+    agents = [start_member(start_agent, kube, gang, i, tmp_path) for i in range(3)]
+    gang.wait_state("epoch 1 open", lambda s: s.get("barrierOpen") and s.get("epoch") == 1)
+    uids = gang.uids()
+    agents[2].proc.send_signal(signal.SIGKILL)  # member 2 is slow to come back
+    agents[2].proc.wait(10)
+    gang.fail_trainer(0)
+    state = gang.wait_state("epoch 2 recovering", lambda s: s.get("epoch") == 2)
+    for i in range(3):
+        gang.restart_in_place(i)
+    for a in agents[:2]:
+        a.wait_log(r"reported epoch 2, checkpoint steps .*\(on the channel\)")
+    first.kill()
+    deadline = parse_time(state["recovery"]["deadline"])
+    assert deadline is not None
+    wait_for("the barrier deadline passed", lambda: time.time() > deadline + 1, 60, 0.5)
 
-        second = controller(control_plane, tmp_path, "leader-2", **CHANNEL)
-        agents.append(start_member(start_agent, kube, gang, 2, tmp_path))
-        state = gang.wait_state(
-            "epoch 2 open", lambda s: s.get("barrierOpen") and s.get("epoch") == 2
-        )
-        assert state["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 0}
-        assert [h["epoch"] for h in state["history"]] == [2]
-        assert gang.uids() == uids, "no pod recreated"
-    finally:
-        for ctl in (first, second):
-            if ctl is not None:
-                ctl.stop()
+    leaders("leader-2")
+    agents.append(start_member(start_agent, kube, gang, 2, tmp_path))
+    state = gang.wait_state("epoch 2 open", lambda s: s.get("barrierOpen") and s.get("epoch") == 2)
+    assert state["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 0}
+    assert [h["epoch"] for h in state["history"]] == [2]
+    assert gang.uids() == uids, "no pod recreated"
 
 
 def test_agents_that_cannot_reach_the_channel_report_on_their_pods(  # noqa: PLR0917
