@@ -397,6 +397,8 @@ class LocalCluster:
                 self.kubeconfig,
                 "--feature-gates",
                 "VisibilityOnDemand=false",
+                # V(3) logs why Kueue evicts (TAS node failures, failed replacement)
+                "--zap-log-level=3",
             ],
             p.kueue_health,
         )
