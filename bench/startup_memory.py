@@ -114,6 +114,16 @@ def pod_body(i: int, pods_per_job: int = 10) -> dict[str, Any]:
                 "batch.kubernetes.io/job-name": f"{JOBSET}-workers-{job}",
                 "batch.kubernetes.io/controller-uid": f"{job:032x}",
             },
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": f"{JOBSET}-workers-{job}",
+                    "uid": f"{job:032x}",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
             "annotations": {
                 names.REPORT_EPOCH: "3",
                 names.REPORT_STEPS: "100,200,300",

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from jobset_inplace import names
 from jobset_inplace.core.decode import (
+    controller_uid,
     gang_spec,
     newer_report,
     node_view,
@@ -40,13 +42,28 @@ class PodEntry:
     uid: str
     key: GangKey | None  # (namespace, JobSet label); None: not a JobSet's pod
     view: PodView | None  # None: not a gang member
+    job: str = ""  # UID of the Job controlling the pod ("": none); see ClusterCache.is_member
 
 
 def pod_entry(pod: Mapping[str, Any]) -> PodEntry:
     meta = pod["metadata"]
     jobset = (meta.get("labels") or {}).get(names.JOBSET_NAME_LABEL)
     key = (meta["namespace"], jobset) if jobset else None
-    return PodEntry(meta["uid"], key, pod_view(pod) if key else None)
+    job = controller_uid(meta, "Job", "batch")
+    return PodEntry(meta["uid"], key, pod_view(pod) if key else None, job)
+
+
+@dataclass(frozen=True)
+class JobEntry:
+    """What the cache keeps of a JobSet's Job: its UID and its controlling JobSet's."""
+
+    uid: str
+    jobset: str  # "": no JobSet controls it
+
+
+def job_entry(job: Mapping[str, Any]) -> JobEntry:
+    meta = job["metadata"]
+    return JobEntry(meta["uid"], controller_uid(meta, "JobSet", "jobset.x-k8s.io"))
 
 
 def node_entry(node: Mapping[str, Any]) -> NodeView:
@@ -74,6 +91,10 @@ class Gang:
     # members whose channel report is behind `behind_epoch` (completes_epoch's hint)
     behind: set[str] = field(default_factory=set)
     behind_epoch: int | None = None
+
+    @property
+    def uid(self) -> str:
+        return str(self.jobset.get("metadata", {}).get("uid") or "")
 
     def remember_posted(self, keys: Iterable[str]) -> None:
         """Record once-only Events as posted; memory stays bounded (a pod writing garbage
@@ -105,6 +126,13 @@ class ClusterCache:
     report_endpoint: ReportEndpoint | None = None
     # when this process started leading (Snapshot.reports_since)
     reports_since: float = 0.0
+    # Membership by ownership (is_member): Job UID -> its controlling JobSet's UID; pod UID ->
+    # its controlling Job's UID; how many cached pods name each Job (a deleted Job is kept
+    # while its pods are, so that they stay members until they are gone too).
+    jobs: dict[str, str] = field(default_factory=dict)
+    pod_jobs: dict[str, str] = field(default_factory=dict)
+    job_pods: Counter[str] = field(default_factory=Counter)
+    gone_jobs: set[str] = field(default_factory=set)
 
     def upsert_jobset(self, jobset: Mapping[str, Any], policy: Policy | None, error: str) -> Gang:
         spec = gang_spec(jobset)
@@ -125,10 +153,58 @@ class ClusterCache:
         self.gangs.pop(key, None)
         self.orphans.pop(key, None)
 
+    def is_member(self, gang: Gang, pod_uid: str) -> bool:
+        """A pod is a member of ``gang`` only through its owners' UIDs (pod -> Job -> JobSet):
+        a pod anyone made with a member's labels is not one (nothing is planned on it, no
+        report is taken from it). Until its Job is seen, a new pod is not a member yet."""
+        owner = self.jobs.get(self.pod_jobs.get(pod_uid, ""), "")
+        return bool(owner) and owner == gang.uid
+
+    def members(self, gang: Gang) -> dict[str, PodView]:
+        return {u: v for u, v in gang.pods.items() if self.is_member(gang, u)}
+
+    def upsert_job(self, job: JobEntry, deleted: bool = False) -> bool:
+        """Record a Job event; whether membership may have changed (a new Job, or one gone
+        with no pod left)."""
+        if deleted:
+            self.gone_jobs.add(job.uid)
+            return self._forget_job(job.uid)
+        changed = self.jobs.get(job.uid) != job.jobset
+        self.jobs[job.uid] = job.jobset
+        self.gone_jobs.discard(job.uid)
+        return changed
+
+    def replace_jobs(self, jobs: Sequence[JobEntry]) -> None:
+        """A complete list of the JobSets' Jobs (a relist): others are gone once their pods
+        are."""
+        listed = {j.uid: j.jobset for j in jobs}
+        self.gone_jobs = {u for u in self.jobs if u not in listed}
+        self.jobs.update(listed)
+        for uid in list(self.gone_jobs):
+            self._forget_job(uid)
+
+    def _forget_job(self, uid: str) -> bool:
+        if uid in self.gone_jobs and not self.job_pods[uid]:
+            self.gone_jobs.discard(uid)
+            self.job_pods.pop(uid, None)
+            return self.jobs.pop(uid, None) is not None
+        return False
+
+    def _owned_by(self, pod_uid: str, job: str | None) -> None:
+        """Record (``job``) or drop (None) the Job controlling a cached pod."""
+        old = self.pod_jobs.pop(pod_uid, None)
+        if old is not None:
+            self.job_pods[old] -= 1
+            self._forget_job(old)
+        if job:
+            self.pod_jobs[pod_uid] = job
+            self.job_pods[job] += 1
+
     def upsert_pod(self, pod: PodEntry, deleted: bool = False) -> GangKey | None:
         """Record a pod event; returns the gang it belongs to."""
         if pod.key is None:
             return None
+        self._owned_by(pod.uid, None if deleted or pod.view is None else pod.job)
         gang = self.gangs.get(pod.key)
         pods = gang.pods if gang is not None else self.orphans.setdefault(pod.key, {})
         if deleted or pod.view is None:
@@ -145,8 +221,11 @@ class ClusterCache:
         for gang in self.gangs.values():
             gang.pods = {}
         self.orphans = {}
+        self.pod_jobs, self.job_pods = {}, Counter()
         for pod in pods:
             self.upsert_pod(pod)
+        for uid in list(self.gone_jobs):
+            self._forget_job(uid)
         for gang in self.gangs.values():
             gang.reports = {u: r for u, r in gang.reports.items() if u in gang.pods}
 
@@ -155,7 +234,7 @@ class ClusterCache:
         of gang ``key`` (the agent then writes it on its pod)."""
         gang = self.gangs.get(key)
         view = gang.pods.get(uid) if gang is not None else None
-        if gang is None or view is None:
+        if gang is None or view is None or not self.is_member(gang, uid):
             return False
         if newer_report(gang.reports.get(uid), fields):  # else a late one, overtaken: dropped
             gang.reports[uid] = fields
@@ -173,7 +252,7 @@ class ClusterCache:
             return False
         epoch = gang.status.epoch
         if gang.behind_epoch != epoch:  # once per epoch: O(members)
-            gang.behind = {u for u, p in gang.pods.items() if p.reported_epoch != epoch}
+            gang.behind = {u for u, p in self.members(gang).items() if p.reported_epoch != epoch}
             gang.behind_epoch = epoch
             return not gang.behind
         if uid not in gang.behind or gang.pods[uid].reported_epoch != epoch:
@@ -247,7 +326,7 @@ class ClusterCache:
             now=now,
             gang=spec,
             policy=gang.policy,
-            pods=tuple(gang.pods.values()),
+            pods=tuple(self.members(gang).values()),
             nodes=nodes,
             status=gang.status,
             status_written_at=gang.status_written_at,

@@ -38,7 +38,7 @@ from jobset_inplace.core.planner import observation_restarts
 from jobset_inplace.core.policy import PolicyError, is_managed, parse_policy
 
 from . import metrics
-from .cache import ClusterCache, PodEntry, node_entry, pod_entry
+from .cache import ClusterCache, JobEntry, PodEntry, job_entry, node_entry, pod_entry
 from .certificates import CertificateError, CertificateManager
 from .executor import Executor
 from .health import Check, HealthServer, port_open
@@ -104,6 +104,15 @@ def pod_events(r: Reconciler, events: list[WatchEvent[PodEntry]]) -> None:
             r.poke(key)
 
 
+def job_events(r: Reconciler, events: list[WatchEvent[JobEntry]]) -> None:
+    for kind, job in events:
+        if r.cache.upsert_job(job, deleted=kind == "DELETED"):
+            # its pods may have become members (or stopped being): plan their gang
+            for key, gang in r.cache.gangs.items():
+                if gang.uid == job.jobset:
+                    r.poke(key)
+
+
 def node_events(r: Reconciler, events: list[WatchEvent[NodeView]]) -> None:
     for kind, node in events:
         if r.cache.upsert_node(node, deleted=kind == "DELETED"):
@@ -142,6 +151,17 @@ def raw_watches(r: Reconciler) -> list[RawWatch[Any]]:
             decode=pod_entry,
             replace=cache.replace_pods,
             on_events=partial(pod_events, r),
+            on_relist=partial(plan_all, r),
+        ),
+        RawWatch(
+            "Jobs",
+            partial(
+                client.BatchV1Api(client.ApiClient()).list_job_for_all_namespaces,
+                label_selector=names.JOBSET_NAME_LABEL,
+            ),
+            decode=job_entry,
+            replace=cache.replace_jobs,
+            on_events=partial(job_events, r),
             on_relist=partial(plan_all, r),
         ),
         RawWatch(

@@ -318,6 +318,17 @@ def kueue_stand_down(workload: Obj) -> str:
     return ""
 
 
+def controller_uid(meta: Obj, kind: str, group: str) -> str:
+    """The UID of the object's controlling owner if it is a ``kind`` of API ``group`` ("" for
+    the core group), else "". Membership goes by these UIDs, not by labels anyone can set."""
+    for ref in meta.get("ownerReferences") or []:
+        version = str(ref.get("apiVersion", ""))
+        ref_group = version.rpartition("/")[0]
+        if ref.get("controller") and ref.get("kind") == kind and ref_group == group:
+            return str(ref.get("uid") or "")
+    return ""
+
+
 def workload_owner(workload: Obj) -> tuple[str, str] | None:
     """(namespace, JobSet name) of the JobSet owning this Workload."""
     meta = workload["metadata"]

@@ -1,7 +1,8 @@
 """Simulated kubelets, JobSet/Job controllers and agents for integration tests on the real
 apiserver (which runs none of them). Each helper does through the API exactly what the real
 component would write: pods with JobSet's labels, pod status as a kubelet reports it, and the
-agent's annotations."""
+agent's annotations; each member pod controlled by a Job controlled by the JobSet, as the
+controller checks membership by those owners' UIDs."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import names
@@ -69,6 +71,7 @@ class Gang:
     size: int
     annotations: dict[str, str] = field(default_factory=dict)
     pods: dict[int, str] = field(default_factory=dict)  # member index -> current pod name
+    jobs: dict[int, str] = field(default_factory=dict)  # member index -> its Job's UID
     leases: LeaseKeeper | None = None
 
     def create(self, *, enabled: bool = True) -> None:
@@ -76,8 +79,9 @@ class Gang:
         body = workloads.jobset(
             self.name, [(RJ, self.size, 1)], annotations=annotations, node_selector={"type": "sim"}
         )
-        create_jobset(self.kube, self.namespace, body)
+        js = create_jobset(self.kube, self.namespace, body)
         for i in range(self.size):
+            self.jobs[i] = self.make_job(i, js["metadata"]["uid"])
             ensure_node(self.kube, self.node(i))
             if self.leases is not None:
                 self.leases.nodes.add(self.node(i))
@@ -86,9 +90,47 @@ class Gang:
     def node(self, i: int) -> str:
         return f"{self.name}-node-{i}"
 
-    def make_pod(self, i: int, node: str | None = None) -> str:
-        """What JobSet + the Job controller + the scheduler + a kubelet would produce."""
+    def make_job(self, i: int, jobset_uid: str) -> str:
+        """Member ``i``'s Job as JobSet makes it (inert: no Job controller runs); its UID."""
+        name = f"{self.name}-{RJ}-{i}"
+        owner = {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "name": self.name,
+            "uid": jobset_uid,
+            "controller": True,
+        }
+        job = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": name,
+                "labels": {names.JOBSET_NAME_LABEL: self.name},
+                "ownerReferences": [owner],
+            },
+            "spec": {
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "trainer", "image": "trainer:local"}],
+                    }
+                }
+            },
+        }
+        made = client.BatchV1Api(self.kube.api).create_namespaced_job(self.namespace, job)
+        return str(made.metadata.uid)
+
+    def make_pod(self, i: int, node: str | None = None, *, owned: bool = True) -> str:
+        """What JobSet + the Job controller + the scheduler + a kubelet would produce; not
+        ``owned``: a pod someone made with member ``i``'s labels (not the member's)."""
         name = f"{self.name}-{RJ}-{i}-0-{uuid.uuid4().hex[:5]}"
+        owner = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": f"{self.name}-{RJ}-{i}",
+            "uid": self.jobs[i],
+            "controller": True,
+        }
         labels = {
             names.JOBSET_NAME_LABEL: self.name,
             names.REPLICATED_JOB_LABEL: RJ,
@@ -99,7 +141,11 @@ class Gang:
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name, "labels": labels},
+            "metadata": {
+                "name": name,
+                "labels": labels,
+                "ownerReferences": [owner] if owned else [],
+            },
             "spec": {
                 "nodeName": node or self.node(i),
                 "restartPolicy": "Never",
@@ -125,7 +171,8 @@ class Gang:
         self.kube.core.patch_namespaced_pod_status(
             name, self.namespace, {"status": running_status()}
         )
-        self.pods[i] = name
+        if owned:
+            self.pods[i] = name
         return name
 
     # --- reads ---------------------------------------------------------------------------------

@@ -19,7 +19,15 @@ from jobset_inplace.apierrors import or_none
 from testbed.controlplane import ControlPlane
 from testbed.kube import Clients, wait_for
 
-from .gangsim import CRD, Controller, Gang, LeaseKeeper, renew_lease, set_node_ready
+from .gangsim import (
+    CRD,
+    Controller,
+    Gang,
+    LeaseKeeper,
+    renew_lease,
+    running_status,
+    set_node_ready,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -152,6 +160,34 @@ def test_member_on_notready_node_is_replaced_others_in_place(gang: Gang, kube: C
     assert {i: after[i] for i in (0, 2, 3)} == {i: uids[i] for i in (0, 2, 3)}
     assert after[1] != uids[1]
     assert st["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 1}
+
+
+def test_a_pod_with_a_members_labels_but_not_its_job_is_not_a_member(
+    gang: Gang, kube: Clients
+) -> None:
+    """Membership by owner UIDs (pod -> Job -> JobSet), not labels: a pod made in the namespace
+    with member 1's labels and no Job of the JobSet controlling it, whose trainer fails, starts
+    no recovery and does not count; the real member 1's failure then does (positive control)."""
+    start_running(gang)
+    uids = gang.uids()
+    forged = gang.make_pod(1, owned=False)
+    kube.core.patch_namespaced_pod_status(
+        forged, gang.namespace, {"status": running_status(exit_code=1)}
+    )
+    st = controller_looked(gang)
+    assert (st["epoch"], st["barrierOpen"]) == (1, True)
+    assert {k: st["members"][k] for k in ("expected", "ready", "reported")} == {
+        "expected": 4,
+        "ready": 4,
+        "reported": 4,
+    }, "the forged pod is not counted (nor is it member 1's pod: member 1 stays ready)"
+    assert "RecoveryStarted" not in reasons(gang)
+
+    gang.fail_trainer(1)
+    st = gang.wait_state("epoch 2", lambda s: s["epoch"] == 2)
+    assert st["recovery"]["causes"] == {"workers/1/0": "TrainerExited"}
+    assert gang.uids() == uids
+    assert st["budgets"]["inPlaceUsed"] == 1
 
 
 def test_node_flap_under_threshold_does_nothing(gang: Gang, kube: Clients) -> None:

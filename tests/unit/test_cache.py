@@ -7,7 +7,14 @@ from __future__ import annotations
 import dataclasses
 
 from jobset_inplace import names
-from jobset_inplace.controller.cache import ClusterCache, PodEntry, node_entry, pod_entry
+from jobset_inplace.controller.cache import (
+    ClusterCache,
+    JobEntry,
+    PodEntry,
+    job_entry,
+    node_entry,
+    pod_entry,
+)
 from jobset_inplace.core.decode import agent_report, lease_renewal
 from jobset_inplace.core.model import GangStatus, NodeView
 from jobset_inplace.core.policy import Policy
@@ -15,14 +22,27 @@ from jobset_inplace.core.policy import Policy
 NOW = 1_000_000.0
 
 
-def pod(uid: str, jobset: str = "train", index: int = 0) -> PodEntry:
+def owner(kind: str, api_version: str, uid: str, controller: bool = True) -> dict[str, object]:
+    ref: dict[str, object] = {"apiVersion": api_version, "kind": kind, "name": "x", "uid": uid}
+    return ref | {"controller": True} if controller else ref
+
+
+def pod(uid: str, jobset: str = "train", index: int = 0, job: str | None = None) -> PodEntry:
+    """A member pod as the Job controller makes it: controlled by Job ``job-<index>``."""
     labels = {
         names.JOBSET_NAME_LABEL: jobset,
         names.REPLICATED_JOB_LABEL: "workers",
         names.JOB_INDEX_LABEL: str(index),
         names.COMPLETION_INDEX_LABEL: "0",
     }
-    meta = {"name": f"p-{uid}", "namespace": "ns", "uid": uid, "labels": labels}
+    refs = [owner("Job", "batch/v1", job if job is not None else f"job-{index}")]
+    meta = {
+        "name": f"p-{uid}",
+        "namespace": "ns",
+        "uid": uid,
+        "labels": labels,
+        "ownerReferences": refs,
+    }
     return pod_entry(
         {"metadata": meta, "spec": {"nodeName": f"n-{uid}"}, "status": {"phase": "Running"}}
     )
@@ -44,6 +64,8 @@ def cache_with_gang() -> ClusterCache:
         "spec": {"replicatedJobs": [{"name": "workers", "replicas": 2, "template": {"spec": {}}}]},
     }
     c.upsert_jobset(jobset, Policy(), "")
+    for index in range(3):
+        c.upsert_job(JobEntry(f"job-{index}", "js"))
     return c
 
 
@@ -84,7 +106,9 @@ def reported(uid: str, epoch: int, index: int = 0) -> PodEntry:
     """Pod ``uid`` whose agent wrote its report of ``epoch`` on the pod."""
     entry = pod(uid, index=index)
     assert entry.view is not None
-    return PodEntry(uid, entry.key, dataclasses.replace(entry.view, reported_epoch=epoch))
+    return PodEntry(
+        uid, entry.key, dataclasses.replace(entry.view, reported_epoch=epoch), entry.job
+    )
 
 
 def test_a_channel_report_is_kept_with_its_pod_and_the_newer_report_wins() -> None:
@@ -129,3 +153,60 @@ def test_the_last_report_an_epoch_waits_for_is_flagged_once() -> None:
     assert not report("c", epoch4), "once per epoch: a resent report is no news"
     c.gangs[key].status = GangStatus(epoch=5)
     assert [report(u, epoch5) for u in "abc"] == [False, False, True]
+
+
+def test_owner_uids_decide_membership_not_labels() -> None:
+    c = cache_with_gang()
+    key = ("ns", "train")
+    gang = c.gangs[key]
+    c.upsert_pod(pod("a", index=0))
+    c.upsert_pod(pod("forged", index=1, job="job-of-nobody"))  # member 1's labels, no real Job
+    c.upsert_pod(pod("stray", index=1, job=""))  # no controlling Job at all
+    c.upsert_job(JobEntry("job-other", "another-jobset"))
+    c.upsert_pod(pod("other", index=1, job="job-other"))  # a Job of another JobSet
+    assert set(c.members(gang)) == {"a"}
+    snap = c.snapshot(gang, NOW)
+    assert snap is None  # no status loaded yet; membership is what the snapshot would take
+    gang.status = GangStatus(epoch=1)
+    snap = c.snapshot(gang, NOW)
+    assert snap is not None
+    assert [p.uid for p in snap.pods] == ["a"]
+    fields, _ = agent_report({names.REPORT_EPOCH: "1"})
+    assert c.set_report(key, "a", fields)
+    assert not c.set_report(key, "forged", fields), "no report taken from a non-member"
+
+
+def test_a_pod_becomes_a_member_when_its_job_is_seen_and_stays_while_the_job_goes() -> None:
+    c = cache_with_gang()
+    gang = c.gangs[("ns", "train")]
+    c.upsert_pod(pod("n", index=1, job="job-new"))  # its Job's event has not arrived yet
+    assert "n" not in c.members(gang)
+    assert c.upsert_job(JobEntry("job-new", "js")), "membership changed: plan the gang"
+    assert not c.upsert_job(JobEntry("job-new", "js")), "a status update of the Job: no change"
+    assert "n" in c.members(gang)
+    assert not c.upsert_job(JobEntry("job-new", "js"), deleted=True), "its pod is still there"
+    assert "n" in c.members(gang), "a deleted Job's pods stay members until they go"
+    c.upsert_pod(pod("n", index=1, job="job-new"), deleted=True)
+    assert "job-new" not in c.jobs, "forgotten with its last pod"
+    assert "job-new" not in c.job_pods
+
+
+def test_replace_jobs_keeps_a_missing_job_only_while_its_pods_are_cached() -> None:
+    c = cache_with_gang()
+    gang = c.gangs[("ns", "train")]
+    c.upsert_pod(pod("a", index=0))
+    c.replace_jobs([JobEntry("job-1", "js")])  # 0 and 2 deleted while the watch was down
+    assert "a" in c.members(gang)
+    assert set(c.jobs) == {"job-0", "job-1"}, "job-2 had no pod: forgotten at once"
+    c.replace_pods([])
+    assert set(c.jobs) == {"job-1"}
+
+
+def test_job_entry_reads_the_controlling_jobset_only() -> None:
+    def job(*refs: dict[str, object]) -> JobEntry:
+        return job_entry({"metadata": {"uid": "j", "ownerReferences": list(refs)}})
+
+    assert job(owner("JobSet", "jobset.x-k8s.io/v1alpha2", "js")) == JobEntry("j", "js")
+    assert job(owner("JobSet", "jobset.x-k8s.io/v1alpha2", "js", controller=False)).jobset == ""
+    assert job(owner("JobSet", "evil.example/v1", "js")).jobset == "", "another API group"
+    assert job().jobset == ""

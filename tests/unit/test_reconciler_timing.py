@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from jobset_inplace.controller.cache import POSTED_MAX, ClusterCache, GangKey, PodEntry
+from jobset_inplace.controller.cache import POSTED_MAX, ClusterCache, GangKey, JobEntry, PodEntry
 from jobset_inplace.controller.reconciler import PASS_SPACING, Reconciler, retry_delay
 from jobset_inplace.core.model import (
     Action,
@@ -30,6 +30,7 @@ from .clocks import ManualClock
 from .gangs import member, pods, running
 
 KEY: GangKey = ("ns", "gang")
+JOB = "job-uid"  # one Job of the JobSet owns every member pod here (membership is by owner)
 
 
 async def settle() -> None:
@@ -229,9 +230,10 @@ def gang(
     clock = ManualClock()
     cache = ClusterCache()
     cache.upsert_jobset(jobset(), Policy(), "")
+    cache.upsert_job(JobEntry(JOB, "js-uid"))
     for pod in pods(2, epoch=2):
         view = pod if pod.member != member(1) else dataclasses.replace(pod, **pod_changes)
-        cache.upsert_pod(PodEntry(pod.uid, KEY, view))
+        cache.upsert_pod(PodEntry(pod.uid, KEY, view, JOB))
     for i in range(2):
         cache.upsert_node(NodeView(f"n{i}"))
         cache.set_lease(f"n{i}", clock.wall() - 1)
@@ -254,7 +256,7 @@ async def test_a_once_only_event_is_posted_once_per_pod_and_memory_stays_bounded
     await r.reconcile(KEY)
     pod = cache.gangs[KEY].pods["uid-1"]
     garbage = dataclasses.replace(pod, report_error="another kind of garbage")
-    cache.upsert_pod(PodEntry("uid-1", KEY, garbage))  # the same pod writes other garbage
+    cache.upsert_pod(PodEntry("uid-1", KEY, garbage, JOB))  # the same pod writes other garbage
     await r.reconcile(KEY)
     malformed = [a for a in ex.actions if isinstance(a, Event) and a.reason == "MalformedReport"]
     assert len(malformed) == 1, "rate-limited per pod"
@@ -291,7 +293,7 @@ async def test_counts_alone_are_written_later() -> None:
     assert ex.calls == ["load", "write epoch 2 Running"]
     pod = cache.gangs[KEY].pods["uid-1"]
     cache.upsert_pod(
-        PodEntry("uid-1", KEY, dataclasses.replace(pod, phase="Pending"))
+        PodEntry("uid-1", KEY, dataclasses.replace(pod, phase="Pending"), JOB)
     )  # ready 2 -> 1
     await r.reconcile(KEY)
     assert ex.calls == ["load", "write epoch 2 Running"], "counts alone: not yet"
