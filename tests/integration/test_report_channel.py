@@ -28,7 +28,7 @@ from kubernetes import client
 from jobset_inplace import names
 from jobset_inplace.agent.channel import ChannelError, ReportChannel
 from jobset_inplace.agent.logic import Endpoint
-from jobset_inplace.controller.cache import ClusterCache, GangKey, pod_entry
+from jobset_inplace.controller.cache import ClusterCache, GangKey, job_entry, pod_entry
 from jobset_inplace.controller.report_server import ReportServer
 from jobset_inplace.controller.report_tokens import TokenVerifier
 from jobset_inplace.core.policy import Policy
@@ -73,6 +73,8 @@ async def test_only_a_pods_own_well_formed_report_is_accepted(
         "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", gang.name
     )
     cache.upsert_jobset(jobset, Policy(), "")
+    for job in client.BatchV1Api(kube.api).list_namespaced_job(namespace).items:
+        cache.upsert_job(job_entry(kube.api.sanitize_for_serialization(job)))
     pods = [gang.pod(i) for i in range(2)]
     for pod in pods:
         cache.upsert_pod(pod_entry(kube.api.sanitize_for_serialization(pod)))
