@@ -120,6 +120,14 @@ class Gang:
         made = client.BatchV1Api(self.kube.api).create_namespaced_job(self.namespace, job)
         return str(made.metadata.uid)
 
+    def delete_jobs(self) -> None:
+        batch = client.BatchV1Api(self.kube.api)
+        for i in self.jobs:
+            batch.delete_namespaced_job(
+                f"{self.name}-{RJ}-{i}", self.namespace, propagation_policy="Background"
+            )
+        self.jobs.clear()
+
     def make_pod(self, i: int, node: str | None = None, *, owned: bool = True) -> str:
         """What JobSet + the Job controller + the scheduler + a kubelet would produce; not
         ``owned``: a pod someone made with member ``i``'s labels (not the member's)."""

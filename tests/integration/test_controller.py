@@ -358,6 +358,7 @@ def test_jobset_recreated_with_the_same_name_gets_a_fresh_gangstate(
     kube.custom.delete_namespaced_custom_object(*jobsets, gang.name)
     for pod in list(gang.pods.values()):
         kube.core.delete_namespaced_pod(pod, gang.namespace, grace_period_seconds=0)
+    gang.delete_jobs()  # as the garbage collector would
     wait_for(
         "old JobSet gone",
         lambda: (
