@@ -11,13 +11,20 @@ shared state directory:
 
 * ``resume.json`` (written by the agent when the barrier of an epoch opens, removed when the gang
   leaves that epoch): present with a new epoch -> start the command; gone or another epoch while
-  the command runs -> stop it (SIGTERM to its process group, SIGKILL after the stop grace).
+  the command runs -> stop it: SIGTERM to its process group and to every descendant, SIGKILL to
+  whatever is left after the stop grace, until none is left.
 * ``launcher-<container>.json`` (written by the launcher): ``{"state", "epoch", "code"}`` with
   state ``waiting`` (no child), ``running`` (written before the child starts), ``stopped``
   (stopped for a new epoch) or ``exited`` (the child ended on its own, with ``code``). The agent
   reports a non-zero ``exited`` to the controller (the failure signal) and reports a new epoch
   only once no launcher is ``running``: no trainer of an old epoch runs while the gang agrees
   where to resume.
+
+"Every descendant" includes processes in sessions of their own (``torchrun`` starts each worker
+with ``start_new_session=True``) and orphans of the tree (a worker whose parent died, a
+daemonized helper): the launcher is a child subreaper (``PR_SET_CHILD_SUBREAPER``), so orphans
+are re-parented to it instead of the container's init and stay in its tree (``/proc``'s parent
+links). ``stopped`` and ``exited`` are written only once none is left.
 
 A child that exits 0 ends the launcher with 0 (the container completes). If the launcher itself
 dies, the container's ``RestartAllContainers`` rule restarts the whole pod, as in the pod scope.
@@ -47,6 +54,9 @@ ENV_EPOCH = "JSI_EPOCH"
 ENV_RESUME_STEP = "JSI_RESUME_STEP"
 DEFAULT_STOP_GRACE = 1.0
 POLL_SECONDS = 0.02
+TREE_POLL_SECONDS = 0.02  # how often a stop looks for descendants still there (a /proc scan)
+KILL_WAIT_SECONDS = 5.0  # how long SIGKILL is repeated before a survivor is logged
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
 WAITING, RUNNING, STOPPED, EXITED = "waiting", "running", "stopped", "exited"
 STATES = (WAITING, RUNNING, STOPPED, EXITED)
@@ -93,6 +103,41 @@ def _log(message: str) -> None:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
     sys.stderr.write(f"{stamp} jobset-inplace launcher: {message}\n")
     sys.stderr.flush()
+
+
+def become_subreaper() -> bool:
+    """Have orphans of the launcher's descendants re-parented to it (Linux 3.4+)."""
+    try:
+        import ctypes  # noqa: PLC0415  (only here: the launcher starts on the trainer's interpreter)
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(root: int, proc: Path = Path("/proc")) -> list[int]:
+    """Live (not zombie) descendants of ``root``, from each process's parent in ``/proc``."""
+    children: dict[int, list[int]] = {}
+    with os.scandir(proc) as entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(os.path.join(entry.path, "stat"), encoding="utf-8") as f:
+                    stat = f.read()
+            except OSError:  # gone meanwhile
+                continue
+            fields = stat.rpartition(")")[2].split()  # the name before it may hold anything
+            if len(fields) > 1 and fields[0] != "Z":
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: list[int] = []
+    todo = [root]
+    while todo:
+        for pid in children.get(todo.pop(), ()):
+            found.append(pid)
+            todo.append(pid)
+    return found
 
 
 def _exit_code(status: int) -> int:
@@ -144,6 +189,41 @@ class Launcher:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.child, signum)
 
+    def signal_tree(self, signum: int) -> list[int]:
+        """``signum`` to the child's group and to every descendant; the descendants found."""
+        self.signal_group(signum)
+        pids = descendants(os.getpid())
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+        return pids
+
+    def wait_tree(self, timeout: float) -> bool:
+        """Reap until the child and every descendant are gone or ``timeout`` passed."""
+        deadline = time.monotonic() + timeout
+        if not self.wait_child(timeout):
+            return False
+        while True:
+            self.reap()
+            if not descendants(os.getpid()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(TREE_POLL_SECONDS)
+
+    def kill_tree(self) -> None:
+        """SIGKILL until no descendant is left (one in uninterruptible sleep may take a while:
+        logged after KILL_WAIT_SECONDS, and waited for)."""
+        logged = False
+        began = time.monotonic()
+        while self.signal_tree(signal.SIGKILL) or (self.code is None and self.child is not None):
+            self.reap()
+            if not logged and time.monotonic() - began > KILL_WAIT_SECONDS:
+                _log(f"processes survive SIGKILL: {descendants(os.getpid())}")
+                logged = True
+            time.sleep(0.005)
+        self.reap()
+
     def wait_child(self, timeout: float | None) -> bool:
         """Reap until the child has exited or `timeout` passed; whether it exited."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -156,12 +236,12 @@ class Launcher:
             time.sleep(0.005)
 
     def stop(self) -> None:
-        """SIGTERM to the child's group, SIGKILL to what is left of it after the grace."""
+        """SIGTERM to the child's group and every descendant, SIGKILL to what is left after
+        the grace, until nothing is."""
         began = time.monotonic()
-        self.signal_group(signal.SIGTERM)
-        self.wait_child(self.grace)
-        self.signal_group(signal.SIGKILL)  # the group's stragglers too
-        self.wait_child(None)
+        self.signal_tree(signal.SIGTERM)
+        if not self.wait_tree(self.grace):
+            self.kill_tree()
         _log(f"stopped (exit {self.code}) in {time.monotonic() - began:.3f} s")
 
     def run(self) -> int:
@@ -198,15 +278,16 @@ class Launcher:
         while True:
             self.reap()
             if self.code is not None:
-                self.signal_group(signal.SIGKILL)  # what it left behind in its group
+                self.kill_tree()  # what it left behind (its group, other sessions, orphans)
                 code = self.code
                 _log(f"epoch {epoch}: exited {code}")
                 self.write(EXITED, epoch, code)
                 self.child = None
                 return 0 if code == 0 else None
             if self.terminating:
-                self.signal_group(signal.SIGTERM)
+                self.signal_tree(signal.SIGTERM)
                 self.wait_child(None)
+                self.kill_tree()
                 return self.code
             resume = resume_epoch(self.state_dir)
             if resume is None or resume[0] != epoch:
@@ -236,6 +317,8 @@ def main(args: list[str] | None = None) -> int:
         _log(f"{ENV_CONTAINER} must name the container and {ENV_STOP_GRACE} be 0..3600 seconds")
         return EXIT_USAGE
     launcher = Launcher(argv, state_dir, container, grace)
+    if not become_subreaper():
+        _log("not a child subreaper: a stop reaches only what stays in the launcher's tree")
 
     def terminate(signum: int, frame: object) -> None:
         launcher.terminating = True

@@ -33,6 +33,18 @@ if os.environ.get("CHILD_IGNORES_TERM"):
     ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
     g = subprocess.Popen([sys.executable, "-c", ignore])
     open(os.path.join(d, "grandchild"), "w").write(str(g.pid))
+if os.environ.get("CHILD_ESCAPES"):
+    # as torchrun starts its workers: each in a session of its own, here ignoring SIGTERM
+    ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    w = subprocess.Popen([sys.executable, "-c", ignore], start_new_session=True)
+    open(os.path.join(d, "worker"), "w").write(str(w.pid))
+    # and a daemon: double fork, new session, its parent gone (an orphan)
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            open(os.path.join(d, "daemon"), "w").write(str(os.getpid()))
+            time.sleep(600)
+        os._exit(0)
 while True:
     p = os.path.join(d, "exit-now")
     if os.path.exists(p):
@@ -106,6 +118,10 @@ def stop(p: Pod) -> None:
     for _, _, pid in p.starts():
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
+    for escaped in ("worker", "daemon"):  # left by a failed test of the stop
+        path = p.dir / escaped
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
+            os.kill(int(path.read_text()), signal.SIGKILL)
 
 
 @pytest.fixture
@@ -174,6 +190,32 @@ def test_a_child_ignoring_sigterm_is_killed_with_its_group_after_the_grace(tmp_p
         pod.wait_state("stopped", 1, 128 + signal.SIGKILL)
         assert time.monotonic() - began >= 0.3
         until("grandchild gone", lambda: not alive(grandchild))
+    finally:
+        stop(pod)
+
+
+def test_stopped_means_no_process_of_the_epoch_is_left(tmp_path: Path) -> None:
+    """Workers in sessions of their own (torchrun's) ignoring SIGTERM and a daemonized orphan
+    are gone before the launcher says ``stopped``, and after a crash before ``exited``."""
+    pod = Pod(tmp_path, JSI_STOP_GRACE_SECONDS="0.3", CHILD_ESCAPES="1")
+    try:
+        for epoch, end in ((1, "withdrawn"), (2, "crash")):
+            for name in ("worker", "daemon"):
+                (tmp_path / name).unlink(missing_ok=True)
+            pod.open(epoch)
+            until(
+                "worker and daemon",
+                lambda: all((tmp_path / n).exists() for n in ("worker", "daemon")),
+            )
+            escaped = [int((tmp_path / n).read_text()) for n in ("worker", "daemon")]
+            assert all(alive(pid) for pid in escaped)
+            if end == "withdrawn":
+                clear_resume(tmp_path)
+                pod.wait_state("stopped", epoch, 128 + signal.SIGTERM)
+            else:
+                pod.child_exits(5)
+                pod.wait_state("exited", epoch, 5)
+            assert [pid for pid in escaped if alive(pid)] == [], f"epoch {epoch} ({end})"
     finally:
         stop(pod)
 
