@@ -23,6 +23,7 @@ import jsonpatch
 
 from jobset_inplace import names
 from jobset_inplace.core.policy import PolicyError, is_enabled, parse_enabled, parse_policy
+from jobset_inplace.core.torchrun import MAX_RESTARTS_ENV, max_restarts
 from jobset_inplace.core.transform import (
     AGENT_CONTAINER,
     AGENT_SERVICE_ACCOUNT,
@@ -109,6 +110,7 @@ def warnings(jobset: Mapping[str, Any]) -> list[str]:
     out = []
     for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
         pod = (((rj.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")
+        out += _torchrun_warnings(str(rj.get("name")), pod or {})
         account = (pod or {}).get("serviceAccountName")
         if account and account != AGENT_SERVICE_ACCOUNT:
             out.append(
@@ -119,6 +121,25 @@ def warnings(jobset: Mapping[str, Any]) -> list[str]:
                 f"--serviceaccount=NAMESPACE:{account}), or the gang never starts; the "
                 f"least-privilege policy ({names.AGENT_POLICY}) covers only "
                 f"{AGENT_SERVICE_ACCOUNT}"
+            )
+    return out
+
+
+def _torchrun_warnings(replicated_job: str, pod: Mapping[str, Any]) -> list[str]:
+    """Main containers whose ``torchrun`` restarts failed workers by itself."""
+    out = []
+    for c in pod.get("containers") or []:
+        argv = [str(a) for a in (c.get("command") or []) + (c.get("args") or [])]
+        env = {str(e.get("name")): str(e.get("value", "")) for e in c.get("env") or []}
+        restarts = max_restarts(argv, env)
+        if restarts:
+            out.append(
+                f"replicatedJob {replicated_job!r}, container {c.get('name')!r}: torchrun "
+                f"--max-restarts {restarts} restarts failed workers inside the pod, so the "
+                "failure never reaches jobset-inplace: the gang is not recovered together and "
+                "resumes from no agreed step. Use --max-restarts 0 (torchrun's default; also "
+                f"{MAX_RESTARTS_ENV}): a worker failure then ends torchrun and the gang "
+                "recovers as one"
             )
     return out
 
