@@ -22,7 +22,15 @@ from typing import Any
 import jsonpatch
 
 from jobset_inplace import names
-from jobset_inplace.core.policy import PolicyError, is_enabled, parse_enabled, parse_policy
+from jobset_inplace.core.policy import (
+    PolicyError,
+    PolicyErrors,
+    is_enabled,
+    parse_enabled,
+    parse_policy,
+    raise_all,
+    unknown_keys,
+)
 from jobset_inplace.core.torchrun import MAX_RESTARTS_ENV, max_restarts
 from jobset_inplace.core.transform import (
     AGENT_CONTAINER,
@@ -90,12 +98,28 @@ def validate(jobset: Mapping[str, Any], old: Mapping[str, Any] | None = None) ->
         if not parse_enabled(_annotations(jobset)):
             return True, ""
         if old is None:
+            _known_keys_only(jobset, None)
             transform(json.loads(json.dumps(jobset)), _VALIDATION_SETTINGS)
         else:
             _validate_update(jobset, old)
     except (PolicyError, TransformError) as e:
         return False, str(e)
     return True, ""
+
+
+def _known_keys_only(jobset: Mapping[str, Any], old: Mapping[str, Any] | None) -> None:
+    """Refuse ``jobset-inplace.dev/*`` keys that mean nothing (typos), with every malformed
+    value in the same answer; a key an existing JobSet already had is left alone (a JobSet
+    made before an upgrade must stay updatable by Kueue and JobSet)."""
+    before = _policy_keys(old)
+    errors = [e for e in unknown_keys(_annotations(jobset)) if e.key not in before]
+    try:
+        parse_policy(_annotations(jobset))
+    except PolicyErrors as e:
+        errors += e.errors
+    except PolicyError as e:
+        errors.append(e)
+    raise_all(errors)
 
 
 def warnings(jobset: Mapping[str, Any]) -> list[str]:
@@ -153,4 +177,4 @@ def _validate_update(jobset: Mapping[str, Any], old: Mapping[str, Any]) -> None:
             "agent is injected when the JobSet is created (pod templates are immutable); "
             "create it with the annotation, or use `kubectl jobset-inplace enable`"
         )
-    parse_policy(_annotations(jobset))
+    _known_keys_only(jobset, old)

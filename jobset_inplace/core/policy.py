@@ -4,8 +4,9 @@ one place (controller, webhook and CLI all use :func:`parse_policy`)."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -125,6 +126,25 @@ class PolicyError(ValueError):
 VALUE_SHOWN = 80  # characters of a bad value's repr in a PolicyError message
 
 
+class PolicyErrors(PolicyError):
+    """Several malformed annotations, reported at once; ``key``/``value``/``accepted`` are the
+    first one's."""
+
+    def __init__(self, errors: Sequence[PolicyError]) -> None:
+        first = errors[0]
+        ValueError.__init__(self, "; ".join(str(e) for e in errors))
+        self.key, self.value, self.accepted = first.key, first.value, first.accepted
+        self.errors = list(errors)
+
+
+def raise_all(errors: Sequence[PolicyError]) -> None:
+    """Raise the one error, or all of them as one :class:`PolicyErrors`; nothing if none."""
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise PolicyErrors(errors)
+
+
 def is_enabled(annotations: Mapping[str, str] | None) -> bool:
     """Whether a JobSet with these annotations opted in (``enabled: "true"``; any other value,
     or none, is not opted in). :func:`parse_enabled` also refuses a malformed value."""
@@ -188,7 +208,6 @@ RESTART_EXIT_CODE_RANGE = (3, 255)
 # Go-style, hours, minutes and seconds (in this order, each optional); ASCII digits only.
 _DURATION = re.compile(r"(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+(?:\.[0-9]+)?)s)?")
 _DURATION_MAX_LEN = 32  # far more than any sane duration; int() of a huge one is slow or fails
-_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$")
 INT_FORM = "plain decimal digits: no sign, spaces, underscores or leading zeros"
 
 
@@ -235,11 +254,29 @@ def _int(key: str, value: str, bounds: tuple[int, int]) -> int:
     return n
 
 
+# A taint key or a condition type as Kubernetes validates a qualified name: an optional DNS
+# subdomain prefix (253 characters at most) and "/", then a name of 63 at most.
+_QUALIFIED = re.compile(
+    r"^(?:(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+# Node conditions that are True on a healthy node: never a sign of trouble.
+HEALTHY_WHEN_TRUE = frozenset({"Ready"})
+
+
 def _names(key: str, value: str) -> frozenset[str]:
-    names = [v.strip() for v in value.split(",") if v.strip()]
-    if not names or not all(_NAME.match(n) for n in names):
-        raise PolicyError(key, value, "a comma-separated list of taint keys or condition types")
-    return frozenset(names)
+    names_ = [v.strip() for v in value.split(",") if v.strip()]
+    accepted = (
+        "a comma-separated list of taint keys or condition types (Kubernetes qualified names: "
+        "an optional DNS prefix and '/', then up to 63 of A-Z a-z 0-9 - _ .)"
+    )
+    if not names_ or not all(_QUALIFIED.match(n) for n in names_):
+        raise PolicyError(key, value, accepted)
+    if key == names.UNHEALTHY_CONDITIONS and HEALTHY_WHEN_TRUE & set(names_):
+        raise PolicyError(
+            key, value, "condition types that are True when a node is unhealthy (not Ready)"
+        )
+    return frozenset(names_)
 
 
 def _choice(key: str, value: str, enum: type[E]) -> E:
@@ -249,20 +286,42 @@ def _choice(key: str, value: str, enum: type[E]) -> E:
         raise PolicyError(key, value, " or ".join(e.value for e in enum)) from None
 
 
+PATH_MAX = 4096  # Linux's, with its terminating NUL
+
+
 def _checkpoint_dirs(key: str, value: str) -> CheckpointDirs:
     """``local=/path,persistent=/path`` (either may be left out)."""
     accepted = "local=/abs/path,persistent=/abs/path (either part may be left out)"
     found: dict[str, str] = {}
     for part in (p.strip() for p in value.split(",") if p.strip()):
         tier, sep, path = part.partition("=")
-        if not sep or tier not in ("local", "persistent") or not path.startswith("/"):
+        if not sep or tier not in ("local", "persistent") or tier in found:
             raise PolicyError(key, value, accepted)
-        if tier in found:
-            raise PolicyError(key, value, accepted)
+        segments = path.split("/")[1:]
+        if (
+            not path.startswith("/")
+            or path.endswith("/")  # "/" itself included: never the root
+            or any(s in ("", ".", "..") for s in segments)
+            or len(path) > PATH_MAX
+        ):
+            raise PolicyError(
+                key, value, f"{accepted}; each an absolute path without '.', '..' or '//', not /"
+            )
         found[tier] = path
     if not found:
         raise PolicyError(key, value, accepted)
-    return CheckpointDirs(found.get("local"), found.get("persistent"))
+    local, persistent = found.get("local"), found.get("persistent")
+    if (
+        local
+        and persistent
+        and (
+            local == persistent
+            or persistent.startswith(f"{local}/")
+            or local.startswith(f"{persistent}/")
+        )
+    ):
+        raise PolicyError(key, value, f"{accepted}; two directories, neither in the other")
+    return CheckpointDirs(local, persistent)
 
 
 def _step_pattern(key: str, value: str) -> str:
@@ -365,13 +424,48 @@ _PARSERS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
 )
 
 
-def parse_policy(annotations: Mapping[str, str] | None) -> Policy:
-    """Policy from JobSet annotations; absent keys keep their defaults.
+# The jobset-inplace.dev/ annotations a JobSet may carry: the policy's, the opt-in and the
+# plugin's restart request. Anything else under the prefix is a typo (refused at admission).
+KNOWN_KEYS: frozenset[str] = frozenset(
+    {names.ENABLED, names.RESTART_REQUEST, *(key for _, key, _ in _PARSERS)}
+)
 
-    Raises :class:`PolicyError` for the first malformed key (in a stable order)."""
+
+def unknown_keys(annotations: Mapping[str, str] | None) -> list[PolicyError]:
+    """An error for each ``jobset-inplace.dev/*`` key that is not one of :data:`KNOWN_KEYS`,
+    naming the nearest known key when one is close."""
+    errors = []
+    for key, value in sorted((annotations or {}).items()):
+        if key.startswith(names.PREFIX) and key not in KNOWN_KEYS:
+            near = difflib.get_close_matches(key, sorted(KNOWN_KEYS), n=1, cutoff=0.75)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            errors.append(
+                PolicyError(
+                    key, value, f"one of the {names.PREFIX} keys of docs/annotations.md{hint}"
+                )
+            )
+    return errors
+
+
+def parse_policy(annotations: Mapping[str, str] | None) -> Policy:
+    """Policy from JobSet annotations; absent keys keep their defaults; keys it does not know
+    are left to admission (:func:`unknown_keys`).
+
+    Raises :class:`PolicyError`, for every malformed key at once (:class:`PolicyErrors`)."""
     a = annotations or {}
-    parse_enabled(a)
-    values: dict[str, Any] = {f: parse(k, a[k]) for f, k, parse in _PARSERS if k in a}
+    errors: list[PolicyError] = []
+    try:
+        parse_enabled(a)
+    except PolicyError as e:
+        errors.append(e)
+    values: dict[str, Any] = {}
+    for field_name, key, parse in _PARSERS:
+        if key in a:
+            try:
+                values[field_name] = parse(key, a[key])
+            except PolicyError as e:
+                errors.append(e)
+    raise_all(errors)
     policy = dataclasses.replace(Policy(), **values)
     try:  # the pair: our own layout's step names are fixed
         checkpoint_layout(policy.checkpoint_layout, policy.checkpoint_step_pattern)

@@ -10,18 +10,21 @@ import pytest
 from jobset_inplace import names
 from jobset_inplace.core import policy
 from jobset_inplace.core.policy import (
+    KNOWN_KEYS,
     CheckpointDirs,
     Escalation,
     ForceDelete,
     NoCommonCheckpoint,
     Policy,
     PolicyError,
+    PolicyErrors,
     RestartScope,
     StragglerAction,
     format_duration,
     is_managed,
     parse_duration,
     parse_policy,
+    unknown_keys,
 )
 from jobset_inplace.trainer.layouts import PATTERN_FORM, Layout
 
@@ -278,11 +281,17 @@ EXIT = int_form(3, 255)
 BARRIER = "a duration such as 30s, 5m or 1h30m, from 30s to 24h"
 NODE = "a duration such as 5s, 15s or 1m, from 5s to 1h"
 KUEUE = "a duration such as 3m, 30m or 1h, from 1m15s to 168h"
-NAMES = "a comma-separated list of taint keys or condition types"
+NAMES = (
+    "a comma-separated list of taint keys or condition types (Kubernetes qualified names: "
+    "an optional DNS prefix and '/', then up to 63 of A-Z a-z 0-9 - _ .)"
+)
+NOT_READY = "condition types that are True when a node is unhealthy (not Ready)"
 HANG = "a duration such as 10m, 30m or 1h, from 10s to 168h"
 FACTOR = "a number such as 1.5 or 2, from 1.1 to 100"
 FACTORS = {names.STRAGGLER_FACTOR}  # ranges of plain numbers, not durations
 DIRS = "local=/abs/path,persistent=/abs/path (either part may be left out)"
+DIR_FORM = f"{DIRS}; each an absolute path without '.', '..' or '//', not /"
+TWO_DIRS = f"{DIRS}; two directories, neither in the other"
 
 # Python's int() takes all of these; a policy integer (and a report number) is canonical only.
 # Full-width (\uff11) and Arabic-Indic (\u0661) digits are escaped: ruff flags them as look-alikes.
@@ -348,6 +357,12 @@ REJECTED: list[tuple[str, str, str]] = [
     (names.UNHEALTHY_TAINTS, " , ", NAMES),
     (names.UNHEALTHY_TAINTS, "a.io/x,bad key", NAMES),
     (names.UNHEALTHY_CONDITIONS, "-Leading", NAMES),
+    (names.UNHEALTHY_TAINTS, "x" * 400, NAMES),  # a name is 63 characters at most
+    (names.UNHEALTHY_TAINTS, "a//b", NAMES),
+    (names.UNHEALTHY_TAINTS, "Example.com/gpu", NAMES),  # a DNS prefix is lower case
+    (names.UNHEALTHY_TAINTS, f"{'a' * 251}.io/x", NAMES),  # the prefix: 253 at most
+    (names.UNHEALTHY_CONDITIONS, "Ready", NOT_READY),  # True on every healthy node
+    (names.UNHEALTHY_CONDITIONS, "KernelDeadlock,Ready", NOT_READY),
     (names.HANG_TIMEOUT, "0s", HANG),  # off is the annotation left out
     (names.HANG_TIMEOUT, "9.999s", HANG),
     (names.HANG_TIMEOUT, "30", HANG),
@@ -382,10 +397,19 @@ REJECTED: list[tuple[str, str, str]] = [
     (names.RESTART_EXIT_CODE, "\uff18\uff18", EXIT),
     (names.RESTART_EXIT_CODE, "\u0668\u0668", EXIT),
     (names.CHECKPOINT_DIRS, "", DIRS),
-    (names.CHECKPOINT_DIRS, "local=relative/path", DIRS),
+    (names.CHECKPOINT_DIRS, "local=relative/path", DIR_FORM),
     (names.CHECKPOINT_DIRS, "/no/tier", DIRS),
     (names.CHECKPOINT_DIRS, "remote=/x", DIRS),
     (names.CHECKPOINT_DIRS, "local=/a,local=/b", DIRS),
+    (names.CHECKPOINT_DIRS, "local=/", DIR_FORM),
+    (names.CHECKPOINT_DIRS, "local=/a/../../etc", DIR_FORM),
+    (names.CHECKPOINT_DIRS, "local=/a/./b", DIR_FORM),
+    (names.CHECKPOINT_DIRS, "persistent=/a//b", DIR_FORM),
+    (names.CHECKPOINT_DIRS, "persistent=/ckpt/", DIR_FORM),
+    (names.CHECKPOINT_DIRS, f"local=/{'a' * 4096}", DIR_FORM),
+    (names.CHECKPOINT_DIRS, "local=/x,persistent=/x", TWO_DIRS),
+    (names.CHECKPOINT_DIRS, "local=/x,persistent=/x/y", TWO_DIRS),
+    (names.CHECKPOINT_DIRS, "local=/x/y,persistent=/x", TWO_DIRS),
     (names.ESCALATION, "restart", "restart-jobset or fail-jobset"),
     (names.TAINT_ON_DEVICE_FAULT, "yes", '"true" or "false"'),
     (names.TAINT_ON_DEVICE_FAULT, "TRUE", '"true" or "false"'),
@@ -431,16 +455,44 @@ def test_every_annotation_key_has_a_rejected_form() -> None:
     assert {k for k, _, _ in REJECTED} == {k for k, *_ in ACCEPTED} | {names.ENABLED}
 
 
-def test_the_first_malformed_key_in_a_stable_order_is_reported() -> None:
+def test_every_malformed_key_is_reported_at_once_in_a_stable_order() -> None:
     bad = {names.ESCALATION: "x", names.BARRIER_TIMEOUT: "x", names.INPLACE_BUDGET: "x"}
     for order in (bad, dict(reversed(list(bad.items())))):
-        with pytest.raises(PolicyError) as err:
+        with pytest.raises(PolicyErrors) as err:
             parse_policy({names.ENABLED: "true", **order})
-        assert err.value.key == names.INPLACE_BUDGET
+        assert err.value.key == names.INPLACE_BUDGET, "the first, for callers that name one"
+        assert [e.key for e in err.value.errors] == [
+            names.INPLACE_BUDGET,
+            names.BARRIER_TIMEOUT,
+            names.ESCALATION,
+        ]
+        assert str(err.value).count("is invalid: expected") == 3
     # an invalid opt-in value is reported before any other key
-    with pytest.raises(PolicyError) as err:
+    with pytest.raises(PolicyError) as first:
         parse_policy({names.ENABLED: "on", names.INPLACE_BUDGET: "x"})
-    assert err.value.key == names.ENABLED
+    assert first.value.key == names.ENABLED
+
+
+@pytest.mark.parametrize(
+    ("typo", "nearest"),
+    [
+        (f"{names.PREFIX}inplace-budgte", names.INPLACE_BUDGET),
+        (f"{names.PREFIX}barrier_timeout", names.BARRIER_TIMEOUT),
+        (f"{names.PREFIX}restart-scopes", names.RESTART_SCOPE),
+        (f"{names.PREFIX}something-else-entirely", None),
+    ],
+)
+def test_an_unknown_key_is_an_error_naming_the_nearest_known_key(
+    typo: str, nearest: str | None
+) -> None:
+    (e,) = unknown_keys({names.ENABLED: "true", typo: "3", "other.io/x": "y"})
+    assert e.key == typo
+    if nearest:
+        assert f"(did you mean {nearest}?)" in str(e)
+    else:
+        assert "did you mean" not in str(e)
+    assert unknown_keys({k: "x" for k in KNOWN_KEYS}) == []
+    assert parse_policy({names.ENABLED: "true", typo: "3"}) == Policy(), "left to admission"
 
 
 @pytest.mark.parametrize(

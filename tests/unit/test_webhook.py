@@ -209,6 +209,28 @@ def test_update_checks_only_changed_policy_annotations() -> None:
     assert validate(good, old) == (True, "")
 
 
+def test_a_typo_key_is_refused_with_every_bad_key_and_the_nearest_name() -> None:
+    typo = f"{names.PREFIX}inplace-budgte"
+    bad = jobset({names.ENABLED: "true", typo: "3", names.BARRIER_TIMEOUT: "soon"})
+    allowed, message = validate(bad)
+    assert not allowed
+    assert f"(did you mean {names.INPLACE_BUDGET}?)" in message
+    assert names.BARRIER_TIMEOUT in message, "every bad key in one answer"
+    assert validate(jobset({names.ENABLED: "false", typo: "3"})) == (True, ""), "not ours"
+    # a JobSet admitted with the typo before an upgrade stays updatable (Kueue, JobSet) ...
+    old = transform(jobset(), S)
+    old["metadata"]["annotations"][typo] = "3"
+    new = copy.deepcopy(old)
+    new["metadata"]["annotations"][names.INPLACE_BUDGET] = "4"
+    assert validate(new, old) == (True, "")
+    # ... but no new unknown key is added to one
+    newer = copy.deepcopy(new)
+    newer["metadata"]["annotations"][f"{names.PREFIX}recreate-budgte"] = "1"
+    allowed, message = validate(newer, new)
+    assert not allowed
+    assert f"(did you mean {names.RECREATE_BUDGET}?)" in message
+
+
 def test_opting_in_on_update_needs_the_agent_already_there() -> None:
     old = jobset({})
     new = jobset()
