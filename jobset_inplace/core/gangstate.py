@@ -24,6 +24,7 @@ def _recovery_to_dict(r: Recovery) -> dict[str, Any]:
         "deadlineExtended": r.deadline_extended,
         "openedAt": rfc3339(r.opened),
         "durationSeconds": None if r.duration is None else round(r.duration, 3),
+        "detectionSeconds": None if r.detection is None else round(r.detection, 3),
         "causes": {member: cause.value for member, cause in r.causes.items()},
         "inPlace": r.in_place,
         "recreated": dict(r.recreated),

@@ -143,8 +143,23 @@ class Recovery:
     first_signal_at: float | None = None
 
     @property
+    def began(self) -> float:
+        """When the recovery's time counts from: the first signal of the failure that started
+        it when known (detection included), else the pass that started it."""
+        if self.first_signal_at is None:
+            return self.started
+        return min(self.first_signal_at, self.started)
+
+    @property
+    def detection(self) -> float | None:
+        """First signal -> the pass that started the recovery (None: no signal time)."""
+        return None if self.first_signal_at is None else self.started - self.began
+
+    @property
     def duration(self) -> float | None:
-        return None if self.opened is None else self.opened - self.started
+        """First signal (detection included) -> barrier opened; the one duration everywhere
+        a recovery's time is shown (status, Event, plugin, metrics)."""
+        return None if self.opened is None else self.opened - self.began
 
 
 @dataclass

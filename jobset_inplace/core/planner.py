@@ -775,8 +775,9 @@ class _Planning:
             del st.history[:-HISTORY_LIMIT]
         where = "from scratch" if step is None else f"at step {step}"
         if rec.causes:
+            detected = "" if rec.detection is None else f" (detected in {rec.detection:.1f}s)"
             how = (
-                f"{rec.opened - rec.started:.1f}s after the first signal; "
+                f"{rec.duration or 0.0:.1f}s after the first signal{detected}; "
                 f"{rec.in_place} in place, {len(rec.recreated)} recreated"
             )
         else:

@@ -150,8 +150,8 @@ def observe(s: Snapshot, p: Plan) -> list[Observation]:
 def _started(rec: Recovery) -> list[Observation]:
     cause = recovery_cause(rec)
     out: list[Observation] = [] if cause is None else [RecoveryStarted(cause)]
-    if rec.first_signal_at is not None:
-        out.append(FailureDetected(max(0.0, rec.started - rec.first_signal_at)))
+    if rec.detection is not None:
+        out.append(FailureDetected(rec.detection))
     return out
 
 
@@ -162,7 +162,7 @@ def _completed(s: Snapshot, rec: Recovery) -> list[Observation]:
         took = rec.opened - rec.started
         last = last_agent_start(joined)
         restart = None if last is None else min(max(0.0, last - rec.started), took)
-        total = None if rec.first_signal_at is None else rec.opened - rec.first_signal_at
+        total = None if rec.first_signal_at is None else rec.duration
         out.append(RecoveryTimed(restart, None if restart is None else took - restart, total))
     return out
 

@@ -160,8 +160,9 @@ def _last_recovery(rec: Recovery | None, now: float) -> dict[str, Any] | None:
         "startedAt": rfc3339(rec.started),
         "openedAt": rfc3339(rec.opened),
         "durationSeconds": None if rec.duration is None else round(rec.duration, 3),
+        "detectionSeconds": None if rec.detection is None else round(rec.detection, 3),
         "inProgress": in_progress,
-        "elapsedSeconds": round(max(0.0, now - rec.started), 3) if in_progress else None,
+        "elapsedSeconds": round(max(0.0, now - rec.began), 3) if in_progress else None,
         "resumeStep": rec.resume_step,
     }
 
@@ -313,7 +314,9 @@ def render_status(doc: Mapping[str, Any], *, wide: bool = False) -> str:
         if rec["inProgress"]:
             took = f"in progress, {fmt_duration(rec['elapsedSeconds'])} so far"
         else:
-            took = f"took {fmt_duration(rec['durationSeconds'])}"
+            took = f"took {fmt_duration(rec['durationSeconds'])} from the first signal"
+        if rec.get("detectionSeconds") is not None:
+            took += f" (detected in {fmt_duration(rec['detectionSeconds'])})"
         rows += [
             ("Last recovery:", f"epoch {fmt_value(rec['epoch'])}, {took}"),
             ("  Causes:", fmt_causes(rec["causes"])),

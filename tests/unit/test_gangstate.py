@@ -109,7 +109,9 @@ def test_fully_populated_status_survives_the_round_trip() -> None:
         "workers/1/0": Cause.NODE_UNHEALTHY,
         "workers/3/0": Cause.TRAINER_EXITED,
     }
-    assert back.recovery.duration == pytest.approx(12.015625 - 0.25)
+    # from the first signal (14.5 s before T0), detection included: one duration everywhere
+    assert back.recovery.duration == pytest.approx(12.015625 + 14.5)
+    assert back.recovery.detection == pytest.approx(0.25 + 14.5)
 
 
 def test_encoding_is_the_documented_camel_case_json() -> None:
@@ -131,7 +133,8 @@ def test_encoding_is_the_documented_camel_case_json() -> None:
     rec = d["recovery"]
     assert rec["causes"] == {"workers/1/0": "NodeUnhealthy", "workers/3/0": "TrainerExited"}
     assert rec["startedAt"].endswith("Z")
-    assert rec["durationSeconds"] == pytest.approx(11.766)
+    assert rec["durationSeconds"] == pytest.approx(26.516)
+    assert rec["detectionSeconds"] == pytest.approx(14.75)
     assert rec["recreated"] == {"workers/1/0": "uid-old-1"}
     assert (rec["openedBy"], rec["firstSignal"]) == ("MemberFailed", "NodeUnhealthy")
     assert rec["firstSignalAt"] == "2026-09-21T14:13:05.500000Z"

@@ -200,10 +200,25 @@ def test_status_table() -> None:
     assert lines["Resume step"] == "200"
     assert lines["In-place budget"] == "2/10 used, 8 left"
     assert lines["Recreate budget"] == "1/5 used, 4 left"
-    assert lines["Last recovery"] == "epoch 3, took 4.5s"
+    assert lines["Last recovery"] == "epoch 3, took 4.5s from the first signal"
     assert lines["Causes"] == "NodeUnhealthy, TrainerExited"
     assert (lines["In place"], lines["Recreated"]) == ("2", "1")
     assert "MEMBER" not in text
+
+
+def test_the_recovery_time_counts_from_the_first_signal_with_detection_apart() -> None:
+    rec = gangstate()["status"]["recovery"] | {
+        "firstSignal": "TrainerExited",
+        "firstSignalAt": "2026-11-21T09:59:58.500000Z",  # 1.5 s before the recovery started
+    }
+    out = doc(recovery=rec)
+    assert out["lastRecovery"]["detectionSeconds"] == 1.5
+    assert out["lastRecovery"]["durationSeconds"] == 6.0, "4.5 s after the start, plus 1.5"
+    lines = dict(
+        (k.strip(), v.strip())
+        for k, _, v in (x.partition(":") for x in r.render_status(out).splitlines())
+    )
+    assert lines["Last recovery"] == "epoch 3, took 6.0s from the first signal (detected in 1.5s)"
 
 
 def test_status_recovery_in_progress_shows_elapsed_time() -> None:
