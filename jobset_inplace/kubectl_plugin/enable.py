@@ -14,16 +14,13 @@ from jobset_inplace.core.transform import (
     TransformError,
     transform,
 )
+from jobset_inplace.kubectl_plugin.render import yaml_all
 
 JOBSET_API_GROUP = "jobset.x-k8s.io"
 
 
 class InputError(ValueError):
     """The input is not YAML with at least one JobSet."""
-
-
-def _dump_all(docs: list[Any]) -> str:
-    return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False)
 
 
 def _is_jobset(doc: Any) -> bool:
@@ -59,15 +56,15 @@ def enable_docs(docs: list[Any], image: str) -> list[Any]:
 
 def enable_text(text: str, image: str = DEFAULT_AGENT_IMAGE, *, source: str = "-") -> str:
     """The transformed YAML of ``text``."""
-    return _dump_all(enable_docs(_load(text, source), image))
+    return yaml_all(enable_docs(_load(text, source), image))
 
 
 def enable_diff(text: str, image: str = DEFAULT_AGENT_IMAGE, *, source: str = "-") -> str:
     """A unified diff between ``text`` and its transform, both in the same YAML formatting (so
     the diff shows only what the transform changes). Empty when nothing changes."""
     docs = _load(text, source)
-    before = _dump_all(docs).splitlines(keepends=True)
-    after = _dump_all(enable_docs(docs, image)).splitlines(keepends=True)
+    before = yaml_all(docs).splitlines(keepends=True)
+    after = yaml_all(enable_docs(docs, image)).splitlines(keepends=True)
     label = "stdin" if source == "-" else source
     return "".join(
         difflib.unified_diff(before, after, f"{label} (original)", f"{label} (jobset-inplace)")

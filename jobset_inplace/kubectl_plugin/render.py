@@ -67,11 +67,23 @@ def table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """YAML as kubectl prints it: an object that appears twice is written twice, never as an
+    anchor (``&id001``) and alias (``*id001``) that readers of a manifest trip over."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def yaml_all(docs: Sequence[Any]) -> str:
+    out: str = yaml.dump_all(docs, Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
+    return out
+
+
 def dump(doc: Any, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(doc, indent=2, sort_keys=False) + "\n"
-    out: str = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
-    return out
+    return yaml_all([doc])
 
 
 # --- pods and nodes ----------------------------------------------------------------------------

@@ -619,6 +619,11 @@ def test_enable_adds_opt_in_and_transforms() -> None:
     assert out["spec"]["failurePolicy"] == {"maxRestarts": 2}
     # Idempotent: enabling the output changes nothing.
     assert enable_diff(enable_text(JOBSET_YAML, "agent:1"), "agent:1") == ""
+    # Plain YAML: a value shared in memory (the agent's volume mounts) written out twice,
+    # never as an anchor and an alias.
+    text = enable_text(JOBSET_YAML, "agent:1")
+    assert "&id" not in text
+    assert "*id" not in text
 
 
 def test_enable_keeps_an_explicit_opt_in_value_and_other_documents() -> None:
