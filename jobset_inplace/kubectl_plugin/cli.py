@@ -1,6 +1,6 @@
 """``kubectl jobset-inplace``: inspect and operate jobset-inplace gangs.
 
-Subcommands: status, history, restart, enable, doctor. Run ``kubectl jobset-inplace
+Subcommands: list, status, history, restart, enable, doctor. Run ``kubectl jobset-inplace
 COMMAND --help`` for each; exit codes are listed in docs/kubectl-plugin.md."""
 
 from __future__ import annotations
@@ -77,6 +77,21 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )
 
+    p = sub.add_parser(
+        "list",
+        help="every gang of the namespace (-A: of every namespace), one line each",
+        epilog=(
+            "examples:\n  kubectl jobset-inplace list -n team-a\n"
+            "  kubectl jobset-inplace list -A -o yaml"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="list the gangs of every namespace"
+    )
+    p.add_argument("-o", "--output", choices=["yaml", "json"], help="output format")
+    _add_cluster_flags(p)
+
     p = sub.add_parser("status", help="gang status of a JobSet (GangState + pods + nodes)")
     p.add_argument("name", metavar="NAME", help="JobSet name (its GangState has the same name)")
     p.add_argument("-o", "--output", choices=["yaml", "json", "wide"], help="output format")
@@ -144,6 +159,15 @@ def cmd_status(c: Cluster, args: argparse.Namespace, out: IO[str]) -> ExitCode:
         out.write(render.dump(doc, args.output))
     else:
         out.write(render.render_status(doc, wide=args.output == "wide"))
+    return ExitCode.OK
+
+
+def cmd_list(c: Cluster, args: argparse.Namespace, out: IO[str]) -> ExitCode:
+    doc = render.list_document(c.gangstates(all_namespaces=args.all_namespaces))
+    if args.output:
+        out.write(render.dump(doc, args.output))
+    else:
+        out.write(render.render_list(doc, all_namespaces=args.all_namespaces))
     return ExitCode.OK
 
 
@@ -251,6 +275,7 @@ def main(
         except ClusterConfigError as e:
             raise CommandError(str(e), ExitCode.NO_CLUSTER) from None
         commands: dict[str, Callable[[], ExitCode]] = {
+            "list": lambda: cmd_list(c, args, out),
             "status": lambda: cmd_status(c, args, out),
             "history": lambda: cmd_history(c, args, out),
             "restart": lambda: cmd_restart(c, args, out, inp, err),

@@ -63,6 +63,18 @@ class Cluster:
         )
         return obj
 
+    def gangstates(self, *, all_namespaces: bool = False) -> list[dict[str, Any]]:
+        """The GangStates of this namespace, or of every namespace."""
+        g = (names.GROUP, names.VERSION)
+        if all_namespaces:
+            doc = self.custom.list_cluster_custom_object(*g, names.GANGSTATE_PLURAL)
+        else:
+            doc = self.custom.list_namespaced_custom_object(
+                *g, self.namespace, names.GANGSTATE_PLURAL
+            )
+        items: list[dict[str, Any]] = doc.get("items") or []
+        return items
+
     def jobset(self, name: str) -> dict[str, Any]:
         obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
             JOBSET_GROUP, JOBSET_VERSION, self.namespace, JOBSET_PLURAL, name

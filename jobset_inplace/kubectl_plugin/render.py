@@ -19,6 +19,7 @@ from jobset_inplace.core.policy import Policy, PolicyError, parse_policy
 from jobset_inplace.times import rfc3339
 
 REPORT_KIND = "GangStatusReport"
+LIST_KIND = "GangList"
 HISTORY_KIND = "GangRecoveryHistory"
 POD_STATES = ("running", "restarting", "pending", "failed", "succeeded")
 
@@ -409,4 +410,58 @@ def render_history(doc: Mapping[str, Any]) -> str:
                 fmt_value(e["startedAt"]),
             ]
         )
+    return table(rows) + "\n"
+
+
+# --- list ----------------------------------------------------------------------------------------
+def list_document(gangstates: Sequence[Obj]) -> dict[str, Any]:
+    """One row per GangState (its JobSet's gang), sorted by namespace and name. A GangState
+    whose status cannot be read is listed with its error, not dropped."""
+    rows = []
+    for gs in gangstates:
+        meta = gs.get("metadata") or {}
+        row: dict[str, Any] = {"namespace": meta.get("namespace"), "name": meta.get("name")}
+        try:
+            st = gang_status(gs)
+        except MalformedStatus as e:
+            rows.append(row | {"error": str(e)})
+            continue
+        rec = st.recovery if st else None
+        row |= {
+            "phase": str(st.phase) if st else None,
+            "epoch": st.epoch if st else None,
+            "barrierOpen": st.barrier_open if st else None,
+            "resumeStep": st.resume_step if st else None,
+            "inPlaceUsed": st.inplace_used if st else 0,
+            "recreateUsed": st.recreate_used if st else 0,
+            "lastRecoverySeconds": None
+            if rec is None or rec.duration is None
+            else round(rec.duration, 3),
+        }
+        rows.append(row)
+    rows.sort(key=lambda r: (str(r["namespace"]), str(r["name"])))
+    return {"apiVersion": names.API_VERSION, "kind": LIST_KIND, "gangs": rows}
+
+
+def render_list(doc: Mapping[str, Any], *, all_namespaces: bool) -> str:
+    if not doc["gangs"]:
+        return "No gangs found.\n"
+    head = ["NAME", "PHASE", "EPOCH", "BARRIER", "STEP", "IN-PLACE", "RECREATED", "LAST-RECOVERY"]
+    rows = [["NAMESPACE", *head] if all_namespaces else head]
+    for g in doc["gangs"]:
+        if "error" in g:
+            cells = [fmt_value(g["name"]), "?", "-", "-", "-", "-", "-", g["error"]]
+        else:
+            barrier = {True: "open", False: "closed", None: "-"}[g["barrierOpen"]]
+            cells = [
+                fmt_value(g["name"]),
+                fmt_value(g["phase"]),
+                fmt_value(g["epoch"]),
+                barrier,
+                fmt_value(g["resumeStep"]),
+                str(g["inPlaceUsed"]),
+                str(g["recreateUsed"]),
+                fmt_duration(g["lastRecoverySeconds"]),
+            ]
+        rows.append([fmt_value(g["namespace"]), *cells] if all_namespaces else cells)
     return table(rows) + "\n"

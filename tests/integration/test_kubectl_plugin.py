@@ -207,6 +207,35 @@ def test_history(control_plane: ControlPlane, gang: Gang) -> None:
     assert len(lines) == 2
 
 
+def test_list_in_the_namespace_and_across_namespaces(
+    control_plane: ControlPlane, gang: Gang
+) -> None:
+    res = plugin(control_plane, "list", namespace=gang.namespace)
+    assert res.returncode == ExitCode.OK, res.stderr
+    head, *rows = res.stdout.splitlines()
+    assert head.split() == [
+        "NAME",
+        "PHASE",
+        "EPOCH",
+        "BARRIER",
+        "STEP",
+        "IN-PLACE",
+        "RECREATED",
+        "LAST-RECOVERY",
+    ]
+    assert [r.split() for r in rows] == [
+        [gang.name, "Recovering", "3", "closed", "200", "2", "1", "-"]
+    ]
+    res = plugin(control_plane, "list", "-A", "-o", "json", namespace="default")
+    assert res.returncode == ExitCode.OK, res.stderr
+    gangs = json.loads(res.stdout)["gangs"]
+    assert {"namespace": gang.namespace, "name": gang.name}.items() <= next(
+        g for g in gangs if g["name"] == gang.name
+    ).items()
+    res = plugin(control_plane, "list", namespace="default")  # none there
+    assert (res.returncode, res.stdout) == (ExitCode.OK, "No gangs found.\n")
+
+
 def test_restart(control_plane: ControlPlane, kube: Clients, gang: Gang) -> None:
     refused = plugin(control_plane, "restart", gang.name, namespace=gang.namespace, stdin="y\n")
     assert refused.returncode == ExitCode.USAGE

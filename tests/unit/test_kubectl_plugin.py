@@ -452,6 +452,9 @@ class FakeCluster:
             raise ApiException(status=404, reason="Not Found")
         return self._gs
 
+    def gangstates(self, *, all_namespaces: bool = False) -> list[dict[str, Any]]:
+        return [] if self._gs is None else [self._gs]
+
     def annotate_jobset(self, name: str, annotations: dict[str, str]) -> dict[str, Any]:
         self.patches.append(annotations)
         return self._js or {}
@@ -502,6 +505,28 @@ def test_history_through_main() -> None:
     code, out, _ = run(["history", NAME], FakeCluster(jobset(), gangstate()))
     assert code == ExitCode.OK
     assert len(out.splitlines()) == 3
+
+
+def test_list_one_line_per_gang_with_the_namespace_under_all_namespaces() -> None:
+    other = gangstate() | {"metadata": {"name": "aaa", "namespace": "z-team"}}
+    broken = gangstate(phase="Exploded") | {"metadata": {"name": "bad", "namespace": NS}}
+    doc_ = r.list_document([other, broken, gangstate()])
+    assert [(g["namespace"], g["name"]) for g in doc_["gangs"]] == [
+        (NS, "bad"),
+        (NS, NAME),
+        ("z-team", "aaa"),
+    ]
+    text = r.render_list(doc_, all_namespaces=True)
+    head, bad, ours, _ = text.splitlines()
+    assert head.split()[:3] == ["NAMESPACE", "NAME", "PHASE"]
+    assert ours.split() == [NS, NAME, "Running", "3", "open", "200", "2", "1", "4.5s"]
+    assert "cannot read the status" in bad, "listed with its error, not dropped"
+    assert r.render_list(doc_, all_namespaces=False).splitlines()[0].split()[0] == "NAME"
+    code, out, _ = run(["list"], FakeCluster(jobset(), None))
+    assert (code, out) == (ExitCode.OK, "No gangs found.\n")
+    code, out, _ = run(["list", "-A", "-o", "yaml"], FakeCluster(jobset(), gangstate()))
+    assert code == ExitCode.OK
+    assert yaml.safe_load(out)["gangs"][0]["lastRecoverySeconds"] == 4.5
 
 
 def test_status_and_history_report_a_malformed_gangstate_status() -> None:
