@@ -13,6 +13,7 @@ from typing import Any
 
 from jobset_inplace import names
 from jobset_inplace.core.decode import (
+    KUEUE_V1BETA2_PODS_READY_TIMEOUT_S,
     controller_uid,
     gang_spec,
     newer_report,
@@ -105,15 +106,14 @@ class Gang:
             del self.posted[next(iter(self.posted))]
 
 
-# Kueue's default waitForPodsReady.recoveryTimeout (v0.19), assumed for Kueue-managed gangs when
-# its configuration cannot be read (override per JobSet: jobset-inplace.dev/kueue-recovery-timeout).
-KUEUE_DEFAULT_RECOVERY_TIMEOUT_S = 1800.0
-
-
 @dataclass
 class ClusterCache:
     gangs: dict[GangKey, Gang] = field(default_factory=dict)
-    kueue_recovery_timeout_s: float | None = None  # from Kueue's configuration, if readable
+    # Kueue's recoveryTimeout from its configuration (None: it never evicts a recovery), once
+    # read; until then (or when it cannot be read) its v1beta2 default is assumed (override per
+    # JobSet: jobset-inplace.dev/kueue-recovery-timeout).
+    kueue_recovery_timeout_s: float | None = None
+    kueue_config_read: bool = False
     nodes: dict[str, NodeView] = field(default_factory=dict)
     leases: dict[str, float] = field(default_factory=dict)
     lease_reads: dict[str, float] = field(default_factory=dict)  # node -> last direct read
@@ -318,7 +318,11 @@ class ClusterCache:
         nodes = {n: self.nodes[n] for n in names if n in self.nodes}
         spec = gang.spec
         if gang.kueue_managed:
-            rt = self.kueue_recovery_timeout_s or KUEUE_DEFAULT_RECOVERY_TIMEOUT_S
+            rt = (
+                self.kueue_recovery_timeout_s
+                if self.kueue_config_read
+                else KUEUE_V1BETA2_PODS_READY_TIMEOUT_S
+            )
             spec = dataclasses.replace(
                 spec, kueue_stand_down=gang.kueue_stand_down, kueue_recovery_timeout_s=rt
             )

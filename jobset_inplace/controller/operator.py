@@ -202,23 +202,40 @@ def prime(r: Reconciler, watches: list[RawWatch[Any]]) -> None:
     # nothing was observed, and no report heard, before this start
     r.cache.leases_observed_since = r.cache.reports_since = time.time()
     counts = {w.what: w.prime() for w in watches}
-    r.cache.kueue_recovery_timeout_s = read_kueue_recovery_timeout(core)
+    set_kueue_recovery_timeout(r.cache, read_kueue_config(core))
     log.info(
         "cache primed: %d gangs, %s; Kueue recoveryTimeout %s",
         len(r.cache.gangs),
         ", ".join(f"{n} {what}" for what, n in counts.items()),
-        r.cache.kueue_recovery_timeout_s or "unknown",
+        "unknown (its default assumed)"
+        if not r.cache.kueue_config_read
+        else "none (waitForPodsReady off)"
+        if r.cache.kueue_recovery_timeout_s is None
+        else f"{r.cache.kueue_recovery_timeout_s:g}s",
     )
 
 
-def read_kueue_recovery_timeout(core: client.CoreV1Api) -> float | None:
-    """Kueue's recoveryTimeout from its configuration ConfigMap (standard install), if any."""
+def read_kueue_config(core: client.CoreV1Api) -> str | None:
+    """Kueue's configuration YAML from its ConfigMap (standard install), if it can be read."""
     try:
         cm = core.read_namespaced_config_map(names.KUEUE_CONFIG_MAP, names.KUEUE_CONFIG_NAMESPACE)
     except client.exceptions.ApiException:
         return None
-    text = (cm.data or {}).get(names.KUEUE_CONFIG_KEY)
-    return kueue_recovery_timeout(text) if text else None
+    text: str | None = (cm.data or {}).get(names.KUEUE_CONFIG_KEY)
+    return text
+
+
+def set_kueue_recovery_timeout(cache: ClusterCache, config_yaml: str | None) -> None:
+    """What Kueue's configuration says into the cache; unreadable: its default is assumed."""
+    cache.kueue_config_read = False
+    if not config_yaml:
+        return
+    try:
+        cache.kueue_recovery_timeout_s = kueue_recovery_timeout(config_yaml)
+    except ValueError as e:
+        log.warning("Kueue's configuration: %s; its default recoveryTimeout assumed", e)
+        return
+    cache.kueue_config_read = True
 
 
 def build_reconciler() -> Reconciler:

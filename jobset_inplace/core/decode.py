@@ -338,14 +338,36 @@ def workload_owner(workload: Obj) -> tuple[str, str] | None:
     return None
 
 
+# Kueue v0.19's waitForPodsReady.timeout defaults (apis/config/v1beta{1,2}/defaults.go)
+KUEUE_V1BETA1_PODS_READY_TIMEOUT_S = 300.0
+KUEUE_V1BETA2_PODS_READY_TIMEOUT_S = 1800.0
+
+
 def kueue_recovery_timeout(config_yaml: str) -> float | None:
-    """``waitForPodsReady.recoveryTimeout`` (seconds) from Kueue's Configuration YAML."""
-    cfg = yaml.safe_load(config_yaml) or {}
+    """The ``waitForPodsReady.recoveryTimeout`` Kueue applies, in seconds, from its
+    Configuration YAML, with Kueue v0.19's defaults: in ``config.kueue.x-k8s.io/v1beta2``
+    waitForPodsReady is always on (``timeout`` 30m, ``recoveryTimeout`` = ``timeout``); in
+    ``v1beta1`` only with ``enable: true`` (``timeout`` 5m). None: Kueue never evicts a gang
+    that is recovering. Raises ValueError when the configuration cannot be read."""
+    try:
+        cfg = yaml.safe_load(config_yaml) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"Kueue's configuration is not YAML: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError("Kueue's configuration is not a mapping")
     wfpr = cfg.get("waitForPodsReady") or {}
-    raw = wfpr.get("recoveryTimeout")
+    if not isinstance(wfpr, dict):
+        raise ValueError("waitForPodsReady is not a mapping")
+    if str(cfg.get("apiVersion", "")).endswith("/v1beta1"):
+        if not wfpr.get("enable"):
+            return None
+        default = KUEUE_V1BETA1_PODS_READY_TIMEOUT_S
+    else:
+        default = KUEUE_V1BETA2_PODS_READY_TIMEOUT_S
+    raw = wfpr.get("recoveryTimeout") or wfpr.get("timeout")
     if raw is None:
-        return None
+        return default
     try:
         return parse_duration("waitForPodsReady.recoveryTimeout", str(raw))
-    except PolicyError:
-        return None
+    except PolicyError as e:
+        raise ValueError(str(e)) from None

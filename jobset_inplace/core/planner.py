@@ -38,7 +38,13 @@ from jobset_inplace.core.model import (
     Snapshot,
     UntaintNode,
 )
-from jobset_inplace.core.policy import ForceDelete, NoCommonCheckpoint, Policy, StragglerAction
+from jobset_inplace.core.policy import (
+    ForceDelete,
+    NoCommonCheckpoint,
+    Policy,
+    StragglerAction,
+    barrier_within_kueue,
+)
 from jobset_inplace.core.statemachine import TRANSITIONS, Edge, IllegalTransition, Phase, target
 from jobset_inplace.core.stragglers import stragglers
 from jobset_inplace.times import rfc3339
@@ -60,8 +66,6 @@ IN_PLACE_CAUSES = frozenset(
         Cause.NOT_READY,
     }
 )
-# Share of Kueue's recoveryTimeout a recovery may use at most (the rest is the safety margin).
-KUEUE_RECOVERY_SHARE = 0.8
 # After a new leader starts, how long its barrier deadlines wait for the agents' reports to
 # reach it: an agent sends its record again as soon as its GangState watch shows the new
 # channel (well under a second), or, when that channel fails, writes it on its pod after its
@@ -352,9 +356,7 @@ class _Planning:
     def barrier_timeout(self) -> float:
         """The barrier deadline, kept inside Kueue's recoveryTimeout: the ladder can take two
         deadlines (laggards recreated once), which must fit in 80% of it."""
-        bt = self.s.policy.barrier_timeout_s
-        rt = self.recovery_timeout
-        return bt if rt is None else min(bt, KUEUE_RECOVERY_SHARE * rt / 2)
+        return barrier_within_kueue(self.s.policy.barrier_timeout_s, self.recovery_timeout)
 
     def run(self) -> Plan:
         s, st = self.s, self.st

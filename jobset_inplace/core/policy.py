@@ -183,6 +183,8 @@ NODE_UNHEALTHY_AFTER_RANGE_S = (5.0, 3600.0)
 # to 40 % of it (two of them fit in 80 %), so below 75s the deadline would fall under
 # barrier-timeout's 30s minimum. Above 60h it caps nothing (2 x 24h / 80 %); 7 days is room.
 KUEUE_RECOVERY_TIMEOUT_RANGE_S = (75.0, 7 * 24 * 3600.0)
+# Share of Kueue's recoveryTimeout a recovery may use at most (the rest is the safety margin).
+KUEUE_RECOVERY_SHARE = 0.8
 # trainer-stop-grace: on the critical path of every recovery for a trainer that ignores
 # SIGTERM; 0s kills at once. Its checkpoints are written atomically, so a kill cannot leave a
 # half-written step that counts.
@@ -475,3 +477,18 @@ def parse_policy(annotations: Mapping[str, str] | None) -> Policy:
             key, a[key], f"no {key} with {names.CHECKPOINT_LAYOUT} jobset-inplace (step-{{step}})"
         ) from None
     return policy
+
+
+def barrier_within_kueue(barrier_timeout_s: float, recovery_timeout_s: float | None) -> float:
+    """The barrier deadline kept inside Kueue's ``recoveryTimeout`` (None: Kueue never evicts
+    a recovery): a recovery can take two deadlines (laggards recreated once, then
+    escalation), which must fit in :data:`KUEUE_RECOVERY_SHARE` of it. The one rule for the
+    planner and the plugin's doctor."""
+    if recovery_timeout_s is None:
+        return barrier_timeout_s
+    return min(barrier_timeout_s, KUEUE_RECOVERY_SHARE * recovery_timeout_s / 2)
+
+
+def kueue_recovery_timeout_needed(barrier_timeout_s: float) -> float:
+    """The shortest ``recoveryTimeout`` that keeps ``barrier_timeout_s`` whole."""
+    return 2 * barrier_timeout_s / KUEUE_RECOVERY_SHARE

@@ -10,11 +10,13 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-import yaml
-
 from jobset_inplace import names
-from jobset_inplace.core.decode import condition_true
-from jobset_inplace.core.policy import Policy, PolicyError, parse_duration
+from jobset_inplace.core.decode import condition_true, kueue_recovery_timeout
+from jobset_inplace.core.policy import (
+    Policy,
+    barrier_within_kueue,
+    kueue_recovery_timeout_needed,
+)
 from jobset_inplace.platform import (
     DEFAULT_ON_MINOR,
     GATED_COMPONENTS,
@@ -286,39 +288,31 @@ def check_agent_policy(
     return Check(name, Result.PASS, f"{names.AGENT_POLICY}: an agent patches only its own pod")
 
 
-def check_kueue_recovery(  # noqa: PLR0911 (one return per outcome reads best)
-    config_text: str | None, barrier_timeout_s: float, why: str = ""
-) -> Check:
-    """Kueue's ``waitForPodsReady.recoveryTimeout`` must outlast a recovery: the barrier
-    deadline, renewed once (laggards recreated) before escalating, i.e. 2x barrier-timeout."""
+def check_kueue_recovery(config_text: str | None, barrier_timeout_s: float, why: str = "") -> Check:
+    """Kueue's ``waitForPodsReady.recoveryTimeout`` (read as the controller reads it, with
+    Kueue's defaults) must leave the barrier timeout whole: the controller cuts the barrier to
+    fit two deadlines in 80 % of it (:func:`~jobset_inplace.core.policy.barrier_within_kueue`)."""
     name = "Kueue recoveryTimeout"
     if config_text is None:
         return Check(name, Result.SKIP, why or "Kueue configuration not readable")
     try:
-        cfg = yaml.safe_load(config_text) or {}
-    except yaml.YAMLError as e:
-        return Check(name, Result.SKIP, f"Kueue configuration is not YAML: {e}")
-    wfpr = cfg.get("waitForPodsReady") or {}
-    if not wfpr.get("enable"):
-        return Check(name, Result.PASS, "waitForPodsReady disabled: Kueue never evicts a recovery")
-    rt = wfpr.get("recoveryTimeout")
-    if not rt:
-        return Check(name, Result.PASS, "waitForPodsReady on without recoveryTimeout")
-    try:
-        recovery_s = parse_duration("recoveryTimeout", str(rt))
-    except PolicyError:
-        return Check(name, Result.SKIP, f"cannot parse recoveryTimeout {rt!r}")
-    needed = 2 * barrier_timeout_s
+        recovery_s = kueue_recovery_timeout(config_text)
+    except ValueError as e:
+        return Check(name, Result.SKIP, f"cannot read Kueue's configuration: {e}")
+    if recovery_s is None:
+        return Check(name, Result.PASS, "waitForPodsReady off: Kueue never evicts a recovery")
+    used = barrier_within_kueue(barrier_timeout_s, recovery_s)
     detail = (
         f"recoveryTimeout {fmt_duration(recovery_s)} vs barrier-timeout "
-        f"{fmt_duration(barrier_timeout_s)} (x2 with the renewed deadline)"
+        f"{fmt_duration(barrier_timeout_s)} (two deadlines must fit in 80 % of it)"
     )
-    if recovery_s >= needed:
+    if used >= barrier_timeout_s:
         return Check(name, Result.PASS, detail)
+    needed = kueue_recovery_timeout_needed(barrier_timeout_s)
     return Check(
         name,
         Result.WARN,
-        detail + ": Kueue may evict a gang that is still recovering",
+        f"{detail}: the controller cuts the barrier timeout to {fmt_duration(used)}",
         f"set waitForPodsReady.recoveryTimeout >= {fmt_duration(needed)} "
         "or lower jobset-inplace.dev/barrier-timeout",
     )

@@ -27,6 +27,10 @@ NS, NAME = "ml", "train"
 NOW = parse_time("2026-11-21T10:00:30Z") or 0.0
 
 
+V1BETA1 = "apiVersion: config.kueue.x-k8s.io/v1beta1\n"
+V1BETA2 = "apiVersion: config.kueue.x-k8s.io/v1beta2\n"
+
+
 def gangstate(**status: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "phase": "Running",
@@ -818,15 +822,28 @@ def test_check_crds() -> None:
     ("config", "result"),
     [
         (None, "SKIP"),
-        ("waitForPodsReady:\n  enable: false\n", "PASS"),
-        ("waitForPodsReady:\n  enable: true\n", "PASS"),
-        ("waitForPodsReady:\n  enable: true\n  recoveryTimeout: 3m\n", "WARN"),
-        ("waitForPodsReady:\n  enable: true\n  recoveryTimeout: 10m0s\n", "PASS"),
-        ("waitForPodsReady:\n  enable: true\n  recoveryTimeout: soon\n", "SKIP"),
+        # v1beta1: waitForPodsReady only with enable: true (timeout 5m, recoveryTimeout = it)
+        (f"{V1BETA1}waitForPodsReady:\n  enable: false\n", "PASS"),
+        (f"{V1BETA1}waitForPodsReady:\n  enable: true\n", "WARN"),
+        # v1beta2 (Kueue 0.19): always on, 30m by default
+        (f"{V1BETA2}integrations: {{}}\n", "PASS"),
+        (f"{V1BETA2}waitForPodsReady:\n  timeout: 10m\n", "WARN"),
+        (f"{V1BETA2}waitForPodsReady:\n  recoveryTimeout: 10m0s\n", "WARN"),  # 2 x 5m > 80 %
+        (f"{V1BETA2}waitForPodsReady:\n  recoveryTimeout: 12m30s\n", "PASS"),  # exactly fits
+        (f"{V1BETA2}waitForPodsReady:\n  recoveryTimeout: soon\n", "SKIP"),
+        ("waitForPodsReady: [1, 2]\n", "SKIP"),
     ],
 )
 def test_check_kueue_recovery(config: str | None, result: str) -> None:
     assert d.check_kueue_recovery(config, 300.0).result == result
+
+
+def test_the_doctor_and_the_planner_keep_the_barrier_by_one_rule() -> None:
+    config = f"{V1BETA2}waitForPodsReady:\n  recoveryTimeout: 10m\n"
+    check = d.check_kueue_recovery(config, 300.0)
+    assert "cuts the barrier timeout to 4m00s" in check.detail  # 80 % of 10m, halved
+    assert check.hint is not None
+    assert "recoveryTimeout >= 12m30s" in check.hint
 
 
 class FakeReader:

@@ -115,8 +115,22 @@ def test_barrier_deadline_is_kept_inside_kueue_recovery_timeout() -> None:
     assert "KueueRecoveryTimeout" not in [a.reason for a in roomy.actions if isinstance(a, Event)]
 
 
-def test_kueue_recovery_timeout_from_its_configuration() -> None:
-    cfg = "apiVersion: config.kueue.x-k8s.io/v1beta2\nwaitForPodsReady:\n  recoveryTimeout: 3m\n"
-    assert kueue_recovery_timeout(cfg) == 180
+def test_kueue_recovery_timeout_from_its_configuration_with_kueues_defaults() -> None:
+    v2 = "apiVersion: config.kueue.x-k8s.io/v1beta2\n"
+    v1 = "apiVersion: config.kueue.x-k8s.io/v1beta1\n"
+    assert kueue_recovery_timeout(f"{v2}waitForPodsReady:\n  recoveryTimeout: 3m\n") == 180
     assert kueue_recovery_timeout("waitForPodsReady:\n  recoveryTimeout: 1h0m0s\n") == 3600
-    assert kueue_recovery_timeout("integrations: {}\n") is None
+    # v1beta2: always on; recoveryTimeout defaults to timeout, which defaults to 30m
+    assert kueue_recovery_timeout(f"{v2}integrations: {{}}\n") == 1800
+    assert kueue_recovery_timeout(f"{v2}waitForPodsReady:\n  timeout: 10m\n") == 600
+    # v1beta1: only with enable: true (timeout 5m)
+    assert kueue_recovery_timeout(f"{v1}integrations: {{}}\n") is None
+    assert kueue_recovery_timeout(f"{v1}waitForPodsReady:\n  enable: true\n") == 300
+    for unreadable in (
+        "a: [",
+        "- 1\n",
+        "waitForPodsReady: 3\n",
+        f"{v2}waitForPodsReady:\n  timeout: x\n",
+    ):
+        with pytest.raises(ValueError, match=r"YAML|mapping|waitForPodsReady"):
+            kueue_recovery_timeout(unreadable)
