@@ -86,6 +86,8 @@ REPLACED_CONDITION: Final = "JobsetInplaceReplaced"
 NODE_LEASE_NAMESPACE: Final = "kube-node-lease"
 # Where manifests/ install the controller (and where its leader Lease lives by default).
 INSTALL_NAMESPACE: Final = "jobset-inplace-system"
+# the controller's Deployment, ServiceAccount and leader Lease (manifests/controller/)
+CONTROLLER_NAME: Final = "jobset-inplace-controller"
 
 # The ValidatingAdmissionPolicy (and its binding) that lets an agent patch only its own pod's
 # jobset-inplace.dev/ annotations (manifests/rbac/agent-vap.yaml; guarantee 9).

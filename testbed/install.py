@@ -33,7 +33,7 @@ from .versions import REPO_ROOT
 
 MANIFESTS = REPO_ROOT / "manifests"
 OVERLAY = MANIFESTS / "overlays" / "local"
-DEPLOYMENT = "jobset-inplace-controller"
+DEPLOYMENT = names.CONTROLLER_NAME
 POD_LABEL = "app.kubernetes.io/name=jobset-inplace-controller"
 CRD = "gangstates.jobset-inplace.dev"
 

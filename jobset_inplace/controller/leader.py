@@ -22,6 +22,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from jobset_inplace import names
 from jobset_inplace.controller.metrics import set_leader
 from jobset_inplace.core.leadership import (
     JITTER,
@@ -38,7 +39,7 @@ from jobset_inplace.core.leadership import (
 
 log = logging.getLogger("jobset_inplace.controller")
 
-DEFAULT_LEASE = "jobset-inplace-controller"
+DEFAULT_LEASE = names.CONTROLLER_NAME
 WATCHDOG_PERIOD_S = 0.5
 SETUP_RETRY_S = 10.0  # a missing namespace or missing rights: retried this often
 

@@ -1,6 +1,6 @@
 """``kubectl jobset-inplace``: inspect and operate jobset-inplace gangs.
 
-Subcommands: list, status, history, restart, enable, doctor. Run ``kubectl jobset-inplace
+Subcommands: list, status, history, restart, enable, doctor, version. Run ``kubectl jobset-inplace
 COMMAND --help`` for each; exit codes are listed in docs/kubectl-plugin.md."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import IO, Any, NoReturn
 
 import urllib3
 
-from jobset_inplace import names
+from jobset_inplace import __version__, names
 from jobset_inplace.apierrors import or_none
 from jobset_inplace.core.policy import PolicyError, is_enabled, parse_duration
 from jobset_inplace.core.transform import DEFAULT_AGENT_IMAGE, TransformError
@@ -117,6 +117,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_AGENT_IMAGE,
         help=f"agent image (default: {DEFAULT_AGENT_IMAGE})",
     )
+
+    p = sub.add_parser(
+        "version",
+        help="the plugin's version and the controller's (warns when they differ)",
+    )
+    p.add_argument(
+        "--controller-namespace",
+        default=names.INSTALL_NAMESPACE,
+        help=f"where the controller runs (default: {names.INSTALL_NAMESPACE})",
+    )
+    p.add_argument("-o", "--output", choices=["yaml", "json"], help="output format")
+    _add_cluster_flags(p)
 
     p = sub.add_parser("doctor", help="check that the cluster can run jobset-inplace")
     p.add_argument(
@@ -243,6 +255,22 @@ def cmd_enable(args: argparse.Namespace, out: IO[str], stdin: IO[str]) -> ExitCo
     return ExitCode.OK
 
 
+def cmd_version(c: Cluster, args: argparse.Namespace, out: IO[str], err: IO[str]) -> ExitCode:
+    where = f"{args.controller_namespace}/{names.CONTROLLER_NAME}"
+    try:
+        deployment = c.deployment(args.controller_namespace, names.CONTROLLER_NAME)
+    except ApiException as e:
+        raise CommandError(f"cannot read Deployment {where}: {api_error_message(e)}") from None
+    doc = render.version_document(__version__, deployment, where)
+    if args.output:
+        out.write(render.dump(doc, args.output))
+    else:
+        out.write(render.render_version(doc))
+    if doc["skew"]:
+        err.write(f"warning: {doc['skew']}\n")
+    return ExitCode.OK
+
+
 def cmd_doctor(c: Cluster, args: argparse.Namespace, out: IO[str]) -> ExitCode:
     try:
         barrier = parse_duration("--barrier-timeout", args.barrier_timeout)
@@ -280,6 +308,7 @@ def main(
             "history": lambda: cmd_history(c, args, out),
             "restart": lambda: cmd_restart(c, args, out, inp, err),
             "doctor": lambda: cmd_doctor(c, args, out),
+            "version": lambda: cmd_version(c, args, out, err),
         }
         return int(commands[args.command]())
     except CommandError as e:

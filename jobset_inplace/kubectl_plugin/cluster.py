@@ -153,6 +153,12 @@ class Cluster:
             self.core.read_namespaced_config_map(name, namespace, _preload_content=False)
         )
 
+    def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Deployment, or ``None`` if it does not exist."""
+        read = client.AppsV1Api(self.api_client).read_namespaced_deployment
+        resp = or_none(read, name, namespace, _preload_content=False)
+        return None if resp is None else self._json(resp)
+
     def deployment_images(self, namespace: str) -> list[str]:
         resp = client.AppsV1Api(self.api_client).list_namespaced_deployment(
             namespace, _preload_content=False

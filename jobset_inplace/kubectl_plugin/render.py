@@ -5,6 +5,7 @@ parameter, so the output is fully determined by it."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -465,3 +466,58 @@ def render_list(doc: Mapping[str, Any], *, all_namespaces: bool) -> str:
             ]
         rows.append([fmt_value(g["namespace"]), *cells] if all_namespaces else cells)
     return table(rows) + "\n"
+
+
+# --- version -------------------------------------------------------------------------------------
+_VERSION_TAG = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
+
+
+def image_version(image: str) -> str | None:
+    """The version an image's tag names (``repo/controller:0.2.0`` -> ``0.2.0``), if any."""
+    tag = image.split("@", 1)[0].rpartition("/")[2].partition(":")[2]
+    match = _VERSION_TAG.match(tag)
+    return ".".join(match.groups()) if match else None
+
+
+def version_skew(plugin: str, controller: str | None) -> str | None:
+    """A warning when the plugin and the controller differ in major or minor version (the
+    GangState status and the annotations they read may differ); None when they match or the
+    controller's version is unknown."""
+    if controller is None:
+        return None
+    ours, theirs = _VERSION_TAG.match(plugin), _VERSION_TAG.match(controller)
+    if ours is None or theirs is None or ours.groups()[:2] == theirs.groups()[:2]:
+        return None
+    return (
+        f"the plugin ({plugin}) and the controller ({controller}) differ in minor version: "
+        "install the plugin of the controller's release"
+    )
+
+
+def version_document(plugin: str, deployment: Obj | None, where: str) -> dict[str, Any]:
+    containers = ((deployment or {}).get("spec") or {}).get("template", {}).get("spec", {}).get(
+        "containers"
+    ) or []
+    image = str(containers[0].get("image", "")) if containers else None
+    status = (deployment or {}).get("status") or {}
+    controller = image_version(image) if image else None
+    return {
+        "plugin": plugin,
+        "controller": {
+            "deployment": where,
+            "found": deployment is not None,
+            "image": image,
+            "version": controller,
+            "readyReplicas": int(status.get("readyReplicas") or 0),
+        },
+        "skew": version_skew(plugin, controller),
+    }
+
+
+def render_version(doc: Mapping[str, Any]) -> str:
+    c = doc["controller"]
+    if not c["found"]:
+        controller = f"not found (Deployment {c['deployment']})"
+    else:
+        controller = f"{c['version'] or 'unknown'} (image {c['image']}, {c['readyReplicas']} ready)"
+    return f"plugin:     {doc['plugin']}\ncontroller: {controller}\n"

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from jobset_inplace import names
+from jobset_inplace import __version__, names
 from jobset_inplace.kubectl_plugin import ExitCode, main
 from jobset_inplace.kubectl_plugin import doctor as d
 from jobset_inplace.kubectl_plugin import render as r
@@ -445,6 +445,7 @@ class FakeCluster:
         self.namespace = NS
         self._js, self._gs = js, gs
         self.patches: list[dict[str, str]] = []
+        self.deployments: dict[tuple[str, str], dict[str, Any]] = {}
 
     def jobset(self, name: str) -> dict[str, Any]:
         if self._js is None:
@@ -458,6 +459,9 @@ class FakeCluster:
 
     def gangstates(self, *, all_namespaces: bool = False) -> list[dict[str, Any]]:
         return [] if self._gs is None else [self._gs]
+
+    def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.deployments.get((namespace, name))
 
     def annotate_jobset(self, name: str, annotations: dict[str, str]) -> dict[str, Any]:
         self.patches.append(annotations)
@@ -531,6 +535,51 @@ def test_list_one_line_per_gang_with_the_namespace_under_all_namespaces() -> Non
     code, out, _ = run(["list", "-A", "-o", "yaml"], FakeCluster(jobset(), gangstate()))
     assert code == ExitCode.OK
     assert yaml.safe_load(out)["gangs"][0]["lastRecoverySeconds"] == 4.5
+
+
+def _controller(image: str, ready: int = 2) -> dict[str, Any]:
+    return {
+        "spec": {"template": {"spec": {"containers": [{"name": "controller", "image": image}]}}},
+        "status": {"readyReplicas": ready},
+    }
+
+
+@pytest.mark.parametrize(
+    ("image", "version"),
+    [
+        ("jobset-inplace/controller:0.2.0", "0.2.0"),
+        ("registry.example:5000/jsi/controller:v0.2.1", "0.2.1"),
+        ("jobset-inplace/controller:0.2.0@sha256:" + "a" * 64, "0.2.0"),
+        ("registry.example:5000/controller", None),  # the port is not a tag
+        ("jobset-inplace/controller:dev", None),
+    ],
+)
+def test_image_version(image: str, version: str | None) -> None:
+    assert r.image_version(image) == version
+
+
+def test_version_warns_when_plugin_and_controller_differ_in_minor_version() -> None:
+    fake = FakeCluster()
+    where = (names.INSTALL_NAMESPACE, names.CONTROLLER_NAME)
+    major, minor, _ = __version__.split(".")
+    fake.deployments = {where: _controller(f"jobset-inplace/controller:{major}.{minor}.99")}
+    code, out, err = run(["version"], fake)
+    assert code == ExitCode.OK
+    assert out.splitlines() == [
+        f"plugin:     {__version__}",
+        f"controller: {major}.{minor}.99 (image jobset-inplace/controller:{major}.{minor}.99, "
+        "2 ready)",
+    ]
+    assert err == "", "a patch release apart: no warning"
+    fake.deployments = {where: _controller(f"jobset-inplace/controller:{major}.{int(minor) + 1}.0")}
+    code, _, err = run(["version"], fake)
+    assert code == ExitCode.OK
+    assert err.startswith("warning: the plugin")
+    fake.deployments = {}
+    code, out, _ = run(["version", "-o", "json"], fake)
+    doc_ = json.loads(out)
+    assert (doc_["controller"]["found"], doc_["skew"]) == (False, None)
+    assert "not found" in run(["version"], fake)[1]
 
 
 def test_status_and_history_report_a_malformed_gangstate_status() -> None:
