@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 
-from jobset_inplace import names
+from jobset_inplace import __version__, names
 from jobset_inplace.core.gangstate import new_gangstate
 from jobset_inplace.kubectl_plugin import ExitCode
 from jobset_inplace.platform import RESTART_ALL_FEATURE
@@ -234,6 +235,39 @@ def test_list_in_the_namespace_and_across_namespaces(
     ).items()
     res = plugin(control_plane, "list", namespace="default")  # none there
     assert (res.returncode, res.stdout) == (ExitCode.OK, "No gangs found.\n")
+
+
+def test_version_reads_the_controller_deployment(
+    control_plane: ControlPlane, kube: Clients, namespace: str
+) -> None:
+    """The Deployment is made here (no controller runs in this control plane): its image tag
+    is the controller's version."""
+    res = plugin(control_plane, "version", "--controller-namespace", namespace)
+    assert res.returncode == ExitCode.OK, res.stderr
+    assert "controller: not found" in res.stdout
+    labels = {"app": "c"}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": names.CONTROLLER_NAME},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "c", "image": "jsi/controller:0.0.1"}]},
+            },
+        },
+    }
+    client.AppsV1Api(kube.api).create_namespaced_deployment(namespace, deployment)
+    res = plugin(control_plane, "version", "--controller-namespace", namespace, "-o", "json")
+    assert res.returncode == ExitCode.OK, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["controller"]["version"] == "0.0.1"
+    assert doc["controller"]["image"] == "jsi/controller:0.0.1"
+    major, minor = __version__.split(".")[:2]
+    assert (doc["skew"] is None) == ((major, minor) == ("0", "0"))
+    if doc["skew"]:
+        assert res.stderr.startswith("warning: the plugin")
 
 
 def test_restart(control_plane: ControlPlane, kube: Clients, gang: Gang) -> None:
