@@ -25,6 +25,11 @@ from jobset_inplace.trainer import ResumeInfo, clear_resume, write_resume
 CHILD = r"""
 import os, signal, subprocess, sys, time
 d = sys.argv[1]
+def note(name, value):  # atomically: the test reads these files as soon as they exist
+    tmp = os.path.join(d, "." + name)
+    with open(tmp, "w") as f:
+        f.write(value)
+    os.replace(tmp, os.path.join(d, name))
 with open(os.path.join(d, "starts"), "a") as f:
     step = os.environ["JSI_RESUME_STEP"] or "-"
     f.write("%s %s %d\n" % (os.environ["JSI_EPOCH"], step, os.getpid()))
@@ -32,17 +37,17 @@ if os.environ.get("CHILD_IGNORES_TERM"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
     g = subprocess.Popen([sys.executable, "-c", ignore])
-    open(os.path.join(d, "grandchild"), "w").write(str(g.pid))
+    note("grandchild", str(g.pid))
 if os.environ.get("CHILD_ESCAPES"):
     # as torchrun starts its workers: each in a session of its own, here ignoring SIGTERM
     ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
     w = subprocess.Popen([sys.executable, "-c", ignore], start_new_session=True)
-    open(os.path.join(d, "worker"), "w").write(str(w.pid))
+    note("worker", str(w.pid))
     # and a daemon: double fork, new session, its parent gone (an orphan)
     if os.fork() == 0:
         os.setsid()
         if os.fork() == 0:
-            open(os.path.join(d, "daemon"), "w").write(str(os.getpid()))
+            note("daemon", str(os.getpid()))
             time.sleep(600)
         os._exit(0)
 while True:
@@ -64,10 +69,11 @@ def until(what: str, check: Callable[[], bool], timeout: float = 10.0) -> None:
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (ProcessLookupError, FileNotFoundError):  # gone (reaped between the two looks)
         return False
     # A zombie (not reaped by its parent yet) counts as gone.
-    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    return stat.split(")")[-1].split()[0] != "Z"
 
 
 class Pod:
