@@ -35,6 +35,7 @@ from jobset_inplace.core.torchrun import MAX_RESTARTS_ENV, max_restarts
 from jobset_inplace.core.transform import (
     AGENT_CONTAINER,
     AGENT_SERVICE_ACCOUNT,
+    CHECKPOINT_ENV,
     DEFAULT_AGENT_IMAGE,
     AgentSettings,
     TransformError,
@@ -131,7 +132,7 @@ def warnings(jobset: Mapping[str, Any]) -> list[str]:
     and the least-privilege admission policy matches the agent's own account only."""
     if not is_enabled(_annotations(jobset)):
         return []
-    out = []
+    out = _checkpoint_warnings(jobset)
     for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
         pod = (((rj.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")
         out += _torchrun_warnings(str(rj.get("name")), pod or {})
@@ -147,6 +148,24 @@ def warnings(jobset: Mapping[str, Any]) -> list[str]:
                 f"{AGENT_SERVICE_ACCOUNT}"
             )
     return out
+
+
+def _checkpoint_warnings(jobset: Mapping[str, Any]) -> list[str]:
+    """No checkpoint tier configured (no ``checkpoint-dirs``, no main container with
+    ``JSI_CHECKPOINT_*``): the agents report no steps, so every recovery resumes from scratch."""
+    if names.CHECKPOINT_DIRS in _annotations(jobset):
+        return []
+    for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
+        pod = (((rj.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")
+        for c in (pod or {}).get("containers") or []:
+            if any(e.get("name") in CHECKPOINT_ENV for e in c.get("env") or []):
+                return []
+    return [
+        f"no checkpoint tier is configured ({names.CHECKPOINT_DIRS}, or "
+        f"{' / '.join(CHECKPOINT_ENV)} on the trainer containers): the agents report no "
+        "checkpoint step, so every recovery restarts training from step 0 (resumeStep null); "
+        "set one to resume from the gang's newest common checkpoint"
+    ]
 
 
 def _torchrun_warnings(replicated_job: str, pod: Mapping[str, Any]) -> list[str]:

@@ -59,7 +59,10 @@ def _jobset(command: list[str], env: list[dict[str, str]] | None = None) -> dict
     container = {"name": "trainer", "image": "t:1", "command": command, "env": env or []}
     pod = {"spec": {"template": {"spec": {"containers": [container]}}}}
     return {
-        "metadata": {"name": "g", "annotations": {names.ENABLED: "true"}},
+        "metadata": {
+            "name": "g",
+            "annotations": {names.ENABLED: "true", names.CHECKPOINT_DIRS: "persistent=/c"},
+        },
         "spec": {"replicatedJobs": [{"name": "workers", "replicas": 2, "template": pod}]},
     }
 

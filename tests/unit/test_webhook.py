@@ -361,12 +361,25 @@ def test_controller_serves_only_with_a_mounted_certificate(tmp_path: Path) -> No
     )
 
 
+CKPT = {names.ENABLED: "true", names.CHECKPOINT_DIRS: "persistent=/ckpt"}
+
+
 def test_own_service_account_is_admitted_with_a_warning() -> None:
-    own = jobset({names.ENABLED: "true"}, serviceAccountName="trainer-sa")
+    own = jobset(CKPT, serviceAccountName="trainer-sa")
     assert validate(own) == (True, "")
     (warning,) = warnings(own)
     assert "'trainer-sa'" in warning
     assert "kubectl create rolebinding" in warning
-    assert warnings(jobset({names.ENABLED: "true"})) == []
-    assert warnings(jobset({names.ENABLED: "true"}, serviceAccountName=AGENT_SERVICE_ACCOUNT)) == []
+    assert warnings(jobset(CKPT)) == []
+    assert warnings(jobset(CKPT, serviceAccountName=AGENT_SERVICE_ACCOUNT)) == []
     assert warnings(jobset({}, serviceAccountName="trainer-sa")) == [], "not opted in"
+
+
+def test_no_checkpoint_tier_is_admitted_with_a_warning_saying_what_happens() -> None:
+    (warning,) = warnings(jobset())
+    assert names.CHECKPOINT_DIRS in warning
+    assert "restarts training from step 0" in warning
+    assert warnings(jobset(CKPT)) == []
+    env = [{"name": "JSI_CHECKPOINT_LOCAL_DIR", "value": "/local"}]
+    containers = [{"name": "trainer", "image": "t", "command": ["train"], "env": env}]
+    assert warnings(jobset(None, containers=containers)) == [], "the tier from the trainer's env"
