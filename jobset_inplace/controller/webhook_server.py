@@ -29,7 +29,7 @@ from typing import Any
 import jsonpatch
 import kopf
 
-from jobset_inplace.core.admission import mutate, validate, warnings
+from jobset_inplace.core.admission import mutate, update_warnings, validate, warnings
 from jobset_inplace.core.transform import DEFAULT_AGENT_IMAGE, AgentSettings
 
 log = logging.getLogger("jobset_inplace.admission")
@@ -108,6 +108,8 @@ def register_webhooks(registry: kopf.OperatorRegistry, settings: AgentSettings) 
             raise kopf.AdmissionError(message, code=400)
         if operation == "CREATE":
             kwargs["warnings"].extend(warnings(obj))
+        elif previous is not None:
+            kwargs["warnings"].extend(update_warnings(obj, previous))
 
 
 def _ref(obj: dict[str, Any]) -> str:

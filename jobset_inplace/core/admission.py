@@ -23,6 +23,8 @@ import jsonpatch
 
 from jobset_inplace import names
 from jobset_inplace.core.policy import (
+    CREATE_TIME_KEYS,
+    CREATE_TIME_PRESENCE_KEYS,
     PolicyError,
     PolicyErrors,
     is_enabled,
@@ -121,6 +123,22 @@ def _known_keys_only(jobset: Mapping[str, Any], old: Mapping[str, Any] | None) -
     except PolicyError as e:
         errors.append(e)
     raise_all(errors)
+
+
+def update_warnings(jobset: Mapping[str, Any], old: Mapping[str, Any]) -> list[str]:
+    """A change of a create-time key on a live JobSet: admitted, but its pods keep the value
+    they were created with."""
+    if not is_enabled(_annotations(jobset)):
+        return []
+    before, after = _policy_keys(old), _policy_keys(jobset)
+    changed = {k for k in CREATE_TIME_KEYS if before.get(k) != after.get(k)}
+    changed |= {k for k in CREATE_TIME_PRESENCE_KEYS if (k in before) != (k in after)}
+    return [
+        f"annotation {key} is applied to the JobSet's pods when the JobSet is created: this "
+        "change does not reach them (its spec is immutable); recreate the JobSet for it to "
+        "take effect"
+        for key in sorted(changed)
+    ]
 
 
 def warnings(jobset: Mapping[str, Any]) -> list[str]:

@@ -426,6 +426,28 @@ _PARSERS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
 )
 
 
+# Keys whose values the webhook writes into the JobSet's spec when it is created (transform:
+# the agent's and trainers' env, the launcher, the failure policies): that spec is immutable,
+# so a later change of one does not reach the pods. For CREATE_TIME_PRESENCE_KEYS it is whether
+# the key is set that is written (straggler-factor: the agents' straggler windows), not its
+# value, which the controller reads live.
+CREATE_TIME_KEYS: frozenset[str] = frozenset(
+    {
+        names.CHECKPOINT_DIRS,
+        names.CHECKPOINT_LAYOUT,
+        names.CHECKPOINT_STEP_PATTERN,
+        names.ESCALATION,
+        names.HANG_TIMEOUT,
+        names.RESTART_EXIT_CODE,
+        names.RESTART_SCOPE,
+        names.STARTUP_TIMEOUT,
+        names.STRAGGLER_WINDOW,
+        names.STRAGGLER_WINDOWS,
+        names.TRAINER_STOP_GRACE,
+    }
+)
+CREATE_TIME_PRESENCE_KEYS: frozenset[str] = frozenset({names.STRAGGLER_FACTOR})
+
 # The jobset-inplace.dev/ annotations a JobSet may carry: the policy's, the opt-in and the
 # plugin's restart request. Anything else under the prefix is a typo (refused at admission).
 KNOWN_KEYS: frozenset[str] = frozenset(

@@ -22,8 +22,13 @@ from jobset_inplace.controller.webhook_server import (
     server_from_env,
     settings_from_env,
 )
-from jobset_inplace.core.admission import mutate, validate, warnings
-from jobset_inplace.core.policy import PolicyError
+from jobset_inplace.core.admission import mutate, update_warnings, validate, warnings
+from jobset_inplace.core.policy import (
+    CREATE_TIME_KEYS,
+    CREATE_TIME_PRESENCE_KEYS,
+    KNOWN_KEYS,
+    PolicyError,
+)
 from jobset_inplace.core.transform import (
     AGENT_SERVICE_ACCOUNT,
     DEFAULT_AGENT_IMAGE,
@@ -229,6 +234,77 @@ def test_a_typo_key_is_refused_with_every_bad_key_and_the_nearest_name() -> None
     allowed, message = validate(newer, new)
     assert not allowed
     assert f"(did you mean {names.RECREATE_BUDGET}?)" in message
+
+
+# Two valid values of every policy key (CHECKPOINT_STEP_PATTERN with a layout that takes one)
+TWO_VALUES: dict[str, tuple[str, str]] = {
+    names.INPLACE_BUDGET: ("1", "2"),
+    names.RECREATE_BUDGET: ("1", "2"),
+    names.BARRIER_TIMEOUT: ("1m", "2m"),
+    names.NODE_UNHEALTHY_AFTER: ("5s", "10s"),
+    names.UNHEALTHY_TAINTS: ("a.io/x", "b.io/y"),
+    names.UNHEALTHY_CONDITIONS: ("GPUFault", "KernelDeadlock"),
+    names.FORCE_DELETE: ("never", "unreachable"),
+    names.MEMBER_REPEAT_LIMIT: ("1", "2"),
+    names.NO_COMMON_CHECKPOINT: ("scratch", "escalate"),
+    names.RESTART_EXIT_CODE: ("3", "4"),
+    names.CHECKPOINT_DIRS: ("persistent=/a", "persistent=/b"),
+    names.CHECKPOINT_LAYOUT: ("orbax", "torch-dcp"),
+    names.CHECKPOINT_STEP_PATTERN: ("ckpt-{step}", "c{step}"),
+    names.ESCALATION: ("fail-jobset", "restart-jobset"),
+    names.KUEUE_RECOVERY_TIMEOUT: ("3m", "5m"),
+    names.TAINT_ON_DEVICE_FAULT: ("true", "false"),
+    names.RESTART_SCOPE: ("pod", "process"),
+    names.TRAINER_STOP_GRACE: ("0s", "1s"),
+    names.HANG_TIMEOUT: ("10m", "20m"),
+    names.STARTUP_TIMEOUT: ("10m", "20m"),
+    names.STRAGGLER_FACTOR: ("1.5", "2"),
+    names.STRAGGLER_WINDOWS: ("2", "3"),
+    names.STRAGGLER_WINDOW: ("1m", "2m"),
+    names.STRAGGLER_ACTION: ("report", "recreate"),
+}
+
+
+def test_create_time_keys_are_exactly_those_the_transform_writes_into_the_spec() -> None:
+    """The warning on update must name a key iff its value (or, for a presence key, whether
+    it is set) reaches the JobSet's spec."""
+    assert set(TWO_VALUES) == KNOWN_KEYS - {names.ENABLED, names.RESTART_REQUEST}
+    base = {
+        names.ENABLED: "true",
+        names.CHECKPOINT_LAYOUT: "orbax",  # a layout that takes a step pattern
+        names.STRAGGLER_FACTOR: "1.5",  # the straggler windows are written only with it
+    }
+
+    def spec(key: str, value: str | None) -> Any:
+        annotations = {k: v for k, v in (base | {key: value or ""}).items() if value or k != key}
+        return transform(jobset(annotations), S)["spec"]
+
+    baked = {k for k, (a, b) in TWO_VALUES.items() if spec(k, a) != spec(k, b)}
+    assert baked == CREATE_TIME_KEYS
+    present = {
+        k for k, (a, _) in TWO_VALUES.items() if k not in baked and spec(k, a) != spec(k, None)
+    }
+    assert present == CREATE_TIME_PRESENCE_KEYS
+
+
+def test_changing_a_create_time_key_later_is_admitted_with_a_warning() -> None:
+    old = transform(jobset(), S)
+    new = copy.deepcopy(old)
+    new["metadata"]["annotations"][names.RESTART_SCOPE] = "pod"
+    new["metadata"]["annotations"][names.INPLACE_BUDGET] = "3"  # read live: no warning
+    assert validate(new, old) == (True, "")
+    (warning,) = update_warnings(new, old)
+    assert names.RESTART_SCOPE in warning
+    assert "does not reach them" in warning
+    assert update_warnings(old, old) == []
+    # straggler-factor: whether it is set is written at creation, its value is read live
+    on = copy.deepcopy(old)
+    on["metadata"]["annotations"][names.STRAGGLER_FACTOR] = "1.5"
+    (warning,) = update_warnings(on, old)
+    assert names.STRAGGLER_FACTOR in warning
+    retuned = copy.deepcopy(on)
+    retuned["metadata"]["annotations"][names.STRAGGLER_FACTOR] = "2"
+    assert update_warnings(retuned, on) == []
 
 
 def test_opting_in_on_update_needs_the_agent_already_there() -> None:
