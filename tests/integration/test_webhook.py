@@ -238,6 +238,27 @@ def test_own_service_account_is_admitted_with_a_warning_kubectl_prints(
     assert job_spec(js)["template"]["spec"]["serviceAccountName"] == "trainer-sa", "kept"
 
 
+def test_a_create_time_key_changed_later_is_admitted_with_the_warning_kubectl_prints(
+    kube: Clients, namespace: str, webhook: Webhook
+) -> None:
+    create_jobset(kube, namespace, jobset("later", {names.ENABLED: "true"}))
+    resp = kube.custom.patch_namespaced_custom_object(
+        "jobset.x-k8s.io",
+        "v1alpha2",
+        namespace,
+        "jobsets",
+        "later",
+        {"metadata": {"annotations": {names.RESTART_SCOPE: "pod"}}},
+        _content_type="application/merge-patch+json",
+        _preload_content=False,
+    )
+    warning = resp.headers.get("Warning") or ""
+    assert names.RESTART_SCOPE in warning, resp.headers
+    assert "does not reach them" in warning
+    js = get_jobset(kube, namespace, "later")
+    assert js["metadata"]["annotations"][names.RESTART_SCOPE] == "pod", "admitted"
+
+
 def test_bad_annotation_is_rejected_naming_key_and_form(
     kube: Clients, namespace: str, webhook: Webhook
 ) -> None:
