@@ -5,7 +5,11 @@ and what the product must still guarantee (docs/guarantees.md: the fault model).
 Classes covered here:
 
 * the controller down while a member fails and restarts in place (the failure must not be lost:
-  guarantee 6)."""
+  guarantee 6);
+* the crashed member's pod cut off from the leader's report channel (its packets dropped, or
+  refused), so that its agent's reports reach the controller only through its pod: the
+  failure is recovered exactly as over the channel, and the members reporting on their pods
+  are surfaced, not waited on."""
 
 from __future__ import annotations
 
@@ -15,10 +19,12 @@ from typing import Any
 import pytest
 
 from jobset_inplace import names
+from testbed.cluster import LocalCluster
 from testbed.controller import gang_state, member_pods
 from testbed.demo import inject_failure, trainers_running, training_gang
 from testbed.install import Installation
 from testbed.kube import Clients, wait_for
+from testbed.podnet import Block, blocked
 
 MEMBERS = 2
 
@@ -93,3 +99,70 @@ def test_a_failure_while_the_controller_is_down_is_not_lost(
     after = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
     assert after == before, "every member kept its pod (in place)"
     assert all(trace not in _annotations(p) for p in member_pods(kube, namespace, "gang").values())
+
+
+@pytest.mark.parametrize("how", list(Block))
+def test_a_crash_reported_only_through_the_pod_is_recovered_and_surfaced(  # noqa: PLR0917
+    local_cluster: LocalCluster | None,
+    cluster_kubeconfig: Path,
+    controller: Installation,
+    kube: Clients,
+    namespace: str,
+    how: Block,
+) -> None:
+    """Process scope (nothing but the agent's report signals a trainer's exit there). Member
+    1's pod cannot reach the report channel (its packets to the leader's channel dropped, or
+    refused) when its trainer exits: its agent writes the exit, then its epoch-2 report, on
+    its pod. The gang recovers as over the channel: epoch 2, one in-place recovery charged,
+    same pods, a common resume step; and it is not silent: the status counts the member
+    reporting on its pod and a ReportChannelUnreachable Warning Event names it."""
+    if local_cluster is None:
+        pytest.skip("blocks a pod's traffic in its network namespace: the local real nodes")
+    training_gang(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, scope="process")
+    before = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
+    url = (gang_state(kube, namespace, "gang").get("reportEndpoint") or {}).get("url")
+    assert url, "the leader serves the report channel"
+    victim = member_pods(kube, namespace, "gang")["1"]
+
+    with blocked(victim.status.pod_ip, url, how):
+        inject_failure(cluster_kubeconfig, namespace, victim.metadata.name)
+        st = wait_for(
+            "the controller recovers the gang into epoch 2",
+            lambda: s if (s := gang_state(kube, namespace, "gang")).get("epoch") == 2 else None,
+            60,
+        )
+        assert st["recovery"]["causes"] == {"workers/1/0": "TrainerExited"}
+        st = wait_for(
+            "barrier of epoch 2",
+            lambda: s if (s := gang_state(kube, namespace, "gang")).get("barrierOpen") else None,
+            120,
+        )
+        reported = _annotations(kube.core.read_namespaced_pod(victim.metadata.name, namespace))
+        # still cut off: its epoch-2 report can only have come through its pod
+        assert reported.get(names.REPORT_EPOCH) == "2", reported
+        healthy = member_pods(kube, namespace, "gang")["0"]
+        assert names.REPORT_EPOCH not in _annotations(healthy), "member 0 used the channel"
+        surfaced = wait_for(
+            "the member reporting on its pod counted in the status",
+            lambda: (
+                s if (s := gang_state(kube, namespace, "gang"))["members"].get("onPod") else None
+            ),
+            30,
+        )
+        assert surfaced["members"]["onPod"] == 1, surfaced["members"]
+
+    assert st["epoch"] == 2
+    assert st["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 0}
+    assert (st["resumeStep"] or 0) > 0, "from the common checkpoint, not from scratch"
+    after = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
+    assert after == before, "every member kept its pod (in place)"
+    events = kube.core.list_namespaced_event(
+        namespace, field_selector="involvedObject.name=gang,reason=ReportChannelUnreachable"
+    ).items
+    said = [e.message for e in events if e.type == "Warning"]
+    assert any("workers/1/0" in m and url in m for m in said), said
+    wait_for(
+        "every trainer running again",
+        lambda: trainers_running(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, epoch=2),
+        120,
+    )

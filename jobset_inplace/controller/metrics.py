@@ -74,7 +74,7 @@ class GangCollector(Collector):
         yield from self._families()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        phases, budgets, slow = self._families()
+        phases, budgets, slow, on_pod = self._families()
         counts = dict.fromkeys(Phase, 0)
         # a scrape runs on another thread than the event loop that changes the cache: tuple()
         # copies the dict's values in one step under the GIL, and each gang's status and policy
@@ -88,14 +88,18 @@ class GangCollector(Collector):
                 budgets.add_metric([*gang.key, budget], left)
             if policy.straggler_factor is not None:
                 slow.add_metric(list(gang.key), len(status.stragglers))
+            on_pod.add_metric(list(gang.key), status.on_pod)
         for phase, n in counts.items():
             phases.add_metric([phase.value], n)
         yield phases
         yield budgets
         yield slow
+        yield on_pod
 
     @staticmethod
-    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+    def _families() -> tuple[
+        GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily
+    ]:
         return (
             GaugeMetricFamily(
                 f"{PREFIX}gangs", "Opted-in gangs by phase of their GangState.", labels=["phase"]
@@ -108,6 +112,12 @@ class GangCollector(Collector):
             GaugeMetricFamily(
                 f"{PREFIX}gang_stragglers",
                 "Members of a gang slower than its median now (gangs with straggler detection).",
+                labels=["namespace", "jobset"],
+            ),
+            GaugeMetricFamily(
+                f"{PREFIX}gang_members_reporting_on_pod",
+                "Members of a gang whose report of this epoch is on their pods although the "
+                "leader serves a report channel (the channel failed them).",
                 labels=["namespace", "jobset"],
             ),
         )

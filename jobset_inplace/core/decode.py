@@ -240,6 +240,9 @@ def pod_view(pod: Obj) -> PodView | None:
     newest = parse_canonical_int(annotations.get(names.REPORT_NEWEST_STEP) or "")
     busy_epoch = parse_canonical_int(annotations.get(names.REPORT_BUSY_EPOCH) or "")
     containers = status.get("containerStatuses") or []
+    on_pod = _report_order(
+        report.get("reported_epoch"), report.get("exited_in_epoch"), report.get("hung_in_epoch")
+    )[0]
     return PodView(
         name=meta["name"],
         uid=meta["uid"],
@@ -250,6 +253,7 @@ def pod_view(pod: Obj) -> PodView | None:
         deleting=bool(meta.get("deletionTimestamp")),
         restart_attempt=int(labels.get(names.RESTART_ATTEMPT_LABEL) or 0),
         report_error=error,
+        pod_report_epoch=None if on_pod < 0 else on_pod,
         busy_ms=() if error else busy,
         newest_step=None if error else newest,
         busy_epoch=busy_epoch,

@@ -67,6 +67,7 @@ def status_to_dict(s: GangStatus) -> dict[str, Any]:
             "reported": s.reported,
             "ready": s.ready,
             "waiting": list(s.waiting),
+            "onPod": s.on_pod,
         },
         "budgets": {"inPlaceUsed": s.inplace_used, "recreateUsed": s.recreate_used},
         "memberFailures": dict(s.member_failures),
@@ -114,6 +115,7 @@ def status_from_dict(d: dict[str, Any] | None) -> GangStatus:
         reported=int(members.get("reported") or 0),
         ready=int(members.get("ready") or 0),
         waiting=[str(m) for m in members.get("waiting") or []],
+        on_pod=int(members.get("onPod") or 0),
         reason=d.get("reason") or "",
         message=d.get("message") or "",
         restart_request=d.get("restartRequest") or "",
@@ -175,5 +177,10 @@ def progress_only(old: GangStatus, new: GangStatus) -> bool:
     alone (nothing the agents or
     the planner act on: those are recomputed from the pods on every pass)."""
     return old != new and new == dataclasses.replace(
-        old, expected=new.expected, reported=new.reported, ready=new.ready, waiting=new.waiting
+        old,
+        expected=new.expected,
+        reported=new.reported,
+        ready=new.ready,
+        waiting=new.waiting,
+        on_pod=new.on_pod,
     )

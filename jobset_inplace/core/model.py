@@ -82,6 +82,9 @@ class PodView:
     late_for_epoch: int | None = None  # its agent reported this epoch after its barrier opened
     exited_in_epoch: int | None = None  # its agent saw its trainer exit non-zero in this epoch
     hung_in_epoch: int | None = None  # its agent saw its trainer hang in this epoch
+    # the epoch of the report its agent wrote on the pod (None: nothing on the pod); with a
+    # report channel served, a report there means the channel failed that agent
+    pod_report_epoch: int | None = None
     busy_ms: tuple[int, ...] = ()  # busy ms per step in its agent's last windows, newest first
     newest_step: int | None = None  # the newest complete checkpoint its agent saw (with busy_ms)
     busy_epoch: int | None = None  # the epoch of busy_ms and newest_step (None: not recorded)
@@ -182,6 +185,9 @@ class GangStatus:
     # during a recovery, the first WAITING_SHOWN members whose report the barrier still waits
     # for (agents on the report channel leave nothing on their pods to show it)
     waiting: list[str] = field(default_factory=list)
+    # members whose report of the current epoch is on their pods although this leader serves
+    # a report channel (it failed them: a NetworkPolicy, a dead route, an agent older than it)
+    on_pod: int = 0
     reason: str = ""
     message: str = ""
     restart_request: str = ""  # the last manual restart request acted on

@@ -385,10 +385,35 @@ class _Planning:
         self.check_kueue_margin()
         st.expected = len(self.s.gang.members)
         st.ready = sum(1 for pod in self.current.values() if pod.phase == "Running")
+        on_pod: list[PodView] = []
         for pod in self.current.values():
             if pod.report_error:  # one Event per pod, however often its garbage changes
                 msg = f"pod {pod.name}: {pod.report_error}"
                 self.event("MalformedReport", msg, warning=True, once_key=f"Malformed/{pod.uid}")
+            if (pod.pod_report_epoch or 0) >= st.epoch:
+                on_pod.append(pod)
+        self.reports_on_pods(on_pod)
+
+    def reports_on_pods(self, on_pod: list[PodView]) -> None:
+        """Members whose agents wrote their report of this epoch on their pods although this
+        leader serves a report channel: acted on all the same (core/decode.py ranks both
+        paths), but surfaced, as the channel failing them costs an API write per report and
+        hides a broken route: their count in the status, and a Warning Event when it first
+        reaches 1, 2, 4, 8, ... in an epoch (a broken channel of 5000 agents: 14 Events)."""
+        endpoint, st = self.s.report_endpoint, self.st
+        st.on_pod = 0 if endpoint is None else len(on_pod)
+        if endpoint is None or not on_pod:
+            return
+        members = sorted(pod.member for pod in on_pod)
+        self.event(
+            "ReportChannelUnreachable",
+            f"epoch {st.epoch}: {len(members)} member(s) wrote their reports on their pods, not "
+            f"to the report channel {endpoint.url} ({_some(members)}); acted on all the same. "
+            "Can those pods reach the channel (NetworkPolicy, routes; their agents' logs say "
+            "why), and are their agents as new as the controller?",
+            warning=True,
+            once_key=f"OnPod/{st.epoch}/{len(members).bit_length()}",
+        )
 
     def check_kueue_margin(self) -> None:
         rt, st = self.recovery_timeout, self.st

@@ -258,6 +258,7 @@ def status_document(
             "reported": s.reported,
             "ready": s.ready,
             "waiting": list(s.waiting),
+            "onPod": s.on_pod,
         },
         "pods": {k: counts.get(k, 0) for k in POD_STATES},
         "unhealthyNodes": unhealthy,
@@ -309,6 +310,15 @@ def render_status(doc: Mapping[str, Any], *, wide: bool = False) -> str:
         ("Recreate budget:", _fmt_budget(doc["budgets"]["recreate"])),
         ("Restart scope:", doc["restartScope"] or "unknown"),
     ]
+    if m.get("onPod"):
+        rows.insert(
+            5,
+            (
+                "Channel:",
+                f"{m['onPod']} member(s) reported on their pods, not to the report channel "
+                "(see the ReportChannelUnreachable Events)",
+            ),
+        )
     waiting = m.get("waiting") or []
     if waiting and not doc["barrierOpen"]:
         more = m["expected"] - m["reported"] - len(waiting)

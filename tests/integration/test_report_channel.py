@@ -343,5 +343,9 @@ def test_agents_that_cannot_reach_the_channel_report_on_their_pods(  # noqa: PLR
         for a in agents:
             assert "writing reports on the pod (trying the channel again" in a.text()
             a.wait_barrier(200, "epoch 2")
+        # not silent: the status counts them, an Event names the channel and the members
+        gang.wait_state("both counted on their pods", lambda s: s["members"].get("onPod") == 2)
+        said = [m for r, m in gang.events() if r == "ReportChannelUnreachable"]
+        assert any("workers/1/0" in m and "https://127.0.0.2:" in m for m in said), said
     finally:
         ctl.stop()

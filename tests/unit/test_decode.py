@@ -58,6 +58,7 @@ HEALTHY = PodView(
     created=dt.datetime(2026, 1, 1, tzinfo=dt.UTC).timestamp(),
     reported_epoch=2,
     reported_steps=(200, 100),
+    pod_report_epoch=2,
 )
 
 
@@ -208,7 +209,7 @@ TABLE: dict[str, tuple[Callable[[Pod], None], dict[str, Any], Cause | None]] = {
     "no restart-attempt label": (_restart_attempt(None), {}, None),
     "no report yet": (
         _annotations(epoch=None, steps=None),
-        {"reported_epoch": None, "reported_steps": None},
+        {"reported_epoch": None, "reported_steps": None, "pod_report_epoch": None},
         None,
     ),
     "report without checkpoints": (_annotations(steps=""), {"reported_steps": ()}, None),
@@ -319,7 +320,7 @@ def test_malformed_report_is_an_error_and_reports_nothing(epoch: str, steps: str
     # neither half of a malformed report counts, even the well-formed one
     assert (view.reported_epoch, view.reported_steps) == (None, None)
     assert dataclasses.replace(view, report_error=None) == dataclasses.replace(
-        HEALTHY, reported_epoch=None, reported_steps=None
+        HEALTHY, reported_epoch=None, reported_steps=None, pod_report_epoch=None
     )
     # the planner posts an Event and starts no recovery
     p = plan(snapshot(2, pod_list=[view, *pods(2, epoch=2)[1:]]))

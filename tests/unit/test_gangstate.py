@@ -77,6 +77,7 @@ def full_status() -> GangStatus:
         reported=4,
         ready=4,
         waiting=["workers/2/0"],
+        on_pod=1,
         reason="BarrierOpen",
         message="resumed at step 4200",
         restart_request="2026-01-01T00:00:00Z",
@@ -123,6 +124,7 @@ def test_encoding_is_the_documented_camel_case_json() -> None:
         "reported": 4,
         "ready": 4,
         "waiting": ["workers/2/0"],
+        "onPod": 1,
     }
     assert d["reportEndpoint"] == {
         "url": "https://10.244.0.1:9444/v1/reports",

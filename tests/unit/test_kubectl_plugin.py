@@ -148,7 +148,7 @@ def test_status_document_counts_budgets_nodes_and_last_recovery() -> None:
     assert out["kind"] == "GangStatusReport"
     assert (out["jobSet"], out["namespace"], out["phase"], out["epoch"]) == (NAME, NS, "Running", 3)
     assert out["barrierOpen"] is True
-    assert out["members"] == {"expected": 3, "reported": 3, "ready": 3, "waiting": []}
+    assert out["members"] == {"expected": 3, "reported": 3, "ready": 3, "waiting": [], "onPod": 0}
     assert out["pods"] == {
         "running": 1,
         "restarting": 1,
@@ -282,7 +282,13 @@ def test_status_of_a_gang_on_the_report_channel_names_who_the_barrier_waits_for(
         gangstate(
             phase="Recovering",
             barrierOpen=False,
-            members={"expected": 20, "reported": 8, "ready": 20, "waiting": ["workers/1/0"]},
+            members={
+                "expected": 20,
+                "reported": 8,
+                "ready": 20,
+                "waiting": ["workers/1/0"],
+                "onPod": 2,
+            },
             reportEndpoint=endpoint,
         ),
         jobset(),
@@ -291,6 +297,7 @@ def test_status_of_a_gang_on_the_report_channel_names_who_the_barrier_waits_for(
         NOW,
     )
     text = r.render_status(out, wide=True)
+    assert "2 member(s) reported on their pods, not to the report channel" in text
     assert "Waiting for:" in text
     assert "workers/1/0 (+11 more)" in text
     table = text.split("\n\n", 1)[1].splitlines()
@@ -602,7 +609,7 @@ def test_status_of_a_gangstate_the_controller_has_not_initialised() -> None:
         False,
         None,
     )
-    assert out["members"] == {"expected": 0, "reported": 0, "ready": 0, "waiting": []}
+    assert out["members"] == {"expected": 0, "reported": 0, "ready": 0, "waiting": [], "onPod": 0}
     assert out["lastRecovery"] is None
     assert "Unknown (no status yet" in r.render_status(out)
     assert r.history_document(gs)["recoveries"] == []

@@ -9,12 +9,19 @@ import dataclasses
 import pytest
 
 from jobset_inplace import names
-from jobset_inplace.core.decode import agent_report, newer_report, with_channel_report
-from jobset_inplace.core.model import WAITING_SHOWN, PodView, Recovery, ReportEndpoint
+from jobset_inplace.core.decode import agent_report, newer_report, pod_view, with_channel_report
+from jobset_inplace.core.model import (
+    WAITING_SHOWN,
+    Event,
+    Plan,
+    PodView,
+    Recovery,
+    ReportEndpoint,
+)
 from jobset_inplace.core.planner import plan
 from jobset_inplace.core.statemachine import Phase
 
-from .gangs import NOW, pods, running, snapshot
+from .gangs import NOW, pods, running, snapshot, with_pod
 
 ENDPOINT = ReportEndpoint("https://10.244.0.1:9444/v1/reports", "ab" * 32, "leader-1")
 
@@ -144,3 +151,92 @@ def test_the_status_names_the_members_a_recovery_still_waits_for() -> None:
     opened = plan(snapshot(12, status=status, pod_list=gang)).status
     assert opened.barrier_open
     assert opened.waiting == []
+
+
+def _events(p: Plan, reason: str) -> list[Event]:
+    return [a for a in p.actions if isinstance(a, Event) and a.reason == reason]
+
+
+def test_an_exit_that_reached_only_the_pod_is_acted_on_and_surfaced() -> None:
+    """The crashed member's channel failed: its agent wrote the exit on its pod. The recovery
+    starts as from a channel report, the status counts the member, and a Warning Event names
+    it and the channel."""
+    gang = with_pod(pods(4, epoch=2), 1, exited_in_epoch=2, pod_report_epoch=2)
+    s = dataclasses.replace(snapshot(status=running(), pod_list=gang), report_endpoint=ENDPOINT)
+    p = plan(s)
+    assert (p.status.epoch, p.status.phase) == (3, Phase.RECOVERING)
+    assert p.status.on_pod == 1
+    [event] = _events(p, "ReportChannelUnreachable")
+    assert event.warning
+    assert "workers/1/0" in event.message
+    assert ENDPOINT.url in event.message
+    assert "epoch 2" in event.message
+    # posted once: the next pass with the same count posts nothing
+    again = dataclasses.replace(s, posted=frozenset({event.once_key or ""}))
+    assert _events(plan(again), "ReportChannelUnreachable") == []
+
+
+def test_reports_on_pods_are_surfaced_in_bounded_events() -> None:
+    """A channel broken for a whole gang: one Event when the count first reaches 1, 2, 4, 8,
+    ... in an epoch, not one per member."""
+    n, keys = 64, set[str]()
+    for k in range(1, n + 1):
+        gang = [
+            dataclasses.replace(x, pod_report_epoch=2) if i < k else x
+            for i, x in enumerate(pods(n, epoch=2))
+        ]
+        s = dataclasses.replace(
+            snapshot(n, status=running(), pod_list=gang),
+            report_endpoint=ENDPOINT,
+            posted=frozenset(keys),
+        )
+        p = plan(s)
+        assert p.status.on_pod == k
+        keys |= {e.once_key or "" for e in _events(p, "ReportChannelUnreachable")}
+    assert len(keys) == 7  # 1, 2, 4, 8, 16, 32, 64
+
+
+def test_reports_on_pods_are_not_surfaced_without_a_channel_or_from_an_older_epoch() -> None:
+    on_pod = [dataclasses.replace(x, pod_report_epoch=2) for x in pods(4, epoch=2)]
+    # no channel served: the pod is where every report goes
+    p = plan(snapshot(status=running(), pod_list=on_pod))
+    assert (p.status.on_pod, _events(p, "ReportChannelUnreachable")) == (0, [])
+    # an older epoch's report left on a pod (its agent has not cleared it yet) is not counted
+    old = [dataclasses.replace(x, pod_report_epoch=1) for x in pods(4, epoch=2)]
+    s = dataclasses.replace(snapshot(status=running(), pod_list=old), report_endpoint=ENDPOINT)
+    p = plan(s)
+    assert (p.status.on_pod, _events(p, "ReportChannelUnreachable")) == (0, [])
+
+
+@pytest.mark.parametrize(
+    ("annotations", "epoch"),
+    [
+        ({}, None),
+        ({names.REPORT_EPOCH: "3"}, 3),
+        ({names.REPORT_EXITED: "4"}, 4),  # an older agent's fallback: the exit alone
+        ({names.REPORT_EPOCH: "3", names.REPORT_HUNG: "3"}, 3),
+        ({names.REPORT_EPOCH: "x"}, None),  # malformed: no report at all
+    ],
+)
+def test_the_pod_view_says_which_epoch_its_own_report_is_of(
+    annotations: dict[str, str], epoch: int | None
+) -> None:
+    pod = {
+        "metadata": {
+            "name": "p",
+            "uid": "u",
+            "labels": {
+                names.REPLICATED_JOB_LABEL: "workers",
+                names.JOB_INDEX_LABEL: "0",
+                names.COMPLETION_INDEX_LABEL: "0",
+            },
+            "annotations": annotations,
+        },
+        "status": {"phase": "Running"},
+    }
+    v = pod_view(pod)
+    assert v is not None
+    assert v.pod_report_epoch == epoch
+    # a channel report merged in keeps what the pod itself says
+    fields, _ = agent_report(report(**{names.REPORT_EPOCH: "9"}))
+    assert with_channel_report(v, fields).pod_report_epoch == epoch
