@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from jobset_inplace import names
-from jobset_inplace.controller.leader import DEFAULT_LEASE
+from jobset_inplace.runtime.leader_election import DEFAULT_LEASE
 from jobset_inplace.times import parse_time
 from testbed.controller import gang_state, member_pods
 from testbed.demo import inject_failure, trainers_running, training_gang

@@ -21,8 +21,8 @@ import yaml
 
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
-from jobset_inplace.controller.leader import DEFAULT_LEASE
 from jobset_inplace.core.transform import AGENT_CONTAINER
+from jobset_inplace.runtime.leader_election import DEFAULT_LEASE
 
 from . import images, workloads
 from .cluster import LocalCluster, log

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from jobset_inplace import launcher, names
+from jobset_inplace.backoff import Backoff, Retries
 from jobset_inplace.trainer import ResumeInfo, clear_resume, write_resume
 from jobset_inplace.trainer.checkpoints import encode_steps, select_steps
 from jobset_inplace.trainer.layouts import Layout
@@ -39,7 +40,7 @@ from .logic import parse_gangstate as parse
 from .probe import BarrierState
 from .steptime import BusyWindows
 
-__all__ = ["Agent", "Backoff", "Reporter", "TrainerMonitor", "process_age"]
+__all__ = ["Agent", "Reporter", "TrainerMonitor", "process_age"]
 
 # Errors after which the agent re-reads the GangState (after a backoff) and decides again.
 _RETRY_ERRORS = (ApiError, ValueError, *TransportErrors)
@@ -55,6 +56,8 @@ PROGRESS_READ_SECONDS = 1.0  # how often the monitor reads the progress records
 # After the report channel failed, reports go on the pod for this long (or until the status
 # names another leader's channel).
 CHANNEL_RETRY_S = 60.0
+# A failed action (a report, an open) or GangState read is tried again after this (jittered).
+ACTION_RETRY = Backoff(0.2, 10.0)
 
 
 def process_age() -> float | None:
@@ -66,22 +69,6 @@ def process_age() -> float | None:
         return time.clock_gettime(time.CLOCK_BOOTTIME) - started
     except (OSError, ValueError, IndexError, AttributeError):
         return None
-
-
-class Backoff:
-    """Exponential backoff with jitter: first ~`first` s, doubling, capped at `cap` s."""
-
-    def __init__(self, first: float = 0.2, cap: float = 10.0) -> None:
-        self.first, self.cap = first, cap
-        self._next = first
-
-    def next(self) -> float:
-        delay = self._next * random.uniform(0.5, 1.0)
-        self._next = min(self._next * 2, self.cap)
-        return delay
-
-    def reset(self) -> None:
-        self._next = self.first
 
 
 class _ActionFailed(Exception):
@@ -229,7 +216,7 @@ class Agent:
         self.barrier = barrier
         self.log = log
         self.logic = AgentLogic()
-        self.backoff = Backoff()
+        self.retries = Retries(ACTION_RETRY, jitter=True)
         self.reporter = Reporter(cfg, log)
         self.channel = self.reporter.channel_for()
         self._started = started  # time.monotonic() when the entry module began
@@ -265,10 +252,10 @@ class Agent:
                 self.log.repeat(
                     "retry",
                     "WARN",
-                    f"{_describe(e)}; retrying with backoff (up to {self.backoff.cap:.0f} s)",
+                    f"{_describe(e)}; retrying with backoff (up to {ACTION_RETRY.cap:.0f} s)",
                 )
                 relist = True
-                time.sleep(self.backoff.next())
+                time.sleep(self.retries.failed())
             except _RestartRequested as r:
                 return r.code
 
@@ -303,7 +290,7 @@ class Agent:
                 if code == 410:  # Gone: rv too old (compacted)
                     raise _Relist(f"watch of the {self._what} expired ({message})")
                 raise ApiError(int(code) if isinstance(code, int) else 500, "WatchError", message)
-            self.backoff.reset()  # the watch works
+            self.retries.succeeded()  # the watch works
             self.log.clear("retry")
             rv = _resource_version(obj) or rv
             if kind in ("ADDED", "MODIFIED"):
@@ -313,7 +300,7 @@ class Agent:
                 self.log.repeat("gangstate", "WARN", f"{self._what} was deleted; waiting")
         if events == 0 and time.monotonic() - began < seconds / 2:
             raise _WatchEnded(f"the watch of the {self._what} ended early without events")
-        self.backoff.reset()
+        self.retries.succeeded()
         return rv
 
     # --- decisions and actions ------------------------------------------------------------
@@ -523,13 +510,13 @@ class TrainerMonitor:
         self.thread.start()
 
     def _run(self) -> None:
-        backoff = Backoff()
+        retries = Retries(ACTION_RETRY, jitter=True)
         while True:
             time.sleep(launcher.POLL_SECONDS if self.agent.cfg.process_scope else 0.2)
             if not self.attempt():
-                time.sleep(backoff.next())
+                time.sleep(retries.failed())
             else:
-                backoff.reset()
+                retries.succeeded()
 
     def attempt(self) -> bool:
         """One look, and the fallback; False if a report failed."""

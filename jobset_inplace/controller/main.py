@@ -8,11 +8,12 @@ import os
 import sys
 
 from jobset_inplace import names
-from jobset_inplace.core.leadership import ElectionTiming
+from jobset_inplace.core.leader_rules import ElectionTiming
 from jobset_inplace.core.policy import PolicyError, parse_duration
+from jobset_inplace.runtime.leader_election import DEFAULT_LEASE, Election, default_identity
+from jobset_inplace.runtime.manager import Settings
+from jobset_inplace.runtime.webhook_certificates import SECRET_NAME
 
-from .certificates import SECRET_NAME
-from .leader import DEFAULT_LEASE, Election, default_identity
 from .operator import run as run_controller
 
 NAMESPACE_ENV = "POD_NAMESPACE"  # set from the downward API in manifests/controller
@@ -101,9 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("jobset_inplace").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     if args.command == "run":
         run_controller(
-            election=election,
-            health_port=args.health_port,
-            certificate_namespace=args.namespace if args.manage_webhook_certificate else None,
+            Settings(
+                election=election,
+                health_port=args.health_port,
+                certificate_namespace=args.namespace if args.manage_webhook_certificate else None,
+            )
         )
     return 0
 

@@ -53,9 +53,6 @@ STEP_BUCKETS = (0, 1, 10, 50, 100, 500, 1000, 5000, 10_000, 50_000, 100_000)
 PLANNING_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 IN_PLACE, RECREATED = "in_place", "recreated"  # members_restarted_total's modes
-# watch_restarts_total's reasons: the watch or list failed (retried with backoff), or the
-# apiserver ended the watch with an ERROR event (410: resourceVersion expired; relisted)
-WATCH_FAILED, WATCH_EXPIRED = "error", "expired"
 
 
 def watch_label(what: str) -> str:

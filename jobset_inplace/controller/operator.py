@@ -1,10 +1,13 @@
-"""Process wiring of the controller (``jobset-inplace run``): the API client, kopf's
+"""Process wiring of the recovery loop (``jobset-inplace run``): the API client, kopf's
 registry and settings, the watches and what each of their events feeds (the cache, then a
-poke of the gangs it concerns), priming the cache before any pass, and the webhook server.
+poke of the gangs it concerns), priming the cache before any pass, the report channel. The
+replica's other parts (health, webhook, leader election) are the runtime's
+(:mod:`jobset_inplace.runtime.manager`), which runs this loop once the replica leads.
 Per-gang scheduling and passes are :mod:`.reconciler`'s; nothing here decides anything.
 
 Watches: JobSets (opt-in by annotation) and Kueue Workloads through kopf; pods labelled with a
-JobSet name, nodes and node Leases through raw JSON watch threads (``watches.py``: thousands of
+JobSet name, Jobs, nodes and node Leases through raw JSON watch threads
+(:mod:`jobset_inplace.runtime.watches`: thousands of
 objects, a few fields each). Lease renewals only refresh the cache (and plan that node: our
 taint comes off a node that is back); the planner asks to be woken when a Lease would go stale,
 so a silently dead node is noticed without any event."""
@@ -15,7 +18,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -36,28 +38,16 @@ from jobset_inplace.core.decode import (
 from jobset_inplace.core.model import NodeView
 from jobset_inplace.core.planner import observation_restarts
 from jobset_inplace.core.policy import PolicyError, is_managed, parse_policy
+from jobset_inplace.runtime.manager import Manager, Settings
+from jobset_inplace.runtime.watches import RawWatch, WatchEvent
 
 from . import metrics
 from .cache import ClusterCache, JobEntry, PodEntry, job_entry, node_entry, pod_entry
-from .certificates import CertificateError, CertificateManager
 from .executor import Executor
-from .health import Check, HealthServer, port_open
-from .leader import Election, LeaderElector
 from .reconciler import Reconciler
 from .report_server import report_server_from_env
-from .watches import RawWatch, WatchEvent
-from .webhook_server import (
-    cert_dir_from_env,
-    serve,
-    server_from_env,
-    settings_from_env,
-    webhook_port_from_env,
-)
 
 log = logging.getLogger("jobset_inplace.controller")
-
-# Exit status of a replica that lost the leader Lease (its pod restarts as a candidate).
-LOST_LEADERSHIP_EXIT = 3
 
 
 def _jobset_event(r: Reconciler, body: dict[str, Any], deleted: bool) -> None:
@@ -152,6 +142,7 @@ def raw_watches(r: Reconciler) -> list[RawWatch[Any]]:
             replace=cache.replace_pods,
             on_events=partial(pod_events, r),
             on_relist=partial(plan_all, r),
+            metrics=metrics.METRICS,
         ),
         RawWatch(
             "Jobs",
@@ -163,6 +154,7 @@ def raw_watches(r: Reconciler) -> list[RawWatch[Any]]:
             replace=cache.replace_jobs,
             on_events=partial(job_events, r),
             on_relist=partial(plan_all, r),
+            metrics=metrics.METRICS,
         ),
         RawWatch(
             "nodes",
@@ -171,6 +163,7 @@ def raw_watches(r: Reconciler) -> list[RawWatch[Any]]:
             replace=cache.replace_nodes,
             on_events=partial(node_events, r),
             on_relist=partial(plan_all, r),
+            metrics=metrics.METRICS,
         ),
         RawWatch(
             "node Leases",
@@ -182,6 +175,7 @@ def raw_watches(r: Reconciler) -> list[RawWatch[Any]]:
             replace=cache.replace_leases,
             on_events=partial(lease_events, r),
             on_relist=partial(plan_all, r),
+            metrics=metrics.METRICS,
             on_resumed=partial(leases_observed_since, r),
         ),
     ]
@@ -246,112 +240,16 @@ def build_reconciler() -> Reconciler:
     return Reconciler(ClusterCache(), Executor(client.ApiClient()))
 
 
-# A replica that cannot set up its webhook certificate (missing Secret or RBAC) tries again
-# this often, unready, instead of crash-looping.
-CERTIFICATE_RETRY_S = 10.0
-
-
-def run(
-    *,
-    election: Election | None = None,
-    health_port: int | None = None,
-    certificate_namespace: str | None = None,
-) -> None:
-    """Run the controller until interrupted (``jobset-inplace run``).
-
-    Every replica serves the health endpoint (``health_port``), the admission webhook (when it
-    has a certificate: its own, managed in ``certificate_namespace``, or mounted files) from a
-    side operator on its own thread; with ``election``, only the replica holding the Lease
-    runs the controller (watches, passes, writes), and a replica that loses it exits at once
-    (its pod restarts as a candidate)."""
+def run(settings: Settings) -> None:
+    """Run the controller until interrupted (``jobset-inplace run``): the runtime's parts
+    (health, webhook, election: :class:`~jobset_inplace.runtime.manager.Manager`) on every
+    replica, and the recovery loop on the one that leads (or the only one)."""
     # kopf logs every handled event at INFO: thousands of pods would flood the log.
     logging.getLogger("kopf").setLevel(logging.WARNING)
-    _exit_on_sigterm()
     reconciler = build_reconciler()
     metrics.bind(reconciler)
-    checks: dict[str, Check] = {}
-    health = None
-    if health_port is not None:
-        health = HealthServer(health_port, checks, metrics=metrics.exposition)
-        health.start()
-    stop_side = threading.Event()
-    certificates = None
-    if certificate_namespace is not None:
-        certificates = CertificateManager(
-            client.CoreV1Api(client.ApiClient()),
-            client.AdmissionregistrationV1Api(client.ApiClient()),
-            certificate_namespace,
-            cert_dir_from_env(),
-        )
-        checks["webhook-certificate"] = certificates.ready.is_set
-    if certificates is not None or server_from_env() is not None:
-        checks["webhook-server"] = port_open(webhook_port_from_env())
-    threading.Thread(
-        target=_serve_webhook, args=(certificates, stop_side), name="webhook", daemon=True
-    ).start()
-    elector = None
-    # Whatever ends this replica (SIGTERM while a standby, too), the side operator must stop:
-    # its executor thread waits for stop_side, and the interpreter joins it before exiting.
-    try:
-        if election is None:
-            metrics.set_leader(True)  # the only replica (the elector sets it otherwise)
-        else:
-            elector = LeaderElector(client.CoordinationV1Api(client.ApiClient()), election)
-            log.info("leader: candidate %s for %s", election.identity, elector.where)
-            elector.acquire()
-            elector.keep(on_lost=_leadership_lost)
-        run_controller(reconciler)
-    finally:
-        stop_side.set()
-        if elector is not None:
-            elector.release()
-        if health is not None:
-            health.stop()
-
-
-def _exit_on_sigterm() -> None:
-    """Stop at SIGTERM until kopf takes the signal over (when this replica leads). The
-    process is its container's PID 1, for which the kernel drops signals without a handler:
-    a standby would otherwise wait out the pod's grace period on every rollout and uninstall."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-
-
-def _serve_webhook(certificates: CertificateManager | None, stop: threading.Event) -> None:
-    """Every replica's webhook side, on its own thread: the certificate first (when
-    self-managed), then the admission server, until ``stop``. A certificate that cannot be
-    made holds up only the webhook (the replica stays unready), never leadership: recoveries
-    do not need the webhook."""
-    if certificates is not None:
-        if not _first_certificate(certificates, stop):
-            return
-        threading.Thread(
-            target=certificates.run, args=(stop,), name="certificates", daemon=True
-        ).start()
-    server = server_from_env()  # the files are there now, when self-managed
-    asyncio.run(serve(kubeconfig=None, server=server, settings=settings_from_env(), stop_flag=stop))
-
-
-def _first_certificate(certificates: CertificateManager, stop: threading.Event) -> bool:
-    """Wait until the webhook has a certificate (True) or ``stop`` (False); a setup error is
-    logged with its fix and retried (the replica stays unready meanwhile), never a crash loop."""
-    while not stop.is_set():
-        try:
-            certificates.ensure()
-            return True
-        except CertificateError as e:
-            log.error("webhook certificate: %s; retrying in %.0fs", e, CERTIFICATE_RETRY_S)
-        except client.exceptions.ApiException as e:
-            log.warning("webhook certificate: API error %s %s; retrying", e.status, e.reason)
-        stop.wait(CERTIFICATE_RETRY_S)
-    return False
-
-
-def _leadership_lost(why: str) -> None:
-    """Stop acting now: another replica may already lead. No cleanup runs (it could act)."""
-    log.error("leader: leadership lost (%s): exiting", why)
-    logging.shutdown()
-    os._exit(LOST_LEADERSHIP_EXIT)
+    manager = Manager(settings, exposition=metrics.exposition, on_leading=metrics.set_leader)
+    manager.run(partial(run_controller, reconciler))
 
 
 def run_controller(reconciler: Reconciler) -> None:

@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 
 from kubernetes import client
 
+from jobset_inplace.backoff import Backoff
 from jobset_inplace.controller.cache import ClusterCache, Gang, GangKey
-from jobset_inplace.controller.clock import Clock, LoopClock, Timer
 from jobset_inplace.controller.executor import Executor
 from jobset_inplace.controller.metrics import METRICS, Metrics
 from jobset_inplace.core.model import Action, Plan, ReadLeases, Snapshot
 from jobset_inplace.core.planner import plan, plan_node, refuse_policy
 from jobset_inplace.core.telemetry import observe
+from jobset_inplace.runtime.clock import Clock, LoopClock, Timer
 
 log = logging.getLogger("jobset_inplace.controller")
 
@@ -34,16 +35,10 @@ DEBOUNCE_S = 0.1
 # of its last planning (a 5000-member plan takes ~12 ms): planning takes a bounded share of the
 # controller (at the debounce alone, a 5-minute 5000-pod recovery cost ~90 CPU-s in passes).
 PASS_SPACING = 20
-# A failed pass is retried after RETRY_FIRST_S, doubling up to RETRY_MAX_S.
-RETRY_FIRST_S = 1.0
-RETRY_MAX_S = 60.0
+# A failed pass is retried after 1 s, doubling up to 60 s.
+PASS_RETRY = Backoff(1.0, 60.0)
 # A plan may ask for fresh Lease reads before it decides; a pass re-plans at most this often.
 MAX_PLANS_PER_PASS = 3
-
-
-def retry_delay(failures: int) -> float:
-    """Seconds before retrying a gang whose last ``failures`` passes failed in a row."""
-    return float(min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** max(0, failures - 1)))
 
 
 @dataclass
@@ -142,7 +137,7 @@ class Reconciler:
                 else:
                     log.exception("%s/%s: planning pass failed; retry %d", *key, failures)
                 if gang is not None:
-                    delay = retry_delay(failures)
+                    delay = PASS_RETRY.delay(failures)
                     # events must not retry it sooner: the backoff holds until the retry
                     self._not_before[key] = self.clock.monotonic() + delay
                     self.poke(key, delay)

@@ -43,13 +43,19 @@ from kubernetes import client
 from jobset_inplace import names
 from jobset_inplace.core.decode import agent_report
 from jobset_inplace.core.model import ReportEndpoint
+from jobset_inplace.runtime.report_http import (
+    PREAUTH_SWEEP_S,
+    SWEEP_S,
+    HttpServer,
+    Refused,
+    Request,
+)
+from jobset_inplace.runtime.report_limits import Limits
+from jobset_inplace.runtime.report_tokens import Rejected, TokenVerifier
+from jobset_inplace.runtime.webhook_certificates import issue
 
 from .cache import ClusterCache, GangKey
-from .certificates import issue
 from .metrics import METRICS
-from .report_http import PREAUTH_SWEEP_S, SWEEP_S, HttpServer, Refused, Request
-from .report_limits import Limits
-from .report_tokens import Rejected, TokenVerifier
 
 log = logging.getLogger("jobset_inplace.reports")
 

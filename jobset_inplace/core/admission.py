@@ -6,7 +6,7 @@ webhook adds to an opted-in JobSet and what the validating webhook refuses.
 * :func:`validate`: ``(allowed, message)``; the message names the annotation or field and the
   accepted form (guarantee 8).
 
-The kopf handlers in :mod:`jobset_inplace.controller.webhook_server` call these two and build
+The kopf handlers in :mod:`jobset_inplace.runtime.webhook_server` call these two and build
 the AdmissionReview responses.
 
 Only JobSets that opted in (``jobset-inplace.dev/enabled: "true"``) are changed; the webhook

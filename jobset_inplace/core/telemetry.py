@@ -4,7 +4,6 @@
 status and edges) and says what happened: a recovery started (its cause, the detection time,
 members restarted in place or recreated), ended (its outcome and, when the barrier opened, how
 long each phase took and how many checkpoint steps were lost), an escalation, a stand-down.
-:func:`event_time` reads when an API object says it last changed (the watches' event lag).
 Pure, like the rest of the core: the times are the snapshot's; the adapter
 (:mod:`jobset_inplace.controller.metrics`) maps the observations to Prometheus instruments.
 
@@ -18,15 +17,13 @@ by JobSet's restart of the whole gang)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from jobset_inplace.core.model import GangStatus, Plan, PodView, Recovery, Snapshot
 from jobset_inplace.core.planner import current_pods
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.core.statemachine import TRANSITIONS, Edge, Phase
-from jobset_inplace.times import parse_time
 
 # The cause of a recovery opened by a controller that did not record how (an older version).
 UNKNOWN_CAUSE = "Unknown"
@@ -188,23 +185,3 @@ def budgets_left(policy: Policy, status: GangStatus) -> dict[str, int]:
         IN_PLACE_BUDGET: max(0, policy.inplace_budget - status.inplace_used),
         RECREATE_BUDGET: max(0, policy.recreate_budget - status.recreate_used),
     }
-
-
-def event_time(obj: Mapping[str, Any]) -> float | None:
-    """When an API object (JSON) says it last changed: the newest time of its managedFields
-    (the apiserver stamps each writer's entry when it changes the object; whole seconds) and,
-    for a Lease, its renewTime (microseconds). None when it records neither."""
-    meta = obj.get("metadata") or {}
-    stamps = [entry.get("time") for entry in meta.get("managedFields") or ()]
-    stamps.append((obj.get("spec") or {}).get("renewTime"))
-    newest: float | None = None
-    for stamp in stamps:
-        if not isinstance(stamp, str):
-            continue
-        try:
-            t = parse_time(stamp)
-        except ValueError:  # not a time: no lag from this one
-            continue
-        if t is not None and (newest is None or t > newest):
-            newest = t
-    return newest

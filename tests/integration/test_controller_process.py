@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from jobset_inplace.controller.leader import DEFAULT_LEASE
+from jobset_inplace.runtime.leader_election import DEFAULT_LEASE
 from testbed.kube import Clients
 from testbed.processes import free_port, wait_until
 

@@ -13,9 +13,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from jobset_inplace.controller import leader
-from jobset_inplace.controller.leader import Election, ElectionError, LeaderElector
-from jobset_inplace.core.leadership import ElectionTiming
+from jobset_inplace.core.leader_rules import ElectionTiming
+from jobset_inplace.runtime import leader_election
+from jobset_inplace.runtime.leader_election import Election, ElectionError, LeaderElector
 from testbed.kube import Clients
 from testbed.processes import wait_until
 
@@ -116,7 +116,7 @@ def test_a_missing_namespace_is_named_and_waited_for(
     kube: Clients, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """No crash loop: the candidate logs the fix and takes the Lease once it is applied."""
-    monkeypatch.setattr(leader, "SETUP_RETRY_S", 0.2)
+    monkeypatch.setattr(leader_election, "SETUP_RETRY_S", 0.2)
     ns = f"created-late-{uuid.uuid4().hex[:6]}"
     c = candidate(kube, ns, "a")
     with pytest.raises(ElectionError, match=f"namespace {ns} not found"):

@@ -30,8 +30,8 @@ from jobset_inplace.agent.channel import ChannelError, ReportChannel
 from jobset_inplace.agent.logic import Endpoint
 from jobset_inplace.controller.cache import ClusterCache, GangKey, job_entry, pod_entry
 from jobset_inplace.controller.report_server import ReportServer
-from jobset_inplace.controller.report_tokens import TokenVerifier
 from jobset_inplace.core.policy import Policy
+from jobset_inplace.runtime.report_tokens import TokenVerifier
 from jobset_inplace.times import parse_time
 from testbed.controlplane import ControlPlane
 from testbed.kube import Clients, pod_token, wait_for

@@ -1,6 +1,6 @@
 """The admission webhook and the agent's ValidatingAdmissionPolicy on the real apiserver.
 
-The webhook runs as the standalone runner (``python -m jobset_inplace.controller.webhook_server``,
+The webhook runs as the standalone runner (``python -m jobset_inplace.runtime.webhook_server``,
 a real subprocess) on 127.0.0.1 with a serving certificate from our own CA; its
 configurations are rendered from ``manifests/webhook/webhook.yaml`` with only the
 clientConfig rewritten to that URL, so the matchConditions under test are the shipped ones.
@@ -112,7 +112,7 @@ def webhook(
             [
                 sys.executable,
                 "-m",
-                "jobset_inplace.controller.webhook_server",
+                "jobset_inplace.runtime.webhook_server",
                 "--kubeconfig",
                 str(control_plane.kubeconfig),
                 "--addr",

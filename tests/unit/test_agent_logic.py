@@ -28,7 +28,7 @@ from jobset_inplace.agent.logic import (
     parse_gangstate,
     trainers_stopped,
 )
-from jobset_inplace.agent.runner import Backoff
+from jobset_inplace.backoff import Backoff, Retries
 from jobset_inplace.trainer.checkpoints import MAX_STEP
 
 
@@ -408,13 +408,16 @@ def test_config_errors_name_the_variable(
 
 
 def test_backoff_grows_to_cap_and_resets() -> None:
-    b = Backoff(first=0.2, cap=10.0)
-    delays = [b.next() for _ in range(10)]
+    rule = Backoff(first=0.2, cap=10.0)
+    assert [rule.delay(n) for n in (0, 1, 2, 3, 7, 1000)] == [0.0, 0.2, 0.4, 0.8, 10.0, 10.0]
+    b = Retries(rule, jitter=True)
+    delays = [b.failed() for _ in range(10)]
     assert 0.1 <= delays[0] <= 0.2
     assert all(d <= 10.0 for d in delays)
     assert delays[-1] >= 5.0
-    b.reset()
-    assert b.next() <= 0.2
+    b.succeeded()
+    assert b.failed() <= 0.2
+    assert Retries(rule).failed() == 0.2  # no jitter: the rule's delay
 
 
 def test_log_repeat_mutes_identical_messages() -> None:

@@ -6,8 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 
-from jobset_inplace.controller.certificates import issue
-from jobset_inplace.core.certificates import (
+from jobset_inplace.core.certificate_rules import (
     CA_VALIDITY,
     CERT_VALIDITY,
     RENEW_BEFORE,
@@ -16,6 +15,7 @@ from jobset_inplace.core.certificates import (
     service_dns_names,
     usable_ca,
 )
+from jobset_inplace.runtime.webhook_certificates import issue
 
 NOW = datetime.datetime(2026, 11, 23, 12, 0, tzinfo=datetime.UTC)
 NAMES = service_dns_names("jobset-inplace-system")

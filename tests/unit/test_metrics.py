@@ -18,9 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from jobset_inplace.controller import metrics
 from jobset_inplace.controller.cache import ClusterCache
-from jobset_inplace.controller.leader import Election, LeaderElector
 from jobset_inplace.controller.metrics import Metrics
-from jobset_inplace.controller.watches import RawWatch, WatchEvent
 from jobset_inplace.core.model import GangStatus
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.core.statemachine import Edge, Phase
@@ -34,6 +32,8 @@ from jobset_inplace.core.telemetry import (
     StepsLost,
     StoodDown,
 )
+from jobset_inplace.runtime.leader_election import Election, LeaderElector
+from jobset_inplace.runtime.watches import RawWatch, WatchEvent
 from jobset_inplace.times import format_time
 
 from .test_reconciler_timing import KEY, RecordingExecutor, gang, jobset
@@ -260,7 +260,7 @@ class LeaseApi:
 
 def test_the_leader_gauge_follows_the_lease() -> None:
     metrics.set_leader(False)
-    elector = LeaderElector(LeaseApi(), Election("jobset-inplace-system"))
+    elector = LeaderElector(LeaseApi(), Election("jobset-inplace-system"), metrics.set_leader)
     elector.acquire()
     assert value(metrics.METRICS, "jobset_inplace_leader") == 1
     elector.release()

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from jobset_inplace.controller.cache import POSTED_MAX, ClusterCache, GangKey, JobEntry, PodEntry
-from jobset_inplace.controller.reconciler import PASS_SPACING, Reconciler, retry_delay
+from jobset_inplace.controller.reconciler import PASS_RETRY, PASS_SPACING, Reconciler
 from jobset_inplace.core.model import (
     Action,
     Event,
@@ -117,7 +117,7 @@ async def test_an_urgent_poke_skips_debounce_and_spacing_but_not_a_failures_back
     failing.manual.advance(0)
     await settle()
     assert len(failing.ran) == 1
-    failing.manual.advance(retry_delay(1))
+    failing.manual.advance(PASS_RETRY.delay(1))
     await settle()
     assert len(failing.ran) == 2
 
@@ -174,13 +174,13 @@ async def test_a_failed_pass_is_retried_with_backoff_whatever_the_error() -> Non
     r.cache.upsert_jobset(jobset(), Policy(), "")
     t0 = r.manual.now
     r.poke(KEY)
-    for step in (0, retry_delay(1), retry_delay(2), retry_delay(3)):
+    for step in (0, PASS_RETRY.delay(1), PASS_RETRY.delay(2), PASS_RETRY.delay(3)):
         r.manual.advance(step)
         await settle()
     assert r.ran == [t0, t0 + 1, t0 + 3, t0 + 7]  # 1, 2, 4 s apart
     assert r._failures == {}, "a pass that worked resets the backoff"
     assert r.manual.pending == []
-    assert retry_delay(100) == 60.0
+    assert PASS_RETRY.delay(100) == 60.0
 
 
 # --- one pass, with a recording executor ---------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The report channel's HTTP/1.1 (controller/report_http.py): the one request agents make is
+"""The report channel's HTTP/1.1 (runtime/report_http.py): the one request agents make is
 parsed (pipelined, kept alive or not); anything else is refused with its status and the reason
 named, then the connection closed; stalled and idle connections are closed by the sweep. The
 connection tests serve over real loopback sockets (plain TCP: TLS is the transport's)."""
@@ -14,8 +14,9 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from jobset_inplace.controller import report_http, report_server
-from jobset_inplace.controller.report_http import (
+from jobset_inplace.controller import report_server
+from jobset_inplace.runtime import report_http
+from jobset_inplace.runtime.report_http import (
     MAX_HEAD,
     HttpServer,
     Refused,
@@ -23,7 +24,7 @@ from jobset_inplace.controller.report_http import (
     RequestReader,
     response,
 )
-from jobset_inplace.controller.report_limits import (
+from jobset_inplace.runtime.report_limits import (
     OVER_UNAUTHENTICATED,
     PREAUTH_TIMEOUT,
     RATE_LIMITED,

@@ -14,13 +14,13 @@ from jobset_inplace import names
 from jobset_inplace.controller import report_server
 from jobset_inplace.controller.cache import ClusterCache, GangKey
 from jobset_inplace.controller.metrics import METRICS
-from jobset_inplace.controller.report_http import Refused
 from jobset_inplace.controller.report_server import (
     ReportServer,
     parse_request,
     report_server_from_env,
 )
-from jobset_inplace.controller.report_tokens import Rejected
+from jobset_inplace.runtime.report_http import Refused
+from jobset_inplace.runtime.report_tokens import Rejected
 
 
 def no_poke(key: GangKey, *, urgent: bool = False) -> None:

@@ -1,4 +1,4 @@
-"""Offline verification of report tokens (controller/report_tokens.py): a token is accepted
+"""Offline verification of report tokens (runtime/report_tokens.py): a token is accepted
 only when signed by a cluster key with the algorithm that key is for, by the cluster's issuer,
 for the channel's audience, within its validity, and bound to a pod. Keys and tokens are made
 here; tests/integration/test_report_channel.py verifies the apiserver's own tokens."""
@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa, utils
 from kubernetes import client
 
 from jobset_inplace import names
-from jobset_inplace.controller.report_tokens import (
+from jobset_inplace.runtime.report_tokens import (
     KEYS_RETRY_S,
     POD_NAME_KEY,
     POD_UID_KEY,

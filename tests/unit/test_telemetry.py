@@ -24,7 +24,6 @@ from jobset_inplace.core.telemetry import (
     StepsLost,
     StoodDown,
     budgets_left,
-    event_time,
     observe,
     steps_lost,
 )
@@ -259,23 +258,3 @@ def test_budgets_left_never_go_below_zero() -> None:
         "in_place": 0,
         "recreate": 0,
     }
-
-
-def test_event_time_is_the_newest_change_the_object_records() -> None:
-    pod = {
-        "metadata": {
-            "managedFields": [
-                {"manager": "kubelet", "time": "2026-11-21T10:00:05Z"},
-                {"manager": "agent", "time": "2026-11-21T10:00:09Z"},
-                {"manager": "odd", "time": "not a time"},
-                {"manager": "none"},
-            ]
-        }
-    }
-    assert event_time(pod) == pytest.approx(1_795_255_209.0)
-    lease = {
-        "metadata": {"managedFields": [{"time": "2026-11-21T10:00:09Z"}]},
-        "spec": {"renewTime": "2026-11-21T10:00:09.750000Z"},
-    }
-    assert event_time(lease) == pytest.approx(1_795_255_209.75)  # the microseconds win
-    assert event_time({"metadata": {}}) is None

@@ -8,7 +8,20 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from jobset_inplace.controller.watches import RawWatch, WatchEvent
+import pytest
+
+from jobset_inplace.runtime.watches import RawWatch, WatchEvent, event_time
+
+
+class _NoMetrics:
+    def watch_restarted(self, what: str, reason: str) -> None:
+        pass
+
+    def event_handled(self, what: str, lag_s: float) -> None:
+        pass
+
+
+NO_METRICS = _NoMetrics()
 
 
 class Response:
@@ -72,6 +85,7 @@ def test_list_pages_through_continue_tokens_and_keeps_the_first_resource_version
         replace=got.append,
         on_events=events.extend,
         on_relist=lambda: None,
+        metrics=NO_METRICS,
     )
     assert w.prime() == 2
     assert got == [["a", "b"]]  # decoded, page by page
@@ -106,6 +120,7 @@ def test_watch_resumes_from_the_last_version_and_relists_after_an_expired_one() 
         replace=replaced.append,
         on_events=events.extend,
         on_relist=lambda: relisted.append("x"),
+        metrics=NO_METRICS,
     )
     call.watch = w
     w.prime()
@@ -122,3 +137,23 @@ def test_watch_resumes_from_the_last_version_and_relists_after_an_expired_one() 
     assert events == [("MODIFIED", "a"), ("DELETED", "b")]  # decoded on the thread
     assert relisted == ["x"]
     assert replaced[1] == ["b"]
+
+
+def test_event_time_is_the_newest_change_the_object_records() -> None:
+    pod = {
+        "metadata": {
+            "managedFields": [
+                {"manager": "kubelet", "time": "2026-11-21T10:00:05Z"},
+                {"manager": "agent", "time": "2026-11-21T10:00:09Z"},
+                {"manager": "odd", "time": "not a time"},
+                {"manager": "none"},
+            ]
+        }
+    }
+    assert event_time(pod) == pytest.approx(1_795_255_209.0)
+    lease = {
+        "metadata": {"managedFields": [{"time": "2026-11-21T10:00:09Z"}]},
+        "spec": {"renewTime": "2026-11-21T10:00:09.750000Z"},
+    }
+    assert event_time(lease) == pytest.approx(1_795_255_209.75)  # the microseconds win
+    assert event_time({"metadata": {}}) is None

@@ -15,13 +15,6 @@ import pytest
 import yaml
 
 from jobset_inplace import names
-from jobset_inplace.controller.webhook_server import (
-    MUTATE_ID,
-    VALIDATE_ID,
-    register_webhooks,
-    server_from_env,
-    settings_from_env,
-)
 from jobset_inplace.core.admission import mutate, update_warnings, validate, warnings
 from jobset_inplace.core.policy import (
     CREATE_TIME_KEYS,
@@ -35,6 +28,13 @@ from jobset_inplace.core.transform import (
     AgentSettings,
     agent_rbac,
     transform,
+)
+from jobset_inplace.runtime.webhook_server import (
+    MUTATE_ID,
+    VALIDATE_ID,
+    register_webhooks,
+    server_from_env,
+    settings_from_env,
 )
 
 REPO = Path(__file__).resolve().parents[2]

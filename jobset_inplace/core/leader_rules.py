@@ -1,6 +1,6 @@
 """Leader election over a ``coordination.k8s.io`` Lease, decided the way client-go's
 ``leaderelection`` package decides it (the adapter that reads and writes the Lease is
-:mod:`jobset_inplace.controller.leader`).
+:mod:`jobset_inplace.runtime.leader_election`).
 
 - A candidate holds the Lease by writing its identity and a fresh ``renewTime`` every
   ``retry_period``; every write carries the ``resourceVersion`` it read, so two candidates

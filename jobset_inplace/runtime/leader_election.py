@@ -1,9 +1,10 @@
 """Leader election for ``jobset-inplace run``: the Lease reads and writes behind
-:mod:`jobset_inplace.core.leadership` (which decides). It runs on threads of its own, so a
+:mod:`jobset_inplace.core.leader_rules` (which decides). It runs on threads of its own, so a
 busy event loop never delays a renewal, and a watchdog stops the process as soon as the last
 successful renewal is ``renew_deadline`` old: a leader that cannot prove it still leads must not
-act (client-go does the same). The ``jobset_inplace_leader`` gauge follows: 1 from acquiring the
-Lease until losing or releasing it."""
+act (client-go does the same). ``on_leading`` hears every change (the wiring feeds the
+``jobset_inplace_leader`` gauge with it): True on acquiring the Lease, False on losing or
+releasing it."""
 
 from __future__ import annotations
 
@@ -23,8 +24,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import names
-from jobset_inplace.controller.metrics import set_leader
-from jobset_inplace.core.leadership import (
+from jobset_inplace.core.leader_rules import (
     JITTER,
     ElectionTiming,
     LeaseRecord,
@@ -63,9 +63,19 @@ class Election:
     lease: str = DEFAULT_LEASE
 
 
+def _ignore(leading: bool) -> None:
+    pass
+
+
 class LeaderElector:
-    def __init__(self, api: client.CoordinationV1Api, election: Election) -> None:
+    def __init__(
+        self,
+        api: client.CoordinationV1Api,
+        election: Election,
+        on_leading: Callable[[bool], None] = _ignore,
+    ) -> None:
         election.timing.check()
+        self.on_leading = on_leading
         self.api, self.namespace, self.name = api, election.namespace, election.lease
         self.identity, self.timing = election.identity, election.timing
         self.renewed_at: float | None = None  # monotonic time of the last successful write
@@ -152,7 +162,7 @@ class LeaderElector:
             pause = self.timing.retry_period_s * random.uniform(1, JITTER)
             try:
                 if self.try_once():
-                    set_leader(True)
+                    self.on_leading(True)
                     return
             except ElectionError as e:
                 log.error("leader: %s; retrying in %.0fs", e, SETUP_RETRY_S)
@@ -189,7 +199,7 @@ class LeaderElector:
                 if late:
                     why.append(f"no renewal of {self.where} for {self.timing.renew_deadline_s:g}s")
                 if lost.is_set() or late:
-                    set_leader(False)
+                    self.on_leading(False)
                     on_lost(why[0])
                     return
                 lost.wait(WATCHDOG_PERIOD_S)
@@ -200,7 +210,7 @@ class LeaderElector:
     def release(self) -> None:
         """Stop renewing and, if this candidate still holds the Lease, hand it over at once."""
         self._stop.set()
-        set_leader(False)
+        self.on_leading(False)
         try:
             lease, rv = self._read()
             record = None if lease is None else record_of(lease)

@@ -19,17 +19,29 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, Protocol, TypeVar
 
-from jobset_inplace.controller.metrics import METRICS, WATCH_EXPIRED, WATCH_FAILED, Metrics
-from jobset_inplace.core.telemetry import event_time
+from jobset_inplace.backoff import Backoff, Retries
+from jobset_inplace.times import parse_time
 
 log = logging.getLogger("jobset_inplace.controller")
 
 T = TypeVar("T")  # what ``decode`` keeps of an object
 WatchEvent = tuple[str, T]  # ("ADDED" | "MODIFIED" | "DELETED", decoded object)
 PAGE_SIZE = 500
+WATCH_RETRY = Backoff(0.5, 10.0)  # a failed list or watch is tried again after this
+# Why a watch started again: the watch or list failed (retried with backoff), or the apiserver
+# ended it with an ERROR event (410: resourceVersion expired; relisted)
+WATCH_FAILED, WATCH_EXPIRED = "error", "expired"
+
+
+class WatchMetrics(Protocol):
+    """What a watch tells the metrics (the controller's :class:`~.metrics.Metrics`)."""
+
+    def watch_restarted(self, what: str, reason: str) -> None: ...
+
+    def event_handled(self, what: str, lag_s: float) -> None: ...
 
 
 class RawWatch(threading.Thread, Generic[T]):
@@ -50,8 +62,8 @@ class RawWatch(threading.Thread, Generic[T]):
         on_events: Callable[[list[WatchEvent[T]]], None],
         on_relist: Callable[[], None],
         on_resumed: Callable[[float, float], None] | None = None,
+        metrics: WatchMetrics,
         timeout_s: int = 300,
-        metrics: Metrics = METRICS,
     ) -> None:
         super().__init__(daemon=True, name=f"watch-{what}")
         self.what, self.call, self.decode, self.timeout_s = what, call, decode, timeout_s
@@ -99,20 +111,20 @@ class RawWatch(threading.Thread, Generic[T]):
 
     def run(self) -> None:
         assert self.loop is not None, "start with start_on(loop)"
-        backoff = 0.5
+        retries = Retries(WATCH_RETRY)
         while not self.halt.is_set():
             try:
                 if self.rv is None:
                     self.loop.call_soon_threadsafe(self._relisted, self.list_now())
                 self._watch()
-                backoff = 0.5
+                retries.succeeded()
             except Exception as e:  # a dead watch thread would blind the controller
                 if self.down_since is None:
                     self.down_since = time.time()
                 self.metrics.watch_restarted(self.what, WATCH_FAILED)
-                log.warning("%s watch: %r; retrying in %.1f s", self.what, e, backoff)
-                self.halt.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
+                wait = retries.failed()
+                log.warning("%s watch: %r; retrying in %.1f s", self.what, e, wait)
+                self.halt.wait(wait)
 
     def _watch(self) -> None:
         assert self.loop is not None
@@ -156,3 +168,23 @@ class RawWatch(threading.Thread, Generic[T]):
         self.on_events(events)
         if changed is not None:
             self.metrics.event_handled(self.what, time.time() - changed)
+
+
+def event_time(obj: Mapping[str, Any]) -> float | None:
+    """When an API object (JSON) says it last changed: the newest time of its managedFields
+    (the apiserver stamps each writer's entry when it changes the object; whole seconds) and,
+    for a Lease, its renewTime (microseconds). None when it records neither."""
+    meta = obj.get("metadata") or {}
+    stamps = [entry.get("time") for entry in meta.get("managedFields") or ()]
+    stamps.append((obj.get("spec") or {}).get("renewTime"))
+    newest: float | None = None
+    for stamp in stamps:
+        if not isinstance(stamp, str):
+            continue
+        try:
+            t = parse_time(stamp)
+        except ValueError:  # not a time: no lag from this one
+            continue
+        if t is not None and (newest is None or t > newest):
+            newest = t
+    return newest

@@ -11,7 +11,7 @@ URL paths: ``/mutate-jobsets`` and ``/validate-jobsets`` (kopf routes ``/<handle
 
 Standalone (tests, or a separate webhook Deployment)::
 
-    python -m jobset_inplace.controller.webhook_server --kubeconfig KUBECONFIG \\
+    python -m jobset_inplace.runtime.webhook_server --kubeconfig KUBECONFIG \\
         --addr 0.0.0.0 --port 9443 --cert tls.crt --key tls.key
 """
 
@@ -213,7 +213,7 @@ async def serve(
 
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(
-        prog="python -m jobset_inplace.controller.webhook_server",
+        prog="python -m jobset_inplace.runtime.webhook_server",
         description="Serve the jobset-inplace admission webhook (mutate/validate JobSets). "
         "Agent settings from $JSI_AGENT_IMAGE (default jobset-inplace/agent:<version>).",
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobset_inplace.core.leadership import (
+from jobset_inplace.core.leader_rules import (
     ElectionTiming,
     LeaseRecord,
     Step,

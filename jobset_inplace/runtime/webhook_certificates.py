@@ -13,7 +13,7 @@ way JobSet's and Kueue's cert-controller do it:
 * the serving pair is written to the replica's certificate directory, where kopf's webhook
   server picks it up (and re-reads it when it changes).
 
-:mod:`jobset_inplace.core.certificates` decides (what can go on serving, which CA may sign);
+:mod:`jobset_inplace.core.certificate_rules` decides (what can go on serving, which CA may sign);
 :func:`issue` makes material; :class:`CertificateManager` loads, writes and acts."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes import client
 
-from jobset_inplace.core.certificates import (
+from jobset_inplace.core.certificate_rules import (
     CA_VALIDITY,
     CERT_VALIDITY,
     Material,

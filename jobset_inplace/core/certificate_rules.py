@@ -1,7 +1,7 @@
 """The admission webhook's certificate, decided (pure: material and ``now`` in, a verdict
 out): which names it must serve, whether what the Secret holds can go on serving, and whether
 its CA may sign the next serving certificate. Making material and writing it are
-:mod:`jobset_inplace.controller.certificates`'."""
+:mod:`jobset_inplace.runtime.webhook_certificates`'."""
 
 from __future__ import annotations
 

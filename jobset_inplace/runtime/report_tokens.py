@@ -37,6 +37,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa, utils
 from kubernetes import client
 
 from jobset_inplace import names
+from jobset_inplace.backoff import Backoff
 
 log = logging.getLogger("jobset_inplace.reports")
 
@@ -47,6 +48,7 @@ KEYS_REFRESH_S = 30.0  # least time between two reads of the signing keys
 # KEYS_REFRESH_S; meanwhile reports are answered 503 (their agents write them on their pods).
 # Only a definite 403 or 404 (RBAC, no issuer discovery) switches to TokenReviews.
 KEYS_RETRY_S = 0.5
+KEYS_RETRY = Backoff(KEYS_RETRY_S, KEYS_REFRESH_S)
 CACHE_MAX = 4 * 65536  # verified tokens remembered (expired ones dropped beyond this)
 REJECTED_S = 60.0  # a refused token is answered from memory this long
 REJECTED_MAX = 65536  # refused tokens remembered (the oldest forgotten first)
@@ -251,9 +253,7 @@ class TokenVerifier:
         return check_claims(t.claims, self._issuer, now)
 
     def _keys_due(self) -> bool:
-        wait = KEYS_REFRESH_S
-        if self._keys_failures:
-            wait = min(KEYS_REFRESH_S, KEYS_RETRY_S * 2 ** (self._keys_failures - 1))
+        wait = KEYS_RETRY.delay(self._keys_failures) if self._keys_failures else KEYS_REFRESH_S
         return self.clock() - self._keys_read_at >= wait
 
     async def _read_keys(self) -> None:
@@ -294,7 +294,7 @@ class TokenVerifier:
             "report channel: cannot read the service-account signing keys (%s); trying again "
             "in %.1f s",
             why,
-            min(KEYS_REFRESH_S, KEYS_RETRY_S * 2 ** (self._keys_failures - 1)),
+            KEYS_RETRY.delay(self._keys_failures),
         )
 
     def _fetch(self) -> tuple[dict[str, Any], dict[str, Any]]:
