@@ -6,8 +6,8 @@ left). Nothing here decides anything; recording costs a few dictionary lookups p
 series per member.
 
 The process's instruments are :data:`METRICS`; the wiring serves :func:`exposition` on
-``/metrics``, calls :func:`bind` with the reconciler and, when there is no leader election,
-``set_leader(True)``."""
+``/metrics``, calls ``Metrics.bind`` with the reconciler's cache and hands ``set_leader`` to
+the runtime (it follows the leader Lease, or is set once without an election)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,6 @@ from jobset_inplace.core.telemetry import (
 
 if TYPE_CHECKING:
     from jobset_inplace.controller.cache import ClusterCache
-    from jobset_inplace.controller.reconciler import Reconciler
 
 PREFIX = "jobset_inplace_"
 # Recoveries and their phases take seconds (in place) to minutes (new pods, node thresholds,
@@ -298,11 +297,6 @@ METRICS = Metrics(CollectorRegistry())
 def exposition() -> tuple[bytes, str]:
     """``/metrics`` of this replica: (body, content type)."""
     return METRICS.exposition()
-
-
-def bind(reconciler: Reconciler) -> None:
-    """Serve the per-gang gauges from ``reconciler``'s cache (call once it is built)."""
-    reconciler.metrics.bind(reconciler.cache)
 
 
 def set_leader(leading: bool) -> None:

@@ -247,7 +247,7 @@ def run(settings: Settings) -> None:
     # kopf logs every handled event at INFO: thousands of pods would flood the log.
     logging.getLogger("kopf").setLevel(logging.WARNING)
     reconciler = build_reconciler()
-    metrics.bind(reconciler)
+    reconciler.metrics.bind(reconciler.cache)
     manager = Manager(settings, exposition=metrics.exposition, on_leading=metrics.set_leader)
     manager.run(partial(run_controller, reconciler))
 
