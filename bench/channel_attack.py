@@ -1,0 +1,326 @@
+"""The report channel under attack, without a cluster: ``python -m bench.channel_attack``.
+
+A server process runs the leader's real :class:`~jobset_inplace.controller.report_server.
+ReportServer` (its limits at their defaults, the open-files limit of this machine, TLS, h11,
+the sweeps) on 127.0.0.1 with one gang of one member in its cache. Its token check is the one
+part replaced: a bench verifier takes the token as the pod's identity (the JWT checks cost
+~0.1 ms a report and have tests of their own: tests/unit/test_report_tokens.py). This process:
+
+1. **quiet**: an agent on 127.0.0.2 sends reports, each on a new TLS connection: the latency
+   without an attacker (median of ``--samples``);
+2. **flood**: an attacker on 127.0.0.1 opens ``--connections`` connections (20 000 by
+   default) and holds each one: half idle, half with a TLS record sent short of its last byte.
+   Meanwhile the agent reports again. Printed: the server's peak RSS, its connections, what
+   it refused by reason, the agent's latency and answers;
+3. **trickle**: 3 connections from 127.0.0.3 send a byte every 20 ms (a head that never ends),
+   each reconnecting when dropped, while the agent reports: latency against quiet.
+
+Each figure comes from this run; the ratios are what matter (a noisy 2-core machine)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import ssl
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import uvloop
+
+from bench.scenarios import cpu_seconds, status_mib
+from jobset_inplace import names
+from jobset_inplace.controller.cache import ClusterCache, JobEntry, pod_entry
+from jobset_inplace.controller.metrics import METRICS
+from jobset_inplace.controller.report_server import ReportServer
+from jobset_inplace.core.policy import Policy
+from jobset_inplace.runtime.report_limits import REFUSALS, Limits
+from jobset_inplace.runtime.report_tokens import Identity
+
+NAMESPACE, GANG, POD, UID = "bench", "train", "train-workers-0-0-abcde", "uid-member-0"
+REPORT = json.dumps(
+    {
+        "namespace": NAMESPACE,
+        "gang": GANG,
+        "pod": POD,
+        "uid": UID,
+        "report": {names.REPORT_EPOCH: "2", names.REPORT_STEPS: "200,100"},
+    }
+).encode()
+AGENT, ATTACKER, TRICKLER = "127.0.0.2", "127.0.0.1", "127.0.0.3"
+# The first bytes of a TLS record (handshake, TLS 1.0 framing) announcing 512 bytes, of which
+# fewer arrive: the server's TLS layer waits for the rest.
+PARTIAL_RECORD = b"\x16\x03\x01\x02\x00" + b"\x01" * 200
+
+
+class TrustingVerifier:
+    """The bench's token check: the token names the pod it speaks for (no JWT)."""
+
+    async def identify(self, token: str) -> Identity:
+        return Identity(NAMESPACE, POD, UID, until=time.time() + 3600)
+
+
+def _cache() -> ClusterCache:
+    cache = ClusterCache()
+    jobset = {
+        "metadata": {"name": GANG, "namespace": NAMESPACE, "uid": "js"},
+        "spec": {"replicatedJobs": [{"name": "workers", "replicas": 1, "template": {"spec": {}}}]},
+    }
+    cache.upsert_jobset(jobset, Policy(), "")
+    cache.upsert_job(JobEntry("job-0", "js"))
+    labels = {
+        names.JOBSET_NAME_LABEL: GANG,
+        names.REPLICATED_JOB_LABEL: "workers",
+        names.JOB_INDEX_LABEL: "0",
+        names.COMPLETION_INDEX_LABEL: "0",
+    }
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "job-0"}
+    meta = {
+        "name": POD,
+        "namespace": NAMESPACE,
+        "uid": UID,
+        "labels": labels,
+        "ownerReferences": [owner | {"controller": True}],
+    }
+    cache.upsert_pod(pod_entry({"metadata": meta, "spec": {}, "status": {"phase": "Running"}}))
+    return cache
+
+
+def _refused() -> dict[str, float]:
+    counter = METRICS.report_channel_connections_refused
+    return {reason: counter.labels(reason)._value.get() for reason in REFUSALS}
+
+
+async def _serve() -> None:
+    server = ReportServer(
+        _cache(),
+        lambda key, urgent=False: None,
+        TrustingVerifier(),  # type: ignore[arg-type]
+        ("127.0.0.1", 0),
+        "127.0.0.1",
+        limits=Limits(),
+    )
+    endpoint = await server.start()
+    assert server.http is not None
+    http = server.http
+    reader = asyncio.StreamReader()
+    loop = asyncio.get_running_loop()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    pid = os.getpid()
+    print(json.dumps({"url": endpoint.url, "limits": str(http.admission.limits)}), flush=True)
+    while await reader.readline():  # one line per question: the state now
+        state = {
+            "rss_mib": status_mib(pid),
+            "peak_mib": status_mib(pid, "VmHWM"),
+            "cpu_s": cpu_seconds(pid),
+            "connections": len(http.connections),
+            "unauthenticated": len(http.unauthenticated),
+            "accepted": server.accepted,
+            "refused": _refused(),
+        }
+        print(json.dumps(state), flush=True)
+
+
+class Server:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.channel_attack", "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        first = json.loads(self.proc.stdout.readline())
+        self.port = int(first["url"].rsplit(":", 1)[1].split("/")[0])
+        self.limits = first["limits"]
+
+    def state(self) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.write("?\n")
+        self.proc.stdin.flush()
+        answer: dict[str, Any] = json.loads(self.proc.stdout.readline())
+        return answer
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def _tls() -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    return ctx
+
+
+async def agent_report(port: int, ctx: ssl.SSLContext) -> tuple[float, str]:
+    """One report on a new connection from the agent's address: (seconds, status line)."""
+    request = (
+        f"POST {names.REPORT_PATH} HTTP/1.1\r\nHost: leader\r\nAuthorization: Bearer agent\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(REPORT)}\r\n\r\n"
+    ).encode() + REPORT
+    started = time.monotonic()
+    try:
+        r, w = await asyncio.wait_for(
+            asyncio.open_connection("127.0.0.1", port, ssl=ctx, local_addr=(AGENT, 0)), 10
+        )
+        w.write(request)
+        head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 10)
+        w.close()
+        status = head.split(b"\r\n", 1)[0].decode()
+    except (OSError, TimeoutError, asyncio.IncompleteReadError, ssl.SSLError) as e:
+        status = f"failed: {type(e).__name__}"
+    return time.monotonic() - started, status
+
+
+async def agent_samples(port: int, n: int, at_least_s: float = 0.0) -> tuple[float, dict[str, int]]:
+    """The median latency of ``n`` reports or more, one after the other, for ``at_least_s``
+    seconds at least, and their answers."""
+    ctx, times, answers = _tls(), [], {}  # type: ignore[var-annotated]
+    until = time.monotonic() + at_least_s
+    while len(times) < n or time.monotonic() < until:
+        took, status = await agent_report(port, ctx)
+        times.append(took)
+        answers[status] = answers.get(status, 0) + 1
+        await asyncio.sleep(0.05)
+    return statistics.median(times), answers
+
+
+async def flood(port: int, n: int, concurrency: int, hold: asyncio.Event) -> dict[str, int]:
+    """``n`` connections from the attacker's address, each held until the server drops it or
+    ``hold`` is set; half idle, half with a partial TLS record."""
+    gate = asyncio.Semaphore(concurrency)
+    seen = {"opened": 0, "dropped": 0, "held": 0, "not_connected": 0}
+
+    async def one(i: int) -> None:
+        async with gate:
+            try:
+                r, w = await asyncio.open_connection("127.0.0.1", port, local_addr=(ATTACKER, 0))
+            except OSError:
+                seen["not_connected"] += 1
+                return
+            seen["opened"] += 1
+            if i % 2:
+                w.write(PARTIAL_RECORD)
+            # the server's drop shows as EOF; until then the connection counts as held
+            read = asyncio.ensure_future(r.read(1))
+            waiting = asyncio.ensure_future(hold.wait())
+            done, _ = await asyncio.wait({read, waiting}, return_when=asyncio.FIRST_COMPLETED)
+            if read in done:
+                read.exception()  # EOF or a reset: dropped either way
+                seen["dropped"] += 1
+                waiting.cancel()
+            else:
+                seen["held"] += 1
+                read.cancel()
+            w.close()
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    return seen
+
+
+async def trickle(port: int, stop: asyncio.Event) -> int:
+    """3 connections sending a byte every 20 ms, reconnecting when dropped: how many ran."""
+    runs = 0
+
+    async def one() -> None:
+        nonlocal runs
+        while not stop.is_set():
+            runs += 1
+            try:
+                r, w = await asyncio.open_connection("127.0.0.1", port, local_addr=(TRICKLER, 0))
+                for byte in PARTIAL_RECORD * 100:
+                    if stop.is_set() or r.at_eof():
+                        break
+                    w.write(bytes([byte]))
+                    await w.drain()
+                    await asyncio.sleep(0.02)
+                w.close()
+            except (OSError, asyncio.IncompleteReadError):  # dropped by the server
+                await asyncio.sleep(0.1)
+
+    await asyncio.gather(*(one() for _ in range(3)))
+    return runs
+
+
+async def run(server: Server, connections: int, concurrency: int, samples: int) -> dict[str, Any]:
+    port, out = server.port, {"limits": server.limits}
+    out["idle"] = server.state()
+    out["quiet_s"], out["quiet_answers"] = await agent_samples(port, samples)
+    # the flood, with the agent reporting once the attacker holds what it can
+    hold = asyncio.Event()
+    attack = asyncio.ensure_future(flood(port, connections, concurrency, hold))
+    peak: dict[str, Any] = {}
+    while not attack.done():
+        await asyncio.sleep(0.5)
+        state = await asyncio.to_thread(server.state)
+        if state["connections"] >= peak.get("connections", -1):
+            peak = state
+        if state["refused"]["source_limit"] + state["refused"]["rate_limited"] + state["refused"][
+            "unauthenticated_limit"
+        ] + state["connections"] >= connections * 0.99 or (attack.done()):
+            break
+    out["under_flood"] = await asyncio.to_thread(server.state)
+    out["flood_s"], out["flood_answers"] = await agent_samples(port, samples)
+    hold.set()
+    out["attacker"] = await attack
+    out["after_flood"] = await asyncio.to_thread(server.state)
+    out["peak_during_flood"] = peak
+    # the trickle
+    stop = asyncio.Event()
+    trickling = asyncio.ensure_future(trickle(port, stop))
+    await asyncio.sleep(1.0)
+    # past the pre-authentication deadline (10 s): the trickling connections are dropped and
+    # come back meanwhile
+    out["trickle_s"], out["trickle_answers"] = await agent_samples(port, samples, 15.0)
+    stop.set()
+    out["trickle_connections"] = await trickling
+    out["end"] = await asyncio.to_thread(server.state)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--connections", type=int, default=20000)
+    p.add_argument("--concurrency", type=int, default=2000, help="attacker's connections at once")
+    p.add_argument("--samples", type=int, default=20, help="agent reports per phase")
+    p.add_argument("--out", help="write every figure to this JSON file")
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.serve:
+        uvloop.run(_serve())
+        return 0
+    server = Server()
+    try:
+        result = uvloop.run(run(server, args.connections, args.concurrency, args.samples))
+    finally:
+        server.stop()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    result["commit"] = commit
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+    q, f, t = result["quiet_s"], result["flood_s"], result["trickle_s"]
+    end, held = result["end"], result["peak_during_flood"].get("connections")
+    print(
+        f"\ncommit {commit}: {args.connections} attacker connections from one address\n"
+        f"  server RSS: idle {result['idle']['rss_mib']:.1f} MiB, peak {end['peak_mib']:.1f} "
+        f"MiB; connections held at the flood's peak {held}"
+        f"\n  refused: {end['refused']}\n"
+        f"  agent report (new TLS connection): quiet {q * 1000:.1f} ms, under the flood "
+        f"{f * 1000:.1f} ms ({f / q:.2f}x; answers {result['flood_answers']}), with 3 trickling "
+        f"connections {t * 1000:.1f} ms ({t / q:.2f}x; answers {result['trickle_answers']}; "
+        f"{result['trickle_connections']} trickling connections in all)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
