@@ -13,6 +13,7 @@ from jobset_inplace.core.policy import PolicyError, parse_duration
 from jobset_inplace.runtime.leader_election import DEFAULT_LEASE, Election, default_identity
 from jobset_inplace.runtime.manager import Settings
 from jobset_inplace.runtime.webhook_certificates import SECRET_NAME
+from jobset_inplace.runtime.webhook_server import settings_from_env
 
 from .operator import run as run_controller
 
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         election = _election(args)
+        settings_from_env()  # what the webhook injects: a malformed variable stops here
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")

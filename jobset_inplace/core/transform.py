@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from jobset_inplace import __version__, names
+from jobset_inplace.core.agent_settings import DEFAULT_RESOURCES
 from jobset_inplace.core.policy import Escalation, Policy, RestartScope, parse_policy
 from jobset_inplace.launcher import ENV_CONTAINER, ENV_STOP_GRACE, LAUNCHER_FILE
 from jobset_inplace.trainer import (
@@ -63,6 +65,13 @@ class AgentSettings:
     # Where agents reach the apiserver instead of the in-cluster Service (the tests' local-process
     # controller gives its agents the host's address); None: in-cluster config.
     api_server: str | None = None
+    # the agent container's resources (core/agent_settings.py: parse_resources)
+    resources: Mapping[str, Mapping[str, str]] = field(
+        default_factory=lambda: {k: dict(v) for k, v in DEFAULT_RESOURCES.items()}
+    )
+    # Secrets added to every prepared pod's imagePullSecrets (the agent image's registry);
+    # the pod's own pull secrets stay, and serve the agent's image too
+    image_pull_secrets: tuple[str, ...] = ()
 
 
 def _field_env(name: str, path: str) -> dict[str, Any]:
@@ -115,7 +124,7 @@ def agent_container(jobset_name: str, policy: Policy, s: AgentSettings) -> dict[
             {"name": STATE_VOLUME, "mountPath": STATE_DIR},
             {"name": REPORT_TOKEN_VOLUME, "mountPath": names.REPORT_TOKEN_DIR, "readOnly": True},
         ],
-        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+        "resources": {kind: dict(values) for kind, values in s.resources.items()},
     }
 
 
@@ -232,6 +241,10 @@ def _prepare_pod(
     spec["volumes"] = _add_by_name(volumes, report_token_volume())
     spec["initContainers"] = _add_by_name(spec.get("initContainers") or [], agent)
     spec.setdefault("serviceAccountName", s.service_account)
+    for secret in s.image_pull_secrets:
+        spec["imagePullSecrets"] = _add_by_name(
+            spec.get("imagePullSecrets") or [], {"name": secret}
+        )
     rule = {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}
     for i, c in enumerate(spec.get("containers") or []):
         rules = c.get("restartPolicyRules")

@@ -30,6 +30,12 @@ import jsonpatch
 import kopf
 
 from jobset_inplace.core.admission import mutate, update_warnings, validate, warnings
+from jobset_inplace.core.agent_settings import (
+    PULL_SECRETS_ENV,
+    RESOURCES_ENV,
+    parse_pull_secrets,
+    parse_resources,
+)
 from jobset_inplace.core.transform import DEFAULT_AGENT_IMAGE, AgentSettings
 
 log = logging.getLogger("jobset_inplace.admission")
@@ -47,17 +53,27 @@ WEBHOOK_CERT_DIR_ENV = "JSI_WEBHOOK_CERT_DIR"
 AGENT_IMAGE_ENV = "JSI_AGENT_IMAGE"
 AGENT_PULL_POLICY_ENV = "JSI_AGENT_IMAGE_PULL_POLICY"
 AGENT_API_SERVER_ENV = "JSI_AGENT_API_SERVER"
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
 
 def settings_from_env(env: Mapping[str, str] | None = None) -> AgentSettings:
     """Agent settings for the transform: ``JSI_AGENT_IMAGE`` (default
     ``jobset-inplace/agent:<version>``), ``JSI_AGENT_IMAGE_PULL_POLICY`` (default
-    ``IfNotPresent``), ``JSI_AGENT_API_SERVER`` (default: in-cluster config)."""
+    ``IfNotPresent``), ``JSI_AGENT_API_SERVER`` (default: in-cluster config),
+    ``JSI_AGENT_RESOURCES`` and ``JSI_AGENT_IMAGE_PULL_SECRETS``
+    (:mod:`jobset_inplace.core.agent_settings`). ValueError names a malformed variable."""
     e = os.environ if env is None else env
+    policy = e.get(AGENT_PULL_POLICY_ENV) or "IfNotPresent"
+    if policy not in PULL_POLICIES:
+        raise ValueError(
+            f"{AGENT_PULL_POLICY_ENV}: {policy!r}: expected one of {', '.join(PULL_POLICIES)}"
+        )
     return AgentSettings(
         image=e.get(AGENT_IMAGE_ENV) or DEFAULT_AGENT_IMAGE,
-        image_pull_policy=e.get(AGENT_PULL_POLICY_ENV) or "IfNotPresent",
+        image_pull_policy=policy,
         api_server=e.get(AGENT_API_SERVER_ENV) or None,
+        resources=parse_resources(e.get(RESOURCES_ENV, "")),
+        image_pull_secrets=parse_pull_secrets(e.get(PULL_SECRETS_ENV, "")),
     )
 
 

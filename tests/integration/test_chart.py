@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from jobset_inplace.runtime.webhook_server import settings_from_env
 from testbed.helm import CHART, Helm
 from testbed.kubectl import kustomize
 from testbed.versions import REPO_ROOT
@@ -100,7 +101,13 @@ def test_chart_options_are_the_kustomize_components(helm: Helm, tmp_path: Path) 
 def test_chart_values_reach_the_deployment(helm: Helm) -> None:
     values = {
         "image": {"repository": "registry.example/jsi/controller", "tag": "1.2.3"},
-        "agentImage": {"repository": "registry.example/jsi/agent", "pullPolicy": "Always"},
+        "agentImage": {
+            "repository": "registry.example/jsi/agent",
+            "pullPolicy": "Always",
+            "pullSecrets": ["agent-registry", "team.registry"],
+        },
+        "agentResources": {"requests": {"cpu": "20m"}, "limits": {"memory": "128Mi"}},
+        "imagePullSecrets": ["regcred"],
         "replicas": 3,
         "leaderElection": {"leaseDuration": "30s", "renewDeadline": "20s", "retryPeriod": "4s"},
         "resources": {"requests": {"cpu": "1"}},
@@ -114,6 +121,12 @@ def test_chart_values_reach_the_deployment(helm: Helm) -> None:
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["JSI_AGENT_IMAGE"] == "registry.example/jsi/agent:0.1.0"  # the appVersion
     assert env["JSI_AGENT_IMAGE_PULL_POLICY"] == "Always"
+    assert env["JSI_AGENT_IMAGE_PULL_SECRETS"] == "agent-registry,team.registry"
+    # what the controller will inject (it parses the variables as it starts)
+    agent = settings_from_env(env)
+    assert agent.image_pull_secrets == ("agent-registry", "team.registry")
+    assert agent.resources == {"requests": {"cpu": "20m"}, "limits": {"memory": "128Mi"}}
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
     assert {
         "--leader-elect-lease-duration=30s",
         "--leader-elect-renew-deadline=20s",
@@ -134,6 +147,9 @@ def test_chart_values_reach_the_deployment(helm: Helm) -> None:
         ({"replicas": 2, "leaderElection": {"enabled": False}}, "leaderElection.enabled"),
         ({"replicas": "two"}, "replicas"),
         ({"leaderElection": {"leaseDuration": 15}}, "leaseDuration"),
+        ({"agentImage": {"pullSecrets": ["RegCred"]}}, "pullSecrets"),
+        ({"agentResources": {"requests": {"cpu": "ten"}}}, "cpu"),
+        ({"agentResources": {"requets": {"cpu": "1"}}}, "requets"),
     ],
 )
 def test_bad_values_are_refused_by_name(helm: Helm, values: dict[str, Any], message: str) -> None:

@@ -323,3 +323,27 @@ def test_bad_checkpoint_or_escalation_annotation_names_the_key(key: str, value: 
     js["metadata"]["annotations"][key] = value
     with pytest.raises(PolicyError, match=key):
         transform(js, S)
+
+
+def test_configured_pull_secrets_join_the_pods_own_and_resources_reach_the_agent() -> None:
+    """A private registry: the install's pull secrets are added to every prepared pod's
+    (the pod's own stay, and serve the agent's image too: pull secrets are the pod's)."""
+    s = AgentSettings(
+        image="registry.corp/agent:1",
+        resources={"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
+        image_pull_secrets=("agent-registry", "team-registry"),
+    )
+    out = transform(jobset(imagePullSecrets=[{"name": "team-registry"}]), s)
+    spec = pod_spec(out)
+    assert spec["imagePullSecrets"] == [{"name": "team-registry"}, {"name": "agent-registry"}]
+    [agent] = [c for c in spec["initContainers"] if c["name"] == AGENT_CONTAINER]
+    assert agent["resources"] == {
+        "requests": {"cpu": "50m", "memory": "64Mi"},
+        "limits": {"memory": "128Mi"},
+    }
+    assert transform(out, s) == out, "idempotent"
+    # nothing configured: nothing added, the default requests
+    plain = pod_spec(transform(jobset(), S))
+    assert "imagePullSecrets" not in plain
+    [agent] = [c for c in plain["initContainers"] if c["name"] == AGENT_CONTAINER]
+    assert agent["resources"] == {"requests": {"cpu": "10m", "memory": "32Mi"}}
