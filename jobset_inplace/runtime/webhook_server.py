@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import threading
@@ -231,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         prog="python -m jobset_inplace.runtime.webhook_server",
         description="Serve the jobset-inplace admission webhook (mutate/validate JobSets). "
-        "Agent settings from $JSI_AGENT_IMAGE (default jobset-inplace/agent:<version>).",
+        "Agent settings from $JSI_AGENT_* (docs/webhook.md).",
     )
     p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
     p.add_argument("--addr", default="0.0.0.0", help="listen address")
@@ -242,13 +243,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("kopf").setLevel(logging.WARNING)
-    settings = settings_from_env()
+    try:
+        settings = settings_from_env()
+    except ValueError as e:
+        p.error(str(e))
     if args.agent_image:
-        settings = AgentSettings(
-            image=args.agent_image,
-            image_pull_policy=settings.image_pull_policy,
-            api_server=settings.api_server,
-        )
+        settings = dataclasses.replace(settings, image=args.agent_image)
     server = webhook_server(cert=args.cert, key=args.key, port=args.port, addr=args.addr)
     asyncio.run(serve(kubeconfig=args.kubeconfig, server=server, settings=settings))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import os
 import socket
 import subprocess
 import sys
@@ -44,6 +45,11 @@ REPO = Path(__file__).resolve().parents[2]
 WEBHOOK_MANIFEST = REPO / "manifests" / "webhook" / "webhook.yaml"
 AGENT_RBAC_MANIFEST = REPO / "manifests" / "rbac" / "agent.yaml"
 AGENT_IMAGE = "example.test/jobset-inplace-agent:webhook-test"
+# the install's settings for a private registry and the agent's size (docs/webhook.md)
+AGENT_ENV = {
+    "JSI_AGENT_IMAGE_PULL_SECRETS": "agent-registry",
+    "JSI_AGENT_RESOURCES": "requests.cpu=20m,requests.memory=48Mi",
+}
 AGENT_SA = "jobset-inplace-agent"
 WAIT = 30.0
 
@@ -130,6 +136,7 @@ def webhook(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=REPO,
+            env={**os.environ, **AGENT_ENV},
         )
     kubectl = control_plane.kubectl()
     configs = rendered_configurations(f"https://127.0.0.1:{port}", cert.ca_bundle())
@@ -199,10 +206,18 @@ def create_error(kube: Clients, ns: str, body: dict[str, Any]) -> ApiException:
 def test_opted_in_jobset_gets_the_injected_spec(
     kube: Clients, namespace: str, webhook: Webhook
 ) -> None:
-    create_jobset(kube, namespace, jobset("train", {names.ENABLED: "true"}))
+    body = jobset("train", {names.ENABLED: "true"})
+    job_spec(body)["template"]["spec"]["imagePullSecrets"] = [{"name": "team-registry"}]
+    create_jobset(kube, namespace, body)
     js = get_jobset(kube, namespace, "train")  # what is stored, not only the create response
     [agent] = agent_containers(js)
     assert agent["image"] == AGENT_IMAGE
+    # a private registry's pull secret added to the pod's own, the configured resources
+    assert job_spec(js)["template"]["spec"]["imagePullSecrets"] == [
+        {"name": "team-registry"},
+        {"name": "agent-registry"},
+    ]
+    assert agent["resources"] == {"requests": {"cpu": "20m", "memory": "48Mi"}}
     assert agent["restartPolicy"] == "Always"
     assert agent["restartPolicyRules"] == [
         {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}
