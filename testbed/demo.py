@@ -76,6 +76,7 @@ def demo_jobset(
     limits: dict[str, str] | None = None,
     claims: dict[str, str] | None = None,
     persistent: Path | None = None,
+    security: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The demo JobSet as a user writes it: opted in, no agent (the webhook injects it);
     ``scope``: the restart-scope annotation (None: the default); ``annotations``: more of
@@ -84,7 +85,8 @@ def demo_jobset(
     ResourceClaimTemplate name: a claim of its own per pod); ``persistent``: a host directory as
     the persistent checkpoint tier, one subdirectory per member (its JobSet job index: the Job
     completion index is 0 in every one-pod Job), shared by the local cluster's real nodes as
-    nodes share a network filesystem, so a member recreated on another node finds its steps.
+    nodes share a network filesystem, so a member recreated on another node finds its steps;
+    ``security``: the trainer container's securityContext.
     """
     volumes: list[dict[str, Any]] = [{"name": "ckpt", "emptyDir": {}}]
     mounts: list[dict[str, Any]] = [{"name": "ckpt", "mountPath": "/ckpt"}]
@@ -119,6 +121,8 @@ def demo_jobset(
     }
     if resources:
         trainer["resources"] = resources
+    if security:
+        trainer["securityContext"] = security
     js = workloads.jobset(
         name,
         [("workers", members, 1)],
@@ -267,6 +271,7 @@ def training_gang(
     limits: dict[str, str] | None = None,
     claims: dict[str, str] | None = None,
     persistent: Path | None = None,
+    security: dict[str, Any] | None = None,
 ) -> None:
     """A demo gang in ``namespace`` (prepared for gangs), trained to a checkpoint on every
     member: epoch 1's barrier open, every trainer running, a common step to resume from (in
@@ -283,6 +288,7 @@ def training_gang(
             limits=limits,
             claims=claims,
             persistent=persistent,
+            security=security,
         ),
     )
     wait_for(

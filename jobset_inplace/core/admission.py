@@ -154,6 +154,7 @@ def warnings(jobset: Mapping[str, Any]) -> list[str]:
     for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
         pod = (((rj.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")
         out += _torchrun_warnings(str(rj.get("name")), pod or {})
+        out += _user_warnings(str(rj.get("name")), pod or {})
         account = (pod or {}).get("serviceAccountName")
         if account and account != AGENT_SERVICE_ACCOUNT:
             out.append(
@@ -166,6 +167,25 @@ def warnings(jobset: Mapping[str, Any]) -> list[str]:
                 f"{AGENT_SERVICE_ACCOUNT}"
             )
     return out
+
+
+def _user_warnings(replicated_job: str, pod: Mapping[str, Any]) -> list[str]:
+    """The agent runs as the trainer's user (transform.agent_security_context), which only a
+    ``runAsUser`` says: a non-root trainer by its image's user alone leaves the agent to its
+    own image's, root, and the kubelet refuses to start it under ``runAsNonRoot``."""
+    containers = pod.get("containers") or []
+    first = (containers[0].get("securityContext") or {}) if containers else {}
+    pod_context = pod.get("securityContext") or {}
+    non_root = first.get("runAsNonRoot", pod_context.get("runAsNonRoot"))
+    user = first.get("runAsUser", pod_context.get("runAsUser"))
+    if non_root and user is None:
+        return [
+            f"replicatedJob {replicated_job!r}: runAsNonRoot without runAsUser: the "
+            "jobset-inplace agent runs as the trainer's user, which only runAsUser names (the "
+            "agent image's own user is root, which runAsNonRoot refuses): set runAsUser (and "
+            "runAsGroup) on the pod or its first container"
+        ]
+    return []
 
 
 def _checkpoint_warnings(jobset: Mapping[str, Any]) -> list[str]:

@@ -46,6 +46,17 @@ AGENT_SERVICE_ACCOUNT = "jobset-inplace-agent"
 LAUNCHER_PATH = f"{STATE_DIR}/{LAUNCHER_FILE}"
 # The process scope's entrypoint prefix: the trainer image's python3 runs the launcher.
 LAUNCHER_COMMAND = ["python3", LAUNCHER_PATH, "--"]
+# The agent holds to Pod Security's `restricted` profile (no privilege, no capability, the
+# runtime's seccomp profile) and runs as the trainer runs: it renames the trainer's checkpoint
+# markers, so it needs the trainer's user (the pod's, or the first main container's own
+# runAsUser/runAsGroup/runAsNonRoot, copied). Files it shares on the state volume are
+# world-readable either way.
+AGENT_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+TRAINER_IDENTITY = ("runAsUser", "runAsGroup", "runAsNonRoot")
 ENV_RESTART_SCOPE = "JSI_RESTART_SCOPE"
 ENV_LAUNCHED = "JSI_LAUNCHED_CONTAINERS"
 MAX_BACKOFF = 2147483647
@@ -180,6 +191,12 @@ CHECKPOINT_ENV = (ENV_CHECKPOINT_LOCAL_DIR, ENV_CHECKPOINT_PERSISTENT_DIR)
 _ENV_REFERENCE = re.compile(r"\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
 
 
+def agent_security_context(containers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The agent's securityContext: restricted, as the first main container's user."""
+    own = (containers[0].get("securityContext") or {}) if containers else {}
+    return {**AGENT_SECURITY_CONTEXT, **{k: own[k] for k in TRAINER_IDENTITY if k in own}}
+
+
 def _share_checkpoint_tiers(agent: dict[str, Any], containers: list[dict[str, Any]]) -> None:
     """The agent reports the checkpoints the trainer writes: give it the trainer's checkpoint
     tier variables and the volume mounts those directories live on, with the variables they
@@ -229,6 +246,7 @@ def _prepare_pod(
             if value and not any(e.get("name") == name for e in c.get("env") or []):
                 c["env"] = [*(c.get("env") or []), {"name": name, "value": value}]
     _share_checkpoint_tiers(agent, spec.get("containers") or [])
+    agent["securityContext"] = agent_security_context(spec.get("containers") or [])
     if policy.restart_scope == RestartScope.PROCESS:
         _launch(spec.get("containers") or [], agent, where, policy)
     if spec.get("restartPolicy", "Never") != "Never":

@@ -347,3 +347,32 @@ def test_configured_pull_secrets_join_the_pods_own_and_resources_reach_the_agent
     assert "imagePullSecrets" not in plain
     [agent] = [c for c in plain["initContainers"] if c["name"] == AGENT_CONTAINER]
     assert agent["resources"] == {"requests": {"cpu": "10m", "memory": "32Mi"}}
+
+
+def test_the_agent_is_restricted_and_runs_as_the_trainer() -> None:
+    """Pod Security `restricted` for the agent; the trainer's user (it renames the trainer's
+    checkpoint markers): a container's own runAsUser is copied, a pod's applies to both."""
+    restricted = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+    def agent_of(js: dict[str, Any]) -> dict[str, Any]:
+        [agent] = [c for c in pod_spec(js)["initContainers"] if c["name"] == AGENT_CONTAINER]
+        context: dict[str, Any] = agent
+        return context
+
+    assert agent_of(transform(jobset(), S))["securityContext"] == restricted
+    js = jobset()
+    pod_spec(js)["containers"][0]["securityContext"] = {
+        "runAsUser": 1000,
+        "runAsGroup": 1000,
+        "runAsNonRoot": True,
+        "readOnlyRootFilesystem": True,  # the trainer's own business
+    }
+    context = agent_of(transform(js, S))["securityContext"]
+    assert context == {**restricted, "runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": True}
+    # a pod-level user is the agent's already: nothing copied
+    by_pod = transform(jobset(securityContext={"runAsUser": 1000, "runAsNonRoot": True}), S)
+    assert agent_of(by_pod)["securityContext"] == restricted

@@ -459,3 +459,18 @@ def test_no_checkpoint_tier_is_admitted_with_a_warning_saying_what_happens() -> 
     env = [{"name": "JSI_CHECKPOINT_LOCAL_DIR", "value": "/local"}]
     containers = [{"name": "trainer", "image": "t", "command": ["train"], "env": env}]
     assert warnings(jobset(None, containers=containers)) == [], "the tier from the trainer's env"
+
+
+def test_a_non_root_trainer_without_a_user_is_admitted_with_a_warning() -> None:
+    """runAsNonRoot by the image's user alone: the agent (as the trainer, but its image's user
+    is root) would be refused by the kubelet; the warning says to name the user."""
+    container = {"name": "trainer", "image": "t", "command": ["train"]}
+    by_pod = jobset(CKPT, securityContext={"runAsNonRoot": True})
+    (warning,) = warnings(by_pod)
+    assert "runAsNonRoot without runAsUser" in warning
+    own = {**container, "securityContext": {"runAsNonRoot": True}}
+    assert len(warnings(jobset(CKPT, containers=[own]))) == 1
+    named = {**container, "securityContext": {"runAsNonRoot": True, "runAsUser": 1000}}
+    assert warnings(jobset(CKPT, containers=[named])) == []
+    pod_user = {"runAsNonRoot": True, "runAsUser": 1000}
+    assert warnings(jobset(CKPT, securityContext=pod_user, containers=[own])) == []

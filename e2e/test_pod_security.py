@@ -1,0 +1,79 @@
+"""A gang in a namespace that enforces Pod Security's `restricted` profile, on the real kubelet
+nodes: the injected agent (restricted, as the trainer's user) and the launcher run there, and a
+trainer crash is recovered in place in both restart scopes. The trainer satisfies the profile
+itself (docs/operations.md, "A hardened cluster": what a trainer must set)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from testbed.controller import gang_state, member_pods
+from testbed.demo import inject_failure, trainers_running, training_gang
+from testbed.install import Installation
+from testbed.kube import Clients, wait_for
+
+pytestmark = pytest.mark.e2e
+
+MEMBERS = 2
+ENFORCE = "pod-security.kubernetes.io/enforce"
+# What `restricted` asks of a container, as a trainer would set it (a user of its own).
+RESTRICTED_TRAINER = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 1000,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+@pytest.mark.parametrize("scope", ["process", "pod"])
+def test_a_restricted_namespace_gang_recovers_in_place(
+    cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str, scope: str
+) -> None:
+    labels = {ENFORCE: "restricted", f"{ENFORCE}-version": "latest"}
+    kube.core.patch_namespace(namespace, {"metadata": {"labels": labels}})
+    # the namespace refuses what the profile forbids (the control: enforcement is on)
+    privileged = {
+        "metadata": {"name": "privileged"},
+        "spec": {"containers": [{"name": "c", "image": "x", "securityContext": {}}]},
+    }
+    with pytest.raises(ApiException, match="violates PodSecurity"):
+        kube.core.create_namespaced_pod(namespace, privileged)
+
+    training_gang(
+        kube,
+        cluster_kubeconfig,
+        namespace,
+        "gang",
+        MEMBERS,
+        scope=scope,
+        security=RESTRICTED_TRAINER,
+    )
+    pods = member_pods(kube, namespace, "gang")
+    before = {i: p.metadata.uid for i, p in pods.items()}
+    for p in pods.values():
+        [agent] = [c for c in p.spec.init_containers if c.name == "jobset-inplace-agent"]
+        assert agent.security_context.run_as_user == 1000, "the agent runs as the trainer"
+    inject_failure(cluster_kubeconfig, namespace, pods["1"].metadata.name)
+    st = wait_for(
+        "barrier of epoch 2",
+        lambda: (
+            s
+            if (s := gang_state(kube, namespace, "gang")).get("epoch") == 2 and s.get("barrierOpen")
+            else None
+        ),
+        180,
+    )
+    assert st["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 0}
+    assert (st["resumeStep"] or 0) > 0, "from the common checkpoint, not from scratch"
+    wait_for(
+        "every trainer running again",
+        lambda: trainers_running(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, epoch=2),
+        120,
+    )
+    after = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
+    assert after == before, "every member kept its pod (in place)"
