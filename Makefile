@@ -47,7 +47,7 @@ unit: venv ## pure unit tests (no cluster)
 integration: venv binaries ## tests against a real etcd + kube-apiserver
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
-e2e: venv binaries ## e2e suite on the local cluster (JSI_KUBECONFIG=...: 3 of 25 tests, see docs/testing.md)
+e2e: venv binaries ## e2e suite on the local cluster (JSI_KUBECONFIG=...: 3 of 29 tests, see docs/testing.md)
 	$(PY) -m pytest e2e $(PYTEST_ARGS)
 
 test: venv binaries lint ## everything: lint, unit, integration, e2e on the local cluster
