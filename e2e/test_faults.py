@@ -21,7 +21,12 @@ import pytest
 from jobset_inplace import names
 from testbed.cluster import LocalCluster
 from testbed.controller import gang_state, member_pods
-from testbed.demo import inject_failure, trainers_running, training_gang
+from testbed.demo import (
+    assert_recovered_in_place,
+    inject_failure,
+    member_uids,
+    training_gang,
+)
 from testbed.install import Installation
 from testbed.kube import Clients, wait_for
 from testbed.podnet import Block, blocked
@@ -55,7 +60,7 @@ def test_a_failure_while_the_controller_is_down_is_not_lost(
     member reported."""
     trace, cause = UNSEEN[scope]
     training_gang(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, scope=scope)
-    before = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
+    before = member_uids(kube, namespace, "gang")
     victim = member_pods(kube, namespace, "gang")["1"]
 
     controller.scale(0)  # every replica gone (an outage of the controller)
@@ -88,16 +93,9 @@ def test_a_failure_while_the_controller_is_down_is_not_lost(
         lambda: s if (s := gang_state(kube, namespace, "gang")).get("barrierOpen") else None,
         120,
     )
-    assert st["epoch"] == 2
-    assert st["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 0}
-    assert (st["resumeStep"] or 0) > 0, "from the common checkpoint, not from scratch"
-    wait_for(
-        "every trainer running again",
-        lambda: trainers_running(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, epoch=2),
-        120,
+    assert_recovered_in_place(
+        kube, cluster_kubeconfig, namespace, "gang", MEMBERS, state=st, before=before
     )
-    after = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
-    assert after == before, "every member kept its pod (in place)"
     assert all(trace not in _annotations(p) for p in member_pods(kube, namespace, "gang").values())
 
 
@@ -119,7 +117,7 @@ def test_a_crash_reported_only_through_the_pod_is_recovered_and_surfaced(  # noq
     if local_cluster is None:
         pytest.skip("blocks a pod's traffic in its network namespace: the local real nodes")
     training_gang(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, scope="process")
-    before = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
+    before = member_uids(kube, namespace, "gang")
     url = (gang_state(kube, namespace, "gang").get("reportEndpoint") or {}).get("url")
     assert url, "the leader serves the report channel"
     victim = member_pods(kube, namespace, "gang")["1"]
@@ -151,18 +149,11 @@ def test_a_crash_reported_only_through_the_pod_is_recovered_and_surfaced(  # noq
         )
         assert surfaced["members"]["onPod"] == 1, surfaced["members"]
 
-    assert st["epoch"] == 2
-    assert st["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 0}
-    assert (st["resumeStep"] or 0) > 0, "from the common checkpoint, not from scratch"
-    after = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
-    assert after == before, "every member kept its pod (in place)"
     events = kube.core.list_namespaced_event(
         namespace, field_selector="involvedObject.name=gang,reason=ReportChannelUnreachable"
     ).items
     said = [e.message for e in events if e.type == "Warning"]
     assert any("workers/1/0" in m and url in m for m in said), said
-    wait_for(
-        "every trainer running again",
-        lambda: trainers_running(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, epoch=2),
-        120,
+    assert_recovered_in_place(
+        kube, cluster_kubeconfig, namespace, "gang", MEMBERS, state=st, before=before
     )

@@ -11,7 +11,12 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from testbed.controller import gang_state, member_pods
-from testbed.demo import inject_failure, trainers_running, training_gang
+from testbed.demo import (
+    assert_recovered_in_place,
+    inject_failure,
+    member_uids,
+    training_gang,
+)
 from testbed.install import Installation
 from testbed.kube import Clients, wait_for
 
@@ -54,7 +59,7 @@ def test_a_restricted_namespace_gang_recovers_in_place(
         security=RESTRICTED_TRAINER,
     )
     pods = member_pods(kube, namespace, "gang")
-    before = {i: p.metadata.uid for i, p in pods.items()}
+    before = member_uids(kube, namespace, "gang")
     for p in pods.values():
         [agent] = [c for c in p.spec.init_containers if c.name == "jobset-inplace-agent"]
         assert agent.security_context.run_as_user == 1000, "the agent runs as the trainer"
@@ -68,12 +73,6 @@ def test_a_restricted_namespace_gang_recovers_in_place(
         ),
         180,
     )
-    assert st["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 0}
-    assert (st["resumeStep"] or 0) > 0, "from the common checkpoint, not from scratch"
-    wait_for(
-        "every trainer running again",
-        lambda: trainers_running(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, epoch=2),
-        120,
+    assert_recovered_in_place(
+        kube, cluster_kubeconfig, namespace, "gang", MEMBERS, state=st, before=before
     )
-    after = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
-    assert after == before, "every member kept its pod (in place)"

@@ -198,6 +198,36 @@ def one_replaced_others_in_place(
     return after
 
 
+def member_uids(kube: Clients, ns: str, name: str) -> dict[str, str]:
+    """The gang's pod UIDs by job index."""
+    return {i: p.metadata.uid for i, p in member_pods(kube, ns, name).items()}
+
+
+def assert_recovered_in_place(
+    kube: Clients,
+    kubeconfig: Path,
+    ns: str,
+    name: str,
+    members: int,
+    *,
+    state: dict[str, Any],
+    before: dict[str, str],
+) -> None:
+    """One member failure of a trained gang recovered in place: ``state`` (the GangState's
+    status once epoch 2 opened) charged one in-place recovery and no recreation and resumed
+    from a common checkpoint; every trainer runs in epoch 2; every member kept its pod (its
+    UIDs ``before``, :func:`member_uids`)."""
+    assert state["epoch"] == 2, state
+    assert state["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 0}, state["budgets"]
+    assert (state["resumeStep"] or 0) > 0, "from the common checkpoint, not from scratch"
+    wait_for(
+        "every trainer running again",
+        lambda: trainers_running(kube, kubeconfig, ns, name, members, epoch=2),
+        120,
+    )
+    assert member_uids(kube, ns, name) == before, "every member kept its pod (in place)"
+
+
 def trainers_running(
     kube: Clients, kubeconfig: Path, ns: str, name: str, members: int, *, epoch: int
 ) -> bool:
