@@ -33,8 +33,10 @@ from testbed.versions import binaries, versions
 
 from . import report, upstream
 from .scenarios import (
+    DEFAULT_PATHS,
     FLEET_SA,
     IN_PLACE_PATHS,
+    JSI_PATHS,
     PATHS,
     Bench,
     ProcessMeter,
@@ -99,10 +101,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--setup-timeout", type=float, default=1200.0, help="cap for gang set-up, s")
     p.add_argument(
         "--paths",
-        default=",".join(PATHS),
-        help=f"which recovery paths to run, comma-separated: {','.join(PATHS)} (the default) "
-        "or some of them (ratios need hybrid and another); upstream is JobSet's InPlaceRestart "
-        "(its controller gate on for that path only, its agents simulated)",
+        default=",".join(DEFAULT_PATHS),
+        help=f"which recovery paths to run, comma-separated: {','.join(DEFAULT_PATHS)} (the "
+        f"default) or some of {','.join(PATHS)} (ratios need hybrid and another); upstream is "
+        "JobSet's InPlaceRestart (its controller gate on for that path only, its agents "
+        "simulated); leases is jobset-inplace with its agents' reports on member Leases "
+        "instead of the report channel (bench/member_leases.py; the controller then runs with "
+        "that watch for every path)",
     )
     p.add_argument(
         "--verbose-controller",
@@ -119,7 +124,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--apiserver-profile-paths",
-        default=",".join(PATHS),
+        default=",".join(DEFAULT_PATHS),
         help="which paths get the extra profiled recovery (a stock one at 5000 pods takes ~14 "
         f"min): {','.join(PATHS)} or some of them",
     )
@@ -127,7 +132,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--protocol-only",
         action="store_true",
         help="the simulated kubelet writes only the failed pod's status: the hybrid recovery's "
-        "time without the other members' kubelet status writes (hybrid path only)",
+        "time without the other members' kubelet status writes (hybrid and leases paths only)",
     )
     p.add_argument(
         "--scope",
@@ -155,7 +160,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--pods-per-job must be >= 1")
     args.paths = set(args.paths.split(","))
     if args.protocol_only:
-        args.paths = {"hybrid"}
+        args.paths &= set(JSI_PATHS)
+        args.paths = args.paths or {"hybrid"}
     args.apiserver_profile_paths = set(args.apiserver_profile_paths.split(","))
     if not args.apiserver_profile_paths <= set(PATHS):
         p.error(f"--apiserver-profile-paths must be some of {','.join(PATHS)}")
@@ -177,7 +183,7 @@ def apply(cluster: LocalCluster, namespace: str, objs: list[dict[str, Any]]) -> 
 def fleet_token(cluster: LocalCluster, namespace: str) -> Path:
     """A ServiceAccount token for the simulated agents: get/watch GangStates (ours) and
     JobSets (upstream's), patch pods and their status (the simulated kubelet writes pod
-    status)."""
+    status), create and patch Leases (path leases: member Leases)."""
     objs: list[dict[str, Any]] = [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": FLEET_SA}},
         {
@@ -196,6 +202,12 @@ def fleet_token(cluster: LocalCluster, namespace: str) -> Path:
                     "verbs": ["get", "list", "watch"],
                 },
                 {"apiGroups": [""], "resources": ["pods", "pods/status"], "verbs": ["patch"]},
+                # path leases: each agent creates its member Lease and writes its reports there
+                {
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "verbs": ["create", "patch"],
+                },
             ],
         },
         {
@@ -288,7 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     token = fleet_token(cluster, NAMESPACE)
     apply(cluster, NAMESPACE, upstream.rbac(NAMESPACE))  # the upstream pods' ServiceAccount
     ctl = ControllerProcess(
-        cluster, cluster.logs_dir / "controller-bench.log", verbose=args.verbose_controller
+        cluster,
+        cluster.logs_dir / "controller-bench.log",
+        verbose=args.verbose_controller,
+        module="bench.member_leases" if "leases" in args.paths else None,
     )
     results: dict[str, Any] = {
         "label": args.label,

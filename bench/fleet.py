@@ -46,6 +46,7 @@ from typing import Any
 
 from kubernetes import client
 
+from bench.member_leases import lease_path, member_lease
 from jobset_inplace import names
 from jobset_inplace.agent.channel import ReportChannel
 from jobset_inplace.agent.config import Config
@@ -130,6 +131,7 @@ class Fleet:
         scope: str = "pod",
         stop_delay: float = 0.05,
         channel: bool = True,
+        leases: bool = False,
     ) -> None:
         self.core = client.CoreV1Api(kube)
         self.namespace, self.gang = namespace, gang
@@ -137,6 +139,11 @@ class Fleet:
         self.kubelet_writes = kubelet_writes
         self.scope, self.stop_delay = scope, stop_delay
         self.channel = channel  # agents use the report channel the GangState names
+        # agents write their reports on a Lease of their own (bench/member_leases.py), not on
+        # their pod; no channel
+        self.leases = leases
+        if leases and channel:
+            raise ValueError("a fleet reports over the channel or on member Leases, not both")
         self._tokens = Path(tempfile.mkdtemp(prefix="fleet-tokens-"))
         self._agent_log = _AgentLog(self._error)
         self.steps = encode_steps(list(steps))
@@ -375,8 +382,21 @@ class Fleet:
             pod_uid=agent.uid, report_token_file=agent.token_file,
         )  # fmt: skip
         reporter = Reporter(cfg, self._agent_log)
+        if self.leases:
+            self._create_lease(agent)
+            reporter.pod = lease_path(self.namespace, agent.pod)  # its writes go there
         with self._lock:
             agent.reporter, agent.channel = reporter, reporter.channel_for()
+
+    def _create_lease(self, agent: SimAgent) -> None:
+        """The member Lease its agent writes its reports on (once per pod: an agent that
+        starts again in the same pod finds it)."""
+        body = member_lease(self.gang, agent.pod, agent.uid)
+        try:
+            self._call(lambda k: k.request("POST", lease_path(self.namespace), body))
+        except ApiError as e:
+            if e.status != 409:
+                raise
 
     def _agent_starts(self, agent: SimAgent) -> None:
         """A new agent process: read the GangState (its first request), then act."""

@@ -58,9 +58,15 @@ def requests_per_recovery(windows: list[dict[str, Any]], top: int = 10) -> dict[
     return dict(sorted(med.items(), key=lambda kv: -kv[1])[:top])
 
 
-IN_PLACE = ("hybrid", "upstream")  # the paths with phases (a simulated agent fleet)
+IN_PLACE = ("hybrid", "leases", "upstream")  # the paths with phases (a simulated agent fleet)
+OTHERS = ("leases", "upstream", "stock")  # the paths compared with hybrid
 PHASES = ("detection_s", "restart_s", "barrier_s", "barrier_open_s", "protocol_s")
-LABEL = {"hybrid": "jobset-inplace", "upstream": "upstream IPR", "stock": "stock"}
+LABEL = {
+    "hybrid": "jobset-inplace",
+    "leases": "jobset-inplace, reports on Leases",
+    "upstream": "upstream IPR",
+    "stock": "stock",
+}
 
 
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
@@ -79,11 +85,10 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             "all_running_s": stats(_col(sw, "all_running_s")),
             "capped": sum(1 for m in sw if m.get("capped")),
         }
-        hw = r.get("hybrid", empty)["worker_failure"]
-        if any("cpu_s_by_process" in m for m in hw):
-            row["hybrid_cores_by_process"] = cores_by_process(hw)
         for path in IN_PLACE:
             runs = r.get(path, empty)["worker_failure"]
+            if path != "upstream" and any("cpu_s_by_process" in m for m in runs):
+                row[f"{path}_cores_by_process"] = cores_by_process(runs)
             if any("apiserver_requests" in m for m in runs):
                 row[f"{path}_apiserver_requests"] = requests_per_recovery(runs)
         profiles = {
@@ -95,15 +100,14 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             row["apiserver_cpu_share_pct"] = profiles
         hb = row["hybrid_worker_failure"]["barrier_open_s"]
         ha = row["hybrid_worker_failure"]["all_running_s"]
-        ub = row["upstream_worker_failure"]["barrier_open_s"]
-        ua = row["upstream_worker_failure"]["all_running_s"]
-        sa = row["stock_worker_failure"]["all_running_s"]
-        if hb and ha and sa:
-            row["ratio_stock_over_hybrid_barrier"] = round(sa["median"] / hb["median"], 1)
-            row["ratio_stock_over_hybrid_running"] = round(sa["median"] / ha["median"], 1)
-        if hb and ha and ub and ua:
-            row["ratio_upstream_over_hybrid_barrier"] = round(ub["median"] / hb["median"], 1)
-            row["ratio_upstream_over_hybrid_running"] = round(ua["median"] / ha["median"], 1)
+        for path in OTHERS:
+            # stock has no barrier: its time to all running is compared with both
+            other = row[f"{path}_worker_failure"]
+            ob = other["all_running_s"] if path == "stock" else other["barrier_open_s"]
+            oa = other["all_running_s"]
+            if hb and ha and ob and oa:
+                row[f"ratio_{path}_over_hybrid_barrier"] = round(ob["median"] / hb["median"], 1)
+                row[f"ratio_{path}_over_hybrid_running"] = round(oa["median"] / ha["median"], 1)
         deaths = {
             p: r[p]["node_death"][0] for p in (*IN_PLACE, "stock") if r.get(p, empty)["node_death"]
         }
@@ -157,7 +161,7 @@ def text(results: dict[str, Any]) -> str:
             lines.append(
                 f"  {'stock':<8} {'all_running_s':<22} {_fmt(sw['all_running_s'])}{capped}"
             )
-        for path in ("upstream", "stock"):
+        for path in OTHERS:
             if f"ratio_{path}_over_hybrid_barrier" in row:
                 lines.append(
                     f"  ratio {path} / hybrid: {row[f'ratio_{path}_over_hybrid_barrier']}x (to "
@@ -216,7 +220,12 @@ def plot(out: Path, results: dict[str, Any]) -> list[Path]:
         return []  # a run of one path only: nothing to compare
 
     written: list[Path] = []
-    colors = {"hybrid": "tab:blue", "upstream": "tab:orange", "stock": "grey"}
+    colors = {
+        "hybrid": "tab:blue",
+        "leases": "tab:green",
+        "upstream": "tab:orange",
+        "stock": "grey",
+    }
     # 1. worker failure: crash -> every member running, each path, per size
     fig, ax = plt.subplots(figsize=(7, 4))
     paths = [p for p in (*IN_PLACE, "stock") if any(p in summ[s]["paths"] for s in sizes)]
@@ -361,14 +370,15 @@ def markdown(results: dict[str, Any]) -> str:
                 + " | ".join(cells)
                 + f" | {nd.get('stock_stuck_terminating', '-')} |"
             )
-    out += _by_size_table(
-        summ,
-        "hybrid_cores_by_process",
-        "Cores used per process during a hybrid worker-failure recovery (median over the "
-        "repetitions; the machine has 2):",
-        "process",
-        lambda v: f"{v:.2f}",
-    )
+    for path in ("hybrid", "leases"):
+        out += _by_size_table(
+            summ,
+            f"{path}_cores_by_process",
+            f"Cores used per process during a {LABEL[path]} worker-failure recovery (median "
+            "over the repetitions; the machine has 2):",
+            "process",
+            lambda v: f"{v:.2f}",
+        )
     for path in IN_PLACE:
         out += _by_size_table(
             summ,

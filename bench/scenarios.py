@@ -40,9 +40,13 @@ JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 # per node, as for a training worker that takes all of a node's accelerators.
 WORKER_CPU = "24"
 FLEET_SA = "bench-fleet"
-# the recovery paths: jobset-inplace, upstream InPlaceRestart (sidecar mode), stock Recreate
-PATHS = ("hybrid", "upstream", "stock")
-IN_PLACE_PATHS = ("hybrid", "upstream")  # the ones with a simulated agent fleet
+# the recovery paths: jobset-inplace, upstream InPlaceRestart (sidecar mode), stock Recreate,
+# and jobset-inplace with its agents' reports on member Leases instead of the report channel
+# (bench/member_leases.py: the alternative the channel is measured against; not by default)
+PATHS = ("hybrid", "upstream", "stock", "leases")
+DEFAULT_PATHS = ("hybrid", "upstream", "stock")
+IN_PLACE_PATHS = ("hybrid", "leases", "upstream")  # the ones with a simulated agent fleet
+JSI_PATHS = ("hybrid", "leases")  # jobset-inplace's gangs
 
 
 def node_unhealthy_after(size: int) -> str:
@@ -202,14 +206,14 @@ class Bench:
                 # The scope the simulated fleet models (bench/fleet.py).
                 names.RESTART_SCOPE: self.scope,
             }
-            if path == "hybrid"
+            if path in JSI_PATHS
             else {},
             node_selector=dict(workloads.KWOK_NODE_SELECTOR),
             pod=workloads.whole_node_trainer(WORKER_CPU),
         )
         for rj in js["spec"]["replicatedJobs"]:
             rj["template"]["spec"]["backoffLimit"] = 0
-        if path == "hybrid":
+        if path in JSI_PATHS:
             return transform(js, AgentSettings(image="agent:sim"))
         if path == "upstream":
             return upstream.in_place_restart(
@@ -286,11 +290,13 @@ class Bench:
         log(f"{name}: deleted, pods gone after {time.monotonic() - t0:.1f}s")
 
     def _fleet(self, path: str, name: str) -> Fleet:
-        kind = (
-            UpstreamFleet
-            if path == "upstream"
-            else partial(Fleet, scope=self.scope, channel=self.channel)
-        )
+        kind: Callable[..., Fleet]
+        if path == "upstream":
+            kind = UpstreamFleet
+        elif path == "leases":
+            kind = partial(Fleet, scope=self.scope, channel=False, leases=True)
+        else:
+            kind = partial(Fleet, scope=self.scope, channel=self.channel)
         fleet = kind(
             self.kube.api,
             server=self.server,
@@ -307,8 +313,9 @@ class Bench:
     # --- (a), (c) one worker fails, one node dies: the in-place paths ---------------------
 
     def in_place(self, path: str, size: int, reps: int, node_death: bool) -> dict[str, Any]:
-        """``path``: hybrid (jobset-inplace) or upstream (JobSet's InPlaceRestart; the JobSet
-        controller must run with its gate on)."""
+        """``path``: hybrid (jobset-inplace), leases (the same, its reports on member Leases)
+        or upstream (JobSet's InPlaceRestart; the JobSet controller must run with its gate
+        on)."""
         name = f"{path}-{size}"
         out: dict[str, Any] = {"size": size, "worker_failure": [], "node_death": []}
         fleet = self._fleet(path, name)
@@ -346,7 +353,7 @@ class Bench:
         m: dict[str, Any] = {"rep": rep, "victim": victim}
         before, reports_before = fleet.requests, fleet.channel_reports
         spies: dict[str, PySpyProfile] = {}
-        if profiled and self.profile_s > 0 and path == "hybrid":  # Python's CPU: py-spy
+        if profiled and self.profile_s > 0 and path in JSI_PATHS:  # Python's CPU: py-spy
             for who, pid in (("controller", self.meter.pid), ("fleet", os.getpid())):
                 out = self.profile_dir / f"{who}-{path}-{size}.txt"
                 spies[who] = PySpyProfile(pid, self.profile_s, out).start()

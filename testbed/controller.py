@@ -49,11 +49,13 @@ class ControllerProcess:
         verbose: bool = False,
         leader_identity: str | None = None,
         install_webhook: bool = True,
+        module: str | None = None,
     ) -> None:
         """``leader_identity``: run as a leader-election candidate with this identity (stable
         across :meth:`kill` and :meth:`start`, as a pod's restarted container keeps its pod).
         ``install_webhook`` False: serve the webhook but leave the cluster's configurations to
-        another instance (a standby replica)."""
+        another instance (a standby replica). ``module``: run this one's ``run`` command instead
+        of the controller's (the benchmark's controller variant, bench/member_leases.py)."""
         self.log, self.cluster = log, cluster
         self.leader_identity, self.install_webhook = leader_identity, install_webhook
         self.kubectl = Kubectl(cluster.kubeconfig)
@@ -83,6 +85,7 @@ class ControllerProcess:
             "JSI_REPORT_LIMITS": FLEET_LIMITS,
         }
         self.verbose = verbose
+        self.module = module or "jobset_inplace.controller.main"
         if leader_identity is not None:
             self.kubectl.apply_yaml(
                 yaml.safe_dump(
@@ -100,7 +103,7 @@ class ControllerProcess:
             processes.wait_until("jobset-inplace admission webhook", self._injects, 60, log=log)
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        command = [sys.executable, "-m", "jobset_inplace.controller.main", "run"]
+        command = [sys.executable, "-m", self.module, "run"]
         if self.leader_identity is not None:
             command += [
                 "--leader-elect",

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Sequence
 
 from jobset_inplace import names
 from jobset_inplace.core.leader_rules import ElectionTiming
@@ -15,6 +16,7 @@ from jobset_inplace.runtime.manager import Settings
 from jobset_inplace.runtime.webhook_certificates import SECRET_NAME
 from jobset_inplace.runtime.webhook_server import settings_from_env
 
+from .operator import WatchFactory
 from .operator import run as run_controller
 
 NAMESPACE_ENV = "POD_NAMESPACE"  # set from the downward API in manifests/controller
@@ -46,7 +48,9 @@ def _election(args: argparse.Namespace) -> Election | None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, extra_watches: Sequence[WatchFactory] = ()) -> int:
+    """``extra_watches``: more watches for the recovery loop (the benchmark's alternative
+    report path, bench/member_leases.py); the product has none."""
     parser = argparse.ArgumentParser(prog="jobset-inplace", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the recovery controller")
@@ -108,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                 election=election,
                 health_port=args.health_port,
                 certificate_namespace=args.namespace if args.manage_webhook_certificate else None,
-            )
+            ),
+            extra_watches,
         )
     return 0
 

@@ -20,7 +20,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
@@ -129,6 +129,9 @@ def leases_observed_since(r: Reconciler, down_since: float, up_at: float) -> Non
 def plan_all(r: Reconciler) -> None:
     for key in r.cache.gangs:
         r.poke(key)
+
+
+WatchFactory = Callable[[Reconciler], RawWatch[Any]]  # a watch feeding a reconciler's cache
 
 
 def raw_watches(r: Reconciler) -> list[RawWatch[Any]]:
@@ -240,21 +243,22 @@ def build_reconciler() -> Reconciler:
     return Reconciler(ClusterCache(), Executor(client.ApiClient()))
 
 
-def run(settings: Settings) -> None:
+def run(settings: Settings, extra_watches: Sequence[WatchFactory] = ()) -> None:
     """Run the controller until interrupted (``jobset-inplace run``): the runtime's parts
     (health, webhook, election: :class:`~jobset_inplace.runtime.manager.Manager`) on every
-    replica, and the recovery loop on the one that leads (or the only one)."""
+    replica, and the recovery loop on the one that leads (or the only one), with
+    ``raw_watches`` and ``extra_watches``."""
     # kopf logs every handled event at INFO: thousands of pods would flood the log.
     logging.getLogger("kopf").setLevel(logging.WARNING)
     reconciler = build_reconciler()
     reconciler.metrics.bind(reconciler.cache)
     manager = Manager(settings, exposition=metrics.exposition, on_leading=metrics.set_leader)
-    manager.run(partial(run_controller, reconciler))
+    manager.run(partial(run_controller, reconciler, extra_watches))
 
 
-def run_controller(reconciler: Reconciler) -> None:
+def run_controller(reconciler: Reconciler, extra_watches: Sequence[WatchFactory] = ()) -> None:
     """The controller proper (this replica leads, or there is no election)."""
-    watches = raw_watches(reconciler)
+    watches = [*raw_watches(reconciler), *(make(reconciler) for make in extra_watches)]
     registry = kopf.OperatorRegistry()
     with _registry(registry):
         setup(reconciler)
