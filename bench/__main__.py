@@ -307,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     results: dict[str, Any] = {
         "label": args.label,
+        "commit": report.source_commit(),
         "started": format_time(started, micro=False),
         "machine": {
             "cpus": os.cpu_count(),

@@ -35,6 +35,7 @@ from typing import Any
 
 import uvloop
 
+from bench.report import source_commit
 from bench.scenarios import cpu_seconds, status_mib
 from jobset_inplace import names
 from jobset_inplace.controller.cache import ClusterCache, JobEntry, pod_entry
@@ -324,10 +325,7 @@ def main() -> int:
         result = uvloop.run(run(server, args.connections, args.concurrency, args.samples))
     finally:
         server.stop()
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    result["commit"] = commit
+    result["commit"] = commit = source_commit()
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
