@@ -48,6 +48,16 @@ FRAMEWORK_PACKAGES = ("jax[cpu]==0.10.2", "orbax-checkpoint==0.12.8")
 FRAMEWORK_REQUIREMENTS = ROOT / "images" / "jax-requirements.txt"
 FRAMEWORK_IMAGE = "jobset-inplace/jax:local"
 FRAMEWORK_TRAINER = ROOT / "testbed" / "frameworks" / "jax_orbax_trainer.py"
+# PyTorch for the real-framework test (e2e/test_framework_torch.py). PyPI's Linux wheel is the
+# CUDA build: `import torch` loads its NVIDIA libraries even with no GPU, so they come along
+# (several GB). Not an image: installed once into the cache (by the requirements' hash) and
+# mounted read-only into the trainers' containers (hostPath: the real nodes share this host).
+TORCH_PACKAGES = ("torch==2.15.0", "numpy==2.4.6")  # DCP saves through NumPy
+TORCH_REQUIREMENTS = ROOT / "images" / "torch-requirements.txt"
+TORCH_TRAINER = ROOT / "testbed" / "frameworks" / "torch_dcp_trainer.py"
+# PyTorch's own test helper in Python 3.12 syntax (imported only by its tests on 3.12): it
+# would not compile for the image's 3.11
+TORCH_UNUSED = ("torch/testing/_internal/py312_intrinsics.py",)
 BUILD_IMAGES = ROOT / "testbed" / "realnode" / "build-images.sh"
 IMAGE_PYTHON = (3, 11)  # python3 of Debian bookworm, the images' base
 # Where Debian's python3 looks for packages: the distribution's directory and the local one.
@@ -154,19 +164,24 @@ def pinned_packages(
     deps.parent.mkdir(parents=True, exist_ok=True)  # a new cache has none
     tmp = Path(tempfile.mkdtemp(dir=deps.parent))
     target = tmp / LOCAL_PACKAGES
-    _pip_install(
-        "--no-deps",
-        "--no-compile",
-        "--require-hashes",
-        "--target",
-        str(target),
-        "-r",
-        str(requirements),
-    )
-    shutil.rmtree(target / "bin", ignore_errors=True)  # console scripts name this venv's python
-    for part in unused:
-        shutil.rmtree(target / part)
-    _compile(target, tmp)
+    try:
+        _pip_install(
+            "--no-deps",
+            "--no-compile",
+            "--require-hashes",
+            "--target",
+            str(target),
+            "-r",
+            str(requirements),
+        )
+        shutil.rmtree(target / "bin", ignore_errors=True)  # console scripts name this python
+        for part in unused:
+            path = target / part
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        _compile(target, tmp)
+    except BaseException:
+        shutil.rmtree(tmp)  # several GB for PyTorch: no half-made tree left in the cache
+        raise
     tmp.rename(deps)
     log(f"dependencies ready in {time.monotonic() - t0:.0f}s")
     return deps
@@ -284,6 +299,12 @@ def build_framework_image(*, imports: Sequence[str] = ()) -> Image:
     return Image("framework", FRAMEWORK_IMAGE, Path(archives["framework"]))
 
 
+def torch_site() -> Path:
+    """The directory of PyTorch and its dependencies (TORCH_REQUIREMENTS, bytecode compiled),
+    for a trainer's ``PYTHONPATH``; installed on first use (a few minutes)."""
+    return pinned_packages(False, TORCH_REQUIREMENTS, TORCH_UNUSED) / LOCAL_PACKAGES
+
+
 def _env() -> dict[str, str]:
     # stderr of the script (progress) goes straight to the terminal; JSI_IMAGES would add the
     # harness's node images to a product build.
@@ -298,12 +319,14 @@ def _pip_install(*args: str) -> None:
 
 
 def lock() -> None:
-    """Write images/controller-requirements.txt (pyproject's dependencies) and
-    images/jax-requirements.txt (FRAMEWORK_PACKAGES), resolved to wheels with their hashes
-    (``python -m testbed.images --lock``)."""
+    """Write images/controller-requirements.txt (pyproject's dependencies),
+    images/jax-requirements.txt (FRAMEWORK_PACKAGES) and images/torch-requirements.txt
+    (TORCH_PACKAGES), resolved to wheels with their hashes (``python -m testbed.images
+    --lock``)."""
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     _lock(REQUIREMENTS, deps, "The controller image's Python dependencies: pyproject.toml's")
     _lock(FRAMEWORK_REQUIREMENTS, FRAMEWORK_PACKAGES, "The JAX trainer image's: JAX and Orbax")
+    _lock(TORCH_REQUIREMENTS, TORCH_PACKAGES, "The PyTorch trainer's, host-mounted: PyTorch, NumPy")
 
 
 def _lock(path: Path, packages: Sequence[str], what: str) -> None:

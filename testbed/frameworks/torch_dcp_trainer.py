@@ -1,0 +1,102 @@
+"""A distributed PyTorch trainer as users run it (no jobset-inplace import): started by
+``torchrun`` (several workers per pod), ``DistributedDataParallel`` over gloo, checkpoints with
+``torch.distributed.checkpoint`` (DCP) in torchtitan's layout, one shared directory.
+
+Each worker computes a gradient of a linear regression on its own data shard; DDP averages the
+gradients across every worker of every pod (gloo over TCP between the pods). Every
+``SAVE_EVERY`` steps all workers save ``step-<S>`` with DCP (the coordinator writes
+``.metadata`` last); at start they load the newest ``step-<S>`` that has ``.metadata``, as
+torchtitan's checkpointer does: the only resume logic it has. It logs its steps and losses
+(``step S loss L``) and, after a resume, ``resumed at step S loss L`` (the loss of the
+restored parameters, recomputed over every worker).
+
+Environment: torchrun's (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...), ``CHECKPOINT_DIR``,
+``STEPS`` (default 400), ``SAVE_EVERY`` (default 10), ``STEP_SECONDS`` (default 0.1, a pause per
+step so that a test can kill a worker mid-training).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.nn.parallel import DistributedDataParallel
+
+STEP_DIR = re.compile(r"step-(\d+)")
+
+
+def log(msg: str) -> None:
+    # one write per line: the pod's workers share its stdout
+    sys.stdout.write(f"[rank {dist.get_rank()}] {msg}\n")
+    sys.stdout.flush()
+
+
+def newest_step(root: Path) -> int | None:
+    """The newest complete checkpoint (``step-<S>`` holding ``.metadata``), as torchtitan's
+    ``_find_load_step``; None: none."""
+    steps = [
+        int(m.group(1))
+        for p in (root.iterdir() if root.is_dir() else ())
+        if (m := STEP_DIR.fullmatch(p.name)) and (p / ".metadata").exists()
+    ]
+    return max(steps, default=None)
+
+
+def main() -> int:
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    steps = int(os.environ.get("STEPS", "400"))
+    save_every = int(os.environ.get("SAVE_EVERY", "10"))
+    pause = float(os.environ.get("STEP_SECONDS", "0.1"))
+    root = Path(os.environ["CHECKPOINT_DIR"])
+    world = int(dist.get_world_size())
+
+    # y = x . w_true on this worker's own shard
+    gen = torch.Generator().manual_seed(1234 + dist.get_rank())
+    x = torch.randn(256, 8, generator=gen)
+    y = x @ torch.arange(1.0, 9.0)
+    model = DistributedDataParallel(torch.nn.Linear(8, 1, bias=False))
+    with torch.no_grad():
+        model.module.weight.zero_()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def global_loss() -> float:
+        with torch.no_grad():
+            loss = torch.mean((model.module(x).squeeze(1) - y) ** 2)
+        dist.all_reduce(loss)
+        return float(loss) / world
+
+    start = newest_step(root)
+    if start is None:
+        start = 0
+        log(f"started {world} workers, no checkpoint: from step 0")
+    else:
+        state = {"model": model.module.state_dict()}
+        dcp.load(state, checkpoint_id=str(root / f"step-{start}"))
+        model.module.load_state_dict(state["model"])
+        log(f"resumed at step {start} loss {global_loss():.6e}")
+    for step in range(start + 1, steps + 1):
+        optimizer.zero_grad()
+        loss = torch.mean((model(x).squeeze(1) - y) ** 2)
+        loss.backward()  # DDP: the gradient averaged over every worker
+        optimizer.step()
+        # the loss of the parameters before this step (after step - 1), over every worker
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        log(f"step {step} loss {float(mean) / world:.6e}")
+        if step % save_every == 0:
+            dcp.save({"model": model.module.state_dict()}, checkpoint_id=str(root / f"step-{step}"))
+        time.sleep(pause)
+    log("done")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
