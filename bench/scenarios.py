@@ -106,6 +106,29 @@ def watched_pids() -> dict[str, int]:
     return out
 
 
+# Before the first measured recovery the cluster must be done with the gang's creation: at 5000
+# pods the Job, JobSet and endpoint controllers still wrote for minutes after the last pod ran
+# (2026-11-26: recoveries measured in that load took 3.6x as long as in a quiet cluster).
+# Quiet: fewer than SETTLE_WRITES_PER_S apiserver writes per second over SETTLE_INTERVAL_S,
+# the background aside (node Lease renewals, node status heartbeats, Events).
+SETTLE_WRITES_PER_S = 1.0
+SETTLE_INTERVAL_S = 10.0
+SETTLE_TIMEOUT_S = 900.0
+BACKGROUND = ("leases", "nodes/status", "events")
+WRITES = ("POST", "PUT", "PATCH", "DELETE")
+
+
+def settling_writes(before: dict[str, float], after: dict[str, float], seconds: float) -> float:
+    """Writes per second between two :func:`apiserver_requests` readings, the background
+    aside: what the cluster still does about the gang."""
+    writes = sum(
+        count - before.get(key, 0.0)
+        for key, count in after.items()
+        if key.split(" ")[0] in WRITES and key.split(" ")[-1] not in BACKGROUND
+    )
+    return writes / seconds
+
+
 _REQUESTS = re.compile(r"^apiserver_request_total\{(.*)\} (\S+)$", re.MULTILINE)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
@@ -252,6 +275,26 @@ class Bench:
         log(f"{name}: {size} pods running {took:.1f}s after the JobSet was created")
         return took
 
+    def _settle(self, name: str) -> float | None:
+        """Wait until the cluster is quiet (SETTLE_WRITES_PER_S); how long that took (None:
+        no apiserver metrics to tell)."""
+        if self.meter.metrics is None:
+            return None
+        t0 = time.monotonic()
+        before = apiserver_requests(self.meter.metrics())
+        while True:
+            time.sleep(SETTLE_INTERVAL_S)
+            after = apiserver_requests(self.meter.metrics())
+            rate = settling_writes(before, after, SETTLE_INTERVAL_S)
+            took = time.monotonic() - t0
+            if rate < SETTLE_WRITES_PER_S:
+                log(f"{name}: cluster quiet after {took:.0f}s ({rate:.1f} writes/s)")
+                return round(took, 1)
+            if took > SETTLE_TIMEOUT_S:
+                raise TimeoutError(f"{name}: still {rate:.1f} writes/s after {took:.0f}s")
+            log(f"{name}: waiting for the cluster to settle ({rate:.1f} writes/s)")
+            before = after
+
     def _wait(self, what: str, probe: Callable[[], Any], since: float) -> Any:
         """Poll ``probe`` (with progress lines) until truthy or the setup timeout."""
         last = 0.0
@@ -332,6 +375,7 @@ class Bench:
                 )
                 out["first_barrier_s"] = round(time.monotonic() - t0, 2)
             out["setup_controller"] = setup
+            out["settle_s"] = self._settle(name)
             for rep in range(reps):
                 out["worker_failure"].append(self._worker_failure(fleet, path, size, rep))
             if self.profile_s > 0 and path in self.profile_paths:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from bench import report, upstream
+from bench import report, scenarios, upstream
 from bench.upstream_fleet import Attempts
 from testbed import workloads
 
@@ -121,3 +121,17 @@ def test_report_of_an_older_run_without_upstream() -> None:
     assert "| 1000 pods | **2.00 / 2.00 / 2.00** | - | 10.00 / 10.00 / 10.00 | - |" in (
         report.markdown(results)
     )
+
+
+def test_settling_counts_the_clusters_writes_about_the_gang_not_its_background() -> None:
+    before = {"PUT leases": 100.0, "PUT jobs/status": 10.0, "GET pods": 5.0}
+    after = {
+        "PUT leases": 600.0,  # node heartbeats: background
+        "PATCH nodes/status": 50.0,
+        "POST events": 30.0,
+        "GET pods": 500.0,  # reads are not writes
+        "PUT jobs/status": 40.0,  # the Job controller still at work: 30
+        "PATCH pods/status": 20.0,  # new since the first reading: 20
+    }
+    assert scenarios.settling_writes(before, after, 10.0) == 5.0
+    assert scenarios.settling_writes(after, after, 10.0) == 0.0
