@@ -7,7 +7,8 @@ What is real and what is not:
   (:class:`~jobset_inplace.agent.kubeapi.KubeApi`), its reporter
   (:class:`~jobset_inplace.agent.runner.Reporter`: the report channel with its own kept-alive
   HTTPS connection per agent, or a merge patch of its pod's report annotations when the
-  channel is off or fails) and every request an agent makes per pod: a GET of the GangState
+  channel is off or fails; with ``leases``, the same merge patch on a Lease of its own:
+  bench/member_leases.py) and every request an agent makes per pod: a GET of the GangState
   when an agent process starts and its report for each epoch. API requests carry a real
   ServiceAccount token; channel reports carry a token bound to their pod for the channel's
   audience, requested once per pod (as the kubelet does when it mounts the projected volume).

@@ -7,8 +7,8 @@ Bench-only. The simulated agents write the Leases (bench/fleet.py, with the real
 is the product's controller with one more watch, whose reports take the channel's way into the
 cache (``ClusterCache.set_report``, the same epoch-completion hint). Not hardened: anyone who
 may write Leases in a namespace could report for any of its members (the channel binds each
-report to its pod's token); it exists to be measured (docs/architecture.md, "Why a report
-channel"), not to be run.
+report to its pod's token); it exists to be measured (docs/architecture.md, "Why a channel,
+and not one small API object per member"), not to be run.
 """
 
 from __future__ import annotations
