@@ -20,11 +20,11 @@ from jobset_inplace import names
 from testbed import images
 from testbed.cluster import REAL_NODE_LABEL, LocalCluster
 from testbed.controller import barrier_open, member_pods, prepare
-from testbed.demo import trainer_log
+from testbed.demo import started_trainer_log
 from testbed.install import Installation
 from testbed.kube import Clients, create_jobset, wait_for
 from testbed.versions import binaries
-from testbed.workloads import jobset, one_per_node
+from testbed.workloads import shared_checkpoint_gang
 
 pytestmark = pytest.mark.e2e
 
@@ -67,34 +67,9 @@ def _jax_jobset(shared: Path, image: str) -> dict[str, Any]:
         ],
         "volumeMounts": [{"name": "shared", "mountPath": "/ckpt"}],
     }
-    return jobset(
-        "gang",
-        [("workers", MEMBERS, 1)],
-        annotations={
-            names.ENABLED: "true",
-            names.CHECKPOINT_LAYOUT: "orbax",
-            names.CHECKPOINT_DIRS: "persistent=/ckpt",
-        },
-        node_selector={REAL_NODE_LABEL: "true"},
-        pod={
-            "terminationGracePeriodSeconds": 2,
-            # one directory for every process, as Orbax's multi-process saving needs (the real
-            # nodes share this host, as nodes share a network filesystem)
-            "volumes": [
-                {"name": "shared", "hostPath": {"path": str(shared), "type": "DirectoryOrCreate"}}
-            ],
-            "containers": [trainer],
-            "affinity": one_per_node("gang"),
-        },
+    return shared_checkpoint_gang(
+        "orbax", trainer, MEMBERS, shared=shared, node_selector={REAL_NODE_LABEL: "true"}
     )
-
-
-def _log(kubeconfig: Path, namespace: str, pod: str) -> str:
-    """The trainer's log; empty while its container has not started (the barrier holds it)."""
-    try:
-        return trainer_log(kubeconfig, namespace, pod)
-    except subprocess.CalledProcessError:
-        return ""
 
 
 def _losses(log: str) -> list[dict[int, float]]:
@@ -124,7 +99,7 @@ def test_jax_ranks_resume_from_one_orbax_step_with_no_code_change(
     def trained(to: int) -> bool:
         pods = member_pods(kube, namespace, "gang")
         return len(pods) == MEMBERS and all(
-            f"step {to} loss" in _log(cluster_kubeconfig, namespace, p.metadata.name)
+            f"step {to} loss" in started_trainer_log(cluster_kubeconfig, namespace, p.metadata.name)
             for p in pods.values()
         )
 
@@ -147,7 +122,7 @@ def test_jax_ranks_resume_from_one_orbax_step_with_no_code_change(
 
     def resumed() -> dict[str, str] | None:
         logs = {
-            i: _log(cluster_kubeconfig, namespace, p.metadata.name)
+            i: started_trainer_log(cluster_kubeconfig, namespace, p.metadata.name)
             for i, p in member_pods(kube, namespace, "gang").items()
         }
         runs = [_losses(x) for x in logs.values()]

@@ -28,11 +28,11 @@ from jobset_inplace import names
 from testbed import images
 from testbed.cluster import REAL_NODE_LABEL, LocalCluster
 from testbed.controller import barrier_open, member_pods, prepare
-from testbed.demo import trainer_log
+from testbed.demo import started_trainer_log
 from testbed.install import Installation
 from testbed.kube import Clients, create_jobset, wait_for
 from testbed.versions import binaries
-from testbed.workloads import jobset, one_per_node
+from testbed.workloads import shared_checkpoint_gang
 
 pytestmark = pytest.mark.e2e
 
@@ -90,36 +90,17 @@ def _torch_jobset(shared: Path, site: Path) -> dict[str, Any]:
             {"name": "trainer", "mountPath": "/trainer", "readOnly": True},
         ],
     }
-    return jobset(
-        "gang",
-        [("workers", MEMBERS, 1)],
-        annotations={
-            names.ENABLED: "true",
-            names.CHECKPOINT_LAYOUT: "torch-dcp",
-            names.CHECKPOINT_DIRS: "persistent=/ckpt",
-        },
+    return shared_checkpoint_gang(
+        "torch-dcp",
+        trainer,
+        MEMBERS,
+        shared=shared,
         node_selector={REAL_NODE_LABEL: "true"},
-        pod={
-            "terminationGracePeriodSeconds": 2,
-            "volumes": [
-                # one directory for every rank, as DCP's shared checkpoint needs (the real
-                # nodes share this host, as nodes share a network filesystem)
-                {"name": "shared", "hostPath": {"path": str(shared), "type": "DirectoryOrCreate"}},
-                {"name": "torch", "hostPath": {"path": str(site), "type": "Directory"}},
-                {"name": "trainer", "configMap": {"name": "torch-trainer"}},
-            ],
-            "containers": [trainer],
-            "affinity": one_per_node("gang"),
-        },
+        volumes=[
+            {"name": "torch", "hostPath": {"path": str(site), "type": "Directory"}},
+            {"name": "trainer", "configMap": {"name": "torch-trainer"}},
+        ],
     )
-
-
-def _log(kubeconfig: Path, namespace: str, pod: str) -> str:
-    """The trainer container's log; empty while it has not started (the barrier holds it)."""
-    try:
-        return trainer_log(kubeconfig, namespace, pod)
-    except subprocess.CalledProcessError:
-        return ""
 
 
 def _runs(logs: str) -> dict[int, list[dict[int, float]]]:
@@ -168,7 +149,7 @@ def test_torchrun_ranks_resume_from_one_dcp_step_and_no_old_worker_survives(
 
     def logs() -> str:
         return "".join(
-            _log(cluster_kubeconfig, namespace, p.metadata.name)
+            started_trainer_log(cluster_kubeconfig, namespace, p.metadata.name)
             for p in member_pods(kube, namespace, "gang").values()
         )
 

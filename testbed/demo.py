@@ -255,6 +255,15 @@ def trainer_log(kubeconfig: Path, namespace: str, pod: str) -> str:
     return "".join(line + "\n" for _, line in timed_log(kubeconfig, namespace, pod, "trainer"))
 
 
+def started_trainer_log(kubeconfig: Path, namespace: str, pod: str) -> str:
+    """:func:`trainer_log`, empty while the trainer container has not started (the barrier
+    holds it)."""
+    try:
+        return trainer_log(kubeconfig, namespace, pod)
+    except subprocess.CalledProcessError:
+        return ""
+
+
 def timed_log(
     kubeconfig: Path, namespace: str, pod: str, container: str
 ) -> list[tuple[float, str]]:

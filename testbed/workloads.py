@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+from pathlib import Path
 from typing import Any
 
 from jobset_inplace import names
@@ -98,3 +99,37 @@ def one_per_node(jobset_name: str) -> dict[str, Any]:
             ]
         }
     }
+
+
+def shared_checkpoint_gang(
+    layout: str,
+    trainer: dict[str, Any],
+    members: int,
+    *,
+    shared: Path,
+    node_selector: dict[str, str],
+    volumes: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """JobSet ``gang`` of a real framework's trainer: ``members`` one-pod members, one per
+    node, opted in with checkpoint layout ``layout`` in one directory every member shares
+    (``shared`` on this host, volume ``shared``, the trainer mounting it at /ckpt: the real
+    nodes share this host as nodes share a network filesystem), and ``volumes`` besides."""
+    return jobset(
+        "gang",
+        [("workers", members, 1)],
+        annotations={
+            names.ENABLED: "true",
+            names.CHECKPOINT_LAYOUT: layout,
+            names.CHECKPOINT_DIRS: "persistent=/ckpt",
+        },
+        node_selector=node_selector,
+        pod={
+            "terminationGracePeriodSeconds": 2,
+            "volumes": [
+                {"name": "shared", "hostPath": {"path": str(shared), "type": "DirectoryOrCreate"}},
+                *(volumes or []),
+            ],
+            "containers": [trainer],
+            "affinity": one_per_node("gang"),
+        },
+    )
