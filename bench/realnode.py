@@ -1,6 +1,8 @@
 """Crash -> every trainer running again on the local cluster's real kubelet nodes, side by side.
 
-    python -m bench.realnode --reps 5            (make bench-realnode)
+    python -m bench.realnode --reps 5                    (make bench-realnode)
+    python -m bench.realnode --trainer torch --reps 5    (a real PyTorch trainer, to its first
+                                                          productive step: bench/first_step.py)
 
 Paths, each the demo's gang shape (2 members on the 2 real nodes, the demo trainer, a step every
 0.2 s, a checkpoint every 10 steps, terminationGracePeriodSeconds 2):
@@ -42,8 +44,9 @@ from typing import Any
 
 from kubernetes import utils
 
-from bench import upstream
+from bench import first_step, upstream
 from bench.__main__ import apiserver_metrics
+from bench.report import source_commit
 from bench.scenarios import apiserver_requests
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
@@ -54,9 +57,10 @@ from testbed.cluster import LocalCluster
 from testbed.controller import ControllerProcess, gang_state, prepare
 from testbed.demo import CRASH_LEAD_S, demo_jobset, inject_failure, timed_log
 from testbed.kube import Clients, clients, create_jobset, wait_for
-from testbed.versions import ensure_binaries, versions
+from testbed.versions import binaries, ensure_binaries, versions
 
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "bench" / "realnode.json"
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "bench"
+DEFAULT_OUT = {"demo": RESULTS / "realnode.json", "torch": RESULTS / "realnode-torch.json"}
 NAMESPACE = "bench-realnode"
 MEMBERS = 2
 PATHS = ("jsi-process", "jsi-pod", "upstream-sidecar", "upstream-main", "stock", "stock-grace0")
@@ -145,6 +149,9 @@ class Bench:
         self.cluster = cluster
         self.kubeconfig = cluster.kubeconfig
         self.kube: Clients = clients(cluster.kubeconfig)
+
+    def writes(self) -> Counter[str]:
+        return write_counts(self.cluster)
 
     def pods(self, name: str) -> list[Any]:
         selector = f"{names.JOBSET_NAME_LABEL}={name}"
@@ -281,8 +288,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=list(PATHS),
         help=f"comma-separated subset of {','.join(PATHS)}",
     )
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON")
+    p.add_argument(
+        "--trainer",
+        choices=("demo", "torch"),
+        default="demo",
+        help="demo: the demo trainer, crash -> every trainer running (its first log line); "
+        "torch: the PyTorch gang (torchrun, DDP, DCP), crash -> every rank's first productive "
+        "step, with where the time went and steps lost",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        help=f"results JSON (default {DEFAULT_OUT['demo']}, or {DEFAULT_OUT['torch']} with "
+        "--trainer torch)",
+    )
     a = p.parse_args(argv)
+    a.out = a.out or DEFAULT_OUT[a.trainer]
     unknown = sorted(set(a.paths) - set(PATHS))
     if unknown or a.reps < 1:
         p.error(f"--paths: unknown {unknown} (accepted: {','.join(PATHS)}); --reps must be >= 1")
@@ -313,7 +334,10 @@ def main(argv: list[str] | None = None) -> int:
             agent, imports=[str(images.node_socket(n)) for n in nodes]
         )
         log(f"upstream agent image {image.name} ({image.size_mib():.0f} MiB) on {nodes}")
-    runs: list[Run] = []
+    runs: list[Any] = []
+    kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig), "-n", NAMESPACE]
+    torch = first_step.TorchBench(bench, NAMESPACE, kubectl) if args.trainer == "torch" else None
+    commit = source_commit()
     controller = ControllerProcess(cluster, cluster.logs_dir / "controller-bench-realnode.log")
     try:
         groups: list[tuple[Callable[[], AbstractContextManager[None]], list[str]]] = [
@@ -329,6 +353,15 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 with gates():
                     for path in paths:
+                        if torch is not None:
+                            t = torch.run(path, rep)
+                            runs.append(t)
+                            log(
+                                f"{path} rep {rep}: {t.milestones}, resumed at "
+                                f"{sorted(set(t.resume_steps.values()))} (last step "
+                                f"{t.last_step}), API writes {sum(t.writes.values())}"
+                            )
+                            continue
                         r = bench.run(path, rep)
                         runs.append(r)
                         b = "-" if r.barrier is None else f"{r.barrier:.2f}s"
@@ -338,16 +371,24 @@ def main(argv: list[str] | None = None) -> int:
                         )
     finally:
         controller.stop()
-    s = summary(runs)
-    print(table(s))
+    if torch is not None:
+        s_torch = first_step.summary(runs, PATHS)
+        print(first_step.table(s_torch))
+        summarized: dict[str, Any] = s_torch
+    else:
+        s = summary(runs)
+        print(table(s))
+        summarized = {k: asdict(v) for k, v in s.items()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": commit,
+        "trainer": args.trainer,
         "kubernetes": versions().kubernetes,
         "jobset": versions().jobset,
         "members": MEMBERS,
         "runs": [asdict(r) for r in runs],
-        "summary": {k: asdict(v) for k, v in s.items()},
+        "summary": summarized,
     }
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     log(f"results: {args.out}")

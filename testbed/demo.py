@@ -275,11 +275,11 @@ def timed_log(
     lines = []
     for raw in out.splitlines():
         stamp, _, line = raw.partition(" ")
-        lines.append((_stamp(stamp), line))
+        lines.append((log_time(stamp), line))
     return lines
 
 
-def _stamp(text: str) -> float:
+def log_time(text: str) -> float:
     """RFC 3339 with nanoseconds (the runtime's log timestamps) -> seconds since the epoch."""
     whole, _, frac = text.rstrip("Z").partition(".")
     base = datetime.fromisoformat(whole + "+00:00").timestamp()

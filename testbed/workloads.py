@@ -106,16 +106,17 @@ def shared_checkpoint_gang(
     trainer: dict[str, Any],
     members: int,
     *,
+    name: str = "gang",
     shared: Path,
     node_selector: dict[str, str],
     volumes: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """JobSet ``gang`` of a real framework's trainer: ``members`` one-pod members, one per
+    """JobSet ``name`` of a real framework's trainer: ``members`` one-pod members, one per
     node, opted in with checkpoint layout ``layout`` in one directory every member shares
     (``shared`` on this host, volume ``shared``, the trainer mounting it at /ckpt: the real
     nodes share this host as nodes share a network filesystem), and ``volumes`` besides."""
     return jobset(
-        "gang",
+        name,
         [("workers", members, 1)],
         annotations={
             names.ENABLED: "true",
@@ -130,6 +131,6 @@ def shared_checkpoint_gang(
                 *(volumes or []),
             ],
             "containers": [trainer],
-            "affinity": one_per_node("gang"),
+            "affinity": one_per_node(name),
         },
     )

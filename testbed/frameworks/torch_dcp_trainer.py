@@ -8,7 +8,9 @@ gradients across every worker of every pod (gloo over TCP between the pods). Eve
 ``.metadata`` last); at start they load the newest ``step-<S>`` that has ``.metadata``, as
 torchtitan's checkpointer does: the only resume logic it has. It logs its steps and losses
 (``step S loss L``) and, after a resume, ``resumed at step S loss L`` (the loss of the
-restored parameters, recomputed over every worker).
+restored parameters, recomputed over every worker); and where its start-up went, as a
+training script's own logs say it: ``process started`` (before its imports), ``imported
+torch``, ``process group ready``.
 
 Environment: torchrun's (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...), ``CHECKPOINT_DIR``,
 ``STEPS`` (default 400), ``SAVE_EVERY`` (default 10), ``STEP_SECONDS`` (default 0.1, a pause per
@@ -23,18 +25,25 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.nn.parallel import DistributedDataParallel
-
-STEP_DIR = re.compile(r"step-(\d+)")
+RANK = os.environ.get("RANK", "?")  # torchrun's
 
 
 def log(msg: str) -> None:
     # one write per line: the pod's workers share its stdout
-    sys.stdout.write(f"[rank {dist.get_rank()}] {msg}\n")
+    sys.stdout.write(f"[rank {RANK}] {msg}\n")
     sys.stdout.flush()
+
+
+log("process started")
+
+import torch  # noqa: E402 (after the first log line: the import's time is measured)
+import torch.distributed as dist  # noqa: E402
+import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+log("imported torch")
+
+STEP_DIR = re.compile(r"step-(\d+)")
 
 
 def newest_step(root: Path) -> int | None:
@@ -50,6 +59,7 @@ def newest_step(root: Path) -> int | None:
 
 def main() -> int:
     dist.init_process_group("gloo")
+    log("process group ready")
     torch.manual_seed(0)
     steps = int(os.environ.get("STEPS", "400"))
     save_every = int(os.environ.get("SAVE_EVERY", "10"))

@@ -1,0 +1,374 @@
+"""Crash -> every rank's first productive step again, on a real PyTorch trainer, side by side.
+
+    python -m bench.realnode --trainer torch --reps 5      (make bench-realnode BENCH_ARGS=...)
+
+The gang is the PyTorch one of the e2e suite (testbed/torchgang.py): 2 members on the 2 real
+nodes, each ``torchrun`` with 2 workers (4 ranks), DDP over gloo, DCP checkpoints every 10
+steps in one shared directory that survives every path (a persistent tier: stock JobSet too
+resumes from the newest complete step, not from step 0), PyTorch's CUDA build imported from a
+host-mounted site. For each path of :mod:`bench.realnode` (same JobSet otherwise), once every
+rank is past step 40: one worker process of member 1 is SIGKILLed at a set time, and every
+milestone is read from the components' own timestamps (the container runtime's time of each
+log line; the controller's status for jobset-inplace):
+
+* ``detected`` (jobset-inplace: the recovery's start in its status), ``stopped`` (process
+  scope: the launchers' "stopped"), ``barrier`` (as :mod:`bench.realnode` reads it);
+* per rank, of the run that resumed: ``process started`` (the trainer's first line, before its
+  imports), ``imported torch``, ``process group ready``, ``resumed at step S`` (its DCP load
+  done), and its first step after the resume (``step S+1``: training is productive again).
+
+A milestone is the latest rank's (the gang is productive when its last rank is), in seconds
+after the crash. Each rank's resume step is checked against the others' (and jobset-inplace's
+``resumeStep``); steps lost = the newest step any rank had logged before the crash minus the
+resume step (work done again).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench import upstream
+from jobset_inplace import names
+from jobset_inplace.times import parse_time
+from testbed import images
+from testbed.controller import gang_state
+from testbed.demo import log_time, timed_log
+from testbed.kube import create_jobset, wait_for
+from testbed.torchgang import (
+    MEMBERS,
+    RANKS,
+    create_trainer_config_map,
+    kill_worker,
+    torch_jobset,
+    worker_pids,
+)
+
+if TYPE_CHECKING:
+    from bench.realnode import Bench
+
+CRASH_LEAD_S = 2.0  # the kill is set this far ahead (a kubectl exec takes ~0.3 s here)
+TRAINED_STEP = 40  # every rank past this step before the crash (checkpoints at 10..40)
+RECOVERY_CAP_S = 600.0
+# The milestones, in the order a recovery reaches them.
+MILESTONES = (
+    "detected",
+    "stopped",
+    "barrier",
+    "started",
+    "imported",
+    "group_ready",
+    "restored",
+    "first_step",
+)
+RANK_LINE = re.compile(
+    r"\[rank (\d+)\] (process started|imported torch|process group ready"
+    r"|resumed at step (\d+)|step (\d+) loss)"
+)
+_RANK_MILESTONE = {
+    "process started": "started",
+    "imported torch": "imported",
+    "process group ready": "group_ready",
+}
+
+
+@dataclass
+class RankResume:
+    """One rank's way back after the crash, as its log lines tell it (wall times)."""
+
+    started: float | None = None
+    imported: float | None = None
+    group_ready: float | None = None
+    restored: float | None = None
+    resume_step: int | None = None
+    first_step: float | None = None
+
+
+def rank_resumes(lines: list[tuple[float, str]], after: float) -> dict[int, RankResume]:
+    """Per rank, the milestones of its first run that resumed after ``after``: the start-up
+    lines of that run (the latest before its resume: a start that failed and was retried
+    counts from the retry) and its first step after the resume."""
+    out: dict[int, RankResume] = {}
+    for t, line in lines:
+        if t <= after:
+            continue
+        for m in RANK_LINE.finditer(line):
+            rank = int(m.group(1))
+            r = out.setdefault(rank, RankResume())
+            if r.first_step is not None:
+                continue  # that rank is back; later lines are training
+            what = m.group(2)
+            if what in _RANK_MILESTONE:
+                if r.restored is None:
+                    setattr(r, _RANK_MILESTONE[what], t)
+            elif m.group(3) is not None:
+                if r.restored is None:
+                    r.restored, r.resume_step = t, int(m.group(3))
+            elif r.restored is not None:
+                r.first_step = t
+    return out
+
+
+def last_step_before(lines: list[tuple[float, str]], crash: float) -> int | None:
+    """The newest step any rank had logged before ``crash``."""
+    steps = [
+        int(m.group(4))
+        for t, line in lines
+        if t <= crash
+        for m in RANK_LINE.finditer(line)
+        if m.group(4) is not None
+    ]
+    return max(steps, default=None)
+
+
+class LogFollower:
+    """``kubectl logs -f --timestamps`` of one container from now until it ends or is stopped:
+    lines written just before a crash are kept even if the container is then restarted or its
+    pod deleted."""
+
+    def __init__(self, kubectl: list[str], pod: str, container: str) -> None:
+        cmd = [*kubectl, "logs", "-f", "--timestamps", "--since=60s", pod, "-c", container]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.lines: list[tuple[float, str]] = []
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            stamp, _, line = raw.decode(errors="replace").rstrip("\n").partition(" ")
+            try:
+                self.lines.append((log_time(stamp), line))
+            except ValueError:
+                continue
+
+    def stop(self) -> list[tuple[float, str]]:
+        self.proc.terminate()
+        self.proc.wait(10)
+        self._thread.join(10)
+        return list(self.lines)
+
+
+@dataclass
+class Recovery:
+    path: str
+    rep: int
+    # seconds after the crash, by milestone (None: the path has no such milestone)
+    milestones: dict[str, float | None]
+    resume_steps: dict[int, int]  # rank -> the step it resumed from
+    gang_resume_step: int | None  # jobset-inplace's resumeStep (None: other paths)
+    consistent: bool  # every rank resumed from one step (and the controller's, if any)
+    last_step: int  # the newest step logged before the crash
+    steps_lost: int  # last_step - the resume step (the lowest, if inconsistent)
+    writes: dict[str, int] = field(default_factory=dict)
+
+
+def torch_path_jobset(path: str, name: str, shared: Path, site: Path) -> dict[str, Any]:
+    """The PyTorch gang as ``path`` runs it (the same trainer, gang and checkpoints)."""
+    js = torch_jobset(shared, site, name=name)
+    if path.startswith("jsi-"):
+        js["metadata"]["annotations"][names.RESTART_SCOPE] = path.removeprefix("jsi-")
+        return js
+    js["metadata"]["annotations"] = {}
+    js["spec"]["failurePolicy"] = {"maxRestarts": 1000}
+    job = js["spec"]["replicatedJobs"][0]["template"]["spec"]
+    pod = job["template"]["spec"]
+    pod["terminationGracePeriodSeconds"] = 0 if path == "stock-grace0" else 2
+    if path.startswith("upstream-"):
+        return upstream.in_place_restart(
+            js,
+            path.removeprefix("upstream-"),
+            image=images.UPSTREAM_AGENT_IMAGE,
+            agent_path=images.UPSTREAM_AGENT_PATH,
+        )
+    job["backoffLimit"] = 0  # stock: a failed pod fails its Job, JobSet recreates the gang
+    return js
+
+
+class TorchBench:
+    """One recovery per call on the PyTorch gang, with ``bench``'s cluster, clients and
+    helpers."""
+
+    def __init__(self, bench: Bench, namespace: str, kubectl: list[str]) -> None:
+        self.bench = bench
+        self.namespace = namespace
+        self.kubectl = kubectl
+        self.site = images.torch_site()
+        create_trainer_config_map(bench.kube, namespace)
+
+    def logs(self, name: str) -> list[tuple[float, str]]:
+        lines: list[tuple[float, str]] = []
+        for pod in self.bench.pods(name):
+            try:
+                lines += timed_log(
+                    self.bench.kubeconfig, self.namespace, pod.metadata.name, "trainer"
+                )
+            except subprocess.CalledProcessError:  # not started yet, or being replaced
+                continue
+        return sorted(lines)
+
+    def trained(self, name: str) -> bool:
+        steps: dict[int, int] = {}
+        for _, line in self.logs(name):
+            for m in RANK_LINE.finditer(line):
+                if m.group(4) is not None:
+                    steps[int(m.group(1))] = int(m.group(4))
+        return len(steps) == RANKS and min(steps.values()) > TRAINED_STEP
+
+    def back(self, name: str, crash: float) -> dict[int, RankResume] | None:
+        if len(self.bench.pods(name)) != MEMBERS:
+            return None
+        ranks = rank_resumes(self.logs(name), crash)
+        done = len(ranks) == RANKS and all(r.first_step is not None for r in ranks.values())
+        return ranks if done else None
+
+    def run(self, path: str, rep: int) -> Recovery:
+        name = f"{path}-{rep}"
+        shared = Path(tempfile.mkdtemp(prefix=f"jsi-bench-torch-{name}-"))
+        shared.chmod(0o777)
+        try:
+            create_jobset(
+                self.bench.kube, self.namespace, torch_path_jobset(path, name, shared, self.site)
+            )
+            wait_for(
+                f"{name}: every rank past step {TRAINED_STEP}", lambda: self.trained(name), 600, 1
+            )
+            pods = {
+                p.metadata.labels[names.JOB_INDEX_LABEL]: p.metadata.name
+                for p in self.bench.pods(name)
+            }
+            victim = pods["1"]
+            pid = min(worker_pids(self.kubectl, victim))
+            followers = [LogFollower(self.kubectl, pod, "trainer") for pod in pods.values()]
+            crash = time.time() + CRASH_LEAD_S
+            before = self.bench.writes()
+            kill_worker(self.kubectl, victim, pid, at=crash)
+            ranks = wait_for(
+                f"{name}: every rank's first step after the resume",
+                lambda: self.back(name, crash),
+                RECOVERY_CAP_S,
+                1,
+            )
+            writes = self.bench.writes() - before
+            old = [line for f in followers for line in f.stop()]
+            return self.recovery(
+                path, rep, name=name, crash=crash, ranks=ranks, old=old, writes=dict(writes)
+            )
+        finally:
+            self.bench.delete(name)
+            shutil.rmtree(shared, ignore_errors=True)
+
+    def recovery(
+        self,
+        path: str,
+        rep: int,
+        *,
+        name: str,
+        crash: float,
+        ranks: dict[int, RankResume],
+        old: list[tuple[float, str]],
+        writes: dict[str, int],
+    ) -> Recovery:
+        at: dict[str, float | None] = {m: None for m in MILESTONES}
+        gang_step: int | None = None
+        if path.startswith("jsi-"):
+            st = gang_state(self.bench.kube, self.namespace, name)
+            rec = st.get("recovery") or {}
+            at["detected"] = parse_time(rec.get("startedAt"))
+            gang_step = st.get("resumeStep")
+            if path == "jsi-process":
+                stopped = [
+                    t for t, line in self.logs(name) if t > crash and "launcher: stopped" in line
+                ]
+                at["stopped"] = max(stopped, default=None)
+        at["barrier"] = self.bench.barrier(path, name, crash)
+        for m in ("started", "imported", "group_ready", "restored", "first_step"):
+            times = [getattr(r, m) for r in ranks.values()]
+            at[m] = max(times) if None not in times else None
+        steps = {rank: r.resume_step for rank, r in ranks.items() if r.resume_step is not None}
+        agreed = set(steps.values())
+        consistent = len(steps) == RANKS and len(agreed) == 1
+        if gang_step is not None:
+            consistent = consistent and agreed == {gang_step}
+        last = last_step_before(old, crash)
+        if last is None:
+            raise RuntimeError(f"{name}: no step logged before the crash")
+        return Recovery(
+            path,
+            rep,
+            {m: None if t is None else round(t - crash, 3) for m, t in at.items()},
+            steps,
+            gang_step,
+            consistent,
+            last,
+            last - min(agreed, default=0),
+            writes,
+        )
+
+
+# --- the summary -----------------------------------------------------------------------------
+
+
+def summary(runs: list[Recovery], paths: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Per path: the median of every milestone, the range of the first productive step, the
+    median steps lost, whether every recovery resumed consistently."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        mine = [r for r in runs if r.path == path]
+        if not mine:
+            continue
+        med: dict[str, float | None] = {}
+        for m in MILESTONES:
+            values = [t for r in mine if (t := r.milestones[m]) is not None]
+            med[m] = round(statistics.median(values), 3) if values else None
+        first = [t for r in mine if (t := r.milestones["first_step"]) is not None]
+        out[path] = {
+            "reps": len(mine),
+            "median": med,
+            "first_step_min": min(first, default=None),
+            "first_step_max": max(first, default=None),
+            "steps_lost_median": statistics.median(r.steps_lost for r in mine),
+            "steps_lost_max": max(r.steps_lost for r in mine),
+            "consistent": all(r.consistent for r in mine),
+            "writes_median": statistics.median(sum(r.writes.values()) for r in mine),
+        }
+    return out
+
+
+def table(s: dict[str, dict[str, Any]]) -> str:
+    """Markdown: each milestone's median (seconds after the crash), the first productive step
+    with its range and its ratio to jobset-inplace's process scope and to upstream's
+    main-container mode, steps lost."""
+
+    def ratio(path: str, v: float) -> str:
+        base = s.get(path, {}).get("median", {}).get("first_step")
+        return f"{v / base:.2f}x" if base else "-"
+
+    head = [
+        "| path | detected | stopped | barrier | process started | imported torch "
+        "| process group | restored | **first productive step** (range) | / jsi-process "
+        "| / upstream-main | steps lost (median, max) | one resume step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    rows = []
+    for path, v in s.items():
+        med = v["median"]
+        cells = ["-" if med[m] is None else f"{med[m]:.2f}" for m in MILESTONES[:-1]]
+        first = med["first_step"]
+        if first is None:
+            continue  # (every recovery waits for it: not reached in none)
+        rows.append(
+            f"| {path} | {' | '.join(cells)} | **{first:.2f}** ({v['first_step_min']:.2f}-"
+            f"{v['first_step_max']:.2f}) | {ratio('jsi-process', first)} | "
+            f"{ratio('upstream-main', first)} | {v['steps_lost_median']:g}, "
+            f"{v['steps_lost_max']} | {'yes' if v['consistent'] else '**no**'} |"
+        )
+    return "\n".join(head + rows)

@@ -1,0 +1,148 @@
+"""The PyTorch gang as users run it (testbed/frameworks/torch_dcp_trainer.py under ``torchrun``,
+DDP over gloo, DCP checkpoints in torchtitan's layout in one shared directory), shared by its
+e2e test and the real-node benchmark: its JobSet, its trainer ConfigMap, how to find and kill a
+worker process, and how to read its ranks' logs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jobset_inplace import names
+from testbed import images
+from testbed.cluster import REAL_NODE_LABEL
+from testbed.kube import Clients
+from testbed.workloads import shared_checkpoint_gang
+
+MEMBERS = 2
+WORKERS = 2  # torchrun's workers per pod
+RANKS = MEMBERS * WORKERS
+TRAINER = "torch_dcp_trainer.py"
+CONFIG_MAP = "torch-trainer"
+MASTER_PORT = 29500
+# (found anywhere in a line: the ranks of a pod share its stdout, and a line may hold two)
+LINE = re.compile(r"\[rank (\d+)\] (?:step (\d+)|resumed at step (\d+)) loss (\d\.\d+e[+-]\d+)")
+# The trainer's worker processes in a container: one pid per line.
+WORKER_PIDS = f"""
+import os
+for p in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv = open(f"/proc/{{p}}/cmdline", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    if any(a.endswith(b"{TRAINER}") for a in argv) and b"torch.distributed.run" not in argv:
+        print(p)
+"""
+
+
+def master(name: str) -> str:
+    """JobSet ``name``'s hostname of member 0 (its headless Service): torchrun's static
+    rendezvous point."""
+    return f"{name}-workers-0-0.{name}"
+
+
+def torch_jobset(
+    shared: Path, site: Path, *, name: str = "gang", env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """JobSet ``name``: ``MEMBERS`` one-pod members on the real nodes, each running ``torchrun``
+    with ``WORKERS`` workers (``--max-restarts=0``: a worker's failure ends torchrun, which is
+    the gang's failure signal), checkpoints in ``shared`` (a host directory), PyTorch from
+    ``site`` (:func:`testbed.images.torch_site`) mounted read-only. Opted in with layout
+    ``torch-dcp``; ``env``: more of the trainer's environment."""
+    index = f"metadata.labels['{names.JOB_INDEX_LABEL}']"
+    torchrun = [
+        "python3", "-m", "torch.distributed.run",
+        f"--nnodes={MEMBERS}", f"--nproc-per-node={WORKERS}", "--node-rank=$(NODE_RANK)",
+        f"--master-addr={master(name)}", f"--master-port={MASTER_PORT}", "--max-restarts=0",
+        f"/trainer/{TRAINER}",
+    ]  # fmt: skip
+    extra = [{"name": k, "value": v} for k, v in (env or {}).items()]
+    trainer = {
+        "name": "trainer",
+        "image": images.NODE_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": torchrun,
+        "env": [
+            {"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": index}}},
+            {"name": "CHECKPOINT_DIR", "value": "/ckpt"},
+            {"name": "STEPS", "value": "100000"},
+            {"name": "OMP_NUM_THREADS", "value": "1"},
+            {"name": "PYTHONPATH", "value": "/opt/torch"},
+            *extra,
+        ],
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+        "volumeMounts": [
+            {"name": "shared", "mountPath": "/ckpt"},
+            {"name": "torch", "mountPath": "/opt/torch", "readOnly": True},
+            {"name": "trainer", "mountPath": "/trainer", "readOnly": True},
+        ],
+    }
+    return shared_checkpoint_gang(
+        "torch-dcp",
+        trainer,
+        MEMBERS,
+        name=name,
+        shared=shared,
+        node_selector={REAL_NODE_LABEL: "true"},
+        volumes=[
+            {"name": "torch", "hostPath": {"path": str(site), "type": "Directory"}},
+            {"name": "trainer", "configMap": {"name": CONFIG_MAP}},
+        ],
+    )
+
+
+def create_trainer_config_map(kube: Clients, namespace: str) -> None:
+    """The trainer's script as ConfigMap ``CONFIG_MAP`` in ``namespace`` (replaced if there)."""
+    body = {"metadata": {"name": CONFIG_MAP}, "data": {TRAINER: images.TORCH_TRAINER.read_text()}}
+    try:
+        kube.core.create_namespaced_config_map(namespace, body)
+    except Exception as e:  # 409: there from an earlier run
+        if getattr(e, "status", None) != 409:
+            raise
+        kube.core.replace_namespaced_config_map(CONFIG_MAP, namespace, body)
+
+
+def worker_pids(kubectl: list[str], pod: str) -> set[int]:
+    """The pids of the trainer's worker processes in ``pod``'s trainer container (not
+    torchrun's own)."""
+    out = subprocess.run(
+        [*kubectl, "exec", pod, "-c", "trainer", "--", "python3", "-c", WORKER_PIDS],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return {int(p) for p in out.split()}
+
+
+def kill_worker(kubectl: list[str], pod: str, pid: int, at: float | None = None) -> None:
+    """SIGKILL worker ``pid`` in ``pod``'s trainer container, at wall time ``at`` (seconds since
+    the epoch; None: now)."""
+    wait = "" if at is None else f"time.sleep(max(0.0, {at:.3f} - time.time())); "
+    kill = f"import os, signal, time; {wait}os.kill({pid}, signal.SIGKILL)"
+    cmd = [*kubectl, "exec", pod, "-c", "trainer", "--", "python3", "-c", kill]
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+@dataclass
+class RankRuns:
+    """One rank's runs (a new one starts at each ``resumed at`` line): ``step -> loss``."""
+
+    runs: list[dict[int, float]] = field(default_factory=lambda: [{}])
+    resumed_at: list[int] = field(default_factory=list)  # each resume's step, in order
+
+
+def rank_runs(logs: str) -> dict[int, RankRuns]:
+    """Per rank, its runs as its log lines tell them."""
+    out: dict[int, RankRuns] = {}
+    for m in LINE.finditer(logs):
+        rank, step, resumed, loss = m.groups()
+        mine = out.setdefault(int(rank), RankRuns())
+        if resumed is not None:
+            mine.runs.append({})
+            mine.resumed_at.append(int(resumed))
+        else:
+            mine.runs[-1][int(step)] = float(loss)
+    return out

@@ -1,0 +1,100 @@
+"""The first-productive-step benchmark's reading of the ranks' logs and its per-path JobSets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench import first_step, upstream
+from bench.first_step import Recovery, last_step_before, rank_resumes, torch_path_jobset
+from jobset_inplace import names
+from testbed.torchgang import master, torch_jobset
+
+CRASH = 100.0
+
+
+def _lines(*pairs: tuple[float, str]) -> list[tuple[float, str]]:
+    return list(pairs)
+
+
+def test_milestones_are_those_of_the_run_that_resumed() -> None:
+    lines = _lines(
+        (99.0, "[rank 0] step 43 loss 1.0e-01"),
+        (100.5, "[rank 0] step 44 loss 1.0e-01"),  # the old run, after the crash
+        (101.0, "[rank 0] process started"),  # a start that failed (rendezvous) ...
+        (102.0, "[rank 0] imported torch"),
+        (103.0, "[rank 0] process started"),  # ... and the retry
+        (104.0, "[rank 0] imported torch"),
+        (105.0, "[rank 0] process group ready"),
+        (106.0, "[rank 0] resumed at step 40 loss 2.0e-01"),
+        (107.0, "[rank 0] step 41 loss 2.0e-01"),
+        (108.0, "[rank 0] step 42 loss 2.0e-01"),
+    )
+    (r,) = rank_resumes(lines, CRASH).values()
+    assert (r.started, r.imported, r.group_ready) == (103.0, 104.0, 105.0)
+    assert (r.restored, r.resume_step, r.first_step) == (106.0, 40, 107.0)
+
+
+def test_a_rank_not_back_yet_has_no_first_step() -> None:
+    lines = _lines(
+        (101.0, "[rank 1] process started"),
+        (102.0, "[rank 1] resumed at step 40 loss 2.0e-01"),
+        (99.0, "[rank 2] resumed at step 40 loss 2.0e-01"),  # before the crash: not this one
+    )
+    got = rank_resumes(lines, CRASH)
+    assert set(got) == {1}
+    assert got[1].first_step is None
+
+
+def test_two_ranks_in_one_line_are_both_read() -> None:
+    line = "[rank 0] step 41 loss 1.0e-01[rank 1] step 44 loss 1.0e-01"
+    assert last_step_before([(99.0, line), (101.0, "[rank 0] step 45 loss 1.0e-01")], CRASH) == 44
+
+
+def test_each_path_runs_the_same_trainer(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    jsi = torch_path_jobset("jsi-pod", "p", tmp_path, site)
+    assert jsi["metadata"]["annotations"][names.RESTART_SCOPE] == "pod"
+    assert jsi["metadata"]["annotations"][names.CHECKPOINT_LAYOUT] == "torch-dcp"
+
+    def pod(js: dict[str, Any]) -> dict[str, Any]:
+        spec: dict[str, Any] = js["spec"]["replicatedJobs"][0]["template"]["spec"]
+        return spec["template"]["spec"]  # type: ignore[no-any-return]
+
+    stock = torch_path_jobset("stock-grace0", "s", tmp_path, site)
+    assert stock["metadata"]["annotations"] == {}, "stock: not opted in"
+    assert pod(stock)["terminationGracePeriodSeconds"] == 0
+    assert stock["spec"]["replicatedJobs"][0]["template"]["spec"]["backoffLimit"] == 0
+    command = pod(stock)["containers"][0]["command"]
+    assert command == pod(torch_jobset(tmp_path, site, name="s"))["containers"][0]["command"]
+    assert f"--master-addr={master('s')}" in command
+    main = torch_path_jobset("upstream-main", "u", tmp_path, site)
+    trainer = pod(main)["containers"][0]
+    env = {e["name"]: e.get("value") for e in trainer["env"]}
+    assert "torch.distributed.run" in env["WORKER_COMMAND"]
+    assert main["spec"]["failurePolicy"]["restartStrategy"] == "InPlaceRestart"
+    assert pod(main)["serviceAccountName"] == upstream.SERVICE_ACCOUNT
+    # the PyTorch site and the trainer are mounted on every path
+    for js in (jsi, stock, main):
+        mounts = {m["mountPath"] for m in pod(js)["containers"][0]["volumeMounts"]}
+        assert {"/ckpt", "/opt/torch", "/trainer"} <= mounts
+
+
+def _recovery(path: str, first: float, lost: int, consistent: bool = True) -> Recovery:
+    at = dict.fromkeys(first_step.MILESTONES, None) | {"barrier": 1.0, "first_step": first}
+    return Recovery(path, 0, at, {0: 40}, None, consistent, 40 + lost, lost)
+
+
+def test_summary_and_table_give_ratios_and_flag_an_inconsistent_path() -> None:
+    runs = [
+        _recovery("jsi-process", 4.0, 3),
+        _recovery("jsi-process", 6.0, 5),
+        _recovery("upstream-main", 20.0, 4),
+        _recovery("stock", 40.0, 9, consistent=False),
+    ]
+    s = first_step.summary(runs, ("jsi-process", "upstream-main", "stock"))
+    assert s["jsi-process"]["median"]["first_step"] == 5.0
+    assert s["jsi-process"]["steps_lost_median"] == 4
+    text = first_step.table(s)
+    assert "0.25x" in text  # jsi-process: 5 s / upstream-main's 20 s
+    assert "**no**" in text.splitlines()[-1]
