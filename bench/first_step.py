@@ -6,10 +6,12 @@ The gang is the PyTorch one of the e2e suite (testbed/torchgang.py): 2 members o
 nodes, each ``torchrun`` with 2 workers (4 ranks), DDP over gloo, DCP checkpoints every 10
 steps in one shared directory that survives every path (a persistent tier: stock JobSet too
 resumes from the newest complete step, not from step 0), PyTorch's CUDA build imported from a
-host-mounted site. For each path of :mod:`bench.realnode` (same JobSet otherwise), once every
-rank is past step 40: one worker process of member 1 is SIGKILLed at a set time, and every
-milestone is read from the components' own timestamps (the container runtime's time of each
-log line; the controller's status for jobset-inplace):
+host-mounted site. For each path of :mod:`bench.realnode` (same JobSet otherwise), and
+``jsi-prestart`` (the process scope with ``prestart-imports``: the next epoch's interpreters
+started and PyTorch imported while the barrier is closed), once every rank is past step 40:
+one worker process of member 1 is SIGKILLed at a set time, and every milestone is read from
+the components' own timestamps (the container runtime's time of each log line; the
+controller's status for jobset-inplace):
 
 * ``detected`` (jobset-inplace: the recovery's start in its status), ``stopped`` (process
   scope: the launchers' "stopped"), ``barrier`` (as :mod:`bench.realnode` reads it);
@@ -55,6 +57,17 @@ from testbed.torchgang import (
 if TYPE_CHECKING:
     from bench.realnode import Bench
 
+# bench.realnode's paths, and jobset-inplace's process scope with its trainers pre-started
+PATHS = (
+    "jsi-process",
+    "jsi-prestart",
+    "jsi-pod",
+    "upstream-sidecar",
+    "upstream-main",
+    "stock",
+    "stock-grace0",
+)
+PRESTART_IMPORTS = "torch,torch.distributed.checkpoint"  # what the trainer imports
 CRASH_LEAD_S = 2.0  # the kill is set this far ahead (a kubectl exec takes ~0.3 s here)
 TRAINED_STEP = 40  # every rank past this step before the crash (checkpoints at 10..40)
 RECOVERY_CAP_S = 600.0
@@ -174,8 +187,13 @@ class Recovery:
 def torch_path_jobset(path: str, name: str, shared: Path, site: Path) -> dict[str, Any]:
     """The PyTorch gang as ``path`` runs it (the same trainer, gang and checkpoints)."""
     js = torch_jobset(shared, site, name=name)
+    annotations = js["metadata"]["annotations"]
+    if path == "jsi-prestart":
+        annotations[names.RESTART_SCOPE] = "process"
+        annotations[names.PRESTART_IMPORTS] = PRESTART_IMPORTS
+        return js
     if path.startswith("jsi-"):
-        js["metadata"]["annotations"][names.RESTART_SCOPE] = path.removeprefix("jsi-")
+        annotations[names.RESTART_SCOPE] = path.removeprefix("jsi-")
         return js
     js["metadata"]["annotations"] = {}
     js["spec"]["failurePolicy"] = {"maxRestarts": 1000}
@@ -284,7 +302,7 @@ class TorchBench:
             rec = st.get("recovery") or {}
             at["detected"] = parse_time(rec.get("startedAt"))
             gang_step = st.get("resumeStep")
-            if path == "jsi-process":
+            if path in ("jsi-process", "jsi-prestart"):
                 stopped = [
                     t for t, line in self.logs(name) if t > crash and "launcher: stopped" in line
                 ]

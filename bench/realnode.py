@@ -285,8 +285,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--paths",
         type=lambda raw: [x for x in raw.split(",") if x],
-        default=list(PATHS),
-        help=f"comma-separated subset of {','.join(PATHS)}",
+        help=f"comma-separated subset of {','.join(PATHS)} (default: all; with --trainer torch "
+        f"also {','.join(sorted(set(first_step.PATHS) - set(PATHS)))})",
     )
     p.add_argument(
         "--trainer",
@@ -304,9 +304,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     a = p.parse_args(argv)
     a.out = a.out or DEFAULT_OUT[a.trainer]
-    unknown = sorted(set(a.paths) - set(PATHS))
+    known = first_step.PATHS if a.trainer == "torch" else PATHS
+    a.paths = a.paths or list(known)
+    unknown = sorted(set(a.paths) - set(known))
     if unknown or a.reps < 1:
-        p.error(f"--paths: unknown {unknown} (accepted: {','.join(PATHS)}); --reps must be >= 1")
+        p.error(f"--paths: unknown {unknown} (accepted: {','.join(known)}); --reps must be >= 1")
     return a
 
 
@@ -372,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         controller.stop()
     if torch is not None:
-        s_torch = first_step.summary(runs, PATHS)
+        s_torch = first_step.summary(runs, first_step.PATHS)
         print(first_step.table(s_torch))
         summarized: dict[str, Any] = s_torch
     else:

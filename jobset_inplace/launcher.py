@@ -29,6 +29,16 @@ links). ``stopped`` and ``exited`` are written only once none is left.
 A child that exits 0 ends the launcher with 0 (the container completes). If the launcher itself
 dies, the container's ``RestartAllContainers`` rule restarts the whole pod, as in the pod scope.
 
+Pre-start (``JSI_PRESTART_IMPORTS`` set: ``jobset-inplace.dev/prestart-imports``): while no
+epoch runs, the next epoch's command is already started, with the hook of
+:mod:`jobset_inplace.prestart` (``$JSI_STATE_DIR/prestart/sitecustomize.py``) first on its
+``PYTHONPATH``: its interpreters start and import those modules, then wait on a lock the
+launcher holds (``prestart-<container>.json.lock``). When an epoch's barrier opens the launcher
+writes its epoch and resume step to ``prestart-<container>.json`` and releases the lock: the
+trainer's entry point runs at once. The state file says ``waiting`` while they wait (no
+trainer code has run). A pre-started command that exits before its epoch is logged and not
+pre-started again until an epoch has run (no loop): that epoch starts it cold.
+
 Standard library only, Python 3.8 compatible, and imports nothing of ``jobset_inplace``: it
 runs alone from the state volume on the trainer's interpreter.
 """
@@ -57,6 +67,12 @@ POLL_SECONDS = 0.02
 TREE_POLL_SECONDS = 0.02  # how often a stop looks for descendants still there (a /proc scan)
 KILL_WAIT_SECONDS = 5.0  # how long SIGKILL is repeated before a survivor is logged
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+# Pre-start: the names of jobset_inplace.prestart (the launcher runs alone; a unit test checks
+# that the two agree).
+ENV_PRESTART_IMPORTS = "JSI_PRESTART_IMPORTS"
+ENV_PRESTART_GO = "JSI_PRESTART_GO"
+PRESTART_HOOK_DIR = "prestart"
+PRESTART_HOOK_FILE = "sitecustomize.py"  # in PRESTART_HOOK_DIR: the hook, by Python's name
 
 WAITING, RUNNING, STOPPED, EXITED = "waiting", "running", "stopped", "exited"
 STATES = (WAITING, RUNNING, STOPPED, EXITED)
@@ -147,12 +163,17 @@ def _exit_code(status: int) -> int:
 
 
 class Launcher:
-    def __init__(self, argv: list[str], state_dir: Path, container: str, grace: float) -> None:
+    def __init__(
+        self, argv: list[str], state_dir: Path, container: str, grace: float, prestart: bool
+    ) -> None:
         self.argv, self.state_dir, self.grace = argv, state_dir, grace
         self.path = state_file(state_dir, container)
         self.child: int | None = None  # pid (and process group) of the running command
         self.code: int | None = None  # its exit code once reaped
         self.terminating = False
+        self.prestart = prestart
+        self.word = state_dir / f"prestart-{container}.json"  # the word to a pre-started command
+        self.hold: int | None = None  # the lock's fd while a pre-started command waits
 
     def write(self, state: str, epoch: int | None, code: int | None = None) -> None:
         tmp = self.path.with_name(f".{self.path.name}.tmp")
@@ -171,18 +192,79 @@ class Launcher:
             if pid == self.child:
                 self.code = _exit_code(status)
 
-    def start(self, epoch: int, step: int | None) -> bool:
-        env = dict(os.environ)
-        env[ENV_EPOCH], env[ENV_RESUME_STEP] = str(epoch), "" if step is None else str(step)
+    def spawn(self, env: dict[str, str]) -> OSError | None:
         self.code = None
         try:
             self.child = os.posix_spawnp(self.argv[0], self.argv, env, setsid=True)
         except OSError as e:
-            _log(f"epoch {epoch}: cannot start {self.argv[0]!r}: {e}")
             self.child, self.code = None, EXIT_NOT_FOUND
+            return e
+        return None
+
+    def start(self, epoch: int, step: int | None) -> bool:
+        env = dict(os.environ)
+        env[ENV_EPOCH], env[ENV_RESUME_STEP] = str(epoch), "" if step is None else str(step)
+        failed = self.spawn(env)
+        if failed is not None:
+            _log(f"epoch {epoch}: cannot start {self.argv[0]!r}: {failed}")
             return False
         _log(f"epoch {epoch}: started {' '.join(self.argv)} (pid {self.child}, resume step {step})")
         return True
+
+    def prestart_next(self) -> None:
+        """Start the next epoch's command now, held by the pre-start hook until :meth:`go`."""
+        import fcntl  # noqa: PLC0415  (Linux only; the launcher may run elsewhere in tests)
+
+        hook = self.state_dir / PRESTART_HOOK_DIR
+        self.word.unlink(missing_ok=True)
+        fd = os.open(f"{self.word}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + KILL_WAIT_SECONDS
+        while True:  # the last command's processes are gone, and with them their shared locks
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    _log(f"{self.word}.lock is held by another process: every epoch starts cold")
+                    self.prestart = False
+                    return
+                time.sleep(POLL_SECONDS)
+        env = dict(os.environ)
+        env[ENV_EPOCH] = env[ENV_RESUME_STEP] = ""
+        env[ENV_PRESTART_GO] = str(self.word)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook), env.get("PYTHONPATH")) if p)
+        failed = self.spawn(env)
+        if failed is not None:
+            os.close(fd)
+            _log(f"cannot pre-start {self.argv[0]!r}: {failed}")
+            self.prestart = False  # the epoch will say it again, cold
+            return
+        self.hold = fd
+        _log(f"pre-started {' '.join(self.argv)} (pid {self.child}): waiting for an epoch")
+
+    def go(self, epoch: int, step: int | None) -> None:
+        """The word to the pre-started command: its epoch and resume step, then the lock."""
+        tmp = self.word.with_name(f".{self.word.name}.tmp")
+        tmp.write_text(json.dumps({"epoch": epoch, "resumeStep": step}) + "\n")
+        os.replace(tmp, self.word)
+        assert self.hold is not None
+        os.close(self.hold)  # releases the lock: every waiting process goes
+        self.hold = None
+        _log(f"epoch {epoch}: released pre-started pid {self.child} (resume step {step})")
+
+    def prestart_lost(self) -> None:
+        """The pre-started command ended before its epoch: clean up after it, start cold."""
+        self.kill_tree()
+        _log(
+            f"the pre-started command exited {self.code} before its epoch: the next epoch "
+            "starts it cold (its log above says why)"
+        )
+        if self.hold is not None:
+            os.close(self.hold)
+            self.hold = None
+        self.child = None
+        self.prestart = False
 
     def signal_group(self, signum: int) -> None:
         if self.child is not None:
@@ -248,13 +330,18 @@ class Launcher:
         ran: int | None = None  # the last epoch the command was started in
         declined: int | None = None  # the last epoch said not to be run (logged once)
         self.write(WAITING, None)
+        pre = self.prestart  # pre-start wanted (off after a failed one, until an epoch ran)
         while not self.terminating:
+            if self.prestart and self.child is None:
+                self.prestart_next()
             resume = resume_epoch(self.state_dir)
             if resume is None or (ran is not None and resume[0] <= ran):
                 if resume is not None and resume[0] != declined:
                     declined = resume[0]
                     _log(f"epoch {declined}: not run (the command already ran in epoch {ran})")
                 self.reap()
+                if self.child is not None and self.code is not None:
+                    self.prestart_lost()
                 time.sleep(POLL_SECONDS)
                 continue
             epoch = resume[0]
@@ -265,12 +352,21 @@ class Launcher:
                 self.write(WAITING, ran)
                 continue
             ran = epoch
-            if not self.start(epoch, resume[1]):
+            self.reap()
+            if self.child is not None and self.code is not None:
+                self.prestart_lost()
+            if self.child is not None:
+                self.go(epoch, resume[1])
+            elif not self.start(epoch, resume[1]):
                 self.write(EXITED, epoch, self.code)
                 continue
             outcome = self.supervise(epoch)
             if outcome is not None:
                 return outcome
+            self.prestart = pre
+        if self.child is not None:  # a pre-started command, never released
+            self.signal_tree(signal.SIGTERM)
+            self.kill_tree()
         return 128 + signal.SIGTERM
 
     def supervise(self, epoch: int) -> int | None:
@@ -316,7 +412,11 @@ def main(args: list[str] | None = None) -> int:
     if not container or "/" in container or not 0 <= grace <= 3600:
         _log(f"{ENV_CONTAINER} must name the container and {ENV_STOP_GRACE} be 0..3600 seconds")
         return EXIT_USAGE
-    launcher = Launcher(argv, state_dir, container, grace)
+    prestart = bool(os.environ.get(ENV_PRESTART_IMPORTS, "").strip())
+    if prestart and not (state_dir / PRESTART_HOOK_DIR / PRESTART_HOOK_FILE).is_file():
+        _log(f"no pre-start hook in {state_dir / PRESTART_HOOK_DIR}: every epoch starts cold")
+        prestart = False
+    launcher = Launcher(argv, state_dir, container, grace, prestart)
     if not become_subreaper():
         _log("not a child subreaper: a stop reaches only what stays in the launcher's tree")
 

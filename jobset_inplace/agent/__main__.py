@@ -14,7 +14,7 @@ import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 from types import FrameType  # noqa: E402
 
-from jobset_inplace import launcher  # noqa: E402
+from jobset_inplace import launcher, prestart  # noqa: E402
 from jobset_inplace.trainer import clear_resume  # noqa: E402
 
 from .config import EXIT_CONFIG, EXIT_CRASH, Config, ConfigError, load_config  # noqa: E402
@@ -36,14 +36,20 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 
 
 def install_launcher(cfg: Config) -> None:
-    """Process scope: put the launcher where the main containers run it from (before the
-    probe answers /started, so before they start), and forget the last pod start's states."""
-    source = Path(launcher.__file__).read_bytes()
-    target = cfg.state_dir / launcher.LAUNCHER_FILE
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_bytes(source)
-    tmp.chmod(0o644)  # the trainer may run as another user
-    tmp.replace(target)
+    """Process scope: put the launcher, and the pre-start hook it may use, where the main
+    containers run them from (before the probe answers /started, so before they start), and
+    forget the last pod start's states."""
+    hook = cfg.state_dir / launcher.PRESTART_HOOK_DIR
+    hook.mkdir(exist_ok=True)
+    hook.chmod(0o755)
+    for source, target in (
+        (launcher.__file__, cfg.state_dir / launcher.LAUNCHER_FILE),
+        (prestart.__file__, hook / launcher.PRESTART_HOOK_FILE),
+    ):
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_bytes(Path(source).read_bytes())
+        tmp.chmod(0o644)  # the trainer may run as another user
+        tmp.replace(target)
     for c in cfg.launched:
         launcher.state_file(cfg.state_dir, c).unlink(missing_ok=True)
 

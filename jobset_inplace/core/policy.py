@@ -100,6 +100,9 @@ class Policy:
     restart_scope: RestartScope = RestartScope.PROCESS
     # Process scope: how long a trainer may take to exit on SIGTERM before it is killed.
     trainer_stop_grace_s: float = 1.0
+    # Process scope: the next epoch's trainer is started, these modules imported, while the
+    # barrier is closed (jobset_inplace.prestart); () : started when the barrier opens.
+    prestart_imports: tuple[str, ...] = ()
     # Hang detection (off when None): no new step reported for this long after the first, or
     # no first step this long after the barrier opened, is a hung trainer (docs/annotations.md).
     hang_timeout_s: float | None = None
@@ -344,6 +347,23 @@ def _factor(key: str, value: str, bounds: tuple[float, float]) -> float:
     return number
 
 
+# A Python module's dotted name (ASCII identifiers), at most PRESTART_IMPORTS_MAX of them.
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+PRESTART_IMPORTS_MAX = 32
+
+
+def _modules(key: str, value: str) -> tuple[str, ...]:
+    """``torch`` or ``torch,numpy,transformers``: modules, comma-separated."""
+    accepted = (
+        f"Python module names, comma-separated (e.g. torch or torch,numpy), at most "
+        f"{PRESTART_IMPORTS_MAX}"
+    )
+    found = tuple(part.strip() for part in value.split(","))
+    if len(found) > PRESTART_IMPORTS_MAX or not all(_MODULE.fullmatch(m) for m in found):
+        raise PolicyError(key, value, accepted)
+    return found
+
+
 def _bool(key: str, value: str) -> bool:
     if value not in ("true", "false"):
         raise PolicyError(key, value, '"true" or "false"')
@@ -397,6 +417,7 @@ _PARSERS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
         names.TRAINER_STOP_GRACE,
         lambda k, v: _duration(k, v, TRAINER_STOP_GRACE_RANGE_S, "0s, 0.5s or 5s"),
     ),
+    ("prestart_imports", names.PRESTART_IMPORTS, _modules),
     (
         "hang_timeout_s",
         names.HANG_TIMEOUT,
@@ -437,6 +458,7 @@ CREATE_TIME_KEYS: frozenset[str] = frozenset(
         names.CHECKPOINT_LAYOUT,
         names.CHECKPOINT_STEP_PATTERN,
         names.ESCALATION,
+        names.PRESTART_IMPORTS,
         names.HANG_TIMEOUT,
         names.RESTART_EXIT_CODE,
         names.RESTART_SCOPE,

@@ -23,10 +23,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobset_inplace import __version__, names
+from jobset_inplace import __version__, names, prestart
 from jobset_inplace.core.agent_settings import DEFAULT_RESOURCES
 from jobset_inplace.core.policy import Escalation, Policy, RestartScope, parse_policy
-from jobset_inplace.launcher import ENV_CONTAINER, ENV_STOP_GRACE, LAUNCHER_FILE
+from jobset_inplace.launcher import (
+    ENV_CONTAINER,
+    ENV_PRESTART_IMPORTS,
+    ENV_STOP_GRACE,
+    LAUNCHER_FILE,
+)
 from jobset_inplace.trainer import (
     DEFAULT_STATE_DIR,
     ENV_CHECKPOINT_LOCAL_DIR,
@@ -249,6 +254,11 @@ def _prepare_pod(
     agent["securityContext"] = agent_security_context(spec.get("containers") or [])
     if policy.restart_scope == RestartScope.PROCESS:
         _launch(spec.get("containers") or [], agent, where, policy)
+    elif policy.prestart_imports:
+        raise TransformError(
+            f"{names.PRESTART_IMPORTS} needs {names.RESTART_SCOPE}: {RestartScope.PROCESS} (a "
+            f"pod restart starts every container anew): remove it, or set that scope"
+        )
     if spec.get("restartPolicy", "Never") != "Never":
         raise TransformError(
             f"{where}.spec.restartPolicy must be Never (in-place restarts and "
@@ -294,9 +304,19 @@ def _launch(
                 f"image's entrypoint cannot be read here): set it, or set "
                 f"{names.RESTART_SCOPE}: {RestartScope.POD}"
             )
-        if command[: len(LAUNCHER_COMMAND)] != LAUNCHER_COMMAND:
-            c["command"] = [*LAUNCHER_COMMAND, *command]
+        if command[: len(LAUNCHER_COMMAND)] == LAUNCHER_COMMAND:
+            command = command[len(LAUNCHER_COMMAND) :]
+        c["command"] = [*LAUNCHER_COMMAND, *command]
         c["env"] = _add_by_name(c.get("env") or [], grace)
+        if policy.prestart_imports:
+            why = prestart.refusal([*command, *(c.get("args") or [])])
+            if why is not None:
+                raise TransformError(
+                    f"{where}.spec.containers[{i}].command cannot be pre-started "
+                    f"({names.PRESTART_IMPORTS}): {why}"
+                )
+            imports = {"name": ENV_PRESTART_IMPORTS, "value": ",".join(policy.prestart_imports)}
+            c["env"] = _add_by_name(c["env"], imports)
     launched = ",".join(c["name"] for c in containers)
     agent["env"] = _add_by_name(agent["env"], {"name": ENV_LAUNCHED, "value": launched})
     agent["env"] = _add_by_name(agent["env"], grace)

@@ -61,6 +61,10 @@ def test_each_path_runs_the_same_trainer(tmp_path: Path) -> None:
         spec: dict[str, Any] = js["spec"]["replicatedJobs"][0]["template"]["spec"]
         return spec["template"]["spec"]  # type: ignore[no-any-return]
 
+    pre = torch_path_jobset("jsi-prestart", "q", tmp_path, site)["metadata"]["annotations"]
+    assert pre[names.RESTART_SCOPE] == "process"
+    assert pre[names.PRESTART_IMPORTS].startswith("torch")
+
     stock = torch_path_jobset("stock-grace0", "s", tmp_path, site)
     assert stock["metadata"]["annotations"] == {}, "stock: not opted in"
     assert pod(stock)["terminationGracePeriodSeconds"] == 0

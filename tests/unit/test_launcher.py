@@ -79,15 +79,18 @@ def alive(pid: int) -> bool:
 class Pod:
     """A state directory and a running launcher over it."""
 
-    def __init__(self, tmp: Path, **env: str) -> None:
+    def __init__(self, tmp: Path, command: list[str] | None = None, **env: str) -> None:
+        """``command``: the trainer's (default: CHILD over ``tmp``)."""
         self.dir = tmp
         (tmp / "child.py").write_text(CHILD)
         self.env = {**os.environ, "JSI_STATE_DIR": str(tmp), "JSI_CONTAINER_NAME": "trainer"}
         self.env.update(env)
         self.log_path = tmp / "launcher.log"
-        command = [sys.executable, launcher.__file__, "--", sys.executable, str(tmp / "child.py")]
+        command = command or [sys.executable, str(tmp / "child.py"), str(tmp)]
         with self.log_path.open("w") as log:  # the launcher has its own copy of the descriptor
-            self.proc = subprocess.Popen([*command, str(tmp)], env=self.env, stderr=log)
+            self.proc = subprocess.Popen(
+                [sys.executable, launcher.__file__, "--", *command], env=self.env, stderr=log
+            )
 
     def log(self) -> str:
         return self.log_path.read_text()

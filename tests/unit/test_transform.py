@@ -174,6 +174,45 @@ def test_process_scope_needs_a_command() -> None:
     assert "jobset-inplace.dev/restart-scope: pod" in msg
 
 
+def test_prestart_imports_reach_every_launched_container() -> None:
+    js = jobset()
+    pod_spec(js)["containers"][0]["command"] = ["python3", "-u", "train.py"]
+    js["metadata"]["annotations"][names.PRESTART_IMPORTS] = "torch, numpy"
+    trainer = pod_spec(transform(js, S))["containers"][0]
+    assert trainer["command"] == ["python3", LAUNCHER_PATH, "--", "python3", "-u", "train.py"]
+    assert {"name": "JSI_PRESTART_IMPORTS", "value": "torch,numpy"} in trainer["env"]
+    again = pod_spec(transform(transform(js, S), S))["containers"][0]
+    assert again == trainer, "idempotent"
+
+
+@pytest.mark.parametrize(
+    ("command", "why"),
+    [
+        (["sh", "-c", "python3 train.py"], "not Python"),
+        (["python3", "-I", "train.py"], "python -I ignores PYTHONPATH"),
+        (["python3", "-SE", "train.py"], "python -ES ignores"),
+    ],
+)
+def test_prestart_refuses_a_command_it_cannot_hold(command: list[str], why: str) -> None:
+    js = jobset()
+    pod_spec(js)["containers"][0]["command"] = command
+    js["metadata"]["annotations"][names.PRESTART_IMPORTS] = "torch"
+    with pytest.raises(TransformError) as e:
+        transform(js, S)
+    assert "containers[0].command cannot be pre-started" in str(e.value)
+    assert why in str(e.value)
+
+
+def test_prestart_needs_the_process_scope_and_module_names() -> None:
+    js = jobset()
+    js["metadata"]["annotations"] |= {names.PRESTART_IMPORTS: "torch", names.RESTART_SCOPE: "pod"}
+    with pytest.raises(TransformError, match=r"prestart-imports needs .*restart-scope: process"):
+        transform(js, S)
+    js["metadata"]["annotations"] = {names.ENABLED: "true", names.PRESTART_IMPORTS: "torch;rm"}
+    with pytest.raises(PolicyError, match="Python module names, comma-separated"):
+        transform(js, S)
+
+
 def test_restart_exit_code_annotation_is_used() -> None:
     js = jobset()
     js["metadata"]["annotations"][names.RESTART_EXIT_CODE] = "99"
