@@ -117,6 +117,9 @@ ACCEPTED: list[tuple[str, str, str, Any]] = [
     (names.TRAINER_STOP_GRACE, "0s", "trainer_stop_grace_s", 0.0),
     (names.TRAINER_STOP_GRACE, "0.5s", "trainer_stop_grace_s", 0.5),
     (names.TRAINER_STOP_GRACE, "5m", "trainer_stop_grace_s", 300.0),
+    (names.PRESTART_IMPORTS, "torch", "prestart_imports", ("torch",)),
+    (names.PRESTART_IMPORTS, " torch , torch.distributed.checkpoint", "prestart_imports",
+     ("torch", "torch.distributed.checkpoint")),
     (names.HANG_TIMEOUT, "10s", "hang_timeout_s", 10.0),
     (names.HANG_TIMEOUT, "30m", "hang_timeout_s", 1800.0),
     (names.HANG_TIMEOUT, "168h", "hang_timeout_s", 604_800.0),
@@ -311,6 +314,7 @@ NON_CANONICAL_INTS = [
 ]
 
 # (annotation, malformed value, the accepted form the error must state)
+MODULES = "Python module names, comma-separated (e.g. torch or torch,numpy), at most 32"
 REJECTED: list[tuple[str, str, str]] = [
     (names.ENABLED, "yes", '"true" or "false"'),
     (names.ENABLED, "True", '"true" or "false"'),
@@ -416,6 +420,10 @@ REJECTED: list[tuple[str, str, str]] = [
     (names.RESTART_SCOPE, "container", "process or pod"),
     (names.TRAINER_STOP_GRACE, "1", "a duration such as 0s, 0.5s or 5s, from 0s to 5m"),
     (names.TRAINER_STOP_GRACE, "6m", "a duration such as 0s, 0.5s or 5s, from 0s to 5m"),
+    (names.PRESTART_IMPORTS, "torch;rm -rf", MODULES),
+    (names.PRESTART_IMPORTS, "torch,,numpy", MODULES),
+    (names.PRESTART_IMPORTS, "1torch", MODULES),
+    (names.PRESTART_IMPORTS, ",".join(["m"] * 33), MODULES),
     (
         names.CHECKPOINT_LAYOUT,
         "pytorch",

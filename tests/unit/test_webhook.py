@@ -62,7 +62,11 @@ def jobset(annotations: dict[str, str] | None = None, **pod_spec: Any) -> dict[s
                             "template": {
                                 "spec": {
                                     "containers": [
-                                        {"name": "trainer", "image": "t", "command": ["train"]}
+                                        {
+                                            "name": "trainer",
+                                            "image": "t",
+                                            "command": ["python3", "train.py"],
+                                        }
                                     ],
                                     **pod_spec,
                                 }
@@ -256,6 +260,7 @@ TWO_VALUES: dict[str, tuple[str, str]] = {
     names.TAINT_ON_DEVICE_FAULT: ("true", "false"),
     names.RESTART_SCOPE: ("pod", "process"),
     names.TRAINER_STOP_GRACE: ("0s", "1s"),
+    names.PRESTART_IMPORTS: ("torch", "numpy"),
     names.HANG_TIMEOUT: ("10m", "20m"),
     names.STARTUP_TIMEOUT: ("10m", "20m"),
     names.STRAGGLER_FACTOR: ("1.5", "2"),
