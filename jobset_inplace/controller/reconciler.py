@@ -52,6 +52,7 @@ class Reconciler:
     _locks: dict[GangKey, asyncio.Lock] = field(default_factory=dict)
     _not_before: dict[GangKey, float] = field(default_factory=dict)  # scheduling clock
     _fired: dict[GangKey, float] = field(default_factory=dict)  # scheduling time of last pass
+    _spacing: dict[GangKey, float] = field(default_factory=dict)  # after its last planning
     _failures: dict[GangKey, int] = field(default_factory=dict)  # failed passes in a row
     passes: int = 0
     stopped: bool = False  # this replica is terminating: no pass starts any more
@@ -66,10 +67,12 @@ class Reconciler:
 
     # --- scheduling ---------------------------------------------------------------------------
     def poke(self, key: GangKey, delay: float | None = None, *, urgent: bool = False) -> None:
-        """Plan gang ``key`` after ``delay``; by default as soon as the debounce (counted from
-        the last pass) and the pass spacing allow, unless already due sooner. ``urgent``: now,
-        whatever the debounce and spacing (the last report a barrier waited for; a failing gang
-        still keeps its backoff)."""
+        """Plan gang ``key`` after ``delay`` and the pass spacing (at 5000 members, without the
+        spacing here, a recovery's passes came in pairs 0.1-0.15 s apart: the second one a plan's
+        own look again, 2026-11-27); by default as soon
+        as the debounce (counted from the last pass) and the pass spacing allow, unless already
+        due sooner. ``urgent``: now, whatever the debounce and spacing (the last report a
+        barrier waited for; a failing gang still keeps its backoff)."""
         if self.stopped:
             return
         now = self.clock.monotonic()
@@ -79,8 +82,8 @@ class Reconciler:
             last = self._fired.get(key)
             debounced = now if last is None else last + self.debounce
             when = max(now, debounced, self._not_before.get(key, 0.0))
-        else:
-            when = now + delay
+        else:  # a deadline the plan asked to look again at: not before the spacing either
+            when = max(now + delay, self._not_before.get(key, 0.0))
         have = self._timers.get(key)
         if have is not None and have[0] <= when:
             return
@@ -96,6 +99,7 @@ class Reconciler:
             timer[1].cancel()
         self._not_before.pop(key, None)
         self._fired.pop(key, None)
+        self._spacing.pop(key, None)
         self._failures.pop(key, None)
         lock = self._locks.get(key)
         if lock is not None and not lock.locked():  # a running pass keeps it until it ends
@@ -105,7 +109,11 @@ class Reconciler:
         self._timers.pop(key, None)
         if self.stopped:
             return
-        self._fired[key] = self.clock.monotonic()
+        now = self._fired[key] = self.clock.monotonic()
+        # Until this pass has planned, assume it costs what the last one did: an event during
+        # it is not planned right after it (passes came in pairs 0.1 s apart at 5000 members).
+        spaced = now + self._spacing.get(key, 0.0)
+        self._not_before[key] = max(self._not_before.get(key, 0.0), spaced)
         self.spawn(self.reconcile(key))
 
     def spawn(self, work: Awaitable[None]) -> None:
@@ -176,9 +184,10 @@ class Reconciler:
         cpu = self.clock.cpu() - started
         self.passes += 1
         self.metrics.planned(cpu)
+        self._spacing[gang.key] = PASS_SPACING * cpu
         self._not_before[gang.key] = self.clock.monotonic() + PASS_SPACING * cpu
         log.debug(
-            "%s/%s: pass %d, epoch %d %s, %d/%d reported, %.1f ms CPU, edges %s",
+            "%s/%s: pass %d, epoch %d %s, %d/%d reported, %.1f ms CPU, edges %s, again in %s",
             *gang.key,
             self.passes,
             result.status.epoch,
@@ -187,6 +196,7 @@ class Reconciler:
             len(snap.gang.members),
             cpu * 1000,
             ",".join(result.edges) or "-",
+            "-" if result.requeue_after is None else f"{result.requeue_after:.2f} s",
         )
         return snap, result
 

@@ -93,6 +93,45 @@ async def test_pass_spacing_still_applies_to_the_first_event() -> None:
     assert r.ran == [pytest.approx(t0 + 0.3)]
 
 
+async def test_an_event_during_a_pass_waits_for_the_last_passes_spacing() -> None:
+    r = Recording(debounce=0.1)
+    r._spacing[KEY] = 0.9  # the last pass's planning took 45 ms
+    t0 = r.manual.now
+    r.poke(KEY)
+    r.manual.advance(0)
+    await settle()
+    assert r.ran == [t0]
+    r.poke(KEY)  # while that pass runs (it has not planned yet): not 0.1 s after it
+    r.manual.advance(0.5)
+    await settle()
+    assert r.ran == [t0]
+    r.manual.advance(0.5)
+    await settle()
+    assert r.ran == [t0, pytest.approx(t0 + 0.9)]
+
+
+async def test_a_deadline_to_look_again_at_waits_for_the_pass_spacing() -> None:
+    r = Recording(debounce=0.0)
+    t0 = r.manual.now
+    r._not_before[KEY] = t0 + 0.9  # the last pass's planning took 45 ms
+    r.poke(KEY, 0.1)  # the plan asked to look again in 0.1 s
+    r.manual.advance(0.5)
+    await settle()
+    assert r.ran == []
+    r.manual.advance(0.5)
+    await settle()
+    assert r.ran == [pytest.approx(t0 + 0.9)]
+    later = r.manual.now
+    r._not_before[KEY] = later + 0.9
+    r.poke(KEY, 2.0)  # a deadline beyond the spacing keeps its time
+    r.manual.advance(1.9)
+    await settle()
+    assert len(r.ran) == 1
+    r.manual.advance(0.2)
+    await settle()
+    assert r.ran[1] == pytest.approx(later + 2.0)
+
+
 async def test_an_urgent_poke_skips_debounce_and_spacing_but_not_a_failures_backoff() -> None:
     r = Recording(debounce=0.5)
     r.poke(KEY)
