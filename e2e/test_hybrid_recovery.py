@@ -28,13 +28,24 @@ def _barrier_openings(kube: Clients, namespace: str, name: str) -> int:
     return sum(1 for e in events if e.reason == "BarrierOpened")
 
 
-@pytest.mark.parametrize("scope", ["process", "pod"])
+@pytest.mark.parametrize("scope", ["process", "prestart", "pod"])
 def test_trainer_crash_restarts_the_gang_in_place_from_one_step(
     cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str, scope: str
 ) -> None:
     """Process scope (the default): only the trainer processes restart, no container does.
+    Prestart: the same, each epoch's trainer started and its imports done while the epoch
+    before it ran (``prestart-imports``; the standby at once, not 15 s into an epoch).
     Pod scope: every container of every member restarts (RestartAllContainers), same pods."""
-    result = run_demo(cluster_kubeconfig, name="gang", namespace=namespace, members=2, scope=scope)
+    prestart = scope == "prestart"
+    result = run_demo(
+        cluster_kubeconfig,
+        name="gang",
+        namespace=namespace,
+        members=2,
+        scope="process" if prestart else scope,
+        annotations={names.PRESTART_IMPORTS: "json,decimal"} if prestart else None,
+        env={"JSI_PRESTART_AFTER_SECONDS": "0"} if prestart else None,
+    )
 
     assert result.webhook_injected, "the admission webhook injected the agent at create"
     assert result.uids_after == result.uids_before, "every member kept its pod (in place)"
@@ -70,9 +81,15 @@ def test_trainer_crash_restarts_the_gang_in_place_from_one_step(
             c.name: c.restart_count
             for c in [*pod.status.init_container_statuses, *pod.status.container_statuses]
         }
-        if scope == "process":
+        if scope != "pod":
             assert resumed == [0, result.resume_step], "one container's log: both epochs"
             assert set(restarts.values()) == {0}, f"{name}: no container restarted: {restarts}"
+        if prestart:  # each epoch's trainer was the one pre-started and held for it
+            log = trainer_log(kubeconfig, namespace, name)
+            released = re.findall(r"epoch (\d+): released pre-started pid", log)
+            assert released == ["1", "2"], log[-3000:]
+            assert "imported json,decimal in" in log
+            assert not re.search(r"epoch \d+: started ", log), "no epoch started cold"
         else:
             assert resumed == [result.resume_step], "a new container: only the new epoch"
             assert min(restarts.values()) >= 1, f"{name}: every container restarted: {restarts}"

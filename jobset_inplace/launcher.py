@@ -73,6 +73,10 @@ ENV_PRESTART_IMPORTS = "JSI_PRESTART_IMPORTS"
 ENV_PRESTART_GO = "JSI_PRESTART_GO"
 PRESTART_HOOK_DIR = "prestart"
 PRESTART_HOOK_FILE = "sitecustomize.py"  # in PRESTART_HOOK_DIR: the hook, by Python's name
+# The next epoch's command is pre-started this long after the running one started: its imports
+# must not compete with the running epoch's own start-up (the recovery's critical path).
+PRESTART_AFTER_S = 15.0
+ENV_PRESTART_AFTER = "JSI_PRESTART_AFTER_SECONDS"  # (overrides it: 0..3600)
 
 WAITING, RUNNING, STOPPED, EXITED = "waiting", "running", "stopped", "exited"
 STATES = (WAITING, RUNNING, STOPPED, EXITED)
@@ -132,8 +136,10 @@ def become_subreaper() -> bool:
         return False
 
 
-def descendants(root: int, proc: Path = Path("/proc")) -> list[int]:
-    """Live (not zombie) descendants of ``root``, from each process's parent in ``/proc``."""
+def descendants(root: int, proc: Path = Path("/proc"), spare: int | None = None) -> list[int]:
+    """Live (not zombie) descendants of ``root``, from each process's parent in ``/proc``,
+    without ``spare`` and its own descendants (the pre-started command, which a stop of the
+    running epoch leaves alone)."""
     children: dict[int, list[int]] = {}
     with os.scandir(proc) as entries:
         for entry in entries:
@@ -151,8 +157,9 @@ def descendants(root: int, proc: Path = Path("/proc")) -> list[int]:
     todo = [root]
     while todo:
         for pid in children.get(todo.pop(), ()):
-            found.append(pid)
-            todo.append(pid)
+            if pid != spare:
+                found.append(pid)
+                todo.append(pid)
     return found
 
 
@@ -164,16 +171,32 @@ def _exit_code(status: int) -> int:
 
 class Launcher:
     def __init__(
-        self, argv: list[str], state_dir: Path, container: str, grace: float, prestart: bool
+        self,
+        argv: list[str],
+        state_dir: Path,
+        container: str,
+        grace: float,
+        *,
+        prestart: bool = False,
+        prestart_after: float = PRESTART_AFTER_S,
     ) -> None:
         self.argv, self.state_dir, self.grace = argv, state_dir, grace
         self.path = state_file(state_dir, container)
         self.child: int | None = None  # pid (and process group) of the running command
         self.code: int | None = None  # its exit code once reaped
         self.terminating = False
-        self.prestart = prestart
-        self.word = state_dir / f"prestart-{container}.json"  # the word to a pre-started command
-        self.hold: int | None = None  # the lock's fd while a pre-started command waits
+        self.prestart = prestart  # pre-start wanted (off after a failed one, until an epoch)
+        # The word to a pre-started command: a file and its lock per pre-start, so that
+        # releasing one never races with holding the next (flock is not fair).
+        self.words = state_dir / f"prestart-{container}"
+        self.generation = 0
+        self.word: Path | None = None  # the standby's
+        self.child_word: Path | None = None  # the running command's, once released
+        self.standby: int | None = None  # the next epoch's command, pre-started and held
+        self.standby_code: int | None = None  # its exit code, if it ended before its epoch
+        self.hold: int | None = None  # the lock's fd while it waits
+        self.started_at = 0.0  # when the running command started (monotonic)
+        self.prestart_after = prestart_after
 
     def write(self, state: str, epoch: int | None, code: int | None = None) -> None:
         tmp = self.path.with_name(f".{self.path.name}.tmp")
@@ -191,90 +214,123 @@ class Launcher:
                 return
             if pid == self.child:
                 self.code = _exit_code(status)
+            elif pid == self.standby:
+                self.standby_code = _exit_code(status)
 
-    def spawn(self, env: dict[str, str]) -> OSError | None:
-        self.code = None
+    def spawn(self, env: dict[str, str]) -> int | OSError:
         try:
-            self.child = os.posix_spawnp(self.argv[0], self.argv, env, setsid=True)
+            return os.posix_spawnp(self.argv[0], self.argv, env, setsid=True)
         except OSError as e:
-            self.child, self.code = None, EXIT_NOT_FOUND
             return e
-        return None
 
     def start(self, epoch: int, step: int | None) -> bool:
         env = dict(os.environ)
         env[ENV_EPOCH], env[ENV_RESUME_STEP] = str(epoch), "" if step is None else str(step)
-        failed = self.spawn(env)
-        if failed is not None:
-            _log(f"epoch {epoch}: cannot start {self.argv[0]!r}: {failed}")
+        self.code = None
+        spawned = self.spawn(env)
+        if isinstance(spawned, OSError):
+            _log(f"epoch {epoch}: cannot start {self.argv[0]!r}: {spawned}")
+            self.child, self.code = None, EXIT_NOT_FOUND
             return False
+        self.child, self.child_word = spawned, None
         _log(f"epoch {epoch}: started {' '.join(self.argv)} (pid {self.child}, resume step {step})")
         return True
 
+    # --- pre-start -------------------------------------------------------------------------
     def prestart_next(self) -> None:
-        """Start the next epoch's command now, held by the pre-start hook until :meth:`go`."""
+        """Start the next epoch's command now (the running one, if any, goes on), held by the
+        pre-start hook until :meth:`go`."""
         import fcntl  # noqa: PLC0415  (Linux only; the launcher may run elsewhere in tests)
 
+        self.generation += 1
+        word = Path(f"{self.words}-{self.generation}.json")
+        fd = os.open(f"{word}.lock", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a new file: no one else has it
         hook = self.state_dir / PRESTART_HOOK_DIR
-        self.word.unlink(missing_ok=True)
-        fd = os.open(f"{self.word}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + KILL_WAIT_SECONDS
-        while True:  # the last command's processes are gone, and with them their shared locks
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    os.close(fd)
-                    _log(f"{self.word}.lock is held by another process: every epoch starts cold")
-                    self.prestart = False
-                    return
-                time.sleep(POLL_SECONDS)
         env = dict(os.environ)
         env[ENV_EPOCH] = env[ENV_RESUME_STEP] = ""
-        env[ENV_PRESTART_GO] = str(self.word)
+        env[ENV_PRESTART_GO] = str(word)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook), env.get("PYTHONPATH")) if p)
-        failed = self.spawn(env)
-        if failed is not None:
+        spawned = self.spawn(env)
+        if isinstance(spawned, OSError):
             os.close(fd)
-            _log(f"cannot pre-start {self.argv[0]!r}: {failed}")
+            self.forget_word(word)
+            _log(f"cannot pre-start {self.argv[0]!r}: {spawned}")
             self.prestart = False  # the epoch will say it again, cold
             return
-        self.hold = fd
-        _log(f"pre-started {' '.join(self.argv)} (pid {self.child}): waiting for an epoch")
+        self.standby, self.standby_code, self.hold, self.word = spawned, None, fd, word
+        _log(f"pre-started {' '.join(self.argv)} (pid {spawned}): held for the next epoch")
+
+    @staticmethod
+    def forget_word(word: Path | None) -> None:
+        if word is not None:
+            for path in (word, Path(f"{word}.lock")):
+                path.unlink(missing_ok=True)
 
     def go(self, epoch: int, step: int | None) -> None:
-        """The word to the pre-started command: its epoch and resume step, then the lock."""
+        """The word to the pre-started command: its epoch and resume step, then the lock; it
+        becomes the running one."""
+        assert self.word is not None
+        assert self.hold is not None
         tmp = self.word.with_name(f".{self.word.name}.tmp")
         tmp.write_text(json.dumps({"epoch": epoch, "resumeStep": step}) + "\n")
         os.replace(tmp, self.word)
-        assert self.hold is not None
         os.close(self.hold)  # releases the lock: every waiting process goes
-        self.hold = None
+        self.child, self.code, self.child_word = self.standby, None, self.word
+        self.standby, self.hold, self.word = None, None, None
         _log(f"epoch {epoch}: released pre-started pid {self.child} (resume step {step})")
 
-    def prestart_lost(self) -> None:
-        """The pre-started command ended before its epoch: clean up after it, start cold."""
-        self.kill_tree()
+    def standby_lost(self) -> None:
+        """The pre-started command ended before its epoch: clean up after it; no other is
+        pre-started until an epoch has started (no loop)."""
+        assert self.standby is not None
+        with contextlib.suppress(ProcessLookupError):  # held before its own code: no other
+            os.killpg(self.standby, signal.SIGKILL)  # session, at most its group
         _log(
-            f"the pre-started command exited {self.code} before its epoch: the next epoch "
-            "starts it cold (its log above says why)"
+            f"the pre-started command exited {self.standby_code} before its epoch: the next "
+            "epoch starts it cold (its log above says why)"
         )
         if self.hold is not None:
             os.close(self.hold)
-            self.hold = None
-        self.child = None
-        self.prestart = False
+        self.forget_word(self.word)
+        self.standby, self.hold, self.word, self.prestart = None, None, None, False
 
+    def end_standby(self) -> None:
+        """Stop the pre-started command (the launcher is terminating)."""
+        if self.standby is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.standby, signal.SIGKILL)
+        for pid in descendants(self.standby):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        while self.standby_code is None:
+            self.reap()
+            time.sleep(0.005)
+        self.forget_word(self.word)
+        self.standby, self.word = None, None
+
+    def look_after_standby(self) -> None:
+        """Pre-start if wanted, none waits and the running command (if any) started
+        PRESTART_AFTER_S ago; clean up after one that ended."""
+        self.reap()
+        if self.standby is not None and self.standby_code is not None:
+            self.standby_lost()
+        settled = self.child is None or time.monotonic() - self.started_at >= self.prestart_after
+        if self.prestart and self.standby is None and settled and not self.terminating:
+            self.prestart_next()
+
+    # --- the running command ---------------------------------------------------------------
     def signal_group(self, signum: int) -> None:
         if self.child is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.child, signum)
 
     def signal_tree(self, signum: int) -> list[int]:
-        """``signum`` to the child's group and to every descendant; the descendants found."""
+        """``signum`` to the child's group and to every descendant but the pre-started
+        command's; the descendants found."""
         self.signal_group(signum)
-        pids = descendants(os.getpid())
+        pids = descendants(os.getpid(), spare=self.standby)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
@@ -287,7 +343,7 @@ class Launcher:
             return False
         while True:
             self.reap()
-            if not descendants(os.getpid()):
+            if not descendants(os.getpid(), spare=self.standby):
                 return True
             if time.monotonic() >= deadline:
                 return False
@@ -301,7 +357,8 @@ class Launcher:
         while self.signal_tree(signal.SIGKILL) or (self.code is None and self.child is not None):
             self.reap()
             if not logged and time.monotonic() - began > KILL_WAIT_SECONDS:
-                _log(f"processes survive SIGKILL: {descendants(os.getpid())}")
+                survivors = descendants(os.getpid(), spare=self.standby)
+                _log(f"processes survive SIGKILL: {survivors}")
                 logged = True
             time.sleep(0.005)
         self.reap()
@@ -329,19 +386,17 @@ class Launcher:
     def run(self) -> int:
         ran: int | None = None  # the last epoch the command was started in
         declined: int | None = None  # the last epoch said not to be run (logged once)
+        wanted = self.prestart
+        for stale in self.state_dir.glob(f"{self.words.name}-*"):  # a launcher before this one
+            stale.unlink(missing_ok=True)
         self.write(WAITING, None)
-        pre = self.prestart  # pre-start wanted (off after a failed one, until an epoch ran)
         while not self.terminating:
-            if self.prestart and self.child is None:
-                self.prestart_next()
+            self.look_after_standby()
             resume = resume_epoch(self.state_dir)
             if resume is None or (ran is not None and resume[0] <= ran):
                 if resume is not None and resume[0] != declined:
                     declined = resume[0]
                     _log(f"epoch {declined}: not run (the command already ran in epoch {ran})")
-                self.reap()
-                if self.child is not None and self.code is not None:
-                    self.prestart_lost()
                 time.sleep(POLL_SECONDS)
                 continue
             epoch = resume[0]
@@ -353,32 +408,34 @@ class Launcher:
                 continue
             ran = epoch
             self.reap()
-            if self.child is not None and self.code is not None:
-                self.prestart_lost()
-            if self.child is not None:
+            if self.standby is not None and self.standby_code is not None:
+                self.standby_lost()
+            if self.standby is not None:
                 self.go(epoch, resume[1])
             elif not self.start(epoch, resume[1]):
                 self.write(EXITED, epoch, self.code)
                 continue
+            self.started_at = time.monotonic()
+            self.prestart = wanted  # a failed pre-start is tried again once an epoch started
             outcome = self.supervise(epoch)
             if outcome is not None:
+                self.end_standby()
                 return outcome
-            self.prestart = pre
-        if self.child is not None:  # a pre-started command, never released
-            self.signal_tree(signal.SIGTERM)
-            self.kill_tree()
+        self.end_standby()
         return 128 + signal.SIGTERM
 
     def supervise(self, epoch: int) -> int | None:
-        """Until the child ends or the epoch is withdrawn; an exit code ends the launcher."""
+        """Until the child ends or the epoch is withdrawn; an exit code ends the launcher.
+        Meanwhile the next epoch's command is pre-started (pre-start wanted)."""
         while True:
-            self.reap()
+            self.look_after_standby()
             if self.code is not None:
                 self.kill_tree()  # what it left behind (its group, other sessions, orphans)
                 code = self.code
                 _log(f"epoch {epoch}: exited {code}")
                 self.write(EXITED, epoch, code)
                 self.child = None
+                self.forget_word(self.child_word)
                 return 0 if code == 0 else None
             if self.terminating:
                 self.signal_tree(signal.SIGTERM)
@@ -391,8 +448,20 @@ class Launcher:
                 self.stop()
                 self.write(STOPPED, epoch, self.code)
                 self.child = None
+                self.forget_word(self.child_word)
                 return None
             time.sleep(POLL_SECONDS)
+
+
+def _seconds(name: str, default: float) -> float | None:
+    """Environment variable ``name`` as 0..3600 seconds (``default`` when unset; None when
+    malformed)."""
+    raw = os.environ.get(name, "")
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        return None
+    return value if 0 <= value <= 3600 else None
 
 
 def main(args: list[str] | None = None) -> int:
@@ -404,19 +473,19 @@ def main(args: list[str] | None = None) -> int:
         return EXIT_USAGE
     state_dir = Path(os.environ.get(ENV_STATE_DIR) or DEFAULT_STATE_DIR)
     container = os.environ.get(ENV_CONTAINER, "")
-    raw = os.environ.get(ENV_STOP_GRACE, "")
-    try:
-        grace = float(raw) if raw else DEFAULT_STOP_GRACE
-    except ValueError:
-        grace = -1.0
-    if not container or "/" in container or not 0 <= grace <= 3600:
-        _log(f"{ENV_CONTAINER} must name the container and {ENV_STOP_GRACE} be 0..3600 seconds")
+    grace = _seconds(ENV_STOP_GRACE, DEFAULT_STOP_GRACE)
+    after = _seconds(ENV_PRESTART_AFTER, PRESTART_AFTER_S)
+    if not container or "/" in container or grace is None or after is None:
+        _log(
+            f"{ENV_CONTAINER} must name the container, {ENV_STOP_GRACE} and "
+            f"{ENV_PRESTART_AFTER} be 0..3600 seconds"
+        )
         return EXIT_USAGE
     prestart = bool(os.environ.get(ENV_PRESTART_IMPORTS, "").strip())
     if prestart and not (state_dir / PRESTART_HOOK_DIR / PRESTART_HOOK_FILE).is_file():
         _log(f"no pre-start hook in {state_dir / PRESTART_HOOK_DIR}: every epoch starts cold")
         prestart = False
-    launcher = Launcher(argv, state_dir, container, grace, prestart)
+    launcher = Launcher(argv, state_dir, container, grace, prestart=prestart, prestart_after=after)
     if not become_subreaper():
         _log("not a child subreaper: a stop reaches only what stays in the launcher's tree")
 

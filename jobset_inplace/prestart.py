@@ -1,28 +1,28 @@
 """The pre-started trainer's hook: a ``sitecustomize`` that does a trainer's fixed start-up
-costs while the gang's barrier is still closed (process restart scope, with
-``jobset-inplace.dev/prestart-imports``).
+costs before its epoch (process restart scope, with ``jobset-inplace.dev/prestart-imports``).
 
-The launcher (:mod:`jobset_inplace.launcher`) starts the next epoch's command as soon as the
-last one is stopped, with this file's directory first on ``PYTHONPATH``. In every Python
-process of that command this hook runs before the process's own code, and:
+The launcher (:mod:`jobset_inplace.launcher`) keeps the next epoch's command started and held
+(a standby) while the running one trains, with this file's directory first on
+``PYTHONPATH``. In every Python process of that command this hook runs before the process's
+own code, and:
 
 1. runs the image's own ``sitecustomize``, if it has one (this hook takes its name);
 2. imports the modules of ``JSI_PRESTART_IMPORTS`` (``torch,numpy``): the interpreter's start
-   and those imports are done before the barrier opens;
+   and those imports are done before the epoch is;
 3. refuses to hold a CUDA context (an import that initialised CUDA would keep a device context
-   through the barrier): exits ``EXIT_CUDA`` and the launcher starts the epoch cold;
-4. unless the process is a launcher that must run on to start its workers (``torchrun``,
-   ``python -m torch.distributed.run`` or ``.launch``), waits for the launcher's word: a shared
-   ``flock`` on ``$JSI_PRESTART_GO.lock``, which the launcher holds exclusively until the
-   barrier opens; then reads the epoch and the step to resume from ``$JSI_PRESTART_GO``
-   (written before the lock is released) into ``JSI_EPOCH`` and ``JSI_RESUME_STEP``, as a cold
-   start gets them, and returns: the trainer's entry point runs.
+   beside the running epoch's): exits ``EXIT_CUDA`` and the launcher starts the epoch cold;
+4. waits for the launcher's word: a shared ``flock`` on ``$JSI_PRESTART_GO.lock``, which the
+   launcher holds exclusively until the next epoch's barrier opens; then reads the epoch and
+   the step to resume from ``$JSI_PRESTART_GO`` (written before the lock is released) into
+   ``JSI_EPOCH`` and ``JSI_RESUME_STEP``, as a cold start gets them, and returns: the
+   command's entry point runs.
 
-So a ``torchrun`` command has its agent and its workers up, ``import torch`` done, and each
-worker waiting at the line before the training script; the script itself (which reads the
-checkpoint) runs only once the gang agreed where to resume. What a pre-import cannot do: a
-module that reads the epoch, the step or the checkpoint *at import time* reads them before they
-are known (import it in the script instead); the processes hold their memory while they wait.
+So ``python3 train.py`` starts training the moment the barrier opens, its imports done. A
+``torchrun`` command waits the same way (its rendezvous binds ports the running epoch holds),
+so its own start and imports are done, but its workers start after the word, as cold ones
+(they are new processes it starts). What a pre-import cannot do: a module that reads the
+epoch, the step or the checkpoint *at import time* reads them before they are known (import
+it in the script instead); the waiting processes hold their memory.
 
 Standard library only, Python 3.8 compatible, imports nothing of ``jobset_inplace``: it runs
 on the trainer's interpreter from the state volume.
@@ -42,9 +42,8 @@ ENV_GO = "JSI_PRESTART_GO"  # the word's file; its lock is this path + ".lock"
 ENV_EPOCH = "JSI_EPOCH"  # (the launcher's names, for the trainer)
 ENV_RESUME_STEP = "JSI_RESUME_STEP"
 HOOK_DIR = "prestart"  # under the state directory: this file as sitecustomize.py
-# Launchers that start the trainer's processes themselves: they run on (their workers wait).
-PASS_THROUGH_MODULES = ("torch.distributed.run", "torch.distributed.launch")
-PASS_THROUGH_SCRIPTS = ("torchrun",)
+# torchrun's console script: a command may start with it (it is a Python script).
+PYTHON_SCRIPTS = ("torchrun",)
 PYTHON = re.compile(r"python[0-9.]*")
 SKIPS_HOOK = "EIS"  # -E and -I ignore PYTHONPATH; -S imports no site, so no sitecustomize
 EXIT_CUDA = 86  # an import initialised CUDA: refused (the launcher starts cold)
@@ -86,20 +85,12 @@ def python_argv(argv: list[str]) -> tuple[str, str, str]:
     return (flags, "code", "")  # stdin or the interactive prompt
 
 
-def passes_through(argv: list[str]) -> bool:
-    """Whether this process is a launcher that must run on to start the trainer's workers."""
-    _, kind, name = python_argv(argv)
-    if kind == "module":
-        return name in PASS_THROUGH_MODULES
-    return kind == "script" and os.path.basename(name) in PASS_THROUGH_SCRIPTS
-
-
 def refusal(command: list[str]) -> str | None:
     """Why ``command`` cannot be pre-started (None: it can). The hook must run before any of
     the command's own code: the command must start Python itself (not a shell, which would run
     its other commands before the barrier), reading ``PYTHONPATH`` and ``site``."""
     name = os.path.basename(command[0]) if command else ""
-    if name in PASS_THROUGH_SCRIPTS:
+    if name in PYTHON_SCRIPTS:
         return None
     if not PYTHON.fullmatch(name):
         return (
@@ -154,7 +145,7 @@ def wait_for_word(go: str) -> tuple[str, str] | None:
     return str(word.get("epoch", "")), "" if step is None else str(step)
 
 
-def run(argv: list[str]) -> None:
+def run() -> None:
     go = os.environ.get(ENV_GO)
     _image_sitecustomize()
     if not go:
@@ -169,10 +160,7 @@ def run(argv: list[str]) -> None:
     if _cuda_initialised():
         _log("an import initialised CUDA: a device context must not wait for the barrier")
         os._exit(EXIT_CUDA)
-    if passes_through(argv):
-        _log(f"imported {','.join(names)} in {time.monotonic() - began:.2f} s; runs on")
-        return
-    _log(f"imported {','.join(names)} in {time.monotonic() - began:.2f} s; waiting for the barrier")
+    _log(f"imported {','.join(names)} in {time.monotonic() - began:.2f} s; waiting for an epoch")
     word = wait_for_word(go)
     if word is None:
         _log("released without a word (the launcher is gone): exiting")
@@ -183,4 +171,4 @@ def run(argv: list[str]) -> None:
 
 
 if __name__ == "sitecustomize":
-    run(list(getattr(sys, "orig_argv", [sys.executable, *sys.argv])))
+    run()

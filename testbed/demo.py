@@ -419,14 +419,22 @@ def run_demo(
     members: int = 2,
     labels: dict[str, str] | None = None,
     scope: str | None = None,
+    annotations: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> DemoResult:
+    """The demo: a gang of the demo trainer, one crash, the in-place recovery; ``annotations``
+    and ``env``: more of the JobSet's and of the trainer's (:func:`demo_jobset`)."""
     kube = clients(kubeconfig)
     prepare(kube, kubeconfig, namespace)
     print(
         f"demo: JobSet {namespace}/{name}, {members} members on real kubelet nodes, "
         f"restart scope {scope or 'default'}"
     )
-    created = create_jobset(kube, namespace, demo_jobset(name, members, labels, scope))
+    created = create_jobset(
+        kube,
+        namespace,
+        demo_jobset(name, members, labels, scope, annotations=annotations, env=env),
+    )
     injected = _agent_injected(created)
     print(f"demo: admission webhook injected the agent: {injected}")
 

@@ -1,5 +1,5 @@
-"""The pre-started trainer (``prestart-imports``): the launcher starts the next epoch's command
-while the barrier is closed, the hook (jobset_inplace/prestart.py as the command's
+"""The pre-started trainer (``prestart-imports``): the launcher keeps the next epoch's command
+started while the running one trains, the hook (jobset_inplace/prestart.py as the command's
 sitecustomize) imports and holds it before any of its own code, and the epoch's word lets it
 go with the epoch's resume step. Real launcher and child processes over a temporary state
 directory, as tests/unit/test_launcher.py."""
@@ -19,12 +19,11 @@ from pathlib import Path
 import pytest
 
 from jobset_inplace import launcher, prestart
-from jobset_inplace.core import torchrun
 from jobset_inplace.trainer import clear_resume
 from tests.unit.test_launcher import Pod, alive, stop, until
 
-# python -m torch.distributed.run, faked: it runs on before the barrier and starts the trainer
-# (CHILD) as its worker, as torchrun does.
+# python -m torch.distributed.run, faked: it starts the trainer (CHILD) as its worker, as
+# torchrun does.
 FAKE_TORCHRUN = """
 import os, subprocess, sys
 d = sys.argv[1]
@@ -78,69 +77,85 @@ def running(pod: Pod) -> Iterator[Pod]:
         stop(pod)
 
 
-def test_the_next_epoch_is_imported_and_held_until_its_barrier_opens(tmp_path: Path) -> None:
-    pkgs = install(tmp_path)
-    with running(Pod(tmp_path, JSI_PRESTART_IMPORTS="torch", PYTHONPATH=str(pkgs))) as pod:
-        until("held", lambda: "waiting for the barrier" in pod.log())
+def prestart_pod(tmp: Path, command: list[str] | None = None, **env: str) -> Pod:
+    """A launcher with pre-start, its standby started as soon as an epoch runs."""
+    pkgs = install(tmp)
+    return Pod(
+        tmp,
+        command,
+        JSI_PRESTART_IMPORTS="torch",
+        PYTHONPATH=str(pkgs),
+        JSI_PRESTART_AFTER_SECONDS="0",
+        **env,
+    )
+
+
+def test_the_next_epoch_is_imported_and_held_while_the_last_one_runs(tmp_path: Path) -> None:
+    with running(prestart_pod(tmp_path)) as pod:
+        until("held", lambda: "waiting for an epoch" in pod.log())
         (held,) = prestarted(pod)
-        assert imported(pod) == [held], "the import was done before the barrier"
-        assert pod.starts() == [], "none of the trainer's own code ran"
+        assert imported(pod) == [held], "the import was done before the epoch"
+        assert pod.starts() == [], "none of the command's own code ran"
         assert pod.state() == ("waiting", None, None)
         pod.open(1, 7)
         until("start", lambda: len(pod.starts()) == 1)
         assert pod.starts() == [("1", "7", held)], "the held process runs, with the epoch's step"
         pod.wait_state("running", 1)
-        clear_resume(pod.dir)  # the gang moves on: stopped, and the next one pre-started
+        # the next one is started and held while epoch 1 runs
+        until("standby", lambda: len(prestarted(pod)) == 2)
+        standby = prestarted(pod)[1]
+        until("standby imported", lambda: imported(pod) == [held, standby])
+        clear_resume(pod.dir)  # the gang moves on: epoch 1 stopped, the standby left alone
         pod.wait_state("stopped", 1, 128 + signal.SIGTERM)
-        until("pre-started again", lambda: len(prestarted(pod)) == 2)
-        again = prestarted(pod)[1]
         assert not alive(held)
-        until("held again", lambda: imported(pod) == [held, again])
+        assert alive(standby)
         pod.open(2, 9)
         until("second start", lambda: len(pod.starts()) == 2)
-        assert pod.starts()[1] == ("2", "9", again)
+        assert pod.starts()[1] == ("2", "9", standby)
 
 
-def test_torchrun_runs_on_and_its_workers_wait(tmp_path: Path) -> None:
-    pkgs = install(tmp_path)
+def test_torchrun_waits_and_starts_its_workers_after_the_word(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "torch.distributed.run", str(tmp_path)]
-    with running(Pod(tmp_path, command, JSI_PRESTART_IMPORTS="torch", PYTHONPATH=str(pkgs))) as pod:
-        until("the worker held", lambda: "waiting for the barrier" in pod.log())
-        agent = int((tmp_path / "torchrun-ran").read_text())
-        assert agent == prestarted(pod)[0], "torchrun's own code ran before the barrier"
-        assert "runs on" in pod.log()
-        assert pod.starts() == [], "its worker's did not"
-        assert len(imported(pod)) == 2, "both imported torch: torchrun and its worker"
+    with running(prestart_pod(tmp_path, command)) as pod:
+        until("held", lambda: "waiting for an epoch" in pod.log())
+        (agent,) = prestarted(pod)
+        assert imported(pod) == [agent]
+        assert not (tmp_path / "torchrun-ran").exists(), "torchrun's own code waits too"
         pod.open(3, 30)
         until("the worker's start", lambda: len(pod.starts()) == 1)
+        assert int((tmp_path / "torchrun-ran").read_text()) == agent
         epoch, step, worker = pod.starts()[0]
-        assert (epoch, step) == ("3", "30")
+        assert (epoch, step) == ("3", "30"), "the word reached the worker torchrun started"
         assert worker != agent
-        assert worker in imported(pod), "the worker that imported before the barrier is the one"
+        assert worker not in imported(pod), "a worker starts as any child would"
 
 
-def test_a_prestart_that_fails_is_not_retried_and_its_epoch_starts_cold(tmp_path: Path) -> None:
-    pkgs = install(tmp_path)
-    pod = Pod(tmp_path, JSI_PRESTART_IMPORTS="torch", PYTHONPATH=str(pkgs), FAKE_CUDA="1")
-    with running(pod):
+def test_a_prestart_that_fails_is_not_retried_until_an_epoch_started(tmp_path: Path) -> None:
+    with running(prestart_pod(tmp_path, FAKE_CUDA="1")) as pod:
         until("refused", lambda: "exited 86 before its epoch" in pod.log())
         assert "initialised CUDA" in pod.log()
         pod.open(1, 4)
         until("cold start", lambda: len(pod.starts()) == 1)
         assert pod.starts()[0][:2] == ("1", "4")
-        assert len(prestarted(pod)) == 1, "no second pre-start before an epoch ran"
         assert pod.starts()[0][2] not in imported(pod), "cold: the hook imported nothing"
-
-
-def test_sigterm_to_the_launcher_ends_a_held_command(tmp_path: Path) -> None:
-    pkgs = install(tmp_path)
-    with running(Pod(tmp_path, JSI_PRESTART_IMPORTS="torch", PYTHONPATH=str(pkgs))) as pod:
-        until("held", lambda: "waiting for the barrier" in pod.log())
-        (held,) = prestarted(pod)
+        until("tried again once epoch 1 ran", lambda: pod.log().count("exited 86") == 2)
         pod.proc.send_signal(signal.SIGTERM)
         assert pod.proc.wait(10) == 128 + signal.SIGTERM
-        assert not alive(held)
-        assert pod.starts() == []
+        assert len(prestarted(pod)) == 2, "one pre-start per epoch, not a loop"
+
+
+def test_sigterm_to_the_launcher_ends_the_running_and_the_held_command(tmp_path: Path) -> None:
+    with running(prestart_pod(tmp_path)) as pod:
+        pod.open(1)
+        until("start", lambda: len(pod.starts()) == 1)
+        until("standby", lambda: len(prestarted(pod)) == 2)
+        first, standby = prestarted(pod)
+        until("standby held", lambda: len(imported(pod)) == 2)
+        pod.proc.send_signal(signal.SIGTERM)
+        assert pod.proc.wait(10) == 128 + signal.SIGTERM
+        assert not alive(first)
+        assert not alive(standby)
+        assert len(pod.starts()) == 1
 
 
 def test_without_the_hook_every_epoch_starts_cold(tmp_path: Path) -> None:
@@ -166,13 +181,10 @@ def test_the_interpreters_arguments(argv: list[str], expected: tuple[str, str]) 
     assert prestart.python_argv(argv)[:2] == expected
 
 
-def test_which_commands_pass_through_and_which_can_be_prestarted() -> None:
-    assert prestart.passes_through(["/usr/bin/python3", "/usr/local/bin/torchrun", "t.py"])
-    assert prestart.passes_through(["python3", "-m", "torch.distributed.launch", "t.py"])
-    assert not prestart.passes_through(["python3", "t.py"])
-    assert not prestart.passes_through(["python3", "-m", "torch.distributed.elastic"])
+def test_which_commands_can_be_prestarted() -> None:
     assert prestart.refusal(["torchrun", "--nproc-per-node=2", "t.py"]) is None
     assert prestart.refusal(["/usr/bin/python3.11", "-u", "t.py"]) is None
+    assert prestart.refusal(["python3", "-m", "torch.distributed.run", "t.py"]) is None
     assert "not Python" in (prestart.refusal(["bash", "-c", "python3 t.py"]) or "")
     assert "-I" in (prestart.refusal(["python3", "-I", "t.py"]) or "")
 
@@ -185,5 +197,4 @@ def test_the_hook_and_the_launcher_agree_on_names_and_run_on_python_3_8() -> Non
         prestart.ENV_EPOCH,
         prestart.ENV_RESUME_STEP,
     )
-    assert set(prestart.PASS_THROUGH_MODULES) == torchrun.MODULES
     ast.parse(Path(prestart.__file__).read_text(), feature_version=(3, 8))
