@@ -7,8 +7,9 @@ nodes, each ``torchrun`` with 2 workers (4 ranks), DDP over gloo, DCP checkpoint
 steps in one shared directory that survives every path (a persistent tier: stock JobSet too
 resumes from the newest complete step, not from step 0), PyTorch's CUDA build imported from a
 host-mounted site. For each path of :mod:`bench.realnode` (same JobSet otherwise), and
-``jsi-prestart`` (the process scope with ``prestart-imports``: the next epoch's interpreters
-started and PyTorch imported while the barrier is closed), once every rank is past step 40:
+``jsi-prestart`` (the process scope with ``prestart-imports``: the next epoch's ``torchrun``
+started and PyTorch imported beside the running epoch), once every rank is past step 40 (and,
+for ``jsi-prestart``, its standby is ready, as it is for a failure long into training):
 one worker process of member 1 is SIGKILLed at a set time, and every milestone is read from
 the components' own timestamps (the container runtime's time of each log line; the
 controller's status for jobset-inplace):
@@ -69,6 +70,7 @@ PATHS = (
 )
 PRESTART_IMPORTS = "torch,torch.distributed.checkpoint"  # what the trainer imports
 CRASH_LEAD_S = 2.0  # the kill is set this far ahead (a kubectl exec takes ~0.3 s here)
+HELD = "waiting for an epoch"  # the pre-start hook's line (jobset_inplace/prestart.py)
 TRAINED_STEP = 40  # every rank past this step before the crash (checkpoints at 10..40)
 RECOVERY_CAP_S = 600.0
 # The milestones, in the order a recovery reaches them.
@@ -241,6 +243,18 @@ class TorchBench:
                     steps[int(m.group(1))] = int(m.group(4))
         return len(steps) == RANKS and min(steps.values()) > TRAINED_STEP
 
+    def held(self, name: str) -> bool:
+        """Every pod's standby for the next epoch has done its imports and waits (the hook's
+        second "waiting for an epoch": the first was epoch 1's own)."""
+        pods = self.bench.pods(name)
+        logs = [
+            timed_log(self.bench.kubeconfig, self.namespace, p.metadata.name, "trainer")
+            for p in pods
+        ]
+        return len(pods) == MEMBERS and all(
+            sum(HELD in line for _, line in lines) >= 2 for lines in logs
+        )
+
     def back(self, name: str, crash: float) -> dict[int, RankResume] | None:
         if len(self.bench.pods(name)) != MEMBERS:
             return None
@@ -259,6 +273,8 @@ class TorchBench:
             wait_for(
                 f"{name}: every rank past step {TRAINED_STEP}", lambda: self.trained(name), 600, 1
             )
+            if path == "jsi-prestart":  # a failure long into training: the standby is ready
+                wait_for(f"{name}: the next epoch's standby held", lambda: self.held(name), 300, 1)
             pods = {
                 p.metadata.labels[names.JOB_INDEX_LABEL]: p.metadata.name
                 for p in self.bench.pods(name)
