@@ -72,7 +72,7 @@ PRESTART_IMPORTS = "torch,torch.distributed.checkpoint"  # what the trainer impo
 CRASH_LEAD_S = 2.0  # the kill is set this far ahead (a kubectl exec takes ~0.3 s here)
 HELD = "waiting for an epoch"  # the pre-start hook's line (jobset_inplace/prestart.py)
 TRAINED_STEP = 40  # every rank past this step before the crash (checkpoints at 10..40)
-RECOVERY_CAP_S = 600.0
+RECOVERY_CAP_S = 240.0
 # The milestones, in the order a recovery reaches them.
 MILESTONES = (
     "detected",
@@ -271,7 +271,7 @@ class TorchBench:
                 self.bench.kube, self.namespace, torch_path_jobset(path, name, shared, self.site)
             )
             wait_for(
-                f"{name}: every rank past step {TRAINED_STEP}", lambda: self.trained(name), 600, 1
+                f"{name}: every rank past step {TRAINED_STEP}", lambda: self.trained(name), 300, 1
             )
             if path == "jsi-prestart":  # a failure long into training: the standby is ready
                 wait_for(f"{name}: the next epoch's standby held", lambda: self.held(name), 300, 1)

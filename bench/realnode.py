@@ -340,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig), "-n", NAMESPACE]
     torch = first_step.TorchBench(bench, NAMESPACE, kubectl) if args.trainer == "torch" else None
     commit = source_commit()
+    failed: dict[str, str] = {}  # path -> why its recovery did not complete (torch trainer)
     controller = ControllerProcess(cluster, cluster.logs_dir / "controller-bench-realnode.log")
     try:
         groups: list[tuple[Callable[[], AbstractContextManager[None]], list[str]]] = [
@@ -356,7 +357,14 @@ def main(argv: list[str] | None = None) -> int:
                 with gates():
                     for path in paths:
                         if torch is not None:
-                            t = torch.run(path, rep)
+                            if path in failed:
+                                continue
+                            try:
+                                t = torch.run(path, rep)
+                            except (TimeoutError, RuntimeError, AssertionError) as e:
+                                failed[path] = f"rep {rep}: {e}"
+                                log(f"{path} rep {rep} failed, not run again: {e}")
+                                continue
                             runs.append(t)
                             log(
                                 f"{path} rep {rep}: {t.milestones}, resumed at "
@@ -391,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         "members": MEMBERS,
         "runs": [asdict(r) for r in runs],
         "summary": summarized,
+        "failed": failed,
     }
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     log(f"results: {args.out}")

@@ -141,6 +141,8 @@ def wait_for_word(go: str) -> tuple[str, str] | None:
                 word = json.load(f)
         except (OSError, ValueError):
             return None
+    if not isinstance(word, dict):
+        return None
     step = word.get("resumeStep")
     return str(word.get("epoch", "")), "" if step is None else str(step)
 
@@ -158,7 +160,7 @@ def run() -> None:
         except Exception as e:  # the trainer's own import will say it again, in its epoch
             _log(f"import {name} failed: {type(e).__name__}: {e}")
     if _cuda_initialised():
-        _log("an import initialised CUDA: a device context must not wait for the barrier")
+        _log("an import initialised CUDA: a device context must not wait beside the running epoch")
         os._exit(EXIT_CUDA)
     _log(f"imported {','.join(names)} in {time.monotonic() - began:.2f} s; waiting for an epoch")
     word = wait_for_word(go)
