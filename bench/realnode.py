@@ -361,7 +361,12 @@ def main(argv: list[str] | None = None) -> int:
                                 continue
                             try:
                                 t = torch.run(path, rep)
-                            except (TimeoutError, RuntimeError, AssertionError) as e:
+                            except (
+                                TimeoutError,
+                                RuntimeError,
+                                AssertionError,
+                                subprocess.CalledProcessError,
+                            ) as e:
                                 failed[path] = f"rep {rep}: {e}"
                                 log(f"{path} rep {rep} failed, not run again: {e}")
                                 continue

@@ -123,7 +123,9 @@ def kill_worker(kubectl: list[str], pod: str, pid: int, at: float | None = None)
     wait = "" if at is None else f"time.sleep(max(0.0, {at:.3f} - time.time())); "
     kill = f"import os, signal, time; {wait}os.kill({pid}, signal.SIGKILL)"
     cmd = [*kubectl, "exec", pod, "-c", "trainer", "--", "python3", "-c", kill]
-    subprocess.run(cmd, check=True, capture_output=True)
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{pod}: killing worker {pid} failed: {done.stderr.strip()[-500:]}")
 
 
 @dataclass
