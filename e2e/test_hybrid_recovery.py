@@ -81,7 +81,10 @@ def test_trainer_crash_restarts_the_gang_in_place_from_one_step(
             c.name: c.restart_count
             for c in [*pod.status.init_container_statuses, *pod.status.container_statuses]
         }
-        if scope != "pod":
+        if scope == "pod":
+            assert resumed == [result.resume_step], "a new container: only the new epoch"
+            assert min(restarts.values()) >= 1, f"{name}: every container restarted: {restarts}"
+        else:
             assert resumed == [0, result.resume_step], "one container's log: both epochs"
             assert set(restarts.values()) == {0}, f"{name}: no container restarted: {restarts}"
         if prestart:  # each epoch's trainer was the one pre-started and held for it
@@ -90,9 +93,6 @@ def test_trainer_crash_restarts_the_gang_in_place_from_one_step(
             assert released == ["1", "2"], log[-3000:]
             assert "imported json,decimal in" in log
             assert not re.search(r"epoch \d+: started ", log), "no epoch started cold"
-        else:
-            assert resumed == [result.resume_step], "a new container: only the new epoch"
-            assert min(restarts.values()) >= 1, f"{name}: every container restarted: {restarts}"
     steps = "; ".join(f"+{t:.2f}s {w}" for w, t in result.phases)
     print(
         f"\nreal in-place gang recovery ({scope} scope): crash -> every trainer running "
