@@ -10,7 +10,6 @@ steps before (training continued from the checkpoint, not from scratch)."""
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from jobset_inplace import names
 from testbed import images
 from testbed.cluster import REAL_NODE_LABEL, LocalCluster
 from testbed.controller import barrier_open, member_pods, prepare
-from testbed.demo import started_trainer_log
+from testbed.demo import python_in_trainer, started_trainer_log
 from testbed.install import Installation
 from testbed.kube import Clients, create_jobset, wait_for
 from testbed.versions import binaries
@@ -107,13 +106,8 @@ def test_jax_ranks_resume_from_one_orbax_step_with_no_code_change(
     before = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
     victim = member_pods(kube, namespace, "gang")["1"].metadata.name
     kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster_kubeconfig), "-n", namespace]
-    out = subprocess.run(
-        [*kubectl, "exec", victim, "-c", "trainer", "--", "python3", "-c", KILL],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert out.startswith("killed"), out
+    done = python_in_trainer(kubectl, victim, KILL)
+    assert done.stdout.startswith("killed"), (done.stdout, done.stderr)
 
     st = barrier_open(kube, namespace, "gang", 2, 180)
     resume = st["resumeStep"]

@@ -362,6 +362,13 @@ def inject_slowdown(kubeconfig: Path, namespace: str, pod: str, factor: float) -
     _lever(kubeconfig, namespace, pod, SLOW_FILE, f"{factor:g}")
 
 
+def python_in_trainer(kubectl: list[str], pod: str, code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` with ``python3`` in ``pod``'s trainer container (``kubectl``: the command
+    with its kubeconfig and namespace); its output, unchecked."""
+    cmd = [*kubectl, "exec", pod, "-c", "trainer", "--", "python3", "-c", code]
+    return subprocess.run(cmd, check=False, capture_output=True, text=True)
+
+
 def _lever(kubeconfig: Path, namespace: str, pod: str, lever: str, text: str) -> None:
     cmd = [str(binaries().kubectl), "--kubeconfig", str(kubeconfig), "-n", namespace, "exec"]
     cmd += [pod, "-c", "trainer", "--", "sh", "-c", f"echo {text} > {STATE_DIR}/{lever}"]

@@ -6,14 +6,16 @@ worker process, and how to read its ranks' logs."""
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from jobset_inplace import names
 from testbed import images
 from testbed.cluster import REAL_NODE_LABEL
+from testbed.demo import python_in_trainer
 from testbed.kube import Clients
 from testbed.workloads import shared_checkpoint_gang
 
@@ -99,8 +101,8 @@ def create_trainer_config_map(kube: Clients, namespace: str) -> None:
     body = {"metadata": {"name": CONFIG_MAP}, "data": {TRAINER: images.TORCH_TRAINER.read_text()}}
     try:
         kube.core.create_namespaced_config_map(namespace, body)
-    except Exception as e:  # 409: there from an earlier run
-        if getattr(e, "status", None) != 409:
+    except ApiException as e:  # 409: there from an earlier run
+        if e.status != 409:
             raise
         kube.core.replace_namespaced_config_map(CONFIG_MAP, namespace, body)
 
@@ -108,13 +110,9 @@ def create_trainer_config_map(kube: Clients, namespace: str) -> None:
 def worker_pids(kubectl: list[str], pod: str) -> set[int]:
     """The pids of the trainer's worker processes in ``pod``'s trainer container (not
     torchrun's own)."""
-    out = subprocess.run(
-        [*kubectl, "exec", pod, "-c", "trainer", "--", "python3", "-c", WORKER_PIDS],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return {int(p) for p in out.split()}
+    done = python_in_trainer(kubectl, pod, WORKER_PIDS)
+    done.check_returncode()
+    return {int(p) for p in done.stdout.split()}
 
 
 def kill_worker(kubectl: list[str], pod: str, pid: int, at: float | None = None) -> None:
@@ -122,8 +120,7 @@ def kill_worker(kubectl: list[str], pod: str, pid: int, at: float | None = None)
     the epoch; None: now)."""
     wait = "" if at is None else f"time.sleep(max(0.0, {at:.3f} - time.time())); "
     kill = f"import os, signal, time; {wait}os.kill({pid}, signal.SIGKILL)"
-    cmd = [*kubectl, "exec", pod, "-c", "trainer", "--", "python3", "-c", kill]
-    done = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    done = python_in_trainer(kubectl, pod, kill)
     # 137: this exec was SIGKILLed with its container, which the worker's death ended (a
     # trainer container that exits with its worker, as upstream's main-container mode's)
     if done.returncode not in (0, 137):
