@@ -73,6 +73,7 @@ ENV_PRESTART_IMPORTS = "JSI_PRESTART_IMPORTS"
 ENV_PRESTART_GO = "JSI_PRESTART_GO"
 PRESTART_HOOK_DIR = "prestart"
 PRESTART_HOOK_FILE = "sitecustomize.py"  # in PRESTART_HOOK_DIR: the hook, by Python's name
+PRESTART_FORKER_SUFFIX = ".sock"  # the word's path + this: a held torchrun's worker forker
 # The next epoch's command is pre-started this long after the running one started: its imports
 # must not compete with the running epoch's own start-up (the recovery's critical path).
 PRESTART_AFTER_S = 15.0
@@ -264,7 +265,7 @@ class Launcher:
     @staticmethod
     def forget_word(word: Path | None) -> None:
         if word is not None:
-            for path in (word, Path(f"{word}.lock")):
+            for path in (word, Path(f"{word}.lock"), Path(f"{word}{PRESTART_FORKER_SUFFIX}")):
                 path.unlink(missing_ok=True)
 
     def go(self, epoch: int, step: int | None) -> None:

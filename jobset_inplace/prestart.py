@@ -18,11 +18,23 @@ own code, and:
    command's entry point runs.
 
 So ``python3 train.py`` starts training the moment the barrier opens, its imports done. A
-``torchrun`` command waits the same way (its rendezvous binds ports the running epoch holds),
-so its own start and imports are done, but its workers start after the word, as cold ones
-(they are new processes it starts). What a pre-import cannot do: a module that reads the
-epoch, the step or the checkpoint *at import time* reads them before they are known (import
-it in the script instead); the waiting processes hold their memory.
+``torchrun`` command waits the same way (its rendezvous binds ports the running epoch holds).
+Its workers are new processes it starts after the word (``python -u train.py`` each, in a
+session of its own), so the held ``torchrun`` also forks a **worker forker** once its imports
+are done: a process with those modules imported that serves a Unix socket beside the word. A
+worker of the released ``torchrun`` (its direct child, a script or ``-m`` module with no
+interpreter option but ``-u``/``-B``/``-q``) does not import anything itself: its hook hands
+the forker its arguments, environment, working directory and standard streams, the forker
+forks a process that takes them on and runs the worker's entry point, and the worker's own
+process stays as its stand-in for ``torchrun``: it passes signals on and exits as the forked
+one did (a SIGKILL of the stand-in kills the forked one too). Anything else, or any failure,
+starts cold.
+
+What a pre-import cannot do: a module that reads the epoch, the step, the checkpoint or a
+per-worker variable (``RANK``, ``LOCAL_RANK``, ...) *at import time* reads them before they
+are known (import it in the script instead); the waiting processes hold their memory (the
+forked workers share the forker's pages until written). A forked worker's pid is not the one
+``torchrun`` started (that is its stand-in), and ``ps`` shows it with ``torchrun``'s command line.
 
 Standard library only, Python 3.8 compatible, imports nothing of ``jobset_inplace``: it runs
 on the trainer's interpreter from the state volume.
@@ -30,12 +42,18 @@ on the trainer's interpreter from the state volume.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
 import re
+import signal
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import socket
 
 ENV_IMPORTS = "JSI_PRESTART_IMPORTS"
 ENV_GO = "JSI_PRESTART_GO"  # the word's file; its lock is this path + ".lock"
@@ -48,6 +66,23 @@ PYTHON = re.compile(r"python[0-9.]*")
 SKIPS_HOOK = "EIS"  # -E and -I ignore PYTHONPATH; -S imports no site, so no sitecustomize
 EXIT_CUDA = 86  # an import initialised CUDA: refused (the launcher starts cold)
 EXIT_NO_WORD = 87  # the lock was released without a word: the launcher is gone
+# The worker forker of a released torchrun, for its workers: "PID:SOCKET" (PID: torchrun's).
+ENV_FORKER = "JSI_PRESTART_FORKER"
+FORKER_SUFFIX = ".sock"  # the forker's socket: the word's path + this
+LAUNCHES_WORKERS = ("torchrun", "torch.distributed.run")  # script name or module
+WORKER_FLAGS = "uBq"  # interpreter options a forked worker can still honour after its start
+MAX_REQUEST = 4 << 20  # bytes: a worker's arguments and environment
+# what ``ps -e`` (the process's comm) calls the forker and a forked worker's stand-in
+FORKER_NAME, STAND_IN_NAME = "jsi-forker", "jsi-stand-in"
+# what a worker's stand-in passes on to it (torchrun stops workers with SIGTERM, then SIGKILL)
+PASSED_ON = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
 
 
 def _log(message: str) -> None:
@@ -62,27 +97,37 @@ def python_argv(argv: list[str]) -> tuple[str, str, str]:
     interpreter, its options, then ``-m MOD``, ``-c CODE`` or a script; short options may be
     clustered, as in ``-um torch.distributed.run``). kind: "module" (name: the module),
     "script" (name: its path) or "code" (``-c``, stdin)."""
+    flags, kind, name, _ = entry_point(argv)
+    return flags, kind, name
+
+
+def entry_point(argv: list[str]) -> tuple[str, str, str, list[str]]:
+    """:func:`python_argv`, and the arguments after the entry point (its ``sys.argv[1:]``)."""
     flags = ""
     i = 1
     while i < len(argv):
         arg = argv[i]
-        if arg == "-" or not arg.startswith("-"):
-            return (flags, "script", arg) if arg != "-" else (flags, "code", "")
+        if arg == "-":
+            return (flags, "code", "", argv[i + 1 :])
+        if not arg.startswith("-"):
+            return (flags, "script", arg, argv[i + 1 :])
         if arg.startswith("--"):  # --check-hash-based-pycs takes a value
             i += 2 if arg == "--check-hash-based-pycs" else 1
             continue
         for j, flag in enumerate(arg[1:], start=1):
             rest = arg[j + 1 :]
+            if flag == "m" and rest:
+                return (flags, "module", rest, argv[i + 1 :])
             if flag == "m":
-                return (flags, "module", rest or (argv[i + 1] if i + 1 < len(argv) else ""))
+                return (flags, "module", argv[i + 1] if i + 1 < len(argv) else "", argv[i + 2 :])
             if flag == "c":
-                return (flags, "code", "")
+                return (flags, "code", "", [])
             if flag in "WX":  # a value: the rest of this argument, or the next one
                 i += 0 if rest else 1
                 break
             flags += flag
         i += 1
-    return (flags, "code", "")  # stdin or the interactive prompt
+    return (flags, "code", "", [])  # stdin or the interactive prompt
 
 
 def refusal(command: list[str]) -> str | None:
@@ -147,8 +192,353 @@ def wait_for_word(go: str) -> tuple[str, str] | None:
     return str(word.get("epoch", "")), "" if step is None else str(step)
 
 
+# --- the worker forker: a held torchrun's, for the workers it starts once released ----------
+
+
+def launches_workers(argv: list[str]) -> bool:
+    """Whether this interpreter's command (``sys.orig_argv``) is ``torchrun``."""
+    _, kind, name = python_argv(argv)
+    return (kind == "module" and name in LAUNCHES_WORKERS) or (
+        kind == "script" and os.path.basename(name) in LAUNCHES_WORKERS
+    )
+
+
+def forkable(argv: list[str]) -> bool:
+    """Whether a forked process can run this command as the interpreter would: a script or
+    ``-m`` module, no interpreter option but WORKER_FLAGS."""
+    flags, kind, _, _ = entry_point(argv)
+    return kind in ("script", "module") and set(flags) <= set(WORKER_FLAGS)
+
+
+def start_forker(path: str) -> str | None:
+    """Fork the worker forker (this process, its imports done and none of its own code run):
+    it serves ``path`` until this process ends. The socket's path, or None (workers cold)."""
+    import socket  # noqa: PLC0415  (only a held torchrun needs it)
+
+    if not hasattr(socket, "send_fds"):  # Python < 3.9
+        return None
+    if len(path.encode()) > 100:  # sun_path holds 108 bytes
+        _log(f"no worker forker: its socket path {path!r} is too long; workers start cold")
+        return None
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        mask = os.umask(0o077)
+        try:
+            server.bind(path)
+        finally:
+            os.umask(mask)
+        server.listen(64)
+    except OSError as e:
+        _log(f"no worker forker ({e}); workers start cold")
+        return None
+    _flush()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        server.close()
+        _log(f"worker forker (pid {pid}) serves {path}")
+        return path
+    code = 0
+    _name(FORKER_NAME)
+    try:
+        Forker(server, parent).serve()
+    except BaseException as e:  # the forker must never go on to torchrun's code
+        _log(f"worker forker: {type(e).__name__}: {e}")
+        code = 1
+    _flush()
+    os._exit(code)
+
+
+class Forker:
+    """Forks one process per worker request, which becomes that worker; tells the worker's
+    stand-in its pid, later its wait status; kills a worker whose stand-in is gone (SIGKILLed).
+    Ends, killing its workers, once the process that started it has."""
+
+    def __init__(self, server: socket.socket, parent: int) -> None:
+        import selectors  # noqa: PLC0415
+
+        self.server, self.parent = server, parent
+        self.workers: dict[int, socket.socket] = {}  # pid -> its stand-in's connection
+        self.selector = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        signal.set_wakeup_fd(self.wake_w)
+        self.selector.register(server, selectors.EVENT_READ, None)
+        self.selector.register(self.wake_r, selectors.EVENT_READ, None)
+
+    def serve(self) -> None:
+        while os.getppid() == self.parent:
+            for key, _ in self.selector.select(timeout=1.0):
+                if key.fileobj is self.server:
+                    self._accept()
+                elif key.fileobj == self.wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(self.wake_r, 512):
+                            pass
+                elif self.workers.get(key.data) is key.fileobj:  # readable: its stand-in ended
+                    _kill(key.data)
+            self._reap()
+        for pid in list(self.workers):  # torchrun is gone: so are its workers
+            _kill(pid)
+
+    def _accept(self) -> None:
+        import selectors  # noqa: PLC0415
+        import socket  # noqa: PLC0415
+        import struct  # noqa: PLC0415
+
+        try:
+            conn, _ = self.server.accept()
+        except OSError:
+            return
+        try:
+            conn.settimeout(5.0)
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            uid = struct.unpack("3i", creds)[1]
+            if uid != os.getuid():
+                raise ValueError(f"asked by uid {uid}, not {os.getuid()}")
+            _, fds, _, _ = socket.recv_fds(conn, 1, 3)
+            try:
+                size = struct.unpack("!I", _read_exactly(conn, 4))[0]
+                if size > MAX_REQUEST:
+                    raise ValueError(f"a request of {size} bytes (at most {MAX_REQUEST})")
+                request = json.loads(_read_exactly(conn, size))
+                argv = [str(a) for a in request["argv"]]
+                env = {str(k): str(v) for k, v in dict(request["env"]).items()}
+                cwd = str(request["cwd"])
+                if len(fds) != 3 or not forkable(argv):
+                    raise ValueError(f"not a worker this forker can start: {argv}")
+                _flush()
+                pid = os.fork()
+                if pid == 0:
+                    self._become(argv, env, cwd, fds)  # never returns
+            finally:
+                for fd in fds:
+                    os.close(fd)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps({"error": str(e)}).encode() + b"\n")
+            conn.close()
+            return
+        self.workers[pid] = conn
+        try:
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        except OSError:  # the stand-in is gone already
+            _kill(pid)
+        conn.setblocking(False)
+        self.selector.register(conn, selectors.EVENT_READ, pid)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.workers.pop(pid, None)
+            if conn is None:
+                continue
+            self.selector.unregister(conn)
+            conn.setblocking(True)
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps({"status": status}).encode() + b"\n")
+            conn.close()
+
+    def _become(self, argv: list[str], env: dict[str, str], cwd: str, fds: list[int]) -> None:
+        """In the forked process: take on the worker's streams, directory and environment,
+        run its entry point, exit as it does."""
+        code = 1
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            self.selector.close()
+            self.server.close()
+            for conn in self.workers.values():
+                conn.close()
+            os.close(self.wake_r)
+            os.close(self.wake_w)
+            os.setsid()  # as torchrun starts a worker: a session of its own
+            _name(os.path.basename(sys.executable)[:15])  # as an interpreter started for it
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            for fd in fds:
+                if fd > 2:
+                    os.close(fd)
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(env)
+            code = run_entry_point(argv)
+        except BaseException:
+            import traceback  # noqa: PLC0415
+
+            traceback.print_exc()
+        finally:
+            _flush()
+            os._exit(code)
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL a forked worker and its session's group (it may have started processes)."""
+    for kill in (os.killpg, os.kill):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(pid, signal.SIGKILL)
+
+
+def _name(name: str) -> None:
+    """This process's name (``/proc/self/comm``), so that ``ps`` tells what it is."""
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w", encoding="ascii") as f:
+        f.write(name)
+
+
+def _read_exactly(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            raise ValueError("the request ended early")
+        data += chunk
+    return data
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+def _stdio(unbuffered: bool) -> None:
+    """Standard streams over fds 0-2 as the interpreter makes them (``-u``: unbuffered)."""
+    import io  # noqa: PLC0415
+
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        raw = io.FileIO(fd, "wb", closefd=False)
+        stream = io.TextIOWrapper(
+            raw if unbuffered else io.BufferedWriter(raw),
+            encoding=getattr(old, "encoding", None),
+            errors=getattr(old, "errors", None),
+            line_buffering=not unbuffered and (fd == 2 or raw.isatty()),
+            write_through=unbuffered,
+        )
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+    stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "rb", closefd=False)))
+    sys.stdin = stdin
+    sys.__stdin__ = stdin  # type: ignore[misc]
+
+
+def run_entry_point(argv: list[str]) -> int:
+    """Run a worker's script or module as ``__main__``, then end as the interpreter would (its
+    non-daemon threads joined, ``atexit`` functions run); the exit code. The forker was forked
+    while ``site`` ran, before the interpreter put the script's directory on ``sys.path``."""
+    import atexit  # noqa: PLC0415
+    import runpy  # noqa: PLC0415
+
+    flags, kind, name, rest = entry_point(argv)
+    _stdio("u" in flags)
+    if "B" in flags:
+        sys.dont_write_bytecode = True
+    sys.orig_argv = argv
+    sys.argv = [name, *rest]  # run_module puts the module's path first
+    code = 0
+    try:
+        if kind == "module":
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(name, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.realpath(name)))
+            runpy.run_path(name, run_name="__main__")
+    except SystemExit as e:
+        code = _exit_code_of(e.code)
+    except KeyboardInterrupt:
+        import traceback  # noqa: PLC0415
+
+        traceback.print_exc()
+        _flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # the interpreter ends by the signal
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    shutdown = getattr(sys.modules.get("threading"), "_shutdown", None)
+    if callable(shutdown):
+        shutdown()
+    atexit._run_exitfuncs()
+    return code
+
+
+def _exit_code_of(value: object) -> int:
+    """``sys.exit(value)``'s exit code, as the interpreter gives it."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    sys.stderr.write(f"{value}\n")
+    return 1
+
+
+def run_forked(forker: str) -> None:
+    """In a new process of a released ``torchrun``: if it is a worker the forker can start,
+    have the forker start it and stand in for it until it ends (never returns); else return
+    (the process starts cold)."""
+    pid_text, _, path = forker.partition(":")
+    argv = list(getattr(sys, "orig_argv", []))
+    if not pid_text.isdigit() or int(pid_text) != os.getppid() or not forkable(argv):
+        return  # not a worker of torchrun's (a process of a worker's, or another command)
+    import socket  # noqa: PLC0415
+    import struct  # noqa: PLC0415
+
+    request = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+        socket.send_fds(conn, [b"w"], [0, 1, 2])
+        conn.sendall(struct.pack("!I", len(request)) + request)
+        replies = conn.makefile("rb")
+        answer = json.loads(replies.readline() or b"{}")
+    except (OSError, ValueError) as e:
+        _log(f"the worker forker cannot be asked ({e}): starting cold")
+        conn.close()
+        return
+    worker = answer.get("pid")
+    if not isinstance(worker, int):
+        _log(f"the worker forker refused ({answer.get('error', 'no answer')}): starting cold")
+        conn.close()
+        return
+
+    _name(STAND_IN_NAME)
+
+    def pass_on(signum: int, frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signum)
+
+    for passed in PASSED_ON:
+        signal.signal(passed, pass_on)
+    try:
+        status = json.loads(replies.readline() or b"{}").get("status")
+    except (OSError, ValueError):
+        status = None
+    if not isinstance(status, int):
+        _log(f"the worker forker ended before worker {worker} did: killing it")
+        _kill(worker)
+        os._exit(1)
+    if os.WIFSIGNALED(status):  # end as it did: torchrun reads the signal
+        signum = os.WTERMSIG(status)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        os._exit(128 + signum)
+    os._exit(os.WEXITSTATUS(status))
+
+
 def run() -> None:
     go = os.environ.get(ENV_GO)
+    forker = os.environ.pop(ENV_FORKER, "")  # the worker's own children start as any would
+    if forker and not go:
+        run_forked(forker)  # returns only if this process is to start cold
     _image_sitecustomize()
     if not go:
         return  # started cold (or the word was given before this process began): nothing to do
@@ -163,12 +553,16 @@ def run() -> None:
         _log("an import initialised CUDA: a device context must not wait beside the running epoch")
         os._exit(EXIT_CUDA)
     _log(f"imported {','.join(names)} in {time.monotonic() - began:.2f} s; waiting for an epoch")
+    orig = getattr(sys, "orig_argv", [])  # Python 3.10+
+    socket_path = start_forker(go + FORKER_SUFFIX) if launches_workers(orig) else None
     word = wait_for_word(go)
     if word is None:
         _log("released without a word (the launcher is gone): exiting")
         os._exit(EXIT_NO_WORD)
     os.environ[ENV_EPOCH], os.environ[ENV_RESUME_STEP] = word
     del os.environ[ENV_GO]  # the trainer's own children start as any child would
+    if socket_path is not None:
+        os.environ[ENV_FORKER] = f"{os.getpid()}:{socket_path}"
     _log(f"epoch {word[0]}: go (resume step {word[1] or 'none'})")
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import names
+from jobset_inplace.prestart import FORKER_NAME, STAND_IN_NAME
 from testbed import images
 from testbed.cluster import REAL_NODE_LABEL
 from testbed.demo import python_in_trainer
@@ -28,14 +29,31 @@ MASTER_PORT = 29500
 # (found anywhere in a line: the ranks of a pod share its stdout, and a line may hold two)
 LINE = re.compile(r"\[rank (\d+)\] (?:step (\d+)|resumed at step (\d+)) loss (\d\.\d+e[+-]\d+)")
 # The trainer's worker processes in a container: one pid per line.
+# The trainer's worker processes: each started by torchrun for TRAINER (not torchrun, whose own
+# command line names TRAINER too), or, with prestart-imports, forked by torchrun's worker forker
+# (its command line is torchrun's: a child of the forker), not the forker nor the stand-ins
+# (jobset_inplace/prestart.py names them).
 WORKER_PIDS = f"""
 import os
+def argv(p):
+    return open(f"/proc/{{p}}/cmdline", "rb").read().split(b"\\0")
+def info(p):
+    comm = open(f"/proc/{{p}}/comm").read().strip()
+    ppid = int(open(f"/proc/{{p}}/stat").read().rpartition(")")[2].split()[1])
+    return argv(p), comm, ppid
+procs = {{}}
 for p in filter(str.isdigit, os.listdir("/proc")):
     try:
-        argv = open(f"/proc/{{p}}/cmdline", "rb").read().split(b"\\0")
-    except OSError:
+        procs[int(p)] = info(p)
+    except (OSError, ValueError, IndexError):
         continue
-    if any(a.endswith(b"{TRAINER}") for a in argv) and b"torch.distributed.run" not in argv:
+TDR = b"torch.distributed.run"
+for p, (args, comm, ppid) in procs.items():
+    ours = comm in ("{FORKER_NAME}", "{STAND_IN_NAME}")
+    if ours or not any(a.endswith(b"{TRAINER}") for a in args):
+        continue
+    parent = procs.get(ppid)
+    if TDR not in args or (parent is not None and parent[1] == "{FORKER_NAME}"):
         print(p)
 """
 

@@ -22,14 +22,33 @@ from jobset_inplace import launcher, prestart
 from jobset_inplace.trainer import clear_resume
 from tests.unit.test_launcher import Pod, alive, stop, until
 
-# python -m torch.distributed.run, faked: it starts the trainer (CHILD) as its worker, as
-# torchrun does.
+# python -m torch.distributed.run, faked: it starts its worker as torchrun's SubprocessHandler
+# does (``python -u worker.py``, the parent's environment plus the worker's, a session of its
+# own, stopped by a signal to its group) and exits as its worker did. The worker imports torch,
+# then runs the trainer (CHILD).
 FAKE_TORCHRUN = """
-import os, subprocess, sys
+import os, signal, subprocess, sys
 d = sys.argv[1]
-with open(os.path.join(d, "torchrun-ran"), "a") as f:
-    f.write("%d\\n" % os.getpid())
-sys.exit(subprocess.call([sys.executable, os.path.join(d, "child.py"), d]))
+def note(name, value):
+    with open(os.path.join(d, "." + name), "w") as f:
+        f.write(value)
+    os.replace(os.path.join(d, "." + name), os.path.join(d, name))
+note("torchrun-ran", str(os.getpid()))
+flags = os.environ.get("WORKER_FLAGS", "-u").split()
+env = dict(os.environ, RANK="0", LOCAL_RANK="0")
+w = subprocess.Popen([sys.executable, *flags, os.path.join(d, "worker.py"), d], env=env,
+                     start_new_session=True)
+note("stand-in", str(w.pid))
+signal.signal(signal.SIGTERM, lambda *_: os.killpg(w.pid, signal.SIGTERM))
+code = w.wait()
+note("torchrun-saw", str(code))
+sys.exit(code if code >= 0 else 128 - code)
+"""
+WORKER = """
+import os, sys, torch
+with open(os.path.join(sys.argv[1], "worker-env"), "w") as f:
+    f.write("%s %s %s %d" % (os.environ["RANK"], os.getcwd(), __name__, os.getppid()))
+exec(open(os.path.join(sys.argv[1], "child.py")).read())
 """
 # A module whose import counts itself (and, as a CUDA import would, says CUDA is initialised).
 COUNTED = """
@@ -53,6 +72,7 @@ def install(tmp: Path) -> Path:
     (pkgs / "torch" / "__init__.py").write_text(COUNTED)
     (pkgs / "torch" / "distributed" / "__init__.py").write_text("")
     (pkgs / "torch" / "distributed" / "run.py").write_text(FAKE_TORCHRUN)
+    (tmp / "worker.py").write_text(WORKER)
     return pkgs
 
 
@@ -114,20 +134,76 @@ def test_the_next_epoch_is_imported_and_held_while_the_last_one_runs(tmp_path: P
         assert pod.starts()[1] == ("2", "9", standby)
 
 
-def test_torchrun_waits_and_starts_its_workers_after_the_word(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "torch.distributed.run", str(tmp_path)]
-    with running(prestart_pod(tmp_path, command)) as pod:
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def note(pod: Pod, name: str) -> int:
+    return int((pod.dir / name).read_text())
+
+
+def test_torchrun_waits_and_its_workers_are_forked_with_its_imports(tmp_path: Path) -> None:
+    with running(prestart_pod(tmp_path, [*TORCHRUN, str(tmp_path)])) as pod:
         until("held", lambda: "waiting for an epoch" in pod.log())
         (agent,) = prestarted(pod)
         assert imported(pod) == [agent]
         assert not (tmp_path / "torchrun-ran").exists(), "torchrun's own code waits too"
         pod.open(3, 30)
         until("the worker's start", lambda: len(pod.starts()) == 1)
-        assert int((tmp_path / "torchrun-ran").read_text()) == agent
+        assert note(pod, "torchrun-ran") == agent
         epoch, step, worker = pod.starts()[0]
         assert (epoch, step) == ("3", "30"), "the word reached the worker torchrun started"
-        assert worker != agent
-        assert worker not in imported(pod), "a worker starts as any child would"
+        stand_in = note(pod, "stand-in")
+        assert worker not in (agent, stand_in), "forked, not the process torchrun started"
+        assert imported(pod)[0] == agent  # (then the next epoch's standby)
+        assert {worker, stand_in}.isdisjoint(imported(pod)), "the forker had imported torch"
+        rank, cwd, name, parent = (tmp_path / "worker-env").read_text().split()
+        assert (rank, cwd, name) == ("0", str(Path.cwd()), "__main__")
+        assert parent != str(stand_in), "the forker's child"
+        assert alive(int(parent))
+        assert alive(stand_in)
+        comm = {p: Path(f"/proc/{p}/comm").read_text().strip() for p in (stand_in, worker)}
+        assert comm[stand_in] == prestart.STAND_IN_NAME, "ps tells what it is"
+        assert comm[worker] == Path(sys.executable).name[:15], "as a worker started cold"
+        (tmp_path / "exit-now").write_text("7")
+        until("torchrun saw its worker end", (tmp_path / "torchrun-saw").exists)
+        assert note(pod, "torchrun-saw") == 7, "the stand-in exits as its worker did"
+        pod.wait_state("exited", 3, 7)
+        until("the forker ended with its torchrun", lambda: not alive(int(parent)))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_forked_workers_stand_in_passes_signals_on(tmp_path: Path, signum: int) -> None:
+    """torchrun stops a worker by a signal to its group (SIGTERM, then SIGKILL): the forked
+    worker gets the same end, and torchrun sees it."""
+    with running(prestart_pod(tmp_path, [*TORCHRUN, str(tmp_path)])) as pod:
+        until("held", lambda: "waiting for an epoch" in pod.log())
+        pod.open(1)
+        until("the worker's start", lambda: len(pod.starts()) == 1)
+        worker, stand_in = pod.starts()[0][2], note(pod, "stand-in")
+        os.killpg(stand_in, signum)
+        until("torchrun saw its worker end", (tmp_path / "torchrun-saw").exists)
+        assert note(pod, "torchrun-saw") == -signum
+        until("the forked worker ended", lambda: not alive(worker))
+
+
+def test_a_worker_with_interpreter_options_a_fork_cannot_take_starts_cold(
+    tmp_path: Path,
+) -> None:
+    command = [*TORCHRUN, str(tmp_path)]
+    with running(prestart_pod(tmp_path, command, WORKER_FLAGS="-u -O")) as pod:
+        until("held", lambda: "waiting for an epoch" in pod.log())
+        pod.open(2, 5)
+        until("the worker's start", lambda: len(pod.starts()) == 1)
+        worker = pod.starts()[0][2]
+        assert worker == note(pod, "stand-in"), "the process torchrun started runs it"
+        assert worker in imported(pod), "cold: it imported torch itself"
+
+
+def test_a_released_plain_command_has_no_worker_forker(tmp_path: Path) -> None:
+    with running(prestart_pod(tmp_path)) as pod:
+        until("held", lambda: "waiting for an epoch" in pod.log())
+        assert "worker forker" not in pod.log()
+        assert not list(tmp_path.glob(f"*{launcher.PRESTART_FORKER_SUFFIX}"))
 
 
 def test_a_prestart_that_fails_is_not_retried_until_an_epoch_started(tmp_path: Path) -> None:
@@ -193,6 +269,7 @@ def test_the_hook_and_the_launcher_agree_on_names_and_run_on_python_3_8() -> Non
     assert launcher.ENV_PRESTART_IMPORTS == prestart.ENV_IMPORTS
     assert launcher.ENV_PRESTART_GO == prestart.ENV_GO
     assert launcher.PRESTART_HOOK_DIR == prestart.HOOK_DIR
+    assert launcher.PRESTART_FORKER_SUFFIX == prestart.FORKER_SUFFIX
     assert (launcher.ENV_EPOCH, launcher.ENV_RESUME_STEP) == (
         prestart.ENV_EPOCH,
         prestart.ENV_RESUME_STEP,
