@@ -51,7 +51,9 @@ from testbed.torchgang import (
     RANKS,
     create_trainer_config_map,
     kill_worker,
+    standby_held,
     torch_jobset,
+    with_prestart,
     worker_pids,
 )
 
@@ -68,9 +70,7 @@ PATHS = (
     "stock",
     "stock-grace0",
 )
-PRESTART_IMPORTS = "torch,torch.distributed.checkpoint"  # what the trainer imports
 CRASH_LEAD_S = 2.0  # the kill is set this far ahead (a kubectl exec takes ~0.3 s here)
-HELD = "waiting for an epoch"  # the pre-start hook's line (jobset_inplace/prestart.py)
 TRAINED_STEP = 40  # every rank past this step before the crash (checkpoints at 10..40)
 RECOVERY_CAP_S = 240.0
 # The milestones, in the order a recovery reaches them.
@@ -191,9 +191,7 @@ def torch_path_jobset(path: str, name: str, shared: Path, site: Path) -> dict[st
     js = torch_jobset(shared, site, name=name)
     annotations = js["metadata"]["annotations"]
     if path == "jsi-prestart":
-        annotations[names.RESTART_SCOPE] = "process"
-        annotations[names.PRESTART_IMPORTS] = PRESTART_IMPORTS
-        return js
+        return with_prestart(js)
     if path.startswith("jsi-"):
         annotations[names.RESTART_SCOPE] = path.removeprefix("jsi-")
         return js
@@ -244,15 +242,14 @@ class TorchBench:
         return len(steps) == RANKS and min(steps.values()) > TRAINED_STEP
 
     def held(self, name: str) -> bool:
-        """Every pod's standby for the next epoch has done its imports and waits (the hook's
-        second "waiting for an epoch": the first was epoch 1's own)."""
+        """Every pod's standby for the next epoch has done its imports and waits."""
         pods = self.bench.pods(name)
         logs = [
             timed_log(self.bench.kubeconfig, self.namespace, p.metadata.name, "trainer")
             for p in pods
         ]
         return len(pods) == MEMBERS and all(
-            sum(HELD in line for _, line in lines) >= 2 for lines in logs
+            standby_held("\n".join(line for _, line in lines)) for lines in logs
         )
 
     def back(self, name: str, crash: float) -> dict[int, RankResume] | None:

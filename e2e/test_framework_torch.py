@@ -11,6 +11,10 @@ are those of the run before it at the same steps, the pods are the same, and no 
 old epoch is left in either trainer container (process scope: the launcher stops torchrun's
 whole tree).
 
+With ``prestart-imports`` (the ``prestart`` case) every epoch's ``torchrun`` is pre-started
+and held, and its workers are forked from its worker forker with ``torch`` imported: the
+same checks hold, and each container runs its workers' stand-ins (jobset_inplace/prestart.py).
+
 PyTorch comes from PyPI's CUDA build with its NVIDIA libraries (``import torch`` loads them,
 with no GPU), installed once into the cache and mounted read-only into the containers
 (testbed/images.py ``torch_site``; the cost is in docs/integrations.md)."""
@@ -34,7 +38,10 @@ from testbed.torchgang import (
     create_trainer_config_map,
     kill_worker,
     rank_runs,
+    stand_ins,
+    standby_held,
     torch_jobset,
+    with_prestart,
     worker_pids,
 )
 from testbed.versions import binaries
@@ -49,7 +56,9 @@ def torch_site(local_cluster: LocalCluster | None) -> Path:
     return images.torch_site()
 
 
+@pytest.mark.parametrize("start", ["cold", "prestart"])
 def test_torchrun_ranks_resume_from_one_dcp_step_and_no_old_worker_survives(
+    start: str,
     *,  # (fixtures)
     cluster_kubeconfig: Path,
     controller: Installation,
@@ -61,7 +70,8 @@ def test_torchrun_ranks_resume_from_one_dcp_step_and_no_old_worker_survives(
     prepare(kube, cluster_kubeconfig, namespace)
     create_trainer_config_map(kube, namespace)
     shared = tmp_path / "shared"
-    create_jobset(kube, namespace, torch_jobset(shared, torch_site))
+    js = torch_jobset(shared, torch_site)
+    create_jobset(kube, namespace, with_prestart(js) if start == "prestart" else js)
     kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster_kubeconfig), "-n", namespace]
 
     def logs() -> str:
@@ -76,6 +86,15 @@ def test_torchrun_ranks_resume_from_one_dcp_step_and_no_old_worker_survives(
 
     wait_for(f"all {RANKS} ranks past step 40", lambda: trained(40), 600)
     pods = member_pods(kube, namespace, "gang")
+    if start == "prestart":  # a failure long into training: the next epoch is held, imported
+        wait_for(
+            "every pod's standby held",
+            lambda: all(
+                standby_held(started_trainer_log(cluster_kubeconfig, namespace, p.metadata.name))
+                for p in pods.values()
+            ),
+            600,
+        )
     before = {i: p.metadata.uid for i, p in pods.items()}
     old = {i: worker_pids(kubectl, p.metadata.name) for i, p in pods.items()}
     assert all(len(pids) == WORKERS for pids in old.values()), old
@@ -108,8 +127,12 @@ def test_torchrun_ranks_resume_from_one_dcp_step_and_no_old_worker_survives(
     for i, now in new.items():
         assert len(now) == WORKERS, f"member {i}: workers now {now}"
         assert not now & old[i], f"member {i}: old workers {old[i]} still there: {now}"
+        if start == "prestart":
+            forked = stand_ins(kubectl, after[i].metadata.name)
+            assert forked == WORKERS, f"member {i}: {forked} forked workers, not {WORKERS}"
     print(
-        f"\nPyTorch torchrun + DDP (gloo) + DCP, {RANKS} ranks on 2 real nodes: a worker of "
-        f"member 1 killed after step 40; every rank resumed at step {resume}; loss at step "
-        f"{resume + 1}: {runs[0].runs[-1][resume + 1]:.6e}; worker pids before {old}, after {new}"
+        f"\nPyTorch torchrun + DDP (gloo) + DCP ({start}), {RANKS} ranks on 2 real nodes: a "
+        f"worker of member 1 killed after step 40; every rank resumed at step {resume}; loss at "
+        f"step {resume + 1}: {runs[0].runs[-1][resume + 1]:.6e}; worker pids before {old}, "
+        f"after {new}"
     )

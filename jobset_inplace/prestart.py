@@ -74,6 +74,7 @@ WORKER_FLAGS = "uBq"  # interpreter options a forked worker can still honour aft
 MAX_REQUEST = 4 << 20  # bytes: a worker's arguments and environment
 # what ``ps -e`` (the process's comm) calls the forker and a forked worker's stand-in
 FORKER_NAME, STAND_IN_NAME = "jsi-forker", "jsi-stand-in"
+HELD = "waiting for an epoch"  # the hook's log line once its imports are done
 # what a worker's stand-in passes on to it (torchrun stops workers with SIGTERM, then SIGKILL)
 PASSED_ON = (
     signal.SIGTERM,
@@ -552,7 +553,7 @@ def run() -> None:
     if _cuda_initialised():
         _log("an import initialised CUDA: a device context must not wait beside the running epoch")
         os._exit(EXIT_CUDA)
-    _log(f"imported {','.join(names)} in {time.monotonic() - began:.2f} s; waiting for an epoch")
+    _log(f"imported {','.join(names)} in {time.monotonic() - began:.2f} s; {HELD}")
     orig = getattr(sys, "orig_argv", [])  # Python 3.10+
     socket_path = start_forker(go + FORKER_SUFFIX) if launches_workers(orig) else None
     word = wait_for_word(go)

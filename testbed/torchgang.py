@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import names
-from jobset_inplace.prestart import FORKER_NAME, STAND_IN_NAME
+from jobset_inplace.prestart import FORKER_NAME, HELD, STAND_IN_NAME
 from testbed import images
 from testbed.cluster import REAL_NODE_LABEL
 from testbed.demo import python_in_trainer
@@ -56,6 +56,36 @@ for p, (args, comm, ppid) in procs.items():
     if TDR not in args or (parent is not None and parent[1] == "{FORKER_NAME}"):
         print(p)
 """
+
+
+# What the trainer imports: its pre-import list with prestart-imports.
+PRESTART_IMPORTS = "torch,torch.distributed.checkpoint"
+STAND_INS = f"""
+import os
+print(sum(open(f"/proc/{{p}}/comm").read().strip() == "{STAND_IN_NAME}"
+          for p in filter(str.isdigit, os.listdir("/proc"))))
+"""
+
+
+def with_prestart(js: dict[str, Any]) -> dict[str, Any]:
+    """The PyTorch gang ``js`` in the process scope with its imports pre-started."""
+    annotations = js["metadata"]["annotations"]
+    annotations[names.RESTART_SCOPE] = "process"
+    annotations[names.PRESTART_IMPORTS] = PRESTART_IMPORTS
+    return js
+
+
+def standby_held(trainer_log: str) -> bool:
+    """A trainer container's log says its standby for the *next* epoch has done its imports
+    and waits (the hook's second such line: the first was the running epoch's own)."""
+    return trainer_log.count(HELD) >= 2
+
+
+def stand_ins(kubectl: list[str], pod: str) -> int:
+    """How many forked workers' stand-ins run in ``pod``'s trainer container."""
+    done = python_in_trainer(kubectl, pod, STAND_INS)
+    done.check_returncode()
+    return int(done.stdout)
 
 
 def master(name: str) -> str:
