@@ -75,6 +75,7 @@ MAX_REQUEST = 4 << 20  # bytes: a worker's arguments and environment
 # what ``ps -e`` (the process's comm) calls the forker and a forked worker's stand-in
 FORKER_NAME, STAND_IN_NAME = "jsi-forker", "jsi-stand-in"
 HELD = "waiting for an epoch"  # the hook's log line once its imports are done
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # what the forker ignores
 # what a worker's stand-in passes on to it (torchrun stops workers with SIGTERM, then SIGKILL)
 PASSED_ON = (
     signal.SIGTERM,
@@ -268,6 +269,11 @@ class Forker:
         os.set_blocking(self.wake_w, False)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
         signal.set_wakeup_fd(self.wake_w)
+        # A stop of the epoch signals torchrun's group, the forker's too: torchrun passes it
+        # on to its workers (through their stand-ins), so the forker stays until they are
+        # gone and torchrun has ended (then its loop ends), or is killed with the epoch's tree.
+        for stop in STOPS:
+            signal.signal(stop, signal.SIG_IGN)
         self.selector.register(server, selectors.EVENT_READ, None)
         self.selector.register(self.wake_r, selectors.EVENT_READ, None)
 
@@ -355,7 +361,9 @@ class Forker:
         code = 1
         try:
             signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for default in (signal.SIGCHLD, *STOPS):  # as the interpreter starts a worker
+                signal.signal(default, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             self.selector.close()
             self.server.close()
             for conn in self.workers.values():

@@ -186,6 +186,22 @@ def test_a_forked_workers_stand_in_passes_signals_on(tmp_path: Path, signum: int
         until("the forked worker ended", lambda: not alive(worker))
 
 
+def test_a_stop_reaches_a_forked_worker_as_the_signal_torchrun_passes_on(tmp_path: Path) -> None:
+    """The launcher stops an epoch by SIGTERM to torchrun's group, where the forker is too: the
+    worker must get torchrun's SIGTERM (a trainer may save on it), not a kill from a stand-in
+    whose forker died first."""
+    with running(prestart_pod(tmp_path, [*TORCHRUN, str(tmp_path)])) as pod:
+        until("held", lambda: "waiting for an epoch" in pod.log())
+        pod.open(1)
+        until("the worker's start", lambda: len(pod.starts()) == 1)
+        worker = pod.starts()[0][2]
+        clear_resume(pod.dir)  # the gang moves on: epoch 1 is stopped
+        pod.wait_state("stopped", 1, 128 + signal.SIGTERM)
+        assert note(pod, "torchrun-saw") == -signal.SIGTERM
+        assert not alive(worker)
+        assert "killing it" not in pod.log()
+
+
 def test_a_worker_with_interpreter_options_a_fork_cannot_take_starts_cold(
     tmp_path: Path,
 ) -> None:
