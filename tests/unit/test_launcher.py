@@ -115,7 +115,10 @@ class Pod:
         return [(e, s, int(p)) for e, s, p in (line.split() for line in lines if line)]
 
     def child_exits(self, code: int) -> None:
-        (self.dir / "exit-now").write_text(str(code))
+        """Tell CHILD to exit with ``code`` (atomically: it polls for the file)."""
+        tmp = self.dir / ".exit-now"
+        tmp.write_text(str(code))
+        tmp.replace(self.dir / "exit-now")
 
 
 def stop(p: Pod) -> None:

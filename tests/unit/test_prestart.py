@@ -164,7 +164,7 @@ def test_torchrun_waits_and_its_workers_are_forked_with_its_imports(tmp_path: Pa
         comm = {p: Path(f"/proc/{p}/comm").read_text().strip() for p in (stand_in, worker)}
         assert comm[stand_in] == prestart.STAND_IN_NAME, "ps tells what it is"
         assert comm[worker] == Path(sys.executable).name[:15], "as a worker started cold"
-        (tmp_path / "exit-now").write_text("7")
+        pod.child_exits(7)
         until("torchrun saw its worker end", (tmp_path / "torchrun-saw").exists)
         assert note(pod, "torchrun-saw") == 7, "the stand-in exits as its worker did"
         pod.wait_state("exited", 3, 7)
