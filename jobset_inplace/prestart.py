@@ -321,6 +321,7 @@ class Forker:
                 _flush()
                 pid = os.fork()
                 if pid == 0:
+                    conn.close()  # the stand-in must see the forker's end close with it
                     self._become(argv, env, cwd, fds)  # never returns
             finally:
                 for fd in fds:

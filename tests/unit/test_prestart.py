@@ -186,6 +186,22 @@ def test_a_forked_workers_stand_in_passes_signals_on(tmp_path: Path, signum: int
         until("the forked worker ended", lambda: not alive(worker))
 
 
+def test_a_forked_worker_ends_with_its_forker(tmp_path: Path) -> None:
+    """A forker killed (SIGKILL: the epoch's tree, an OOM kill) cannot report its workers'
+    ends: each stand-in sees it gone, kills its worker and exits; torchrun sees a failure."""
+    with running(prestart_pod(tmp_path, [*TORCHRUN, str(tmp_path)])) as pod:
+        until("held", lambda: "waiting for an epoch" in pod.log())
+        pod.open(1)
+        until("the worker's start", lambda: len(pod.starts()) == 1)
+        worker = pod.starts()[0][2]
+        (forker,) = map(int, re.findall(r"worker forker \(pid (\d+)\)", pod.log())[:1])
+        os.kill(forker, signal.SIGKILL)
+        until("torchrun saw its worker end", (tmp_path / "torchrun-saw").exists)
+        assert note(pod, "torchrun-saw") == 1
+        until("the forked worker ended", lambda: not alive(worker))
+        assert "the worker forker ended before worker" in pod.log()
+
+
 def test_a_stop_reaches_a_forked_worker_as_the_signal_torchrun_passes_on(tmp_path: Path) -> None:
     """The launcher stops an epoch by SIGTERM to torchrun's group, where the forker is too: the
     worker must get torchrun's SIGTERM (a trainer may save on it), not a kill from a stand-in
