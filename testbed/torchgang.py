@@ -28,11 +28,10 @@ CONFIG_MAP = "torch-trainer"
 MASTER_PORT = 29500
 # (found anywhere in a line: the ranks of a pod share its stdout, and a line may hold two)
 LINE = re.compile(r"\[rank (\d+)\] (?:step (\d+)|resumed at step (\d+)) loss (\d\.\d+e[+-]\d+)")
-# The trainer's worker processes in a container: one pid per line.
-# The trainer's worker processes: each started by torchrun for TRAINER (not torchrun, whose own
-# command line names TRAINER too), or, with prestart-imports, forked by torchrun's worker forker
-# (its command line is torchrun's: a child of the forker), not the forker nor the stand-ins
-# (jobset_inplace/prestart.py names them).
+# The trainer's worker processes in a container, one pid per line: each started by torchrun
+# for TRAINER (not torchrun, whose own command line names TRAINER too), or, with
+# prestart-imports, forked by torchrun's worker forker (its command line is torchrun's: a child
+# of the forker), not the forker nor the stand-ins (jobset_inplace/prestart.py names them).
 WORKER_PIDS = f"""
 import os
 def argv(p):
