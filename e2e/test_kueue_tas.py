@@ -273,7 +273,7 @@ def _run(kube: Clients, namespace: str, topo: Topology) -> None:
             outcome = wait_for(
                 f"barrier of epoch {trained + 1} (replacement placed by Kueue and joined), "
                 "or Kueue evicting the Workload",
-                lambda: _outcome(kube, namespace, trained + 1),
+                lambda: _outcome(kube, namespace, history, trained + 1),
                 150,
                 0.5,
             )
@@ -310,14 +310,16 @@ def _run(kube: Clients, namespace: str, topo: Topology) -> None:
             set_heartbeat(kube, dead, alive=True)
 
 
-def _outcome(kube: Clients, namespace: str, epoch: int) -> dict[str, Any] | str | None:
-    """The gang's state once the barrier of ``epoch`` is open, or "evicted" once Kueue
-    evicted the Workload (for any reason), else None."""
+def _outcome(
+    kube: Clients, namespace: str, history: WorkloadHistory, epoch: int
+) -> dict[str, Any] | str | None:
+    """ "evicted" once Kueue has evicted the Workload (for any reason: read from the watch's
+    record, since Kueue admits it again within a second and a poll can miss the eviction,
+    seen in CI), else the gang's state once the barrier of ``epoch`` is open, else None."""
+    if any((c := condition(wl, "Evicted")) and c["status"] == "True" for wl in history.versions):
+        return "evicted"
     st = gang_state(kube, namespace, NAME)
-    if st.get("barrierOpen") and st.get("epoch") == epoch:
-        return st
-    evicted = condition(workload_of(kube, namespace, NAME) or {}, "Evicted")
-    return "evicted" if evicted and evicted["status"] == "True" else None
+    return st if st.get("barrierOpen") and st.get("epoch") == epoch else None
 
 
 def _after_the_upstream_eviction(
