@@ -8,8 +8,9 @@ steps in one shared directory that survives every path (a persistent tier: stock
 resumes from the newest complete step, not from step 0), PyTorch's CUDA build imported from a
 host-mounted site. For each path of :mod:`bench.realnode` (same JobSet otherwise), and
 ``jsi-prestart`` (the process scope with ``prestart-imports``: the next epoch's ``torchrun``
-started and PyTorch imported beside the running epoch, its workers forked from it), once every rank is past step 40 (and,
-for ``jsi-prestart``, its standby is ready, as it is for a failure long into training):
+started and PyTorch imported beside the running epoch, its workers forked from it), once
+every rank is past step 40 (and, for ``jsi-prestart``, its standby is ready, as it is for a
+failure long into training):
 one worker process of member 1 is SIGKILLed at a set time, and every milestone is read from
 the components' own timestamps (the container runtime's time of each log line; the
 controller's status for jobset-inplace):
