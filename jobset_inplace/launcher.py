@@ -381,6 +381,8 @@ class Launcher:
         began = time.monotonic()
         self.signal_tree(signal.SIGTERM)
         if not self.wait_tree(self.grace):
+            left = descendants(os.getpid(), spare=self.standby)
+            _log(f"still running {self.grace:g} s after SIGTERM (the stop grace): SIGKILL {left}")
             self.kill_tree()
         _log(f"stopped (exit {self.code}) in {time.monotonic() - began:.3f} s")
 

@@ -72,6 +72,9 @@ FORKER_SUFFIX = ".sock"  # the forker's socket: the word's path + this
 LAUNCHES_WORKERS = ("torchrun", "torch.distributed.run")  # script name or module
 WORKER_FLAGS = "uBq"  # interpreter options a forked worker can still honour after its start
 MAX_REQUEST = 4 << 20  # bytes: a worker's arguments and environment
+# How often the forker also looks at getppid(): only a fallback (torchrun's end closes the pipe
+# it watches); a forker left running meanwhile is killed with the epoch's tree by the launcher.
+PARENT_POLL_SECONDS = 60.0
 # what ``ps -e`` (the process's comm) calls the forker and a forked worker's stand-in
 FORKER_NAME, STAND_IN_NAME = "jsi-forker", "jsi-stand-in"
 HELD = "waiting for an epoch"  # the hook's log line once its imports are done
@@ -237,15 +240,20 @@ def start_forker(path: str) -> str | None:
         return None
     _flush()
     parent = os.getpid()
+    # This process holds the pipe's write end until it ends (not inherited across exec): the
+    # forker sees its end at once, not at its next look at getppid().
+    alive_r, alive_w = os.pipe()
     pid = os.fork()
     if pid:
         server.close()
+        os.close(alive_r)
         _log(f"worker forker (pid {pid}) serves {path}")
         return path
+    os.close(alive_w)
     code = 0
     _name(FORKER_NAME)
     try:
-        Forker(server, parent).serve()
+        Forker(server, parent, alive_r).serve()
     except BaseException as e:  # the forker must never go on to torchrun's code
         _log(f"worker forker: {type(e).__name__}: {e}")
         code = 1
@@ -256,12 +264,14 @@ def start_forker(path: str) -> str | None:
 class Forker:
     """Forks one process per worker request, which becomes that worker; tells the worker's
     stand-in its pid, later its wait status; kills a worker whose stand-in is gone (SIGKILLed).
-    Ends, killing its workers, once the process that started it has."""
+    Ends, killing its workers, once the process that started it has: ``parent_alive``, the
+    read end of a pipe only that process writes to, reads end of file."""
 
-    def __init__(self, server: socket.socket, parent: int) -> None:
+    def __init__(self, server: socket.socket, parent: int, parent_alive: int) -> None:
         import selectors  # noqa: PLC0415
 
-        self.server, self.parent = server, parent
+        self.server, self.parent, self.parent_alive = server, parent, parent_alive
+        self.parent_ended = False
         self.workers: dict[int, socket.socket] = {}  # pid -> its stand-in's connection
         self.selector = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
@@ -276,12 +286,16 @@ class Forker:
             signal.signal(stop, signal.SIG_IGN)
         self.selector.register(server, selectors.EVENT_READ, None)
         self.selector.register(self.wake_r, selectors.EVENT_READ, None)
+        self.selector.register(parent_alive, selectors.EVENT_READ, None)
 
     def serve(self) -> None:
-        while os.getppid() == self.parent:
-            for key, _ in self.selector.select(timeout=1.0):
+        # getppid() too: a child torchrun forked without exec may hold the pipe open
+        while not self.parent_ended and os.getppid() == self.parent:
+            for key, _ in self.selector.select(timeout=PARENT_POLL_SECONDS):
                 if key.fileobj is self.server:
                     self._accept()
+                elif key.fileobj == self.parent_alive:
+                    self.parent_ended = os.read(self.parent_alive, 1) == b""
                 elif key.fileobj == self.wake_r:
                     with contextlib.suppress(BlockingIOError):
                         while os.read(self.wake_r, 512):
@@ -371,6 +385,7 @@ class Forker:
                 conn.close()
             os.close(self.wake_r)
             os.close(self.wake_w)
+            os.close(self.parent_alive)
             os.setsid()  # as torchrun starts a worker: a session of its own
             _name(os.path.basename(sys.executable)[:15])  # as an interpreter started for it
             for target, fd in enumerate(fds):

@@ -39,7 +39,12 @@ env = dict(os.environ, RANK="0", LOCAL_RANK="0")
 w = subprocess.Popen([sys.executable, *flags, os.path.join(d, "worker.py"), d], env=env,
                      start_new_session=True)
 note("stand-in", str(w.pid))
-signal.signal(signal.SIGTERM, lambda *_: os.killpg(w.pid, signal.SIGTERM))
+def stop(signum, frame):
+    try:  # (the worker may have ended and been reaped already, as torchrun's checks allow for)
+        os.killpg(w.pid, signum)
+    except ProcessLookupError:
+        pass
+signal.signal(signal.SIGTERM, stop)
 code = w.wait()
 note("torchrun-saw", str(code))
 sys.exit(code if code >= 0 else 128 - code)
@@ -205,8 +210,10 @@ def test_a_forked_worker_ends_with_its_forker(tmp_path: Path) -> None:
 def test_a_stop_reaches_a_forked_worker_as_the_signal_torchrun_passes_on(tmp_path: Path) -> None:
     """The launcher stops an epoch by SIGTERM to torchrun's group, where the forker is too: the
     worker must get torchrun's SIGTERM (a trainer may save on it), not a kill from a stand-in
-    whose forker died first."""
-    with running(prestart_pod(tmp_path, [*TORCHRUN, str(tmp_path)])) as pod:
+    whose forker died first. The forker ends with torchrun (it watches a pipe torchrun holds),
+    well before a long stop grace would have it killed."""
+    command = [*TORCHRUN, str(tmp_path)]
+    with running(prestart_pod(tmp_path, command, JSI_STOP_GRACE_SECONDS="30")) as pod:
         until("held", lambda: "waiting for an epoch" in pod.log())
         pod.open(1)
         until("the worker's start", lambda: len(pod.starts()) == 1)
@@ -215,6 +222,7 @@ def test_a_stop_reaches_a_forked_worker_as_the_signal_torchrun_passes_on(tmp_pat
         pod.wait_state("stopped", 1, 128 + signal.SIGTERM)
         assert note(pod, "torchrun-saw") == -signal.SIGTERM
         assert not alive(worker)
+        assert "SIGKILL" not in pod.log(), "the forker ended with its torchrun"
         assert "killing it" not in pod.log()
 
 
