@@ -1,7 +1,7 @@
 """The report channel under attack, without a cluster: ``python -m bench.channel_attack``.
 
 A server process runs the leader's real :class:`~jobset_inplace.controller.report_server.
-ReportServer` (its limits at their defaults, the open-files limit of this machine, TLS, h11,
+ReportServer` (its limits at their defaults, the open-files limit of this machine, TLS, llhttp,
 the sweeps) on 127.0.0.1 with one gang of one member in its cache. Its token check is the one
 part replaced: a bench verifier takes the token as the pod's identity (the JWT checks cost
 ~0.1 ms a report and have tests of their own: tests/unit/test_report_tokens.py). This process:
