@@ -136,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="5m",
         help="barrier timeout to compare Kueue's recoveryTimeout with (default: 5m)",
     )
+    p.add_argument(
+        "--controller-namespace",
+        default=names.INSTALL_NAMESPACE,
+        help=f"where the controller runs (default: {names.INSTALL_NAMESPACE})",
+    )
     p.add_argument("-o", "--output", choices=["yaml", "json"], help="output format")
     _add_cluster_flags(p)
     return parser
@@ -277,7 +282,7 @@ def cmd_doctor(c: Cluster, args: argparse.Namespace, out: IO[str]) -> ExitCode:
     except PolicyError as e:
         raise CommandError(str(e), ExitCode.USAGE) from None
     c.server_version()  # unreachable cluster: exit NO_CLUSTER rather than a page of FAILs
-    checks = doctor_mod.run_checks(c, barrier)
+    checks = doctor_mod.run_checks(c, barrier, args.controller_namespace)
     if args.output:
         out.write(render.dump(doctor_mod.checks_document(checks), args.output))
     else:

@@ -159,6 +159,66 @@ class Cluster:
         resp = or_none(read, name, namespace, _preload_content=False)
         return None if resp is None else self._json(resp)
 
+    def lease(self, namespace: str, name: str) -> tuple[dict[str, Any] | None, str]:
+        """The Lease (or ``None`` if it does not exist) and the apiserver's ``Date`` header:
+        its age is judged by the cluster's clock, not this machine's."""
+        read = client.CoordinationV1Api(self.api_client).read_namespaced_lease
+        resp = or_none(read, name, namespace, _preload_content=False)
+        if resp is None:
+            return None, ""
+        return self._json(resp), str(resp.headers.get("Date") or "")
+
+    def dry_run_jobset(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A server-side dry-run create of a JobSet in this namespace: the mutated object."""
+        return self._json(
+            self.custom.create_namespaced_custom_object(
+                JOBSET_GROUP,
+                JOBSET_VERSION,
+                self.namespace,
+                JOBSET_PLURAL,
+                body,
+                dry_run="All",
+                _preload_content=False,
+            )
+        )
+
+    def namespace_object(self, name: str) -> dict[str, Any] | None:
+        resp = or_none(self.core.read_namespace, name, _preload_content=False)
+        return None if resp is None else self._json(resp)
+
+    def service_account(self, namespace: str, name: str) -> dict[str, Any] | None:
+        read = self.core.read_namespaced_service_account
+        resp = or_none(read, name, namespace, _preload_content=False)
+        return None if resp is None else self._json(resp)
+
+    def allowed(self, user: str, groups: list[str], attributes: dict[str, str]) -> bool:
+        """Whether ``user`` may do what ``attributes`` (a SubjectAccessReview's
+        resourceAttributes) say, as the apiserver's authorizer answers."""
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {"user": user, "groups": groups, "resourceAttributes": attributes},
+        }
+        resp = client.AuthorizationV1Api(self.api_client).create_subject_access_review(
+            review, _preload_content=False
+        )
+        return bool((self._json(resp).get("status") or {}).get("allowed"))
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        resp = or_none(self.core.read_namespaced_pod, name, namespace, _preload_content=False)
+        return None if resp is None else self._json(resp)
+
+    def pod_proxy_get(self, namespace: str, pod: str, port: int, path: str) -> tuple[int, str]:
+        """GET ``path`` from the pod's ``port`` over HTTPS through the apiserver's proxy: the
+        status and body the pod answered (an apiserver error raises)."""
+        try:
+            resp = self.core.connect_get_namespaced_pod_proxy_with_path(
+                f"https:{pod}:{port}", namespace, path.lstrip("/"), _preload_content=False
+            )
+        except ApiException as e:
+            return int(e.status or 0), str(e.body or "")
+        return int(resp.status), resp.data.decode("utf-8", "replace")
+
     def deployment_images(self, namespace: str) -> list[str]:
         resp = client.AppsV1Api(self.api_client).list_namespaced_deployment(
             namespace, _preload_content=False

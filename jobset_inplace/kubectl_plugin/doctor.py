@@ -4,9 +4,11 @@ returned (unit-tested on fixed dicts); :func:`run_checks` gathers the inputs thr
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from email.utils import parsedate_to_datetime
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -17,6 +19,7 @@ from jobset_inplace.core.policy import (
     barrier_within_kueue,
     kueue_recovery_timeout_needed,
 )
+from jobset_inplace.core.transform import AGENT_CONTAINER, AGENT_SERVICE_ACCOUNT, agent_rbac
 from jobset_inplace.platform import (
     DEFAULT_ON_MINOR,
     GATED_COMPONENTS,
@@ -24,6 +27,7 @@ from jobset_inplace.platform import (
     RESTART_ALL_FEATURE,
     gates_flag,
 )
+from jobset_inplace.times import parse_time
 
 from .cluster import api_error_message
 from .render import fmt_duration, table
@@ -68,6 +72,14 @@ class ClusterReader(Protocol):
     def deployment_images(self, namespace: str) -> list[str]: ...
     def admission_policy(self, name: str) -> dict[str, Any] | None: ...
     def admission_policy_binding(self, name: str) -> dict[str, Any] | None: ...
+    def deployment(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def lease(self, namespace: str, name: str) -> tuple[dict[str, Any] | None, str]: ...
+    def dry_run_jobset(self, body: dict[str, Any]) -> dict[str, Any]: ...
+    def namespace_object(self, name: str) -> dict[str, Any] | None: ...
+    def service_account(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def allowed(self, user: str, groups: list[str], attributes: dict[str, str]) -> bool: ...
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def pod_proxy_get(self, namespace: str, pod: str, port: int, path: str) -> tuple[int, str]: ...
 
 
 # --- pure checks ---------------------------------------------------------------------------------
@@ -318,6 +330,208 @@ def check_kueue_recovery(config_text: str | None, barrier_timeout_s: float, why:
     )
 
 
+# --- the install: controller, leader, webhook, agent rights, Pod Security, channel -------------
+def check_controller(deployment: Mapping[str, Any] | None, namespace: str) -> Check:
+    name = "Controller"
+    where = f"{namespace}/{names.CONTROLLER_NAME}"
+    hint = f"kubectl -n {namespace} describe deployment {names.CONTROLLER_NAME}"
+    if deployment is None:
+        return Check(
+            name,
+            Result.FAIL,
+            f"Deployment {where} not found",
+            "install the controller (docs/operations.md#install), or pass --controller-namespace",
+        )
+    status = deployment.get("status") or {}
+    wanted = (deployment.get("spec") or {}).get("replicas", 1)
+    ready = int(status.get("readyReplicas") or 0)
+    detail = f"Deployment {where}: {ready}/{wanted} replicas ready"
+    if ready == 0:
+        return Check(name, Result.FAIL, detail, hint)
+    if ready < wanted:
+        return Check(name, Result.WARN, f"{detail} (no standby for a failover)", hint)
+    return Check(name, Result.PASS, detail)
+
+
+def leader_pod(holder: str) -> str:
+    """The pod a candidate identity names (``<pod>_<random>``, runtime.leader_election)."""
+    return holder.rpartition("_")[0] or holder
+
+
+def check_leader(
+    lease: Mapping[str, Any] | None, server_now: float | None, namespace: str
+) -> Check:
+    """A live leader: the Lease has a holder renewed within its duration, by the apiserver's
+    clock (``server_now``, from its ``Date`` header; None: this machine's is not used)."""
+    name = "Leader"
+    where = f"{namespace}/{names.CONTROLLER_NAME}"
+    hint = f"kubectl -n {namespace} logs deployment/{names.CONTROLLER_NAME}"
+    if lease is None:
+        return Check(name, Result.FAIL, f"Lease {where} not found: no replica ever led", hint)
+    spec = lease.get("spec") or {}
+    holder = str(spec.get("holderIdentity") or "")
+    if not holder:
+        return Check(name, Result.FAIL, f"Lease {where} has no holder (released)", hint)
+    renewed = parse_time(spec.get("renewTime"))
+    duration = float(spec.get("leaseDurationSeconds") or 0)
+    if renewed is None or server_now is None:
+        return Check(name, Result.WARN, f"{holder} holds {where}; its age is unknown", hint)
+    age = max(0.0, server_now - renewed)
+    detail = f"{leader_pod(holder)} holds {where}, renewed {age:.0f}s ago (duration {duration:g}s)"
+    if age > duration + 1:  # (the Date header has whole seconds)
+        return Check(name, Result.FAIL, f"{detail}: expired, no live leader", hint)
+    return Check(name, Result.PASS, detail)
+
+
+def probe_jobset() -> dict[str, Any]:
+    """An opted-in JobSet, for a server-side dry run of its create: the webhook must add the
+    agent."""
+    pod = {
+        "restartPolicy": "Never",
+        "containers": [
+            {"name": "trainer", "image": "registry.k8s.io/pause:3.10", "command": ["/pause"]}
+        ],
+    }
+    job = {"parallelism": 1, "completions": 1, "backoffLimit": 0, "template": {"spec": pod}}
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {
+            "generateName": "jobset-inplace-doctor-",
+            "annotations": {names.ENABLED: "true"},
+        },
+        "spec": {"replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": job}}]},
+    }
+
+
+def _has_agent(jobset: Mapping[str, Any]) -> bool:
+    for rjob in (jobset.get("spec") or {}).get("replicatedJobs") or []:
+        pod = (((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get(
+            "spec"
+        ) or {}
+        for c in (pod.get("initContainers") or []) + (pod.get("containers") or []):
+            if c.get("name") == AGENT_CONTAINER:
+                return True
+    return False
+
+
+def check_webhook(created: Mapping[str, Any] | None, error: str | None, namespace: str) -> Check:
+    name = "Webhook"
+    what = f"server-side dry run of an opted-in JobSet in {namespace}"
+    if error is not None:
+        return Check(
+            name,
+            Result.FAIL,
+            f"{what} refused: {error}",
+            "check the controller's pods and the jobset-inplace-webhook Service's endpoints",
+        )
+    if created is not None and _has_agent(created):
+        return Check(name, Result.PASS, f"{what}: the agent was added")
+    return Check(
+        name,
+        Result.FAIL,
+        f"{what}: accepted without the agent (the mutating webhook did not run)",
+        "kubectl get mutatingwebhookconfiguration jobset-inplace-webhook -o yaml "
+        "(namespaceSelector, objectSelector)",
+    )
+
+
+def agent_permissions(namespace: str) -> list[dict[str, str]]:
+    """What the agent's Role grants (core.transform.agent_rbac, the one definition), as
+    SubjectAccessReview resourceAttributes."""
+    role = next(o for o in agent_rbac(namespace) if o["kind"] == "Role")
+    return [
+        {"namespace": namespace, "group": group, "resource": resource, "verb": verb}
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    ]
+
+
+def agent_user(namespace: str) -> tuple[str, list[str]]:
+    """The agent's ServiceAccount as the authorizer sees it: user and groups."""
+    user = f"system:serviceaccount:{namespace}:{AGENT_SERVICE_ACCOUNT}"
+    return user, [
+        "system:serviceaccounts",
+        f"system:serviceaccounts:{namespace}",
+        "system:authenticated",
+    ]
+
+
+def check_agent_access(
+    namespace: str, account: Mapping[str, Any] | None, denied: Sequence[Mapping[str, str]]
+) -> Check:
+    name = "Agent permissions"
+    hint = f"sed s/NAMESPACE/{namespace}/ manifests/rbac/agent.yaml | kubectl apply -f -"
+    if account is None:
+        return Check(
+            name, Result.FAIL, f"no ServiceAccount {AGENT_SERVICE_ACCOUNT} in {namespace}", hint
+        )
+    if denied:
+        what = ", ".join(
+            f"{a['verb']} {a['resource']}{'.' + a['group'] if a['group'] else ''}" for a in denied
+        )
+        return Check(
+            name, Result.FAIL, f"{AGENT_SERVICE_ACCOUNT} in {namespace} may not {what}", hint
+        )
+    return Check(
+        name, Result.PASS, f"{AGENT_SERVICE_ACCOUNT} in {namespace} may read GangStates, patch pods"
+    )
+
+
+PSS_ENFORCE = "pod-security.kubernetes.io/enforce"
+
+
+def check_pod_security(namespace: str, ns: Mapping[str, Any] | None) -> Check:
+    """Informational: the injected agent holds to ``restricted``; under it the trainer must
+    too."""
+    name = "Pod Security"
+    if ns is None:
+        return Check(name, Result.FAIL, f"namespace {namespace} not found", "pass -n <namespace>")
+    level = ((ns.get("metadata") or {}).get("labels") or {}).get(PSS_ENFORCE, "")
+    if level == "restricted":
+        return Check(
+            name,
+            Result.PASS,
+            f"{namespace} enforces restricted: the agent complies; trainers must too "
+            "(docs/operations.md, A hardened cluster)",
+        )
+    shown = level or "none (privileged)"
+    return Check(name, Result.PASS, f"{namespace} enforces {shown}: the agent complies")
+
+
+def channel_port(pod: Mapping[str, Any] | None) -> int:
+    """The leader pod's report channel port (its container port named ``reports``)."""
+    for c in ((pod or {}).get("spec") or {}).get("containers") or []:
+        for port in c.get("ports") or []:
+            if port.get("name") == "reports":
+                return int(port["containerPort"])
+    return names.DEFAULT_REPORT_PORT
+
+
+def check_channel(status: int, body: str, where: str) -> Check:
+    """The leader's report channel answered a GET through the apiserver's pod proxy: the
+    channel refuses it (405, its own JSON), which shows it listens and speaks TLS."""
+    name = "Report channel"
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        answer = None
+    if status == 405 and isinstance(answer, dict) and "POST" in str(answer.get("error")):
+        return Check(name, Result.PASS, f"{where} answers (through the apiserver's pod proxy)")
+    said = (
+        str((answer or {}).get("message") or body)[:200] if isinstance(answer, dict) else body[:200]
+    )
+    return Check(
+        name,
+        Result.WARN,
+        f"{where} did not answer through the apiserver's pod proxy ({status}: {said})",
+        "agents then report on their pods (more API writes): check the leader's log; a "
+        "NetworkPolicy that admits only agent pods blocks this probe, not agents",
+    )
+
+
 # --- gathering -----------------------------------------------------------------------------------
 def _safe(name: str, hint: str, fn: Callable[[], Check]) -> Check:
     try:
@@ -326,7 +540,11 @@ def _safe(name: str, hint: str, fn: Callable[[], Check]) -> Check:
         return Check(name, Result.FAIL, f"API error: {api_error_message(e)}", hint)
 
 
-def run_checks(c: ClusterReader, barrier_timeout_s: float | None = None) -> list[Check]:
+def run_checks(
+    c: ClusterReader,
+    barrier_timeout_s: float | None = None,
+    controller_namespace: str = names.INSTALL_NAMESPACE,
+) -> list[Check]:
     barrier = Policy().barrier_timeout_s if barrier_timeout_s is None else barrier_timeout_s
     server: dict[str, Any] = {}
 
@@ -407,6 +625,73 @@ def run_checks(c: ClusterReader, barrier_timeout_s: float | None = None) -> list
         return check_kueue_recovery(text, barrier, why)
 
     checks.append(_safe("Kueue recoveryTimeout", "check the kubeconfig", recovery))
+    checks += install_checks(c, controller_namespace)
+    return checks
+
+
+def install_checks(c: ClusterReader, controller_namespace: str) -> list[Check]:
+    """The install itself, live: the controller and its leader, the webhook, the agent's rights
+    and the Pod Security level in ``c.namespace``, the leader's report channel."""
+    ns = c.namespace
+    hint = "check the kubeconfig (these checks read the controller's namespace)"
+    checks = [
+        _safe(
+            "Controller",
+            hint,
+            lambda: check_controller(
+                c.deployment(controller_namespace, names.CONTROLLER_NAME), controller_namespace
+            ),
+        )
+    ]
+    holder: list[str] = []
+
+    def leader() -> Check:
+        lease, date = c.lease(controller_namespace, names.CONTROLLER_NAME)
+        if lease is not None:
+            holder.append(str((lease.get("spec") or {}).get("holderIdentity") or ""))
+        server_now = parsedate_to_datetime(date).timestamp() if date else None
+        return check_leader(lease, server_now, controller_namespace)
+
+    checks.append(_safe("Leader", hint, leader))
+
+    def webhook() -> Check:
+        try:
+            created = c.dry_run_jobset(probe_jobset())
+        except Exception as e:
+            if getattr(e, "status", None) is None:
+                raise
+            return check_webhook(None, api_error_message(e), ns)
+        return check_webhook(created, None, ns)
+
+    checks.append(_safe("Webhook", "check the kubeconfig (-n: a namespace for JobSets)", webhook))
+
+    def agent() -> Check:
+        account = c.service_account(ns, AGENT_SERVICE_ACCOUNT)
+        user, groups = agent_user(ns)
+        denied = [a for a in agent_permissions(ns) if not c.allowed(user, groups, a)]
+        return check_agent_access(ns, account, denied)
+
+    checks.append(_safe("Agent permissions", "SubjectAccessReviews need create on them", agent))
+    checks.append(
+        _safe("Pod Security", hint, lambda: check_pod_security(ns, c.namespace_object(ns)))
+    )
+
+    def channel() -> Check:
+        pod_name = leader_pod(holder[0]) if holder and holder[0] else ""
+        if not pod_name:
+            return Check("Report channel", Result.SKIP, "no leader to ask")
+        pod = c.pod(controller_namespace, pod_name)
+        if pod is None:
+            return Check(
+                "Report channel",
+                Result.SKIP,
+                f"the leader {pod_name} is not a pod in {controller_namespace} (run elsewhere?)",
+            )
+        port = channel_port(pod)
+        status, body = c.pod_proxy_get(controller_namespace, pod_name, port, names.REPORT_PATH)
+        return check_channel(status, body, f"{pod_name}:{port}")
+
+    checks.append(_safe("Report channel", hint, channel))
     return checks
 
 

@@ -14,6 +14,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import __version__, names
+from jobset_inplace.core.transform import AGENT_CONTAINER
 from jobset_inplace.kubectl_plugin import ExitCode, main
 from jobset_inplace.kubectl_plugin import doctor as d
 from jobset_inplace.kubectl_plugin import render as r
@@ -940,6 +941,142 @@ class FakeReader:
     def admission_policy_binding(self, name: str) -> dict[str, Any] | None:
         return {"metadata": {"name": name}, "spec": {"validationActions": ["Deny"]}}
 
+    # the install: a ready controller whose leader renewed 3 s before the server's Date
+    def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return {"spec": {"replicas": 2}, "status": {"readyReplicas": 2}}
+
+    def lease(self, namespace: str, name: str) -> tuple[dict[str, Any] | None, str]:
+        spec = {
+            "holderIdentity": "ctl-7d9-x2_ab12cd34",
+            "renewTime": "2026-11-27T10:00:07.000000Z",
+            "leaseDurationSeconds": 15,
+        }
+        return {"spec": spec}, "Fri, 27 Nov 2026 10:00:10 GMT"
+
+    def dry_run_jobset(self, body: dict[str, Any]) -> dict[str, Any]:
+        pod = body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        pod["initContainers"] = [{"name": AGENT_CONTAINER, "restartPolicy": "Always"}]
+        return body
+
+    def namespace_object(self, name: str) -> dict[str, Any] | None:
+        return {"metadata": {"name": name, "labels": {d.PSS_ENFORCE: "restricted"}}}
+
+    def service_account(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return {"metadata": {"name": name}}
+
+    def allowed(self, user: str, groups: list[str], attributes: dict[str, str]) -> bool:
+        return True
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        ports = [{"name": "reports", "containerPort": 9555}]
+        return {"spec": {"containers": [{"name": "controller", "ports": ports}]}}
+
+    def pod_proxy_get(self, namespace: str, pod: str, port: int, path: str) -> tuple[int, str]:
+        assert (pod, port, path) == ("ctl-7d9-x2", 9555, "/v1/reports")
+        return 405, '{"error":"method GET: reports are sent with POST"}'
+
+
+def test_check_controller() -> None:
+    assert d.check_controller(None, "ns").result == "FAIL"
+    down = d.check_controller({"spec": {"replicas": 2}, "status": {}}, "ns")
+    assert (down.result, down.detail) == (
+        "FAIL",
+        "Deployment ns/jobset-inplace-controller: 0/2 replicas ready",
+    )
+    assert (
+        d.check_controller({"spec": {"replicas": 2}, "status": {"readyReplicas": 1}}, "ns").result
+        == "WARN"
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "now", "result"),
+    [
+        (
+            {
+                "holderIdentity": "p_1",
+                "renewTime": "2026-11-27T10:00:00Z",
+                "leaseDurationSeconds": 15,
+            },
+            1795773610.0,
+            "PASS",
+        ),
+        (
+            {
+                "holderIdentity": "p_1",
+                "renewTime": "2026-11-27T10:00:00Z",
+                "leaseDurationSeconds": 15,
+            },
+            1795773630.0,
+            "FAIL",
+        ),
+        (
+            {"holderIdentity": "", "renewTime": "2026-11-27T10:00:00Z", "leaseDurationSeconds": 1},
+            1795773600.0,
+            "FAIL",
+        ),
+        (
+            {
+                "holderIdentity": "p_1",
+                "renewTime": "2026-11-27T10:00:00Z",
+                "leaseDurationSeconds": 15,
+            },
+            None,
+            "WARN",
+        ),
+    ],
+)
+def test_check_leader_judges_the_lease_by_the_servers_clock(
+    spec: dict[str, Any], now: float | None, result: str
+) -> None:
+    assert d.check_leader({"spec": spec}, now, "ns").result == result
+    assert d.check_leader(None, now, "ns").result == "FAIL"
+
+
+def test_check_webhook() -> None:
+    probe = d.probe_jobset()
+    assert d.check_webhook(probe, None, "team").result == "FAIL", "accepted without the agent"
+    assert "refused" in d.check_webhook(None, "failed calling webhook", "team").detail
+    assert FakeReader().dry_run_jobset(d.probe_jobset())
+    assert d.check_webhook(FakeReader().dry_run_jobset(probe), None, "team").result == "PASS"
+
+
+def test_the_agent_permissions_checked_are_the_ones_its_role_grants() -> None:
+    asked = d.agent_permissions("team")
+    assert {"namespace": "team", "group": "", "resource": "pods", "verb": "patch"} in asked
+    assert {(a["resource"], a["verb"]) for a in asked} == {
+        ("gangstates", "get"), ("gangstates", "list"), ("gangstates", "watch"),
+        ("pods", "get"), ("pods", "patch"),
+    }  # fmt: skip
+    denied = [a for a in asked if a["verb"] == "patch"]
+    check = d.check_agent_access("team", {"metadata": {}}, denied)
+    assert (check.result, check.detail) == (
+        "FAIL",
+        "jobset-inplace-agent in team may not patch pods",
+    )
+    assert "s/NAMESPACE/team/" in check.hint
+    assert d.check_agent_access("team", None, []).result == "FAIL"
+    assert d.check_agent_access("team", {}, []).result == "PASS"
+
+
+def test_check_channel_wants_the_channels_own_refusal() -> None:
+    ours = '{"error":"method GET: reports are sent with POST"}'
+    assert d.check_channel(405, ours, "p:9444").result == "PASS"
+    status = '{"kind":"Status","message":"error trying to reach service: dial tcp: i/o timeout"}'
+    check = d.check_channel(503, status, "p:9444")
+    assert check.result == "WARN"
+    assert "i/o timeout" in check.detail
+    assert d.check_channel(405, "not json", "p:9444").result == "WARN"
+    assert d.channel_port(None) == 9444
+
+
+def test_check_pod_security_names_the_level() -> None:
+    assert (
+        "trainers must too" in d.check_pod_security("t", FakeReader().namespace_object("t")).detail
+    )
+    assert "none (privileged)" in d.check_pod_security("t", {"metadata": {}}).detail
+    assert d.check_pod_security("t", None).result == "FAIL"
+
 
 @pytest.mark.parametrize(
     ("policy", "binding", "result"),
@@ -970,12 +1107,21 @@ def test_run_checks_and_render() -> None:
         ("Kueue CRDs", "PASS"),
         ("Node declared features", "WARN"),
         ("Kueue recoveryTimeout", "SKIP"),
+        ("Controller", "PASS"),
+        ("Leader", "PASS"),
+        ("Webhook", "PASS"),
+        ("Agent permissions", "PASS"),
+        ("Pod Security", "PASS"),
+        ("Report channel", "PASS"),
     ]
-    assert "403" in checks[-1].detail
+    assert "403" in checks[7].detail
+    assert "ctl-7d9-x2 holds jobset-inplace-system/jobset-inplace-controller, renewed 3s ago" in (
+        checks[9].detail
+    )
     assert not d.failed(checks)
     text = d.render_checks(checks)
     assert f"    fix: 1.35 needs --feature-gates={GATES_135} on those kubelets" in text
-    assert text.endswith("0 failed, 1 warnings, 8 checks\n")
+    assert text.endswith("0 failed, 1 warnings, 14 checks\n")
 
 
 def test_doctor_exit_code_is_1_on_any_fail() -> None:
