@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from email.utils import parsedate_to_datetime
@@ -383,9 +384,10 @@ def check_leader(
     return Check(name, Result.PASS, detail)
 
 
-def probe_jobset() -> dict[str, Any]:
+def probe_jobset(suffix: str) -> dict[str, Any]:
     """An opted-in JobSet, for a server-side dry run of its create: the webhook must add the
-    agent."""
+    agent. Named (the webhook needs a name: no generateName), ``suffix`` keeps it apart from
+    any real one."""
     pod = {
         "restartPolicy": "Never",
         "containers": [
@@ -397,7 +399,7 @@ def probe_jobset() -> dict[str, Any]:
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
         "metadata": {
-            "generateName": "jobset-inplace-doctor-",
+            "name": f"jobset-inplace-doctor-{suffix}",
             "annotations": {names.ENABLED: "true"},
         },
         "spec": {"replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": job}}]},
@@ -656,7 +658,7 @@ def install_checks(c: ClusterReader, controller_namespace: str) -> list[Check]:
 
     def webhook() -> Check:
         try:
-            created = c.dry_run_jobset(probe_jobset())
+            created = c.dry_run_jobset(probe_jobset(secrets.token_hex(4)))
         except Exception as e:
             if getattr(e, "status", None) is None:
                 raise

@@ -1034,10 +1034,10 @@ def test_check_leader_judges_the_lease_by_the_servers_clock(
 
 
 def test_check_webhook() -> None:
-    probe = d.probe_jobset()
+    probe = d.probe_jobset("x1")
+    assert probe["metadata"]["name"] == "jobset-inplace-doctor-x1", "the webhook needs a name"
     assert d.check_webhook(probe, None, "team").result == "FAIL", "accepted without the agent"
     assert "refused" in d.check_webhook(None, "failed calling webhook", "team").detail
-    assert FakeReader().dry_run_jobset(d.probe_jobset())
     assert d.check_webhook(FakeReader().dry_run_jobset(probe), None, "team").result == "PASS"
 
 
