@@ -536,9 +536,13 @@ def check_channel(status: int, body: str, where: str) -> Check:
 
 # --- gathering -----------------------------------------------------------------------------------
 def _safe(name: str, hint: str, fn: Callable[[], Check]) -> Check:
+    """``fn``'s check; an API error is a FAIL, except a refusal of the reader's own rights
+    (401/403): that says nothing of the cluster, so the check is SKIPped with the reason."""
     try:
         return fn()
     except Exception as e:
+        if getattr(e, "status", None) in (401, 403):
+            return Check(name, Result.SKIP, f"not allowed to check: {api_error_message(e)}", hint)
         return Check(name, Result.FAIL, f"API error: {api_error_message(e)}", hint)
 
 

@@ -3,8 +3,7 @@ kept alive between recoveries, and a port every pod of the cluster can reach.
 
 Framing is llhttp's (:class:`RequestReader`: strict about what it accepts, CR, LF or NUL in a
 header value, conflicting lengths; a head over MAX_HEAD however it arrives). On top of it, this
-serves
-the one request agents make: ``POST <path>`` with a ``Content-Length`` body of at most
+serves the one request agents make: ``POST <path>`` with a ``Content-Length`` body of at most
 ``max_body`` bytes. Any other request, and any answer but 200, is answered with its status
 (the reason named) and the connection closed.
 

@@ -1138,3 +1138,17 @@ def test_doctor_exit_code_is_1_on_any_fail() -> None:
     code, text = doctor(FakeReader(), "-o", "json")
     assert code == ExitCode.OK
     assert json.loads(text)["failed"] is False
+
+
+def test_a_check_the_reader_may_not_make_is_skipped_not_failed() -> None:
+    class NoReviews(FakeReader):
+        def allowed(self, user: str, groups: list[str], attributes: dict[str, str]) -> bool:
+            raise ApiException(status=403, reason="Forbidden")
+
+        def pod_proxy_get(self, namespace: str, pod: str, port: int, path: str) -> tuple[int, str]:
+            raise ApiException(status=500, reason="Internal Server Error")
+
+    checks = {c.name: c for c in d.run_checks(NoReviews())}
+    assert checks["Agent permissions"].result == "SKIP"
+    assert "not allowed to check" in checks["Agent permissions"].detail
+    assert checks["Report channel"].result == "FAIL", "any other API error still fails"
