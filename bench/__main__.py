@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from testbed.demo import run_demo
 from testbed.kube import clients, wait_for
 from testbed.versions import binaries, versions
 
-from . import report, upstream
+from . import provenance, report, upstream
 from .scenarios import (
     DEFAULT_PATHS,
     FLEET_SA,
@@ -153,6 +152,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--skip-agent-start", action="store_true", help="skip the real-node part")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
     p.add_argument("--label", default="", help="a name for this run in the results")
+    p.add_argument("--allow-dirty", action="store_true", help=provenance.ALLOW_DIRTY_HELP)
     args = p.parse_args(argv)
     if args.reps < 1 or args.stock_reps < 1:
         p.error("--reps and --stock-reps must be >= 1")
@@ -286,11 +286,13 @@ def agent_start(cluster: LocalCluster, cycles: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    provenance.refuse_dirty(args.allow_dirty)
     # SIGTERM unwinds like Ctrl-C: the controller stops, the JobSet controller's gates return
     # to their defaults
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    started = time.time()
+    started, steal_at_start = time.time(), provenance.steal_seconds()
     cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
     # Few nodes at first when the agent's start-up is measured (an otherwise idle cluster).
     first = args.sizes[0] if args.sizes and args.skip_agent_start else 0
@@ -307,16 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     results: dict[str, Any] = {
         "label": args.label,
-        "commit": report.source_commit(),
+        **provenance.provenance("bench", argv),
         "started": format_time(started, micro=False),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "memory_gib": round(
-                os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1
-            ),
-            "python": platform.python_version(),
-            "kernel": platform.release(),
-        },
         "versions": {
             "kubernetes": versions().kubernetes,
             "jobset": versions().jobset,
@@ -390,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         ctl.stop()
     results["duration_s"] = round(time.time() - started, 1)
+    results["machine"].update(
+        provenance.steal_during(steal_at_start, provenance.steal_seconds(), time.time() - started)
+    )
     written = report.write(args.out, results)
     print(report.text(results))
     log("written: " + ", ".join(str(f) for f in written))

@@ -35,7 +35,7 @@ from typing import Any
 
 import uvloop
 
-from bench.report import source_commit
+from bench import provenance
 from bench.scenarios import cpu_seconds, status_mib
 from jobset_inplace import names
 from jobset_inplace.controller.cache import ClusterCache, JobEntry, pod_entry
@@ -330,16 +330,20 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=20, help="agent reports per phase")
     p.add_argument("--out", help="write every figure to this JSON file")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--allow-dirty", action="store_true", help=provenance.ALLOW_DIRTY_HELP)
     args = p.parse_args()
     if args.serve:
         uvloop.run(_serve())
         return 0
+    provenance.refuse_dirty(args.allow_dirty or not args.out)  # (no file: nothing recorded)
+    origin = provenance.provenance("bench.channel_attack", sys.argv[1:])
     server = Server()
     try:
         result = uvloop.run(run(server, args.connections, args.concurrency, args.samples))
     finally:
         server.stop()
-    result["commit"] = commit = source_commit()
+    result.update(origin)
+    commit = origin["commit"]
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)

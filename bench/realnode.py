@@ -44,9 +44,8 @@ from typing import Any
 
 from kubernetes import utils
 
-from bench import first_step, upstream
+from bench import first_step, provenance, upstream
 from bench.__main__ import apiserver_metrics
-from bench.report import source_commit
 from bench.scenarios import apiserver_requests
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
@@ -302,6 +301,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help=f"results JSON (default {DEFAULT_OUT['demo']}, or {DEFAULT_OUT['torch']} with "
         "--trainer torch)",
     )
+    p.add_argument("--allow-dirty", action="store_true", help=provenance.ALLOW_DIRTY_HELP)
     a = p.parse_args(argv)
     a.out = a.out or DEFAULT_OUT[a.trainer]
     known = first_step.PATHS if a.trainer == "torch" else PATHS
@@ -313,7 +313,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    provenance.refuse_dirty(args.allow_dirty)
+    origin = provenance.provenance("bench.realnode", argv)
+    started, steal_at_start = time.time(), provenance.steal_seconds()
     cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
     cluster.up()
     nodes = cluster.real_nodes()
@@ -339,7 +343,6 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[Any] = []
     kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig), "-n", NAMESPACE]
     torch = first_step.TorchBench(bench, NAMESPACE, kubectl) if args.trainer == "torch" else None
-    commit = source_commit()
     failed: dict[str, str] = {}  # path -> why its recovery did not complete (torch trainer)
     controller = ControllerProcess(cluster, cluster.logs_dir / "controller-bench-realnode.log")
     try:
@@ -397,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "commit": commit,
+        **origin,
         "trainer": args.trainer,
         "kubernetes": versions().kubernetes,
         "jobset": versions().jobset,
@@ -406,6 +409,9 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summarized,
         "failed": failed,
     }
+    doc["machine"].update(
+        provenance.steal_during(steal_at_start, provenance.steal_seconds(), time.time() - started)
+    )
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     log(f"results: {args.out}")
     return 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import statistics
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,18 +56,6 @@ def requests_per_recovery(windows: list[dict[str, Any]], top: int = 10) -> dict[
             counts.setdefault(key, []).append(n)
     med = {k: int(statistics.median(v + [0] * (len(measured) - len(v)))) for k, v in counts.items()}
     return dict(sorted(med.items(), key=lambda kv: -kv[1])[:top])
-
-
-def source_commit() -> str:
-    """The checkout's commit for a results file (short hash; ``-dirty`` with uncommitted
-    changes to tracked files; ``unknown`` outside a git checkout)."""
-
-    def git(*args: str) -> str:
-        run = subprocess.run(["git", *args], capture_output=True, text=True, check=False)
-        return run.stdout.strip() if run.returncode == 0 else ""
-
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    return commit + "-dirty" * bool(git("status", "--porcelain", "--untracked-files=no"))
 
 
 IN_PLACE = ("hybrid", "leases", "upstream")  # the paths with phases (a simulated agent fleet)

@@ -1,0 +1,85 @@
+"""Where a result file's figures come from (docs/benchmarks.md, "Method"): the commit and
+whether the tree had uncommitted changes, the command line, the machine, and the CPU time the
+hypervisor took from it (steal) while the benchmark ran. Every benchmark that writes a results
+file records :func:`provenance` in it and refuses a dirty tree unless told otherwise
+(:func:`refuse_dirty`): a figure must be traceable to the code that produced it."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+PROC_STAT = Path("/proc/stat")
+ALLOW_DIRTY_HELP = "measure a checkout with uncommitted changes (the results say so)"
+
+
+def _git(*args: str) -> str:
+    run = subprocess.run(["git", *args], capture_output=True, text=True, check=False)
+    return run.stdout.rstrip("\n") if run.returncode == 0 else ""  # (status lines begin with " ")
+
+
+def dirty() -> bool:
+    """Uncommitted changes to tracked files (untracked files are not the measured code)."""
+    return bool(_git("status", "--porcelain", "--untracked-files=no"))
+
+
+def source_commit() -> str:
+    """The checkout's commit for a results file (short hash; ``-dirty`` with uncommitted
+    changes to tracked files; ``unknown`` outside a git checkout)."""
+    return (_git("rev-parse", "--short", "HEAD") or "unknown") + "-dirty" * dirty()
+
+
+def refuse_dirty(allow: bool) -> None:
+    """Stop before measuring a checkout with uncommitted changes, unless ``allow``."""
+    if not allow and dirty():
+        changed = _git("status", "--short", "--untracked-files=no").splitlines()
+        shown = ", ".join(line[3:] for line in changed[:5]) + (" ..." if len(changed) > 5 else "")
+        raise SystemExit(
+            f"uncommitted changes ({shown}): commit them, or pass --allow-dirty to measure "
+            "them anyway (the results then name the commit with -dirty)"
+        )
+
+
+def steal_seconds(stat: str | None = None) -> float:
+    """CPU time stolen by the hypervisor since boot, all CPUs (``/proc/stat``'s ``cpu`` line,
+    8th value, in USER_HZ ticks); 0 where it is not reported."""
+    text = stat if stat is not None else PROC_STAT.read_text() if PROC_STAT.exists() else ""
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and fields[0] == "cpu":
+            ticks = int(fields[8]) if len(fields) > 8 else 0
+            return ticks / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+    }
+
+
+def provenance(module: str, argv: list[str]) -> dict[str, Any]:
+    """What a results file records of its origin (``argv``: the module's arguments)."""
+    return {
+        "commit": source_commit(),
+        "dirty": dirty(),
+        "command": shlex.join([Path(sys.executable).name, "-m", module, *argv]),
+        "machine": machine(),
+    }
+
+
+def steal_during(started_s: float, ended_s: float, wall_s: float) -> dict[str, float]:
+    """The steal between two :func:`steal_seconds` readings over ``wall_s`` seconds: seconds,
+    and the share of the machine's CPU time (all cores) it was."""
+    stolen = max(0.0, ended_s - started_s)
+    cores = os.cpu_count() or 1
+    share = stolen / (wall_s * cores) if wall_s > 0 else 0.0
+    return {"steal_s": round(stolen, 2), "steal_pct": round(100 * share, 2)}
