@@ -14,7 +14,6 @@ import yaml
 
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
-from jobset_inplace.core.transform import agent_rbac
 from jobset_inplace.times import parse_time
 
 from . import addons, certs, processes
@@ -31,6 +30,7 @@ FLEET_LIMITS = "max_per_source=100000,max_unauthenticated_per_source=100000,conn
 WEBHOOK_MANIFEST = REPO_ROOT / "manifests" / "webhook" / "webhook.yaml"
 # The agent may patch only its own pod (guarantee 9): installed wherever agents run.
 AGENT_POLICY = REPO_ROOT / "manifests" / "rbac" / "agent-vap.yaml"
+AGENT_ROLE = REPO_ROOT / "manifests" / "rbac" / "agent.yaml"
 # The node image of the real kubelet nodes: Python, this checkout's package and the demo trainer.
 IMAGE = NODE_IMAGE
 
@@ -202,10 +202,11 @@ def member_pods(
 
 
 def prepare(kube: Clients, cluster_kubeconfig: Path, namespace: str) -> None:
-    """What a cluster and ``namespace`` need for gangs, as the install docs say: the GangState
-    CRD, the agent's least-privilege admission policy, the agent's RBAC in the namespace."""
+    """What a cluster needs for gangs in ``namespace``, as the install docs say: the GangState
+    CRD and the agents' ClusterRole and admission policy (cluster-wide), and the namespace.
+    Nothing in the namespace: the controller gives agents their rights there."""
     kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster_kubeconfig)]
-    for manifest_file in (CRD, AGENT_POLICY):
+    for manifest_file in (CRD, AGENT_ROLE, AGENT_POLICY):
         # created when missing, never re-applied: an install (kustomize or the chart) owns them
         res = subprocess.run(
             [*kubectl, "create", "-f", str(manifest_file)],
@@ -217,7 +218,3 @@ def prepare(kube: Clients, cluster_kubeconfig: Path, namespace: str) -> None:
         if res.returncode != 0 and errors:
             raise RuntimeError(f"kubectl create -f {manifest_file}: {res.stderr.strip()}")
     create_unless_exists(kube.core.create_namespace, {"metadata": {"name": namespace}})
-    manifest = yaml.safe_dump_all(agent_rbac(namespace))
-    subprocess.run(
-        [*kubectl, "apply", "-f", "-"], input=manifest.encode(), check=True, capture_output=True
-    )

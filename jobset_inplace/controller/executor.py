@@ -33,6 +33,7 @@ COMPONENT = "jobset-inplace"
 
 class Executor:
     def __init__(self, api_client: client.ApiClient) -> None:
+        self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.coordination = client.CoordinationV1Api(api_client)

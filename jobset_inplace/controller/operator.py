@@ -42,6 +42,7 @@ from jobset_inplace.runtime.manager import Manager, Settings
 from jobset_inplace.runtime.watches import RawWatch, WatchEvent
 
 from . import metrics
+from .agent_access import AgentAccessKeeper
 from .cache import ClusterCache, JobEntry, PodEntry, job_entry, node_entry, pod_entry
 from .executor import Executor
 from .reconciler import Reconciler
@@ -67,12 +68,15 @@ def _jobset_event(r: Reconciler, body: dict[str, Any], deleted: bool) -> None:
     r.poke(key)
 
 
-def setup(reconciler: Reconciler) -> None:
-    """Register the kopf handlers that feed ``reconciler``."""
+def setup(reconciler: Reconciler, access: AgentAccessKeeper | None = None) -> None:
+    """Register the kopf handlers that feed ``reconciler`` (and ``access``: the agents'
+    ServiceAccount and RoleBinding per namespace)."""
 
     @kopf.on.event("jobset.x-k8s.io", "v1alpha2", "jobsets")
     async def jobset_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         _jobset_event(reconciler, dict(body), type == "DELETED")
+        if access is not None:
+            access.observe(dict(body), type == "DELETED")
 
     @kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads")
     async def workload_event(body: kopf.Body, type: str | None, **_: Any) -> None:
@@ -260,8 +264,9 @@ def run_controller(reconciler: Reconciler, extra_watches: Sequence[WatchFactory]
     """The controller proper (this replica leads, or there is no election)."""
     watches = [*raw_watches(reconciler), *(make(reconciler) for make in extra_watches)]
     registry = kopf.OperatorRegistry()
+    access = AgentAccessKeeper(reconciler.executor.api_client)
     with _registry(registry):
-        setup(reconciler)
+        setup(reconciler, access)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -275,11 +280,13 @@ def run_controller(reconciler: Reconciler, extra_watches: Sequence[WatchFactory]
         settings.persistence.diffbase_storage = _NoDiffBase()
 
     stop = asyncio.Event()  # kopf's stop flag: set at SIGTERM (binds to the loop at first use)
+    background: set[asyncio.Task[None]] = set()  # tasks of the loop's lifetime, held
 
     @kopf.on.startup(registry=registry)
     async def start_watches(**_: Any) -> None:
         await start_report_channel(reconciler)
         _stop_at_sigterm(reconciler, stop)
+        background.add(asyncio.get_running_loop().create_task(access.resync_forever()))
         # kopf starts its own watches (JobSets) only when every startup handler is done
         await asyncio.to_thread(prime, reconciler, watches)
         for w in watches:

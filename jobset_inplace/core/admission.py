@@ -22,6 +22,11 @@ from typing import Any
 import jsonpatch
 
 from jobset_inplace import names
+from jobset_inplace.core.agent_access import (
+    AGENT_BINDING,
+    AGENT_SERVICE_ACCOUNT,
+    pod_service_account,
+)
 from jobset_inplace.core.policy import (
     CREATE_TIME_KEYS,
     CREATE_TIME_PRESENCE_KEYS,
@@ -36,7 +41,6 @@ from jobset_inplace.core.policy import (
 from jobset_inplace.core.torchrun import MAX_RESTARTS_ENV, max_restarts
 from jobset_inplace.core.transform import (
     AGENT_CONTAINER,
-    AGENT_SERVICE_ACCOUNT,
     CHECKPOINT_ENV,
     DEFAULT_AGENT_IMAGE,
     AgentSettings,
@@ -144,10 +148,9 @@ def update_warnings(jobset: Mapping[str, Any], old: Mapping[str, Any]) -> list[s
 def warnings(jobset: Mapping[str, Any]) -> list[str]:
     """What an opted-in JobSet is admitted with but told about (kubectl prints each line).
 
-    Pods that name their own ServiceAccount: the agent reports with that account's token, so it
-    needs the agent Role bound to it (without it, agents get 403, nothing is reported and the
-    gang never opens its barrier: the controller says so with a MembersNotReporting Event),
-    and the least-privilege admission policy matches the agent's own account only."""
+    Pods that name their own ServiceAccount: the agent reads and reports with that account's
+    token, so the controller binds the agent's rights to it, and the least-privilege admission
+    policy confines its pod writes (core/agent_access.py): its owner should know."""
     if not is_enabled(_annotations(jobset)):
         return []
     out = _checkpoint_warnings(jobset)
@@ -155,16 +158,14 @@ def warnings(jobset: Mapping[str, Any]) -> list[str]:
         pod = (((rj.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")
         out += _torchrun_warnings(str(rj.get("name")), pod or {})
         out += _user_warnings(str(rj.get("name")), pod or {})
-        account = (pod or {}).get("serviceAccountName")
+        account = pod_service_account(pod or {})
         if account and account != AGENT_SERVICE_ACCOUNT:
             out.append(
-                f"replicatedJob {rj.get('name')!r}: pods run as ServiceAccount {account!r}, so "
-                f"their jobset-inplace agent reports with its token: bind the "
-                f"{AGENT_SERVICE_ACCOUNT} Role to it (kubectl create rolebinding "
-                f"{AGENT_SERVICE_ACCOUNT}-{account} --role={AGENT_SERVICE_ACCOUNT} "
-                f"--serviceaccount=NAMESPACE:{account}), or the gang never starts; the "
-                f"least-privilege policy ({names.AGENT_POLICY}) covers only "
-                f"{AGENT_SERVICE_ACCOUNT}"
+                f"replicatedJob {rj.get('name')!r}: pods run as ServiceAccount {account!r}: "
+                f"the controller binds the agent's rights to it in this namespace (RoleBinding "
+                f"{AGENT_BINDING}), and while an opted-in JobSet runs as it, {account!r} may "
+                f"write pods only as an agent does: its own pod's {names.PREFIX} annotations, "
+                f"whatever other rights it holds ({names.AGENT_POLICY})"
             )
     return out
 

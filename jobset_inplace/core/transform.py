@@ -24,6 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobset_inplace import __version__, names, prestart
+from jobset_inplace.core.agent_access import (
+    AGENT_SERVICE_ACCOUNT,
+    SHARED_SERVICE_ACCOUNT,
+    pod_service_account,
+)
 from jobset_inplace.core.agent_settings import DEFAULT_RESOURCES
 from jobset_inplace.core.policy import Escalation, Policy, RestartScope, parse_policy
 from jobset_inplace.launcher import (
@@ -47,7 +52,6 @@ STATE_VOLUME = "jobset-inplace-state"
 STATE_DIR = str(DEFAULT_STATE_DIR)
 REPORT_TOKEN_VOLUME = "jobset-inplace-report-token"
 REPORT_TOKEN_FILE = "token"
-AGENT_SERVICE_ACCOUNT = "jobset-inplace-agent"
 LAUNCHER_PATH = f"{STATE_DIR}/{LAUNCHER_FILE}"
 # The process scope's entrypoint prefix: the trainer image's python3 runs the launcher.
 LAUNCHER_COMMAND = ["python3", LAUNCHER_PATH, "--"]
@@ -76,7 +80,6 @@ class TransformError(ValueError):
 class AgentSettings:
     image: str
     image_pull_policy: str = "IfNotPresent"
-    service_account: str = AGENT_SERVICE_ACCOUNT
     probe_port: int = names.DEFAULT_PROBE_PORT
     # Where agents reach the apiserver instead of the in-cluster Service (the tests' local-process
     # controller gives its agents the host's address); None: in-cluster config.
@@ -268,7 +271,16 @@ def _prepare_pod(
     volumes = _add_by_name(spec.get("volumes") or [], {"name": STATE_VOLUME, "emptyDir": {}})
     spec["volumes"] = _add_by_name(volumes, report_token_volume())
     spec["initContainers"] = _add_by_name(spec.get("initContainers") or [], agent)
-    spec.setdefault("serviceAccountName", s.service_account)
+    if pod_service_account(spec) == SHARED_SERVICE_ACCOUNT:
+        raise TransformError(
+            f"{where}.spec.serviceAccountName: {SHARED_SERVICE_ACCOUNT} is refused: every pod "
+            "of the namespace that names none runs as it, and jobset-inplace binds the agent's "
+            "rights to the account its pods run as and confines that account's pod writes to "
+            "the agent's (docs/operations.md); name an account of the training's own, or none "
+            f"({AGENT_SERVICE_ACCOUNT} is then used)"
+        )
+    if pod_service_account(spec) is None:
+        spec["serviceAccountName"] = AGENT_SERVICE_ACCOUNT
     for secret in s.image_pull_secrets:
         spec["imagePullSecrets"] = _add_by_name(
             spec.get("imagePullSecrets") or [], {"name": secret}
@@ -374,40 +386,3 @@ def transform(jobset: dict[str, Any], settings: AgentSettings) -> dict[str, Any]
             f"through its failure policy (or set {names.ESCALATION}: {Escalation.FAIL_JOBSET})"
         )
     return out
-
-
-def agent_rbac(
-    namespace: str, service_account: str = AGENT_SERVICE_ACCOUNT
-) -> list[dict[str, Any]]:
-    """ServiceAccount, Role and RoleBinding an agent needs in ``namespace``: read GangStates,
-    patch pods (a ValidatingAdmissionPolicy narrows that to its own pod's annotations)."""
-    role = f"{service_account}"
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "ServiceAccount",
-            "metadata": {"name": service_account, "namespace": namespace},
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": {"name": role, "namespace": namespace},
-            "rules": [
-                {
-                    "apiGroups": [names.GROUP],
-                    "resources": [names.GANGSTATE_PLURAL],
-                    "verbs": ["get", "list", "watch"],
-                },
-                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]},
-            ],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": role, "namespace": namespace},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
-            "subjects": [
-                {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
-            ],
-        },
-    ]

@@ -186,8 +186,13 @@ class Cluster:
         resp = or_none(self.core.read_namespace, name, _preload_content=False)
         return None if resp is None else self._json(resp)
 
-    def service_account(self, namespace: str, name: str) -> dict[str, Any] | None:
-        read = self.core.read_namespaced_service_account
+    def cluster_role(self, name: str) -> dict[str, Any] | None:
+        read = client.RbacAuthorizationV1Api(self.api_client).read_cluster_role
+        resp = or_none(read, name, _preload_content=False)
+        return None if resp is None else self._json(resp)
+
+    def role_binding(self, namespace: str, name: str) -> dict[str, Any] | None:
+        read = client.RbacAuthorizationV1Api(self.api_client).read_namespaced_role_binding
         resp = or_none(read, name, namespace, _preload_content=False)
         return None if resp is None else self._json(resp)
 

@@ -14,13 +14,20 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from jobset_inplace import names
+from jobset_inplace.core.agent_access import (
+    AGENT_BINDING,
+    AGENT_CLUSTER_ROLE,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    RBAC_GROUP,
+)
 from jobset_inplace.core.decode import condition_true, kueue_recovery_timeout
 from jobset_inplace.core.policy import (
     Policy,
     barrier_within_kueue,
     kueue_recovery_timeout_needed,
 )
-from jobset_inplace.core.transform import AGENT_CONTAINER, AGENT_SERVICE_ACCOUNT, agent_rbac
+from jobset_inplace.core.transform import AGENT_CONTAINER
 from jobset_inplace.platform import (
     DEFAULT_ON_MINOR,
     GATED_COMPONENTS,
@@ -77,7 +84,8 @@ class ClusterReader(Protocol):
     def lease(self, namespace: str, name: str) -> tuple[dict[str, Any] | None, str]: ...
     def dry_run_jobset(self, body: dict[str, Any]) -> dict[str, Any]: ...
     def namespace_object(self, name: str) -> dict[str, Any] | None: ...
-    def service_account(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def cluster_role(self, name: str) -> dict[str, Any] | None: ...
+    def role_binding(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     def allowed(self, user: str, groups: list[str], attributes: dict[str, str]) -> bool: ...
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     def pod_proxy_get(self, namespace: str, pod: str, port: int, path: str) -> tuple[int, str]: ...
@@ -298,7 +306,19 @@ def check_agent_policy(
     if "Deny" not in actions:
         detail = f"{names.AGENT_POLICY} bound with {actions}, not Deny: {unenforced}"
         return Check(name, Result.WARN, detail, AGENT_POLICY_HINT)
-    return Check(name, Result.PASS, f"{names.AGENT_POLICY}: an agent patches only its own pod")
+    kind = ((policy.get("spec") or {}).get("paramKind") or {}).get("kind")
+    param = ((binding.get("spec") or {}).get("paramRef") or {}).get("name")
+    if (kind, param) != ("RoleBinding", AGENT_BINDING):
+        detail = (
+            f"{names.AGENT_POLICY} is an earlier release's: it does not confine the "
+            f"ServiceAccounts RoleBinding {AGENT_BINDING} names (JobSets' own accounts)"
+        )
+        return Check(name, Result.WARN, detail, AGENT_POLICY_HINT)
+    return Check(
+        name,
+        Result.PASS,
+        f"{names.AGENT_POLICY}: an agent's ServiceAccount patches only its own pod's reports",
+    )
 
 
 def check_kueue_recovery(config_text: str | None, barrier_timeout_s: float, why: str = "") -> Check:
@@ -438,22 +458,29 @@ def check_webhook(created: Mapping[str, Any] | None, error: str | None, namespac
     )
 
 
-def agent_permissions(namespace: str) -> list[dict[str, str]]:
-    """What the agent's Role grants (core.transform.agent_rbac, the one definition), as
-    SubjectAccessReview resourceAttributes."""
-    role = next(o for o in agent_rbac(namespace) if o["kind"] == "Role")
+def controller_permissions(namespace: str) -> list[dict[str, str]]:
+    """What the controller needs in ``namespace`` to give agents their rights there
+    (core.agent_access; the same as manifests/controller/rbac.yaml), as SubjectAccessReview
+    resourceAttributes."""
+    rbac = RBAC_GROUP
     return [
-        {"namespace": namespace, "group": group, "resource": resource, "verb": verb}
-        for rule in role["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
+        {"namespace": namespace, "group": "", "resource": "serviceaccounts", "verb": "create"},
+        {"namespace": namespace, "group": "", "resource": "serviceaccounts", "verb": "patch"},
+        {"namespace": namespace, "group": rbac, "resource": "rolebindings", "verb": "create"},
+        {"namespace": namespace, "group": rbac, "resource": "rolebindings", "verb": "patch"},
+        {
+            "namespace": namespace,
+            "group": rbac,
+            "resource": "clusterroles",
+            "verb": "bind",
+            "name": AGENT_CLUSTER_ROLE,
+        },
     ]
 
 
-def agent_user(namespace: str) -> tuple[str, list[str]]:
-    """The agent's ServiceAccount as the authorizer sees it: user and groups."""
-    user = f"system:serviceaccount:{namespace}:{AGENT_SERVICE_ACCOUNT}"
+def service_account_user(namespace: str, name: str) -> tuple[str, list[str]]:
+    """A ServiceAccount as the authorizer sees it: user and groups."""
+    user = f"system:serviceaccount:{namespace}:{name}"
     return user, [
         "system:serviceaccounts",
         f"system:serviceaccounts:{namespace}",
@@ -462,23 +489,55 @@ def agent_user(namespace: str) -> tuple[str, list[str]]:
 
 
 def check_agent_access(
-    namespace: str, account: Mapping[str, Any] | None, denied: Sequence[Mapping[str, str]]
+    namespace: str,
+    role: Mapping[str, Any] | None,
+    denied: Sequence[Mapping[str, str]],
+    binding: Mapping[str, Any] | None,
+    controller: str,
 ) -> Check:
+    """The agents' rights in ``namespace``: the install's ClusterRole, the controller's right to
+    bind it there (``denied``: what ``controller`` may not do), the RoleBinding it keeps."""
     name = "Agent permissions"
-    hint = f"sed s/NAMESPACE/{namespace}/ manifests/rbac/agent.yaml | kubectl apply -f -"
-    if account is None:
+    if role is None:
         return Check(
-            name, Result.FAIL, f"no ServiceAccount {AGENT_SERVICE_ACCOUNT} in {namespace}", hint
+            name,
+            Result.FAIL,
+            f"no ClusterRole {AGENT_CLUSTER_ROLE}: agents would have no rights to bind",
+            "kubectl apply --server-side -f manifests/rbac/agent.yaml",
         )
     if denied:
         what = ", ".join(
             f"{a['verb']} {a['resource']}{'.' + a['group'] if a['group'] else ''}" for a in denied
         )
         return Check(
-            name, Result.FAIL, f"{AGENT_SERVICE_ACCOUNT} in {namespace} may not {what}", hint
+            name,
+            Result.FAIL,
+            f"{controller} may not {what} in {namespace}: it cannot give agents their rights",
+            "kubectl apply --server-side -f manifests/controller/rbac.yaml",
         )
+    if binding is None:
+        return Check(
+            name,
+            Result.PASS,
+            f"the controller binds {AGENT_CLUSTER_ROLE} in {namespace} with its first opted-in "
+            f"JobSet (RoleBinding {AGENT_BINDING})",
+        )
+    labels = (binding.get("metadata") or {}).get("labels") or {}
+    if labels.get(MANAGED_BY_LABEL) != MANAGED_BY:
+        return Check(
+            name,
+            Result.FAIL,
+            f"RoleBinding {namespace}/{AGENT_BINDING} was not made by the controller: it "
+            "leaves it alone, so agents get neither their rights nor their confinement",
+            f"kubectl -n {namespace} delete rolebinding {AGENT_BINDING} (the controller makes "
+            "its own)",
+        )
+    accounts = ", ".join(sorted(str(s.get("name")) for s in binding.get("subjects") or []))
     return Check(
-        name, Result.PASS, f"{AGENT_SERVICE_ACCOUNT} in {namespace} may read GangStates, patch pods"
+        name,
+        Result.PASS,
+        f"RoleBinding {AGENT_BINDING} gives {AGENT_CLUSTER_ROLE} to {accounts}, their pod "
+        "writes confined to their own pods' reports",
     )
 
 
@@ -672,10 +731,15 @@ def install_checks(c: ClusterReader, controller_namespace: str) -> list[Check]:
     checks.append(_safe("Webhook", "check the kubeconfig (-n: a namespace for JobSets)", webhook))
 
     def agent() -> Check:
-        account = c.service_account(ns, AGENT_SERVICE_ACCOUNT)
-        user, groups = agent_user(ns)
-        denied = [a for a in agent_permissions(ns) if not c.allowed(user, groups, a)]
-        return check_agent_access(ns, account, denied)
+        controller = service_account_user(controller_namespace, names.CONTROLLER_NAME)
+        denied = [a for a in controller_permissions(ns) if not c.allowed(*controller, a)]
+        return check_agent_access(
+            ns,
+            c.cluster_role(AGENT_CLUSTER_ROLE),
+            denied,
+            c.role_binding(ns, AGENT_BINDING),
+            controller[0],
+        )
 
     checks.append(_safe("Agent permissions", "SubjectAccessReviews need create on them", agent))
     checks.append(

@@ -26,6 +26,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import names
+from jobset_inplace.controller.agent_access import AgentAccessKeeper
+from jobset_inplace.core.agent_access import AGENT_BINDING, Owner
 from jobset_inplace.core.transform import (
     AGENT_CONTAINER,
     ESCALATION_RULE,
@@ -36,14 +38,21 @@ from testbed import workloads
 from testbed.certs import ensure_serving_cert
 from testbed.controller import AGENT_POLICY
 from testbed.controlplane import ControlPlane
-from testbed.kube import Clients, create_jobset, get_jobset, temporary_namespace, wait_for
+from testbed.kube import (
+    Clients,
+    create_jobset,
+    create_unless_exists,
+    get_jobset,
+    temporary_namespace,
+    wait_for,
+)
 from testbed.processes import free_port
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 WEBHOOK_MANIFEST = REPO / "manifests" / "webhook" / "webhook.yaml"
-AGENT_RBAC_MANIFEST = REPO / "manifests" / "rbac" / "agent.yaml"
+AGENT_ROLE_MANIFEST = REPO / "manifests" / "rbac" / "agent.yaml"
 AGENT_IMAGE = "example.test/jobset-inplace-agent:webhook-test"
 # the install's settings for a private registry and the agent's size (docs/webhook.md)
 AGENT_ENV = {
@@ -248,7 +257,7 @@ def test_own_service_account_is_admitted_with_a_warning_kubectl_prints(
     )
     warning = resp.headers.get("Warning") or ""  # what kubectl prints as "Warning: ..."
     assert "'trainer-sa'" in warning, resp.headers
-    assert "kubectl create rolebinding" in warning
+    assert "may write pods only as an agent does" in warning
     js = get_jobset(kube, namespace, "own-sa")
     assert job_spec(js)["template"]["spec"]["serviceAccountName"] == "trainer-sa", "kept"
 
@@ -394,21 +403,19 @@ def test_update_validates_changed_annotations_only(
 
 @pytest.fixture
 def agent_vap(control_plane: ControlPlane) -> Iterator[None]:
+    """The install's cluster-wide part for agents: their ClusterRole and admission policy."""
     kubectl = control_plane.kubectl()
-    kubectl.apply_files([AGENT_POLICY], server_side=True)
+    kubectl.apply_files([AGENT_ROLE_MANIFEST, AGENT_POLICY], server_side=True)
     try:
         yield
     finally:
         kubectl.run("delete", "-f", str(AGENT_POLICY), "--ignore-not-found", check=False)
 
 
-def _pod(name: str) -> dict[str, Any]:
+def _pod(name: str, account: str) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "labels": {"app": "vap"}, "annotations": {"team": "ml"}},
-        "spec": {
-            "serviceAccountName": AGENT_SA,
-            "containers": [{"name": "c", "image": "busybox"}],
-        },
+        "spec": {"serviceAccountName": account, "containers": [{"name": "c", "image": "busybox"}]},
     }
 
 
@@ -422,48 +429,71 @@ def _client_with_token(kube: Clients, token: str) -> client.CoreV1Api:
     return client.CoreV1Api(client.ApiClient(cfg))
 
 
-def test_agent_may_patch_only_own_pods_jobset_inplace_annotations(
+def _pod_token(kube: Clients, namespace: str, account: str, pod: Any) -> str:
+    """A token of ``account`` bound to ``pod``, as the kubelet mounts one."""
+    ref = {"apiVersion": "v1", "kind": "Pod", "name": pod.metadata.name, "uid": pod.metadata.uid}
+    request = {"spec": {"expirationSeconds": 3600, "boundObjectRef": ref}}
+    return str(
+        kube.core.create_namespaced_service_account_token(account, namespace, request).status.token
+    )
+
+
+def test_the_controller_gives_agents_their_rights_and_confines_whatever_account_pods_use(
     control_plane: ControlPlane, kube: Clients, namespace: str, agent_vap: None
 ) -> None:
-    rbac = AGENT_RBAC_MANIFEST.read_text().replace("NAMESPACE", namespace)
-    control_plane.kubectl().apply_yaml(rbac, server_side=True)
-    pod_a = kube.core.create_namespaced_pod(namespace, _pod("a"))
-    kube.core.create_namespaced_pod(namespace, _pod("b"))
-    token = kube.core.create_namespaced_service_account_token(
-        AGENT_SA,
-        namespace,
-        {
-            "spec": {
-                "expirationSeconds": 3600,
-                "boundObjectRef": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": "a",
-                    "uid": pod_a.metadata.uid,
-                },
-            }
-        },
-    ).status.token
-    agent = _client_with_token(kube, token)
+    """Nothing applied in the namespace by hand: the controller's access keeper makes the
+    agents' ServiceAccount and RoleBinding for an opted-in JobSet that runs as its own
+    ServiceAccount; from a pod of that account, each write an agent must not make is refused
+    by the admission policy, its own report is not; an account no opted-in JobSet uses keeps
+    the rights it was given."""
+    create_unless_exists(
+        kube.core.create_namespaced_service_account, namespace, {"metadata": {"name": "trainer"}}
+    )
+    body = jobset("own", {names.ENABLED: "true"})
+    job_spec(body)["template"]["spec"]["serviceAccountName"] = "trainer"
+    js = create_jobset(kube, namespace, body)
+    keeper, rbac = AgentAccessKeeper(kube.api), client.RbacAuthorizationV1Api(kube.api)
+    keeper.sync(namespace, [Owner.of(js)])
+    binding = rbac.read_namespaced_role_binding(AGENT_BINDING, namespace)
+    assert [(s.kind, s.name) for s in binding.subjects] == [
+        ("ServiceAccount", AGENT_SA),
+        ("ServiceAccount", "trainer"),
+    ]
+    assert binding.role_ref.kind == "ClusterRole"
+    assert [(o.kind, o.uid) for o in binding.metadata.owner_references] == [
+        ("JobSet", js["metadata"]["uid"])
+    ]
+    account = kube.core.read_namespaced_service_account(AGENT_SA, namespace)
+    assert [o.uid for o in account.metadata.owner_references] == [js["metadata"]["uid"]]
+    versions = (binding.metadata.resource_version, account.metadata.resource_version)
+    keeper.sync(namespace, [Owner.of(js)])  # nothing to change: nothing written
+    assert versions == (
+        rbac.read_namespaced_role_binding(AGENT_BINDING, namespace).metadata.resource_version,
+        kube.core.read_namespaced_service_account(AGENT_SA, namespace).metadata.resource_version,
+    )
 
-    def patch(pod: str, meta: dict[str, Any], dry_run: bool = False) -> ApiException | None:
+    pod_a = kube.core.create_namespaced_pod(namespace, _pod("a", "trainer"))
+    kube.core.create_namespaced_pod(namespace, _pod("b", "trainer"))
+    agent = _client_with_token(kube, _pod_token(kube, namespace, "trainer", pod_a))
+
+    def patch(pod: str, body: dict[str, Any], dry_run: bool = False) -> ApiException | None:
         try:
             opts = {"dry_run": "All"} if dry_run else {}
-            agent.patch_namespaced_pod(pod, namespace, {"metadata": meta}, **opts)
+            agent.patch_namespaced_pod(pod, namespace, body, **opts)
         except ApiException as e:
             return e
         return None
 
-    def denied(pod: str, meta: dict[str, Any]) -> ApiException:
-        err = patch(pod, meta)
-        assert err is not None, f"patch of {pod} {meta} was allowed"
+    def denied(pod: str, body: dict[str, Any]) -> str:
+        err = patch(pod, body)
+        assert err is not None, f"patch of {pod} {body} was allowed"
         assert err.status in (403, 422), err
         assert "ValidatingAdmissionPolicy" in (err.body or ""), err.body
-        return err
+        return str(err.body)
 
-    # The policy becomes active asynchronously: wait until pod B is refused (dry-run: the
-    # probes before that are allowed by RBAC and must not change B).
-    epoch = {"annotations": {names.REPORT_EPOCH: "1"}}
+    # The policy (and its parameter) become active asynchronously: wait until pod B is refused
+    # (dry-run: the probes before that are allowed by RBAC and must not change B).
+    epoch = {"metadata": {"annotations": {names.REPORT_EPOCH: "1"}}}
 
     def policy_active() -> bool:
         err = patch("b", epoch, dry_run=True)
@@ -472,24 +502,70 @@ def test_agent_may_patch_only_own_pods_jobset_inplace_annotations(
     wait_for("the policy to deny patching another pod", policy_active, WAIT, 0.3)
 
     for ann in ({names.REPORT_EPOCH: "2"}, {names.REPORT_STEPS: "200,100"}):
-        err = patch("a", {"annotations": ann})
-        assert err is None, err.body
+        err = patch("a", {"metadata": {"annotations": ann}})
+        assert err is None, err.body  # its own reports
     got = kube.core.read_namespaced_pod("a", namespace).metadata.annotations
     assert (got[names.REPORT_EPOCH], got[names.REPORT_STEPS]) == ("2", "200,100")
 
-    err = denied("b", epoch)
-    assert "the pod its token is bound to (a)" in err.body, err.body
-    err = denied("a", {"labels": {"app": "other"}})
-    assert "labels" in err.body, err.body
-    err = denied("a", {"annotations": {"team": "other"}})
-    assert "jobset-inplace.dev/ prefix" in err.body, err.body
-    denied("a", {"annotations": {"example.com/new": "x"}})
-    denied("a", {"annotations": {"team": None}})
+    assert "the pod its token is bound to (a)" in denied("b", epoch)  # a spoofed report
+    exited = {"metadata": {"annotations": {names.REPORT_EXITED: "1"}}}
+    assert "bound to" in denied("b", exited)
+    assert "labels" in denied("a", {"metadata": {"labels": {"app": "other"}}})
+    assert "jobset-inplace.dev/ prefix" in denied(
+        "a", {"metadata": {"annotations": {"team": "other"}}}
+    )
+    denied("a", {"metadata": {"annotations": {"example.com/new": "x"}}})
+    denied("a", {"metadata": {"annotations": {"team": None}}})
+    denied("a", {"metadata": {"finalizers": ["example.com/keep"]}})
+    denied("a", {"spec": {"activeDeadlineSeconds": 5}})
+    toleration = {"key": "example.com/any", "operator": "Exists", "effect": "NoExecute"}
+    denied("a", {"spec": {"tolerations": [toleration]}})
     with pytest.raises(ApiException) as info:
         agent.delete_namespaced_pod("a", namespace)
-    assert info.value.status == 403  # RBAC: the agent has no delete at all
+    assert info.value.status == 403  # RBAC: no delete at all
     # B is untouched, A only got the agent's annotations.
-    b = kube.core.read_namespaced_pod("b", namespace).metadata
-    assert names.REPORT_EPOCH not in (b.annotations or {})
-    a = kube.core.read_namespaced_pod("a", namespace).metadata
-    assert (a.labels, a.annotations["team"]) == ({"app": "vap"}, "ml")
+    b = kube.core.read_namespaced_pod("b", namespace)
+    assert not {names.REPORT_EPOCH, names.REPORT_EXITED} & set(b.metadata.annotations or {})
+    a = kube.core.read_namespaced_pod("a", namespace)
+    assert (a.metadata.labels, a.metadata.annotations["team"]) == ({"app": "vap"}, "ml")
+    assert (a.spec.active_deadline_seconds, a.metadata.finalizers) == (None, None)
+
+    # An account no opted-in JobSet runs as is none of the policy's business.
+    create_unless_exists(
+        kube.core.create_namespaced_service_account, namespace, {"metadata": {"name": "ci"}}
+    )
+    rbac.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": "ci"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "ci"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "ci"},
+            "subjects": [{"kind": "ServiceAccount", "name": "ci", "namespace": namespace}],
+        },
+    )
+    pod_c = kube.core.create_namespaced_pod(namespace, _pod("c", "ci"))
+    ci = _client_with_token(kube, _pod_token(kube, namespace, "ci", pod_c))
+    relabel = {"metadata": {"labels": {"app": "relabelled"}}}
+    wait_for(
+        "RBAC to let ci patch pods",
+        lambda: _allowed(lambda: ci.patch_namespaced_pod("b", namespace, relabel)),
+        WAIT,
+        0.3,
+    )
+    assert kube.core.read_namespaced_pod("b", namespace).metadata.labels == {"app": "relabelled"}
+
+
+def _allowed(call: Any) -> bool:
+    try:
+        call()
+    except ApiException as e:
+        if e.status == 403 and "ValidatingAdmissionPolicy" in (e.body or ""):
+            raise AssertionError(f"the policy confined an account it must not: {e.body}") from e
+        return False
+    return True

@@ -14,6 +14,13 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import __version__, names
+from jobset_inplace.core.agent_access import (
+    AGENT_BINDING,
+    AGENT_CLUSTER_ROLE,
+    Owner,
+    agent_cluster_role,
+    desired_binding,
+)
 from jobset_inplace.core.transform import AGENT_CONTAINER
 from jobset_inplace.kubectl_plugin import ExitCode, main
 from jobset_inplace.kubectl_plugin import doctor as d
@@ -936,10 +943,11 @@ class FakeReader:
         raise ApiException(status=403, reason="Forbidden")
 
     def admission_policy(self, name: str) -> dict[str, Any] | None:
-        return {"metadata": {"name": name}}
+        return {"metadata": {"name": name}, "spec": {"paramKind": {"kind": "RoleBinding"}}}
 
     def admission_policy_binding(self, name: str) -> dict[str, Any] | None:
-        return {"metadata": {"name": name}, "spec": {"validationActions": ["Deny"]}}
+        spec = {"validationActions": ["Deny"], "paramRef": {"name": AGENT_BINDING}}
+        return {"metadata": {"name": name}, "spec": spec}
 
     # the install: a ready controller whose leader renewed 3 s before the server's Date
     def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -961,8 +969,11 @@ class FakeReader:
     def namespace_object(self, name: str) -> dict[str, Any] | None:
         return {"metadata": {"name": name, "labels": {d.PSS_ENFORCE: "restricted"}}}
 
-    def service_account(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return {"metadata": {"name": name}}
+    def cluster_role(self, name: str) -> dict[str, Any] | None:
+        return agent_cluster_role()
+
+    def role_binding(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None  # no opted-in JobSet in the namespace yet
 
     def allowed(self, user: str, groups: list[str], attributes: dict[str, str]) -> bool:
         return True
@@ -1041,22 +1052,41 @@ def test_check_webhook() -> None:
     assert d.check_webhook(FakeReader().dry_run_jobset(probe), None, "team").result == "PASS"
 
 
-def test_the_agent_permissions_checked_are_the_ones_its_role_grants() -> None:
-    asked = d.agent_permissions("team")
-    assert {"namespace": "team", "group": "", "resource": "pods", "verb": "patch"} in asked
+def test_the_agent_permissions_check_asks_what_the_controller_needs_to_bind_them() -> None:
+    asked = d.controller_permissions("team")
     assert {(a["resource"], a["verb"]) for a in asked} == {
-        ("gangstates", "get"), ("gangstates", "list"), ("gangstates", "watch"),
-        ("pods", "get"), ("pods", "patch"),
+        ("serviceaccounts", "create"), ("serviceaccounts", "patch"),
+        ("rolebindings", "create"), ("rolebindings", "patch"), ("clusterroles", "bind"),
     }  # fmt: skip
-    denied = [a for a in asked if a["verb"] == "patch"]
-    check = d.check_agent_access("team", {"metadata": {}}, denied)
+    assert all(a["namespace"] == "team" for a in asked)
+    [bind] = [a for a in asked if a["verb"] == "bind"]
+    assert bind["name"] == AGENT_CLUSTER_ROLE, "bind on that ClusterRole only"
+    role = agent_cluster_role()
+    controller = "system:serviceaccount:jobset-inplace-system:jobset-inplace-controller"
+    check = d.check_agent_access("team", role, [bind], None, controller)
     assert (check.result, check.detail) == (
         "FAIL",
-        "jobset-inplace-agent in team may not patch pods",
+        f"{controller} may not bind clusterroles.rbac.authorization.k8s.io in team: it cannot "
+        "give agents their rights",
     )
-    assert "s/NAMESPACE/team/" in check.hint
-    assert d.check_agent_access("team", None, []).result == "FAIL"
-    assert d.check_agent_access("team", {}, []).result == "PASS"
+    assert "manifests/controller/rbac.yaml" in check.hint
+    check = d.check_agent_access("team", None, [], None, controller)
+    assert (check.result, check.hint) == (
+        "FAIL",
+        "kubectl apply --server-side -f manifests/rbac/agent.yaml",
+    )
+    check = d.check_agent_access("team", role, [], None, controller)
+    assert (check.result, "with its first opted-in JobSet" in check.detail) == ("PASS", True)
+    ours = desired_binding("team", [Owner("js", "u1", frozenset({"trainer"}))])
+    check = d.check_agent_access("team", role, [], ours, controller)
+    assert check.result == "PASS"
+    assert "to jobset-inplace-agent, trainer," in check.detail
+    by_hand = {**ours, "metadata": {"name": AGENT_BINDING}}
+    check = d.check_agent_access("team", role, [], by_hand, controller)
+    assert (check.result, check.hint) == (
+        "FAIL",
+        f"kubectl -n team delete rolebinding {AGENT_BINDING} (the controller makes its own)",
+    )
 
 
 def test_check_channel_wants_the_channels_own_refusal() -> None:
@@ -1078,13 +1108,18 @@ def test_check_pod_security_names_the_level() -> None:
     assert d.check_pod_security("t", None).result == "FAIL"
 
 
+PARAM_POLICY = {"spec": {"paramKind": {"kind": "RoleBinding"}}}
+PARAM = {"name": AGENT_BINDING}
+
+
 @pytest.mark.parametrize(
     ("policy", "binding", "result"),
     [
         (None, None, "WARN"),
         ({}, None, "WARN"),
         ({}, {"spec": {"validationActions": ["Audit"]}}, "WARN"),
-        ({}, {"spec": {"validationActions": ["Deny"]}}, "PASS"),
+        ({}, {"spec": {"validationActions": ["Deny"]}}, "WARN"),  # an earlier release's
+        (PARAM_POLICY, {"spec": {"validationActions": ["Deny"], "paramRef": PARAM}}, "PASS"),
     ],
 )
 def test_check_agent_policy(
