@@ -4,8 +4,9 @@ cluster every check that can pass does (Kubernetes 1.35 with the restart gates, 
 the GangState CRD, nodes declaring the feature). With the controller installed as users install
 it, the install's live checks pass in a namespace prepared for gangs (a ready controller with a
 live leader, the webhook adding the agent in a dry run, the agent's rights, the namespace's Pod
-Security level, the leader's report channel answering) and the agent's rights fail, with the
-fix, in a namespace nobody prepared."""
+Security level, the leader's report channel answering), also in a namespace nobody prepared (the
+controller binds the agents' rights with its first JobSet); a RoleBinding of the controller's
+name made by hand fails, with the fix."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 
+from jobset_inplace.core.agent_access import AGENT_BINDING, RBAC_GROUP
 from testbed.cluster import LocalCluster
 from testbed.controller import AGENT_POLICY, CRD, prepare
 from testbed.install import Installation
@@ -87,9 +90,20 @@ def test_doctor_checks_the_install_live(
     assert "the agent was added" in by_name["Webhook"]["detail"]
     assert "2/2 replicas ready" in by_name["Controller"]["detail"]
 
-    with temporary_namespace(kube, "doctor-unprepared") as bare:
+    with temporary_namespace(kube, "doctor-bare") as bare:
+        # nothing applied there: the controller gives agents their rights with the first JobSet
+        code, by_name, output = doctor(cluster_kubeconfig, "-n", bare)
+        assert code == 0, output
+        assert "with its first opted-in JobSet" in by_name["Agent permissions"]["detail"]
+        # a RoleBinding of the controller's name made by hand: left alone, and doctor says so
+        by_hand = {
+            "metadata": {"name": AGENT_BINDING},
+            "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": "view"},
+            "subjects": [{"kind": "ServiceAccount", "name": "someone", "namespace": bare}],
+        }
+        client.RbacAuthorizationV1Api(kube.api).create_namespaced_role_binding(bare, by_hand)
         code, by_name, output = doctor(cluster_kubeconfig, "-n", bare)
         assert code == 1, output
         agent = by_name["Agent permissions"]
         assert agent["result"] == "FAIL", agent
-        assert f"s/NAMESPACE/{bare}/" in agent["hint"]
+        assert f"delete rolebinding {AGENT_BINDING}" in agent["hint"]

@@ -12,7 +12,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -77,6 +77,7 @@ def demo_jobset(
     claims: dict[str, str] | None = None,
     persistent: Path | None = None,
     security: dict[str, Any] | None = None,
+    service_account: str | None = None,
 ) -> dict[str, Any]:
     """The demo JobSet as a user writes it: opted in, no agent (the webhook injects it);
     ``scope``: the restart-scope annotation (None: the default); ``annotations``: more of
@@ -86,7 +87,8 @@ def demo_jobset(
     the persistent checkpoint tier, one subdirectory per member (its JobSet job index: the Job
     completion index is 0 in every one-pod Job), shared by the local cluster's real nodes as
     nodes share a network filesystem, so a member recreated on another node finds its steps;
-    ``security``: the trainer container's securityContext.
+    ``security``: the trainer container's securityContext; ``service_account``: the
+    ServiceAccount its pods run as (None: none named).
     """
     volumes: list[dict[str, Any]] = [{"name": "ckpt", "emptyDir": {}}]
     mounts: list[dict[str, Any]] = [{"name": "ckpt", "mountPath": "/ckpt"}]
@@ -146,6 +148,7 @@ def demo_jobset(
                 if claims
                 else {}
             ),
+            **({"serviceAccountName": service_account} if service_account else {}),
         },
     )
     return js
@@ -311,6 +314,7 @@ def training_gang(
     claims: dict[str, str] | None = None,
     persistent: Path | None = None,
     security: dict[str, Any] | None = None,
+    service_account: str | None = None,
 ) -> None:
     """A demo gang in ``namespace`` (prepared for gangs), trained to a checkpoint on every
     member: epoch 1's barrier open, every trainer running, a common step to resume from (in
@@ -328,6 +332,7 @@ def training_gang(
             claims=claims,
             persistent=persistent,
             security=security,
+            service_account=service_account,
         ),
     )
     wait_for(
@@ -362,10 +367,13 @@ def inject_slowdown(kubeconfig: Path, namespace: str, pod: str, factor: float) -
     _lever(kubeconfig, namespace, pod, SLOW_FILE, f"{factor:g}")
 
 
-def python_in_trainer(kubectl: list[str], pod: str, code: str) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` with ``python3`` in ``pod``'s trainer container (``kubectl``: the command
-    with its kubeconfig and namespace); its output, unchecked."""
-    cmd = [*kubectl, "exec", pod, "-c", "trainer", "--", "python3", "-c", code]
+def python_in_trainer(
+    kubectl: list[str], pod: str, code: str, args: Sequence[str] = ()
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` with ``python3`` (``args``: its ``sys.argv[1:]``) in ``pod``'s trainer
+    container (``kubectl``: the command with its kubeconfig and namespace); its output,
+    unchecked."""
+    cmd = [*kubectl, "exec", pod, "-c", "trainer", "--", "python3", "-c", code, *args]
     return subprocess.run(cmd, check=False, capture_output=True, text=True)
 
 
