@@ -11,6 +11,10 @@ API_VERSION: Final = f"{GROUP}/{VERSION}"
 
 GANGSTATE_KIND: Final = "GangState"
 GANGSTATE_PLURAL: Final = "gangstates"
+# what each member reported, for people (core/gangmembers.py); apart from the GangState, which
+# every agent watches
+GANGMEMBERS_KIND: Final = "GangMembers"
+GANGMEMBERS_PLURAL: Final = "gangmembers"
 
 # --- JobSet annotations (the user-facing opt-in and policy; see docs/annotations.md) -----------
 PREFIX: Final = f"{GROUP}/"

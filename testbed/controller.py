@@ -25,6 +25,7 @@ from .kubectl import Kubectl
 from .versions import REPO_ROOT, binaries
 
 CRD = REPO_ROOT / "manifests" / "crd" / "gangstates.yaml"
+MEMBERS_CRD = REPO_ROOT / "manifests" / "crd" / "gangmembers.yaml"
 # JSI_REPORT_LIMITS of the controller run as a host process (report_limits.Limits.parse)
 FLEET_LIMITS = "max_per_source=100000,max_unauthenticated_per_source=100000,connect_burst=100000"
 WEBHOOK_MANIFEST = REPO_ROOT / "manifests" / "webhook" / "webhook.yaml"
@@ -203,10 +204,10 @@ def member_pods(
 
 def prepare(kube: Clients, cluster_kubeconfig: Path, namespace: str) -> None:
     """What a cluster needs for gangs in ``namespace``, as the install docs say: the GangState
-    CRD and the agents' ClusterRole and admission policy (cluster-wide), and the namespace.
-    Nothing in the namespace: the controller gives agents their rights there."""
+    and GangMembers CRDs, the agents' ClusterRole and admission policy (cluster-wide), and the
+    namespace. Nothing in the namespace: the controller gives agents their rights there."""
     kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster_kubeconfig)]
-    for manifest_file in (CRD, AGENT_ROLE, AGENT_POLICY):
+    for manifest_file in (CRD, MEMBERS_CRD, AGENT_ROLE, AGENT_POLICY):
         # created when missing, never re-applied: an install (kustomize or the chart) owns them
         res = subprocess.run(
             [*kubectl, "create", "-f", str(manifest_file)],

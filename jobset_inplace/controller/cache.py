@@ -21,6 +21,7 @@ from jobset_inplace.core.decode import (
     pod_view,
     with_channel_report,
 )
+from jobset_inplace.core.gangmembers import MemberRow
 from jobset_inplace.core.model import (
     GangSpec,
     GangStatus,
@@ -92,6 +93,10 @@ class Gang:
     # members whose channel report is behind `behind_epoch` (completes_epoch's hint)
     behind: set[str] = field(default_factory=set)
     behind_epoch: int | None = None
+    # the GangMembers rows this process last wrote (or failed to: retried when one changes),
+    # and when (monotonic)
+    members_written: tuple[MemberRow, ...] | None = None
+    members_written_at: float | None = None
 
     @property
     def uid(self) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from kubernetes import client
@@ -15,6 +16,7 @@ from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
+from jobset_inplace.core.gangmembers import MemberRow, members_object
 from jobset_inplace.core.gangstate import new_gangstate, owned_by, status_from_dict, status_to_dict
 from jobset_inplace.core.model import (
     Action,
@@ -88,6 +90,21 @@ class Executor:
             name,
             patch,
             _content_type="application/json-patch+json",
+        )
+
+    def write_members(self, jobset: dict[str, Any], rows: Sequence[MemberRow], now: float) -> None:
+        """Create or replace the gang's GangMembers object (server-side apply)."""
+        meta = jobset["metadata"]
+        self.custom.patch_namespaced_custom_object(
+            names.GROUP,
+            names.VERSION,
+            meta["namespace"],
+            names.GANGMEMBERS_PLURAL,
+            meta["name"],
+            members_object(jobset, rows, now),
+            field_manager=COMPONENT,
+            force=True,
+            _content_type="application/apply-patch+yaml",
         )
 
     # --- pods ---------------------------------------------------------------------------------

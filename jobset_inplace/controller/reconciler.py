@@ -21,6 +21,7 @@ from jobset_inplace.backoff import Backoff
 from jobset_inplace.controller.cache import ClusterCache, Gang, GangKey
 from jobset_inplace.controller.executor import Executor
 from jobset_inplace.controller.metrics import METRICS, Metrics
+from jobset_inplace.core.gangmembers import member_rows, write_delay
 from jobset_inplace.core.model import Action, Plan, ReadLeases, Snapshot
 from jobset_inplace.core.planner import plan, plan_node, refuse_policy
 from jobset_inplace.core.telemetry import observe
@@ -174,6 +175,7 @@ class Reconciler:
         await self._act(gang, [a for a in result.actions if not isinstance(a, ReadLeases)])
         if result.requeue_after is not None:
             self.poke(key, result.requeue_after)
+        await self._write_members(gang, snap)
 
     def _plan(self, gang: Gang) -> tuple[Snapshot, Plan]:
         snap = self.cache.snapshot(gang, self.clock.wall())
@@ -216,6 +218,30 @@ class Reconciler:
             return
         await asyncio.to_thread(self.executor.write_status, *gang.key, result.status)
         gang.status, gang.status_written_at = result.status, self.clock.wall()
+
+    async def _write_members(self, gang: Gang, snap: Snapshot) -> None:
+        """What each member reported, for people (:mod:`jobset_inplace.core.gangmembers`):
+        written when a row changed, at most every ``write_interval``. Nothing decides by it, so
+        a failed write never fails the pass: it is logged and tried again when a row changes."""
+        rows = member_rows(snap.pods)
+        now = self.clock.monotonic()
+        delay = write_delay(rows, gang.members_written, gang.members_written_at, now)
+        if delay is None:
+            return
+        if delay > 0:
+            self.poke(gang.key, delay)
+            return
+        gang.members_written, gang.members_written_at = rows, now
+        try:
+            await asyncio.to_thread(self.executor.write_members, gang.jobset, rows, snap.now)
+        except client.exceptions.ApiException as e:
+            log.warning(
+                "%s/%s: cannot write its GangMembers (kubectl jobset-inplace status -o wide): "
+                "API error %s %s; tried again when a member's report changes",
+                *gang.key,
+                e.status,
+                e.reason,
+            )
 
     async def _act(self, gang: Gang, actions: list[Action]) -> None:
         if not actions:

@@ -171,7 +171,13 @@ def cmd_status(c: Cluster, args: argparse.Namespace, out: IO[str]) -> ExitCode:
         if e.status != 403:
             raise
         nodes = None  # not allowed to read nodes: say so rather than guess
-    doc = render.status_document(gs, js, pods, nodes, time.time())
+    members = None
+    try:
+        members = or_none(c.gangmembers, args.name)
+    except ApiException as e:
+        if e.status != 403:
+            raise  # not allowed to read it: the members' reports on their pods only
+    doc = render.status_document(gs, js, pods, nodes, time.time(), members=members)
     if args.output in ("json", "yaml"):
         out.write(render.dump(doc, args.output))
     else:

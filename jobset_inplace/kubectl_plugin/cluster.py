@@ -63,6 +63,12 @@ class Cluster:
         )
         return obj
 
+    def gangmembers(self, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
+            names.GROUP, names.VERSION, self.namespace, names.GANGMEMBERS_PLURAL, name
+        )
+        return obj
+
     def gangstates(self, *, all_namespaces: bool = False) -> list[dict[str, Any]]:
         """The GangStates of this namespace, or of every namespace."""
         g = (names.GROUP, names.VERSION)

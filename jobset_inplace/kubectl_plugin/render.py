@@ -13,11 +13,18 @@ from typing import Any
 import yaml
 
 from jobset_inplace import names
-from jobset_inplace.core.decode import MEMBER_LABELS, condition, condition_true, member_name
+from jobset_inplace.core.decode import (
+    MEMBER_LABELS,
+    condition,
+    condition_true,
+    member_name,
+    pod_view,
+)
+from jobset_inplace.core.gangmembers import inplace_restarts, member_rows, rows_by_pod
 from jobset_inplace.core.gangstate import status_from_dict
 from jobset_inplace.core.model import GangStatus, Recovery
 from jobset_inplace.core.policy import Policy, PolicyError, parse_policy
-from jobset_inplace.times import rfc3339
+from jobset_inplace.times import parse_time, rfc3339
 
 REPORT_KIND = "GangStatusReport"
 LIST_KIND = "GangList"
@@ -131,7 +138,9 @@ def node_problems(node: Obj | None) -> list[str]:
     return out
 
 
-def _pod_restarts(pod: Obj) -> int:
+def _container_restarts(pod: Obj) -> int:
+    """The kubelet's restart counts of the pod's containers (an in-place restart recreates
+    them: see ``restartsInPlace``)."""
     status = pod.get("status") or {}
     return sum(
         int(cs.get("restartCount") or 0)
@@ -187,11 +196,14 @@ def status_document(
     pods: Sequence[Obj],
     nodes: Mapping[str, Obj | None] | None,
     now: float,
+    *,
+    members: Obj | None = None,
 ) -> dict[str, Any]:
     """The stable machine document of ``status -o json|yaml`` (and the input of the table).
 
     ``nodes`` maps node name -> node (``None``: the node is gone); ``nodes=None`` means nodes
-    could not be read, which the document says instead of guessing."""
+    could not be read, which the document says instead of guessing. ``members``: the gang's
+    GangMembers object (what each member reported over the channel; None: not readable)."""
     meta = gangstate.get("metadata") or {}
     status = gang_status(gangstate)
     s = status or GangStatus()  # counts of a status not initialised yet: zero
@@ -209,11 +221,19 @@ def status_document(
     causes = {member: str(cause) for member, cause in rec.causes.items()} if rec else {}
     recreated = rec.recreated if rec else {}
     member_pods: list[dict[str, Any]] = []
+    rows = rows_by_pod(members)
     for p in sorted(pods, key=lambda p: (member_id(p), (p.get("metadata") or {}).get("name"))):
         pm = p.get("metadata") or {}
         ann = pm.get("annotations") or {}
         node = (p.get("spec") or {}).get("nodeName")
         member = member_id(p)
+        # what the controller last wrote of its reports (GangMembers: over the channel or on
+        # the pod); else what its pod holds (an agent whose channel failed reports there)
+        row = rows.get(str(pm.get("name")))
+        if row is None and pm.get("uid") and (view := pod_view(p)) is not None:
+            row = next(iter(member_rows([view])), None)
+        created = parse_time(pm.get("creationTimestamp"))
+        restarts = None if created is None or status is None else inplace_restarts(created, status)
         member_pods.append(
             {
                 "member": member,
@@ -221,12 +241,17 @@ def status_document(
                 "node": node,
                 "state": pod_state(p),
                 "deleting": pm.get("deletionTimestamp") is not None,
-                # an agent on the report channel writes nothing on its pod: who the barrier
-                # waits for is in the status (members.waiting)
+                # as the document had them before GangMembers (keys are only ever added):
+                # the pod's own report annotations, and its containers' restart counts
                 "reportedEpoch": ann.get(names.REPORT_EPOCH)
                 or ("(channel)" if s.report_endpoint is not None else None),
                 "checkpointSteps": ann.get(names.REPORT_STEPS),
-                "restarts": _pod_restarts(p),
+                "restarts": _container_restarts(p),
+                # what it reported (wherever it went), and its restarts in place
+                "epoch": None if row is None else row.epoch,
+                "newestStep": None if row is None else row.step,
+                "restartsInPlace": None if restarts is None else restarts[0],
+                "restartsAtLeast": bool(restarts and restarts[1]),
                 "cause": causes.get(member),
                 "recreated": member in recreated,
             }
@@ -353,7 +378,7 @@ def render_status(doc: Mapping[str, Any], *, wide: bool = False) -> str:
     w = max(len(k) for k, _ in rows)
     out = "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows) + "\n"
     if wide:
-        header = ["MEMBER", "POD", "NODE", "STATE", "EPOCH", "STEPS", "RESTARTS", "RECOVERY"]
+        header = ["MEMBER", "POD", "NODE", "STATE", "EPOCH", "STEP", "RESTARTS", "RECOVERY"]
         lines = [header]
         for p in doc["memberPods"]:
             rec_mark = p["cause"] or ""
@@ -366,9 +391,9 @@ def render_status(doc: Mapping[str, Any], *, wide: bool = False) -> str:
                     fmt_value(p["pod"]),
                     fmt_value(p["node"]),
                     state,
-                    fmt_value(p["reportedEpoch"]),
-                    fmt_value(p["checkpointSteps"]),
-                    str(p["restarts"]),
+                    fmt_value(p["epoch"]),
+                    fmt_value(p["newestStep"]),
+                    fmt_value(p["restartsInPlace"]) + ("+" if p["restartsAtLeast"] else ""),
                     fmt_value(rec_mark),
                 ]
             )

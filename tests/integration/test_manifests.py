@@ -32,6 +32,12 @@ NEEDED: list[Access] = [
     ("create", "gangstates.jobset-inplace.dev", "team-a"),
     ("patch", "gangstates.jobset-inplace.dev/status", "team-a"),
     ("create", "events", "team-a"),
+    # the agents' access (core/agent_access.py)
+    ("create", "serviceaccounts", "team-a"),
+    ("patch", "serviceaccounts", "team-a", "jobset-inplace-agent"),
+    ("create", "rolebindings.rbac.authorization.k8s.io", "team-a"),
+    ("patch", "rolebindings.rbac.authorization.k8s.io", "team-a", "jobset-inplace-agents"),
+    ("bind", "clusterroles.rbac.authorization.k8s.io", "team-a", "jobset-inplace-agent"),
     ("watch", "workloads.kueue.x-k8s.io", None),
     ("create", "leases.coordination.k8s.io", "jobset-inplace-system"),
     ("update", "leases.coordination.k8s.io", "jobset-inplace-system", "jobset-inplace-controller"),
@@ -51,6 +57,11 @@ NEEDED: list[Access] = [
     ),
 ]
 NOT_GRANTED: list[Access] = [
+    ("bind", "clusterroles.rbac.authorization.k8s.io", "team-a", "admin"),
+    ("bind", "roles.rbac.authorization.k8s.io", "team-a", "any"),
+    ("escalate", "clusterroles.rbac.authorization.k8s.io", None, "jobset-inplace-agent"),
+    ("create", "serviceaccounts/token", "team-a", "jobset-inplace-agent"),
+    ("delete", "rolebindings.rbac.authorization.k8s.io", "team-a", "jobset-inplace-agents"),
     ("update", "jobsets.jobset.x-k8s.io", "team-a"),
     ("patch", "jobsets.jobset.x-k8s.io/status", "team-a"),
     ("create", "pods", "team-a"),

@@ -21,6 +21,7 @@ from jobset_inplace.core.agent_access import (
     agent_cluster_role,
     desired_binding,
 )
+from jobset_inplace.core.gangmembers import MemberRow, members_object
 from jobset_inplace.core.transform import AGENT_CONTAINER
 from jobset_inplace.kubectl_plugin import ExitCode, main
 from jobset_inplace.kubectl_plugin import doctor as d
@@ -104,11 +105,20 @@ def jobset(**annotations: str) -> dict[str, Any]:
     }
 
 
-def pod(i: int, node: str, *, phase: str = "Running", state: str = "running") -> dict[str, Any]:
+def pod(
+    i: int,
+    node: str,
+    *,
+    phase: str = "Running",
+    state: str = "running",
+    created: str = "2026-11-21T08:00:00Z",
+) -> dict[str, Any]:
     cs_state: dict[str, Any] = {state: {}}
     return {
         "metadata": {
             "name": f"{NAME}-workers-{i}-0-abcde",
+            "uid": f"uid-{i}",
+            "creationTimestamp": created,
             "labels": {
                 names.JOBSET_NAME_LABEL: NAME,
                 names.REPLICATED_JOB_LABEL: "workers",
@@ -136,7 +146,7 @@ def node(name: str, ready: str = "True", taint: bool = False) -> dict[str, Any]:
 
 PODS = [
     pod(0, "n0"),
-    pod(1, "n3", phase="Pending"),
+    pod(1, "n3", phase="Pending", created="2026-11-21T10:00:02Z"),  # recreated at epoch 3
     pod(2, "n2", state="terminated"),
 ]
 NODES: dict[str, dict[str, Any] | None] = {
@@ -261,20 +271,22 @@ def test_status_wide_adds_one_line_per_member() -> None:
         "NODE",
         "STATE",
         "EPOCH",
-        "STEPS",
+        "STEP",
         "RESTARTS",
         "RECOVERY",
     ]
+    # its reports on its pod (no GangMembers read); restarted in place by both recoveries
     assert table[1].split() == [
         "workers/0/0",
         "train-workers-0-0-abcde",
         "n0",
         "running",
         "3",
-        "200,100",
-        "0",
+        "200",
+        "2",
         "-",
     ]
+    assert table[2].split()[6] == "0", "recreated by the last recovery: a new pod"
     assert table[2].split()[3] == "pending"
     assert table[2].endswith("NodeUnhealthy (recreated)")
     assert table[3].split()[3] == "restarting"
@@ -309,7 +321,16 @@ def test_status_of_a_gang_on_the_report_channel_names_who_the_barrier_waits_for(
     assert "Waiting for:" in text
     assert "workers/1/0 (+11 more)" in text
     table = text.split("\n\n", 1)[1].splitlines()
-    assert table[1].split()[4] == "(channel)"
+    assert table[1].split()[4:6] == ["-", "-"], "no GangMembers read: nothing to show"
+    assert out["memberPods"][0]["reportedEpoch"] == "(channel)", "the key as it always was"
+    rows = [MemberRow("workers/0/0", pods[0]["metadata"]["name"], 4, 250)]
+    members = members_object(
+        {**jobset(), "metadata": {**jobset()["metadata"], "uid": "u"}}, rows, NOW
+    )
+    out = r.status_document(gangstate(), jobset(), pods, NODES, NOW, members=members)
+    assert (out["memberPods"][0]["epoch"], out["memberPods"][0]["newestStep"]) == (4, 250)
+    table = r.render_status(out, wide=True).split("\n\n", 1)[1].splitlines()
+    assert table[1].split()[4:7] == ["4", "250", "2"]
 
 
 def test_status_json_and_yaml_are_the_same_stable_document() -> None:
@@ -474,6 +495,9 @@ class FakeCluster:
 
     def gangstates(self, *, all_namespaces: bool = False) -> list[dict[str, Any]]:
         return [] if self._gs is None else [self._gs]
+
+    def gangmembers(self, name: str) -> dict[str, Any]:
+        raise ApiException(status=403, reason="Forbidden")  # a reader without that right
 
     def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.deployments.get((namespace, name))

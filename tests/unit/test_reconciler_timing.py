@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace.controller.cache import POSTED_MAX, ClusterCache, GangKey, JobEntry, PodEntry
 from jobset_inplace.controller.reconciler import PASS_RETRY, PASS_SPACING, Reconciler
+from jobset_inplace.core.gangmembers import MemberRow
 from jobset_inplace.core.model import (
     Action,
     Event,
@@ -242,6 +245,7 @@ class RecordingExecutor:
     leases: dict[str, float | None] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
     actions: list[Action] = field(default_factory=list)
+    members: list[tuple[float, tuple[MemberRow, ...]]] = field(default_factory=list)
 
     def load_or_create(self, jobset: dict[str, Any]) -> GangStatus:
         self.calls.append("load")
@@ -253,6 +257,9 @@ class RecordingExecutor:
 
     def write_status(self, namespace: str, name: str, status: GangStatus) -> None:
         self.calls.append(f"write epoch {status.epoch} {status.phase}")
+
+    def write_members(self, jobset: dict[str, Any], rows: Sequence[MemberRow], now: float) -> None:
+        self.members.append((now, tuple(rows)))
 
     def run(self, jobset: dict[str, Any], actions: list[Action]) -> list[Event]:
         self.calls.append("act")
@@ -368,3 +375,45 @@ async def test_events_do_not_retry_a_failing_gang_sooner_than_its_backoff() -> N
     r.manual.advance(0.6)
     await settle()
     assert r.ran == [t0, pytest.approx(t0 + 1)]
+
+
+async def test_member_rows_are_written_when_one_changes_at_most_every_interval() -> None:
+    """GangMembers (core/gangmembers.py): the first pass writes the rows; a report that changes
+    a row within the interval is written once the interval is over, by a pass the reconciler
+    schedules for it; passes that change no row write nothing."""
+    ex = RecordingExecutor(running(2, expected=2, ready=2, reported=2))
+    r, clock, cache = gang(ex)
+    await r.reconcile(KEY)
+    [(_, rows)] = ex.members
+    assert [(m.pod, m.epoch, m.step) for m in rows] == [("p0", 2, 200), ("p1", 2, 200)]
+    await r.reconcile(KEY)
+    assert len(ex.members) == 1, "nothing changed: nothing written"
+    clock.advance(1)
+    pod = cache.gangs[KEY].pods["uid-1"]
+    newer = dataclasses.replace(pod, newest_step=300, busy_epoch=2, busy_ms=(100,))
+    cache.upsert_pod(PodEntry("uid-1", KEY, newer, JOB))
+    await r.reconcile(KEY)
+    assert len(ex.members) == 1, "within the interval: not yet"
+    passes = r.passes
+    clock.advance(4)  # the interval (5 s for 2 members) is over: its pass runs by itself
+    await asyncio.gather(*(asyncio.all_tasks() - {asyncio.current_task()}))  # and its writes
+    assert r.passes == passes + 1
+    assert [(m.pod, m.step) for m in ex.members[-1][1]] == [("p0", 200), ("p1", 300)]
+
+
+async def test_a_failed_member_rows_write_fails_nothing_and_waits_for_a_change() -> None:
+    class Refused(RecordingExecutor):
+        def write_members(
+            self, jobset: dict[str, Any], rows: Sequence[MemberRow], now: float
+        ) -> None:
+            super().write_members(jobset, rows, now)
+            raise ApiException(status=404, reason="Not Found")  # e.g. the CRD not installed
+
+    ex = Refused(running(2, expected=2, ready=2, reported=2))
+    r, clock, _ = gang(ex)
+    await r.reconcile(KEY)
+    assert len(ex.members) == 1
+    assert KEY not in r._failures, "the pass did not fail"
+    clock.advance(60)
+    await r.reconcile(KEY)
+    assert len(ex.members) == 1, "not tried again until a row changes"

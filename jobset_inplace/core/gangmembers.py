@@ -1,0 +1,127 @@
+"""What each member of a gang reported, for people (``kubectl jobset-inplace status -o wide``):
+its pod, the epoch it reported and its newest reported checkpoint step.
+
+Agents report over the channel to the leader's memory, so the controller writes a summary: one
+GangMembers object per gang (same name, owned by the JobSet), apart from the GangState. Every
+agent watches its GangState, so N rows there would go to N watchers on every write (N^2 bytes:
+~750 MB per write at 5000 members); nobody watches GangMembers (EndpointSlices are kept apart
+from Services for the same reason). Written when a row changed, at most every
+``write_interval(members)``.
+
+A member's in-place restarts are not stored: they are the recoveries (the GangState's history
+and the one in progress) that began after its pod was created (:func:`inplace_restarts`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jobset_inplace import names
+from jobset_inplace.core.model import HISTORY_LIMIT, GangStatus, PodView
+from jobset_inplace.times import parse_time, rfc3339
+
+WRITE_INTERVAL_S = 5.0
+WRITE_S_PER_MEMBER = 0.002  # 10 s at 5000 members (a 250 kB object)
+
+
+@dataclass(frozen=True, order=True)
+class MemberRow:
+    member: str
+    pod: str
+    epoch: int | None  # the epoch its agent reported (None: no report yet)
+    step: int | None  # the newest checkpoint step its agent reported (None: none)
+
+
+def member_rows(pods: Iterable[PodView]) -> tuple[MemberRow, ...]:
+    """One row per member pod that is not being deleted, by member."""
+    rows = []
+    for p in pods:
+        if p.deleting:
+            continue
+        steps = [*(p.reported_steps or ()), *([p.newest_step] if p.newest_step is not None else [])]
+        rows.append(MemberRow(p.member, p.name, p.reported_epoch, max(steps) if steps else None))
+    return tuple(sorted(rows))
+
+
+def write_interval(members: int) -> float:
+    return max(WRITE_INTERVAL_S, members * WRITE_S_PER_MEMBER)
+
+
+def write_delay(
+    rows: Sequence[MemberRow],
+    written: Sequence[MemberRow] | None,
+    written_at: float | None,
+    now: float,
+) -> float | None:
+    """Seconds until ``rows`` should be written (0: now; None: nothing to write) after
+    ``written`` was at ``written_at`` (None: nothing written by this process)."""
+    if written is not None and tuple(rows) == tuple(written):
+        return None
+    if written_at is None:
+        return 0.0
+    return max(0.0, written_at + write_interval(len(rows)) - now)
+
+
+def members_object(
+    jobset: Mapping[str, Any], rows: Sequence[MemberRow], now: float
+) -> dict[str, Any]:
+    """The GangMembers object of ``jobset`` (server-side apply: it creates or replaces)."""
+    meta = jobset["metadata"]
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.GANGMEMBERS_KIND,
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "labels": {names.JOBSET_NAME_LABEL: meta["name"]},
+            "ownerReferences": [
+                {
+                    "apiVersion": jobset["apiVersion"],
+                    "kind": jobset["kind"],
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                }
+            ],
+        },
+        "observedAt": rfc3339(now),
+        "members": [
+            {
+                "member": r.member,
+                "pod": r.pod,
+                **({} if r.epoch is None else {"epoch": r.epoch}),
+                **({} if r.step is None else {"step": r.step}),
+            }
+            for r in rows
+        ],
+    }
+
+
+def rows_by_pod(obj: Mapping[str, Any] | None) -> dict[str, MemberRow]:
+    """The rows of a GangMembers object as read, by pod name (malformed rows are skipped)."""
+    out = {}
+    for m in (obj or {}).get("members") or []:
+        try:
+            row = MemberRow(
+                str(m["member"]),
+                str(m["pod"]),
+                None if m.get("epoch") is None else int(m["epoch"]),
+                None if m.get("step") is None else int(m["step"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            continue
+        out[row.pod] = row
+    return out
+
+
+def inplace_restarts(created: float, status: GangStatus) -> tuple[int, bool]:
+    """How often a pod created at ``created`` was restarted in place: the recoveries that began
+    after it (each restarts every member it does not recreate), from the GangState's history and
+    the recovery in progress; and whether that is a lower bound (the history keeps the last
+    ``HISTORY_LIMIT`` recoveries, and all of them count)."""
+    started = [parse_time(h.get("startedAt")) for h in status.history]
+    in_history = sum(1 for t in started if t is not None and t > created)
+    rec = status.recovery
+    ongoing = rec is not None and rec.opened is None and bool(rec.causes) and rec.started > created
+    saturated = len(status.history) >= HISTORY_LIMIT and in_history == len(status.history)
+    return in_history + ongoing, saturated

@@ -1,0 +1,74 @@
+"""What each member reported, for people (core/gangmembers.py): the rows, when they are
+written, how they read back, and a member's restarts in place."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jobset_inplace.core.gangmembers import (
+    MemberRow,
+    inplace_restarts,
+    member_rows,
+    members_object,
+    rows_by_pod,
+    write_delay,
+    write_interval,
+)
+from jobset_inplace.core.model import HISTORY_LIMIT, Cause, Recovery
+from jobset_inplace.times import rfc3339
+
+from .gangs import NOW, member, pods, running
+
+
+def test_a_row_per_member_pod_not_being_deleted_with_its_newest_step() -> None:
+    p0, p1, p2 = pods(3, epoch=4, steps=(100, 200))
+    p1 = dataclasses.replace(p1, newest_step=300, reported_epoch=None, reported_steps=None)
+    p2 = dataclasses.replace(p2, deleting=True)
+    assert member_rows([p1, p2, p0]) == (
+        MemberRow(member(0), "p0", 4, 200),
+        MemberRow(member(1), "p1", None, 300),
+    )
+
+
+def test_rows_are_written_when_changed_and_at_most_every_interval() -> None:
+    rows = member_rows(pods(2, epoch=2))
+    assert write_delay(rows, None, None, 100.0) == 0.0, "nothing written yet by this process"
+    assert write_delay(rows, rows, 100.0, 101.0) is None, "unchanged"
+    changed = member_rows(pods(2, epoch=3))
+    assert write_delay(changed, rows, 100.0, 101.0) == 4.0
+    assert write_delay(changed, rows, 100.0, 106.0) == 0.0
+    assert write_interval(2) == 5.0
+    assert write_interval(5000) == 10.0
+
+
+def test_the_object_reads_back_as_its_rows_and_malformed_rows_are_skipped() -> None:
+    rows = (MemberRow("w/0/0", "p0", 2, None), MemberRow("w/1/0", "p1", None, 40))
+    jobset = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": "g", "namespace": "ml", "uid": "u"},
+    }
+    obj = members_object(jobset, rows, NOW)
+    assert obj["members"][0] == {"member": "w/0/0", "pod": "p0", "epoch": 2}, "absent: no key"
+    assert obj["metadata"]["ownerReferences"][0]["uid"] == "u"
+    assert rows_by_pod(obj) == {"p0": rows[0], "p1": rows[1]}
+    obj["members"] += [{"member": "w/2/0"}, {"member": "w/3/0", "pod": "p3", "epoch": "x"}]
+    assert set(rows_by_pod(obj)) == {"p0", "p1"}
+    assert rows_by_pod(None) == {}
+
+
+def test_restarts_in_place_are_the_recoveries_begun_after_the_pod() -> None:
+    history = [{"startedAt": rfc3339(NOW - 300 + 100 * i)} for i in range(3)]  # -300 -200 -100
+    status = running(4, history=history)
+    assert inplace_restarts(NOW - 1000, status) == (3, False)
+    assert inplace_restarts(NOW - 150, status) == (1, False)
+    ongoing = Recovery(epoch=5, started=NOW - 10, deadline=NOW + 60)
+    assert inplace_restarts(NOW - 150, running(4, history=history, recovery=ongoing)) == (
+        1,
+        False,
+    ), "a recovery without causes (the gang's start) restarts nobody"
+    ongoing = dataclasses.replace(ongoing, causes={member(0): Cause.TRAINER_EXITED})
+    assert inplace_restarts(NOW - 150, running(4, history=history, recovery=ongoing)) == (2, False)
+    full = [{"startedAt": rfc3339(NOW - 100 + i)} for i in range(HISTORY_LIMIT)]
+    assert inplace_restarts(NOW - 1000, running(4, history=full)) == (HISTORY_LIMIT, True)
+    assert inplace_restarts(NOW - 90.5, running(4, history=full)) == (10, False)
