@@ -18,10 +18,12 @@ import yaml
 from kubernetes import client
 
 from jobset_inplace import __version__, names
+from jobset_inplace.controller.executor import Executor
+from jobset_inplace.core.gangmembers import MemberRow
 from jobset_inplace.core.gangstate import new_gangstate
 from jobset_inplace.kubectl_plugin import ExitCode
 from jobset_inplace.platform import RESTART_ALL_FEATURE
-from testbed.controller import AGENT_POLICY
+from testbed.controller import AGENT_POLICY, MEMBERS_CRD
 from testbed.controlplane import ControlPlane
 from testbed.kube import Clients, get_jobset
 
@@ -175,6 +177,31 @@ def test_status_json_and_wide(control_plane: ControlPlane, gang: Gang) -> None:
     assert rows[0].split()[:4] == ["MEMBER", "POD", "NODE", "STATE"]
     assert rows[3].split()[:4] == ["workers/2/0", gang.pods[2], gang.node(2), "restarting"]
     assert rows[3].endswith("TrainerExited")
+
+
+def test_status_wide_shows_what_the_controller_wrote_into_gangmembers(
+    control_plane: ControlPlane, kube: Clients, gang: Gang
+) -> None:
+    """The controller's own write (its executor, server-side apply, twice: create, then
+    replace) into the GangMembers CRD, read back by the plugin: each member's epoch and step,
+    the one reported on its pod (member 0) included as the controller merged it."""
+    control_plane.kubectl().apply_files([MEMBERS_CRD], server_side=True)
+    control_plane.kubectl().wait_crds_established([f"{names.GANGMEMBERS_PLURAL}.{names.GROUP}"])
+    js = get_jobset(kube, gang.namespace, gang.name)
+    rows = [MemberRow(f"workers/{i}/0", gang.pods[i], 3 if i == 0 else 2, 100) for i in range(3)]
+    executor = Executor(kube.api)
+    executor.write_members(js, rows[:2], 1.0)  # created
+    executor.write_members(js, rows, 2.0)  # replaced: every row
+    obj = kube.custom.get_namespaced_custom_object(
+        names.GROUP, names.VERSION, gang.namespace, names.GANGMEMBERS_PLURAL, gang.name
+    )
+    assert [o["uid"] for o in obj["metadata"]["ownerReferences"]] == [js["metadata"]["uid"]]
+    assert len(obj["members"]) == 3
+    wide = plugin(control_plane, "status", gang.name, "-o", "wide", namespace=gang.namespace)
+    assert wide.returncode == ExitCode.OK, wide.stderr
+    table = [ln.split() for ln in wide.stdout.split("\n\n", 1)[1].splitlines()]
+    assert table[0][4:7] == ["EPOCH", "STEP", "RESTARTS"]
+    assert [row[4:6] for row in table[1:]] == [["3", "100"], ["2", "100"], ["2", "100"]]
 
 
 def test_status_of_unknown_gang(control_plane: ControlPlane, gang: Gang) -> None:
