@@ -63,6 +63,13 @@ def _add_cluster_flags(p: argparse.ArgumentParser, *, top: bool = False) -> None
         default=default,
         help="namespace (default: the context's namespace, else 'default')",
     )
+    g.add_argument(
+        "--request-timeout",
+        default=default,
+        metavar="DURATION",
+        help="how long to wait for each API request: 0 (no limit, the default), seconds, "
+        "or a duration such as 5s or 1m",
+    )
 
 
 EPILOG = "exit codes: " + ", ".join(f"{int(c)} {c.name}" for c in ExitCode)
@@ -92,9 +99,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", choices=["yaml", "json"], help="output format")
     _add_cluster_flags(p)
 
-    p = sub.add_parser("status", help="gang status of a JobSet (GangState + pods + nodes)")
+    p = sub.add_parser(
+        "status",
+        help="gang status of a JobSet (GangState + pods + nodes)",
+        epilog=(
+            "examples:\n  kubectl jobset-inplace status train -n team-a -o wide\n"
+            "  kubectl jobset-inplace status train -n team-a -w   # again on every change"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("name", metavar="NAME", help="JobSet name (its GangState has the same name)")
     p.add_argument("-o", "--output", choices=["yaml", "json", "wide"], help="output format")
+    p.add_argument(
+        "-w",
+        "--watch",
+        action="store_true",
+        help="after the status, print it again whenever it changes (read every --interval) "
+        "until interrupted",
+    )
+    p.add_argument(
+        "--interval",
+        default="2s",
+        metavar="DURATION",
+        help="with --watch: how often to read (default: 2s)",
+    )
     _add_cluster_flags(p)
 
     p = sub.add_parser("history", help="past recoveries of a JobSet, newest last")
@@ -159,7 +187,34 @@ def _get_gangstate(c: Cluster, name: str) -> dict[str, Any]:
     return gs
 
 
-def cmd_status(c: Cluster, args: argparse.Namespace, out: IO[str]) -> ExitCode:
+def cmd_status(
+    c: Cluster,
+    args: argparse.Namespace,
+    out: IO[str],
+    sleep: Callable[[float], None] = time.sleep,
+) -> ExitCode:
+    interval = _duration("--interval", args.interval)
+    if not args.watch:
+        out.write(_status_text(c, args))
+        return ExitCode.OK
+    if interval <= 0:
+        raise CommandError("--interval: give a duration above 0, such as 2s", ExitCode.USAGE)
+    shown = ""
+    try:
+        while True:
+            text = _status_text(c, args)
+            if text != shown:
+                if shown:
+                    out.write(f"\n--- {format_time(None, micro=False)}\n")
+                out.write(text)
+                out.flush()
+                shown = text
+            sleep(interval)
+    except KeyboardInterrupt:
+        return ExitCode.OK
+
+
+def _status_text(c: Cluster, args: argparse.Namespace) -> str:
     gs = _get_gangstate(c, args.name)
     js = or_none(c.jobset, args.name)
     pods = c.jobset_pods(args.name)
@@ -179,10 +234,18 @@ def cmd_status(c: Cluster, args: argparse.Namespace, out: IO[str]) -> ExitCode:
             raise  # not allowed to read it: the members' reports on their pods only
     doc = render.status_document(gs, js, pods, nodes, time.time(), members=members)
     if args.output in ("json", "yaml"):
-        out.write(render.dump(doc, args.output))
-    else:
-        out.write(render.render_status(doc, wide=args.output == "wide"))
-    return ExitCode.OK
+        return render.dump(doc, args.output)
+    return render.render_status(doc, wide=args.output == "wide")
+
+
+def _duration(flag: str, value: str) -> float:
+    """A duration flag as kubectl takes one: ``0``, seconds, or ``5s``, ``1m``, ``1h30m``."""
+    if value.isdigit():
+        return float(value)
+    try:
+        return parse_duration(flag, value)
+    except PolicyError as e:
+        raise CommandError(str(e), ExitCode.USAGE) from None
 
 
 def cmd_list(c: Cluster, args: argparse.Namespace, out: IO[str]) -> ExitCode:
@@ -303,19 +366,23 @@ def main(
     stderr: IO[str] | None = None,
     stdin: IO[str] | None = None,
     connector: Callable[[str | None, str | None, str | None], Cluster] = connect,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     out, err, inp = stdout or sys.stdout, stderr or sys.stderr, stdin or sys.stdin
     args = build_parser().parse_args(argv)
     try:
         if args.command == "enable":
             return int(cmd_enable(args, out, inp))
+        timeout = _duration("--request-timeout", args.request_timeout or "0")
         try:
             c = connector(args.kubeconfig, args.context, args.namespace)
         except ClusterConfigError as e:
             raise CommandError(str(e), ExitCode.NO_CLUSTER) from None
+        if timeout > 0:
+            c.set_request_timeout(timeout)
         commands: dict[str, Callable[[], ExitCode]] = {
             "list": lambda: cmd_list(c, args, out),
-            "status": lambda: cmd_status(c, args, out),
+            "status": lambda: cmd_status(c, args, out, sleep),
             "history": lambda: cmd_history(c, args, out),
             "restart": lambda: cmd_restart(c, args, out, inp, err),
             "doctor": lambda: cmd_doctor(c, args, out),
@@ -332,5 +399,18 @@ def main(
         err.write(f"error: the API server answered {api_error_message(e)}\n")
         return int(ExitCode.FAILED)
     except (OSError, urllib3.exceptions.HTTPError) as e:  # connection refused, DNS, TLS
-        err.write(f"error: cannot reach the cluster: {e}; check --kubeconfig/--context\n")
+        if _timed_out(e):
+            err.write(
+                f"error: the API server did not answer within --request-timeout "
+                f"{args.request_timeout}: {e}\n"
+            )
+        else:
+            err.write(f"error: cannot reach the cluster: {e}; check --kubeconfig/--context\n")
         return int(ExitCode.NO_CLUSTER)
+
+
+def _timed_out(e: BaseException) -> bool:
+    reason = getattr(e, "reason", None)  # MaxRetryError wraps a connect timeout
+    return isinstance(e, urllib3.exceptions.TimeoutError) or isinstance(
+        reason, urllib3.exceptions.TimeoutError
+    )

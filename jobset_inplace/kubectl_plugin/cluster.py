@@ -50,6 +50,19 @@ class Cluster:
     def custom(self) -> Any:
         return client.CustomObjectsApi(self.api_client)
 
+    def set_request_timeout(self, seconds: float) -> None:
+        """Every request of this client waits at most ``seconds`` (``--request-timeout``):
+        the generated API methods pass their own ``_request_timeout`` (None unless given) to
+        ``call_api``, which is where the default goes in."""
+        call_api = self.api_client.call_api
+
+        def with_timeout(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("_request_timeout") is None:
+                kwargs["_request_timeout"] = seconds
+            return call_api(*args, **kwargs)
+
+        self.api_client.call_api = with_timeout
+
     # --- raw JSON helpers ----------------------------------------------------------------------
     @staticmethod
     def _json(resp: Any) -> dict[str, Any]:

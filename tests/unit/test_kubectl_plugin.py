@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+import urllib3
 import yaml
 from kubernetes.client.exceptions import ApiException
 
@@ -546,6 +547,79 @@ def test_status_json_through_main_reports_unreadable_nodes() -> None:
     code, out, _ = run(["status", NAME, "-o", "json"], FakeCluster(jobset(), gangstate()))
     assert code == ExitCode.OK
     assert json.loads(out)["unhealthyNodes"] is None  # node n2 was forbidden
+
+
+def test_status_watch_prints_again_only_when_the_status_changes_until_interrupted() -> None:
+    class Changing(FakeCluster):
+        """The gang's epoch moves from 3 to 4 at the third read."""
+
+        reads = 0
+
+        def gangstate(self, name: str) -> dict[str, Any]:
+            self.reads += 1
+            return gangstate(epoch=4) if self.reads >= 3 else gangstate()
+
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 4:
+            raise KeyboardInterrupt  # Ctrl-C
+
+    fake, out, err = Changing(jobset(), gangstate()), io.StringIO(), io.StringIO()
+    code = main(
+        ["status", NAME, "-w", "--interval", "1s"],
+        stdout=out,
+        stderr=err,
+        connector=lambda *_: cast(Cluster, fake),
+        sleep=sleep,
+    )
+    assert (code, err.getvalue()) == (ExitCode.OK, "")
+    assert (fake.reads, slept) == (4, [1.0] * 4)
+    text = out.getvalue()
+    assert text.count("Epoch:") == 2, "printed at first and once more on the change"
+    assert "\n--- " in text
+    assert text.index("Epoch:            3") < text.index("Epoch:            4")
+
+
+def test_duration_flags_are_checked_by_name() -> None:
+    code, _, err = run(["status", NAME, "-w", "--interval", "soon"], FakeCluster(jobset()))
+    assert code == ExitCode.USAGE
+    assert "--interval" in err
+    assert "a duration such as 30s" in err
+    code, _, err = run(["status", NAME, "-w", "--interval", "0"], FakeCluster(jobset()))
+    assert (code, "above 0" in err) == (ExitCode.USAGE, True)
+    code, _, err = run(["list", "--request-timeout", "-1"], FakeCluster(jobset()))
+    assert code == ExitCode.USAGE
+    assert "--request-timeout" in err
+
+
+def test_request_timeout_reaches_every_request_and_its_expiry_is_said_so() -> None:
+    calls: list[Any] = []
+
+    class ApiClient:
+        def call_api(self, *args: Any, **kwargs: Any) -> None:
+            calls.append(kwargs.get("_request_timeout"))
+
+    c = Cluster(cast(Any, ApiClient()), NS)
+    c.set_request_timeout(5.0)
+    c.api_client.call_api("/x", "GET")
+    c.api_client.call_api("/x", "GET", _request_timeout=1.0)  # a call's own stays
+    assert calls == [5.0, 1.0]
+
+    class Slow(FakeCluster):
+        timeout: float | None = None
+
+        def set_request_timeout(self, seconds: float) -> None:
+            self.timeout = seconds
+
+        def gangstates(self, *, all_namespaces: bool = False) -> list[dict[str, Any]]:
+            raise urllib3.exceptions.ReadTimeoutError(None, "/apis", "Read timed out.")  # type: ignore[arg-type]
+
+    slow = Slow(jobset(), gangstate())
+    code, _, err = run(["list", "--request-timeout", "2m"], slow)
+    assert (code, slow.timeout) == (ExitCode.NO_CLUSTER, 120.0)
+    assert "did not answer within --request-timeout 2m" in err
 
 
 def test_history_through_main() -> None:
