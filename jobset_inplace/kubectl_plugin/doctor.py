@@ -42,6 +42,7 @@ from .render import fmt_duration, table
 
 JOBSET_CRD = "jobsets.jobset.x-k8s.io"
 GANGSTATE_CRD = f"{names.GANGSTATE_PLURAL}.{names.GROUP}"
+GANGMEMBERS_CRD = f"{names.GANGMEMBERS_PLURAL}.{names.GROUP}"
 KUEUE_CRDS = (
     "clusterqueues.kueue.x-k8s.io",
     "localqueues.kueue.x-k8s.io",
@@ -219,6 +220,16 @@ def check_gangstate_crd(crd: Mapping[str, Any] | None) -> Check:
     if not condition_true(crd, "Established"):
         return Check(name, Result.FAIL, "not Established yet", "wait, then check the CRD status")
     return Check(name, Result.PASS, f"{GANGSTATE_CRD} ({names.VERSION}) established")
+
+
+def check_gangmembers_crd(crd: Mapping[str, Any] | None) -> Check:
+    """Optional: without it the controller cannot write what each member reported, and
+    ``status -o wide`` shows only reports on pods."""
+    name = "GangMembers CRD"
+    if crd is None or names.VERSION not in _crd_versions(crd):
+        detail = f"{GANGMEMBERS_CRD} ({names.VERSION}) not installed: status -o wide shows "
+        return Check(name, Result.WARN, detail + "only what agents wrote on their pods", CRD_HINT)
+    return Check(name, Result.PASS, f"{GANGMEMBERS_CRD} ({names.VERSION}) installed")
 
 
 def check_kueue_crds(present: Mapping[str, bool]) -> Check:
@@ -644,6 +655,9 @@ def run_checks(
     checks.append(_safe("JobSet CRD", "check the kubeconfig", jobset))
     checks.append(
         _safe("GangState CRD", CRD_HINT, lambda: check_gangstate_crd(c.crd(GANGSTATE_CRD)))
+    )
+    checks.append(
+        _safe("GangMembers CRD", CRD_HINT, lambda: check_gangmembers_crd(c.crd(GANGMEMBERS_CRD))),
     )
 
     checks.append(

@@ -1022,7 +1022,8 @@ class FakeReader:
             return {}
         if name == d.GANGSTATE_CRD and not self.gangstate_crd:
             return None
-        version = "v1alpha1" if name == d.GANGSTATE_CRD else "v1alpha2"
+        ours = (d.GANGSTATE_CRD, d.GANGMEMBERS_CRD)
+        version = "v1alpha1" if name in ours else "v1alpha2"
         return {
             "spec": {"versions": [{"name": version, "served": True}]},
             "status": {"conditions": [{"type": "Established", "status": "True"}]},
@@ -1236,6 +1237,7 @@ def test_run_checks_and_render() -> None:
         ("RestartAllContainers", "PASS"),
         ("JobSet CRD", "PASS"),
         ("GangState CRD", "PASS"),
+        ("GangMembers CRD", "PASS"),
         ("Agent admission policy", "PASS"),
         ("Kueue CRDs", "PASS"),
         ("Node declared features", "WARN"),
@@ -1247,14 +1249,20 @@ def test_run_checks_and_render() -> None:
         ("Pod Security", "PASS"),
         ("Report channel", "PASS"),
     ]
-    assert "403" in checks[7].detail
+    assert "403" in checks[8].detail
     assert "ctl-7d9-x2 holds jobset-inplace-system/jobset-inplace-controller, renewed 3s ago" in (
-        checks[9].detail
+        checks[10].detail
     )
     assert not d.failed(checks)
     text = d.render_checks(checks)
     assert f"    fix: 1.35 needs --feature-gates={GATES_135} on those kubelets" in text
-    assert text.endswith("0 failed, 1 warnings, 14 checks\n")
+    assert text.endswith("0 failed, 1 warnings, 15 checks\n")
+
+
+def test_a_missing_gangmembers_crd_is_a_warning_naming_what_is_lost() -> None:
+    check = d.check_gangmembers_crd(None)
+    assert (check.result, check.hint) == ("WARN", d.CRD_HINT)
+    assert "status -o wide shows only what agents wrote on their pods" in check.detail
 
 
 def test_doctor_exit_code_is_1_on_any_fail() -> None:
