@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from jobset_inplace import names
 from jobset_inplace.core.leader_rules import ElectionTiming
 from jobset_inplace.core.policy import PolicyError, parse_duration
+from jobset_inplace.runtime import log_format
 from jobset_inplace.runtime.leader_election import DEFAULT_LEASE, Election, default_identity
 from jobset_inplace.runtime.manager import Settings
 from jobset_inplace.runtime.webhook_certificates import SECRET_NAME
@@ -76,6 +77,12 @@ def main(argv: list[str] | None = None, *, extra_watches: Sequence[WatchFactory]
     run.add_argument(
         "-v", "--verbose", action="store_true", help="debug logging (e.g. every planning pass)"
     )
+    run.add_argument(
+        "--log-format",
+        choices=log_format.FORMATS,
+        default="text",
+        help="text (default) or json: one object per line (time, level, logger, message)",
+    )
     le = run.add_argument_group(
         "leader election (several replicas: only the Lease holder acts; docs/operations.md)"
     )
@@ -103,7 +110,7 @@ def main(argv: list[str] | None = None, *, extra_watches: Sequence[WatchFactory]
         settings_from_env()  # what the webhook injects: a malformed variable stops here
     except ValueError as e:
         parser.error(str(e))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    log_format.configure(getattr(args, "log_format", "text"))
     # the project's own debug lines only: the API client's would log every response body
     logging.getLogger("jobset_inplace").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     if args.command == "run":

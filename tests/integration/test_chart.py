@@ -112,6 +112,7 @@ def test_chart_values_reach_the_deployment(helm: Helm) -> None:
         "leaderElection": {"leaseDuration": "30s", "renewDeadline": "20s", "retryPeriod": "4s"},
         "resources": {"requests": {"cpu": "1"}},
         "tolerations": [{"operator": "Exists"}],
+        "logFormat": "json",
     }
     (deploy,) = [o for o in helm.template(values) if o["kind"] == "Deployment"]
     spec = deploy["spec"]["template"]["spec"]
@@ -131,6 +132,7 @@ def test_chart_values_reach_the_deployment(helm: Helm) -> None:
         "--leader-elect-lease-duration=30s",
         "--leader-elect-renew-deadline=20s",
         "--leader-elect-retry-period=4s",
+        "--log-format=json",
     } <= set(container["args"])
     # helm merges maps with the defaults
     assert container["resources"] == {
@@ -150,6 +152,7 @@ def test_chart_values_reach_the_deployment(helm: Helm) -> None:
         ({"agentImage": {"pullSecrets": ["RegCred"]}}, "pullSecrets"),
         ({"agentResources": {"requests": {"cpu": "ten"}}}, "cpu"),
         ({"agentResources": {"requets": {"cpu": "1"}}}, "requets"),
+        ({"logFormat": "yaml"}, "logFormat"),
     ],
 )
 def test_bad_values_are_refused_by_name(helm: Helm, values: dict[str, Any], message: str) -> None:
