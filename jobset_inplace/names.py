@@ -70,10 +70,22 @@ REPORT_NEWEST_STEP: Final = f"{PREFIX}newest-checkpoint"
 # its next report; older windows are then ignored).
 REPORT_BUSY_EPOCH: Final = f"{PREFIX}busy-epoch"
 
+# ... and, with its report of a new epoch, the newest step its trainers reported progress for
+# in the epoch before (their progress records: jobset_inplace.trainer.report_progress): how far
+# training had got, so the controller knows the steps a recovery makes the gang redo.
+REPORT_PROGRESS_STEP: Final = f"{PREFIX}progress-step"
+
 # --- The report channel (docs/architecture.md): agents send the reports above to the leader ---
 # What goes over it, as pod annotations do (same keys, same encoding); the straggler windows
 # (busy time, newest checkpoint) stay pod annotations.
-CHANNEL_REPORT_KEYS: Final = (REPORT_EPOCH, REPORT_STEPS, REPORT_LATE, REPORT_EXITED, REPORT_HUNG)
+CHANNEL_REPORT_KEYS: Final = (
+    REPORT_EPOCH,
+    REPORT_STEPS,
+    REPORT_LATE,
+    REPORT_EXITED,
+    REPORT_HUNG,
+    REPORT_PROGRESS_STEP,
+)
 REPORT_PATH: Final = "/v1/reports"
 DEFAULT_REPORT_PORT: Final = 9444
 # A projected service-account token for this audience only (the agent's API token is never sent

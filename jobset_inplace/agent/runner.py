@@ -94,6 +94,7 @@ _POD_REPORT_KEYS = (
     names.REPORT_BUSY,
     names.REPORT_NEWEST_STEP,
     names.REPORT_BUSY_EPOCH,
+    names.REPORT_PROGRESS_STEP,
 )
 
 
@@ -354,6 +355,11 @@ class Agent:
         except (OSError, ValueError) as e:
             raise _ActionFailed(f"cannot scan the checkpoint tiers: {e}") from e
         report = {names.REPORT_EPOCH: str(action.epoch), names.REPORT_STEPS: encode_steps(steps)}
+        # how far this pod's trainers got in the epoch before: their progress records stay on
+        # the state volume until this epoch's barrier opens (_open clears them)
+        progress = [p.step for p in read_progress(cfg.state_dir).values()]
+        if progress:
+            report[names.REPORT_PROGRESS_STEP] = str(max(progress))
         if not action.barrier_closed:
             # reported into an open barrier: this agent (re)started unseen, and waits
             report[names.REPORT_LATE] = str(action.epoch)

@@ -31,6 +31,7 @@ from jobset_inplace.core.telemetry import (
     FailureDetected,
     MembersRestarted,
     Observation,
+    ProgressLost,
     RecoveryEnded,
     RecoveryStarted,
     RecoveryTimed,
@@ -168,6 +169,14 @@ class Metrics:
             buckets=STEP_BUCKETS,
             registry=r,
         )
+        self.progress_lost = Histogram(
+            f"{PREFIX}recovery_progress_steps_lost",
+            "Training steps a recovery makes the gang redo: the newest step any member's "
+            "trainers reported progress for, minus the resume step (trainers that report "
+            "progress only).",
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
         self.members_restarted = Counter(
             f"{PREFIX}members_restarted_total",
             "Members restarted in place or recreated (a new pod) by a recovery.",
@@ -252,6 +261,8 @@ class Metrics:
                             histogram.observe(seconds)
                 case StepsLost():
                     self.steps_lost.observe(o.steps)
+                case ProgressLost():
+                    self.progress_lost.observe(o.steps)
                 case Escalated():
                     self.escalations.labels(o.reason).inc()
                 case StoodDown():

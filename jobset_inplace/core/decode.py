@@ -182,6 +182,7 @@ def agent_report(values: Mapping[str, str]) -> tuple[dict[str, Any], str | None]
     late = _report_number(values, names.REPORT_LATE, errors)
     exited = _report_number(values, names.REPORT_EXITED, errors)
     hung = _report_number(values, names.REPORT_HUNG, errors)
+    progress = _report_number(values, names.REPORT_PROGRESS_STEP, errors)
     if errors:
         return {}, _capped("; ".join(errors))
     return {
@@ -190,6 +191,7 @@ def agent_report(values: Mapping[str, str]) -> tuple[dict[str, Any], str | None]
         "late_for_epoch": late,
         "exited_in_epoch": exited,
         "hung_in_epoch": hung,
+        "progress_step": progress,
     }, None
 
 

@@ -82,6 +82,9 @@ class PodView:
     late_for_epoch: int | None = None  # its agent reported this epoch after its barrier opened
     exited_in_epoch: int | None = None  # its agent saw its trainer exit non-zero in this epoch
     hung_in_epoch: int | None = None  # its agent saw its trainer hang in this epoch
+    # with its report of an epoch: the newest step its trainers reported progress for in the
+    # epoch before (None: no progress records)
+    progress_step: int | None = None
     # the epoch of the report its agent wrote on the pod (None: nothing on the pod); with a
     # report channel served, a report there means the channel failed that agent
     pod_report_epoch: int | None = None
@@ -144,6 +147,9 @@ class Recovery:
     # and since when it showed (the snapshot's times: see planner.first_signal).
     first_signal: Cause | None = None
     first_signal_at: float | None = None
+    # Training steps this recovery makes the gang redo: the newest step any member's trainers
+    # reported progress for before it, minus the resume step (None: no member reported one).
+    progress_lost: int | None = None
 
     @property
     def began(self) -> float:

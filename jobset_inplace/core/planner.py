@@ -20,6 +20,7 @@ from typing import Final
 
 from jobset_inplace import names
 from jobset_inplace.core.gangstate import progress_only, progress_write_interval
+from jobset_inplace.core.goodput import progress_steps_lost
 from jobset_inplace.core.model import (
     HISTORY_LIMIT,
     RECREATE_CAUSES,
@@ -797,15 +798,17 @@ class _Planning:
         st.resume_step = step
         rec.opened = self.s.now
         rec.resume_step = step
+        rec.progress_lost = progress_steps_lost(joined, step)
         if rec.causes:
             st.history.append(_summary(rec))
             del st.history[:-HISTORY_LIMIT]
         where = "from scratch" if step is None else f"at step {step}"
         if rec.causes:
             detected = "" if rec.detection is None else f" (detected in {rec.detection:.1f}s)"
+            redo = "" if rec.progress_lost is None else f"; {rec.progress_lost} step(s) to redo"
             how = (
                 f"{rec.duration or 0.0:.1f}s after the first signal{detected}; "
-                f"{rec.in_place} in place, {len(rec.recreated)} recreated"
+                f"{rec.in_place} in place, {len(rec.recreated)} recreated{redo}"
             )
         else:
             how = f"all {len(joined)} members joined"
@@ -922,4 +925,5 @@ def _summary(rec: Recovery) -> dict[str, object]:
         "openedAt": rfc3339(rec.opened),
         "durationSeconds": rec.duration,
         "resumeStep": rec.resume_step,
+        "progressStepsLost": rec.progress_lost,
     }

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from jobset_inplace.core.goodput import checkpoint_steps_lost
 from jobset_inplace.core.model import GangStatus, Plan, PodView, Recovery, Snapshot
 from jobset_inplace.core.planner import current_pods
 from jobset_inplace.core.policy import Policy
@@ -80,6 +81,13 @@ class StepsLost:
 
 
 @dataclass(frozen=True)
+class ProgressLost:
+    """Training steps the recovery makes the gang redo (core/goodput.py)."""
+
+    steps: int
+
+
+@dataclass(frozen=True)
 class Escalated:
     reason: str
 
@@ -96,6 +104,7 @@ Observation = (
     | RecoveryEnded
     | RecoveryTimed
     | StepsLost
+    | ProgressLost
     | Escalated
     | StoodDown
 )
@@ -154,7 +163,9 @@ def _started(rec: Recovery) -> list[Observation]:
 
 def _completed(s: Snapshot, rec: Recovery) -> list[Observation]:
     joined = [pod for pod in current_pods(s).values() if pod.reported_epoch == rec.epoch]
-    out: list[Observation] = [StepsLost(steps_lost(joined, rec.resume_step))]
+    out: list[Observation] = [StepsLost(checkpoint_steps_lost(joined, rec.resume_step))]
+    if rec.progress_lost is not None:
+        out.append(ProgressLost(rec.progress_lost))
     if rec.opened_by == Edge.MEMBER_FAILED and rec.opened is not None:
         took = rec.opened - rec.started
         last = last_agent_start(joined)
@@ -162,13 +173,6 @@ def _completed(s: Snapshot, rec: Recovery) -> list[Observation]:
         total = None if rec.first_signal_at is None else rec.duration
         out.append(RecoveryTimed(restart, None if restart is None else took - restart, total))
     return out
-
-
-def steps_lost(joined: Sequence[PodView], resume_step: int | None) -> int:
-    """Checkpoint steps given up by resuming at ``resume_step`` (None: from scratch): the
-    newest step any member reported minus it (0 when nobody reported one)."""
-    newest = max((step for pod in joined for step in pod.reported_steps or ()), default=0)
-    return max(0, newest - (resume_step or 0))
 
 
 def last_agent_start(joined: Sequence[PodView]) -> float | None:

@@ -187,6 +187,7 @@ def _last_recovery(rec: Recovery | None, now: float) -> dict[str, Any] | None:
         "inProgress": in_progress,
         "elapsedSeconds": round(max(0.0, now - rec.began), 3) if in_progress else None,
         "resumeStep": rec.resume_step,
+        "progressStepsLost": rec.progress_lost,
     }
 
 
@@ -375,6 +376,8 @@ def render_status(doc: Mapping[str, Any], *, wide: bool = False) -> str:
         ]
         if not rec["inProgress"]:
             rows.append(("  Resume step:", fmt_value(rec["resumeStep"])))
+        if rec.get("progressStepsLost") is not None:
+            rows.append(("  Steps to redo:", f"{rec['progressStepsLost']} (trainers' progress)"))
     w = max(len(k) for k, _ in rows)
     out = "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows) + "\n"
     if wide:
@@ -417,6 +420,7 @@ def history_document(gangstate: Obj) -> dict[str, Any]:
                 "openedAt": h.get("openedAt"),
                 "durationSeconds": h.get("durationSeconds"),
                 "resumeStep": h.get("resumeStep"),
+                "progressStepsLost": h.get("progressStepsLost"),
             }
         )
     # Newest last; the controller appends, the sort only guards against a hand-edited status.
@@ -433,7 +437,18 @@ def history_document(gangstate: Obj) -> dict[str, Any]:
 def render_history(doc: Mapping[str, Any]) -> str:
     if not doc["recoveries"]:
         return f"No recoveries recorded for {doc['namespace']}/{doc['jobSet']}.\n"
-    rows = [["EPOCH", "CAUSES", "IN-PLACE", "RECREATED", "DURATION", "RESUME-STEP", "STARTED"]]
+    rows = [
+        [
+            "EPOCH",
+            "CAUSES",
+            "IN-PLACE",
+            "RECREATED",
+            "DURATION",
+            "RESUME-STEP",
+            "REDONE",
+            "STARTED",
+        ]
+    ]
     for e in doc["recoveries"]:
         rows.append(
             [
@@ -443,6 +458,7 @@ def render_history(doc: Mapping[str, Any]) -> str:
                 str(e["recreated"]),
                 fmt_duration(e["durationSeconds"]),
                 fmt_value(e["resumeStep"]),
+                fmt_value(e["progressStepsLost"]),
                 fmt_value(e["startedAt"]),
             ]
         )

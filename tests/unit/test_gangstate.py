@@ -68,6 +68,7 @@ def full_status() -> GangStatus:
             opened_by=Edge.MEMBER_FAILED,
             first_signal=Cause.NODE_UNHEALTHY,
             first_signal_at=T0 - 14.5,
+            progress_lost=17,
         ),
         history=[{"epoch": 6, "causes": {"workers/0/0": "PodFailed"}, "durationSeconds": 4.5}],
         inplace_used=3,
@@ -181,6 +182,7 @@ recoveries = st.builds(
     opened_by=st.none() | st.sampled_from(list(Edge)),
     first_signal=st.none() | st.sampled_from(list(Cause)),
     first_signal_at=st.none() | times,
+    progress_lost=st.none() | small,
 )
 
 statuses = st.builds(

@@ -82,6 +82,7 @@ def gangstate(**status: Any) -> dict[str, Any]:
                 "openedAt": "2026-11-21T10:00:04.500000Z",
                 "durationSeconds": 4.5,
                 "resumeStep": 200,
+                "progressStepsLost": 12,
             },
         ],
     }
@@ -415,6 +416,7 @@ def test_history_table_newest_last() -> None:
         "RECREATED",
         "DURATION",
         "RESUME-STEP",
+        "REDONE",
         "STARTED",
     ]
     assert lines[1].split() == [
@@ -424,9 +426,12 @@ def test_history_table_newest_last() -> None:
         "0",
         "3.0s",
         "100",
+        "-",  # recorded before trainers' progress was
         "2026-11-21T09:00:00.000000Z",
     ]
-    assert lines[2].split()[:7] == ["3", "NodeUnhealthy,", "TrainerExited", "2", "1", "4.5s", "200"]
+    assert lines[2].split()[:8] == [
+        "3", "NodeUnhealthy,", "TrainerExited", "2", "1", "4.5s", "200", "12",
+    ]  # fmt: skip
 
 
 def test_history_empty() -> None:

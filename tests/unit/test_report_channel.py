@@ -35,7 +35,9 @@ def view(**fields: object) -> PodView:
 
 
 def test_a_channel_report_decodes_like_the_annotations() -> None:
-    fields, error = agent_report(report(**{names.REPORT_EXITED: "3"}))
+    fields, error = agent_report(
+        report(**{names.REPORT_EXITED: "3", names.REPORT_PROGRESS_STEP: "217"})
+    )
     assert error is None
     assert fields == {
         "reported_epoch": 3,
@@ -43,7 +45,11 @@ def test_a_channel_report_decodes_like_the_annotations() -> None:
         "late_for_epoch": None,
         "exited_in_epoch": 3,
         "hung_in_epoch": None,
+        "progress_step": 217,
     }
+    _, error = agent_report(report(**{names.REPORT_PROGRESS_STEP: "-1"}))
+    assert error is not None
+    assert names.REPORT_PROGRESS_STEP in error
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,17 @@ from typing import Any
 
 import pytest
 
-from jobset_inplace.core.model import Cause, GangStatus, NodeView, Plan, PodView, Recovery, Snapshot
+from jobset_inplace.core.goodput import checkpoint_steps_lost, progress_steps_lost
+from jobset_inplace.core.model import (
+    Cause,
+    Event,
+    GangStatus,
+    NodeView,
+    Plan,
+    PodView,
+    Recovery,
+    Snapshot,
+)
 from jobset_inplace.core.planner import plan
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.core.statemachine import Edge, Phase
@@ -18,6 +28,7 @@ from jobset_inplace.core.telemetry import (
     Escalated,
     FailureDetected,
     MembersRestarted,
+    ProgressLost,
     RecoveryEnded,
     RecoveryStarted,
     RecoveryTimed,
@@ -25,7 +36,6 @@ from jobset_inplace.core.telemetry import (
     StoodDown,
     budgets_left,
     observe,
-    steps_lost,
 )
 
 from .gangs import NOW, member, nodes, pods, snapshot, with_pod
@@ -165,7 +175,7 @@ def test_the_barrier_deadline_recreates_the_laggards() -> None:
 
 
 # --- a recovery ends -----------------------------------------------------------------------------
-def test_the_barrier_opening_times_each_phase_and_counts_the_steps_lost() -> None:
+def test_the_barrier_opening_times_each_phase_and_counts_the_checkpoint_steps_lost() -> None:
     s, p = step(crashed(), rejoined(), now=NOW + 10)
     assert p.status.resume_step == 200
     ended, lost, timed = observe(s, p)
@@ -242,9 +252,9 @@ def test_a_recovery_recorded_by_an_older_controller_ends_with_an_unknown_cause()
 # --- the parts -----------------------------------------------------------------------------------
 def test_steps_lost_from_scratch_and_with_no_checkpoint_at_all() -> None:
     some = pods(2, epoch=2, steps=(50, 40))
-    assert steps_lost(some, None) == 50  # no common step, policy scratch: all of it
-    assert steps_lost(pods(2, epoch=2, steps=()), None) == 0
-    assert steps_lost(some, 50) == 0
+    assert checkpoint_steps_lost(some, None) == 50  # no common step, policy scratch: all of it
+    assert checkpoint_steps_lost(pods(2, epoch=2, steps=()), None) == 0
+    assert checkpoint_steps_lost(some, 50) == 0
 
 
 def test_budgets_left_never_go_below_zero() -> None:
@@ -258,3 +268,26 @@ def test_budgets_left_never_go_below_zero() -> None:
         "in_place": 0,
         "recreate": 0,
     }
+
+
+def test_the_training_to_redo_is_the_newest_progress_any_member_reported_past_the_resume() -> None:
+    """core/goodput.py: members report how far their trainers got with their new epoch's
+    report; the recovery records the steps the gang redoes (history, Event, metric)."""
+    back = rejoined()
+    for i, reached in enumerate((317, 318, None, 316)):  # member 2's pod kept no records
+        back = with_pod(back, i, progress_step=reached)
+    s, p = step(crashed(), back, now=NOW + 10)
+    rec = p.status.recovery
+    assert rec is not None
+    assert (rec.resume_step, rec.progress_lost) == (200, 118)
+    assert p.status.history[-1]["progressStepsLost"] == 118
+    assert ProgressLost(118) in observe(s, p)
+    [opened] = [a for a in p.actions if isinstance(a, Event) and a.reason == "BarrierOpened"]
+    assert "118 step(s) to redo" in opened.message
+    s, p = step(crashed(), rejoined(), now=NOW + 10)  # nobody reports progress: not known
+    assert p.status.recovery is not None
+    assert p.status.recovery.progress_lost is None
+    assert not [o for o in observe(s, p) if isinstance(o, ProgressLost)]
+    assert progress_steps_lost(with_pod(back, 0, progress_step=150), 200) == 118
+    assert progress_steps_lost([dataclasses.replace(back[0], progress_step=150)], 200) == 0
+    assert progress_steps_lost(back, None) == 318, "from scratch: all of it"

@@ -17,6 +17,7 @@ from jobset_inplace.agent.config import Config
 from jobset_inplace.agent.hang import HangRule
 from jobset_inplace.agent.kubeapi import ApiError, KubeApi
 from jobset_inplace.agent.log import Log
+from jobset_inplace.agent.logic import Open, Report
 from jobset_inplace.agent.probe import BarrierState
 from jobset_inplace.agent.runner import (
     EXIT_REPORT_DEADLINE_S,
@@ -25,7 +26,7 @@ from jobset_inplace.agent.runner import (
     TrainerMonitor,
 )
 from jobset_inplace.trainer import save_checkpoint
-from jobset_inplace.trainer.progress import ProgressReporter
+from jobset_inplace.trainer.progress import ProgressReporter, read_progress
 
 
 class RecordingApi:
@@ -225,3 +226,23 @@ def test_publishes_the_busy_windows_and_retries_without_restarting(tmp_path: Pat
     }
     assert api.patches == [("/api/v1/namespaces/ns/pods/p-0", {"metadata": {"annotations": busy}})]
     assert exits == [], "an advisory signal never restarts the pod"
+
+
+def test_a_new_epochs_report_says_how_far_the_trainers_got_before_it(tmp_path: Path) -> None:
+    """The progress step (core/goodput.py): the newest step this pod's trainers reported
+    progress for, from the records the last epoch left; none, no key; the records are cleared
+    when the new epoch's barrier opens, so the next report cannot repeat them."""
+    m, _, _, _ = monitor(tmp_path)
+    api = RecordingApi()
+    agent = m.agent
+    agent.kube = api  # type: ignore[assignment]
+    agent._report(Report(epoch=2, barrier_closed=True))
+    [(_, first)] = api.patches
+    assert first["metadata"]["annotations"][names.REPORT_PROGRESS_STEP] is None, "no records"
+    ProgressReporter(tmp_path, "trainer")(41)
+    ProgressReporter(tmp_path, "worker-1")(43)
+    agent._report(Report(epoch=3, barrier_closed=True))
+    annotations = api.patches[-1][1]["metadata"]["annotations"]
+    assert (annotations[names.REPORT_EPOCH], annotations[names.REPORT_PROGRESS_STEP]) == ("3", "43")
+    agent._open(Open(epoch=3, resume_step=None))
+    assert read_progress(tmp_path) == {}, "epoch 3's trainers start with no records"
