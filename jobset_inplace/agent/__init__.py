@@ -32,7 +32,8 @@ code. SIGTERM/SIGINT exit 0.
 Protocol (decisions in `jobset_inplace.agent.logic`):
 
 1. Start: remove ``resume.json``; GET the GangState; adopt ``status.epoch``; merge-patch the
-   own pod's annotations ``jobset-inplace.dev/epoch`` and ``jobset-inplace.dev/checkpoint-steps``,
+   own pod's annotations ``jobset-inplace.dev/epoch`` and ``jobset-inplace.dev/checkpoint-steps``
+   (and ``progress-step``, the newest step the trainers' progress records of the epoch before hold),
    and ``jobset-inplace.dev/late-for-epoch`` when the barrier was already open (it restarted
    after the gang had resumed; the controller recovers the gang for it), removed by its next
    report into a closed barrier (nothing else, no other object). Then watch the GangState
