@@ -93,10 +93,12 @@ def test_trainer_crash_restarts_the_gang_in_place_from_one_step(
             assert released == ["1", "2"], log[-3000:]
             assert "imported json,decimal in" in log
             assert not re.search(r"epoch \d+: started ", log), "no epoch started cold"
-    # Training to redo (core/goodput.py), against the trainers' own account: the crashed
-    # trainer logged the step it died at; the others, stopped a moment later, at most a few
-    # 0.2 s steps further (the demo's members are not in lockstep). Its log survives only in
-    # the process scope; the progress records (state volume) in both.
+    # Training to redo (core/goodput.py), against the trainers' own account: at least the
+    # steps the crashed trainer itself had made past the resume step (it logs the step it died
+    # at; its log survives only in the process scope). Not an upper bound here: the demo's
+    # members are not in lockstep as a synchronous trainer's are (the crashed one waited for
+    # its set crash time while the other went on), so the healthy member's progress, which the
+    # figure includes, is ahead of the crashed one's by up to seconds.
     lost = (result.state.get("recovery") or {}).get("progressStepsLost")
     assert lost is not None, result.state.get("recovery")
     if scope != "pod":
@@ -108,11 +110,7 @@ def test_trainer_crash_restarts_the_gang_in_place_from_one_step(
                 trainer_log(kubeconfig, namespace, pod.metadata.name),
             )
         ]
-        assert died_at - result.resume_step <= lost <= died_at - result.resume_step + 3, (
-            lost,
-            died_at,
-            result.resume_step,
-        )
+        assert lost >= died_at - result.resume_step, (lost, died_at, result.resume_step)
     steps = "; ".join(f"+{t:.2f}s {w}" for w, t in result.phases)
     print(
         f"\nreal in-place gang recovery ({scope} scope): crash -> every trainer running "

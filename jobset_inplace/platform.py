@@ -1,5 +1,5 @@
 """What each Kubernetes minor needs for the in-place restart path (upstream facts, from
-``k8s.io/kubernetes`` ``pkg/features/kube_features.go``; checked on v1.35.4 and v1.37.2).
+``k8s.io/kubernetes`` ``pkg/features/kube_features.go``; checked on v1.35.4, v1.36.3 and v1.37.2).
 
 =================================================  ==========  ==========  =========
 feature gate                                       1.35        1.36        1.37
