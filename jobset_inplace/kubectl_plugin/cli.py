@@ -125,17 +125,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_cluster_flags(p)
 
-    p = sub.add_parser("history", help="past recoveries of a JobSet, newest last")
+    p = sub.add_parser(
+        "history",
+        help="past recoveries of a JobSet, newest last",
+        epilog="example:\n  kubectl jobset-inplace history train -n team-a -o yaml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("name", metavar="NAME")
     p.add_argument("-o", "--output", choices=["yaml", "json"], help="output format")
     _add_cluster_flags(p)
 
-    p = sub.add_parser("restart", help="ask for a manual in-place restart of the whole gang")
+    p = sub.add_parser(
+        "restart",
+        help="ask for a manual in-place restart of the whole gang",
+        epilog=(
+            "examples:\n  kubectl jobset-inplace restart train -n team-a\n"
+            "  kubectl jobset-inplace restart train -n team-a --yes   # no question (scripts)"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("name", metavar="NAME")
     p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     _add_cluster_flags(p)
 
-    p = sub.add_parser("enable", help="transform a JobSet manifest for hybrid recovery (offline)")
+    p = sub.add_parser(
+        "enable",
+        help="transform a JobSet manifest for hybrid recovery (offline)",
+        epilog=(
+            "examples:\n  kubectl jobset-inplace enable -f jobset.yaml | kubectl apply -f -\n"
+            "  kubectl jobset-inplace enable -f jobset.yaml --diff"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument(
         "-f", "--filename", required=True, metavar="FILE", help="JobSet YAML, or - for stdin"
     )
@@ -149,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "version",
         help="the plugin's version and the controller's (warns when they differ)",
+        epilog="example:\n  kubectl jobset-inplace version -o yaml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--controller-namespace",
@@ -158,7 +181,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", choices=["yaml", "json"], help="output format")
     _add_cluster_flags(p)
 
-    p = sub.add_parser("doctor", help="check that the cluster can run jobset-inplace")
+    p = sub.add_parser(
+        "doctor",
+        help="check that the cluster can run jobset-inplace, and the install in -n",
+        epilog=(
+            "examples:\n  kubectl jobset-inplace doctor -n team-a\n"
+            "  kubectl jobset-inplace doctor -n team-a --barrier-timeout 10m -o json"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument(
         "--barrier-timeout",
         default="5m",

@@ -1298,3 +1298,17 @@ def test_a_check_the_reader_may_not_make_is_skipped_not_failed() -> None:
     assert checks["Agent permissions"].result == "SKIP"
     assert "not allowed to check" in checks["Agent permissions"].detail
     assert checks["Report channel"].result == "FAIL", "any other API error still fails"
+
+
+@pytest.mark.parametrize(
+    "command", ["list", "status", "history", "restart", "enable", "version", "doctor"]
+)
+def test_every_subcommands_help_has_an_example(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([command, "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "example" in out
+    assert f"kubectl jobset-inplace {command}" in out
