@@ -215,13 +215,14 @@ def test_history(control_plane: ControlPlane, gang: Gang) -> None:
     res = plugin(control_plane, "history", gang.name, namespace=gang.namespace)
     assert res.returncode == ExitCode.OK, res.stderr
     lines = res.stdout.splitlines()
-    assert lines[0].split()[:6] == [
+    assert lines[0].split()[:7] == [
         "EPOCH",
         "CAUSES",
         "IN-PLACE",
         "RECREATED",
         "DURATION",
         "RESUME-STEP",
+        "REDONE",
     ]
     assert lines[1].split() == [
         "2",
@@ -230,6 +231,7 @@ def test_history(control_plane: ControlPlane, gang: Gang) -> None:
         "1",
         "7.2s",
         "100",
+        "-",  # no trainer reported progress in that recovery
         "2026-01-01T09:00:00.000000Z",
     ]
     assert len(lines) == 2
