@@ -16,9 +16,10 @@ from kubernetes import client
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
 from jobset_inplace.core.agent_access import AGENT_BINDING, AGENT_SERVICE_ACCOUNT
-from testbed.controller import gang_state, member_pods
+from testbed.controller import member_pods
 from testbed.demo import (
     assert_recovered_in_place,
+    barrier_opened,
     inject_failure,
     member_uids,
     python_in_trainer,
@@ -125,15 +126,7 @@ def test_a_namespace_nobody_prepared_runs_a_gang_under_its_own_account_confined(
     # and it recovers in place as any gang does
     before = member_uids(kube, namespace, "gang")
     inject_failure(cluster_kubeconfig, namespace, other)
-    st = wait_for(
-        "barrier of epoch 2",
-        lambda: (
-            s
-            if (s := gang_state(kube, namespace, "gang")).get("epoch") == 2 and s.get("barrierOpen")
-            else None
-        ),
-        180,
-    )
+    st = barrier_opened(kube, namespace, "gang", 2)
     assert_recovered_in_place(
         kube, cluster_kubeconfig, namespace, "gang", MEMBERS, state=st, before=before
     )

@@ -10,15 +10,16 @@ from pathlib import Path
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from testbed.controller import gang_state, member_pods
+from testbed.controller import member_pods
 from testbed.demo import (
     assert_recovered_in_place,
+    barrier_opened,
     inject_failure,
     member_uids,
     training_gang,
 )
 from testbed.install import Installation
-from testbed.kube import Clients, wait_for
+from testbed.kube import Clients
 
 pytestmark = pytest.mark.e2e
 
@@ -64,15 +65,7 @@ def test_a_restricted_namespace_gang_recovers_in_place(
         [agent] = [c for c in p.spec.init_containers if c.name == "jobset-inplace-agent"]
         assert agent.security_context.run_as_user == 1000, "the agent runs as the trainer"
     inject_failure(cluster_kubeconfig, namespace, pods["1"].metadata.name)
-    st = wait_for(
-        "barrier of epoch 2",
-        lambda: (
-            s
-            if (s := gang_state(kube, namespace, "gang")).get("epoch") == 2 and s.get("barrierOpen")
-            else None
-        ),
-        180,
-    )
+    st = barrier_opened(kube, namespace, "gang", 2)
     assert_recovered_in_place(
         kube, cluster_kubeconfig, namespace, "gang", MEMBERS, state=st, before=before
     )

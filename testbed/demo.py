@@ -206,6 +206,19 @@ def member_uids(kube: Clients, ns: str, name: str) -> dict[str, str]:
     return {i: p.metadata.uid for i, p in member_pods(kube, ns, name).items()}
 
 
+def barrier_opened(kube: Clients, ns: str, name: str, epoch: int, timeout: float = 180) -> Any:
+    """The gang's GangState status once ``epoch``'s barrier is open (waits up to ``timeout``)."""
+    return wait_for(
+        f"barrier of epoch {epoch}",
+        lambda: (
+            s
+            if (s := gang_state(kube, ns, name)).get("epoch") == epoch and s.get("barrierOpen")
+            else None
+        ),
+        timeout,
+    )
+
+
 def assert_recovered_in_place(
     kube: Clients,
     kubeconfig: Path,

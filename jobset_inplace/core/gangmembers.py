@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobset_inplace import names
+from jobset_inplace.core.gangstate import jobset_owner
 from jobset_inplace.core.model import HISTORY_LIMIT, GangStatus, PodView
 from jobset_inplace.times import parse_time, rfc3339
 
@@ -75,14 +76,7 @@ def members_object(
             "name": meta["name"],
             "namespace": meta["namespace"],
             "labels": {names.JOBSET_NAME_LABEL: meta["name"]},
-            "ownerReferences": [
-                {
-                    "apiVersion": jobset["apiVersion"],
-                    "kind": jobset["kind"],
-                    "name": meta["name"],
-                    "uid": meta["uid"],
-                }
-            ],
+            "ownerReferences": [jobset_owner(jobset)],
         },
         "observedAt": rfc3339(now),
         "members": [

@@ -8,6 +8,7 @@ failing or recreated members of the current recovery by name."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from jobset_inplace import names
@@ -135,6 +136,19 @@ def owned_by(gangstate: dict[str, Any], jobset_uid: str) -> bool:
     return any(o.get("uid") == jobset_uid for o in owners)
 
 
+def jobset_owner(jobset: Mapping[str, Any], *, controller: bool = False) -> dict[str, Any]:
+    """An ownerReference to ``jobset`` (garbage-collected with it); ``controller``: the one
+    controlling owner, which also blocks the JobSet's foreground deletion until it is gone."""
+    meta = jobset["metadata"]
+    ref = {
+        "apiVersion": jobset["apiVersion"],
+        "kind": jobset["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+    }
+    return {**ref, "controller": True, "blockOwnerDeletion": True} if controller else ref
+
+
 def new_gangstate(jobset: dict[str, Any]) -> dict[str, Any]:
     """A GangState for ``jobset`` (same name and namespace), owned by it so that it goes
     away with the JobSet."""
@@ -146,16 +160,7 @@ def new_gangstate(jobset: dict[str, Any]) -> dict[str, Any]:
             "name": meta["name"],
             "namespace": meta["namespace"],
             "labels": {names.JOBSET_NAME_LABEL: meta["name"]},
-            "ownerReferences": [
-                {
-                    "apiVersion": jobset["apiVersion"],
-                    "kind": jobset["kind"],
-                    "name": meta["name"],
-                    "uid": meta["uid"],
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "ownerReferences": [jobset_owner(jobset, controller=True)],
         },
         "spec": {"jobSetName": meta["name"]},
     }
