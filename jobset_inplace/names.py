@@ -74,6 +74,9 @@ REPORT_BUSY_EPOCH: Final = f"{PREFIX}busy-epoch"
 # in the epoch before (their progress records: jobset_inplace.trainer.report_progress): how far
 # training had got, so the controller knows the steps a recovery makes the gang redo.
 REPORT_PROGRESS_STEP: Final = f"{PREFIX}progress-step"
+# ... and the span of that progress: first and newest step and when (goodput accounting: the
+# epoch's pace, when its training began, how much of it a recovery throws away).
+REPORT_PROGRESS_SPAN: Final = f"{PREFIX}progress-span"
 
 # --- The report channel (docs/architecture.md): agents send the reports above to the leader ---
 # What goes over it, as pod annotations do (same keys, same encoding); the straggler windows
@@ -85,6 +88,7 @@ CHANNEL_REPORT_KEYS: Final = (
     REPORT_EXITED,
     REPORT_HUNG,
     REPORT_PROGRESS_STEP,
+    REPORT_PROGRESS_SPAN,
 )
 REPORT_PATH: Final = "/v1/reports"
 DEFAULT_REPORT_PORT: Final = 9444

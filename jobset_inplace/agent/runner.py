@@ -16,7 +16,13 @@ from jobset_inplace.backoff import Backoff, Retries
 from jobset_inplace.trainer import ResumeInfo, clear_resume, write_resume
 from jobset_inplace.trainer.checkpoints import encode_steps, select_steps
 from jobset_inplace.trainer.layouts import Layout
-from jobset_inplace.trainer.progress import clear_progress, encode_busy, read_progress
+from jobset_inplace.trainer.progress import (
+    clear_progress,
+    encode_busy,
+    encode_span,
+    read_progress,
+    span_of,
+)
 
 from .channel import ChannelError, ReportChannel
 from .config import Config
@@ -95,6 +101,7 @@ _POD_REPORT_KEYS = (
     names.REPORT_NEWEST_STEP,
     names.REPORT_BUSY_EPOCH,
     names.REPORT_PROGRESS_STEP,
+    names.REPORT_PROGRESS_SPAN,
 )
 
 
@@ -357,9 +364,12 @@ class Agent:
         report = {names.REPORT_EPOCH: str(action.epoch), names.REPORT_STEPS: encode_steps(steps)}
         # how far this pod's trainers got in the epoch before: their progress records stay on
         # the state volume until this epoch's barrier opens (_open clears them)
-        progress = [p.step for p in read_progress(cfg.state_dir).values()]
-        if progress:
-            report[names.REPORT_PROGRESS_STEP] = str(max(progress))
+        records = read_progress(cfg.state_dir)
+        if records:
+            report[names.REPORT_PROGRESS_STEP] = str(max(p.step for p in records.values()))
+        span = span_of(records)
+        if span is not None:
+            report[names.REPORT_PROGRESS_SPAN] = encode_span(span)
         if not action.barrier_closed:
             # reported into an open barrier: this agent (re)started unseen, and waits
             report[names.REPORT_LATE] = str(action.epoch)

@@ -20,7 +20,7 @@ from jobset_inplace.trainer.checkpoints import (
     parse_canonical_int,
     shorten_repr,
 )
-from jobset_inplace.trainer.progress import decode_busy
+from jobset_inplace.trainer.progress import decode_busy, decode_span
 
 Obj = Mapping[str, Any]
 
@@ -183,6 +183,14 @@ def agent_report(values: Mapping[str, str]) -> tuple[dict[str, Any], str | None]
     exited = _report_number(values, names.REPORT_EXITED, errors)
     hung = _report_number(values, names.REPORT_HUNG, errors)
     progress = _report_number(values, names.REPORT_PROGRESS_STEP, errors)
+    span = None
+    raw_span = values.get(names.REPORT_PROGRESS_SPAN)
+    if raw_span is not None and (span := decode_span(raw_span)) is None:
+        errors.append(
+            f"{names.REPORT_PROGRESS_SPAN}={shorten_repr(raw_span, REPORT_VALUE_SHOWN)} is not "
+            "<first step>@<ms since the epoch>,<newest step>@<ms since the epoch> "
+            "(canonical integers, neither going backwards)"
+        )
     if errors:
         return {}, _capped("; ".join(errors))
     return {
@@ -192,6 +200,7 @@ def agent_report(values: Mapping[str, str]) -> tuple[dict[str, Any], str | None]
         "exited_in_epoch": exited,
         "hung_in_epoch": hung,
         "progress_step": progress,
+        "progress_span": span,
     }, None
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jobset_inplace import names
+from jobset_inplace.core.goodput import Bucket, Ledger
 from jobset_inplace.core.model import Cause, GangStatus, Recovery, ReportEndpoint
 from jobset_inplace.core.statemachine import Edge, Phase
 from jobset_inplace.times import parse_time, rfc3339
@@ -83,7 +84,48 @@ def status_to_dict(s: GangStatus) -> dict[str, Any]:
         "reportEndpoint": None
         if s.report_endpoint is None
         else _endpoint_to_dict(s.report_endpoint),
+        "goodput": _ledger_to_dict(s.goodput),
     }
+
+
+def _seconds(value: float) -> float:
+    return round(value, 3)
+
+
+def _ledger_to_dict(led: Ledger) -> dict[str, Any]:
+    return {
+        "since": rfc3339(led.since),
+        "productiveSeconds": _seconds(led.productive),
+        "badputSeconds": {b.value: _seconds(led.badput.get(b, 0.0)) for b in Bucket},
+        "unmeasuredSeconds": _seconds(led.unmeasured),
+        "stepSeconds": None if led.step_seconds is None else round(led.step_seconds, 6),
+        "training": None
+        if led.training_since is None
+        else {
+            "epoch": led.training_epoch,
+            "since": rfc3339(led.training_since),
+            "resumeStep": led.training_resume,
+            "afterRecovery": led.restarted,
+        },
+    }
+
+
+def _ledger_from_dict(d: Any) -> Ledger:
+    if not isinstance(d, dict):
+        return Ledger()  # a status written before goodput was accounted
+    training = d.get("training") or {}
+    badput = d.get("badputSeconds") or {}
+    return Ledger(
+        since=parse_time(d.get("since")),
+        productive=float(d.get("productiveSeconds") or 0.0),
+        badput={b: float(badput[b.value]) for b in Bucket if badput.get(b.value)},
+        unmeasured=float(d.get("unmeasuredSeconds") or 0.0),
+        step_seconds=d.get("stepSeconds"),
+        training_epoch=training.get("epoch"),
+        training_since=parse_time(training.get("since")),
+        training_resume=training.get("resumeStep"),
+        restarted=bool(training.get("afterRecovery")),
+    )
 
 
 def _endpoint_to_dict(e: ReportEndpoint) -> dict[str, str]:
@@ -126,6 +168,7 @@ def status_from_dict(d: dict[str, Any] | None) -> GangStatus:
         stragglers={k: float(v) for k, v in (d.get("stragglers") or {}).items()},
         straggler_hold_step=d.get("stragglerHoldStep"),
         report_endpoint=_endpoint_from_dict(d.get("reportEndpoint")),
+        goodput=_ledger_from_dict(d.get("goodput")),
     )
 
 

@@ -11,8 +11,10 @@ from enum import StrEnum
 from typing import Any
 
 from jobset_inplace import names
+from jobset_inplace.core.goodput import Ledger
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.core.statemachine import Edge, Phase
+from jobset_inplace.trainer.progress import ProgressSpan
 
 HISTORY_LIMIT = 20
 WAITING_SHOWN = 10  # members named in GangStatus.waiting
@@ -85,6 +87,8 @@ class PodView:
     # with its report of an epoch: the newest step its trainers reported progress for in the
     # epoch before (None: no progress records)
     progress_step: int | None = None
+    # ... and their span: first and newest step and when (None: their records do not say)
+    progress_span: ProgressSpan | None = None
     # the epoch of the report its agent wrote on the pod (None: nothing on the pod); with a
     # report channel served, a report there means the channel failed that agent
     pod_report_epoch: int | None = None
@@ -206,6 +210,8 @@ class GangStatus:
     straggler_hold_step: int | None = None
     # the report channel the agents use (None: they write their reports on their pods)
     report_endpoint: ReportEndpoint | None = None
+    # goodput accounting up to the running epoch's barrier (core.goodput)
+    goodput: Ledger = field(default_factory=Ledger)
 
 
 @dataclass(frozen=True)

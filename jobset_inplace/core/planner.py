@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 from jobset_inplace import names
+from jobset_inplace.core import goodput
 from jobset_inplace.core.gangstate import progress_only, progress_write_interval
 from jobset_inplace.core.goodput import progress_steps_lost
 from jobset_inplace.core.model import (
@@ -513,9 +514,11 @@ class _Planning:
     # -- JobSet-level edges --
     def jobset_failed(self) -> None:
         self.go(Edge.JOBSET_FAILED, "JobSetFailed", "the JobSet failed after escalation")
+        self.st.goodput = goodput.training_ended(self.st.goodput, self.s.now, kept=False)
 
     def jobset_finished(self) -> None:
         self.go(Edge.JOBSET_FINISHED, self.st.reason, self.st.message)
+        self.st.goodput = goodput.training_ended(self.st.goodput, self.s.now, kept=True)
 
     def stood_down(self) -> None:
         gang, st = self.s.gang, self.st
@@ -523,6 +526,7 @@ class _Planning:
         self.go(Edge.STOOD_DOWN, "Kueue" if gang.kueue_stand_down else "Suspended", why)
         st.barrier_open = False
         st.recovery = None  # an in-flight recovery is cancelled, not resumed later
+        st.goodput = goodput.training_ended(st.goodput, self.s.now, kept=False)
         self.event("StoodDown", f"{why}: recovery stands down")
 
     def resumed(self) -> None:
@@ -799,6 +803,8 @@ class _Planning:
         rec.opened = self.s.now
         rec.resume_step = step
         rec.progress_lost = progress_steps_lost(joined, step)
+        spans = [pod.progress_span for pod in joined if pod.progress_span is not None]
+        st.goodput = goodput.barrier_opened(st.goodput, rec, spans)
         if rec.causes:
             st.history.append(_summary(rec))
             del st.history[:-HISTORY_LIMIT]

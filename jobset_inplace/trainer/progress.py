@@ -3,7 +3,8 @@
 A trainer calls :func:`report_progress` once per step (or keeps a :class:`ProgressReporter`).
 Each new step rewrites one small file in the shared state directory,
 ``$JSI_STATE_DIR/progress-<name>.json`` = ``{"step": <int>, "at": <unix seconds>}`` (and
-``"busyS"``: busy seconds summed over the steps, for straggler detection), atomically
+``"busyS"``: busy seconds summed over the steps, for straggler detection; ``"firstStep"`` and
+``"firstAt"``: the first step this trainer reported and when, for goodput), atomically
 (a temporary file renamed over it); ``<name>`` is ``$JSI_CONTAINER_NAME`` (set on every main
 container), so several trainer containers of one pod keep one record each. No API request, no
 lock: a rename on the pod's local volume. The agent reads the records (:func:`read_progress`)
@@ -19,6 +20,7 @@ import functools
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,12 +31,16 @@ __all__ = [
     "DEFAULT_NAME",
     "Progress",
     "ProgressReporter",
+    "ProgressSpan",
     "clear_progress",
     "decode_busy",
+    "decode_span",
     "encode_busy",
+    "encode_span",
     "progress_file",
     "read_progress",
     "report_progress",
+    "span_of",
 ]
 
 PREFIX, SUFFIX = "progress-", ".json"
@@ -48,6 +54,10 @@ class Progress:
     # Seconds the trainer was busy (not waiting in collectives) over all the steps it reported
     # so far; None if it does not say (straggler detection needs it).
     busy: float | None = None
+    # The first step this trainer reported and when (None: its writer does not say): with
+    # ``step`` and ``at``, the trainer's pace over its epoch (goodput accounting).
+    first_step: int | None = None
+    first_at: float | None = None
 
 
 def progress_file(state_dir: Path, name: str) -> Path:
@@ -81,8 +91,22 @@ def read_progress(state_dir: Path) -> dict[str, Progress]:
         busy = doc.get("busyS")
         if isinstance(busy, bool) or not isinstance(busy, int | float) or not 0 <= busy < 1e15:
             busy = None  # absent or malformed: the record still counts as progress
+        first_step, first_at = doc.get("firstStep"), doc.get("firstAt")
+        if not (
+            isinstance(first_step, int)
+            and not isinstance(first_step, bool)
+            and 0 <= first_step <= step
+            and not isinstance(first_at, bool)
+            and isinstance(first_at, int | float)
+            and first_at <= at
+        ):
+            first_step = first_at = None  # absent or inconsistent: no pace from this record
         out[name[len(PREFIX) : -len(SUFFIX)]] = Progress(
-            step, float(at), None if busy is None else float(busy)
+            step,
+            float(at),
+            None if busy is None else float(busy),
+            first_step,
+            None if first_at is None else float(first_at),
         )
     return out
 
@@ -118,6 +142,70 @@ def decode_busy(text: str) -> tuple[int, ...] | None:
     return None if any(v is None for v in values) else tuple(v for v in values if v is not None)
 
 
+@dataclass(frozen=True)
+class ProgressSpan:
+    """How far a pod's trainers got in one epoch and at what pace, as its agent reports it
+    with its next epoch (``jobset-inplace.dev/progress-span``): the first step they reported
+    and when, the newest and when (seconds since the epoch, to the millisecond)."""
+
+    first_step: int
+    first_at: float
+    last_step: int
+    last_at: float
+
+    @property
+    def step_seconds(self) -> float | None:
+        """Seconds per step over the span (None: a single step, no pace)."""
+        if self.last_step <= self.first_step:
+            return None
+        return (self.last_at - self.first_at) / (self.last_step - self.first_step)
+
+
+def span_of(records: Mapping[str, Progress]) -> ProgressSpan | None:
+    """The pod's span from its trainers' records (those that say where they started): from
+    the earliest first step to the newest step (None: no such record)."""
+    spanned = [r for r in records.values() if r.first_step is not None and r.first_at is not None]
+    if not spanned:
+        return None
+    first = min(spanned, key=lambda r: (r.first_at, r.first_step))
+    last = max(spanned, key=lambda r: (r.step, r.at))
+    assert first.first_step is not None
+    assert first.first_at is not None
+    if last.step < first.first_step or last.at < first.first_at:
+        return None  # trainers that disagree (a clock step): no pace rather than a wrong one
+    return ProgressSpan(first.first_step, first.first_at, last.step, last.at)
+
+
+# The span's encoding: "<first step>@<first at ms>,<last step>@<last at ms>", canonical
+# integers, times in milliseconds since the epoch.
+MAX_SPAN_MS = 10**14  # year 5138: bounds what a report may claim
+
+
+def encode_span(span: ProgressSpan) -> str:
+    first_ms, last_ms = round(span.first_at * 1000), round(span.last_at * 1000)
+    return f"{span.first_step}@{first_ms},{span.last_step}@{last_ms}"
+
+
+def decode_span(text: str) -> ProgressSpan | None:
+    """The span of a report; None if it is not in the form above, or runs backwards."""
+    ends = text.split(",")
+    if len(ends) != 2:
+        return None
+    parsed: list[tuple[int, int]] = []
+    for end in ends:
+        parts = end.split("@")
+        if len(parts) != 2:
+            return None
+        step, ms = parse_canonical_int(parts[0]), parse_canonical_int(parts[1], MAX_SPAN_MS)
+        if step is None or ms is None:
+            return None
+        parsed.append((step, ms))
+    (first_step, first_ms), (last_step, last_ms) = parsed
+    if last_step < first_step or last_ms < first_ms:
+        return None
+    return ProgressSpan(first_step, first_ms / 1000, last_step, last_ms / 1000)
+
+
 class ProgressReporter:
     """Writes the progress record when the step changes (calls with the same step are free,
     but for adding their ``busy_s``)."""
@@ -127,6 +215,7 @@ class ProgressReporter:
         self.path = progress_file(directory, name or os.environ.get(ENV_CONTAINER) or DEFAULT_NAME)
         self.step: int | None = None
         self.busy: float | None = None  # the sum of the busy_s given so far
+        self.first: tuple[int, float] | None = None  # the first step written, and when
 
     def __call__(self, step: int, busy_s: float | None = None) -> None:
         if not is_int(step) or not 0 <= step <= MAX_STEP:
@@ -139,7 +228,11 @@ class ProgressReporter:
             self.busy = (self.busy or 0.0) + busy_s
         if step == self.step:
             return
-        doc: dict[str, float] = {"step": step, "at": round(time.time(), 3)}
+        at = round(time.time(), 3)
+        if self.first is None:
+            self.first = (step, at)
+        doc: dict[str, float] = {"step": step, "at": at}
+        doc["firstStep"], doc["firstAt"] = self.first
         if self.busy is not None:
             doc["busyS"] = round(self.busy, 6)
         tmp = self.path.with_name(f".{self.path.name}.tmp")

@@ -17,6 +17,7 @@ from jobset_inplace.core.gangstate import (
     status_from_dict,
     status_to_dict,
 )
+from jobset_inplace.core.goodput import Bucket, Ledger
 from jobset_inplace.core.model import Cause, GangStatus, Recovery, ReportEndpoint
 from jobset_inplace.core.statemachine import Edge, Phase
 
@@ -86,6 +87,17 @@ def full_status() -> GangStatus:
         stragglers={"workers/2/0": 1.8},
         straggler_hold_step=4300,
         report_endpoint=ReportEndpoint("https://10.244.0.1:9444/v1/reports", "ab" * 32, "c0ffee"),
+        goodput=Ledger(
+            since=T0 - 3600.5,
+            productive=3000.25,
+            badput={b: 1.5 + i for i, b in enumerate(Bucket)},
+            unmeasured=12.125,
+            step_seconds=0.5,
+            training_epoch=7,
+            training_since=T0 + 12.015625,
+            training_resume=4200,
+            restarted=True,
+        ),
     )
 
 
@@ -97,7 +109,8 @@ def round_trip(s: GangStatus) -> GangStatus:
 def test_fully_populated_status_survives_the_round_trip() -> None:
     s = full_status()
     assert s.recovery is not None
-    for obj, default in ((s, GangStatus()), (s.recovery, Recovery(0, 0.0, 0.0))):
+    defaults = ((s, GangStatus()), (s.recovery, Recovery(0, 0.0, 0.0)), (s.goodput, Ledger()))
+    for obj, default in defaults:
         same = [
             f.name
             for f in dataclasses.fields(obj)

@@ -11,9 +11,13 @@ from jobset_inplace.agent.hang import HangRule, HangWatch, Hung
 from jobset_inplace.trainer.progress import (
     Progress,
     ProgressReporter,
+    ProgressSpan,
     clear_progress,
+    decode_span,
+    encode_span,
     progress_file,
     read_progress,
+    span_of,
 )
 
 
@@ -127,7 +131,8 @@ def test_reporter_sums_the_busy_times(tmp_path: Path) -> None:
     report(2, busy_s=0.5)
     report(2, busy_s=0.25)  # a same-step call adds, for the next write
     report(3, busy_s=1)
-    assert read_progress(tmp_path)["t"] == Progress(3, read_progress(tmp_path)["t"].at, 1.75)
+    record = read_progress(tmp_path)["t"]
+    assert record == Progress(3, record.at, 1.75, 1, record.first_at)
     for bad in [-1.0, float("nan"), True, "1"]:
         with pytest.raises(ValueError, match="busy_s must be seconds"):
             report(4, busy_s=bad)  # type: ignore[arg-type]
@@ -160,3 +165,40 @@ def test_read_progress_leaves_out_what_is_not_a_record(tmp_path: Path) -> None:
     clear_progress(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["launcher-a.json", "resume.json"]
     clear_progress(tmp_path / "missing")
+
+
+def test_a_record_says_where_its_trainer_started(tmp_path: Path) -> None:
+    """firstStep/firstAt (goodput: the trainer's pace over its epoch); a record whose start is
+    missing or inconsistent still counts as progress, without a start."""
+    report = ProgressReporter(tmp_path, "t")
+    report(7)
+    first = read_progress(tmp_path)["t"]
+    report(9)
+    record = read_progress(tmp_path)["t"]
+    assert (record.first_step, record.first_at) == (7, first.at)
+    bads: list[dict[str, object]] = [
+        {"firstStep": 8},
+        {"firstStep": 10, "firstAt": 1},
+        {"firstStep": 1, "firstAt": 9},
+        {"firstStep": True, "firstAt": 1},
+        {"firstStep": 1, "firstAt": "1"},
+    ]
+    for bad in bads:
+        (tmp_path / "progress-x.json").write_text(json.dumps({"step": 9, "at": 5, **bad}))
+        assert read_progress(tmp_path)["x"] == Progress(9, 5.0), bad
+
+
+def test_the_span_of_a_pods_trainers_and_its_encoding() -> None:
+    records = {
+        "a": Progress(20, 30.0, None, 11, 10.5),
+        "b": Progress(21, 30.5, None, 11, 10.0),
+        "c": Progress(5, 3.0),  # says nothing of its start: left out
+    }
+    span = span_of(records)
+    assert span == ProgressSpan(11, 10.0, 21, 30.5)
+    assert span.step_seconds == pytest.approx(2.05)
+    assert decode_span(encode_span(span)) == span
+    assert span_of({"c": Progress(5, 3.0)}) is None
+    assert ProgressSpan(3, 1.0, 3, 1.0).step_seconds is None
+    for bad in ["", "1@2", "1@2,3", "1@2,3@4,5@6", "a@1,2@3", "1@-1,2@3", "3@1,2@3", "1@3,2@1"]:
+        assert decode_span(bad) is None, bad

@@ -20,6 +20,7 @@ from jobset_inplace.core.model import (
 )
 from jobset_inplace.core.planner import plan
 from jobset_inplace.core.statemachine import Phase
+from jobset_inplace.trainer.progress import ProgressSpan
 
 from .gangs import NOW, pods, running, snapshot, with_pod
 
@@ -36,7 +37,13 @@ def view(**fields: object) -> PodView:
 
 def test_a_channel_report_decodes_like_the_annotations() -> None:
     fields, error = agent_report(
-        report(**{names.REPORT_EXITED: "3", names.REPORT_PROGRESS_STEP: "217"})
+        report(
+            **{
+                names.REPORT_EXITED: "3",
+                names.REPORT_PROGRESS_STEP: "217",
+                names.REPORT_PROGRESS_SPAN: "101@1790000000250,217@1790000058250",
+            }
+        )
     )
     assert error is None
     assert fields == {
@@ -46,6 +53,7 @@ def test_a_channel_report_decodes_like_the_annotations() -> None:
         "exited_in_epoch": 3,
         "hung_in_epoch": None,
         "progress_step": 217,
+        "progress_span": ProgressSpan(101, 1_790_000_000.25, 217, 1_790_000_058.25),
     }
     _, error = agent_report(report(**{names.REPORT_PROGRESS_STEP: "-1"}))
     assert error is not None
@@ -59,6 +67,11 @@ def test_a_channel_report_decodes_like_the_annotations() -> None:
         (names.REPORT_EPOCH, "03", "is not an integer"),
         (names.REPORT_STEPS, "200,x", names.REPORT_STEPS),
         (names.REPORT_HUNG, "-1", "is not an integer"),
+        (names.REPORT_PROGRESS_SPAN, "101@5", "<first step>@<ms since the epoch>"),
+        (names.REPORT_PROGRESS_SPAN, "101@5,100@6", "neither going backwards"),
+        (names.REPORT_PROGRESS_SPAN, "1@6,2@5", "neither going backwards"),
+        (names.REPORT_PROGRESS_SPAN, "1@05,2@6", "canonical integers"),
+        (names.REPORT_PROGRESS_SPAN, "1@5,2@" + "9" * 15, "canonical integers"),
     ],
 )
 def test_a_malformed_report_names_the_field_and_sets_nothing(key: str, raw: str, says: str) -> None:

@@ -26,7 +26,7 @@ from jobset_inplace.agent.runner import (
     TrainerMonitor,
 )
 from jobset_inplace.trainer import save_checkpoint
-from jobset_inplace.trainer.progress import ProgressReporter, read_progress
+from jobset_inplace.trainer.progress import ProgressReporter, decode_span, read_progress
 
 
 class RecordingApi:
@@ -239,10 +239,20 @@ def test_a_new_epochs_report_says_how_far_the_trainers_got_before_it(tmp_path: P
     agent._report(Report(epoch=2, barrier_closed=True))
     [(_, first)] = api.patches
     assert first["metadata"]["annotations"][names.REPORT_PROGRESS_STEP] is None, "no records"
-    ProgressReporter(tmp_path, "trainer")(41)
-    ProgressReporter(tmp_path, "worker-1")(43)
+    assert first["metadata"]["annotations"][names.REPORT_PROGRESS_SPAN] is None
+    trainer, worker = ProgressReporter(tmp_path, "trainer"), ProgressReporter(tmp_path, "worker-1")
+    trainer(40)
+    worker(39)
+    trainer(41)
+    worker(43)
     agent._report(Report(epoch=3, barrier_closed=True))
     annotations = api.patches[-1][1]["metadata"]["annotations"]
     assert (annotations[names.REPORT_EPOCH], annotations[names.REPORT_PROGRESS_STEP]) == ("3", "43")
+    # the span: from the earliest first step of the pod's trainers to the newest step
+    span = decode_span(annotations[names.REPORT_PROGRESS_SPAN])
+    records = read_progress(tmp_path)
+    assert span is not None
+    assert (span.first_step, span.last_step, span.last_at) == (40, 43, records["worker-1"].at)
+    assert span.first_at == records["trainer"].first_at
     agent._open(Open(epoch=3, resume_step=None))
     assert read_progress(tmp_path) == {}, "epoch 3's trainers start with no records"

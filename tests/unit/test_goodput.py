@@ -1,0 +1,181 @@
+"""Goodput by time (core.goodput): a gang's time split into productive seconds and badput by
+bucket, epoch by epoch, from the recoveries' times and the trainers' progress spans."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jobset_inplace.core.goodput import Bucket, Ledger, barrier_opened, live, training_ended
+from jobset_inplace.core.model import Cause, Recovery
+from jobset_inplace.trainer.progress import ProgressSpan
+
+T0 = 1_790_000_000.0
+
+
+def start(opened: float, began: float = 0.0) -> Recovery:
+    """The gang's first epoch: seen at ``began``, every member joined at ``opened``."""
+    return Recovery(1, T0 + began, T0 + 300, opened=T0 + opened)
+
+
+def failure(
+    epoch: int, signal: float, started: float, opened: float, resume: int | None
+) -> Recovery:
+    return Recovery(
+        epoch,
+        T0 + started,
+        T0 + 300,
+        causes={"w/0/0": Cause.TRAINER_EXITED},
+        opened=T0 + opened,
+        resume_step=resume,
+        first_signal=Cause.TRAINER_EXITED,
+        first_signal_at=T0 + signal,
+    )
+
+
+def span(first: int, first_at: float, last: int, last_at: float) -> ProgressSpan:
+    return ProgressSpan(first, T0 + first_at, last, T0 + last_at)
+
+
+def test_a_worked_timeline_splits_every_second() -> None:
+    # Epoch 1: seen at 0, barrier at 10; the trainer starts, 0.5 s per step, step 1 done at 13
+    # (training began at 12.5: 2.5 s of startup), step 60 at 42.5; it crashes at 43 (first
+    # signal), the recovery starts at 43.2 and opens at 45 resuming from step 50 (steps 51..60
+    # and the half step in flight are thrown away). Epoch 2 resumes: step 51 done at 48 (training
+    # began at 47.5: 2.5 s of restore).
+    led = barrier_opened(Ledger(), start(opened=10), [])
+    assert led.since == T0
+    assert led.badput == {Bucket.SCHEDULING: 10}
+    assert (led.training_epoch, led.training_since, led.restarted) == (1, T0 + 10, False)
+    members = [span(1, 13, 60, 42.5), span(1, 13.01, 59, 42.0)]
+    led = barrier_opened(led, failure(2, signal=43, started=43.2, opened=45, resume=50), members)
+    assert led.step_seconds == pytest.approx(0.5)
+    assert led.productive == pytest.approx(25.0)  # steps 1..50 at 0.5 s
+    assert led.badput == pytest.approx(
+        {
+            Bucket.SCHEDULING: 10,
+            Bucket.STARTUP: 2.5,
+            Bucket.WASTED_PROGRESS: 5.5,  # steps 51..60 and the 0.5 s of step 61
+            Bucket.DETECTION: 0.2,
+            Bucket.RECOVERY: 1.8,
+        }
+    )
+    assert (led.training_epoch, led.training_resume, led.restarted) == (2, 50, True)
+    # every second from the start to the barrier is in one place
+    assert led.productive + led.badput_total == pytest.approx(45.0)
+    now = live(led, T0 + 55)
+    assert now.running == pytest.approx(10)
+    assert now.ratio == pytest.approx(35 / 55)
+    # epoch 2 ends with a second failure; its span starts after a 2.5 s restore
+    led = barrier_opened(
+        led, failure(3, signal=70, started=70.5, opened=72, resume=90), [span(51, 48, 94, 69.5)]
+    )
+    assert led.badput[Bucket.RESTORE] == pytest.approx(2.5)
+    assert led.productive == pytest.approx(25.0 + 20.0)  # steps 51..90
+    assert led.badput[Bucket.WASTED_PROGRESS] == pytest.approx(5.5 + 2.5)  # 91..94, in flight
+    assert led.productive + led.badput_total + led.unmeasured == pytest.approx(72.0)
+
+
+def test_an_epoch_without_spans_is_unmeasured_and_left_out_of_the_ratio() -> None:
+    led = barrier_opened(Ledger(), start(opened=10), [])
+    led = barrier_opened(led, failure(2, 40, 41, 42, resume=None), [])
+    assert led.unmeasured == pytest.approx(30)
+    assert led.productive == 0
+    assert led.badput == pytest.approx(
+        {Bucket.SCHEDULING: 10, Bucket.DETECTION: 1, Bucket.RECOVERY: 1}
+    )
+    assert live(led, T0 + 42).ratio == 0.0
+    assert live(Ledger(), T0).ratio is None, "nothing measured: no ratio"
+
+
+def test_a_span_of_an_older_epoch_is_not_taken_for_the_ended_one() -> None:
+    # a member whose records are from before this epoch's barrier (10 s) does not count
+    led = barrier_opened(Ledger(), start(opened=10), [])
+    stale = span(1, 2, 400, 8)
+    led = barrier_opened(led, failure(2, 40, 41, 42, resume=None), [stale])
+    assert led.unmeasured == pytest.approx(30)
+
+
+def test_from_scratch_every_step_is_wasted() -> None:
+    led = barrier_opened(Ledger(), start(opened=10), [])
+    led = barrier_opened(led, failure(2, 40, 41, 42, resume=None), [span(1, 11, 50, 35.5)])
+    assert led.productive == 0
+    assert led.badput[Bucket.STARTUP] == pytest.approx(0.5)
+    assert led.badput[Bucket.WASTED_PROGRESS] == pytest.approx(29.5)
+
+
+def test_a_single_step_uses_the_pace_measured_before() -> None:
+    led = Ledger(step_seconds=2.0, training_epoch=3, training_since=T0)
+    led = replace(led, training_resume=10, restarted=True)
+    led = barrier_opened(led, failure(4, 7, 7, 8, resume=11), [span(11, 5, 11, 5)])
+    assert led.badput[Bucket.RESTORE] == pytest.approx(3.0)  # step 11 took 2 s, done at 5
+    assert led.productive == pytest.approx(2.0)
+    # no pace at all: unmeasured rather than a guess
+    fresh = Ledger(training_epoch=3, training_since=T0, training_resume=10)
+    fresh = barrier_opened(fresh, failure(4, 7, 7, 8, resume=11), [span(11, 5, 11, 5)])
+    assert fresh.unmeasured == pytest.approx(7)
+    assert fresh.productive == 0
+
+
+def test_the_end_of_training() -> None:
+    led = barrier_opened(Ledger(), start(opened=10), [])
+    done = training_ended(led, T0 + 70, kept=True)
+    assert done.productive == pytest.approx(60)
+    assert done.training_since is None
+    assert training_ended(done, T0 + 80, kept=True) == done, "once"
+    gone = training_ended(led, T0 + 70, kept=False)
+    assert gone.unmeasured == pytest.approx(60)
+    assert gone.productive == 0
+    # after a suspension the gang starts again: scheduling, not a recovery
+    again = barrier_opened(gone, Recovery(2, T0 + 100, T0 + 400, opened=T0 + 104), [])
+    assert again.badput[Bucket.SCHEDULING] == pytest.approx(14)
+    assert again.since == T0
+    assert not again.restarted
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0.1, 30),  # training time before the failure
+            st.floats(0, 5),  # detection
+            st.floats(0, 30),  # recovery
+            st.floats(0, 5),  # restore/startup before the first step
+            st.floats(0.05, 2),  # step seconds
+            st.integers(0, 3),  # how many checkpoints back the gang resumes (0: newest)
+            st.booleans(),  # spans reported
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_every_second_is_accounted_exactly_once(epochs: list[tuple]) -> None:  # type: ignore[type-arg]
+    """Whatever the timeline, productive + badput + unmeasured is the time from the start to
+    the newest barrier, each part is >= 0, and productive never exceeds the steps kept."""
+    led = barrier_opened(Ledger(), start(opened=5), [])
+    t, resume, epoch = 5.0, 0, 1
+    for training, detect, recover, warm, pace, back, spans in epochs:
+        first_at = t + min(warm, training)
+        steps = max(0, int((t + training - first_at) / pace))
+        reported = (
+            [span(resume + 1, first_at + pace, resume + 1 + steps, first_at + pace * (steps + 1))]
+            if spans and t + training >= first_at + pace * (steps + 1)
+            else []
+        )
+        newest = resume + 1 + steps if reported else resume
+        next_resume = max(resume, newest - 10 * back) if reported else resume
+        signal = t + training
+        epoch += 1
+        rec = failure(
+            epoch, signal, signal + detect, signal + detect + recover, next_resume or None
+        )
+        before, resume_before = led.productive, resume
+        led = barrier_opened(led, rec, reported)
+        t, resume = signal + detect + recover, next_resume
+        assert led.productive - before <= (next_resume - resume_before) * pace + 1e-6
+        assert all(v >= 0 for v in led.badput.values())
+    total = led.productive + led.badput_total + led.unmeasured
+    assert total == pytest.approx(t - 0.0, abs=1e-6)
