@@ -11,6 +11,7 @@ the runtime (it follows the leader Lease, or is set once without an election).""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, assert_never
 
@@ -25,6 +26,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from jobset_inplace.core import goodput
 from jobset_inplace.core.statemachine import Phase
 from jobset_inplace.core.telemetry import (
     Escalated,
@@ -71,7 +73,8 @@ class GangCollector(Collector):
         yield from self._families()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        phases, budgets, slow, on_pod = self._families()
+        phases, budgets, slow, on_pod, ratio, productive, badput = self._families()
+        now = time.time()
         counts = dict.fromkeys(Phase, 0)
         # a scrape runs on another thread than the event loop that changes the cache: tuple()
         # copies the dict's values in one step under the GIL, and each gang's status and policy
@@ -86,17 +89,25 @@ class GangCollector(Collector):
             if policy.straggler_factor is not None:
                 slow.add_metric(list(gang.key), len(status.stragglers))
             on_pod.add_metric(list(gang.key), status.on_pod)
+            if status.goodput.since is not None:
+                account = goodput.live(status.goodput, now)
+                if account.ratio is not None:
+                    ratio.add_metric(list(gang.key), account.ratio)
+                productive.add_metric(list(gang.key), account.productive)
+                for bucket in goodput.Bucket:
+                    badput.add_metric([*gang.key, bucket.value], account.badput.get(bucket, 0.0))
         for phase, n in counts.items():
             phases.add_metric([phase.value], n)
         yield phases
         yield budgets
         yield slow
         yield on_pod
+        yield ratio
+        yield productive
+        yield badput
 
     @staticmethod
-    def _families() -> tuple[
-        GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily
-    ]:
+    def _families() -> tuple[GaugeMetricFamily, ...]:
         return (
             GaugeMetricFamily(
                 f"{PREFIX}gangs", "Opted-in gangs by phase of their GangState.", labels=["phase"]
@@ -116,6 +127,27 @@ class GangCollector(Collector):
                 "Members of a gang whose report of this epoch is on their pods although the "
                 "leader serves a report channel (the channel failed them).",
                 labels=["namespace", "jobset"],
+            ),
+            # gauges, not counters: when an epoch ends, its running time (counted productive
+            # until then) is split into productive, restore and wasted progress, so productive
+            # can go down; their sum (the gang's measured time) only grows, and a window's
+            # goodput is delta(productive) / delta(productive + badput) (docs/metrics.md)
+            GaugeMetricFamily(
+                f"{PREFIX}gang_goodput_ratio",
+                "A gang's productive share of its measured time since it first started.",
+                labels=["namespace", "jobset"],
+            ),
+            GaugeMetricFamily(
+                f"{PREFIX}gang_productive_seconds",
+                "A gang's training time on steps that are kept (the running epoch's training "
+                "counted until it ends).",
+                labels=["namespace", "jobset"],
+            ),
+            GaugeMetricFamily(
+                f"{PREFIX}gang_badput_seconds",
+                "A gang's time lost, by bucket: scheduling, startup, detection, recovery, "
+                "restore, wastedProgress.",
+                labels=["namespace", "jobset", "bucket"],
             ),
         )
 

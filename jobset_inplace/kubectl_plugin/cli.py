@@ -280,7 +280,7 @@ def _duration(flag: str, value: str) -> float:
 
 
 def cmd_list(c: Cluster, args: argparse.Namespace, out: IO[str]) -> ExitCode:
-    doc = render.list_document(c.gangstates(all_namespaces=args.all_namespaces))
+    doc = render.list_document(c.gangstates(all_namespaces=args.all_namespaces), time.time())
     if args.output:
         out.write(render.dump(doc, args.output))
     else:

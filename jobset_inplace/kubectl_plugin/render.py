@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from jobset_inplace import names
+from jobset_inplace.core import goodput
 from jobset_inplace.core.decode import (
     MEMBER_LABELS,
     condition,
@@ -295,8 +296,44 @@ def status_document(
         "restartScope": policy.restart_scope.value if policy else None,
         "policyError": policy_error,
         "lastRecovery": _last_recovery(rec, now),
+        "goodput": _goodput(s.goodput, now),
         "memberPods": member_pods,
     }
+
+
+def _goodput(led: goodput.Ledger, now: float) -> dict[str, Any] | None:
+    """The gang's goodput as of ``now`` (None: it has not started)."""
+    if led.since is None:
+        return None
+    account = goodput.live(led, now)
+    return {
+        "ratio": None if account.ratio is None else round(account.ratio, 4),
+        "since": rfc3339(led.since),
+        "productiveSeconds": round(account.productive, 3),
+        "badputSeconds": {b.value: round(account.badput.get(b, 0.0), 3) for b in goodput.Bucket},
+        "unmeasuredSeconds": round(led.unmeasured, 3),
+        "runningSeconds": round(account.running, 3),
+        "stepSeconds": led.step_seconds,
+    }
+
+
+def fmt_ratio(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio * 100:.1f}%"
+
+
+def fmt_goodput(g: Mapping[str, Any]) -> str:
+    """``93.1% of 2h05m (badput: recovery 4m02s, wastedProgress 2m10s, ...)``."""
+    measured = g["productiveSeconds"] + sum(g["badputSeconds"].values())
+    ratio = fmt_ratio(g["ratio"])
+    lost = [
+        f"{bucket} {fmt_duration(v)}"
+        for bucket, v in sorted(g["badputSeconds"].items(), key=lambda kv: -kv[1])
+        if v >= 0.05
+    ]
+    text = f"{ratio} of {fmt_duration(measured)} (badput: {', '.join(lost) or 'none'})"
+    if g["unmeasuredSeconds"]:
+        text += f"; {fmt_duration(g['unmeasuredSeconds'])} unmeasured (no progress reported)"
+    return text
 
 
 def _fmt_budget(b: Mapping[str, Any]) -> str:
@@ -378,6 +415,8 @@ def render_status(doc: Mapping[str, Any], *, wide: bool = False) -> str:
             rows.append(("  Resume step:", fmt_value(rec["resumeStep"])))
         if rec.get("progressStepsLost") is not None:
             rows.append(("  Steps to redo:", f"{rec['progressStepsLost']} (trainers' progress)"))
+    if doc.get("goodput"):
+        rows.append(("Goodput:", fmt_goodput(doc["goodput"])))
     w = max(len(k) for k, _ in rows)
     out = "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows) + "\n"
     if wide:
@@ -466,9 +505,9 @@ def render_history(doc: Mapping[str, Any]) -> str:
 
 
 # --- list ----------------------------------------------------------------------------------------
-def list_document(gangstates: Sequence[Obj]) -> dict[str, Any]:
-    """One row per GangState (its JobSet's gang), sorted by namespace and name. A GangState
-    whose status cannot be read is listed with its error, not dropped."""
+def list_document(gangstates: Sequence[Obj], now: float) -> dict[str, Any]:
+    """One row per GangState (its JobSet's gang), sorted by namespace and name, as of ``now``.
+    A GangState whose status cannot be read is listed with its error, not dropped."""
     rows = []
     for gs in gangstates:
         meta = gs.get("metadata") or {}
@@ -489,6 +528,9 @@ def list_document(gangstates: Sequence[Obj]) -> dict[str, Any]:
             "lastRecoverySeconds": None
             if rec is None or rec.duration is None
             else round(rec.duration, 3),
+            "goodputRatio": None
+            if st is None or st.goodput.since is None
+            else goodput.live(st.goodput, now).ratio,
         }
         rows.append(row)
     rows.sort(key=lambda r: (str(r["namespace"]), str(r["name"])))
@@ -499,10 +541,11 @@ def render_list(doc: Mapping[str, Any], *, all_namespaces: bool) -> str:
     if not doc["gangs"]:
         return "No gangs found.\n"
     head = ["NAME", "PHASE", "EPOCH", "BARRIER", "STEP", "IN-PLACE", "RECREATED", "LAST-RECOVERY"]
+    head.append("GOODPUT")
     rows = [["NAMESPACE", *head] if all_namespaces else head]
     for g in doc["gangs"]:
         if "error" in g:
-            cells = [fmt_value(g["name"]), "?", "-", "-", "-", "-", "-", g["error"]]
+            cells = [fmt_value(g["name"]), "?", "-", "-", "-", "-", "-", "-", g["error"]]
         else:
             barrier = {True: "open", False: "closed", None: "-"}[g["barrierOpen"]]
             cells = [
@@ -514,6 +557,7 @@ def render_list(doc: Mapping[str, Any], *, all_namespaces: bool) -> str:
                 str(g["inPlaceUsed"]),
                 str(g["recreateUsed"]),
                 fmt_duration(g["lastRecoverySeconds"]),
+                fmt_ratio(g["goodputRatio"]),
             ]
         rows.append([fmt_value(g["namespace"]), *cells] if all_namespaces else cells)
     return table(rows) + "\n"

@@ -252,9 +252,10 @@ def test_list_in_the_namespace_and_across_namespaces(
         "IN-PLACE",
         "RECREATED",
         "LAST-RECOVERY",
+        "GOODPUT",
     ]
     assert [r.split() for r in rows] == [
-        [gang.name, "Recovering", "3", "closed", "200", "2", "1", "-"]
+        [gang.name, "Recovering", "3", "closed", "200", "2", "1", "-", "-"]
     ]
     res = plugin(control_plane, "list", "-A", "-o", "json", namespace="default")
     assert res.returncode == ExitCode.OK, res.stderr

@@ -245,6 +245,26 @@ def test_the_recovery_time_counts_from_the_first_signal_with_detection_apart() -
     assert lines["Last recovery"] == "epoch 3, took 6.0s from the first signal (detected in 1.5s)"
 
 
+def test_status_shows_the_gangs_goodput_as_of_now() -> None:
+    assert doc()["goodput"] is None, "a status without an account (not started, or older)"
+    account = {
+        "since": "2026-11-21T09:00:00Z",
+        "productiveSeconds": 3000.0,
+        "badputSeconds": {"scheduling": 40.0, "recovery": 50.0, "wastedProgress": 10.0},
+        "unmeasuredSeconds": 0.0,
+        "stepSeconds": 0.5,
+        "training": {"epoch": 3, "since": "2026-11-21T10:00:00Z", "afterRecovery": True},
+    }
+    out = doc(goodput=account)["goodput"]
+    # NOW is 30 s after the running epoch's barrier opened: counted productive until it ends
+    assert (out["productiveSeconds"], out["runningSeconds"]) == (3030.0, 30.0)
+    assert out["ratio"] == round(3030 / 3130, 4)
+    assert out["badputSeconds"]["restore"] == 0.0, "every bucket, zero or not"
+    text = r.render_status(doc(goodput=account))
+    assert "Goodput:          96.8% of 52m10s (badput: recovery 50.0s, scheduling 40.0s, " in text
+    assert "wastedProgress 10.0s)" in text
+
+
 def test_status_recovery_in_progress_shows_elapsed_time() -> None:
     rec = gangstate()["status"]["recovery"] | {"openedAt": None, "durationSeconds": None}
     out = doc(phase="Recovering", barrierOpen=False, recovery=rec)
@@ -358,6 +378,7 @@ def test_status_json_and_yaml_are_the_same_stable_document() -> None:
         "restartScope",
         "policyError",
         "lastRecovery",
+        "goodput",
         "memberPods",
     ]
 
@@ -636,7 +657,7 @@ def test_history_through_main() -> None:
 def test_list_one_line_per_gang_with_the_namespace_under_all_namespaces() -> None:
     other = gangstate() | {"metadata": {"name": "aaa", "namespace": "z-team"}}
     broken = gangstate(phase="Exploded") | {"metadata": {"name": "bad", "namespace": NS}}
-    doc_ = r.list_document([other, broken, gangstate()])
+    doc_ = r.list_document([other, broken, gangstate()], NOW)
     assert [(g["namespace"], g["name"]) for g in doc_["gangs"]] == [
         (NS, "bad"),
         (NS, NAME),
@@ -645,7 +666,7 @@ def test_list_one_line_per_gang_with_the_namespace_under_all_namespaces() -> Non
     text = r.render_list(doc_, all_namespaces=True)
     head, bad, ours, _ = text.splitlines()
     assert head.split()[:3] == ["NAMESPACE", "NAME", "PHASE"]
-    assert ours.split() == [NS, NAME, "Running", "3", "open", "200", "2", "1", "4.5s"]
+    assert ours.split() == [NS, NAME, "Running", "3", "open", "200", "2", "1", "4.5s", "-"]
     assert "cannot read the status" in bad, "listed with its error, not dropped"
     assert r.render_list(doc_, all_namespaces=False).splitlines()[0].split()[0] == "NAME"
     code, out, _ = run(["list"], FakeCluster(jobset(), None))

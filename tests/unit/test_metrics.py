@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from jobset_inplace.controller import metrics
 from jobset_inplace.controller.cache import ClusterCache
 from jobset_inplace.controller.metrics import Metrics
+from jobset_inplace.core.goodput import Bucket, Ledger
 from jobset_inplace.core.model import GangStatus
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.core.statemachine import Edge, Phase
@@ -136,6 +137,35 @@ def test_gangs_by_phase_and_budgets_left_are_read_from_the_cache_when_scraped(m:
     cache.forget_jobset(KEY)
     assert not any(sample == budget for sample, _ in scrape(m)), "no series of a deleted gang"
     assert value(m, "jobset_inplace_gangs", phase="Running") == 0
+
+
+def test_a_gangs_goodput_is_read_live_from_its_ledger(m: Metrics) -> None:
+    cache = ClusterCache()
+    m.bind(cache)
+    g = cache.upsert_jobset(jobset(), Policy(), "")
+    g.status = GangStatus(phase=Phase.RUNNING)
+    ratio = "jobset_inplace_gang_goodput_ratio"
+    assert value(m, ratio, namespace="ns", jobset="gang") is None, "not started: no series"
+    now = time.time()
+    # 100 s productive and 20 s of badput closed, an epoch running for ~80 s
+    g.status = GangStatus(
+        phase=Phase.RUNNING,
+        goodput=Ledger(
+            since=now - 200,
+            productive=100.0,
+            badput={Bucket.RECOVERY: 15.0, Bucket.WASTED_PROGRESS: 5.0},
+            training_epoch=2,
+            training_since=now - 80,
+        ),
+    )
+    one = scrape(m)  # both from one scrape (one clock reading)
+    gang_ = frozenset({("namespace", "ns"), ("jobset", "gang")})
+    productive = one[("jobset_inplace_gang_productive_seconds", gang_)]
+    assert 180 <= productive < 185, "the running epoch counted since its barrier opened"
+    assert one[(ratio, gang_)] == pytest.approx(productive / (productive + 20))
+    badput = "jobset_inplace_gang_badput_seconds"
+    assert value(m, badput, namespace="ns", jobset="gang", bucket="recovery") == 15
+    assert value(m, badput, namespace="ns", jobset="gang", bucket="restore") == 0, "every bucket"
 
 
 def test_binding_again_reads_the_new_cache_only(m: Metrics) -> None:
