@@ -328,10 +328,12 @@ def training_gang(
     persistent: Path | None = None,
     security: dict[str, Any] | None = None,
     service_account: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> None:
     """A demo gang in ``namespace`` (prepared for gangs), trained to a checkpoint on every
     member: epoch 1's barrier open, every trainer running, a common step to resume from (in
-    the ``persistent`` tier too if given: see `demo_jobset`)."""
+    the ``persistent`` tier too if given: see `demo_jobset`; ``env``: more of the trainer's
+    environment)."""
     prepare(kube, kubeconfig, namespace)
     create_jobset(
         kube,
@@ -346,6 +348,7 @@ def training_gang(
             persistent=persistent,
             security=security,
             service_account=service_account,
+            env=env,
         ),
     )
     wait_for(

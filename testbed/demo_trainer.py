@@ -21,6 +21,12 @@ Environment: ``JSI_DEMO_STEP_SECONDS`` (default 0.5), ``JSI_DEMO_CHECKPOINT_EVER
 steps), ``JSI_DEMO_PERSIST_EVERY`` (default 20 steps; also saved to the persistent tier),
 ``JSI_DEMO_STANDALONE=1``: no jobset-inplace agent (stock JobSet, upstream InPlaceRestart): the
 trainer resumes from its own newest complete checkpoint, as such a trainer must.
+
+``JSI_DEMO_TRUTH_FILE``: a file the trainer appends its own account to (goodput's ground truth,
+e2e/test_goodput.py): ``resume <epoch> <step>`` when it resumes, then ``step <epoch> <step>
+<start> <end>`` for every step done (seconds since the epoch: from the previous step's end, or
+the loop's start, to the moment it reports the step's progress). A step's line and its progress
+record are written with SIGTERM held, so a stop never leaves one without the other.
 """
 
 from __future__ import annotations
@@ -62,6 +68,24 @@ def _write_step(step: int) -> object:
     return write
 
 
+class _Truth:
+    """The trainer's own account (``JSI_DEMO_TRUTH_FILE``); each line one O_APPEND write."""
+
+    def __init__(self, path: str | None, epoch: int) -> None:
+        self.fd = None if not path else os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        self.epoch = epoch
+
+    def write(self, line: str) -> None:
+        if self.fd is not None:
+            os.write(self.fd, f"{line}\n".encode())
+
+    def resumed(self, step: int) -> None:
+        self.write(f"resume {self.epoch} {step}")
+
+    def stepped(self, step: int, start: float, end: float) -> None:
+        self.write(f"step {self.epoch} {step} {start:.6f} {end:.6f}")
+
+
 def _hang(why: str) -> NoReturn:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _log(f"hanging {why}: no more progress, SIGTERM ignored")
@@ -80,15 +104,19 @@ def main() -> int:
         steps = available_steps(local, persistent)
         step = steps[0] if steps else 0
         _log(f"epoch 0: resuming at step {step} (standalone: its own newest checkpoint)")
+        epoch = 0
     else:
         info = wait_for_resume(timeout=600)
-        step = info.resume_step or 0
+        step, epoch = info.resume_step or 0, info.epoch
         _log(f"epoch {info.epoch}: resuming at step {step} ({info.gang})")
         hang_epochs = os.environ.get(ENV_STARTUP_HANG_EPOCHS, "").split(",")
         if str(info.epoch) in hang_epochs:
             _hang(f"before the first step of epoch {info.epoch}")
     fail, hang, slow = state_dir / FAILURE_FILE, state_dir / HANG_FILE, state_dir / SLOW_FILE
     busy_s = step_s * BUSY_SHARE
+    truth = _Truth(os.environ.get("JSI_DEMO_TRUTH_FILE"), epoch)
+    truth.resumed(step)
+    done_at = time.time()  # the previous step's end (the first step counts from here)
     while True:
         if slow.exists():
             factor = float(slow.read_text().strip() or "1")
@@ -107,8 +135,12 @@ def main() -> int:
             _log(f"injected failure at step {step}: exiting {FAILURE_EXIT_CODE}")
             return FAILURE_EXIT_CODE
         step += 1
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        start, done_at = done_at, time.time()
         if not standalone:  # (no state directory without an agent)
             report_progress(step, busy_s=busy_s)
+        truth.stepped(step, start, done_at)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         if step % every == 0:
             tier = "both" if persistent is not None and step % persist_every == 0 else "local"
             if local is None:

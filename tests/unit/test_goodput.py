@@ -13,6 +13,9 @@ from jobset_inplace.core.goodput import Bucket, Ledger, barrier_opened, live, tr
 from jobset_inplace.core.model import Cause, Recovery
 from jobset_inplace.trainer.progress import ProgressSpan
 
+from .gangs import NOW, with_pod
+from .test_telemetry import OPENED, crashed, rejoined, step, trained
+
 T0 = 1_790_000_000.0
 
 
@@ -179,3 +182,31 @@ def test_every_second_is_accounted_exactly_once(epochs: list[tuple]) -> None:  #
         assert all(v >= 0 for v in led.badput.values())
     total = led.productive + led.badput_total + led.unmeasured
     assert total == pytest.approx(t - 0.0, abs=1e-6)
+
+
+def test_the_planner_keeps_the_account_at_each_barrier() -> None:
+    """Through plan(): epoch 1 opens at OPENED (the first pass: no scheduling time seen), a
+    trainer crashes (first signal NOW - 2.5, recovery from NOW), every member rejoins with the
+    span of epoch 1 (resumed at 200) and the barrier opens at NOW + 10 resuming at 300; the
+    account is in the status the pass writes, and a suspension ends the running epoch
+    unmeasured."""
+    status = trained()
+    assert status.goodput.since == OPENED
+    assert (status.goodput.training_since, status.goodput.training_resume) == (OPENED, 200)
+    back = rejoined(steps_of_2=(300, 200, 100))
+    for i in range(4):  # step 201 done at OPENED + 4.5, step 1390 at NOW - 5
+        spans = ProgressSpan(201, OPENED + 4.5, 1390, NOW - 5.0)
+        back = with_pod(back, i, progress_span=spans)
+    _, p = step(crashed(), back, now=NOW + 10)
+    led = p.status.goodput
+    assert (led.training_epoch, led.training_resume, led.restarted) == (2, 300, True)
+    pace = (600 - 9.5) / 1189
+    assert led.step_seconds == pytest.approx(pace)
+    assert led.productive == pytest.approx(100 * pace)
+    assert led.badput[Bucket.STARTUP] == pytest.approx(4.5 - pace)
+    assert led.badput[Bucket.DETECTION] == pytest.approx(2.5)
+    assert led.badput[Bucket.RECOVERY] == pytest.approx(10)
+    assert led.productive + led.badput_total == pytest.approx(610)
+    _, p = step(p.status, back, now=NOW + 70, suspended=True)
+    assert p.status.goodput.unmeasured == pytest.approx(60)
+    assert p.status.goodput.training_since is None

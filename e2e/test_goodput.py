@@ -1,0 +1,166 @@
+"""Goodput checked against the trainer's own truth, on the real nodes: a demo gang that logs
+every step it does (when it started and ended) and every resume, with trainer crashes injected
+at intervals; the goodput the controller accounts (GangState ``status.goodput``) agrees with the
+trainers' within 1 percentage point, and the steps each recovery made the gang redo match."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobset_inplace.times import parse_time
+from testbed.controller import gang_state, member_pods
+from testbed.demo import barrier_opened, inject_failure, trainers_running, training_gang
+from testbed.install import Installation
+from testbed.kube import Clients, wait_for
+from testbed.versions import binaries
+
+pytestmark = pytest.mark.e2e
+
+TRUTH = "/ckpt/truth.log"  # on the pod's emptyDir: it outlives the trainer processes
+# Training time before each injected crash (varied: the crash lands anywhere between checkpoints)
+TRAINING_BEFORE_CRASH_S = (9.0, 14.5, 6.3)
+
+
+@dataclass(frozen=True)
+class Step:
+    epoch: int
+    step: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Truth:
+    """One trainer's account: its resumes (epoch -> step) and the steps it did."""
+
+    resumes: dict[int, int]
+    steps: list[Step]
+
+    def kept_seconds(self, before_epoch: int) -> float:
+        """Seconds of the steps done before ``before_epoch`` that the gang keeps: a resume at
+        step R throws away every step past R done before it."""
+        kept: dict[int, Step] = {}
+        for epoch in sorted(self.resumes):
+            if epoch > before_epoch:
+                break
+            resume = self.resumes[epoch]
+            kept = {s: v for s, v in kept.items() if s <= resume}
+            if epoch == before_epoch:
+                break
+            kept |= {s.step: s for s in self.steps if s.epoch == epoch}
+        return sum(s.end - s.start for s in kept.values())
+
+    def newest_step(self, epoch: int) -> int | None:
+        return max((s.step for s in self.steps if s.epoch == epoch), default=None)
+
+
+def parse_truth(text: str) -> Truth:
+    resumes: dict[int, int] = {}
+    steps: list[Step] = []
+    for line in text.splitlines():
+        kind, *fields = line.split()
+        if kind == "resume":
+            resumes[int(fields[0])] = int(fields[1])
+        else:
+            assert kind == "step", line
+            steps.append(Step(int(fields[0]), int(fields[1]), float(fields[2]), float(fields[3])))
+    return Truth(resumes, steps)
+
+
+def read_truth(kubeconfig: Path, namespace: str, pod: str) -> Truth:
+    cmd = [str(binaries().kubectl), "--kubeconfig", str(kubeconfig), "-n", namespace, "exec"]
+    out = subprocess.run(
+        [*cmd, pod, "-c", "trainer", "--", "cat", TRUTH], capture_output=True, text=True, check=True
+    ).stdout
+    return parse_truth(out)
+
+
+def reported_ratio(account: dict[str, Any]) -> float:
+    productive = account["productiveSeconds"]
+    return float(productive / (productive + sum(account["badputSeconds"].values())))
+
+
+@pytest.mark.parametrize("scope", ["process", "pod"])
+def test_goodput_agrees_with_the_trainers_own_account(
+    cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str, scope: str
+) -> None:
+    """Process scope: the trainer processes restart; pod scope: every container of every
+    member (RestartAllContainers), the pods and their emptyDir kept."""
+    name, members = "goodput", 2
+    training_gang(
+        kube,
+        cluster_kubeconfig,
+        namespace,
+        name,
+        members,
+        scope=scope,
+        env={"JSI_DEMO_TRUTH_FILE": TRUTH},
+    )
+    pods = sorted(member_pods(kube, namespace, name).values(), key=lambda p: p.metadata.name)
+    epoch = 1
+    for i, training in enumerate(TRAINING_BEFORE_CRASH_S):
+        time.sleep(training)  # the gang trains; then one trainer crashes (the injected fault)
+        inject_failure(cluster_kubeconfig, namespace, pods[i % members].metadata.name)
+        epoch += 1
+        barrier_opened(kube, namespace, name, epoch)
+        wait_for(
+            f"every trainer running in epoch {epoch}",
+            lambda e=epoch: trainers_running(  # type: ignore[misc]
+                kube, cluster_kubeconfig, namespace, name, members, epoch=e
+            ),
+            120,
+        )
+    st = gang_state(kube, namespace, name)
+    assert st["epoch"] == epoch, st
+    account = st["goodput"]
+    print(f"goodput account at epoch {epoch}'s barrier: {account}")
+    assert account["unmeasuredSeconds"] == 0, "every ended epoch's span was reported"
+    assert set(account["badputSeconds"]) == {
+        "scheduling", "startup", "detection", "recovery", "restore", "wastedProgress"
+    }  # fmt: skip
+    since = parse_time(account["since"])
+    opened = parse_time(st["recovery"]["openedAt"])
+    assert since is not None
+    assert opened is not None
+    jobset = kube.custom.get_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", name
+    )
+    created = parse_time(jobset["metadata"]["creationTimestamp"])  # whole seconds
+    assert created is not None
+    print(f"the account starts {since - created:.2f} s after the JobSet's creation second")
+    assert created <= since < created + 3, "from the gang's start (its first pass)"
+    measured = account["productiveSeconds"] + sum(account["badputSeconds"].values())
+    assert measured == pytest.approx(opened - since, abs=0.01), "every second accounted once"
+    ours = reported_ratio(account)
+
+    truths = {
+        p.metadata.name: read_truth(cluster_kubeconfig, namespace, p.metadata.name) for p in pods
+    }
+    for pod, truth in truths.items():
+        assert sorted(truth.resumes) == list(range(1, epoch + 1)), (pod, truth.resumes)
+        theirs = truth.kept_seconds(epoch) / (opened - since)
+        print(
+            f"{pod}: trainer's goodput {theirs:.4f}, reported {ours:.4f} "
+            f"({abs(theirs - ours) * 100:.2f} points apart)"
+        )
+        assert abs(theirs - ours) <= 0.01, (pod, theirs, ours, account)
+
+    # steps redone per recovery: how far the gang had got (its newest step) past the resume
+    history = {h["epoch"]: h for h in st["history"]}
+    for e in range(2, epoch + 1):
+        newest = max(n for t in truths.values() if (n := t.newest_step(e - 1)) is not None)
+        resume = _common(truth.resumes[e] for truth in truths.values())
+        assert history[e]["resumeStep"] == resume, history[e]
+        assert history[e]["progressStepsLost"] == newest - resume, (e, history[e], newest)
+
+
+def _common(values: Sequence[int] | Any) -> int:
+    (value,) = set(values)
+    return int(value)
