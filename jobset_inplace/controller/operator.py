@@ -35,8 +35,8 @@ from jobset_inplace.core.decode import (
     lease_renewal,
     workload_owner,
 )
+from jobset_inplace.core.detection import observation_restarts
 from jobset_inplace.core.model import NodeView
-from jobset_inplace.core.planner import observation_restarts
 from jobset_inplace.core.policy import PolicyError, is_managed, parse_policy
 from jobset_inplace.runtime.manager import Manager, Settings
 from jobset_inplace.runtime.watches import RawWatch, WatchEvent

@@ -3,7 +3,8 @@ pods, their nodes, the persisted gang status, the time) to a :class:`~.model.Pla
 status, the actions, when to look again). No I/O: the controller's adapters build snapshots
 and carry out plans; tests drive it directly.
 
-The state machine's phases and edges are a table (:mod:`.statemachine`); here each edge is one
+What is failing and since when is :mod:`.detection`'s; the state machine's phases and edges are
+a table (:mod:`.statemachine`); here each edge is one
 method of :class:`_Planning`, and every phase change goes through ``_Planning.go``, which refuses
 an edge the table does not allow. Besides the gang's plan: :func:`plan_node` (the unhealthy
 taint comes off a node that is back) and :func:`refuse_policy` (a JobSet whose annotations do
@@ -20,6 +21,18 @@ from typing import Final
 
 from jobset_inplace import names
 from jobset_inplace.core import goodput
+from jobset_inplace.core.detection import (
+    LEASE_RENEW_INTERVAL_S,
+    OUT_OF_SERVICE_TAINT,
+    current_pods,
+    disruption,
+    first_signal,
+    may_untaint,
+    member_causes,
+    silent,
+    unconfirmed_lease_nodes,
+    unhealthy_since,
+)
 from jobset_inplace.core.gangstate import progress_only, progress_write_interval
 from jobset_inplace.core.goodput import progress_steps_lost
 from jobset_inplace.core.model import (
@@ -43,7 +56,6 @@ from jobset_inplace.core.model import (
 from jobset_inplace.core.policy import (
     ForceDelete,
     NoCommonCheckpoint,
-    Policy,
     StragglerAction,
     barrier_within_kueue,
 )
@@ -51,14 +63,6 @@ from jobset_inplace.core.statemachine import TRANSITIONS, Edge, IllegalTransitio
 from jobset_inplace.core.stragglers import stragglers
 from jobset_inplace.times import rfc3339
 
-# The kubelet renews its node Lease every 10 s; a Lease older than this is a missed renewal.
-LEASE_RENEW_INTERVAL_S = 10.0
-# Taints that always mean the node's pods cannot run (besides the configured ones).
-UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
-OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
-BUILTIN_UNHEALTHY_TAINTS = frozenset(
-    {UNREACHABLE_TAINT, "node.kubernetes.io/not-ready", OUT_OF_SERVICE_TAINT}
-)
 IN_PLACE_CAUSES = frozenset(
     {
         Cause.TRAINER_EXITED,
@@ -73,219 +77,6 @@ IN_PLACE_CAUSES = frozenset(
 # channel (well under a second), or, when that channel fails, writes it on its pod after its
 # 2 s timeout and one retry.
 REPORT_AGAIN_S = 15.0
-
-
-# Kubernetes' node lifecycle controller stops evicting in a zone that looks disrupted: more than
-# two of its nodes unhealthy and at least 55 % of them (its unhealthyZoneThreshold), or all of
-# them. So many nodes silent at once is the control plane's or the network's trouble, not each
-# node's: the controller replaces nothing on it (nothing deleted on a guess).
-DISRUPTION_SHARE = 0.55
-DISRUPTION_MIN_UNHEALTHY = 3
-
-
-# --- node health ------------------------------------------------------------------------------
-def lease_seen(node: NodeView, observed_since: float) -> float | None:
-    """The latest moment the node's kubelet is known to have been alive: its last renewal, or
-    when the controller started watching Leases without a break (a renewal made while it could
-    not watch, during an outage or before its start, would not have been seen)."""
-    return None if node.lease_renewed is None else max(node.lease_renewed, observed_since)
-
-
-def lease_stale(node: NodeView, now: float, observed_since: float) -> bool:
-    """Whether the node missed a Lease renewal the controller could have seen."""
-    seen = lease_seen(node, observed_since)
-    return seen is not None and now - seen > LEASE_RENEW_INTERVAL_S
-
-
-def observation_restarts(since: float, down_since: float, up_at: float) -> float:
-    """Since when the controller has seen every Lease renewal, after its Lease watch was down
-    from ``down_since`` to ``up_at``: a gap shorter than a renew interval lost nothing (the
-    watch resumes from its last resourceVersion, or relists); a longer one is an outage, during
-    which kubelets may not have been able to renew: silence counts again from ``up_at``."""
-    return up_at if up_at - down_since >= LEASE_RENEW_INTERVAL_S else since
-
-
-def unhealthy_since(
-    node: NodeView, policy: Policy, now: float, observed_since: float
-) -> float | None:
-    """Since when the node shows any unhealthy signal (None: healthy now)."""
-    since: list[float] = []
-    if node.ready != "True":
-        since.append(node.ready_since)
-    seen = lease_seen(node, observed_since)
-    if seen is not None and lease_stale(node, now, observed_since):
-        since.append(seen + LEASE_RENEW_INTERVAL_S)
-    taints = BUILTIN_UNHEALTHY_TAINTS | policy.unhealthy_taints
-    since += [added for key, added in node.taints if key in taints]
-    since += [t for ctype, t in node.conditions if ctype in policy.unhealthy_conditions]
-    return min(since) if since else None
-
-
-def node_state(
-    node: NodeView | None, policy: Policy, now: float, observed_since: float
-) -> tuple[bool, float | None]:
-    """(unhealthy, time it will count as unhealthy if the signal persists).
-
-    A signal counts only once it has lasted ``node_unhealthy_after``: shorter flaps do nothing."""
-    if node is None:
-        return False, None
-    since = unhealthy_since(node, policy, now, observed_since)
-    if since is None:
-        # Healthy now; a Lease that stops being renewed makes no event, so look again when
-        # it would have gone stale for long enough.
-        seen = lease_seen(node, observed_since)
-        if seen is None:
-            return False, None
-        return False, seen + LEASE_RENEW_INTERVAL_S + policy.node_unhealthy_after_s
-    due = since + policy.node_unhealthy_after_s
-    return (True, None) if now >= due else (False, due)
-
-
-def unconfirmed_lease_nodes(s: Snapshot) -> list[str]:
-    """Ready nodes that count as unhealthy only because of their Lease, and whose Lease the
-    controller has not read itself since it went stale: on a busy apiserver the watch can lag
-    by tens of seconds, so these are read afresh before anything is decided."""
-    limit = LEASE_RENEW_INTERVAL_S + s.policy.node_unhealthy_after_s
-    return sorted(
-        name
-        for name, node in s.nodes.items()
-        if node.ready == "True"
-        and node.lease_renewed is not None
-        and s.now - max(node.lease_renewed, s.leases_observed_since) >= limit
-        and (node.lease_read_at is None or node.lease_read_at - node.lease_renewed <= limit)
-    )
-
-
-def may_untaint(node: NodeView, now: float) -> bool:
-    """Whether the controller's unhealthy taint may come off ``node``: it carries the taint,
-    is Ready, and its kubelet has just renewed its Lease (it is back)."""
-    if node.lease_renewed is None or node.ready != "True":
-        return False
-    tainted = any(key == names.UNHEALTHY_TAINT for key, _ in node.taints)
-    return tainted and now - node.lease_renewed < LEASE_RENEW_INTERVAL_S
-
-
-# --- members ----------------------------------------------------------------------------------
-def current_pods(s: Snapshot) -> dict[str, PodView]:
-    """Each member's current pod: of this JobSet restart attempt, live ones first, newest."""
-    best: dict[str, PodView] = {}
-    for pod in s.pods:
-        if pod.member not in s.gang.members or pod.restart_attempt != s.gang.restart_attempt:
-            continue
-        have = best.get(pod.member)
-        if have is None or _rank(pod) > _rank(have):
-            best[pod.member] = pod
-    return best
-
-
-def _rank(pod: PodView) -> tuple[bool, float]:
-    return (not pod.deleting and pod.phase != "Failed", pod.created)
-
-
-def member_causes(
-    s: Snapshot, current: Mapping[str, PodView], barrier_timeout: float
-) -> tuple[dict[str, Cause], float | None]:
-    """Failure cause per failing member (first signal), and when to look again for signals
-    that are not old enough yet (node flaps under the threshold, a restarted member not Ready
-    yet)."""
-    causes: dict[str, Cause] = {}
-    wake: float | None = None
-    running = s.status.phase == Phase.RUNNING and s.status.barrier_open
-    opened = (s.status.recovery.opened if s.status.recovery else None) or s.now
-    for member in sorted(s.gang.members):
-        pod = current.get(member)
-        if pod is not None and (pod.escalated or pod.by_kueue or pod.phase == "Succeeded"):
-            continue  # ours, Kueue's own action (its replacement follows), or done
-        if pod is not None and pod.device_taint_evicted:
-            # Evicted (being, or already deleted) for a tainted DRA device: a new pod gets a
-            # new claim, and the scheduler allocates no device with that taint.
-            causes[member] = Cause.DEVICE_TAINTED
-            continue
-        if pod is None or pod.deleting:
-            causes[member] = Cause.POD_DELETED
-            continue
-        if pod.phase == "Failed":
-            causes[member] = Cause.POD_FAILED
-            continue
-        node = s.nodes.get(pod.node or "")
-        bad_node, due = node_state(node, s.policy, s.now, s.leases_observed_since)
-        if due is not None:
-            wake = due if wake is None else min(wake, due)
-        if bad_node:
-            causes[member] = Cause.NODE_UNHEALTHY
-        elif pod.devices_unhealthy:
-            causes[member] = Cause.DEVICE_UNHEALTHY
-        elif pod.trainer_failed or (running and pod.exited_in_epoch == s.status.epoch):
-            # A container that exited non-zero (kubelet), or a trainer process that did in the
-            # running epoch (process scope: its launcher keeps the container up; the agent says).
-            causes[member] = Cause.TRAINER_EXITED
-        elif running and pod.hung_in_epoch == s.status.epoch:
-            # Every process lives but its trainer stopped advancing (its agent says: the
-            # progress record, agent/hang.py); restarting it in place is a crash's recovery.
-            causes[member] = Cause.TRAINER_HUNG
-        elif pod.restarting:
-            causes[member] = Cause.RESTARTING
-        elif running and pod.late_for_epoch == s.status.epoch:
-            # It restarted after the barrier opened and waits for a new epoch; the kubelet's
-            # restart left no other trace (the controller was away, or missed it).
-            causes[member] = Cause.AGENT_WAITING
-        elif running and pod.not_ready_since is not None and (pod.agent_started or 0) > opened:
-            # Every wait is bounded: a member restarted after the barrier opened (its agent
-            # started since) that is still not Ready a barrier timeout later is stuck (its agent
-            # cannot report, e.g. 403). Not a cold start: there the agent started before.
-            due = max(pod.not_ready_since, pod.agent_started or 0) + barrier_timeout
-            if s.now >= due:
-                causes[member] = Cause.NOT_READY
-            else:
-                wake = due if wake is None else min(wake, due)
-    return causes, wake
-
-
-def first_signal(
-    s: Snapshot, current: Mapping[str, PodView], causes: Mapping[str, Cause]
-) -> tuple[Cause, float]:
-    """The earliest of the failing members' signals (``causes``: not empty) and since when it
-    showed, from the times the snapshot carries: a node's first unhealthy signal (the
-    threshold it must last is part of detection); a pod's Ready condition turning False (for a
-    stuck member: its agent's start, if later), when that lies between the barrier's opening
-    and now (an older one is not this failure's). A signal without such a time (a pod deleted
-    or gone) counts from now: the pass that saw it."""
-    rec = s.status.recovery
-    opened = (rec.opened if rec is not None else None) or 0.0
-    seen: list[tuple[float, str, Cause]] = []
-    for member, cause in causes.items():
-        pod = current.get(member)
-        node = s.nodes.get(pod.node or "") if pod is not None else None
-        at = s.now
-        if cause == Cause.NODE_UNHEALTHY and node is not None:
-            since = unhealthy_since(node, s.policy, s.now, s.leases_observed_since)
-            at = s.now if since is None else min(since, s.now)
-        elif pod is not None and pod.not_ready_since is not None:
-            since = max(pod.not_ready_since, pod.agent_started or 0.0)
-            at = since if opened <= since <= s.now else s.now
-        seen.append((at, member, cause))
-    at, _, cause = min(seen)
-    return cause, at
-
-
-def silent(node: NodeView, now: float, observed_since: float) -> bool:
-    """Whether nothing is heard from the node: Ready Unknown, a stale Lease, or the
-    ``unreachable`` taint (not the signals an operator or a node problem detector sets, such as
-    ``out-of-service`` or configured taints: those are never a disruption)."""
-    unreachable = any(key == UNREACHABLE_TAINT for key, _ in node.taints)
-    return node.ready == "Unknown" or lease_stale(node, now, observed_since) or unreachable
-
-
-def disruption(s: Snapshot) -> tuple[int, int] | None:
-    """(silent, all) nodes when so many are silent at once that replacing a pod for its node
-    would be a guess (:data:`DISRUPTION_SHARE`); None otherwise. O(nodes): planned only when a
-    node failure is at stake."""
-    total = len(s.cluster_nodes)
-    bad = sum(
-        1 for node in s.cluster_nodes.values() if silent(node, s.now, s.leases_observed_since)
-    )
-    many = bad >= DISRUPTION_MIN_UNHEALTHY and bad >= DISRUPTION_SHARE * total
-    return (bad, total) if bad and (bad == total or many) else None
 
 
 def common_resume_step(pods: Iterable[PodView]) -> int | None:

@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from jobset_inplace.core.detection import current_pods
 from jobset_inplace.core.goodput import checkpoint_steps_lost
 from jobset_inplace.core.model import GangStatus, Plan, PodView, Recovery, Snapshot
-from jobset_inplace.core.planner import current_pods
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.core.statemachine import TRANSITIONS, Edge, Phase
 

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from jobset_inplace.core.detection import may_untaint, observation_restarts, unconfirmed_lease_nodes
 from jobset_inplace.core.model import (
     Cause,
     EscalatePod,
@@ -19,15 +20,7 @@ from jobset_inplace.core.model import (
     Snapshot,
     UntaintNode,
 )
-from jobset_inplace.core.planner import (
-    REPORT_AGAIN_S,
-    may_untaint,
-    observation_restarts,
-    plan,
-    plan_node,
-    refuse_policy,
-    unconfirmed_lease_nodes,
-)
+from jobset_inplace.core.planner import REPORT_AGAIN_S, plan, plan_node, refuse_policy
 from jobset_inplace.core.policy import ForceDelete, NoCommonCheckpoint, Policy
 from jobset_inplace.core.statemachine import Phase
 from jobset_inplace.names import DEVICE_UNHEALTHY_TAINT, UNHEALTHY_TAINT

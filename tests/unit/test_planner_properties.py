@@ -12,8 +12,9 @@ import dataclasses
 from hypothesis import event, given, settings, target
 from hypothesis import strategies as st
 
+from jobset_inplace.core.detection import current_pods
 from jobset_inplace.core.model import GangStatus, Plan, PodView, Recovery, Snapshot
-from jobset_inplace.core.planner import current_pods, plan
+from jobset_inplace.core.planner import plan
 from jobset_inplace.core.policy import NoCommonCheckpoint, Policy
 from jobset_inplace.core.statemachine import Phase
 

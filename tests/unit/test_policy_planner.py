@@ -24,9 +24,10 @@ from hypothesis import strategies as st
 
 from jobset_inplace import names
 from jobset_inplace.core import policy as pol
+from jobset_inplace.core.detection import LEASE_RENEW_INTERVAL_S
 from jobset_inplace.core.gangstate import status_from_dict, status_to_dict
 from jobset_inplace.core.model import Cause, NodeView, Plan, Recovery, ReplacePod, Snapshot
-from jobset_inplace.core.planner import LEASE_RENEW_INTERVAL_S, plan
+from jobset_inplace.core.planner import plan
 from jobset_inplace.core.policy import Policy, format_duration, parse_policy
 from jobset_inplace.core.statemachine import Phase
 from jobset_inplace.times import format_time
