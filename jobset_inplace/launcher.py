@@ -56,6 +56,7 @@ from pathlib import Path
 ENV_STATE_DIR = "JSI_STATE_DIR"
 DEFAULT_STATE_DIR = "/var/run/jobset-inplace"
 RESUME_FILE = "resume.json"
+STOP_FILE = "stop.json"  # a planned stop (jobset_inplace.trainer.stop)
 LAUNCHER_FILE = "launcher.py"  # where the agent installs this file in the state directory
 ENV_CONTAINER = "JSI_CONTAINER_NAME"  # the container's name: its state file's name
 ENV_STOP_GRACE = "JSI_STOP_GRACE_SECONDS"

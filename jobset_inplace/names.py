@@ -44,6 +44,9 @@ STRAGGLER_FACTOR: Final = f"{PREFIX}straggler-factor"
 STRAGGLER_WINDOWS: Final = f"{PREFIX}straggler-windows"
 STRAGGLER_WINDOW: Final = f"{PREFIX}straggler-window"
 STRAGGLER_ACTION: Final = f"{PREFIX}straggler-action"
+# Planned moves (a member's node cordoned or drained): the gang stops at one step first
+PLANNED_MOVES: Final = f"{PREFIX}planned-moves"
+PLANNED_MOVE_TIMEOUT: Final = f"{PREFIX}planned-move-timeout"
 # Set by `kubectl jobset-inplace restart`: a new value asks for one manual in-place gang restart.
 RESTART_REQUEST: Final = f"{PREFIX}restart-request"
 
@@ -77,6 +80,11 @@ REPORT_PROGRESS_STEP: Final = f"{PREFIX}progress-step"
 # ... and the span of that progress: first and newest step and when (goodput accounting: the
 # epoch's pace, when its training began, how much of it a recovery throws away).
 REPORT_PROGRESS_SPAN: Final = f"{PREFIX}progress-span"
+# A planned stop (GangState status.plannedStop): asked how far its trainers are, an agent
+# answers "<epoch>:<progress span so far>" (span empty: no progress records); once its trainers
+# stopped at the planned step and parked, it says "<epoch>" under parked-in-epoch.
+REPORT_PROGRESS_NOW: Final = f"{PREFIX}progress-now"
+REPORT_PARKED: Final = f"{PREFIX}parked-in-epoch"
 
 # --- The report channel (docs/architecture.md): agents send the reports above to the leader ---
 # What goes over it, as pod annotations do (same keys, same encoding); the straggler windows
@@ -89,6 +97,8 @@ CHANNEL_REPORT_KEYS: Final = (
     REPORT_HUNG,
     REPORT_PROGRESS_STEP,
     REPORT_PROGRESS_SPAN,
+    REPORT_PROGRESS_NOW,
+    REPORT_PARKED,
 )
 REPORT_PATH: Final = "/v1/reports"
 DEFAULT_REPORT_PORT: Final = 9444

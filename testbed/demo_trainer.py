@@ -15,7 +15,9 @@ makes its busy time per step that many times longer from the next step on (at mo
 step), as a degraded device or node does to one member of a synchronous gang: it computes
 longer while the others wait for it in collectives, so the step pace and step numbers stay
 the gang's (a quarter of a step is busy otherwise). It reports its progress and busy time
-every step (the signals of hang and straggler detection).
+every step (the signals of hang and straggler detection, and goodput accounting). At a planned
+stop (``report_progress`` says so: a member's node is drained) it saves a checkpoint of that
+step in every tier it has and parks until the gang's recovery restarts it.
 
 Environment: ``JSI_DEMO_STEP_SECONDS`` (default 0.5), ``JSI_DEMO_CHECKPOINT_EVERY`` (default 10
 steps), ``JSI_DEMO_PERSIST_EVERY`` (default 20 steps; also saved to the persistent tier),
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from jobset_inplace.trainer import (
+    park,
     report_progress,
     resolve_state_dir,
     save_checkpoint,
@@ -137,10 +140,16 @@ def main() -> int:
         step += 1
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         start, done_at = done_at, time.time()
-        if not standalone:  # (no state directory without an agent)
-            report_progress(step, busy_s=busy_s)
+        # (no state directory without an agent)
+        stop = not standalone and report_progress(step, busy_s=busy_s)
         truth.stepped(step, start, done_at)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        if stop:  # a planned stop (a member's node is drained): checkpoint here, then wait
+            tier = "both" if persistent is not None and local is not None else ""
+            tier = tier or ("persistent" if persistent is not None else "local")
+            save_checkpoint(step, _write_step(step), tier)  # type: ignore[arg-type]
+            _log(f"step {step}: checkpoint saved ({tier}) for a planned stop; parked")
+            park(step)
         if step % every == 0:
             tier = "both" if persistent is not None and step % persist_every == 0 else "local"
             if local is None:

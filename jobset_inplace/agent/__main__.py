@@ -98,8 +98,7 @@ def main() -> int:
         )
         agent = Agent(cfg, kube, barrier, log, started=_STARTED)
         monitor = TrainerMonitor(agent, KubeApi(cfg.server, cfg.token_file, cfg.ca_file))
-        if monitor.needed:
-            monitor.start()
+        monitor.start()
         # No probe shutdown on the way out: it would delay the restart by its poll interval.
         return agent.run()
     except Terminated as t:

@@ -64,6 +64,22 @@ class GangView:
     resume_step: int | None  # meaningful only while barrier_open
     phase: str = ""
     endpoint: Endpoint | None = None  # None: report on the pod
+    # status.plannedStop: (epoch, step) the gang stops at (step None: not decided yet, the
+    # controller asks how far the trainers are); None: no planned stop
+    planned_stop: tuple[int, int | None] | None = None
+
+
+def parse_planned_stop(value: object) -> tuple[int, int | None] | None:
+    """``status.plannedStop``; None when absent or unusable (advisory: the controller moves
+    the member at its deadline whatever the agents did)."""
+    if not isinstance(value, Mapping):
+        return None
+    epoch, step = value.get("epoch"), value.get("step")
+    if not is_int(epoch) or not 0 < epoch <= MAX_STEP:
+        return None
+    if step is not None and (not is_int(step) or not 0 <= step <= MAX_STEP):
+        return None
+    return epoch, step
 
 
 def parse_endpoint(value: object) -> Endpoint | None:
@@ -113,6 +129,7 @@ def parse_gangstate(obj: object) -> GangView | None:
         resume_step=step if barrier else None,
         phase=phase if isinstance(phase, str) else "",
         endpoint=parse_endpoint(status.get("reportEndpoint")),
+        planned_stop=parse_planned_stop(status.get("plannedStop")),
     )
 
 

@@ -23,6 +23,7 @@ from jobset_inplace.trainer.progress import (
     read_progress,
     span_of,
 )
+from jobset_inplace.trainer.stop import StopAt, clear_stop, write_stop
 
 from .channel import ChannelError, ReportChannel
 from .config import Config
@@ -102,6 +103,8 @@ _POD_REPORT_KEYS = (
     names.REPORT_BUSY_EPOCH,
     names.REPORT_PROGRESS_STEP,
     names.REPORT_PROGRESS_SPAN,
+    names.REPORT_PROGRESS_NOW,
+    names.REPORT_PARKED,
 )
 
 
@@ -239,6 +242,8 @@ class Agent:
         # The epoch whose trainers may run, and when its barrier opened (monotonic; read by the
         # monitor thread: one tuple, replaced whole).
         self.running: tuple[int, float] | None = None
+        # The status's planned stop (epoch, step or None), read by the monitor thread
+        self.planned: tuple[int, int | None] | None = None
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -337,6 +342,7 @@ class Agent:
         self._handle(view)
 
     def _handle(self, view: GangView) -> None:
+        self.planned = view.planned_stop
         for _ in range(4):  # report, then open, then wait: at most three actions per view
             action = self.logic.step(view)
             if isinstance(action, Report):
@@ -415,6 +421,7 @@ class Agent:
                 reverse=True,
             )
             clear_progress(cfg.state_dir)  # an epoch's progress records are its trainers' own
+            clear_stop(cfg.state_dir)  # and a planned stop is one epoch's
             write_resume(ResumeInfo(action.epoch, step, cfg.gang), cfg.state_dir)
         except (OSError, ValueError) as e:
             raise _ActionFailed(f"cannot prepare the resume of epoch {action.epoch}: {e}") from e
@@ -514,13 +521,9 @@ class TrainerMonitor:
         self.watched: int | None = None  # the epoch whose progress is being watched
         self.next_read = 0.0
         self.reported: dict[str, int] = {}  # annotation -> the epoch it was last reported for
+        self.stop_written: tuple[int, int] | None = None  # the planned stop passed on
         self.failing_since: float | None = None
         self.thread = threading.Thread(target=self._run, name="trainer-monitor", daemon=True)
-
-    @property
-    def needed(self) -> bool:
-        """Whether there is anything to watch (process scope, hang or straggler detection)."""
-        return self.agent.cfg.process_scope or self.hang is not None or self.busy is not None
 
     def start(self) -> None:
         self.thread.start()
@@ -567,6 +570,16 @@ class TrainerMonitor:
         if failed is not None:
             container, code = failed
             return self._report(names.REPORT_EXITED, epoch, f"trainer {container} exited {code}")
+        planned = self.agent.planned
+        if planned is not None and planned[0] == epoch and self._planned_stop(epoch, planned[1]):
+            return True
+        return self._watch_progress(epoch, opened_at, states)
+
+    def _watch_progress(
+        self, epoch: int, opened_at: float, states: dict[str, LauncherState]
+    ) -> bool:
+        """Hang and straggler detection's look at the progress records (once a second)."""
+        cfg = self.agent.cfg
         now = self.clock()
         if (self.hang is None and self.busy is None) or now < self.next_read:
             return False
@@ -632,12 +645,42 @@ class TrainerMonitor:
             return None
         return str(max(steps)) if steps else None
 
-    def _report(self, key: str, epoch: int, what: str) -> bool:
+    def _planned_stop(self, epoch: int, step: int | None) -> bool:
+        """A planned stop of this epoch: tell how far the trainers are (once), then pass the
+        step the controller chose on to them (``stop.json``) and say when all of them parked
+        at it. True if it reported something."""
+        cfg = self.agent.cfg
+        records = read_progress(cfg.state_dir)
+        if step is None:
+            span = span_of(records)
+            now = "" if span is None else encode_span(span)
+            return self._report(
+                names.REPORT_PROGRESS_NOW,
+                epoch,
+                f"planned stop asked; trainers at [{now or 'no progress records'}]",
+                value=f"{epoch}:{now}",
+            )
+        if self.stop_written != (epoch, step):
+            write_stop(StopAt(epoch, step), cfg.state_dir)
+            self.stop_written = (epoch, step)
+            self.agent.log.info(f"planned stop: trainers stop at step {step} of epoch {epoch}")
+        if records and all(r.parked for r in records.values()):
+            return self._report(
+                names.REPORT_PARKED,
+                epoch,
+                f"trainers parked at step {max(r.step for r in records.values())}",
+            )
+        return False
+
+    def _report(self, key: str, epoch: int, what: str, *, value: str | None = None) -> bool:
         if self.reported.get(key) == epoch:
             return False
         reporter = self.agent.reporter
         where = reporter.report(
-            {key: str(epoch)}, fresh=False, channel=self.channel, kube=self.kube
+            {key: str(epoch) if value is None else value},
+            fresh=False,
+            channel=self.channel,
+            kube=self.kube,
         )
         self.reported[key] = epoch
         self.agent.log.info(f"{what} in epoch {epoch}: reported (on the {where})")

@@ -20,7 +20,7 @@ from jobset_inplace.trainer.checkpoints import (
     parse_canonical_int,
     shorten_repr,
 )
-from jobset_inplace.trainer.progress import decode_busy, decode_span
+from jobset_inplace.trainer.progress import ProgressSpan, decode_busy, decode_span
 
 Obj = Mapping[str, Any]
 
@@ -191,6 +191,8 @@ def agent_report(values: Mapping[str, str]) -> tuple[dict[str, Any], str | None]
             "<first step>@<ms since the epoch>,<newest step>@<ms since the epoch> "
             "(canonical integers, neither going backwards)"
         )
+    now = _progress_now(values.get(names.REPORT_PROGRESS_NOW), errors)
+    parked = _report_number(values, names.REPORT_PARKED, errors)
     if errors:
         return {}, _capped("; ".join(errors))
     return {
@@ -201,7 +203,25 @@ def agent_report(values: Mapping[str, str]) -> tuple[dict[str, Any], str | None]
         "hung_in_epoch": hung,
         "progress_step": progress,
         "progress_span": span,
+        "progress_now": now,
+        "parked_in_epoch": parked,
     }, None
+
+
+def _progress_now(raw: str | None, errors: list[str]) -> tuple[int, ProgressSpan | None] | None:
+    """An agent's answer to a planned stop: ``<epoch>:<span>`` (span empty: no records)."""
+    if raw is None:
+        return None
+    epoch_text, sep, span_text = raw.partition(":")
+    epoch = parse_canonical_int(epoch_text)
+    span = decode_span(span_text) if span_text else None
+    if not sep or epoch is None or (span_text and span is None):
+        errors.append(
+            f"{names.REPORT_PROGRESS_NOW}={shorten_repr(raw, REPORT_VALUE_SHOWN)} is not "
+            "<epoch>:<progress span, or nothing>"
+        )
+        return None
+    return epoch, span
 
 
 def _report_order(epoch: int | None, exited: int | None, hung: int | None) -> tuple[int, int]:
@@ -302,7 +322,22 @@ def node_view(node: Obj, lease: Obj | None, now: float) -> NodeView:
         lease_renewed=renewed or None,
         taints=taints,
         conditions=conditions,
+        leaving=_leaving(node, conditions),
     )
+
+
+# Node conditions an admin sets (Kubernetes 1.37: core/v1 types) that announce a drain
+MAINTENANCE_CONDITIONS = ("DrainInProgress", "MaintenancePlanned", "MaintenanceInProgress")
+
+
+def _leaving(node: Obj, conditions: tuple[tuple[str, float], ...]) -> str:
+    """Why the node's pods should move before it goes away ("": they need not): cordoned
+    (``spec.unschedulable``, what ``kubectl cordon`` and ``drain`` set), or a maintenance
+    condition True."""
+    if (node.get("spec") or {}).get("unschedulable") is True:
+        return "cordoned"
+    held = sorted({ctype for ctype, _ in conditions} & set(MAINTENANCE_CONDITIONS))
+    return f"condition {held[0]}=True" if held else ""
 
 
 def lease_renewal(lease: Obj) -> tuple[str, float | None]:

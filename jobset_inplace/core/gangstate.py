@@ -13,7 +13,7 @@ from typing import Any
 
 from jobset_inplace import names
 from jobset_inplace.core.goodput import Bucket, Ledger
-from jobset_inplace.core.model import Cause, GangStatus, Recovery, ReportEndpoint
+from jobset_inplace.core.model import Cause, GangStatus, PlannedStop, Recovery, ReportEndpoint
 from jobset_inplace.core.statemachine import Edge, Phase
 from jobset_inplace.times import parse_time, rfc3339
 
@@ -85,7 +85,32 @@ def status_to_dict(s: GangStatus) -> dict[str, Any]:
         if s.report_endpoint is None
         else _endpoint_to_dict(s.report_endpoint),
         "goodput": _ledger_to_dict(s.goodput),
+        "plannedStop": None if s.planned_stop is None else _planned_to_dict(s.planned_stop),
     }
+
+
+def _planned_to_dict(p: PlannedStop) -> dict[str, Any]:
+    return {
+        "epoch": p.epoch,
+        "members": list(p.members),
+        "reason": p.reason,
+        "requestedAt": rfc3339(p.requested),
+        "deadline": rfc3339(p.deadline),
+        "step": p.step,
+    }
+
+
+def _planned_from_dict(d: Any) -> PlannedStop | None:
+    if not isinstance(d, dict):
+        return None
+    return PlannedStop(
+        epoch=int(d["epoch"]),
+        members=tuple(str(m) for m in d.get("members") or ()),
+        reason=str(d.get("reason") or ""),
+        requested=parse_time(d.get("requestedAt")) or 0.0,
+        deadline=parse_time(d.get("deadline")) or 0.0,
+        step=d.get("step"),
+    )
 
 
 def _seconds(value: float) -> float:
@@ -169,6 +194,7 @@ def status_from_dict(d: dict[str, Any] | None) -> GangStatus:
         straggler_hold_step=d.get("stragglerHoldStep"),
         report_endpoint=_endpoint_from_dict(d.get("reportEndpoint")),
         goodput=_ledger_from_dict(d.get("goodput")),
+        planned_stop=_planned_from_dict(d.get("plannedStop")),
     )
 
 

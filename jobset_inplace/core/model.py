@@ -42,6 +42,9 @@ class Cause(StrEnum):
     BARRIER_TIMEOUT = "BarrierTimeout"
     JOBSET_RESTARTED = "JobSetRestarted"
     MANUAL_RESTART = "ManualRestart"  # kubectl jobset-inplace restart (no budget charged)
+    # its node is cordoned (drained) or marked for maintenance: moved to another node once the
+    # gang stopped at one step (no budget charged)
+    PLANNED_MOVE = "PlannedMove"
 
 
 # Causes whose member must get a new pod (possibly on another node) rather than restart in place.
@@ -53,6 +56,7 @@ RECREATE_CAUSES = frozenset(
         Cause.REPEATED_FAILURE,
         Cause.BARRIER_TIMEOUT,
         Cause.STRAGGLER,
+        Cause.PLANNED_MOVE,
     }
 )
 
@@ -89,6 +93,10 @@ class PodView:
     progress_step: int | None = None
     # ... and their span: first and newest step and when (None: their records do not say)
     progress_span: ProgressSpan | None = None
+    # a planned stop: its agent's answer (epoch, its trainers' span so far, None: no records),
+    # and the epoch in which its trainers parked at the planned step
+    progress_now: tuple[int, ProgressSpan | None] | None = None
+    parked_in_epoch: int | None = None
     # the epoch of the report its agent wrote on the pod (None: nothing on the pod); with a
     # report channel served, a report there means the channel failed that agent
     pod_report_epoch: int | None = None
@@ -116,6 +124,9 @@ class NodeView:
     conditions: tuple[tuple[str, float], ...] = ()  # (type, since) of conditions that are True
     # When the controller last read the Lease from the API itself (not from its watch).
     lease_read_at: float | None = None
+    # spec.unschedulable (kubectl cordon / drain), or a maintenance condition the admin set
+    # (DrainInProgress, MaintenancePlanned, MaintenanceInProgress: Kubernetes 1.37)
+    leaving: str = ""  # why its pods should move ("" : they need not)
 
 
 @dataclass(frozen=True)
@@ -175,6 +186,21 @@ class Recovery:
         return None if self.opened is None else self.opened - self.began
 
 
+@dataclass(frozen=True)
+class PlannedStop:
+    """A planned move in progress (core.planned_moves): the gang stops at ``step`` (None:
+    asking the agents how far their trainers are), then ``members`` get new pods elsewhere
+    and the others restart in place; at ``deadline`` the move happens whatever the trainers
+    did."""
+
+    epoch: int
+    members: tuple[str, ...]
+    reason: str
+    requested: float
+    deadline: float
+    step: int | None = None
+
+
 @dataclass
 class GangStatus:
     """What the controller persists (GangState ``.status``); the planner's memory."""
@@ -212,6 +238,8 @@ class GangStatus:
     report_endpoint: ReportEndpoint | None = None
     # goodput accounting up to the running epoch's barrier (core.goodput)
     goodput: Ledger = field(default_factory=Ledger)
+    # members to move off nodes being drained, and the step the gang stops at first
+    planned_stop: PlannedStop | None = None
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ not parse).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -46,6 +47,7 @@ from jobset_inplace.core.model import (
     GangSpec,
     NodeView,
     Plan,
+    PlannedStop,
     PodView,
     ReadLeases,
     Recovery,
@@ -53,6 +55,7 @@ from jobset_inplace.core.model import (
     Snapshot,
     UntaintNode,
 )
+from jobset_inplace.core.planned_moves import ANSWER_WAIT_S, leaving_members, stop_step
 from jobset_inplace.core.policy import (
     ForceDelete,
     NoCommonCheckpoint,
@@ -290,6 +293,7 @@ class _Planning:
             st.barrier_open = False
             st.resume_step = None
             st.straggler_hold_step = None
+            st.planned_stop = None  # a new epoch (a failure's too) ends a planned stop
             st.recovery = Recovery(
                 epoch=st.epoch,
                 started=self.s.now,
@@ -317,6 +321,7 @@ class _Planning:
         self.go(Edge.STOOD_DOWN, "Kueue" if gang.kueue_stand_down else "Suspended", why)
         st.barrier_open = False
         st.recovery = None  # an in-flight recovery is cancelled, not resumed later
+        st.planned_stop = None
         st.goodput = goodput.training_ended(st.goodput, self.s.now, kept=False)
         self.event("StoodDown", f"{why}: recovery stands down")
 
@@ -364,6 +369,85 @@ class _Planning:
             self.fresh_epoch(
                 Edge.MANUAL_RESTART, f"manual restart ({request})", Cause.MANUAL_RESTART
             )
+        else:
+            self.planned_move()
+
+    # -- planned moves (core/planned_moves.py) --
+    def planned_move(self) -> None:
+        """Members on nodes being drained: ask how far the trainers are, pick the step they
+        stop at, wait for them to park there (or the deadline), then move those members."""
+        s, st, policy = self.s, self.st, self.s.policy
+        ps = st.planned_stop
+        if ps is None:
+            leaving = leaving_members(s.nodes, self.current) if policy.planned_moves else {}
+            if not leaving:
+                return
+            members = tuple(sorted(leaving))
+            why = "; ".join(sorted(set(leaving.values())))
+            deadline = s.now + policy.planned_move_timeout_s
+            st.planned_stop = PlannedStop(st.epoch, members, why, s.now, deadline)
+            self.event(
+                "PlannedMove",
+                f"epoch {st.epoch}: {len(members)} member(s) to move ({_some(list(members))}: "
+                f"{why}); the gang stops at one step first, the move happens by "
+                f"{rfc3339(deadline)} at the latest",
+            )
+            self.p.wake_at(s.now, s.now + ANSWER_WAIT_S)
+            return
+        if ps.step is None:
+            self.planned_stop_step(ps)
+            return
+        parked = [p for p in self.current.values() if p.parked_in_epoch == st.epoch]
+        if len(parked) == len(s.gang.members):
+            self.start_planned_move(ps, f"every trainer stopped at step {ps.step}")
+        elif s.now >= ps.deadline:
+            self.start_planned_move(
+                ps,
+                f"planned-move-timeout: {len(parked)} of {len(s.gang.members)} member(s) "
+                f"stopped at step {ps.step}",
+            )
+        else:
+            self.p.wake_at(s.now, ps.deadline)
+
+    def planned_stop_step(self, ps: PlannedStop) -> None:
+        """Every agent said how far its trainers are: the gang stops a little ahead."""
+        s, st = self.s, self.st
+        answers = {
+            m: p.progress_now[1]
+            for m, p in self.current.items()
+            if p.progress_now is not None and p.progress_now[0] == st.epoch
+        }
+        if len(answers) < len(s.gang.members):
+            if s.now >= ps.requested + ANSWER_WAIT_S:
+                self.start_planned_move(ps, f"{len(answers)} member(s) answered in time")
+            else:
+                self.p.wake_at(s.now, ps.requested + ANSWER_WAIT_S)
+            return
+        step = stop_step(span for span in answers.values() if span is not None)
+        if step is None:
+            self.start_planned_move(ps, "no trainer reports progress")
+            return
+        st.planned_stop = dataclasses.replace(ps, step=step)
+        self.event("PlannedStop", f"epoch {st.epoch}: every trainer stops at step {step}")
+        self.p.wake_at(s.now, ps.deadline)
+
+    def start_planned_move(self, ps: PlannedStop, why: str) -> None:
+        """The move: a new epoch in which the leaving members get new pods (their nodes take no
+        new ones) and the others restart in place; no budget charged."""
+        decided = dict.fromkeys(ps.members, Cause.PLANNED_MOVE)
+        self.go(Edge.PLANNED_MOVE, Cause.PLANNED_MOVE.value, ps.reason, causes=decided)
+        rec = self.recovery
+        for member in ps.members:
+            pod = self.current.get(member)
+            self.mark_recreated(rec, member, pod.uid if pod else "", Cause.PLANNED_MOVE)
+            if pod is not None:
+                self.replace(pod, Cause.PLANNED_MOVE)
+        self.event(
+            "RecoveryStarted",
+            f"epoch {self.st.epoch}: planned move of {_some(list(ps.members))} ({why}); "
+            f"{rec.in_place} in place, {len(rec.recreated)} recreated",
+        )
+        self.p.wake_at(self.s.now, rec.deadline)
 
     def find_stragglers(self) -> dict[str, float]:
         """The members slower than the gang in the running epoch (status and Events); {} with

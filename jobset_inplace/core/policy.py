@@ -113,6 +113,11 @@ class Policy:
     straggler_windows: int = 3
     straggler_window_s: float = 300.0
     straggler_action: StragglerAction = StragglerAction.REPORT
+    # A member whose node is cordoned (drained) or marked for maintenance is moved once the
+    # gang has stopped at one step with a checkpoint of it (its eviction held meanwhile by a
+    # PodDisruptionBudget), or at this deadline whatever the trainers did.
+    planned_moves: bool = True
+    planned_move_timeout_s: float = 600.0
 
 
 class PolicyError(ValueError):
@@ -203,6 +208,9 @@ STRAGGLER_WINDOWS_RANGE = (1, 20)
 # straggler-window: each window is one pod write per member (5000 members, 5 min: 17 writes/s;
 # 30 s: 167/s, the shortest that is still a small share of a control plane's writes).
 STRAGGLER_WINDOW_RANGE_S = (30.0, 3600.0)
+# planned-move-timeout: how long a drain may wait for the gang's common step; under 10 s the
+# agents' answers and the trainers' next step may not be in, past a day no drain waits.
+PLANNED_MOVE_TIMEOUT_RANGE_S = (10.0, 24 * 3600.0)
 INPLACE_BUDGET_RANGE = (0, 10_000)
 RECREATE_BUDGET_RANGE = (0, 10_000)
 MEMBER_REPEAT_LIMIT_RANGE = (1, 1000)
@@ -444,6 +452,12 @@ _PARSERS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
         lambda k, v: _duration(k, v, STRAGGLER_WINDOW_RANGE_S, "1m, 5m or 15m"),
     ),
     ("straggler_action", names.STRAGGLER_ACTION, lambda k, v: _choice(k, v, StragglerAction)),
+    ("planned_moves", names.PLANNED_MOVES, _bool),
+    (
+        "planned_move_timeout_s",
+        names.PLANNED_MOVE_TIMEOUT,
+        lambda k, v: _duration(k, v, PLANNED_MOVE_TIMEOUT_RANGE_S, "2m, 10m or 1h"),
+    ),
 )
 
 

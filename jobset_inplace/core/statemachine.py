@@ -40,6 +40,7 @@ class Edge(StrEnum):
     BARRIER_OPENED = "BarrierOpened"  # every member reported the epoch
     MEMBER_FAILED = "MemberFailed"  # a failure while running: new epoch, in place + replaced
     MANUAL_RESTART = "ManualRestart"  # kubectl jobset-inplace restart: new epoch, no budget
+    PLANNED_MOVE = "PlannedMove"  # members leave a drained node at a common step: no budget
     FAILURE_WHILE_WAITING = "FailureWhileWaiting"  # joins the open recovery, same epoch
     BARRIER_DEADLINE = "BarrierDeadline"  # laggards replaced, deadline renewed once
     ESCALATED = "Escalated"  # budget, second deadline, or no common checkpoint
@@ -81,6 +82,13 @@ TRANSITIONS: Final[Mapping[Edge, Transition]] = {
         _P.RECOVERING,
         new_epoch=True,
         when="manual restart (epoch E+1, no budget charged)",
+    ),
+    Edge.PLANNED_MOVE: Transition(
+        frozenset({_P.RUNNING}),
+        _P.RECOVERING,
+        new_epoch=True,
+        when="planned move (epoch E+1 from the step the gang stopped at: members on drained "
+        "nodes moved, the rest in place, no budget charged)",
     ),
     Edge.FAILURE_WHILE_WAITING: Transition(
         frozenset({_P.RECOVERING}),

@@ -30,7 +30,7 @@ from jobset_inplace.trainer.checkpoints import (
     mark_complete,
     step_dir,
 )
-from jobset_inplace.trainer.progress import ProgressReporter, report_progress
+from jobset_inplace.trainer.progress import ProgressReporter, park, report_progress
 
 __all__ = [
     "DEFAULT_STATE_DIR",
@@ -43,6 +43,7 @@ __all__ = [
     "Tier",
     "checkpoint_path",
     "clear_resume",
+    "park",
     "read_resume",
     "report_progress",
     "resolve_state_dir",

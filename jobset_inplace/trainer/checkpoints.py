@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TypeGuard
 
 __all__ = [
     "COMPLETE_MARKER",
@@ -76,7 +77,7 @@ def parse_canonical_int(text: str, high: int = MAX_STEP) -> int | None:
     return value if value <= high else None
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """Whether `value` is an int and not a bool (JSON ``true`` is no step, epoch or count)."""
     return isinstance(value, int) and not isinstance(value, bool)
 

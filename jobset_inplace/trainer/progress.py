@@ -23,9 +23,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from jobset_inplace.launcher import DEFAULT_STATE_DIR, ENV_CONTAINER, ENV_STATE_DIR
 from jobset_inplace.trainer.checkpoints import MAX_STEP, is_int, parse_canonical_int
+from jobset_inplace.trainer.stop import StopWatch, park_forever
 
 __all__ = [
     "DEFAULT_NAME",
@@ -37,6 +39,7 @@ __all__ = [
     "decode_span",
     "encode_busy",
     "encode_span",
+    "park",
     "progress_file",
     "read_progress",
     "report_progress",
@@ -58,6 +61,7 @@ class Progress:
     # ``step`` and ``at``, the trainer's pace over its epoch (goodput accounting).
     first_step: int | None = None
     first_at: float | None = None
+    parked: bool = False  # the trainer stopped at ``step`` for a planned stop (trainer.stop)
 
 
 def progress_file(state_dir: Path, name: str) -> Path:
@@ -107,6 +111,7 @@ def read_progress(state_dir: Path) -> dict[str, Progress]:
             None if busy is None else float(busy),
             first_step,
             None if first_at is None else float(first_at),
+            doc.get("parked") is True,
         )
     return out
 
@@ -208,16 +213,17 @@ def decode_span(text: str) -> ProgressSpan | None:
 
 class ProgressReporter:
     """Writes the progress record when the step changes (calls with the same step are free,
-    but for adding their ``busy_s``)."""
+    but for adding their ``busy_s``); answers whether a planned stop is due at the step."""
 
     def __init__(self, state_dir: Path | None = None, name: str | None = None) -> None:
         directory = state_dir or Path(os.environ.get(ENV_STATE_DIR) or DEFAULT_STATE_DIR)
         self.path = progress_file(directory, name or os.environ.get(ENV_CONTAINER) or DEFAULT_NAME)
+        self.stops = StopWatch(directory)
         self.step: int | None = None
         self.busy: float | None = None  # the sum of the busy_s given so far
         self.first: tuple[int, float] | None = None  # the first step written, and when
 
-    def __call__(self, step: int, busy_s: float | None = None) -> None:
+    def __call__(self, step: int, busy_s: float | None = None) -> bool:
         if not is_int(step) or not 0 <= step <= MAX_STEP:
             raise ValueError(f"step must be an integer 0..{MAX_STEP}, got {step!r}")
         if busy_s is not None:
@@ -226,19 +232,30 @@ class ProgressReporter:
             if not 0 <= busy_s < 1e9:  # also refuses nan
                 raise ValueError(f"busy_s must be seconds (a number >= 0), got {busy_s!r}")
             self.busy = (self.busy or 0.0) + busy_s
-        if step == self.step:
-            return
+        if step != self.step:
+            self._write(step)
+        return self.stops.due(step)
+
+    def _write(self, step: int, *, parked: bool = False) -> None:
         at = round(time.time(), 3)
         if self.first is None:
             self.first = (step, at)
-        doc: dict[str, float] = {"step": step, "at": at}
+        doc: dict[str, float | bool] = {"step": step, "at": at}
         doc["firstStep"], doc["firstAt"] = self.first
         if self.busy is not None:
             doc["busyS"] = round(self.busy, 6)
+        if parked:
+            doc["parked"] = True
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         tmp.write_text(json.dumps(doc), encoding="utf-8")
         os.replace(tmp, self.path)
         self.step = step
+
+    def park(self, step: int) -> NoReturn:
+        """Stopped at ``step`` for a planned stop, its checkpoint saved: say so in the progress
+        record (the agent reports it; the gang's recovery follows) and wait to be stopped."""
+        self._write(step, parked=True)
+        park_forever()
 
 
 @functools.cache
@@ -246,9 +263,17 @@ def _reporter() -> ProgressReporter:
     return ProgressReporter()
 
 
-def report_progress(step: int, busy_s: float | None = None) -> None:
+def report_progress(step: int, busy_s: float | None = None) -> bool:
     """Record that the trainer reached ``step`` (call it once per step; cheap when the step did
     not change), and optionally how long the step kept it busy, not counting the time it
     waited for the other members in collectives (``busy_s``: straggler detection's signal).
-    Needed only with hang or straggler detection on (docs/annotations.md)."""
-    _reporter()(step, busy_s)
+    Read by hang and straggler detection and goodput accounting (docs/annotations.md).
+
+    True when a planned stop is due at ``step`` (a member's node is being drained): save a
+    checkpoint of ``step`` (to the persistent tier too) and call :func:`park`."""
+    return _reporter()(step, busy_s)
+
+
+def park(step: int) -> NoReturn:
+    """After a planned stop's checkpoint of ``step``: wait to be stopped (trainer.stop)."""
+    _reporter().park(step)

@@ -18,7 +18,7 @@ from jobset_inplace.core.gangstate import (
     status_to_dict,
 )
 from jobset_inplace.core.goodput import Bucket, Ledger
-from jobset_inplace.core.model import Cause, GangStatus, Recovery, ReportEndpoint
+from jobset_inplace.core.model import Cause, GangStatus, PlannedStop, Recovery, ReportEndpoint
 from jobset_inplace.core.statemachine import Edge, Phase
 
 
@@ -97,6 +97,14 @@ def full_status() -> GangStatus:
             training_since=T0 + 12.015625,
             training_resume=4200,
             restarted=True,
+        ),
+        planned_stop=PlannedStop(
+            epoch=7,
+            members=("workers/1/0",),
+            reason="node n1 cordoned",
+            requested=T0 + 20.5,
+            deadline=T0 + 620.5,
+            step=4321,
         ),
     )
 

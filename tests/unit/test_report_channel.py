@@ -54,6 +54,8 @@ def test_a_channel_report_decodes_like_the_annotations() -> None:
         "hung_in_epoch": None,
         "progress_step": 217,
         "progress_span": ProgressSpan(101, 1_790_000_000.25, 217, 1_790_000_058.25),
+        "progress_now": None,
+        "parked_in_epoch": None,
     }
     _, error = agent_report(report(**{names.REPORT_PROGRESS_STEP: "-1"}))
     assert error is not None
@@ -72,6 +74,9 @@ def test_a_channel_report_decodes_like_the_annotations() -> None:
         (names.REPORT_PROGRESS_SPAN, "1@6,2@5", "neither going backwards"),
         (names.REPORT_PROGRESS_SPAN, "1@05,2@6", "canonical integers"),
         (names.REPORT_PROGRESS_SPAN, "1@5,2@" + "9" * 15, "canonical integers"),
+        (names.REPORT_PROGRESS_NOW, "3", "<epoch>:<progress span, or nothing>"),
+        (names.REPORT_PROGRESS_NOW, "3:1@5", "<epoch>:<progress span, or nothing>"),
+        (names.REPORT_PARKED, "three", "is not an integer"),
     ],
 )
 def test_a_malformed_report_names_the_field_and_sets_nothing(key: str, raw: str, says: str) -> None:

@@ -11,6 +11,9 @@ import io
 import json
 from pathlib import Path
 from typing import Any
+from unittest import mock
+
+import pytest
 
 from jobset_inplace import launcher, names
 from jobset_inplace.agent.config import Config
@@ -27,6 +30,7 @@ from jobset_inplace.agent.runner import (
 )
 from jobset_inplace.trainer import save_checkpoint
 from jobset_inplace.trainer.progress import ProgressReporter, decode_span, read_progress
+from jobset_inplace.trainer.stop import StopAt, read_stop
 
 
 class RecordingApi:
@@ -127,10 +131,40 @@ def at(m: TrainerMonitor, now: list[float], t: float) -> bool:
     return m.check()
 
 
-def test_monitors_only_what_there_is_to_watch(tmp_path: Path) -> None:
-    assert monitor(tmp_path, "process")[0].needed
-    assert not monitor(tmp_path, "pod")[0].needed, "pod scope without hang detection: nothing"
-    assert monitor(tmp_path, "pod", HangRule(hang_timeout=30))[0].needed
+def test_a_planned_stop_is_answered_passed_on_and_its_parking_reported(tmp_path: Path) -> None:
+    """core/planned_moves.py: asked (no step yet), the agent says how far its trainers are,
+    once; given the step, it writes stop.json for them (report_progress answers True there);
+    once every trainer parked at it, it says so, once. Another epoch's stop is not ours."""
+    m, api, _, now = monitor(tmp_path, "pod")
+    m.agent.running = (3, 0.0)
+    m.agent.planned = (2, None)
+    report = ProgressReporter(tmp_path, "trainer")
+    assert not report(40)
+    assert not at(m, now, 1), "an older epoch's planned stop: nothing"
+    m.agent.planned = (3, None)
+    assert at(m, now, 2)
+    [(_, patch)] = api.patches
+    epoch, _, span = patch["metadata"]["annotations"][names.REPORT_PROGRESS_NOW].partition(":")
+    answer = decode_span(span)
+    assert epoch == "3"
+    assert answer is not None
+    assert (answer.first_step, answer.last_step) == (40, 40)
+    assert not at(m, now, 3), "answered once"
+    m.agent.planned = (3, 45)
+    assert not at(m, now, 4)
+    assert read_stop(tmp_path) == StopAt(3, 45)
+    assert not report(44)
+    assert report(45), "the trainer's report_progress says: stop here"
+    forever = "jobset_inplace.trainer.progress.park_forever"  # (cut short for the test)
+    with pytest.raises(SystemExit), mock.patch(forever, side_effect=SystemExit):
+        report.park(45)
+    assert at(m, now, 5)
+    assert api.patches[-1][1]["metadata"]["annotations"][names.REPORT_PARKED] == "3"
+    assert not at(m, now, 6), "reported once"
+    m.agent.kube = api  # type: ignore[assignment]
+    m.agent._report(Report(epoch=4, barrier_closed=True))
+    m.agent._open(Open(epoch=4, resume_step=45))
+    assert read_stop(tmp_path) is None, "a planned stop is one epoch's"
 
 
 def test_reports_a_trainer_that_stopped_advancing_once(tmp_path: Path) -> None:
@@ -207,7 +241,6 @@ def test_publishes_the_busy_windows_and_retries_without_restarting(tmp_path: Pat
         m.agent.cfg, busy_window=60.0, busy_windows=2, local_dir=local
     )
     m = TrainerMonitor(m.agent, api, exit_process=exits.append, clock=lambda: now[0])  # type: ignore[arg-type]
-    assert m.needed
     m.agent.running = (3, 0.0)
     report = ProgressReporter(tmp_path, "trainer")
     report(1, busy_s=0.1)

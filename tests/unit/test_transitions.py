@@ -21,6 +21,7 @@ from jobset_inplace.core.model import (
     Event,
     GangStatus,
     NodeView,
+    PlannedStop,
     Recovery,
     ReplacePod,
     Snapshot,
@@ -109,6 +110,14 @@ def _member_fails() -> Snapshot:
 def _manual_restart() -> Snapshot:
     """running; kubectl jobset-inplace restart"""
     return snapshot(status=running(2), restart_request="r1")
+
+
+@add(Edge.PLANNED_MOVE, Phase.RECOVERING, 3, "replace workers/1/0", "RecoveryStarted")
+def _planned_move() -> Snapshot:
+    """running; every trainer parked at the planned stop (a member's node is drained)"""
+    stop = PlannedStop(2, ("workers/1/0",), "node n1 cordoned", NOW - 30, NOW + 570, step=250)
+    pl = [dataclasses.replace(p, parked_in_epoch=2) for p in pods(4, epoch=2)]
+    return snapshot(status=running(2, planned_stop=stop), pod_list=pl)
 
 
 @add(Edge.FAILURE_WHILE_WAITING, Phase.RECOVERING, 3, "replace workers/2/0", "RecoveryExtended")

@@ -270,6 +270,8 @@ TWO_VALUES: dict[str, tuple[str, str]] = {
     names.STRAGGLER_WINDOWS: ("2", "3"),
     names.STRAGGLER_WINDOW: ("1m", "2m"),
     names.STRAGGLER_ACTION: ("report", "recreate"),
+    names.PLANNED_MOVES: ("true", "false"),
+    names.PLANNED_MOVE_TIMEOUT: ("2m", "1h"),
 }
 
 
