@@ -3,13 +3,11 @@ ServiceAccount and RoleBinding :mod:`jobset_inplace.core.agent_access` decides (
 there). This module only loads the two objects, asks the core, writes its answer and retries.
 
 A namespace is synced when the set of its opted-in JobSets (or the ServiceAccounts their pods
-run as) changes, and again every ``RESYNC_S`` (an object deleted by hand, or by the garbage
-collector in the moment a new JobSet arrived, comes back). Writes run on a thread: the API
-client blocks."""
+run as) changes, and again every 5 minutes (an object deleted by hand, or by the garbage
+collector in the moment a new JobSet arrived, comes back): :mod:`.keyed_sync`."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Mapping
@@ -18,7 +16,6 @@ from typing import Any
 from kubernetes import client
 
 from jobset_inplace.apierrors import or_none
-from jobset_inplace.backoff import Backoff, Retries
 from jobset_inplace.core.agent_access import (
     AGENT_BINDING,
     AGENT_SERVICE_ACCOUNT,
@@ -28,10 +25,10 @@ from jobset_inplace.core.agent_access import (
 )
 from jobset_inplace.core.policy import is_managed
 
+from .keyed_sync import KeyedSync
+
 log = logging.getLogger("jobset_inplace.controller")
 
-RESYNC_S = 300.0
-RETRY = Backoff(1.0, 60.0)
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -40,8 +37,7 @@ class AgentAccessKeeper:
         self.core = client.CoreV1Api(api_client)
         self.rbac = client.RbacAuthorizationV1Api(api_client)
         self.owners: dict[str, dict[str, Owner]] = {}  # namespace -> JobSet name -> owner
-        self._due: set[str] = set()
-        self._running: dict[str, asyncio.Task[None]] = {}
+        self.keeper = KeyedSync("agent access", self.sync_namespace, lambda: self.owners)
         self._reported: set[str] = set()  # conflicts already logged
 
     def observe(self, jobset: Mapping[str, Any], deleted: bool) -> None:
@@ -59,36 +55,13 @@ class AgentAccessKeeper:
             if owners.get(name) == owner:
                 return
             self.owners.setdefault(ns, {})[name] = owner
-        self.schedule(ns)
-
-    def schedule(self, ns: str) -> None:
-        self._due.add(ns)
-        if ns not in self._running:
-            self._running[ns] = asyncio.get_running_loop().create_task(self._keep(ns))
+        self.keeper.schedule(ns)
 
     async def resync_forever(self) -> None:
-        while True:
-            await asyncio.sleep(RESYNC_S)
-            for ns in list(self.owners):
-                self.schedule(ns)
+        await self.keeper.resync_forever()
 
-    async def _keep(self, ns: str) -> None:
-        retries = Retries(RETRY, jitter=True)
-        try:
-            while ns in self._due:
-                self._due.discard(ns)
-                owners = list(self.owners.get(ns, {}).values())
-                try:
-                    await asyncio.to_thread(self.sync, ns, owners)
-                except Exception as e:  # any failure: read again and retry, with backoff
-                    delay = retries.failed()
-                    log.warning("%s: agent access: %s (retrying in %.1f s)", ns, e, delay)
-                    self._due.add(ns)
-                    await asyncio.sleep(delay)
-                else:
-                    retries.succeeded()
-        finally:
-            del self._running[ns]
+    def sync_namespace(self, ns: str) -> None:
+        self.sync(ns, list(self.owners.get(ns, {}).values()))
 
     def sync(self, ns: str, owners: list[Owner]) -> None:
         """Load the two objects, plan, write (on a thread)."""

@@ -44,6 +44,7 @@ from jobset_inplace.runtime.watches import RawWatch, WatchEvent
 from . import metrics
 from .agent_access import AgentAccessKeeper
 from .cache import ClusterCache, JobEntry, PodEntry, job_entry, node_entry, pod_entry
+from .disruption_budget import DisruptionBudgetKeeper
 from .executor import Executor
 from .reconciler import Reconciler
 from .report_server import report_server_from_env
@@ -68,15 +69,21 @@ def _jobset_event(r: Reconciler, body: dict[str, Any], deleted: bool) -> None:
     r.poke(key)
 
 
-def setup(reconciler: Reconciler, access: AgentAccessKeeper | None = None) -> None:
+def setup(
+    reconciler: Reconciler,
+    access: AgentAccessKeeper | None = None,
+    budgets: DisruptionBudgetKeeper | None = None,
+) -> None:
     """Register the kopf handlers that feed ``reconciler`` (and ``access``: the agents'
-    ServiceAccount and RoleBinding per namespace)."""
+    ServiceAccount and RoleBinding per namespace; ``budgets``: each gang's
+    PodDisruptionBudget)."""
 
     @kopf.on.event("jobset.x-k8s.io", "v1alpha2", "jobsets")
     async def jobset_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         _jobset_event(reconciler, dict(body), type == "DELETED")
-        if access is not None:
-            access.observe(dict(body), type == "DELETED")
+        for keeper in (access, budgets):
+            if keeper is not None:
+                keeper.observe(dict(body), type == "DELETED")
 
     @kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads")
     async def workload_event(body: kopf.Body, type: str | None, **_: Any) -> None:
@@ -265,8 +272,9 @@ def run_controller(reconciler: Reconciler, extra_watches: Sequence[WatchFactory]
     watches = [*raw_watches(reconciler), *(make(reconciler) for make in extra_watches)]
     registry = kopf.OperatorRegistry()
     access = AgentAccessKeeper(reconciler.executor.api_client)
+    budgets = DisruptionBudgetKeeper(reconciler.executor.api_client)
     with _registry(registry):
-        setup(reconciler, access)
+        setup(reconciler, access, budgets)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -286,7 +294,8 @@ def run_controller(reconciler: Reconciler, extra_watches: Sequence[WatchFactory]
     async def start_watches(**_: Any) -> None:
         await start_report_channel(reconciler)
         _stop_at_sigterm(reconciler, stop)
-        background.add(asyncio.get_running_loop().create_task(access.resync_forever()))
+        for keeper in (access, budgets):
+            background.add(asyncio.get_running_loop().create_task(keeper.resync_forever()))
         # kopf starts its own watches (JobSets) only when every startup handler is done
         await asyncio.to_thread(prime, reconciler, watches)
         for w in watches:

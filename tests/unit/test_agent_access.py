@@ -11,8 +11,9 @@ import pytest
 
 from jobset_inplace import names
 from jobset_inplace.backoff import Backoff
-from jobset_inplace.controller import agent_access as keeper_module
+from jobset_inplace.controller import keyed_sync as keeper_module
 from jobset_inplace.controller.agent_access import AgentAccessKeeper
+from jobset_inplace.controller.keyed_sync import KeyedSync
 from jobset_inplace.core.agent_access import (
     AGENT_BINDING,
     AGENT_CLUSTER_ROLE,
@@ -174,7 +175,8 @@ def test_the_webhook_refuses_the_shared_default_account_and_keeps_a_deprecated_o
 
 class RecordingKeeper(AgentAccessKeeper):
     def __init__(self, fail: int = 0) -> None:
-        self.owners, self._due, self._running, self._reported = {}, set(), {}, set()
+        self.owners, self._reported = {}, set()
+        self.keeper = KeyedSync("agent access", self.sync_namespace, lambda: self.owners)
         self.synced: list[tuple[str, list[str]]] = []
         self.fail = fail
 
@@ -196,8 +198,8 @@ def _jobset(name: str, ns: str = "ml", enabled: bool = True, sa: str | None = No
 
 
 async def _settle(keeper: AgentAccessKeeper) -> None:
-    while keeper._running:
-        await asyncio.gather(*keeper._running.values())
+    while keeper.keeper._running:
+        await asyncio.gather(*keeper.keeper._running.values())
 
 
 async def test_the_keeper_syncs_a_namespace_when_its_owners_change_only() -> None:
