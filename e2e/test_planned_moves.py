@@ -20,7 +20,12 @@ from jobset_inplace.apierrors import or_none
 from jobset_inplace.core.disruption_budget import budget_name
 from testbed.cluster import LocalCluster
 from testbed.controller import barrier_open, gang_state, member_pods
-from testbed.demo import assert_resumed, trainers_running, training_gang
+from testbed.demo import (
+    assert_resumed,
+    started_trainer_log,
+    trainers_running,
+    training_gang,
+)
 from testbed.install import Installation
 from testbed.kube import Clients, wait_for
 from testbed.versions import binaries
@@ -107,6 +112,9 @@ def test_a_drained_node_moves_its_member_with_no_step_lost(
         assert m, stop
         planned = int(m.group(1))
         st = barrier_open(kube, namespace, NAME, 2, 180)
+        for pod in member_pods(kube, namespace, NAME).values():  # (evidence in the log)
+            log = started_trainer_log(cluster_kubeconfig, namespace, pod.metadata.name)
+            print(f"--- {pod.metadata.name} on {pod.spec.node_name}:\n{log[-1500:]}")
         assert st["resumeStep"] == planned, "every member resumes from the step it stopped at"
         assert st["recovery"]["progressStepsLost"] == 0, "no step lost"
         wait_for(

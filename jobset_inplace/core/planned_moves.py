@@ -37,16 +37,19 @@ def leaving_members(
     return out
 
 
-def stop_step(spans: Iterable[ProgressSpan], margin_s: float = STOP_MARGIN_S) -> int | None:
-    """The step the gang stops at: the newest step any member's trainers reached plus the steps
-    of ``margin_s`` at the gang's pace (at least one step); None without any progress."""
+def stop_step(
+    spans: Iterable[ProgressSpan], now: float, margin_s: float = STOP_MARGIN_S
+) -> int | None:
+    """The step the gang stops at: where the newest step any member's trainers reached will be
+    ``margin_s`` after ``now`` at the gang's pace (an answer may be seconds old: a new leader
+    gets it again as it was sent), at least one step ahead; None without any progress."""
     spans = list(spans)
     if not spans:
         return None
     first = min(spans, key=lambda s: (s.first_at, s.first_step))
     last = max(spans, key=lambda s: (s.last_step, s.last_at))
-    ahead = 1
     if last.last_step > first.first_step and last.last_at > first.first_at:
         pace = (last.last_at - first.first_at) / (last.last_step - first.first_step)
-        ahead = max(1, math.ceil(margin_s / pace))
-    return last.last_step + ahead
+        ahead = (max(0.0, now - last.last_at) + margin_s) / pace
+        return last.last_step + max(1, math.ceil(ahead))
+    return last.last_step + 1

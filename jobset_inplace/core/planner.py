@@ -423,7 +423,7 @@ class _Planning:
             else:
                 self.p.wake_at(s.now, ps.requested + ANSWER_WAIT_S)
             return
-        step = stop_step(span for span in answers.values() if span is not None)
+        step = stop_step((span for span in answers.values() if span is not None), s.now)
         if step is None:
             self.start_planned_move(ps, "no trainer reports progress")
             return

@@ -23,7 +23,7 @@ from jobset_inplace.core.decode import (
 )
 from jobset_inplace.core.gangmembers import inplace_restarts, member_rows, rows_by_pod
 from jobset_inplace.core.gangstate import status_from_dict
-from jobset_inplace.core.model import GangStatus, Recovery
+from jobset_inplace.core.model import GangStatus, PlannedStop, Recovery
 from jobset_inplace.core.policy import Policy, PolicyError, parse_policy
 from jobset_inplace.times import parse_time, rfc3339
 
@@ -297,7 +297,18 @@ def status_document(
         "policyError": policy_error,
         "lastRecovery": _last_recovery(rec, now),
         "goodput": _goodput(s.goodput, now),
+        "plannedMove": None if s.planned_stop is None else _planned(s.planned_stop),
         "memberPods": member_pods,
+    }
+
+
+def _planned(ps: PlannedStop) -> dict[str, Any]:
+    return {
+        "members": list(ps.members),
+        "reason": ps.reason,
+        "requestedAt": rfc3339(ps.requested),
+        "deadline": rfc3339(ps.deadline),
+        "stopStep": ps.step,
     }
 
 
@@ -417,6 +428,19 @@ def render_status(doc: Mapping[str, Any], *, wide: bool = False) -> str:
             rows.append(("  Steps to redo:", f"{rec['progressStepsLost']} (trainers' progress)"))
     if doc.get("goodput"):
         rows.append(("Goodput:", fmt_goodput(doc["goodput"])))
+    if planned := doc.get("plannedMove"):
+        at = (
+            "step not chosen yet"
+            if planned["stopStep"] is None
+            else f"at step {planned['stopStep']}"
+        )
+        rows.append(
+            (
+                "Planned move:",
+                f"{', '.join(planned['members'])} ({planned['reason']}): the gang stops {at}, "
+                f"moves by {planned['deadline']} at the latest",
+            )
+        )
     w = max(len(k) for k, _ in rows)
     out = "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows) + "\n"
     if wide:

@@ -265,6 +265,25 @@ def test_status_shows_the_gangs_goodput_as_of_now() -> None:
     assert "wastedProgress 10.0s)" in text
 
 
+def test_status_shows_a_planned_move() -> None:
+    planned = {
+        "epoch": 3,
+        "members": ["workers/0/0"],
+        "reason": "node n0 cordoned",
+        "requestedAt": "2026-11-21T10:00:20Z",
+        "deadline": "2026-11-21T10:10:20Z",
+        "step": 425,
+    }
+    out = doc(plannedStop=planned)
+    assert out["plannedMove"]["stopStep"] == 425
+    text = r.render_status(out)
+    assert (
+        "Planned move:     workers/0/0 (node n0 cordoned): the gang stops at step 425, moves by "
+        "2026-11-21T10:10:20.000000Z at the latest"
+    ) in text
+    assert doc()["plannedMove"] is None
+
+
 def test_status_recovery_in_progress_shows_elapsed_time() -> None:
     rec = gangstate()["status"]["recovery"] | {"openedAt": None, "durationSeconds": None}
     out = doc(phase="Recovering", barrierOpen=False, recovery=rec)
@@ -379,6 +398,7 @@ def test_status_json_and_yaml_are_the_same_stable_document() -> None:
         "policyError",
         "lastRecovery",
         "goodput",
+        "plannedMove",
         "memberPods",
     ]
 

@@ -57,8 +57,8 @@ def test_every_answer_sets_the_step_a_few_seconds_ahead() -> None:
     p = plan(snapshot(status=st, pod_list=some, node_map=cordoned()))
     assert p.status.planned_stop == asked(), "waits for every member's answer"
     p = plan(snapshot(status=st, pod_list=answered(), node_map=cordoned()))
-    assert p.status.planned_stop == asked(step=425)  # 400 + 5 s at 0.2 s per step
-    assert events(p)["PlannedStop"] == "epoch 2: every trainer stops at step 425"
+    assert p.status.planned_stop == asked(step=426)  # 400 (0.2 s ago) + 5.2 s at 0.2 s per step
+    assert events(p)["PlannedStop"] == "epoch 2: every trainer stops at step 426"
     stale = answered(epoch=1)  # answers to an older epoch's stop are not answers
     assert plan(snapshot(status=st, pod_list=stale, node_map=cordoned())).status.planned_stop == (
         asked()
@@ -111,12 +111,15 @@ def test_a_failure_meanwhile_ends_the_planned_stop() -> None:
 
 
 def test_stop_step_and_leaving_members() -> None:
-    assert stop_step([]) is None
-    assert stop_step([ProgressSpan(7, 1.0, 7, 1.0)]) == 8, "no pace: the next step"
+    assert stop_step([], NOW) is None
+    assert stop_step([ProgressSpan(7, 1.0, 7, 1.0)], NOW) == 8, "no pace: the next step"
     slow = ProgressSpan(1, 0.0, 10, 90.0)  # 10 s per step: one step is past the margin
-    assert stop_step([slow]) == 11
+    assert stop_step([slow], 90.0) == 11
     pace = 60.0 / (402 - 101)  # earliest first step to the newest step, over all members
-    assert stop_step([SPAN, ProgressSpan(101, NOW - 60.0, 402, NOW)]) == 402 + math.ceil(5 / pace)
+    two = [SPAN, ProgressSpan(101, NOW - 60.0, 402, NOW)]
+    assert stop_step(two, NOW) == 402 + math.ceil(5 / pace)
+    # an answer 10 s old (re-sent to a new leader): the trainers went on meanwhile
+    assert stop_step(two, NOW + 10) == 402 + math.ceil(15 / pace)
     pl = with_pod(pods(4, epoch=2), 2, node="n1")
     pl = with_pod(pl, 0, phase="Pending", node="n1")
     got = leaving_members(cordoned(), {p.member: p for p in pl})
