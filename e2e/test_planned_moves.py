@@ -7,6 +7,7 @@ step lost. The drain then completes."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import time
@@ -28,6 +29,7 @@ from testbed.demo import (
 )
 from testbed.install import Installation
 from testbed.kube import Clients, wait_for
+from testbed.kueue import QUEUE_LABEL, condition, queue, workload_of
 from testbed.versions import binaries
 
 pytestmark = pytest.mark.e2e
@@ -53,6 +55,7 @@ def _events(kube: Clients, namespace: str, reason: str) -> list[str]:
     return [e.message for e in found]
 
 
+@pytest.mark.parametrize("kueue", [False, True], ids=["plain", "kueue"])
 def test_a_drained_node_moves_its_member_with_no_step_lost(
     *,  # (fixtures)
     cluster_kubeconfig: Path,
@@ -61,6 +64,31 @@ def test_a_drained_node_moves_its_member_with_no_step_lost(
     namespace: str,
     uncordoned: None,
     tmp_path: Path,
+    kueue: bool,
+) -> None:
+    """``kueue``: the gang is admitted by Kueue (real Kueue, waitForPodsReady on): the move
+    keeps the admission and the Workload is not evicted."""
+    with contextlib.ExitStack() as stack:
+        labels = None
+        if kueue:
+            q = stack.enter_context(queue(kube, namespace))
+            labels = {QUEUE_LABEL: q.local_queue}
+        _drain_and_check(cluster_kubeconfig, kube, namespace, tmp_path, labels)
+        if kueue:
+            wl = workload_of(kube, namespace, NAME)
+            assert wl is not None
+            admitted, evicted = condition(wl, "Admitted"), condition(wl, "Evicted")
+            assert admitted is not None
+            assert admitted["status"] == "True", "the Workload stayed admitted"
+            assert evicted is None or evicted["status"] == "False", evicted
+
+
+def _drain_and_check(
+    cluster_kubeconfig: Path,
+    kube: Clients,
+    namespace: str,
+    tmp_path: Path,
+    labels: dict[str, str] | None,
 ) -> None:
     training_gang(
         kube,
@@ -69,6 +97,7 @@ def test_a_drained_node_moves_its_member_with_no_step_lost(
         NAME,
         MEMBERS,
         persistent=tmp_path / "shared",  # where a moved member finds the step
+        labels=labels,
     )
     policy = client.PolicyV1Api(kube.api)
     pdb = wait_for(

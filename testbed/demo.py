@@ -329,11 +329,12 @@ def training_gang(
     security: dict[str, Any] | None = None,
     service_account: str | None = None,
     env: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
 ) -> None:
     """A demo gang in ``namespace`` (prepared for gangs), trained to a checkpoint on every
     member: epoch 1's barrier open, every trainer running, a common step to resume from (in
     the ``persistent`` tier too if given: see `demo_jobset`; ``env``: more of the trainer's
-    environment)."""
+    environment; ``labels``: the JobSet's, e.g. Kueue's queue)."""
     prepare(kube, kubeconfig, namespace)
     create_jobset(
         kube,
@@ -349,6 +350,7 @@ def training_gang(
             security=security,
             service_account=service_account,
             env=env,
+            labels=labels,
         ),
     )
     wait_for(
