@@ -1,0 +1,258 @@
+"""The soak (``make soak``): a demo gang trains on the local cluster's real nodes for a long
+time, with a failure every few minutes (a trainer crash, a hung trainer, a drained node, in
+turn), and the controller's own goodput account (GangState ``status.goodput``) is printed at the
+end: goodput, badput by bucket, steps lost per recovery, the failure rate and the step time, so
+the figures compare with the field's (docs/benchmarks.md, "Soak").
+
+jobset-inplace is installed in the cluster as users install it (a drain evicts its pods too);
+the trainer reports progress every step (goodput's signal), checkpoints every 10 steps locally
+and every 20 to a persistent tier the real nodes share (a moved member's steps). Results:
+``bench/results/soak.json`` with the commit and the machine (bench/provenance.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import provenance
+from jobset_inplace import names
+from jobset_inplace.apierrors import or_none
+from jobset_inplace.core import goodput
+from jobset_inplace.core.gangstate import status_from_dict
+from testbed.cluster import LocalCluster, log
+from testbed.controller import gang_state, member_pods
+from testbed.demo import (
+    barrier_opened,
+    inject_failure,
+    inject_hang,
+    trainers_running,
+    training_gang,
+)
+from testbed.install import Installation
+from testbed.kube import Clients, clients, wait_for
+from testbed.versions import binaries, versions
+
+NAMESPACE, NAME = "jsi-soak", "soak"
+KINDS = ("crash", "hang", "drain")
+DEFAULT_OUT = Path("bench/results/soak.json")
+RECOVERY_TIMEOUT_S = 900.0
+
+
+@dataclass
+class Failure:
+    kind: str
+    epoch: int  # the recovery's epoch
+    at: float  # seconds into the soak
+    member: str
+    recovery_s: float | None  # first signal -> barrier open (the GangState's)
+    steps_lost: int | None  # progressStepsLost
+    resume_step: int | None
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n")[0])
+    p.add_argument("--minutes", type=float, default=60.0, help="how long (default 60)")
+    p.add_argument("--every", type=float, default=180.0, help="seconds between failures (180)")
+    p.add_argument("--members", type=int, default=2, help="gang size (default 2)")
+    p.add_argument("--step-seconds", type=float, default=0.5, help="the trainer's step (0.5)")
+    p.add_argument(
+        "--kinds", default=",".join(KINDS), help=f"failures, in turn ({','.join(KINDS)})"
+    )
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results JSON ({DEFAULT_OUT})")
+    p.add_argument("--allow-dirty", action="store_true", help=provenance.ALLOW_DIRTY_HELP)
+    args = p.parse_args(argv)
+    kinds = args.kinds.split(",")
+    if unknown := [k for k in kinds if k not in KINDS]:
+        p.error(f"--kinds: unknown {unknown}; accepted: {', '.join(KINDS)}")
+    if args.every < 60:
+        p.error("--every: at least 60 (a recovery and a checkpoint between failures)")
+    args.kinds = kinds
+    return args
+
+
+class Soak:
+    def __init__(self, cluster: LocalCluster, args: argparse.Namespace) -> None:
+        self.cluster, self.args = cluster, args
+        self.kubeconfig = cluster.kubeconfig
+        self.kube: Clients = clients(self.kubeconfig)
+        self.kubectl = [str(binaries().kubectl), "--kubeconfig", str(self.kubeconfig)]
+
+    def fail(self, kind: str, i: int) -> tuple[str, subprocess.Popen[str] | None]:
+        """Inject failure ``kind`` into member ``i`` (mod the gang); the drain runs on."""
+        pods = member_pods(self.kube, NAMESPACE, NAME)
+        index = sorted(pods)[i % len(pods)]
+        pod = pods[index]
+        if kind == "crash":
+            inject_failure(self.kubeconfig, NAMESPACE, pod.metadata.name)
+        elif kind == "hang":
+            inject_hang(self.kubeconfig, NAMESPACE, pod.metadata.name)
+        else:
+            cmd = [*self.kubectl, "drain", pod.spec.node_name, "--ignore-daemonsets"]
+            cmd += ["--delete-emptydir-data", f"--timeout={RECOVERY_TIMEOUT_S:.0f}s"]
+            drain = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+            return f"workers/{index}/0 on {pod.spec.node_name}", drain
+        return f"workers/{index}/0", None
+
+    def recovered(self, epoch: int) -> dict[str, Any]:
+        st = barrier_opened(self.kube, NAMESPACE, NAME, epoch, RECOVERY_TIMEOUT_S)
+        wait_for(
+            f"every trainer running in epoch {epoch}",
+            lambda: trainers_running(
+                self.kube, self.kubeconfig, NAMESPACE, NAME, self.args.members, epoch=epoch
+            ),
+            RECOVERY_TIMEOUT_S,
+        )
+        return dict(st)
+
+    def uncordon(self) -> None:
+        for node in self.cluster.real_nodes():
+            self.kube.core.patch_node(node, {"spec": {"unschedulable": None}})
+
+
+def run(soak: Soak, args: argparse.Namespace, shared: Path) -> tuple[list[Failure], float]:
+    kube = soak.kube
+    if or_none(kube.core.read_namespace, NAMESPACE) is not None:
+        kube.core.delete_namespace(NAMESPACE)
+        wait_for(
+            "old namespace gone",
+            lambda: or_none(kube.core.read_namespace, NAMESPACE) is None,
+            300,
+            1,
+        )
+    training_gang(
+        kube,
+        soak.kubeconfig,
+        NAMESPACE,
+        NAME,
+        args.members,
+        annotations={names.HANG_TIMEOUT: "10s"},
+        persistent=shared,
+        env={"JSI_DEMO_STEP_SECONDS": f"{args.step_seconds:g}"},
+    )
+    started = time.monotonic()
+    failures: list[Failure] = []
+    epoch, i = 1, 0
+    while (due := started + (i + 1) * args.every) < started + args.minutes * 60:
+        time.sleep(max(0.0, due - time.monotonic()))
+        kind = args.kinds[i % len(args.kinds)]
+        member, drain = soak.fail(kind, i)
+        at = time.monotonic() - started
+        epoch += 1
+        log(f"soak t+{at:.0f}s: {kind} of {member} -> waiting for epoch {epoch}")
+        st = soak.recovered(epoch)
+        if drain is not None:
+            out, _ = drain.communicate(timeout=RECOVERY_TIMEOUT_S)
+            if drain.returncode != 0:
+                raise RuntimeError(f"drain failed ({drain.returncode}):\n{out}")
+            soak.uncordon()
+        rec = st.get("recovery") or {}
+        failures.append(
+            Failure(
+                kind, epoch, round(at, 1), member, rec.get("durationSeconds"),
+                rec.get("progressStepsLost"), rec.get("resumeStep"),
+            )
+        )  # fmt: skip
+        log(f"soak: {asdict(failures[-1])}")
+        i += 1
+    # the account as of the end: the running epoch counted productive since its barrier
+    return failures, time.monotonic() - started
+
+
+def report(st: dict[str, Any], failures: list[Failure], wall_s: float) -> dict[str, Any]:
+    led = status_from_dict(st).goodput
+    account = goodput.live(led, time.time())
+    measured = account.productive + sum(account.badput.values())
+    by_kind: dict[str, list[int]] = {}
+    for f in failures:
+        if f.steps_lost is not None:
+            by_kind.setdefault(f.kind, []).append(f.steps_lost)
+    return {
+        "wall_s": round(wall_s, 1),
+        "failures": len(failures),
+        "failures_per_hour": round(len(failures) / (wall_s / 3600), 1) if wall_s else None,
+        "kinds": dict(Counter(f.kind for f in failures)),
+        "step_s": led.step_seconds,
+        "goodput": None if account.ratio is None else round(account.ratio, 4),
+        "measured_s": round(measured, 1),
+        "productive_s": round(account.productive, 1),
+        "badput_s": {b.value: round(account.badput.get(b, 0.0), 1) for b in goodput.Bucket},
+        "unmeasured_s": round(led.unmeasured, 1),
+        "steps_lost": {
+            k: {"mean": round(sum(v) / len(v), 1), "max": max(v)} for k, v in by_kind.items()
+        },
+    }
+
+
+def table(r: dict[str, Any]) -> str:
+    lines = [
+        f"soak: {r['wall_s'] / 60:.0f} min, {r['failures']} failures "
+        f"({r['failures_per_hour']}/h: {r['kinds']}), step {r['step_s'] or 0:.3f}s",
+        f"goodput {100 * (r['goodput'] or 0):.1f}% of {r['measured_s']:.0f}s measured "
+        f"({r['unmeasured_s']:.0f}s unmeasured)",
+    ]
+    for bucket, s in sorted(r["badput_s"].items(), key=lambda kv: -kv[1]):
+        share = 100 * s / r["measured_s"] if r["measured_s"] else 0.0
+        lines.append(f"  badput {bucket:15} {s:8.1f}s  {share:5.2f}%")
+    for kind, v in r["steps_lost"].items():
+        lines.append(f"  steps lost per {kind:6} mean {v['mean']}, max {v['max']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    provenance.refuse_dirty(args.allow_dirty)
+    origin = provenance.provenance("bench.soak", argv)
+    steal_at_start = provenance.steal_seconds()
+    cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
+    created = not cluster.is_up()
+    cluster.up()
+    if len(cluster.real_nodes()) < 2:
+        raise SystemExit("needs 2 real nodes (a drained node's member moves): make cluster-up")
+    installation = Installation(cluster.kubeconfig, cluster)
+    installation.install()
+    soak = Soak(cluster, args)
+    shared = cluster.logs_dir.parent / "soak-shared"
+    try:
+        failures, wall_s = run(soak, args, shared)
+        st = gang_state(soak.kube, NAMESPACE, NAME)
+    finally:
+        soak.uncordon()
+        or_none(soak.kube.core.delete_namespace, NAMESPACE)
+        installation.uninstall()
+        if created and not os.environ.get("JSI_KEEP_CLUSTER"):
+            cluster.down()
+    result = report(st, failures, wall_s)
+    print(table(result))
+    doc = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **origin,
+        "kubernetes": versions().kubernetes,
+        "members": args.members,
+        "every_s": args.every,
+        "result": result,
+        "failures": [asdict(f) for f in failures],
+        "goodput_status": st.get("goodput"),
+    }
+    doc["machine"].update(
+        provenance.steal_during(steal_at_start, provenance.steal_seconds(), wall_s)
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    log(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
