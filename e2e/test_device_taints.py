@@ -21,7 +21,7 @@ from testbed.controller import barrier_open, member_pods, recovery_times
 from testbed.demo import one_replaced_others_in_place, training_gang
 from testbed.dra import TestDRADriver, allocated_devices, claim_template, taint_device, untaint
 from testbed.install import Installation
-from testbed.kube import Clients
+from testbed.kube import Clients, delete_jobsets, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -31,8 +31,15 @@ RULE = "jsi-e2e-device-taint"
 
 @pytest.fixture
 def dra(
-    local_cluster: LocalCluster | None, kube: Clients, cluster_kubeconfig: Path, tmp_path: Path
+    local_cluster: LocalCluster | None,
+    kube: Clients,
+    cluster_kubeconfig: Path,
+    namespace: str,
+    tmp_path: Path,
 ) -> Iterator[TestDRADriver]:
+    """The test DRA driver, stopped only once the test's pods are gone (``namespace`` is set up
+    first, so torn down after: its pods would outlive the driver, and a kubelet cannot release
+    their devices without it: they stayed Terminating for good and held a later drain)."""
     if local_cluster is None:
         pytest.skip("runs a DRA driver beside the local cluster's real kubelets")
     # A run aborted before its teardown leaves its rule, which would taint (and evict) this
@@ -45,6 +52,12 @@ def dra(
             yield driver
         finally:
             untaint(kube, RULE)
+            delete_jobsets(kube, namespace)
+            wait_for(
+                "the test's pods gone while the DRA driver serves",
+                lambda: not kube.core.list_namespaced_pod(namespace).items,
+                120,
+            )
 
 
 def test_a_tainted_dra_device_replaces_its_member(

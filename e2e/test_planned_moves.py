@@ -110,6 +110,8 @@ def _drain_and_check(
         "AlwaysAllow",
     )
     before = member_pods(kube, namespace, NAME)
+    # (a gang Kueue admitted is in epoch 2 already: it stood down until its admission)
+    epoch = gang_state(kube, namespace, NAME)["epoch"] + 1
     node = before["0"].spec.node_name
     moving = {i for i, p in before.items() if p.spec.node_name == node}
     drain = [
@@ -127,7 +129,7 @@ def _drain_and_check(
     try:
         st = wait_for(
             "the planned move's recovery",
-            lambda: s if (s := gang_state(kube, namespace, NAME)).get("epoch") == 2 else None,
+            lambda: s if (s := gang_state(kube, namespace, NAME)).get("epoch") == epoch else None,
             180,
         )
         members = {f"workers/{i}/0" for i in moving}
@@ -140,15 +142,17 @@ def _drain_and_check(
         m = re.search(r"every trainer stops at step (\d+)", stop)
         assert m, stop
         planned = int(m.group(1))
-        st = barrier_open(kube, namespace, NAME, 2, 180)
+        st = barrier_open(kube, namespace, NAME, epoch, 180)
         for pod in member_pods(kube, namespace, NAME).values():  # (evidence in the log)
             log = started_trainer_log(cluster_kubeconfig, namespace, pod.metadata.name)
             print(f"--- {pod.metadata.name} on {pod.spec.node_name}:\n{log[-1500:]}")
         assert st["resumeStep"] == planned, "every member resumes from the step it stopped at"
         assert st["recovery"]["progressStepsLost"] == 0, "no step lost"
         wait_for(
-            "every trainer running in epoch 2",
-            lambda: trainers_running(kube, cluster_kubeconfig, namespace, NAME, MEMBERS, epoch=2),
+            f"every trainer running in epoch {epoch}",
+            lambda: trainers_running(
+                kube, cluster_kubeconfig, namespace, NAME, MEMBERS, epoch=epoch
+            ),
             120,
         )
         out, _ = proc.communicate(timeout=DRAIN_TIMEOUT_S)
@@ -165,7 +169,7 @@ def _drain_and_check(
             assert after[i].spec.node_name != node, f"member {i} off the drained node"
         else:
             assert after[i].metadata.uid == pod.metadata.uid, f"member {i} in place"
-    assert_resumed(cluster_kubeconfig, namespace, after.values(), 2, planned)
+    assert_resumed(cluster_kubeconfig, namespace, after.values(), epoch, planned)
     print(
         f"\ndrain of {node} ({len(moving)} of {MEMBERS} members on it): the gang stopped at "
         f"step {planned}, resumed there with 0 steps lost; drain completed in {drained:.1f}s"
