@@ -12,8 +12,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from jobset_inplace import names
-from jobset_inplace.core.goodput import Bucket, Ledger
-from jobset_inplace.core.model import Cause, GangStatus, PlannedStop, Recovery, ReportEndpoint
+from jobset_inplace.core.model import (
+    Bucket,
+    Cause,
+    GangStatus,
+    Ledger,
+    PlannedStop,
+    Recovery,
+    ReportEndpoint,
+)
 from jobset_inplace.core.statemachine import Edge, Phase
 from jobset_inplace.times import parse_time, rfc3339
 

@@ -12,14 +12,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
 
+from jobset_inplace.core.model import Bucket, Ledger, PodView, Recovery
 from jobset_inplace.trainer.progress import ProgressSpan
 
-if TYPE_CHECKING:
-    from jobset_inplace.core.model import PodView, Recovery
+__all__ = [
+    "Bucket",
+    "Goodput",
+    "Ledger",
+    "barrier_opened",
+    "checkpoint_steps_lost",
+    "live",
+    "progress_steps_lost",
+    "training_ended",
+]
 
 
 def checkpoint_steps_lost(joined: Sequence[PodView], resume_step: int | None) -> int:
@@ -48,40 +55,6 @@ def progress_steps_lost(joined: Sequence[PodView], resume_step: int | None) -> i
 # A span whose first step is dated this long before the barrier it follows opened belongs to an
 # older epoch (a pod whose records survived); node clocks and the controller's agree far better.
 SPAN_CLOCK_SLACK_S = 1.0
-
-
-class Bucket(StrEnum):
-    """Badput buckets; docs/metrics.md maps them to Google's ML goodput library's."""
-
-    SCHEDULING = "scheduling"  # gang (re)start -> barrier open: pods placed, pulled, started
-    STARTUP = "startup"  # first barrier open -> training began (program start, no restore)
-    DETECTION = "detection"  # a failure's first signal -> its recovery started
-    RECOVERY = "recovery"  # recovery started -> barrier open (restarts, replacements, barrier)
-    RESTORE = "restore"  # barrier open after a recovery -> training resumed (restart, restore)
-    WASTED_PROGRESS = "wastedProgress"  # training thrown away: steps redone, the step in flight
-
-
-@dataclass(frozen=True)
-class Ledger:
-    """A gang's goodput account up to its running epoch's barrier (persisted in the GangState
-    status), and that epoch's training so far (added by :func:`live`)."""
-
-    since: float | None = None  # when the gang first started (its first recovery began)
-    productive: float = 0.0
-    badput: Mapping[Bucket, float] = field(default_factory=dict)
-    # training time of ended epochs whose trainers reported no span (no progress records, or
-    # pods replaced with them): neither productive nor badput, left out of the ratio
-    unmeasured: float = 0.0
-    step_seconds: float | None = None  # the pace of the newest epoch measured
-    # the running epoch: its barrier opened then, resuming at that step (None: none runs)
-    training_epoch: int | None = None
-    training_since: float | None = None
-    training_resume: int | None = None
-    restarted: bool = False  # that epoch follows a recovery (restore), not a start (startup)
-
-    @property
-    def badput_total(self) -> float:
-        return sum(self.badput.values())
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from enum import StrEnum
 from typing import Any
 
 from jobset_inplace import names
-from jobset_inplace.core.goodput import Ledger
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.core.statemachine import Edge, Phase
 from jobset_inplace.trainer.progress import ProgressSpan
@@ -184,6 +183,41 @@ class Recovery:
         """First signal (detection included) -> barrier opened; the one duration everywhere
         a recovery's time is shown (status, Event, plugin, metrics)."""
         return None if self.opened is None else self.opened - self.began
+
+
+# --- goodput accounting (the account's rules: core/goodput.py) ---
+class Bucket(StrEnum):
+    """Badput buckets; docs/metrics.md maps them to Google's ML goodput library's."""
+
+    SCHEDULING = "scheduling"  # gang (re)start -> barrier open: pods placed, pulled, started
+    STARTUP = "startup"  # first barrier open -> training began (program start, no restore)
+    DETECTION = "detection"  # a failure's first signal -> its recovery started
+    RECOVERY = "recovery"  # recovery started -> barrier open (restarts, replacements, barrier)
+    RESTORE = "restore"  # barrier open after a recovery -> training resumed (restart, restore)
+    WASTED_PROGRESS = "wastedProgress"  # training thrown away: steps redone, the step in flight
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """A gang's goodput account up to its running epoch's barrier (persisted in the GangState
+    status), and that epoch's training so far (added by :func:`live`)."""
+
+    since: float | None = None  # when the gang first started (its first recovery began)
+    productive: float = 0.0
+    badput: Mapping[Bucket, float] = field(default_factory=dict)
+    # training time of ended epochs whose trainers reported no span (no progress records, or
+    # pods replaced with them): neither productive nor badput, left out of the ratio
+    unmeasured: float = 0.0
+    step_seconds: float | None = None  # the pace of the newest epoch measured
+    # the running epoch: its barrier opened then, resuming at that step (None: none runs)
+    training_epoch: int | None = None
+    training_since: float | None = None
+    training_resume: int | None = None
+    restarted: bool = False  # that epoch follows a recovery (restore), not a start (startup)
+
+    @property
+    def badput_total(self) -> float:
+        return sum(self.badput.values())
 
 
 @dataclass(frozen=True)
