@@ -112,8 +112,10 @@ def demo_jobset(
         "command": ["python3", "-m", "demo_trainer"],
         "env": [
             *tiers,
-            {"name": "JSI_DEMO_STEP_SECONDS", "value": "0.2"},
-            *({"name": k, "value": v} for k, v in (env or {}).items()),
+            *(
+                {"name": k, "value": v}
+                for k, v in ({"JSI_DEMO_STEP_SECONDS": "0.2"} | (env or {})).items()
+            ),
         ],
         "volumeMounts": mounts,
     }
