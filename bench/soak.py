@@ -165,7 +165,9 @@ def run(soak: Soak, args: argparse.Namespace, shared: Path) -> tuple[list[Failur
         )  # fmt: skip
         log(f"soak: {asdict(failures[-1])}")
         i += 1
-    # the account as of the end: the running epoch counted productive since its barrier
+    # the account as of the end (the whole --minutes): the running epoch counted productive
+    # since its barrier
+    time.sleep(max(0.0, started + args.minutes * 60 - time.monotonic()))
     return failures, time.monotonic() - started
 
 
