@@ -112,44 +112,47 @@ class GangCollector(Collector):
             GaugeMetricFamily(
                 f"{PREFIX}gangs", "Opted-in gangs by phase of their GangState.", labels=["phase"]
             ),
-            GaugeMetricFamily(
-                f"{PREFIX}gang_restart_budget_remaining",
+            _per_gang(
+                "gang_restart_budget_remaining",
                 "What is left of a gang's budget: in_place (recoveries), recreate (pods).",
-                labels=["namespace", "jobset", "budget"],
+                "budget",
             ),
-            GaugeMetricFamily(
-                f"{PREFIX}gang_stragglers",
+            _per_gang(
+                "gang_stragglers",
                 "Members of a gang slower than its median now (gangs with straggler detection).",
-                labels=["namespace", "jobset"],
             ),
-            GaugeMetricFamily(
-                f"{PREFIX}gang_members_reporting_on_pod",
+            _per_gang(
+                "gang_members_reporting_on_pod",
                 "Members of a gang whose report of this epoch is on their pods although the "
                 "leader serves a report channel (the channel failed them).",
-                labels=["namespace", "jobset"],
             ),
             # gauges, not counters: when an epoch ends, its running time (counted productive
             # until then) is split into productive, restore and wasted progress, so productive
             # can go down; their sum (the gang's measured time) only grows, and a window's
             # goodput is delta(productive) / delta(productive + badput) (docs/metrics.md)
-            GaugeMetricFamily(
-                f"{PREFIX}gang_goodput_ratio",
+            _per_gang(
+                "gang_goodput_ratio",
                 "A gang's productive share of its measured time since it first started.",
-                labels=["namespace", "jobset"],
             ),
-            GaugeMetricFamily(
-                f"{PREFIX}gang_productive_seconds",
+            _per_gang(
+                "gang_productive_seconds",
                 "A gang's training time on steps that are kept (the running epoch's training "
                 "counted until it ends).",
-                labels=["namespace", "jobset"],
             ),
-            GaugeMetricFamily(
-                f"{PREFIX}gang_badput_seconds",
+            _per_gang(
+                "gang_badput_seconds",
                 "A gang's time lost, by bucket: scheduling, startup, detection, recovery, "
                 "restore, wastedProgress.",
-                labels=["namespace", "jobset", "bucket"],
+                "bucket",
             ),
         )
+
+
+def _per_gang(name: str, documentation: str, *labels: str) -> GaugeMetricFamily:
+    """A per-gang family: labelled by the gang (``namespace``, ``jobset``) and ``labels``."""
+    return GaugeMetricFamily(
+        f"{PREFIX}{name}", documentation, labels=["namespace", "jobset", *labels]
+    )
 
 
 class Metrics:
