@@ -1,24 +1,30 @@
 """The soak (``make soak``): a demo gang trains on the local cluster's real nodes for a long
-time, with a failure every few minutes (a trainer crash, a hung trainer, a drained node, in
-turn), and the controller's own goodput account (GangState ``status.goodput``) is printed at the
-end: goodput, badput by bucket, steps lost per recovery, the failure rate and the step time, so
-the figures compare with the field's (docs/benchmarks.md, "Soak").
+time, with a failure every few minutes, in turn: a trainer crash, a silent node (its kubelet and
+containerd stopped: its containers die, nothing reports; powered on again after the recovery),
+a hung trainer, a device turning Unhealthy (the test device plugin, as a GPU's on an XID
+error; healthy again after the recovery), a drained node. The controller's own goodput account
+(GangState ``status.goodput``) is printed at the end: goodput, badput by bucket, steps lost per
+recovery, the failure rate and the step time, so the figures compare with the field's
+(docs/benchmarks.md, "Goodput under failures (soak)").
 
-jobset-inplace is installed in the cluster as users install it (a drain evicts its pods too);
-the trainer reports progress every step (goodput's signal), checkpoints every 10 steps locally
-and every 20 to a persistent tier the real nodes share (a moved member's steps). Results:
-``bench/results/soak.json`` with the commit and the machine (bench/provenance.py).
+jobset-inplace is installed in the cluster as users install it (a drain evicts its pods too, a
+silent node takes its replica); the trainer reports progress every step (goodput's signal),
+checkpoints every 10 steps locally and every 20 to a persistent tier the real nodes share (a
+moved member's steps). Results: ``bench/results/soak.json`` with the commit and the machine
+(bench/provenance.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,12 +43,13 @@ from testbed.demo import (
     trainers_running,
     training_gang,
 )
+from testbed.devices import RESOURCE, TestDevices, pod_devices
 from testbed.install import Installation
 from testbed.kube import Clients, clients, wait_for
 from testbed.versions import binaries, versions
 
 NAMESPACE, NAME = "jsi-soak", "soak"
-KINDS = ("crash", "hang", "drain")
+KINDS = ("crash", "silence", "hang", "device", "drain")
 DEFAULT_OUT = Path("bench/results/soak.json")
 RECOVERY_TIMEOUT_S = 900.0
 
@@ -56,6 +63,13 @@ class Failure:
     recovery_s: float | None  # first signal -> barrier open (the GangState's)
     steps_lost: int | None  # progressStepsLost
     resume_step: int | None
+    causes: dict[str, str]  # the recovery's, per member
+
+
+@dataclass
+class Injected:
+    member: str
+    settle: Callable[[], None]  # after the recovery: the drain's end, the node or device back
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -85,24 +99,53 @@ class Soak:
         self.kubeconfig = cluster.kubeconfig
         self.kube: Clients = clients(self.kubeconfig)
         self.kubectl = [str(binaries().kubectl), "--kubeconfig", str(self.kubeconfig)]
+        self.devices: TestDevices | None = None  # set for the device kind
 
-    def fail(self, kind: str, i: int) -> tuple[str, subprocess.Popen[str] | None]:
-        """Inject failure ``kind`` into member ``i`` (mod the gang); the drain runs on."""
+    def fail(self, kind: str, i: int) -> Injected:
+        """Inject failure ``kind`` into member ``i`` (mod the gang)."""
         pods = member_pods(self.kube, NAMESPACE, NAME)
         index = sorted(pods)[i % len(pods)]
         pod = pods[index]
+        name, node = pod.metadata.name, pod.spec.node_name
+        member = f"workers/{index}/0 on {node}"
         if kind == "crash":
-            inject_failure(self.kubeconfig, NAMESPACE, pod.metadata.name)
+            inject_failure(self.kubeconfig, NAMESPACE, name)
         elif kind == "hang":
-            inject_hang(self.kubeconfig, NAMESPACE, pod.metadata.name)
-        else:
-            cmd = [*self.kubectl, "drain", pod.spec.node_name, "--ignore-daemonsets"]
-            cmd += ["--delete-emptydir-data", f"--timeout={RECOVERY_TIMEOUT_S:.0f}s"]
-            drain = subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            inject_hang(self.kubeconfig, NAMESPACE, name)
+        elif kind == "silence":
+            self.cluster.power_off(node)
+            return Injected(member, lambda: self.cluster.power_on(node))
+        elif kind == "device":
+            assert self.devices is not None, "the soak starts the devices for this kind"
+            held = wait_for(
+                f"the kubelet reports {name}'s device",
+                lambda: pod_devices(self.kube.core.read_namespaced_pod(name, NAMESPACE)),
+                60,
             )
-            return f"workers/{index}/0 on {pod.spec.node_name}", drain
-        return f"workers/{index}/0", None
+            device = held[0][0]
+            self.devices.set_health(node, device, healthy=False)
+            return Injected(
+                f"{member}, device {device}",
+                lambda: self.devices.set_health(node, device, healthy=True),  # type: ignore[union-attr]
+            )
+        else:
+            return Injected(member, self._drain(node))
+        return Injected(member, lambda: None)
+
+    def _drain(self, node: str) -> Callable[[], None]:
+        """Start ``kubectl drain`` of ``node``; the returned call waits for its end (it must
+        complete) and uncordons."""
+        cmd = [*self.kubectl, "drain", node, "--ignore-daemonsets", "--delete-emptydir-data"]
+        cmd += [f"--timeout={RECOVERY_TIMEOUT_S:.0f}s"]
+        drain = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+        def settle() -> None:
+            out, _ = drain.communicate(timeout=RECOVERY_TIMEOUT_S)
+            if drain.returncode != 0:
+                raise RuntimeError(f"drain of {node} failed ({drain.returncode}):\n{out}")
+            self.uncordon()
+
+        return settle
 
     def recovered(self, epoch: int) -> dict[str, Any]:
         st = barrier_opened(self.kube, NAMESPACE, NAME, epoch, RECOVERY_TIMEOUT_S)
@@ -139,6 +182,7 @@ def run(soak: Soak, args: argparse.Namespace, shared: Path) -> tuple[list[Failur
         annotations={names.HANG_TIMEOUT: "10s"},
         persistent=shared,
         env={"JSI_DEMO_STEP_SECONDS": f"{args.step_seconds:g}"},
+        limits={RESOURCE: "1"} if soak.devices is not None else None,
     )
     started = time.monotonic()
     failures: list[Failure] = []
@@ -146,21 +190,17 @@ def run(soak: Soak, args: argparse.Namespace, shared: Path) -> tuple[list[Failur
     while (due := started + (i + 1) * args.every) < started + args.minutes * 60:
         time.sleep(max(0.0, due - time.monotonic()))
         kind = args.kinds[i % len(args.kinds)]
-        member, drain = soak.fail(kind, i)
+        injected = soak.fail(kind, i)
         at = time.monotonic() - started
         epoch += 1
-        log(f"soak t+{at:.0f}s: {kind} of {member} -> waiting for epoch {epoch}")
+        log(f"soak t+{at:.0f}s: {kind} of {injected.member} -> waiting for epoch {epoch}")
         st = soak.recovered(epoch)
-        if drain is not None:
-            out, _ = drain.communicate(timeout=RECOVERY_TIMEOUT_S)
-            if drain.returncode != 0:
-                raise RuntimeError(f"drain failed ({drain.returncode}):\n{out}")
-            soak.uncordon()
+        injected.settle()
         rec = st.get("recovery") or {}
         failures.append(
             Failure(
-                kind, epoch, round(at, 1), member, rec.get("durationSeconds"),
-                rec.get("progressStepsLost"), rec.get("resumeStep"),
+                kind, epoch, round(at, 1), injected.member, rec.get("durationSeconds"),
+                rec.get("progressStepsLost"), rec.get("resumeStep"), rec.get("causes") or {},
             )
         )  # fmt: skip
         log(f"soak: {asdict(failures[-1])}")
@@ -227,9 +267,16 @@ def main(argv: list[str] | None = None) -> int:
     soak = Soak(cluster, args)
     shared = cluster.logs_dir.parent / "soak-shared"
     try:
-        failures, wall_s = run(soak, args, shared)
-        st = gang_state(soak.kube, NAMESPACE, NAME)
+        with contextlib.ExitStack() as stack:
+            if "device" in args.kinds:
+                soak.devices = stack.enter_context(
+                    TestDevices(soak.kube, cluster.real_nodes(), shared.parent / "soak-devices")
+                )
+            failures, wall_s = run(soak, args, shared)
+            st = gang_state(soak.kube, NAMESPACE, NAME)
     finally:
+        for node in cluster.real_nodes():  # a run stopped between a power-off and its power-on
+            cluster.power_on(node)
         soak.uncordon()
         or_none(soak.kube.core.delete_namespace, NAMESPACE)
         installation.uninstall()

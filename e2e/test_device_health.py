@@ -17,7 +17,7 @@ from jobset_inplace import names
 from testbed.cluster import LocalCluster
 from testbed.controller import barrier_open, member_pods, recovery_times
 from testbed.demo import one_replaced_others_in_place, training_gang
-from testbed.devices import RESOURCE, TestDevices
+from testbed.devices import RESOURCE, TestDevices, pod_devices
 from testbed.install import Installation
 from testbed.kube import Clients, remove_taint, wait_for
 
@@ -37,16 +37,6 @@ def devices(local_cluster: LocalCluster | None, kube: Clients, tmp_path: Path) -
         finally:
             for node in nodes:  # removed by people after the repair, never by the controller
                 remove_taint(kube, node, names.DEVICE_UNHEALTHY_TAINT)
-
-
-def _device_status(pod: Any) -> list[tuple[str, str]]:
-    """(resourceID, health) of the pod's allocated test devices, as the kubelet reports them."""
-    out = []
-    for c in pod.status.container_statuses or []:
-        for ars in c.allocated_resources_status or []:
-            if ars.name == RESOURCE:
-                out += [(r.resource_id, r.health) for r in ars.resources or []]
-    return out
 
 
 def test_an_unhealthy_device_replaces_its_member_elsewhere(
@@ -73,7 +63,7 @@ def test_an_unhealthy_device_replaces_its_member_elsewhere(
     node = victim.spec.node_name
     held = wait_for(
         f"the kubelet reports {victim.metadata.name}'s device",
-        lambda: _device_status(kube.core.read_namespaced_pod(victim.metadata.name, namespace)),
+        lambda: pod_devices(kube.core.read_namespaced_pod(victim.metadata.name, namespace)),
         30,
     )
     assert len(held) == 1

@@ -524,6 +524,15 @@ class LocalCluster:
         }
         subprocess.run(["bash", str(REALNODE_DIR / script), *args], check=True, env=env)
 
+    def power_off(self, node: str) -> None:
+        """Stop real ``node``'s kubelet, then its containerd: every container of the node dies
+        and the node goes silent, as a host that lost power looks to the cluster."""
+        self._realnode("kubelet.sh", "down", node)
+
+    def power_on(self, node: str) -> None:
+        """Start real ``node`` again (containerd, kubelet) and wait until it is Ready."""
+        self._realnode("kubelet.sh", "up", node, str(self.kubeconfig))
+
     @property
     def pod_reachable_address(self) -> str:
         """A host address pods reach (POD_API_ADDRESS once the real nodes gave the host it;

@@ -7,6 +7,7 @@ status of the pod holding it (``allocatedResourcesStatus``, ResourceHealthStatus
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from . import processes
 from .kube import Clients, wait_for
@@ -59,3 +60,14 @@ class TestDevices(processes.NodeDaemons):
         tmp = lever.with_suffix(".tmp")
         tmp.write_text("".join(f"{d}\n" for d in sorted(bad)))
         tmp.replace(lever)
+
+
+def pod_devices(pod: Any) -> list[tuple[str, str]]:
+    """(resourceID, health) of ``pod``'s allocated test devices, as the kubelet reports them
+    in its status."""
+    out = []
+    for c in pod.status.container_statuses or []:
+        for ars in c.allocated_resources_status or []:
+            if ars.name == RESOURCE:
+                out += [(r.resource_id, r.health) for r in ars.resources or []]
+    return out
