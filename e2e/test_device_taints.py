@@ -1,14 +1,20 @@
 """DRA device taints end to end on the real kubelet nodes: a test DRA driver (testbed/draplugin)
-gives every member one device through a ResourceClaimTemplate; a DeviceTaintRule taints one
-member's device ``NoExecute``, as an administrator or a device health monitor does;
-kube-controller-manager's device-taint eviction controller evicts that pod (``DisruptionTarget``,
-``DeletionByDeviceTaintManager``); the controller replaces that member (cause
-``DeviceTainted``: its new pod's new claim gets an untainted device, the node is not tainted)
-and restarts the others in place, every member resuming from one step. DeviceTaintRule ->
-barrier open is printed (docs/guarantees.md quotes it)."""
+gives every member one device through a ResourceClaimTemplate.
+
+``NoExecute``: a DeviceTaintRule taints one member's device, as an administrator or a device
+health monitor does; kube-controller-manager's device-taint eviction controller evicts that pod
+(``DisruptionTarget``, ``DeletionByDeviceTaintManager``); the controller replaces that member
+(cause ``DeviceTainted``: its new pod's new claim gets an untainted device, the node is not
+tainted) and restarts the others in place, every member resuming from one step. DeviceTaintRule
+-> barrier open is printed (docs/guarantees.md quotes it).
+
+``NoSchedule`` (the device is being taken out of service; nothing evicts its pod): a planned
+move, as for a drained node: the gang stops at one step, the member gets a new pod (and claim:
+another device), the others restart in place, 0 steps lost."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +23,7 @@ import pytest
 
 from jobset_inplace import names
 from testbed.cluster import LocalCluster
-from testbed.controller import barrier_open, member_pods, recovery_times
+from testbed.controller import barrier_open, gang_state, member_pods, recovery_times
 from testbed.demo import one_replaced_others_in_place, training_gang
 from testbed.dra import TestDRADriver, allocated_devices, claim_template, taint_device, untaint
 from testbed.install import Installation
@@ -119,4 +125,69 @@ def test_a_tainted_dra_device_replaces_its_member(
         f"\nDeviceTaintRule NoExecute on {pool}/{device} -> recovery started "
         f"{started - tainted_at:.2f}s, -> barrier open {opened - tainted_at:.2f}s (member now "
         f"on {now_held[0][0]}/{now_held[0][1]})"
+    )
+
+
+def test_a_device_tainted_noschedule_moves_its_member_with_no_step_lost(
+    *,  # (fixtures)
+    cluster_kubeconfig: Path,
+    controller: Installation,
+    kube: Clients,
+    namespace: str,
+    dra: TestDRADriver,
+    tmp_path: Path,
+) -> None:
+    template = claim_template(kube, namespace)
+    training_gang(
+        kube,
+        cluster_kubeconfig,
+        namespace,
+        "gang",
+        MEMBERS,
+        claims={"device": template},
+        persistent=tmp_path / "shared",  # where the moved member finds the step
+    )
+    before = member_pods(kube, namespace, "gang")
+    victim = before["1"]
+    held = allocated_devices(kube, namespace, victim)
+    assert len(held) == 1, held
+    pool, device = held[0]
+
+    taint_device(kube, RULE, pool, device, "NoSchedule")
+    tainted_at = time.time()
+    st = wait_for(
+        "the planned move's recovery",
+        lambda: s if (s := gang_state(kube, namespace, "gang")).get("epoch") == 2 else None,
+        120,
+    )
+    assert st["recovery"]["causes"] == {"workers/1/0": "PlannedMove"}, st
+    assert st["budgets"] == {"inPlaceUsed": 0, "recreateUsed": 0}, "no budget charged"
+    events = kube.core.list_namespaced_event(
+        namespace, field_selector="involvedObject.name=gang,reason=PlannedStop"
+    ).items
+    (stop,) = [e.message for e in events]
+    m = re.search(r"every trainer stops at step (\d+)", stop)
+    assert m, stop
+    planned = int(m.group(1))
+    st = barrier_open(kube, namespace, "gang", 2, 180)
+    assert st["resumeStep"] == planned, "every member resumes from the step it stopped at"
+    assert st["recovery"]["progressStepsLost"] == 0, "no step lost"
+    after = one_replaced_others_in_place(
+        kube,
+        cluster_kubeconfig,
+        namespace,
+        "gang",
+        before=before,
+        replaced="1",
+        epoch=2,
+        resume=planned,
+    )
+    now_held = allocated_devices(kube, namespace, after["1"])
+    assert len(now_held) == 1, now_held
+    assert now_held[0] != (pool, device), "its new claim holds another device"
+    _, opened = recovery_times(st["recovery"])
+    print(
+        f"\nDeviceTaintRule NoSchedule on {pool}/{device}: the gang stopped at step {planned}, "
+        f"member moved to {now_held[0][0]}/{now_held[0][1]}, barrier open "
+        f"{opened - tainted_at:.2f}s after the taint, 0 steps lost"
     )

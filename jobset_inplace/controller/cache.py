@@ -1,6 +1,7 @@
 """The controller's in-memory view of the cluster, fed by watch events: opted-in JobSets,
 their pods (as small :class:`~jobset_inplace.core.model.PodView` values, indexed by JobSet),
-nodes and node Lease renewals. Building a snapshot for one gang touches only that gang's pods."""
+nodes and node Lease renewals, and the DRA device taints and allocations planned moves read
+(core.device_taints). Building a snapshot for one gang touches only that gang's pods."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobset_inplace import names
+from jobset_inplace.core import device_taints as dt
 from jobset_inplace.core.decode import (
     KUEUE_V1BETA2_PODS_READY_TIMEOUT_S,
     controller_uid,
@@ -66,6 +68,37 @@ class JobEntry:
 def job_entry(job: Mapping[str, Any]) -> JobEntry:
     meta = job["metadata"]
     return JobEntry(meta["uid"], controller_uid(meta, "JobSet", "jobset.x-k8s.io"))
+
+
+@dataclass(frozen=True)
+class ClaimEntry:
+    key: tuple[str, str]  # (namespace, name)
+    devices: tuple[dt.Allocated, ...]
+
+
+def claim_entry(claim: Mapping[str, Any]) -> ClaimEntry:
+    return ClaimEntry(dt.claim_key(claim), dt.claim_devices(claim))
+
+
+@dataclass(frozen=True)
+class SliceEntry:
+    name: str
+    taints: dict[dt.DeviceRef, tuple[dt.Taint, ...]]
+
+
+def slice_entry(resource_slice: Mapping[str, Any]) -> SliceEntry:
+    name = str((resource_slice.get("metadata") or {}).get("name") or "")
+    return SliceEntry(name, dt.slice_taints(resource_slice))
+
+
+@dataclass(frozen=True)
+class RuleEntry:
+    name: str
+    rule: dt.TaintRule | None  # None: one core.device_taints cannot evaluate
+
+
+def rule_entry(rule: Mapping[str, Any]) -> RuleEntry:
+    return RuleEntry(str((rule.get("metadata") or {}).get("name") or ""), dt.taint_rule(rule))
 
 
 def node_entry(node: Mapping[str, Any]) -> NodeView:
@@ -138,6 +171,11 @@ class ClusterCache:
     pod_jobs: dict[str, str] = field(default_factory=dict)
     job_pods: Counter[str] = field(default_factory=Counter)
     gone_jobs: set[str] = field(default_factory=set)
+    # DRA, where served (core.device_taints): the devices allocated to each ResourceClaim by
+    # (namespace, name); the tainted devices of each ResourceSlice that has any; DeviceTaintRules
+    claims: dict[tuple[str, str], tuple[dt.Allocated, ...]] = field(default_factory=dict)
+    slice_taints: dict[str, dict[dt.DeviceRef, tuple[dt.Taint, ...]]] = field(default_factory=dict)
+    taint_rules: dict[str, dt.TaintRule] = field(default_factory=dict)
 
     def upsert_jobset(self, jobset: Mapping[str, Any], policy: Policy | None, error: str) -> Gang:
         spec = gang_spec(jobset)
@@ -313,6 +351,68 @@ class ClusterCache:
         for node, renewed in fresh.items():
             self.set_lease(node, renewed)
 
+    # -- DRA --
+    def upsert_claim(self, entry: ClaimEntry, deleted: bool = False) -> bool:
+        """Record a ResourceClaim event; whether what it holds changed."""
+        old = self.claims.get(entry.key)
+        if deleted or not entry.devices:
+            self.claims.pop(entry.key, None)
+            return old is not None
+        self.claims[entry.key] = entry.devices
+        return old != entry.devices
+
+    def replace_claims(self, entries: Sequence[ClaimEntry]) -> None:
+        self.claims = {e.key: e.devices for e in entries if e.devices}
+
+    def upsert_slice(self, entry: SliceEntry, deleted: bool = False) -> bool:
+        """Record a ResourceSlice event; whether its tainted devices changed."""
+        old = self.slice_taints.get(entry.name)
+        if deleted or not entry.taints:
+            self.slice_taints.pop(entry.name, None)
+            return old is not None
+        self.slice_taints[entry.name] = entry.taints
+        return old != entry.taints
+
+    def replace_slices(self, entries: Sequence[SliceEntry]) -> None:
+        self.slice_taints = {e.name: e.taints for e in entries if e.taints}
+
+    def upsert_rule(self, entry: RuleEntry, deleted: bool = False) -> bool:
+        """Record a DeviceTaintRule event; whether the taints it puts changed."""
+        old = self.taint_rules.get(entry.name)
+        if deleted or entry.rule is None:
+            self.taint_rules.pop(entry.name, None)
+            return old is not None
+        self.taint_rules[entry.name] = entry.rule
+        return old != entry.rule
+
+    def replace_rules(self, entries: Sequence[RuleEntry]) -> None:
+        self.taint_rules = {e.name: e.rule for e in entries if e.rule is not None}
+
+    def gangs_with_claims(
+        self, namespace: str | None = None, claim: str | None = None
+    ) -> list[GangKey]:
+        """Gangs some of whose pods have claims of their own (in ``namespace``, named
+        ``claim``): the ones a device taint or allocation can concern."""
+        return [
+            k
+            for k, g in self.gangs.items()
+            if namespace in (None, k[0])
+            and any(p.claims and claim in (None, *p.claims) for p in g.pods.values())
+        ]
+
+    def devices_leaving(self, namespace: str, pods: Iterable[PodView]) -> dict[str, str]:
+        """Pod UID -> why it should move: a device its claims hold is tainted NoSchedule."""
+        with_claims = [p for p in pods if p.claims]
+        if not with_claims:
+            return {}
+        in_slices = {d: t for taints in self.slice_taints.values() for d, t in taints.items()}
+        out: dict[str, str] = {}
+        for p in with_claims:
+            held = [a for c in p.claims for a in self.claims.get((namespace, c), ())]
+            if why := dt.why_leaving(held, in_slices, self.taint_rules.values()):
+                out[p.uid] = why
+        return out
+
     def gangs_on_node(self, node: str) -> list[GangKey]:
         return [k for k, g in self.gangs.items() if any(p.node == node for p in g.pods.values())]
 
@@ -331,11 +431,12 @@ class ClusterCache:
             spec = dataclasses.replace(
                 spec, kueue_stand_down=gang.kueue_stand_down, kueue_recovery_timeout_s=rt
             )
+        members = tuple(self.members(gang).values())
         return Snapshot(
             now=now,
             gang=spec,
             policy=gang.policy,
-            pods=tuple(self.members(gang).values()),
+            pods=members,
             nodes=nodes,
             status=gang.status,
             status_written_at=gang.status_written_at,
@@ -344,4 +445,5 @@ class ClusterCache:
             cluster_nodes=self.nodes,
             report_endpoint=self.report_endpoint,
             reports_since=self.reports_since,
+            devices_leaving=self.devices_leaving(gang.key[0], members),
         )

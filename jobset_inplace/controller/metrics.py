@@ -73,7 +73,7 @@ class GangCollector(Collector):
         yield from self._families()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        phases, budgets, slow, on_pod, ratio, productive, badput = self._families()
+        phases, budgets, slow, on_pod, ratio, recent, productive, badput = self._families()
         now = time.time()
         counts = dict.fromkeys(Phase, 0)
         # a scrape runs on another thread than the event loop that changes the cache: tuple()
@@ -93,6 +93,9 @@ class GangCollector(Collector):
                 account = goodput.live(status.goodput, now)
                 if account.ratio is not None:
                     ratio.add_metric(list(gang.key), account.ratio)
+                window = goodput.recent(status.goodput, now)
+                if window is not None and window.ratio is not None:
+                    recent.add_metric(list(gang.key), window.ratio)
                 productive.add_metric(list(gang.key), account.productive)
                 for bucket in goodput.Bucket:
                     badput.add_metric([*gang.key, bucket.value], account.badput.get(bucket, 0.0))
@@ -103,6 +106,7 @@ class GangCollector(Collector):
         yield slow
         yield on_pod
         yield ratio
+        yield recent
         yield productive
         yield badput
 
@@ -133,6 +137,11 @@ class GangCollector(Collector):
             _per_gang(
                 "gang_goodput_ratio",
                 "A gang's productive share of its measured time since it first started.",
+            ),
+            _per_gang(
+                "gang_recent_goodput_ratio",
+                "A gang's productive share of its measured time in the last hour (less while it "
+                "is younger).",
             ),
             _per_gang(
                 "gang_productive_seconds",

@@ -44,6 +44,7 @@ from jobset_inplace.runtime.watches import RawWatch, WatchEvent
 from . import metrics
 from .agent_access import AgentAccessKeeper
 from .cache import ClusterCache, JobEntry, PodEntry, job_entry, node_entry, pod_entry
+from .device_taints import dra_watches
 from .disruption_budget import DisruptionBudgetKeeper
 from .executor import Executor
 from .reconciler import Reconciler
@@ -269,7 +270,11 @@ def run(settings: Settings, extra_watches: Sequence[WatchFactory] = ()) -> None:
 
 def run_controller(reconciler: Reconciler, extra_watches: Sequence[WatchFactory] = ()) -> None:
     """The controller proper (this replica leads, or there is no election)."""
-    watches = [*raw_watches(reconciler), *(make(reconciler) for make in extra_watches)]
+    watches = [
+        *raw_watches(reconciler),
+        *dra_watches(reconciler),
+        *(make(reconciler) for make in extra_watches),
+    ]
     registry = kopf.OperatorRegistry()
     access = AgentAccessKeeper(reconciler.executor.api_client)
     budgets = DisruptionBudgetKeeper(reconciler.executor.api_client)

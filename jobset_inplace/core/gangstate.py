@@ -17,6 +17,7 @@ from jobset_inplace.core.model import (
     Cause,
     GangStatus,
     Ledger,
+    Mark,
     PlannedStop,
     Recovery,
     ReportEndpoint,
@@ -139,6 +140,14 @@ def _ledger_to_dict(led: Ledger) -> dict[str, Any]:
             "resumeStep": led.training_resume,
             "afterRecovery": led.restarted,
         },
+        "marks": [
+            {
+                "at": rfc3339(m.at),
+                "productiveSeconds": _seconds(m.productive),
+                "measuredSeconds": _seconds(m.measured),
+            }
+            for m in led.marks
+        ],
     }
 
 
@@ -157,6 +166,13 @@ def _ledger_from_dict(d: Any) -> Ledger:
         training_since=parse_time(training.get("since")),
         training_resume=training.get("resumeStep"),
         restarted=bool(training.get("afterRecovery")),
+        marks=tuple(
+            Mark(
+                at, float(m.get("productiveSeconds") or 0.0), float(m.get("measuredSeconds") or 0.0)
+            )
+            for m in d.get("marks") or ()
+            if isinstance(m, dict) and (at := parse_time(m.get("at"))) is not None
+        ),
     )
 
 

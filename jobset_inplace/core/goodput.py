@@ -7,24 +7,27 @@
   any member's trainers reported progress for, in the epoch the recovery ended) minus the resume
   step, i.e. the training the gang does again. Known only for trainers that report progress
   (``jobset_inplace.trainer.report_progress``, the same records hang detection reads);
-* goodput by time (:class:`Ledger`, below): productive seconds and badput seconds by bucket."""
+* goodput by time (:class:`Ledger`, below): productive seconds and badput seconds by bucket,
+  since the gang first started (:func:`live`) and over the last hour (:func:`recent`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from jobset_inplace.core.model import Bucket, Ledger, PodView, Recovery
+from jobset_inplace.core.model import Bucket, Ledger, Mark, PodView, Recovery
 from jobset_inplace.trainer.progress import ProgressSpan
 
 __all__ = [
     "Bucket",
     "Goodput",
     "Ledger",
+    "Recent",
     "barrier_opened",
     "checkpoint_steps_lost",
     "live",
     "progress_steps_lost",
+    "recent",
     "training_ended",
 ]
 
@@ -76,6 +79,66 @@ def live(ledger: Ledger, now: float) -> Goodput:
     return Goodput(ratio, productive, dict(ledger.badput), running)
 
 
+# The recent window (the plugin's, the recent-goodput gauge's), and how many marks a ledger
+# keeps at most: a window then starts no earlier than the oldest (a gang failing more often than
+# every minute for an hour gets a shorter window, which Recent.seconds says).
+RECENT_WINDOW_S = 3600.0
+MARKS_MAX = 64
+
+
+@dataclass(frozen=True)
+class Recent:
+    """Goodput over the window that ends at ``now``: ``seconds`` long (the window asked for,
+    or less while the gang is younger)."""
+
+    ratio: float | None  # None: nothing measured in it (a suspended gang)
+    seconds: float
+
+
+def recent(ledger: Ledger, now: float, window_s: float = RECENT_WINDOW_S) -> Recent | None:
+    """Goodput over the last ``window_s``: the live account at ``now`` minus the account at the
+    window's start, read between the marks around it (linear within an epoch: an epoch the
+    window cuts counts its own average ratio for the part inside). None: no marks yet."""
+    if not ledger.marks:
+        return None
+    now = max(now, ledger.marks[-1].at)
+    account = live(ledger, now)
+    points = [
+        *ledger.marks,
+        Mark(now, account.productive, account.productive + ledger.badput_total),
+    ]
+    start = max(now - window_s, points[0].at)
+    productive, measured = _account_at(points, start)
+    spent = points[-1].measured - measured
+    ratio = (points[-1].productive - productive) / spent if spent > 0 else None
+    return Recent(ratio, now - start)
+
+
+def _account_at(points: Sequence[Mark], t: float) -> tuple[float, float]:
+    """Productive and measured seconds at ``t`` (``points`` oldest first, the first at or
+    before ``t``), linear between the two points around it."""
+    i = max(i for i, m in enumerate(points) if m.at <= t)
+    before = points[i]
+    if i + 1 == len(points):
+        return before.productive, before.measured
+    after = points[i + 1]
+    f = (t - before.at) / (after.at - before.at)
+    return (
+        before.productive + f * (after.productive - before.productive),
+        before.measured + f * (after.measured - before.measured),
+    )
+
+
+def _marked(ledger: Ledger, at: float) -> Ledger:
+    """``ledger`` with its account marked at ``at``; marks no window needs any more go (every
+    one before the newest that is a window old), and beyond MARKS_MAX the oldest."""
+    marks = [*ledger.marks, Mark(at, ledger.productive, ledger.productive + ledger.badput_total)]
+    old = [i for i, m in enumerate(marks) if m.at <= at - RECENT_WINDOW_S]
+    if old:
+        marks = marks[old[-1] :]
+    return replace(ledger, marks=tuple(marks[-MARKS_MAX:]))
+
+
 def _add(badput: Mapping[Bucket, float], **seconds: float) -> dict[Bucket, float]:
     out = dict(badput)
     for name, value in seconds.items():
@@ -91,7 +154,7 @@ def barrier_opened(ledger: Ledger, rec: Recovery, spans: Sequence[ProgressSpan])
     assert rec.opened is not None
     if ledger.training_since is None:  # a start (or a restart after a suspension)
         led = replace(
-            ledger,
+            _marked(ledger, rec.began),  # (the time it was suspended is not measured)
             since=rec.began if ledger.since is None else ledger.since,
             badput=_add(ledger.badput, scheduling=rec.opened - rec.began),
         )
@@ -108,7 +171,7 @@ def barrier_opened(ledger: Ledger, rec: Recovery, spans: Sequence[ProgressSpan])
         )
         restarted = True
     return replace(
-        led,
+        _marked(led, rec.opened),
         training_epoch=rec.epoch,
         training_since=rec.opened,
         training_resume=rec.resume_step,
@@ -125,8 +188,8 @@ def training_ended(ledger: Ledger, now: float, *, kept: bool) -> Ledger:
     spent = max(0.0, now - ledger.training_since)
     led = replace(ledger, training_epoch=None, training_since=None, training_resume=None)
     if kept:
-        return replace(led, productive=led.productive + spent)
-    return replace(led, unmeasured=led.unmeasured + spent)
+        return _marked(replace(led, productive=led.productive + spent), now)
+    return _marked(replace(led, unmeasured=led.unmeasured + spent), now)
 
 
 def _close_epoch(

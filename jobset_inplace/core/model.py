@@ -109,6 +109,7 @@ class PodView:
     devices_unhealthy: bool = False
     # being evicted by kube-controller-manager for a NoExecute taint on a DRA device it holds
     device_taint_evicted: bool = False
+    claims: tuple[str, ...] = ()  # its ResourceClaims made from its claim templates
     escalated: bool = False  # carries our escalation condition
     by_kueue: bool = False  # failed or terminated by Kueue itself (not a worker failure)
 
@@ -198,6 +199,17 @@ class Bucket(StrEnum):
 
 
 @dataclass(frozen=True)
+class Mark:
+    """The account when a barrier opened (or the gang started, or its training ended): the
+    cumulative productive and measured (productive + badput) seconds then. A recent window's
+    goodput is read between two of them (core.goodput.recent)."""
+
+    at: float
+    productive: float
+    measured: float
+
+
+@dataclass(frozen=True)
 class Ledger:
     """A gang's goodput account up to its running epoch's barrier (persisted in the GangState
     status), and that epoch's training so far (added by :func:`live`)."""
@@ -214,6 +226,8 @@ class Ledger:
     training_since: float | None = None
     training_resume: int | None = None
     restarted: bool = False  # that epoch follows a recovery (restore), not a start (startup)
+    # the account at each barrier of about the last window (oldest first; core.goodput.recent)
+    marks: tuple[Mark, ...] = ()
 
     @property
     def badput_total(self) -> float:
@@ -296,6 +310,9 @@ class Snapshot:
     # Reports sent over the channel to a leader before it were in that one's memory only;
     # agents send them again once the status names this leader's channel.
     reports_since: float = 0.0
+    # pod UID -> why it should move: a DRA device it holds is tainted NoSchedule
+    # (core.device_taints; only members whose pods have claims of their own)
+    devices_leaving: Mapping[str, str] = field(default_factory=dict)
 
 
 # --- actions ----------------------------------------------------------------------------------

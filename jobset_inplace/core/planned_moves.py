@@ -1,11 +1,13 @@
-"""Planned moves, free of I/O: which members sit on nodes that are being drained, and the step
-the gang stops at before they move.
+"""Planned moves, free of I/O: which members sit on nodes that are being drained (or hold a
+device being taken out of service: core.device_taints), and the step the gang stops at before
+they move.
 
-A member whose node is cordoned (``kubectl cordon``/``drain``) or marked for maintenance is
-moved with no step lost: the controller asks every agent how far its trainers are, picks a step
-a few seconds ahead of the newest (:func:`stop_step`), the trainers stop there with a
-checkpoint of it and park, and then the leaving members get new pods elsewhere while the others
-restart in place, all resuming from that step. The controller's PodDisruptionBudget holds the
+A member whose node is cordoned (``kubectl cordon``/``drain``) or marked for maintenance, or
+whose DRA device is tainted ``NoSchedule``, is moved with no step lost: the controller asks
+every agent how far its trainers are, picks a step a few seconds ahead of the newest
+(:func:`stop_step`), the trainers stop there with a checkpoint of it and park, and then the
+leaving members get new pods elsewhere while the others restart in place, all resuming from
+that step. The controller's PodDisruptionBudget holds the
 drain's evictions meanwhile; the planner's states are in :mod:`.planner` (``planned_move``).
 """
 
@@ -26,14 +28,21 @@ ANSWER_WAIT_S = 15.0
 
 
 def leaving_members(
-    nodes: Mapping[str, NodeView], current: Mapping[str, PodView]
+    nodes: Mapping[str, NodeView],
+    current: Mapping[str, PodView],
+    devices_leaving: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """Member -> why its node is being left ("node n1 cordoned"), for running pods only."""
+    """Member -> why it should move ("node n1 cordoned"; a device's reason from
+    ``devices_leaving``, by pod UID), for running pods only."""
     out: dict[str, str] = {}
     for member, pod in current.items():
+        if pod.phase != "Running" or pod.deleting:
+            continue
         node = nodes.get(pod.node or "")
-        if node is not None and node.leaving and pod.phase == "Running" and not pod.deleting:
+        if node is not None and node.leaving:
             out[member] = f"node {node.name} {node.leaving}"
+        elif why := (devices_leaving or {}).get(pod.uid):
+            out[member] = why
     return out
 
 

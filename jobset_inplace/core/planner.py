@@ -374,12 +374,17 @@ class _Planning:
 
     # -- planned moves (core/planned_moves.py) --
     def planned_move(self) -> None:
-        """Members on nodes being drained: ask how far the trainers are, pick the step they
+        """Members on nodes being drained (or holding devices tainted NoSchedule): ask how far
+        the trainers are, pick the step they
         stop at, wait for them to park there (or the deadline), then move those members."""
         s, st, policy = self.s, self.st, self.s.policy
         ps = st.planned_stop
         if ps is None:
-            leaving = leaving_members(s.nodes, self.current) if policy.planned_moves else {}
+            leaving = (
+                leaving_members(s.nodes, self.current, s.devices_leaving)
+                if policy.planned_moves
+                else {}
+            )
             if not leaving:
                 return
             members = tuple(sorted(leaving))

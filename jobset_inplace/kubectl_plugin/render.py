@@ -317,8 +317,15 @@ def _goodput(led: goodput.Ledger, now: float) -> dict[str, Any] | None:
     if led.since is None:
         return None
     account = goodput.live(led, now)
+    window = goodput.recent(led, now)
     return {
         "ratio": None if account.ratio is None else round(account.ratio, 4),
+        "recent": None
+        if window is None
+        else {
+            "ratio": None if window.ratio is None else round(window.ratio, 4),
+            "windowSeconds": round(window.seconds, 3),
+        },
         "since": rfc3339(led.since),
         "productiveSeconds": round(account.productive, 3),
         "badputSeconds": {b.value: round(account.badput.get(b, 0.0), 3) for b in goodput.Bucket},
@@ -333,7 +340,7 @@ def fmt_ratio(ratio: float | None) -> str:
 
 
 def fmt_goodput(g: Mapping[str, Any]) -> str:
-    """``93.1% of 2h05m (badput: recovery 4m02s, wastedProgress 2m10s, ...)``."""
+    """``93.1% of 2h05m, 97.0% in the last 1h00m (badput: recovery 4m02s, ...)``."""
     measured = g["productiveSeconds"] + sum(g["badputSeconds"].values())
     ratio = fmt_ratio(g["ratio"])
     lost = [
@@ -341,7 +348,14 @@ def fmt_goodput(g: Mapping[str, Any]) -> str:
         for bucket, v in sorted(g["badputSeconds"].items(), key=lambda kv: -kv[1])
         if v >= 0.05
     ]
-    text = f"{ratio} of {fmt_duration(measured)} (badput: {', '.join(lost) or 'none'})"
+    text = f"{ratio} of {fmt_duration(measured)}"
+    # the window only when it is shorter than the history (a young gang's is all of it)
+    window = g.get("recent")
+    if window and window["windowSeconds"] < measured + g["unmeasuredSeconds"] - 1:
+        text += (
+            f", {fmt_ratio(window['ratio'])} in the last {fmt_duration(window['windowSeconds'])}"
+        )
+    text += f" (badput: {', '.join(lost) or 'none'})"
     if g["unmeasuredSeconds"]:
         text += f"; {fmt_duration(g['unmeasuredSeconds'])} unmeasured (no progress reported)"
     return text

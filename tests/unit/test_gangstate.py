@@ -18,7 +18,14 @@ from jobset_inplace.core.gangstate import (
     status_to_dict,
 )
 from jobset_inplace.core.goodput import Bucket, Ledger
-from jobset_inplace.core.model import Cause, GangStatus, PlannedStop, Recovery, ReportEndpoint
+from jobset_inplace.core.model import (
+    Cause,
+    GangStatus,
+    Mark,
+    PlannedStop,
+    Recovery,
+    ReportEndpoint,
+)
 from jobset_inplace.core.statemachine import Edge, Phase
 
 
@@ -97,6 +104,7 @@ def full_status() -> GangStatus:
             training_since=T0 + 12.015625,
             training_resume=4200,
             restarted=True,
+            marks=(Mark(T0 - 3600.5, 0.0, 0.0), Mark(T0 + 12.015625, 3000.25, 3030.5)),
         ),
         planned_stop=PlannedStop(
             epoch=7,

@@ -9,7 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobset_inplace.core.goodput import Bucket, Ledger, barrier_opened, live, training_ended
+from jobset_inplace.core.goodput import (
+    MARKS_MAX,
+    RECENT_WINDOW_S,
+    Bucket,
+    Ledger,
+    barrier_opened,
+    live,
+    recent,
+    training_ended,
+)
 from jobset_inplace.core.model import Cause, Recovery
 from jobset_inplace.trainer.progress import ProgressSpan
 
@@ -137,6 +146,56 @@ def test_the_end_of_training() -> None:
     assert again.badput[Bucket.SCHEDULING] == pytest.approx(14)
     assert again.since == T0
     assert not again.restarted
+
+
+def test_the_recent_window_is_read_between_the_marks_around_its_start() -> None:
+    # the worked timeline's first two epochs: marks at the start (0: nothing), at 10 (the
+    # scheduling), at 45 (productive 25 of 45); epoch 2 runs from 45
+    led = barrier_opened(Ledger(), start(opened=10), [])
+    members = [span(1, 13, 60, 42.5), span(1, 13.01, 59, 42.0)]
+    led = barrier_opened(led, failure(2, signal=43, started=43.2, opened=45, resume=50), members)
+    marks = [x for m in led.marks for x in (m.at - T0, m.productive, m.measured)]
+    assert marks == pytest.approx([0, 0, 0, 10, 0, 10, 45, 25, 45])
+    assert recent(Ledger(), T0) is None, "no marks: no window"
+    # younger than the window: the window is the whole history, the same ratio as live()
+    young = recent(led, T0 + 55)
+    assert young is not None
+    assert young.seconds == pytest.approx(55)
+    assert young.ratio == pytest.approx(live(led, T0 + 55).ratio)
+    # a 20 s window at 55 starts at 35, inside epoch 1 (10..45: 25 productive of 35):
+    # 10 s of it at that average (25/35), then the 10 s of epoch 2 running (productive)
+    window = recent(led, T0 + 55, window_s=20)
+    assert window is not None
+    assert window.seconds == pytest.approx(20)
+    assert window.ratio == pytest.approx((10 * 25 / 35 + 10) / 20)
+    # a window within the running epoch is all productive
+    assert recent(led, T0 + 55, window_s=5).ratio == pytest.approx(1.0)  # type: ignore[union-attr]
+
+
+def test_a_suspension_is_not_measured_in_the_window() -> None:
+    led = barrier_opened(Ledger(), start(opened=10), [])
+    led = training_ended(led, T0 + 100, kept=False)  # stood down: 90 s unmeasured
+    # back 1000 s later: 5 s to schedule, then 45 s running
+    led = barrier_opened(led, Recovery(2, T0 + 1100, T0 + 1400, opened=T0 + 1105), [])
+    window = recent(led, T0 + 1150, window_s=500)
+    assert window is not None
+    assert window.ratio == pytest.approx(45 / 50), "the idle 1000 s count neither way"
+
+
+def test_old_marks_go_and_the_count_stays_bounded() -> None:
+    led = barrier_opened(Ledger(), start(opened=10), [])
+    t, epoch = 10.0, 1
+    for _ in range(200):  # a failure every 30 s for 100 min
+        epoch += 1
+        led = barrier_opened(led, failure(epoch, t + 29, t + 29.5, t + 30, None), [])
+        t += 30
+        assert len(led.marks) <= MARKS_MAX
+    # every mark kept is younger than a window, but one; the window at t is clipped to them
+    assert sum(m.at <= T0 + t - RECENT_WINDOW_S for m in led.marks) <= 1
+    window = recent(led, T0 + t)
+    assert window is not None
+    assert window.seconds == pytest.approx(T0 + t - led.marks[0].at)
+    assert window.seconds <= RECENT_WINDOW_S
 
 
 @settings(max_examples=300, deadline=None)

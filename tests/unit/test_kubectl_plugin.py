@@ -263,6 +263,33 @@ def test_status_shows_the_gangs_goodput_as_of_now() -> None:
     text = r.render_status(doc(goodput=account))
     assert "Goodput:          96.8% of 52m10s (badput: recovery 50.0s, scheduling 40.0s, " in text
     assert "wastedProgress 10.0s)" in text
+    assert out["recent"] is None, "no marks (a status of an older release): no window"
+
+
+def test_status_shows_the_last_hours_goodput_once_the_gang_is_older() -> None:
+    account = {
+        "since": "2026-11-21T08:00:00Z",
+        "productiveSeconds": 6000.0,
+        "badputSeconds": {"recovery": 1170.0},
+        "unmeasuredSeconds": 0.0,
+        "stepSeconds": 0.5,
+        "training": {"epoch": 3, "since": "2026-11-21T10:00:00Z", "afterRecovery": True},
+        # 08:00 start; 09:00: 3000 of 3600 productive; 10:00 (barrier): 6000 of 7170
+        "marks": [
+            {"at": "2026-11-21T08:00:00Z", "productiveSeconds": 0, "measuredSeconds": 0},
+            {"at": "2026-11-21T09:00:00Z", "productiveSeconds": 3000, "measuredSeconds": 3600},
+            {"at": "2026-11-21T10:00:00Z", "productiveSeconds": 6000, "measuredSeconds": 7170},
+        ],
+    }
+    out = doc(goodput=account)["goodput"]
+    # NOW = 10:00:30 (6030 of 7200 s productive): the hour from 09:00:30, 1/120 into the
+    # 09:00-10:00 epoch, read at that epoch's average
+    f = 30 / 3600
+    p0, m0 = 3000 + f * 3000, 3600 + f * 3570
+    expected = (6030 - p0) / (7200 - m0)
+    assert out["recent"] == {"ratio": round(expected, 4), "windowSeconds": 3600}
+    text = r.render_status(doc(goodput=account))
+    assert f"83.8% of 2h00m, {expected * 100:.1f}% in the last 1h00m (badput:" in text
 
 
 def test_status_shows_a_planned_move() -> None:

@@ -4,6 +4,7 @@ registry, read back from the exposition text as Prometheus would parse it."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from jobset_inplace.controller import metrics
 from jobset_inplace.controller.cache import ClusterCache
 from jobset_inplace.controller.metrics import Metrics
 from jobset_inplace.core.goodput import Bucket, Ledger
-from jobset_inplace.core.model import GangStatus
+from jobset_inplace.core.model import GangStatus, Mark
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.core.statemachine import Edge, Phase
 from jobset_inplace.core.telemetry import (
@@ -166,6 +167,18 @@ def test_a_gangs_goodput_is_read_live_from_its_ledger(m: Metrics) -> None:
     badput = "jobset_inplace_gang_badput_seconds"
     assert value(m, badput, namespace="ns", jobset="gang", bucket="recovery") == 15
     assert value(m, badput, namespace="ns", jobset="gang", bucket="restore") == 0, "every bucket"
+    recent = "jobset_inplace_gang_recent_goodput_ratio"
+    assert value(m, recent, namespace="ns", jobset="gang") is None, "no marks yet: no series"
+    # marked at its start (nothing), at its first barrier (5 s scheduling) and at the running
+    # epoch's barrier (100 of 120 s): younger than the window, all of its 200 s, 180 productive
+    g.status = GangStatus(
+        phase=Phase.RUNNING,
+        goodput=dataclasses.replace(
+            g.status.goodput,
+            marks=(Mark(now - 200, 0, 0), Mark(now - 195, 0, 5), Mark(now - 80, 100, 120)),
+        ),
+    )
+    assert value(m, recent, namespace="ns", jobset="gang") == pytest.approx(180 / 200, abs=0.01)
 
 
 def test_binding_again_reads_the_new_cache_only(m: Metrics) -> None:

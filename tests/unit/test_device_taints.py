@@ -1,0 +1,184 @@
+"""DRA devices tainted NoSchedule move their members (core/device_taints.py, the cache's
+devices_leaving, the planner's planned move): decoding, toleration matching, the decision."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jobset_inplace.controller.cache import (
+    ClaimEntry,
+    ClusterCache,
+    RuleEntry,
+    SliceEntry,
+    claim_entry,
+    rule_entry,
+    slice_entry,
+)
+from jobset_inplace.core import device_taints as dt
+from jobset_inplace.core.decode import pod_view
+from jobset_inplace.core.model import PlannedStop
+from jobset_inplace.core.planner import plan
+from jobset_inplace.core.policy import Policy
+
+from .gangs import NOW, member, pods, snapshot
+
+DEV = dt.DeviceRef("gpu.example.com", "node-1", "gpu-0")
+OTHER = dt.DeviceRef("gpu.example.com", "node-1", "gpu-1")
+NO_SCHEDULE = dt.Taint("maintenance", "true", "NoSchedule")
+
+
+def claim(name: str = "p1-device-abc", *results: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "ns", "name": name},
+        "status": {"allocation": {"devices": {"results": list(results)}}},
+    }
+
+
+def result(
+    d: dt.DeviceRef = DEV, tolerations: list[dict[str, str]] | None = None
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"request": "gpu", "driver": d.driver, "pool": d.pool, "device": d.device}
+    if tolerations:
+        out["tolerations"] = tolerations
+    return out
+
+
+def rule(name: str = "r", effect: str = "NoSchedule", **selector: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "deviceSelector": selector,
+            "taint": {"key": "maintenance", "value": "true", "effect": effect},
+        },
+    }
+
+
+def test_decoding_claims_slices_rules_and_a_pods_own_claims() -> None:
+    assert dt.claim_devices(claim("c", result())) == (dt.Allocated(DEV),)
+    assert dt.claim_devices({"metadata": {}, "status": {}}) == (), "not allocated yet"
+    tol = {"key": "maintenance", "operator": "Exists", "effect": "NoSchedule"}
+    (held,) = dt.claim_devices(claim("c", result(tolerations=[tol])))
+    assert held.tolerations == (dt.Toleration("maintenance", "Exists", "", "NoSchedule"),)
+    rs = {
+        "metadata": {"name": "node-1-gpu"},
+        "spec": {
+            "driver": DEV.driver,
+            "pool": {"name": DEV.pool},
+            "devices": [
+                {
+                    "name": "gpu-0",
+                    "taints": [{"key": "maintenance", "value": "true", "effect": "NoSchedule"}],
+                },
+                {"name": "gpu-1"},
+                {"name": "gpu-2", "basic": {"taints": [{"key": "k", "effect": "None"}]}},  # v1beta1
+            ],
+        },
+    }
+    assert dt.slice_taints(rs) == {
+        DEV: (NO_SCHEDULE,),
+        dt.DeviceRef(DEV.driver, DEV.pool, "gpu-2"): (dt.Taint("k", "", "None"),),
+    }
+    assert dt.taint_rule(rule(driver=DEV.driver, device="gpu-0")) == dt.TaintRule(
+        "r", NO_SCHEDULE, DEV.driver, None, "gpu-0"
+    )
+    cel = rule(selectors=[{"cel": {"expression": "true"}}])  # type: ignore[arg-type]
+    assert dt.taint_rule(cel) is None, "v1alpha3's CEL selectors are not evaluated"
+    pod = {
+        "metadata": {"name": "p", "uid": "u", "labels": {}},
+        "spec": {
+            "resourceClaims": [
+                {"name": "gpu", "resourceClaimTemplateName": "t"},
+                {"name": "shared", "resourceClaimName": "everyones"},
+            ]
+        },
+        "status": {
+            "resourceClaimStatuses": [
+                {"name": "gpu", "resourceClaimName": "p-gpu-x1"},
+                {"name": "shared", "resourceClaimName": "everyones"},
+            ]
+        },
+    }
+    assert dt.own_claims(pod) == ("p-gpu-x1",), "a shared claim moves with nobody"
+
+
+def test_tolerations_match_as_kubernetes_matches_them() -> None:
+    def tolerates(**kw: str) -> bool:
+        return dt.Toleration(**kw).tolerates(NO_SCHEDULE)
+
+    assert tolerates(key="maintenance", value="true")
+    assert tolerates(key="maintenance", operator="Exists")
+    assert tolerates(operator="Exists"), "an empty key with Exists tolerates every taint"
+    assert tolerates(key="maintenance", value="true", effect="NoSchedule")
+    assert not tolerates(key="maintenance", value="false")
+    assert not tolerates(key="maintenance", value="true", effect="NoExecute")
+    assert not tolerates(key="other", operator="Exists")
+    assert not tolerates(value="true"), "Equal needs a key"
+
+
+def test_which_taints_move_a_member() -> None:
+    held = [dt.Allocated(DEV)]
+    rules = [dt.TaintRule("r", NO_SCHEDULE, DEV.driver, DEV.pool, DEV.device)]
+    why = dt.why_leaving(held, {}, rules)
+    assert why == "device gpu.example.com/node-1/gpu-0 tainted maintenance=true:NoSchedule"
+    assert dt.why_leaving(held, {DEV: (NO_SCHEDULE,)}, []) == why, "a driver's taint too"
+    assert not dt.why_leaving([dt.Allocated(OTHER)], {}, rules), "another device"
+    wide = [dt.TaintRule("r", NO_SCHEDULE, driver=DEV.driver)]
+    assert dt.why_leaving([dt.Allocated(OTHER)], {}, wide), "unset selector fields match any"
+    for effect in ("NoExecute", "None", "SomethingNew"):  # evicted elsewhere / informational
+        other = [dt.TaintRule("r", dataclasses.replace(NO_SCHEDULE, effect=effect))]
+        assert not dt.why_leaving(held, {}, other), effect
+    tolerant = [dt.Allocated(DEV, (dt.Toleration("maintenance", "Exists"),))]
+    assert not dt.why_leaving(tolerant, {}, rules), "the claim tolerates it"
+
+
+def test_the_cache_tells_which_members_hold_a_tainted_device() -> None:
+    cache = ClusterCache()
+    p = [dataclasses.replace(v, claims=(f"{v.name}-device",)) for v in pods(2, epoch=2)]
+    assert cache.upsert_claim(claim_entry(claim("p1-device", result())))
+    assert not cache.upsert_claim(claim_entry(claim("p1-device", result()))), "unchanged"
+    assert cache.devices_leaving("ns", p) == {}, "no taint"
+    assert cache.upsert_rule(rule_entry(rule(driver=DEV.driver, device=DEV.device)))
+    assert cache.devices_leaving("ns", p) == {
+        "uid-1": "device gpu.example.com/node-1/gpu-0 tainted maintenance=true:NoSchedule"
+    }
+    assert cache.devices_leaving("other-ns", p) == {}, "claims are namespaced"
+    assert cache.upsert_rule(RuleEntry("r", None), deleted=True)
+    assert cache.devices_leaving("ns", p) == {}
+    assert cache.upsert_slice(SliceEntry("s", {DEV: (NO_SCHEDULE,)}))
+    assert set(cache.devices_leaving("ns", p)) == {"uid-1"}
+    assert cache.upsert_slice(slice_entry({"metadata": {"name": "s"}, "spec": {"devices": []}}))
+    assert cache.slice_taints == {}, "slices without taints are not kept"
+    assert cache.upsert_claim(ClaimEntry(("ns", "p1-device"), ()), deleted=True)
+    assert cache.claims == {}
+
+
+def test_a_member_holding_a_tainted_device_starts_a_planned_stop() -> None:
+    why = "device gpu.example.com/node-1/gpu-0 tainted maintenance=true:NoSchedule"
+    s = dataclasses.replace(snapshot(), devices_leaving={"uid-1": why})
+    p = plan(s)
+    assert p.status.planned_stop == PlannedStop(2, (member(1),), why, NOW, NOW + 600, None)
+    off = dataclasses.replace(s, policy=Policy(planned_moves=False))
+    assert plan(off).status.planned_stop is None, "planned-moves: false"
+
+
+def test_pod_view_carries_its_own_claims() -> None:
+    pod = {
+        "metadata": {
+            "name": "p",
+            "uid": "u",
+            "namespace": "ns",
+            "creationTimestamp": "2026-11-21T10:00:00Z",
+            "labels": {
+                "jobset.sigs.k8s.io/jobset-name": "train",
+                "jobset.sigs.k8s.io/replicatedjob-name": "workers",
+                "jobset.sigs.k8s.io/job-index": "1",
+                "batch.kubernetes.io/job-completion-index": "0",
+            },
+        },
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]},
+        "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x"}]},
+    }
+    view = pod_view(pod)
+    assert view is not None
+    assert view.claims == ("p-gpu-x",)
