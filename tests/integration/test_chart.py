@@ -98,6 +98,18 @@ def test_chart_options_are_the_kustomize_components(helm: Helm, tmp_path: Path) 
     _same(_by_key(helm.template(values)), _kustomized(tmp_path, ["cert-manager", "prometheus"]))
 
 
+def test_the_runbook_base_url_makes_every_alerts_runbook_a_url(helm: Helm) -> None:
+    base = "https://docs.example/jsi/runbooks.html"
+    values = {"metrics": {"prometheusRule": {"enabled": True, "runbookBaseURL": base + "/"}}}
+    (rule,) = [o for o in helm.template(values) if o["kind"] == "PrometheusRule"]
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert alerts
+    for r in alerts:
+        assert r["annotations"]["runbook_url"] == f"{base}#{r['alert'].lower()}"
+    with pytest.raises(RuntimeError, match="runbookBaseURL"):
+        helm.template({"metrics": {"prometheusRule": {"runbookBaseURL": "docs.example/rb"}}})
+
+
 def test_chart_values_reach_the_deployment(helm: Helm) -> None:
     values = {
         "image": {"repository": "registry.example/jsi/controller", "tag": "1.2.3"},

@@ -64,3 +64,31 @@ def test_the_dashboard_covers_every_exported_family() -> None:
     shown = {re.sub(r"_(bucket|sum|count|total)$", "", n) for n in used}
     missing = {f.name for f in families()} - shown
     assert not missing, f"families without a panel: {sorted(missing)}"
+
+
+def test_every_alert_has_a_severity_a_summary_and_a_runbook_section() -> None:
+    rule = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    runbooks = (REPO_ROOT / "docs" / "runbooks.md").read_text()
+    sections = {line[3:].strip() for line in runbooks.splitlines() if line.startswith("## ")}
+    assert alerts
+    for r in alerts:
+        name = r["alert"]
+        assert r["labels"]["severity"] in {"critical", "warning", "info"}, name
+        assert r["annotations"]["summary"], name
+        assert r["annotations"]["description"], name
+        assert r["annotations"]["runbook_url"] == f"docs/runbooks.md#{name.lower()}", name
+        assert name in sections, f"docs/runbooks.md has no section {name}"
+        assert f"*{r['labels']['severity']}.*" in runbooks.split(f"## {name}")[1][:200], name
+    assert sections == {r["alert"] for r in alerts}, "a section per alert, no other"
+
+
+def test_the_dashboards_gang_panels_follow_its_namespace_and_jobset_variables() -> None:
+    dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
+    names = [v["name"] for v in dashboard["templating"]["list"]]
+    assert names == ["datasource", "namespace", "jobset"]
+    per_gang = re.compile(r"\bjobset_inplace_gang_[a-z_]+(\{[^}]*\})?")
+    found = [m for e in dashboard_expressions() for m in per_gang.finditer(e)]
+    assert found, "per-gang series on the dashboard"
+    for m in found:
+        assert m.group(1) == '{namespace=~"$namespace", jobset=~"$jobset"}', m.group(0)
