@@ -12,7 +12,8 @@
 #               and jobset-ipr-agent (upstream's in-place restart agent, for the benchmark),
 #               test-device-plugin (testbed/deviceplugin, for the device-health tests),
 #               test-dra-driver (testbed/draplugin, for the DRA device-taint test),
-#               coredns (testbed/coredns, the real nodes' cluster DNS)
+#               coredns (testbed/coredns, the real nodes' cluster DNS),
+#               prometheus (promtool: the alerts' rule checks and unit tests)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -206,6 +207,13 @@ build_helm() {
     "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" helm.sh/helm/v4/cmd/helm
 }
 
+# promtool only (the alerts' rule checks and unit tests: tests/integration/test_alerts.py).
+build_prometheus() {
+  module_build prometheus github.com/prometheus/prometheus "$PROMETHEUS_VERSION" \
+    "-X github.com/prometheus/common/version.Version=${PROMETHEUS_VERSION}" \
+    github.com/prometheus/prometheus/cmd/promtool
+}
+
 # CRDs and manifests are read from the pinned module sources in the Go module cache.
 fetch_module_source() {
   local m="$1" v="$2"
@@ -239,7 +247,8 @@ main() {
       containerd) build_containerd ;;
       runc) build_runc ;;
       helm) build_helm ;;
-      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc helm jobset-ipr-agent test-device-plugin test-dra-driver coredns)" >&2; exit 2 ;;
+      prometheus) build_prometheus ;;
+      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc helm prometheus jobset-ipr-agent test-device-plugin test-dra-driver coredns)" >&2; exit 2 ;;
     esac
   done
   log "all requested binaries present ($((SECONDS - total))s)"

@@ -46,6 +46,7 @@ class Versions:
     containerd: str
     runc: str
     helm: str
+    prometheus: str
 
     @property
     def kubernetes_minor(self) -> int:
@@ -98,6 +99,7 @@ def parse_versions(text: str, k8s: str = "") -> Versions:
             containerd=values["CONTAINERD_VERSION"],
             runc=values["RUNC_VERSION"],
             helm=values["HELM_VERSION"],
+            prometheus=values["PROMETHEUS_VERSION"],
         )
     except KeyError as missing:
         raise ValueError(f"{VERSIONS_FILE.name}: missing {missing.args[0]}") from None
@@ -129,6 +131,7 @@ class Binaries:
     ctr: Path
     runc: Path
     helm: Path
+    promtool: Path  # the alerts' rule checks and tests
     jobset_ipr_agent: Path  # upstream JobSet's in-place restart agent (benchmark only)
     test_device_plugin: Path  # testbed/deviceplugin, for the device-health tests
     test_dra_driver: Path  # testbed/draplugin, for the DRA device-taint test
@@ -162,6 +165,7 @@ def binaries(v: Versions | None = None) -> Binaries:
         ctr=containerd / "ctr",
         runc=b / f"runc-{v.runc}" / "runc",
         helm=b / f"helm-{v.helm}" / "helm",
+        promtool=b / f"prometheus-{v.prometheus}" / "promtool",
         jobset_ipr_agent=b / f"jobset-ipr-agent-{v.jobset}" / "in-place-restart-agent",
         test_device_plugin=b
         / f"test-device-plugin-{local_module_version('deviceplugin')}"
@@ -201,6 +205,7 @@ COMPONENT_OF = {
     "ctr": "containerd",
     "runc": "runc",
     "helm": "helm",
+    "promtool": "prometheus",
     "jobset_ipr_agent": "jobset-ipr-agent",
     "test_device_plugin": "test-device-plugin",
     "test_dra_driver": "test-dra-driver",

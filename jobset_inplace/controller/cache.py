@@ -73,11 +73,12 @@ def job_entry(job: Mapping[str, Any]) -> JobEntry:
 @dataclass(frozen=True)
 class ClaimEntry:
     key: tuple[str, str]  # (namespace, name)
+    pod: str  # the UID of the pod it was made for ("": none)
     devices: tuple[dt.Allocated, ...]
 
 
 def claim_entry(claim: Mapping[str, Any]) -> ClaimEntry:
-    return ClaimEntry(dt.claim_key(claim), dt.claim_devices(claim))
+    return ClaimEntry(dt.claim_key(claim), dt.claim_owner(claim), dt.claim_devices(claim))
 
 
 @dataclass(frozen=True)
@@ -171,9 +172,10 @@ class ClusterCache:
     pod_jobs: dict[str, str] = field(default_factory=dict)
     job_pods: Counter[str] = field(default_factory=Counter)
     gone_jobs: set[str] = field(default_factory=set)
-    # DRA, where served (core.device_taints): the devices allocated to each ResourceClaim by
-    # (namespace, name); the tainted devices of each ResourceSlice that has any; DeviceTaintRules
-    claims: dict[tuple[str, str], tuple[dt.Allocated, ...]] = field(default_factory=dict)
+    # DRA, where served (core.device_taints): the devices allocated to the pods' own
+    # ResourceClaims, by pod UID and claim; the tainted devices of each ResourceSlice that has
+    # any; DeviceTaintRules
+    claims: dict[str, dict[tuple[str, str], tuple[dt.Allocated, ...]]] = field(default_factory=dict)
     slice_taints: dict[str, dict[dt.DeviceRef, tuple[dt.Taint, ...]]] = field(default_factory=dict)
     taint_rules: dict[str, dt.TaintRule] = field(default_factory=dict)
 
@@ -353,16 +355,24 @@ class ClusterCache:
 
     # -- DRA --
     def upsert_claim(self, entry: ClaimEntry, deleted: bool = False) -> bool:
-        """Record a ResourceClaim event; whether what it holds changed."""
-        old = self.claims.get(entry.key)
+        """Record a ResourceClaim event (a pod's own, allocated); whether what it holds
+        changed."""
+        if not entry.pod:
+            return False
+        held = self.claims.get(entry.pod, {})
+        old = held.get(entry.key)
         if deleted or not entry.devices:
-            self.claims.pop(entry.key, None)
+            held.pop(entry.key, None)
+            if not held:
+                self.claims.pop(entry.pod, None)
             return old is not None
-        self.claims[entry.key] = entry.devices
+        self.claims.setdefault(entry.pod, {})[entry.key] = entry.devices
         return old != entry.devices
 
     def replace_claims(self, entries: Sequence[ClaimEntry]) -> None:
-        self.claims = {e.key: e.devices for e in entries if e.devices}
+        self.claims = {}
+        for e in entries:
+            self.upsert_claim(e)
 
     def upsert_slice(self, entry: SliceEntry, deleted: bool = False) -> bool:
         """Record a ResourceSlice event; whether its tainted devices changed."""
@@ -388,27 +398,22 @@ class ClusterCache:
     def replace_rules(self, entries: Sequence[RuleEntry]) -> None:
         self.taint_rules = {e.name: e.rule for e in entries if e.rule is not None}
 
-    def gangs_with_claims(
-        self, namespace: str | None = None, claim: str | None = None
-    ) -> list[GangKey]:
-        """Gangs some of whose pods have claims of their own (in ``namespace``, named
-        ``claim``): the ones a device taint or allocation can concern."""
-        return [
-            k
-            for k, g in self.gangs.items()
-            if namespace in (None, k[0])
-            and any(p.claims and claim in (None, *p.claims) for p in g.pods.values())
-        ]
+    def gangs_with_claims(self, pod: str | None = None) -> list[GangKey]:
+        """Gangs some of whose pods have claims of their own (``pod``: that pod's gang): the
+        ones a device taint or allocation can concern."""
+        if pod is not None:
+            return [k for k, g in self.gangs.items() if pod in g.pods]
+        return [k for k, g in self.gangs.items() if any(u in self.claims for u in g.pods)]
 
-    def devices_leaving(self, namespace: str, pods: Iterable[PodView]) -> dict[str, str]:
-        """Pod UID -> why it should move: a device its claims hold is tainted NoSchedule."""
-        with_claims = [p for p in pods if p.claims]
+    def devices_leaving(self, pods: Iterable[PodView]) -> dict[str, str]:
+        """Pod UID -> why it should move: a device its own claims hold is tainted NoSchedule."""
+        with_claims = [p for p in pods if p.uid in self.claims]
         if not with_claims:
             return {}
         in_slices = {d: t for taints in self.slice_taints.values() for d, t in taints.items()}
         out: dict[str, str] = {}
         for p in with_claims:
-            held = [a for c in p.claims for a in self.claims.get((namespace, c), ())]
+            held = [a for devices in self.claims[p.uid].values() for a in devices]
             if why := dt.why_leaving(held, in_slices, self.taint_rules.values()):
                 out[p.uid] = why
         return out
@@ -445,5 +450,5 @@ class ClusterCache:
             cluster_nodes=self.nodes,
             report_endpoint=self.report_endpoint,
             reports_since=self.reports_since,
-            devices_leaving=self.devices_leaving(gang.key[0], members),
+            devices_leaving=self.devices_leaving(members),
         )

@@ -92,7 +92,7 @@ def _plan_with_claims(r: Reconciler) -> None:
 def claim_events(r: Reconciler, events: list[WatchEvent[ClaimEntry]]) -> None:
     for kind, entry in events:
         if r.cache.upsert_claim(entry, deleted=kind == "DELETED"):
-            _poke(r, r.cache.gangs_with_claims(*entry.key))
+            _poke(r, r.cache.gangs_with_claims(entry.pod))
 
 
 def slice_events(r: Reconciler, events: list[WatchEvent[SliceEntry]]) -> None:

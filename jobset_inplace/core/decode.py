@@ -10,7 +10,6 @@ from typing import Any
 import yaml
 
 from jobset_inplace import names
-from jobset_inplace.core.device_taints import own_claims
 from jobset_inplace.core.model import GangSpec, NodeView, PodView
 from jobset_inplace.core.policy import PolicyError, parse_duration
 from jobset_inplace.core.transform import AGENT_CONTAINER
@@ -297,7 +296,6 @@ def pod_view(pod: Obj) -> PodView | None:
         agent_started=_agent_started(status),
         devices_unhealthy=_resources_unhealthy(containers),
         device_taint_evicted=_device_taint_evicted(pod),
-        claims=own_claims(pod),
         escalated=condition_true(pod, names.ESCALATION_CONDITION),
         by_kueue=any(condition_true(pod, t) for t in KUEUE_POD_CONDITIONS),
         **report,

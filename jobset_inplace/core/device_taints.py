@@ -5,9 +5,10 @@ in its ``ResourceSlice``, as its driver does) that their claims do not tolerate.
 Such a device keeps serving the pods that hold it, but nothing new may be scheduled on it: it
 is being taken out of service, like a cordoned node. Its member is moved as a drained node's
 is (core.planned_moves): at a step every trainer stops at, with no step lost; its new pod gets
-a new claim, which the scheduler allocates from devices that are not tainted. Only the claims a
-member's pod got from a ``ResourceClaimTemplate`` count (:func:`own_claims`): a claim pods
-share keeps its devices whatever pod holds it, so moving would not help.
+a new claim, which the scheduler allocates from devices that are not tainted. Only a pod's own
+claims count, those made for it from a ``ResourceClaimTemplate`` (the pod is their controller:
+:func:`claim_owner`): a claim pods share keeps its devices whatever pod holds it, so moving
+would not help.
 
 ``NoExecute`` is not handled here: kube-controller-manager evicts such pods at once (the
 ``DeviceTainted`` cause, core.detection). ``None`` is informational. The objects are decoded
@@ -113,6 +114,15 @@ def claim_key(claim: Obj) -> tuple[str, str]:
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
 
+def claim_owner(claim: Obj) -> str:
+    """The UID of the pod the claim was made for (its controller), "" for a claim of no pod's
+    own (made by hand, shared)."""
+    for ref in (claim.get("metadata") or {}).get("ownerReferences") or ():
+        if ref.get("controller") and ref.get("kind") == "Pod" and ref.get("apiVersion") == "v1":
+            return str(ref.get("uid") or "")
+    return ""
+
+
 def claim_devices(claim: Obj) -> tuple[Allocated, ...]:
     """The devices a ResourceClaim was allocated (none while it is not)."""
     allocation = (claim.get("status") or {}).get("allocation") or {}
@@ -152,20 +162,6 @@ def taint_rule(rule: Obj) -> TaintRule | None:
         selector.get("driver"),
         selector.get("pool"),
         selector.get("device"),
-    )
-
-
-def own_claims(pod: Obj) -> tuple[str, ...]:
-    """The names of the ResourceClaims made for ``pod`` from its claim templates."""
-    templated = {
-        c.get("name")
-        for c in (pod.get("spec") or {}).get("resourceClaims") or ()
-        if c.get("resourceClaimTemplateName")
-    }
-    return tuple(
-        str(s["resourceClaimName"])
-        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()
-        if s.get("name") in templated and s.get("resourceClaimName")
     )
 
 

@@ -109,7 +109,6 @@ class PodView:
     devices_unhealthy: bool = False
     # being evicted by kube-controller-manager for a NoExecute taint on a DRA device it holds
     device_taint_evicted: bool = False
-    claims: tuple[str, ...] = ()  # its ResourceClaims made from its claim templates
     escalated: bool = False  # carries our escalation condition
     by_kueue: bool = False  # failed or terminated by Kueue itself (not a worker failure)
 
@@ -310,8 +309,8 @@ class Snapshot:
     # Reports sent over the channel to a leader before it were in that one's memory only;
     # agents send them again once the status names this leader's channel.
     reports_since: float = 0.0
-    # pod UID -> why it should move: a DRA device it holds is tainted NoSchedule
-    # (core.device_taints; only members whose pods have claims of their own)
+    # pod UID -> why it should move: a DRA device its own claims hold is tainted NoSchedule
+    # (core.device_taints)
     devices_leaving: Mapping[str, str] = field(default_factory=dict)
 
 

@@ -16,7 +16,6 @@ from jobset_inplace.controller.cache import (
     slice_entry,
 )
 from jobset_inplace.core import device_taints as dt
-from jobset_inplace.core.decode import pod_view
 from jobset_inplace.core.model import PlannedStop
 from jobset_inplace.core.planner import plan
 from jobset_inplace.core.policy import Policy
@@ -28,9 +27,15 @@ OTHER = dt.DeviceRef("gpu.example.com", "node-1", "gpu-1")
 NO_SCHEDULE = dt.Taint("maintenance", "true", "NoSchedule")
 
 
-def claim(name: str = "p1-device-abc", *results: dict[str, Any]) -> dict[str, Any]:
+def claim(name: str, *results: dict[str, Any], pod: str | None = "uid-1") -> dict[str, Any]:
+    """A ResourceClaim made for pod UID ``pod`` (None: of no pod's own), allocated ``results``."""
+    owners = [] if pod is None else [{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": pod}]
     return {
-        "metadata": {"namespace": "ns", "name": name},
+        "metadata": {
+            "namespace": "ns",
+            "name": name,
+            "ownerReferences": [{**o, "controller": True} for o in owners],
+        },
         "status": {"allocation": {"devices": {"results": list(results)}}},
     }
 
@@ -84,22 +89,8 @@ def test_decoding_claims_slices_rules_and_a_pods_own_claims() -> None:
     )
     cel = rule(selectors=[{"cel": {"expression": "true"}}])  # type: ignore[arg-type]
     assert dt.taint_rule(cel) is None, "v1alpha3's CEL selectors are not evaluated"
-    pod = {
-        "metadata": {"name": "p", "uid": "u", "labels": {}},
-        "spec": {
-            "resourceClaims": [
-                {"name": "gpu", "resourceClaimTemplateName": "t"},
-                {"name": "shared", "resourceClaimName": "everyones"},
-            ]
-        },
-        "status": {
-            "resourceClaimStatuses": [
-                {"name": "gpu", "resourceClaimName": "p-gpu-x1"},
-                {"name": "shared", "resourceClaimName": "everyones"},
-            ]
-        },
-    }
-    assert dt.own_claims(pod) == ("p-gpu-x1",), "a shared claim moves with nobody"
+    assert dt.claim_owner(claim("c", result(), pod="uid-7")) == "uid-7"
+    assert dt.claim_owner(claim("c", result(), pod=None)) == "", "a shared claim is no pod's"
 
 
 def test_tolerations_match_as_kubernetes_matches_them() -> None:
@@ -134,23 +125,40 @@ def test_which_taints_move_a_member() -> None:
 
 def test_the_cache_tells_which_members_hold_a_tainted_device() -> None:
     cache = ClusterCache()
-    p = [dataclasses.replace(v, claims=(f"{v.name}-device",)) for v in pods(2, epoch=2)]
+    p = pods(2, epoch=2)
     assert cache.upsert_claim(claim_entry(claim("p1-device", result())))
     assert not cache.upsert_claim(claim_entry(claim("p1-device", result()))), "unchanged"
-    assert cache.devices_leaving("ns", p) == {}, "no taint"
+    shared = claim_entry(claim("everyones", result(OTHER), pod=None))
+    assert not cache.upsert_claim(shared), "a claim of no pod's own is not kept"
+    assert cache.devices_leaving(p) == {}, "no taint"
     assert cache.upsert_rule(rule_entry(rule(driver=DEV.driver, device=DEV.device)))
-    assert cache.devices_leaving("ns", p) == {
+    assert cache.devices_leaving(p) == {
         "uid-1": "device gpu.example.com/node-1/gpu-0 tainted maintenance=true:NoSchedule"
     }
-    assert cache.devices_leaving("other-ns", p) == {}, "claims are namespaced"
     assert cache.upsert_rule(RuleEntry("r", None), deleted=True)
-    assert cache.devices_leaving("ns", p) == {}
+    assert cache.devices_leaving(p) == {}
     assert cache.upsert_slice(SliceEntry("s", {DEV: (NO_SCHEDULE,)}))
-    assert set(cache.devices_leaving("ns", p)) == {"uid-1"}
+    assert set(cache.devices_leaving(p)) == {"uid-1"}
     assert cache.upsert_slice(slice_entry({"metadata": {"name": "s"}, "spec": {"devices": []}}))
     assert cache.slice_taints == {}, "slices without taints are not kept"
-    assert cache.upsert_claim(ClaimEntry(("ns", "p1-device"), ()), deleted=True)
+    gone = ClaimEntry(("ns", "p1-device"), "uid-1", ())
+    assert cache.upsert_claim(gone, deleted=True)
     assert cache.claims == {}
+
+
+def test_a_claim_or_taint_change_plans_the_gangs_it_concerns() -> None:
+    cache = ClusterCache()
+    gang = cache.upsert_jobset(
+        {"metadata": {"namespace": "ns", "name": "train", "uid": "js"}, "spec": {}},
+        Policy(),
+        "",
+    )
+    gang.pods = {p.uid: p for p in pods(2, epoch=2)}
+    assert cache.gangs_with_claims() == [], "no member holds a claim of its own"
+    cache.upsert_claim(claim_entry(claim("p1-device", result())))
+    assert cache.gangs_with_claims() == [("ns", "train")]
+    assert cache.gangs_with_claims("uid-1") == [("ns", "train")], "the claim's pod's gang"
+    assert cache.gangs_with_claims("uid-9") == []
 
 
 def test_a_member_holding_a_tainted_device_starts_a_planned_stop() -> None:
@@ -160,25 +168,3 @@ def test_a_member_holding_a_tainted_device_starts_a_planned_stop() -> None:
     assert p.status.planned_stop == PlannedStop(2, (member(1),), why, NOW, NOW + 600, None)
     off = dataclasses.replace(s, policy=Policy(planned_moves=False))
     assert plan(off).status.planned_stop is None, "planned-moves: false"
-
-
-def test_pod_view_carries_its_own_claims() -> None:
-    pod = {
-        "metadata": {
-            "name": "p",
-            "uid": "u",
-            "namespace": "ns",
-            "creationTimestamp": "2026-11-21T10:00:00Z",
-            "labels": {
-                "jobset.sigs.k8s.io/jobset-name": "train",
-                "jobset.sigs.k8s.io/replicatedjob-name": "workers",
-                "jobset.sigs.k8s.io/job-index": "1",
-                "batch.kubernetes.io/job-completion-index": "0",
-            },
-        },
-        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]},
-        "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x"}]},
-    }
-    view = pod_view(pod)
-    assert view is not None
-    assert view.claims == ("p-gpu-x",)
