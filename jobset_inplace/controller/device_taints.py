@@ -66,6 +66,15 @@ def dra_watches(r: Reconciler) -> list[RawWatch[Any]]:
         if version is None:
             log.info("device taints: %s/%s not served; not watched", GROUP, plural)
             continue
+        try:  # an install whose RBAC predates these watches: without them, not a crash loop
+            api.list_cluster_custom_object(GROUP, version, plural, limit=1)
+        except client.exceptions.ApiException as e:
+            log.warning(
+                "device taints: cannot list %s/%s %s (%s %s); not watched: apply this "
+                "release's manifests/controller/rbac.yaml",
+                GROUP, version, plural, e.status, e.reason,
+            )  # fmt: skip
+            continue
         watches.append(
             RawWatch(
                 what,

@@ -4,8 +4,15 @@ devices_leaving, the planner's planned move): decoding, toleration matching, the
 from __future__ import annotations
 
 import dataclasses
+import logging
+from types import SimpleNamespace
 from typing import Any
 
+import kubernetes.client
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from jobset_inplace.controller import device_taints
 from jobset_inplace.controller.cache import (
     ClaimEntry,
     ClusterCache,
@@ -168,3 +175,31 @@ def test_a_member_holding_a_tainted_device_starts_a_planned_stop() -> None:
     assert p.status.planned_stop == PlannedStop(2, (member(1),), why, NOW, NOW + 600, None)
     off = dataclasses.replace(s, policy=Policy(planned_moves=False))
     assert plan(off).status.planned_stop is None, "planned-moves: false"
+
+
+def test_the_watches_are_only_of_what_is_served_and_may_be_listed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cluster serving claims and slices (not DeviceTaintRules), whose controller may not list
+    slices (RBAC of an older release): one watch, each omission logged, nothing raised."""
+
+    class Api:  # the client's discovery and list calls, as the apiserver would answer them
+        def get_api_resources(self, group: str, version: str) -> Any:
+            if version != "v1":
+                raise ApiException(status=404, reason="Not Found")
+            names = ("resourceclaims", "resourceslices")
+            return SimpleNamespace(resources=[SimpleNamespace(name=n) for n in names])
+
+        def list_cluster_custom_object(
+            self, group: str, version: str, plural: str, **_: Any
+        ) -> Any:
+            if plural == "resourceslices":
+                raise ApiException(status=403, reason="Forbidden")
+            return {"items": []}
+
+    monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", lambda *_: Api())
+    caplog.set_level(logging.INFO, "jobset_inplace.controller")
+    watches = device_taints.dra_watches(SimpleNamespace(cache=ClusterCache()))  # type: ignore[arg-type]
+    assert [w.what for w in watches] == ["ResourceClaims"]
+    assert "cannot list resource.k8s.io/v1 resourceslices (403 Forbidden)" in caplog.text
+    assert "resource.k8s.io/devicetaintrules not served" in caplog.text
