@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
 .PHONY: help venv binaries images lint test unit integration e2e e2e-kind soak cluster-up cluster-down cluster-install \
-        cluster-status demo bench bench-realnode clean
+        cluster-status demo bench bench-realnode plugin-archive clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -83,6 +83,9 @@ soak: venv binaries ## a gang on the local cluster for 60 min, a failure every 3
 
 bench: venv binaries $(VENV)/.bench ## scale benchmark, hybrid vs stock (not in make test; BENCH_ARGS="--sizes 100 --reps 2" for a quick run)
 	$(PY) -m bench $(BENCH_ARGS)
+
+plugin-archive: venv ## the kubectl plugin as one executable, its krew archive and manifest in dist/ (BASE_URL=https://... where they will be published)
+	$(PY) -m release.plugin --out dist --base-url "$(BASE_URL)"
 
 clean: ## remove the virtualenv and caches in the repo (keeps built binaries)
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

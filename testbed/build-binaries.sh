@@ -13,7 +13,8 @@
 #               test-device-plugin (testbed/deviceplugin, for the device-health tests),
 #               test-dra-driver (testbed/draplugin, for the DRA device-taint test),
 #               coredns (testbed/coredns, the real nodes' cluster DNS),
-#               prometheus (promtool: the alerts' rule checks and unit tests)
+#               prometheus (promtool: the alerts' rule checks and unit tests),
+#               krew (the kubectl plugin's krew install test)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -214,6 +215,12 @@ build_prometheus() {
     github.com/prometheus/prometheus/cmd/promtool
 }
 
+# krew (the kubectl plugin's krew install: tests/integration/test_krew.py).
+build_krew() {
+  module_build krew sigs.k8s.io/krew "$KREW_VERSION" \
+    "-X sigs.k8s.io/krew/internal/version.gitTag=${KREW_VERSION}" sigs.k8s.io/krew/cmd/krew
+}
+
 # CRDs and manifests are read from the pinned module sources in the Go module cache.
 fetch_module_source() {
   local m="$1" v="$2"
@@ -248,7 +255,8 @@ main() {
       runc) build_runc ;;
       helm) build_helm ;;
       prometheus) build_prometheus ;;
-      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc helm prometheus jobset-ipr-agent test-device-plugin test-dra-driver coredns)" >&2; exit 2 ;;
+      krew) build_krew ;;
+      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc helm prometheus krew jobset-ipr-agent test-device-plugin test-dra-driver coredns)" >&2; exit 2 ;;
     esac
   done
   log "all requested binaries present ($((SECONDS - total))s)"

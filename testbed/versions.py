@@ -47,6 +47,7 @@ class Versions:
     runc: str
     helm: str
     prometheus: str
+    krew: str
 
     @property
     def kubernetes_minor(self) -> int:
@@ -100,6 +101,7 @@ def parse_versions(text: str, k8s: str = "") -> Versions:
             runc=values["RUNC_VERSION"],
             helm=values["HELM_VERSION"],
             prometheus=values["PROMETHEUS_VERSION"],
+            krew=values["KREW_VERSION"],
         )
     except KeyError as missing:
         raise ValueError(f"{VERSIONS_FILE.name}: missing {missing.args[0]}") from None
@@ -132,6 +134,7 @@ class Binaries:
     runc: Path
     helm: Path
     promtool: Path  # the alerts' rule checks and tests
+    krew: Path  # the plugin's krew install test
     jobset_ipr_agent: Path  # upstream JobSet's in-place restart agent (benchmark only)
     test_device_plugin: Path  # testbed/deviceplugin, for the device-health tests
     test_dra_driver: Path  # testbed/draplugin, for the DRA device-taint test
@@ -166,6 +169,7 @@ def binaries(v: Versions | None = None) -> Binaries:
         runc=b / f"runc-{v.runc}" / "runc",
         helm=b / f"helm-{v.helm}" / "helm",
         promtool=b / f"prometheus-{v.prometheus}" / "promtool",
+        krew=b / f"krew-{v.krew}" / "krew",
         jobset_ipr_agent=b / f"jobset-ipr-agent-{v.jobset}" / "in-place-restart-agent",
         test_device_plugin=b
         / f"test-device-plugin-{local_module_version('deviceplugin')}"
@@ -206,6 +210,7 @@ COMPONENT_OF = {
     "runc": "runc",
     "helm": "helm",
     "promtool": "prometheus",
+    "krew": "krew",
     "jobset_ipr_agent": "jobset-ipr-agent",
     "test_device_plugin": "test-device-plugin",
     "test_dra_driver": "test-dra-driver",

@@ -1,0 +1,1 @@
+"""Release tooling of the repository (not installed): what `make release` builds."""
