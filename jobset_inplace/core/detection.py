@@ -148,16 +148,22 @@ def member_causes(
             # new claim, and the scheduler allocates no device with that taint.
             causes[member] = Cause.DEVICE_TAINTED
             continue
-        if pod is None or pod.deleting:
+        if pod is None:
             causes[member] = Cause.POD_DELETED
-            continue
-        if pod.phase == "Failed":
-            causes[member] = Cause.POD_FAILED
             continue
         node = s.nodes.get(pod.node or "")
         bad_node, due = node_state(node, s.policy, s.now, s.leases_observed_since)
         if due is not None:
             wake = due if wake is None else min(wake, due)
+        if pod.deleting:
+            # Being deleted (evicted, by a person, by the taint manager): on a silent node that
+            # never ends (no kubelet confirms it, and its Job makes no replacement meanwhile),
+            # so its node's death is the cause: the pod is force-deleted like a live one there.
+            causes[member] = Cause.NODE_UNHEALTHY if bad_node else Cause.POD_DELETED
+            continue
+        if pod.phase == "Failed":
+            causes[member] = Cause.POD_FAILED
+            continue
         if bad_node:
             causes[member] = Cause.NODE_UNHEALTHY
         elif pod.devices_unhealthy:

@@ -745,11 +745,11 @@ class _Planning:
 
     def replace(self, pod: PodView, cause: Cause) -> None:
         """Replace ``pod`` for ``cause`` (if the cause calls for a new pod and it is not being
-        deleted already)."""
-        if cause not in RECREATE_CAUSES or pod.deleting:
+        deleted already, but on a dead node: its deletion would never end there)."""
+        dead = cause == Cause.NODE_UNHEALTHY
+        if cause not in RECREATE_CAUSES or (pod.deleting and not dead):
             return
         unreachable = self.s.policy.force_delete == ForceDelete.UNREACHABLE
-        dead = cause == Cause.NODE_UNHEALTHY
         # A straggler's node is slow: taint it as a failed device's (removed by people).
         device = cause == Cause.STRAGGLER or (
             cause == Cause.DEVICE_UNHEALTHY and self.s.policy.taint_on_device_fault

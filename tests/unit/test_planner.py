@@ -112,6 +112,29 @@ def test_member_on_unhealthy_node_is_replaced_others_in_place() -> None:
     assert p.status.recreate_used == 1
 
 
+def test_a_pod_being_deleted_on_a_dead_node_is_force_deleted() -> None:
+    """Evicted (the taint manager, a drain, a person) while its node is silent: its deletion
+    never ends there (no kubelet) and its Job makes no replacement meanwhile, so the pod is
+    replaced as a live one on that node would be. Also when its recovery already began with
+    the deletion (PodDeleted), as after a new leader took over."""
+    nm = nodes(4)
+    nm["n2"] = NodeView("n2", ready="Unknown", ready_since=NOW - 60, lease_renewed=NOW - 100)
+    evicted = with_pod(pods(4, epoch=2), 2, deleting=True)
+    p = plan(snapshot(node_map=nm, pod_list=evicted))
+    (r,) = replaced(p)
+    assert (r.pod, r.cause, r.fail_first, r.taint_node) == ("p2", Cause.NODE_UNHEALTHY, True, "n2")
+    assert p.status.recovery is not None
+    assert p.status.recovery.causes == {member(2): Cause.NODE_UNHEALTHY.value}
+    # the recovery began when the deletion was seen, before the node counted as dead
+    healthy = plan(snapshot(pod_list=evicted))
+    assert healthy.status.recovery is not None
+    assert healthy.status.recovery.causes == {member(2): Cause.POD_DELETED.value}
+    assert replaced(healthy) == [], "a pod being deleted on a live node: its Job replaces it"
+    later = plan(snapshot(status=healthy.status, node_map=nm, pod_list=evicted))
+    (r,) = replaced(later)
+    assert (r.pod, r.cause, r.fail_first) == ("p2", Cause.NODE_UNHEALTHY, True)
+
+
 def test_force_delete_never_deletes_gracefully() -> None:
     nm = nodes(4)
     nm["n2"] = NodeView("n2", ready="False", ready_since=NOW - 60, lease_renewed=NOW)
