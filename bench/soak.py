@@ -163,7 +163,11 @@ class Soak:
             self.kube.core.patch_node(node, {"spec": {"unschedulable": None}})
 
 
-def run(soak: Soak, args: argparse.Namespace, shared: Path) -> tuple[list[Failure], float]:
+def run(
+    soak: Soak, args: argparse.Namespace, shared: Path
+) -> tuple[list[Failure], float, str | None]:
+    """The soak: failures injected in turn until ``--minutes``; the failures, the wall time and
+    why it stopped early (None: it did not; a failure not recovered ends it, its account kept)."""
     kube = soak.kube
     if or_none(kube.core.read_namespace, NAMESPACE) is not None:
         kube.core.delete_namespace(NAMESPACE)
@@ -194,7 +198,14 @@ def run(soak: Soak, args: argparse.Namespace, shared: Path) -> tuple[list[Failur
         at = time.monotonic() - started
         epoch += 1
         log(f"soak t+{at:.0f}s: {kind} of {injected.member} -> waiting for epoch {epoch}")
-        st = soak.recovered(epoch)
+        try:
+            st = soak.recovered(epoch)
+        except AssertionError as e:  # not recovered in RECOVERY_TIMEOUT_S: the soak ends here
+            failures.append(
+                Failure(kind, epoch, round(at, 1), injected.member, None, None, None, {})
+            )
+            log(f"soak: STOPPED, {kind} of {injected.member} not recovered: {e}")
+            return failures, time.monotonic() - started, f"{kind} not recovered: {e}"
         injected.settle()
         rec = st.get("recovery") or {}
         failures.append(
@@ -208,7 +219,7 @@ def run(soak: Soak, args: argparse.Namespace, shared: Path) -> tuple[list[Failur
     # the account as of the end (the whole --minutes): the running epoch counted productive
     # since its barrier
     time.sleep(max(0.0, started + args.minutes * 60 - time.monotonic()))
-    return failures, time.monotonic() - started
+    return failures, time.monotonic() - started, None
 
 
 def report(st: dict[str, Any], failures: list[Failure], wall_s: float) -> dict[str, Any]:
@@ -272,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                 soak.devices = stack.enter_context(
                     TestDevices(soak.kube, cluster.real_nodes(), shared.parent / "soak-devices")
                 )
-            failures, wall_s = run(soak, args, shared)
+            failures, wall_s, stopped = run(soak, args, shared)
             st = gang_state(soak.kube, NAMESPACE, NAME)
     finally:
         for node in cluster.real_nodes():  # a run stopped between a power-off and its power-on
@@ -292,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         "every_s": args.every,
         "result": result,
         "failures": [asdict(f) for f in failures],
+        "stopped_early": stopped,
         "goodput_status": st.get("goodput"),
     }
     doc["machine"].update(
@@ -300,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     log(f"results: {args.out}")
+    if stopped:
+        log(f"the soak stopped early: {stopped}")
+        return 1
     return 0
 
 
