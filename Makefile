@@ -78,7 +78,7 @@ $(VENV)/.bench: $(VENV)/.installed
 bench-realnode: venv binaries ## crash -> every trainer running on the real nodes: jobset-inplace vs upstream InPlaceRestart vs stock (BENCH_ARGS="--reps 5")
 	$(PY) -m bench.realnode $(BENCH_ARGS)
 
-soak: venv binaries ## a gang on the local cluster for 60 min, a failure every 3 min (crash, silent node, hang, device fault, drain): goodput and badput (BENCH_ARGS="--minutes 15")
+soak: venv binaries $(VENV)/.bench ## a gang on the local cluster for 60 min, a failure every 3 min (crash, silent node, hang, device fault, drain): goodput and badput (BENCH_ARGS="--minutes 15")
 	$(PY) -m bench.soak $(BENCH_ARGS)
 
 bench: venv binaries $(VENV)/.bench ## scale benchmark, hybrid vs stock (not in make test; BENCH_ARGS="--sizes 100 --reps 2" for a quick run)

@@ -34,6 +34,7 @@ from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
 from jobset_inplace.core import goodput
 from jobset_inplace.core.gangstate import status_from_dict
+from jobset_inplace.times import parse_time
 from testbed.cluster import LocalCluster, log
 from testbed.controller import gang_state, member_pods
 from testbed.demo import (
@@ -64,6 +65,7 @@ class Failure:
     steps_lost: int | None  # progressStepsLost
     resume_step: int | None
     causes: dict[str, str]  # the recovery's, per member
+    wall: float = 0.0  # when it was injected (seconds since the epoch)
 
 
 @dataclass
@@ -195,14 +197,14 @@ def run(
         time.sleep(max(0.0, due - time.monotonic()))
         kind = args.kinds[i % len(args.kinds)]
         injected = soak.fail(kind, i)
-        at = time.monotonic() - started
+        at, wall = time.monotonic() - started, time.time()
         epoch += 1
         log(f"soak t+{at:.0f}s: {kind} of {injected.member} -> waiting for epoch {epoch}")
         try:
             st = soak.recovered(epoch)
         except AssertionError as e:  # not recovered in RECOVERY_TIMEOUT_S: the soak ends here
             failures.append(
-                Failure(kind, epoch, round(at, 1), injected.member, None, None, None, {})
+                Failure(kind, epoch, round(at, 1), injected.member, None, None, None, {}, wall)
             )
             log(f"soak: STOPPED, {kind} of {injected.member} not recovered: {e}")
             return failures, time.monotonic() - started, f"{kind} not recovered: {e}"
@@ -212,6 +214,7 @@ def run(
             Failure(
                 kind, epoch, round(at, 1), injected.member, rec.get("durationSeconds"),
                 rec.get("progressStepsLost"), rec.get("resumeStep"), rec.get("causes") or {},
+                round(wall, 3),
             )
         )  # fmt: skip
         log(f"soak: {asdict(failures[-1])}")
@@ -260,6 +263,61 @@ def table(r: dict[str, Any]) -> str:
     for kind, v in r["steps_lost"].items():
         lines.append(f"  steps lost per {kind:6} mean {v['mean']}, max {v['max']}")
     return "\n".join(lines)
+
+
+KIND_COLORS = {
+    "crash": "tab:red",
+    "silence": "black",
+    "hang": "tab:orange",
+    "device": "tab:purple",
+    "drain": "tab:green",
+}
+
+
+def figure(doc: dict[str, Any], out: Path) -> Path:
+    """The soak as a picture: the goodput so far at every barrier (the GangState's marks) and
+    each failure, by kind, with the steps it lost (matplotlib: the bench extra)."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    marks = (doc.get("goodput_status") or {}).get("marks") or []
+    # the account at each barrier once the gang trained (the start's marks hold no training)
+    points = [
+        (parse_time(m["at"]) or 0.0, 100 * m["productiveSeconds"] / m["measuredSeconds"])
+        for m in marks
+        if m["productiveSeconds"] > 0
+    ]
+    if doc["result"]["goodput"] is not None:  # and at the end, live
+        points.append((parse_time(doc["when"]) or 0.0, 100 * doc["result"]["goodput"]))
+    t0 = (parse_time(marks[0]["at"]) or 0.0) if marks else doc["failures"][0]["wall"]
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    ax.step([(t - t0) / 60 for t, _ in points], [g for _, g in points], where="post",
+            color="tab:blue", label="goodput so far (at each barrier)")  # fmt: skip
+    seen: set[str] = set()
+    for f in doc["failures"]:
+        x, kind = (f["wall"] - t0) / 60, f["kind"]
+        ax.axvline(x, color=KIND_COLORS.get(kind, "grey"), alpha=0.6, lw=1.2,
+                   label=kind if kind not in seen else None)  # fmt: skip
+        seen.add(kind)
+        if f["steps_lost"] is not None:
+            ax.annotate(str(f["steps_lost"]), (x, 100.5), fontsize=7, ha="center")
+    r = doc["result"]
+    ax.set_title(
+        f"{r['wall_s'] / 60:.0f} min, {r['failures']} failures ({r['failures_per_hour']}/h), "
+        f"step {r['step_s'] or 0:.2f}s: goodput {100 * (r['goodput'] or 0):.1f}% "
+        "(numbers: steps lost)",
+        fontsize=9,
+    )
+    ax.set_xlabel("minutes since the gang started")
+    ax.set_ylabel("goodput %")
+    ax.set_ylim(min([80.0, *(g - 2 for _, g in points)]), 102)
+    ax.legend(fontsize=7, loc="lower left", ncol=3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -312,6 +370,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     log(f"results: {args.out}")
+    try:
+        log(f"figure: {figure(doc, args.out.with_suffix('.png'))}")
+    except ImportError:
+        log("no figure: matplotlib is not installed (make soak installs the bench extra)")
     if stopped:
         log(f"the soak stopped early: {stopped}")
         return 1
