@@ -291,13 +291,16 @@ def figure(doc: dict[str, Any], out: Path) -> Path:
     ]
     if doc["result"]["goodput"] is not None:  # and at the end, live
         points.append((parse_time(doc["when"]) or 0.0, 100 * doc["result"]["goodput"]))
-    t0 = (parse_time(marks[0]["at"]) or 0.0) if marks else doc["failures"][0]["wall"]
+    # (a result file without failures' wall times: the loop began wall_s before it ended)
+    began = (parse_time(doc["when"]) or 0.0) - doc["result"]["wall_s"]
+    walls = [f.get("wall") or began + f["at"] for f in doc["failures"]]
+    t0 = (parse_time(marks[0]["at"]) or 0.0) if marks else began
     fig, ax = plt.subplots(figsize=(8, 3.6))
     ax.step([(t - t0) / 60 for t, _ in points], [g for _, g in points], where="post",
             color="tab:blue", label="goodput so far (at each barrier)")  # fmt: skip
     seen: set[str] = set()
-    for f in doc["failures"]:
-        x, kind = (f["wall"] - t0) / 60, f["kind"]
+    for f, wall in zip(doc["failures"], walls, strict=True):
+        x, kind = (wall - t0) / 60, f["kind"]
         ax.axvline(x, color=KIND_COLORS.get(kind, "grey"), alpha=0.6, lw=1.2,
                    label=kind if kind not in seen else None)  # fmt: skip
         seen.add(kind)
