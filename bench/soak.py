@@ -185,7 +185,14 @@ def run(
         NAMESPACE,
         NAME,
         args.members,
-        annotations={names.HANG_TIMEOUT: "10s"},
+        # budgets for every failure the soak injects: it measures recoveries, not the budget
+        # policy (the defaults, 10 and 5, are sized for real failure rates; a soak exhausted
+        # them after 36 min and escalated to a JobSet restart)
+        annotations={
+            names.HANG_TIMEOUT: "10s",
+            names.INPLACE_BUDGET: "10000",
+            names.RECREATE_BUDGET: "10000",
+        },
         persistent=shared,
         env={"JSI_DEMO_STEP_SECONDS": f"{args.step_seconds:g}"},
         limits={RESOURCE: "1"} if soak.devices is not None else None,

@@ -30,6 +30,7 @@ from jobset_inplace.core.detection import (
     first_signal,
     may_untaint,
     member_causes,
+    node_state,
     silent,
     unconfirmed_lease_nodes,
     unhealthy_since,
@@ -170,9 +171,35 @@ class _Planning:
                 self.running(causes)
             else:
                 self.recovering(causes)
+        self.release_stuck_deletions()
         self.advertise_report_endpoint()
         self.defer_progress_only_write()
         return self.p
+
+    def release_stuck_deletions(self) -> None:
+        """The gang's pods that are no member's current one (an earlier JobSet attempt's, a
+        replaced one) and are being deleted on a dead node: no kubelet will end their deletion,
+        and what comes next waits for it (JobSet's restart deletes its Jobs in the foreground).
+        Force-deleted as a member's pod there would be; never with force-delete off, nor while
+        the cluster looks disrupted."""
+        s = self.s
+        if s.policy.force_delete != ForceDelete.UNREACHABLE or self.disrupted is not None:
+            return
+        current = {pod.uid for pod in self.current.values()}
+        for pod in s.pods:
+            if not pod.deleting or pod.uid in current:
+                continue
+            node = s.nodes.get(pod.node or "")
+            if node_state(node, s.policy, s.now, s.leases_observed_since)[0]:
+                self.p.actions.append(
+                    ReplacePod(pod.name, pod.uid, pod.member, Cause.NODE_UNHEALTHY, True)
+                )
+                self.event(
+                    "StuckPodDeleted",
+                    f"pod {pod.name} (restart attempt {pod.restart_attempt}), being deleted on "
+                    f"node {pod.node}, which is silent: deleted without waiting for its kubelet",
+                    once_key=f"Stuck/{pod.uid}",
+                )
 
     # -- what every pass records --
     def observe(self) -> None:

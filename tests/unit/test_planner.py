@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -133,6 +134,28 @@ def test_a_pod_being_deleted_on_a_dead_node_is_force_deleted() -> None:
     later = plan(snapshot(status=healthy.status, node_map=nm, pod_list=evicted))
     (r,) = replaced(later)
     assert (r.pod, r.cause, r.fail_first) == ("p2", Cause.NODE_UNHEALTHY, True)
+
+
+def test_an_earlier_attempts_pod_stuck_deleting_on_a_dead_node_is_force_deleted() -> None:
+    """After a JobSet restart, an old pod on a dead node never finishes its deletion, and
+    JobSet's restart (its Jobs deleted in the foreground) waits for it."""
+    nm = nodes(4)
+    nm["n2"] = NodeView("n2", ready="Unknown", ready_since=NOW - 60, lease_renewed=NOW - 100)
+    old = dataclasses.replace(pods(4, epoch=2)[2], name="old-p2", uid="old-2", deleting=True)
+    current = [dataclasses.replace(p, restart_attempt=1) for p in pods(4, epoch=2)]
+    current[2] = dataclasses.replace(current[2], node="n3")
+    gang: dict[str, Any] = {"restart_attempt": 1}
+    st = running(2, restart_attempt=1)
+    p = plan(snapshot(status=st, node_map=nm, pod_list=[old, *current], **gang))
+    stuck = [r for r in replaced(p) if r.uid == "old-2"]
+    assert [(r.cause, r.fail_first) for r in stuck] == [(Cause.NODE_UNHEALTHY, True)]
+    assert "StuckPodDeleted" in events(p)
+    assert p.status.recovery == st.recovery, "no recovery for it: not a member's current pod"
+    live = plan(snapshot(status=st, pod_list=[old, *current], **gang))
+    assert not [r for r in replaced(live) if r.uid == "old-2"], "its node is alive: it ends"
+    off = Policy(force_delete=ForceDelete.NEVER)
+    never = plan(snapshot(status=st, node_map=nm, pod_list=[old, *current], policy=off, **gang))
+    assert not [r for r in replaced(never) if r.uid == "old-2"], "force-delete: never"
 
 
 def test_force_delete_never_deletes_gracefully() -> None:
