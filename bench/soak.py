@@ -233,8 +233,9 @@ def run(
 
 
 def report(st: dict[str, Any], failures: list[Failure], wall_s: float) -> dict[str, Any]:
-    led = status_from_dict(st).goodput
-    account = goodput.live(led, time.time())
+    status = status_from_dict(st)
+    led = status.goodput
+    account = goodput.live(led, time.time(), status.recovery)
     measured = account.productive + sum(account.badput.values())
     by_kind: dict[str, list[int]] = {}
     for f in failures:

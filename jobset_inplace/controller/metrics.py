@@ -90,10 +90,10 @@ class GangCollector(Collector):
                 slow.add_metric(list(gang.key), len(status.stragglers))
             on_pod.add_metric(list(gang.key), status.on_pod)
             if status.goodput.since is not None:
-                account = goodput.live(status.goodput, now)
+                account = goodput.live(status.goodput, now, status.recovery)
                 if account.ratio is not None:
                     ratio.add_metric(list(gang.key), account.ratio)
-                window = goodput.recent(status.goodput, now)
+                window = goodput.recent(status.goodput, now, recovery=status.recovery)
                 if window is not None and window.ratio is not None:
                     recent.add_metric(list(gang.key), window.ratio)
                 productive.add_metric(list(gang.key), account.productive)

@@ -71,12 +71,26 @@ class Goodput:
     running: float  # seconds of the running epoch included in ``productive``
 
 
-def live(ledger: Ledger, now: float) -> Goodput:
-    running = 0.0 if ledger.training_since is None else max(0.0, now - ledger.training_since)
+def live(ledger: Ledger, now: float, recovery: Recovery | None = None) -> Goodput:
+    """The account at ``now``. ``recovery``: the gang's newest (its GangState's); one in
+    progress ends the running epoch at its first signal, and its time so far counts as
+    detection and recovery (until its barrier opens and the epoch is accounted exactly)."""
+    badput = dict(ledger.badput)
+    end = now
+    if (
+        recovery is not None
+        and recovery.opened is None
+        and ledger.training_since is not None
+        and recovery.began >= ledger.training_since
+    ):
+        end = recovery.began
+        started = min(max(recovery.started, end), now)
+        badput = _add(badput, detection=started - end, recovery=now - started)
+    running = 0.0 if ledger.training_since is None else max(0.0, end - ledger.training_since)
     productive = ledger.productive + running
-    measured = productive + ledger.badput_total
+    measured = productive + sum(badput.values())
     ratio = productive / measured if measured > 0 else None
-    return Goodput(ratio, productive, dict(ledger.badput), running)
+    return Goodput(ratio, productive, badput, running)
 
 
 # The recent window (the plugin's, the recent-goodput gauge's), and how many marks a ledger
@@ -95,17 +109,22 @@ class Recent:
     seconds: float
 
 
-def recent(ledger: Ledger, now: float, window_s: float = RECENT_WINDOW_S) -> Recent | None:
+def recent(
+    ledger: Ledger,
+    now: float,
+    window_s: float = RECENT_WINDOW_S,
+    recovery: Recovery | None = None,
+) -> Recent | None:
     """Goodput over the last ``window_s``: the live account at ``now`` minus the account at the
     window's start, read between the marks around it (linear within an epoch: an epoch the
     window cuts counts its own average ratio for the part inside). None: no marks yet."""
     if not ledger.marks:
         return None
     now = max(now, ledger.marks[-1].at)
-    account = live(ledger, now)
+    account = live(ledger, now, recovery)
     points = [
         *ledger.marks,
-        Mark(now, account.productive, account.productive + ledger.badput_total),
+        Mark(now, account.productive, account.productive + sum(account.badput.values())),
     ]
     start = max(now - window_s, points[0].at)
     productive, measured = _account_at(points, start)

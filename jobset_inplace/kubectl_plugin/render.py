@@ -296,7 +296,7 @@ def status_document(
         "restartScope": policy.restart_scope.value if policy else None,
         "policyError": policy_error,
         "lastRecovery": _last_recovery(rec, now),
-        "goodput": _goodput(s.goodput, now),
+        "goodput": _goodput(s.goodput, now, s.recovery),
         "plannedMove": None if s.planned_stop is None else _planned(s.planned_stop),
         "memberPods": member_pods,
     }
@@ -312,12 +312,12 @@ def _planned(ps: PlannedStop) -> dict[str, Any]:
     }
 
 
-def _goodput(led: goodput.Ledger, now: float) -> dict[str, Any] | None:
+def _goodput(led: goodput.Ledger, now: float, recovery: Recovery | None) -> dict[str, Any] | None:
     """The gang's goodput as of ``now`` (None: it has not started)."""
     if led.since is None:
         return None
-    account = goodput.live(led, now)
-    window = goodput.recent(led, now)
+    account = goodput.live(led, now, recovery)
+    window = goodput.recent(led, now, recovery=recovery)
     return {
         "ratio": None if account.ratio is None else round(account.ratio, 4),
         "recent": None
@@ -568,7 +568,7 @@ def list_document(gangstates: Sequence[Obj], now: float) -> dict[str, Any]:
             else round(rec.duration, 3),
             "goodputRatio": None
             if st is None or st.goodput.since is None
-            else goodput.live(st.goodput, now).ratio,
+            else goodput.live(st.goodput, now, st.recovery).ratio,
         }
         rows.append(row)
     rows.sort(key=lambda r: (str(r["namespace"]), str(r["name"])))

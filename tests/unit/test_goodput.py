@@ -172,6 +172,27 @@ def test_the_recent_window_is_read_between_the_marks_around_its_start() -> None:
     assert recent(led, T0 + 55, window_s=5).ratio == pytest.approx(1.0)  # type: ignore[union-attr]
 
 
+def test_a_recovery_in_progress_ends_the_running_epoch_at_its_first_signal() -> None:
+    """Read during a recovery, the running epoch is productive only up to the failure's first
+    signal; the time since is detection and recovery (a stalled recovery once read as 15 min
+    of training)."""
+    led = barrier_opened(Ledger(), start(opened=10), [])
+    stalled = Recovery(2, T0 + 40, T0 + 300, first_signal_at=T0 + 38)  # opened: not yet
+    acc = live(led, T0 + 100, stalled)
+    assert acc.productive == pytest.approx(28), "10 .. 38 s"
+    assert acc.badput == pytest.approx(
+        {Bucket.SCHEDULING: 10, Bucket.DETECTION: 2, Bucket.RECOVERY: 60}
+    )
+    assert acc.ratio == pytest.approx(28 / 100)
+    assert live(led, T0 + 100).ratio == pytest.approx(90 / 100), "without it: all productive"
+    done = Recovery(1, T0, T0 + 300, opened=T0 + 10)  # the epoch's own (opened) recovery
+    assert live(led, T0 + 100, done).ratio == pytest.approx(90 / 100)
+    # the last 50 s: read between the barrier's mark (10 s: 0 of 10) and now (28 of 100)
+    window = recent(led, T0 + 100, window_s=50, recovery=stalled)
+    assert window is not None
+    assert window.ratio == pytest.approx((28 - 28 * 40 / 90) / (100 - 50))
+
+
 def test_a_suspension_is_not_measured_in_the_window() -> None:
     led = barrier_opened(Ledger(), start(opened=10), [])
     led = training_ended(led, T0 + 100, kept=False)  # stood down: 90 s unmeasured
