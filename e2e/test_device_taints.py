@@ -18,6 +18,7 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,6 +67,39 @@ def dra(
             )
 
 
+def _gang_with_devices(
+    kube: Clients, kubeconfig: Path, namespace: str, tmp_path: Path, **annotations: str
+) -> tuple[dict[str, Any], str, str]:
+    """A demo gang whose members each hold one device of the test driver (their own claim,
+    from a template): its pods by index, and the pool (its node) and device member 1 holds."""
+    training_gang(
+        kube,
+        kubeconfig,
+        namespace,
+        "gang",
+        MEMBERS,
+        annotations=annotations or None,
+        claims={"device": claim_template(kube, namespace)},
+        persistent=tmp_path / "shared",  # where a replaced member finds the step
+    )
+    before = member_pods(kube, namespace, "gang")
+    held = allocated_devices(kube, namespace, before["1"])
+    assert len(held) == 1, held
+    pool, device = held[0]
+    assert pool == before["1"].spec.node_name, "the driver's pool is its node"
+    return before, pool, device
+
+
+def _another_device(
+    kube: Clients, namespace: str, pod: Any, old: tuple[str, str]
+) -> list[tuple[str, str]]:
+    """The devices ``pod`` (a member's new pod) holds: one, not ``old``."""
+    held = allocated_devices(kube, namespace, pod)
+    assert len(held) == 1, held
+    assert held[0] != old, "its new claim holds another device"
+    return held
+
+
 def test_a_tainted_dra_device_replaces_its_member(
     *,  # (fixtures)
     cluster_kubeconfig: Path,
@@ -75,25 +109,11 @@ def test_a_tainted_dra_device_replaces_its_member(
     dra: TestDRADriver,
     tmp_path: Path,
 ) -> None:
-    template = claim_template(kube, namespace)
-    training_gang(
-        kube,
-        cluster_kubeconfig,
-        namespace,
-        "gang",
-        MEMBERS,
-        # asked for, and not what a device taint does: the scheduler avoids the device itself
-        annotations={names.TAINT_ON_DEVICE_FAULT: "true"},
-        claims={"device": template},
-        persistent=tmp_path / "shared",  # the replacement's steps, wherever it lands
+    # (asked for, and not what a device taint does: the scheduler avoids the device itself)
+    before, pool, device = _gang_with_devices(
+        kube, cluster_kubeconfig, namespace, tmp_path, **{names.TAINT_ON_DEVICE_FAULT: "true"}
     )
-    before = member_pods(kube, namespace, "gang")
-    victim = before["1"]
-    node = victim.spec.node_name
-    held = allocated_devices(kube, namespace, victim)
-    assert len(held) == 1, held
-    pool, device = held[0]
-    assert pool == node, "the driver's pool is its node"
+    node = pool
 
     taint_device(kube, RULE, pool, device, "NoExecute")
     tainted_at = time.time()
@@ -117,9 +137,7 @@ def test_a_tainted_dra_device_replaces_its_member(
         epoch=2,
         resume=resume,
     )
-    now_held = allocated_devices(kube, namespace, after["1"])
-    assert len(now_held) == 1, now_held
-    assert now_held[0] != (pool, device), "its new claim holds another device"
+    now_held = _another_device(kube, namespace, after["1"], (pool, device))
     started, opened = recovery_times(rec)
     print(
         f"\nDeviceTaintRule NoExecute on {pool}/{device} -> recovery started "
@@ -137,21 +155,7 @@ def test_a_device_tainted_noschedule_moves_its_member_with_no_step_lost(
     dra: TestDRADriver,
     tmp_path: Path,
 ) -> None:
-    template = claim_template(kube, namespace)
-    training_gang(
-        kube,
-        cluster_kubeconfig,
-        namespace,
-        "gang",
-        MEMBERS,
-        claims={"device": template},
-        persistent=tmp_path / "shared",  # where the moved member finds the step
-    )
-    before = member_pods(kube, namespace, "gang")
-    victim = before["1"]
-    held = allocated_devices(kube, namespace, victim)
-    assert len(held) == 1, held
-    pool, device = held[0]
+    before, pool, device = _gang_with_devices(kube, cluster_kubeconfig, namespace, tmp_path)
 
     taint_device(kube, RULE, pool, device, "NoSchedule")
     tainted_at = time.time()
@@ -182,9 +186,7 @@ def test_a_device_tainted_noschedule_moves_its_member_with_no_step_lost(
         epoch=2,
         resume=planned,
     )
-    now_held = allocated_devices(kube, namespace, after["1"])
-    assert len(now_held) == 1, now_held
-    assert now_held[0] != (pool, device), "its new claim holds another device"
+    now_held = _another_device(kube, namespace, after["1"], (pool, device))
     _, opened = recovery_times(st["recovery"])
     print(
         f"\nDeviceTaintRule NoSchedule on {pool}/{device}: the gang stopped at step {planned}, "

@@ -4,7 +4,6 @@ per alert where it fires (with its labels and annotations as Alertmanager would 
 one where it stays quiet. promtool is built from its Go module (testbed/build-binaries.sh
 prometheus)."""
 
-# ruff: noqa: E501  (series names in the cases table)
 from __future__ import annotations
 
 import re
@@ -20,68 +19,60 @@ from testbed.versions import REPO_ROOT, ensure_binaries
 RULE = REPO_ROOT / "manifests" / "components" / "prometheus" / "prometheusrule.yaml"
 
 
+def _s(series: str, values: str) -> dict[str, str]:
+    """An input series of a promtool test: its selector and values (promtool's notation)."""
+    return {"series": series, "values": values}
+
+
 def _hist(name: str, labels: str, buckets: dict[str, str]) -> list[dict[str, str]]:
     """A histogram's bucket series: ``le`` -> values."""
     sep = "," if labels else ""
-    return [
-        {"series": f'{name}_bucket{{{labels}{sep}le="{le}"}}', "values": values}
-        for le, values in buckets.items()
-    ]
+    return [_s(f'{name}_bucket{{{labels}{sep}le="{le}"}}', v) for le, v in buckets.items()]
 
 
 # alert -> (series where it fires, eval time, the alert's own labels; series where it is quiet)
 CASES: dict[str, tuple[list[dict[str, str]], str, dict[str, str], list[dict[str, str]]]] = {
     "JobsetInplaceNoLeader": (
-        [{"series": 'jobset_inplace_leader{pod="a"}', "values": "0x10"}],
+        [_s('jobset_inplace_leader{pod="a"}', "0x10")],
         "5m",
         {},
         [
-            {"series": 'jobset_inplace_leader{pod="a"}', "values": "1x10"},
-            {"series": 'jobset_inplace_leader{pod="b"}', "values": "0x10"},
+            _s('jobset_inplace_leader{pod="a"}', "1x10"),
+            _s('jobset_inplace_leader{pod="b"}', "0x10"),
         ],
     ),
     "JobsetInplaceTwoLeaders": (
         [
-            {"series": 'jobset_inplace_leader{pod="a"}', "values": "1x10"},
-            {"series": 'jobset_inplace_leader{pod="b"}', "values": "1x10"},
+            _s('jobset_inplace_leader{pod="a"}', "1x10"),
+            _s('jobset_inplace_leader{pod="b"}', "1x10"),
         ],
         "5m",
         {},
         [
-            {"series": 'jobset_inplace_leader{pod="a"}', "values": "1x10"},
-            {"series": 'jobset_inplace_leader{pod="b"}', "values": "0x10"},
+            _s('jobset_inplace_leader{pod="a"}', "1x10"),
+            _s('jobset_inplace_leader{pod="b"}', "0x10"),
         ],
     ),
     "JobsetInplaceEscalations": (
-        [
-            {
-                "series": 'jobset_inplace_escalations_total{reason="BudgetExhausted"}',
-                "values": "0 0 1 1 1 1",
-            }
-        ],
+        [_s('jobset_inplace_escalations_total{reason="BudgetExhausted"}', "0 0 1 1 1 1")],
         "5m",
         {"reason": "BudgetExhausted"},
-        [
-            {
-                "series": 'jobset_inplace_escalations_total{reason="BudgetExhausted"}',
-                "values": "3x10",
-            }
-        ],
+        [_s('jobset_inplace_escalations_total{reason="BudgetExhausted"}', "3x10")],
     ),
     "JobsetInplaceBudgetExhausted": (
         [
-            {
-                "series": 'jobset_inplace_gang_restart_budget_remaining{namespace="ns",jobset="g",budget="in_place"}',
-                "values": "0x5",
-            }
+            _s(
+                'jobset_inplace_gang_restart_budget_remaining{namespace="ns",jobset="g",budget="in_place"}',
+                "0x5",
+            )
         ],
         "3m",
         {"namespace": "ns", "jobset": "g", "budget": "in_place"},
         [
-            {
-                "series": 'jobset_inplace_gang_restart_budget_remaining{namespace="ns",jobset="g",budget="in_place"}',
-                "values": "1x5",
-            }
+            _s(
+                'jobset_inplace_gang_restart_budget_remaining{namespace="ns",jobset="g",budget="in_place"}',
+                "1x5",
+            )
         ],
     ),
     # every recovery between 60 s and 600 s (p95 ~570 s) / all under 60 s
@@ -115,43 +106,33 @@ CASES: dict[str, tuple[list[dict[str, str]], str, dict[str, str], list[dict[str,
     ),
     "JobsetInplaceRecoveriesNotCompleting": (
         [
-            {
-                "series": 'jobset_inplace_recoveries_total{cause="TrainerExited",outcome="Escalated"}',
-                "values": "0+2x10",
-            },
-            {
-                "series": 'jobset_inplace_recoveries_total{cause="TrainerExited",outcome="BarrierOpened"}',
-                "values": "0+1x10",
-            },
+            _s(
+                'jobset_inplace_recoveries_total{cause="TrainerExited",outcome="Escalated"}',
+                "0+2x10",
+            ),
+            _s(
+                'jobset_inplace_recoveries_total{cause="TrainerExited",outcome="BarrierOpened"}',
+                "0+1x10",
+            ),
         ],
         "10m",
         {},
         [
-            {
-                "series": 'jobset_inplace_recoveries_total{cause="TrainerExited",outcome="Escalated"}',
-                "values": "0+1x10",
-            },
-            {
-                "series": 'jobset_inplace_recoveries_total{cause="TrainerExited",outcome="BarrierOpened"}',
-                "values": "0+2x10",
-            },
+            _s(
+                'jobset_inplace_recoveries_total{cause="TrainerExited",outcome="Escalated"}',
+                "0+1x10",
+            ),
+            _s(
+                'jobset_inplace_recoveries_total{cause="TrainerExited",outcome="BarrierOpened"}',
+                "0+2x10",
+            ),
         ],
     ),
     "JobsetInplaceWatchRestartStorm": (
-        [
-            {
-                "series": 'jobset_inplace_watch_restarts_total{watch="pods",reason="error"}',
-                "values": "0+1x15",
-            }
-        ],
+        [_s('jobset_inplace_watch_restarts_total{watch="pods",reason="error"}', "0+1x15")],
         "12m",
         {"watch": "pods"},
-        [
-            {
-                "series": 'jobset_inplace_watch_restarts_total{watch="pods",reason="error"}',
-                "values": "0+0.2x15",
-            }
-        ],
+        [_s('jobset_inplace_watch_restarts_total{watch="pods",reason="error"}', "0+0.2x15")],
     ),
     "JobsetInplaceEventLag": (
         _hist(
@@ -169,40 +150,30 @@ CASES: dict[str, tuple[list[dict[str, str]], str, dict[str, str], list[dict[str,
     ),
     "JobsetInplacePassesFailing": (
         [
-            {"series": "jobset_inplace_passes_total", "values": "0+10x30"},
-            {"series": "jobset_inplace_pass_failures_total", "values": "0+5x30"},
+            _s("jobset_inplace_passes_total", "0+10x30"),
+            _s("jobset_inplace_pass_failures_total", "0+5x30"),
         ],
         "25m",
         {},
         [
-            {"series": "jobset_inplace_passes_total", "values": "0+10x30"},
-            {"series": "jobset_inplace_pass_failures_total", "values": "0x30"},
+            _s("jobset_inplace_passes_total", "0+10x30"),
+            _s("jobset_inplace_pass_failures_total", "0x30"),
         ],
     ),
     "JobsetInplaceGangsEscalated": (
-        [{"series": 'jobset_inplace_gangs{phase="Escalated"}', "values": "1x30"}],
+        [_s('jobset_inplace_gangs{phase="Escalated"}', "1x30")],
         "20m",
         {},
         [
-            {"series": 'jobset_inplace_gangs{phase="Running"}', "values": "3x30"},
-            {"series": 'jobset_inplace_gangs{phase="Escalated"}', "values": "0x30"},
+            _s('jobset_inplace_gangs{phase="Running"}', "3x30"),
+            _s('jobset_inplace_gangs{phase="Escalated"}', "0x30"),
         ],
     ),
     "JobsetInplaceReportChannelUnreachable": (
-        [
-            {
-                "series": 'jobset_inplace_gang_members_reporting_on_pod{namespace="ns",jobset="g"}',
-                "values": "2x30",
-            }
-        ],
+        [_s('jobset_inplace_gang_members_reporting_on_pod{namespace="ns",jobset="g"}', "2x30")],
         "15m",
         {"namespace": "ns", "jobset": "g"},
-        [
-            {
-                "series": 'jobset_inplace_gang_members_reporting_on_pod{namespace="ns",jobset="g"}',
-                "values": "0x30",
-            }
-        ],
+        [_s('jobset_inplace_gang_members_reporting_on_pod{namespace="ns",jobset="g"}', "0x30")],
     ),
 }
 
@@ -236,6 +207,12 @@ def _promtool_tests() -> dict[str, Any]:
     return {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests}
 
 
+def _promtool(promtool: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(promtool), *args], cwd=cwd, capture_output=True, text=True, check=False
+    )
+
+
 @pytest.fixture(scope="module")
 def promtool() -> Path:
     return ensure_binaries("promtool").promtool
@@ -249,16 +226,10 @@ def test_promtool_checks_and_tests_the_rules(promtool: Path, tmp_path: Path) -> 
     groups = yaml.safe_load(RULE.read_text())["spec"]
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(groups))
     (tmp_path / "tests.yaml").write_text(yaml.safe_dump(_promtool_tests(), sort_keys=False))
-    check = subprocess.run(
-        [str(promtool), "check", "rules", "rules.yaml"],
-        cwd=tmp_path, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    check = _promtool(promtool, tmp_path, "check", "rules", "rules.yaml")
     assert check.returncode == 0, check.stdout + check.stderr
     assert f"SUCCESS: {len(CASES)} rules found" in check.stdout + check.stderr
-    test = subprocess.run(
-        [str(promtool), "test", "rules", "tests.yaml"],
-        cwd=tmp_path, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    test = _promtool(promtool, tmp_path, "test", "rules", "tests.yaml")
     assert test.returncode == 0, test.stdout + test.stderr
     assert "SUCCESS" in test.stdout + test.stderr
 
@@ -271,9 +242,6 @@ def test_a_wrong_expectation_fails_promtool(promtool: Path, tmp_path: Path) -> N
     quiet = tests["tests"][1]["alert_rule_test"][0]
     quiet["exp_alerts"] = tests["tests"][0]["alert_rule_test"][0]["exp_alerts"]
     (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests, sort_keys=False))
-    test = subprocess.run(
-        [str(promtool), "test", "rules", "tests.yaml"],
-        cwd=tmp_path, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    test = _promtool(promtool, tmp_path, "test", "rules", "tests.yaml")
     assert test.returncode != 0
     assert "JobsetInplaceNoLeader" in test.stdout + test.stderr
