@@ -15,7 +15,7 @@ import pytest
 
 from jobset_inplace import names
 from testbed.cluster import LocalCluster
-from testbed.controller import barrier_open, member_pods, recovery_times
+from testbed.controller import barrier_open, job_failures, member_pods, recovery_times
 from testbed.demo import one_replaced_others_in_place, training_gang
 from testbed.devices import RESOURCE, TestDevices, pod_devices
 from testbed.install import Installation
@@ -96,6 +96,10 @@ def test_an_unhealthy_device_replaces_its_member_elsewhere(
         resume=resume,
     )
     assert after["1"].spec.node_name != node, "on another node"
+    failures = job_failures(kube, namespace, "gang")
+    assert set(failures.values()) == {0}, (
+        f"a replaced pod is not its Job's failure (it would hold the next one back): {failures}"
+    )
     started, opened = recovery_times(rec)
     print(
         f"\ndevice {device} Unhealthy -> recovery started {started - failed_at:.2f}s, "

@@ -20,7 +20,7 @@ from kubernetes import client
 from jobset_inplace.apierrors import or_none
 from jobset_inplace.core.disruption_budget import budget_name
 from testbed.cluster import LocalCluster
-from testbed.controller import barrier_open, gang_state, member_pods
+from testbed.controller import barrier_open, gang_state, job_failures, member_pods
 from testbed.demo import (
     assert_resumed,
     started_trainer_log,
@@ -170,6 +170,8 @@ def _drain_and_check(
         else:
             assert after[i].metadata.uid == pod.metadata.uid, f"member {i} in place"
     assert_resumed(cluster_kubeconfig, namespace, after.values(), epoch, planned)
+    failures = job_failures(kube, namespace, NAME)
+    assert set(failures.values()) == {0}, f"a moved pod is not its Job's failure: {failures}"
     print(
         f"\ndrain of {node} ({len(moving)} of {MEMBERS} members on it): the gang stopped at "
         f"step {planned}, resumed there with 0 steps lost; drain completed in {drained:.1f}s"

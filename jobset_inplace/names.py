@@ -154,6 +154,10 @@ REPLICATED_JOB_LABEL: Final = "jobset.sigs.k8s.io/replicatedjob-name"
 JOB_INDEX_LABEL: Final = "jobset.sigs.k8s.io/job-index"
 RESTART_ATTEMPT_LABEL: Final = "jobset.sigs.k8s.io/restart-attempt"
 COMPLETION_INDEX_LABEL: Final = "batch.kubernetes.io/job-completion-index"
+# The Job controller counts a pod's failure (status.failed, its pod-failure backoff: 10 s
+# doubling per failure, never reset while no pod succeeds) only while the pod holds this
+# finalizer; the controller removes it from a pod it replaces (controller/executor.py).
+JOB_TRACKING_FINALIZER: Final = "batch.kubernetes.io/job-tracking"
 
 # --- Kueue's configuration in a standard install (waitForPodsReady.recoveryTimeout) ----------
 KUEUE_CONFIG_NAMESPACE: Final = "kueue-system"

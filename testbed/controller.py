@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client
 
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
@@ -200,6 +201,15 @@ def member_pods(
         for p in pods
         if not p.metadata.deletion_timestamp and (include_failed or p.status.phase != "Failed")
     }
+
+
+def job_failures(kube: Clients, ns: str, name: str) -> dict[str, int]:
+    """The gang's Jobs' ``status.failed`` by Job name: the pods their Job controller counted as
+    failed (each one delays the Job's next pod: its pod-failure backoff)."""
+    jobs = client.BatchV1Api(kube.api).list_namespaced_job(
+        ns, label_selector=f"{names.JOBSET_NAME_LABEL}={name}"
+    )
+    return {j.metadata.name: j.status.failed or 0 for j in jobs.items}
 
 
 def prepare(kube: Clients, cluster_kubeconfig: Path, namespace: str) -> None:

@@ -31,6 +31,7 @@ from jobset_inplace.times import format_time
 log = logging.getLogger("jobset_inplace.controller")
 
 COMPONENT = "jobset-inplace"
+TERMINAL_PHASES = ("Failed", "Succeeded")
 
 
 class Executor:
@@ -190,9 +191,46 @@ class Executor:
                     raise
         log.warning("node %s: gave up updating taint %s (conflicts)", node, key)
 
+    def _untrack(self, namespace: str, a: ReplacePod) -> None:
+        """Remove the Job controller's tracking finalizer from a pod about to be replaced, so
+        that its end is not counted as a failure of its Job: the Job controller would otherwise
+        hold its replacement back (pod-failure backoff, 10 s doubling per failure of the Job,
+        never reset while no pod succeeds: 80 s by the fourth replacement), and count it in
+        ``status.failed``. A pod already terminal is left to the Job controller (its
+        podFailurePolicy must see it). Best effort: refused (an install without the ``patch
+        pods`` right) or raced, the pod is replaced all the same, only later."""
+        pod = or_none(self.core.read_namespaced_pod, a.pod, namespace)
+        if pod is None or pod.metadata.uid != a.uid or pod.status.phase in TERMINAL_PHASES:
+            return
+        finalizers = pod.metadata.finalizers or []
+        if names.JOB_TRACKING_FINALIZER not in finalizers:
+            return
+        at = f"/metadata/finalizers/{finalizers.index(names.JOB_TRACKING_FINALIZER)}"
+        patch = [
+            {"op": "test", "path": "/metadata/uid", "value": a.uid},
+            {"op": "test", "path": at, "value": names.JOB_TRACKING_FINALIZER},
+            {"op": "remove", "path": at},
+        ]
+        try:
+            self.core.patch_namespaced_pod(a.pod, namespace, patch)
+        except ApiException as e:
+            if e.status == 403:
+                log.warning(
+                    "pod %s/%s: may not remove its %s finalizer (%s): its Job counts it as "
+                    "failed and may hold the replacement back; apply manifests/controller/"
+                    "rbac.yaml of this version",
+                    namespace,
+                    a.pod,
+                    names.JOB_TRACKING_FINALIZER,
+                    e.reason,
+                )
+            elif e.status not in (404, 409, 422):  # gone, or changed since read
+                raise
+
     def replace_pod(self, namespace: str, a: ReplacePod) -> None:
         if a.taint_node:
             self.set_unhealthy_taint(a.taint_node, True, a.cause.value, a.taint_key)
+        self._untrack(namespace, a)
         grace = None
         if a.fail_first:
             if not self._fail_pod(

@@ -317,7 +317,8 @@ class Snapshot:
 # --- actions ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ReplacePod:
-    """Get a member a new pod: delete this one (the Job controller recreates it). With
+    """Get a member a new pod: delete this one (the Job controller recreates it), first
+    removing its Job tracking finalizer so its Job does not count it as failed. With
     ``fail_first`` the pod is first marked Failed through its status (its kubelet is gone, so
     nothing else would make it terminal) and deleted without grace. With ``taint_node`` the
     pod's node is first marked NoSchedule (``jobset-inplace.dev/unhealthy``) so that the
@@ -333,7 +334,8 @@ class ReplacePod:
     taint_key: str = names.UNHEALTHY_TAINT
     # When the pod stopped being seen alive (its node's first unhealthy signal); written as the
     # time its Ready condition went False, which the Job controller's pod-failure backoff
-    # (10 s, doubling per failure of the Job) counts from, instead of from the deletion.
+    # (10 s, doubling per failure of the Job) counts from, instead of from the deletion, should
+    # the finalizer's removal be refused.
     failed_since: float | None = None
 
 

@@ -3,6 +3,8 @@ exactly what the controller does (and not more than needed)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import yaml
 from kubernetes import client
@@ -26,6 +28,7 @@ NEEDED: list[Access] = [
     ("list", "pods", None),
     ("delete", "pods", "team-a"),
     ("patch", "pods/status", "team-a"),
+    ("patch", "pods", "team-a"),  # only to untrack a pod: its admission policy (below)
     ("watch", "jobs.batch", None),
     ("patch", "nodes", None),
     ("watch", "leases.coordination.k8s.io", "kube-node-lease"),
@@ -102,6 +105,68 @@ def _can(
     return bool(out.status.allowed)
 
 
+def _patch_pods_only_untracks(kube: Clients, namespace: str) -> None:
+    """The controller's ``patch pods`` as its admission policy narrows it: it may remove a
+    pod's Job tracking finalizer and change nothing else (checked as its ServiceAccount)."""
+    keep = "example.com/keep"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "member",
+            "labels": {"app": "trainer"},
+            "finalizers": [keep, names.JOB_TRACKING_FINALIZER],
+        },
+        "spec": {
+            "nodeName": "node-1",
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "trainer", "image": "trainer:local"}],
+        },
+    }
+    kube.core.create_namespaced_pod(namespace, pod)
+    api = client.ApiClient(kube.api.configuration)
+    api.set_default_header("Impersonate-User", SA)
+    api.set_default_header("Impersonate-Group", "system:serviceaccounts")
+    as_controller = client.CoreV1Api(api)
+
+    def refusal(patch: Any) -> str | None:
+        """Why the controller may not make ``patch``; None if it went through."""
+        try:
+            as_controller.patch_namespaced_pod("member", namespace, patch)
+        except client.ApiException as e:
+            if e.status != 403:
+                raise
+            return str(e.body)
+        return None
+
+    try:
+        # (the policy takes effect a moment after it is created: its first refusal is awaited)
+        n = iter(range(10**6))
+        why = wait_for(
+            "the controller's pod policy in effect",
+            lambda: refusal({"metadata": {"annotations": {"a": str(next(n))}}}),
+            30,
+        )
+        assert "may only remove the batch.kubernetes.io/job-tracking finalizer" in why
+        for patch in (
+            {"metadata": {"labels": {"app": "other"}}},
+            {"spec": {"containers": [{"name": "trainer", "image": "other:local"}]}},
+            [{"op": "remove", "path": "/metadata/finalizers/0"}],  # another finalizer
+            [{"op": "remove", "path": "/metadata/finalizers"}],  # both
+        ):
+            assert refusal(patch), patch
+        as_controller.patch_namespaced_pod(
+            "member", namespace, [{"op": "remove", "path": "/metadata/finalizers/1"}]
+        )
+        left = kube.core.read_namespaced_pod("member", namespace)
+        assert left.metadata.finalizers == [keep]
+        assert left.metadata.labels == {"app": "trainer"}
+    finally:
+        kube.core.patch_namespaced_pod(
+            "member", namespace, [{"op": "replace", "path": "/metadata/finalizers", "value": []}]
+        )
+
+
 def _uninstall_but_the_crd(kubectl: Kubectl, kube: Clients) -> None:
     """Delete what the install applied, except the GangState CRD, which the other tests of this
     session's plane use (its ``gangstate_crd`` fixture applies it once). With no controller
@@ -124,7 +189,7 @@ def _uninstall_but_the_crd(kubectl: Kubectl, kube: Clients) -> None:
 
 
 def test_manifests_apply_and_controller_rbac_is_sufficient_and_least(
-    control_plane: ControlPlane, kube: Clients
+    control_plane: ControlPlane, kube: Clients, namespace: str
 ) -> None:
     kubectl = control_plane.kubectl()
     kubectl.run("apply", "--server-side", "-k", str(REPO_ROOT / "manifests"))
@@ -138,5 +203,6 @@ def test_manifests_apply_and_controller_rbac_is_sufficient_and_least(
         assert not missing, f"controller ServiceAccount lacks {missing}"
         extra = [n for n in NOT_GRANTED if _can(kube, *n)]
         assert not extra, f"controller ServiceAccount may {extra}"
+        _patch_pods_only_untracks(kube, namespace)
     finally:
         _uninstall_but_the_crd(kubectl, kube)
