@@ -14,9 +14,14 @@ NODES ?= 4
 REAL_NODES ?= 2
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+# make release: where the images are pushed and the plugin archive published (the release
+# workflow's defaults; docs/releasing.md)
+VERSION ?=
+REGISTRY ?= ghcr.io/jobset-inplace
+PLUGIN_BASE_URL ?= https://github.com/jobset-inplace/jobset-inplace/releases/download/v$(VERSION)
 
 .PHONY: help venv binaries images lint test unit integration e2e e2e-kind soak cluster-up cluster-down cluster-install \
-        cluster-status demo bench bench-realnode plugin-archive clean
+        cluster-status demo bench bench-realnode release plugin-archive clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -35,11 +40,13 @@ binaries: ## build pinned upstream binaries from Go modules (cached, idempotent)
 images: venv ## the agent and controller images, offline and reproducible (docs/images.md)
 	$(PY) -m testbed.images
 
-lint: venv ## ruff + mypy + the layer contracts (import-linter, [tool.importlinter])
+lint: venv ## ruff + mypy + the layer contracts (import-linter, [tool.importlinter]) + actionlint on .github/workflows
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
+	$(PY) -c 'from testbed.versions import ensure_binaries; ensure_binaries("actionlint")' >&2
+	"$$($(PY) -c 'from testbed.versions import binaries; print(binaries().actionlint)')"
 
 unit: venv ## pure unit tests (no cluster)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
@@ -83,6 +90,10 @@ soak: venv binaries $(VENV)/.bench ## a gang on the local cluster for 60 min, a 
 
 bench: venv binaries $(VENV)/.bench ## scale benchmark, hybrid vs stock (not in make test; BENCH_ARGS="--sizes 100 --reps 2" for a quick run)
 	$(PY) -m bench $(BENCH_ARGS)
+
+release: venv binaries ## every artifact of a version in dist/VERSION: images (OCI), install.yaml and chart pinned by digest, wheel, sdist, krew plugin (VERSION=X.Y.Z; REGISTRY, PLUGIN_BASE_URL)
+	@test -n "$(VERSION)" || { echo "make release: give VERSION=X.Y.Z (the version the tree says)"; exit 2; }
+	$(PY) -m release.artifacts --version "$(VERSION)" --registry "$(REGISTRY)" --plugin-base-url "$(PLUGIN_BASE_URL)"
 
 plugin-archive: venv ## the kubectl plugin as one executable, its krew archive and manifest in dist/ (BASE_URL=https://... where they will be published)
 	$(PY) -m release.plugin --out dist --base-url "$(BASE_URL)"

@@ -14,7 +14,8 @@
 #               test-dra-driver (testbed/draplugin, for the DRA device-taint test),
 #               coredns (testbed/coredns, the real nodes' cluster DNS),
 #               prometheus (promtool: the alerts' rule checks and unit tests),
-#               krew (the kubectl plugin's krew install test)
+#               krew (the kubectl plugin's krew install test),
+#               actionlint (make lint: the GitHub Actions workflows)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -221,6 +222,13 @@ build_krew() {
     "-X sigs.k8s.io/krew/internal/version.gitTag=${KREW_VERSION}" sigs.k8s.io/krew/cmd/krew
 }
 
+# actionlint (make lint checks .github/workflows with it).
+build_actionlint() {
+  module_build actionlint github.com/rhysd/actionlint "$ACTIONLINT_VERSION" \
+    "-X github.com/rhysd/actionlint.version=${ACTIONLINT_VERSION}" \
+    github.com/rhysd/actionlint/cmd/actionlint
+}
+
 # CRDs and manifests are read from the pinned module sources in the Go module cache.
 fetch_module_source() {
   local m="$1" v="$2"
@@ -256,7 +264,8 @@ main() {
       helm) build_helm ;;
       prometheus) build_prometheus ;;
       krew) build_krew ;;
-      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc helm prometheus krew jobset-ipr-agent test-device-plugin test-dra-driver coredns)" >&2; exit 2 ;;
+      actionlint) build_actionlint ;;
+      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc helm prometheus krew actionlint jobset-ipr-agent test-device-plugin test-dra-driver coredns)" >&2; exit 2 ;;
     esac
   done
   log "all requested binaries present ($((SECONDS - total))s)"

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import py_compile
+import re
 import shutil
 import subprocess
 import sys
@@ -324,24 +325,69 @@ def lock() -> None:
     (TORCH_PACKAGES), resolved to wheels with their hashes (``python -m testbed.images
     --lock``)."""
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    _lock(REQUIREMENTS, deps, "The controller image's Python dependencies: pyproject.toml's")
+    _lock(
+        REQUIREMENTS,
+        deps,
+        "The controller image's Python dependencies: pyproject.toml's",
+        also=ARM64_WHEEL_TAGS,
+    )
     _lock(FRAMEWORK_REQUIREMENTS, FRAMEWORK_PACKAGES, "The JAX trainer image's: JAX and Orbax")
     _lock(TORCH_REQUIREMENTS, TORCH_PACKAGES, "The PyTorch trainer's, host-mounted: PyTorch, NumPy")
 
 
-def _lock(path: Path, packages: Sequence[str], what: str) -> None:
-    with tempfile.NamedTemporaryFile(suffix=".json") as report:
-        _pip_install("--dry-run", "--ignore-installed", "--report", report.name, *packages)
-        installs = json.loads(Path(report.name).read_text())["install"]
+# The controller image is also built for linux/arm64 (images/Dockerfile in the release
+# workflow): its lock carries those wheels' hashes too (CPython 3.11, Debian bookworm's glibc).
+ARM64_WHEEL_TAGS = ("manylinux_2_36_aarch64", "manylinux2014_aarch64")
+
+
+def _resolve(packages: Sequence[str], wheel_tags: Sequence[str] = ()) -> dict[str, tuple[str, str]]:
+    """What pip installs for ``packages`` (wheels only): name -> (version, sha256); for another
+    platform's ``wheel_tags`` if given (CPython 3.11)."""
+    other = [f"--platform={t}" for t in wheel_tags]
+    if other:
+        other += ["--python-version=3.11", "--implementation=cp", "--abi=cp311", "--no-deps"]
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        target = ["--target", str(Path(tmp) / "t")] if other else []
+        _pip_install(
+            "--dry-run", "--ignore-installed", "--report", str(report), *other, *target, *packages
+        )
+        installs = json.loads(report.read_text())["install"]
+    return {
+        _canonical(i["metadata"]["name"]): (
+            i["metadata"]["version"],
+            i["download_info"]["archive_info"]["hashes"]["sha256"],
+        )
+        for i in installs
+    }
+
+
+def _canonical(name: str) -> str:
+    """A distribution's name as pip compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _lock(path: Path, packages: Sequence[str], what: str, also: Sequence[str] = ()) -> None:
+    """Resolve ``packages`` here and write them pinned with their wheels' hashes; with
+    ``also`` (another platform's wheel tags), the same versions' wheels there too."""
+    native = _resolve(packages)
+    hashes = {name: [sha] for name, (_, sha) in native.items()}
+    if also:
+        pins = [f"{name}=={version}" for name, (version, _) in native.items()]
+        for name, (_, sha) in _resolve(pins, also).items():
+            if sha not in hashes[name]:
+                hashes[name].append(sha)
     lines = [
         f"# {what}, resolved to wheels for",
-        "# CPython 3.11 (the image's python3). Regenerate: python -m testbed.images --lock",
+        "# CPython 3.11 (the image's python3)"
+        + (" on linux/amd64 and linux/arm64" if also else "")
+        + ". Regenerate: python -m testbed.images --lock",
     ]
-    for item in sorted(installs, key=lambda i: i["metadata"]["name"].lower()):
-        meta, sha = item["metadata"], item["download_info"]["archive_info"]["hashes"]["sha256"]
-        lines.append(f"{meta['name']}=={meta['version']} \\\n    --hash=sha256:{sha}")
+    for name in sorted(native):
+        pin = f"{name}=={native[name][0]}"
+        lines.append(" \\\n".join([pin, *(f"    --hash=sha256:{h}" for h in hashes[name])]))
     path.write_text("\n".join(lines) + "\n")
-    log(f"wrote {path} ({len(installs)} packages)")
+    log(f"wrote {path} ({len(native)} packages)")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

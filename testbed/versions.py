@@ -48,6 +48,7 @@ class Versions:
     helm: str
     prometheus: str
     krew: str
+    actionlint: str
 
     @property
     def kubernetes_minor(self) -> int:
@@ -102,6 +103,7 @@ def parse_versions(text: str, k8s: str = "") -> Versions:
             helm=values["HELM_VERSION"],
             prometheus=values["PROMETHEUS_VERSION"],
             krew=values["KREW_VERSION"],
+            actionlint=values["ACTIONLINT_VERSION"],
         )
     except KeyError as missing:
         raise ValueError(f"{VERSIONS_FILE.name}: missing {missing.args[0]}") from None
@@ -135,6 +137,7 @@ class Binaries:
     helm: Path
     promtool: Path  # the alerts' rule checks and tests
     krew: Path  # the plugin's krew install test
+    actionlint: Path  # make lint: the GitHub Actions workflows
     jobset_ipr_agent: Path  # upstream JobSet's in-place restart agent (benchmark only)
     test_device_plugin: Path  # testbed/deviceplugin, for the device-health tests
     test_dra_driver: Path  # testbed/draplugin, for the DRA device-taint test
@@ -170,6 +173,7 @@ def binaries(v: Versions | None = None) -> Binaries:
         helm=b / f"helm-{v.helm}" / "helm",
         promtool=b / f"prometheus-{v.prometheus}" / "promtool",
         krew=b / f"krew-{v.krew}" / "krew",
+        actionlint=b / f"actionlint-{v.actionlint}" / "actionlint",
         jobset_ipr_agent=b / f"jobset-ipr-agent-{v.jobset}" / "in-place-restart-agent",
         test_device_plugin=b
         / f"test-device-plugin-{local_module_version('deviceplugin')}"
@@ -211,6 +215,7 @@ COMPONENT_OF = {
     "helm": "helm",
     "promtool": "prometheus",
     "krew": "krew",
+    "actionlint": "actionlint",
     "jobset_ipr_agent": "jobset-ipr-agent",
     "test_device_plugin": "test-device-plugin",
     "test_dra_driver": "test-dra-driver",

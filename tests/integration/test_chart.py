@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from jobset_inplace import __version__
 from jobset_inplace.runtime.webhook_server import settings_from_env
 from testbed.helm import CHART, Helm
 from testbed.kubectl import kustomize
@@ -132,7 +133,7 @@ def test_chart_values_reach_the_deployment(helm: Helm) -> None:
     assert deploy["spec"]["replicas"] == 3
     assert container["image"] == "registry.example/jsi/controller:1.2.3"
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["JSI_AGENT_IMAGE"] == "registry.example/jsi/agent:0.1.0"  # the appVersion
+    assert env["JSI_AGENT_IMAGE"] == f"registry.example/jsi/agent:{__version__}"  # appVersion
     assert env["JSI_AGENT_IMAGE_PULL_POLICY"] == "Always"
     assert env["JSI_AGENT_IMAGE_PULL_SECRETS"] == "agent-registry,team.registry"
     # what the controller will inject (it parses the variables as it starts)
@@ -154,10 +155,26 @@ def test_chart_values_reach_the_deployment(helm: Helm) -> None:
     assert spec["tolerations"] == [{"operator": "Exists"}]
 
 
+def test_a_digest_pins_each_image(helm: Helm) -> None:
+    """What a release's chart sets: both images by digest, whatever the tag."""
+    ctl, agent = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    values = {
+        "image": {"repository": "registry.example/jsi/controller", "tag": "x", "digest": ctl},
+        "agentImage": {"repository": "registry.example/jsi/agent", "digest": agent},
+    }
+    (deploy,) = [o for o in helm.template(values) if o["kind"] == "Deployment"]
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == f"registry.example/jsi/controller@{ctl}"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["JSI_AGENT_IMAGE"] == f"registry.example/jsi/agent@{agent}"
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
         ({"webhook": {"certificate": "vault"}}, "webhook.certificate"),
+        ({"image": {"digest": "sha256:abc"}}, "digest"),
+        ({"agentImage": {"digest": "latest"}}, "digest"),
         ({"replicas": 2, "leaderElection": {"enabled": False}}, "leaderElection.enabled"),
         ({"replicas": "two"}, "replicas"),
         ({"leaderElection": {"leaseDuration": 15}}, "leaseDuration"),

@@ -7,10 +7,15 @@ namespace.
 {{- $ctx.Files.Get (index . 1) | replace "jobset-inplace-system" $ctx.Release.Namespace -}}
 {{- end -}}
 
-{{/* "repository:tag", the tag defaulting to the chart's appVersion. */}}
+{{/* "repository@digest" if a digest is set (what a release's chart sets), else
+"repository:tag", the tag defaulting to the chart's appVersion. */}}
 {{- define "jobset-inplace.image" -}}
 {{- $image := index . 0 -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $image.repository $image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" $image.repository ($image.tag | default (index . 1).Chart.AppVersion) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "jobset-inplace.selectorLabels" -}}

@@ -1,0 +1,128 @@
+"""The release's pure parts (release/artifacts.py): one version said everywhere, images pinned
+by digest in install.yaml and the chart's values, arguments checked by name."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from jobset_inplace import __version__
+from release import artifacts
+
+DIGESTS = {"controller": "sha256:" + "c" * 64, "agent": "sha256:" + "a" * 64}
+
+
+def test_the_tree_says_one_version_everywhere() -> None:
+    assert artifacts.version_mismatches(__version__) == []
+
+
+def test_another_version_names_every_place_that_says_otherwise() -> None:
+    wrong = artifacts.version_mismatches("9.9.9")
+    assert len(wrong) == 5, wrong
+    assert any("Chart.yaml appVersion" in w for w in wrong)
+    assert any("JSI_AGENT_IMAGE tag" in w for w in wrong)
+    assert all(repr(__version__) in w for w in wrong)
+
+
+def _base() -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(artifacts.DEPLOYMENT.read_text()) if d]
+
+
+def test_install_pins_the_controller_and_the_agent_it_injects() -> None:
+    refs = artifacts.pinned("registry.example/jsi", DIGESTS)
+    objects = artifacts.pin_install(_base(), refs)
+    (deploy,) = [o for o in objects if o["kind"] == "Deployment"]
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == f"registry.example/jsi/controller@{DIGESTS['controller']}"
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert env["JSI_AGENT_IMAGE"] == f"registry.example/jsi/agent@{DIGESTS['agent']}"
+    assert _base()[1]["spec"] != deploy["spec"], "the input is not changed"
+
+
+def test_install_without_the_agent_image_setting_is_refused() -> None:
+    objects = _base()
+    (container,) = objects[1]["spec"]["template"]["spec"]["containers"]
+    container["env"] = [e for e in container["env"] if e["name"] != "JSI_AGENT_IMAGE"]
+    with pytest.raises(ValueError, match="JSI_AGENT_IMAGE"):
+        artifacts.pin_install(objects, artifacts.pinned("r", DIGESTS))
+
+
+def test_chart_values_are_pinned_with_their_comments_kept() -> None:
+    text = (artifacts.CHART / "values.yaml").read_text()
+    out = artifacts.pin_values(text, "registry.example/jsi", DIGESTS)
+    values = yaml.safe_load(out)
+    assert values["image"]["repository"] == "registry.example/jsi/controller"
+    assert values["image"]["digest"] == DIGESTS["controller"]
+    assert values["agentImage"]["repository"] == "registry.example/jsi/agent"
+    assert values["agentImage"]["digest"] == DIGESTS["agent"]
+    assert out.count("#") == text.count("#")
+    assert len(out.splitlines()) == len(text.splitlines())
+
+
+def test_chart_values_without_a_digest_field_are_refused() -> None:
+    text = "image:\n  repository: x/controller\n  tag: ''\nagentImage:\n  repository: x/agent\n"
+    with pytest.raises(ValueError, match=r"image\.digest"):
+        artifacts.pin_values(text, "r", DIGESTS)
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (["controller=sha256:abc"], "KEY=sha256:<64 hex digits>"),
+        (["server=" + DIGESTS["agent"]], "controller, agent"),
+        (["controller=" + DIGESTS["controller"]], "one for each"),
+    ],
+)
+def test_bad_digests_are_refused_by_form(given: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        artifacts.parse_digests(given)
+
+
+def test_digests_given_for_both_images() -> None:
+    given = [f"{k}={v}" for k, v in DIGESTS.items()]
+    assert artifacts.parse_digests(given) == DIGESTS
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--version", "v1.0.0"], "--version: X.Y.Z"),
+        (["--version", "1.0"], "--version: X.Y.Z"),
+        (["--plugin-base-url", "http://example.invalid/"], "--plugin-base-url: an https://"),
+        (["--registry", "Registry.example/JSI"], "--registry"),
+        (["--registry", "registry.example/jsi:1.0"], "--registry"),
+        (["--version", "9.9.9"], "not at version 9.9.9"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    base = {
+        "--version": __version__,
+        "--registry": "registry.example/jsi",
+        "--plugin-base-url": "https://example.invalid/download",
+    }
+    base.update(dict(zip(args[::2], args[1::2], strict=True)))
+    argv = [x for kv in base.items() for x in kv] + ["--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as exit_:
+        artifacts.main(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [], "nothing written"
+
+
+def test_an_oci_archives_digest_is_its_one_manifests(tmp_path: Path) -> None:
+    index = {"schemaVersion": 2, "manifests": [{"digest": DIGESTS["agent"], "size": 1}]}
+    data = json.dumps(index).encode()
+    archive = tmp_path / "image.oci.tar"
+    with tarfile.open(archive, "w") as tar:
+        info = tarfile.TarInfo("index.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    assert artifacts.oci_digest(archive) == DIGESTS["agent"]
