@@ -91,7 +91,7 @@ soak: venv binaries $(VENV)/.bench ## a gang on the local cluster for 60 min, a 
 bench: venv binaries $(VENV)/.bench ## scale benchmark, hybrid vs stock (not in make test; BENCH_ARGS="--sizes 100 --reps 2" for a quick run)
 	$(PY) -m bench $(BENCH_ARGS)
 
-release: venv binaries ## every artifact of a version in dist/VERSION: images (OCI), install.yaml and chart pinned by digest, wheel, sdist, krew plugin (VERSION=X.Y.Z; REGISTRY, PLUGIN_BASE_URL)
+release: venv ## every artifact of a version in dist/VERSION: images (OCI), install.yaml and chart pinned by digest, wheel, sdist, krew plugin (VERSION=X.Y.Z; REGISTRY, PLUGIN_BASE_URL)
 	@test -n "$(VERSION)" || { echo "make release: give VERSION=X.Y.Z (the version the tree says)"; exit 2; }
 	$(PY) -m release.artifacts --version "$(VERSION)" --registry "$(REGISTRY)" --plugin-base-url "$(PLUGIN_BASE_URL)"
 

@@ -41,6 +41,7 @@ from release import plugin
 from testbed import images  # the offline image build (as root, Debian's tools)
 from testbed.helm import Helm  # the pinned binaries
 from testbed.kubectl import kustomize
+from testbed.versions import ensure_binaries
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CHART = REPO_ROOT / "charts" / "jobset-inplace"
@@ -138,6 +139,7 @@ def pin_install(objects: Sequence[dict[str, Any]], refs: Mapping[str, str]) -> l
 
 
 def install_yaml(refs: Mapping[str, str], version: str) -> str:
+    ensure_binaries("kubectl")  # (kustomize: built from its Go module on first use)
     objects = [o for o in yaml.safe_load_all(kustomize(REPO_ROOT / "manifests")) if o]
     header = (
         f"# jobset-inplace {version}: kubectl apply --server-side -f install.yaml\n"
