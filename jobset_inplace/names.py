@@ -123,6 +123,9 @@ CONTROLLER_NAME: Final = "jobset-inplace-controller"
 # The ValidatingAdmissionPolicy (and its binding) that lets an agent patch only its own pod's
 # jobset-inplace.dev/ annotations (manifests/rbac/agent-vap.yaml; guarantee 9).
 AGENT_POLICY: Final = "jobset-inplace-agent-own-pod"
+# The one that lets the controller's ServiceAccount patch a pod only to remove its Job tracking
+# finalizer (manifests/controller/rbac.yaml; docs/architecture.md, "Replacing a pod").
+CONTROLLER_POD_POLICY: Final = "jobset-inplace-controller-pods"
 
 # --- Node taint set on a node the controller found unhealthy (so replacements avoid it) -------
 UNHEALTHY_TAINT: Final = f"{PREFIX}unhealthy"

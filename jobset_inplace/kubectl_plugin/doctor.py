@@ -332,6 +332,39 @@ def check_agent_policy(
     )
 
 
+CONTROLLER_RBAC_HINT = "kubectl apply --server-side -f manifests/controller/rbac.yaml"
+
+
+def check_controller_pod_policy(
+    policy: Mapping[str, Any] | None, binding: Mapping[str, Any] | None
+) -> Check:
+    """This release's controller RBAC comes with the policy that confines its ``patch pods``
+    to untracking a pod it replaces; without both (an earlier release's RBAC), replacements
+    wait for their Job's pod-failure backoff."""
+    name = "Controller pod policy"
+    slow = (
+        "a pod the controller replaces counts as its Job's failure, and the replacement waits "
+        "for the Job's backoff (10 s, doubling per replacement)"
+    )
+    if policy is None or binding is None:
+        what = "not installed" if policy is None else "installed but not bound"
+        detail = f"ValidatingAdmissionPolicy {names.CONTROLLER_POD_POLICY} {what}: {slow}"
+        return Check(name, Result.WARN, detail, CONTROLLER_RBAC_HINT)
+    actions = (binding.get("spec") or {}).get("validationActions") or []
+    if "Deny" not in actions:
+        detail = (
+            f"{names.CONTROLLER_POD_POLICY} bound with {actions}, not Deny: the controller's "
+            "patch pods is not confined to removing the Job tracking finalizer"
+        )
+        return Check(name, Result.WARN, detail, CONTROLLER_RBAC_HINT)
+    return Check(
+        name,
+        Result.PASS,
+        f"{names.CONTROLLER_POD_POLICY}: the controller untracks the pods it replaces, "
+        "nothing else",
+    )
+
+
 def check_kueue_recovery(config_text: str | None, barrier_timeout_s: float, why: str = "") -> Check:
     """Kueue's ``waitForPodsReady.recoveryTimeout`` (read as the controller reads it, with
     Kueue's defaults) must leave the barrier timeout whole: the controller cuts the barrier to
@@ -667,6 +700,16 @@ def run_checks(
             lambda: check_agent_policy(
                 c.admission_policy(names.AGENT_POLICY),
                 c.admission_policy_binding(names.AGENT_POLICY),
+            ),
+        )
+    )
+    checks.append(
+        _safe(
+            "Controller pod policy",
+            "check the kubeconfig",
+            lambda: check_controller_pod_policy(
+                c.admission_policy(names.CONTROLLER_POD_POLICY),
+                c.admission_policy_binding(names.CONTROLLER_POD_POLICY),
             ),
         )
     )

@@ -404,6 +404,8 @@ def test_doctor(
         assert results["Node declared features"] == "PASS", res.stdout
         assert results["Agent admission policy"] == "WARN", "least privilege not enforced"
         assert "manifests/rbac/agent-vap.yaml" in res.stdout, "the fix is named"
+        assert results["Controller pod policy"] == "WARN", "an earlier release's RBAC"
+        assert "manifests/controller/rbac.yaml" in res.stdout, "the fix is named"
         # nothing of the install here: no controller, no leader, no webhook, no agent account
         assert {n for n, r in results.items() if r == "FAIL"} == {
             "Controller", "Leader", "Webhook", "Agent permissions",

@@ -1303,6 +1303,27 @@ def test_check_agent_policy(
         assert check.hint == d.AGENT_POLICY_HINT
 
 
+@pytest.mark.parametrize(
+    ("policy", "binding", "result"),
+    [
+        (None, None, "WARN"),
+        ({}, None, "WARN"),
+        ({}, {"spec": {"validationActions": ["Warn"]}}, "WARN"),
+        ({}, {"spec": {"validationActions": ["Deny"]}}, "PASS"),
+    ],
+)
+def test_check_controller_pod_policy(
+    policy: dict[str, Any] | None, binding: dict[str, Any] | None, result: str
+) -> None:
+    check = d.check_controller_pod_policy(policy, binding)
+    assert check.result == result
+    if result == "WARN":
+        assert check.hint == d.CONTROLLER_RBAC_HINT
+        assert "manifests/controller/rbac.yaml" in check.hint
+    if policy is None:
+        assert "waits for the Job's backoff" in check.detail
+
+
 def test_run_checks_and_render() -> None:
     checks = d.run_checks(FakeReader())
     assert [(c.name, c.result.value) for c in checks] == [
@@ -1312,6 +1333,7 @@ def test_run_checks_and_render() -> None:
         ("GangState CRD", "PASS"),
         ("GangMembers CRD", "PASS"),
         ("Agent admission policy", "PASS"),
+        ("Controller pod policy", "PASS"),
         ("Kueue CRDs", "PASS"),
         ("Node declared features", "WARN"),
         ("Kueue recoveryTimeout", "SKIP"),
@@ -1322,14 +1344,14 @@ def test_run_checks_and_render() -> None:
         ("Pod Security", "PASS"),
         ("Report channel", "PASS"),
     ]
-    assert "403" in checks[8].detail
+    assert "403" in checks[9].detail
     assert "ctl-7d9-x2 holds jobset-inplace-system/jobset-inplace-controller, renewed 3s ago" in (
-        checks[10].detail
+        checks[11].detail
     )
     assert not d.failed(checks)
     text = d.render_checks(checks)
     assert f"    fix: 1.35 needs --feature-gates={GATES_135} on those kubelets" in text
-    assert text.endswith("0 failed, 1 warnings, 15 checks\n")
+    assert text.endswith("0 failed, 1 warnings, 16 checks\n")
 
 
 def test_a_missing_gangmembers_crd_is_a_warning_naming_what_is_lost() -> None:
