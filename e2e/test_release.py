@@ -90,7 +90,7 @@ def test_the_release_artifacts_agree(release: Path) -> None:
     for name, digest in sums.items():
         assert hashlib.sha256((release / name).read_bytes()).hexdigest() == digest, name
 
-    refs = artifacts.pinned(REGISTRY, _digests(release))
+    refs = artifacts.pinned(REGISTRY, __version__, _digests(release))
     container = _controller_container(_install_objects(release))
     assert container["image"] == refs["controller"]
     env = {e["name"]: e.get("value") for e in container["env"]}
@@ -148,7 +148,7 @@ def test_a_fresh_install_from_the_release_alone_recovers_a_gang(
 ) -> None:
     if local_cluster is None:
         pytest.skip("imports the release's images into the local cluster's real nodes")
-    refs = artifacts.pinned(REGISTRY, _digests(release))
+    refs = artifacts.pinned(REGISTRY, __version__, _digests(release))
     for node in local_cluster.real_nodes():
         for key in artifacts.KEYS:
             subprocess.run(

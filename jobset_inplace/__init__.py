@@ -1,3 +1,3 @@
 """jobset-inplace: hybrid failure recovery for JobSet training gangs."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

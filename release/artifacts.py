@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from jobset_inplace import __version__, names
+from jobset_inplace.runtime.webhook_server import AGENT_IMAGE_ENV
 from release import plugin
 from testbed import images  # the offline image build (as root, Debian's tools)
 from testbed.helm import Helm  # the pinned binaries
@@ -51,7 +52,6 @@ SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)$")
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 # a repository prefix: host[:port]/path or path, lowercase, no tag or digest
 REGISTRY = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*$")
-AGENT_IMAGE_ENV = "JSI_AGENT_IMAGE"
 
 
 def log(msg: str) -> None:
@@ -115,9 +115,10 @@ def oci_archives(out: Path, registry: str, version: str) -> dict[str, str]:
     return digests
 
 
-def pinned(registry: str, digests: Mapping[str, str]) -> dict[str, str]:
-    """``REGISTRY/KEY@sha256:...`` by key."""
-    return {key: f"{registry}/{key}@{digests[key]}" for key in KEYS}
+def pinned(registry: str, version: str, digests: Mapping[str, str]) -> dict[str, str]:
+    """``REGISTRY/KEY:VERSION@sha256:...`` by key: pulled by the digest (the tag is only read,
+    by people and ``kubectl jobset-inplace version``)."""
+    return {key: f"{registry}/{key}:{version}@{digests[key]}" for key in KEYS}
 
 
 # --- install.yaml -----------------------------------------------------------------------------
@@ -267,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not digests:
         log("images: the offline build (make images), as OCI archives ...")
         digests = oci_archives(out, args.registry, args.version)
-    refs = pinned(args.registry, digests)
+    refs = pinned(args.registry, args.version, digests)
     (out / "install.yaml").write_text(install_yaml(refs, args.version))
     log(f"install.yaml: {refs['controller']}, {refs['agent']}")
     log(f"chart: {package_chart(out, args.version, args.registry, digests).name}")

@@ -156,7 +156,7 @@ def test_chart_values_reach_the_deployment(helm: Helm) -> None:
 
 
 def test_a_digest_pins_each_image(helm: Helm) -> None:
-    """What a release's chart sets: both images by digest, whatever the tag."""
+    """What a release's chart sets: both images by digest (the tag kept for people)."""
     ctl, agent = "sha256:" + "a" * 64, "sha256:" + "b" * 64
     values = {
         "image": {"repository": "registry.example/jsi/controller", "tag": "x", "digest": ctl},
@@ -164,9 +164,9 @@ def test_a_digest_pins_each_image(helm: Helm) -> None:
     }
     (deploy,) = [o for o in helm.template(values) if o["kind"] == "Deployment"]
     (container,) = deploy["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == f"registry.example/jsi/controller@{ctl}"
+    assert container["image"] == f"registry.example/jsi/controller:x@{ctl}"
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["JSI_AGENT_IMAGE"] == f"registry.example/jsi/agent@{agent}"
+    assert env["JSI_AGENT_IMAGE"] == f"registry.example/jsi/agent:{__version__}@{agent}"
 
 
 @pytest.mark.parametrize(

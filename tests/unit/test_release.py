@@ -35,13 +35,13 @@ def _base() -> list[dict[str, Any]]:
 
 
 def test_install_pins_the_controller_and_the_agent_it_injects() -> None:
-    refs = artifacts.pinned("registry.example/jsi", DIGESTS)
+    refs = artifacts.pinned("registry.example/jsi", "1.2.3", DIGESTS)
     objects = artifacts.pin_install(_base(), refs)
     (deploy,) = [o for o in objects if o["kind"] == "Deployment"]
     (container,) = deploy["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == f"registry.example/jsi/controller@{DIGESTS['controller']}"
+    assert container["image"] == f"registry.example/jsi/controller:1.2.3@{DIGESTS['controller']}"
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-    assert env["JSI_AGENT_IMAGE"] == f"registry.example/jsi/agent@{DIGESTS['agent']}"
+    assert env["JSI_AGENT_IMAGE"] == f"registry.example/jsi/agent:1.2.3@{DIGESTS['agent']}"
     assert _base()[1]["spec"] != deploy["spec"], "the input is not changed"
 
 
@@ -50,7 +50,7 @@ def test_install_without_the_agent_image_setting_is_refused() -> None:
     (container,) = objects[1]["spec"]["template"]["spec"]["containers"]
     container["env"] = [e for e in container["env"] if e["name"] != "JSI_AGENT_IMAGE"]
     with pytest.raises(ValueError, match="JSI_AGENT_IMAGE"):
-        artifacts.pin_install(objects, artifacts.pinned("r", DIGESTS))
+        artifacts.pin_install(objects, artifacts.pinned("r", "1.2.3", DIGESTS))
 
 
 def test_chart_values_are_pinned_with_their_comments_kept() -> None:

@@ -7,14 +7,15 @@ namespace.
 {{- $ctx.Files.Get (index . 1) | replace "jobset-inplace-system" $ctx.Release.Namespace -}}
 {{- end -}}
 
-{{/* "repository@digest" if a digest is set (what a release's chart sets), else
-"repository:tag", the tag defaulting to the chart's appVersion. */}}
+{{/* "repository:tag", the tag defaulting to the chart's appVersion; "repository:tag@digest"
+if a digest is set (a release's chart): pulled by the digest, the tag only read. */}}
 {{- define "jobset-inplace.image" -}}
 {{- $image := index . 0 -}}
+{{- $ref := printf "%s:%s" $image.repository ($image.tag | default (index . 1).Chart.AppVersion) -}}
 {{- if $image.digest -}}
-{{- printf "%s@%s" $image.repository $image.digest -}}
+{{- printf "%s@%s" $ref $image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" $image.repository ($image.tag | default (index . 1).Chart.AppVersion) -}}
+{{- $ref -}}
 {{- end -}}
 {{- end -}}
 
