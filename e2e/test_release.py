@@ -154,6 +154,7 @@ def test_a_fresh_install_from_the_release_alone_recovers_a_gang(
             subprocess.run(
                 [str(binaries().ctr), "--address", str(images.node_socket(node)),
                  "--namespace", "k8s.io", "images", "import", "--snapshotter", "overlayfs",
+                 "--digests",  # also named repo@sha256:..., as a pull by digest names it
                  str(release / "images" / f"{key}.oci.tar")],
                 check=True, capture_output=True, timeout=300,
             )  # fmt: skip

@@ -185,14 +185,6 @@ def python_dists(out: Path) -> None:
     )
 
 
-def krew_plugin(out: Path, base_url: str) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        executable = plugin.build_executable(Path(tmp))
-        built = plugin.archive(executable, out, *plugin.this_platform())
-    manifest = plugin.manifest([built], base_url)
-    (out / f"{plugin.PLUGIN}.krew.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
-
-
 def checksums(out: Path) -> Path:
     lines = [
         f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(out)}"
@@ -273,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"install.yaml: {refs['controller']}, {refs['agent']}")
     log(f"chart: {package_chart(out, args.version, args.registry, digests).name}")
     python_dists(out)
-    krew_plugin(out, args.plugin_base_url)
+    plugin.build(out, args.plugin_base_url)
     checksums(out)
     for path in sorted(out.rglob("*")):
         if path.is_file():

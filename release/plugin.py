@@ -18,6 +18,7 @@ import platform
 import subprocess
 import sys
 import tarfile
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,13 +122,18 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.base_url.startswith("https://"):
         p.error(f"--base-url: an https:// URL, got {args.base_url!r}")
-    os_name, arch = this_platform()
-    executable = build_executable(args.out / "plugin-build")
-    built = archive(executable, args.out, os_name, arch)
-    path = args.out / f"{PLUGIN}.krew.yaml"
-    path.write_text(yaml.safe_dump(manifest([built], args.base_url), sort_keys=False))
+    built, path = build(args.out, args.base_url)
     print(f"{built.path} (sha256 {built.sha256})\n{path}")
     return 0
+
+
+def build(out: Path, base_url: str) -> tuple[Archive, Path]:
+    """This platform's archive and the krew manifest naming it, in ``out``."""
+    with tempfile.TemporaryDirectory() as work:
+        built = archive(build_executable(Path(work)), out, *this_platform())
+    path = out / f"{PLUGIN}.krew.yaml"
+    path.write_text(yaml.safe_dump(manifest([built], base_url), sort_keys=False))
+    return built, path
 
 
 if __name__ == "__main__":
