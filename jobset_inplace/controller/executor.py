@@ -195,7 +195,7 @@ class Executor:
         """Remove the Job controller's tracking finalizer from a pod about to be replaced, so
         that its end is not counted as a failure of its Job: the Job controller would otherwise
         hold its replacement back (pod-failure backoff, 10 s doubling per failure of the Job,
-        never reset while no pod succeeds: 80 s by the fourth replacement), and count it in
+        never reset while no pod succeeds: 80 s for its fourth failed pod), and count it in
         ``status.failed``. A pod already terminal is left to the Job controller (its
         podFailurePolicy must see it). Best effort: refused (an install without the ``patch
         pods`` right) or raced, the pod is replaced all the same, only later."""
