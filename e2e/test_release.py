@@ -150,26 +150,37 @@ def test_a_fresh_install_from_the_release_alone_recovers_a_gang(
         pytest.skip("imports the release's images into the local cluster's real nodes")
     refs = artifacts.pinned(REGISTRY, __version__, _digests(release))
     for node in local_cluster.real_nodes():
+        ctr = [str(binaries().ctr), "--address", str(images.node_socket(node)), "-n", "k8s.io"]
         for key in artifacts.KEYS:
+            archive = release / "images" / f"{key}.oci.tar"
             subprocess.run(
-                [str(binaries().ctr), "--address", str(images.node_socket(node)),
-                 "--namespace", "k8s.io", "images", "import", "--snapshotter", "overlayfs",
-                 "--digests",  # also named repo@sha256:..., as a pull by digest names it
-                 str(release / "images" / f"{key}.oci.tar")],
+                [*ctr, "images", "import", "--snapshotter", "overlayfs", str(archive)],
                 check=True, capture_output=True, timeout=300,
+            )  # fmt: skip
+            # named as a pull by digest names it (the import names it by its tag only)
+            by_tag, digest = refs[key].rsplit("@", 1)
+            by_digest = f"{by_tag.rpartition(':')[0]}@{digest}"
+            subprocess.run(
+                [*ctr, "images", "tag", "--force", by_tag, by_digest],
+                check=True, capture_output=True, timeout=60,
             )  # fmt: skip
     install = _on_real_nodes(_install_objects(release))
     with _release_instead_of(controller, install):
         controller.kubectl.run("apply", "--server-side", "-f", "-", stdin=install)
-        controller.kubectl.run(
-            "rollout", "status", f"deployment/{names.CONTROLLER_NAME}", "-n",
-            names.INSTALL_NAMESPACE, "--timeout=180s",
-        )  # fmt: skip
+        try:
+            controller.kubectl.run(
+                "rollout", "status", f"deployment/{names.CONTROLLER_NAME}", "-n",
+                names.INSTALL_NAMESPACE, "--timeout=180s",
+            )  # fmt: skip
+        except RuntimeError as e:
+            pods = controller.kubectl.run(
+                "describe", "pods", "-n", names.INSTALL_NAMESPACE, check=False
+            )
+            raise AssertionError(f"the release's controller did not start: {e}\n{pods}") from e
         wait_for("the webhook injects the agent", lambda: webhook_injects(controller.kubectl), 60)
-        for pod in controller.pods():
-            (status,) = pod["status"]["containerStatuses"]
+        for pod in controller.pods():  # (the nodes hold that digest only as the release's)
             assert pod["spec"]["containers"][0]["image"] == refs["controller"]
-            assert status["imageID"].endswith(refs["controller"].rsplit("@", 1)[1]), status
+            assert pod["status"]["containerStatuses"][0]["ready"], pod["status"]
 
         training_gang(kube, cluster_kubeconfig, namespace, "gang", MEMBERS)
         before = member_pods(kube, namespace, "gang")
