@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from testbed.controller import gang_state, member_pods
+from testbed.controller import barrier_open, gang_state, member_pods
 from testbed.demo import inject_failure, trainer_log, trainers_running, training_gang
 from testbed.helm import LOCAL_VALUES, Helm
 from testbed.install import CRD, Installation, webhook_injects
@@ -106,14 +106,7 @@ def test_helm_install_upgrade_uninstall_leave_a_training_gang_alone(
             namespace,
             member_pods(kube, namespace, "gang")["1"].metadata.name,
         )
-        wait_for(
-            "barrier of epoch 2",
-            lambda: (
-                (s := gang_state(kube, namespace, "gang")).get("epoch") == 2
-                and s.get("barrierOpen")
-            ),
-            120,
-        )
+        barrier_open(kube, namespace, "gang", 2, 120)
         wait_for(
             "every trainer running again",
             lambda: trainers_running(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, epoch=2),

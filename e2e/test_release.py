@@ -28,7 +28,7 @@ from jobset_inplace.core.transform import AGENT_CONTAINER
 from release import artifacts
 from testbed import images
 from testbed.cluster import LocalCluster
-from testbed.controller import gang_state, member_pods
+from testbed.controller import barrier_open, member_pods
 from testbed.demo import inject_failure, trainers_running, training_gang
 from testbed.helm import Helm
 from testbed.install import Installation, webhook_injects
@@ -189,14 +189,7 @@ def test_a_fresh_install_from_the_release_alone_recovers_a_gang(
                      if c.name == AGENT_CONTAINER]  # fmt: skip
             assert [c.image for c in agent] == [refs["agent"]], "the release's agent, by digest"
         inject_failure(cluster_kubeconfig, namespace, before["1"].metadata.name)
-        wait_for(
-            "the release's controller opens the barrier of epoch 2",
-            lambda: (
-                (s := gang_state(kube, namespace, "gang")).get("epoch") == 2
-                and s.get("barrierOpen")
-            ),
-            120,
-        )
+        barrier_open(kube, namespace, "gang", 2, 120)
         wait_for(
             "every trainer running again",
             lambda: trainers_running(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, epoch=2),

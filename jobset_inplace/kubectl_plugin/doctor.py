@@ -297,6 +297,9 @@ def check_declared_features(nodes: Sequence[Mapping[str, Any]]) -> Check:
     )
 
 
+# a check of an admission policy and its binding (None: not there)
+PolicyCheck = Callable[[Mapping[str, Any] | None, Mapping[str, Any] | None], Check]
+
 AGENT_POLICY_HINT = "kubectl apply --server-side -f manifests/rbac/agent-vap.yaml"
 
 
@@ -693,26 +696,14 @@ def run_checks(
         _safe("GangMembers CRD", CRD_HINT, lambda: check_gangmembers_crd(c.crd(GANGMEMBERS_CRD))),
     )
 
-    checks.append(
-        _safe(
-            "Agent admission policy",
-            "check the kubeconfig",
-            lambda: check_agent_policy(
-                c.admission_policy(names.AGENT_POLICY),
-                c.admission_policy_binding(names.AGENT_POLICY),
-            ),
-        )
-    )
-    checks.append(
-        _safe(
-            "Controller pod policy",
-            "check the kubeconfig",
-            lambda: check_controller_pod_policy(
-                c.admission_policy(names.CONTROLLER_POD_POLICY),
-                c.admission_policy_binding(names.CONTROLLER_POD_POLICY),
-            ),
-        )
-    )
+    def policy_check(policy: str, check: PolicyCheck) -> Callable[[], Check]:
+        return lambda: check(c.admission_policy(policy), c.admission_policy_binding(policy))
+
+    for title, policy, check in (
+        ("Agent admission policy", names.AGENT_POLICY, check_agent_policy),
+        ("Controller pod policy", names.CONTROLLER_POD_POLICY, check_controller_pod_policy),
+    ):
+        checks.append(_safe(title, "check the kubeconfig", policy_check(policy, check)))
     kueue_present: dict[str, bool] = {}
 
     def kueue() -> Check:
