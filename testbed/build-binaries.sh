@@ -13,7 +13,7 @@
 #               test-device-plugin (testbed/deviceplugin, for the device-health tests),
 #               test-dra-driver (testbed/draplugin, for the DRA device-taint test),
 #               coredns (testbed/coredns, the real nodes' cluster DNS),
-#               prometheus (promtool: the alerts' rule checks and unit tests),
+#               prometheus (promtool and the server: the alerts' checks, the e2e scrape),
 #               krew (the kubectl plugin's krew install test),
 #               actionlint (make lint: the GitHub Actions workflows)
 set -euo pipefail
@@ -111,15 +111,19 @@ module_build() {
   if (( missing == 0 )); then log "cached   $key $v ($dir)"; return; fi
   mkdir -p "$dir" "$mod"
   cd "$mod"
+  # The tools file lists the packages; a new package means resolving again.
+  local tools
+  tools="$(
+    printf '//go:build tools\n\npackage tools\n\nimport (\n'
+    for pkg in "$@"; do printf '\t_ "%s"\n' "${pkg%%=*}"; done
+    printf ')\n'
+  )"
+  if [[ "$(cat tools.go 2>/dev/null)" != "$tools" ]]; then rm -f .resolved; fi
   if [[ ! -f .resolved ]]; then
     log "resolving $module@$v ..."
     printf 'module jobset-inplace.dev/build/%s\n\ngo 1.25.0\n\nrequire %s %s\n' \
       "$key" "$module" "$v" > go.mod
-    {
-      printf '//go:build tools\n\npackage tools\n\nimport (\n'
-      for pkg in "$@"; do printf '\t_ "%s"\n' "${pkg%%=*}"; done
-      printf ')\n'
-    } > tools.go
+    printf '%s\n' "$tools" > tools.go
     # Start from the checksums the upstream module pins for its own dependencies: some of them
     # (e.g. Kueue's sigs.k8s.io/scheduler-library pre-release) are not in the checksum database.
     local src
@@ -209,11 +213,15 @@ build_helm() {
     "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" helm.sh/helm/v4/cmd/helm
 }
 
-# promtool only (the alerts' rule checks and unit tests: tests/integration/test_alerts.py).
+# promtool (the alerts' rule checks and unit tests: tests/integration/test_alerts.py) and the
+# server (e2e/test_prometheus.py scrapes the in-cluster controller). Only Kubernetes service
+# discovery is compiled in (upstream's plugins/ build tags): the other 25 mechanisms' SDKs
+# would double the build for nothing the tests use. No web UI assets (the API is what is used).
 build_prometheus() {
-  module_build prometheus github.com/prometheus/prometheus "$PROMETHEUS_VERSION" \
+  GOFLAGS="$GOFLAGS -tags=remove_all_sd,enable_kubernetes_sd" \
+    module_build prometheus github.com/prometheus/prometheus "$PROMETHEUS_VERSION" \
     "-X github.com/prometheus/common/version.Version=${PROMETHEUS_VERSION}" \
-    github.com/prometheus/prometheus/cmd/promtool
+    github.com/prometheus/prometheus/cmd/promtool github.com/prometheus/prometheus/cmd/prometheus
 }
 
 # krew (the kubectl plugin's krew install: tests/integration/test_krew.py).

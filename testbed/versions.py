@@ -136,6 +136,7 @@ class Binaries:
     runc: Path
     helm: Path
     promtool: Path  # the alerts' rule checks and tests
+    prometheus: Path  # the server: e2e/test_prometheus.py scrapes the controller
     krew: Path  # the plugin's krew install test
     actionlint: Path  # make lint: the GitHub Actions workflows
     jobset_ipr_agent: Path  # upstream JobSet's in-place restart agent (benchmark only)
@@ -172,6 +173,7 @@ def binaries(v: Versions | None = None) -> Binaries:
         runc=b / f"runc-{v.runc}" / "runc",
         helm=b / f"helm-{v.helm}" / "helm",
         promtool=b / f"prometheus-{v.prometheus}" / "promtool",
+        prometheus=b / f"prometheus-{v.prometheus}" / "prometheus",
         krew=b / f"krew-{v.krew}" / "krew",
         actionlint=b / f"actionlint-{v.actionlint}" / "actionlint",
         jobset_ipr_agent=b / f"jobset-ipr-agent-{v.jobset}" / "in-place-restart-agent",
@@ -214,6 +216,7 @@ COMPONENT_OF = {
     "runc": "runc",
     "helm": "helm",
     "promtool": "prometheus",
+    "prometheus": "prometheus",
     "krew": "krew",
     "actionlint": "actionlint",
     "jobset_ipr_agent": "jobset-ipr-agent",

@@ -27,8 +27,10 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from jobset_inplace.core import goodput
-from jobset_inplace.core.statemachine import Phase
+from jobset_inplace.core.statemachine import EscalationReason, Phase, StandDownReason
 from jobset_inplace.core.telemetry import (
+    OUTCOMES,
+    RECOVERY_CAUSES,
     Escalated,
     FailureDetected,
     MembersRestarted,
@@ -41,6 +43,8 @@ from jobset_inplace.core.telemetry import (
     StoodDown,
     budgets_left,
 )
+from jobset_inplace.runtime.report_limits import REFUSALS
+from jobset_inplace.runtime.watches import WATCH_REASONS
 
 if TYPE_CHECKING:
     from jobset_inplace.controller.cache import ClusterCache
@@ -279,8 +283,21 @@ class Metrics:
         self.leader = Gauge(
             f"{PREFIX}leader", "1 if this replica acts as the controller, else 0.", registry=r
         )
+        # Every label value known in advance starts at 0. Prometheus sees no increase() in a
+        # series born at 1: the first escalation (recovery, refusal) of a kind would reach no
+        # alert and no per-hour panel (e2e/test_prometheus.py).
         for mode in (IN_PLACE, RECREATED):
             self.members_restarted.labels(mode)
+        for cause in RECOVERY_CAUSES:
+            self.recoveries_started.labels(cause)
+            for outcome in OUTCOMES:
+                self.recoveries.labels(cause, outcome.value)
+        for escalation in EscalationReason:
+            self.escalations.labels(escalation.value)
+        for stand_down in StandDownReason:
+            self.stand_downs.labels(stand_down.value)
+        for refusal in REFUSALS:
+            self.report_channel_connections_refused.labels(refusal)
 
     # --- what passes did ----------------------------------------------------------------------
     def record(self, observations: Iterable[Observation]) -> None:
@@ -325,6 +342,11 @@ class Metrics:
     # --- watches and leadership ---------------------------------------------------------------
     def event_handled(self, what: str, lag_s: float) -> None:
         self.event_lag.labels(watch_label(what)).observe(max(0.0, lag_s))
+
+    def watch_started(self, what: str) -> None:
+        """A raw watch exists: its restart series start at 0 (see ``__init__``)."""
+        for reason in WATCH_REASONS:
+            self.watch_restarts.labels(watch_label(what), reason)
 
     def watch_restarted(self, what: str, reason: str) -> None:
         self.watch_restarts.labels(watch_label(what), reason).inc()

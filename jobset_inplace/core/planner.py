@@ -63,7 +63,15 @@ from jobset_inplace.core.policy import (
     StragglerAction,
     barrier_within_kueue,
 )
-from jobset_inplace.core.statemachine import TRANSITIONS, Edge, IllegalTransition, Phase, target
+from jobset_inplace.core.statemachine import (
+    TRANSITIONS,
+    Edge,
+    EscalationReason,
+    IllegalTransition,
+    Phase,
+    StandDownReason,
+    target,
+)
 from jobset_inplace.core.stragglers import stragglers
 from jobset_inplace.times import rfc3339
 
@@ -345,7 +353,11 @@ class _Planning:
     def stood_down(self) -> None:
         gang, st = self.s.gang, self.st
         why = gang.kueue_stand_down or "the JobSet is suspended"
-        self.go(Edge.STOOD_DOWN, "Kueue" if gang.kueue_stand_down else "Suspended", why)
+        self.go(
+            Edge.STOOD_DOWN,
+            StandDownReason.KUEUE if gang.kueue_stand_down else StandDownReason.SUSPENDED,
+            why,
+        )
         st.barrier_open = False
         st.recovery = None  # an in-flight recovery is cancelled, not resumed later
         st.planned_stop = None
@@ -671,7 +683,7 @@ class _Planning:
         names_ = _some(lagging)
         if rec.deadline_extended:
             self.escalate(
-                "BarrierTimeout",
+                EscalationReason.BARRIER_TIMEOUT,
                 f"epoch {st.epoch}: {len(lagging)} member(s) never joined ({names_})",
             )
             return
@@ -700,7 +712,7 @@ class _Planning:
         no_common = step is None and any(pod.reported_steps for pod in joined)
         if no_common and self.s.policy.no_common_checkpoint == NoCommonCheckpoint.ESCALATE:
             self.escalate(
-                "NoCommonCheckpoint",
+                EscalationReason.NO_COMMON_CHECKPOINT,
                 f"epoch {st.epoch}: no checkpoint step is available to every member",
             )
             return
@@ -733,13 +745,13 @@ class _Planning:
         st, policy = self.st, self.s.policy
         if inplace and st.inplace_used + inplace > policy.inplace_budget:
             self.escalate(
-                "InPlaceBudgetExhausted",
+                EscalationReason.INPLACE_BUDGET,
                 f"in-place budget of {policy.inplace_budget} recoveries used up",
             )
             return False
         if st.recreate_used + recreate > policy.recreate_budget:
             self.escalate(
-                "RecreateBudgetExhausted",
+                EscalationReason.RECREATE_BUDGET,
                 what or f"recreate budget of {policy.recreate_budget} pods used up",
             )
             return False
@@ -747,7 +759,7 @@ class _Planning:
         st.recreate_used += recreate
         return True
 
-    def escalate(self, reason: str, message: str) -> None:
+    def escalate(self, reason: EscalationReason, message: str) -> None:
         live = [pod for m in sorted(self.current) if (pod := self.live(m)) is not None]
         self.go(Edge.ESCALATED, reason, message)
         self.st.barrier_open = False

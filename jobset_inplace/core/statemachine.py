@@ -33,6 +33,22 @@ class Phase(StrEnum):
     FAILED = "Failed"
 
 
+class EscalationReason(StrEnum):
+    """Why a gang was handed to JobSet's failure policy (the GangState's ``reason``)."""
+
+    INPLACE_BUDGET = "InPlaceBudgetExhausted"
+    RECREATE_BUDGET = "RecreateBudgetExhausted"
+    BARRIER_TIMEOUT = "BarrierTimeout"  # the barrier deadline missed twice
+    NO_COMMON_CHECKPOINT = "NoCommonCheckpoint"
+
+
+class StandDownReason(StrEnum):
+    """Why a gang stood down (the GangState's ``reason``)."""
+
+    SUSPENDED = "Suspended"  # the JobSet
+    KUEUE = "Kueue"  # its Workload was evicted, deactivated or finished
+
+
 class Edge(StrEnum):
     """A transition of the state machine (one per arrow of the diagram)."""
 

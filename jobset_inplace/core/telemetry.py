@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from jobset_inplace.core.detection import current_pods
 from jobset_inplace.core.goodput import checkpoint_steps_lost
-from jobset_inplace.core.model import GangStatus, Plan, PodView, Recovery, Snapshot
+from jobset_inplace.core.model import Cause, GangStatus, Plan, PodView, Recovery, Snapshot
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.core.statemachine import TRANSITIONS, Edge, Phase
 
@@ -30,6 +30,15 @@ from jobset_inplace.core.statemachine import TRANSITIONS, Edge, Phase
 UNKNOWN_CAUSE = "Unknown"
 # The edges that end a recovery under way, i.e. its possible outcomes.
 OUTCOMES = frozenset({Edge.BARRIER_OPENED, Edge.ESCALATED, Edge.STOOD_DOWN, Edge.JOBSET_RESTARTED})
+# Every value the ``cause`` of a recovery can take: a member's first failure signal, or the edge
+# that opened the recovery without one (label values known in advance: the metrics start them at 0).
+RECOVERY_CAUSES: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        [c.value for c in Cause]
+        + [e.value for e, t in TRANSITIONS.items() if t.new_epoch and e != Edge.GANG_SEEN]
+        + [UNKNOWN_CAUSE]
+    )
+)
 # The budgets of a gang (policy.py): recoveries restarted in place, pods recreated.
 IN_PLACE_BUDGET = "in_place"
 RECREATE_BUDGET = "recreate"

@@ -34,10 +34,13 @@ WATCH_RETRY = Backoff(0.5, 10.0)  # a failed list or watch is tried again after 
 # Why a watch started again: the watch or list failed (retried with backoff), or the apiserver
 # ended it with an ERROR event (410: resourceVersion expired; relisted)
 WATCH_FAILED, WATCH_EXPIRED = "error", "expired"
+WATCH_REASONS = (WATCH_FAILED, WATCH_EXPIRED)
 
 
 class WatchMetrics(Protocol):
     """What a watch tells the metrics (the controller's :class:`~.metrics.Metrics`)."""
+
+    def watch_started(self, what: str) -> None: ...
 
     def watch_restarted(self, what: str, reason: str) -> None: ...
 
@@ -73,6 +76,7 @@ class RawWatch(threading.Thread, Generic[T]):
         self.loop: asyncio.AbstractEventLoop | None = None
         self.rv: str | None = None  # None: list (again) before watching
         self.halt = threading.Event()
+        metrics.watch_started(what)
 
     def list_now(self) -> list[T]:
         """A complete list, page by page, decoded; remembers its resourceVersion for the

@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from testbed.versions import REPO_ROOT, ensure_binaries
-
-RULE = REPO_ROOT / "manifests" / "components" / "prometheus" / "prometheusrule.yaml"
+from testbed.prometheus import rule_groups
+from testbed.versions import ensure_binaries
 
 
 def _s(series: str, values: str) -> dict[str, str]:
@@ -179,8 +178,7 @@ CASES: dict[str, tuple[list[dict[str, str]], str, dict[str, str], list[dict[str,
 
 
 def _rules() -> list[dict[str, Any]]:
-    doc = yaml.safe_load(RULE.read_text())
-    return [r for g in doc["spec"]["groups"] for r in g["rules"]]
+    return [r for g in rule_groups()["groups"] for r in g["rules"]]
 
 
 def _expanded(text: str, labels: dict[str, str]) -> str:
@@ -223,8 +221,7 @@ def test_every_alert_has_a_firing_and_a_quiet_case() -> None:
 
 
 def test_promtool_checks_and_tests_the_rules(promtool: Path, tmp_path: Path) -> None:
-    groups = yaml.safe_load(RULE.read_text())["spec"]
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(groups))
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule_groups()))
     (tmp_path / "tests.yaml").write_text(yaml.safe_dump(_promtool_tests(), sort_keys=False))
     check = _promtool(promtool, tmp_path, "check", "rules", "rules.yaml")
     assert check.returncode == 0, check.stdout + check.stderr
@@ -236,8 +233,7 @@ def test_promtool_checks_and_tests_the_rules(promtool: Path, tmp_path: Path) -> 
 
 def test_a_wrong_expectation_fails_promtool(promtool: Path, tmp_path: Path) -> None:
     """The harness can fail: an alert expected where it stays quiet is reported."""
-    groups = yaml.safe_load(RULE.read_text())["spec"]
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(groups))
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule_groups()))
     tests = _promtool_tests()
     quiet = tests["tests"][1]["alert_rule_test"][0]
     quiet["exp_alerts"] = tests["tests"][0]["alert_rule_test"][0]["exp_alerts"]

@@ -1,11 +1,13 @@
 """The package as users install it (issue: installed the way users install tools): a wheel built
-from this checkout, installed into a fresh virtualenv from the machine's configured package
-index (no editable install, no dev tools), whose console scripts run: the plugin's help and an
+from this checkout, installed from the machine's configured package index (no editable install,
+no dev tools) into a fresh virtualenv with pip and as an application with pipx, whose console
+scripts run: the plugin's help and an
 offline `enable` of an example, kubectl's completion helper, the agent's and the controller's
 argument checks."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import venv
@@ -19,10 +21,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh virtualenv with the wheel of this checkout installed: its bin directory."""
-    work = tmp_path_factory.mktemp("package")
-    wheels = work / "wheels"
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel of this checkout."""
+    wheels = tmp_path_factory.mktemp("wheels")
     subprocess.run(
         [
             sys.executable,
@@ -39,16 +40,34 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         capture_output=True,
         timeout=300,
     )
-    [wheel] = wheels.glob("jobset_inplace-*.whl")
-    env_dir = work / "venv"
-    venv.create(env_dir, with_pip=True)
-    bin_dir = env_dir / "bin"
-    subprocess.run(
-        [str(bin_dir / "python"), "-m", "pip", "install", "--quiet", str(wheel)],
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
+    [built] = wheels.glob("jobset_inplace-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module", params=["pip", "pipx"])
+def installed(
+    request: pytest.FixtureRequest, wheel: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The wheel installed as users install it: into a fresh virtualenv with pip, or as an
+    application with pipx (its own virtualenv, the console scripts linked into a bin
+    directory); the directory holding the console scripts."""
+    work = tmp_path_factory.mktemp(request.param)
+    if request.param == "pip":
+        env_dir = work / "venv"
+        venv.create(env_dir, with_pip=True)
+        cmd = [str(env_dir / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)]
+        bin_dir, env = env_dir / "bin", None
+    else:
+        bin_dir = work / "bin"
+        env = {
+            **os.environ,
+            "PIPX_HOME": str(work / "pipx"),
+            "PIPX_BIN_DIR": str(bin_dir),
+            "PIPX_MAN_DIR": str(work / "man"),
+        }
+        cmd = [sys.executable, "-m", "pipx", "install", "--python", sys.executable, str(wheel)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, check=False)
+    assert done.returncode == 0, f"{request.param} install failed:\n{done.stdout}{done.stderr}"
     return bin_dir
 
 

@@ -23,7 +23,7 @@ from jobset_inplace.controller.metrics import Metrics
 from jobset_inplace.core.goodput import Bucket, Ledger
 from jobset_inplace.core.model import GangStatus, Mark
 from jobset_inplace.core.policy import Policy
-from jobset_inplace.core.statemachine import Edge, Phase
+from jobset_inplace.core.statemachine import Edge, EscalationReason, Phase, StandDownReason
 from jobset_inplace.core.telemetry import (
     Escalated,
     FailureDetected,
@@ -35,6 +35,7 @@ from jobset_inplace.core.telemetry import (
     StoodDown,
 )
 from jobset_inplace.runtime.leader_election import Election, LeaderElector
+from jobset_inplace.runtime.report_limits import REFUSALS
 from jobset_inplace.runtime.watches import RawWatch, WatchEvent
 from jobset_inplace.times import format_time
 
@@ -190,6 +191,28 @@ def test_binding_again_reads_the_new_cache_only(m: Metrics) -> None:
     assert value(m, "jobset_inplace_gangs", phase="Running") == 0
 
 
+def test_every_label_value_known_in_advance_starts_at_0(m: Metrics) -> None:
+    # Prometheus sees no increase() in a series born at 1: without these the first escalation
+    # (recovery, refusal) of a kind would reach no alert and no per-hour panel.
+    for reason in EscalationReason:
+        assert value(m, "jobset_inplace_escalations_total", reason=reason.value) == 0
+    for stand_down in StandDownReason:
+        assert value(m, "jobset_inplace_stand_downs_total", reason=stand_down.value) == 0
+    for refusal in REFUSALS:
+        assert (
+            value(m, "jobset_inplace_report_channel_connections_refused_total", reason=refusal) == 0
+        )
+    for cause in ("PodFailed", "ManualRestart", "Resumed", "Unknown"):
+        assert value(m, "jobset_inplace_recoveries_started_total", cause=cause) == 0
+        for outcome in ("BarrierOpened", "Escalated", "StoodDown", "JobSetRestarted"):
+            labels = {"cause": cause, "outcome": outcome}
+            assert value(m, "jobset_inplace_recoveries_total", **labels) == 0
+    assert value(m, "jobset_inplace_watch_restarts_total", watch="pods", reason="error") is None
+    m.watch_started("pods")
+    for why in ("error", "expired"):
+        assert value(m, "jobset_inplace_watch_restarts_total", watch="pods", reason=why) == 0
+
+
 def test_the_process_registry_is_private_and_served_as_text() -> None:
     body, ctype = metrics.exposition()
     assert b"jobset_inplace_leader" in body
@@ -225,7 +248,7 @@ async def test_a_pass_whose_status_write_fails_records_no_recovery(m: Metrics) -
     await r.reconcile(KEY)  # retried later: the retry plans the same recovery again
     assert value(m, "jobset_inplace_pass_failures_total") == 1
     assert value(m, "jobset_inplace_passes_total") == 1
-    assert value(m, "jobset_inplace_recoveries_started_total", cause="TrainerExited") is None
+    assert value(m, "jobset_inplace_recoveries_started_total", cause="TrainerExited") == 0
 
 
 # --- watches ------------------------------------------------------------------------------------

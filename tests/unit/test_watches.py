@@ -14,6 +14,9 @@ from jobset_inplace.runtime.watches import RawWatch, WatchEvent, event_time
 
 
 class _NoMetrics:
+    def watch_started(self, what: str) -> None:
+        pass
+
     def watch_restarted(self, what: str, reason: str) -> None:
         pass
 
