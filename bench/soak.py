@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -47,12 +48,14 @@ from testbed.demo import (
 from testbed.devices import RESOURCE, TestDevices, pod_devices
 from testbed.install import Installation
 from testbed.kube import Clients, clients, wait_for
+from testbed.prometheus import Prometheus, running
 from testbed.versions import binaries, versions
 
 NAMESPACE, NAME = "jsi-soak", "soak"
 KINDS = ("crash", "silence", "hang", "device", "drain")
 DEFAULT_OUT = Path("bench/results/soak.json")
 RECOVERY_TIMEOUT_S = 900.0
+SCRAPE_INTERVAL = "5s"  # Prometheus's, when the soak runs one
 
 
 @dataclass
@@ -84,6 +87,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--kinds", default=",".join(KINDS), help=f"failures, in turn ({','.join(KINDS)})"
     )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results JSON ({DEFAULT_OUT})")
+    p.add_argument(
+        "--no-prometheus",
+        dest="prometheus",
+        action="store_false",
+        help="without a Prometheus scraping the controller (by default one does: the alerts "
+        "that fired, and the dashboard drawn from the soak's series next to the results)",
+    )
     p.add_argument("--allow-dirty", action="store_true", help=provenance.ALLOW_DIRTY_HELP)
     args = p.parse_args(argv)
     kinds = args.kinds.split(",")
@@ -331,6 +341,40 @@ def figure(doc: dict[str, Any], out: Path) -> Path:
     return out
 
 
+def monitoring(prom: Prometheus, start: float, end: float, out: Path) -> dict[str, Any]:
+    """What Prometheus saw of the soak: every alert that fired (the shipped rules, on the
+    controller's series) and the dashboard drawn over the soak (``out``'s name + -dashboard.png;
+    needs matplotlib, the bench extra)."""
+    step = max(5.0, (end - start) / 720)
+    fired = sorted(
+        {
+            ", ".join(f"{k}={v}" for k, v in sorted(s["metric"].items()) if k != "__name__")
+            for s in prom.query_range('ALERTS{alertstate="firing"}', start, end, step)
+        }
+    )
+    log(f"soak: alerts that fired: {fired or 'none'}")
+    picture: str | None = None
+    try:
+        from bench.dashboard import render  # noqa: PLC0415  (matplotlib)
+
+        path = out.with_name(out.stem + "-dashboard.png")
+        render(
+            prom,
+            path,
+            start=start,
+            end=end,
+            variables={"namespace": NAMESPACE, "jobset": NAME},
+            title=f"jobset-inplace dashboard over the soak ({(end - start) / 60:.0f} min)",
+        )
+        picture = str(path)
+        log(f"dashboard: {path}")
+    except ImportError:
+        log(
+            "no dashboard picture: matplotlib is not installed (make soak installs the bench extra)"
+        )
+    return {"scrape_interval": SCRAPE_INTERVAL, "alerts_fired": fired, "dashboard": picture}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -352,8 +396,16 @@ def main(argv: list[str] | None = None) -> int:
                 soak.devices = stack.enter_context(
                     TestDevices(soak.kube, cluster.real_nodes(), shared.parent / "soak-devices")
                 )
+            prom = None
+            if args.prometheus:
+                work = shared.parent / "soak-prometheus"
+                shutil.rmtree(work, ignore_errors=True)  # this soak's series only
+                prom = stack.enter_context(running(cluster.kubeconfig, work, SCRAPE_INTERVAL))
+            began = time.time()
             failures, wall_s, stopped = run(soak, args, shared)
             st = gang_state(soak.kube, NAMESPACE, NAME)
+            if prom is not None:
+                monitored = monitoring(prom, began, time.time(), args.out)
     finally:
         for node in cluster.real_nodes():  # a run stopped between a power-off and its power-on
             cluster.power_on(node)
@@ -374,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         "failures": [asdict(f) for f in failures],
         "stopped_early": stopped,
         "goodput_status": st.get("goodput"),
+        "prometheus": monitored if args.prometheus else None,
     }
     doc["machine"].update(
         provenance.steal_during(steal_at_start, provenance.steal_seconds(), wall_s)

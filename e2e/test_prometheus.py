@@ -7,7 +7,6 @@ escalation of that reason the controller ever counted); no other alert fires mea
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,10 @@ from testbed.controller import gang_state, member_pods
 from testbed.demo import inject_failure, training_gang
 from testbed.install import Installation
 from testbed.kube import Clients, wait_for
-from testbed.prometheus import MONITORING, Prometheus, running
+from testbed.prometheus import Prometheus, dashboard_panels, expand, running
 
 pytestmark = pytest.mark.e2e
 
-DASHBOARD = MONITORING / "grafana-dashboard.json"
 # Grafana's $__rate_interval for a 15 s scrape is 1 m; the test's 1 s scrape makes any window work.
 RATE_INTERVAL = "1m"
 
@@ -42,16 +40,12 @@ def firing(prom: Prometheus, alert: str, **labels: str) -> dict[str, Any] | None
 def panel_queries(namespace: str, jobset: str) -> list[tuple[str, str]]:
     """(panel title, PromQL) of every dashboard panel, its variables set to one gang (names of
     namespaces and JobSets hold no regular-expression metacharacters)."""
-    dashboard = json.loads(DASHBOARD.read_text())
-    out = []
-    for panel in dashboard["panels"]:
-        for target in panel.get("targets", []):
-            expr = target["expr"]
-            expr = expr.replace("$__rate_interval", RATE_INTERVAL)
-            expr = expr.replace("$namespace", namespace).replace("$jobset", jobset)
-            assert "$" not in expr, f"{panel['title']}: a variable left in {expr!r}"
-            out.append((panel["title"], expr))
-    return out
+    variables = {"namespace": namespace, "jobset": jobset}
+    return [
+        (panel["title"], expand(target["expr"], variables, RATE_INTERVAL))
+        for panel in dashboard_panels()
+        for target in panel.get("targets", [])
+    ]
 
 
 def test_prometheus_scrapes_the_controller_alerts_and_answers_the_dashboard(

@@ -24,12 +24,30 @@ from .versions import REPO_ROOT, ensure_binaries
 MONITORING = REPO_ROOT / "manifests" / "components" / "prometheus"
 SCRAPE_JOB = MONITORING / "scrape-job.yaml"
 RULE = MONITORING / "prometheusrule.yaml"
+DASHBOARD = MONITORING / "grafana-dashboard.json"
 
 
 def rule_groups() -> dict[str, Any]:
     """The shipped PrometheusRule's spec: a Prometheus rule file (``groups:``)."""
     spec: dict[str, Any] = yaml.safe_load(RULE.read_text())["spec"]
     return spec
+
+
+def dashboard_panels() -> list[dict[str, Any]]:
+    """The shipped Grafana dashboard's panels."""
+    panels: list[dict[str, Any]] = json.loads(DASHBOARD.read_text())["panels"]
+    return panels
+
+
+def expand(expr: str, variables: dict[str, str], rate_interval: str) -> str:
+    """A dashboard query with its variables set as Grafana sets them (``$__rate_interval``
+    too); ValueError naming the query if one is left unset."""
+    expr = expr.replace("$__rate_interval", rate_interval)
+    for name, value in sorted(variables.items(), key=lambda kv: -len(kv[0])):
+        expr = expr.replace(f"${name}", value)
+    if "$" in expr:
+        raise ValueError(f"a variable is left unset in {expr!r} (set: {sorted(variables)})")
+    return expr
 
 
 def config(kubeconfig: Path, rules: Path, interval: str) -> dict[str, Any]:
@@ -68,10 +86,25 @@ class Prometheus:
         return body["data"]
 
     def query(self, promql: str) -> list[dict[str, Any]]:
-        """An instant query's vector (or a scalar as one sample without labels)."""
-        data = self.api("query", query=promql)
+        """An instant query's vector (or a scalar as one sample without labels), now."""
+        return self.query_at(promql, None)
+
+    def query_at(self, promql: str, at: float | None) -> list[dict[str, Any]]:
+        """An instant query's vector at ``at`` (Unix seconds; None: now)."""
+        params = {"query": promql} if at is None else {"query": promql, "time": f"{at:.3f}"}
+        data = self.api("query", **params)
         if data["resultType"] == "scalar":
             return [{"metric": {}, "value": data["result"]}]
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    def query_range(
+        self, promql: str, start: float, end: float, step: float
+    ) -> list[dict[str, Any]]:
+        """A range query's matrix: series with their ``values`` ([time, "value"], ...)."""
+        data = self.api(
+            "query_range", query=promql, start=f"{start:.3f}", end=f"{end:.3f}", step=f"{step:g}"
+        )
         result: list[dict[str, Any]] = data["result"]
         return result
 
