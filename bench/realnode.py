@@ -4,8 +4,10 @@
     python -m bench.realnode --trainer torch --reps 5    (a real PyTorch trainer, to its first
                                                           productive step: bench/first_step.py)
 
-Paths, each the demo's gang shape (2 members on the 2 real nodes, the demo trainer, a step every
-0.2 s, a checkpoint every 10 steps, terminationGracePeriodSeconds 2):
+Paths, each the demo's gang shape (2 members on the 2 real nodes, the demo trainer, which ends
+at once on SIGTERM, also as PID 1; a step every 0.2 s, a checkpoint every 10 steps to its pod's
+volume and to a persistent tier the nodes share, so a recreated pod resumes from its newest
+checkpoint too; terminationGracePeriodSeconds 2, or 0 for the ``-grace0`` paths):
 
 * ``jsi-process``: jobset-inplace, restart scope ``process`` (the default);
 * ``jsi-pod``: jobset-inplace, restart scope ``pod`` (RestartAllContainers);
@@ -13,6 +15,8 @@ Paths, each the demo's gang shape (2 members on the 2 real nodes, the demo train
   JobSet controller for these runs), its Go agent as a sidecar holding a startupProbe barrier;
 * ``upstream-main``: the same in its main-container mode (the agent is the trainer container's
   entrypoint and runs the trainer as its child; container-level ``Restart`` rule);
+* ``upstream-sidecar-grace0``, ``upstream-main-grace0``: the same with no grace period, as
+  upstream's own example sets it;
 * ``stock``, ``stock-grace0``: stock JobSet (Recreate: every pod deleted and created again),
   with the demo's grace period and with ``terminationGracePeriodSeconds: 0``.
 
@@ -21,8 +25,10 @@ paths (this machine's drifts hit each alike). Every time is from the components'
 timestamps: the crash time is set, "running" is the runtime's timestamp of each trainer's
 "resuming" log line, "barrier" is when the path lets trainers go (jobset-inplace: the
 controller's ``openedAt``; upstream: its agent's log line that lifts the barrier). Without an
-agent (upstream, stock) the trainer resumes from its own newest checkpoint. Results:
-``docs/bench/realnode.json`` and a table on stdout.
+agent (upstream, stock) the trainer resumes from its own newest checkpoint. Each member's resume
+step is recorded: a path resumes the gang consistently when all members resume at one step.
+Ratios are within the run: to ``jsi-process`` and to ``jsi-pod`` (which restarts whole pods, as
+the upstream and stock paths do). Results: ``docs/bench/realnode.json`` and a table on stdout.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ import argparse
 import contextlib
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -62,8 +70,19 @@ RESULTS = Path(__file__).resolve().parents[1] / "docs" / "bench"
 DEFAULT_OUT = {"demo": RESULTS / "realnode.json", "torch": RESULTS / "realnode-torch.json"}
 NAMESPACE = "bench-realnode"
 MEMBERS = 2
-PATHS = ("jsi-process", "jsi-pod", "upstream-sidecar", "upstream-main", "stock", "stock-grace0")
+PATHS = (
+    "jsi-process",
+    "jsi-pod",
+    "upstream-sidecar",
+    "upstream-sidecar-grace0",
+    "upstream-main",
+    "upstream-main-grace0",
+    "stock",
+    "stock-grace0",
+)
 RESUMING = "resuming at step"
+RESUME_STEP = re.compile(r"resuming at step (\d+)")
+GRACE_S = 2  # terminationGracePeriodSeconds of the paths without "-grace0"
 
 
 def log(msg: str) -> None:
@@ -79,6 +98,13 @@ class Run:
     # API writes from the injection until every trainer ran again, by resource[/subresource]
     # (the apiserver's own counters; the nodes' heartbeats left out, see WORKLOAD_RESOURCES)
     writes: dict[str, int] = field(default_factory=dict)
+    # the step each member resumed at after the crash (its trainer's log), by job index
+    resume_steps: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def consistent(self) -> bool:
+        """Every member resumed at one step (a gang that can go on training together)."""
+        return len(set(self.resume_steps.values())) == 1
 
 
 # What a recovery writes (everything else in the window is the cluster's background: node
@@ -101,7 +127,7 @@ def write_counts(cluster: LocalCluster) -> Counter[str]:
 # --- the JobSets -----------------------------------------------------------------------------
 
 
-def _standalone(jobset: dict[str, Any], *, grace: int = 2) -> dict[str, Any]:
+def _standalone(jobset: dict[str, Any], *, grace: int = GRACE_S) -> dict[str, Any]:
     """The demo JobSet without jobset-inplace: the trainer finds its own checkpoint; a state
     volume for the failure injection only."""
     jobset["metadata"]["annotations"] = {}
@@ -116,36 +142,48 @@ def _standalone(jobset: dict[str, Any], *, grace: int = 2) -> dict[str, Any]:
     return jobset
 
 
-def stock_jobset(name: str, grace: int) -> dict[str, Any]:
-    js = _standalone(demo_jobset(name, MEMBERS), grace=grace)
+def demo(name: str, shared: Path, scope: str | None = None) -> dict[str, Any]:
+    """The demo gang every path runs: checkpoints every 10 steps to the pod's own volume and to
+    a persistent tier (a host directory the real nodes share, as a network filesystem), so a
+    recreated pod resumes from its member's newest checkpoint as an in-place restarted one
+    does."""
+    return demo_jobset(
+        name, MEMBERS, scope=scope, persistent=shared / name, env={"JSI_DEMO_PERSIST_EVERY": "10"}
+    )
+
+
+def stock_jobset(name: str, shared: Path, grace: int) -> dict[str, Any]:
+    js = _standalone(demo(name, shared), grace=grace)
     js["spec"]["replicatedJobs"][0]["template"]["spec"]["backoffLimit"] = 0
     return js
 
 
-def upstream_jobset(name: str, mode: str) -> dict[str, Any]:
+def upstream_jobset(name: str, shared: Path, mode: str, grace: int) -> dict[str, Any]:
     """JobSet's InPlaceRestart as its v0.12 examples set it up (sidecar or main-container)."""
     return upstream.in_place_restart(
-        _standalone(demo_jobset(name, MEMBERS)),
+        _standalone(demo(name, shared), grace=grace),
         mode,
         image=images.UPSTREAM_AGENT_IMAGE,
         agent_path=images.UPSTREAM_AGENT_PATH,
     )
 
 
-def jobset_for(path: str, name: str) -> dict[str, Any]:
+def jobset_for(path: str, name: str, shared: Path) -> dict[str, Any]:
+    grace = 0 if path.endswith("-grace0") else GRACE_S
     if path.startswith("jsi-"):
-        return demo_jobset(name, MEMBERS, scope=path.removeprefix("jsi-"))
+        return demo(name, shared, scope=path.removeprefix("jsi-"))
     if path.startswith("upstream-"):
-        return upstream_jobset(name, path.removeprefix("upstream-"))
-    return stock_jobset(name, 0 if path == "stock-grace0" else 2)
+        mode = path.removeprefix("upstream-").removesuffix("-grace0")
+        return upstream_jobset(name, shared, mode, grace)
+    return stock_jobset(name, shared, grace)
 
 
 # --- one run ---------------------------------------------------------------------------------
 
 
 class Bench:
-    def __init__(self, cluster: LocalCluster) -> None:
-        self.cluster = cluster
+    def __init__(self, cluster: LocalCluster, shared: Path) -> None:
+        self.cluster, self.shared = cluster, shared
         self.kubeconfig = cluster.kubeconfig
         self.kube: Clients = clients(cluster.kubeconfig)
 
@@ -174,7 +212,7 @@ class Bench:
 
     def run(self, path: str, rep: int) -> Run:
         name = f"{path}-{rep}"
-        create_jobset(self.kube, NAMESPACE, jobset_for(path, name))
+        create_jobset(self.kube, NAMESPACE, jobset_for(path, name, self.shared))
         wait_for(
             f"{name}: every trainer training",
             lambda: self.all_after(name, "trainer", 0, RESUMING),
@@ -199,10 +237,27 @@ class Bench:
         )
         writes = write_counts(self.cluster) - before
         barrier = self.barrier(path, name, crash)
+        resumed = self.resume_steps(name, crash)
         self.delete(name)
         return Run(
-            path, rep, None if barrier is None else barrier - crash, running - crash, dict(writes)
+            path,
+            rep,
+            None if barrier is None else barrier - crash,
+            running - crash,
+            dict(writes),
+            resumed,
         )
+
+    def resume_steps(self, name: str, crash: float) -> dict[str, int]:
+        """The step each member's trainer resumed at after ``crash``, by job index."""
+        out = {}
+        for pod in self.pods(name):
+            lines = timed_log(self.kubeconfig, NAMESPACE, pod.metadata.name, "trainer")
+            line = next(line for t, line in lines if t > crash and RESUMING in line)
+            match = RESUME_STEP.search(line)
+            assert match, f"{pod.metadata.name}: no step in {line!r}"
+            out[pod.metadata.labels[names.JOB_INDEX_LABEL]] = int(match.group(1))
+        return out
 
     def barrier(self, path: str, name: str, crash: float) -> float | None:
         if path.startswith("jsi-"):
@@ -241,6 +296,7 @@ class PathSummary:
     barrier_median: float | None
     reps: int
     writes_median: float
+    consistent: int  # runs whose members all resumed at one step
 
 
 def summary(runs: list[Run]) -> dict[str, PathSummary]:
@@ -256,24 +312,31 @@ def summary(runs: list[Run]) -> dict[str, PathSummary]:
                 statistics.median(barriers) if barriers else None,
                 len(running),
                 statistics.median(sum(r.writes.values()) for r in runs if r.path == path),
+                sum(r.consistent for r in runs if r.path == path),
             )
     return out
 
 
 def table(s: dict[str, PathSummary]) -> str:
-    """Markdown: medians, ranges and each path's ratio to jobset-inplace's default."""
-    base = s["jsi-process"].running_median if "jsi-process" in s else None
+    """Markdown: medians, ranges, each path's ratio to jobset-inplace's two scopes in this run
+    (like for like: jsi-pod restarts whole pods as the upstream and stock paths do; jsi-process
+    only the trainer processes), and how many runs resumed the gang at one step."""
+    bases = [b for b in ("jsi-process", "jsi-pod") if b in s]
     rows = [
         "| path | crash -> barrier lifted (median) | crash -> every trainer running "
-        "(median, range) | / jsi-process | API writes (median) |",
-        "|---|---|---|---|---|",
+        "(median, range) | "
+        + " | ".join(f"/ {b}" for b in bases)
+        + (" | " if bases else "")
+        + "resumed at one step | API writes (median) |",
+        "|---|---|---|" + "---|" * len(bases) + "---|---|",
     ]
     for path, v in s.items():
         barrier = "-" if v.barrier_median is None else f"{v.barrier_median:.2f} s"
-        ratio = f"{v.running_median / base:.1f}x" if base else "-"
+        ratios = "".join(f"{v.running_median / s[b].running_median:.1f}x | " for b in bases)
         rows.append(
             f"| {path} | {barrier} | {v.running_median:.2f} s "
-            f"({v.running_min:.2f}-{v.running_max:.2f}) | {ratio} | {v.writes_median:g} |"
+            f"({v.running_min:.2f}-{v.running_max:.2f}) | {ratios}"
+            f"{v.consistent}/{v.reps} | {v.writes_median:g} |"
         )
     return "\n".join(rows)
 
@@ -323,7 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     nodes = cluster.real_nodes()
     if len(nodes) < MEMBERS:
         raise SystemExit(f"needs {MEMBERS} real nodes, the cluster has {nodes}: make cluster-up")
-    bench = Bench(cluster)
+    shared = cluster.logs_dir.parent / "bench-realnode-shared"  # the persistent tier
+    shutil.rmtree(shared, ignore_errors=True)
+    bench = Bench(cluster, shared)
     if or_none(bench.kube.core.read_namespace, NAMESPACE) is not None:
         bench.kube.core.delete_namespace(NAMESPACE)
         wait_for(

@@ -1,0 +1,72 @@
+"""The real-node crash benchmark's paths (like for like: grace periods, the persistent tier) and
+its summary (ratios within one run, the gang's consistency)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import realnode
+from bench.realnode import Run
+
+SHARED = Path("/shared")
+
+
+def _pod(js: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    return spec
+
+
+def _env(js: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in _pod(js)["containers"][0]["env"]}
+
+
+@pytest.mark.parametrize("path", realnode.PATHS)
+def test_every_path_checkpoints_to_a_persistent_tier_of_its_own(path: str) -> None:
+    js = realnode.jobset_for(path, f"{path}-0", SHARED)
+    [shared] = [v for v in _pod(js)["volumes"] if v["name"] == "shared"]
+    assert shared["hostPath"]["path"] == f"/shared/{path}-0"
+    assert _env(js)["JSI_DEMO_PERSIST_EVERY"] == "10", "every checkpoint in both tiers"
+
+
+@pytest.mark.parametrize(
+    ("path", "grace"),
+    [
+        ("stock", 2),
+        ("stock-grace0", 0),
+        ("upstream-sidecar", 2),
+        ("upstream-sidecar-grace0", 0),
+        ("upstream-main", 2),
+        ("upstream-main-grace0", 0),
+    ],
+)
+def test_grace0_paths_have_no_grace_period(path: str, grace: int) -> None:
+    assert _pod(realnode.jobset_for(path, "x", SHARED))["terminationGracePeriodSeconds"] == grace
+
+
+def test_the_upstream_grace0_paths_are_the_upstream_modes() -> None:
+    main = realnode.jobset_for("upstream-main-grace0", "x", SHARED)
+    plain = realnode.jobset_for("upstream-main", "x", SHARED)
+    _pod(main).pop("terminationGracePeriodSeconds")
+    _pod(plain).pop("terminationGracePeriodSeconds")
+    assert main == plain
+
+
+def _run(path: str, running: float, steps: dict[str, int]) -> Run:
+    return Run(path, 0, None, running, {"pods": 2}, steps)
+
+
+def test_the_table_gives_ratios_to_both_scopes_and_counts_consistent_resumes() -> None:
+    runs = [
+        _run("jsi-process", 0.2, {"0": 40, "1": 40}),
+        _run("jsi-pod", 2.0, {"0": 40, "1": 40}),
+        _run("stock", 4.0, {"0": 40, "1": 30}),
+        _run("stock", 6.0, {"0": 40, "1": 40}),
+    ]
+    s = realnode.summary(runs)
+    assert (s["stock"].running_median, s["stock"].consistent, s["stock"].reps) == (5.0, 1, 2)
+    stock_row = next(r for r in realnode.table(s).splitlines() if r.startswith("| stock |"))
+    assert "| 25.0x | 2.5x | 1/2 |" in stock_row
+    assert not runs[2].consistent
