@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from collections.abc import Callable
@@ -19,6 +20,13 @@ def agent_latencies(log_text: str) -> list[float]:
     return [float(m.group(1)) for m in _LATENCY.finditer(log_text)]
 
 
+def nearest_rank(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0 < q <= 1) by nearest rank: a value that was measured (with 30
+    values p99 is the largest; no interpolation between two recoveries)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
 def stats(values: list[float]) -> dict[str, float] | None:
     if not values:
         return None
@@ -26,6 +34,7 @@ def stats(values: list[float]) -> dict[str, float] | None:
         "n": len(values),
         "min": round(min(values), 3),
         "median": round(statistics.median(values), 3),
+        "p99": round(nearest_rank(values, 0.99), 3),
         "max": round(max(values), 3),
     }
 

@@ -390,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     installation.install()
     soak = Soak(cluster, args)
     shared = cluster.logs_dir.parent / "soak-shared"
+    shutil.rmtree(shared, ignore_errors=True)  # an earlier soak's checkpoints are not this gang's
     try:
         with contextlib.ExitStack() as stack:
             if "device" in args.kinds:

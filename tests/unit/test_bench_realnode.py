@@ -70,3 +70,13 @@ def test_the_table_gives_ratios_to_both_scopes_and_counts_consistent_resumes() -
     stock_row = next(r for r in realnode.table(s).splitlines() if r.startswith("| stock |"))
     assert "| 25.0x | 2.5x | 1/2 |" in stock_row
     assert not runs[2].consistent
+
+
+def test_p99_is_a_measured_value_by_nearest_rank() -> None:
+    from bench.report import nearest_rank, stats  # noqa: PLC0415
+
+    thirty = [float(i) for i in range(1, 31)]
+    assert nearest_rank(thirty, 0.99) == 30.0, "with 30 values p99 is the largest"
+    assert nearest_rank(thirty, 0.5) == 15.0
+    assert nearest_rank([float(i) for i in range(1, 201)], 0.99) == 198.0
+    assert stats([2.0, 1.0, 3.0]) == {"n": 3, "min": 1.0, "median": 2.0, "p99": 3.0, "max": 3.0}
