@@ -76,12 +76,16 @@ class RawWatch(threading.Thread, Generic[T]):
         self.loop: asyncio.AbstractEventLoop | None = None
         self.rv: str | None = None  # None: list (again) before watching
         self.halt = threading.Event()
+        # each object's newest change stamp (event_time) as last listed or seen, by uid: an
+        # event whose change moved none (a removed field moves no managedFields time) has no lag
+        self.stamps: dict[str, float] = {}
         metrics.watch_started(what)
 
     def list_now(self) -> list[T]:
         """A complete list, page by page, decoded; remembers its resourceVersion for the
         watch."""
         items: list[T] = []
+        stamps: dict[str, float] = {}
         token: str | None = None
         rv = ""
         while True:
@@ -89,14 +93,17 @@ class RawWatch(threading.Thread, Generic[T]):
             if token:
                 kwargs["_continue"] = token
             doc = json.loads(self.call(**kwargs).data)
-            items += map(self.decode, doc.get("items") or [])
+            for raw in doc.get("items") or ():
+                items.append(self.decode(raw))
+                if (stamp := event_time(raw)) is not None:
+                    stamps[_uid(raw)] = stamp
             meta = doc.get("metadata") or {}
             del doc  # one page's JSON in memory at a time
             rv = rv or str(meta.get("resourceVersion") or "")
             token = meta.get("continue")
             if not token:
                 break
-        self.rv = rv
+        self.rv, self.stamps = rv, stamps
         return items
 
     def prime(self) -> int:
@@ -160,11 +167,26 @@ class RawWatch(threading.Thread, Generic[T]):
                 self.rv = (obj.get("metadata") or {}).get("resourceVersion") or self.rv
                 if kind != "BOOKMARK":
                     decoded = self.decode(obj)
-                    # a deletion is not stamped: only additions and changes have a lag
-                    changed = event_time(obj) if kind != "DELETED" else None
+                    changed = self._changed(str(kind), obj)
                     self.loop.call_soon_threadsafe(self._handle, [(str(kind), decoded)], changed)
         finally:
             stream.release_conn()
+
+    def _changed(self, kind: str, obj: Mapping[str, Any]) -> float | None:
+        """When the change an event carries was made, if the object says so: its newest stamp,
+        when that moved since the object was last listed or seen. A deletion is not stamped,
+        nor is a change that only removed fields (the apiserver moves a managedFields time only
+        for the fields an update set): such events have no lag."""
+        uid = _uid(obj)
+        if kind == "DELETED":
+            self.stamps.pop(uid, None)
+            return None
+        stamp = event_time(obj)
+        if stamp is None:
+            return None
+        before = self.stamps.get(uid)
+        self.stamps[uid] = stamp
+        return stamp if before is None or stamp > before else None
 
     def _handle(self, events: list[WatchEvent[T]], changed: float | None) -> None:
         """On the loop: hand ``events`` over; record the lag from ``changed`` (when the object
@@ -172,6 +194,11 @@ class RawWatch(threading.Thread, Generic[T]):
         self.on_events(events)
         if changed is not None:
             self.metrics.event_handled(self.what, time.time() - changed)
+
+
+def _uid(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
 
 
 def event_time(obj: Mapping[str, Any]) -> float | None:

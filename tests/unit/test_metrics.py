@@ -300,6 +300,52 @@ def test_watch_events_have_a_lag_and_restarts_are_counted_by_reason(m: Metrics) 
     assert value(m, restarts, watch="node_leases", reason="expired") == 1
 
 
+def test_a_change_that_moved_no_stamp_has_no_lag(m: Metrics) -> None:
+    # A Job whose status lost a field (status.active 1 -> gone) keeps its managedFields times:
+    # its lag would be the time since its last stamped change (270 s seen in a soak).
+    def job(rv: str, changed: float) -> dict[str, Any]:
+        fields = [{"manager": "kube-controller-manager", "time": format_time(changed)}]
+        return {"metadata": {"uid": "u1", "name": "j", "resourceVersion": rv,
+                             "managedFields": fields}}  # fmt: skip
+
+    old, new = time.time() - 300, time.time() - 2
+    call = Scripted(
+        lists=[Response({"metadata": {"resourceVersion": "10"}, "items": [job("9", old)]})],
+        watches=[
+            Response(
+                lines=[
+                    {"type": "MODIFIED", "object": job("11", old)},  # a field removed
+                    {"type": "MODIFIED", "object": job("12", new)},  # a field set
+                    {"type": "MODIFIED", "object": job("13", new)},
+                ]
+            )
+        ],
+    )
+    events: list[WatchEvent[str]] = []
+    w = RawWatch(
+        "Jobs",
+        call,
+        decode=name,
+        replace=lambda _: None,
+        on_events=events.extend,
+        on_relist=lambda: None,
+        metrics=m,
+    )
+    call.watch = w
+    w.prime()
+
+    async def run_until_the_script_ends() -> None:
+        w.start_on(asyncio.get_running_loop())
+        await asyncio.to_thread(w.join, 10)
+        await asyncio.sleep(0)
+
+    asyncio.run(run_until_the_script_ends())
+    assert len(events) == 3, "every event handed over"
+    lag = "jobset_inplace_event_lag_seconds"
+    assert value(m, f"{lag}_count", watch="jobs") == 1, "only the change that moved a stamp"
+    assert 2 <= (value(m, f"{lag}_sum", watch="jobs") or 0) < 12
+
+
 def test_a_negative_lag_from_clock_skew_counts_as_none(m: Metrics) -> None:
     m.event_handled("pods", -0.4)
     assert value(m, "jobset_inplace_event_lag_seconds_sum", watch="pods") == 0
