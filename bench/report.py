@@ -143,6 +143,55 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# What the recovery protocol itself writes (the controller and the agents): every other write in
+# a window is the cluster's (the simulated kubelets' pod status, node Leases, endpoints).
+PROTOCOL_RESOURCES = ("gangstates", "gangstates/status", "events", "pods", "jobsets")
+MUTATING = ("POST", "PUT", "PATCH", "APPLY", "DELETE")
+
+
+def protocol_writes(requests: dict[str, int]) -> int:
+    """The recovery protocol's writes among a window's apiserver requests ("VERB resource")."""
+    return sum(
+        n
+        for key, n in requests.items()
+        if key.split(" ")[0] in MUTATING and key.split(" ")[-1] in PROTOCOL_RESOURCES
+    )
+
+
+def scale_curve(results: dict[str, Any], summ: dict[str, Any]) -> list[str]:
+    """jobset-inplace's worker failure by gang size: p50 and p99 (nearest rank) of barrier open
+    and every member running, the protocol's writes per recovery, the leader's CPU and RSS."""
+    sizes = [s for s in summ if s != "agent_start" and "hybrid" in summ[s]["paths"]]
+    if not sizes:
+        return []
+    out = [
+        "",
+        "The scale curve (jobset-inplace, one worker fails; p50 / p99 by nearest rank):",
+        "",
+        "| gang | n | **barrier open** p50 / p99 | every member running p50 / p99 "
+        "| protocol writes per recovery (median) | leader CPU-s per recovery (median) "
+        "| leader peak RSS |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for size in sizes:
+        w = summ[size]["hybrid_worker_failure"]
+        runs = results["sizes"][size]["hybrid"]["worker_failure"]
+        writes = [
+            protocol_writes(m["apiserver_requests"]) for m in runs if "apiserver_requests" in m
+        ]
+
+        def pq(s: dict[str, float] | None) -> str:
+            return "-" if not s else f"{s['median']:.2f} / {s['p99']:.2f}"
+
+        out.append(
+            f"| {size} pods | {(w['barrier_open_s'] or {}).get('n', 0)} "
+            f"| **{pq(w['barrier_open_s'])}** | {pq(w['all_running_s'])} "
+            f"| {statistics.median(writes) if writes else '-'} "
+            f"| {_med(w['controller_cpu_s'])} | {_max(w['controller_peak_rss_mib'])} MiB |"
+        )
+    return out
+
+
 def _ge(capped: bool) -> str:
     return ">= " if capped else ""
 
@@ -181,11 +230,16 @@ def text(results: dict[str, Any]) -> str:
             parts = [f"hybrid {_ge(nd['hybrid_capped'])}{nd['hybrid_running_s']:.1f}s"]
             for path in ("upstream", "stock"):
                 if f"{path}_running_s" in nd:
-                    ge = _ge(nd[f"{path}_capped"])
-                    parts.append(
-                        f"{path} {ge}{nd[f'{path}_running_s']:.1f}s "
-                        f"(ratio {ge}{nd[f'ratio_{path}_over_hybrid']}x)"
-                    )
+                    if nd[f"{path}_capped"]:
+                        parts.append(
+                            f"{path} did not recover within {nd[f'{path}_running_s']:.1f}s "
+                            "(no ratio)"
+                        )
+                    else:
+                        parts.append(
+                            f"{path} {nd[f'{path}_running_s']:.1f}s "
+                            f"(ratio {nd[f'ratio_{path}_over_hybrid']}x)"
+                        )
             lines.append("  node death -> gang running: " + ", ".join(parts))
     if summ.get("agent_start"):
         lines.append(f"agent start -> epoch reported (real node): {_fmt(summ['agent_start'])}")
@@ -352,6 +406,7 @@ def markdown(results: dict[str, Any]) -> str:
             )
     out.append("")
     out.append("(seconds, min / median / max over the repetitions; ratio of the medians)")
+    out += scale_curve(results, summ)
     deaths = [(s, summ[s]["node_death"]) for s in sizes if "node_death" in summ[s]]
     if deaths:
         out += [
@@ -364,14 +419,21 @@ def markdown(results: dict[str, Any]) -> str:
         ]
         for size, nd in deaths:
             cells = []
+            # a path that did not recover within the harness's cap has no time and no ratio
             for path in ("upstream", "stock"):
-                ge = _ge(nd.get(f"{path}_capped", False))
                 run = nd.get(f"{path}_running_s")
-                cells.append("-" if run is None else f"**{ge}{run:.1f}**")
+                capped = nd.get(f"{path}_capped", False)
+                cells.append(
+                    "-"
+                    if run is None
+                    else f"did not recover in {run:.0f} s"
+                    if capped
+                    else f"**{run:.1f}**"
+                )
             for path in ("upstream", "stock"):
-                ge = _ge(nd.get(f"{path}_capped", False))
                 ratio = nd.get(f"ratio_{path}_over_hybrid")
-                cells.append("-" if ratio is None else f"**{ge}{ratio}x**")
+                capped = nd.get(f"{path}_capped", False)
+                cells.append("-" if ratio is None or capped else f"**{ratio}x**")
             detected = nd["hybrid_detection_s"]
             out.append(
                 f"| {size} pods | {'-' if detected is None else f'{detected:.1f}'} "

@@ -100,10 +100,25 @@ def test_report_ratios_against_both_peers() -> None:
     assert row["node_death"]["upstream_capped"] is True
     table = report.markdown(results)
     assert "| 1000 pods | **2.00 / 2.00 / 4.00** | 10.00 / 12.00 / 14.00 |" in table
-    assert "**>= 9.6x**" in table  # a capped peer's ratio is a lower bound
+    # a peer that did not recover within the cap: said so, no ratio
+    assert "| did not recover in 480 s |" in table
+    assert "9.6x" not in table
+    assert "| 1000 pods | 3 | **2.00 / 4.00** | 2.00 / 4.00 | - | 1.0 | 100 MiB |" in table
     text = report.text(results)
     assert "ratio upstream / hybrid: 6.0x (to barrier open), 6.0x (to all running)" in text
-    assert "upstream >= 480.0s (ratio >= 9.6x)" in text
+    assert "upstream did not recover within 480.0s (no ratio)" in text
+
+
+def test_the_protocol_writes_are_the_controllers_and_agents() -> None:
+    requests = {
+        "PATCH gangstates/status": 2,
+        "POST events": 2,
+        "PATCH pods": 3,
+        "PATCH pods/status": 1000,  # the simulated kubelets
+        "PUT leases": 500,  # node heartbeats
+        "GET gangstates": 1000,
+    }
+    assert report.protocol_writes(requests) == 7
 
 
 def test_report_of_an_older_run_without_upstream() -> None:
