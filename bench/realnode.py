@@ -263,9 +263,10 @@ class Bench:
         if path.startswith("jsi-"):
             rec = gang_state(self.kube, NAMESPACE, name).get("recovery") or {}
             return parse_time(rec.get("openedAt"))
-        if path == "upstream-sidecar":
+        mode = path.removesuffix("-grace0")
+        if mode == "upstream-sidecar":
             return self.all_after(name, upstream.AGENT, crash, "starting startup probe server")
-        if path == "upstream-main":
+        if mode == "upstream-main":
             return self.all_after(name, "trainer", crash, "executing worker command")
         return None
 

@@ -80,3 +80,19 @@ def test_p99_is_a_measured_value_by_nearest_rank() -> None:
     assert nearest_rank(thirty, 0.5) == 15.0
     assert nearest_rank([float(i) for i in range(1, 201)], 0.99) == 198.0
     assert stats([2.0, 1.0, 3.0]) == {"n": 3, "min": 1.0, "median": 2.0, "p99": 3.0, "max": 3.0}
+
+
+@pytest.mark.parametrize("path", ["upstream-sidecar-grace0", "upstream-main-grace0"])
+def test_the_grace0_paths_time_their_barrier_like_their_mode(path: str) -> None:
+    seen: list[tuple[str, str]] = []
+
+    class Probe(realnode.Bench):
+        def __init__(self) -> None:
+            pass
+
+        def all_after(self, name: str, container: str, after: float, text: str) -> float:
+            seen.append((container, text))
+            return 1.0
+
+    assert Probe().barrier(path, "x", 0.0) == 1.0
+    assert seen, "the barrier is read from the agent's log line"
