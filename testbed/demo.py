@@ -285,15 +285,21 @@ def started_trainer_log(kubeconfig: Path, namespace: str, pod: str) -> str:
 def timed_log(
     kubeconfig: Path, namespace: str, pod: str, container: str
 ) -> list[tuple[float, str]]:
-    """The container's log lines, each with the time the runtime received it."""
+    """The container's log lines, each with the time the runtime received it.
+
+    CalledProcessError also when kubectl answers with a notice instead of the log (exit 0, e.g.
+    "unable to retrieve container logs for containerd://..." while the container is replaced):
+    callers that poll treat it as "not yet", like a failed kubectl."""
     cmd = [str(binaries().kubectl), "--kubeconfig", str(kubeconfig), "-n", namespace, "logs"]
-    out = subprocess.run(
-        [*cmd, pod, "-c", container, "--timestamps"], capture_output=True, text=True, check=True
-    ).stdout
+    cmd += [pod, "-c", container, "--timestamps"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     lines = []
     for raw in out.splitlines():
         stamp, _, line = raw.partition(" ")
-        lines.append((log_time(stamp), line))
+        try:
+            lines.append((log_time(stamp), line))
+        except ValueError:
+            raise subprocess.CalledProcessError(1, cmd, output=out, stderr=raw) from None
     return lines
 
 
