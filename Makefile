@@ -21,7 +21,7 @@ REGISTRY ?= ghcr.io/jobset-inplace
 PLUGIN_BASE_URL ?= https://github.com/jobset-inplace/jobset-inplace/releases/download/v$(VERSION)
 
 .PHONY: help venv binaries images lint test unit integration e2e e2e-kind soak cluster-up cluster-down cluster-install \
-        cluster-status demo bench bench-realnode release plugin-archive clean
+        cluster-status demo bench bench-pages bench-realnode release plugin-archive clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -81,6 +81,9 @@ demo: venv binaries ## hybrid recovery on the local cluster: train, inject a fai
 $(VENV)/.bench: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $@
+
+bench-pages: venv ## rewrite the generated figures of README.md and docs/benchmarks.md from their result files in docs/bench/
+	$(PY) -m bench.pages
 
 bench-realnode: venv binaries ## crash -> every trainer running on the real nodes: jobset-inplace vs upstream InPlaceRestart vs stock (BENCH_ARGS="--reps 5")
 	$(PY) -m bench.realnode $(BENCH_ARGS)
