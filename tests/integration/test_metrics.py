@@ -150,7 +150,9 @@ def test_a_trainer_crash_and_its_recovery_move_the_metrics(
         assert sample(m, budget, **where, budget="recreate") == 5
         assert sample(m, "jobset_inplace_passes_total") >= 4
         assert sample(m, "jobset_inplace_planning_cpu_seconds_count") >= 4
-        assert sample(m, "jobset_inplace_event_lag_seconds_count", watch="pods") >= 8
+        # at least each member's creation; a change in the same second as the pod's previous
+        # one moves no managedFields time (whole seconds) and is not timed
+        assert sample(m, "jobset_inplace_event_lag_seconds_count", watch="pods") >= 4
         wait_for(
             "a Lease renewal handled",
             lambda: sample(m, "jobset_inplace_event_lag_seconds_count", watch="node_leases"),
