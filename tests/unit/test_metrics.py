@@ -3,7 +3,6 @@ registry, read back from the exposition text as Prometheus would parse it."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import time
@@ -36,11 +35,10 @@ from jobset_inplace.core.telemetry import (
 )
 from jobset_inplace.runtime.leader_election import Election, LeaderElector
 from jobset_inplace.runtime.report_limits import REFUSALS
-from jobset_inplace.runtime.watches import RawWatch, WatchEvent
 from jobset_inplace.times import format_time
 
 from .test_reconciler_timing import KEY, RecordingExecutor, gang, jobset
-from .test_watches import Response, Scripted, name
+from .test_watches import Response, Scripted, run_to_the_end
 
 Labels = frozenset[tuple[str, str]]
 
@@ -272,25 +270,7 @@ def test_watch_events_have_a_lag_and_restarts_are_counted_by_reason(m: Metrics) 
             Response(lines=[{"type": "ERROR", "object": {"message": "too old", "code": 410}}]),
         ],
     )
-    events: list[WatchEvent[str]] = []
-    w = RawWatch(
-        "node Leases",
-        call,
-        decode=name,
-        replace=lambda _: None,
-        on_events=events.extend,
-        on_relist=lambda: None,
-        metrics=m,
-    )
-    call.watch = w
-    w.prime()
-
-    async def run_until_the_script_ends() -> None:
-        w.start_on(asyncio.get_running_loop())
-        await asyncio.to_thread(w.join, 10)
-        await asyncio.sleep(0)
-
-    asyncio.run(run_until_the_script_ends())
+    _, events = run_to_the_end(call, "node Leases", metrics=m)
     assert events == [("MODIFIED", "a"), ("DELETED", "a")]
     lag = "jobset_inplace_event_lag_seconds"
     assert value(m, f"{lag}_count", watch="node_leases") == 1
@@ -321,25 +301,7 @@ def test_a_change_that_moved_no_stamp_has_no_lag(m: Metrics) -> None:
             )
         ],
     )
-    events: list[WatchEvent[str]] = []
-    w = RawWatch(
-        "Jobs",
-        call,
-        decode=name,
-        replace=lambda _: None,
-        on_events=events.extend,
-        on_relist=lambda: None,
-        metrics=m,
-    )
-    call.watch = w
-    w.prime()
-
-    async def run_until_the_script_ends() -> None:
-        w.start_on(asyncio.get_running_loop())
-        await asyncio.to_thread(w.join, 10)
-        await asyncio.sleep(0)
-
-    asyncio.run(run_until_the_script_ends())
+    _, events = run_to_the_end(call, "Jobs", metrics=m)
     assert len(events) == 3, "every event handed over"
     lag = "jobset_inplace_event_lag_seconds"
     assert value(m, f"{lag}_count", watch="jobs") == 1, "only the change that moved a stamp"

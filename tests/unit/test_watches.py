@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
 
-from jobset_inplace.runtime.watches import RawWatch, WatchEvent, event_time
+from jobset_inplace.runtime.watches import RawWatch, WatchEvent, WatchMetrics, event_time
 
 
 class _NoMetrics:
@@ -69,6 +69,38 @@ class Scripted:
         return self.watches.pop(0)
 
 
+def run_to_the_end(
+    call: Scripted,
+    what: str,
+    *,
+    metrics: WatchMetrics = NO_METRICS,
+    replace: Callable[[list[str]], None] = lambda _: None,
+    on_relist: Callable[[], None] = lambda: None,
+) -> tuple[RawWatch[str], list[WatchEvent[str]]]:
+    """A watch of ``call``'s script, primed, then run on an event loop until the script ends:
+    the watch and the events it handed over."""
+    events: list[WatchEvent[str]] = []
+    w = RawWatch(
+        what,
+        call,
+        decode=name,
+        replace=replace,
+        on_events=events.extend,
+        on_relist=on_relist,
+        metrics=metrics,
+    )
+    call.watch = w
+    w.prime()
+
+    async def run_until_the_script_ends() -> None:
+        w.start_on(asyncio.get_running_loop())
+        await asyncio.to_thread(w.join, 10)
+        await asyncio.sleep(0)  # run what the thread handed over to the loop
+
+    asyncio.run(run_until_the_script_ends())
+    return w, events
+
+
 def test_list_pages_through_continue_tokens_and_keeps_the_first_resource_version() -> None:
     call = Scripted(
         lists=[
@@ -99,7 +131,6 @@ def test_list_pages_through_continue_tokens_and_keeps_the_first_resource_version
 def test_watch_resumes_from_the_last_version_and_relists_after_an_expired_one() -> None:
     relisted: list[str] = []
     replaced: list[list[str]] = []
-    events: list[WatchEvent[str]] = []
     call = Scripted(
         lists=[
             Response({"metadata": {"resourceVersion": "10"}, "items": [obj("a", "5")]}),
@@ -116,24 +147,9 @@ def test_watch_resumes_from_the_last_version_and_relists_after_an_expired_one() 
             Response(lines=[{"type": "DELETED", "object": obj("b", "41")}]),
         ],
     )
-    w = RawWatch(
-        "things",
-        call,
-        decode=name,
-        replace=replaced.append,
-        on_events=events.extend,
-        on_relist=lambda: relisted.append("x"),
-        metrics=NO_METRICS,
+    w, events = run_to_the_end(
+        call, "things", replace=replaced.append, on_relist=lambda: relisted.append("x")
     )
-    call.watch = w
-    w.prime()
-
-    async def run_until_the_script_ends() -> None:
-        w.start_on(asyncio.get_running_loop())
-        await asyncio.to_thread(w.join, 10)
-        await asyncio.sleep(0)  # run what the thread handed over to the loop
-
-    asyncio.run(run_until_the_script_ends())
     assert not w.is_alive()
     watch_versions = [c["resource_version"] for c in call.calls if c.get("watch")]
     assert watch_versions == ["10", "20", "40", "41"]  # bookmark, relist, last event
