@@ -147,7 +147,7 @@ def demo(name: str, shared: Path, scope: str | None = None) -> dict[str, Any]:
     a persistent tier (a host directory the real nodes share, as a network filesystem), so a
     recreated pod resumes from its member's newest checkpoint as an in-place restarted one
     does."""
-    env = {"JSI_DEMO_PERSIST_EVERY": "10", "JSI_DEMO_EXIT_ON_SIGTERM": "1"}
+    env = {"JSI_DEMO_PERSIST_EVERY": "10"}
     return demo_jobset(name, MEMBERS, scope=scope, persistent=shared / name, env=env)
 
 

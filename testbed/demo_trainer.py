@@ -30,8 +30,7 @@ e2e/test_goodput.py): ``resume <epoch> <step>`` when it resumes, then ``step <ep
 the loop's start, to the moment it reports the step's progress). A step's line and its progress
 record are written with SIGTERM held, so a stop never leaves one without the other.
 
-``JSI_DEMO_EXIT_ON_SIGTERM=1``: SIGTERM ends it at once (exit 143) wherever it runs, also as
-its container's PID 1 (the benchmarks set it).
+SIGTERM ends it at once (exit 143) wherever it runs, also as its container's PID 1.
 """
 
 from __future__ import annotations
@@ -104,14 +103,11 @@ def _terminated(signum: int, _frame: object) -> NoReturn:
 
 
 def main() -> int:
-    # With JSI_DEMO_EXIT_ON_SIGTERM=1 SIGTERM ends the trainer at once, as any Python
-    # program's default does, also where it is its container's PID 1 (the kernel drops a signal
-    # PID 1 has no handler for: a pod-level restart then waits out the whole grace period, an
-    # artifact no real trainer under torchrun or an init has). bench.realnode sets it on every
-    # path. Not the default yet: with it e2e/test_goodput.py's pod scope once found the
-    # trainer's own account 2 points below the controller's (to be explained first).
-    if os.environ.get("JSI_DEMO_EXIT_ON_SIGTERM") == "1":
-        signal.signal(signal.SIGTERM, _terminated)
+    # SIGTERM ends the trainer at once, as any Python program's default does, also where it is
+    # its container's PID 1 (the kernel drops a signal PID 1 has no handler for: a pod-level
+    # restart would wait out the whole grace period, an artifact no real trainer under torchrun
+    # or an init has).
+    signal.signal(signal.SIGTERM, _terminated)
     step_s = float(os.environ.get("JSI_DEMO_STEP_SECONDS", "0.5"))
     every = int(os.environ.get("JSI_DEMO_CHECKPOINT_EVERY", "10"))
     persist_every = int(os.environ.get("JSI_DEMO_PERSIST_EVERY", "20"))

@@ -227,10 +227,14 @@ def _close_epoch(
         return replace(led, unmeasured=led.unmeasured + spent)
     first = min(ours, key=lambda s: (s.first_at, s.first_step))
     last = max(ours, key=lambda s: (s.last_step, s.last_at))
-    pace: float | None = None
-    if last.last_step > first.first_step and last.last_at >= first.first_at:
-        pace = (last.last_at - first.first_at) / (last.last_step - first.first_step)
-    pace = pace if pace is not None else ledger.step_seconds
+    # The pace from each member's own span, never one member's start against another's end:
+    # members that resumed apart (one pod back 0.9 s before the other, measured in
+    # e2e/test_goodput.py) or on nodes whose clocks differ would count that gap as steps.
+    paced = [s for s in ours if s.last_step > s.first_step and s.last_at >= s.first_at]
+    pace: float | None = ledger.step_seconds
+    if paced:
+        seconds = sum(s.last_at - s.first_at for s in paced)
+        pace = seconds / sum(s.last_step - s.first_step for s in paced)
     if pace is None:  # one step seen and no pace known: when training began is unknown
         return replace(led, unmeasured=led.unmeasured + spent)
     began = first.first_at - max(0, first.first_step - resume) * pace

@@ -62,7 +62,7 @@ def test_a_worked_timeline_splits_every_second() -> None:
     assert led.since == T0
     assert led.badput == {Bucket.SCHEDULING: 10}
     assert (led.training_epoch, led.training_since, led.restarted) == (1, T0 + 10, False)
-    members = [span(1, 13, 60, 42.5), span(1, 13.01, 59, 42.0)]
+    members = [span(1, 13, 60, 42.5), span(1, 13.01, 59, 42.01)]
     led = barrier_opened(led, failure(2, signal=43, started=43.2, opened=45, resume=50), members)
     assert led.step_seconds == pytest.approx(0.5)
     assert led.productive == pytest.approx(25.0)  # steps 1..50 at 0.5 s
@@ -89,6 +89,17 @@ def test_a_worked_timeline_splits_every_second() -> None:
     assert led.productive == pytest.approx(25.0 + 20.0)  # steps 51..90
     assert led.badput[Bucket.WASTED_PROGRESS] == pytest.approx(5.5 + 2.5)  # 91..94, in flight
     assert led.productive + led.badput_total + led.unmeasured == pytest.approx(72.0)
+
+
+def test_members_that_resumed_apart_keep_their_own_pace() -> None:
+    # Both trainers step every 0.2 s, one resumed 0.9 s after the other (seen in e2e: a pod
+    # back from RestartAllContainers later than its peer): the pace is 0.2 s, not the first
+    # member's start against the second's end ((21.9 - 11) / 50 = 0.218 s).
+    led = barrier_opened(Ledger(), start(opened=10), [])
+    members = [span(1, 11.0, 46, 20.0), span(1, 11.9, 51, 21.9)]
+    led = barrier_opened(led, failure(2, signal=22, started=22, opened=23, resume=40), members)
+    assert led.step_seconds == pytest.approx(0.2)
+    assert led.productive == pytest.approx(40 * 0.2)
 
 
 def test_an_epoch_without_spans_is_unmeasured_and_left_out_of_the_ratio() -> None:
@@ -152,7 +163,7 @@ def test_the_recent_window_is_read_between_the_marks_around_its_start() -> None:
     # the worked timeline's first two epochs: marks at the start (0: nothing), at 10 (the
     # scheduling), at 45 (productive 25 of 45); epoch 2 runs from 45
     led = barrier_opened(Ledger(), start(opened=10), [])
-    members = [span(1, 13, 60, 42.5), span(1, 13.01, 59, 42.0)]
+    members = [span(1, 13, 60, 42.5), span(1, 13.01, 59, 42.01)]
     led = barrier_opened(led, failure(2, signal=43, started=43.2, opened=45, resume=50), members)
     marks = [x for m in led.marks for x in (m.at - T0, m.productive, m.measured)]
     assert marks == pytest.approx([0, 0, 0, 10, 0, 10, 45, 25, 45])

@@ -1,0 +1,70 @@
+"""The demo trainer ends on SIGTERM also as PID 1 of its own PID namespace, as in a container:
+there the kernel drops a signal from outside that PID 1 has no handler for, and a pod-level
+restart would wait out the grace period (the artifact bench.realnode once measured)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jobset_inplace.launcher import ENV_STATE_DIR
+
+TRAINER = Path(__file__).resolve().parents[2] / "testbed" / "demo_trainer.py"
+EXIT_ON_SIGTERM = 128 + signal.SIGTERM
+
+
+def _children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(p) for p in text.split()]
+
+
+def _wait(what: str, probe: object, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout:.0f}s")
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="a PID namespace needs root and unshare (CI has both)",
+)
+def test_the_demo_trainer_ends_on_sigterm_as_pid_1(tmp_path: Path) -> None:
+    truth = tmp_path / "truth.log"
+    env = {
+        **os.environ,
+        "JSI_DEMO_STANDALONE": "1",  # no agent: it trains from its own checkpoints
+        "JSI_DEMO_STEP_SECONDS": "0.05",
+        "JSI_DEMO_TRUTH_FILE": str(truth),
+        ENV_STATE_DIR: str(tmp_path / "state"),
+        "PYTHONPATH": str(TRAINER.parents[1]),
+    }
+    (tmp_path / "state").mkdir()
+    outer = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", sys.executable, str(TRAINER)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        _wait("the trainer's first steps", lambda: truth.exists() and "step" in truth.read_text())
+        (trainer,) = _children(outer.pid)  # PID 1 inside its namespace
+        (nspid,) = [
+            line.split()[1:]
+            for line in Path(f"/proc/{trainer}/status").read_text().splitlines()
+            if line.startswith("NSpid:")
+        ]
+        assert nspid[-1] == "1", f"not PID 1 of its own namespace: NSpid {nspid}"
+        os.kill(trainer, signal.SIGTERM)  # from outside its namespace, as the kubelet's runtime
+        assert outer.wait(timeout=30) == EXIT_ON_SIGTERM
+    finally:
+        if outer.poll() is None:
+            outer.kill()
+            outer.wait()
