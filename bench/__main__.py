@@ -36,6 +36,7 @@ from .scenarios import (
     FLEET_SA,
     IN_PLACE_PATHS,
     JSI_PATHS,
+    NODE_DEATHS,
     PATHS,
     Bench,
     ProcessMeter,
@@ -60,6 +61,28 @@ def _sizes(raw: str) -> list[int]:
             f"expected comma-separated gang sizes >= 2 (e.g. 1000,5000) or none, got {raw!r}"
         )
     return sizes
+
+
+def share(total: int, rounds: int, rnd: int) -> int:
+    """Round ``rnd``'s share of ``total`` repetitions (the first rounds take the remainder)."""
+    return total // rounds + (1 if rnd < total % rounds else 0)
+
+
+def merge_block(row: dict[str, Any], path: str, block: dict[str, Any], rnd: int) -> None:
+    """Add one round's block of ``path`` to its size's ``row``: the repetitions and node deaths
+    (each marked with its round) in one list each, every block's own set-up in ``blocks``."""
+    for m in (*block["worker_failure"], *block["node_death"]):
+        m["round"] = rnd
+    runs = ("worker_failure", "node_death")
+    setup = {k: v for k, v in block.items() if k not in runs} | {"round": rnd}
+    if path not in row:
+        row[path] = {"size": block["size"], "worker_failure": [], "node_death": [], "blocks": []}
+    for key in runs:
+        row[path][key] += block[key]
+    if "profiled" in block:
+        row[path]["profiled"] = block.pop("profiled")
+        setup.pop("profiled", None)
+    row[path]["blocks"].append(setup)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -94,6 +117,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=float,
         default=2.0,
         help="simulated kubelet in-place restart time, seconds (stated in the report)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="the paths take turns: each size's repetitions are split into this many rounds, "
+        "every path one block per round on a gang of its own, the paths' order rotated (the "
+        "machine's drift over a run is shared by every path); node deaths in the last round",
     )
     p.add_argument("--stock-cap", type=float, default=900.0, help="cap for a stock recovery, s")
     p.add_argument("--node-cap", type=float, default=480.0, help="cap for a node-death run, s")
@@ -156,6 +187,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.reps < 1 or args.stock_reps < 1:
         p.error("--reps and --stock-reps must be >= 1")
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
     if args.pods_per_job < 1:
         p.error("--pods-per-job must be >= 1")
     args.paths = set(args.paths.split(","))
@@ -326,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             "node_cap_s": args.node_cap,
             "reps": args.reps,
             "stock_reps": args.stock_reps,
+            "rounds": args.rounds,
             "kubelet_status_writes": "failed pod only" if args.protocol_only else "every pod",
             "agent_reports": args.agent_reports,
             "restart_scope": args.scope,
@@ -359,27 +393,33 @@ def main(argv: list[str] | None = None) -> int:
             results["agent_start"] = agent_start(cluster, 3)
         for size in args.sizes:
             cluster.scale_nodes(size + SPARE_NODES)  # one pod per node, a few spare
-            death = size in args.node_death_sizes
             row: dict[str, Any] = {}
-            death_note = ", node death" * death
-            for path in IN_PLACE_PATHS:
-                if path not in args.paths:
-                    continue
-                log(f"=== gang of {size} pods: {path} ({args.reps} reps{death_note})")
-                gates = (
-                    cluster.jobset_feature_gates(upstream.GATES)
-                    if path == "upstream"
-                    else (contextlib.nullcontext())
-                )
-                with gates:
-                    row[path] = bench.in_place(path, size, args.reps, death)
-                results["sizes"][str(size)] = row
-                report.write(args.out, results)  # keep what was measured so far
-            if "stock" in args.paths:
-                log(f"=== gang of {size} pods: stock JobSet ({args.stock_reps} reps{death_note})")
-                row["stock"] = bench.stock(size, args.stock_reps, death)
             results["sizes"][str(size)] = row
-            report.write(args.out, results)  # keep what was measured so far
+            paths = [p for p in (*IN_PLACE_PATHS, "stock") if p in args.paths]
+            for rnd in range(args.rounds):
+                last = rnd == args.rounds - 1
+                for path in paths[rnd % len(paths) :] + paths[: rnd % len(paths)]:
+                    total = args.stock_reps if path == "stock" else args.reps
+                    reps = share(total, args.rounds, rnd)
+                    deaths = NODE_DEATHS[path] if last and size in args.node_death_sizes else ()
+                    if not reps and not deaths:
+                        continue
+                    log(
+                        f"=== gang of {size} pods: {path}, round {rnd + 1} of {args.rounds} "
+                        f"({reps} reps{f', {len(deaths)} node deaths' if deaths else ''})"
+                    )
+                    if path == "stock":
+                        block = bench.stock(size, reps, deaths, profile=rnd == 0)
+                    else:
+                        gates = (
+                            cluster.jobset_feature_gates(upstream.GATES)
+                            if path == "upstream"
+                            else contextlib.nullcontext()
+                        )
+                        with gates:
+                            block = bench.in_place(path, size, reps, deaths, profile=rnd == 0)
+                    merge_block(row, path, block, rnd)
+                    report.write(args.out, results)  # keep what was measured so far
         results["controller_rss_end_mib"] = round(bench.meter.rss_mib(), 1)
     finally:
         ctl.stop()

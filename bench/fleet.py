@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import json
 import tempfile
 import threading
 import time
@@ -48,6 +47,7 @@ from typing import Any
 from kubernetes import client
 
 from bench.member_leases import lease_path, member_lease
+from bench.podwatch import watch_pods
 from jobset_inplace import names
 from jobset_inplace.agent.channel import ReportChannel
 from jobset_inplace.agent.config import Config
@@ -294,37 +294,14 @@ class Fleet:
     # --- pods: a Running member pod gets an agent (the kubelet started its containers) ----
 
     def _watch_pods(self) -> None:
-        """List + watch the gang's pods as raw JSON (the generated client's model objects cost
-        milliseconds per event, which at thousands of pods would slow the fleet itself)."""
-        selector = f"{names.JOBSET_NAME_LABEL}={self.gang}"
-        while not self._halt.is_set():
-            try:
-                resp = self.core.list_namespaced_pod(
-                    self.namespace, label_selector=selector, _preload_content=False
-                )
-                listed = json.loads(resp.data)
-                for p in listed["items"]:
-                    self._pod_event("ADDED", p)
-                stream = self.core.list_namespaced_pod(
-                    self.namespace,
-                    label_selector=selector,
-                    resource_version=listed["metadata"]["resourceVersion"],
-                    watch=True,
-                    timeout_seconds=300,
-                    _preload_content=False,
-                )
-                for line in stream:
-                    if self._halt.is_set():
-                        stream.close()
-                        return
-                    if line.strip():
-                        ev = json.loads(line)
-                        if ev.get("type") == "ERROR":
-                            break
-                        self._pod_event(ev["type"], ev["object"])
-            except Exception as e:  # a bench thread must not die silently
-                self._error(f"pod watch: {type(e).__name__}: {e}")
-                self._halt.wait(0.5)
+        watch_pods(
+            self.core,
+            self.namespace,
+            f"{names.JOBSET_NAME_LABEL}={self.gang}",
+            self._pod_event,
+            self._halt,
+            on_error=self._error,
+        )
 
     def _pod_event(self, kind: str, pod: dict[str, Any]) -> None:
         meta, status = pod["metadata"], pod.get("status") or {}

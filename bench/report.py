@@ -49,7 +49,9 @@ def cores_by_process(windows: list[dict[str, Any]]) -> dict[str, float]:
     for m in windows:
         if "cpu_s_by_process" not in m:
             continue
-        per = {**m["cpu_s_by_process"], "jobset-inplace controller": m["controller_cpu_s"]}
+        per = dict(m["cpu_s_by_process"])
+        if CONTROLLER not in per:  # a run before every window counted it by name
+            per[CONTROLLER] = m["controller_cpu_s"]
         for proc, cpu in per.items():
             cores.setdefault(proc, []).append(cpu / m["window_s"])
     med = {p: round(statistics.median(v), 2) for p, v in cores.items()}
@@ -67,6 +69,7 @@ def requests_per_recovery(windows: list[dict[str, Any]], top: int = 10) -> dict[
     return dict(sorted(med.items(), key=lambda kv: -kv[1])[:top])
 
 
+CONTROLLER = "jobset-inplace"  # bench.scenarios.CONTROLLER (no import: the report reads files)
 IN_PLACE = ("hybrid", "leases", "upstream")  # the paths with phases (a simulated agent fleet)
 OTHERS = ("leases", "upstream", "stock")  # the paths compared with hybrid
 PHASES = ("detection_s", "restart_s", "barrier_s", "barrier_open_s", "protocol_s")
@@ -94,9 +97,9 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             "all_running_s": stats(_col(sw, "all_running_s")),
             "capped": sum(1 for m in sw if m.get("capped")),
         }
-        for path in IN_PLACE:
+        for path in (*IN_PLACE, "stock"):
             runs = r.get(path, empty)["worker_failure"]
-            if path != "upstream" and any("cpu_s_by_process" in m for m in runs):
+            if any("cpu_s_by_process" in m for m in runs):
                 row[f"{path}_cores_by_process"] = cores_by_process(runs)
             if any("apiserver_requests" in m for m in runs):
                 row[f"{path}_apiserver_requests"] = requests_per_recovery(runs)
@@ -117,30 +120,66 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             if hb and ha and ob and oa:
                 row[f"ratio_{path}_over_hybrid_barrier"] = round(ob["median"] / hb["median"], 1)
                 row[f"ratio_{path}_over_hybrid_running"] = round(oa["median"] / ha["median"], 1)
-        deaths = {
-            p: r[p]["node_death"][0] for p in (*IN_PLACE, "stock") if r.get(p, empty)["node_death"]
-        }
-        if "hybrid" in deaths:
-            hn = deaths["hybrid"]
-            nd: dict[str, Any] = {
-                "hybrid_running_s": hn["running_s"],
-                "hybrid_detection_s": hn.get("detection_s"),
-                "hybrid_capped": hn.get("capped", False),
-            }
-            for path in ("upstream", "stock"):
-                if path in deaths:
-                    d = deaths[path]
-                    nd[f"{path}_running_s"] = d["running_s"]
-                    nd[f"{path}_capped"] = d.get("capped", False)
-                    nd[f"ratio_{path}_over_hybrid"] = round(d["running_s"] / hn["running_s"], 1)
-            if "stock" in deaths:
-                nd["stock_stuck_terminating"] = len(deaths["stock"].get("stuck_terminating", []))
-            row["node_death"] = nd
+        deaths = node_deaths(r)
+        if deaths:
+            row["node_death"] = deaths
         out[size] = row
     agent = results.get("agent_start")
     if agent:
         out["agent_start"] = stats(agent["samples_s"])
     return out
+
+
+def node_deaths(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """One size's node-death runs, every path and remediation. Ratios only like for like:
+    a peer tainted out-of-service over jobset-inplace waiting for the same taint
+    (``force-delete: never``), both recovered; a run that did not recover has none."""
+    rows: list[dict[str, Any]] = []
+    for path in (*IN_PLACE, "stock"):
+        for d in (r.get(path) or {}).get("node_death", []):
+            rows.append(
+                {
+                    "path": path,
+                    "remediation": d.get("remediation", "none"),
+                    "force_delete": d.get("force_delete"),
+                    "running_s": d["running_s"],
+                    "capped": d.get("capped", False),
+                    "stuck_terminating": len(d.get("stuck_terminating", [])),
+                    "detection_s": d.get("detection_s"),
+                    "declared_dead_s": d.get("declared_dead_s"),
+                    "out_of_service_s": d.get("out_of_service_s"),
+                }
+            )
+    base = next(
+        (
+            x
+            for x in rows
+            if x["path"] == "hybrid" and x["remediation"] == "out-of-service" and not x["capped"]
+        ),
+        None,
+    )
+    for x in rows:
+        like = x["path"] in OTHERS and x["remediation"] == "out-of-service"
+        if base and like and not x["capped"]:
+            x["ratio_over_hybrid"] = round(x["running_s"] / base["running_s"], 1)
+    return rows
+
+
+def death_label(x: dict[str, Any]) -> str:
+    """A node-death run's path and how the dead node's pod was freed."""
+    how = "out-of-service taint" if x["remediation"] == "out-of-service" else "no remediation"
+    if x["force_delete"]:
+        how = f"force-delete {x['force_delete']}, {how}"
+    return f"{LABEL[x['path']]} ({how})"
+
+
+def death_outcome(x: dict[str, Any]) -> str:
+    """Its time, or that it did not recover within the cap (and why, when pods were stuck)."""
+    if not x["capped"]:
+        return f"{x['running_s']:.1f} s"
+    stuck = x["stuck_terminating"]
+    why = f" ({stuck} pod{'s' * (stuck != 1)} stuck Terminating)" if stuck else ""
+    return f"did not recover within {x['running_s']:.0f} s{why}"
 
 
 # What the recovery protocol itself writes (the controller and the agents): every other write in
@@ -225,22 +264,12 @@ def text(results: dict[str, Any]) -> str:
                     f"  ratio {path} / hybrid: {row[f'ratio_{path}_over_hybrid_barrier']}x (to "
                     f"barrier open), {row[f'ratio_{path}_over_hybrid_running']}x (to all running)"
                 )
-        nd = row.get("node_death")
-        if nd:
-            parts = [f"hybrid {_ge(nd['hybrid_capped'])}{nd['hybrid_running_s']:.1f}s"]
-            for path in ("upstream", "stock"):
-                if f"{path}_running_s" in nd:
-                    if nd[f"{path}_capped"]:
-                        parts.append(
-                            f"{path} did not recover within {nd[f'{path}_running_s']:.1f}s "
-                            "(no ratio)"
-                        )
-                    else:
-                        parts.append(
-                            f"{path} {nd[f'{path}_running_s']:.1f}s "
-                            f"(ratio {nd[f'ratio_{path}_over_hybrid']}x)"
-                        )
-            lines.append("  node death -> gang running: " + ", ".join(parts))
+        for x in row.get("node_death", []):
+            ratio = x.get("ratio_over_hybrid")
+            lines.append(
+                f"  node death, {death_label(x)}: {death_outcome(x)}"
+                + (f" (ratio {ratio}x, like for like)" if ratio else "")
+            )
     if summ.get("agent_start"):
         lines.append(f"agent start -> epoch reported (real node): {_fmt(summ['agent_start'])}")
     return "\n".join(lines)
@@ -313,21 +342,19 @@ def plot(out: Path, results: dict[str, Any]) -> list[Path]:
     fig.savefig(written[-1], dpi=110)
     plt.close(fig)
 
-    # 2. node death
-    rows = [(s, summ[s]["node_death"]) for s in sizes if "node_death" in summ[s]]
+    # 2. node death: every path and remediation (a run that did not recover: its cap, hatched)
+    rows = [(s, x) for s in sizes for x in summ[s].get("node_death", [])]
     if rows:
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for s, nd in rows:
-            for path in (*IN_PLACE, "stock"):
-                run = nd.get(f"{path}_running_s")
-                if run is None:
-                    continue
-                label = f"{LABEL[path]}\n{s} pods"
-                ax.bar(label, run, color=colors[path])
-                ge = _ge(nd.get(f"{path}_capped", False))
-                ax.annotate(f"{ge}{run:.0f}s", (label, run), ha="center", va="bottom")
-        ax.set_ylabel("seconds to the gang running again")
-        ax.margins(y=0.15)
+        fig, ax = plt.subplots(figsize=(8, 0.8 + 0.45 * len(rows)))
+        for s, x in rows:
+            label = f"{death_label(x)}, {s} pods"
+            hatch = "//" if x["capped"] else None
+            ax.barh(label, x["running_s"], color=colors[x["path"]], hatch=hatch)
+            note = death_outcome(x).replace("did not recover within", "not within")
+            ax.annotate(f" {note}", (x["running_s"], label), va="center", fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("seconds from the node's last heartbeat to the gang running again")
+        ax.margins(x=0.45)
         ax.set_title("One node dies")
         fig.tight_layout()
         written.append(out / "node-death.png")
@@ -407,41 +434,25 @@ def markdown(results: dict[str, Any]) -> str:
     out.append("")
     out.append("(seconds, min / median / max over the repetitions; ratio of the medians)")
     out += scale_curve(results, summ)
-    deaths = [(s, summ[s]["node_death"]) for s in sizes if "node_death" in summ[s]]
+    deaths = [(s, x) for s in sizes for x in summ[s].get("node_death", [])]
     if deaths:
         out += [
             "",
-            "| gang | jobset-inplace: node death -> detected | **-> gang running** "
-            "| **upstream IPR -> gang running** | **stock -> gang running** "
-            "| **upstream / jobset-inplace** | **stock / jobset-inplace** "
-            "| stock pods stuck Terminating |",
-            "|---|---|---|---|---|---|---|---|",
+            "One node dies (its heartbeat stops), -> the gang running again; ratios only like "
+            "for like (the same remediation, both recovered):",
+            "",
+            "| gang | path (how the dead node's pod is freed) | node declared dead "
+            "| **-> gang running** | **/ jobset-inplace** |",
+            "|---|---|---|---|---|",
         ]
-        for size, nd in deaths:
-            cells = []
-            # a path that did not recover within the harness's cap has no time and no ratio
-            for path in ("upstream", "stock"):
-                run = nd.get(f"{path}_running_s")
-                capped = nd.get(f"{path}_capped", False)
-                cells.append(
-                    "-"
-                    if run is None
-                    else f"did not recover in {run:.0f} s"
-                    if capped
-                    else f"**{run:.1f}**"
-                )
-            for path in ("upstream", "stock"):
-                ratio = nd.get(f"ratio_{path}_over_hybrid")
-                capped = nd.get(f"{path}_capped", False)
-                cells.append("-" if ratio is None or capped else f"**{ratio}x**")
-            detected = nd["hybrid_detection_s"]
+        for size, x in deaths:
+            dead = x["declared_dead_s"]
+            ratio = x.get("ratio_over_hybrid")
             out.append(
-                f"| {size} pods | {'-' if detected is None else f'{detected:.1f}'} "
-                f"| **{_ge(nd['hybrid_capped'])}{nd['hybrid_running_s']:.1f}** | "
-                + " | ".join(cells)
-                + f" | {nd.get('stock_stuck_terminating', '-')} |"
+                f"| {size} pods | {death_label(x)} | {'-' if dead is None else f'{dead:.1f} s'} "
+                f"| **{death_outcome(x)}** | {f'**{ratio}x**' if ratio else '-'} |"
             )
-    for path in ("hybrid", "leases"):
+    for path in (*IN_PLACE, "stock"):
         out += _by_size_table(
             summ,
             f"{path}_cores_by_process",

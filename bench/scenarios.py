@@ -12,8 +12,8 @@ import random
 import re
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -32,7 +32,9 @@ from testbed.kwoknodes import set_heartbeat
 
 from . import upstream
 from .fleet import Fleet
+from .podwatch import GangPods, Goal
 from .profile import ApiserverProfile, PySpyProfile
+from .remediation import NONE, REMEDIATED, NodeDeath, OutOfService
 from .upstream_fleet import UpstreamFleet
 
 JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
@@ -40,6 +42,7 @@ JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 # per node, as for a training worker that takes all of a node's accelerators.
 WORKER_CPU = "24"
 FLEET_SA = "bench-fleet"
+CONTROLLER = "jobset-inplace"  # the controller's key in a window's CPU by process
 # the recovery paths: jobset-inplace, upstream InPlaceRestart (sidecar mode), stock Recreate,
 # and jobset-inplace with its agents' reports on member Leases instead of the report channel
 # (bench/member_leases.py: the alternative the channel is measured against; not by default)
@@ -47,6 +50,16 @@ PATHS = ("hybrid", "upstream", "stock", "leases")
 DEFAULT_PATHS = ("hybrid", "upstream", "stock")
 IN_PLACE_PATHS = ("hybrid", "leases", "upstream")  # the ones with a simulated agent fleet
 JSI_PATHS = ("hybrid", "leases")  # jobset-inplace's gangs
+# A node-death scenario's runs per path: jobset-inplace as it ships (it force-deletes the dead
+# node's pod) and, like the others, waiting for a platform's out-of-service taint; the others
+# without and with that remediation (without it their pod stays Terminating: reported so).
+_JSI_DEATHS = (NodeDeath(NONE, "unreachable"), NodeDeath(REMEDIATED, "never"))
+NODE_DEATHS = {
+    "hybrid": _JSI_DEATHS,
+    "leases": _JSI_DEATHS,
+    "upstream": (NodeDeath(NONE), NodeDeath(REMEDIATED)),
+    "stock": (NodeDeath(NONE), NodeDeath(REMEDIATED)),
+}
 
 
 def node_unhealthy_after(size: int) -> str:
@@ -163,8 +176,13 @@ class ProcessMeter:
     @contextmanager
     def window(self, out: dict[str, Any]) -> Iterator[None]:
         Path(f"/proc/{self.pid}/clear_refs").write_text("5")  # reset the peak RSS (VmHWM)
-        # looked up per window: the JobSet controller restarts for the upstream path
-        procs = {**watched_pids(), "benchmark (fleet)": os.getpid()}
+        # looked up per window: the JobSet controller restarts for the upstream path; the
+        # jobset-inplace controller is counted in every path's window (it watches every pod)
+        procs = {
+            **watched_pids(),
+            CONTROLLER: self.pid,
+            "benchmark (fleet)": os.getpid(),
+        }
         requests0 = apiserver_requests(self.metrics()) if self.metrics else {}
         cpu0 = self._stat()
         others0 = {k: cpu_seconds(p) for k, p in procs.items()}
@@ -355,10 +373,18 @@ class Bench:
 
     # --- (a), (c) one worker fails, one node dies: the in-place paths ---------------------
 
-    def in_place(self, path: str, size: int, reps: int, node_death: bool) -> dict[str, Any]:
+    def in_place(
+        self,
+        path: str,
+        size: int,
+        reps: int,
+        node_deaths: Sequence[NodeDeath] = (),
+        *,
+        profile: bool = True,
+    ) -> dict[str, Any]:
         """``path``: hybrid (jobset-inplace), leases (the same, its reports on member Leases)
         or upstream (JobSet's InPlaceRestart; the JobSet controller must run with its gate
-        on)."""
+        on). After the worker failures, one node death per entry of ``node_deaths``."""
         name = f"{path}-{size}"
         out: dict[str, Any] = {"size": size, "worker_failure": [], "node_death": []}
         fleet = self._fleet(path, name)
@@ -378,10 +404,10 @@ class Bench:
             out["settle_s"] = self._settle(name)
             for rep in range(reps):
                 out["worker_failure"].append(self._worker_failure(fleet, path, size, rep))
-            if self.profile_s > 0 and path in self.profile_paths:
+            if profile and self.profile_s > 0 and path in self.profile_paths:
                 out["profiled"] = self._worker_failure(fleet, path, size, reps, profiled=True)
-            if node_death:
-                out["node_death"].append(self._in_place_node_death(fleet, path, size))
+            for death in node_deaths:
+                out["node_death"].append(self._in_place_node_death(fleet, path, size, death))
             out["fleet_requests"] = fleet.requests
             out["fleet_errors"] = fleet.errors[:20]
         finally:
@@ -429,12 +455,21 @@ class Bench:
         time.sleep(2)  # let the last events settle before the next repetition
         return m
 
-    def _in_place_node_death(self, fleet: Fleet, path: str, size: int) -> dict[str, Any]:
+    def _in_place_node_death(
+        self, fleet: Fleet, path: str, size: int, death: NodeDeath
+    ) -> dict[str, Any]:
+        name = fleet.gang
+        if death.force_delete:
+            self._annotate(name, {names.FORCE_DELETE: death.force_delete})
         epoch = fleet.epoch()
         victim = random.choice(sorted(fleet.agents))
         node = self.kube.core.read_namespaced_pod(victim, self.namespace).spec.node_name
-        m: dict[str, Any] = {"victim": victim, "node": node}
-        with self.meter.window(m):
+        m: dict[str, Any] = {"victim": victim, "node": node, **_death_fields(death)}
+        with (
+            GangPods(self.kube.core, self.namespace, name) as pods,
+            self._remedy(death, node) as oos,
+            self.meter.window(m),
+        ):
             set_heartbeat(self.kube, node, alive=False)
             t0 = time.monotonic()
             try:
@@ -451,10 +486,38 @@ class Bench:
                     m["running_s"] = m["all_running_s"]
                 else:
                     m["running_s"] = round(time.monotonic() - t0, 2)
+                m["stuck_terminating"] = pods.terminating_on(node)
+                _remedied(m, oos, t0)
             finally:
                 set_heartbeat(self.kube, node, alive=True)
-        log(f"{path} {size}: node {node} died: {_fmt(m, 'running_s')} to the gang running again")
+        if m["capped"]:  # the gang must be past a barrier again before the next run
+            wait_for(
+                f"{name} past a barrier again",
+                lambda: _opened_all(fleet, fleet.epoch(), size),
+                self.node_cap,
+            )
+        if death.force_delete:
+            self._annotate(name, {names.FORCE_DELETE: None})
+        log(
+            f"{path} {size}: node {node} died ({death.label}): {_fmt(m, 'running_s')} "
+            "to the gang running again"
+        )
         return m
+
+    def _annotate(self, name: str, annotations: dict[str, str | None]) -> None:
+        self.kube.custom.patch_namespaced_custom_object(
+            JOBSET_GROUP,
+            JOBSET_VERSION,
+            self.namespace,
+            JOBSETS,
+            name,
+            {"metadata": {"annotations": annotations}},
+        )
+
+    def _remedy(self, death: NodeDeath, node: str) -> AbstractContextManager[OutOfService | None]:
+        if death.remediation == REMEDIATED:
+            return OutOfService(self.kube, node)
+        return nullcontext()
 
     def _profile(self, what: str) -> ApiserverProfile | None:
         """Start a kube-apiserver CPU profile of the next ``profile_s`` seconds (the failure is
@@ -468,81 +531,127 @@ class Bench:
 
     # --- (b), (c) the stock path ----------------------------------------------------------
 
-    def stock(self, size: int, reps: int, node_death: bool) -> dict[str, Any]:
+    def stock(
+        self, size: int, reps: int, node_deaths: Sequence[NodeDeath] = (), *, profile: bool = True
+    ) -> dict[str, Any]:
+        """Stock JobSet (any failed Job restarts the whole gang): its end, every member running
+        in a pod of the next restart attempt, is the pod event that completes it (one watch)."""
         name = f"stock-{size}"
         out: dict[str, Any] = {"size": size, "worker_failure": [], "node_death": []}
         try:
             out["setup_s"] = self._create(name, size, "stock")
-            extra = int(self.profile_s > 0 and "stock" in self.profile_paths)  # profiled
-            for rep in range(reps + extra):
-                m: dict[str, Any] = {"rep": rep}
-                pod = random.choice(self._pods(name))
-                m["victim"] = pod.metadata.name
-                profile = self._profile(f"stock-{size}") if rep == reps else None
-                t0 = self._fail_pod(pod)
-                ok = _poll(partial(self._running, name, size, attempt=rep + 1), t0, self.stock_cap)
-                m["all_running_s"] = round(time.monotonic() - t0, 2)
-                m["capped"] = not ok
-                if profile is not None:
-                    m["apiserver_profile"] = profile.result(self.profile_s + 60)
-                note = " (profiled)" if profile else ""
-                log(f"stock {size}: worker failure #{rep + 1}{note}: {_fmt(m)} to all pods running")
-                if profile:
-                    out["profiled"] = m
-                else:
-                    out["worker_failure"].append(m)
-            if node_death:
-                out["node_death"].append(self._stock_node_death(name, size))
+            with GangPods(self.kube.core, self.namespace, name) as pods:
+                attempt = int(_stock_attempt(pods))
+                # one more, profiled
+                extra = int(profile and self.profile_s > 0 and "stock" in self.profile_paths)
+                for rep in range(reps + extra):
+                    m: dict[str, Any] = {"rep": rep}
+                    victim = random.choice(sorted(n for n, p in pods.pods.items() if p.running))
+                    m["victim"] = victim
+                    attempt += 1
+                    pods.aim(Goal(size, attempt=attempt))
+                    prof = self._profile(f"stock-{size}") if rep == reps else None
+                    with self.meter.window(m):
+                        t0 = self._fail_pod(victim, pods.pods[victim].containers)
+                        met = pods.met(self.stock_cap)
+                    m["all_running_s"] = round((met or time.monotonic()) - t0, 2)
+                    m["capped"] = met is None
+                    m["controller_cpu_s"] = m["cpu_s_by_process"].get("jobset", 0.0)
+                    del m["controller_peak_rss_mib"]
+                    if prof is not None:
+                        m["apiserver_profile"] = prof.result(self.profile_s + 60)
+                    note = " (profiled)" if prof else ""
+                    log(
+                        f"stock {size}: worker failure #{rep + 1}{note}: {_fmt(m)} "
+                        "to all pods running"
+                    )
+                    if prof:
+                        out["profiled"] = m
+                    else:
+                        out["worker_failure"].append(m)
+                    if met is None:
+                        break  # a capped restart may still be under way: no next repetition
+                    time.sleep(2)  # let the last events settle before the next repetition
+                for death in node_deaths:
+                    out["node_death"].append(self._stock_node_death(pods, size, death))
+            out["watch_errors"] = pods.errors[:20]
         finally:
             self._delete(name)
         return out
 
-    def _fail_pod(self, pod: client.V1Pod) -> float:
+    def _fail_pod(self, pod: str, containers: Sequence[tuple[str, str]]) -> float:
         """What the kubelet reports when the trainer exits 3 under restartPolicy Never."""
         now = format_time(micro=False)
         statuses = [
             {
-                "name": c.name,
-                "image": c.image,
+                "name": container,
+                "image": image,
                 "imageID": "sim",
                 "ready": False,
                 "restartCount": 0,
                 "state": {"terminated": {"exitCode": 3, "reason": "Error", "finishedAt": now}},
             }
-            for c in pod.spec.containers
+            for container, image in containers
         ]
         self.kube.core.patch_namespaced_pod_status(
-            pod.metadata.name,
-            self.namespace,
-            {"status": {"phase": "Failed", "containerStatuses": statuses}},
+            pod, self.namespace, {"status": {"phase": "Failed", "containerStatuses": statuses}}
         )
         return time.monotonic()
 
-    def _stock_node_death(self, name: str, size: int) -> dict[str, Any]:
-        pod = random.choice([p for p in self._pods(name) if p.status.phase == "Running"])
-        node = pod.spec.node_name
-        m: dict[str, Any] = {"victim": pod.metadata.name, "node": node}
-        set_heartbeat(self.kube, node, alive=False)
-        t0 = time.monotonic()
-        try:
-            ok = _poll(
-                lambda: self._running(name, size, avoid=node),
-                t0,
-                self.node_cap,
-                progress=f"stock {size}: gang running again after node {node} died",
-            )
-            m["running_s"] = round(time.monotonic() - t0, 2)
-            m["capped"] = not ok
-            stuck = [
-                p.metadata.name
-                for p in self._pods(name)
-                if p.spec.node_name == node and p.metadata.deletion_timestamp
-            ]
-            m["stuck_terminating"] = stuck
-        finally:
-            set_heartbeat(self.kube, node, alive=True)
-        log(f"stock {size}: node {node} died: {_fmt(m, 'running_s')} to the gang running again")
+    def _stock_node_death(self, pods: GangPods, size: int, death: NodeDeath) -> dict[str, Any]:
+        victim = random.choice(sorted(n for n, p in pods.pods.items() if p.running))
+        node = pods.pods[victim].node
+        m: dict[str, Any] = {"victim": victim, "node": node, **_death_fields(death)}
+        pods.aim(Goal(size, avoid=node))
+        with self._remedy(death, node) as oos, self.meter.window(m):
+            set_heartbeat(self.kube, node, alive=False)
+            t0 = time.monotonic()
+            try:
+                met = pods.met(self.node_cap)
+                m["running_s"] = round((met or time.monotonic()) - t0, 2)
+                m["capped"] = met is None
+                m["stuck_terminating"] = pods.terminating_on(node)
+                _remedied(m, oos, t0)
+            finally:
+                set_heartbeat(self.kube, node, alive=True)
+        m["controller_cpu_s"] = m["cpu_s_by_process"].get("jobset", 0.0)
+        del m["controller_peak_rss_mib"]
+        log(
+            f"stock {size}: node {node} died ({death.label}): {_fmt(m, 'running_s')} "
+            "to the gang running again"
+        )
+        if met is None:  # the gang must be whole again (anywhere) before the next run
+            pods.aim(Goal(size))
+            wait_for(f"stock-{size} running again", lambda: pods.met(0) is not None, self.node_cap)
         return m
+
+
+def _stock_attempt(pods: GangPods) -> str:
+    """The restart attempt every running member's pod is of (a freshly created gang: 0)."""
+    attempts = {p.attempt for p in pods.pods.values() if p.running}
+    if len(attempts) != 1:
+        raise RuntimeError(
+            f"the stock gang's pods are of restart attempts {sorted(map(str, attempts))}"
+        )
+    return attempts.pop() or "0"
+
+
+def _death_fields(death: NodeDeath) -> dict[str, Any]:
+    return {"remediation": death.remediation, "force_delete": death.force_delete}
+
+
+def _remedied(m: dict[str, Any], oos: OutOfService | None, t0: float) -> None:
+    """A node-death run's record of its remediation: when the node was declared dead and
+    tainted out-of-service, from its heartbeat's end."""
+    if oos is None:
+        return
+    for key, at in (
+        ("declared_dead_s", oos.declared_dead_at),
+        ("out_of_service_s", oos.tainted_at),
+    ):
+        m[key] = None if at is None else round(at - t0, 2)
+    if oos.errors:
+        m["remediation_errors"] = oos.errors[:5]
 
 
 # --- measurements from the fleet's marks ----------------------------------------------------

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 
+from bench import __main__ as bench_main
 from bench import report, scenarios, upstream
+from bench.podwatch import GangPods, Goal
 from bench.upstream_fleet import Attempts
+from jobset_inplace import names
 from testbed import workloads
 
 
@@ -73,21 +77,34 @@ def _runs(values: list[float], **extra: Any) -> list[dict[str, Any]]:
     ]
 
 
+def _death(running: float, remediation: str, **extra: Any) -> dict[str, Any]:
+    return {"running_s": running, "remediation": remediation, **extra}
+
+
 def test_report_ratios_against_both_peers() -> None:
     results = {
         "sizes": {
             "1000": {
                 "hybrid": {
                     "worker_failure": _runs([2.0, 2.0, 4.0]),
-                    "node_death": [{"running_s": 50.0, "detection_s": 20.0}],
+                    "node_death": [
+                        _death(17.0, "none", force_delete="unreachable", detection_s=15.0),
+                        _death(50.0, "out-of-service", force_delete="never", declared_dead_s=40),
+                    ],
                 },
                 "upstream": {
                     "worker_failure": _runs([10.0, 12.0, 14.0]),
-                    "node_death": [{"running_s": 480.0, "capped": True}],
+                    "node_death": [
+                        _death(480.0, "none", capped=True, stuck_terminating=["p-1"]),
+                        _death(100.0, "out-of-service", declared_dead_s=41),
+                    ],
                 },
                 "stock": {
                     "worker_failure": [{"all_running_s": 100.0}, {"all_running_s": 120.0}],
-                    "node_death": [{"running_s": 481.0, "capped": True}],
+                    "node_death": [
+                        _death(481.0, "none", capped=True),
+                        _death(481.0, "out-of-service", capped=True),
+                    ],
                 },
             }
         }
@@ -96,17 +113,49 @@ def test_report_ratios_against_both_peers() -> None:
     assert row["paths"] == ["hybrid", "upstream", "stock"]
     assert row["ratio_upstream_over_hybrid_running"] == 6.0  # 12 / 2
     assert row["ratio_stock_over_hybrid_running"] == 55.0  # 110 / 2
-    assert row["node_death"]["ratio_upstream_over_hybrid"] == 9.6
-    assert row["node_death"]["upstream_capped"] is True
+    deaths = {(x["path"], x["remediation"]): x for x in row["node_death"]}
+    # like for like only: the same taint, both recovered (100 / 50)
+    assert deaths["upstream", "out-of-service"]["ratio_over_hybrid"] == 2.0
+    assert "ratio_over_hybrid" not in deaths["upstream", "none"]  # did not recover
+    assert "ratio_over_hybrid" not in deaths["stock", "out-of-service"]
+    assert "ratio_over_hybrid" not in deaths["hybrid", "none"]
     table = report.markdown(results)
     assert "| 1000 pods | **2.00 / 2.00 / 4.00** | 10.00 / 12.00 / 14.00 |" in table
-    # a peer that did not recover within the cap: said so, no ratio
-    assert "| did not recover in 480 s |" in table
-    assert "9.6x" not in table
+    # a peer that did not recover within the cap: said so, with the pods stuck, no ratio
+    assert (
+        "| 1000 pods | upstream IPR (no remediation) | - "
+        "| **did not recover within 480 s (1 pod stuck Terminating)** | - |"
+    ) in table
+    assert (
+        "| 1000 pods | upstream IPR (out-of-service taint) | 41.0 s | **100.0 s** | **2.0x** |"
+    ) in table
     assert "| 1000 pods | 3 | **2.00 / 4.00** | 2.00 / 4.00 | - | 1.0 | 100 MiB |" in table
     text = report.text(results)
     assert "ratio upstream / hybrid: 6.0x (to barrier open), 6.0x (to all running)" in text
-    assert "upstream did not recover within 480.0s (no ratio)" in text
+    assert "node death, stock (out-of-service taint): did not recover within 481 s\n" in text + "\n"
+    assert "node death, jobset-inplace (force-delete unreachable, no remediation): 17.0 s" in text
+
+
+def test_repetitions_are_shared_out_over_the_rounds() -> None:
+    assert [bench_main.share(30, 3, r) for r in range(3)] == [10, 10, 10]
+    assert [bench_main.share(2, 3, r) for r in range(3)] == [1, 1, 0]
+    row: dict[str, Any] = {}
+    for rnd in range(2):
+        block = {
+            "size": 10,
+            "setup_s": 1.0 + rnd,
+            "worker_failure": [{"all_running_s": 1.0}],
+            "node_death": [{"running_s": 5.0}] if rnd else [],
+        }
+        if rnd == 0:
+            block["profiled"] = {"all_running_s": 9.0}
+        bench_main.merge_block(row, "hybrid", block, rnd)
+    merged = row["hybrid"]
+    assert [m["round"] for m in merged["worker_failure"]] == [0, 1]
+    assert [m["round"] for m in merged["node_death"]] == [1]
+    assert [b["setup_s"] for b in merged["blocks"]] == [1.0, 2.0]
+    assert merged["profiled"] == {"all_running_s": 9.0}
+    assert "profiled" not in merged["blocks"][0]
 
 
 def test_the_protocol_writes_are_the_controllers_and_agents() -> None:
@@ -150,3 +199,42 @@ def test_settling_counts_the_clusters_writes_about_the_gang_not_its_background()
     }
     assert scenarios.settling_writes(before, after, 10.0) == 5.0
     assert scenarios.settling_writes(after, after, 10.0) == 0.0
+
+
+def _pod(name: str, index: int, phase: str, attempt: int, **meta: Any) -> dict[str, Any]:
+    labels = {
+        names.REPLICATED_JOB_LABEL: "w",
+        names.JOB_INDEX_LABEL: "0",
+        names.COMPLETION_INDEX_LABEL: str(index),
+        names.RESTART_ATTEMPT_LABEL: str(attempt),
+    }
+    return {
+        "metadata": {"name": name, "labels": labels, **meta},
+        "spec": {"nodeName": f"n{index}", "containers": [{"name": "c", "image": "i"}]},
+        "status": {"phase": phase},
+    }
+
+
+def test_a_stock_restart_ends_with_the_event_that_brings_the_last_member_back() -> None:
+    pods = GangPods(None, "ns", "g")  # fed by hand: no watch
+    pods._list([_pod("a0", 0, "Running", 0), _pod("b0", 1, "Running", 0)])
+    pods.aim(Goal(2, attempt=1))
+    assert pods.met(0) is None
+    pods._event("MODIFIED", _pod("a0", 0, "Running", 0, deletionTimestamp="t"))
+    pods._event("ADDED", _pod("a1", 0, "Running", 1))
+    pods._event("DELETED", _pod("a0", 0, "Running", 0))
+    assert pods.met(0) is None, "one member of the new attempt only"
+    assert pods.terminating_on("n1") == []
+    pods._event("MODIFIED", _pod("b0", 1, "Running", 0, deletionTimestamp="t"))
+    assert pods.terminating_on("n1") == ["b0"]
+    before = time.monotonic()
+    pods._event("ADDED", _pod("b1", 1, "Pending", 1))
+    pods._event("MODIFIED", _pod("b1", 1, "Running", 1))
+    met = pods.met(0)
+    assert met is not None
+    assert met >= before
+    # a goal that already holds is met at once; a pod on the avoided node does not count
+    pods.aim(Goal(2, avoid="n1"))
+    assert pods.met(0) is None
+    pods.aim(Goal(2))
+    assert pods.met(0) is not None
