@@ -388,9 +388,25 @@ def plot(out: Path, results: dict[str, Any]) -> list[Path]:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    """The results tables of docs/benchmarks.md (``python -m bench.report``)."""
+    """Every results table of a run (``python -m bench.report``)."""
     summ = summarize(results)
-    sizes = [s for s in summ if s != "agent_start"]
+    return "\n".join(
+        [
+            *worker_failure_tables(summ),
+            *scale_curve(results, summ),
+            *node_death_table(summ),
+            *detail_tables(summ),
+        ]
+    )
+
+
+def _sizes(summ: dict[str, Any]) -> list[str]:
+    return [s for s in summ if s != "agent_start"]
+
+
+def worker_failure_tables(summ: dict[str, Any]) -> list[str]:
+    """Crash -> every member running by path, with the ratios of one run; the phases."""
+    sizes = _sizes(summ)
     out = [
         "One worker fails, crash -> every member running again:",
         "",
@@ -433,7 +449,13 @@ def markdown(results: dict[str, Any]) -> str:
             )
     out.append("")
     out.append("(seconds, min / median / max over the repetitions; ratio of the medians)")
-    out += scale_curve(results, summ)
+    return out
+
+
+def node_death_table(summ: dict[str, Any]) -> list[str]:
+    """Every node-death run of every path and remediation."""
+    out: list[str] = []
+    sizes = _sizes(summ)
     deaths = [(s, x) for s in sizes for x in summ[s].get("node_death", [])]
     if deaths:
         out += [
@@ -452,6 +474,12 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {size} pods | {death_label(x)} | {'-' if dead is None else f'{dead:.1f} s'} "
                 f"| **{death_outcome(x)}** | {f'**{ratio}x**' if ratio else '-'} |"
             )
+    return out
+
+
+def detail_tables(summ: dict[str, Any]) -> list[str]:
+    """CPU by process, apiserver requests and profiles per path, the agent's start-up."""
+    out: list[str] = []
     for path in (*IN_PLACE, "stock"):
         out += _by_size_table(
             summ,
@@ -493,7 +521,7 @@ def markdown(results: dict[str, Any]) -> str:
             "",
             f"Agent process start -> epoch reported on the real node: {_fmt(a)} s (n={a['n']}).",
         ]
-    return "\n".join(out)
+    return out
 
 
 def _category_order(name: str) -> int:

@@ -24,9 +24,11 @@ from kubernetes import client
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
 from jobset_inplace.core.decode import member_key
+from jobset_inplace.core.policy import INPLACE_BUDGET_RANGE
 from jobset_inplace.core.transform import AgentSettings, transform
 from jobset_inplace.times import format_time
 from testbed import workloads
+from testbed.controller import gang_state
 from testbed.kube import Clients, create_jobset, wait_for
 from testbed.kwoknodes import set_heartbeat
 
@@ -41,6 +43,7 @@ JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 # kwok nodes offer 32 CPUs (kwokctl's node template): asking for 24 leaves room for one pod
 # per node, as for a training worker that takes all of a node's accelerators.
 WORKER_CPU = "24"
+MAX_BUDGET = INPLACE_BUDGET_RANGE[1]  # the largest inplace-budget the policy accepts
 FLEET_SA = "bench-fleet"
 CONTROLLER = "jobset-inplace"  # the controller's key in a window's CPU by process
 # the recovery paths: jobset-inplace, upstream InPlaceRestart (sidecar mode), stock Recreate,
@@ -243,6 +246,9 @@ class Bench:
             annotations={
                 names.ENABLED: "true",
                 names.BARRIER_TIMEOUT: "20m",
+                # Every repetition one in-place recovery: the default budget (10) would escalate
+                # the 11th to a restart of the whole gang (seen: 70 s at 500 pods, 146 s at 1000)
+                names.INPLACE_BUDGET: str(MAX_BUDGET),
                 names.NODE_UNHEALTHY_AFTER: node_unhealthy_after(size),
                 # The scope the simulated fleet models (bench/fleet.py).
                 names.RESTART_SCOPE: self.scope,
@@ -432,6 +438,8 @@ class Bench:
             t0 = fleet.crash_trainer(victim)
             _wait_recovered(fleet, epoch + 1, size, self.setup_timeout)
         m.update(_phases(fleet, epoch + 1, t0, fleet.restarts_on_path * self.restart_delay))
+        if path in JSI_PATHS:
+            self._in_place_only(fleet.gang, epoch + 1, f"{path} {size}: worker failure #{rep + 1}")
         if path == "upstream":  # the recovering controller is JobSet's (its RSS is not read)
             m["controller_cpu_s"] = m["cpu_s_by_process"].get("jobset", 0.0)
             del m["controller_peak_rss_mib"]
@@ -503,6 +511,14 @@ class Bench:
             "to the gang running again"
         )
         return m
+
+    def _in_place_only(self, name: str, epoch: int, what: str) -> None:
+        """Stop the run if the recovery of ``epoch`` was not one in-place restart of the gang
+        (an escalation, a recreated member): its time would be another path's."""
+        history = gang_state(self.kube, self.namespace, name).get("history") or []
+        rec = next((h for h in history if h.get("epoch") == epoch), None)
+        if rec is None or rec.get("recreated") or not rec.get("inPlace"):
+            raise RuntimeError(f"{what} was not one in-place recovery of the gang: {rec}")
 
     def _annotate(self, name: str, annotations: dict[str, str | None]) -> None:
         self.kube.custom.patch_namespaced_custom_object(
