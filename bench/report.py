@@ -199,36 +199,71 @@ def protocol_writes(requests: dict[str, int]) -> int:
 
 def scale_curve(results: dict[str, Any], summ: dict[str, Any]) -> list[str]:
     """jobset-inplace's worker failure by gang size: p50 and p99 (nearest rank) of barrier open
-    and every member running, the protocol's writes per recovery, the leader's CPU and RSS."""
-    sizes = [s for s in summ if s != "agent_start" and "hybrid" in summ[s]["paths"]]
+    and every member running, split into the agents' reports and the controller's own steps
+    (detection + barrier); the protocol's writes per recovery, the leader's RSS, and the CPU
+    each process spent per recovery (what bounds it on a shared machine)."""
+    sizes = [s for s in _sizes(summ) if "hybrid" in summ[s]["paths"]]
     if not sizes:
         return []
+
+    def pq(s: dict[str, float] | None) -> str:
+        return "-" if not s else f"{s['median']:.2f} / {s['p99']:.2f}"
+
     out = [
         "",
-        "The scale curve (jobset-inplace, one worker fails; p50 / p99 by nearest rank):",
+        "The scale curve (jobset-inplace, one worker fails; seconds, p50 / p99 by nearest rank):",
         "",
-        "| gang | n | **barrier open** p50 / p99 | every member running p50 / p99 "
-        "| protocol writes per recovery (median) | leader CPU-s per recovery (median) "
-        "| leader peak RSS |",
-        "|---|---|---|---|---|---|---|",
+        "| gang | n | **barrier open** | every member running | of which the agents' stop and "
+        "report | the controller's own steps (detection + barrier) | protocol writes per "
+        "recovery (median) | leader peak RSS |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    cpu_rows: list[tuple[str, dict[str, float]]] = []
     for size in sizes:
         w = summ[size]["hybrid_worker_failure"]
         runs = results["sizes"][size]["hybrid"]["worker_failure"]
         writes = [
             protocol_writes(m["apiserver_requests"]) for m in runs if "apiserver_requests" in m
         ]
-
-        def pq(s: dict[str, float] | None) -> str:
-            return "-" if not s else f"{s['median']:.2f} / {s['p99']:.2f}"
-
+        own = stats([m["detection_s"] + m["barrier_s"] for m in runs if "barrier_s" in m])
         out.append(
             f"| {size} pods | {(w['barrier_open_s'] or {}).get('n', 0)} "
             f"| **{pq(w['barrier_open_s'])}** | {pq(w['all_running_s'])} "
+            f"| {pq(w['restart_s'])} | {pq(own)} "
             f"| {statistics.median(writes) if writes else '-'} "
-            f"| {_med(w['controller_cpu_s'])} | {_max(w['controller_peak_rss_mib'])} MiB |"
+            f"| {_max(w['controller_peak_rss_mib'])} MiB |"
         )
+        cpu_rows.append((size, cpu_per_recovery(runs)))
+    procs = sorted(
+        {p for _, c in cpu_rows for p in c}, key=lambda p: -max(c.get(p, 0) for _, c in cpu_rows)
+    )
+    if not procs:
+        return out
+    out += [
+        "",
+        "CPU-seconds per recovery (median over the windows, failure to every member past the "
+        "barrier; the machine has 2 cores):",
+        "",
+        "| gang | " + " | ".join(procs) + " |",
+        "|---|" + "---|" * len(procs),
+    ]
+    for size, cpu in cpu_rows:
+        out.append(f"| {size} pods | " + " | ".join(f"{cpu.get(p, 0):.2f}" for p in procs) + " |")
     return out
+
+
+def cpu_per_recovery(windows: list[dict[str, Any]], least: float = 0.01) -> dict[str, float]:
+    """Median CPU-seconds of each process per measured window (those using at least ``least``),
+    the jobset-inplace controller included."""
+    per: dict[str, list[float]] = {}
+    measured = [m for m in windows if "cpu_s_by_process" in m]
+    for m in measured:
+        cpu = dict(m["cpu_s_by_process"])
+        cpu.setdefault(CONTROLLER, m["controller_cpu_s"])
+        for proc, v in cpu.items():
+            per.setdefault(proc, []).append(v)
+    med = {p: statistics.median(v + [0.0] * (len(measured) - len(v))) for p, v in per.items()}
+    return {p: round(v, 2) for p, v in sorted(med.items(), key=lambda kv: -kv[1]) if v >= least}
 
 
 def _ge(capped: bool) -> str:
@@ -401,7 +436,8 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def _sizes(summ: dict[str, Any]) -> list[str]:
-    return [s for s in summ if s != "agent_start"]
+    """The gang sizes of a summary, smallest first (a results file's keys are sorted as text)."""
+    return sorted((s for s in summ if s != "agent_start"), key=int)
 
 
 def worker_failure_tables(summ: dict[str, Any]) -> list[str]:
@@ -533,7 +569,7 @@ def _by_size_table(
     summ: dict[str, Any], key: str, title: str, what: str, fmt: Callable[[Any], str]
 ) -> list[str]:
     """A table of ``summ[size][key]`` (a mapping): one row per entry, one column per size."""
-    cols = [s for s in summ if s != "agent_start" and key in summ[s]]
+    cols = [s for s in _sizes(summ) if key in summ[s]]
     if not cols:
         return []
     names = sorted(
