@@ -10,10 +10,17 @@ keeps two objects, both owned by those JobSets (garbage-collected with the last 
   install's), its subjects every ServiceAccount those JobSets' pods run as.
 
 That RoleBinding is also the parameter of the agents' admission policy
-(``manifests/rbac/agent-vap.yaml``): whoever it names may write pods of its namespace only as
-an agent does (its own pod, only ``jobset-inplace.dev/`` annotations), whatever other rights
-it holds. So least privilege holds whatever ServiceAccount a JobSet uses; ``default`` is
-refused at admission (every pod of the namespace that names none runs as it).
+(``manifests/rbac/agent-vap.yaml``), found by its label ``jobset-inplace.dev/agent-binding``:
+whoever it names may write pods of its namespace only as an agent does (its own pod, only
+``jobset-inplace.dev/`` annotations), whatever other rights it holds. By label, not by name:
+Kubernetes 1.37's apiserver GETs a parameter named in the binding from the API whenever its
+cache does not hold it, i.e. for every pod write in every namespace without this RoleBinding,
+before the policy's conditions; under load those GETs time out and the policy (failure policy
+Fail) refused the scheduler's and kubelets' pod writes (seen in the 1000-pod benchmark:
+k8s.io/apiserver v0.37.2 ``generic/policy_dispatcher.go``, ``getParamDirectly``). A selector
+is answered from the cache alone. So least privilege holds whatever ServiceAccount a JobSet
+uses; ``default`` is refused at admission (every pod of the namespace that names none runs as
+it).
 
 Objects of those names that the controller did not make (no ``managed-by`` label) are left
 alone and reported, never taken over or deleted."""
@@ -31,6 +38,9 @@ AGENT_CLUSTER_ROLE = "jobset-inplace-agent"
 AGENT_BINDING = "jobset-inplace-agents"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "jobset-inplace-controller"
+# Marks the RoleBinding the agents' admission policy takes as its parameter (its binding's
+# paramRef selects it; manifests/rbac/agent-vap.yaml)
+AGENT_BINDING_LABEL = f"{names.PREFIX}agent-binding"
 RBAC_GROUP = "rbac.authorization.k8s.io"
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 # The one ServiceAccount a JobSet may not name: every pod of its namespace that names none runs
@@ -122,10 +132,12 @@ def desired_service_account(namespace: str, owners: Sequence[Owner]) -> dict[str
 
 def desired_binding(namespace: str, owners: Sequence[Owner]) -> dict[str, Any]:
     accounts = sorted({AGENT_SERVICE_ACCOUNT}.union(*(o.service_accounts for o in owners)))
+    meta = _meta(AGENT_BINDING, namespace, owners)
+    meta["labels"][AGENT_BINDING_LABEL] = "true"
     return {
         "apiVersion": f"{RBAC_GROUP}/v1",
         "kind": "RoleBinding",
-        "metadata": _meta(AGENT_BINDING, namespace, owners),
+        "metadata": meta,
         "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": AGENT_CLUSTER_ROLE},
         "subjects": [
             {"kind": "ServiceAccount", "name": a, "namespace": namespace} for a in accounts
@@ -144,9 +156,14 @@ def _write(
     if have is None:
         return Write(kind, True, want)
     patch: dict[str, Any] = {}
+    have_meta = have.get("metadata") or {}
     owners = want["metadata"]["ownerReferences"]
-    if _owner_uids((have.get("metadata") or {}).get("ownerReferences")) != _owner_uids(owners):
+    if _owner_uids(have_meta.get("ownerReferences")) != _owner_uids(owners):
         patch["metadata"] = {"ownerReferences": owners}
+    labels = have_meta.get("labels") or {}
+    missing = {k: v for k, v in want["metadata"]["labels"].items() if labels.get(k) != v}
+    if missing:  # (a binding of an earlier release has no agent-binding label)
+        patch.setdefault("metadata", {})["labels"] = missing
     for f in fields:
         if have.get(f) != want[f]:
             patch[f] = want[f]

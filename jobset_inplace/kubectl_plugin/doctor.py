@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from jobset_inplace import names
 from jobset_inplace.core.agent_access import (
     AGENT_BINDING,
+    AGENT_BINDING_LABEL,
     AGENT_CLUSTER_ROLE,
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -321,11 +322,20 @@ def check_agent_policy(
         detail = f"{names.AGENT_POLICY} bound with {actions}, not Deny: {unenforced}"
         return Check(name, Result.WARN, detail, AGENT_POLICY_HINT)
     kind = ((policy.get("spec") or {}).get("paramKind") or {}).get("kind")
-    param = ((binding.get("spec") or {}).get("paramRef") or {}).get("name")
-    if (kind, param) != ("RoleBinding", AGENT_BINDING):
+    ref = (binding.get("spec") or {}).get("paramRef") or {}
+    selected = (ref.get("selector") or {}).get("matchLabels") == {AGENT_BINDING_LABEL: "true"}
+    if kind != "RoleBinding" or not (selected or ref.get("name") == AGENT_BINDING):
         detail = (
             f"{names.AGENT_POLICY} is an earlier release's: it does not confine the "
             f"ServiceAccounts RoleBinding {AGENT_BINDING} names (JobSets' own accounts)"
+        )
+        return Check(name, Result.WARN, detail, AGENT_POLICY_HINT)
+    if not selected:
+        detail = (
+            f"{names.AGENT_POLICY} finds its parameter by name (an earlier release): on "
+            f"Kubernetes 1.37 the apiserver then fetches RoleBinding {AGENT_BINDING} from the "
+            "API for every pod write of every namespace without one, and refuses the write "
+            "when that fetch times out"
         )
         return Check(name, Result.WARN, detail, AGENT_POLICY_HINT)
     return Check(

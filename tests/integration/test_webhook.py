@@ -25,9 +25,10 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from bench.scenarios import apiserver_requests
 from jobset_inplace import names
 from jobset_inplace.controller.agent_access import AgentAccessKeeper
-from jobset_inplace.core.agent_access import AGENT_BINDING, Owner
+from jobset_inplace.core.agent_access import AGENT_BINDING, RBAC_GROUP, Owner, desired_binding
 from jobset_inplace.core.transform import (
     AGENT_CONTAINER,
     ESCALATION_RULE,
@@ -559,6 +560,65 @@ def test_the_controller_gives_agents_their_rights_and_confines_whatever_account_
         0.3,
     )
     assert kube.core.read_namespaced_pod("b", namespace).metadata.labels == {"app": "relabelled"}
+
+
+def _rolebinding_gets(kubectl: Any) -> float:
+    """The apiserver's GETs of RoleBindings so far (every client's)."""
+    requests = apiserver_requests(kubectl.run("get", "--raw", "/metrics"))
+    return requests.get("GET rolebindings", 0.0)
+
+
+def test_pod_writes_where_no_agent_runs_cost_the_apiserver_no_lookup(
+    control_plane: ControlPlane, kube: Clients, namespace: str, agent_vap: None
+) -> None:
+    """The policy's parameter is found by label. Named by name, Kubernetes 1.37's apiserver
+    fetched it from the API on every pod write of every namespace without it (before the
+    policy's conditions), and under load refused the scheduler's and kubelets' writes when a
+    fetch timed out. Checked with the metric of those fetches: with the binding of an earlier
+    release this test counted one GET per pod write on 1.37."""
+    # The policy is in force once an account our labelled binding names is confined.
+    kube.core.create_namespaced_service_account(namespace, {"metadata": {"name": "agent"}})
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    binding = desired_binding(namespace, [Owner("js", "uid-js", frozenset({"agent"}))])
+    binding["metadata"]["ownerReferences"] = []
+    rbac.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": "patch-pods"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}],
+        },
+    )
+    binding["roleRef"] = {"apiGroup": RBAC_GROUP, "kind": "Role", "name": "patch-pods"}
+    rbac.create_namespaced_role_binding(namespace, binding)
+    pod_a = kube.core.create_namespaced_pod(namespace, _pod("a", "agent"))
+    agent = _client_with_token(kube, _pod_token(kube, namespace, "agent", pod_a))
+    relabel = {"metadata": {"labels": {"app": "other"}}}
+
+    def confined() -> bool:
+        try:
+            agent.patch_namespaced_pod("a", namespace, relabel, dry_run="All")
+        except ApiException as e:
+            return "ValidatingAdmissionPolicy" in (e.body or "")
+        return False
+
+    wait_for("the policy to confine the binding's account", confined, WAIT, 0.3)
+
+    other = f"{namespace}-none"
+    kube.core.create_namespace({"metadata": {"name": other}})
+    kube.core.create_namespaced_service_account(other, {"metadata": {"name": "worker"}})
+    kubectl = control_plane.kubectl()
+    try:
+        before = _rolebinding_gets(kubectl)
+        writes = 10
+        for i in range(writes):
+            kube.core.create_namespaced_pod(other, _pod(f"p{i}", "worker"))
+            kube.core.patch_namespaced_pod(f"p{i}", other, relabel)
+        after = _rolebinding_gets(kubectl)
+        assert after - before < writes, (
+            f"{after - before:.0f} GETs of RoleBindings for {writes} pods"
+        )
+    finally:
+        kube.core.delete_namespace(other)
 
 
 def _allowed(call: Any) -> bool:

@@ -16,6 +16,7 @@ from jobset_inplace.controller.agent_access import AgentAccessKeeper
 from jobset_inplace.controller.keyed_sync import KeyedSync
 from jobset_inplace.core.agent_access import (
     AGENT_BINDING,
+    AGENT_BINDING_LABEL,
     AGENT_CLUSTER_ROLE,
     AGENT_SERVICE_ACCOUNT,
     Owner,
@@ -42,7 +43,9 @@ def _applied(plan_writes: Any, sa: dict[str, Any] | None, rb: dict[str, Any] | N
             assert obj is not None
             for key, value in w.body.items():
                 if key == "metadata":
-                    obj["metadata"].update(value)
+                    meta = dict(value)
+                    labels = {**obj["metadata"].get("labels", {}), **meta.pop("labels", {})}
+                    obj["metadata"].update(meta, labels=labels)
                 else:
                     obj[key] = value
     return objs["ServiceAccount"], objs["RoleBinding"]
@@ -106,6 +109,24 @@ def test_owners_coming_and_going_change_subjects_and_owners_only_and_converge() 
     sa, rb = _applied(plan_access("ml", [A], sa, rb).writes, sa, rb)
     assert [s["name"] for s in rb["subjects"]] == [AGENT_SERVICE_ACCOUNT]
     assert [o["name"] for o in sa["metadata"]["ownerReferences"]] == ["a"]
+
+
+def test_the_binding_carries_the_label_the_admission_policy_selects_it_by() -> None:
+    """Its label is how the policy finds its parameter (never by name: Kubernetes 1.37 then
+    GETs it on every pod write of a namespace without it); an earlier release's binding gets
+    the label added, nothing else."""
+    sa, rb = _applied(plan_access("ml", [A], None, None).writes, None, None)
+    assert rb["metadata"]["labels"][AGENT_BINDING_LABEL] == "true"
+    old = copy.deepcopy(rb)
+    del old["metadata"]["labels"][AGENT_BINDING_LABEL]
+    (write,) = plan_access("ml", [A], sa, old).writes
+    assert (write.kind, write.create, write.body) == (
+        "RoleBinding",
+        False,
+        {"metadata": {"labels": {AGENT_BINDING_LABEL: "true"}}},
+    )
+    _, fixed = _applied([write], sa, old)
+    assert fixed == rb
 
 
 def test_a_jobset_recreated_under_its_name_is_a_new_owner() -> None:

@@ -76,3 +76,111 @@ def test_a_page_without_its_markers_is_an_error() -> None:
     assert pages.replace_block(text, "b", "new", pages.ROOT / "README.md") == (
         f"a\n{begin}\nnew\n{end}\nz"
     )
+
+
+def test_the_soak_account_counts_what_recovered_and_what_was_measured() -> None:
+    failures = [
+        {"kind": "crash", "recovery_s": 0.069, "steps_lost": 10},
+        {"kind": "silence", "recovery_s": 16.8, "steps_lost": None},  # both members gone
+        {"kind": "silence", "recovery_s": None, "steps_lost": None},  # never recovered
+    ]
+    doc = {
+        "when": "2026-11-27T23:38:51Z",
+        "commit": "6a043c1",
+        "command": "python -m bench.soak",
+        "kubernetes": "v1.37.2",
+        "machine": {"cpus": 2, "steal_pct": 0.01},
+        "members": 2,
+        "every_s": 180.0,
+        "failures": failures,
+        "result": {
+            "wall_s": 600.0,
+            "failures": 3,
+            "failures_per_hour": 18.0,
+            "kinds": {"crash": 1, "silence": 2},
+            "goodput": 0.9,
+            "measured_s": 500.0,
+            "productive_s": 450.0,
+            "badput_s": {
+                "scheduling": 1.0,
+                "startup": 1.0,
+                "detection": 20.0,
+                "recovery": 10.0,
+                "restore": 3.0,
+                "wastedProgress": 15.0,
+            },
+            "unmeasured_s": 100.0,
+            "steps_lost": {"crash": {"mean": 10.0, "max": 10}},
+        },
+    }
+    text = pages.soak_tables(doc)
+    assert "**2 of 3 failures recovered**" in text
+    assert "| **90.0 %** (450.0 s productive) | 15.0 s (3.0 %) | 20.0 s (4.0 %) |" in text
+    assert "| trainer crash (process scope) | 0.07 s | 10, 10 (1 of 1) |" in text
+    assert "| silent node (kubelet and containerd stopped) | 16.80, - s | - |" in text
+
+
+def test_a_kwok_result_file_names_its_kubernetes_among_its_versions(tmp_path: Path) -> None:
+    f = tmp_path / "results.json"
+    f.write_text(
+        '{"commit": "901caf3", "command": "python -m bench", "machine": {"cpus": 2}, '
+        '"versions": {"kubernetes": "v1.37.2"}}'
+    )
+    assert pages.load(f)["commit"] == "901caf3"
+    f.write_text('{"commit": "901caf3", "command": "python -m bench", "machine": {}}')
+    with pytest.raises(PagesError, match="no kubernetes"):
+        pages.load(f)
+
+
+def _runs(seconds: float) -> list[dict[str, Any]]:
+    phases = {"detection_s": 0.1, "restart_s": 1.0, "barrier_s": 0.1, "protocol_s": seconds}
+    return [{**phases, "barrier_open_s": seconds, "all_running_s": seconds}] * 3
+
+
+def test_the_kwok_paths_and_their_headline_come_from_one_run() -> None:
+    def death(path_s: float, remediation: str, **extra: Any) -> dict[str, Any]:
+        return {"running_s": path_s, "remediation": remediation, **extra}
+
+    doc = {
+        "started": "2026-11-29T01:00:00Z",
+        "commit": "abc1234",
+        "command": "python -m bench --sizes 1000 --scope pod",
+        "duration_s": 3600,
+        "machine": {"cpus": 2, "steal_pct": 0.1},
+        "versions": {"kubernetes": "v1.37.2", "jobset": "v0.12.0", "kwok": "v0.8.0"},
+        "sizes": {
+            "1000": {
+                "hybrid": {
+                    "worker_failure": _runs(20.0),
+                    "node_death": [
+                        death(17.0, "none", force_delete="unreachable"),
+                        death(80.0, "out-of-service", force_delete="never"),
+                    ],
+                },
+                "upstream": {
+                    "worker_failure": _runs(40.0),
+                    "node_death": [
+                        death(360.0, "none", capped=True, stuck_terminating=["u"]),
+                        death(120.0, "out-of-service"),
+                    ],
+                },
+                "stock": {
+                    "worker_failure": [{"all_running_s": 150.0}] * 2,
+                    "node_death": [
+                        death(360.0, "none", capped=True),
+                        death(240.0, "out-of-service"),
+                    ],
+                },
+            }
+        },
+    }
+    table = pages.kwok_paths(doc)
+    assert "commit `abc1234`" in table
+    assert "| 1000 pods | **20.00 / 20.00 / 20.00** | 40.00 / 40.00 / 40.00 |" in table
+    headline = pages.kwok_headline(doc)
+    assert "**20.0 s** with jobset-inplace restarting whole pods" in headline
+    assert "40.0 s with JobSet's InPlaceRestart (2.0x)" in headline
+    assert "150.0 s with stock JobSet (7.5x)" in headline
+    assert "JobSet InPlaceRestart with the taint 120.0 s (1.5x)" in headline
+    assert "stock JobSet with the taint 240.0 s (3.0x)" in headline
+    assert "without it upstream IPR and stock did not recover within 360 s" in headline

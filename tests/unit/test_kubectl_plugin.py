@@ -17,6 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from jobset_inplace import __version__, names
 from jobset_inplace.core.agent_access import (
     AGENT_BINDING,
+    AGENT_BINDING_LABEL,
     AGENT_CLUSTER_ROLE,
     Owner,
     agent_cluster_role,
@@ -1118,7 +1119,10 @@ class FakeReader:
         return {"metadata": {"name": name}, "spec": {"paramKind": {"kind": "RoleBinding"}}}
 
     def admission_policy_binding(self, name: str) -> dict[str, Any] | None:
-        spec = {"validationActions": ["Deny"], "paramRef": {"name": AGENT_BINDING}}
+        spec = {
+            "validationActions": ["Deny"],
+            "paramRef": {"selector": {"matchLabels": {AGENT_BINDING_LABEL: "true"}}},
+        }
         return {"metadata": {"name": name}, "spec": spec}
 
     # the install: a ready controller whose leader renewed 3 s before the server's Date
@@ -1281,7 +1285,8 @@ def test_check_pod_security_names_the_level() -> None:
 
 
 PARAM_POLICY = {"spec": {"paramKind": {"kind": "RoleBinding"}}}
-PARAM = {"name": AGENT_BINDING}
+PARAM = {"selector": {"matchLabels": {AGENT_BINDING_LABEL: "true"}}}
+BY_NAME = {"name": AGENT_BINDING}  # an earlier release's: fetched per pod write on 1.37
 
 
 @pytest.mark.parametrize(
@@ -1292,6 +1297,7 @@ PARAM = {"name": AGENT_BINDING}
         ({}, {"spec": {"validationActions": ["Audit"]}}, "WARN"),
         ({}, {"spec": {"validationActions": ["Deny"]}}, "WARN"),  # an earlier release's
         (PARAM_POLICY, {"spec": {"validationActions": ["Deny"], "paramRef": PARAM}}, "PASS"),
+        (PARAM_POLICY, {"spec": {"validationActions": ["Deny"], "paramRef": BY_NAME}}, "WARN"),
     ],
 )
 def test_check_agent_policy(

@@ -17,9 +17,10 @@ import yaml
 from jobset_inplace import names
 from jobset_inplace.core.admission import mutate, update_warnings, validate, warnings
 from jobset_inplace.core.agent_access import (
-    AGENT_BINDING,
+    AGENT_BINDING_LABEL,
     AGENT_SERVICE_ACCOUNT,
     agent_cluster_role,
+    desired_binding,
 )
 from jobset_inplace.core.policy import (
     CREATE_TIME_KEYS,
@@ -430,9 +431,12 @@ def test_agent_vap_confines_the_accounts_the_controllers_binding_names() -> None
         "kind": "RoleBinding",
     }
     assert binding["spec"]["paramRef"] == {
-        "name": AGENT_BINDING,
+        "selector": {"matchLabels": {AGENT_BINDING_LABEL: "true"}},
         "parameterNotFoundAction": "Allow",
     }, "looked up in the request's namespace; none there: nobody holds the agents' rights"
+    # by label: a parameter named by name is fetched from the API on every pod write of a
+    # namespace without it (Kubernetes 1.37), a selector only reads the apiserver's cache
+    assert desired_binding("ns", [])["metadata"]["labels"][AGENT_BINDING_LABEL] == "true"
     [cond] = policy["spec"]["matchConditions"]
     assert "params.subjects.exists(" in cond["expression"]
     text = json.dumps(policy)
