@@ -235,7 +235,8 @@ def scale_curve(results: dict[str, Any], summ: dict[str, Any]) -> list[str]:
         )
         cpu_rows.append((size, cpu_per_recovery(runs)))
     procs = sorted(
-        {p for _, c in cpu_rows for p in c}, key=lambda p: -max(c.get(p, 0) for _, c in cpu_rows)
+        {p for _, c in cpu_rows for p in c},
+        key=lambda p: (-max(c.get(p, 0) for _, c in cpu_rows), p),
     )
     if not procs:
         return out
@@ -404,7 +405,7 @@ def plot(out: Path, results: dict[str, Any]) -> list[Path]:
     ]
     if rows3:
         procs = sorted(
-            {p for _, c in rows3 for p in c}, key=lambda p: -max(c.get(p, 0) for _, c in rows3)
+            {p for _, c in rows3 for p in c}, key=lambda p: (-max(c.get(p, 0) for _, c in rows3), p)
         )
         fig, ax = plt.subplots(figsize=(7, 1.2 + 0.7 * len(rows3)))
         left = [0.0] * len(rows3)
@@ -574,7 +575,7 @@ def _by_size_table(
         return []
     names = sorted(
         {n for s in cols for n in summ[s][key]},
-        key=lambda n: -max(summ[s][key].get(n, 0) for s in cols),
+        key=lambda n: (-max(summ[s][key].get(n, 0) for s in cols), n),
     )
     out = ["", title, "", f"| {what} | " + " | ".join(f"{s} pods" for s in cols) + " |"]
     out.append("|---|" + "---|" * len(cols))
