@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from jobset_inplace.apierrors import or_none
 from testbed.kube import Clients
 
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
@@ -111,3 +112,13 @@ class OutOfService:
             except Exception as e:  # 409: a concurrent node write; read again
                 self.errors.append(f"untaint: {type(e).__name__}: {e}")
         raise RuntimeError(f"{self.node}: out-of-service taint not removed: {self.errors[-1:]}")
+
+
+def free_after_cap(kube: Clients, namespace: str, terminating: list[str]) -> None:
+    """After a capped run, its figure taken, with the node alive again: delete its pods still
+    Terminating without grace, as the node's operator would, so that the gang can be whole for
+    the next run. kwok does not finish a deletion that began while it was not managing the node
+    (2026-11-28: a stock pod evicted from the dead node stayed Terminating after the node came
+    back, and its gang never ran again)."""
+    for name in terminating:
+        or_none(kube.core.delete_namespaced_pod, name, namespace, grace_period_seconds=0)

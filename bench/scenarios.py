@@ -36,7 +36,7 @@ from . import upstream
 from .fleet import Fleet
 from .podwatch import GangPods, Goal
 from .profile import ApiserverProfile, PySpyProfile
-from .remediation import NONE, REMEDIATED, NodeDeath, OutOfService
+from .remediation import NONE, REMEDIATED, NodeDeath, OutOfService, free_after_cap
 from .upstream_fleet import UpstreamFleet
 
 JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
@@ -473,37 +473,31 @@ class Bench:
         victim = random.choice(sorted(fleet.agents))
         node = self.kube.core.read_namespaced_pod(victim, self.namespace).spec.node_name
         m: dict[str, Any] = {"victim": victim, "node": node, **_death_fields(death)}
-        with (
-            GangPods(self.kube.core, self.namespace, name) as pods,
-            self._remedy(death, node) as oos,
-            self.meter.window(m),
-        ):
-            set_heartbeat(self.kube, node, alive=False)
-            t0 = time.monotonic()
-            try:
-                ok = _poll(
-                    lambda: _opened_all(fleet, epoch + 1, size),
-                    t0,
-                    self.node_cap,
-                    progress=f"{path} {size}: gang past the barrier after node {node} died",
-                )
-                m["capped"] = not ok
-                if ok:
-                    restarts = fleet.restarts_on_path * self.restart_delay
-                    m.update(_phases(fleet, epoch + 1, t0, restarts))
-                    m["running_s"] = m["all_running_s"]
-                else:
-                    m["running_s"] = round(time.monotonic() - t0, 2)
-                m["stuck_terminating"] = pods.terminating_on(node)
-                _remedied(m, oos, t0)
-            finally:
-                set_heartbeat(self.kube, node, alive=True)
-        if m["capped"]:  # the gang must be past a barrier again before the next run
-            wait_for(
-                f"{name} past a barrier again",
-                lambda: _opened_all(fleet, fleet.epoch(), size),
-                self.node_cap,
-            )
+        with GangPods(self.kube.core, self.namespace, name) as pods:
+            with self._remedy(death, node) as oos, self.meter.window(m):
+                set_heartbeat(self.kube, node, alive=False)
+                t0 = time.monotonic()
+                try:
+                    ok = _poll(
+                        lambda: _opened_all(fleet, epoch + 1, size),
+                        t0,
+                        self.node_cap,
+                        progress=f"{path} {size}: gang past the barrier after node {node} died",
+                    )
+                    m["capped"] = not ok
+                    if ok:
+                        restarts = fleet.restarts_on_path * self.restart_delay
+                        m.update(_phases(fleet, epoch + 1, t0, restarts))
+                        m["running_s"] = m["all_running_s"]
+                    else:
+                        m["running_s"] = round(time.monotonic() - t0, 2)
+                    m["stuck_terminating"] = pods.terminating_on(node)
+                    _remedied(m, oos, t0)
+                finally:
+                    set_heartbeat(self.kube, node, alive=True)
+            if m["capped"]:  # the gang must be past a barrier again before the next run
+                again = lambda: _opened_all(fleet, fleet.epoch(), size)  # noqa: E731
+                self._restore(pods, node, f"{name} past a barrier again", again)
         if death.force_delete:
             self._annotate(name, {names.FORCE_DELETE: None})
         log(
@@ -534,6 +528,18 @@ class Bench:
         if death.remediation == REMEDIATED:
             return OutOfService(self.kube, node)
         return nullcontext()
+
+    def _restore(self, pods: GangPods, node: str, what: str, whole: Callable[[], object]) -> None:
+        """After a capped node death (the node alive again): wait until ``whole()``, deleting
+        the node's pods that stay Terminating (:func:`.remediation.free_after_cap`)."""
+
+        def done() -> bool:
+            if whole():
+                return True
+            free_after_cap(self.kube, self.namespace, pods.terminating_on(node))
+            return False
+
+        wait_for(what, done, self.node_cap, 1.0)
 
     def _profile(self, what: str) -> ApiserverProfile | None:
         """Start a kube-apiserver CPU profile of the next ``profile_s`` seconds (the failure is
@@ -630,15 +636,15 @@ class Bench:
                 _remedied(m, oos, t0)
             finally:
                 set_heartbeat(self.kube, node, alive=True)
+        if met is None:  # the gang must be whole again (anywhere) before the next run
+            pods.aim(Goal(size))
+            self._restore(pods, node, f"stock-{size} running again", lambda: pods.met(0))
         m["controller_cpu_s"] = m["cpu_s_by_process"].get("jobset", 0.0)
         del m["controller_peak_rss_mib"]
         log(
             f"stock {size}: node {node} died ({death.label}): {_fmt(m, 'running_s')} "
             "to the gang running again"
         )
-        if met is None:  # the gang must be whole again (anywhere) before the next run
-            pods.aim(Goal(size))
-            wait_for(f"stock-{size} running again", lambda: pods.met(0) is not None, self.node_cap)
         return m
 
 
