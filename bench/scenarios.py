@@ -497,7 +497,7 @@ class Bench:
                     set_heartbeat(self.kube, node, alive=True)
             if m["capped"]:  # the gang must be past a barrier again before the next run
                 again = lambda: _opened_all(fleet, fleet.epoch(), size)  # noqa: E731
-                self._restore(pods, node, f"{name} past a barrier again", again)
+                self._restore(pods, size, node, f"{name} whole and past a barrier again", again)
         if death.force_delete:
             self._annotate(name, {names.FORCE_DELETE: None})
         log(
@@ -529,17 +529,29 @@ class Bench:
             return OutOfService(self.kube, node)
         return nullcontext()
 
-    def _restore(self, pods: GangPods, node: str, what: str, whole: Callable[[], object]) -> None:
-        """After a capped node death (the node alive again): wait until ``whole()``, deleting
-        the node's pods that stay Terminating (:func:`.remediation.free_after_cap`)."""
+    def _restore(
+        self,
+        pods: GangPods,
+        size: int,
+        node: str,
+        what: str,
+        also: Callable[[], bool] = lambda: True,
+    ) -> None:
+        """After a capped node death (the node alive again): wait until every member runs in a
+        pod not being deleted, none is Terminating on ``node`` and ``also()``, deleting the
+        node's pods that stay Terminating (:func:`.remediation.free_after_cap`). Judged by the
+        pods, not by ``also`` alone: a gang whose epoch never moved is past its barrier while
+        its pod on the node stays Terminating (2026-11-28: upstream's gang then never recovered
+        from the next node death)."""
+        pods.aim(Goal(size))
 
-        def done() -> bool:
-            if whole():
+        def whole() -> bool:
+            if pods.met(0) is not None and not pods.terminating_on(node) and also():
                 return True
             free_after_cap(self.kube, self.namespace, pods.terminating_on(node))
             return False
 
-        wait_for(what, done, self.node_cap, 1.0)
+        wait_for(what, whole, self.node_cap, 1.0)
 
     def _profile(self, what: str) -> ApiserverProfile | None:
         """Start a kube-apiserver CPU profile of the next ``profile_s`` seconds (the failure is
@@ -637,8 +649,7 @@ class Bench:
             finally:
                 set_heartbeat(self.kube, node, alive=True)
         if met is None:  # the gang must be whole again (anywhere) before the next run
-            pods.aim(Goal(size))
-            self._restore(pods, node, f"stock-{size} running again", lambda: pods.met(0))
+            self._restore(pods, size, node, f"stock-{size} running again")
         m["controller_cpu_s"] = m["cpu_s_by_process"].get("jobset", 0.0)
         del m["controller_peak_rss_mib"]
         log(
