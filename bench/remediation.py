@@ -115,10 +115,14 @@ class OutOfService:
 
 
 def free_after_cap(kube: Clients, namespace: str, terminating: list[str]) -> None:
-    """After a capped run, its figure taken, with the node alive again: delete its pods still
-    Terminating without grace, as the node's operator would, so that the gang can be whole for
-    the next run. kwok does not finish a deletion that began while it was not managing the node
-    (2026-11-28: a stock pod evicted from the dead node stayed Terminating after the node came
-    back, and its gang never ran again)."""
+    """After a capped run, its figure taken, with the node alive again: finish the deletion of
+    its pods still Terminating as kwok's own pod-delete stage does (their finalizers dropped,
+    then deleted without grace), so that the gang can be whole for the next run. kwok does not
+    finish a deletion that began while it was not managing the node (2026-11-28: a stock pod
+    evicted from the dead node stayed Terminating after the node came back and its gang never
+    ran again); a grace-0 delete alone leaves it to the Job's tracking finalizer, which the Job
+    controller keeps on a pod that never turns terminal."""
     for name in terminating:
-        or_none(kube.core.delete_namespaced_pod, name, namespace, grace_period_seconds=0)
+        drop = {"metadata": {"finalizers": None}}
+        if or_none(kube.core.patch_namespaced_pod, name, namespace, drop) is not None:
+            or_none(kube.core.delete_namespaced_pod, name, namespace, grace_period_seconds=0)
