@@ -137,10 +137,24 @@ def _runs(seconds: float) -> list[dict[str, Any]]:
     return [{**phases, "barrier_open_s": seconds, "all_running_s": seconds}] * 3
 
 
-def test_the_kwok_paths_and_their_headline_come_from_one_run() -> None:
-    def death(path_s: float, remediation: str, **extra: Any) -> dict[str, Any]:
-        return {"running_s": path_s, "remediation": remediation, **extra}
+def _death(path_s: float, remediation: str, **extra: Any) -> dict[str, Any]:
+    return {"running_s": path_s, "remediation": remediation, **extra}
 
+
+def _kwok_run(commit: str, sizes: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "started": "2026-11-29T01:00:00Z",
+        "commit": commit,
+        "command": "python -m bench --sizes 1000 --scope pod",
+        "duration_s": 3600,
+        "machine": {"cpus": 2, "steal_pct": 0.1},
+        "versions": {"kubernetes": "v1.37.2", "jobset": "v0.12.0", "kwok": "v0.8.0"},
+        "sizes": sizes,
+    }
+
+
+def test_the_kwok_paths_and_their_headline_come_from_one_run() -> None:
+    death = _death
     doc = {
         "started": "2026-11-29T01:00:00Z",
         "commit": "abc1234",
@@ -154,21 +168,21 @@ def test_the_kwok_paths_and_their_headline_come_from_one_run() -> None:
                     "worker_failure": _runs(20.0),
                     "node_death": [
                         death(17.0, "none", force_delete="unreachable"),
-                        death(80.0, "out-of-service", force_delete="never"),
+                        death(80.0, "out-of-service", force_delete="never", declared_dead_s=50),
                     ],
                 },
                 "upstream": {
                     "worker_failure": _runs(40.0),
                     "node_death": [
                         death(360.0, "none", capped=True, stuck_terminating=["u"]),
-                        death(120.0, "out-of-service"),
+                        death(120.0, "out-of-service", declared_dead_s=51),
                     ],
                 },
                 "stock": {
                     "worker_failure": [{"all_running_s": 150.0}] * 2,
                     "node_death": [
                         death(360.0, "none", capped=True),
-                        death(240.0, "out-of-service"),
+                        death(240.0, "out-of-service", declared_dead_s=52),
                     ],
                 },
             }
@@ -177,10 +191,75 @@ def test_the_kwok_paths_and_their_headline_come_from_one_run() -> None:
     table = pages.kwok_paths(doc)
     assert "commit `abc1234`" in table
     assert "| 1000 pods | **20.00 / 20.00 / 20.00** | 40.00 / 40.00 / 40.00 |" in table
-    headline = pages.kwok_headline(doc)
+    headline = pages.kwok_headline(doc, _kwok_run("def5678", {}))
     assert "**20.0 s** with jobset-inplace restarting whole pods" in headline
+    assert "second run" not in headline
     assert "40.0 s with JobSet's InPlaceRestart (2.0x)" in headline
     assert "150.0 s with stock JobSet (7.5x)" in headline
-    assert "JobSet InPlaceRestart with the taint 120.0 s (1.5x)" in headline
-    assert "stock JobSet with the taint 240.0 s (3.0x)" in headline
-    assert "without it upstream IPR and stock did not recover within 360 s" in headline
+    assert "jobset-inplace as shipped 17.0 s" in headline
+    assert (
+        "declared dead (~51 s), jobset-inplace with `force-delete: never` 80.0 s, JobSet's "
+        "InPlaceRestart 120.0 s (1.5x), stock JobSet 240.0 s (3.0x);" in headline
+    )
+    assert (
+        "without that taint JobSet's InPlaceRestart did not recover within 360 s (1 pod stuck "
+        "Terminating) and stock JobSet did not recover within 360 s." in headline
+    )
+
+
+def test_a_spoiled_node_death_is_shown_without_a_ratio_and_taken_from_a_second_run() -> None:
+    first = _kwok_run(
+        "abc1234",
+        {
+            "1000": {
+                "hybrid": {
+                    "worker_failure": _runs(20.0),
+                    "node_death": [
+                        _death(17.0, "none", force_delete="unreachable"),
+                        _death(80.0, "out-of-service", force_delete="never", declared_dead_s=50),
+                    ],
+                },
+                "upstream": {
+                    "worker_failure": _runs(40.0),
+                    "node_death": [
+                        _death(360.0, "out-of-service", capped=True, invalid="a harness bug"),
+                    ],
+                },
+                "stock": {
+                    "worker_failure": [{"all_running_s": 150.0}] * 2,
+                    "node_death": [_death(240.0, "out-of-service", declared_dead_s=52)],
+                },
+            }
+        },
+    )
+    second = _kwok_run(
+        "def5678",
+        {
+            "1000": {
+                "hybrid": {
+                    "worker_failure": _runs(21.0),
+                    "node_death": [
+                        _death(30.0, "none", force_delete="unreachable"),
+                        _death(70.0, "out-of-service", force_delete="never", declared_dead_s=50),
+                    ],
+                },
+                "upstream": {
+                    "worker_failure": _runs(41.0),
+                    "node_death": [_death(105.0, "out-of-service", declared_dead_s=51)],
+                },
+            }
+        },
+    )
+    table = pages.kwok_paths(first)
+    assert "| **not counted: a harness bug** | - |" in table
+    assert "| 1000 pods | stock (out-of-service taint) | 52.0 s | **240.0 s** | **3.0x** |" in table
+    headline = pages.kwok_headline(first, second)
+    assert (
+        "(jobset-inplace's and upstream's from a second run, 2026-11-29 at `def5678`; stock's "
+        "from the first): jobset-inplace as shipped 30.0 s" in headline
+    )
+    assert (
+        "jobset-inplace with `force-delete: never` 70.0 s, JobSet's InPlaceRestart 105.0 s "
+        "(1.5x), stock JobSet 240.0 s (3.0x of jobset-inplace's 80.0 s in that run)." in headline
+    )
+    assert "harness bug" not in headline
