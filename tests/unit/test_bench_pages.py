@@ -155,14 +155,9 @@ def _kwok_run(commit: str, sizes: dict[str, Any]) -> dict[str, Any]:
 
 def test_the_kwok_paths_and_their_headline_come_from_one_run() -> None:
     death = _death
-    doc = {
-        "started": "2026-11-29T01:00:00Z",
-        "commit": "abc1234",
-        "command": "python -m bench --sizes 1000 --scope pod",
-        "duration_s": 3600,
-        "machine": {"cpus": 2, "steal_pct": 0.1},
-        "versions": {"kubernetes": "v1.37.2", "jobset": "v0.12.0", "kwok": "v0.8.0"},
-        "sizes": {
+    doc = _kwok_run(
+        "abc1234",
+        {
             "1000": {
                 "hybrid": {
                     "worker_failure": _runs(20.0),
@@ -187,7 +182,7 @@ def test_the_kwok_paths_and_their_headline_come_from_one_run() -> None:
                 },
             }
         },
-    }
+    )
     table = pages.kwok_paths(doc)
     assert "commit `abc1234`" in table
     assert "| 1000 pods | **20.00 / 20.00 / 20.00** | 40.00 / 40.00 / 40.00 |" in table
