@@ -141,7 +141,13 @@ def _death(path_s: float, remediation: str, **extra: Any) -> dict[str, Any]:
     return {"running_s": path_s, "remediation": remediation, **extra}
 
 
-def _kwok_run(commit: str, sizes: dict[str, Any]) -> dict[str, Any]:
+def _kwok_run(commit: str, **paths: tuple[float, list[dict[str, Any]]]) -> dict[str, Any]:
+    """A kwok run at 1000 pods: per path, its worker failures' time and its node deaths."""
+
+    def block(path: str, seconds: float, deaths: list[dict[str, Any]]) -> dict[str, Any]:
+        failures = [{"all_running_s": seconds}] * 2 if path == "stock" else _runs(seconds)
+        return {"worker_failure": failures, "node_death": deaths}
+
     return {
         "started": "2026-11-29T01:00:00Z",
         "commit": commit,
@@ -149,44 +155,41 @@ def _kwok_run(commit: str, sizes: dict[str, Any]) -> dict[str, Any]:
         "duration_s": 3600,
         "machine": {"cpus": 2, "steal_pct": 0.1},
         "versions": {"kubernetes": "v1.37.2", "jobset": "v0.12.0", "kwok": "v0.8.0"},
-        "sizes": sizes,
+        "sizes": {"1000": {p: block(p, *v) for p, v in paths.items()}} if paths else {},
     }
 
 
+def _jsi_deaths(shipped: float, never: float) -> list[dict[str, Any]]:
+    """jobset-inplace's two node deaths: as shipped, and `force-delete: never` with the taint."""
+    return [
+        _death(shipped, "none", force_delete="unreachable"),
+        _death(never, "out-of-service", force_delete="never", declared_dead_s=50),
+    ]
+
+
 def test_the_kwok_paths_and_their_headline_come_from_one_run() -> None:
-    death = _death
     doc = _kwok_run(
         "abc1234",
-        {
-            "1000": {
-                "hybrid": {
-                    "worker_failure": _runs(20.0),
-                    "node_death": [
-                        death(17.0, "none", force_delete="unreachable"),
-                        death(80.0, "out-of-service", force_delete="never", declared_dead_s=50),
-                    ],
-                },
-                "upstream": {
-                    "worker_failure": _runs(40.0),
-                    "node_death": [
-                        death(360.0, "none", capped=True, stuck_terminating=["u"]),
-                        death(120.0, "out-of-service", declared_dead_s=51),
-                    ],
-                },
-                "stock": {
-                    "worker_failure": [{"all_running_s": 150.0}] * 2,
-                    "node_death": [
-                        death(360.0, "none", capped=True),
-                        death(240.0, "out-of-service", declared_dead_s=52),
-                    ],
-                },
-            }
-        },
+        hybrid=(20.0, _jsi_deaths(17.0, 80.0)),
+        upstream=(
+            40.0,
+            [
+                _death(360.0, "none", capped=True, stuck_terminating=["u"]),
+                _death(120.0, "out-of-service", declared_dead_s=51),
+            ],
+        ),
+        stock=(
+            150.0,
+            [
+                _death(360.0, "none", capped=True),
+                _death(240.0, "out-of-service", declared_dead_s=52),
+            ],
+        ),
     )
     table = pages.kwok_paths(doc)
     assert "commit `abc1234`" in table
     assert "| 1000 pods | **20.00 / 20.00 / 20.00** | 40.00 / 40.00 / 40.00 |" in table
-    headline = pages.kwok_headline(doc, _kwok_run("def5678", {}))
+    headline = pages.kwok_headline(doc, _kwok_run("def5678"))
     assert "**20.0 s** with jobset-inplace restarting whole pods" in headline
     assert "second run" not in headline
     assert "40.0 s with JobSet's InPlaceRestart (2.0x)" in headline
@@ -203,47 +206,17 @@ def test_the_kwok_paths_and_their_headline_come_from_one_run() -> None:
 
 
 def test_a_spoiled_node_death_is_shown_without_a_ratio_and_taken_from_a_second_run() -> None:
+    spoiled = _death(360.0, "out-of-service", capped=True, invalid="a harness bug")
     first = _kwok_run(
         "abc1234",
-        {
-            "1000": {
-                "hybrid": {
-                    "worker_failure": _runs(20.0),
-                    "node_death": [
-                        _death(17.0, "none", force_delete="unreachable"),
-                        _death(80.0, "out-of-service", force_delete="never", declared_dead_s=50),
-                    ],
-                },
-                "upstream": {
-                    "worker_failure": _runs(40.0),
-                    "node_death": [
-                        _death(360.0, "out-of-service", capped=True, invalid="a harness bug"),
-                    ],
-                },
-                "stock": {
-                    "worker_failure": [{"all_running_s": 150.0}] * 2,
-                    "node_death": [_death(240.0, "out-of-service", declared_dead_s=52)],
-                },
-            }
-        },
+        hybrid=(20.0, _jsi_deaths(17.0, 80.0)),
+        upstream=(40.0, [spoiled]),
+        stock=(150.0, [_death(240.0, "out-of-service", declared_dead_s=52)]),
     )
     second = _kwok_run(
         "def5678",
-        {
-            "1000": {
-                "hybrid": {
-                    "worker_failure": _runs(21.0),
-                    "node_death": [
-                        _death(30.0, "none", force_delete="unreachable"),
-                        _death(70.0, "out-of-service", force_delete="never", declared_dead_s=50),
-                    ],
-                },
-                "upstream": {
-                    "worker_failure": _runs(41.0),
-                    "node_death": [_death(105.0, "out-of-service", declared_dead_s=51)],
-                },
-            }
-        },
+        hybrid=(21.0, _jsi_deaths(30.0, 70.0)),
+        upstream=(41.0, [_death(105.0, "out-of-service", declared_dead_s=51)]),
     )
     table = pages.kwok_paths(first)
     assert "| **not counted: a harness bug** | - |" in table
