@@ -23,11 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import report
+from bench import first_step, report
 from bench.realnode import PathSummary, table
 
 ROOT = Path(__file__).resolve().parents[1]
 REALNODE = ROOT / "docs" / "bench" / "realnode.json"
+TORCH = ROOT / "docs" / "bench" / "realnode-torch.json"
 SCALE = ROOT / "docs" / "bench" / "kwok-scale-2026-11-28" / "results.json"
 PATHS = ROOT / "docs" / "bench" / "kwok-paths-2026-11-28" / "results.json"
 DEATHS = ROOT / "docs" / "bench" / "kwok-node-deaths-2026-11-28-rerun" / "results.json"
@@ -335,10 +336,67 @@ def realnode_headline(doc: dict[str, Any]) -> str:
     )
 
 
+def _first_steps(doc: dict[str, Any]) -> dict[str, float]:
+    """Each path's median first productive step (seconds after the crash) of a torch run."""
+    return {
+        p: v["median"]["first_step"]
+        for p, v in doc["summary"].items()
+        if v["median"]["first_step"] is not None
+    }
+
+
+def realnode_torch_table(doc: dict[str, Any]) -> str:
+    """The PyTorch gang on the real nodes: every path's milestones, from one run."""
+    reps = sorted({v["reps"] for v in doc["summary"].values()})
+    failed = "".join(
+        f" **{path} did not recover**: {why}." for path, why in sorted(doc["failed"].items())
+    )
+    return "\n".join(
+        [
+            f"{origin(doc, TORCH)} Repetitions per path: {'/'.join(map(str, reps))}.{failed}",
+            "",
+            first_step.table(doc["summary"]),
+        ]
+    )
+
+
+def realnode_torch_headline(doc: dict[str, Any]) -> str:
+    """README's PyTorch sentence: jobset-inplace's scopes against the peers, to every rank's
+    first productive step, ratios of that one run's medians."""
+    first = _first_steps(doc)
+    need = ("jsi-prestart", "jsi-process", "jsi-pod", "upstream-main", "stock-grace0")
+    absent = [p for p in need if p not in first]
+    if absent:
+        raise PagesError(f"{_shown(TORCH)}: no first productive step for {absent}")
+    upstream = min((p for p in first if p.startswith("upstream-")), key=lambda p: first[p])
+    consistent = [p for p, v in doc["summary"].items() if v["consistent"]]
+    return (
+        "With a real PyTorch trainer (`torchrun`, DDP, DCP checkpoints; a gang of "
+        f"{doc['members']} members on the same real nodes, medians of "
+        f"{doc['summary']['jsi-pod']['reps']}, one run, "
+        f"{doc['when'][:10]} at `{doc['commit']}`; [docs/benchmarks.md](docs/benchmarks.md"
+        "#a-real-pytorch-trainer-crash---every-ranks-first-productive-step)), from a crashed "
+        f"rank to every rank's first productive step: **{_seconds(first['jsi-prestart'])}** "
+        "with jobset-inplace restarting the trainer processes with the next ones pre-started "
+        f"(`prestart-imports`), {_seconds(first['jsi-process'])} restarting them cold, "
+        f"{_seconds(first['jsi-pod'])} restarting whole pods; JobSet's InPlaceRestart "
+        f"{_seconds(first[upstream])} (`{upstream}`, its fastest variant here: "
+        f"{_times(first[upstream], first['jsi-prestart'])} of the pre-started scope, "
+        f"{_times(first[upstream], first['jsi-pod'])} of the pod scope), stock JobSet at "
+        f"grace 0 {_seconds(first['stock-grace0'])} "
+        f"({_times(first['stock-grace0'], first['jsi-pod'])} of the pod scope). Every rank "
+        f"resumed at one checkpoint step on {len(consistent)} of {len(doc['summary'])} paths "
+        "(every path resumes from one shared DCP directory; upstream's main-container mode "
+        "restarts one container, not the whole pod)."
+    )
+
+
 BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
     # name: (page, render, the result files it renders, in render's argument order)
     "realnode-table": (ROOT / "docs" / "benchmarks.md", realnode_table, (REALNODE,)),
     "realnode-headline": (ROOT / "README.md", realnode_headline, (REALNODE,)),
+    "realnode-torch-table": (ROOT / "docs" / "benchmarks.md", realnode_torch_table, (TORCH,)),
+    "realnode-torch-headline": (ROOT / "README.md", realnode_torch_headline, (TORCH,)),
     "kwok-scale": (ROOT / "docs" / "benchmarks.md", kwok_scale, (SCALE,)),
     "kwok-paths": (ROOT / "docs" / "benchmarks.md", kwok_paths, (PATHS,)),
     "kwok-deaths": (ROOT / "docs" / "benchmarks.md", kwok_deaths, (DEATHS,)),

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from bench import pages
+from bench.first_step import MILESTONES
 from bench.pages import PagesError
 
 
@@ -59,6 +60,52 @@ def test_the_table_names_its_commit_and_machine() -> None:
     assert "commit `abc1234`" in text
     assert "2 cores (steal 0.4 %)" in text
     assert "| upstream-sidecar |" in text
+
+
+def _torch(first_step: float | None, consistent: bool = True) -> dict[str, Any]:
+    med = dict.fromkeys(MILESTONES, 1.0) | {"first_step": first_step}
+    return {
+        "reps": 5,
+        "median": med,
+        "first_step_min": first_step,
+        "first_step_max": first_step,
+        "steps_lost_median": 3,
+        "steps_lost_max": 9,
+        "consistent": consistent,
+        "writes_median": 4,
+    }
+
+
+def test_the_torch_run_is_published_with_its_ratios_and_failures() -> None:
+    doc = {
+        **DOC,
+        "command": "python -m bench.realnode --trainer torch --reps 5",
+        "members": 2,
+        "failed": {"stock": "no rank resumed within 240 s"},
+        "summary": {
+            "jsi-prestart": _torch(6.0),
+            "jsi-process": _torch(13.0),
+            "jsi-pod": _torch(14.0),
+            "upstream-sidecar": _torch(15.0),
+            "upstream-main": _torch(12.0, consistent=False),
+            "stock": _torch(None),
+            "stock-grace0": _torch(14.7),
+        },
+    }
+    table = pages.realnode_torch_table(doc)
+    assert "commit `abc1234`" in table
+    assert "**stock did not recover**: no rank resumed within 240 s." in table
+    assert "| upstream-main |" in table
+    assert "| stock |" not in table
+    headline = pages.realnode_torch_headline(doc)
+    assert "**6.00 s** with jobset-inplace restarting the trainer processes" in headline
+    assert "InPlaceRestart 12.00 s (`upstream-main`, its fastest variant here: " in headline
+    assert "2.00x of the pre-started scope, 0.86x of the pod scope" in headline
+    assert "stock JobSet at grace 0 14.70 s (1.05x of the pod scope)" in headline
+    assert "one checkpoint step on 6 of 7 paths" in headline
+    del doc["summary"]["jsi-prestart"]
+    with pytest.raises(PagesError, match=r"no first productive step for \['jsi-prestart'\]"):
+        pages.realnode_torch_headline(doc)
 
 
 def test_a_result_file_without_its_commit_is_not_published(tmp_path: Path) -> None:
