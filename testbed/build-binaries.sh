@@ -15,7 +15,8 @@
 #               coredns (testbed/coredns, the real nodes' cluster DNS),
 #               prometheus (promtool and the server: the alerts' checks, the e2e scrape),
 #               krew (the kubectl plugin's krew install test),
-#               actionlint (make lint: the GitHub Actions workflows)
+#               actionlint (make lint: the GitHub Actions workflows),
+#               kind (make e2e-kind)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -224,6 +225,9 @@ build_prometheus() {
     github.com/prometheus/prometheus/cmd/promtool github.com/prometheus/prometheus/cmd/prometheus
 }
 
+# kind (make e2e-kind: testbed/kind/run.sh).
+build_kind() { module_build kind sigs.k8s.io/kind "$KIND_VERSION" "" sigs.k8s.io/kind; }
+
 # krew (the kubectl plugin's krew install: tests/integration/test_krew.py).
 build_krew() {
   module_build krew sigs.k8s.io/krew "$KREW_VERSION" \
@@ -273,7 +277,8 @@ main() {
       prometheus) build_prometheus ;;
       krew) build_krew ;;
       actionlint) build_actionlint ;;
-      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc helm prometheus krew actionlint jobset-ipr-agent test-device-plugin test-dra-driver coredns)" >&2; exit 2 ;;
+      kind) build_kind ;;
+      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc helm prometheus krew actionlint kind jobset-ipr-agent test-device-plugin test-dra-driver coredns)" >&2; exit 2 ;;
     esac
   done
   log "all requested binaries present ($((SECONDS - total))s)"

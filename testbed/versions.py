@@ -49,6 +49,7 @@ class Versions:
     prometheus: str
     krew: str
     actionlint: str
+    kind: str
 
     @property
     def kubernetes_minor(self) -> int:
@@ -104,6 +105,7 @@ def parse_versions(text: str, k8s: str = "") -> Versions:
             prometheus=values["PROMETHEUS_VERSION"],
             krew=values["KREW_VERSION"],
             actionlint=values["ACTIONLINT_VERSION"],
+            kind=values["KIND_VERSION"],
         )
     except KeyError as missing:
         raise ValueError(f"{VERSIONS_FILE.name}: missing {missing.args[0]}") from None
@@ -139,6 +141,7 @@ class Binaries:
     prometheus: Path  # the server: e2e/test_prometheus.py scrapes the controller
     krew: Path  # the plugin's krew install test
     actionlint: Path  # make lint: the GitHub Actions workflows
+    kind: Path  # make e2e-kind
     jobset_ipr_agent: Path  # upstream JobSet's in-place restart agent (benchmark only)
     test_device_plugin: Path  # testbed/deviceplugin, for the device-health tests
     test_dra_driver: Path  # testbed/draplugin, for the DRA device-taint test
@@ -176,6 +179,7 @@ def binaries(v: Versions | None = None) -> Binaries:
         prometheus=b / f"prometheus-{v.prometheus}" / "prometheus",
         krew=b / f"krew-{v.krew}" / "krew",
         actionlint=b / f"actionlint-{v.actionlint}" / "actionlint",
+        kind=b / f"kind-{v.kind}" / "kind",
         jobset_ipr_agent=b / f"jobset-ipr-agent-{v.jobset}" / "in-place-restart-agent",
         test_device_plugin=b
         / f"test-device-plugin-{local_module_version('deviceplugin')}"
@@ -219,6 +223,7 @@ COMPONENT_OF = {
     "prometheus": "prometheus",
     "krew": "krew",
     "actionlint": "actionlint",
+    "kind": "kind",
     "jobset_ipr_agent": "jobset-ipr-agent",
     "test_device_plugin": "test-device-plugin",
     "test_dra_driver": "test-dra-driver",

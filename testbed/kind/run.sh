@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run the e2e suite on a kind cluster (hosts with Docker only: .github/workflows/e2e-kind.yaml on
-# a hosted runner; this project's own machines have no Docker engine, so it is not run there).
+# Run the e2e suite on a kind cluster (.github/workflows/e2e-kind.yaml on a hosted runner; on this
+# project's own machines the engine comes from testbed/kind/engine.sh, the node image is not
+# built offline yet: docs/testing.md#kind).
 # JobSet and Kueue are installed from the pinned module sources with their release images;
 # jobset-inplace from manifests/, with its images built from images/Dockerfile.
 # K8S picks the Kubernetes minor as everywhere else (kindest/node:<release> must exist for it).
@@ -10,12 +11,13 @@ repo="$here/../.."
 # shellcheck source=testbed/versions.sh
 source "$here/../versions.sh"
 
-command -v kind >/dev/null || { echo "kind not found: install kind and a Docker engine" >&2; exit 2; }
-docker info >/dev/null 2>&1 || { echo "no Docker engine reachable: this path needs one" >&2; exit 2; }
+# The host's engine if one answers, else Debian's docker.io installed and started (engine.sh).
+bash "$here/engine.sh"
 
-# The pinned kubectl, as on the local path (built from its Go module once, then cached).
-bash "$here/../build-binaries.sh" kubernetes
+# The pinned kubectl and kind, as on the local path (built from their Go modules once, cached).
+bash "$here/../build-binaries.sh" kubernetes kind
 kubectl() { "$KUBERNETES_BIN/kubectl" "$@"; }
+kind() { "$JSI_CACHE/bin/kind-$KIND_VERSION/kind" "$@"; }
 
 kubeconfig="${JSI_KIND_KUBECONFIG:-$HOME/.kube/jsi-kind.yaml}"
 if ! kind get clusters | grep -qx jsi; then
