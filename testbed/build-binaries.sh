@@ -16,7 +16,7 @@
 #               prometheus (promtool and the server: the alerts' checks, the e2e scrape),
 #               krew (the kubectl plugin's krew install test),
 #               actionlint (make lint: the GitHub Actions workflows),
-#               kind (make e2e-kind)
+#               kind (make e2e-kind), cni-plugins and crictl (kind's node image)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -227,6 +227,13 @@ build_prometheus() {
 
 # kind (make e2e-kind: testbed/kind/run.sh).
 build_kind() { module_build kind sigs.k8s.io/kind "$KIND_VERSION" "" sigs.k8s.io/kind; }
+# The CNI plugins and crictl kind's node image carries (testbed/kind/base-image.sh).
+build_cni_plugins() {
+  local p=github.com/containernetworking/plugins/plugins
+  module_build cni-plugins github.com/containernetworking/plugins "$CNI_PLUGINS_VERSION" "" \
+    "$p/ipam/host-local" "$p/main/loopback" "$p/main/ptp" "$p/meta/portmap"
+}
+build_crictl() { module_build crictl sigs.k8s.io/cri-tools "$CRICTL_VERSION" "" sigs.k8s.io/cri-tools/cmd/crictl; }
 
 # krew (the kubectl plugin's krew install: tests/integration/test_krew.py).
 build_krew() {
@@ -278,7 +285,9 @@ main() {
       krew) build_krew ;;
       actionlint) build_actionlint ;;
       kind) build_kind ;;
-      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc helm prometheus krew actionlint kind jobset-ipr-agent test-device-plugin test-dra-driver coredns)" >&2; exit 2 ;;
+      cni-plugins) build_cni_plugins ;;
+      crictl) build_crictl ;;
+      *) echo "unknown component '$c' (accepted: kubernetes etcd kwok jobset kueue containerd runc helm prometheus krew actionlint kind cni-plugins crictl jobset-ipr-agent test-device-plugin test-dra-driver coredns)" >&2; exit 2 ;;
     esac
   done
   log "all requested binaries present ($((SECONDS - total))s)"

@@ -50,6 +50,8 @@ class Versions:
     krew: str
     actionlint: str
     kind: str
+    cni_plugins: str
+    crictl: str
 
     @property
     def kubernetes_minor(self) -> int:
@@ -106,6 +108,8 @@ def parse_versions(text: str, k8s: str = "") -> Versions:
             krew=values["KREW_VERSION"],
             actionlint=values["ACTIONLINT_VERSION"],
             kind=values["KIND_VERSION"],
+            cni_plugins=values["CNI_PLUGINS_VERSION"],
+            crictl=values["CRICTL_VERSION"],
         )
     except KeyError as missing:
         raise ValueError(f"{VERSIONS_FILE.name}: missing {missing.args[0]}") from None
@@ -142,6 +146,8 @@ class Binaries:
     krew: Path  # the plugin's krew install test
     actionlint: Path  # make lint: the GitHub Actions workflows
     kind: Path  # make e2e-kind
+    cni_ptp: Path  # kind's node image: the CNI plugins (host-local, loopback, portmap beside it)
+    crictl: Path  # kind's node image
     jobset_ipr_agent: Path  # upstream JobSet's in-place restart agent (benchmark only)
     test_device_plugin: Path  # testbed/deviceplugin, for the device-health tests
     test_dra_driver: Path  # testbed/draplugin, for the DRA device-taint test
@@ -180,6 +186,8 @@ def binaries(v: Versions | None = None) -> Binaries:
         krew=b / f"krew-{v.krew}" / "krew",
         actionlint=b / f"actionlint-{v.actionlint}" / "actionlint",
         kind=b / f"kind-{v.kind}" / "kind",
+        cni_ptp=b / f"cni-plugins-{v.cni_plugins}" / "ptp",
+        crictl=b / f"crictl-{v.crictl}" / "crictl",
         jobset_ipr_agent=b / f"jobset-ipr-agent-{v.jobset}" / "in-place-restart-agent",
         test_device_plugin=b
         / f"test-device-plugin-{local_module_version('deviceplugin')}"
@@ -224,6 +232,8 @@ COMPONENT_OF = {
     "krew": "krew",
     "actionlint": "actionlint",
     "kind": "kind",
+    "cni_ptp": "cni-plugins",
+    "crictl": "crictl",
     "jobset_ipr_agent": "jobset-ipr-agent",
     "test_device_plugin": "test-device-plugin",
     "test_dra_driver": "test-dra-driver",

@@ -83,28 +83,9 @@ for b in debootstrap umoci skopeo catatonit; do
   command -v "$b" >/dev/null || die "$b missing: run testbed/realnode/install-runtime.sh"
 done
 
-debian_mirror() {
-  if [[ -n "${JSI_DEBIAN_MIRROR:-}" ]]; then
-    echo "$JSI_DEBIAN_MIRROR"
-    return
-  fi
-  local m=""
-  # deb822 sources: first URIs line of a stanza whose Suites has the suite and that is not security
-  if compgen -G '/etc/apt/sources.list.d/*.sources' >/dev/null; then
-    m="$(awk -v s="$suite" '
-      /^URIs:/ {u=$2} /^Suites:/ {for (i=2;i<=NF;i++) if ($i==s) ok=1}
-      /^$/ {if (ok && u !~ /security/) {print u; exit} ok=0; u=""}
-      END {if (ok && u !~ /security/) print u}' /etc/apt/sources.list.d/*.sources | head -1)"
-  fi
-  if [[ -z "$m" && -f /etc/apt/sources.list ]]; then
-    m="$(awk -v s="$suite" '$1=="deb" && $3==s && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list)"
-  fi
-  # No fallback to a public mirror: the build uses the machine's configured sources only.
-  [[ -n "$m" ]] || die "no Debian mirror found for suite $suite in /etc/apt/sources.list or" \
-    "/etc/apt/sources.list.d/*.sources: configure one for apt, or set JSI_DEBIAN_MIRROR=URL"
-  echo "$m"
-}
-mirror="$(debian_mirror)" || exit 1
+# shellcheck source=testbed/debian-mirror.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../debian-mirror.sh"
+mirror="$(debian_mirror "$suite")" || exit 1
 
 pkgver() { dpkg-query -W -f='${Version}' "$1"; }
 
