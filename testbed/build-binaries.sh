@@ -52,7 +52,7 @@ build_kubernetes() {
   local mod="$cache/src/kubernetes-$v"
   mkdir -p "$dir" "$mod"
   local staging="v0.${v#v1.}"
-  local components=(kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet kube-proxy)
+  local components=(kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet kube-proxy kubeadm)
   local missing=0 c
   for c in "${components[@]}"; do [[ -x "$dir/$c" ]] || missing=1; done
   if (( missing == 0 )); then log "cached   kubernetes $v ($dir)"; return; fi

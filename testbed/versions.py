@@ -131,6 +131,7 @@ class Binaries:
     kubectl: Path
     kubelet: Path
     kube_proxy: Path
+    kubeadm: Path
     etcd: Path
     kwok: Path
     kwokctl: Path
@@ -171,6 +172,7 @@ def binaries(v: Versions | None = None) -> Binaries:
         kubectl=k8s / "kubectl",
         kubelet=k8s / "kubelet",
         kube_proxy=k8s / "kube-proxy",
+        kubeadm=k8s / "kubeadm",
         etcd=b / f"etcd-{v.etcd}" / "etcd",
         kwok=kwok / "kwok",
         kwokctl=kwok / "kwokctl",
@@ -217,6 +219,7 @@ COMPONENT_OF = {
     "kubectl": "kubernetes",
     "kubelet": "kubernetes",
     "kube_proxy": "kubernetes",
+    "kubeadm": "kubernetes",
     "etcd": "etcd",
     "kwok": "kwok",
     "kwokctl": "kwok",

@@ -1,4 +1,5 @@
-"""Manifests the suites create: small JobSets whose pods land on kwok nodes."""
+"""Manifests the suites create: small JobSets whose pods land on kwok nodes (or, on another
+cluster, where ``JSI_E2E_NODE_SELECTOR`` says, running ``JSI_E2E_IMAGE``)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,27 @@ def e2e_node_selector() -> dict[str, str]:
     if bad:
         raise ValueError(f"JSI_E2E_NODE_SELECTOR must be key=value[,key=value], got {raw!r}")
     return {k: v for k, _, v in pairs}
+
+
+# A container image for the default pod where pods really run (another cluster's nodes): any
+# image with `sleep`, present on its nodes (testbed/kind/run.sh names its trainer image).
+E2E_IMAGE_ENV = "JSI_E2E_IMAGE"
+
+
+def default_container() -> dict[str, Any]:
+    """The default member container: on kwok nodes a placeholder nothing runs; with
+    ``JSI_E2E_IMAGE`` set, that image sleeping until the member is stopped."""
+    image = os.environ.get(E2E_IMAGE_ENV)
+    placement: dict[str, Any] = (
+        {"image": image, "command": ["sleep", "infinity"]}
+        if image
+        else {"image": "trainer:local", "command": ["python3", "train.py"]}
+    )
+    return {
+        "name": "trainer",
+        **placement,
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+    }
 
 
 def whole_node_trainer(cpu: str) -> dict[str, Any]:
@@ -54,14 +76,7 @@ def jobset(
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "nodeSelector": node_selector or e2e_node_selector(),
-        "containers": [
-            {
-                "name": "trainer",
-                "image": "trainer:local",
-                "command": ["python3", "train.py"],
-                "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
-            }
-        ],
+        "containers": [default_container()],
     } | (pod or {})
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
