@@ -18,11 +18,10 @@ import pytest
 
 from jobset_inplace import names
 from testbed.cluster import DEFAULT_NODES, DEFAULT_REAL_NODES, LocalCluster, log
+from testbed.images import IMAGES_LOADED_ENV
 from testbed.install import Installation
 from testbed.kube import Clients, clients, remove_taint, temporary_namespace, wait_for
 from testbed.kwoknodes import NODE_DOWN_TAINTS, kwok_nodes, set_heartbeat, silenced, unhealthy
-
-IMAGES_LOADED_ENV = "JSI_E2E_IMAGES_LOADED"
 
 
 @pytest.fixture(scope="session")

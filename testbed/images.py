@@ -68,6 +68,9 @@ AGENT_IMAGE = DEFAULT_AGENT_IMAGE
 # The local nodes' test image: this checkout's package and the demo trainer on the Python
 # image (build-images.sh's PYTHON_NAME, replaced by that layer on the nodes).
 NODE_IMAGE = "jobset-inplace/python:local"
+# Set to 1 where another cluster's nodes have these images already (testbed/kind/run.sh loads
+# them into kind): the e2e tests that need them run there too.
+IMAGES_LOADED_ENV = "JSI_E2E_IMAGES_LOADED"
 CONTROLLER_IMAGE = f"jobset-inplace/controller:{__version__}"
 # The controller's user (65532, distroless's "nonroot"; in the base image's /etc/passwd).
 NONROOT = "65532:65532"

@@ -1,9 +1,9 @@
 """The kind cluster's configuration that ``testbed/kind/run.sh`` creates (docs/testing.md#kind).
 
 One control plane and four workers of one node image; the feature gates the in-place path needs
-on that release (none from 1.36); kube-proxy in nftables mode (the locally built node image's
-kube-proxy has ``nft``); kubelets that start on cgroup v1 hosts too (from 1.35 they refuse
-unless told). Two settings only where they apply:
+on that release (none from 1.36); pods in ``POD_SUBNET``; kube-proxy in nftables mode (the
+locally built node image's kube-proxy has ``nft``); kubelets that start on cgroup v1 hosts too
+(from 1.35 they refuse unless told). Two settings only where they apply:
 
 - the locally built node image carries etcd and CoreDNS at their own versions, not the ones
   kubeadm names by default: kubeadm is pointed at their tags;
@@ -26,6 +26,10 @@ from testbed.versions import versions
 
 CLUSTER_NAME = "jsi"
 WORKERS = 4
+# kind's pods, apart from the local cluster's (testbed/cluster.py POD_CIDR, 10.244.0.0/16): run.sh
+# routes this host to them (as the local cluster's pods are reachable from it), and the two
+# clusters may share a machine.
+POD_SUBNET = "10.245.0.0/16"
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ class KindCluster:
         gates = gates_needed(minor)
         if gates:
             config["featureGates"] = {gate: True for gate in gates}
-        config["networking"] = {"kubeProxyMode": "nftables"}
+        config["networking"] = {"kubeProxyMode": "nftables", "podSubnet": POD_SUBNET}
         config["kubeadmConfigPatches"] = patches
         if self.restrict_oom_score_adj:
             config["containerdConfigPatches"] = [

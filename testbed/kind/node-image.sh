@@ -158,9 +158,13 @@ for ref in "${refs[@]}"; do
   [[ "$ref" == */*/* || "$ref" == *.*/* ]] || full="docker.io/$ref"
   grep -qxF "$full" <<<"$imported" || die "$full is not in the node's containerd after the import"
 done
-# What kubeadm will ask for, against what is there (etcd and CoreDNS by run.sh's tags).
-docker exec "$builder" kubeadm config images list --kubernetes-version "$KUBERNETES_VERSION" \
-  2>/dev/null | sed 's/^/[kind-node] kubeadm default: /' >&2 || true
+# What kubeadm will ask for must be there: the Kubernetes images exactly (etcd and CoreDNS are
+# asked for by the tags run.sh gives kubeadm; pause by containerd's sandbox_image, above).
+while read -r want; do
+  case "$want" in */etcd:* | */coredns/* | */pause:*) continue ;; esac
+  printf '%s\n' "${refs[@]}" | grep -qxF "$want" ||
+    die "kubeadm $KUBERNETES_VERSION asks for $want, which is not preloaded"
+done < <(docker exec "$builder" kubeadm config images list --kubernetes-version "$KUBERNETES_VERSION" 2>/dev/null)
 docker exec "$builder" pkill containerd
 # (it stays a zombie: the build container's PID 1 is sleep, which reaps nothing)
 docker exec "$builder" sh -c \

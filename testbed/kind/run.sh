@@ -89,6 +89,16 @@ if ! kind get clusters 2>/dev/null | grep -qx jsi; then
 fi
 export KUBECONFIG="$kubeconfig"
 
+# This host reaches the pods, as it reaches the local cluster's (the Prometheus test scrapes
+# them from here): a route to each node's pod range through the node (idempotent).
+as_root=()
+if [[ $(id -u) != 0 ]]; then as_root=(sudo -n); fi
+while read -r node cidr address; do
+  [[ -n "$cidr" && -n "$address" ]] || die "node $node has no pod range or address yet"
+  "${as_root[@]}" ip route replace "$cidr" via "$address"
+  log "route $cidr via $address ($node)"
+done < <(kubectl get nodes -o jsonpath='{range .items[*]}{.metadata.name} {.spec.podCIDR} {.status.addresses[?(@.type=="InternalIP")].address}{"\n"}{end}')
+
 step "JobSet $JOBSET_VERSION and Kueue $KUEUE_VERSION ($jobset_image, $kueue_image)"
 pull=(cat)
 if [[ "$images" == local ]]; then

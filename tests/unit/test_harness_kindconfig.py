@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import tomllib
+from ipaddress import ip_network
 from typing import Any
 
 import pytest
 import yaml
 
-from testbed.kindconfig import KindCluster, dump, main
+from testbed.cluster import POD_CIDR
+from testbed.kindconfig import POD_SUBNET, KindCluster, dump, main
 
 
 def _patches(config: dict[str, Any], kind: str) -> list[dict[str, Any]]:
@@ -19,13 +21,17 @@ def test_a_public_node_image_gets_one_control_plane_four_workers_and_no_image_ta
     config = yaml.safe_load(dump(KindCluster("v1.37.2", "kindest/node:v1.37.2").config()))
     assert [n["role"] for n in config["nodes"]] == ["control-plane"] + ["worker"] * 4
     assert {n["image"] for n in config["nodes"]} == {"kindest/node:v1.37.2"}
-    assert config["networking"] == {"kubeProxyMode": "nftables"}
+    assert config["networking"] == {"kubeProxyMode": "nftables", "podSubnet": "10.245.0.0/16"}
     assert _patches(config, "KubeletConfiguration") == [
         {"kind": "KubeletConfiguration", "failCgroupV1": False}
     ]
     assert _patches(config, "ClusterConfiguration") == []
     assert "containerdConfigPatches" not in config
     assert "featureGates" not in config  # none needed from 1.36
+
+
+def test_kind_pods_do_not_overlap_the_local_cluster_s() -> None:
+    assert not ip_network(POD_SUBNET).overlaps(ip_network(POD_CIDR))
 
 
 def test_the_local_node_image_points_kubeadm_at_its_etcd_and_coredns() -> None:
