@@ -40,11 +40,12 @@ binaries: ## build pinned upstream binaries from Go modules (cached, idempotent)
 images: venv ## the agent and controller images, offline and reproducible (docs/images.md)
 	$(PY) -m testbed.images
 
-lint: venv ## ruff + mypy + the layer contracts (import-linter, [tool.importlinter]) + actionlint on .github/workflows
+lint: venv ## ruff + mypy + the layer contracts (import-linter, [tool.importlinter]) + shellcheck + actionlint on .github/workflows
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/shellcheck -x $$(git grep -lE '^#!(/usr/bin/env |/bin/)(ba)?sh$$' -- ':!*.md')
 	$(PY) -c 'from testbed.versions import ensure_binaries; ensure_binaries("actionlint")' >&2
 	"$$($(PY) -c 'from testbed.versions import binaries; print(binaries().actionlint)')"
 
@@ -54,7 +55,7 @@ unit: venv ## pure unit tests (no cluster)
 integration: venv binaries ## tests against a real etcd + kube-apiserver
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
-e2e: venv binaries ## e2e suite on the local cluster (JSI_KUBECONFIG=...: 3 of 29 tests, see docs/testing.md)
+e2e: venv binaries ## e2e suite on the local cluster (JSI_KUBECONFIG=...: another cluster, docs/testing.md)
 	$(PY) -m pytest e2e $(PYTEST_ARGS)
 
 test: venv binaries lint ## everything: lint, unit, integration, e2e on the local cluster
@@ -72,7 +73,7 @@ cluster-install: venv ## install jobset-inplace in the local cluster like a user
 cluster-status: venv ## is the local cluster up, and where are its kubeconfig and logs
 	$(PY) -m testbed status
 
-e2e-kind: venv ## e2e suite on kind: images from the Dockerfile, in-cluster install (needs Docker; .github/workflows/e2e-kind.yaml)
+e2e-kind: venv ## e2e suite on a kind cluster, every image built here (Docker installed if none answers; docs/testing.md#kind)
 	bash testbed/kind/run.sh $(PYTEST_ARGS)
 
 demo: venv binaries ## hybrid recovery on the local cluster: train, inject a failure, print the timeline

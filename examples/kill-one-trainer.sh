@@ -16,6 +16,7 @@ epoch=$(kubectl get gangstate "$name" -n "$ns" -o jsonpath='{.status.epoch}')
 container=$(kubectl get "$pod" -n "$ns" -o jsonpath='{.spec.containers[0].name}')
 echo "killing the trainer of $pod (container $container) in epoch $epoch"
 # every process of the container but PID 1 (the launcher, or the trainer itself in pod scope)
+# shellcheck disable=SC2016 # expanded by the pod's shell, not this one
 kubectl exec -n "$ns" "${pod#pod/}" -c "$container" -- sh -c \
   'for p in /proc/[0-9]*; do p=${p#/proc/}; [ "$p" != 1 ] && [ "$p" != $$ ] && kill -9 "$p" 2>/dev/null; done; true'
 for _ in $(seq 1 120); do

@@ -2,6 +2,7 @@
 # minor chosen by K8S (default K8S_DEFAULT) to KUBERNETES_VERSION. testbed/versions.py does the
 # same for Python; tests/unit/test_harness_versions.py checks that both agree.
 # shellcheck shell=bash
+# shellcheck disable=SC2034 # the variables below are for the scripts that source this file
 # shellcheck source=testbed/versions.env
 source "$(dirname "${BASH_SOURCE[0]}")/versions.env"
 K8S="${K8S:-$K8S_DEFAULT}"
@@ -10,6 +11,7 @@ if [[ ! "$K8S" =~ ^1\.[0-9]+$ || -z "${!_jsi_k8s_key:-}" ]]; then
   echo "K8S=$K8S: not a supported Kubernetes minor (accepted: $(
     sed -n 's/^KUBERNETES_\([0-9]*\)_\([0-9]*\)=.*/\1.\2/p' "$(dirname "${BASH_SOURCE[0]}")/versions.env" | paste -sd' '
   ))" >&2
+  # shellcheck disable=SC2317 # sourced: return; run: exit
   return 2 2>/dev/null || exit 2
 fi
 KUBERNETES_VERSION="${!_jsi_k8s_key}"

@@ -13,15 +13,13 @@
 # real nodes use (versions.env); no fuse-overlayfs snapshotter (only for zfs or rootless hosts).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=testbed/versions.sh
-source "$here/../versions.sh"
+lib_tag=kind-base
+# shellcheck source=testbed/kind/lib.sh
+source "$here/lib.sh"
 # shellcheck source=testbed/debian-mirror.sh
 source "$here/../debian-mirror.sh"
-log() { printf '[kind-base %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-die() { log "error: $*"; exit 1; }
-[[ $(id -u) -eq 0 ]] || die "needs root (debootstrap, chroot)"
-command -v debootstrap >/dev/null || die "debootstrap not found (apt-get install debootstrap)"
-docker info >/dev/null 2>&1 || die "no Docker engine answers: run testbed/kind/engine.sh first"
+need_debootstrap
+need_engine
 
 suite=bookworm
 # kind's base packages (its Dockerfile's clean-install list), but fuse-overlayfs.
@@ -37,17 +35,13 @@ crictl="$bin/crictl-$CRICTL_VERSION/crictl"
 
 hash="$(
   {
-    cat "${BASH_SOURCE[0]}"
+    cat "${BASH_SOURCE[0]}" "$here/lib.sh"
     echo "$suite $mirror $packages $KIND_VERSION $CONTAINERD_VERSION $RUNC_VERSION"
     echo "$CNI_PLUGINS_VERSION $CRICTL_VERSION $(dpkg-query -W -f '${Version}' debootstrap)"
   } | sha256sum | cut -c1-16
 )"
 image="jobset-inplace/kind-base:$hash"
-if docker image inspect "$image" >/dev/null 2>&1; then
-  log "cached $image"
-  echo "$image"
-  exit 0
-fi
+exit_if_cached "$image"
 
 work="$JSI_CACHE/kind/base-$hash"
 rootfs="$work/rootfs"
@@ -106,15 +100,7 @@ chroot "$rootfs" /usr/local/sbin/runc --version >/dev/null || die "runc does not
 in_root 'apt-get clean; rm -rf /var/lib/apt/lists/* /var/cache/debconf/*-old /var/lib/dpkg/*-old'
 
 log "importing $image ..."
-mkdir -p "$work/context"
-tar -C "$rootfs" --numeric-owner -cf "$work/context/rootfs.tar" .
-cat >"$work/context/Dockerfile" <<'EOF'
-FROM scratch
-ADD rootfs.tar /
-ENV container=docker
+image_from_rootfs "$rootfs" "$image" 'ENV container=docker
 STOPSIGNAL SIGRTMIN+3
-ENTRYPOINT [ "/usr/local/bin/entrypoint", "/sbin/init" ]
-EOF
-DOCKER_BUILDKIT=0 docker build -q -t "$image" "$work/context" >/dev/null
-log "built $image ($(docker image inspect -f '{{.Size}}' "$image" | awk '{printf "%.0f MiB", $1/1048576}')) in $((SECONDS - began)) s"
-echo "$image"
+ENTRYPOINT [ "/usr/local/bin/entrypoint", "/sbin/init" ]'
+built "$image" "$((SECONDS - began))"

@@ -12,32 +12,26 @@
 # re-running is cheap. testbed/kind/run.sh passes it to `docker build --build-arg BASE=...`.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=testbed/versions.sh
-source "$here/../versions.sh"
+lib_tag=debian-image
+# shellcheck source=testbed/kind/lib.sh
+source "$here/lib.sh"
 # shellcheck source=testbed/debian-mirror.sh
 source "$here/../debian-mirror.sh"
-log() { printf '[debian-image %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-die() { log "error: $*"; exit 1; }
-[[ $(id -u) -eq 0 ]] || die "needs root (debootstrap, chroot)"
-command -v debootstrap >/dev/null || die "debootstrap not found (apt-get install debootstrap)"
-docker info >/dev/null 2>&1 || die "no Docker engine answers: run testbed/kind/engine.sh first"
+need_debootstrap
+need_engine
 
 suite=bookworm
 mirror="$(debian_mirror "$suite")"
 cas=/usr/local/share/ca-certificates
 hash="$(
   {
-    cat "${BASH_SOURCE[0]}"
+    cat "${BASH_SOURCE[0]}" "$here/lib.sh"
     echo "$suite $mirror $(dpkg-query -W -f '${Version}' debootstrap)"
     find "$cas" -name '*.crt' -type f -exec cat {} + 2>/dev/null || true
   } | sha256sum | cut -c1-16
 )"
 image="jobset-inplace/debian:$suite-$hash"
-if docker image inspect "$image" >/dev/null 2>&1; then
-  log "cached $image"
-  echo "$image"
-  exit 0
-fi
+exit_if_cached "$image"
 
 work="$JSI_CACHE/kind/debian-$hash"
 rootfs="$work/rootfs"
@@ -59,9 +53,5 @@ fi
 chroot "$rootfs" /bin/sh -c \
   'apt-get clean; rm -rf /var/lib/apt/lists/* /var/cache/debconf/*-old /var/lib/dpkg/*-old /var/log/*'
 
-mkdir -p "$work/context"
-tar -C "$rootfs" --numeric-owner -cf "$work/context/rootfs.tar" .
-printf 'FROM scratch\nADD rootfs.tar /\nCMD ["bash"]\n' >"$work/context/Dockerfile"
-DOCKER_BUILDKIT=0 docker build -q -t "$image" "$work/context" >/dev/null
-log "built $image ($(docker image inspect -f '{{.Size}}' "$image" | awk '{printf "%.0f MiB", $1/1048576}')) in $((SECONDS - began)) s"
-echo "$image"
+image_from_rootfs "$rootfs" "$image" 'CMD ["bash"]'
+built "$image" "$((SECONDS - began))"

@@ -19,12 +19,11 @@
 # Then it checks the engine end to end: a privileged container runs.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=testbed/versions.sh
-source "$here/../versions.sh"
+lib_tag=engine
+# shellcheck source=testbed/kind/lib.sh
+source "$here/lib.sh"
 dir="$JSI_CACHE/kind/engine"
 pidfile="$dir/dockerd.pid"
-log() { printf '[engine %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-die() { log "error: $*"; exit 1; }
 
 ours_running() { [[ -s "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
 
@@ -48,12 +47,7 @@ check() {
   # A privileged container (what kind's nodes are) from the pause image the testbed builds
   # offline (testbed/images.py): it must start and keep running.
   local archive name=jsi-engine-check
-  archive="$(ls -t "$JSI_CACHE"/images/pause-*.tar 2>/dev/null | head -1 || true)"
-  if [[ -z "$archive" ]]; then
-    log "building the testbed images for the check (python -m testbed.images) ..."
-    (cd "$here/../.." && .venv/bin/python -m testbed.images >&2)
-    archive="$(ls -t "$JSI_CACHE"/images/pause-*.tar | head -1)"
-  fi
+  archive="$(pause_archive)"
   docker load -q -i "$archive" >/dev/null
   docker rm -f "$name" >/dev/null 2>&1 || true
   docker run -d --privileged --name "$name" registry.k8s.io/pause:3.10 >/dev/null ||

@@ -19,10 +19,9 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$here/../.."
-# shellcheck source=testbed/versions.sh
-source "$here/../versions.sh"
-log() { printf '[kind-node %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+lib_tag=kind-node
+# shellcheck source=testbed/kind/lib.sh
+source "$here/lib.sh"
 
 # The tags the images below carry for etcd and CoreDNS (kubeadm's ClusterConfiguration fields).
 etcd_tag="${ETCD_VERSION#v}-0"
@@ -37,20 +36,14 @@ elif [[ $# -gt 0 ]]; then
   echo "usage: $0 [--kubeadm-tags]" >&2
   exit 2
 fi
-docker info >/dev/null 2>&1 || die "no Docker engine answers: run testbed/kind/engine.sh first"
+need_engine
 
 base="$(bash "$here/base-image.sh")"
 debian="$(bash "$here/debian-image.sh")"
 bash "$here/../build-binaries.sh" kubernetes etcd coredns >&2
 read -r etcd_bin coredns_bin < <(cd "$repo" &&
   python3 -c 'from testbed.versions import binaries as b; print(b().etcd, b().coredns)')
-# shellcheck disable=SC2012
-pause_archive="$(ls -t "$JSI_CACHE"/images/pause-*.tar 2>/dev/null | head -1 || true)"
-if [[ -z "$pause_archive" ]]; then
-  log "building the testbed's pause image (python -m testbed.images) ..."
-  (cd "$repo" && .venv/bin/python -m testbed.images >&2)
-  pause_archive="$(ls -t "$JSI_CACHE"/images/pause-*.tar | head -1)"
-fi
+pause_archive="$(pause_archive)"
 # The pause image kind's containerd configuration names (sandbox_image).
 kind_src="$(go mod download -json "sigs.k8s.io/kind@$KIND_VERSION" | jq -r .Dir)"
 sandbox="$(sed -n 's/^ *sandbox_image = "\(.*\)"/\1/p' "$kind_src/images/base/files/etc/containerd/config.toml")"
@@ -58,16 +51,12 @@ sandbox="$(sed -n 's/^ *sandbox_image = "\(.*\)"/\1/p' "$kind_src/images/base/fi
 
 hash="$(
   {
-    cat "${BASH_SOURCE[0]}" "$here"/net/*
+    cat "${BASH_SOURCE[0]}" "$here"/{lib.sh,static-image.sh} "$here"/net/*
     echo "$base $debian $KUBERNETES_VERSION $etcd_bin $coredns_bin $pause_archive $sandbox"
   } | sha256sum | cut -c1-16
 )"
 image="jobset-inplace/kind-node:$KUBERNETES_VERSION-$hash"
-if docker image inspect "$image" >/dev/null 2>&1; then
-  log "cached $image"
-  echo "$image"
-  exit 0
-fi
+exit_if_cached "$image"
 
 began=$SECONDS
 work="$JSI_CACHE/kind/node-$hash"
@@ -108,19 +97,18 @@ RUN apt-get update -qq \\
  && apt-get clean && rm -rf /var/lib/apt/lists/* /var/log/*
 EOF
 build "jobset-inplace/kind-tools:$hash" "$tools"
-proxy="$work/ctx-proxy"
-mkdir -p "$proxy"
-install -m 0755 "$KUBERNETES_BIN/kube-proxy" "$proxy/"
-printf 'FROM jobset-inplace/kind-tools:%s\nCOPY kube-proxy /usr/local/bin/kube-proxy\n' "$hash" >"$proxy/Dockerfile"
-build "$registry/kube-proxy:$KUBERNETES_VERSION" "$proxy"
-refs+=("$registry/kube-proxy:$KUBERNETES_VERSION")
+tools_image() {  # tools_image REF FILE PATH: FILE at PATH on the tools image
+  local ctx
+  ctx="$work/ctx-$(basename "$3")"
+  mkdir -p "$ctx"
+  install -m 0755 "$2" "$ctx/file"
+  printf 'FROM jobset-inplace/kind-tools:%s\nCOPY file %s\n' "$hash" "$3" >"$ctx/Dockerfile"
+  build "$1" "$ctx"
+  refs+=("$1")
+}
+tools_image "$registry/kube-proxy:$KUBERNETES_VERSION" "$KUBERNETES_BIN/kube-proxy" /usr/local/bin/kube-proxy
 net_image="jobset-inplace/kind-net:$hash"
-net="$work/ctx-net"
-mkdir -p "$net"
-install -m 0755 "$here/net/kind-net.sh" "$net/kind-net"
-printf 'FROM jobset-inplace/kind-tools:%s\nCOPY kind-net /usr/local/bin/kind-net\n' "$hash" >"$net/Dockerfile"
-build "$net_image" "$net"
-refs+=("$net_image")
+tools_image "$net_image" "$here/net/kind-net.sh" /usr/local/bin/kind-net
 docker rmi "jobset-inplace/kind-tools:$hash" >/dev/null 2>&1 || true
 docker load -q -i "$pause_archive" >/dev/null
 docker image inspect "$sandbox" >/dev/null 2>&1 ||
@@ -172,5 +160,5 @@ docker exec "$builder" sh -c \
 docker commit --change 'ENTRYPOINT [ "/usr/local/bin/entrypoint", "/sbin/init" ]' --change 'CMD []' \
   "$builder" "$image" >/dev/null
 for ref in "${refs[@]}"; do docker rmi "$ref" >/dev/null 2>&1 || true; done
-log "built $image ($(docker image inspect -f '{{.Size}}' "$image" | awk '{printf "%.0f MiB", $1/1048576}')) in $((SECONDS - began)) s; preloaded: ${refs[*]}"
-echo "$image"
+built "$image" "$((SECONDS - began))"
+log "preloaded: ${refs[*]}"

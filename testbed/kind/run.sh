@@ -54,6 +54,9 @@ docker_build() {
 cd "$repo"
 etcd_tag="" coredns_tag=""
 if [[ "$images" == local ]]; then
+  # The Debian tools the image builds use (debootstrap, jq, libseccomp-dev for runc): as the
+  # local cluster installs them (idempotent: no apt work when all are there).
+  bash "$here/../realnode/install-runtime.sh"
   step "kind's node image (node-image.sh)"
   node_image="$(bash "$here/node-image.sh")"
   read -r etcd_tag coredns_tag < <(bash "$here/node-image.sh" --kubeadm-tags)
@@ -114,8 +117,6 @@ kubectl kustomize "$gomod/sigs.k8s.io/jobset@$JOBSET_VERSION/config/default" |
 kubectl kustomize "$gomod/sigs.k8s.io/kueue@$KUEUE_VERSION/config/default" |
   sed "s#image: .*kueue:.*#image: $kueue_image#" | "${pull[@]}" |
   kubectl apply --server-side -f -
-kubectl -n jobset-system rollout status deploy/jobset-controller-manager --timeout=5m
-kubectl -n kueue-system rollout status deploy/kueue-controller-manager --timeout=5m
 
 # The product images and the e2e trainer image, built with the Dockerfile (the offline recipe's
 # equivalent: docs/images.md) and loaded into every kind node; names from testbed/images.py.
@@ -130,11 +131,15 @@ kind load docker-image --name jsi "$agent" "$controller" "$trainer"
 # The e2e trainers run where the local cluster's real kubelet nodes would: every kind worker.
 kubectl label nodes -l '!node-role.kubernetes.io/control-plane' --overwrite \
   jobset-inplace.dev/real-node=true
+# JobSet and Kueue came up meanwhile (their webhook certificates take a minute or two).
+step "JobSet and Kueue ready"
+kubectl -n jobset-system rollout status deploy/jobset-controller-manager --timeout=5m
+kubectl -n kueue-system rollout status deploy/kueue-controller-manager --timeout=5m
 
 # The suite installs jobset-inplace from manifests/ as a user would (JSI_E2E_IMAGES_LOADED: the
 # nodes have the images) and runs the in-cluster tests against it. The tests that need the
-# local cluster's own levers (kwok nodes, the real-node restart test) do not run: a partial run
-# is accepted here, and the summary at the end lists each test that did not run and why.
+# local cluster's own levers (kwok nodes, the real nodes' host) do not run: a partial run is
+# accepted here, and the summary at the end lists each test that did not run and why.
 step "the e2e suite"
 JSI_E2E_IMAGES_LOADED=1 JSI_E2E_PARTIAL=1 JSI_KUBECONFIG="$kubeconfig" JSI_E2E_IMAGE="$trainer" \
   JSI_E2E_NODE_SELECTOR="${JSI_E2E_NODE_SELECTOR:-jobset-inplace.dev/real-node=true}" \

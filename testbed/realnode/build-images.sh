@@ -269,8 +269,10 @@ build_image pause "$PAUSE_NAME" "$PAUSE_ALIAS" pause_rootfs pause_config
 pause_archive="$archive"
 build_image python "$PYTHON_NAME" "" python_rootfs python_config
 python_archive="$archive"
+# shellcheck disable=SC2154 # pause_hash and python_hash: set by build_image (its eval)
 python_base_hash="$python_hash"
 declare -A out_archive=([pause]="$pause_archive" [python]="$python_archive")
+# shellcheck disable=SC2154
 declare -A out_hash=([pause]="$pause_hash" [python]="$python_hash")
 declare -A out_name=([pause]="$PAUSE_NAME $PAUSE_ALIAS" [python]="$PYTHON_NAME")
 keys=(pause python)

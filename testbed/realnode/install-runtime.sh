@@ -3,7 +3,7 @@
 # runtime (containerd 2.x and runc are built from Go modules by testbed/build-binaries.sh;
 # runc's build needs libseccomp-dev from here): CNI plugins, the host tools kubelet and
 # kube-proxy-less pod networking call (iptables, conntrack, socat, iproute2), and the
-# offline image tool chain (debootstrap, umoci, skopeo, catatonit, busybox-static).
+# offline image tool chain (debootstrap, umoci, skopeo, catatonit, busybox-static, jq).
 #
 # Idempotent: a package that is already installed is skipped; when everything is there
 # the script does no apt work at all (not even `apt-get update`).
@@ -30,6 +30,7 @@ packages=(
   skopeo                       # oci: -> docker-archive: conversion
   catatonit                    # pause image (catatonit -P)
   busybox-static               # tiny static shell for debugging images
+  jq                           # JSON in the kind image scripts (testbed/kind)
 )
 
 if [[ $(id -u) -ne 0 ]]; then
