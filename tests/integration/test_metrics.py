@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from jobset_inplace.controller.executor import Executor
 from jobset_inplace.controller.metrics import Metrics
 from jobset_inplace.controller.operator import plan_all, prime, raw_watches
 from jobset_inplace.controller.reconciler import Reconciler
+from jobset_inplace.runtime.watches import event_time
 from testbed.controlplane import ControlPlane
 from testbed.kube import Clients, wait_for
 
@@ -150,9 +152,18 @@ def test_a_trainer_crash_and_its_recovery_move_the_metrics(
         assert sample(m, budget, **where, budget="recreate") == 5
         assert sample(m, "jobset_inplace_passes_total") >= 4
         assert sample(m, "jobset_inplace_planning_cpu_seconds_count") >= 4
-        # at least each member's creation; a change in the same second as the pod's previous
-        # one moves no managedFields time (whole seconds) and is not timed
-        assert sample(m, "jobset_inplace_event_lag_seconds_count", watch="pods") >= 4
+        # a pod change is timed when it moves the pod's newest managedFields time (whole
+        # seconds): how many of the changes above did depends on where the second boundaries
+        # fell, so make one that must: a write in a later second than the pod's newest stamp.
+        lag = "jobset_inplace_event_lag_seconds_count"
+        timed = sample(m, lag, watch="pods")
+        newest = event_time(kube.api.sanitize_for_serialization(gang.pod(0)))
+        assert newest is not None
+        wait_for("a second after the pod's newest stamp", lambda: time.time() >= newest + 1, 5)
+        kube.core.patch_namespaced_pod(
+            gang.pods[0], gang.namespace, {"metadata": {"labels": {"lag-probe": "1"}}}
+        )
+        wait_for("the pod change timed", lambda: sample(m, lag, watch="pods") > timed, 10)
         wait_for(
             "a Lease renewal handled",
             lambda: sample(m, "jobset_inplace_event_lag_seconds_count", watch="node_leases"),
