@@ -45,16 +45,8 @@ exit_if_cached "$image"
 
 work="$JSI_CACHE/kind/base-$hash"
 rootfs="$work/rootfs"
-rm -rf "$work"
-mkdir -p "$work"
-trap 'rm -rf "$work"' EXIT
 began=$SECONDS
-log "debootstrap $suite from $mirror (log: $work/debootstrap.log) ..."
-debootstrap --variant=minbase --include="$packages" --components=main \
-  "$suite" "$rootfs" "$mirror" >"$work/debootstrap.log" 2>&1 || {
-  tail -30 "$work/debootstrap.log" >&2
-  die "debootstrap failed"
-}
+debootstrap_rootfs "$work" "$suite" "$mirror" "$packages"
 log "root file system ready in $((SECONDS - began)) s"
 
 # kind's files, with the modes its Dockerfile gives them (the module's copies are read-only).

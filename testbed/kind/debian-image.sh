@@ -35,16 +35,8 @@ exit_if_cached "$image"
 
 work="$JSI_CACHE/kind/debian-$hash"
 rootfs="$work/rootfs"
-rm -rf "$work"
-mkdir -p "$work"
-trap 'rm -rf "$work"' EXIT
 began=$SECONDS
-log "debootstrap $suite (minbase) from $mirror ..."
-debootstrap --variant=minbase --include=ca-certificates --components=main \
-  "$suite" "$rootfs" "$mirror" >"$work/debootstrap.log" 2>&1 || {
-  tail -30 "$work/debootstrap.log" >&2
-  die "debootstrap failed"
-}
+debootstrap_rootfs "$work" "$suite" "$mirror" ca-certificates
 if compgen -G "$cas/*.crt" >/dev/null; then
   install -m 0644 "$cas"/*.crt "$rootfs/usr/local/share/ca-certificates/"
   chroot "$rootfs" update-ca-certificates >/dev/null

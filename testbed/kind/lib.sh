@@ -33,6 +33,23 @@ pause_archive() {
   echo "$archive"
 }
 
+# debootstrap_rootfs WORK SUITE MIRROR PACKAGES: a fresh directory WORK (removed when the
+# script exits) holding WORK/rootfs, SUITE's minimal root file system from MIRROR with PACKAGES
+# (comma-separated); its log in WORK/debootstrap.log, shown on failure.
+debootstrap_rootfs() {
+  local work="$1" suite="$2" mirror="$3" packages="$4"
+  rm -rf "$work"
+  mkdir -p "$work"
+  # shellcheck disable=SC2064 # WORK is fixed now, on purpose
+  trap "rm -rf '$work'" EXIT
+  log "debootstrap $suite (minbase with $packages) from $mirror (log: $work/debootstrap.log) ..."
+  debootstrap --variant=minbase --include="$packages" --components=main \
+    "$suite" "$work/rootfs" "$mirror" >"$work/debootstrap.log" 2>&1 || {
+    tail -30 "$work/debootstrap.log" >&2
+    die "debootstrap failed"
+  }
+}
+
 # exit_if_cached IMAGE: print IMAGE and end the script if the engine has it.
 exit_if_cached() {
   if docker image inspect "$1" >/dev/null 2>&1; then
