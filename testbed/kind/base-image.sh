@@ -35,10 +35,9 @@ crictl="$bin/crictl-$CRICTL_VERSION/crictl"
 
 hash="$(
   {
-    cat "${BASH_SOURCE[0]}" "$here/lib.sh"
     echo "$suite $mirror $packages $KIND_VERSION $CONTAINERD_VERSION $RUNC_VERSION"
     echo "$CNI_PLUGINS_VERSION $CRICTL_VERSION $(dpkg-query -W -f '${Version}' debootstrap)"
-  } | sha256sum | cut -c1-16
+  } | inputs_hash "${BASH_SOURCE[0]}"
 )"
 image="jobset-inplace/kind-base:$hash"
 exit_if_cached "$image"

@@ -25,10 +25,9 @@ mirror="$(debian_mirror "$suite")"
 cas=/usr/local/share/ca-certificates
 hash="$(
   {
-    cat "${BASH_SOURCE[0]}" "$here/lib.sh"
     echo "$suite $mirror $(dpkg-query -W -f '${Version}' debootstrap)"
     find "$cas" -name '*.crt' -type f -exec cat {} + 2>/dev/null || true
-  } | sha256sum | cut -c1-16
+  } | inputs_hash "${BASH_SOURCE[0]}"
 )"
 image="jobset-inplace/debian:$suite-$hash"
 exit_if_cached "$image"

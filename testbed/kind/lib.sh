@@ -33,6 +33,12 @@ pause_archive() {
   echo "$archive"
 }
 
+# inputs_hash FILE...: the tag of an image built from these inputs: the files given (the
+# building script, what it copies), this file, and what comes on stdin (versions, mirror...).
+inputs_hash() {
+  { cat "$@" "${BASH_SOURCE[0]}"; cat; } | sha256sum | cut -c1-16
+}
+
 # debootstrap_rootfs WORK SUITE MIRROR PACKAGES: a fresh directory WORK (removed when the
 # script exits) holding WORK/rootfs, SUITE's minimal root file system from MIRROR with PACKAGES
 # (comma-separated); its log in WORK/debootstrap.log, shown on failure.

@@ -49,12 +49,8 @@ kind_src="$(go mod download -json "sigs.k8s.io/kind@$KIND_VERSION" | jq -r .Dir)
 sandbox="$(sed -n 's/^ *sandbox_image = "\(.*\)"/\1/p' "$kind_src/images/base/files/etc/containerd/config.toml")"
 [[ -n "$sandbox" ]] || die "no sandbox_image in kind's containerd configuration"
 
-hash="$(
-  {
-    cat "${BASH_SOURCE[0]}" "$here"/{lib.sh,static-image.sh} "$here"/net/*
-    echo "$base $debian $KUBERNETES_VERSION $etcd_bin $coredns_bin $pause_archive $sandbox"
-  } | sha256sum | cut -c1-16
-)"
+hash="$(echo "$base $debian $KUBERNETES_VERSION $etcd_bin $coredns_bin $pause_archive $sandbox" |
+  inputs_hash "${BASH_SOURCE[0]}" "$here/static-image.sh" "$here"/net/*)"
 image="jobset-inplace/kind-node:$KUBERNETES_VERSION-$hash"
 exit_if_cached "$image"
 
