@@ -27,8 +27,10 @@ interpreter option but ``-u``/``-B``/``-q``) does not import anything itself: it
 the forker its arguments, environment, working directory and standard streams, the forker
 forks a process that takes them on and runs the worker's entry point, and the worker's own
 process stays as its stand-in for ``torchrun``: it passes signals on and exits as the forked
-one did (a SIGKILL of the stand-in kills the forked one too). Anything else, or any failure,
-starts cold.
+one did (a SIGKILL of the stand-in kills the forked one too). Anything else, a forker that
+cannot be reached or one that refuses starts cold; once a request may have reached the forker,
+nothing that goes wrong lets the stand-in run the trainer itself (it ends, exit 1). A held
+process whose hook fails exits (``EXIT_HOOK_FAILED``) rather than run before its word.
 
 What a pre-import cannot do: a module that reads the epoch, the step, the checkpoint or a
 per-worker variable (``RANK``, ``LOCAL_RANK``, ...) *at import time* reads them before they
@@ -50,7 +52,7 @@ import re
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO, NoReturn
 
 if TYPE_CHECKING:
     import socket
@@ -66,6 +68,10 @@ PYTHON = re.compile(r"python[0-9.]*")
 SKIPS_HOOK = "EIS"  # -E and -I ignore PYTHONPATH; -S imports no site, so no sitecustomize
 EXIT_CUDA = 86  # an import initialised CUDA: refused (the launcher starts cold)
 EXIT_NO_WORD = 87  # the lock was released without a word: the launcher is gone
+EXIT_HOOK_FAILED = 88  # the hook failed in a held process (the launcher starts the epoch cold)
+# A worker's stand-in that cannot tell how its forked worker ended (the forker may have
+# started it: this process must not run the trainer too); torchrun sees a failed worker.
+EXIT_STAND_IN_FAILED = 1
 # The worker forker of a released torchrun, for its workers: "PID:SOCKET" (PID: torchrun's).
 ENV_FORKER = "JSI_PRESTART_FORKER"
 FORKER_SUFFIX = ".sock"  # the forker's socket: the word's path + this
@@ -509,32 +515,66 @@ def _exit_code_of(value: object) -> int:
 def run_forked(forker: str) -> None:
     """In a new process of a released ``torchrun``: if it is a worker the forker can start,
     have the forker start it and stand in for it until it ends (never returns); else return
-    (the process starts cold)."""
+    (the process starts cold).
+
+    Once its request may have reached the forker, this process never returns, whatever goes
+    wrong: it would otherwise run the trainer itself, cold, beside the forked worker, as a
+    worker of an epoch that may already have failed. Only a plain refusal (the forker answered
+    that it started nothing) lets it start cold."""
     pid_text, _, path = forker.partition(":")
     argv = list(getattr(sys, "orig_argv", []))
     if not pid_text.isdigit() or int(pid_text) != os.getppid() or not forkable(argv):
         return  # not a worker of torchrun's (a process of a worker's, or another command)
     import socket  # noqa: PLC0415
-    import struct  # noqa: PLC0415
 
-    request = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(path)
-        socket.send_fds(conn, [b"w"], [0, 1, 2])
-        conn.sendall(struct.pack("!I", len(request)) + request)
-        replies = conn.makefile("rb")
-        answer = json.loads(replies.readline() or b"{}")
-    except (OSError, ValueError) as e:
-        _log(f"the worker forker cannot be asked ({e}): starting cold")
+    except OSError as e:
+        _log(f"the worker forker cannot be reached ({e}): starting cold")
         conn.close()
         return
-    worker = answer.get("pid")
-    if not isinstance(worker, int):
-        _log(f"the worker forker refused ({answer.get('error', 'no answer')}): starting cold")
-        conn.close()
-        return
+    worker: int | None = None
+    try:
+        worker, replies = _hand_off(conn, argv)
+        if worker is None:
+            conn.close()
+            return  # refused: nothing was started
+        _stand_in(worker, replies)
+    except BaseException as e:  # anything: this process must not go on
+        _log(f"stand-in: {type(e).__name__}: {e}; ending (the forker kills the worker)")
+        if worker is not None:
+            _kill(worker)
+    _flush()
+    os._exit(EXIT_STAND_IN_FAILED)
 
+
+def _hand_off(conn: socket.socket, argv: list[str]) -> tuple[int | None, BinaryIO]:
+    """Send the forker this worker's request; (the forked worker's pid, the replies), or
+    (None, _) when the forker refused it. Raises when the answer cannot be read: the forker
+    may have started the worker, so the caller must not start one too."""
+    import socket  # noqa: PLC0415
+    import struct  # noqa: PLC0415
+
+    request = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+    socket.send_fds(conn, [b"w"], [0, 1, 2])
+    conn.sendall(struct.pack("!I", len(request)) + request)
+    replies = conn.makefile("rb")
+    answer = json.loads(replies.readline() or b"null")
+    if not isinstance(answer, dict):
+        raise ValueError(f"the worker forker answered {answer!r}")
+    worker = answer.get("pid")
+    if isinstance(worker, int) and worker > 0:
+        return worker, replies
+    if "error" in answer:
+        _log(f"the worker forker refused ({answer['error']}): starting cold")
+        return None, replies
+    raise ValueError(f"the worker forker answered {answer!r}")
+
+
+def _stand_in(worker: int, replies: BinaryIO) -> NoReturn:
+    """Stand in for the forked ``worker`` for ``torchrun``: pass its stop signals on, wait for
+    its wait status, end as it did."""
     _name(STAND_IN_NAME)
 
     def pass_on(signum: int, frame: object) -> None:
@@ -544,19 +584,35 @@ def run_forked(forker: str) -> None:
     for passed in PASSED_ON:
         signal.signal(passed, pass_on)
     try:
-        status = json.loads(replies.readline() or b"{}").get("status")
+        reply = json.loads(replies.readline() or b"{}")
     except (OSError, ValueError):
-        status = None
+        reply = None
+    status = reply.get("status") if isinstance(reply, dict) else None
     if not isinstance(status, int):
         _log(f"the worker forker ended before worker {worker} did: killing it")
         _kill(worker)
+        _flush()
         os._exit(1)
-    if os.WIFSIGNALED(status):  # end as it did: torchrun reads the signal
+    end_as(status)
+
+
+def end_as(status: int) -> NoReturn:
+    """End this process as a process with wait ``status`` ended: by the same signal (torchrun
+    reads it), else with the same exit code."""
+    _flush()
+    if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
-        signal.signal(signum, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's cannot be set: it is default
+            signal.signal(signum, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):  # the worker dumped its own core
+            import resource  # noqa: PLC0415
+
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        with contextlib.suppress(OSError, ValueError):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
         os.kill(os.getpid(), signum)
-        os._exit(128 + signum)
-    os._exit(os.WEXITSTATUS(status))
+        os._exit(128 + signum)  # (a signal whose default is not to end a process)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
 def run() -> None:
@@ -564,9 +620,27 @@ def run() -> None:
     forker = os.environ.pop(ENV_FORKER, "")  # the worker's own children start as any would
     if forker and not go:
         run_forked(forker)  # returns only if this process is to start cold
-    _image_sitecustomize()
     if not go:
+        _image_sitecustomize()
         return  # started cold (or the word was given before this process began): nothing to do
+    try:
+        hold(go)
+    except BaseException as e:  # a held process must never run the trainer unreleased
+        _log(f"the pre-start hook failed: {type(e).__name__}: {e}; exiting (the epoch starts cold)")
+        _flush()
+        os._exit(EXIT_HOOK_FAILED)
+
+
+def hold(go: str) -> None:
+    """A pre-started process: its imports, then wait for the word (returns once released with
+    one; exits otherwise)."""
+    try:
+        _image_sitecustomize()
+    except Exception:  # as ``site`` does for it: say so, go on
+        import traceback  # noqa: PLC0415
+
+        sys.stderr.write("Error in the image's sitecustomize:\n")
+        traceback.print_exc()
     began = time.monotonic()
     names = [n.strip() for n in os.environ.get(ENV_IMPORTS, "").split(",") if n.strip()]
     for name in names:

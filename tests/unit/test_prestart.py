@@ -63,6 +63,8 @@ with open(os.path.join(os.environ["JSI_STATE_DIR"], "imported"), "a") as f:
 class cuda:
     @staticmethod
     def is_initialized():
+        if os.environ.get("FAKE_CUDA") == "raise":
+            raise RuntimeError("CUDA check broken")
         return os.environ.get("FAKE_CUDA") == "1"
 """
 
@@ -205,6 +207,194 @@ def test_a_forked_worker_ends_with_its_forker(tmp_path: Path) -> None:
         assert note(pod, "torchrun-saw") == 1
         until("the forked worker ended", lambda: not alive(worker))
         assert "the worker forker ended before worker" in pod.log()
+
+
+# Every signal whose default action ends a process, less the two the interpreter ignores
+# (SIGPIPE, SIGXFSZ: a worker started cold ignores them as well). SIGKILL is the OOM killer's,
+# SIGSEGV an extension's crash, SIGABRT NCCL's watchdog, SIGINT a KeyboardInterrupt.
+ENDING_SIGNALS = sorted(
+    {
+        signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGILL, signal.SIGTRAP,
+        signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGKILL, signal.SIGUSR1,
+        signal.SIGSEGV, signal.SIGUSR2, signal.SIGALRM, signal.SIGTERM, signal.SIGXCPU,
+        signal.SIGVTALRM, signal.SIGPROF, signal.SIGIO, signal.SIGPWR, signal.SIGSYS,
+    }
+)  # fmt: skip
+
+
+@pytest.fixture
+def no_core_files() -> Iterator[None]:
+    """The launchers started here (and their workers) dump no core into the checkout."""
+    import resource  # noqa: PLC0415
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
+
+
+@pytest.mark.usefixtures("no_core_files")
+@pytest.mark.parametrize("signum", ENDING_SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_a_forked_worker_killed_by_any_signal_is_seen_so_and_never_run_again(
+    tmp_path: Path, signum: int
+) -> None:
+    """The signal reaches the forked worker itself (the process holding the model's memory,
+    the one the OOM killer picks), not its stand-in: torchrun sees its worker end by that
+    signal, the launcher reports the epoch's end, and no process runs the trainer again in
+    that epoch (the stand-in once fell through to running it cold when it could not take on
+    SIGKILL's disposition)."""
+    with running(prestart_pod(tmp_path, [*TORCHRUN, str(tmp_path)])) as pod:
+        until("held", lambda: "waiting for an epoch" in pod.log())
+        pod.open(1)
+        until("the worker's start", lambda: len(pod.starts()) == 1)
+        worker, stand_in = pod.starts()[0][2], note(pod, "stand-in")
+        os.kill(worker, signum)
+        until("torchrun saw its worker end", (tmp_path / "torchrun-saw").exists)
+        assert note(pod, "torchrun-saw") == -signum, "the stand-in ended as its worker did"
+        pod.wait_state("exited", 1, 128 + signum)
+        assert not alive(worker)
+        assert not alive(stand_in)
+        assert len(pod.starts()) == 1, "the trainer was not run again in epoch 1"
+        assert "Error in sitecustomize" not in pod.log()
+        assert "stand-in:" not in pod.log()
+
+
+@pytest.mark.parametrize("code", [0, 1, 2, 7, 255])
+def test_a_forked_worker_that_exits_is_seen_with_its_code_and_never_run_again(
+    tmp_path: Path, code: int
+) -> None:
+    with running(prestart_pod(tmp_path, [*TORCHRUN, str(tmp_path)])) as pod:
+        until("held", lambda: "waiting for an epoch" in pod.log())
+        pod.open(1)
+        until("the worker's start", lambda: len(pod.starts()) == 1)
+        worker, stand_in = pod.starts()[0][2], note(pod, "stand-in")
+        pod.child_exits(code)
+        until("torchrun saw its worker end", (tmp_path / "torchrun-saw").exists)
+        assert note(pod, "torchrun-saw") == code
+        pod.wait_state("exited", 1, code)
+        assert not alive(worker)
+        assert not alive(stand_in)
+        assert len(pod.starts()) == 1
+
+
+# A worker forker that answers a worker's request as told (ANSWER: the bytes of its first
+# line; none: it closes the connection), then stays until the stand-in ends.
+FAKE_FORKER = """
+import json, os, socket, struct, sys
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind(sys.argv[1])
+server.listen(1)
+open(sys.argv[1] + ".ready", "w").close()
+conn, _ = server.accept()
+_, fds, _, _ = socket.recv_fds(conn, 1, 3)
+size = struct.unpack("!I", conn.recv(4, socket.MSG_WAITALL))[0]
+conn.recv(size, socket.MSG_WAITALL)
+answer = os.environ.get("ANSWER")
+if answer is not None:
+    conn.sendall(answer.encode())
+    conn.recv(1)
+"""
+WORKER_SCRIPT = "import os, sys; open(sys.argv[1], 'w').close()\n"
+
+
+@pytest.mark.parametrize(
+    ("answer", "runs_cold"),
+    [
+        ('{"error": "not a worker this forker can start"}\n', True),
+        (None, False),  # the connection closed: it may have forked the worker first
+        ("garbage\n", False),
+        ('["pid", 1]\n', False),
+        ('{"pid": "12"}\n', False),
+        ('{"pid": 0}\n', False),
+        ('{"pid": 999999999}\n{"status": "x"}\n', False),  # then no wait status
+    ],
+)
+def test_a_worker_starts_cold_only_when_the_forker_refused_it(
+    tmp_path: Path, answer: str | None, runs_cold: bool
+) -> None:
+    """Once a worker's request may have reached the forker, its process never runs the trainer
+    itself: only the forker's plain refusal starts it cold. (The worker here is this test's
+    child: the forker it names is this process, as a real one is the worker's torchrun.)"""
+    import subprocess  # noqa: PLC0415
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    shutil.copyfile(prestart.__file__, hook / "sitecustomize.py")
+    (tmp_path / "forker.py").write_text(FAKE_FORKER)
+    (tmp_path / "worker.py").write_text(WORKER_SCRIPT)
+    sock, ran = tmp_path / "f.sock", tmp_path / "ran-cold"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JSI_")}
+    forker_env = env if answer is None else {**env, "ANSWER": answer}
+    forker = subprocess.Popen(
+        [sys.executable, str(tmp_path / "forker.py"), str(sock)], env=forker_env
+    )
+    try:
+        until("the fake forker listens", Path(f"{sock}.ready").exists)
+        worker_env = {
+            **env,
+            "PYTHONPATH": str(hook),
+            prestart.ENV_FORKER: f"{os.getpid()}:{sock}",
+        }
+        worker = subprocess.run(
+            [sys.executable, "-u", str(tmp_path / "worker.py"), str(ran)],
+            check=False,
+            env=worker_env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        forker.kill()
+        forker.wait()
+    assert "Error in sitecustomize" not in worker.stderr
+    if runs_cold:
+        assert worker.returncode == 0, worker.stderr
+        assert ran.exists(), "refused: the process runs its worker itself"
+        assert "refused" in worker.stderr
+    else:
+        assert worker.returncode == prestart.EXIT_STAND_IN_FAILED, worker.stderr
+        assert not ran.exists(), "the trainer must not run beside a worker the forker started"
+
+
+def test_a_held_process_whose_image_sitecustomize_fails_still_waits_for_its_epoch(
+    tmp_path: Path,
+) -> None:
+    """An error in the hook's work never lets a held process run the trainer before its word:
+    the image's own sitecustomize raising is said, as ``site`` would, and the process waits."""
+    image = tmp_path / "image-site"
+    image.mkdir()
+    (image / "sitecustomize.py").write_text("raise RuntimeError('the image is broken')\n")
+    pkgs = install(tmp_path)
+    pod = Pod(
+        tmp_path,
+        None,
+        JSI_PRESTART_IMPORTS="torch",
+        PYTHONPATH=f"{pkgs}:{image}",
+        JSI_PRESTART_AFTER_SECONDS="0",
+    )
+    with running(pod):
+        until("held", lambda: "waiting for an epoch" in pod.log())
+        assert "the image is broken" in pod.log()
+        assert pod.starts() == [], "nothing of the trainer ran before its epoch"
+        pod.open(1, 3)
+        until("start", lambda: len(pod.starts()) == 1)
+        assert pod.starts()[0][:2] == ("1", "3")
+
+
+def test_a_held_process_whose_hook_fails_exits_and_the_epoch_starts_cold(tmp_path: Path) -> None:
+    """The hook itself fails in a held process (here torch's CUDA check raises): the process
+    exits with the hook's failure instead of running the trainer before its epoch, and the
+    epoch starts cold."""
+    with running(prestart_pod(tmp_path, FAKE_CUDA="raise")) as pod:
+        code = prestart.EXIT_HOOK_FAILED
+        until("the hook failed", lambda: f"exited {code} before its epoch" in pod.log())
+        assert "CUDA check broken" in pod.log()
+        assert pod.starts() == [], "nothing of the trainer ran before its epoch"
+        pod.open(1, 4)
+        until("cold start", lambda: len(pod.starts()) == 1)
+        assert pod.starts()[0][:2] == ("1", "4")
 
 
 def test_a_stop_reaches_a_forked_worker_as_the_signal_torchrun_passes_on(tmp_path: Path) -> None:
