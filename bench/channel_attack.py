@@ -41,6 +41,7 @@ from jobset_inplace import names
 from jobset_inplace.controller.cache import ClusterCache, JobEntry, pod_entry
 from jobset_inplace.controller.metrics import METRICS
 from jobset_inplace.controller.report_server import ReportServer
+from jobset_inplace.core.model import GangStatus
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.runtime.report_limits import REFUSALS, Limits
 from jobset_inplace.runtime.report_tokens import Identity
@@ -97,6 +98,7 @@ def _cache() -> ClusterCache:
         "ownerReferences": [owner | {"controller": True}],
     }
     cache.upsert_pod(pod_entry({"metadata": meta, "spec": {}, "status": {"phase": "Running"}}))
+    cache.gangs[NAMESPACE, GANG].status = GangStatus(epoch=2)  # the epoch the agent reports
     return cache
 
 

@@ -86,7 +86,7 @@ def keep(cache: ClusterCache, reports: Iterable[LeaseReport | None]) -> dict[Gan
     them completed its epoch (the channel's hint: plan now)."""
     gangs: dict[GangKey, bool] = {}
     for rep in reports:
-        if rep is not None and cache.set_report(rep.key, rep.uid, rep.fields):
+        if rep is not None and cache.set_report(rep.key, rep.uid, rep.fields) is None:
             complete = cache.completes_epoch(rep.key, rep.uid)
             gangs[rep.key] = gangs.get(rep.key, False) or complete
     return gangs

@@ -18,10 +18,11 @@ from jobset_inplace.core.decode import (
     KUEUE_V1BETA2_PODS_READY_TIMEOUT_S,
     controller_uid,
     gang_spec,
+    member_view,
     newer_report,
     node_view,
     pod_view,
-    with_channel_report,
+    report_epoch,
 )
 from jobset_inplace.core.gangmembers import MemberRow
 from jobset_inplace.core.model import (
@@ -118,7 +119,15 @@ class Gang:
     pods: dict[str, PodView] = field(default_factory=dict)
     # uid -> the agent's newest report over the channel (agent_report fields), for pods in `pods`
     reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # uid -> the view of its pod alone (as decoded), for the pods in `pods`; and the gang epoch
+    # their views in `pods` were made for (made again when it changes: what is valid and what
+    # ranks newer depend on it, core.decode.member_view)
+    on_pod: dict[str, PodView] = field(default_factory=dict)
+    merged_for: int | None = None
     status: GangStatus | None = None  # last persisted; None until loaded from the API
+    # the newest epoch this process has begun to write (set before the write returns: an agent
+    # may read it from the API first); 0 once the GangState is to be loaded again
+    announced_epoch: int = 0
     kueue_stand_down: str = ""  # from the JobSet's Kueue Workload (decode.kueue_stand_down)
     kueue_managed: bool = False  # Kueue made a Workload for it
     # keys of once-only Events posted (insertion-ordered; the oldest go beyond POSTED_MAX)
@@ -135,6 +144,14 @@ class Gang:
     @property
     def uid(self) -> str:
         return str(self.jobset.get("metadata", {}).get("uid") or "")
+
+    @property
+    def epoch(self) -> int | None:
+        """The newest epoch an agent may have read from this gang's GangState (None: its
+        status is not loaded): no honest report names a later one."""
+        if self.status is None:
+            return None
+        return max(self.status.epoch, self.announced_epoch)
 
     def remember_posted(self, keys: Iterable[str]) -> None:
         """Record once-only Events as posted; memory stays bounded (a pod writing garbage
@@ -184,7 +201,8 @@ class ClusterCache:
         key = (spec.namespace, spec.name)
         gang = self.gangs.get(key)
         if gang is None:
-            gang = Gang(key, spec, policy, error, pods=self.orphans.pop(key, {}))
+            pods = self.orphans.pop(key, {})
+            gang = Gang(key, spec, policy, error, pods=pods, on_pod=dict(pods))
             self.gangs[key] = gang
         gang.spec, gang.policy, gang.policy_error = spec, policy, error
         gang.jobset = {
@@ -256,15 +274,18 @@ class ClusterCache:
             pods.pop(pod.uid, None)
             if gang is not None:
                 gang.reports.pop(pod.uid, None)
+                gang.on_pod.pop(pod.uid, None)
+        elif gang is None:
+            pods[pod.uid] = pod.view
         else:
-            report = gang.reports.get(pod.uid) if gang is not None else None
-            pods[pod.uid] = pod.view if report is None else with_channel_report(pod.view, report)
+            gang.on_pod[pod.uid] = pod.view
+            pods[pod.uid] = member_view(pod.view, gang.reports.get(pod.uid), gang.epoch)
         return pod.key
 
     def replace_pods(self, pods: Sequence[PodEntry]) -> None:
         """A complete list of the labelled pods (a relist): pods not in it are gone."""
         for gang in self.gangs.values():
-            gang.pods = {}
+            gang.pods, gang.on_pod = {}, {}
         self.orphans = {}
         self.pod_jobs, self.job_pods = {}, Counter()
         for pod in pods:
@@ -274,17 +295,34 @@ class ClusterCache:
         for gang in self.gangs.values():
             gang.reports = {u: r for u, r in gang.reports.items() if u in gang.pods}
 
-    def set_report(self, key: GangKey, uid: str, fields: dict[str, Any]) -> bool:
-        """Keep an agent's report over the channel; False if ``uid`` is not a known member pod
-        of gang ``key`` (the agent then writes it on its pod)."""
+    def set_report(self, key: GangKey, uid: str, fields: dict[str, Any]) -> str | None:
+        """Keep an agent's report over the channel: None, or why it is not kept (the agent
+        then writes it on its pod): ``uid`` is not a known member pod of gang ``key``, the
+        gang's status is not loaded here yet, or the report names an epoch beyond the gang's
+        (:func:`~jobset_inplace.core.decode.newer_report`: it would hide every later report)."""
         gang = self.gangs.get(key)
         view = gang.pods.get(uid) if gang is not None else None
         if gang is None or view is None or not self.is_member(gang, uid):
-            return False
-        if newer_report(gang.reports.get(uid), fields):  # else a late one, overtaken: dropped
+            return f"is not a known member of gang {key[1]}"
+        epoch = gang.epoch
+        if epoch is None:
+            return f"gang {key[1]}'s state is not loaded by this leader yet"
+        if report_epoch(fields) > epoch:
+            return f"its report names epoch {report_epoch(fields)}, beyond the gang's {epoch}"
+        if newer_report(gang.reports.get(uid), fields, epoch):  # else a late one, overtaken
             gang.reports[uid] = fields
-            gang.pods[uid] = with_channel_report(view, fields)
-        return True
+            gang.pods[uid] = member_view(gang.on_pod[uid], fields, epoch)
+        return None
+
+    def _merged(self, gang: Gang) -> None:
+        """Make the members' views again if the gang's epoch moved since they were made (once
+        per epoch: O(pods))."""
+        epoch = gang.epoch
+        if gang.merged_for == epoch:
+            return
+        for uid, on_pod in gang.on_pod.items():
+            gang.pods[uid] = member_view(on_pod, gang.reports.get(uid), epoch)
+        gang.merged_for = epoch
 
     def completes_epoch(self, key: GangKey, uid: str) -> bool:
         """Whether the report just kept for ``uid`` is the last one the gang's current epoch
@@ -295,6 +333,7 @@ class ClusterCache:
         gang = self.gangs.get(key)
         if gang is None or gang.status is None:
             return False
+        self._merged(gang)
         epoch = gang.status.epoch
         if gang.behind_epoch != epoch:  # once per epoch: O(members)
             gang.behind = {u for u, p in self.members(gang).items() if p.reported_epoch != epoch}
@@ -424,6 +463,7 @@ class ClusterCache:
     def snapshot(self, gang: Gang, now: float) -> Snapshot | None:
         if gang.policy is None or gang.status is None:
             return None
+        self._merged(gang)
         names = {p.node for p in gang.pods.values() if p.node}
         nodes = {n: self.nodes[n] for n in names if n in self.nodes}
         spec = gang.spec

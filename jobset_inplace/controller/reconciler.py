@@ -140,7 +140,8 @@ class Reconciler:
                 gang = self.cache.gangs.get(key)
                 if isinstance(e, client.exceptions.ApiException):
                     if e.status == 404 and gang is not None:
-                        gang.status = None  # the GangState went away: load or create it again
+                        # the GangState went away: load or create it again
+                        gang.status, gang.announced_epoch = None, 0
                     why = f"API error {e.status} {e.reason}: {(e.body or '')[:300]}"
                     log.warning("%s/%s: %s; retry %d", *key, why, failures)
                 else:
@@ -216,6 +217,7 @@ class Reconciler:
         recovery (the actions are repeated, idempotently)."""
         if result.status == gang.status:
             return
+        gang.announced_epoch = max(gang.announced_epoch, result.status.epoch)
         await asyncio.to_thread(self.executor.write_status, *gang.key, result.status)
         gang.status, gang.status_written_at = result.status, self.clock.wall()
 

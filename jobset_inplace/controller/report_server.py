@@ -321,8 +321,9 @@ class ReportServer:
         if error is not None:
             raise Rejected(400, f"report: {error}")
         key = (namespace, gang_name)
-        if not self.cache.set_report(key, uid, fields):
-            raise Rejected(409, f"pod {namespace}/{pod} is not a known member of gang {gang_name}")
+        refused = self.cache.set_report(key, uid, fields)
+        if refused is not None:
+            raise Rejected(409, f"pod {namespace}/{pod} {refused}")
         self.poke(key, urgent=self.cache.completes_epoch(key, uid))
 
 

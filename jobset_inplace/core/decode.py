@@ -233,29 +233,83 @@ def _report_order(epoch: int | None, exited: int | None, hung: int | None) -> tu
     return (max(-1 if epoch is None else epoch, seen), seen)
 
 
-def with_channel_report(view: PodView, fields: Mapping[str, Any]) -> PodView:
+_ORDER_FIELDS = ("reported_epoch", "exited_in_epoch", "hung_in_epoch")
+# Every PodView field an agent's report sets (agent_report's keys).
+_REPORT_FIELDS = (
+    "reported_epoch",
+    "reported_steps",
+    "late_for_epoch",
+    "exited_in_epoch",
+    "hung_in_epoch",
+    "progress_step",
+    "progress_span",
+    "progress_now",
+    "parked_in_epoch",
+)
+# Where a report ahead of the gang's epoch ranks: below every other (even an empty one).
+_AHEAD = (-2, -2)
+
+
+def report_epoch(fields: Mapping[str, Any]) -> int:
+    """The epoch a report (``agent_report`` fields) is about: the newest it names (-1: none)."""
+    return _report_order(*(fields[k] for k in _ORDER_FIELDS))[0]
+
+
+def _rank(fields: Mapping[str, Any], gang_epoch: int | None) -> tuple[int, int]:
+    """A report's place in :func:`_report_order`, where one that names an epoch beyond the
+    gang's (``gang_epoch``; None: not known) ranks below every other: an agent learns epochs
+    only from the GangState, so only a forged or corrupt report (or one about a GangState made
+    again since) is ahead, and it must never hide a later, valid report of the current epoch."""
+    order = _report_order(*(fields[k] for k in _ORDER_FIELDS))
+    return _AHEAD if gang_epoch is not None and order[0] > gang_epoch else order
+
+
+def member_view(
+    on_pod: PodView, channel: Mapping[str, Any] | None, gang_epoch: int | None
+) -> PodView:
+    """What the planner sees of a member pod: the view of its pod (``on_pod``) with its agent's
+    newest report over the channel (``agent_report`` fields, or None) merged in, at the gang's
+    epoch ``gang_epoch`` (None: not known). A report on the pod that names an epoch beyond the
+    gang's is malformed (:func:`_rank`): it sets nothing and says why."""
+    view = on_pod
+    if gang_epoch is not None and on_pod.report_error is None:
+        order = _report_order(*(getattr(on_pod, k) for k in _ORDER_FIELDS))
+        if order[0] > gang_epoch:
+            error = (
+                f"its report is about epoch {order[0]}, beyond the gang's {gang_epoch} (an "
+                "agent reports only epochs the GangState named)"
+            )
+            cleared: dict[str, Any] = dict.fromkeys(_REPORT_FIELDS)
+            view = dataclasses.replace(on_pod, report_error=error, pod_report_epoch=None, **cleared)
+    return view if channel is None else with_channel_report(view, channel, gang_epoch)
+
+
+def with_channel_report(
+    view: PodView, fields: Mapping[str, Any], gang_epoch: int | None
+) -> PodView:
     """``view`` (its pod's annotations) with its agent's report over the channel
     (``agent_report`` fields): whichever of the two is newer wins, wherever it came from (an
-    agent whose channel fails writes its next report on the pod instead). A newer report that
-    names no epoch is an exit or hang added to the older one's epoch report, not a new one."""
-    on_pod = (view.reported_epoch, view.exited_in_epoch, view.hung_in_epoch)
-    if _report_order(*on_pod) <= _report_order(
-        fields["reported_epoch"], fields["exited_in_epoch"], fields["hung_in_epoch"]
-    ):
+    agent whose channel fails writes its next report on the pod instead), a report ahead of
+    ``gang_epoch`` never (:func:`_rank`). A newer report that names no epoch is an exit or
+    hang added to the older one's epoch report, not a new one."""
+    channel = _rank(fields, gang_epoch)
+    if _rank({k: getattr(view, k) for k in _ORDER_FIELDS}, gang_epoch) <= channel:
         return dataclasses.replace(view, report_error=None, **fields)
-    if view.reported_epoch is not None:
+    if view.reported_epoch is not None or channel == _AHEAD:
         return view
     added = {k: v for k, v in fields.items() if getattr(view, k) is None}
     return dataclasses.replace(view, **added)
 
 
-def newer_report(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+def newer_report(
+    old: Mapping[str, Any] | None, new: Mapping[str, Any], gang_epoch: int | None
+) -> bool:
     """Whether channel report ``new`` (``agent_report`` fields) is as new as ``old`` or newer:
-    a late, older request must not replace the report that overtook it."""
+    a late, older request must not replace the report that overtook it; a report ahead of
+    ``gang_epoch`` replaces nothing and is replaced by any (:func:`_rank`)."""
     if old is None:
         return True
-    order = ("reported_epoch", "exited_in_epoch", "hung_in_epoch")
-    return _report_order(*(new[k] for k in order)) >= _report_order(*(old[k] for k in order))
+    return _rank(new, gang_epoch) >= _rank(old, gang_epoch)
 
 
 def pod_view(pod: Obj) -> PodView | None:

@@ -7,7 +7,10 @@
   channel; the new leader gets those reports again from the agents themselves and opens the
   barrier, with no report written on any pod and one recovery charged;
 * degraded mode: agents that cannot reach the channel write their reports on their pods and the
-  recovery completes.
+  recovery completes;
+* one member's hostile reports (malformed, of other epochs, abusive HTTP, sent with its own
+  token) never hold its gang's barrier: its later valid report counts, in this epoch and after
+  another member's pod is replaced.
 
 Agents are real agent processes (no kubelet: the test plays it with pod status patches, as
 gangsim does); the controller is ``jobset-inplace run`` as a process."""
@@ -16,20 +19,24 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
+import ssl
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from kubernetes import client
 
 from jobset_inplace import names
 from jobset_inplace.agent.channel import ChannelError, ReportChannel
-from jobset_inplace.agent.logic import Endpoint
+from jobset_inplace.agent.logic import Endpoint, parse_endpoint
 from jobset_inplace.controller.cache import ClusterCache, GangKey, job_entry, pod_entry
 from jobset_inplace.controller.report_server import ReportServer
+from jobset_inplace.core.model import GangStatus
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.runtime.report_tokens import TokenVerifier
 from jobset_inplace.times import parse_time
@@ -37,7 +44,7 @@ from testbed.controlplane import ControlPlane
 from testbed.kube import Clients, pod_token, wait_for
 
 from .agentproc import AgentProc, StartAgent
-from .gangsim import CRD, CRD_NAME, Controller, Gang, LeaseKeeper
+from .gangsim import CRD, CRD_NAME, Controller, Gang, LeaseKeeper, renew_lease, set_node_ready
 
 pytestmark = pytest.mark.integration
 
@@ -78,6 +85,7 @@ async def test_only_a_pods_own_well_formed_report_is_accepted(
     pods = [gang.pod(i) for i in range(2)]
     for pod in pods:
         cache.upsert_pod(pod_entry(kube.api.sanitize_for_serialization(pod)))
+    cache.gangs[namespace, gang.name].status = GangStatus(epoch=1)  # as the leader loads it
     verifier = TokenVerifier(kube.api)
 
     def poke(key: GangKey, *, urgent: bool = False) -> None:
@@ -349,3 +357,163 @@ def test_agents_that_cannot_reach_the_channel_report_on_their_pods(  # noqa: PLR
         assert any("workers/1/0" in m and "https://127.0.0.2:" in m for m in said), said
     finally:
         ctl.stop()
+
+
+# --- one member's hostile reports ------------------------------------------------------------
+
+# Every kind of malformed number an epoch or step may be sent as (the decoder refuses each).
+MALFORMED_NUMBERS = [
+    "", " ", "-1", "+1", "1.0", "1e3", "0x1", "01", " 1", "1 ", "1_0", "9" * 30,
+    "\u0661", "\uff11", "1\x00", "\x00", '{"epoch": 1}', "[1]", "null", "true", "1\n",
+]  # fmt: skip
+
+
+def hostile_reports(epoch: int) -> list[dict[str, str]]:
+    """What one member's token is used to send while its gang waits at ``epoch``'s barrier:
+    malformed values of every kind, step lists of 60-110 KB, and reports the decoder accepts
+    that are not this member's report of ``epoch`` (ahead of the gang, of an older epoch, of no
+    epoch, an exit or a hang ahead)."""
+    reports: list[dict[str, str]] = []
+    for raw in MALFORMED_NUMBERS:
+        reports.append({names.REPORT_EPOCH: raw, names.REPORT_STEPS: "100"})
+        reports.append({names.REPORT_EPOCH: str(epoch), names.REPORT_STEPS: f"100,{raw}"})
+    for size in (60_000, 110_000):
+        steps = ",".join(str(n) for n in range(size // 7))[:size]
+        reports.append({names.REPORT_EPOCH: str(epoch), names.REPORT_STEPS: steps})
+    reports += [
+        {names.REPORT_EPOCH: str(epoch + 1), names.REPORT_STEPS: "100"},
+        {names.REPORT_EPOCH: str(epoch + 1_000_000)},
+        {names.REPORT_EPOCH: str(epoch), names.REPORT_EXITED: str(epoch + 1)},
+        {names.REPORT_HUNG: str(epoch + 5)},
+        {names.REPORT_EPOCH: str(epoch - 1), names.REPORT_STEPS: "100"},
+        {names.REPORT_STEPS: "100"},
+        {},
+    ]
+    return reports
+
+
+def raw_exchange(url: str, data: bytes) -> bytes:
+    """Send ``data`` on a TLS connection to the channel; what came back before it closed (or
+    went quiet for 2 s)."""
+    parts = urlsplit(url)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    received = b""
+    with (
+        socket.create_connection((parts.hostname, parts.port or 443), timeout=2) as raw,
+        ctx.wrap_socket(raw) as tls,
+    ):
+        try:
+            tls.sendall(data)
+            while chunk := tls.recv(65536):
+                received += chunk
+        except (TimeoutError, OSError):
+            pass
+    return received
+
+
+def abusive_http(url: str, token: str) -> list[bytes]:
+    """Requests no agent sends: another method, another path, no length, chunked, a 17 KB
+    head, no token. The first line of each answer (b"": closed without one)."""
+    path, host = urlsplit(url).path, urlsplit(url).netloc
+    body = b'{"namespace": "x"}'
+    auth = f"Authorization: Bearer {token}\r\n".encode()
+    head = f"Host: {host}\r\nContent-Type: application/json\r\n".encode()
+    requests = [
+        b"GET " + path.encode() + b" HTTP/1.1\r\n" + head + auth + b"\r\n",
+        b"POST /elsewhere HTTP/1.1\r\n" + head + auth + b"Content-Length: 18\r\n\r\n" + body,
+        b"POST " + path.encode() + b" HTTP/1.1\r\n" + head + auth + b"\r\n" + body,
+        b"POST " + path.encode() + b" HTTP/1.1\r\n" + head + auth
+        + b"Transfer-Encoding: chunked\r\n\r\n12\r\n" + body + b"\r\n0\r\n\r\n",
+        b"POST " + path.encode() + b" HTTP/1.1\r\n" + head + auth
+        + b"X-Pad: " + b"a" * 17_000 + b"\r\nContent-Length: 18\r\n\r\n" + body,
+        b"POST " + path.encode() + b" HTTP/1.1\r\n" + head + b"Content-Length: 18\r\n\r\n" + body,
+    ]  # fmt: skip
+    return [raw_exchange(url, r).split(b"\r\n", 1)[0] for r in requests]
+
+
+def test_a_members_hostile_reports_never_hold_its_gangs_barrier(
+    kube: Clients,
+    namespace: str,
+    leaders: StartLeader,
+    leases: LeaseKeeper,
+    tmp_path: Path,
+) -> None:
+    """Members 0 and 2 report epoch 1 over the channel; member 1's token is used to send
+    malformed reports, reports of other epochs (one ahead of the gang: the decoder takes it)
+    and abusive HTTP; then member 1's valid report of epoch 1. The barrier opens. Member 2's
+    node then goes silent: its pod is replaced, member 1's token is used the same way again,
+    and the replacement's and the others' reports of epoch 2 open the next barrier. (Before
+    the fix a report ahead of the gang was kept as the member's newest: every later valid
+    report was answered 200 and dropped, and the gang never opened a barrier again.)"""
+    leaders("leader-1")
+    gang = Gang(kube, namespace, f"train-{uuid.uuid4().hex[:4]}", 3, dict(FAST), leases=leases)
+    gang.create()
+    state = gang.wait_state("the channel named", lambda s: parse_endpoint(s.get("reportEndpoint")))
+    endpoint = parse_endpoint(state["reportEndpoint"])
+    assert endpoint is not None
+
+    def channel(i: int) -> tuple[ReportChannel, str]:
+        pod = gang.pod(i)
+        token = report_token(kube, namespace, pod)
+        path = tmp_path / f"token-{i}-{uuid.uuid4().hex[:4]}"
+        path.write_text(token)
+        meta = pod.metadata
+        return ReportChannel(namespace, gang.name, meta.name, meta.uid, path), token
+
+    def send(ch: ReportChannel, report: dict[str, str]) -> str:
+        try:
+            ch.send(endpoint, report)
+        except ChannelError as e:
+            return str(e)
+        return "accepted"
+
+    def attack(ch: ReportChannel, token: str, epoch: int) -> None:
+        answers = [send(ch, r) for r in hostile_reports(epoch)]
+        assert all(a != "accepted" for a in answers[: 2 * len(MALFORMED_NUMBERS) + 2]), answers
+        assert sum("HTTP 413" in a for a in answers) >= 2, "the step lists are too large"
+        ahead = answers[2 * len(MALFORMED_NUMBERS) + 2]
+        assert "HTTP 409" in ahead, ahead
+        assert f"beyond the gang's {epoch}" in ahead
+        assert all(not line.endswith(b" 200 OK") for line in abusive_http(endpoint.url, token))
+
+    channels = [channel(i) for i in range(3)]
+    good = {names.REPORT_STEPS: "100"}
+    for i in (0, 2):
+        assert send(channels[i][0], {names.REPORT_EPOCH: "1", **good}) == "accepted"
+    attack(*channels[1], 1)
+    assert send(channels[1][0], {names.REPORT_EPOCH: "1", **good}) == "accepted"
+    gang.wait_state("epoch 1 open", lambda s: s.get("barrierOpen") and s.get("epoch") == 1, 20)
+
+    # Member 2's node goes silent: its pod is replaced (as the Job controller would).
+    tracked = {"metadata": {"finalizers": [names.JOB_TRACKING_FINALIZER]}}
+    kube.core.patch_namespaced_pod(gang.pods[2], namespace, tracked)
+    assert gang.leases is not None
+    gang.leases.dead.add(gang.node(2))
+    set_node_ready(kube, gang.node(2), "Unknown", since=-30)
+    renew_lease(kube, gang.node(2), offset=-60)
+    state = gang.wait_state("epoch 2", lambda s: s.get("epoch") == 2)
+    assert state["recovery"]["causes"] == {"workers/2/0": "NodeUnhealthy"}
+    old = gang.pods[2]
+    wait_for("the silent node's pod deleted", lambda: old not in pod_names(gang), 30, 0.2)
+    gang.make_pod(2, node=gang.node(0))
+    for i in range(3):
+        gang.restart_in_place(i)
+    replacement = channel(2)
+    attack(*channels[1], 2)
+    assert send(replacement[0], {names.REPORT_EPOCH: "2", **good}) == "accepted"
+    assert send(channels[0][0], {names.REPORT_EPOCH: "2", **good}) == "accepted"
+    assert send(channels[1][0], {names.REPORT_EPOCH: "2", **good}) == "accepted"
+    state = gang.wait_state(
+        "epoch 2 open", lambda s: s.get("barrierOpen") and s.get("epoch") == 2, 20
+    )
+    assert state["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 1}
+    for ch, _ in (*channels, replacement):
+        ch.close()
+
+
+def pod_names(gang: Gang) -> set[str]:
+    pods = gang.kube.core.list_namespaced_pod(
+        gang.namespace, label_selector=f"{names.JOBSET_NAME_LABEL}={gang.name}"
+    )
+    return {p.metadata.name for p in pods.items}

@@ -115,16 +115,18 @@ def test_a_channel_report_is_kept_with_its_pod_and_the_newer_report_wins() -> No
     c = cache_with_gang()
     key = ("ns", "train")
     fields, _ = agent_report({names.REPORT_EPOCH: "3", names.REPORT_STEPS: "200"})
-    assert not c.set_report(key, "a", fields), "a pod the cache does not know: refused"
+    assert c.set_report(key, "a", fields) is not None, "a pod the cache does not know: refused"
     c.upsert_pod(pod("a"))
-    assert c.set_report(key, "a", fields)
+    assert c.set_report(key, "a", fields) is not None, "no status loaded: refused"
+    c.gangs[key].status = GangStatus(epoch=4)
+    assert c.set_report(key, "a", fields) is None
     assert c.gangs[key].pods["a"].reported_epoch == 3
     c.upsert_pod(pod("a"))  # a status change of the pod: the channel's report stays merged
     assert c.gangs[key].pods["a"].reported_epoch == 3
     c.upsert_pod(reported("a", 4))  # the channel failed: epoch 4 written on the pod wins
     assert c.gangs[key].pods["a"].reported_epoch == 4
     c.upsert_pod(pod("b", index=1))
-    assert c.set_report(key, "b", fields)
+    assert c.set_report(key, "b", fields) is None
     c.replace_pods([pod("a")])  # b gone while the watch was down: so is its report
     assert set(c.gangs[key].reports) == {"a"}
     c.upsert_pod(pod("a"), deleted=True)
@@ -141,7 +143,7 @@ def test_the_last_report_an_epoch_waits_for_is_flagged_once() -> None:
     epoch5, _ = agent_report({names.REPORT_EPOCH: "5", names.REPORT_STEPS: "200"})
 
     def report(uid: str, fields: dict[str, object]) -> bool:
-        assert c.set_report(key, uid, fields)
+        assert c.set_report(key, uid, fields) is None
         return c.completes_epoch(key, uid)
 
     assert not c.completes_epoch(key, "a"), "no status loaded yet: no hint"
@@ -172,8 +174,8 @@ def test_owner_uids_decide_membership_not_labels() -> None:
     assert snap is not None
     assert [p.uid for p in snap.pods] == ["a"]
     fields, _ = agent_report({names.REPORT_EPOCH: "1"})
-    assert c.set_report(key, "a", fields)
-    assert not c.set_report(key, "forged", fields), "no report taken from a non-member"
+    assert c.set_report(key, "a", fields) is None
+    assert c.set_report(key, "forged", fields) is not None, "no report taken from a non-member"
 
 
 def test_a_pod_becomes_a_member_when_its_job_is_seen_and_stays_while_the_job_goes() -> None:

@@ -24,6 +24,8 @@ from jobset_inplace.trainer.progress import ProgressSpan
 
 from .gangs import NOW, pods, running, snapshot, with_pod
 
+# The gang's epoch in the merge tests: no report of theirs is ahead of it.
+GANG_EPOCH = 9
 ENDPOINT = ReportEndpoint("https://10.244.0.1:9444/v1/reports", "ab" * 32, "leader-1")
 
 
@@ -90,17 +92,20 @@ def test_a_malformed_report_names_the_field_and_sets_nothing(key: str, raw: str,
 def test_the_newer_report_wins_whichever_way_it_came() -> None:
     annotated = view()  # reported epoch 2 on its pod
     fields, _ = agent_report(report())  # epoch 3 over the channel
-    assert with_channel_report(annotated, fields).reported_epoch == 3
+    assert with_channel_report(annotated, fields, GANG_EPOCH).reported_epoch == 3
     # the channel failed for epoch 4: the agent wrote it on its pod; the older channel report
     # of epoch 3 must not hide it
     newer_on_pod = view(reported_epoch=4, reported_steps=(300,))
-    assert with_channel_report(newer_on_pod, fields) == newer_on_pod
+    assert with_channel_report(newer_on_pod, fields, GANG_EPOCH) == newer_on_pod
     # an exit seen in the same epoch comes after that epoch's report
     exited, _ = agent_report(report(**{names.REPORT_EXITED: "3"}))
     same_epoch_on_pod = view(reported_epoch=3, reported_steps=(200, 100))
-    assert with_channel_report(same_epoch_on_pod, exited).exited_in_epoch == 3
+    assert with_channel_report(same_epoch_on_pod, exited, GANG_EPOCH).exited_in_epoch == 3
     assert (
-        with_channel_report(view(reported_epoch=3, exited_in_epoch=3), fields).exited_in_epoch == 3
+        with_channel_report(
+            view(reported_epoch=3, exited_in_epoch=3), fields, GANG_EPOCH
+        ).exited_in_epoch
+        == 3
     )
 
 
@@ -112,14 +117,14 @@ def test_an_exit_written_on_the_pod_after_the_epochs_channel_report_is_not_hidde
     whole = view(reported_epoch=3, reported_steps=(200, 100), exited_in_epoch=3)
     alone = view(reported_epoch=None, reported_steps=None, exited_in_epoch=3)
     for on_pod in (whole, alone):
-        merged = with_channel_report(on_pod, fields)
+        merged = with_channel_report(on_pod, fields, GANG_EPOCH)
         assert (merged.reported_epoch, merged.exited_in_epoch) == (3, 3)
         assert merged.reported_steps == (200, 100)
     # a hang alone on the pod, the same
-    hung = with_channel_report(view(reported_epoch=None, hung_in_epoch=3), fields)
+    hung = with_channel_report(view(reported_epoch=None, hung_in_epoch=3), fields, GANG_EPOCH)
     assert (hung.reported_epoch, hung.hung_in_epoch) == (3, 3)
     # an exit of an older epoch on the pod is not newer than epoch 3's report
-    old = with_channel_report(view(reported_epoch=None, exited_in_epoch=2), fields)
+    old = with_channel_report(view(reported_epoch=None, exited_in_epoch=2), fields, GANG_EPOCH)
     assert (old.reported_epoch, old.exited_in_epoch) == (3, None)
 
 
@@ -127,18 +132,20 @@ def test_a_late_older_channel_report_does_not_replace_a_newer_one() -> None:
     newer, _ = agent_report(report(**{names.REPORT_EPOCH: "4"}))
     exited, _ = agent_report(report(**{names.REPORT_EXITED: "3"}))
     older, _ = agent_report(report())
-    assert newer_report(None, older)
-    assert newer_report(older, newer)
-    assert not newer_report(newer, older)
-    assert newer_report(older, exited), "an exit in epoch 3 comes after epoch 3's report"
-    assert not newer_report(exited, older)
-    assert newer_report(older, older), "the same report again (a resend) is kept"
+    assert newer_report(None, older, GANG_EPOCH)
+    assert newer_report(older, newer, GANG_EPOCH)
+    assert not newer_report(newer, older, GANG_EPOCH)
+    assert newer_report(older, exited, GANG_EPOCH), (
+        "an exit in epoch 3 comes after epoch 3's report"
+    )
+    assert not newer_report(exited, older, GANG_EPOCH)
+    assert newer_report(older, older, GANG_EPOCH), "the same report again (a resend) is kept"
 
 
 def test_a_channel_report_clears_an_older_malformed_annotation() -> None:
     bad = view(reported_epoch=None, reported_steps=None, report_error="epoch='x' is bad")
     fields, _ = agent_report(report())
-    merged = with_channel_report(bad, fields)
+    merged = with_channel_report(bad, fields, GANG_EPOCH)
     assert merged.report_error is None
     assert merged.reported_epoch == 3
 
@@ -263,4 +270,4 @@ def test_the_pod_view_says_which_epoch_its_own_report_is_of(
     assert v.pod_report_epoch == epoch
     # a channel report merged in keeps what the pod itself says
     fields, _ = agent_report(report(**{names.REPORT_EPOCH: "9"}))
-    assert with_channel_report(v, fields).pod_report_epoch == epoch
+    assert with_channel_report(v, fields, GANG_EPOCH).pod_report_epoch == epoch
