@@ -21,7 +21,7 @@ REGISTRY ?= ghcr.io/jobset-inplace
 PLUGIN_BASE_URL ?= https://github.com/jobset-inplace/jobset-inplace/releases/download/v$(VERSION)
 
 .PHONY: help venv binaries images lint test unit integration e2e e2e-kind soak cluster-up cluster-down cluster-install \
-        cluster-status demo bench bench-pages bench-realnode release plugin-archive clean
+        cluster-status demo bench bench-pages bench-realnode bench-crashes release plugin-archive clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -88,6 +88,9 @@ bench-pages: venv ## rewrite the generated figures of README.md and docs/benchma
 
 bench-realnode: venv binaries ## crash -> every trainer running on the real nodes: jobset-inplace vs upstream InPlaceRestart vs stock (BENCH_ARGS="--reps 5")
 	$(PY) -m bench.realnode $(BENCH_ARGS)
+
+bench-crashes: venv binaries ## every crash of a real PyTorch trainer in every restart scope, on the real nodes: recovered once, one step, nothing old left (BENCH_ARGS="--reps 2")
+	$(PY) -m bench.crash_matrix $(BENCH_ARGS)
 
 soak: venv binaries $(VENV)/.bench ## a gang on the local cluster for 60 min, a failure every 3 min (crash, silent node, hang, device fault, drain): goodput and badput (BENCH_ARGS="--minutes 15")
 	$(PY) -m bench.soak $(BENCH_ARGS)

@@ -29,12 +29,10 @@ resume step (work done again).
 
 from __future__ import annotations
 
-import re
 import shutil
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,13 +43,18 @@ from jobset_inplace import names
 from jobset_inplace.times import parse_time
 from testbed import images
 from testbed.controller import gang_state
-from testbed.demo import log_time, timed_log
+from testbed.demo import timed_log
 from testbed.kube import create_jobset, wait_for
 from testbed.torchgang import (
     MEMBERS,
     RANKS,
+    LogFollower,
+    RankResume,
     create_trainer_config_map,
     kill_worker,
+    last_step_before,
+    newest_steps,
+    rank_resumes,
     standby_held,
     torch_jobset,
     with_prestart,
@@ -85,92 +88,6 @@ MILESTONES = (
     "restored",
     "first_step",
 )
-RANK_LINE = re.compile(
-    r"\[rank (\d+)\] (process started|imported torch|process group ready"
-    r"|resumed at step (\d+)|step (\d+) loss)"
-)
-_RANK_MILESTONE = {
-    "process started": "started",
-    "imported torch": "imported",
-    "process group ready": "group_ready",
-}
-
-
-@dataclass
-class RankResume:
-    """One rank's way back after the crash, as its log lines tell it (wall times)."""
-
-    started: float | None = None
-    imported: float | None = None
-    group_ready: float | None = None
-    restored: float | None = None
-    resume_step: int | None = None
-    first_step: float | None = None
-
-
-def rank_resumes(lines: list[tuple[float, str]], after: float) -> dict[int, RankResume]:
-    """Per rank, the milestones of its first run that resumed after ``after``: the start-up
-    lines of that run (the latest before its resume: a start that failed and was retried
-    counts from the retry) and its first step after the resume."""
-    out: dict[int, RankResume] = {}
-    for t, line in lines:
-        if t <= after:
-            continue
-        for m in RANK_LINE.finditer(line):
-            rank = int(m.group(1))
-            r = out.setdefault(rank, RankResume())
-            if r.first_step is not None:
-                continue  # that rank is back; later lines are training
-            what = m.group(2)
-            if what in _RANK_MILESTONE:
-                if r.restored is None:
-                    setattr(r, _RANK_MILESTONE[what], t)
-            elif m.group(3) is not None:
-                if r.restored is None:
-                    r.restored, r.resume_step = t, int(m.group(3))
-            elif r.restored is not None:
-                r.first_step = t
-    return out
-
-
-def last_step_before(lines: list[tuple[float, str]], crash: float) -> int | None:
-    """The newest step any rank had logged before ``crash``."""
-    steps = [
-        int(m.group(4))
-        for t, line in lines
-        if t <= crash
-        for m in RANK_LINE.finditer(line)
-        if m.group(4) is not None
-    ]
-    return max(steps, default=None)
-
-
-class LogFollower:
-    """``kubectl logs -f --timestamps`` of one container from now until it ends or is stopped:
-    lines written just before a crash are kept even if the container is then restarted or its
-    pod deleted."""
-
-    def __init__(self, kubectl: list[str], pod: str, container: str) -> None:
-        cmd = [*kubectl, "logs", "-f", "--timestamps", "--since=60s", pod, "-c", container]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        self.lines: list[tuple[float, str]] = []
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            stamp, _, line = raw.decode(errors="replace").rstrip("\n").partition(" ")
-            try:
-                self.lines.append((log_time(stamp), line))
-            except ValueError:
-                continue
-
-    def stop(self) -> list[tuple[float, str]]:
-        self.proc.terminate()
-        self.proc.wait(10)
-        self._thread.join(10)
-        return list(self.lines)
 
 
 @dataclass
@@ -235,11 +152,7 @@ class TorchBench:
         return sorted(lines)
 
     def trained(self, name: str) -> bool:
-        steps: dict[int, int] = {}
-        for _, line in self.logs(name):
-            for m in RANK_LINE.finditer(line):
-                if m.group(4) is not None:
-                    steps[int(m.group(1))] = int(m.group(4))
+        steps = newest_steps(self.logs(name))
         return len(steps) == RANKS and min(steps.values()) > TRAINED_STEP
 
     def held(self, name: str) -> bool:

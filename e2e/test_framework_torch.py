@@ -25,8 +25,6 @@ from pathlib import Path
 
 import pytest
 
-from testbed import images
-from testbed.cluster import LocalCluster
 from testbed.controller import barrier_open, member_pods, prepare
 from testbed.demo import started_trainer_log
 from testbed.install import Installation
@@ -47,13 +45,6 @@ from testbed.torchgang import (
 from testbed.versions import binaries
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def torch_site(local_cluster: LocalCluster | None) -> Path:
-    if local_cluster is None:
-        pytest.skip("mounts PyTorch from this host into the local cluster's real nodes")
-    return images.torch_site()
 
 
 @pytest.mark.parametrize("start", ["cold", "prestart"])

@@ -6,6 +6,8 @@ worker process, and how to read its ranks' logs."""
 from __future__ import annotations
 
 import re
+import subprocess
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from jobset_inplace import names
 from jobset_inplace.prestart import FORKER_NAME, HELD, STAND_IN_NAME
 from testbed import images
 from testbed.cluster import REAL_NODE_LABEL
-from testbed.demo import python_in_trainer
+from testbed.demo import log_time, python_in_trainer
 from testbed.kube import Clients
 from testbed.workloads import shared_checkpoint_gang
 
@@ -194,3 +196,104 @@ def rank_runs(logs: str) -> dict[int, RankRuns]:
         else:
             mine.runs[-1][int(step)] = float(loss)
     return out
+
+
+# --- where a recovery's time went, from the ranks' own log lines ------------------------------
+
+RANK_LINE = re.compile(
+    r"\[rank (\d+)\] (process started|imported torch|process group ready"
+    r"|resumed at step (\d+)|step (\d+) loss)"
+)
+_RANK_MILESTONE = {
+    "process started": "started",
+    "imported torch": "imported",
+    "process group ready": "group_ready",
+}
+
+
+@dataclass
+class RankResume:
+    """One rank's way back after the crash, as its log lines tell it (wall times)."""
+
+    started: float | None = None
+    imported: float | None = None
+    group_ready: float | None = None
+    restored: float | None = None
+    resume_step: int | None = None
+    first_step: float | None = None
+
+
+def rank_resumes(lines: list[tuple[float, str]], after: float) -> dict[int, RankResume]:
+    """Per rank, the milestones of its first run that resumed after ``after``: the start-up
+    lines of that run (the latest before its resume: a start that failed and was retried
+    counts from the retry) and its first step after the resume."""
+    out: dict[int, RankResume] = {}
+    for t, line in lines:
+        if t <= after:
+            continue
+        for m in RANK_LINE.finditer(line):
+            rank = int(m.group(1))
+            r = out.setdefault(rank, RankResume())
+            if r.first_step is not None:
+                continue  # that rank is back; later lines are training
+            what = m.group(2)
+            if what in _RANK_MILESTONE:
+                if r.restored is None:
+                    setattr(r, _RANK_MILESTONE[what], t)
+            elif m.group(3) is not None:
+                if r.restored is None:
+                    r.restored, r.resume_step = t, int(m.group(3))
+            elif r.restored is not None:
+                r.first_step = t
+    return out
+
+
+def last_step_before(lines: list[tuple[float, str]], crash: float) -> int | None:
+    """The newest step any rank had logged before ``crash``."""
+    steps = [
+        int(m.group(4))
+        for t, line in lines
+        if t <= crash
+        for m in RANK_LINE.finditer(line)
+        if m.group(4) is not None
+    ]
+    return max(steps, default=None)
+
+
+class LogFollower:
+    """``kubectl logs -f --timestamps`` of one container from now until it ends or is stopped:
+    lines written just before a crash are kept even if the container is then restarted or its
+    pod deleted."""
+
+    def __init__(self, kubectl: list[str], pod: str, container: str) -> None:
+        cmd = [*kubectl, "logs", "-f", "--timestamps", "--since=60s", pod, "-c", container]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.lines: list[tuple[float, str]] = []
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            stamp, _, line = raw.decode(errors="replace").rstrip("\n").partition(" ")
+            try:
+                self.lines.append((log_time(stamp), line))
+            except ValueError:
+                continue
+
+    def stop(self) -> list[tuple[float, str]]:
+        self.proc.terminate()
+        self.proc.wait(10)
+        self._thread.join(10)
+        return list(self.lines)
+
+
+def newest_steps(lines: list[tuple[float, str]], after: float = 0.0) -> dict[int, int]:
+    """Each rank's newest step logged after ``after``."""
+    steps: dict[int, int] = {}
+    for t, line in lines:
+        if t > after:
+            for m in RANK_LINE.finditer(line):
+                if m.group(4) is not None:
+                    steps[int(m.group(1))] = int(m.group(4))
+    return steps

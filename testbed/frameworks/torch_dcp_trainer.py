@@ -15,10 +15,21 @@ torch``, ``process group ready``.
 Environment: torchrun's (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...), ``CHECKPOINT_DIR``,
 ``STEPS`` (default 400), ``SAVE_EVERY`` (default 10), ``STEP_SECONDS`` (default 0.1, a pause per
 step so that a test can kill a worker mid-training).
+
+Like a training loop in any language (docs/trainer-contract.md, "Hang detection: progress"),
+local rank 0 writes the pod's progress record after each step where ``JSI_STATE_DIR`` is set.
+
+Faults a user's trainer meets, for the crash tests: a worker that finds the file
+``fault-rank-<RANK>`` in ``CHECKPOINT_DIR`` at a step removes it, logs ``fault: <kind>`` and
+has that fault: ``segv`` (a segmentation fault in native code), ``abort`` (SIGABRT, as NCCL's
+watchdog ends a process), ``exception`` (an uncaught Python exception), ``oom`` (allocates
+until its container's memory limit has the kernel kill it), ``hang`` (stops taking part: the
+other ranks wait in their next collective).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -44,6 +55,47 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 log("imported torch")
 
 STEP_DIR = re.compile(r"step-(\d+)")
+FAULTS = ("segv", "abort", "exception", "oom", "hang")
+
+
+def fault(root: Path) -> None:
+    """Have the fault this worker was told to have, if any (see the module's docstring)."""
+    path = root / f"fault-rank-{RANK}"
+    try:
+        kind = path.read_text().strip()
+        path.unlink()
+    except FileNotFoundError:
+        return
+    log(f"fault: {kind}")
+    if kind == "segv":
+        import ctypes  # noqa: PLC0415
+
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+    elif kind == "abort":
+        os.abort()
+    elif kind == "exception":
+        raise RuntimeError("an uncaught exception in the training loop")
+    elif kind == "oom":
+        held = []
+        while True:  # each chunk written, so resident: until the cgroup's OOM kill
+            held.append(b"\x01" * (64 << 20))
+    elif kind == "hang":
+        while True:
+            time.sleep(60)
+    else:
+        raise ValueError(f"fault-rank-{RANK}: {kind!r} is not one of {FAULTS}")
+
+
+def report_progress(step: int) -> None:
+    """The pod's progress record (local rank 0 only), as the trainer contract writes it."""
+    state = os.environ.get("JSI_STATE_DIR")
+    if not state or os.environ.get("LOCAL_RANK", "0") != "0":
+        return
+    name = os.environ.get("JSI_CONTAINER_NAME", "trainer")
+    path = Path(state) / f"progress-{name}.json"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"step": step, "at": time.time()}))
+    os.replace(tmp, path)
 
 
 def newest_step(root: Path) -> int | None:
@@ -102,6 +154,8 @@ def main() -> int:
         log(f"step {step} loss {float(mean) / world:.6e}")
         if step % save_every == 0:
             dcp.save({"model": model.module.state_dict()}, checkpoint_id=str(root / f"step-{step}"))
+        report_progress(step)
+        fault(root)
         time.sleep(pause)
     log("done")
     dist.destroy_process_group()

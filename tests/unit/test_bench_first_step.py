@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import first_step, upstream
-from bench.first_step import Recovery, last_step_before, rank_resumes, torch_path_jobset
+from bench.first_step import Recovery, torch_path_jobset
 from jobset_inplace import names
-from testbed.torchgang import master, torch_jobset
+from testbed.torchgang import last_step_before, master, rank_resumes, torch_jobset
 
 CRASH = 100.0
 
