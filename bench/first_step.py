@@ -8,7 +8,10 @@ steps in one shared directory that survives every path (a persistent tier: stock
 resumes from the newest complete step, not from step 0), PyTorch's CUDA build imported from a
 host-mounted site. For each path of :mod:`bench.realnode` (same JobSet otherwise), and
 ``jsi-prestart`` (the process scope with ``prestart-imports``: the next epoch's ``torchrun``
-started and PyTorch imported beside the running epoch, its workers forked from it), once
+started and PyTorch imported beside the running epoch, its workers forked from it) and
+``torchrun-restarts`` (no jobset-inplace, stock JobSet: torchrun's own recovery,
+``--max-restarts`` over its c10d rendezvous, every torchrun restarting all its local workers in
+place on any worker's failure: the natural peer of the process scope), once
 every rank is past step 40 (and, for ``jsi-prestart``, its standby is ready, as it is for a
 failure long into training):
 one worker process of member 1 is SIGKILLed at a set time, and every milestone is read from
@@ -71,9 +74,11 @@ PATHS = (
     "jsi-pod",
     "upstream-sidecar",
     "upstream-main",
+    "torchrun-restarts",
     "stock",
     "stock-grace0",
 )
+TORCHRUN_RESTARTS = 100  # torchrun-restarts: its --max-restarts (never the limit here)
 CRASH_LEAD_S = 2.0  # the kill is set this far ahead (a kubectl exec takes ~0.3 s here)
 TRAINED_STEP = 40  # every rank past this step before the crash (checkpoints at 10..40)
 RECOVERY_CAP_S = 240.0
@@ -106,7 +111,8 @@ class Recovery:
 
 def torch_path_jobset(path: str, name: str, shared: Path, site: Path) -> dict[str, Any]:
     """The PyTorch gang as ``path`` runs it (the same trainer, gang and checkpoints)."""
-    js = torch_jobset(shared, site, name=name)
+    restarts = TORCHRUN_RESTARTS if path == "torchrun-restarts" else 0
+    js = torch_jobset(shared, site, name=name, max_restarts=restarts)
     annotations = js["metadata"]["annotations"]
     if path == "jsi-prestart":
         return with_prestart(js)

@@ -96,20 +96,40 @@ def master(name: str) -> str:
 
 
 def torch_jobset(
-    shared: Path, site: Path, *, name: str = "gang", env: dict[str, str] | None = None
+    shared: Path,
+    site: Path,
+    *,
+    name: str = "gang",
+    env: dict[str, str] | None = None,
+    max_restarts: int = 0,
 ) -> dict[str, Any]:
     """JobSet ``name``: ``MEMBERS`` one-pod members on the real nodes, each running ``torchrun``
-    with ``WORKERS`` workers (``--max-restarts=0``: a worker's failure ends torchrun, which is
-    the gang's failure signal), checkpoints in ``shared`` (a host directory), PyTorch from
+    with ``WORKERS`` workers, checkpoints in ``shared`` (a host directory), PyTorch from
     ``site`` (:func:`testbed.images.torch_site`) mounted read-only. Opted in with layout
-    ``torch-dcp``; ``env``: more of the trainer's environment."""
+    ``torch-dcp``; ``env``: more of the trainer's environment.
+
+    ``max_restarts`` 0: a static rendezvous at member 0, and a worker's failure ends torchrun
+    (the gang's failure signal). Above 0: torchrun's own recovery, ``--max-restarts`` with its
+    c10d rendezvous hosted by member 0's torchrun (``is_host``: its JobSet hostname is not
+    the name its pod resolves itself by), so that on any worker's failure every torchrun
+    restarts all its local workers, in place."""
     index = f"metadata.labels['{names.JOB_INDEX_LABEL}']"
-    torchrun = [
-        "python3", "-m", "torch.distributed.run",
-        f"--nnodes={MEMBERS}", f"--nproc-per-node={WORKERS}", "--node-rank=$(NODE_RANK)",
-        f"--master-addr={master(name)}", f"--master-port={MASTER_PORT}", "--max-restarts=0",
-        f"/trainer/{TRAINER}",
-    ]  # fmt: skip
+    run = ["python3", "-m", "torch.distributed.run"]
+    options = [f"--nnodes={MEMBERS}", f"--nproc-per-node={WORKERS}"]
+    script = [f"--max-restarts={max_restarts}", f"/trainer/{TRAINER}"]
+    if max_restarts:  # is_host=1 on member 0 only: a shell decides (one template for both)
+        options += [
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={master(name)}:{MASTER_PORT}",
+            f"--rdzv-id={name}", f"--max-restarts={max_restarts}",
+        ]  # fmt: skip
+        host = '[ "$NODE_RANK" = 0 ] && h=1 || h=0; exec "$0" "$@" --rdzv-conf=is_host=$h '
+        run, script = ["sh", "-c", host + f"/trainer/{TRAINER}", *run], []
+    else:
+        options += [
+            "--node-rank=$(NODE_RANK)", f"--master-addr={master(name)}",
+            f"--master-port={MASTER_PORT}",
+        ]  # fmt: skip
+    torchrun = [*run, *options, *script]
     extra = [{"name": k, "value": v} for k, v in (env or {}).items()]
     trainer = {
         "name": "trainer",

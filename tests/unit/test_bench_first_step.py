@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +79,30 @@ def test_each_path_runs_the_same_trainer(tmp_path: Path) -> None:
     assert "torch.distributed.run" in env["WORKER_COMMAND"]
     assert main["spec"]["failurePolicy"]["restartStrategy"] == "InPlaceRestart"
     assert pod(main)["serviceAccountName"] == upstream.SERVICE_ACCOUNT
+    # torchrun's own restarts: stock JobSet, a c10d rendezvous member 0's torchrun hosts
+    own = torch_path_jobset("torchrun-restarts", "t", tmp_path, site)
+    assert own["metadata"]["annotations"] == {}
+    sh, flag, script, *argv = pod(own)["containers"][0]["command"]
+    assert (sh, flag, argv[:3]) == ("sh", "-c", ["python3", "-m", "torch.distributed.run"])
+    assert f"--max-restarts={first_step.TORCHRUN_RESTARTS}" in argv
+    assert f"--rdzv-endpoint={master('t')}:29500" in argv
+    assert "--rdzv-backend=c10d" in argv
+    assert not any(a.startswith(("--node-rank", "--master-addr")) for a in argv)
+    hosts = {}
+    for rank in ("0", "1"):  # the shell gives torchrun is_host=1 on member 0 only
+        run = subprocess.run(
+            ["sh", "-c", script.replace('exec "$0"', 'echo "$0"'), "python3", *argv],
+            env={"NODE_RANK": rank, "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        words = run.stdout.split()
+        hosts[rank] = [w for w in words if w.startswith("--rdzv-conf=")]
+        assert words[-1] == "/trainer/torch_dcp_trainer.py", "the script comes last"
+    assert hosts == {"0": ["--rdzv-conf=is_host=1"], "1": ["--rdzv-conf=is_host=0"]}
     # the PyTorch site and the trainer are mounted on every path
-    for js in (jsi, stock, main):
+    for js in (jsi, stock, main, own):
         mounts = {m["mountPath"] for m in pod(js)["containers"][0]["volumeMounts"]}
         assert {"/ckpt", "/opt/torch", "/trainer"} <= mounts
 
