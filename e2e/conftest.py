@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from jobset_inplace import names
+from testbed import images
 from testbed.cluster import DEFAULT_NODES, DEFAULT_REAL_NODES, LocalCluster, log
 from testbed.images import IMAGES_LOADED_ENV
 from testbed.install import Installation
@@ -108,6 +109,14 @@ def kube(cluster_kubeconfig: Path) -> Clients:
 def namespace(kube: Clients, request: pytest.FixtureRequest) -> Iterator[str]:
     with temporary_namespace(kube, request.node.name) as ns:
         yield ns
+
+
+@pytest.fixture(scope="session")
+def torch_site(local_cluster: LocalCluster | None) -> Path:
+    """PyTorch installed on this host (testbed/images.py), mounted into the real nodes' pods."""
+    if local_cluster is None:
+        pytest.skip("mounts PyTorch from this host into the local cluster's real nodes")
+    return images.torch_site()
 
 
 @pytest.fixture(scope="session")
