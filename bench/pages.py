@@ -422,6 +422,7 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
     "kwok-deaths": (ROOT / "docs" / "benchmarks.md", kwok_deaths, (DEATHS,)),
     "kwok-headline": (ROOT / "README.md", kwok_headline, (PATHS, DEATHS)),
     "soak": (ROOT / "docs" / "benchmarks.md", soak_tables, (SOAK,)),
+    "crash-matrix": (ROOT / "docs" / "benchmarks.md", crash_matrix_table, (CRASHES,)),
 }
 
 

@@ -4,8 +4,11 @@ standby) and which one each crash kills, in every restart scope's process shape.
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
+from bench.crash_matrix import parse_cases
 from jobset_inplace.prestart import FORKER_NAME, STAND_IN_NAME
 from testbed.crashes import BY_NAME, CRASHES, SCOPES, Proc, cases, epoch_tree, target
 from testbed.torchgang import TRAINER
@@ -85,3 +88,11 @@ def test_every_crash_is_made_one_way_in_the_scopes_that_have_it() -> None:
     assert ("prestart", "stand-in-sigkill") in cases()
     assert len(cases()) == sum(len(c.scopes) for c in CRASHES)
     assert BY_NAME["oom"].fault == "oom"
+
+
+def test_the_matrix_takes_only_cases_that_exist_and_says_which_do() -> None:
+    assert parse_cases("prestart/oom, pod/segv") == [("prestart", "oom"), ("pod", "segv")]
+    with pytest.raises(argparse.ArgumentTypeError, match="'pod/launcher-sigkill' is not a case"):
+        parse_cases("pod/launcher-sigkill")  # no launcher in the pod scope
+    with pytest.raises(argparse.ArgumentTypeError, match="accepted: process/worker-sigkill"):
+        parse_cases("oom")
