@@ -25,12 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import provenance
-from jobset_inplace.apierrors import or_none
 from testbed import images
 from testbed.cluster import LocalCluster
 from testbed.controller import ControllerProcess, prepare
 from testbed.crashes import BY_NAME, CRASHES, SCOPES, CaseResult, CrashRunner, cases
-from testbed.kube import clients, wait_for
+from testbed.kube import clients, namespace_gone
 from testbed.versions import versions
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "bench" / "crash-matrix.json"
@@ -119,14 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
     cluster.up()
     kube = clients(cluster.kubeconfig)
-    if or_none(kube.core.read_namespace, NAMESPACE) is not None:
-        kube.core.delete_namespace(NAMESPACE)
-        wait_for(
-            "old namespace gone",
-            lambda: or_none(kube.core.read_namespace, NAMESPACE) is None,
-            120,
-            1,
-        )
+    namespace_gone(kube, NAMESPACE)
     prepare(kube, cluster.kubeconfig, NAMESPACE)
     runner = CrashRunner(kube, NAMESPACE, cluster.kubeconfig, images.torch_site(), log)
     controller = ControllerProcess(cluster, cluster.logs_dir / "controller-bench-crashes.log")

@@ -56,14 +56,13 @@ from bench import first_step, provenance, upstream
 from bench.__main__ import apiserver_metrics
 from bench.scenarios import apiserver_requests
 from jobset_inplace import names
-from jobset_inplace.apierrors import or_none
 from jobset_inplace.core.transform import STATE_DIR
 from jobset_inplace.times import parse_time
 from testbed import images
 from testbed.cluster import LocalCluster
 from testbed.controller import ControllerProcess, gang_state, prepare
 from testbed.demo import CRASH_LEAD_S, demo_jobset, inject_failure, timed_log
-from testbed.kube import Clients, clients, create_jobset, wait_for
+from testbed.kube import Clients, clients, create_jobset, delete_jobset, namespace_gone, wait_for
 from testbed.versions import binaries, ensure_binaries, versions
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "bench"
@@ -270,19 +269,7 @@ class Bench:
         return None
 
     def delete(self, name: str) -> None:
-        self.kube.custom.delete_namespaced_custom_object(
-            "jobset.x-k8s.io", "v1alpha2", NAMESPACE, "jobsets", name,
-            body={"propagationPolicy": "Foreground"},
-        )  # fmt: skip
-        selector = f"{names.JOBSET_NAME_LABEL}={name}"
-        wait_for(
-            f"{name}: pods gone",
-            lambda: (
-                not self.kube.core.list_namespaced_pod(NAMESPACE, label_selector=selector).items
-            ),
-            120,
-            0.5,
-        )
+        delete_jobset(self.kube, NAMESPACE, name)
 
 
 # --- the whole comparison --------------------------------------------------------------------
@@ -389,14 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     shared = cluster.logs_dir.parent / "bench-realnode-shared"  # the persistent tier
     shutil.rmtree(shared, ignore_errors=True)
     bench = Bench(cluster, shared)
-    if or_none(bench.kube.core.read_namespace, NAMESPACE) is not None:
-        bench.kube.core.delete_namespace(NAMESPACE)
-        wait_for(
-            "old namespace gone",
-            lambda: or_none(bench.kube.core.read_namespace, NAMESPACE) is None,
-            120,
-            1,
-        )
+    namespace_gone(bench.kube, NAMESPACE)
     prepare(bench.kube, cluster.kubeconfig, NAMESPACE)
     create_objects(bench.kube, upstream.rbac(NAMESPACE))
     if any(p.startswith("upstream-") for p in args.paths):

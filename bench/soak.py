@@ -47,7 +47,7 @@ from testbed.demo import (
 )
 from testbed.devices import RESOURCE, TestDevices, pod_devices
 from testbed.install import Installation
-from testbed.kube import Clients, clients, wait_for
+from testbed.kube import Clients, clients, namespace_gone, wait_for
 from testbed.prometheus import Prometheus, running
 from testbed.versions import binaries, versions
 
@@ -181,14 +181,7 @@ def run(
     """The soak: failures injected in turn until ``--minutes``; the failures, the wall time and
     why it stopped early (None: it did not; a failure not recovered ends it, its account kept)."""
     kube = soak.kube
-    if or_none(kube.core.read_namespace, NAMESPACE) is not None:
-        kube.core.delete_namespace(NAMESPACE)
-        wait_for(
-            "old namespace gone",
-            lambda: or_none(kube.core.read_namespace, NAMESPACE) is None,
-            300,
-            1,
-        )
+    namespace_gone(kube, NAMESPACE, 300)
     training_gang(
         kube,
         soak.kubeconfig,

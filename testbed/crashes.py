@@ -44,7 +44,7 @@ from jobset_inplace.core.transform import AGENT_CONTAINER
 from jobset_inplace.prestart import FORKER_NAME, STAND_IN_NAME
 from testbed.controller import gang_state, member_pods
 from testbed.demo import timed_log
-from testbed.kube import Clients, create_jobset, wait_for
+from testbed.kube import Clients, create_jobset, delete_jobset, wait_for
 from testbed.torchgang import (
     MEMBERS,
     RANKS,
@@ -399,19 +399,4 @@ class CrashRunner:
         return ranks if done else None
 
     def delete(self, name: str) -> None:
-        with contextlib.suppress(Exception):
-            self.kube.custom.delete_namespaced_custom_object(
-                "jobset.x-k8s.io", "v1alpha2", self.namespace, "jobsets", name,
-                body={"propagationPolicy": "Foreground"},
-            )  # fmt: skip
-        selector = f"{names.JOBSET_NAME_LABEL}={name}"
-        wait_for(
-            f"{name}: pods gone",
-            lambda: (
-                not self.kube.core.list_namespaced_pod(
-                    self.namespace, label_selector=selector
-                ).items
-            ),
-            180,
-            0.5,
-        )
+        delete_jobset(self.kube, self.namespace, name, 180)

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
 from jobset_inplace.core.decode import condition
 
@@ -130,6 +131,41 @@ def delete_jobsets(c: Clients, namespace: str, timeout: float = 60) -> None:
     except AssertionError as e:
         left = [j["metadata"]["name"] for j in jobsets(c, namespace)]
         raise AssertionError(f"{e}; still there: {left}") from None
+
+
+def delete_jobset(c: Clients, namespace: str, name: str, timeout: float = 120) -> None:
+    """Delete JobSet ``name`` in the foreground (if it is there) and wait until no pod of it
+    is left."""
+    or_none(
+        c.custom.delete_namespaced_custom_object,
+        JOBSET_GROUP,
+        JOBSET_VERSION,
+        namespace,
+        JOBSET_PLURAL,
+        name,
+        body={"propagationPolicy": "Foreground"},
+    )
+    selector = f"{names.JOBSET_NAME_LABEL}={name}"
+    wait_for(
+        f"{name}: pods gone",
+        lambda: not c.core.list_namespaced_pod(namespace, label_selector=selector).items,
+        timeout,
+        0.5,
+    )
+
+
+def namespace_gone(c: Clients, namespace: str, timeout: float = 120) -> None:
+    """Delete ``namespace`` if it is there (a run before this one left it) and wait until the
+    API has forgotten it."""
+    if or_none(c.core.read_namespace, namespace) is None:
+        return
+    c.core.delete_namespace(namespace)
+    wait_for(
+        f"old namespace {namespace} gone",
+        lambda: or_none(c.core.read_namespace, namespace) is None,
+        timeout,
+        1,
+    )
 
 
 def pod_token(
