@@ -346,7 +346,7 @@ def _first_steps(doc: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def realnode_torch_table(doc: dict[str, Any]) -> str:
+def realnode_torch_table(doc: dict[str, Any], path: Path = TORCH) -> str:
     """The PyTorch gang on the real nodes: every path's milestones, from one run."""
     reps = sorted({v["reps"] for v in doc["summary"].values()})
     failed = "".join(
@@ -354,7 +354,7 @@ def realnode_torch_table(doc: dict[str, Any]) -> str:
     )
     return "\n".join(
         [
-            f"{origin(doc, TORCH)} Repetitions per path: {'/'.join(map(str, reps))}.{failed}",
+            f"{origin(doc, path)} Repetitions per path: {'/'.join(map(str, reps))}.{failed}",
             "",
             first_step.table(doc["summary"]),
         ]
