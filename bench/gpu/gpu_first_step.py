@@ -1,11 +1,13 @@
 """Crash -> first productive step of a ~350 M-parameter model on one GPU, four ways.
 
-    python bench/gpu_first_step.py --out /tmp/gpu.json            (on the device machine)
-    python bench/gpu_first_step.py --device cpu --layers 2 --width 256 --out /tmp/cpu.json
+    python bench/gpu/gpu_first_step.py --out /tmp/gpu.json            (on the device machine)
+    python bench/gpu/gpu_first_step.py --device cpu --layers 2 --width 256 --out /tmp/cpu.json
                                                                    (a check on CPU, gloo)
 
 For the device machine (one GPU, PyTorch with NCCL, no network; docs/benchmarks.md, "The GPU
-path"): standard library and torch only, one file, within 8 minutes. One rank (NCCL runs one
+path"): standard library and torch only, one file in a directory of its own (run as a script,
+its directory comes first on ``sys.path``: nothing there may shadow a standard module), within
+8 minutes. One rank (NCCL runs one
 rank per GPU), a decoder-only transformer in bf16 with AdamW, a DCP checkpoint of several GB
 (parameters and optimizer state) written once at the start. Each way, ``--reps`` times, the
 trainer is SIGKILLed after a few steps and the time from the kill to its first productive
@@ -173,8 +175,9 @@ class Proc:
             if line.startswith(prefix):
                 return line.strip()
             if time.time() > deadline:
-                break
-        raise TimeoutError(f"no {prefix!r} line in {timeout} s: {self.lines[-5:]}")
+                raise TimeoutError(f"no {prefix!r} line in {timeout} s: {self.lines[-5:]}")
+        code = self.p.wait()
+        raise RuntimeError(f"the trainer exited {code} before a {prefix!r} line: {self.lines[-5:]}")
 
     def kill(self) -> float:
         at = time.time()
@@ -208,7 +211,8 @@ def one(args: argparse.Namespace, way: str, work: Path) -> dict[str, float]:
         p = Proc(run, env)
         p.until("@first_step", args.timeout)
         p.until("@step", args.timeout)
-        worker = int(subprocess.check_output(["pgrep", "-P", str(p.p.pid), "-f", "--trainer"]))
+        pid = p.p.pid  # torchrun's one child: its worker
+        worker = int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
         at = time.time()
         os.kill(worker, signal.SIGKILL)
         p.lines.clear()
