@@ -117,15 +117,7 @@ def delete_jobsets(c: Clients, namespace: str, timeout: float = 60) -> None:
     """Delete every JobSet of ``namespace`` (their Jobs and pods go after them) and wait until
     the API has none left."""
     for js in jobsets(c, namespace):
-        or_none(
-            c.custom.delete_namespaced_custom_object,
-            JOBSET_GROUP,
-            JOBSET_VERSION,
-            namespace,
-            JOBSET_PLURAL,
-            js["metadata"]["name"],
-            propagation_policy="Background",
-        )
+        _delete(c, namespace, js["metadata"]["name"], "Background")
     try:
         wait_for(f"the JobSets of {namespace} deleted", lambda: not jobsets(c, namespace), timeout)
     except AssertionError as e:
@@ -136,6 +128,18 @@ def delete_jobsets(c: Clients, namespace: str, timeout: float = 60) -> None:
 def delete_jobset(c: Clients, namespace: str, name: str, timeout: float = 120) -> None:
     """Delete JobSet ``name`` in the foreground (if it is there) and wait until no pod of it
     is left."""
+    _delete(c, namespace, name, "Foreground")
+    selector = f"{names.JOBSET_NAME_LABEL}={name}"
+    wait_for(
+        f"{name}: pods gone",
+        lambda: not c.core.list_namespaced_pod(namespace, label_selector=selector).items,
+        timeout,
+        0.5,
+    )
+
+
+def _delete(c: Clients, namespace: str, name: str, propagation: str) -> None:
+    """Delete JobSet ``name`` if it is there."""
     or_none(
         c.custom.delete_namespaced_custom_object,
         JOBSET_GROUP,
@@ -143,14 +147,7 @@ def delete_jobset(c: Clients, namespace: str, name: str, timeout: float = 120) -
         namespace,
         JOBSET_PLURAL,
         name,
-        body={"propagationPolicy": "Foreground"},
-    )
-    selector = f"{names.JOBSET_NAME_LABEL}={name}"
-    wait_for(
-        f"{name}: pods gone",
-        lambda: not c.core.list_namespaced_pod(namespace, label_selector=selector).items,
-        timeout,
-        0.5,
+        propagation_policy=propagation,
     )
 
 
