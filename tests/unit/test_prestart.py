@@ -178,15 +178,21 @@ def test_torchrun_waits_and_its_workers_are_forked_with_its_imports(tmp_path: Pa
         until("the forker ended with its torchrun", lambda: not alive(int(parent)))
 
 
+def released(pod: Pod) -> tuple[int, int]:
+    """Once the held torchrun is let go for epoch 1 and its worker runs: (the forked worker's
+    pid, its stand-in's)."""
+    until("held", lambda: "waiting for an epoch" in pod.log())
+    pod.open(1)
+    until("the worker's start", lambda: len(pod.starts()) == 1)
+    return pod.starts()[0][2], note(pod, "stand-in")
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_a_forked_workers_stand_in_passes_signals_on(tmp_path: Path, signum: int) -> None:
     """torchrun stops a worker by a signal to its group (SIGTERM, then SIGKILL): the forked
     worker gets the same end, and torchrun sees it."""
     with running(prestart_pod(tmp_path, [*TORCHRUN, str(tmp_path)])) as pod:
-        until("held", lambda: "waiting for an epoch" in pod.log())
-        pod.open(1)
-        until("the worker's start", lambda: len(pod.starts()) == 1)
-        worker, stand_in = pod.starts()[0][2], note(pod, "stand-in")
+        worker, stand_in = released(pod)
         os.killpg(stand_in, signum)
         until("torchrun saw its worker end", (tmp_path / "torchrun-saw").exists)
         assert note(pod, "torchrun-saw") == -signum
@@ -197,10 +203,7 @@ def test_a_forked_worker_ends_with_its_forker(tmp_path: Path) -> None:
     """A forker killed (SIGKILL: the epoch's tree, an OOM kill) cannot report its workers'
     ends: each stand-in sees it gone, kills its worker and exits; torchrun sees a failure."""
     with running(prestart_pod(tmp_path, [*TORCHRUN, str(tmp_path)])) as pod:
-        until("held", lambda: "waiting for an epoch" in pod.log())
-        pod.open(1)
-        until("the worker's start", lambda: len(pod.starts()) == 1)
-        worker = pod.starts()[0][2]
+        worker, _ = released(pod)
         (forker,) = map(int, re.findall(r"worker forker \(pid (\d+)\)", pod.log())[:1])
         os.kill(forker, signal.SIGKILL)
         until("torchrun saw its worker end", (tmp_path / "torchrun-saw").exists)
@@ -246,10 +249,7 @@ def test_a_forked_worker_killed_by_any_signal_is_seen_so_and_never_run_again(
     that epoch (the stand-in once fell through to running it cold when it could not take on
     SIGKILL's disposition)."""
     with running(prestart_pod(tmp_path, [*TORCHRUN, str(tmp_path)])) as pod:
-        until("held", lambda: "waiting for an epoch" in pod.log())
-        pod.open(1)
-        until("the worker's start", lambda: len(pod.starts()) == 1)
-        worker, stand_in = pod.starts()[0][2], note(pod, "stand-in")
+        worker, stand_in = released(pod)
         os.kill(worker, signum)
         until("torchrun saw its worker end", (tmp_path / "torchrun-saw").exists)
         assert note(pod, "torchrun-saw") == -signum, "the stand-in ended as its worker did"
@@ -266,10 +266,7 @@ def test_a_forked_worker_that_exits_is_seen_with_its_code_and_never_run_again(
     tmp_path: Path, code: int
 ) -> None:
     with running(prestart_pod(tmp_path, [*TORCHRUN, str(tmp_path)])) as pod:
-        until("held", lambda: "waiting for an epoch" in pod.log())
-        pod.open(1)
-        until("the worker's start", lambda: len(pod.starts()) == 1)
-        worker, stand_in = pod.starts()[0][2], note(pod, "stand-in")
+        worker, stand_in = released(pod)
         pod.child_exits(code)
         until("torchrun saw its worker end", (tmp_path / "torchrun-saw").exists)
         assert note(pod, "torchrun-saw") == code
@@ -358,6 +355,14 @@ def test_a_worker_starts_cold_only_when_the_forker_refused_it(
         assert not ran.exists(), "the trainer must not run beside a worker the forker started"
 
 
+def starts_only_at_its_epoch(pod: Pod, epoch: int = 1, step: int = 3) -> None:
+    """Nothing of the trainer has run; once ``epoch`` opens, it starts, with its step."""
+    assert pod.starts() == [], "nothing of the trainer ran before its epoch"
+    pod.open(epoch, step)
+    until("start", lambda: len(pod.starts()) == 1)
+    assert pod.starts()[0][:2] == (str(epoch), str(step))
+
+
 def test_a_held_process_whose_image_sitecustomize_fails_still_waits_for_its_epoch(
     tmp_path: Path,
 ) -> None:
@@ -377,10 +382,7 @@ def test_a_held_process_whose_image_sitecustomize_fails_still_waits_for_its_epoc
     with running(pod):
         until("held", lambda: "waiting for an epoch" in pod.log())
         assert "the image is broken" in pod.log()
-        assert pod.starts() == [], "nothing of the trainer ran before its epoch"
-        pod.open(1, 3)
-        until("start", lambda: len(pod.starts()) == 1)
-        assert pod.starts()[0][:2] == ("1", "3")
+        starts_only_at_its_epoch(pod)
 
 
 def test_a_held_process_whose_hook_fails_exits_and_the_epoch_starts_cold(tmp_path: Path) -> None:
@@ -391,10 +393,7 @@ def test_a_held_process_whose_hook_fails_exits_and_the_epoch_starts_cold(tmp_pat
         code = prestart.EXIT_HOOK_FAILED
         until("the hook failed", lambda: f"exited {code} before its epoch" in pod.log())
         assert "CUDA check broken" in pod.log()
-        assert pod.starts() == [], "nothing of the trainer ran before its epoch"
-        pod.open(1, 4)
-        until("cold start", lambda: len(pod.starts()) == 1)
-        assert pod.starts()[0][:2] == ("1", "4")
+        starts_only_at_its_epoch(pod)
 
 
 def test_a_stop_reaches_a_forked_worker_as_the_signal_torchrun_passes_on(tmp_path: Path) -> None:
@@ -404,10 +403,7 @@ def test_a_stop_reaches_a_forked_worker_as_the_signal_torchrun_passes_on(tmp_pat
     well before a long stop grace would have it killed."""
     command = [*TORCHRUN, str(tmp_path)]
     with running(prestart_pod(tmp_path, command, JSI_STOP_GRACE_SECONDS="30")) as pod:
-        until("held", lambda: "waiting for an epoch" in pod.log())
-        pod.open(1)
-        until("the worker's start", lambda: len(pod.starts()) == 1)
-        worker = pod.starts()[0][2]
+        worker, _ = released(pod)
         clear_resume(pod.dir)  # the gang moves on: epoch 1 is stopped
         pod.wait_state("stopped", 1, 128 + signal.SIGTERM)
         assert note(pod, "torchrun-saw") == -signal.SIGTERM
