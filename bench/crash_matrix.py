@@ -34,7 +34,7 @@ from testbed.versions import versions
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "bench" / "crash-matrix.json"
 NAMESPACE = "bench-crashes"
-MILESTONES = ("started", "imported", "group_ready", "restored")
+MILESTONES = ("started", "imported", "group_ready", "built", "restored")
 
 
 def log(msg: str) -> None:

@@ -1,33 +1,37 @@
 """Crash -> every rank's first productive step again, on a real PyTorch trainer, side by side.
 
     python -m bench.realnode --trainer torch --reps 5      (make bench-realnode BENCH_ARGS=...)
+    python -m bench.realnode --trainer torch --model transformer --reps 10
 
 The gang is the PyTorch one of the e2e suite (testbed/torchgang.py): 2 members on the 2 real
-nodes, each ``torchrun`` with 2 workers (4 ranks), DDP over gloo, DCP checkpoints every 10
-steps in one shared directory that survives every path (a persistent tier: stock JobSet too
-resumes from the newest complete step, not from step 0), PyTorch's CUDA build imported from a
-host-mounted site. For each path of :mod:`bench.realnode` (same JobSet otherwise), and
-``jsi-prestart`` (the process scope with ``prestart-imports``: the next epoch's ``torchrun``
-started and PyTorch imported beside the running epoch, its workers forked from it) and
-``torchrun-restarts`` (no jobset-inplace, stock JobSet: torchrun's own recovery,
-``--max-restarts`` over its c10d rendezvous, every torchrun restarting all its local workers in
-place on any worker's failure: the natural peer of the process scope), once
-every rank is past step 40 (and, for ``jsi-prestart``, its standby is ready, as it is for a
-failure long into training):
-one worker process of member 1 is SIGKILLed at a set time, and every milestone is read from
-the components' own timestamps (the container runtime's time of each log line; the
-controller's status for jobset-inplace):
+nodes, each ``torchrun``, DDP over gloo, DCP checkpoints in one shared directory that survives
+every path (a persistent tier: stock JobSet too resumes from the newest complete step, not
+from step 0), PyTorch's CUDA build imported from a host-mounted site. ``--model``: ``linear``
+(the tests' 8 parameters, 2 workers a pod: 4 ranks, past step 40 before the crash) or
+``transformer`` (110 M parameters, AdamW, 1.3 GB checkpoints every 5 steps, 1 worker a pod:
+2 ranks, past step 12), testbed.torchgang's ``MODELS``. For each path of
+:mod:`bench.realnode` (same JobSet otherwise), and ``jsi-prestart`` (the process scope with
+``prestart-imports``: the next epoch's ``torchrun`` started and PyTorch imported beside the
+running epoch, its workers forked from it) and ``torchrun-restarts`` (no jobset-inplace, stock
+JobSet: torchrun's own recovery, ``--max-restarts`` over its c10d rendezvous, every torchrun
+restarting all its local workers in place on any worker's failure: the natural peer of the
+process scope), once every rank is trained that far (and, for ``jsi-prestart``, its standby is
+ready, as it is for a failure long into training): one worker process of member 1 is
+SIGKILLed at a set time, and every milestone is read from the components' own timestamps (the
+container runtime's time of each log line; the controller's status for jobset-inplace):
 
 * ``detected`` (jobset-inplace: the recovery's start in its status), ``stopped`` (process
   scope: the launchers' "stopped"), ``barrier`` (as :mod:`bench.realnode` reads it);
 * per rank, of the run that resumed: ``process started`` (the trainer's first line, before its
-  imports), ``imported torch``, ``process group ready``, ``resumed at step S`` (its DCP load
-  done), and its first step after the resume (``step S+1``: training is productive again).
+  imports), ``imported torch``, ``process group ready``, ``model built`` (model, DDP and
+  optimizer), ``resumed at step S`` (its DCP load done), and its first step after the resume
+  (``step S+1``: training is productive again).
 
 A milestone is the latest rank's (the gang is productive when its last rank is), in seconds
 after the crash. Each rank's resume step is checked against the others' (and jobset-inplace's
 ``resumeStep``); steps lost = the newest step any rank had logged before the crash minus the
-resume step (work done again).
+resume step (work done again). Each path's ratio to ``jsi-prestart`` comes with a 95 %
+interval (:mod:`bench.stats`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import upstream
+from bench.stats import Ratio, ratio_of_medians
 from jobset_inplace import names
 from jobset_inplace.times import parse_time
 from testbed import images
@@ -49,9 +54,10 @@ from testbed.controller import gang_state
 from testbed.demo import timed_log
 from testbed.kube import create_jobset, wait_for
 from testbed.torchgang import (
+    LINEAR,
     MEMBERS,
-    RANKS,
     LogFollower,
+    Model,
     RankResume,
     create_trainer_config_map,
     kill_worker,
@@ -80,7 +86,6 @@ PATHS = (
 )
 TORCHRUN_RESTARTS = 100  # torchrun-restarts: its --max-restarts (never the limit here)
 CRASH_LEAD_S = 2.0  # the kill is set this far ahead (a kubectl exec takes ~0.3 s here)
-TRAINED_STEP = 40  # every rank past this step before the crash (checkpoints at 10..40)
 RECOVERY_CAP_S = 240.0
 # The milestones, in the order a recovery reaches them.
 MILESTONES = (
@@ -90,6 +95,7 @@ MILESTONES = (
     "started",
     "imported",
     "group_ready",
+    "built",
     "restored",
     "first_step",
 )
@@ -109,10 +115,12 @@ class Recovery:
     writes: dict[str, int] = field(default_factory=dict)
 
 
-def torch_path_jobset(path: str, name: str, shared: Path, site: Path) -> dict[str, Any]:
-    """The PyTorch gang as ``path`` runs it (the same trainer, gang and checkpoints)."""
+def torch_path_jobset(
+    path: str, name: str, shared: Path, site: Path, model: Model = LINEAR
+) -> dict[str, Any]:
+    """The PyTorch gang as ``path`` runs it (the same trainer, model, gang and checkpoints)."""
     restarts = TORCHRUN_RESTARTS if path == "torchrun-restarts" else 0
-    js = torch_jobset(shared, site, name=name, max_restarts=restarts)
+    js = torch_jobset(shared, site, name=name, max_restarts=restarts, model=model)
     annotations = js["metadata"]["annotations"]
     if path == "jsi-prestart":
         return with_prestart(js)
@@ -136,11 +144,14 @@ def torch_path_jobset(path: str, name: str, shared: Path, site: Path) -> dict[st
 
 
 class TorchBench:
-    """One recovery per call on the PyTorch gang, with ``bench``'s cluster, clients and
-    helpers."""
+    """One recovery per call on the PyTorch gang training ``model``, with ``bench``'s cluster,
+    clients and helpers."""
 
-    def __init__(self, bench: Bench, namespace: str, kubectl: list[str]) -> None:
+    def __init__(
+        self, bench: Bench, namespace: str, kubectl: list[str], model: Model = LINEAR
+    ) -> None:
         self.bench = bench
+        self.model = model
         self.namespace = namespace
         self.kubectl = kubectl
         self.site = images.torch_site()
@@ -159,7 +170,7 @@ class TorchBench:
 
     def trained(self, name: str) -> bool:
         steps = newest_steps(self.logs(name))
-        return len(steps) == RANKS and min(steps.values()) > TRAINED_STEP
+        return len(steps) == self.model.ranks and min(steps.values()) > self.model.trained_step
 
     def held(self, name: str) -> bool:
         """Every pod's standby for the next epoch has done its imports and waits."""
@@ -176,7 +187,9 @@ class TorchBench:
         if len(self.bench.pods(name)) != MEMBERS:
             return None
         ranks = rank_resumes(self.logs(name), crash)
-        done = len(ranks) == RANKS and all(r.first_step is not None for r in ranks.values())
+        done = len(ranks) == self.model.ranks and all(
+            r.first_step is not None for r in ranks.values()
+        )
         return ranks if done else None
 
     def run(self, path: str, rep: int) -> Recovery:
@@ -185,10 +198,15 @@ class TorchBench:
         shared.chmod(0o777)
         try:
             create_jobset(
-                self.bench.kube, self.namespace, torch_path_jobset(path, name, shared, self.site)
+                self.bench.kube,
+                self.namespace,
+                torch_path_jobset(path, name, shared, self.site, self.model),
             )
             wait_for(
-                f"{name}: every rank past step {TRAINED_STEP}", lambda: self.trained(name), 300, 1
+                f"{name}: every rank past step {self.model.trained_step}",
+                lambda: self.trained(name),
+                300,
+                1,
             )
             if path == "jsi-prestart":  # a failure long into training: the standby is ready
                 wait_for(f"{name}: the next epoch's standby held", lambda: self.held(name), 300, 1)
@@ -241,12 +259,12 @@ class TorchBench:
                 ]
                 at["stopped"] = max(stopped, default=None)
         at["barrier"] = self.bench.barrier(path, name, crash)
-        for m in ("started", "imported", "group_ready", "restored", "first_step"):
+        for m in ("started", "imported", "group_ready", "built", "restored", "first_step"):
             times = [getattr(r, m) for r in ranks.values()]
             at[m] = max(times) if None not in times else None
         steps = {rank: r.resume_step for rank, r in ranks.items() if r.resume_step is not None}
         agreed = set(steps.values())
-        consistent = len(steps) == RANKS and len(agreed) == 1
+        consistent = len(steps) == self.model.ranks and len(agreed) == 1
         if gang_step is not None:
             consistent = consistent and agreed == {gang_step}
         last = last_step_before(old, crash)
@@ -268,10 +286,20 @@ class TorchBench:
 # --- the summary -----------------------------------------------------------------------------
 
 
+RATIO_BASE = "jsi-prestart"  # each path's ratio: this path's first productive step to it
+
+
 def summary(runs: list[Recovery], paths: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     """Per path: the median of every milestone, the range of the first productive step, the
-    median steps lost, whether every recovery resumed consistently."""
+    median steps lost, whether every recovery resumed consistently, and ``RATIO_BASE``'s
+    median first productive step to this path's with its 95 % interval (:mod:`bench.stats`;
+    None: fewer than 2 of either)."""
     out: dict[str, dict[str, Any]] = {}
+    firsts = {
+        path: [t for r in runs if r.path == path and (t := r.milestones["first_step"]) is not None]
+        for path in paths
+    }
+    base = firsts.get(RATIO_BASE, [])
     for path in paths:
         mine = [r for r in runs if r.path == path]
         if not mine:
@@ -280,7 +308,10 @@ def summary(runs: list[Recovery], paths: tuple[str, ...]) -> dict[str, dict[str,
         for m in MILESTONES:
             values = [t for r in mine if (t := r.milestones[m]) is not None]
             med[m] = round(statistics.median(values), 3) if values else None
-        first = [t for r in mine if (t := r.milestones["first_step"]) is not None]
+        first = firsts[path]
+        ratio = None
+        if path != RATIO_BASE and len(first) >= 2 and len(base) >= 2:
+            ratio = ratio_of_medians(base, first).as_dict()
         out[path] = {
             "reps": len(mine),
             "median": med,
@@ -290,36 +321,43 @@ def summary(runs: list[Recovery], paths: tuple[str, ...]) -> dict[str, dict[str,
             "steps_lost_max": max(r.steps_lost for r in mine),
             "consistent": all(r.consistent for r in mine),
             "writes_median": statistics.median(sum(r.writes.values()) for r in mine),
+            "prestart_ratio": ratio,
         }
     return out
 
 
 def table(s: dict[str, dict[str, Any]]) -> str:
-    """Markdown: each milestone's median (seconds after the crash), the first productive step
-    with its range and its ratio to jobset-inplace's process scope and to upstream's
-    main-container mode, steps lost."""
+    """Markdown: each milestone's median (seconds after the crash; "-": the path has none, or
+    the run predates it), the first productive step with its range, its ratio to
+    jobset-inplace's process scope and to upstream's main-container mode, ``RATIO_BASE``'s to
+    it with an interval, steps lost."""
 
     def ratio(path: str, v: float) -> str:
         base = s.get(path, {}).get("median", {}).get("first_step")
         return f"{v / base:.2f}x" if base else "-"
 
+    def interval(v: dict[str, Any]) -> str:
+        r = v.get("prestart_ratio")
+        return "-" if r is None else Ratio(**r).text()
+
     head = [
         "| path | detected | stopped | barrier | process started | imported torch "
-        "| process group | restored | **first productive step** (range) | / jsi-process "
-        "| / upstream-main | steps lost (median, max) | one resume step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| process group | model built | restored | **first productive step** (range) "
+        f"| / jsi-process | / upstream-main | {RATIO_BASE} / path | steps lost (median, max) "
+        "| one resume step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     rows = []
     for path, v in s.items():
         med = v["median"]
-        cells = ["-" if med[m] is None else f"{med[m]:.2f}" for m in MILESTONES[:-1]]
+        cells = ["-" if med.get(m) is None else f"{med[m]:.2f}" for m in MILESTONES[:-1]]
         first = med["first_step"]
         if first is None:
             continue  # (every recovery waits for it: not reached in none)
         rows.append(
             f"| {path} | {' | '.join(cells)} | **{first:.2f}** ({v['first_step_min']:.2f}-"
             f"{v['first_step_max']:.2f}) | {ratio('jsi-process', first)} | "
-            f"{ratio('upstream-main', first)} | {v['steps_lost_median']:g}, "
+            f"{ratio('upstream-main', first)} | {interval(v)} | {v['steps_lost_median']:g}, "
             f"{v['steps_lost_max']} | {'yes' if v['consistent'] else '**no**'} |"
         )
     return "\n".join(head + rows)

@@ -63,10 +63,13 @@ from testbed.cluster import LocalCluster
 from testbed.controller import ControllerProcess, gang_state, prepare
 from testbed.demo import CRASH_LEAD_S, demo_jobset, inject_failure, timed_log
 from testbed.kube import Clients, clients, create_jobset, delete_jobset, namespace_gone, wait_for
+from testbed.torchgang import LINEAR, MODELS, TRANSFORMER
 from testbed.versions import binaries, ensure_binaries, versions
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "bench"
 DEFAULT_OUT = {"demo": RESULTS / "realnode.json", "torch": RESULTS / "realnode-torch.json"}
+# --trainer torch --model transformer
+TRANSFORMER_OUT = RESULTS / "realnode-torch-transformer.json"
 NAMESPACE = "bench-realnode"
 MEMBERS = 2
 PATHS = (
@@ -346,14 +349,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "step, with where the time went and steps lost",
     )
     p.add_argument(
+        "--model",
+        choices=sorted(MODELS),
+        default=LINEAR.name,
+        help="with --trainer torch: what the trainer trains (linear: 8 parameters, 4 ranks; "
+        "transformer: 110 M parameters, AdamW, 1.3 GB checkpoints, 2 ranks; default linear)",
+    )
+    p.add_argument(
         "--out",
         type=Path,
         help=f"results JSON (default {DEFAULT_OUT['demo']}, or {DEFAULT_OUT['torch']} with "
-        "--trainer torch)",
+        f"--trainer torch, or {TRANSFORMER_OUT} with --model transformer)",
     )
     p.add_argument("--allow-dirty", action="store_true", help=provenance.ALLOW_DIRTY_HELP)
     a = p.parse_args(argv)
-    a.out = a.out or DEFAULT_OUT[a.trainer]
+    if a.model != LINEAR.name and a.trainer != "torch":
+        p.error(f"--model {a.model}: only with --trainer torch")
+    default = TRANSFORMER_OUT if a.model == TRANSFORMER.name else DEFAULT_OUT[a.trainer]
+    a.out = a.out or default
     known = first_step.PATHS if a.trainer == "torch" else PATHS
     a.paths = a.paths or list(known)
     unknown = sorted(set(a.paths) - set(known))
@@ -387,7 +400,9 @@ def main(argv: list[str] | None = None) -> int:
         log(f"upstream agent image {image.name} ({image.size_mib():.0f} MiB) on {nodes}")
     runs: list[Any] = []
     kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig), "-n", NAMESPACE]
-    torch = first_step.TorchBench(bench, NAMESPACE, kubectl) if args.trainer == "torch" else None
+    torch = None
+    if args.trainer == "torch":
+        torch = first_step.TorchBench(bench, NAMESPACE, kubectl, MODELS[args.model])
     failed: dict[str, str] = {}  # path -> why its recovery did not complete (torch trainer)
     controller = ControllerProcess(cluster, cluster.logs_dir / "controller-bench-realnode.log")
     try:
@@ -447,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **origin,
         "trainer": args.trainer,
+        "model": args.model,
         "kubernetes": versions().kubernetes,
         "jobset": versions().jobset,
         "members": MEMBERS,

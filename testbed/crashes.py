@@ -328,7 +328,7 @@ class CrashRunner:
         result.resume_steps = resume
         firsts = [r.first_step for r in ranks.values() if r.first_step is not None]
         result.first_step = round(max(firsts) - crash_at, 3)
-        for m in ("started", "imported", "group_ready", "restored"):
+        for m in ("started", "imported", "group_ready", "built", "restored"):
             times = [getattr(r, m) for r in ranks.values()]
             result.milestones[m] = None if None in times else round(max(times) - crash_at, 3)
         target_step = max(resume.values()) + STEPS_AFTER

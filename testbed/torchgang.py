@@ -23,7 +23,7 @@ from testbed.kube import Clients
 from testbed.workloads import shared_checkpoint_gang
 
 MEMBERS = 2
-WORKERS = 2  # torchrun's workers per pod
+WORKERS = 2  # torchrun's workers per pod (the linear model's)
 RANKS = MEMBERS * WORKERS
 TRAINER = "torch_dcp_trainer.py"
 CONFIG_MAP = "torch-trainer"
@@ -58,6 +58,44 @@ for p, (args, comm, ppid) in procs.items():
         print(p)
 """
 
+
+@dataclass(frozen=True)
+class Model:
+    """What the gang's trainer trains (its ``MODEL``), with how many workers per pod, and how
+    far every rank trains before a benchmark's crash."""
+
+    name: str
+    workers: int  # torchrun's workers per pod
+    trained_step: int  # every rank past this step before a crash (checkpoints before it)
+    env: dict[str, str] = field(default_factory=dict)  # the trainer's environment for it
+
+    @property
+    def ranks(self) -> int:
+        return MEMBERS * self.workers
+
+
+# The tests' model: 8 parameters, 4 ranks, a checkpoint every 10 steps.
+LINEAR = Model("linear", WORKERS, trained_step=40)
+# A real-size model (testbed/frameworks/torch_dcp_trainer.py ``transformer``: 110 M parameters,
+# AdamW, 1.3 GB checkpoints), one worker per pod as with one accelerator per node: 2 ranks
+# on this 2-core machine; a checkpoint every 5 steps, no pause between steps.
+TRANSFORMER = Model(
+    "transformer",
+    1,
+    trained_step=12,
+    env={"MODEL": "transformer", "SAVE_EVERY": "5", "STEP_SECONDS": "0"},
+)
+MODELS = {m.name: m for m in (LINEAR, TRANSFORMER)}
+
+# torchrun --max-restarts: its workers' process group on a store of their own each round, not
+# on the rendezvous's store that torchrun shares with them by default. With the shared store
+# (PyTorch 2.15), a worker's failure has the two torchruns restart a different number of times
+# (the one whose worker failed, and the other on the failure of its own workers' collectives),
+# and the next round's workers meet the keys of an earlier round there: in 2 of 2 runs of a
+# SIGKILLed worker (4 ranks, 2 torchruns, this machine) every rank still waited in gloo's
+# connectFullMesh or DDP's first collective 150 s later, the two torchruns at restart counts 6
+# and 7; with this set, 4 of 4 came back in 11-14 s. (pytorch/pytorch#135712 is the same class.)
+TORCHRUN_OWN_STORES = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 # What the trainer imports: its pre-import list with prestart-imports.
 PRESTART_IMPORTS = "torch,torch.distributed.checkpoint"
@@ -102,9 +140,10 @@ def torch_jobset(
     name: str = "gang",
     env: dict[str, str] | None = None,
     max_restarts: int = 0,
+    model: Model = LINEAR,
 ) -> dict[str, Any]:
     """JobSet ``name``: ``MEMBERS`` one-pod members on the real nodes, each running ``torchrun``
-    with ``WORKERS`` workers, checkpoints in ``shared`` (a host directory), PyTorch from
+    with ``model``'s workers, checkpoints in ``shared`` (a host directory), PyTorch from
     ``site`` (:func:`testbed.images.torch_site`) mounted read-only. Opted in with layout
     ``torch-dcp``; ``env``: more of the trainer's environment.
 
@@ -112,10 +151,12 @@ def torch_jobset(
     (the gang's failure signal). Above 0: torchrun's own recovery, ``--max-restarts`` with its
     c10d rendezvous hosted by member 0's torchrun (``is_host``: its JobSet hostname is not
     the name its pod resolves itself by), so that on any worker's failure every torchrun
-    restarts all its local workers, in place."""
+    restarts all its local workers, in place. Its workers then make a store of their own in each
+    round (``TORCHRUN_OWN_STORES``), as a user of this PyTorch must for those restarts to work.
+    """
     index = f"metadata.labels['{names.JOB_INDEX_LABEL}']"
     run = ["python3", "-m", "torch.distributed.run"]
-    options = [f"--nnodes={MEMBERS}", f"--nproc-per-node={WORKERS}"]
+    options = [f"--nnodes={MEMBERS}", f"--nproc-per-node={model.workers}"]
     script = [f"--max-restarts={max_restarts}", f"/trainer/{TRAINER}"]
     if max_restarts:  # is_host=1 on member 0 only: a shell decides (one template for both)
         options += [
@@ -124,13 +165,14 @@ def torch_jobset(
         ]  # fmt: skip
         host = '[ "$NODE_RANK" = 0 ] && h=1 || h=0; exec "$0" "$@" --rdzv-conf=is_host=$h '
         run, script = ["sh", "-c", host + f"/trainer/{TRAINER}", *run], []
+        env = {TORCHRUN_OWN_STORES: "1"} | (env or {})
     else:
         options += [
             "--node-rank=$(NODE_RANK)", f"--master-addr={master(name)}",
             f"--master-port={MASTER_PORT}",
         ]  # fmt: skip
     torchrun = [*run, *options, *script]
-    extra = [{"name": k, "value": v} for k, v in (env or {}).items()]
+    extra = [{"name": k, "value": v} for k, v in (model.env | (env or {})).items()]
     trainer = {
         "name": "trainer",
         "image": images.NODE_IMAGE,
@@ -221,13 +263,14 @@ def rank_runs(logs: str) -> dict[int, RankRuns]:
 # --- where a recovery's time went, from the ranks' own log lines ------------------------------
 
 RANK_LINE = re.compile(
-    r"\[rank (\d+)\] (process started|imported torch|process group ready"
+    r"\[rank (\d+)\] (process started|imported torch|process group ready|model built"
     r"|resumed at step (\d+)|step (\d+) loss)"
 )
 _RANK_MILESTONE = {
     "process started": "started",
     "imported torch": "imported",
     "process group ready": "group_ready",
+    "model built": "built",
 }
 
 
@@ -238,6 +281,7 @@ class RankResume:
     started: float | None = None
     imported: float | None = None
     group_ready: float | None = None
+    built: float | None = None  # the model, DDP's wrapper and the optimizer
     restored: float | None = None
     resume_step: int | None = None
     first_step: float | None = None

@@ -2,15 +2,23 @@
 ``torchrun`` (several workers per pod), ``DistributedDataParallel`` over gloo, checkpoints with
 ``torch.distributed.checkpoint`` (DCP) in torchtitan's layout, one shared directory.
 
-Each worker computes a gradient of a linear regression on its own data shard; DDP averages the
-gradients across every worker of every pod (gloo over TCP between the pods). Every
-``SAVE_EVERY`` steps all workers save ``step-<S>`` with DCP (the coordinator writes
+``MODEL`` picks what is trained. ``linear`` (the default: 8 parameters, for the tests): each
+worker computes a gradient of a linear regression on its own data shard, SGD. ``transformer``: a
+decoder-only transformer as a user's (``MODEL_DIM`` 768, ``MODEL_LAYERS`` 12, ``MODEL_HEADS`` 12,
+``VOCAB`` 32000, tied embedding: 110 M parameters at the defaults), next-token loss on a batch
+of ``BATCH`` x ``SEQ_LEN`` (1 x 64) tokens drawn from each step's and rank's seed, AdamW; its
+checkpoint holds the model and AdamW's two moments (1.3 GB at the defaults), so that building
+the model and restoring it sit on a restart's critical path as they do for users. Either way
+DDP averages the gradients across every worker of every pod (gloo over TCP between the pods).
+
+Every ``SAVE_EVERY`` steps all workers save ``step-<S>`` with DCP (the model's and the
+optimizer's state, ``torch.distributed.checkpoint.state_dict``; the coordinator writes
 ``.metadata`` last); at start they load the newest ``step-<S>`` that has ``.metadata``, as
 torchtitan's checkpointer does: the only resume logic it has. It logs its steps and losses
 (``step S loss L``) and, after a resume, ``resumed at step S loss L`` (the loss of the
 restored parameters, recomputed over every worker); and where its start-up went, as a
 training script's own logs say it: ``process started`` (before its imports), ``imported
-torch``, ``process group ready``.
+torch``, ``process group ready``, ``model built`` (the model, DDP's wrapper and the optimizer).
 
 Environment: torchrun's (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...), ``CHECKPOINT_DIR``,
 ``STEPS`` (default 400), ``SAVE_EVERY`` (default 10), ``STEP_SECONDS`` (default 0.1, a pause per
@@ -50,6 +58,7 @@ log("process started")
 import torch  # noqa: E402 (after the first log line: the import's time is measured)
 import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 log("imported torch")
@@ -109,7 +118,74 @@ def newest_step(root: Path) -> int | None:
     return max(steps, default=None)
 
 
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, str(default)))
+
+
+class Regression(torch.nn.Module):
+    """``MODEL=linear``: y = x . w_true on this worker's own shard (8 parameters)."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 1, bias=False)
+        torch.nn.init.zeros_(self.linear.weight)
+        gen = torch.Generator().manual_seed(1234 + rank)
+        self.x = torch.randn(256, 8, generator=gen)
+        self.y = self.x @ torch.arange(1.0, 9.0)
+
+    def loss(self, model: torch.nn.Module, step: int) -> torch.Tensor:
+        return torch.mean((model(self.x).squeeze(1) - self.y) ** 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+class Transformer(torch.nn.Module):
+    """``MODEL=transformer``: a decoder-only transformer (pre-norm blocks, causal attention,
+    the output projection tied to the token embedding)."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.rank = rank
+        dim, layers = env_int("MODEL_DIM", 768), env_int("MODEL_LAYERS", 12)
+        self.vocab, self.seq, self.batch = (
+            env_int("VOCAB", 32000),
+            env_int("SEQ_LEN", 64),
+            env_int("BATCH", 1),
+        )
+        self.embed = torch.nn.Embedding(self.vocab, dim)
+        self.position = torch.nn.Parameter(torch.zeros(self.seq, dim))
+        block = torch.nn.TransformerEncoderLayer(
+            dim, env_int("MODEL_HEADS", 12), 4 * dim, dropout=0.0, batch_first=True,
+            norm_first=True,
+        )  # fmt: skip
+        self.blocks = torch.nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.norm = torch.nn.LayerNorm(dim)
+        self.mask = torch.nn.Transformer.generate_square_subsequent_mask(self.seq)
+        torch.nn.init.normal_(self.embed.weight, std=0.02)  # as GPT-2's (logits near 0)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens) + self.position
+        h = self.norm(self.blocks(h, mask=self.mask, is_causal=True))
+        return h @ self.embed.weight.T
+
+    def loss(self, model: torch.nn.Module, step: int) -> torch.Tensor:
+        """Next-token loss on the batch of ``step`` (the same batch after a resume)."""
+        gen = torch.Generator().manual_seed(step * 1_000_003 + self.rank)
+        tokens = torch.randint(self.vocab, (self.batch, self.seq + 1), generator=gen)
+        logits = model(tokens[:, :-1])
+        return torch.nn.functional.cross_entropy(
+            logits.reshape(-1, self.vocab), tokens[:, 1:].reshape(-1)
+        )
+
+
+MODELS = {"linear": Regression, "transformer": Transformer}
+
+
 def main() -> int:
+    kind = os.environ.get("MODEL", "linear")
+    if kind not in MODELS:
+        raise ValueError(f"MODEL: {kind!r} is not one of {sorted(MODELS)}")
     dist.init_process_group("gloo")
     log("process group ready")
     torch.manual_seed(0)
@@ -119,18 +195,18 @@ def main() -> int:
     root = Path(os.environ["CHECKPOINT_DIR"])
     world = int(dist.get_world_size())
 
-    # y = x . w_true on this worker's own shard
-    gen = torch.Generator().manual_seed(1234 + dist.get_rank())
-    x = torch.randn(256, 8, generator=gen)
-    y = x @ torch.arange(1.0, 9.0)
-    model = DistributedDataParallel(torch.nn.Linear(8, 1, bias=False))
-    with torch.no_grad():
-        model.module.weight.zero_()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    net = MODELS[kind](dist.get_rank())
+    model = DistributedDataParallel(net)
+    if kind == "linear":
+        optimizer: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    count = sum(p.numel() for p in net.parameters())
+    log(f"model built: {kind}, {count} parameters")
 
-    def global_loss() -> float:
+    def global_loss(step: int) -> float:
         with torch.no_grad():
-            loss = torch.mean((model.module(x).squeeze(1) - y) ** 2)
+            loss = net.loss(net, step)
         dist.all_reduce(loss)
         return float(loss) / world
 
@@ -139,13 +215,18 @@ def main() -> int:
         start = 0
         log(f"started {world} workers, no checkpoint: from step 0")
     else:
-        state = {"model": model.module.state_dict()}
+        model_state, optim_state = get_state_dict(net, optimizer)
+        state = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=str(root / f"step-{start}"))
-        model.module.load_state_dict(state["model"])
-        log(f"resumed at step {start} loss {global_loss():.6e}")
+        set_state_dict(
+            net, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+        # the loss of the restored parameters on the next step's batch: the loss that step
+        # logged before the crash
+        log(f"resumed at step {start} loss {global_loss(start + 1):.6e}")
     for step in range(start + 1, steps + 1):
         optimizer.zero_grad()
-        loss = torch.mean((model(x).squeeze(1) - y) ** 2)
+        loss = net.loss(model, step)
         loss.backward()  # DDP: the gradient averaged over every worker
         optimizer.step()
         # the loss of the parameters before this step (after step - 1), over every worker
@@ -153,7 +234,9 @@ def main() -> int:
         dist.all_reduce(mean)
         log(f"step {step} loss {float(mean) / world:.6e}")
         if step % save_every == 0:
-            dcp.save({"model": model.module.state_dict()}, checkpoint_id=str(root / f"step-{step}"))
+            model_state, optim_state = get_state_dict(net, optimizer)
+            state = {"model": model_state, "optim": optim_state}
+            dcp.save(state, checkpoint_id=str(root / f"step-{step}"))
         report_progress(step)
         fault(root)
         time.sleep(pause)

@@ -9,7 +9,14 @@ from typing import Any
 from bench import first_step, upstream
 from bench.first_step import Recovery, torch_path_jobset
 from jobset_inplace import names
-from testbed.torchgang import last_step_before, master, rank_resumes, torch_jobset
+from testbed.torchgang import (
+    TORCHRUN_OWN_STORES,
+    TRANSFORMER,
+    last_step_before,
+    master,
+    rank_resumes,
+    torch_jobset,
+)
 
 CRASH = 100.0
 
@@ -27,12 +34,13 @@ def test_milestones_are_those_of_the_run_that_resumed() -> None:
         (103.0, "[rank 0] process started"),  # ... and the retry
         (104.0, "[rank 0] imported torch"),
         (105.0, "[rank 0] process group ready"),
+        (105.5, "[rank 0] model built: transformer, 109681152 parameters"),
         (106.0, "[rank 0] resumed at step 40 loss 2.0e-01"),
         (107.0, "[rank 0] step 41 loss 2.0e-01"),
         (108.0, "[rank 0] step 42 loss 2.0e-01"),
     )
     (r,) = rank_resumes(lines, CRASH).values()
-    assert (r.started, r.imported, r.group_ready) == (103.0, 104.0, 105.0)
+    assert (r.started, r.imported, r.group_ready, r.built) == (103.0, 104.0, 105.0, 105.5)
     assert (r.restored, r.resume_step, r.first_step) == (106.0, 40, 107.0)
 
 
@@ -88,6 +96,9 @@ def test_each_path_runs_the_same_trainer(tmp_path: Path) -> None:
     assert f"--rdzv-endpoint={master('t')}:29500" in argv
     assert "--rdzv-backend=c10d" in argv
     assert not any(a.startswith(("--node-rank", "--master-addr")) for a in argv)
+    own_env = {e["name"]: e.get("value") for e in pod(own)["containers"][0]["env"]}
+    assert own_env[TORCHRUN_OWN_STORES] == "1", "workers' stores of their own (torchgang.py)"
+    assert TORCHRUN_OWN_STORES not in {e["name"] for e in pod(stock)["containers"][0]["env"]}
     hosts = {}
     for rank in ("0", "1"):  # the shell gives torchrun is_host=1 on member 0 only
         run = subprocess.run(
@@ -125,3 +136,38 @@ def test_summary_and_table_give_ratios_and_flag_an_inconsistent_path() -> None:
     text = first_step.table(s)
     assert "0.25x" in text  # jsi-process: 5 s / upstream-main's 20 s
     assert "**no**" in text.splitlines()[-1]
+
+
+def test_the_real_size_model_runs_one_worker_a_pod_on_every_path(tmp_path: Path) -> None:
+    for path in first_step.PATHS:
+        js = torch_path_jobset(path, "m", tmp_path, tmp_path / "site", TRANSFORMER)
+        pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        trainer = pod["containers"][0]
+        argv = " ".join(trainer["command"])
+        env = {e["name"]: e.get("value") for e in trainer["env"]}
+        argv = env.get("WORKER_COMMAND", argv)  # upstream-main: its agent runs torchrun
+        assert "--nproc-per-node=1" in argv, path
+        assert (env["MODEL"], env["SAVE_EVERY"], env["STEP_SECONDS"]) == ("transformer", "5", "0")
+    assert TRANSFORMER.ranks == 2
+
+
+def test_each_paths_ratio_to_the_prestarted_scope_has_an_interval() -> None:
+    runs = [_recovery("jsi-prestart", t, 3) for t in (5.0, 6.0, 7.0)]
+    runs += [_recovery("torchrun-restarts", t, 3) for t in (10.0, 12.0, 14.0)]
+    runs += [_recovery("stock", 30.0, 3)]  # one recovery: no interval
+    s = first_step.summary(runs, ("jsi-prestart", "torchrun-restarts", "stock"))
+    r = s["torchrun-restarts"]["prestart_ratio"]
+    assert r["ratio"] == 0.5
+    assert r["low"] <= 0.5 <= r["high"]
+    assert (r["n_a"], r["n_b"]) == (3, 3)
+    assert s["stock"]["prestart_ratio"] is None
+    assert s["jsi-prestart"]["prestart_ratio"] is None
+    rows = first_step.table(s).splitlines()
+    assert "0.50x (95% interval" in rows[3]
+    assert "n = 3, 3" in rows[3]
+
+
+def test_a_run_from_before_the_model_built_milestone_still_renders() -> None:
+    s = first_step.summary([_recovery("jsi-process", 4.0, 3)], ("jsi-process",))
+    del s["jsi-process"]["median"]["built"], s["jsi-process"]["prestart_ratio"]
+    assert "| jsi-process |" in first_step.table(s)
