@@ -6,7 +6,15 @@ the apiserver itself does for bound tokens: the signature against the cluster's
 service-account signing keys (``/openid/v1/jwks``, read at the first report and again for an
 unknown key id), the issuer (``/.well-known/openid-configuration``), the audience, the
 validity window and the pod binding (``kubernetes.io.pod``). A verified token is remembered
-until it expires, so a recovery costs no API request and no signature check per member.
+until it expires, so a recovery costs no API request and no signature check per member. The
+keys are read again every ``KEYS_MAX_AGE_S`` (in the background: reports go on meanwhile), and
+tokens remembered under a key the cluster no longer lists are forgotten (rotated keys).
+
+What a peer can grow here, by construction: a refused token is remembered as its digest, a
+status and a message of at most ``MESSAGE_MAX`` characters (never the token, its claims or an
+exception), for ``REJECTED_S``, expired entries dropped first, at most ``REJECTED_MAX`` of them
+(``REJECTED_MAX`` x ~0.5 KiB: under 9 MiB); a remembered verified token needs a token the
+cluster signed for one of our pods.
 
 A cluster whose keys cannot be read (RBAC, an apiserver without issuer discovery) is served
 through TokenReviews instead, cached the same way (then the first report of each new token
@@ -35,6 +43,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa, utils
 from kubernetes import client
+from urllib3.exceptions import HTTPError
 
 from jobset_inplace import names
 from jobset_inplace.backoff import Backoff
@@ -49,9 +58,15 @@ KEYS_REFRESH_S = 30.0  # least time between two reads of the signing keys
 # Only a definite 403 or 404 (RBAC, no issuer discovery) switches to TokenReviews.
 KEYS_RETRY_S = 0.5
 KEYS_RETRY = Backoff(KEYS_RETRY_S, KEYS_REFRESH_S)
+KEYS_MAX_AGE_S = 300.0  # the keys are read again this often (a rotation drops a key)
+KEYS_READ_TIMEOUT_S = 10.0  # each of the two reads of the keys
+# What a read of the keys can fail with short of an answer: a connection error (OSError) or
+# urllib3's own (MaxRetryError, ProtocolError: not OSErrors).
+TRANSPORT_ERRORS = (OSError, HTTPError)
 CACHE_MAX = 4 * 65536  # verified tokens remembered (expired ones dropped beyond this)
 REJECTED_S = 60.0  # a refused token is answered from memory this long
-REJECTED_MAX = 65536  # refused tokens remembered (the oldest forgotten first)
+REJECTED_MAX = 16384  # refused tokens remembered (the expired, then the oldest, dropped first)
+MESSAGE_MAX = 160  # characters of a refusal's message kept (and answered)
 # TokenReviews run on threads of their own (never the pool status writes and pod actions
 # share), at most this many at once and this many waiting; beyond, a report is answered 503.
 REVIEW_THREADS = 2
@@ -75,10 +90,13 @@ _CURVES: dict[str, tuple[ec.EllipticCurve, int]] = {
 
 
 class Rejected(Exception):
-    """A report refused, with its HTTP status. ``lasting``: the token itself is refused, and
-    would be again (not so for a key this leader has not read yet)."""
+    """A report refused, with its HTTP status and a message of at most ``MESSAGE_MAX``
+    characters. ``lasting``: the token itself is refused, and would be again (not so for a
+    key this leader has not read yet)."""
 
     def __init__(self, status: int, message: str, *, lasting: bool = True) -> None:
+        if len(message) > MESSAGE_MAX:
+            message = message[: MESSAGE_MAX - 3] + "..."
         super().__init__(message)
         self.status = status
         self.lasting = lasting and status == 401
@@ -191,13 +209,16 @@ def check_claims(claims: Mapping[str, Any], issuer: str, now: float) -> Identity
 
 class TokenVerifier:
     """:meth:`identify` a report token: offline against the signing keys, or (keys
-    unreadable) by TokenReview; each verified token remembered until it expires, each refused
-    one for REJECTED_S."""
+    unreadable) by TokenReview; each verified token remembered until it expires (or its key is
+    no longer the cluster's), each refused one for REJECTED_S."""
 
     def __init__(self, api: client.ApiClient, clock: Callable[[], float] = time.time) -> None:
         self.api, self.clock = api, clock
-        self._known: dict[str, Identity] = {}
-        self._rejected: OrderedDict[str, tuple[float, Rejected]] = OrderedDict()
+        # sha256 of the token -> who it is, and the key id it was verified with ("": review)
+        self._known: dict[bytes, tuple[Identity, str]] = {}
+        # sha256 of the token -> (until, status, message): nothing of the token itself
+        self._rejected: OrderedDict[bytes, tuple[float, int, str]] = OrderedDict()
+        self.refreshing: asyncio.Task[None] | None = None  # a background read of the keys
         self._keys: dict[str, PublicKey] = {}
         self._issuer: str | None = None
         self._offline = True  # False once the keys proved unreadable: TokenReviews
@@ -209,40 +230,59 @@ class TokenVerifier:
         self.verified = 0  # tokens checked (not served from memory)
         self.reviews = 0  # TokenReviews made
 
+    @property
+    def refusals_remembered(self) -> int:
+        return len(self._rejected)
+
     async def identify(self, token: str) -> Identity:
-        key = hashlib.sha256(token.encode()).hexdigest()
+        key = hashlib.sha256(token.encode()).digest()
         now = self.clock()
+        self._refresh_keys_if_old(now)
         known = self._known.get(key)
-        if known is not None and now <= known.until + LEEWAY_S:
-            return known
+        if known is not None and now <= known[0].until + LEEWAY_S:
+            return known[0]
         refused = self._rejected.get(key)
         if refused is not None and now < refused[0]:
-            raise refused[1]
+            raise Rejected(refused[1], refused[2])  # a new one: nothing chained to the old
         try:
-            identity = await (self._verify(token, now) if self._offline else self._review(token))
+            if self._offline:
+                identity, kid = await self._verify(token, now)
+            else:
+                identity, kid = await self._review(token), ""
         except Rejected as e:
             if e.lasting:  # the same answer next time: given from memory
                 self._remember_rejected(key, now, e)
             raise
         self.verified += 1
         if len(self._known) >= CACHE_MAX:
-            self._known = {k: v for k, v in self._known.items() if now <= v.until + LEEWAY_S}
-        self._known[key] = identity
+            self._known = {k: v for k, v in self._known.items() if now <= v[0].until + LEEWAY_S}
+        self._known[key] = (identity, kid)
         return identity
 
-    def _remember_rejected(self, key: str, now: float, e: Rejected) -> None:
-        self._rejected[key] = (now + REJECTED_S, e)
-        self._rejected.move_to_end(key)
-        while len(self._rejected) > REJECTED_MAX:
-            self._rejected.popitem(last=False)
+    def _remember_rejected(self, key: bytes, now: float, e: Rejected) -> None:
+        rejected = self._rejected
+        while rejected and next(iter(rejected.values()))[0] <= now:  # the oldest first
+            rejected.popitem(last=False)
+        rejected[key] = (now + REJECTED_S, e.status, str(e))
+        rejected.move_to_end(key)
+        while len(rejected) > REJECTED_MAX:
+            rejected.popitem(last=False)
 
-    async def _verify(self, token: str, now: float) -> Identity:
+    def _refresh_keys_if_old(self, now: float) -> None:
+        """Read the keys again in the background once they are KEYS_MAX_AGE_S old (reports
+        go on with the keys read before)."""
+        wait = KEYS_RETRY.delay(self._keys_failures) if self._keys_failures else KEYS_MAX_AGE_S
+        old = self._issuer is not None and now - self._keys_read_at >= wait
+        if self._offline and old and (self.refreshing is None or self.refreshing.done()):
+            self.refreshing = asyncio.get_running_loop().create_task(self._read_keys())
+
+    async def _verify(self, token: str, now: float) -> tuple[Identity, str]:
         t = parse_token(token)
         kid = str(t.header.get("kid") or "")
         if kid not in self._keys or self._issuer is None:
             await self._read_keys()
             if not self._offline:
-                return await self._review(token)
+                return await self._review(token), ""
             if self._issuer is None:
                 raise Rejected(503, "the signing keys could not be read yet; report on the pod")
         signer = self._keys.get(kid)
@@ -250,7 +290,7 @@ class TokenVerifier:
             raise Rejected(401, f"token signed by unknown key {kid!r}", lasting=False)
         verify_signature(t, signer)
         assert self._issuer is not None
-        return check_claims(t.claims, self._issuer, now)
+        return check_claims(t.claims, self._issuer, now), kid
 
     def _keys_due(self) -> bool:
         wait = KEYS_RETRY.delay(self._keys_failures) if self._keys_failures else KEYS_REFRESH_S
@@ -275,13 +315,15 @@ class TokenVerifier:
                     return
                 self._read_failed(f"{e.status} {e.reason}")
                 return
-            except OSError as e:  # the connection (urllib3's errors are OSErrors)
+            except TRANSPORT_ERRORS as e:  # no answer: the connection, urllib3's retries
                 self._read_failed(f"{type(e).__name__}: {e}")
                 return
             self._keys_failures = 0
             keys = {str(k.get("kid") or ""): public_key(k) for k in jwks.get("keys") or []}
             self._keys = {kid: k for kid, k in keys.items() if k is not None}
             self._issuer = str(config.get("issuer") or "")
+            # a token verified with a key the cluster no longer lists is verified again
+            self._known = {k: v for k, v in self._known.items() if v[1] in self._keys}
             log.info(
                 "report channel: %d service-account signing keys of issuer %s",
                 len(self._keys),
@@ -299,9 +341,11 @@ class TokenVerifier:
 
     def _fetch(self) -> tuple[dict[str, Any], dict[str, Any]]:
         well_known = client.WellKnownApi(self.api)
-        config = well_known.get_service_account_issuer_open_id_configuration(_preload_content=False)
+        config = well_known.get_service_account_issuer_open_id_configuration(
+            _preload_content=False, _request_timeout=KEYS_READ_TIMEOUT_S
+        )
         jwks = client.OpenidApi(self.api).get_service_account_issuer_open_id_keyset(
-            _preload_content=False
+            _preload_content=False, _request_timeout=KEYS_READ_TIMEOUT_S
         )
         return _as_dict(config.data), _as_dict(jwks.data)
 
@@ -325,9 +369,11 @@ class TokenVerifier:
         except TimeoutError:
             raise Rejected(503, f"the token review took over {REVIEW_TIMEOUT_S:g} s") from None
         except client.exceptions.ApiException as e:
-            raise Rejected(503, f"cannot review the token: API error {e.status} {e.reason}") from e
-        except OSError as e:
-            raise Rejected(503, f"cannot review the token: {type(e).__name__}") from e
+            raise Rejected(
+                503, f"cannot review the token: API error {e.status} {e.reason}"
+            ) from None
+        except TRANSPORT_ERRORS as e:
+            raise Rejected(503, f"cannot review the token: {type(e).__name__}") from None
         finally:
             self._reviews_pending -= 1
         self.reviews += 1

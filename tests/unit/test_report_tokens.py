@@ -7,18 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import json
 import threading
+import tracemalloc
 from typing import Any
 
 import pytest
+import urllib3
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa, utils
 from kubernetes import client
 
 from jobset_inplace import names
 from jobset_inplace.runtime.report_tokens import (
+    KEYS_MAX_AGE_S,
     KEYS_RETRY_S,
+    MESSAGE_MAX,
     POD_NAME_KEY,
     POD_UID_KEY,
     REJECTED_S,
@@ -282,3 +287,96 @@ def test_token_reviews_are_bounded_and_timed_out() -> None:
         identify(stuck, token(claims()))
     assert e.value.status == 503
     never.set()
+
+
+# --- what a peer can grow, transport errors, rotated keys (issue: the channel under attack) ---
+
+
+def garbage_token(i: int) -> str:
+    """~15 KiB that parse as a JWT with the cluster's key id and a zero signature."""
+    header = b64(json.dumps({"alg": "RS256", "kid": "k1"}).encode())
+    body = b64(json.dumps(claims(pad=f"{i:05d}" + "x" * 11000)).encode())
+    return f"{header}.{body}.{b64(bytes(256))}"
+
+
+def test_a_refused_token_is_remembered_as_a_digest_and_a_short_message_and_then_dropped() -> None:
+    """2000 distinct garbage tokens: what the verifier holds grows by under 1 KiB each (their
+    digest, a status, a short message: not the token, its claims or an exception), and once
+    REJECTED_S has passed they are dropped."""
+    v = Verifier([KEYS])
+    tokens = [garbage_token(i) for i in range(2000)]
+    assert identify(v, token(claims())).pod == "p-0"  # the keys read
+
+    async def refuse_all() -> list[str]:
+        answers = []
+        for t in tokens:
+            with pytest.raises(Rejected) as e:
+                await v.identify(t)
+            answers.append(f"{e.value.status} {e.value}")
+        return answers
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        answers = asyncio.run(refuse_all())
+        del answers
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < len(tokens) * 1024, f"{grown / len(tokens):.0f} bytes per refused token"
+    assert v.refusals_remembered == len(tokens)
+    again = asyncio.run(refuse_all())
+    assert set(again) == {"401 token signature does not verify"}, "answered from memory"
+    v.now += REJECTED_S
+    with pytest.raises(Rejected):
+        identify(v, garbage_token(99999))
+    assert v.refusals_remembered == 1, "the expired ones dropped"
+
+
+def test_a_refusals_message_is_short_whatever_it_quotes() -> None:
+    e = Rejected(401, "x" * 100_000)
+    assert len(str(e)) == MESSAGE_MAX
+    assert str(e).endswith("...")
+
+
+def test_a_key_read_that_fails_in_urllib3_is_retried_soon_not_a_500() -> None:
+    """urllib3's MaxRetryError (its retries used up) is not an OSError: a 503 for now and the
+    keys read again after KEYS_RETRY_S, as for a connection error."""
+    pool = urllib3.HTTPConnectionPool("apiserver")
+    lost = urllib3.exceptions.MaxRetryError(pool, "/openid/v1/jwks", OSError("unreachable"))
+    v = Verifier([lost, urllib3.exceptions.ProtocolError("reset"), KEYS])
+    good = token(claims())
+    for _ in range(2):
+        with pytest.raises(Rejected) as e:
+            identify(v, good)
+        assert e.value.status == 503
+        v.now += 2 * KEYS_RETRY_S
+    assert identify(v, good).pod == "p-0"
+    assert v.fetched == 3
+
+
+def test_keys_are_read_again_and_a_rotated_out_keys_tokens_are_refused() -> None:
+    """After KEYS_MAX_AGE_S the keys are read again in the background (reports go on); a token
+    remembered under a key the cluster no longer lists is verified again, and refused."""
+    other = {"kty": "EC", "crv": "P-256", "kid": "k2"} | {
+        k: v for k, v in ec_jwk().items() if k in ("x", "y")
+    }
+    v = Verifier([KEYS, ({"issuer": ISSUER}, {"keys": [other]})])
+    good = token(claims())
+
+    async def rotated() -> None:
+        assert (await v.identify(good)).pod == "p-0"
+        v.now += KEYS_MAX_AGE_S - 1
+        assert (await v.identify(good)).pod == "p-0"
+        assert v.refreshing is None, "not old yet"
+        v.now += 1
+        assert (await v.identify(good)).pod == "p-0", "served while the keys are read"
+        assert v.refreshing is not None
+        await v.refreshing
+        assert v.fetched == 2
+        with pytest.raises(Rejected, match="unknown key 'k1'"):
+            await v.identify(good)
+
+    asyncio.run(rotated())
