@@ -15,7 +15,12 @@ channel's port"):
 * a connection must finish its TLS handshake and have a report accepted within PREAUTH_S of
   connecting, whatever it sent meanwhile (a TLS record held short of its last byte included);
 * only a connection that has had a report accepted is kept while idle (IDLE_S), and a request
-  begun on it must be complete within REQUEST_S;
+  begun on it must be complete within REQUEST_S; requests pipelined behind it must be too
+  (an answer does not restart the clock while more is waiting);
+* back-pressure: a connection reads only while no request of it is being handled, its peer
+  reads its answers, and it holds less than one request's worth of bytes not yet taken
+  (MAX_HEAD + the body limit): a peer that pipelines without reading its answers costs one
+  request and one socket read, not a read per answer;
 * llhttp parses each byte once, so a peer trickling bytes costs the loop little per read.
 
 TLS runs in the connection, on a plain transport: OpenSSL through two memory BIOs
@@ -131,6 +136,11 @@ class RequestReader:
     def idle(self) -> bool:
         """No byte of a request received and not taken."""
         return not self._buf and self._head_len == 0 and self._need is None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet given to the parser."""
+        return len(self._buf)
 
     def next(self) -> Request | None:
         """The next complete request; None while it is incomplete."""
@@ -326,12 +336,9 @@ class Connection(asyncio.Protocol):
                 self._reader = RequestReader(self._server.path, self._server.max_body, data)
             else:
                 self._reader.feed(data)
-        if self._busy or self._blocked:
-            # pipelined while a request is handled or its answer not read: what is buffered
-            # stays one read's worth until then
-            self._pause()
-        else:
+        if not (self._busy or self._blocked):
             self._next()
+        self._read_on()
 
     def _decrypt(self, data: bytes) -> bytes:
         """The plaintext in ``data`` (b"" while the handshake is on). A TLS error or the peer's
@@ -360,12 +367,16 @@ class Connection(asyncio.Protocol):
             self.close()
             return b""
 
-    def _pause(self) -> None:
-        if self._transport is not None and not self._closed:
+    def _read_on(self) -> None:
+        """Read only while no request is being handled, the peer reads its answers and less
+        than one request's worth waits (a pipelining peer gets one read, not one per answer)."""
+        if self._transport is None or self._closed:
+            return
+        reader = self._reader
+        full = reader is not None and reader.buffered >= self._server.request_max
+        if self._busy or self._blocked or full:
             self._transport.pause_reading()
-
-    def _resume(self) -> None:
-        if self._transport is not None and not self._closed:
+        else:
             self._transport.resume_reading()
 
     def _flush(self) -> None:
@@ -392,8 +403,8 @@ class Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._blocked = False
         if not self._busy:
-            self._resume()
             self._next()
+        self._read_on()
 
     def _settled(self) -> bool:
         """Nothing of a request received and not answered, not even part of a TLS record."""
@@ -436,10 +447,8 @@ class Connection(asyncio.Protocol):
             self._server.admission.authenticated(self.source)
         self._send(response(status, payload, close=False))
         self.last_active = self._server.now()
-        self.begun = self.last_active
-        if not self._blocked:
-            self._resume()
-        self._next()
+        self._next()  # a request waiting keeps the clock of the first one (``begun``)
+        self._read_on()
 
     def refuse(self, e: Refused) -> None:
         """Tell the server (``on_refused``), answer ``e`` and close."""
@@ -481,6 +490,7 @@ class HttpServer:
     on_dropped: Callable[[str], None] | None = None  # a connection refused or dropped: why
 
     def __post_init__(self) -> None:
+        self.request_max = MAX_HEAD + self.max_body  # one request's worth of bytes
         self.connections: set[Connection] = set()
         # connection -> its PREAUTH_S deadline, in the order they came (= deadline order)
         self.unauthenticated: OrderedDict[Connection, float] = OrderedDict()

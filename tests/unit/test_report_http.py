@@ -481,6 +481,55 @@ async def test_no_request_is_taken_while_the_peer_does_not_read_its_answers(
     writer.close()
 
 
+async def test_a_peer_pipelining_without_reading_answers_gets_one_read_not_one_per_answer(
+    served: Served,
+) -> None:
+    """4 MiB of valid pipelined reports, no answer read: the server answers until the peer's
+    side is full, and holds at most one request's worth plus one socket read of the rest (the
+    kernel's buffers hold what is left; nothing else is read)."""
+    http, port = served.http, served.port
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post(b"hello"))
+    assert (await read_answer(reader))[0] == 200
+    (conn,) = http.connections
+    one = post(b"x")
+    writer.write(one * (4 * 2**20 // len(one)))
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(writer.drain(), 2)  # the kernel's buffers fill, then it waits
+    await asyncio.sleep(0.3)
+    held = conn._reader.buffered if conn._reader is not None else 0  # noqa: SLF001
+    assert len(served.seen) > 1, "answered until the peer stopped reading"
+    assert held <= http.request_max + 256 * 1024, f"{held} bytes held"
+    writer.transport.abort()
+
+
+async def test_a_backlog_of_pipelined_requests_must_be_done_within_the_request_deadline(
+    served: Served,
+) -> None:
+    """An answer does not restart REQUEST_S while pipelined requests wait: a peer that keeps a
+    backlog (reading its answers only now and then) is refused 408 REQUEST_S after it began."""
+    http, port, clock = served.http, served.port, served.clock
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post(b"hello"))
+    assert (await read_answer(reader))[0] == 200
+    (conn,) = http.connections
+    one = post(b"x")
+    writer.write(one * 20_000)  # ~2 MB: more than the answers the server can hold unread
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(writer.drain(), 1)
+    for _ in range(100):  # the server stopped: the peer does not read
+        if conn._blocked:  # noqa: SLF001
+            break
+        await asyncio.sleep(0.01)
+    clock.t += report_http.REQUEST_S / 2
+    for _ in range(200):  # read some answers: the server answers more, at this later time
+        assert (await read_answer(reader))[0] == 200
+    await asyncio.sleep(0.1)
+    clock.t += report_http.REQUEST_S / 2 + 1
+    assert http.sweep() == 1, "REQUEST_S after the backlog began, whatever was answered since"
+    writer.transport.abort()
+
+
 # --- over TLS: the connection's own, on a plain transport --------------------------------
 
 
