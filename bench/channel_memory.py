@@ -28,7 +28,7 @@ import uvloop
 from bench.scenarios import cpu_seconds, status_mib
 from jobset_inplace import names
 from jobset_inplace.controller.report_server import serving_context
-from jobset_inplace.runtime.report_http import HttpServer, Request
+from jobset_inplace.runtime.report_http import Answer, HttpServer, Request
 from jobset_inplace.runtime.report_limits import Limits
 from testbed.controller import FLEET_LIMITS
 
@@ -43,9 +43,9 @@ def _server_state() -> dict[str, float]:
 
 
 async def _serve(sock: socket.socket) -> None:
-    async def handle(request: Request) -> tuple[int, dict[str, Any]]:
+    async def handle(request: Request) -> Answer:
         json.loads(request.body)
-        return 200, {"accepted": True}
+        return Answer(200, {"accepted": True})
 
     loop = asyncio.get_running_loop()
     ctx, _ = serving_context()

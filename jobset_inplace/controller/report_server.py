@@ -46,6 +46,7 @@ from jobset_inplace.core.model import ReportEndpoint
 from jobset_inplace.runtime.report_http import (
     PREAUTH_SWEEP_S,
     SWEEP_S,
+    Answer,
     HttpServer,
     Refused,
     Request,
@@ -260,19 +261,19 @@ class ReportServer:
                     c.close()
             await self._server.wait_closed()
 
-    async def handle(self, request: Request) -> tuple[int, dict[str, Any]]:
-        """The answer to one report request: (status, JSON body)."""
+    async def handle(self, request: Request) -> Answer:
+        """The answer to one report request (accepted: with the pod's uid as its identity)."""
         self.handled += 1
         try:
-            await self._accept(request)
+            uid = await self._accept(request)
         except Rejected as e:
             if e.status != 409:
                 self._warn(str(e.status), f"refused ({e.status}): {e}")
             METRICS.report_channel_requests.labels(str(e.status)).inc()
-            return e.status, {"error": str(e)}
+            return Answer(e.status, {"error": str(e)})
         self.accepted += 1
         METRICS.report_channel_requests.labels("200").inc()
-        return 200, {"accepted": True}
+        return Answer(200, {"accepted": True}, identity=uid)
 
     def _refused(self, e: Refused) -> None:
         """A request the HTTP layer refused (not a report: its status names why)."""
@@ -299,7 +300,8 @@ class ReportServer:
         log.warning("report channel: %s%s", text, also)
         self._quiet_until[key] = now + LOG_EVERY_S
 
-    async def _accept(self, request: Request) -> None:
+    async def _accept(self, request: Request) -> str:
+        """Take one report; the reporting pod's uid (raises `Rejected`)."""
         scheme, _, token = request.authorization.partition(" ")
         if scheme != "Bearer" or not token:
             raise Rejected(401, "Authorization: Bearer <projected token> is required")
@@ -325,6 +327,7 @@ class ReportServer:
         if refused is not None:
             raise Rejected(409, f"pod {namespace}/{pod} {refused}")
         self.poke(key, urgent=self.cache.completes_epoch(key, uid))
+        return uid
 
 
 LISTEN_ENV = "JSI_REPORT_LISTEN"

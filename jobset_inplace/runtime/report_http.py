@@ -44,7 +44,7 @@ from typing import Any, NoReturn, cast
 
 import httptools
 
-from .report_limits import PREAUTH_TIMEOUT, Admission, Limits
+from .report_limits import OVER_IDENTITY, PREAUTH_TIMEOUT, Admission, Limits
 
 log = logging.getLogger("jobset_inplace.reports")
 
@@ -64,6 +64,17 @@ class Request:
     keep_alive: bool  # False: answer, then close
 
 
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A handler's answer: its status and JSON body, and (a report accepted) who the request
+    was authenticated as: the connection is bound to that identity (report_limits.py,
+    ``max_per_identity``)."""
+
+    status: int
+    payload: dict[str, Any]
+    identity: str | None = None
+
+
 class Refused(Exception):
     """A request that is not served: answered with ``status`` and the connection closed."""
 
@@ -72,7 +83,7 @@ class Refused(Exception):
         self.status = status
 
 
-Handler = Callable[[Request], Coroutine[Any, Any, tuple[int, dict[str, Any]]]]
+Handler = Callable[[Request], Coroutine[Any, Any, Answer]]
 
 
 class RequestReader:
@@ -272,6 +283,7 @@ class Connection(asyncio.Protocol):
         "_transport",
         "authenticated",
         "begun",
+        "identity",
         "last_active",
         "secure",
         "source",
@@ -286,6 +298,7 @@ class Connection(asyncio.Protocol):
         self._reader: RequestReader | None = None  # while a request is in flight
         self.secure = False  # the TLS handshake is done (or there is no TLS)
         self.authenticated = False  # a report was accepted on it
+        self.identity: str | None = None  # whom (the first report accepted on it)
         self.source = ""  # the peer's address
         self._busy = False  # a request is being handled
         self._blocked = False  # the peer does not read its answers: take no more requests
@@ -320,6 +333,8 @@ class Connection(asyncio.Protocol):
         server.connections.discard(self)
         server.unauthenticated.pop(self, None)
         server.admission.closed(self.source, authenticated=self.authenticated)
+        if self.identity is not None:
+            server.admission.unbind(self.identity, self)
         self._reader = None
         self._tls = self._tls_in = self._tls_out = None
 
@@ -428,12 +443,13 @@ class Connection(asyncio.Protocol):
         task = asyncio.get_running_loop().create_task(self._server.handler(request))
         task.add_done_callback(lambda t: self._answered(t, request.keep_alive))
 
-    def _answered(self, task: asyncio.Task[tuple[int, dict[str, Any]]], keep_alive: bool) -> None:
+    def _answered(self, task: asyncio.Task[Answer], keep_alive: bool) -> None:
         self._busy = False
         if self._closed:
             return
         try:
-            status, payload = task.result()
+            answer = task.result()
+            status, payload = answer.status, answer.payload
         except Exception:
             log.exception("report channel: a request failed")
             self.close_with(500, {"error": "internal error; report on the pod"})
@@ -441,10 +457,17 @@ class Connection(asyncio.Protocol):
         if status != 200 or not keep_alive:
             self.close_with(status, payload)  # a refused request costs its connection
             return
+        server = self._server
         if not self.authenticated:
             self.authenticated = True
-            self._server.unauthenticated.pop(self, None)
-            self._server.admission.authenticated(self.source)
+            server.unauthenticated.pop(self, None)
+            server.admission.authenticated(self.source)
+        if answer.identity is not None and self.identity is None:
+            self.identity = answer.identity
+            oldest = server.admission.bind(answer.identity, self)
+            if isinstance(oldest, Connection):  # the identity's oldest, over its limit
+                server.dropped(OVER_IDENTITY)
+                oldest.close()
         self._send(response(status, payload, close=False))
         self.last_active = self._server.now()
         self._next()  # a request waiting keeps the clock of the first one (``begun``)

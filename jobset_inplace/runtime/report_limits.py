@@ -13,7 +13,10 @@ source address is taken, and counts what is open. Limits, all per leader process
   host-network pods);
 * ``max_per_source``: every connection from one address;
 * a token bucket per source for new connections (``connect_rate`` per second, ``connect_burst``
-  at once): a TLS handshake costs ~0.5 ms of the loop's CPU.
+  at once): a TLS handshake costs ~0.5 ms of the loop's CPU;
+* ``max_per_identity``: connections that had a report accepted for one pod (its token's), from
+  any address: an agent needs one (two while it replaces it); beyond, the oldest is closed, so
+  a stolen token holds at most that many and the pod's own agent is never refused for it.
 
 A connection that authenticates (a report accepted) stops counting as unauthenticated; it is
 then the only kind kept open while idle (report_http.py)."""
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 # Reasons a connection is dropped before it is served: the ``reason`` label of
@@ -31,7 +35,15 @@ OVER_SOURCE = "source_limit"
 OVER_UNAUTHENTICATED = "unauthenticated_limit"
 RATE_LIMITED = "rate_limited"
 PREAUTH_TIMEOUT = "preauth_timeout"  # handshake and first report not done within PREAUTH_S
-REFUSALS = (OVER_TOTAL, OVER_SOURCE, OVER_UNAUTHENTICATED, RATE_LIMITED, PREAUTH_TIMEOUT)
+OVER_IDENTITY = "identity_limit"  # closed: its pod's token authenticated newer connections
+REFUSALS = (
+    OVER_TOTAL,
+    OVER_SOURCE,
+    OVER_UNAUTHENTICATED,
+    RATE_LIMITED,
+    PREAUTH_TIMEOUT,
+    OVER_IDENTITY,
+)
 
 # Open-files reserve kept for everything but the channel's connections.
 FD_RESERVE = 512
@@ -46,6 +58,7 @@ class Limits:
     max_unauthenticated_per_source: int = 64
     connect_rate: float = 50.0  # new connections per second from one source
     connect_burst: float = 400.0  # every agent of a host-network node reconnecting to a new leader
+    max_per_identity: int = 2
 
     @staticmethod
     def parse(text: str) -> Limits:
@@ -75,13 +88,11 @@ class Limits:
         """``base`` with ``max_connections`` below an open-files ``limit`` (less the reserve)."""
         base = base or Limits()
         cap = max(1, min(base.max_connections, limit - FD_RESERVE))
-        return Limits(
+        return dataclasses.replace(
+            base,
             max_connections=cap,
             max_per_source=min(base.max_per_source, cap),
             max_unauthenticated=min(base.max_unauthenticated, cap),
-            max_unauthenticated_per_source=base.max_unauthenticated_per_source,
-            connect_rate=base.connect_rate,
-            connect_burst=base.connect_burst,
         )
 
 
@@ -99,6 +110,25 @@ class Admission:
     open: int = 0
     unauthenticated: int = 0
     _sources: OrderedDict[str, _Source] = field(default_factory=OrderedDict)
+    # identity -> its authenticated connections, oldest first (each is open: bounded by them)
+    _identities: dict[str, OrderedDict[Hashable, None]] = field(default_factory=dict)
+
+    def bind(self, identity: str, connection: Hashable) -> Hashable | None:
+        """``connection`` had a report accepted for ``identity``: the connection to close now
+        (the identity's oldest, once it has more than ``max_per_identity``), or None."""
+        mine = self._identities.setdefault(identity, OrderedDict())
+        mine[connection] = None
+        if len(mine) > self.limits.max_per_identity:
+            return mine.popitem(last=False)[0]
+        return None
+
+    def unbind(self, identity: str, connection: Hashable) -> None:
+        """A connection bound to ``identity`` closed."""
+        mine = self._identities.get(identity)
+        if mine is not None:
+            mine.pop(connection, None)
+            if not mine:
+                del self._identities[identity]
 
     def admit(self, source: str, now: float) -> str | None:
         """Take a new, unauthenticated connection from ``source``: None, or why it is refused

@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,7 +19,7 @@ from jobset_inplace.agent import channel
 from jobset_inplace.agent.channel import ChannelError, ReportChannel
 from jobset_inplace.agent.logic import Endpoint
 from jobset_inplace.controller.report_server import serving_context
-from jobset_inplace.runtime.report_http import HttpServer, Request
+from jobset_inplace.runtime.report_http import Answer, HttpServer, Request
 from jobset_inplace.runtime.report_limits import OVER_UNAUTHENTICATED, Limits
 
 REPORT = {"jobset-inplace.dev/epoch": "2"}
@@ -44,9 +43,9 @@ def leader() -> Iterator[Leader]:
     seen: list[Request] = []
     dropped: list[str] = []
 
-    async def handle(request: Request) -> tuple[int, dict[str, Any]]:
+    async def handle(request: Request) -> Answer:
         seen.append(request)
-        return 200, {"accepted": True}
+        return Answer(200, {"accepted": True})
 
     ctx, pin = serving_context()
     limits = Limits(max_unauthenticated_per_source=1)

@@ -21,6 +21,7 @@ from jobset_inplace.controller import report_server
 from jobset_inplace.runtime import report_http
 from jobset_inplace.runtime.report_http import (
     MAX_HEAD,
+    Answer,
     HttpServer,
     Refused,
     Request,
@@ -28,6 +29,7 @@ from jobset_inplace.runtime.report_http import (
     response,
 )
 from jobset_inplace.runtime.report_limits import (
+    OVER_IDENTITY,
     OVER_UNAUTHENTICATED,
     PREAUTH_TIMEOUT,
     RATE_LIMITED,
@@ -256,14 +258,16 @@ async def serving(
     dropped: list[str] = []
     clock = Clock()
 
-    async def handler(request: Request) -> tuple[int, dict[str, Any]]:
+    async def handler(request: Request) -> Answer:
         seen.append(request)
         if request.body == b"boom":
             raise RuntimeError("a bug")
         await asyncio.sleep(0.01 if request.body == b"slow" else 0)
         if request.body == b"deny":
-            return 401, {"error": "no"}
-        return 200, {"got": request.body.decode()}
+            return Answer(401, {"error": "no"})
+        body = request.body.decode()
+        # "as:<who>": accepted as identity <who>
+        return Answer(200, {"got": body}, identity=body[3:] if body.startswith("as:") else None)
 
     http = HttpServer(
         handler,
@@ -497,7 +501,7 @@ async def test_a_peer_pipelining_without_reading_answers_gets_one_read_not_one_p
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(writer.drain(), 2)  # the kernel's buffers fill, then it waits
     await asyncio.sleep(0.3)
-    held = conn._reader.buffered if conn._reader is not None else 0  # noqa: SLF001
+    held = conn._reader.buffered if conn._reader is not None else 0
     assert len(served.seen) > 1, "answered until the peer stopped reading"
     assert held <= http.request_max + 256 * 1024, f"{held} bytes held"
     writer.transport.abort()
@@ -518,7 +522,7 @@ async def test_a_backlog_of_pipelined_requests_must_be_done_within_the_request_d
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(writer.drain(), 1)
     for _ in range(100):  # the server stopped: the peer does not read
-        if conn._blocked:  # noqa: SLF001
+        if conn._blocked:
             break
         await asyncio.sleep(0.01)
     clock.t += report_http.REQUEST_S / 2
@@ -528,6 +532,34 @@ async def test_a_backlog_of_pipelined_requests_must_be_done_within_the_request_d
     clock.t += report_http.REQUEST_S / 2 + 1
     assert http.sweep() == 1, "REQUEST_S after the backlog began, whatever was answered since"
     writer.transport.abort()
+
+
+async def test_one_pods_token_holds_at_most_two_connections_whatever_the_address(
+    served: Served,
+) -> None:
+    """Each connection is bound to the pod its first accepted report was for: a third one of
+    that pod closes its oldest (a stolen token holds at most 2; the pod's own agent, connecting
+    anew, is never refused for it); other pods' connections are not touched."""
+    http, port = served.http, served.port
+
+    async def authenticated(who: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(post(f"as:{who}".encode()))
+        assert (await read_answer(r))[0] == 200
+        return r, w
+
+    first, second = await authenticated("pod-a"), await authenticated("pod-a")
+    other = await authenticated("pod-b")
+    third = await authenticated("pod-a")
+    assert await closed(first[0]), "pod-a's oldest connection closed"
+    assert served.dropped == [OVER_IDENTITY]
+    await connections(http, 3)
+    for r, w in (second, other, third):  # the rest still served
+        w.write(post(b"again"))
+        assert (await read_answer(r))[0] == 200
+    assert [c.identity for c in http.connections].count("pod-a") == 2
+    for _, w in (first, second, other, third):
+        w.close()
 
 
 # --- over TLS: the connection's own, on a plain transport --------------------------------
