@@ -44,7 +44,7 @@ from typing import Any, NoReturn, cast
 
 import httptools
 
-from .report_limits import OVER_IDENTITY, PREAUTH_TIMEOUT, Admission, Limits
+from .report_limits import FAIR_SHARE, OVER_IDENTITY, PREAUTH_TIMEOUT, Admission, Limits
 
 log = logging.getLogger("jobset_inplace.reports")
 
@@ -311,12 +311,14 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.source = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
         server = self._server
-        refused = server.admission.admit(self.source, self.last_active)
+        refused, victim = server.admission.admit(self.source, self.last_active, self)
         if refused is not None:
             self._closed = True
             server.dropped(refused)
             self._transport.abort()  # before any TLS: a refusal costs no handshake
             return
+        if isinstance(victim, Connection):  # unauthenticated, of the heaviest source
+            victim.drop(FAIR_SHARE)
         server.connections.add(self)
         server.unauthenticated[self] = self.last_active + PREAUTH_S
         if server.tls is None:
@@ -325,14 +327,25 @@ class Connection(asyncio.Protocol):
         self._tls_in, self._tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
         self._tls = server.tls.wrap_bio(self._tls_in, self._tls_out, server_side=True)
 
+    def drop(self, reason: str) -> None:
+        """Close this unauthenticated connection now, without an answer, for ``reason``
+        (the admission already counted it closed)."""
+        server = self._server
+        server.connections.discard(self)
+        server.unauthenticated.pop(self, None)
+        self._closed = True
+        server.dropped(reason)
+        if self._transport is not None:
+            self._transport.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self._closed and self not in self._server.connections:
-            return  # refused at once
+            return  # refused at once, or dropped
         self._closed = True
         server = self._server
         server.connections.discard(self)
         server.unauthenticated.pop(self, None)
-        server.admission.closed(self.source, authenticated=self.authenticated)
+        server.admission.closed(self.source, self, authenticated=self.authenticated)
         if self.identity is not None:
             server.admission.unbind(self.identity, self)
         self._reader = None
@@ -461,7 +474,7 @@ class Connection(asyncio.Protocol):
         if not self.authenticated:
             self.authenticated = True
             server.unauthenticated.pop(self, None)
-            server.admission.authenticated(self.source)
+            server.admission.authenticated(self.source, self)
         if answer.identity is not None and self.identity is None:
             self.identity = answer.identity
             oldest = server.admission.bind(answer.identity, self)

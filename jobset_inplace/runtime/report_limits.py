@@ -10,7 +10,9 @@ source address is taken, and counts what is open. Limits, all per leader process
   API sockets the controller needs (status writes, pod actions, Lease renewals);
 * ``max_unauthenticated``: connections that have not had a report accepted yet, and
   ``max_unauthenticated_per_source`` of them from one address (a pod, or a node for
-  host-network pods);
+  host-network pods); shared fairly: when all are taken, a new connection from an address
+  holding fewer than the heaviest holder less one closes that holder's oldest (``fair_share``),
+  so dozens of addresses cannot fill them against an agent's one;
 * ``max_per_source``: every connection from one address;
 * a token bucket per source for new connections (``connect_rate`` per second, ``connect_burst``
   at once): a TLS handshake costs ~0.5 ms of the loop's CPU;
@@ -36,6 +38,7 @@ OVER_UNAUTHENTICATED = "unauthenticated_limit"
 RATE_LIMITED = "rate_limited"
 PREAUTH_TIMEOUT = "preauth_timeout"  # handshake and first report not done within PREAUTH_S
 OVER_IDENTITY = "identity_limit"  # closed: its pod's token authenticated newer connections
+FAIR_SHARE = "fair_share"  # closed unauthenticated: room for a source that held fewer
 REFUSALS = (
     OVER_TOTAL,
     OVER_SOURCE,
@@ -43,6 +46,7 @@ REFUSALS = (
     RATE_LIMITED,
     PREAUTH_TIMEOUT,
     OVER_IDENTITY,
+    FAIR_SHARE,
 )
 
 # Open-files reserve kept for everything but the channel's connections.
@@ -99,9 +103,10 @@ class Limits:
 @dataclass
 class _Source:
     open: int = 0
-    unauthenticated: int = 0
     tokens: float = 0.0
     refilled: float = 0.0
+    # its connections not authenticated yet, oldest first
+    unauthenticated: OrderedDict[Hashable, None] = field(default_factory=OrderedDict)
 
 
 @dataclass
@@ -110,6 +115,10 @@ class Admission:
     open: int = 0
     unauthenticated: int = 0
     _sources: OrderedDict[str, _Source] = field(default_factory=OrderedDict)
+    # sources by how many unauthenticated connections they hold (> 0), to find the heaviest
+    # in O(1): a count changes by one at a time
+    _by_unauthenticated: dict[int, set[str]] = field(default_factory=dict)
+    _heaviest: int = 0
     # identity -> its authenticated connections, oldest first (each is open: bounded by them)
     _identities: dict[str, OrderedDict[Hashable, None]] = field(default_factory=dict)
 
@@ -130,45 +139,75 @@ class Admission:
             if not mine:
                 del self._identities[identity]
 
-    def admit(self, source: str, now: float) -> str | None:
-        """Take a new, unauthenticated connection from ``source``: None, or why it is refused
-        (one of REFUSALS; then nothing is counted)."""
+    def admit(
+        self, source: str, now: float, connection: Hashable
+    ) -> tuple[str | None, Hashable | None]:
+        """Take ``connection``, new and unauthenticated, from ``source``: (None, or why it is
+        refused: one of REFUSALS, then nothing is counted; an unauthenticated connection to
+        close for it, already counted as closed, or None).
+
+        The unauthenticated budget is shared fairly: when it is full, a source that holds
+        fewer unauthenticated connections than the heaviest holder less one takes the
+        heaviest's oldest (so dozens of addresses cannot fill it against an agent's one)."""
         lim = self.limits
         s = self._source(source, now)
         if self.open >= lim.max_connections:
-            return OVER_TOTAL
+            return OVER_TOTAL, None
         if s.open >= lim.max_per_source:
-            return OVER_SOURCE
-        if (
-            self.unauthenticated >= lim.max_unauthenticated
-            or s.unauthenticated >= lim.max_unauthenticated_per_source
-        ):
-            return OVER_UNAUTHENTICATED
+            return OVER_SOURCE, None
+        if len(s.unauthenticated) >= lim.max_unauthenticated_per_source:
+            return OVER_UNAUTHENTICATED, None
+        full = self.unauthenticated >= lim.max_unauthenticated
+        if full and self._heaviest <= len(s.unauthenticated) + 1:
+            return OVER_UNAUTHENTICATED, None
         if s.tokens < 1:
-            return RATE_LIMITED
+            return RATE_LIMITED, None
+        victim = None
+        if full:  # the heaviest holder's oldest makes room
+            heaviest = next(iter(self._by_unauthenticated[self._heaviest]))
+            victim = next(iter(self._sources[heaviest].unauthenticated))
+            self.closed(heaviest, victim, authenticated=False)
         s.tokens -= 1
         s.open += 1
-        s.unauthenticated += 1
         self.open += 1
-        self.unauthenticated += 1
-        return None
+        self._count(source, s, connection, +1)
+        return None, victim
 
-    def authenticated(self, source: str) -> None:
-        """A connection of ``source`` had a report accepted (once per connection)."""
+    def authenticated(self, source: str, connection: Hashable) -> None:
+        """``connection`` of ``source`` had a report accepted (once per connection)."""
         s = self._sources.get(source)
-        if s is not None and s.unauthenticated > 0:
-            s.unauthenticated -= 1
-            self.unauthenticated -= 1
+        if s is not None and connection in s.unauthenticated:
+            self._count(source, s, connection, -1)
 
-    def closed(self, source: str, *, authenticated: bool) -> None:
+    def closed(self, source: str, connection: Hashable, *, authenticated: bool) -> None:
         s = self._sources.get(source)
         if s is None or s.open == 0:
             return
         s.open -= 1
         self.open -= 1
-        if not authenticated and s.unauthenticated > 0:
-            s.unauthenticated -= 1
-            self.unauthenticated -= 1
+        if not authenticated and connection in s.unauthenticated:
+            self._count(source, s, connection, -1)
+
+    def _count(self, source: str, s: _Source, connection: Hashable, delta: int) -> None:
+        """``connection`` of ``source`` counted as unauthenticated (+1) or no longer (-1)."""
+        was = len(s.unauthenticated)
+        if delta > 0:
+            s.unauthenticated[connection] = None
+        else:
+            del s.unauthenticated[connection]
+        self.unauthenticated += delta
+        now = was + delta
+        if was:
+            bucket = self._by_unauthenticated[was]
+            bucket.discard(source)
+            if not bucket:
+                del self._by_unauthenticated[was]
+        if now:
+            self._by_unauthenticated.setdefault(now, set()).add(source)
+        if now > self._heaviest:
+            self._heaviest = now
+        elif was == self._heaviest and was not in self._by_unauthenticated:
+            self._heaviest = now  # it was the only one that heavy: one less is the heaviest
 
     def _source(self, source: str, now: float) -> _Source:
         lim = self.limits

@@ -29,6 +29,7 @@ from jobset_inplace.runtime.report_http import (
     response,
 )
 from jobset_inplace.runtime.report_limits import (
+    FAIR_SHARE,
     OVER_IDENTITY,
     OVER_UNAUTHENTICATED,
     PREAUTH_TIMEOUT,
@@ -560,6 +561,36 @@ async def test_one_pods_token_holds_at_most_two_connections_whatever_the_address
     assert [c.identity for c in http.connections].count("pod-a") == 2
     for _, w in (first, second, other, third):
         w.close()
+
+
+async def test_forty_addresses_cannot_fill_the_unauthenticated_budget_against_an_agent() -> None:
+    """40 loopback addresses hold every unauthenticated slot (plain TCP, never a byte): an
+    agent's new connection from another address takes the oldest slot of the heaviest holder
+    and its report is accepted; each address keeps a fair share, not less."""
+    limits = Limits(max_unauthenticated=64, max_unauthenticated_per_source=8, connect_burst=100)
+    async with serving(None, limits) as s:
+        attackers = []
+        for i in range(40):
+            for _ in range(8):
+                local = (f"127.0.0.{i + 2}", 0)
+                attackers.append(
+                    await asyncio.open_connection("127.0.0.1", s.port, local_addr=local)
+                )
+        await connections(s.http, 64)
+        assert s.http.admission.unauthenticated == 64
+        for n in range(3):  # agents, each from an address of its own
+            r, w = await asyncio.open_connection("127.0.0.1", s.port, local_addr=("127.0.0.200", 0))
+            w.write(post(f"agent {n}".encode()))
+            assert (await read_answer(r))[0] == 200, "the agent's report accepted"
+            w.close()
+        assert s.dropped.count(FAIR_SHARE) >= 3
+        held: dict[str, int] = {}
+        for c in s.http.connections:
+            if not c.authenticated:
+                held[c.source] = held.get(c.source, 0) + 1
+        assert max(held.values()) - min(held.values()) <= 1 or max(held.values()) <= 2, held
+        for _, w in attackers:
+            w.transport.abort()
 
 
 # --- over TLS: the connection's own, on a plain transport --------------------------------
