@@ -24,11 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from bench import crash_matrix, first_step, report
-from bench.realnode import PathSummary, table
+from bench.realnode import TRANSFORMER_OUT, PathSummary, table
+from bench.stats import Ratio
 
 ROOT = Path(__file__).resolve().parents[1]
 REALNODE = ROOT / "docs" / "bench" / "realnode.json"
 TORCH = ROOT / "docs" / "bench" / "realnode-torch.json"
+TORCH_REAL_SIZE = TRANSFORMER_OUT
+GOAL_RATIO = 0.5  # issue 56: pre-started <= 50 % of torchrun --max-restarts and of upstream's
 SCALE = ROOT / "docs" / "bench" / "kwok-scale-2026-11-28" / "results.json"
 PATHS = ROOT / "docs" / "bench" / "kwok-paths-2026-11-28" / "results.json"
 DEATHS = ROOT / "docs" / "bench" / "kwok-node-deaths-2026-11-28-rerun" / "results.json"
@@ -392,6 +395,23 @@ def realnode_torch_headline(doc: dict[str, Any]) -> str:
     )
 
 
+def realnode_torch_real_size(doc: dict[str, Any]) -> str:
+    """The real-size model's run: its table, then the pre-started scope against the goal
+    (each ratio with its interval: met only where the interval's top is under the goal)."""
+    lines = [realnode_torch_table(doc, TORCH_REAL_SIZE), ""]
+    for path in ("torchrun-restarts", "upstream-main"):
+        r = doc["summary"].get(path, {}).get("prestart_ratio")
+        if r is None:
+            raise PagesError(f"{_shown(TORCH_REAL_SIZE)}: no ratio of jsi-prestart to {path}")
+        ratio = Ratio(**r)
+        verdict = "met" if ratio.high < GOAL_RATIO else "**not met**"
+        lines.append(
+            f"- `jsi-prestart` / `{path}`: {ratio.text()}; the goal "
+            f"(<= {GOAL_RATIO:.2f}x, the interval under it): {verdict}."
+        )
+    return "\n".join(lines)
+
+
 def crash_matrix_table(doc: dict[str, Any]) -> str:
     """Every crash in every restart scope: time to every rank's first productive step, and
     what failed, from one run."""
@@ -417,6 +437,11 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
     "realnode-headline": (ROOT / "README.md", realnode_headline, (REALNODE,)),
     "realnode-torch-table": (ROOT / "docs" / "benchmarks.md", realnode_torch_table, (TORCH,)),
     "realnode-torch-headline": (ROOT / "README.md", realnode_torch_headline, (TORCH,)),
+    "realnode-torch-real-size": (
+        ROOT / "docs" / "benchmarks.md",
+        realnode_torch_real_size,
+        (TORCH_REAL_SIZE,),
+    ),
     "kwok-scale": (ROOT / "docs" / "benchmarks.md", kwok_scale, (SCALE,)),
     "kwok-paths": (ROOT / "docs" / "benchmarks.md", kwok_paths, (PATHS,)),
     "kwok-deaths": (ROOT / "docs" / "benchmarks.md", kwok_deaths, (DEATHS,)),

@@ -21,16 +21,21 @@ with no GPU), installed once into the cache and mounted read-only into the conta
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from testbed import images
 from testbed.controller import barrier_open, member_pods, prepare
 from testbed.demo import started_trainer_log
 from testbed.install import Installation
 from testbed.kube import Clients, create_jobset, wait_for
 from testbed.torchgang import (
     RANKS,
+    TRANSFORMER,
     WORKERS,
     RankRuns,
     create_trainer_config_map,
@@ -127,3 +132,49 @@ def test_torchrun_ranks_resume_from_one_dcp_step_and_no_old_worker_survives(
         f"step {resume + 1}: {runs[0].runs[-1][resume + 1]:.6e}; worker pids before {old}, "
         f"after {new}"
     )
+
+
+def test_the_real_size_trainer_resumes_its_model_and_adamw_exactly(
+    torch_site: Path, tmp_path: Path
+) -> None:
+    """The real-size benchmark's transformer (testbed.torchgang.TRANSFORMER; its dimensions
+    made small here, the code is the same), under ``torchrun`` on this host: 12 steps with a
+    checkpoint every 5, then started again: it resumes at step 10, and its losses at steps 11
+    and 12 are the first run's (the model and AdamW's moments restored: step 12's loss is of
+    parameters that AdamW's restored moments updated), and it logs where its start went."""
+    small = {"MODEL_DIM": "32", "MODEL_LAYERS": "2", "MODEL_HEADS": "2", "VOCAB": "128"}
+    env = {
+        **os.environ,
+        **TRANSFORMER.env,
+        **small,
+        "SEQ_LEN": "16",
+        "PYTHONPATH": str(torch_site),
+        "OMP_NUM_THREADS": "1",
+        "CHECKPOINT_DIR": str(tmp_path),
+    }
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+
+    def train(steps: int, **more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*run, str(images.TORCH_TRAINER)],
+            env=env | {"STEPS": str(steps)} | more,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+
+    first = train(12)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    assert "model built: transformer" in first.stdout
+    second = train(14)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    before, after = rank_runs(first.stdout), rank_runs(second.stdout)
+    assert set(after) == {0, 1}
+    for rank, mine in after.items():
+        assert mine.resumed_at == [10], f"rank {rank}: resumed at {mine.resumed_at}"
+        for step in (11, 12):
+            assert mine.runs[-1][step] == pytest.approx(before[rank].runs[0][step], rel=1e-6)
+    bad = train(12, MODEL="cnn")
+    assert bad.returncode != 0
+    assert "MODEL: 'cnn' is not one of ['linear', 'transformer']" in bad.stdout + bad.stderr

@@ -150,6 +150,24 @@ def step(args: argparse.Namespace, model: Any, optim: Any) -> None:
 # --- the driver --------------------------------------------------------------------------------
 
 
+def commit() -> dict[str, Any]:
+    """This file's commit and whether its checkout had changes (``None``: no git here)."""
+    here = Path(__file__).resolve().parent
+
+    def git(*argv: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", *argv], check=False, cwd=here, capture_output=True, text=True
+            )
+        except OSError:
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    head = git("rev-parse", "--short", "HEAD")
+    changes = git("status", "--porcelain")
+    return {"commit": head, "dirty": None if changes is None else bool(changes)}
+
+
 def milestones(lines: list[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in lines:
@@ -298,6 +316,7 @@ def main() -> int:
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     doc = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **commit(),
         "command": " ".join(sys.argv),
         "torch": torch.__version__,
         "device": device,
