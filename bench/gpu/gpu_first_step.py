@@ -60,6 +60,10 @@ def trainer(args: argparse.Namespace) -> int:
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
     import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+    from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
+        get_state_dict,
+        set_state_dict,
+    )
 
     mark("imported")
     cuda = args.device == "cuda"
@@ -89,17 +93,24 @@ def trainer(args: argparse.Namespace) -> int:
     mark("group")
     model, optim = build(args)
     mark("built")
-    state = {"model": model.state_dict(), "optim": optim.state_dict()}
-    if Path(args.ckpt, ".metadata").exists():
+
+    def restore() -> None:
+        """The model and the optimizer's moments from the checkpoint (get_state_dict makes
+        the optimizer's state first: a new AdamW has none to load into)."""
+        model_state, optim_state = get_state_dict(model, optim)
+        state = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=args.ckpt)
-        model.load_state_dict(state["model"])
-        optim.load_state_dict(state["optim"])
+        set_state_dict(
+            model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+
+    if Path(args.ckpt, ".metadata").exists():
+        restore()
         mark("restored")
     else:
         step(args, model, optim)  # the optimizer's state exists once a step was taken
-        dcp.save(
-            {"model": model.state_dict(), "optim": optim.state_dict()}, checkpoint_id=args.ckpt
-        )
+        model_state, optim_state = get_state_dict(model, optim)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=args.ckpt)
         mark("saved")
     n = 0
     while True:
@@ -111,9 +122,7 @@ def trainer(args: argparse.Namespace) -> int:
             dist.destroy_process_group()
             dist.init_process_group("nccl" if cuda else "gloo")
             group = time.time()
-            dcp.load(state, checkpoint_id=args.ckpt)
-            model.load_state_dict(state["model"])
-            optim.load_state_dict(state["optim"])
+            restore()
             restored = time.time()
             step(args, model, optim)
             print(f"@floor {began:.6f} {group:.6f} {restored:.6f} {time.time():.6f}", flush=True)
