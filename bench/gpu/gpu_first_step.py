@@ -160,7 +160,7 @@ def step(args: argparse.Namespace, model: Any, optim: Any) -> None:
 
 
 def commit() -> dict[str, Any]:
-    """This file's commit and whether its checkout had changes (``None``: no git here)."""
+    """This file's commit and whether tracked files had changes (``None``: no git here)."""
     here = Path(__file__).resolve().parent
 
     def git(*argv: str) -> str | None:
@@ -173,7 +173,7 @@ def commit() -> dict[str, Any]:
         return done.stdout.strip() if done.returncode == 0 else None
 
     head = git("rev-parse", "--short", "HEAD")
-    changes = git("status", "--porcelain")
+    changes = git("status", "--porcelain", "--untracked-files=no")  # as bench/provenance.py
     return {"commit": head, "dirty": None if changes is None else bool(changes)}
 
 
