@@ -25,12 +25,13 @@ from typing import Any
 
 from bench import crash_matrix, first_step, report
 from bench.realnode import TRANSFORMER_OUT, PathSummary, table
-from bench.stats import Ratio
+from bench.stats import Ratio, ratio_of_medians
 
 ROOT = Path(__file__).resolve().parents[1]
 REALNODE = ROOT / "docs" / "bench" / "realnode.json"
 TORCH = ROOT / "docs" / "bench" / "realnode-torch.json"
 TORCH_REAL_SIZE = TRANSFORMER_OUT
+CPU_FLOOR = ROOT / "docs" / "bench" / "cpu-first-step-floor.json"  # bench/gpu's script, on CPU
 GOAL_RATIO = 0.5  # issue 56: pre-started <= 50 % of torchrun --max-restarts and of upstream's
 SCALE = ROOT / "docs" / "bench" / "kwok-scale-2026-11-28" / "results.json"
 PATHS = ROOT / "docs" / "bench" / "kwok-paths-2026-11-28" / "results.json"
@@ -52,7 +53,8 @@ def _shown(path: Path) -> str:
 def load(path: Path) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(path.read_text())
     missing = [k for k in ("commit", "machine", "command") if k not in doc]
-    if "kubernetes" not in doc and "kubernetes" not in doc.get("versions", {}):
+    cluster = "device" not in doc  # (bench/gpu's script runs with no cluster)
+    if cluster and "kubernetes" not in doc and "kubernetes" not in doc.get("versions", {}):
         missing.append("kubernetes")
     if missing:
         raise PagesError(
@@ -412,6 +414,36 @@ def realnode_torch_real_size(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def cpu_floor(doc: dict[str, Any]) -> str:
+    """bench/gpu/gpu_first_step.py run on CPU: each way's milestones (medians, seconds after
+    the kill) and its first productive step's ratio to ``torchrun``'s, with its interval."""
+    dirty = " (uncommitted changes)" if doc.get("dirty") else ""
+    m = doc["model"]
+    reps = {len(v) for v in doc["runs"].values()}
+    head = (
+        f"Run of {doc['when'][:10]} at commit `{doc['commit']}`{dirty}, PyTorch {doc['torch']} "
+        f"on {doc['device']} (gloo, one rank), {m['layers']} layers of width {m['width']} over a "
+        f"{m['vocab']} embedding, a {doc['checkpoint_gib']:.2f} GiB checkpoint; "
+        f"`{doc['command']}`; every repetition in {_link(CPU_FLOOR)}. Repetitions per way: "
+        f"{'/'.join(map(str, sorted(reps)))}."
+    )
+    columns = ("imported", "group", "built", "restored", "first_step")
+    rows = [
+        "| way | torch imported | process group | model built | restored "
+        "| **first productive step** | / torchrun |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    base = [r["first_step"] for r in doc["runs"]["torchrun"]]
+    for way, med in doc["medians"].items():
+        cells = ["-" if c not in med else f"{med[c]:.2f}" for c in columns[:-1]]
+        ratio = ratio_of_medians([r["first_step"] for r in doc["runs"][way]], base)
+        rows.append(
+            f"| {way} | {' | '.join(cells)} | **{med['first_step']:.2f}** | "
+            f"{'-' if way == 'torchrun' else ratio.text()} |"
+        )
+    return "\n".join([head, "", *rows])
+
+
 def crash_matrix_table(doc: dict[str, Any]) -> str:
     """Every crash in every restart scope: time to every rank's first productive step, and
     what failed, from one run."""
@@ -437,6 +469,7 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
     "realnode-headline": (ROOT / "README.md", realnode_headline, (REALNODE,)),
     "realnode-torch-table": (ROOT / "docs" / "benchmarks.md", realnode_torch_table, (TORCH,)),
     "realnode-torch-headline": (ROOT / "README.md", realnode_torch_headline, (TORCH,)),
+    "cpu-floor": (ROOT / "docs" / "benchmarks.md", cpu_floor, (CPU_FLOOR,)),
     "realnode-torch-real-size": (
         ROOT / "docs" / "benchmarks.md",
         realnode_torch_real_size,

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import signal
 import statistics
 import subprocess
@@ -296,6 +297,7 @@ def main() -> int:
     unknown = sorted(set(ways) - set(WAYS))
     if unknown:
         p.error(f"--ways: unknown {unknown} (accepted: {','.join(WAYS)})")
+    origin = commit()  # the checkout as the run starts
     with tempfile.TemporaryDirectory(prefix="jsi-gpu-") as tmp:
         work = Path(tmp)
         args.ckpt = args.ckpt or str(work / "ckpt")
@@ -325,8 +327,13 @@ def main() -> int:
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     doc = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        **commit(),
+        **origin,
         "command": " ".join(sys.argv),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "kernel": platform.release(),
+        },
         "torch": torch.__version__,
         "device": device,
         "checkpoint_gib": round(size / 2**30, 3),
