@@ -122,7 +122,7 @@ def env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, str(default)))
 
 
-class Regression(torch.nn.Module):
+class Regression(torch.nn.Module):  # type: ignore[misc]  # (torch: Any to mypy here)
     """``MODEL=linear``: y = x . w_true on this worker's own shard (8 parameters)."""
 
     def __init__(self, rank: int) -> None:
@@ -140,7 +140,7 @@ class Regression(torch.nn.Module):
         return self.linear(x)
 
 
-class Transformer(torch.nn.Module):
+class Transformer(torch.nn.Module):  # type: ignore[misc]
     """``MODEL=transformer``: a decoder-only transformer (pre-norm blocks, causal attention,
     the output projection tied to the token embedding)."""
 
@@ -179,7 +179,10 @@ class Transformer(torch.nn.Module):
         )
 
 
-MODELS = {"linear": Regression, "transformer": Transformer}
+MODELS: dict[str, type[Regression] | type[Transformer]] = {
+    "linear": Regression,
+    "transformer": Transformer,
+}
 
 
 def main() -> int:
@@ -195,7 +198,7 @@ def main() -> int:
     root = Path(os.environ["CHECKPOINT_DIR"])
     world = int(dist.get_world_size())
 
-    net = MODELS[kind](dist.get_rank())
+    net: Regression | Transformer = MODELS[kind](dist.get_rank())
     model = DistributedDataParallel(net)
     if kind == "linear":
         optimizer: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
