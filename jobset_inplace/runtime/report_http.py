@@ -275,6 +275,7 @@ class Connection(asyncio.Protocol):
         "_blocked",
         "_busy",
         "_closed",
+        "_peer_done",
         "_reader",
         "_server",
         "_tls",
@@ -303,6 +304,7 @@ class Connection(asyncio.Protocol):
         self._busy = False  # a request is being handled
         self._blocked = False  # the peer does not read its answers: take no more requests
         self._closed = False
+        self._peer_done = False  # the peer sent its last byte (close_notify, or FIN)
         self.last_active = server.now()
         self.begun: float | None = None  # when the incomplete request (or handshake) began
 
@@ -352,25 +354,46 @@ class Connection(asyncio.Protocol):
         self._tls = self._tls_in = self._tls_out = None
 
     def data_received(self, data: bytes) -> None:
-        if self._closed:
+        if self._closed or self._peer_done:
             return
         self.last_active = self._server.now()
         if self.begun is None:
             self.begun = self.last_active  # any byte starts the clock, even a partial record
         if self._tls is not None:
             data = self._decrypt(data)
+            if self._closed:
+                return
         if data:
             if self._reader is None:
                 self._reader = RequestReader(self._server.path, self._server.max_body, data)
             else:
                 self._reader.feed(data)
+        if self._peer_done:
+            self._peer_ended()
+            return
         if not (self._busy or self._blocked):
             self._next()
         self._read_on()
 
+    def eof_received(self) -> bool:
+        """The peer's FIN (plain TCP): what it sent before is still served and answered (its
+        half of the connection is closed, not necessarily ours), then the connection closes."""
+        self._peer_ended()
+        return True  # the transport stays open for the answers; close() ends it
+
+    def _peer_ended(self) -> None:
+        self._peer_done = True
+        if self._closed:
+            return
+        if self._blocked:  # it sent its last request and does not read the answers
+            self.close()
+        elif not self._busy:
+            self._next()  # closes once nothing complete is left
+
     def _decrypt(self, data: bytes) -> bytes:
-        """The plaintext in ``data`` (b"" while the handshake is on). A TLS error or the peer's
-        close ends the connection."""
+        """The plaintext in ``data`` (b"" while the handshake is on). The peer's close_notify
+        ends its side: the plaintext before it is still served (a report sent with the close
+        is answered, then the connection closed). A TLS error closes the connection."""
         tls, incoming = self._tls, self._tls_in
         assert tls is not None
         assert incoming is not None
@@ -382,18 +405,19 @@ class Connection(asyncio.Protocol):
                 self.secure = True
             while chunk := tls.read(TLS_READ):
                 plain += chunk
-            self._flush()
-            self.close()  # b"": the peer closed
-            return b""
         except ssl.SSLWantReadError:
             self._flush()  # handshake messages
             return plain
-        except ssl.SSLError as e:  # SSLZeroReturnError: the peer's close_notify
-            if not isinstance(e, ssl.SSLZeroReturnError):
-                log.debug("report channel: TLS: %s", e)
+        except ssl.SSLZeroReturnError:  # the peer's close_notify
+            pass
+        except ssl.SSLError as e:
+            log.debug("report channel: TLS: %s", e)
             self._flush()
             self.close()
             return b""
+        self._flush()
+        self._peer_done = True  # (read() gives b"" only once the peer has closed)
+        return plain
 
     def _read_on(self) -> None:
         """Read only while no request is being handled, the peer reads its answers and less
@@ -449,7 +473,9 @@ class Connection(asyncio.Protocol):
             self.refuse(e)
             return
         if request is None:
-            if self._settled():
+            if self._peer_done:  # nothing more will come: what is incomplete never will be
+                self.close()
+            elif self._settled():
                 self.begun, self._reader = None, None
             return
         self._busy = True

@@ -668,16 +668,23 @@ async def test_a_handshake_not_finished_in_time_is_swept_without_an_answer(
     writer.close()
 
 
-async def test_a_tls_record_held_short_of_its_last_byte_does_not_keep_a_connection(
-    served_tls: Served,
-) -> None:
-    """The handshake done, then a record begun and never finished: no plaintext ever reaches
-    HTTP, and still the connection goes at PREAUTH_S."""
-    http, port, clock = served_tls.http, served_tls.port, served_tls.clock
+class ByHand(NamedTuple):
+    """A client's TLS over memory BIOs on a plain connection."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    tls: ssl.SSLObject
+    incoming: ssl.MemoryBIO  # bytes from the server, to OpenSSL
+    outgoing: ssl.MemoryBIO  # bytes from OpenSSL, to the server
+
+
+async def tls_by_hand(port: int) -> ByHand:
+    """A client's TLS over memory BIOs (its records written when the test says), the
+    handshake done."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     tls = client_tls().wrap_bio(incoming, outgoing)
-    while True:  # the client's half of the handshake, by hand: the record below is raw
+    while True:
         try:
             tls.do_handshake()
             break
@@ -685,6 +692,16 @@ async def test_a_tls_record_held_short_of_its_last_byte_does_not_keep_a_connecti
             writer.write(outgoing.read())
             incoming.write(await asyncio.wait_for(reader.read(65536), 5))
     writer.write(outgoing.read())  # the client's Finished
+    return ByHand(reader, writer, tls, incoming, outgoing)
+
+
+async def test_a_tls_record_held_short_of_its_last_byte_does_not_keep_a_connection(
+    served_tls: Served,
+) -> None:
+    """The handshake done, then a record begun and never finished: no plaintext ever reaches
+    HTTP, and still the connection goes at PREAUTH_S."""
+    http, port, clock = served_tls.http, served_tls.port, served_tls.clock
+    writer = (await tls_by_hand(port)).writer  # the record below is raw
     await connections(http, 1)
     (conn,) = http.connections
     for _ in range(200):
@@ -702,3 +719,43 @@ async def test_a_tls_record_held_short_of_its_last_byte_does_not_keep_a_connecti
     await connections(http, 0)
     assert served_tls.dropped == [PREAUTH_TIMEOUT]
     writer.close()
+
+
+async def test_a_report_sent_with_the_peers_fin_is_answered_then_the_connection_closed(
+    served: Served,
+) -> None:
+    """Request, then the client's half-close in the same breath: served and answered."""
+    port, seen = served.port, served.seen
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post(b"one") + post(b"last"))
+    writer.write_eof()
+    assert await read_answer(reader) == (200, {"got": "one"}, False)
+    assert await read_answer(reader) == (200, {"got": "last"}, False)
+    assert await closed(reader)
+    assert [r.body for r in seen] == [b"one", b"last"]
+    await connections(served.http, 0)
+    writer.close()
+
+
+async def test_over_tls_a_report_sent_together_with_close_notify_is_served_and_answered(
+    served_tls: Served,
+) -> None:
+    """The report's record and the client's close_notify arrive in one read: the report is
+    served and answered (TLS 1.3 closes each direction on its own), then the server closes."""
+    http, port, seen = served_tls.http, served_tls.port, served_tls.seen
+    c = await tls_by_hand(port)
+    c.tls.write(post(b"bye"))
+    with pytest.raises(ssl.SSLWantReadError):
+        c.tls.unwrap()  # sends close_notify; waits for the server's
+    c.writer.write(c.outgoing.read())  # the report and the close, in one write
+    answer = b""
+    while not answer.endswith(b"}"):
+        data = await asyncio.wait_for(c.reader.read(65536), 5)
+        assert data, f"the server closed without an answer (got {answer!r})"
+        c.incoming.write(data)
+        with contextlib.suppress(ssl.SSLWantReadError):
+            answer += c.tls.read(65536)
+    assert answer.startswith(b"HTTP/1.1 200 OK"), answer
+    assert [r.body for r in seen] == [b"bye"]
+    await connections(http, 0)
+    c.writer.close()
