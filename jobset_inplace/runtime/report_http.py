@@ -11,7 +11,9 @@ Against a hostile client (docs/guarantees.md, fault model, "a hostile pod at the
 channel's port"):
 
 * a new connection is taken only within :class:`.report_limits.Admission`'s limits (total, per
-  source, unauthenticated, a rate per source); refused ones are closed before any TLS;
+  source, unauthenticated, a rate per source); refused ones are closed before any TLS; TLS
+  handshakes of all sources together are spaced by :class:`.report_limits.HandshakeGate` (a
+  connection waits its turn unread, sources served in turn);
 * a connection must finish its TLS handshake and have a report accepted within PREAUTH_S of
   connecting, whatever it sent meanwhile (a TLS record held short of its last byte included);
 * only a connection that has had a report accepted is kept while idle (IDLE_S), and a request
@@ -44,7 +46,14 @@ from typing import Any, NoReturn, cast
 
 import httptools
 
-from .report_limits import FAIR_SHARE, OVER_IDENTITY, PREAUTH_TIMEOUT, Admission, Limits
+from .report_limits import (
+    FAIR_SHARE,
+    OVER_IDENTITY,
+    PREAUTH_TIMEOUT,
+    Admission,
+    HandshakeGate,
+    Limits,
+)
 
 log = logging.getLogger("jobset_inplace.reports")
 
@@ -275,6 +284,7 @@ class Connection(asyncio.Protocol):
         "_blocked",
         "_busy",
         "_closed",
+        "_gated",
         "_peer_done",
         "_reader",
         "_server",
@@ -305,6 +315,7 @@ class Connection(asyncio.Protocol):
         self._blocked = False  # the peer does not read its answers: take no more requests
         self._closed = False
         self._peer_done = False  # the peer sent its last byte (close_notify, or FIN)
+        self._gated = False  # its TLS handshake waits its turn (report_limits.HandshakeGate)
         self.last_active = server.now()
         self.begun: float | None = None  # when the incomplete request (or handshake) began
 
@@ -328,6 +339,15 @@ class Connection(asyncio.Protocol):
             return
         self._tls_in, self._tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
         self._tls = server.tls.wrap_bio(self._tls_in, self._tls_out, server_side=True)
+        if not server.gate.ask(self.source, self, self.last_active):
+            self._gated = True  # nothing of it is read until its turn
+            self._transport.pause_reading()
+            server.handshakes_wait()
+
+    def handshake_granted(self) -> None:
+        """Its turn for the TLS handshake: its bytes are read from now on."""
+        self._gated = False
+        self._read_on()
 
     def drop(self, reason: str) -> None:
         """Close this unauthenticated connection now, without an answer, for ``reason``
@@ -335,6 +355,7 @@ class Connection(asyncio.Protocol):
         server = self._server
         server.connections.discard(self)
         server.unauthenticated.pop(self, None)
+        server.gate.cancel(self)
         self._closed = True
         server.dropped(reason)
         if self._transport is not None:
@@ -347,6 +368,7 @@ class Connection(asyncio.Protocol):
         server = self._server
         server.connections.discard(self)
         server.unauthenticated.pop(self, None)
+        server.gate.cancel(self)
         server.admission.closed(self.source, self, authenticated=self.authenticated)
         if self.identity is not None:
             server.admission.unbind(self.identity, self)
@@ -360,9 +382,14 @@ class Connection(asyncio.Protocol):
         if self.begun is None:
             self.begun = self.last_active  # any byte starts the clock, even a partial record
         if self._tls is not None:
-            data = self._decrypt(data)
-            if self._closed:
+            plain = self._decrypt(data)
+            if plain is None:  # a TLS error: closed
                 return
+            data = plain
+        self._take(data)
+
+    def _take(self, data: bytes) -> None:
+        """Plaintext received: requests out of it, in turn."""
         if data:
             if self._reader is None:
                 self._reader = RequestReader(self._server.path, self._server.max_body, data)
@@ -390,10 +417,10 @@ class Connection(asyncio.Protocol):
         elif not self._busy:
             self._next()  # closes once nothing complete is left
 
-    def _decrypt(self, data: bytes) -> bytes:
+    def _decrypt(self, data: bytes) -> bytes | None:
         """The plaintext in ``data`` (b"" while the handshake is on). The peer's close_notify
         ends its side: the plaintext before it is still served (a report sent with the close
-        is answered, then the connection closed). A TLS error closes the connection."""
+        is answered, then the connection closed). A TLS error closes the connection: None."""
         tls, incoming = self._tls, self._tls_in
         assert tls is not None
         assert incoming is not None
@@ -414,7 +441,7 @@ class Connection(asyncio.Protocol):
             log.debug("report channel: TLS: %s", e)
             self._flush()
             self.close()
-            return b""
+            return None
         self._flush()
         self._peer_done = True  # (read() gives b"" only once the peer has closed)
         return plain
@@ -426,7 +453,7 @@ class Connection(asyncio.Protocol):
             return
         reader = self._reader
         full = reader is not None and reader.buffered >= self._server.request_max
-        if self._busy or self._blocked or full:
+        if self._busy or self._blocked or full or self._gated:
             self._transport.pause_reading()
         else:
             self._transport.resume_reading()
@@ -556,7 +583,10 @@ class HttpServer:
         self.connections: set[Connection] = set()
         # connection -> its PREAUTH_S deadline, in the order they came (= deadline order)
         self.unauthenticated: OrderedDict[Connection, float] = OrderedDict()
-        self.admission = Admission(self.limits or Limits())
+        limits = self.limits or Limits()
+        self.admission = Admission(limits)
+        self.gate = HandshakeGate(limits.handshake_rate, limits.handshake_burst)
+        self._grant_timer: asyncio.TimerHandle | None = None
 
     def connection(self) -> Connection:
         return Connection(self)
@@ -564,6 +594,21 @@ class HttpServer:
     def dropped(self, reason: str) -> None:
         if self.on_dropped is not None:
             self.on_dropped(reason)
+
+    def handshakes_wait(self) -> None:
+        """Handshakes wait for the gate: grant them as its budget refills."""
+        if self._grant_timer is None and self.gate.waiting:
+            loop = asyncio.get_running_loop()
+            self._grant_timer = loop.call_later(self.gate.next_grant_s(), self.grant_handshakes)
+
+    def grant_handshakes(self) -> int:
+        """Start the handshakes whose turn it is; how many."""
+        self._grant_timer = None
+        granted = self.gate.grant(self.now())
+        for c in granted:
+            cast(Connection, c).handshake_granted()
+        self.handshakes_wait()
+        return len(granted)
 
     def sweep_unauthenticated(self) -> int:
         """Close connections that had no report accepted within PREAUTH_S; how many. Costs

@@ -20,13 +20,19 @@ source address is taken, and counts what is open. Limits, all per leader process
   any address: an agent needs one (two while it replaces it); beyond, the oldest is closed, so
   a stolen token holds at most that many and the pod's own agent is never refused for it.
 
+:class:`HandshakeGate` then spaces the TLS handshakes of every source together
+(``handshake_rate`` per second, ``handshake_burst`` at once): a connection over the rate waits
+(its bytes unread, at no cost but its socket) and the waiting are served one per source in
+turn, so dozens of addresses at their own rate cannot take a core of the loop, nor make an
+agent's single connection wait behind theirs.
+
 A connection that authenticates (a report accepted) stops counting as unauthenticated; it is
 then the only kind kept open while idle (report_http.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
@@ -63,6 +69,11 @@ class Limits:
     connect_rate: float = 50.0  # new connections per second from one source
     connect_burst: float = 400.0  # every agent of a host-network node reconnecting to a new leader
     max_per_identity: int = 2
+    # TLS handshakes of every source together: each costs the loop 0.8-0.95 ms with its
+    # connection (OpenSSL's part 0.43 ms; docs/architecture.md), so 500/s is at most about
+    # half a core; the burst lets 2000 agents reconnect to a new leader at once
+    handshake_rate: float = 500.0
+    handshake_burst: float = 2000.0
 
     @staticmethod
     def parse(text: str) -> Limits:
@@ -231,3 +242,77 @@ class Admission:
                 break
             if s.open == 0:
                 del self._sources[source]
+
+
+@dataclass
+class HandshakeGate:
+    """TLS handshakes of every source together, at most ``rate`` a second after a ``burst``:
+    :meth:`ask` says whether a connection's handshake may start now, else it waits;
+    :meth:`grant` gives the waiting their turn as the budget refills, one per source in turn
+    (round robin), so a source with one connection waits behind each other source's one, not
+    behind all of theirs. No I/O; the clock is passed in.
+
+    Memory: a waiting connection is one deque entry; how many can wait is bounded by the
+    unauthenticated limits (:class:`Admission`)."""
+
+    rate: float
+    burst: float
+    tokens: float = -1.0  # (-1: full, set at the first call)
+    refilled: float = 0.0
+    # source -> its waiting connections, oldest first; sources in the order they are served
+    _waiting: OrderedDict[str, deque[Hashable]] = field(default_factory=OrderedDict)
+    _source_of: dict[Hashable, str] = field(default_factory=dict)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._source_of)
+
+    def ask(self, source: str, connection: Hashable, now: float) -> bool:
+        """Whether ``connection``'s handshake may start now; if not, it waits its turn."""
+        self._refill(now)
+        if not self._waiting and self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        queue = self._waiting.get(source)
+        if queue is None:
+            queue = self._waiting[source] = deque()
+        queue.append(connection)
+        self._source_of[connection] = source
+        return False
+
+    def cancel(self, connection: Hashable) -> None:
+        """``connection`` closed while it waited (or did not wait)."""
+        source = self._source_of.pop(connection, None)
+        if source is None:
+            return
+        queue = self._waiting[source]
+        queue.remove(connection)  # (at most a source's unauthenticated limit long)
+        if not queue:
+            del self._waiting[source]
+
+    def grant(self, now: float) -> list[Hashable]:
+        """The waiting connections whose handshake may start now, one per source in turn."""
+        self._refill(now)
+        granted: list[Hashable] = []
+        while self._waiting and self.tokens >= 1:
+            source, queue = next(iter(self._waiting.items()))
+            connection = queue.popleft()
+            del self._source_of[connection]
+            if queue:
+                self._waiting.move_to_end(source)  # its next one after every other source's
+            else:
+                del self._waiting[source]
+            self.tokens -= 1
+            granted.append(connection)
+        return granted
+
+    def next_grant_s(self) -> float:
+        """Seconds until the budget has room for one more (0: now)."""
+        return max(0.0, (1 - self.tokens) / self.rate)
+
+    def _refill(self, now: float) -> None:
+        if self.tokens < 0:
+            self.tokens, self.refilled = self.burst, now
+            return
+        self.tokens = min(self.burst, self.tokens + (now - self.refilled) * self.rate)
+        self.refilled = now

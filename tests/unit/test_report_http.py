@@ -759,3 +759,47 @@ async def test_over_tls_a_report_sent_together_with_close_notify_is_served_and_a
     assert [r.body for r in seen] == [b"bye"]
     await connections(http, 0)
     c.writer.close()
+
+
+async def test_over_the_handshake_rate_a_connection_waits_its_turn_unread() -> None:
+    """One handshake's budget: a second connection's handshake does not start (its bytes are
+    not read) until the gate grants its turn; then it is served like any other."""
+    limits = Limits(handshake_rate=1, handshake_burst=1)
+    async with serving(report_server.serving_context()[0], limits) as s:
+        reader, writer = await asyncio.open_connection("127.0.0.1", s.port, ssl=client_tls())
+        second = asyncio.create_task(
+            asyncio.open_connection("127.0.0.1", s.port, ssl=client_tls())
+        )
+        await connections(s.http, 2)
+        await asyncio.sleep(0.3)
+        assert not second.done(), "its handshake waits"
+        assert s.http.gate.waiting == 1
+        assert s.http.grant_handshakes() == 0, "no budget yet (the test's clock stands still)"
+        s.clock.t += 1
+        assert s.http.grant_handshakes() == 1
+        reader2, writer2 = await asyncio.wait_for(second, 5)
+        writer2.write(post(b"late"))
+        assert await read_answer(reader2) == (200, {"got": "late"}, False)
+        writer.close()
+        writer2.close()
+
+
+async def test_a_connection_whose_handshake_waits_still_goes_at_its_preauth_deadline() -> None:
+    """Unread, a waiting connection's close is not seen: the PREAUTH_S sweep bounds it (and
+    takes it out of the gate's queue)."""
+    limits = Limits(handshake_rate=1, handshake_burst=1)
+    async with serving(report_server.serving_context()[0], limits) as s:
+        reader, first = await asyncio.open_connection("127.0.0.1", s.port, ssl=client_tls())
+        first.write(post(b"agent"))
+        assert (await read_answer(reader))[0] == 200, "authenticated: not swept"
+        _, waiting = await asyncio.open_connection("127.0.0.1", s.port)  # plain: never shakes
+        await connections(s.http, 2)
+        assert s.http.gate.waiting == 1
+        waiting.transport.abort()
+        s.clock.t += report_http.PREAUTH_S + 0.1
+        assert s.http.sweep_unauthenticated() == 1
+        await connections(s.http, 1)
+        assert s.http.gate.waiting == 0
+        assert s.http.admission.open == 1
+        assert s.dropped == [PREAUTH_TIMEOUT]
+        first.close()

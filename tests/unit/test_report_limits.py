@@ -1,0 +1,96 @@
+"""The report channel's limits before authentication (runtime/report_limits.py), pure: the
+TLS handshake gate's rate and its turns across sources, and the limits' parser. Served over
+loopback: tests/unit/test_report_http.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobset_inplace.runtime.report_limits import HandshakeGate, Limits
+
+
+def test_handshakes_start_at_once_within_the_burst_then_at_the_rate() -> None:
+    gate = HandshakeGate(rate=10, burst=3)
+    assert [gate.ask("a", n, 0.0) for n in range(5)] == [True, True, True, False, False]
+    assert gate.waiting == 2
+    assert gate.next_grant_s() == pytest.approx(0.1)
+    assert gate.grant(0.05) == [], "half a handshake's worth of budget"
+    assert gate.grant(0.1) == [3]
+    assert gate.grant(0.2) == [4]
+    assert gate.waiting == 0
+    assert gate.grant(10.0) == []
+    assert gate.ask("a", 5, 10.0), "the budget refilled (up to the burst)"
+
+
+def test_a_source_with_one_connection_waits_behind_each_other_sources_one_only() -> None:
+    """Forty connections of one source wait; an agent's one, come later, gets the second turn."""
+    gate = HandshakeGate(rate=1, burst=1)
+    assert gate.ask("attacker", "x0", 0.0)
+    for n in range(1, 40):
+        assert not gate.ask("attacker", f"x{n}", 0.0)
+    assert not gate.ask("agent", "agent", 0.5)
+    assert gate.grant(1.0) == ["x1"]
+    assert gate.grant(2.0) == ["agent"]
+    assert [gate.grant(t) for t in (3.0, 4.0)] == [["x2"], ["x3"]]
+
+
+def test_every_source_has_its_turn_in_order() -> None:
+    gate = HandshakeGate(rate=1, burst=1)
+    gate.ask("a", "a0", 0.0)
+    for who in ("a1", "a2", "b1", "c1", "b2"):
+        gate.ask(who[0], who, 0.0)
+    assert [gate.grant(t) for t in (1.0, 2.0, 3.0, 4.0, 5.0)] == [
+        ["a1"],
+        ["b1"],
+        ["c1"],
+        ["a2"],
+        ["b2"],
+    ]
+
+
+def test_the_budget_refills_to_the_burst_and_grants_that_many_at_once() -> None:
+    gate = HandshakeGate(rate=1, burst=3)
+    for n in range(8):
+        gate.ask("a", n, 0.0)
+    assert gate.grant(100.0) == [3, 4, 5]
+
+
+def test_a_connection_that_closes_while_it_waits_leaves_the_queue() -> None:
+    gate = HandshakeGate(rate=1, burst=1)
+    gate.ask("a", "a0", 0.0)
+    gate.ask("a", "a1", 0.0)
+    gate.ask("b", "b1", 0.0)
+    gate.cancel("a1")
+    gate.cancel("b1")
+    gate.cancel("a0")  # (it did not wait: nothing to do)
+    assert gate.waiting == 0
+    assert gate.grant(9.0) == []
+
+
+def test_limits_are_parsed_from_key_value_pairs_with_defaults_for_the_rest() -> None:
+    limits = Limits.parse("handshake_rate=200, max_per_identity=3")
+    assert (limits.handshake_rate, limits.max_per_identity) == (200.0, 3)
+    assert limits.max_connections == Limits().max_connections
+    assert Limits.parse("") == Limits()
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("handshake_rat=1", "expected KEY=VALUE with KEY one of max_connections"),
+        ("max_connections", "expected KEY=VALUE"),
+        ("max_connections=1.5", "max_connections: '1.5' is not a whole number"),
+        ("handshake_rate=fast", "handshake_rate: 'fast' is not a number"),
+        ("handshake_burst=0", "handshake_burst: must be above 0"),
+    ],
+)
+def test_bad_limits_name_the_key_and_the_accepted_form(text: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        Limits.parse(text)
+
+
+def test_the_connection_limits_stay_below_the_open_files_limit() -> None:
+    limits = Limits.for_open_files(1536)
+    assert limits.max_connections == 1024
+    assert limits.max_unauthenticated == 1024
+    assert limits.handshake_rate == Limits().handshake_rate
