@@ -10,6 +10,7 @@ import hashlib
 import http.client
 import json
 import random
+import socket
 import ssl
 import time
 from pathlib import Path
@@ -21,6 +22,9 @@ from .logic import Endpoint
 __all__ = ["ChannelError", "ReportChannel"]
 
 TIMEOUT_S = 2.0  # a leader that does not answer this fast is not worth waiting for
+# A leader that does not take the TCP connection this fast is not there (a black-holed address:
+# a pod network's connect takes milliseconds); the report goes on the pod at once instead.
+CONNECT_S = 1.0
 # A new connection the leader drops before TLS (its connection limits: many agents at once, a
 # new leader) is tried again once after a random pause in this range, not given up at once.
 REFUSED_RETRY_S = (0.1, 1.0)
@@ -98,6 +102,7 @@ class ReportChannel:
         conn = http.client.HTTPSConnection(
             parts.hostname, parts.port or 443, timeout=TIMEOUT_S, context=self._ssl
         )
+        conn._create_connection = _connect  # type: ignore[attr-defined]  # (http.client's hook)
         conn.connect()
         assert conn.sock is not None
         der = conn.sock.getpeercert(binary_form=True) or b""
@@ -113,6 +118,15 @@ class ReportChannel:
         if self._conn is not None:
             self._conn.close()
         self._conn, self._endpoint = None, None
+
+
+def _connect(
+    address: tuple[str, int], timeout: float, source: tuple[str, int] | None = None
+) -> socket.socket:
+    """The TCP connection within CONNECT_S; then ``timeout`` for TLS and the answer."""
+    sock = socket.create_connection(address, CONNECT_S, source)
+    sock.settimeout(timeout)
+    return sock
 
 
 def _dropped(e: BaseException) -> bool:

@@ -60,9 +60,10 @@ STOP_SLACK_S = 5.0
 # (the kubelet's own signals then reach the controller): a gang never waits unseen.
 EXIT_REPORT_DEADLINE_S = 10.0
 PROGRESS_READ_SECONDS = 1.0  # how often the monitor reads the progress records
-# After the report channel failed, reports go on the pod for this long (or until the status
-# names another leader's channel).
-CHANNEL_RETRY_S = 60.0
+# After the report channel failed, reports go on the pod for this long (jittered; doubling with
+# each failure in a row, from 1 s to 60 s), or until the status names another leader's channel:
+# a channel refused once is tried again soon, one that stays down costs a timeout a minute.
+CHANNEL_RETRY = Backoff(1.0, 60.0)
 # A failed action (a report, an open) or GangState read is tried again after this (jittered).
 ACTION_RETRY = Backoff(0.2, 10.0)
 
@@ -122,6 +123,7 @@ class Reporter:
         self.sent_to: Endpoint | None = None  # the channel the record reached (None: the pod)
         self.endpoint: Endpoint | None = None  # the newest status's channel
         self.failed: tuple[Endpoint, float] | None = None  # a channel that failed, and until when
+        self.channel_retries = Retries(CHANNEL_RETRY, jitter=True)  # its failures in a row
         self.on_pod = False  # the last report written on the pod is still there
 
     def channel_for(self) -> ReportChannel | None:
@@ -168,6 +170,8 @@ class Reporter:
         kube: KubeApi,
     ) -> str:
         endpoint, failed = self.endpoint, self.failed
+        if failed is not None and failed[0] != endpoint:
+            self.channel_retries.succeeded()  # a new leader: its channel starts afresh
         if failed is not None and (failed[0] != endpoint or time.monotonic() > failed[1]):
             failed = self.failed = None
         if channel is not None and endpoint is not None and failed is None:
@@ -175,14 +179,16 @@ class Reporter:
                 channel.send(endpoint, record)
             except ChannelError as e:
                 # a channel that does not answer would cost every report its timeout
-                self.failed = (endpoint, time.monotonic() + CHANNEL_RETRY_S)
+                pause = self.channel_retries.failed()
+                self.failed = (endpoint, time.monotonic() + pause)
                 self.log.repeat(
                     "channel",
                     "WARN",
                     f"report channel: {e}; writing reports on the pod (trying the channel "
-                    f"again in {CHANNEL_RETRY_S:g} s or with a new leader)",
+                    f"again in {pause:.1f} s or with a new leader)",
                 )
             else:
+                self.channel_retries.succeeded()
                 self.log.clear("channel")
                 self.record, self.sent_to = record, endpoint
                 self._clear_pod(kube)

@@ -121,3 +121,31 @@ def test_a_connection_dropped_twice_gives_up_on_the_channel(
     assert leader.dropped == [OVER_UNAUTHENTICATED] * 2
     assert leader.seen == []
     holder.close()
+
+
+def test_a_leader_that_does_not_take_the_connection_is_given_up_after_the_connect_timeout(
+    agent: ReportChannel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A black-holed address: a listener whose accept queue is full drops every SYN (the
+    kernel neither accepts nor refuses). The agent gives up after CONNECT_S, not TIMEOUT_S,
+    and does not retry: its report goes on the pod at once."""
+    monkeypatch.setattr(channel, "CONNECT_S", 0.3)
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(0)
+    queued = []
+    for _ in range(4):  # fill the accept queue (backlog 0 holds one): later SYNs are dropped
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(hole.getsockname())
+        queued.append(s)
+    time.sleep(0.1)
+    port = hole.getsockname()[1]
+    endpoint = Endpoint(f"https://127.0.0.1:{port}/v1/reports", "0" * 64, "gone")
+    began = time.monotonic()
+    with pytest.raises(ChannelError, match="timed out"):
+        agent.send(endpoint, REPORT)
+    took = time.monotonic() - began
+    assert took < channel.TIMEOUT_S - 0.5, f"{took:.2f} s: the connect timeout did not apply"
+    for s in (*queued, hole):
+        s.close()

@@ -18,7 +18,7 @@ from jobset_inplace.agent.channel import ChannelError
 from jobset_inplace.agent.config import Config
 from jobset_inplace.agent.log import Log
 from jobset_inplace.agent.logic import Endpoint
-from jobset_inplace.agent.runner import CHANNEL_RETRY_S, Reporter
+from jobset_inplace.agent.runner import CHANNEL_RETRY, Reporter
 
 POD = "/api/v1/namespaces/ns/pods/p-0"
 LEADER_1 = Endpoint("https://10.0.0.9:9444/v1/reports", "a" * 64, "one")
@@ -30,8 +30,10 @@ class Channel:
     def __init__(self) -> None:
         self.sent: list[tuple[str, dict[str, str]]] = []
         self.down = False
+        self.attempts = 0
 
     def send(self, endpoint: Endpoint, report: dict[str, str]) -> None:
+        self.attempts += 1
         if self.down:
             raise ChannelError(f"{endpoint.url}: TimeoutError: timed out")
         self.sent.append((endpoint.leader, dict(report)))
@@ -118,13 +120,48 @@ def test_a_failed_channel_is_left_alone_for_a_while(tmp_path: Path, clock: list[
     assert "writing reports on the pod" in out.getvalue()
     ch.down = False
     assert report(r, ch, api, {names.REPORT_EXITED: "3"}, fresh=False) == "pod", "not retried yet"
-    clock[0] += CHANNEL_RETRY_S + 1
+    clock[0] += CHANNEL_RETRY.delay(1) + 0.01
     assert report(r, ch, api, EPOCH_3) == "channel"
     ch.down = True
     assert report(r, ch, api, EPOCH_3) == "pod"
     r.endpoint = LEADER_2  # a new leader: its channel is tried at once
     ch.down = False
     assert report(r, ch, api, EPOCH_3) == "channel"
+
+
+def tried_after(r: Reporter, ch: Channel, api: Api, clock: list[float]) -> float:
+    """Seconds until the failed channel is tried again (to 0.05 s), each report on the pod
+    until then."""
+    attempts, waited = ch.attempts, 0.0
+    while True:
+        where = report(r, ch, api, EPOCH_3)
+        if ch.attempts > attempts:
+            return waited
+        assert where == "pod"
+        clock[0] += 0.05
+        waited += 0.05
+
+
+def test_a_channel_refused_once_is_tried_again_within_a_second_then_less_often(
+    tmp_path: Path, clock: list[float]
+) -> None:
+    """A transient refusal (a new leader's burst) costs about a second of reports on the pod,
+    not a minute; a channel that stays down is tried less often, at most once a minute."""
+    r, ch, api, _ = reporter(tmp_path)
+    r.endpoint = LEADER_1
+    ch.down = True
+    assert report(r, ch, api, EPOCH_3) == "pod"
+    waits = [tried_after(r, ch, api, clock) for _ in range(8)]
+    for n, wait in enumerate(waits, start=1):  # jittered: half the rule's delay to all of it
+        assert CHANNEL_RETRY.delay(n) / 2 - 0.05 <= wait <= CHANNEL_RETRY.delay(n) + 0.05, waits
+    assert waits[0] <= 1.05
+    assert max(waits) <= 60.05
+    ch.down = False
+    assert tried_after(r, ch, api, clock) <= 60.05
+    ch.down = True
+    assert report(r, ch, api, EPOCH_3) == "pod"
+    ch.down = False
+    assert tried_after(r, ch, api, clock) <= 1.05, "a success starts the backoff afresh"
 
 
 def test_a_new_leader_gets_the_record_again(tmp_path: Path, clock: list[float]) -> None:
