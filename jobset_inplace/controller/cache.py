@@ -133,6 +133,9 @@ class Gang:
     # keys of once-only Events posted (insertion-ordered; the oldest go beyond POSTED_MAX)
     posted: dict[str, None] = field(default_factory=dict)
     status_written_at: float = 0.0  # wall time of this process's last status write
+    # wall time of this process's first status write that named its report channel (0: none
+    # yet): the agents can have sent their reports again only after it (Snapshot.reports_since)
+    endpoint_named_at: float = 0.0
     # members whose channel report is behind `behind_epoch` (completes_epoch's hint)
     behind: set[str] = field(default_factory=set)
     behind_epoch: int | None = None
@@ -180,7 +183,7 @@ class ClusterCache:
     orphans: dict[GangKey, dict[str, PodView]] = field(default_factory=dict)
     # this leader's report channel, advertised in every gang's status (None: not served)
     report_endpoint: ReportEndpoint | None = None
-    # when this process started leading (Snapshot.reports_since)
+    # when this process started leading (the earliest Snapshot.reports_since)
     reports_since: float = 0.0
     # Membership by ownership (is_member): Job UID -> its controlling JobSet's UID; pod UID ->
     # its controlling Job's UID; how many cached pods name each Job (a deleted Job is kept
@@ -460,6 +463,18 @@ class ClusterCache:
     def gangs_on_node(self, node: str) -> list[GangKey]:
         return [k for k, g in self.gangs.items() if any(p.node == node for p in g.pods.values())]
 
+    def reports_heard_since(self, gang: Gang, now: float) -> float:
+        """Since when this leader can have heard every report of ``gang``'s agents: from when
+        its status first named this leader's channel (or none, where it serves none), not from
+        the leader's start: reports sent to the leader before went over its channel only, and
+        agents send them again once they read the new endpoint. Not named yet: ``now`` (the
+        wait has not begun)."""
+        if gang.endpoint_named_at:
+            return max(self.reports_since, gang.endpoint_named_at)
+        if gang.status is not None and gang.status.report_endpoint == self.report_endpoint:
+            return self.reports_since  # named before this process wrote anything
+        return max(self.reports_since, now)
+
     def snapshot(self, gang: Gang, now: float) -> Snapshot | None:
         if gang.policy is None or gang.status is None:
             return None
@@ -489,6 +504,6 @@ class ClusterCache:
             leases_observed_since=self.leases_observed_since,
             cluster_nodes=self.nodes,
             report_endpoint=self.report_endpoint,
-            reports_since=self.reports_since,
+            reports_since=self.reports_heard_since(gang, now),
             devices_leaving=self.devices_leaving(members),
         )

@@ -220,6 +220,11 @@ class Reconciler:
         gang.announced_epoch = max(gang.announced_epoch, result.status.epoch)
         await asyncio.to_thread(self.executor.write_status, *gang.key, result.status)
         gang.status, gang.status_written_at = result.status, self.clock.wall()
+        if (
+            not gang.endpoint_named_at
+            and result.status.report_endpoint == self.cache.report_endpoint
+        ):
+            gang.endpoint_named_at = gang.status_written_at
 
     async def _write_members(self, gang: Gang, snap: Snapshot) -> None:
         """What each member reported, for people (:mod:`jobset_inplace.core.gangmembers`):

@@ -305,9 +305,10 @@ class Snapshot:
     cluster_nodes: Mapping[str, NodeView] = field(default_factory=dict)
     # this leader's report channel (None: not served; agents report on their pods)
     report_endpoint: ReportEndpoint | None = None
-    # Since when this controller can have heard every agent's report: its start as leader.
-    # Reports sent over the channel to a leader before it were in that one's memory only;
-    # agents send them again once the status names this leader's channel.
+    # Since when this controller can have heard every agent's report of the gang: from its
+    # first status write naming this leader's channel (or its start, if the status named it
+    # already; the snapshot's time until it is written). Reports sent over the channel to a
+    # leader before were in that one's memory only; agents send them again once they read it.
     reports_since: float = 0.0
     # pod UID -> why it should move: a DRA device its own claims hold is tainted NoSchedule
     # (core.device_taints)

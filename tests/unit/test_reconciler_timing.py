@@ -20,13 +20,18 @@ from jobset_inplace.controller.reconciler import PASS_RETRY, PASS_SPACING, Recon
 from jobset_inplace.core.gangmembers import MemberRow
 from jobset_inplace.core.model import (
     Action,
+    Cause,
     Event,
     GangStatus,
     NodeView,
+    Recovery,
     ReplacePod,
+    ReportEndpoint,
     UntaintNode,
 )
+from jobset_inplace.core.planner import REPORT_AGAIN_S
 from jobset_inplace.core.policy import Policy
+from jobset_inplace.core.statemachine import Phase
 from jobset_inplace.names import UNHEALTHY_TAINT
 
 from .clocks import ManualClock
@@ -271,9 +276,9 @@ class RecordingExecutor:
 
 
 def gang(
-    executor: RecordingExecutor, **pod_changes: Any
+    executor: RecordingExecutor, clock: ManualClock | None = None, **pod_changes: Any
 ) -> tuple[Reconciler, ManualClock, ClusterCache]:
-    clock = ManualClock()
+    clock = clock or ManualClock()
     cache = ClusterCache()
     cache.upsert_jobset(jobset(), Policy(), "")
     cache.upsert_job(JobEntry(JOB, "js-uid"))
@@ -417,3 +422,32 @@ async def test_a_failed_member_rows_write_fails_nothing_and_waits_for_a_change()
     clock.advance(60)
     await r.reconcile(KEY)
     assert len(ex.members) == 1, "not tried again until a row changes"
+
+
+async def test_a_new_leaders_wait_for_reports_counts_from_when_its_channel_is_named() -> None:
+    """A leader that started long ago (its cache primed a minute before) meets a recovery past
+    its barrier deadline whose status still names the previous leader's channel: the agents
+    can send their reports again only once this leader's status names its own. Nobody is
+    replaced until REPORT_AGAIN_S after that write, whenever the leader started."""
+    old = ReportEndpoint("https://10.0.0.1:9444/v1/reports", "a" * 64, "leader-1")
+    new = ReportEndpoint("https://10.0.0.2:9444/v1/reports", "b" * 64, "leader-2")
+    clock = ManualClock()
+    now = clock.wall()
+    recovery = Recovery(
+        epoch=3, started=now - 100, deadline=now - 10, causes={member(0): Cause.TRAINER_EXITED}
+    )
+    status = GangStatus(epoch=3, phase=Phase.RECOVERING, recovery=recovery, report_endpoint=old)
+    ex = RecordingExecutor(status)
+    r, clock, cache = gang(ex, clock=clock)  # every member reported epoch 2 only
+    cache.report_endpoint, cache.reports_since = new, now - 60
+    await r.reconcile(KEY)
+    assert ex.calls[:2] == ["load", "write epoch 3 Recovering"], "its channel named"
+    assert not [a for a in ex.actions if isinstance(a, ReplacePod)]
+    clock.advance(REPORT_AGAIN_S - 1)
+    await r.reconcile(KEY)
+    assert not [a for a in ex.actions if isinstance(a, ReplacePod)], "still within the wait"
+    clock.advance(2)
+    for i in range(2):  # the nodes still renew their Leases
+        cache.set_lease(f"n{i}", clock.wall() - 1)
+    await r.reconcile(KEY)
+    assert len([a for a in ex.actions if isinstance(a, ReplacePod)]) == 2, "then it acts"
