@@ -766,7 +766,7 @@ async def test_over_the_handshake_rate_a_connection_waits_its_turn_unread() -> N
     not read) until the gate grants its turn; then it is served like any other."""
     limits = Limits(handshake_rate=1, handshake_burst=1)
     async with serving(report_server.serving_context()[0], limits) as s:
-        reader, writer = await asyncio.open_connection("127.0.0.1", s.port, ssl=client_tls())
+        _, writer = await asyncio.open_connection("127.0.0.1", s.port, ssl=client_tls())
         second = asyncio.create_task(asyncio.open_connection("127.0.0.1", s.port, ssl=client_tls()))
         await connections(s.http, 2)
         await asyncio.sleep(0.3)
