@@ -169,10 +169,30 @@ def test_a_digest_pins_each_image(helm: Helm) -> None:
     assert env["JSI_AGENT_IMAGE"] == f"registry.example/jsi/agent:{__version__}@{agent}"
 
 
+def test_the_report_channel_can_be_narrowed_to_labelled_namespaces(helm: Helm) -> None:
+    """Anyone who can create a pod can label it as an agent; namespace labels are usually the
+    platform's: the policy then admits agent-labelled pods of those namespaces only."""
+    chosen = {"matchLabels": {"jobset-inplace.dev/training": "true"}}
+    values = {"networkPolicy": {"agentNamespaceSelector": chosen}}
+    (policy,) = [o for o in helm.template(values) if o["kind"] == "NetworkPolicy"]
+    reports, others = policy["spec"]["ingress"]
+    assert reports["from"] == [
+        {"namespaceSelector": chosen, "podSelector": {"matchLabels": AGENT_LABEL}}
+    ]
+    assert (
+        others
+        == next(o for o in helm.template() if o["kind"] == "NetworkPolicy")["spec"]["ingress"][1]
+    ), "the webhook and metrics ports as by default"
+
+
+AGENT_LABEL = {"jobset-inplace.dev/agent": "true"}
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
         ({"webhook": {"certificate": "vault"}}, "webhook.certificate"),
+        ({"networkPolicy": {"agentNamespaceSelector": {"matchLabel": {}}}}, "matchLabel"),
         ({"image": {"digest": "sha256:abc"}}, "digest"),
         ({"agentImage": {"digest": "latest"}}, "digest"),
         ({"replicas": 2, "leaderElection": {"enabled": False}}, "leaderElection.enabled"),
