@@ -44,7 +44,7 @@ from jobset_inplace.controller.report_server import ReportServer
 from jobset_inplace.core.model import GangStatus
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.runtime.report_limits import REFUSALS, Limits
-from jobset_inplace.runtime.report_tokens import Identity
+from jobset_inplace.runtime.report_tokens import Identity, TokenVerifier
 
 NAMESPACE, GANG, POD, UID = "bench", "train", "train-workers-0-0-abcde", "uid-member-0"
 REPORT = json.dumps(
@@ -75,29 +75,48 @@ class TrustingVerifier:
         return Identity(NAMESPACE, POD, UID, until=time.time() + 3600)
 
 
-def _cache() -> ClusterCache:
+def member_pod(index: int) -> tuple[str, str]:
+    """(name, uid) of the gang's member ``index``'s pod (0: the bench's agent)."""
+    return (POD, UID) if index == 0 else (f"train-workers-{index}-0-abcde", f"uid-member-{index}")
+
+
+def report_body(index: int) -> bytes:
+    """Member ``index``'s report of epoch 2 (the gang's epoch), as its agent sends it."""
+    pod, uid = member_pod(index)
+    doc = json.loads(REPORT)
+    return json.dumps(doc | {"pod": pod, "uid": uid}).encode()
+
+
+def _cache(members: int = 1, addresses: dict[int, str] | None = None) -> ClusterCache:
+    """A gang of ``members``, epoch 2; ``addresses``: member index -> its pod's address."""
     cache = ClusterCache()
     jobset = {
         "metadata": {"name": GANG, "namespace": NAMESPACE, "uid": "js"},
-        "spec": {"replicatedJobs": [{"name": "workers", "replicas": 1, "template": {"spec": {}}}]},
+        "spec": {
+            "replicatedJobs": [{"name": "workers", "replicas": members, "template": {"spec": {}}}]
+        },
     }
     cache.upsert_jobset(jobset, Policy(), "")
-    cache.upsert_job(JobEntry("job-0", "js"))
-    labels = {
-        names.JOBSET_NAME_LABEL: GANG,
-        names.REPLICATED_JOB_LABEL: "workers",
-        names.JOB_INDEX_LABEL: "0",
-        names.COMPLETION_INDEX_LABEL: "0",
-    }
-    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "job-0"}
-    meta = {
-        "name": POD,
-        "namespace": NAMESPACE,
-        "uid": UID,
-        "labels": labels,
-        "ownerReferences": [owner | {"controller": True}],
-    }
-    cache.upsert_pod(pod_entry({"metadata": meta, "spec": {}, "status": {"phase": "Running"}}))
+    for index in range(members):
+        cache.upsert_job(JobEntry(f"job-{index}", "js"))
+        labels = {
+            names.JOBSET_NAME_LABEL: GANG,
+            names.REPLICATED_JOB_LABEL: "workers",
+            names.JOB_INDEX_LABEL: str(index),
+            names.COMPLETION_INDEX_LABEL: "0",
+        }
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": f"job-{index}"}
+        name, uid = member_pod(index)
+        meta = {
+            "name": name,
+            "namespace": NAMESPACE,
+            "uid": uid,
+            "labels": labels,
+            "ownerReferences": [owner | {"controller": True}],
+        }
+        status = {"phase": "Running", "podIP": (addresses or {}).get(index, "")}
+        pod = {"metadata": meta, "spec": {}, "status": status}
+        cache.upsert_pod(pod_entry(pod))
     cache.gangs[NAMESPACE, GANG].status = GangStatus(epoch=2)  # the epoch the agent reports
     return cache
 
@@ -107,14 +126,22 @@ def _refused() -> dict[str, float]:
     return {reason: counter.labels(reason)._value.get() for reason in REFUSALS}
 
 
-async def _serve() -> None:
+async def _serve(
+    verifier: TokenVerifier | None = None,
+    members: int = 1,
+    addresses: dict[int, str] | None = None,
+    limits: Limits | None = None,
+) -> None:
+    """The server process: answers each line on stdin with its state (``verifier``: the token
+    check, the bench's trusting one by default; ``members`` and their ``addresses``: the
+    gang's)."""
     server = ReportServer(
-        _cache(),
+        _cache(members, addresses),
         lambda key, urgent=False: None,
-        TrustingVerifier(),  # type: ignore[arg-type]
+        verifier or TrustingVerifier(),  # type: ignore[arg-type]
         ("127.0.0.1", 0),
         "127.0.0.1",
-        limits=Limits(),
+        limits=limits or Limits(),
     )
     endpoint = await server.start()
     assert server.http is not None
@@ -123,27 +150,52 @@ async def _serve() -> None:
     loop = asyncio.get_running_loop()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     pid = os.getpid()
+    lags: list[float] = []  # how late a 10 ms timer fired: what any callback waits for the loop
+    peaks = {"unauthenticated": 0, "per_identity": 0}  # sampled every 10 ms
+
+    async def lag() -> None:
+        while True:
+            began = loop.time()
+            await asyncio.sleep(0.01)
+            lags.append(loop.time() - began - 0.01)
+            admission = http.admission
+            peaks["unauthenticated"] = max(peaks["unauthenticated"], admission.unauthenticated)
+            peaks["per_identity"] = max(peaks["per_identity"], admission.most_per_identity())
+
+    lagging = asyncio.create_task(lag())
     print(json.dumps({"url": endpoint.url, "limits": str(http.admission.limits)}), flush=True)
     while await reader.readline():  # one line per question: the state now
+        seen, lags[:] = sorted(lags), []
         state = {
+            "peaks": dict(peaks),  # since the last question
+            "loop_lag_ms": {
+                "median": round(statistics.median(seen) * 1000, 2) if seen else None,
+                "p99": round(seen[int(len(seen) * 0.99)] * 1000, 2) if seen else None,
+            },
             "rss_mib": status_mib(pid),
             "peak_mib": status_mib(pid, "VmHWM"),
             "cpu_s": cpu_seconds(pid),
             "connections": len(http.connections),
             "unauthenticated": len(http.unauthenticated),
+            "handshakes_waiting": http.gate.waiting,
             "accepted": server.accepted,
             "refused": _refused(),
         }
         print(json.dumps(state), flush=True)
+        peaks.update(dict.fromkeys(peaks, 0))
+    lagging.cancel()
 
 
 class Server:
-    def __init__(self) -> None:
+    """The server process (``module``'s ``--serve``), asked for its state line by line."""
+
+    def __init__(self, module: str = "bench.channel_attack", env: dict[str, str] | None = None):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.channel_attack", "--serve"],
+            [sys.executable, "-m", module, "--serve"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env=None if env is None else os.environ | env,
         )
         assert self.proc.stdout is not None
         first = json.loads(self.proc.stdout.readline())

@@ -48,6 +48,7 @@ class PodEntry:
     key: GangKey | None  # (namespace, JobSet label); None: not a JobSet's pod
     view: PodView | None  # None: not a gang member
     job: str = ""  # UID of the Job controlling the pod ("": none); see ClusterCache.is_member
+    ip: str = ""  # status.podIP ("": none yet)
 
 
 def pod_entry(pod: Mapping[str, Any]) -> PodEntry:
@@ -55,7 +56,8 @@ def pod_entry(pod: Mapping[str, Any]) -> PodEntry:
     jobset = (meta.get("labels") or {}).get(names.JOBSET_NAME_LABEL)
     key = (meta["namespace"], jobset) if jobset else None
     job = controller_uid(meta, "Job", "batch")
-    return PodEntry(meta["uid"], key, pod_view(pod) if key else None, job)
+    ip = str((pod.get("status") or {}).get("podIP") or "")
+    return PodEntry(meta["uid"], key, pod_view(pod) if key else None, job, ip)
 
 
 @dataclass(frozen=True)
@@ -192,6 +194,10 @@ class ClusterCache:
     pod_jobs: dict[str, str] = field(default_factory=dict)
     job_pods: Counter[str] = field(default_factory=Counter)
     gone_jobs: set[str] = field(default_factory=set)
+    # The addresses of the cached gang pods (is_member_address): pod UID -> (address, its gang);
+    # address -> the pod UIDs at it (host-network pods share their node's)
+    pod_addresses: dict[str, tuple[str, GangKey]] = field(default_factory=dict)
+    address_pods: dict[str, set[str]] = field(default_factory=dict)
     # DRA, where served (core.device_taints): the devices allocated to the pods' own
     # ResourceClaims, by pod UID and claim; the tainted devices of each ResourceSlice that has
     # any; DeviceTaintRules
@@ -256,6 +262,29 @@ class ClusterCache:
             return self.jobs.pop(uid, None) is not None
         return False
 
+    def is_member_address(self, address: str) -> bool:
+        """Whether a current member pod of a cached gang has ``address`` (the report channel
+        does not hold their handshakes: report_limits.HandshakeGate). Safe while the
+        prime fills the cache on another thread (copies taken under the GIL)."""
+        for uid in tuple(self.address_pods.get(address, ())):
+            where = self.pod_addresses.get(uid)
+            gang = self.gangs.get(where[1]) if where is not None else None
+            if gang is not None and self.is_member(gang, uid):
+                return True
+        return False
+
+    def _at_address(self, pod_uid: str, where: tuple[str, GangKey] | None) -> None:
+        """Record (``where``: its address and gang) or drop (None) a cached pod's address."""
+        old = self.pod_addresses.pop(pod_uid, None)
+        if old is not None:
+            uids = self.address_pods[old[0]]
+            uids.discard(pod_uid)
+            if not uids:
+                del self.address_pods[old[0]]
+        if where is not None and where[0]:
+            self.pod_addresses[pod_uid] = where
+            self.address_pods.setdefault(where[0], set()).add(pod_uid)
+
     def _owned_by(self, pod_uid: str, job: str | None) -> None:
         """Record (``job``) or drop (None) the Job controlling a cached pod."""
         old = self.pod_jobs.pop(pod_uid, None)
@@ -271,6 +300,7 @@ class ClusterCache:
         if pod.key is None:
             return None
         self._owned_by(pod.uid, None if deleted or pod.view is None else pod.job)
+        self._at_address(pod.uid, None if deleted or pod.view is None else (pod.ip, pod.key))
         gang = self.gangs.get(pod.key)
         pods = gang.pods if gang is not None else self.orphans.setdefault(pod.key, {})
         if deleted or pod.view is None:
@@ -291,6 +321,7 @@ class ClusterCache:
             gang.pods, gang.on_pod = {}, {}
         self.orphans = {}
         self.pod_jobs, self.job_pods = {}, Counter()
+        self.pod_addresses, self.address_pods = {}, {}
         for pod in pods:
             self.upsert_pod(pod)
         for uid in list(self.gone_jobs):

@@ -217,6 +217,7 @@ class ReportServer:
             on_refused=self._refused,
             limits=limits,
             on_dropped=self._dropped,
+            member=self.cache.is_member_address,
         )
         sock = socket.create_server(self.listen, backlog=4096)
         port = sock.getsockname()[1]  # the one bound, when 0 was asked

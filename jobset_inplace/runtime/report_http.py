@@ -12,8 +12,9 @@ channel's port"):
 
 * a new connection is taken only within :class:`.report_limits.Admission`'s limits (total, per
   source, unauthenticated, a rate per source); refused ones are closed before any TLS; TLS
-  handshakes of all sources together are spaced by :class:`.report_limits.HandshakeGate` (a
-  connection waits its turn unread, sources served in turn);
+  handshakes of every source that is no member pod's address are spaced by
+  :class:`.report_limits.HandshakeGate` (a connection waits its turn unread, sources served in
+  turn);
 * a connection must finish its TLS handshake and have a report accepted within PREAUTH_S of
   connecting, whatever it sent meanwhile (a TLS record held short of its last byte included);
 * only a connection that has had a report accepted is kept while idle (IDLE_S), and a request
@@ -47,6 +48,7 @@ from typing import Any, NoReturn, cast
 import httptools
 
 from .report_limits import (
+    EARLY_DATA,
     FAIR_SHARE,
     OVER_IDENTITY,
     PREAUTH_TIMEOUT,
@@ -64,6 +66,7 @@ PREAUTH_S = 10.0  # a new connection: TLS handshake and a report accepted within
 SWEEP_S = 30.0  # how often idle and stalled authenticated connections are looked for
 PREAUTH_SWEEP_S = 1.0  # how often connections past PREAUTH_S are looked for
 TLS_READ = 64 * 1024  # plaintext taken from OpenSSL per read
+MAX_EARLY = 16 * 1024 + 5  # bytes kept of a connection whose handshake waits: one TLS record
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,14 +342,34 @@ class Connection(asyncio.Protocol):
             return
         self._tls_in, self._tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
         self._tls = server.tls.wrap_bio(self._tls_in, self._tls_out, server_side=True)
-        if not server.gate.ask(self.source, self, self.last_active):
+        member = server.member is not None and server.member(self.source)
+        if not member and not server.gate.ask(self.source, self, server.now()):
             self._gated = True  # nothing of it is read until its turn
             self._transport.pause_reading()
+            # (uvloop starts reading after connection_made returns, whatever it was told)
+            asyncio.get_running_loop().call_soon(self._read_on)
             server.handshakes_wait()
 
     def handshake_granted(self) -> None:
-        """Its turn for the TLS handshake: its bytes are read from now on."""
+        """Its turn for the TLS handshake: its bytes are read from now on (and those read
+        before it, handled now)."""
         self._gated = False
+        incoming = self._tls_in
+        if incoming is not None and incoming.pending and not self._closed:
+            self.data_received(b"")
+        self._read_on()
+
+    def _early(self, data: bytes) -> None:
+        """Bytes read while the handshake waits its turn: kept for it, up to one TLS
+        record's worth (a ClientHello is ~0.5 KiB); a peer that sends more before any answer
+        is no TLS client and is dropped."""
+        incoming = self._tls_in
+        assert incoming is not None
+        if incoming.pending + len(data) > MAX_EARLY:
+            self._server.admission.closed(self.source, self, authenticated=False)
+            self.drop(EARLY_DATA)
+            return
+        incoming.write(data)
         self._read_on()
 
     def drop(self, reason: str) -> None:
@@ -381,6 +404,9 @@ class Connection(asyncio.Protocol):
         self.last_active = self._server.now()
         if self.begun is None:
             self.begun = self.last_active  # any byte starts the clock, even a partial record
+        if self._gated:  # read before its turn (see connection_made): kept, not processed
+            self._early(data)
+            return
         if self._tls is not None:
             plain = self._decrypt(data)
             if plain is None:  # a TLS error: closed
@@ -577,6 +603,8 @@ class HttpServer:
     on_refused: Callable[[Refused], None] | None = None  # a request that was not a report
     limits: Limits | None = None  # None: the defaults
     on_dropped: Callable[[str], None] | None = None  # a connection refused or dropped: why
+    # whether a source address is a member pod's (its handshakes are not held by the gate)
+    member: Callable[[str], bool] | None = None
 
     def __post_init__(self) -> None:
         self.request_max = MAX_HEAD + self.max_body  # one request's worth of bytes

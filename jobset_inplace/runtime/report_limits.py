@@ -23,8 +23,9 @@ source address is taken, and counts what is open. Limits, all per leader process
 :class:`HandshakeGate` then spaces the TLS handshakes of every source together
 (``handshake_rate`` per second, ``handshake_burst`` at once): a connection over the rate waits
 (its bytes unread, at no cost but its socket) and the waiting are served one per source in
-turn, so dozens of addresses at their own rate cannot take a core of the loop, nor make an
-agent's single connection wait behind theirs.
+turn; connections from the address of a gang's member pod are not held by it (their number is
+the gangs' own, and a new leader's gang reconnects at once). So dozens of addresses at their
+own rate cannot take a core of the loop, nor make an agent's connection wait behind theirs.
 
 A connection that authenticates (a report accepted) stops counting as unauthenticated; it is
 then the only kind kept open while idle (report_http.py)."""
@@ -45,6 +46,7 @@ RATE_LIMITED = "rate_limited"
 PREAUTH_TIMEOUT = "preauth_timeout"  # handshake and first report not done within PREAUTH_S
 OVER_IDENTITY = "identity_limit"  # closed: its pod's token authenticated newer connections
 FAIR_SHARE = "fair_share"  # closed unauthenticated: room for a source that held fewer
+EARLY_DATA = "early_data"  # sent more than a TLS record while its handshake waited its turn
 REFUSALS = (
     OVER_TOTAL,
     OVER_SOURCE,
@@ -53,6 +55,7 @@ REFUSALS = (
     PREAUTH_TIMEOUT,
     OVER_IDENTITY,
     FAIR_SHARE,
+    EARLY_DATA,
 )
 
 # Open-files reserve kept for everything but the channel's connections.
@@ -69,11 +72,11 @@ class Limits:
     connect_rate: float = 50.0  # new connections per second from one source
     connect_burst: float = 400.0  # every agent of a host-network node reconnecting to a new leader
     max_per_identity: int = 2
-    # TLS handshakes of every source together: each costs the loop 0.8-0.95 ms with its
-    # connection (OpenSSL's part 0.43 ms; docs/architecture.md), so 500/s is at most about
-    # half a core; the burst lets 2000 agents reconnect to a new leader at once
-    handshake_rate: float = 500.0
-    handshake_burst: float = 2000.0
+    # TLS handshakes of the addresses that are no member pod's, together: each costs the loop
+    # 0.8-1.2 ms with its connection and request (OpenSSL's part 0.43 ms; docs/architecture.md),
+    # so 100/s is about a tenth of a core (member pods' connections are not held by it)
+    handshake_rate: float = 100.0
+    handshake_burst: float = 200.0
 
     @staticmethod
     def parse(text: str) -> Limits:
@@ -141,6 +144,10 @@ class Admission:
         if len(mine) > self.limits.max_per_identity:
             return mine.popitem(last=False)[0]
         return None
+
+    def most_per_identity(self) -> int:
+        """The most connections bound to one identity now (O(identities): for benchmarks)."""
+        return max(map(len, self._identities.values()), default=0)
 
     def unbind(self, identity: str, connection: Hashable) -> None:
         """A connection bound to ``identity`` closed."""
@@ -228,8 +235,9 @@ class Admission:
             self._forget_idle_sources()
         else:
             self._sources.move_to_end(source)
-            s.tokens = min(lim.connect_burst, s.tokens + (now - s.refilled) * lim.connect_rate)
-            s.refilled = now
+            if now > s.refilled:  # (a time before the last one credits nothing, twice)
+                s.tokens = min(lim.connect_burst, s.tokens + (now - s.refilled) * lim.connect_rate)
+                s.refilled = now
         return s
 
     def _forget_idle_sources(self) -> None:
@@ -246,22 +254,22 @@ class Admission:
 
 @dataclass
 class HandshakeGate:
-    """TLS handshakes of every source together, at most ``rate`` a second after a ``burst``:
-    :meth:`ask` says whether a connection's handshake may start now, else it waits;
-    :meth:`grant` gives the waiting their turn as the budget refills, one per source in turn
-    (round robin), so a source with one connection waits behind each other source's one, not
-    behind all of theirs. No I/O; the clock is passed in.
+    """TLS handshakes of the sources that are no member pod's, together, at most ``rate`` a
+    second after a ``burst``: :meth:`ask` says whether a connection's handshake may start
+    now, else it waits; :meth:`grant` gives the waiting their turn as the budget refills, one
+    per source in turn (round robin), so a source with one connection waits behind each other
+    source's one, not behind all of theirs. No I/O; the clock is passed in.
 
     Memory: a waiting connection is one deque entry; how many can wait is bounded by the
     unauthenticated limits (:class:`Admission`)."""
 
     rate: float
     burst: float
-    tokens: float = -1.0  # (-1: full, set at the first call)
+    tokens: float | None = None  # (None: full, from the first call on)
     refilled: float = 0.0
     # source -> its waiting connections, oldest first; sources in the order they are served
-    _waiting: OrderedDict[str, deque[Hashable]] = field(default_factory=OrderedDict)
-    _source_of: dict[Hashable, str] = field(default_factory=dict)
+    _queues: OrderedDict[str, deque[Hashable]] = field(default_factory=OrderedDict)
+    _source_of: dict[Hashable, str] = field(default_factory=dict)  # a waiting connection's
 
     @property
     def waiting(self) -> int:
@@ -269,13 +277,12 @@ class HandshakeGate:
 
     def ask(self, source: str, connection: Hashable, now: float) -> bool:
         """Whether ``connection``'s handshake may start now; if not, it waits its turn."""
-        self._refill(now)
-        if not self._waiting and self.tokens >= 1:
-            self.tokens -= 1
+        if not self._source_of and self._refill(now) >= 1:
+            self.tokens = self._refill(now) - 1
             return True
-        queue = self._waiting.get(source)
+        queue = self._queues.get(source)
         if queue is None:
-            queue = self._waiting[source] = deque()
+            queue = self._queues[source] = deque()
         queue.append(connection)
         self._source_of[connection] = source
         return False
@@ -285,34 +292,37 @@ class HandshakeGate:
         source = self._source_of.pop(connection, None)
         if source is None:
             return
-        queue = self._waiting[source]
+        queue = self._queues[source]
         queue.remove(connection)  # (at most a source's unauthenticated limit long)
         if not queue:
-            del self._waiting[source]
+            del self._queues[source]
 
     def grant(self, now: float) -> list[Hashable]:
         """The waiting connections whose handshake may start now, one per source in turn."""
-        self._refill(now)
+        tokens = self._refill(now)
         granted: list[Hashable] = []
-        while self._waiting and self.tokens >= 1:
-            source, queue = next(iter(self._waiting.items()))
+        while self._queues and tokens >= 1:
+            source, queue = next(iter(self._queues.items()))
             connection = queue.popleft()
             del self._source_of[connection]
             if queue:
-                self._waiting.move_to_end(source)  # its next one after every other source's
+                self._queues.move_to_end(source)  # its next one after every other source's
             else:
-                del self._waiting[source]
-            self.tokens -= 1
+                del self._queues[source]
+            tokens -= 1
             granted.append(connection)
+        self.tokens = tokens
         return granted
 
     def next_grant_s(self) -> float:
         """Seconds until the budget has room for one more (0: now)."""
-        return max(0.0, (1 - self.tokens) / self.rate)
+        return max(0.0, (1 - (self.burst if self.tokens is None else self.tokens)) / self.rate)
 
-    def _refill(self, now: float) -> None:
-        if self.tokens < 0:
+    def _refill(self, now: float) -> float:
+        """The budget at ``now`` (a time before the last one's adds nothing)."""
+        if self.tokens is None:
             self.tokens, self.refilled = self.burst, now
-            return
-        self.tokens = min(self.burst, self.tokens + (now - self.refilled) * self.rate)
-        self.refilled = now
+        elif now > self.refilled:
+            self.tokens = min(self.burst, self.tokens + (now - self.refilled) * self.rate)
+            self.refilled = now
+        return self.tokens

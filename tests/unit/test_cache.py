@@ -212,3 +212,33 @@ def test_job_entry_reads_the_controlling_jobset_only() -> None:
     assert job(owner("JobSet", "jobset.x-k8s.io/v1alpha2", "js", controller=False)).jobset == ""
     assert job(owner("JobSet", "evil.example/v1", "js")).jobset == "", "another API group"
     assert job().jobset == ""
+
+
+def test_the_addresses_of_member_pods_are_known_and_forgotten_with_them() -> None:
+    """Only a member's pod (owned through its Job) makes its address one to serve first; a pod
+    with a member's labels but no owner does not, nor one deleted, nor an address it left."""
+    c = cache_with_gang()
+    member = dataclasses.replace(pod("m0", index=0, job="job-0"), ip="10.0.0.5")
+    stray = dataclasses.replace(pod("s0", index=1, job=""), ip="10.0.0.6")
+    c.upsert_pod(member)
+    c.upsert_pod(stray)
+    assert c.is_member_address("10.0.0.5")
+    assert not c.is_member_address("10.0.0.6"), "labels alone make no member"
+    assert not c.is_member_address("10.0.0.7")
+    c.upsert_pod(dataclasses.replace(member, ip="10.0.0.8"))  # (a pod's IP never changes; a
+    assert not c.is_member_address("10.0.0.5")  # relisted entry may still differ)
+    assert c.is_member_address("10.0.0.8")
+    c.upsert_pod(member, deleted=True)
+    assert not c.is_member_address("10.0.0.8")
+    c.replace_pods([dataclasses.replace(member, ip="10.0.0.9")])
+    assert c.is_member_address("10.0.0.9")
+    assert c.address_pods == {"10.0.0.9": {"m0"}}
+
+
+def test_a_pods_address_is_read_from_its_status() -> None:
+    raw = {
+        "metadata": {"uid": "u", "namespace": "ns", "name": "p", "labels": {}},
+        "status": {"podIP": "10.1.2.3"},
+    }
+    assert pod_entry(raw).ip == "10.1.2.3"
+    assert pod_entry({**raw, "status": {}}).ip == ""

@@ -10,10 +10,11 @@ import contextlib
 import itertools
 import json
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, NamedTuple
 
 import pytest
+import uvloop
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -29,6 +30,7 @@ from jobset_inplace.runtime.report_http import (
     response,
 )
 from jobset_inplace.runtime.report_limits import (
+    EARLY_DATA,
     FAIR_SHARE,
     OVER_IDENTITY,
     OVER_UNAUTHENTICATED,
@@ -252,7 +254,9 @@ class Served(NamedTuple):
 
 @contextlib.asynccontextmanager
 async def serving(
-    tls: ssl.SSLContext | None, limits: Limits | None = None
+    tls: ssl.SSLContext | None,
+    limits: Limits | None = None,
+    member: Callable[[str], bool] | None = None,
 ) -> AsyncIterator[Served]:
     seen: list[Request] = []
     refusals: list[int] = []
@@ -279,6 +283,7 @@ async def serving(
         on_refused=lambda e: refusals.append(e.status),
         limits=limits,
         on_dropped=dropped.append,
+        member=member,
     )
     server = await asyncio.get_running_loop().create_server(http.connection, "127.0.0.1", 0)
     try:
@@ -761,9 +766,16 @@ async def test_over_tls_a_report_sent_together_with_close_notify_is_served_and_a
     c.writer.close()
 
 
-async def test_over_the_handshake_rate_a_connection_waits_its_turn_unread() -> None:
-    """One handshake's budget: a second connection's handshake does not start (its bytes are
-    not read) until the gate grants its turn; then it is served like any other."""
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_over_the_handshake_rate_a_connection_waits_its_turn(loop: str) -> None:
+    """One handshake's budget: a second connection's handshake does not start until the gate
+    grants its turn; then it is served like any other. On uvloop too (the controller's loop),
+    which reads a new connection once whatever connection_made asked."""
+    run = uvloop.run if loop == "uvloop" else asyncio.run
+    run(handshake_waits_its_turn())
+
+
+async def handshake_waits_its_turn() -> None:
     limits = Limits(handshake_rate=1, handshake_burst=1)
     async with serving(report_server.serving_context()[0], limits) as s:
         _, writer = await asyncio.open_connection("127.0.0.1", s.port, ssl=client_tls())
@@ -780,6 +792,30 @@ async def test_over_the_handshake_rate_a_connection_waits_its_turn_unread() -> N
         assert await read_answer(reader2) == (200, {"got": "late"}, False)
         writer.close()
         writer2.close()
+
+
+async def test_a_member_pods_handshakes_are_not_held_by_the_gate() -> None:
+    """The gate's budget spent by another address: a member pod's connections shake hands at
+    once, however many (a new leader's gang reconnecting)."""
+    limits = Limits(handshake_rate=1, handshake_burst=1)
+    member = "127.0.0.9"
+    async with serving(report_server.serving_context()[0], limits, member.__eq__) as s:
+        _, other = await asyncio.open_connection("127.0.0.1", s.port, ssl=client_tls())
+        agents = [
+            await asyncio.wait_for(
+                asyncio.open_connection(
+                    "127.0.0.1", s.port, ssl=client_tls(), local_addr=(member, 0)
+                ),
+                5,
+            )
+            for _ in range(5)
+        ]
+        assert s.http.gate.waiting == 0
+        for r, w in agents:
+            w.write(post(b"member"))
+            assert (await read_answer(r))[0] == 200
+            w.close()
+        other.close()
 
 
 async def test_a_connection_whose_handshake_waits_still_goes_at_its_preauth_deadline() -> None:
@@ -801,3 +837,25 @@ async def test_a_connection_whose_handshake_waits_still_goes_at_its_preauth_dead
         assert s.http.admission.open == 1
         assert s.dropped == [PREAUTH_TIMEOUT]
         first.close()
+
+
+async def test_bytes_read_before_a_connections_turn_are_kept_up_to_one_record() -> None:
+    """A read may come before its turn (uvloop reads a new connection once after
+    connection_made, whatever it asked): its bytes are kept for the handshake, one TLS record's
+    worth at most; more is no TLS client, and is dropped."""
+    limits = Limits(handshake_rate=1, handshake_burst=1)
+    async with serving(report_server.serving_context()[0], limits) as s:
+        _, first = await asyncio.open_connection("127.0.0.1", s.port, ssl=client_tls())
+        _, second = await asyncio.open_connection("127.0.0.1", s.port)
+        _, third = await asyncio.open_connection("127.0.0.1", s.port)
+        await connections(s.http, 3)
+        ok, flooding = [c for c in s.http.connections if not c.secure]
+        assert s.http.gate.waiting == 2
+        ok.data_received(b"\x16\x03\x01" * 100)  # as a read before its turn would
+        flooding.data_received(b"\x16" * (report_http.MAX_EARLY + 1))
+        await connections(s.http, 2)
+        assert s.dropped == [EARLY_DATA]
+        assert s.http.gate.waiting == 1
+        assert s.http.admission.open == 2
+        for w in (first, second, third):
+            w.close()

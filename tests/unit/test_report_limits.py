@@ -94,3 +94,17 @@ def test_the_connection_limits_stay_below_the_open_files_limit() -> None:
     assert limits.max_connections == 1024
     assert limits.max_unauthenticated == 1024
     assert limits.handshake_rate == Limits().handshake_rate
+
+
+def test_a_time_before_the_last_one_adds_nothing_to_the_budget() -> None:
+    """A connection's time may be older than the gate's last grant (its object was made an
+    iteration earlier): the budget neither shrinks nor is refilled for it."""
+    gate = HandshakeGate(rate=1, burst=10)
+    for n in range(10):
+        assert gate.ask("a", n, 5.0)
+    assert gate.grant(5.5) == []
+    assert not gate.ask("a", 10, 4.0), "no budget came back"
+    assert not gate.ask("a", 11, 5.2)
+    assert gate.grant(6.0) == [10]
+    assert gate.grant(6.9) == []
+    assert gate.grant(7.0) == [11]

@@ -1,0 +1,477 @@
+"""The report channel against many addresses and a stolen member token, without a cluster:
+``python -m bench.channel_attacks``.
+
+The leader's real :class:`~jobset_inplace.controller.report_server.ReportServer` runs in a
+process of its own (its default limits, TLS, llhttp, the sweeps) with the real
+:class:`~jobset_inplace.runtime.report_tokens.TokenVerifier`: tokens are RS256 JWTs signed by a
+key this bench makes for the run and checked offline as a cluster's would be (only where the
+keys are read from differs: this bench's JWKS instead of the apiserver's). The gang has two
+members. The agent of member 0 reports from one loopback address, each report on a new TLS
+connection (a new leader's case: no kept-alive connection, a handshake each time), while an
+attacker process, from ``--addresses`` other loopback addresses (40 by default), runs one
+attack after another:
+
+* ``garbage-tokens``: distinct ~15 KiB JWTs with the cluster's key id and a zero signature,
+  each on a new TLS connection, as fast as the limits let them in (refused tokens remembered);
+* ``plain-tcp``: every address holds as many plain TCP connections as it may, reconnecting as
+  they are dropped (the unauthenticated budget);
+* ``stolen-idle``: member 1's token (stolen): each connection sends one valid report, then
+  stays idle; more are opened all along (authenticated connections held);
+* ``stolen-pipelined``: member 1's token: 100 connections write hundreds of valid reports each,
+  pipelined, and never read an answer (back-pressure);
+* ``handshakes``: TLS handshakes as fast as each address's rate allows, each connection closed
+  after it (the loop's CPU).
+
+Before each attack the agent measures quiet, then during it (``--seconds``, past the 10 s
+pre-authentication deadline). Per attack: every answer the agent got, the ratio of its median
+latency to quiet's with a 95 % bootstrap interval, the server's RSS growth and peak, its CPU
+share (of one core) over the attack, and what it refused, by reason. The goals: every report
+answered 200, latency at most 2x quiet, RSS at most +100 MiB. The attacker and the agent share
+this machine's 2 cores with the server: the CPU figures are this machine's, the ratios are what
+matters."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import random
+import resource
+import ssl
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import uvloop
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+
+from bench import provenance
+from bench.channel_attack import NAMESPACE as NS
+from bench.channel_attack import Server, _serve, _tls, member_pod, report_body
+from bench.stats import ratio_of_medians
+from jobset_inplace import names
+from jobset_inplace.controller.report_server import LIMITS_ENV
+from jobset_inplace.runtime.report_limits import Limits
+from jobset_inplace.runtime.report_tokens import TokenVerifier
+
+ATTACKS = ("garbage-tokens", "plain-tcp", "stolen-idle", "stolen-pipelined", "handshakes")
+ISSUER = "https://bench.cluster.local"
+KID = "bench-key"
+KEY_ENV = "JSI_BENCH_JWKS"  # the server's keys, from this bench: {"config": ..., "jwks": ...}
+PRIVATE_ENV = "JSI_BENCH_KEY"  # the attacker process's key (PEM): it mints the stolen token
+AGENT_ENV = "JSI_BENCH_AGENT"  # the agent's address: member 0's pod's, in the server's cache
+GOAL_LATENCY_X = 2.0
+GOAL_RSS_MIB = 100.0
+QUIET_S = 4.0
+REPORT_EVERY_S = 0.1  # the agent's pause between two reports
+# Fresh loopback addresses each run (connections the server closed leave ports in TIME_WAIT).
+_NET = random.randrange(1, 255), random.randrange(0, 255)
+AGENT = f"127.{_NET[0]}.{_NET[1]}.2"
+
+
+def attacker_addresses(n: int) -> list[str]:
+    return [f"127.{_NET[0]}.{_NET[1]}.{10 + i}" for i in range(n)]
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+class BenchCluster:
+    """A service-account issuer of this run: its signing key, JWKS, and pod-bound tokens."""
+
+    def __init__(self, pem: bytes | None = None) -> None:
+        if pem is None:
+            self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        else:
+            key = serialization.load_pem_private_key(pem, None)
+            assert isinstance(key, rsa.RSAPrivateKey)
+            self.key = key
+        self.pem = self.key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+
+    def keys(self) -> str:
+        """What the server reads instead of the apiserver's discovery documents."""
+        n = self.key.public_key().public_numbers()
+        jwk = {"kty": "RSA", "kid": KID, "n": _b64(n.n.to_bytes(256, "big")), "e": _b64(b"\1\0\1")}
+        return json.dumps({"config": {"issuer": ISSUER}, "jwks": {"keys": [jwk]}})
+
+    def token(self, pod: str, uid: str, *, pad: str = "", sign: bool = True) -> str:
+        """A projected token of ``pod`` for the channel's audience (``sign``: by the cluster's
+        key; else a zero signature; ``pad``: an extra claim, to make it long and distinct)."""
+        now = int(time.time())
+        claims: dict[str, Any] = {
+            "iss": ISSUER,
+            "aud": [names.REPORT_TOKEN_AUDIENCE],
+            "exp": now + 3600,
+            "nbf": now - 10,
+            "iat": now - 10,
+            "sub": f"system:serviceaccount:{NS}:default",
+            "kubernetes.io": {"namespace": NS, "pod": {"name": pod, "uid": uid}},
+        }
+        if pad:
+            claims["pad"] = pad
+        header = _b64(json.dumps({"alg": "RS256", "kid": KID}).encode())
+        signed = f"{header}.{_b64(json.dumps(claims).encode())}"
+        if sign:
+            sig = self.key.sign(signed.encode(), padding.PKCS1v15(), hashes.SHA256())
+        else:
+            sig = bytes(256)
+        return f"{signed}.{_b64(sig)}"
+
+
+class BenchKeysVerifier(TokenVerifier):
+    """The product's verifier, its keys read from this bench instead of an apiserver."""
+
+    def __init__(self, keys: str) -> None:
+        super().__init__(None)  # no apiserver: _fetch is ours
+        doc = json.loads(keys)
+        self._bench_keys = doc["config"], doc["jwks"]
+
+    def _fetch(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self._bench_keys
+
+
+def request(token: str, body: bytes) -> bytes:
+    return (
+        f"POST {names.REPORT_PATH} HTTP/1.1\r\nHost: leader\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+# --- the agent ---------------------------------------------------------------------------
+
+
+async def agent_report(port: int, ctx: ssl.SSLContext, raw: bytes) -> tuple[float, str]:
+    """One report on a new TLS connection from the agent's address: (seconds, status line)."""
+    started = time.monotonic()
+    try:
+        r, w = await asyncio.wait_for(
+            asyncio.open_connection("127.0.0.1", port, ssl=ctx, local_addr=(AGENT, 0)), 10
+        )
+        w.write(raw)
+        head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 10)
+        w.close()
+        status = head.split(b"\r\n", 1)[0].decode()
+    except (OSError, TimeoutError, asyncio.IncompleteReadError, ssl.SSLError) as e:
+        status = f"failed: {type(e).__name__}"
+    return time.monotonic() - started, status
+
+
+async def agent_for(port: int, raw: bytes, seconds: float) -> tuple[list[float], dict[str, int]]:
+    """The agent's reports for ``seconds``: each one's latency, and the answers by status."""
+    ctx, times, answers = _tls(), [], {}  # type: ignore[var-annotated]
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        took, status = await agent_report(port, ctx, raw)
+        times.append(took)
+        answers[status] = answers.get(status, 0) + 1
+        await asyncio.sleep(REPORT_EVERY_S)
+    return times, answers
+
+
+# --- the attacker (a process of its own) ---------------------------------------------------
+
+
+class Attack:
+    """One attack from ``addresses`` on ``port`` until ``stop``; what it did, in ``seen``."""
+
+    def __init__(self, port: int, addresses: list[str], cluster: BenchCluster) -> None:
+        self.port, self.addresses, self.cluster = port, addresses, cluster
+        self.seen: dict[str, int] = {}
+        self.stop = asyncio.Event()
+        self.ctx = _tls()
+        self.stolen = request(cluster.token(*member_pod(1)), report_body(1))
+
+    def count(self, what: str) -> None:
+        self.seen[what] = self.seen.get(what, 0) + 1
+
+    async def connect(
+        self, address: str, tls: bool = True
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        try:
+            return await asyncio.wait_for(
+                asyncio.open_connection(
+                    "127.0.0.1", self.port, ssl=self.ctx if tls else None, local_addr=(address, 0)
+                ),
+                10,
+            )
+        except (OSError, TimeoutError, ssl.SSLError):
+            self.count("not_connected")
+            await asyncio.sleep(0.01)
+            return None
+
+    async def answer(self, r: asyncio.StreamReader) -> str:
+        try:
+            head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 10)
+            return head.split(b" ", 2)[1].decode()
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, ssl.SSLError):
+            return "no answer"
+
+    async def until_closed(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        """Hold a connection until the server drops it or the attack stops."""
+        read = asyncio.ensure_future(r.read())
+        stop = asyncio.ensure_future(self.stop.wait())
+        await asyncio.wait({read, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if read.done():
+            read.exception()  # (EOF or a reset: dropped either way)
+            self.count("dropped")
+        for task in (read, stop):
+            task.cancel()
+        w.transport.abort()
+
+    async def garbage_tokens(self, address: str, worker: int) -> None:
+        i = 0
+        while not self.stop.is_set():
+            i += 1
+            conn = await self.connect(address)
+            if conn is None:
+                continue
+            r, w = conn
+            pad = f"{address}/{worker}/{i}/" + "x" * 11000
+            garbage = self.cluster.token(*member_pod(1), pad=pad, sign=False)
+            w.write(request(garbage, report_body(1)))
+            self.count(await self.answer(r))
+            w.transport.abort()
+
+    async def plain_tcp(self, address: str, worker: int) -> None:
+        while not self.stop.is_set():
+            conn = await self.connect(address, tls=False)
+            if conn is not None:
+                self.count("opened")
+                await self.until_closed(*conn)
+            await asyncio.sleep(0.05)
+
+    async def stolen_idle(self, address: str, worker: int) -> None:
+        held: list[asyncio.Task[None]] = []
+        while not self.stop.is_set():
+            conn = await self.connect(address)
+            if conn is not None:
+                r, w = conn
+                w.write(self.stolen)
+                self.count(await self.answer(r))
+                held.append(asyncio.ensure_future(self.until_closed(r, w)))
+            await asyncio.sleep(0.1)  # 10 new connections a second from each address
+        await asyncio.gather(*held)
+
+    async def stolen_pipelined(self, address: str, worker: int) -> None:
+        if worker >= 3 or (worker == 2 and self.addresses.index(address) >= 20):
+            return  # 100 connections: 3 from each of the first 20 addresses, 2 from the rest
+        conn = await self.connect(address)
+        if conn is None:
+            return
+        r, w = conn
+        self.count("opened")
+        w.write(self.stolen * 400)  # ~0.9 MiB of valid reports; the answers are never read
+        await self.until_closed(r, w)
+
+    async def handshakes(self, address: str, worker: int) -> None:
+        while not self.stop.is_set():
+            conn = await self.connect(address)
+            if conn is not None:
+                self.count("handshakes")
+                conn[1].transport.abort()
+
+    async def run(self, name: str, seconds: float, workers: int) -> dict[str, int]:
+        attack = getattr(self, name.replace("-", "_"))
+        tasks = [
+            asyncio.ensure_future(attack(a, n)) for a in self.addresses for n in range(workers)
+        ]
+        await asyncio.sleep(seconds)
+        self.stop.set()
+        await asyncio.wait(tasks, timeout=15)
+        return self.seen
+
+
+WORKERS = {  # each address's concurrent connections or loops, per attack
+    "garbage-tokens": 2,
+    "plain-tcp": 64,  # its unauthenticated limit
+    "stolen-idle": 1,
+    "stolen-pipelined": 3,
+    "handshakes": 2,
+}
+
+
+def pin(role: str) -> None:
+    """Where each process runs, on a machine of 2 CPUs or more: the server alone on the first
+    (what is measured is its loop), the agent and the attacker on the second with the attacker
+    at the lowest priority (the attacker's machine is not the leader's, and the agent's own
+    TLS work must not wait behind it). On one CPU: nothing (the figures then mix the three)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return
+    os.sched_setaffinity(0, {cpus[0]} if role == "server" else {cpus[1]})
+    if role == "attacker":
+        os.nice(19)
+
+
+def _attack_main(name: str, port: int, addresses: int, seconds: float) -> int:
+    pin("attacker")
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    cluster = BenchCluster(os.environ[PRIVATE_ENV].encode())
+    attack = Attack(port, attacker_addresses(addresses), cluster)
+    seen = uvloop.run(attack.run(name, seconds, WORKERS[name]))
+    print(json.dumps(seen), flush=True)
+    return 0
+
+
+# --- the run -----------------------------------------------------------------------------
+
+
+def _state_delta(
+    before: dict[str, Any], during: dict[str, Any], after: dict[str, Any], seconds: float
+) -> dict[str, Any]:
+    """The server over an attack: its memory, CPU share and loop lag while the agent measured
+    (``during``: the state at its end, ``seconds`` after ``before``), and what it refused
+    until the attacker was done (``after``)."""
+    refused = {
+        k: v - before["refused"].get(k, 0)
+        for k, v in after["refused"].items()
+        if v - before["refused"].get(k, 0)
+    }
+    return {
+        "rss_growth_mib": round(during["rss_mib"] - before["rss_mib"], 1),
+        "peak_growth_mib": round(during["peak_mib"] - before["peak_mib"], 1),
+        "cpu_share": round((during["cpu_s"] - before["cpu_s"]) / seconds, 3),
+        "loop_lag_ms": during["loop_lag_ms"],
+        "peaks": {k: max(during["peaks"][k], after["peaks"][k]) for k in during["peaks"]},
+        "refused": refused,
+    }
+
+
+def run(
+    server: Server,
+    cluster: BenchCluster,
+    addresses: int,
+    seconds: float,
+    attacks: Sequence[str] = ATTACKS,
+) -> dict[str, Any]:
+    raw = request(cluster.token(*member_pod(0)), report_body(0))
+    out: dict[str, Any] = {"limits": server.limits, "addresses": addresses, "attacks": {}}
+    out["idle"] = server.state()
+    uvloop.run(agent_for(server.port, raw, 1.0))  # the agent's token verified once
+    for name in attacks:
+        quiet, quiet_answers = uvloop.run(agent_for(server.port, raw, QUIET_S))
+        before = server.state()
+        print(f"{name}: {addresses} addresses for {seconds:.0f} s ...", file=sys.stderr)
+        attacker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.channel_attacks",
+                "--attack",
+                name,
+                "--port",
+                str(server.port),
+                "--addresses",
+                str(addresses),
+                "--seconds",
+                str(seconds),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=os.environ | {PRIVATE_ENV: cluster.pem.decode()},
+        )
+        began = time.monotonic()
+        times, answers = uvloop.run(agent_for(server.port, raw, seconds))
+        during = time.monotonic() - began
+        mid = server.state()
+        seen_text, _ = attacker.communicate(timeout=120)
+        after = server.state()
+        ratio = ratio_of_medians(times, quiet)
+        result = {
+            "quiet_answers": quiet_answers,
+            "answers": answers,
+            "quiet_median_s": statistics.median(quiet),
+            "median_s": statistics.median(times),
+            "latency": ratio.as_dict(),
+            "attacker": json.loads(seen_text or "{}"),
+            "server": _state_delta(before, mid, after, during),
+            "server_after": {k: after[k] for k in ("connections", "unauthenticated", "rss_mib")},
+        }
+        result["goals"] = {
+            "every_report_answered": set(answers) == {"HTTP/1.1 200 OK"},
+            "latency_within_2x": ratio.ratio <= GOAL_LATENCY_X,
+            "rss_within_100_mib": result["server"]["peak_growth_mib"] <= GOAL_RSS_MIB
+            and result["server"]["rss_growth_mib"] <= GOAL_RSS_MIB,
+        }
+        out["attacks"][name] = result
+        print(f"  {_line(name, result)}", file=sys.stderr)
+    out["end"] = server.state()
+    return out
+
+
+def _line(name: str, r: dict[str, Any]) -> str:
+    s, lat = r["server"], r["latency"]
+    return (
+        f"{name}: answers {r['answers']}; latency {r['median_s'] * 1000:.1f} ms, quiet "
+        f"{r['quiet_median_s'] * 1000:.1f} ms: {lat['ratio']:.2f}x "
+        f"({lat['low']:.2f}-{lat['high']:.2f}, n = {lat['n_a']}, {lat['n_b']}); server RSS "
+        f"{s['rss_growth_mib']:+.1f} MiB (peak {s['peak_growth_mib']:+.1f}), CPU "
+        f"{s['cpu_share']:.0%} of a core, loop lag {s['loop_lag_ms']} ms; refused "
+        f"{s['refused']}; attacker {r['attacker']}"
+    )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--addresses", type=int, default=40, help="the attacker's source addresses")
+    p.add_argument("--seconds", type=float, default=12.0, help="each attack's length")
+    p.add_argument(
+        "--only", default=",".join(ATTACKS), help=f"attacks to run (default: {','.join(ATTACKS)})"
+    )
+    p.add_argument("--limits", default="", help="the server's limits, as JSI_REPORT_LIMITS")
+    p.add_argument("--out", help="write every figure to this JSON file")
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--attack", choices=ATTACKS, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--allow-dirty", action="store_true", help=provenance.ALLOW_DIRTY_HELP)
+    args = p.parse_args()
+    if args.serve:
+        pin("server")
+        verifier = BenchKeysVerifier(os.environ[KEY_ENV])
+        limits = Limits.parse(os.environ.get(LIMITS_ENV, ""))
+        uvloop.run(_serve(verifier, 2, {0: os.environ[AGENT_ENV]}, limits))
+        return 0
+    if args.attack:
+        return _attack_main(args.attack, args.port, args.addresses, args.seconds)
+    provenance.refuse_dirty(args.allow_dirty or not args.out)  # (no file: nothing recorded)
+    origin = provenance.provenance("bench.channel_attacks", sys.argv[1:])
+    cluster = BenchCluster()
+    pin("agent")
+    attacks = [a.strip() for a in args.only.split(",") if a.strip()]
+    if unknown := set(attacks) - set(ATTACKS):
+        p.error(f"--only: {', '.join(sorted(unknown))}: not one of {', '.join(ATTACKS)}")
+    try:
+        Limits.parse(args.limits)
+    except ValueError as e:
+        p.error(f"--limits: {e}")
+    env = {KEY_ENV: cluster.keys(), AGENT_ENV: AGENT, LIMITS_ENV: args.limits}
+    server = Server("bench.channel_attacks", env)
+    try:
+        result = run(server, cluster, args.addresses, args.seconds, attacks)
+    finally:
+        server.stop()
+    result.update(origin)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+    print(f"\ncommit {origin['commit']}: the report channel, {args.addresses} attacker addresses")
+    for name, r in result["attacks"].items():
+        met = [k for k, ok in r["goals"].items() if not ok]
+        print(f"  {_line(name, r)}\n    goals {'met' if not met else 'NOT met: ' + ', '.join(met)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
