@@ -36,9 +36,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import ssl
+import sys
+import termios
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -512,9 +515,25 @@ class Connection(asyncio.Protocol):
         self._read_on()
 
     def _settled(self) -> bool:
-        """Nothing of a request received and not answered, not even part of a TLS record."""
+        """Nothing of a request received and not answered, not even part of a TLS record, nor
+        bytes the kernel holds unread (a pipelined backlog the peer sent while reading was
+        paused: its deadline goes on)."""
         reader, incoming = self._reader, self._tls_in
-        return (reader is None or reader.idle) and (incoming is None or not incoming.pending)
+        return (
+            (reader is None or reader.idle)
+            and (incoming is None or not incoming.pending)
+            and not self._unread_in_kernel()
+        )
+
+    def _unread_in_kernel(self) -> bool:
+        sock = self._transport.get_extra_info("socket") if self._transport is not None else None
+        if sock is None:
+            return False
+        try:
+            count = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except (OSError, ValueError):  # closed meanwhile
+            return False
+        return int.from_bytes(count, sys.byteorder) > 0
 
     def _next(self) -> None:
         if self._blocked or self._closed:

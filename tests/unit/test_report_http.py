@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import itertools
 import json
+import socket
 import ssl
+import termios
 from collections.abc import AsyncIterator, Callable
 from typing import Any, NamedTuple
 
@@ -250,6 +253,7 @@ class Served(NamedTuple):
     clock: Clock
     refusals: list[int]  # the statuses of the requests the server was told it refused
     dropped: list[str]  # the connections it was told it dropped, why
+    release: asyncio.Event  # a request with the body b"hold" is answered once it is set
 
 
 @contextlib.asynccontextmanager
@@ -263,10 +267,14 @@ async def serving(
     dropped: list[str] = []
     clock = Clock()
 
+    release = asyncio.Event()
+
     async def handler(request: Request) -> Answer:
         seen.append(request)
         if request.body == b"boom":
             raise RuntimeError("a bug")
+        if request.body == b"hold":
+            await release.wait()
         await asyncio.sleep(0.01 if request.body == b"slow" else 0)
         if request.body == b"deny":
             return Answer(401, {"error": "no"})
@@ -287,7 +295,8 @@ async def serving(
     )
     server = await asyncio.get_running_loop().create_server(http.connection, "127.0.0.1", 0)
     try:
-        yield Served(http, server.sockets[0].getsockname()[1], seen, clock, refusals, dropped)
+        port = server.sockets[0].getsockname()[1]
+        yield Served(http, port, seen, clock, refusals, dropped, release)
     finally:
         server.close()
         for c in list(http.connections):
@@ -519,18 +528,27 @@ async def test_a_backlog_of_pipelined_requests_must_be_done_within_the_request_d
     """An answer does not restart REQUEST_S while pipelined requests wait: a peer that keeps a
     backlog (reading its answers only now and then) is refused 408 REQUEST_S after it began."""
     http, port, clock = served.http, served.port, served.clock
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # (before connecting)
+    client.connect(("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=client)
     writer.write(post(b"hello"))
     assert (await read_answer(reader))[0] == 200
     (conn,) = http.connections
+    # the server's answers fill the kernel's buffers soon (no autotuning to megabytes)
+    transport = conn._transport
+    assert transport is not None
+    transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     one = post(b"x")
     writer.write(one * 20_000)  # ~2 MB: more than the answers the server can hold unread
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(writer.drain(), 1)
-    for _ in range(100):  # the server stopped: the peer does not read
+    for _ in range(500):  # the server stopped: the peer does not read
         if conn._blocked:
             break
         await asyncio.sleep(0.01)
+    assert conn._blocked
+    assert conn.begun is not None
     clock.t += report_http.REQUEST_S / 2
     for _ in range(200):  # read some answers: the server answers more, at this later time
         assert (await read_answer(reader))[0] == 200
@@ -538,6 +556,42 @@ async def test_a_backlog_of_pipelined_requests_must_be_done_within_the_request_d
     clock.t += report_http.REQUEST_S / 2 + 1
     assert http.sweep() == 1, "REQUEST_S after the backlog began, whatever was answered since"
     writer.transport.abort()
+
+
+async def test_requests_sent_while_one_is_handled_keep_its_deadline(served: Served) -> None:
+    """Bytes that came while a request was being handled wait in the kernel (the connection
+    does not read meanwhile): once it is answered, the next request is not a new one for the
+    deadline, however long the first took."""
+    http, port, clock, seen = served.http, served.port, served.clock, served.seen
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post(b"hello"))
+    assert (await read_answer(reader))[0] == 200  # authenticated
+    (conn,) = http.connections
+    began = clock.t
+    writer.write(post(b"hold"))
+    for _ in range(500):
+        if seen[-1].body == b"hold":
+            break
+        await asyncio.sleep(0.01)
+    assert conn.begun == began
+    clock.t += report_http.REQUEST_S - 5
+    writer.write(post(b"next")[:30])  # part of the next request, while the first is handled
+    await writer.drain()
+    transport = conn._transport
+    assert transport is not None
+    server_side = transport.get_extra_info("socket").fileno()
+    for _ in range(500):  # the bytes are in the kernel, unread
+        if fcntl.ioctl(server_side, termios.FIONREAD, b"\0\0\0\0") != b"\0\0\0\0":
+            break
+        await asyncio.sleep(0.01)
+    served.release.set()
+    assert (await read_answer(reader))[0] == 200
+    await asyncio.sleep(0.1)  # the rest read
+    assert conn.begun == began, "the deadline of the request it followed"
+    clock.t += 6
+    assert http.sweep() == 1
+    assert (await read_answer(reader))[::2] == (408, True)
+    writer.close()
 
 
 async def test_one_pods_token_holds_at_most_two_connections_whatever_the_address(
