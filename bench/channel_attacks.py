@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import datetime
 import json
 import os
 import random
@@ -60,7 +61,16 @@ from jobset_inplace.controller.report_server import LIMITS_ENV
 from jobset_inplace.runtime.report_limits import Limits
 from jobset_inplace.runtime.report_tokens import TokenVerifier
 
-ATTACKS = ("garbage-tokens", "plain-tcp", "stolen-idle", "stolen-pipelined", "handshakes")
+ATTACKS = {  # name -> what it does (each one's method of Attack, the dashes underscores)
+    "garbage-tokens": "distinct ~15 KiB JWTs with the cluster's key id and a zero signature, "
+    "each on a new TLS connection",
+    "plain-tcp": "as many plain TCP connections as each address may hold, reconnecting",
+    "stolen-idle": "a member's stolen token: one valid report per connection, then idle; "
+    "10 new connections a second per address",
+    "stolen-pipelined": "a member's stolen token: 100 connections, 400 pipelined reports "
+    "each, answers never read",
+    "handshakes": "TLS handshakes as fast as each address may, each connection closed after",
+}
 ISSUER = "https://bench.cluster.local"
 KID = "bench-key"
 KEY_ENV = "JSI_BENCH_JWKS"  # the server's keys, from this bench: {"config": ..., "jwks": ...}
@@ -354,7 +364,7 @@ def run(
     cluster: BenchCluster,
     addresses: int,
     seconds: float,
-    attacks: Sequence[str] = ATTACKS,
+    attacks: Sequence[str] = tuple(ATTACKS),
 ) -> dict[str, Any]:
     raw = request(cluster.token(*member_pod(0)), report_body(0))
     out: dict[str, Any] = {"limits": server.limits, "addresses": addresses, "attacks": {}}
@@ -463,6 +473,9 @@ def main() -> int:
     finally:
         server.stop()
     result.update(origin)
+    result["when"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    result["seconds"] = args.seconds
+    result["kubernetes"] = "none (loopback, no cluster)"
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bench.channel_attack import Server
-from bench.channel_attacks import AGENT, AGENT_ENV, KEY_ENV, BenchCluster, run
+from bench.channel_attacks import AGENT, AGENT_ENV, ATTACKS, KEY_ENV, BenchCluster, run
 from jobset_inplace.runtime.report_limits import Limits
 
 SECONDS = 11.0  # past the 10 s pre-authentication deadline
@@ -26,9 +26,6 @@ def suite() -> dict[str, Any]:
         return run(server, cluster, 40, SECONDS)
     finally:
         server.stop()
-
-
-ATTACKS = ("garbage-tokens", "plain-tcp", "stolen-idle", "stolen-pipelined", "handshakes")
 
 
 @pytest.mark.parametrize("attack", ATTACKS)
