@@ -455,12 +455,15 @@ def channel_attacks_table(doc: dict[str, Any]) -> str:
         f"Run of {doc['when'][:10]} at commit `{doc['commit']}`{dirty}, {m['cpus']} cores, "
         f"{doc['addresses']} attacker addresses, {doc['seconds']:.0f} s per attack; "
         f"`{doc['command']}`; every figure in {_link(CHANNEL_ATTACKS)}. The server alone on one "
-        "core, the agent and the attacker (at the lowest priority) on the other."
+        "core, the agent and the attacker (at the lowest priority) on the other. The server's "
+        f"peak RSS over the whole run: {doc['end']['peak_mib'] - doc['idle']['rss_mib']:+.1f} "
+        f"MiB over idle ({doc['idle']['rss_mib']:.0f} MiB)."
     )
     rows = [
-        "| attack | agent's reports | latency / quiet (95 % interval; n) | server RSS "
-        "| server CPU (of a core) | loop lag p99 | held by | goals |",
-        "|---|---|---|---|---|---|---|---|",
+        "| attack | agent's reports | latency / quiet (95 % interval; n) | server's peak RSS "
+        "growth in it | server CPU (of a core) | loop lag p99 | what the attacker got "
+        "| connections refused or closed, by reason | goals |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in doc["attacks"].items():
         lat, srv = r["latency"], r["server"]
@@ -472,7 +475,8 @@ def channel_attacks_table(doc: dict[str, Any]) -> str:
             f"{answered}/{sum(r['answers'].values())} answered 200 | "
             f"{lat['ratio']:.2f}x ({lat['low']:.2f}-{lat['high']:.2f}; "
             f"{lat['n_a']}, {lat['n_b']}) | {srv['peak_growth_mib']:+.1f} MiB | "
-            f"{srv['cpu_share']:.0%} | {srv['loop_lag_ms']['p99']} ms | {refused} | "
+            f"{srv['cpu_share']:.0%} | {srv['loop_lag_ms']['p99']} ms | "
+            f"{', '.join(f'{k} {v}' for k, v in r['attacker'].items())} | {refused} | "
             f"{'met' if not missed else '**not met: ' + ', '.join(missed) + '**'} |"
         )
     return "\n".join([head, "", *rows])

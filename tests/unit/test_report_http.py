@@ -518,7 +518,7 @@ async def test_a_peer_pipelining_without_reading_answers_gets_one_read_not_one_p
     await asyncio.sleep(0.3)
     held = conn._reader.buffered if conn._reader is not None else 0
     assert len(served.seen) > 1, "answered until the peer stopped reading"
-    assert held <= http.request_max + 256 * 1024, f"{held} bytes held"
+    assert held <= http.request_max + report_http.READ_SIZE, f"{held} bytes held"
     writer.transport.abort()
 
 
