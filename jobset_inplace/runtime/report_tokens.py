@@ -20,6 +20,13 @@ A cluster whose keys cannot be read (RBAC, an apiserver without issuer discovery
 through TokenReviews instead, cached the same way (then the first report of each new token
 costs one API request).
 
+Why not PyJWT (measured with ``python -m bench.token_verify``, docs/bench/token-verify.json):
+the same checks cost 2.6x this module's per valid RS256 token (the clusters' default key) and
+5.6x per 15 KiB garbage token, what an attacker sends (PyJWT 2.15 checks each base64url byte
+in a Python loop: ~1.2 ms per such token, against ~0.2 ms here). What is hand-written is the
+framing (three base64url parts, two JSON objects) and the claims; the signatures are
+``cryptography``'s.
+
 Why not a TokenReview per token always: the kubelet rotates tokens (at 80 % of their life), so
 at a recovery hours after the last one every agent's token is new to the leader: 5000 reviews
 on the critical path."""
