@@ -222,18 +222,25 @@ def _tls() -> ssl.SSLContext:
     return ctx
 
 
-async def agent_report(port: int, ctx: ssl.SSLContext) -> tuple[float, str]:
-    """One report on a new connection from the agent's address: (seconds, status line)."""
-    request = (
-        f"POST {names.REPORT_PATH} HTTP/1.1\r\nHost: leader\r\nAuthorization: Bearer agent\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(REPORT)}\r\n\r\n"
-    ).encode() + REPORT
+def request(token: str, body: bytes) -> bytes:
+    """A report request as an agent sends it."""
+    return (
+        f"POST {names.REPORT_PATH} HTTP/1.1\r\nHost: leader\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+async def agent_report(
+    port: int, ctx: ssl.SSLContext, raw: bytes | None = None
+) -> tuple[float, str]:
+    """One report (``raw``: this request, else member 0's with the bench's token) on a new
+    TLS connection from the agent's address: (seconds, status line)."""
     started = time.monotonic()
     try:
         r, w = await asyncio.wait_for(
             asyncio.open_connection("127.0.0.1", port, ssl=ctx, local_addr=(AGENT, 0)), 10
         )
-        w.write(request)
+        w.write(raw or request("agent", REPORT))
         head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 10)
         w.close()
         status = head.split(b"\r\n", 1)[0].decode()

@@ -38,7 +38,6 @@ import base64
 import datetime
 import json
 import os
-import random
 import resource
 import ssl
 import statistics
@@ -53,8 +52,17 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from bench import provenance
+from bench.channel_attack import (
+    AGENT,
+    Server,
+    _serve,
+    _tls,
+    agent_report,
+    member_pod,
+    report_body,
+    request,
+)
 from bench.channel_attack import NAMESPACE as NS
-from bench.channel_attack import Server, _serve, _tls, member_pod, report_body
 from bench.stats import ratio_of_medians
 from jobset_inplace import names
 from jobset_inplace.controller.report_server import LIMITS_ENV
@@ -80,13 +88,13 @@ GOAL_LATENCY_X = 2.0
 GOAL_RSS_MIB = 100.0
 QUIET_S = 4.0
 REPORT_EVERY_S = 0.1  # the agent's pause between two reports
-# Fresh loopback addresses each run (connections the server closed leave ports in TIME_WAIT).
-_NET = random.randrange(1, 255), random.randrange(0, 255)
-AGENT = f"127.{_NET[0]}.{_NET[1]}.2"
 
 
 def attacker_addresses(n: int) -> list[str]:
-    return [f"127.{_NET[0]}.{_NET[1]}.{10 + i}" for i in range(n)]
+    """``n`` loopback addresses beside the agent's (fresh ones each run: connections the
+    server closed leave their ports in TIME_WAIT)."""
+    net = AGENT.rsplit(".", 1)[0]
+    return [f"{net}.{10 + i}" for i in range(n)]
 
 
 def _b64(data: bytes) -> str:
@@ -151,30 +159,7 @@ class BenchKeysVerifier(TokenVerifier):
         return self._bench_keys
 
 
-def request(token: str, body: bytes) -> bytes:
-    return (
-        f"POST {names.REPORT_PATH} HTTP/1.1\r\nHost: leader\r\nAuthorization: Bearer {token}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
-
-
 # --- the agent ---------------------------------------------------------------------------
-
-
-async def agent_report(port: int, ctx: ssl.SSLContext, raw: bytes) -> tuple[float, str]:
-    """One report on a new TLS connection from the agent's address: (seconds, status line)."""
-    started = time.monotonic()
-    try:
-        r, w = await asyncio.wait_for(
-            asyncio.open_connection("127.0.0.1", port, ssl=ctx, local_addr=(AGENT, 0)), 10
-        )
-        w.write(raw)
-        head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 10)
-        w.close()
-        status = head.split(b"\r\n", 1)[0].decode()
-    except (OSError, TimeoutError, asyncio.IncompleteReadError, ssl.SSLError) as e:
-        status = f"failed: {type(e).__name__}"
-    return time.monotonic() - started, status
 
 
 async def agent_for(port: int, raw: bytes, seconds: float) -> tuple[list[float], dict[str, int]]:
