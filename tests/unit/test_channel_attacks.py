@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from bench.channel_attack import Server
-from bench.channel_attacks import AGENT, AGENT_ENV, ATTACKS, KEY_ENV, BenchCluster, run
+from bench.channel_attack import AGENT, Server
+from bench.channel_attacks import AGENT_ENV, ATTACKS, KEY_ENV, BenchCluster, run
 from jobset_inplace.runtime.report_limits import Limits
 
 SECONDS = 11.0  # past the 10 s pre-authentication deadline
