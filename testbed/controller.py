@@ -27,8 +27,13 @@ from .versions import REPO_ROOT, binaries
 
 CRD = REPO_ROOT / "manifests" / "crd" / "gangstates.yaml"
 MEMBERS_CRD = REPO_ROOT / "manifests" / "crd" / "gangmembers.yaml"
-# JSI_REPORT_LIMITS of the controller run as a host process (report_limits.Limits.parse)
-FLEET_LIMITS = "max_per_source=100000,max_unauthenticated_per_source=100000,connect_burst=100000"
+# JSI_REPORT_LIMITS of the controller run as a host process (report_limits.Limits.parse): the
+# simulated fleet's agents share this host's address, which is no member pod's, so the
+# handshake gate would hold them too
+FLEET_LIMITS = (
+    "max_per_source=100000,max_unauthenticated_per_source=100000,connect_burst=100000,"
+    "handshake_rate=100000,handshake_burst=100000"
+)
 WEBHOOK_MANIFEST = REPO_ROOT / "manifests" / "webhook" / "webhook.yaml"
 # The agent may patch only its own pod (guarantee 9): installed wherever agents run.
 AGENT_POLICY = REPO_ROOT / "manifests" / "rbac" / "agent-vap.yaml"
