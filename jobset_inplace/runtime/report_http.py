@@ -333,7 +333,8 @@ class Connection(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername")
         self.source = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
         server = self._server
-        refused, victim = server.admission.admit(self.source, self.last_active, self)
+        member = server.member is not None and server.member(self.source)
+        refused, victim = server.admission.admit(self.source, self.last_active, self, member=member)
         if refused is not None:
             self._closed = True
             server.dropped(refused)
@@ -348,7 +349,6 @@ class Connection(asyncio.BufferedProtocol):
             return
         self._tls_in, self._tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
         self._tls = server.tls.wrap_bio(self._tls_in, self._tls_out, server_side=True)
-        member = server.member is not None and server.member(self.source)
         if not member and not server.gate.ask(self.source, self, server.now()):
             self._gated = True  # nothing of it is read until its turn
             self._transport.pause_reading()

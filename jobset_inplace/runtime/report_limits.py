@@ -11,8 +11,9 @@ source address is taken, and counts what is open. Limits, all per leader process
 * ``max_unauthenticated``: connections that have not had a report accepted yet, and
   ``max_unauthenticated_per_source`` of them from one address (a pod, or a node for
   host-network pods); shared fairly: when all are taken, a new connection from an address
-  holding fewer than the heaviest holder less one closes that holder's oldest (``fair_share``),
-  so dozens of addresses cannot fill them against an agent's one;
+  holding fewer than the heaviest holder less one, or from a gang member pod's address, closes
+  that holder's oldest (``fair_share``), so dozens of addresses cannot fill them against an
+  agent's one;
 * ``max_per_source``: every connection from one address;
 * a token bucket per source for new connections (``connect_rate`` per second, ``connect_burst``
   at once): a TLS handshake costs ~0.5 ms of the loop's CPU;
@@ -158,15 +159,18 @@ class Admission:
                 del self._identities[identity]
 
     def admit(
-        self, source: str, now: float, connection: Hashable
+        self, source: str, now: float, connection: Hashable, *, member: bool = False
     ) -> tuple[str | None, Hashable | None]:
-        """Take ``connection``, new and unauthenticated, from ``source``: (None, or why it is
-        refused: one of REFUSALS, then nothing is counted; an unauthenticated connection to
-        close for it, already counted as closed, or None).
+        """Take ``connection``, new and unauthenticated, from ``source`` (``member``: a gang
+        member pod's address): (None, or why it is refused: one of REFUSALS, then nothing is
+        counted; an unauthenticated connection to close for it, already counted as closed, or
+        None).
 
         The unauthenticated budget is shared fairly: when it is full, a source that holds
         fewer unauthenticated connections than the heaviest holder less one takes the
-        heaviest's oldest (so dozens of addresses cannot fill it against an agent's one)."""
+        heaviest's oldest (so dozens of addresses cannot fill it against an agent's one), and
+        a member pod's address takes it whatever the others hold (so 2048 addresses holding
+        one each cannot either)."""
         lim = self.limits
         s = self._source(source, now)
         if self.open >= lim.max_connections:
@@ -176,7 +180,7 @@ class Admission:
         if len(s.unauthenticated) >= lim.max_unauthenticated_per_source:
             return OVER_UNAUTHENTICATED, None
         full = self.unauthenticated >= lim.max_unauthenticated
-        if full and self._heaviest <= len(s.unauthenticated) + 1:
+        if full and not member and self._heaviest <= len(s.unauthenticated) + 1:
             return OVER_UNAUTHENTICATED, None
         if s.tokens < 1:
             return RATE_LIMITED, None

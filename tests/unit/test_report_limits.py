@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from jobset_inplace.runtime.report_limits import HandshakeGate, Limits
+from jobset_inplace.runtime.report_limits import (
+    OVER_UNAUTHENTICATED,
+    Admission,
+    HandshakeGate,
+    Limits,
+)
 
 
 def test_handshakes_start_at_once_within_the_burst_then_at_the_rate() -> None:
@@ -108,3 +113,17 @@ def test_a_time_before_the_last_one_adds_nothing_to_the_budget() -> None:
     assert gate.grant(6.0) == [10]
     assert gate.grant(6.9) == []
     assert gate.grant(7.0) == [11]
+
+
+def test_a_member_pods_address_gets_an_unauthenticated_slot_whoever_holds_them() -> None:
+    """Every slot held by an address with one connection each: another such address is
+    refused (the share is fair already), a member pod's address takes the oldest."""
+    admission = Admission(Limits(max_unauthenticated=4))
+    for n in range(4):
+        assert admission.admit(f"10.0.0.{n}", 0.0, f"c{n}") == (None, None)
+    assert admission.admit("10.0.1.1", 0.0, "stranger") == (OVER_UNAUTHENTICATED, None)
+    refused, victim = admission.admit("10.0.2.1", 0.0, "agent", member=True)
+    assert refused is None
+    assert victim in {"c0", "c1", "c2", "c3"}, "one of theirs closed for it"
+    assert admission.unauthenticated == 4
+    assert admission.open == 4
