@@ -143,17 +143,7 @@ def measure_grpc(n: int, concurrency: int) -> list[dict[str, float]]:
             stdout=subprocess.PIPE,
             text=True,
         )
-        assert server.stdout is not None
-        server.stdout.readline()  # started
-
-        def ask() -> dict[str, float]:
-            assert server.stdin is not None
-            assert server.stdout is not None
-            server.stdin.write("?\n")
-            server.stdin.flush()
-            state: dict[str, float] = json.loads(server.stdout.readline())
-            return state
-
+        ask = channel_memory.asker(server)
         try:
             with open(port_file, encoding="utf-8") as f:
                 port = int(f.read())

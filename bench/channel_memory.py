@@ -21,6 +21,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import uvloop
@@ -114,6 +115,23 @@ async def _drive(port: int, n: int, concurrency: int, ask: Any) -> list[dict[str
     return states
 
 
+def asker(server: subprocess.Popen[str]) -> Callable[[], dict[str, float]]:
+    """Once ``server`` (a bench server process) said it started: a function that asks it for
+    its state (a line out, a JSON line back)."""
+    assert server.stdin is not None
+    assert server.stdout is not None
+    stdin, stdout = server.stdin, server.stdout
+    stdout.readline()  # started
+
+    def ask() -> dict[str, float]:
+        stdin.write("?\n")
+        stdin.flush()
+        state: dict[str, float] = json.loads(stdout.readline())
+        return state
+
+    return ask
+
+
 def measure(n: int, concurrency: int) -> list[dict[str, float]]:
     """The server's state (RSS MiB, CPU s, open connections) idle, after round 1, after round
     2."""
@@ -127,17 +145,7 @@ def measure(n: int, concurrency: int) -> list[dict[str, float]]:
         pass_fds=(sock.fileno(),),
     )
     sock.close()  # the server's now
-    assert server.stdout is not None
-    server.stdout.readline()  # started
-
-    def ask() -> dict[str, float]:
-        assert server.stdin is not None
-        assert server.stdout is not None
-        server.stdin.write("?\n")
-        server.stdin.flush()
-        state: dict[str, float] = json.loads(server.stdout.readline())
-        return state
-
+    ask = asker(server)
     try:
         return asyncio.run(_drive(port, n, concurrency, ask))
     finally:
