@@ -405,9 +405,7 @@ def main() -> int:
         server.stop()
     result.update(origin)
     commit = origin["commit"]
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
+    provenance.write(result, args.out)
     q, f, t = result["quiet_s"], result["flood_s"], result["trickle_s"]
     end, held = result["end"], result["peak_during_flood"].get("connections")
     print(

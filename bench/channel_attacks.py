@@ -461,9 +461,7 @@ def main() -> int:
     result["when"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     result["seconds"] = args.seconds
     result["kubernetes"] = "none (loopback, no cluster)"
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
+    provenance.write(result, args.out)
     print(f"\ncommit {origin['commit']}: the report channel, {args.addresses} attacker addresses")
     for name, r in result["attacks"].items():
         met = [k for k, ok in r["goals"].items() if not ok]

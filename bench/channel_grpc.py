@@ -177,6 +177,7 @@ def main() -> int:
         uvloop.run(_serve_grpc(*args.serve))
         return 0
     provenance.refuse_dirty(args.allow_dirty or not args.out)
+    origin = provenance.provenance("bench.channel_grpc", sys.argv[1:])
     n, runs = args.connections, {"ours": [], "grpc": []}  # type: ignore[var-annotated]
     for rep in range(args.reps):
         for name, measure in (("ours", channel_memory.measure), ("grpc", measure_grpc)):
@@ -189,10 +190,7 @@ def main() -> int:
         ours = statistics.median(x[figure] for x in runs["ours"])
         theirs = statistics.median(x[figure] for x in runs["grpc"])
         print(f"{figure}: ours {ours:.3f}, grpc {theirs:.3f}: grpc {r.text()}")
-    result.update(provenance.provenance("bench.channel_grpc", sys.argv[1:]))
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
+    provenance.write(result | origin, args.out)
     return 0
 
 

@@ -6,6 +6,7 @@ file records :func:`provenance` in it and refuses a dirty tree unless told other
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shlex
@@ -74,6 +75,13 @@ def provenance(module: str, argv: list[str]) -> dict[str, Any]:
         "command": shlex.join([Path(sys.executable).name, "-m", module, *argv]),
         "machine": machine(),
     }
+
+
+def write(result: dict[str, Any], out: str | None) -> None:
+    """Write ``result`` (with its :func:`provenance`) to ``out`` as JSON; no file: nothing."""
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
 
 
 def steal_during(started_s: float, ended_s: float, wall_s: float) -> dict[str, float]:

@@ -77,6 +77,7 @@ def main() -> int:
     p.add_argument("--allow-dirty", action="store_true", help=provenance.ALLOW_DIRTY_HELP)
     args = p.parse_args()
     provenance.refuse_dirty(args.allow_dirty or not args.out)
+    origin = provenance.provenance("bench.token_verify", sys.argv[1:])
     cluster = BenchCluster()
     rsa_key = public_key(json.loads(cluster.keys())["jwks"]["keys"][0])
     ec_private = ec.generate_private_key(ec.SECP256R1())
@@ -111,10 +112,7 @@ def main() -> int:
             f"{name} ({len(token)} bytes): ours {statistics.median(mine):.1f} us, PyJWT "
             f"{statistics.median(theirs):.1f} us per verification: PyJWT {r.text()}"
         )
-    result.update(provenance.provenance("bench.token_verify", sys.argv[1:]))
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
+    provenance.write(result | origin, args.out)
     return 0
 
 
