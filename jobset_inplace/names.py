@@ -47,6 +47,10 @@ STRAGGLER_ACTION: Final = f"{PREFIX}straggler-action"
 # Planned moves (a member's node cordoned or drained): the gang stops at one step first
 PLANNED_MOVES: Final = f"{PREFIX}planned-moves"
 PLANNED_MOVE_TIMEOUT: Final = f"{PREFIX}planned-move-timeout"
+# Hot spares (docs/design/hot-spares.md): pods of the gang beyond its members, ready to take a
+# member's place; which replicatedJob they belong to (default: the only one)
+HOT_SPARES: Final = f"{PREFIX}hot-spares"
+HOT_SPARES_JOB: Final = f"{PREFIX}hot-spares-job"
 # Set by `kubectl jobset-inplace restart`: a new value asks for one manual in-place gang restart.
 RESTART_REQUEST: Final = f"{PREFIX}restart-request"
 

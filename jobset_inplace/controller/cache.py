@@ -33,7 +33,7 @@ from jobset_inplace.core.model import (
     ReportEndpoint,
     Snapshot,
 )
-from jobset_inplace.core.policy import Policy
+from jobset_inplace.core.policy import Policy, PolicyError
 
 GangKey = tuple[str, str]  # (namespace, JobSet name)
 POSTED_MAX = 1000  # once-only Event keys remembered per gang
@@ -206,7 +206,10 @@ class ClusterCache:
     taint_rules: dict[str, dt.TaintRule] = field(default_factory=dict)
 
     def upsert_jobset(self, jobset: Mapping[str, Any], policy: Policy | None, error: str) -> Gang:
-        spec = gang_spec(jobset)
+        try:
+            spec = gang_spec(jobset)
+        except PolicyError as e:  # its spares malformed: no planning, as for its policy's
+            spec, policy, error = gang_spec(jobset, spares=False), None, error or str(e)
         key = (spec.namespace, spec.name)
         gang = self.gangs.get(key)
         if gang is None:

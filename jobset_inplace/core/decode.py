@@ -12,6 +12,7 @@ import yaml
 from jobset_inplace import names
 from jobset_inplace.core.model import GangSpec, NodeView, PodView
 from jobset_inplace.core.policy import PolicyError, parse_duration
+from jobset_inplace.core.spares import spare_spec
 from jobset_inplace.core.transform import AGENT_CONTAINER
 from jobset_inplace.times import parse_time
 from jobset_inplace.trainer.checkpoints import (
@@ -62,7 +63,8 @@ def member_key(labels: Mapping[str, str]) -> str | None:
         return None
 
 
-def expected_members(jobset: Obj) -> frozenset[str]:
+def positions(jobset: Obj) -> frozenset[str]:
+    """Every pod the JobSet makes, by :func:`member_name`: its members and its hot spares."""
     out: set[str] = set()
     for rj in jobset["spec"].get("replicatedJobs") or []:
         job = rj["template"]["spec"]
@@ -73,6 +75,21 @@ def expected_members(jobset: Obj) -> frozenset[str]:
             for c in range(pods)
         )
     return frozenset(out)
+
+
+def spare_positions(jobset: Obj) -> frozenset[str]:
+    """The positions that are hot spares when the gang starts (core/spares.py): the highest
+    job indexes of the spares' replicatedJob. Raises PolicyError for a malformed declaration."""
+    spec = spare_spec(jobset)
+    if spec is None:
+        return frozenset()
+    total = spec.members + spec.spares
+    return frozenset(member_name(spec.replicated_job, j, 0) for j in range(spec.members, total))
+
+
+def expected_members(jobset: Obj) -> frozenset[str]:
+    """The gang's members (its slots): every position but the spares."""
+    return positions(jobset) - spare_positions(jobset)
 
 
 def condition(obj: Obj, ctype: str) -> dict[str, Any] | None:
@@ -95,12 +112,16 @@ def jobset_finished(jobset: Obj) -> bool:
     return any(condition_true(jobset, t) for t in ("Completed", "Failed"))
 
 
-def gang_spec(jobset: Obj) -> GangSpec:
+def gang_spec(jobset: Obj, *, spares: bool = True) -> GangSpec:
+    """The gang of ``jobset``; raises PolicyError when its spares are malformed (``spares``
+    False: read none)."""
     meta = jobset["metadata"]
+    spare = spare_positions(jobset) if spares else frozenset()
     return GangSpec(
         namespace=meta["namespace"],
         name=meta["name"],
-        members=expected_members(jobset),
+        members=positions(jobset) - spare,
+        spares=spare,
         restart_attempt=int((jobset.get("status") or {}).get("restarts") or 0),
         suspended=bool(jobset["spec"].get("suspend")),
         finished=jobset_finished(jobset),

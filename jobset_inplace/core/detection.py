@@ -6,11 +6,13 @@ disruption). The planner (:mod:`.planner`) decides what to do about them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 from jobset_inplace import names
 from jobset_inplace.core.model import Cause, NodeView, PodView, Snapshot
 from jobset_inplace.core.policy import Policy
+from jobset_inplace.core.spares import Slots, moved_positions, spares, valid_slots
 from jobset_inplace.core.statemachine import Phase
 
 # The kubelet renews its node Lease every 10 s; a Lease older than this is a missed renewal.
@@ -113,11 +115,39 @@ def may_untaint(node: NodeView, now: float) -> bool:
 
 
 # --- members ----------------------------------------------------------------------------------
+def slot_map(s: Snapshot) -> Slots:
+    """The status's slots (core/spares.py), or none when they do not fit this gang (a status
+    written for another shape: each slot is then held by its own position)."""
+    slots, gang = s.status.slots, s.gang
+    if slots and not valid_slots(slots, gang.members, gang.members | gang.spares):
+        return {}
+    return slots
+
+
 def current_pods(s: Snapshot) -> dict[str, PodView]:
-    """Each member's current pod: of this JobSet restart attempt, live ones first, newest."""
+    """Each member's current pod: of this JobSet restart attempt, live ones first, newest; the
+    pod of the position holding its slot, under the slot's name."""
+    moved = moved_positions(slot_map(s))
+    best: dict[str, PodView] = {}
+    for seen in s.pods:
+        slot = moved.get(seen.member, seen.member)
+        if slot not in s.gang.members or seen.restart_attempt != s.gang.restart_attempt:
+            continue
+        pod = seen if slot == seen.member else dataclasses.replace(seen, member=slot)
+        have = best.get(slot)
+        if have is None or _rank(pod) > _rank(have):
+            best[slot] = pod
+    return best
+
+
+def current_spares(s: Snapshot) -> dict[str, PodView]:
+    """Each spare position's current pod (core/spares.py), as :func:`current_pods` picks."""
+    if not s.gang.spares:
+        return {}
+    free = spares(slot_map(s), s.gang.members, s.gang.members | s.gang.spares)
     best: dict[str, PodView] = {}
     for pod in s.pods:
-        if pod.member not in s.gang.members or pod.restart_attempt != s.gang.restart_attempt:
+        if pod.member not in free or pod.restart_attempt != s.gang.restart_attempt:
             continue
         have = best.get(pod.member)
         if have is None or _rank(pod) > _rank(have):

@@ -94,6 +94,7 @@ def status_to_dict(s: GangStatus) -> dict[str, Any]:
         else _endpoint_to_dict(s.report_endpoint),
         "goodput": _ledger_to_dict(s.goodput),
         "plannedStop": None if s.planned_stop is None else _planned_to_dict(s.planned_stop),
+        "slots": dict(s.slots),
     }
 
 
@@ -218,7 +219,16 @@ def status_from_dict(d: dict[str, Any] | None) -> GangStatus:
         report_endpoint=_endpoint_from_dict(d.get("reportEndpoint")),
         goodput=_ledger_from_dict(d.get("goodput")),
         planned_stop=_planned_from_dict(d.get("plannedStop")),
+        slots=_slots_from_dict(d.get("slots")),
     )
+
+
+def _slots_from_dict(d: Any) -> dict[str, str]:
+    """Slot -> position pairs of strings (anything else is dropped: the planner checks the
+    rest against the gang, core.detection.slot_map)."""
+    if not isinstance(d, dict):
+        return {}
+    return {k: v for k, v in d.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def owned_by(gangstate: dict[str, Any], jobset_uid: str) -> bool:

@@ -132,7 +132,8 @@ class NodeView:
 class GangSpec:
     namespace: str
     name: str
-    members: frozenset[str]  # every expected member slot
+    members: frozenset[str]  # every member slot (core/spares.py: the user's replicas)
+    spares: frozenset[str] = frozenset()  # the positions that are hot spares at first
     restart_attempt: int = 0  # JobSet status.restarts
     suspended: bool = False
     finished: bool = False  # JobSet Completed or Failed
@@ -287,6 +288,8 @@ class GangStatus:
     goodput: Ledger = field(default_factory=Ledger)
     # members to move off nodes being drained, and the step the gang stops at first
     planned_stop: PlannedStop | None = None
+    # hot spares (core/spares.py): slot -> the position holding it, where not its own
+    slots: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from jobset_inplace.core.detection import (
     LEASE_RENEW_INTERVAL_S,
     OUT_OF_SERVICE_TAINT,
     current_pods,
+    current_spares,
     disruption,
     first_signal,
     may_untaint,
@@ -63,6 +64,7 @@ from jobset_inplace.core.policy import (
     StragglerAction,
     barrier_within_kueue,
 )
+from jobset_inplace.core.spares import fenced, plan_swaps, swapped
 from jobset_inplace.core.statemachine import (
     TRANSITIONS,
     Edge,
@@ -361,6 +363,7 @@ class _Planning:
         st.barrier_open = False
         st.recovery = None  # an in-flight recovery is cancelled, not resumed later
         st.planned_stop = None
+        st.slots = {}  # its pods are all made anew: each position holds its own slot again
         st.goodput = goodput.training_ended(st.goodput, self.s.now, kept=False)
         self.event("StoodDown", f"{why}: recovery stands down")
 
@@ -372,6 +375,7 @@ class _Planning:
         st.restart_attempt = attempt
         st.inplace_used = st.recreate_used = 0
         st.member_failures.clear()
+        st.slots = {}  # every pod is made anew: each position holds its own slot again
         self.fresh_epoch(Edge.JOBSET_RESTARTED, f"JobSet restart {attempt}")
 
     JOBSET_EDGES: Final[Mapping[Edge, Callable[[_Planning], None]]] = {
@@ -572,6 +576,7 @@ class _Planning:
             f"epoch {st.epoch}: {_describe(decided)}; {rec.in_place} in place, "
             f"{len(rec.recreated)} recreated",
         )
+        self.swap_spares(rec)
         self.p.wake_at(s.now, rec.deadline)
 
     # -- Recovering --
@@ -589,6 +594,7 @@ class _Planning:
         rec = self.recovery
         if not self.fold_failures(rec, causes):
             return
+        self.swap_spares(rec)
         members = sorted(s.gang.members)
         joined = [
             pod
@@ -677,6 +683,66 @@ class _Planning:
                 "RecoveryExtended", f"epoch {self.st.epoch}: {member} {cause.value}, recreated"
             )
         return True
+
+    # -- hot spares (core/spares.py) --
+    def swap_spares(self, rec: Recovery) -> None:
+        """Members of this recovery that get a new pod take a ready spare's instead of waiting
+        for their Job's (scheduling, image pull, start): the slot is given to the spare's
+        position once the old pod is fenced (it cannot be training any more: gone, terminal,
+        or force-deleted on a silent node). A member already on a Ready pod that is not the
+        replaced one keeps it; one with no spare ready waits for its Job's new pod, as
+        without spares (the shortfall is said once per epoch)."""
+        s, st = self.s, self.st
+        if not s.gang.spares:
+            return
+        by_uid = {pod.uid: pod for pod in s.pods}
+        force = s.policy.force_delete == ForceDelete.UNREACHABLE
+        wanting, avoid = [], set()
+        for member, old_uid in sorted(rec.recreated.items()):
+            pod = self.current.get(member)
+            if pod is not None and pod.uid != old_uid and self.ready_pod(pod):
+                continue  # on a new pod already (a spare, or its Job's replacement)
+            old = by_uid.get(old_uid)
+            dead = rec.causes.get(member) == Cause.NODE_UNHEALTHY
+            if old is not None and old.node:
+                avoid.add(old.node)
+            if fenced(old, force_deleted=force and dead):
+                wanting.append(member)
+        if not wanting:
+            return
+        taken = set(rec.recreated.values())
+        ready = [p for p in current_spares(s).values() if self.ready_pod(p) and p.uid not in taken]
+        swaps, short = plan_swaps(wanting, ready, frozenset(avoid))
+        for swap in swaps:
+            spare = swap.spare
+            st.slots = swapped(st.slots, swap.slot, spare.member)
+            self.current[swap.slot] = dataclasses.replace(spare, member=swap.slot)
+            self.event(
+                "SpareSwapped",
+                f"epoch {st.epoch}: {swap.slot} continues on hot spare {spare.name} (position "
+                f"{spare.member}, node {spare.node}); its old pod is replaced as a spare",
+            )
+        if short:
+            self.event(
+                "SpareShortfall",
+                f"epoch {st.epoch}: no hot spare ready for {_some(short)}: waiting for "
+                "their Jobs' new pods",
+                once_key=f"SpareShortfall/{st.epoch}/{len(short)}",
+            )
+
+    def ready_pod(self, pod: PodView) -> bool:
+        """Running and Ready, not being deleted, on a node that is healthy and staying."""
+        s = self.s
+        node = s.nodes.get(pod.node or "")
+        return (
+            pod.phase == "Running"
+            and not pod.deleting
+            and pod.not_ready_since is None
+            and not pod.escalated
+            and node is not None
+            and not node.leaving
+            and not node_state(node, s.policy, s.now, s.leases_observed_since)[0]
+        )
 
     def barrier_deadline(self, rec: Recovery, lagging: list[str]) -> None:
         st = self.st

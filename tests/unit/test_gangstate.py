@@ -114,6 +114,7 @@ def full_status() -> GangStatus:
             deadline=T0 + 620.5,
             step=4321,
         ),
+        slots={"workers/1/0": "workers/4/0", "workers/4/0": "workers/1/0"},
     )
 
 

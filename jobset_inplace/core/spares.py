@@ -1,0 +1,150 @@
+"""Hot spares (docs/design/hot-spares.md), as pure functions: slots, the pods that hold them,
+and when a slot may be given to a spare.
+
+A gang declared with N hot spares has R + N **positions**, the pods JobSet makes
+(``<replicatedJob>/<jobIndex>/<completionIndex>``, :func:`~.decode.member_name`), and R
+**slots**, the members its trainers know (their ranks: the user's ``replicas``). At first slot
+k is held by position k; positions R..R+N-1 hold none: they are the spares. A **swap** gives a
+slot whose holder must get a new pod to a ready spare: the old position, once its pod is
+replaced, is a spare in turn. The GangState status keeps the slots whose holder is another
+position than their own name (``status.slots``: slot -> position), so it stays empty, and
+small, until a spare is used.
+
+The rule that makes a swap safe (guarantee 12, docs/guarantees.md): **a slot is given to
+another pod only when its old holder cannot be training any more** (:func:`fenced`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jobset_inplace import names
+from jobset_inplace.core.model import PodView
+from jobset_inplace.core.policy import PolicyError
+from jobset_inplace.trainer.checkpoints import parse_canonical_int
+
+Slots = Mapping[str, str]  # slot -> the position holding it, where that is not the slot itself
+
+SPARES_FORM = "a whole number from 0 to the replicatedJob's replicas"
+
+
+@dataclass(frozen=True)
+class SpareSpec:
+    """The spares a JobSet declared: ``spares`` pods of ``replicated_job`` beyond its
+    ``members`` (the webhook raised its ``replicas`` by ``spares``)."""
+
+    replicated_job: str
+    members: int
+    spares: int
+
+
+def spare_spec(jobset: Mapping[str, Any]) -> SpareSpec | None:
+    """The spares of a JobSet the webhook has prepared (its ``replicas`` already include them),
+    None when it declares none. Raises :class:`~.policy.PolicyError` naming the annotation and
+    the accepted form."""
+    annotations = (jobset.get("metadata") or {}).get("annotations") or {}
+    raw = annotations.get(names.HOT_SPARES)
+    if raw is None:
+        return None
+    count = parse_canonical_int(raw)
+    if count is None:
+        raise PolicyError(names.HOT_SPARES, raw, SPARES_FORM)
+    jobs = {
+        str(rj.get("name")): int(rj.get("replicas", 1))
+        for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []
+    }
+    job = annotations.get(names.HOT_SPARES_JOB)
+    if job is None:
+        if len(jobs) != 1:
+            raise PolicyError(
+                names.HOT_SPARES_JOB,
+                "",
+                f"the replicatedJob the spares belong to (one of {', '.join(sorted(jobs))}), "
+                "required when the JobSet has more than one",
+            )
+        job = next(iter(jobs))
+    if job not in jobs:
+        raise PolicyError(
+            names.HOT_SPARES_JOB, job, f"one of the JobSet's replicatedJobs: {', '.join(jobs)}"
+        )
+    if not 0 <= count < jobs[job]:
+        raise PolicyError(names.HOT_SPARES, raw, SPARES_FORM)
+    if count == 0:
+        return None
+    return SpareSpec(job, jobs[job] - count, count)
+
+
+def holder(slots: Slots, slot: str) -> str:
+    """The position that holds ``slot``."""
+    return slots.get(slot, slot)
+
+
+def moved_positions(slots: Slots) -> dict[str, str | None]:
+    """The positions whose slot is not their own name: a position holding another's slot ->
+    that slot; a slot's own position that gave it away and holds none -> None (a spare).
+    Every other position holds the slot of its own name, if it is one."""
+    out: dict[str, str | None] = dict.fromkeys(slots)
+    out.update({position: slot for slot, position in slots.items()})
+    return out
+
+
+def valid_slots(raw: Slots, members: frozenset[str], positions: frozenset[str]) -> bool:
+    """Whether ``raw`` (as read from a status) maps slots of ``members`` to distinct
+    ``positions`` (members and spares), each slot held by exactly one of them."""
+    held = [holder(raw, m) for m in members]
+    return (
+        all(slot in members and slot != position for slot, position in raw.items())
+        and set(held) <= positions
+        and len(set(held)) == len(held)
+    )
+
+
+def swapped(slots: Slots, slot: str, position: str) -> dict[str, str]:
+    """``slots`` with ``slot`` given to ``position`` (which held none)."""
+    out = dict(slots)
+    if position == slot:
+        out.pop(slot, None)
+    else:
+        out[slot] = position
+    return out
+
+
+def spares(slots: Slots, members: frozenset[str], positions: frozenset[str]) -> frozenset[str]:
+    """The positions that hold no slot."""
+    return positions - {holder(slots, m) for m in members}
+
+
+def fenced(old: PodView | None, *, force_deleted: bool) -> bool:
+    """Whether a slot's old holder, pod ``old`` (None: gone from the API), cannot be training
+    any more: gone, or terminal (its kubelet said so), or force-deleted on a silent node
+    (``force_deleted``: the planner does it with ``force-delete: unreachable``, which states
+    that such a node is fenced, as every replacement of a silent node's pod already assumes).
+    A pod being deleted on a live node is not fenced until its kubelet has stopped it."""
+    if old is None or force_deleted:
+        return True
+    return old.phase in ("Failed", "Succeeded")
+
+
+@dataclass(frozen=True)
+class Swap:
+    slot: str
+    spare: PodView  # its member is its position
+
+
+def plan_swaps(
+    wanting: Sequence[str], ready: Sequence[PodView], avoid_nodes: frozenset[str]
+) -> tuple[list[Swap], list[str]]:
+    """Ready spares (their pods, lowest position first) for the slots in ``wanting`` (in that
+    order), none on ``avoid_nodes`` (the nodes of the pods being replaced): (the swaps, the
+    slots left without a spare: the shortfall)."""
+    free = [pod for pod in sorted(ready, key=lambda p: _job_order(p.member)) if pod.node]
+    free = [pod for pod in free if pod.node not in avoid_nodes]
+    swaps = [Swap(slot, pod) for slot, pod in zip(wanting, free, strict=False)]
+    return swaps, list(wanting[len(swaps) :])
+
+
+def _job_order(position: str) -> tuple[str, int, str]:
+    job, _, rest = position.partition("/")
+    index, _, completion = rest.partition("/")
+    return job, int(index) if index.isdigit() else -1, completion

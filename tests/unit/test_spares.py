@@ -1,0 +1,328 @@
+"""Hot spares (core/spares.py, the planner's swaps): declared, mapped to slots, swapped in
+only once the old holder is fenced, and never two pods holding one slot."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jobset_inplace import names
+from jobset_inplace.core.decode import gang_spec
+from jobset_inplace.core.detection import current_pods, current_spares
+from jobset_inplace.core.gangstate import status_from_dict, status_to_dict
+from jobset_inplace.core.model import (
+    Event,
+    GangStatus,
+    NodeView,
+    Plan,
+    PodView,
+    ReplacePod,
+    Snapshot,
+)
+from jobset_inplace.core.planner import plan
+from jobset_inplace.core.policy import ForceDelete, Policy, PolicyError
+from jobset_inplace.core.spares import (
+    fenced,
+    moved_positions,
+    plan_swaps,
+    spare_spec,
+    spares,
+    swapped,
+    valid_slots,
+)
+from jobset_inplace.core.statemachine import Phase
+
+from .gangs import NOW, member, nodes, pods, running, snapshot, with_pod
+
+MEMBERS, SPARES = 4, 2
+POSITIONS = frozenset(member(i) for i in range(MEMBERS + SPARES))
+SLOTS = frozenset(member(i) for i in range(MEMBERS))
+
+
+def events(p: Plan) -> list[str]:
+    return [a.reason for a in p.actions if isinstance(a, Event)]
+
+
+def replaced(p: Plan) -> list[ReplacePod]:
+    return [a for a in p.actions if isinstance(a, ReplacePod)]
+
+
+def gang(
+    *,
+    status: GangStatus | None = None,
+    pod_list: list[PodView] | None = None,
+    node_map: dict[str, NodeView] | None = None,
+    policy: Policy | None = None,
+    now: float = NOW,
+) -> Snapshot:
+    """4 members (p0..p3 on n0..n3) and 2 hot spares (p4, p5 on n4, n5)."""
+    status = status or running()
+    s = snapshot(
+        MEMBERS + SPARES,
+        status=status,
+        pod_list=pod_list if pod_list is not None else pods(6, epoch=status.epoch),
+        node_map=node_map,
+        policy=policy,
+        now=now,
+    )
+    spare = frozenset(member(i) for i in range(MEMBERS, MEMBERS + SPARES))
+    return dataclasses.replace(s, gang=dataclasses.replace(s.gang, members=SLOTS, spares=spare))
+
+
+def dead(node_map: dict[str, NodeView], name: str) -> dict[str, NodeView]:
+    """``name`` silent for a minute (its Lease stale, Ready Unknown)."""
+    out = dict(node_map)
+    out[name] = NodeView(name, ready="Unknown", ready_since=NOW - 60, lease_renewed=NOW - 100)
+    return out
+
+
+def jobset(replicas: int, annotations: dict[str, str], jobs: tuple[str, ...] = ("w",)) -> Any:
+    return {
+        "metadata": {"name": "js", "namespace": "ns", "annotations": annotations},
+        "spec": {
+            "replicatedJobs": [
+                {"name": job, "replicas": replicas, "template": {"spec": {"template": {}}}}
+                for job in jobs
+            ]
+        },
+    }
+
+
+# --- declaring spares -------------------------------------------------------------------------
+def test_spares_are_the_highest_job_indexes_beyond_the_members() -> None:
+    js = jobset(6, {names.HOT_SPARES: "2"})
+    spec = spare_spec(js)
+    assert spec is not None
+    assert (spec.replicated_job, spec.members, spec.spares) == ("w", 4, 2)
+    g = gang_spec(js)
+    assert g.members == {f"w/{i}/0" for i in range(4)}
+    assert g.spares == {"w/4/0", "w/5/0"}
+    assert spare_spec(jobset(6, {names.HOT_SPARES: "0"})) is None
+    assert spare_spec(jobset(6, {})) is None
+
+
+@pytest.mark.parametrize(
+    ("annotations", "jobs", "named"),
+    [
+        ({names.HOT_SPARES: "6"}, ("w",), names.HOT_SPARES),  # no member left
+        ({names.HOT_SPARES: "-1"}, ("w",), names.HOT_SPARES),
+        ({names.HOT_SPARES: "01"}, ("w",), names.HOT_SPARES),
+        ({names.HOT_SPARES: "two"}, ("w",), names.HOT_SPARES),
+        ({names.HOT_SPARES: "1"}, ("w", "d"), names.HOT_SPARES_JOB),  # which one?
+        ({names.HOT_SPARES: "1", names.HOT_SPARES_JOB: "x"}, ("w", "d"), names.HOT_SPARES_JOB),
+    ],
+)
+def test_a_malformed_declaration_is_refused_naming_the_annotation(
+    annotations: dict[str, str], jobs: tuple[str, ...], named: str
+) -> None:
+    with pytest.raises(PolicyError) as e:
+        spare_spec(jobset(6, annotations, jobs))
+    assert e.value.key == named
+    assert "expected" in str(e.value)
+
+
+def test_the_spares_of_one_replicated_job_among_several() -> None:
+    js = jobset(3, {names.HOT_SPARES: "1", names.HOT_SPARES_JOB: "d"}, ("w", "d"))
+    g = gang_spec(js)
+    assert g.spares == {"d/2/0"}
+    assert g.members == {"w/0/0", "w/1/0", "w/2/0", "d/0/0", "d/1/0"}
+
+
+# --- the slot mapping -------------------------------------------------------------------------
+def test_a_swap_moves_one_slot_and_frees_the_old_position() -> None:
+    slots = swapped({}, member(2), member(4))
+    assert slots == {member(2): member(4)}
+    assert moved_positions(slots) == {member(2): None, member(4): member(2)}
+    assert spares(slots, SLOTS, POSITIONS) == {member(2), member(5)}
+    back = swapped(slots, member(2), member(2))  # the slot back to its own position: no entry
+    assert back == {}
+    assert spares(back, SLOTS, POSITIONS) == {member(4), member(5)}
+    assert valid_slots(slots, SLOTS, POSITIONS)
+
+
+@pytest.mark.parametrize(
+    "slots",
+    [
+        {member(2): member(4), member(3): member(4)},  # two slots, one pod
+        {member(2): member(3)},  # slot 3 still held by its own position too
+        {member(2): member(9)},  # no such position
+        {member(4): member(5)},  # not a slot
+        {member(2): member(2)},  # (never written: the identity has no entry)
+    ],
+)
+def test_slots_that_do_not_fit_the_gang_are_not_valid(slots: dict[str, str]) -> None:
+    assert not valid_slots(slots, SLOTS, POSITIONS)
+
+
+def test_slots_that_do_not_fit_are_ignored_each_slot_held_by_its_own_position() -> None:
+    s = gang(status=running(slots={member(2): member(4), member(3): member(4)}))
+    assert {m: p.name for m, p in current_pods(s).items()} == {member(i): f"p{i}" for i in range(4)}
+    assert set(current_spares(s)) == {member(4), member(5)}
+
+
+def test_fenced_only_when_the_old_pod_cannot_be_training() -> None:
+    (pod,) = pods(1, epoch=2)
+    assert fenced(None, force_deleted=False), "gone from the API"
+    assert fenced(dataclasses.replace(pod, phase="Failed"), force_deleted=False)
+    assert not fenced(pod, force_deleted=False)
+    assert not fenced(dataclasses.replace(pod, deleting=True), force_deleted=False), (
+        "being deleted: its kubelet has not stopped it yet"
+    )
+    assert fenced(pod, force_deleted=True), "force-deleted on a silent node (the policy's fence)"
+
+
+def test_spares_are_given_lowest_position_first_never_on_an_avoided_node() -> None:
+    ready = pods(6, epoch=2)[4:]
+    swaps, short = plan_swaps([member(1), member(2)], list(reversed(ready)), frozenset({"n4"}))
+    assert [(s.slot, s.spare.name) for s in swaps] == [(member(1), "p5")]
+    assert short == [member(2)]
+
+
+# --- the planner's swaps ----------------------------------------------------------------------
+def test_a_dead_nodes_member_continues_on_a_ready_spare_at_once() -> None:
+    nm = dead(nodes(6), "n2")
+    p = plan(gang(node_map=nm))
+    assert (p.status.phase, p.status.epoch) == (Phase.RECOVERING, 3)
+    (r,) = replaced(p)
+    assert (r.pod, r.fail_first) == ("p2", True), "the old pod is still force-deleted"
+    assert p.status.slots == {member(2): member(4)}
+    assert "SpareSwapped" in events(p)
+    assert p.status.recovery is not None
+    assert p.status.recovery.recreated == {member(2): "uid-2"}
+    # the next pass: p4 is member 2's pod; once it and the others report epoch 3, the barrier
+    # opens without waiting for any new pod
+    later = with_pod(pods(6, epoch=3), 2, phase="Failed")
+    s = gang(status=p.status, pod_list=later, node_map=nm, now=NOW + 2)
+    assert current_pods(s)[member(2)].name == "p4"
+    assert set(current_spares(s)) == {member(2), member(5)}
+    opened = plan(s)
+    assert (opened.status.barrier_open, opened.status.phase) == (True, Phase.RUNNING)
+    assert opened.status.slots == {member(2): member(4)}
+
+
+def test_without_spares_ready_the_member_waits_for_its_jobs_new_pod() -> None:
+    nm = dead(nodes(6), "n2")
+    not_ready = with_pod(with_pod(pods(6, epoch=2), 4, phase="Pending"), 5, not_ready_since=NOW)
+    p = plan(gang(node_map=nm, pod_list=not_ready))
+    assert p.status.slots == {}
+    assert "SpareShortfall" in events(p)
+    assert "SpareSwapped" not in events(p)
+    assert [r.pod for r in replaced(p)] == ["p2"]
+
+
+def test_a_spare_on_the_dead_node_is_not_used() -> None:
+    nm = dead(nodes(6), "n2")
+    same_node = with_pod(pods(6, epoch=2), 4, node="n2")
+    p = plan(gang(node_map=nm, pod_list=same_node))
+    assert p.status.slots == {member(2): member(5)}
+
+
+def test_a_live_pods_slot_moves_only_once_its_kubelet_stopped_it() -> None:
+    """A member replaced while its node lives (here: repeated failures in place) is deleted
+    with its grace: the spare takes the slot only once the old pod is gone or terminal."""
+    policy = Policy(member_repeat_limit=1)
+    exited = with_pod(pods(6, epoch=2), 1, exited_in_epoch=2)
+    p = plan(gang(pod_list=exited, policy=policy))
+    assert [r.pod for r in replaced(p)] == ["p1"]
+    assert p.status.slots == {}, "p1 may still be training while its deletion runs"
+    deleting = with_pod(pods(6, epoch=3), 1, deleting=True)
+    again = plan(gang(status=p.status, pod_list=deleting, policy=policy, now=NOW + 1))
+    assert again.status.slots == {}
+    gone = [pod for pod in pods(6, epoch=3) if pod.name != "p1"]
+    moved = plan(gang(status=again.status, pod_list=gone, policy=policy, now=NOW + 2))
+    assert moved.status.slots == {member(1): member(4)}
+
+
+def test_a_dead_node_is_not_fenced_when_force_delete_is_off() -> None:
+    nm = dead(nodes(6), "n2")
+    p = plan(gang(node_map=nm, policy=Policy(force_delete=ForceDelete.NEVER)))
+    assert p.status.slots == {}
+
+
+def test_two_members_dead_one_spare_ready_one_swap_one_replacement() -> None:
+    nm = dead(dead(nodes(6), "n1"), "n2")
+    one_ready = with_pod(pods(6, epoch=2), 5, phase="Pending")
+    p = plan(gang(node_map=nm, pod_list=one_ready))
+    assert p.status.slots == {member(1): member(4)}
+    assert sorted(r.pod for r in replaced(p)) == ["p1", "p2"]
+    assert "SpareShortfall" in events(p)
+
+
+def test_a_swapped_in_spare_that_dies_gives_the_slot_to_the_next_spare() -> None:
+    nm = dead(nodes(6), "n2")
+    p = plan(gang(node_map=nm))
+    assert p.status.slots == {member(2): member(4)}
+    nm4 = dead(nm, "n4")  # the spare's node dies during the swap
+    later = with_pod(pods(6, epoch=3), 2, phase="Failed")
+    q = plan(gang(status=p.status, pod_list=later, node_map=nm4, now=NOW + 2))
+    assert q.status.slots == {member(2): member(5)}
+    assert [r.pod for r in replaced(q)] == ["p4"]
+
+
+def test_the_old_positions_new_pod_is_a_spare() -> None:
+    nm = dead(nodes(6), "n2")
+    p = plan(gang(node_map=nm))
+    new = PodView("p2b", "uid-2b", member(2), "n6", "Running", NOW + 5)
+    later = [*with_pod(pods(6, epoch=3), 2, phase="Failed"), new]
+    s = gang(status=p.status, pod_list=later, node_map={**nm, "n6": NodeView("n6")}, now=NOW + 6)
+    assert current_pods(s)[member(2)].name == "p4"
+    assert current_spares(s)[member(2)].name == "p2b"
+
+
+def test_a_jobset_restart_gives_every_slot_back_to_its_own_position() -> None:
+    restarted = running(slots={member(2): member(4)}, restart_attempt=0)
+    s = gang(status=restarted)
+    s = dataclasses.replace(s, gang=dataclasses.replace(s.gang, restart_attempt=1))
+    s = dataclasses.replace(
+        s, pods=tuple(dataclasses.replace(p, restart_attempt=1) for p in s.pods)
+    )
+    assert plan(s).status.slots == {}
+
+
+def test_the_slots_round_trip_and_a_malformed_entry_is_dropped() -> None:
+    st = running(slots={member(2): member(4)})
+    assert status_from_dict(status_to_dict(st)).slots == {member(2): member(4)}
+    raw = status_to_dict(st) | {"slots": {member(1): 5, member(2): member(4)}}
+    assert status_from_dict(raw).slots == {member(2): member(4)}
+    assert status_from_dict(status_to_dict(st) | {"slots": ["x"]}).slots == {}
+
+
+# --- properties -------------------------------------------------------------------------------
+@settings(max_examples=150, deadline=None)
+@given(
+    deaths=st.lists(st.integers(0, MEMBERS + SPARES - 1), min_size=1, max_size=6),
+    force=st.booleans(),
+)
+def test_never_two_pods_hold_one_slot_and_no_slot_moves_from_an_unfenced_pod(
+    deaths: list[int], force: bool
+) -> None:
+    """Nodes die one after another (a node's pods are then force-deleted or not); every pass:
+    the slots stay a one-to-one map of slots to positions, and a slot is given to another
+    position only when the pod that held it is fenced (gone, terminal, or force-deleted on its
+    silent node)."""
+    policy = Policy(
+        force_delete=ForceDelete.UNREACHABLE if force else ForceDelete.NEVER, recreate_budget=50
+    )
+    nm = nodes(MEMBERS + SPARES)
+    pod_list = pods(MEMBERS + SPARES, epoch=2)
+    status = running()
+    now = NOW
+    for node in deaths:
+        nm = dead(nm, f"n{node}")
+        s = gang(status=status, pod_list=pod_list, node_map=nm, policy=policy, now=now)
+        before = current_pods(s)
+        p = plan(s)
+        assert valid_slots(p.status.slots, SLOTS, POSITIONS)
+        after = gang(status=p.status, pod_list=pod_list, node_map=nm, policy=policy, now=now)
+        forced = {r.uid for r in replaced(p) if r.fail_first}
+        for slot, pod in current_pods(after).items():
+            old = before.get(slot)
+            if old is not None and old.uid != pod.uid:
+                assert fenced(old, force_deleted=old.uid in forced)
+        # the force-deleted pods are gone by the next pass
+        pod_list = [pod for pod in pod_list if pod.uid not in forced]
+        status, now = p.status, now + 30
