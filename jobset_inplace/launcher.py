@@ -106,9 +106,11 @@ def read_state(path: Path) -> tuple[str, int | None, int | None] | None:
     )
 
 
-def resume_epoch(state_dir: Path) -> tuple[int, int | None] | None:
-    """(epoch, resume step) of ``resume.json``; None while there is none (or it is unreadable:
-    the agent writes it atomically, so that is never a state to act on)."""
+def resume_epoch(state_dir: Path) -> tuple[int, int | None, dict[str, str]] | None:
+    """(epoch, resume step, the epoch's environment for the command) of ``resume.json``; None
+    while there is none (or it is unreadable: the agent writes it atomically, so that is never
+    a state to act on). The environment (``env``: a hot spare's slot, docs/trainer-contract.md)
+    is kept only as strings."""
     try:
         doc = json.loads((state_dir / RESUME_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -117,7 +119,13 @@ def resume_epoch(state_dir: Path) -> tuple[int, int | None] | None:
     if not isinstance(epoch, int) or isinstance(epoch, bool):
         return None
     step = doc.get("resumeStep")
-    return epoch, step if isinstance(step, int) and not isinstance(step, bool) else None
+    env = doc.get("env")
+    env = env if isinstance(env, dict) else {}
+    return (
+        epoch,
+        step if isinstance(step, int) and not isinstance(step, bool) else None,
+        {k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str)},
+    )
 
 
 def _log(message: str) -> None:
@@ -225,8 +233,8 @@ class Launcher:
         except OSError as e:
             return e
 
-    def start(self, epoch: int, step: int | None) -> bool:
-        env = dict(os.environ)
+    def start(self, epoch: int, step: int | None, epoch_env: dict[str, str]) -> bool:
+        env = {**os.environ, **epoch_env}
         env[ENV_EPOCH], env[ENV_RESUME_STEP] = str(epoch), "" if step is None else str(step)
         self.code = None
         spawned = self.spawn(env)
@@ -269,13 +277,14 @@ class Launcher:
             for path in (word, Path(f"{word}.lock"), Path(f"{word}{PRESTART_FORKER_SUFFIX}")):
                 path.unlink(missing_ok=True)
 
-    def go(self, epoch: int, step: int | None) -> None:
-        """The word to the pre-started command: its epoch and resume step, then the lock; it
-        becomes the running one."""
+    def go(self, epoch: int, step: int | None, epoch_env: dict[str, str]) -> None:
+        """The word to the pre-started command: its epoch, resume step and environment, then
+        the lock; it becomes the running one."""
         assert self.word is not None
         assert self.hold is not None
         tmp = self.word.with_name(f".{self.word.name}.tmp")
-        tmp.write_text(json.dumps({"epoch": epoch, "resumeStep": step}) + "\n")
+        word = {"epoch": epoch, "resumeStep": step, "env": epoch_env}
+        tmp.write_text(json.dumps(word) + "\n")
         os.replace(tmp, self.word)
         os.close(self.hold)  # releases the lock: every waiting process goes
         self.child, self.code, self.child_word = self.standby, None, self.word
@@ -415,8 +424,8 @@ class Launcher:
             if self.standby is not None and self.standby_code is not None:
                 self.standby_lost()
             if self.standby is not None:
-                self.go(epoch, resume[1])
-            elif not self.start(epoch, resume[1]):
+                self.go(epoch, resume[1], resume[2])
+            elif not self.start(epoch, resume[1], resume[2]):
                 self.write(EXITED, epoch, self.code)
                 continue
             self.started_at = time.monotonic()

@@ -147,6 +147,21 @@ ENV_STRAGGLER_WINDOWS: Final = "JSI_STRAGGLER_WINDOWS"
 ENV_CHECKPOINT_LAYOUT: Final = "JSI_CHECKPOINT_LAYOUT"
 ENV_CHECKPOINT_STEP_PATTERN: Final = "JSI_CHECKPOINT_STEP_PATTERN"
 
+# Hot spares (docs/design/hot-spares.md), on the agent of the spares' replicatedJob: its
+# member count (the slots: ranks 0..N-1), the replicatedJob, the pod's job index (its position)
+# and the DNS domain of the gang's pods (slot 0's holder is the rendezvous host).
+ENV_SLOTS: Final = "JSI_SLOTS"
+ENV_REPLICATED_JOB: Final = "JSI_REPLICATED_JOB"
+ENV_JOB_INDEX: Final = "JSI_JOB_INDEX"
+ENV_PEER_DOMAIN: Final = "JSI_PEER_DOMAIN"
+# ... and what the launcher gives a holder's trainer for each epoch: its slot (its rank), and
+# torchrun's node rank and rendezvous host (torchrun reads an option it is not given from
+# PET_<OPTION>), and JAX's coordinator host.
+ENV_SLOT: Final = "JSI_SLOT"
+ENV_COORDINATOR: Final = "JSI_COORDINATOR"
+ENV_TORCHRUN_NODE_RANK: Final = "PET_NODE_RANK"
+ENV_TORCHRUN_MASTER_ADDR: Final = "PET_MASTER_ADDR"
+
 # On every pod the webhook prepares (its agent's): the NetworkPolicy shipped with the controller
 # lets only such pods reach the report channel.
 AGENT_POD_LABEL: Final = "jobset-inplace.dev/agent"
@@ -170,3 +185,9 @@ JOB_TRACKING_FINALIZER: Final = "batch.kubernetes.io/job-tracking"
 KUEUE_CONFIG_NAMESPACE: Final = "kueue-system"
 KUEUE_CONFIG_MAP: Final = "kueue-manager-config"
 KUEUE_CONFIG_KEY: Final = "controller_manager_config.yaml"
+
+
+def member_name(replicated_job: str, job_index: object, completion_index: object) -> str:
+    """``<replicatedJob>/<jobIndex>/<completionIndex>``: a member's stable identity across
+    pod recreations (with hot spares: a pod's position, and a slot's name)."""
+    return f"{replicated_job}/{job_index}/{completion_index}"

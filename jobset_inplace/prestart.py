@@ -185,9 +185,9 @@ def _cuda_initialised() -> bool:
     return bool(check()) if callable(check) else False
 
 
-def wait_for_word(go: str) -> tuple[str, str] | None:
-    """Block until the launcher releases the lock; (epoch, resume step) from its word (None:
-    released without one)."""
+def wait_for_word(go: str) -> tuple[str, str, dict[str, str]] | None:
+    """Block until the launcher releases the lock; (epoch, resume step, the epoch's
+    environment) from its word (None: released without one)."""
     import fcntl  # noqa: PLC0415  (Linux only, as the launcher)
 
     with open(go + ".lock", "a+") as lock:
@@ -200,7 +200,13 @@ def wait_for_word(go: str) -> tuple[str, str] | None:
     if not isinstance(word, dict):
         return None
     step = word.get("resumeStep")
-    return str(word.get("epoch", "")), "" if step is None else str(step)
+    env = word.get("env")
+    env = env if isinstance(env, dict) else {}
+    return (
+        str(word.get("epoch", "")),
+        "" if step is None else str(step),
+        {k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str)},
+    )
 
 
 # --- the worker forker: a held torchrun's, for the workers it starts once released ----------
@@ -658,7 +664,8 @@ def hold(go: str) -> None:
     if word is None:
         _log("released without a word (the launcher is gone): exiting")
         os._exit(EXIT_NO_WORD)
-    os.environ[ENV_EPOCH], os.environ[ENV_RESUME_STEP] = word
+    os.environ.update(word[2])  # (a hot spare's slot: before the command's own code reads it)
+    os.environ[ENV_EPOCH], os.environ[ENV_RESUME_STEP] = word[0], word[1]
     del os.environ[ENV_GO]  # the trainer's own children start as any child would
     if socket_path is not None:
         os.environ[ENV_FORKER] = f"{os.getpid()}:{socket_path}"

@@ -14,16 +14,21 @@ from jobset_inplace.names import (
     ENV_CHECKPOINT_LAYOUT,
     ENV_CHECKPOINT_STEP_PATTERN,
     ENV_HANG_TIMEOUT,
+    ENV_JOB_INDEX,
+    ENV_PEER_DOMAIN,
+    ENV_REPLICATED_JOB,
     ENV_REPORT_TOKEN_FILE,
+    ENV_SLOTS,
     ENV_STARTUP_TIMEOUT,
     ENV_STRAGGLER_WINDOW,
     ENV_STRAGGLER_WINDOWS,
 )
 from jobset_inplace.trainer import resolve_state_dir, tier_roots
-from jobset_inplace.trainer.checkpoints import parse_canonical_int
+from jobset_inplace.trainer.checkpoints import MAX_STEP, parse_canonical_int
 from jobset_inplace.trainer.layouts import CheckpointLayout, checkpoint_layout
 
 from .hang import HangRule
+from .logic import Position
 
 __all__ = [
     "DEFAULT_PROBE_PORT",
@@ -75,6 +80,8 @@ class Config:
     # reports are written on the pod, as by agents injected before the channel existed).
     pod_uid: str | None = None
     report_token_file: Path | None = None
+    # Hot spares (None: the gang has none in this pod's replicatedJob): where this pod stands
+    position: Position | None = None
 
     @property
     def channel(self) -> bool:
@@ -198,6 +205,22 @@ def _layout(env: Mapping[str, str]) -> CheckpointLayout:
         raise ConfigError(f"{ENV_CHECKPOINT_LAYOUT}/{ENV_CHECKPOINT_STEP_PATTERN}: {e}") from None
 
 
+def _position(env: Mapping[str, str], gangstate: str) -> Position | None:
+    """This pod's place among the hot spares' slots (None: no spares here)."""
+    if not env.get(ENV_SLOTS):
+        return None
+    members = _int(env, ENV_SLOTS, 0, low=1, high=MAX_STEP)
+    if not env.get(ENV_JOB_INDEX):
+        raise ConfigError(f"{ENV_JOB_INDEX} is not set (it should come from the downward API)")
+    return Position(
+        jobset=gangstate,
+        replicated_job=_name(env, ENV_REPLICATED_JOB, _DNS_LABEL, 63),
+        members=members,
+        job_index=_int(env, ENV_JOB_INDEX, -1, low=0, high=MAX_STEP),
+        domain=_name(env, ENV_PEER_DOMAIN, _DNS_SUBDOMAIN, 253),
+    )
+
+
 def load_config(env: Mapping[str, str]) -> Config:
     """The configuration in `env`; raises `ConfigError` naming the first bad variable."""
     pod = _name(env, "POD_NAME", _DNS_SUBDOMAIN, 253)
@@ -244,4 +267,5 @@ def load_config(env: Mapping[str, str]) -> Config:
             if env.get(ENV_REPORT_TOKEN_FILE)
             else None
         ),
+        position=_position(env, gangstate),
     )

@@ -22,9 +22,10 @@ Rules (see the package docstring for why):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from jobset_inplace.trainer.checkpoints import MAX_STEP, is_int
+from jobset_inplace import names
+from jobset_inplace.trainer.checkpoints import MAX_STEP, is_int, parse_canonical_int
 
 __all__ = [
     "Action",
@@ -33,8 +34,10 @@ __all__ = [
     "GangView",
     "MalformedStatus",
     "Open",
+    "Position",
     "Report",
     "Restart",
+    "Standby",
     "Wait",
     "failed_exit",
     "parse_gangstate",
@@ -67,6 +70,67 @@ class GangView:
     # status.plannedStop: (epoch, step) the gang stops at (step None: not decided yet, the
     # controller asks how far the trainers are); None: no planned stop
     planned_stop: tuple[int, int | None] | None = None
+    # status.slots (hot spares): slot -> the position holding it, where not its own
+    slots: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Position:
+    """This pod's place in a gang with hot spares (docs/design/hot-spares.md): the slots of its
+    replicatedJob are ranks 0..members-1; its pod is position ``job_index``, which holds the
+    slot of its own index unless the status gave it away, or another slot the status gives
+    it. Pods are named by JobSet and the Job controller: ``<jobset>-<rjob>-<index>-0`` in
+    ``domain``."""
+
+    jobset: str
+    replicated_job: str
+    members: int
+    job_index: int
+    domain: str
+
+    def _key(self, index: int) -> str:
+        return names.member_name(self.replicated_job, index, 0)
+
+    def _index(self, key: str) -> int | None:
+        job, _, rest = key.partition("/")
+        index, _, completion = rest.partition("/")
+        value = parse_canonical_int(index)
+        return value if job == self.replicated_job and completion == "0" else None
+
+    def slot(self, slots: Mapping[str, str]) -> int | None:
+        """The slot (rank) this pod holds under ``slots``; None: none (a spare)."""
+        me = self._key(self.job_index)
+        for slot, position in slots.items():
+            if position == me:
+                return self._index(slot)
+        if me in slots:
+            return None  # its own slot is held by another position
+        return self.job_index if self.job_index < self.members else None
+
+    def env(self, slots: Mapping[str, str], slot: int) -> dict[str, str]:
+        """The environment of a trainer holding ``slot``: its rank, and rank 0's host."""
+        first = self._key(0)
+        holder = self._index(slots.get(first, first))
+        host = f"{self.jobset}-{self.replicated_job}-{holder}-0.{self.domain}"
+        return {
+            names.ENV_SLOT: str(slot),
+            names.ENV_TORCHRUN_NODE_RANK: str(slot),
+            names.ENV_TORCHRUN_MASTER_ADDR: host,
+            names.ENV_COORDINATOR: host,
+        }
+
+
+def parse_slots(value: object) -> dict[str, str]:
+    """``status.slots``: slot -> position, strings; raises `MalformedStatus` otherwise."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise MalformedStatus(
+            f"status.slots must map slot names to position names, got {_short(value)}"
+        )
+    return dict(value)
 
 
 def parse_planned_stop(value: object) -> tuple[int, int | None] | None:
@@ -130,6 +194,7 @@ def parse_gangstate(obj: object) -> GangView | None:
         phase=phase if isinstance(phase, str) else "",
         endpoint=parse_endpoint(status.get("reportEndpoint")),
         planned_stop=parse_planned_stop(status.get("plannedStop")),
+        slots=parse_slots(status.get("slots")),
     )
 
 
@@ -151,10 +216,21 @@ class Report:
 
 @dataclass(frozen=True)
 class Open:
-    """Write ``resume.json`` for `epoch` (after retiring newer steps), then pass the probe."""
+    """Write ``resume.json`` for `epoch` (after retiring newer steps), then pass the probe;
+    ``env``: the trainer's environment for the epoch (a hot spare gang's slot)."""
 
     epoch: int
     resume_step: int | None
+    slot: int | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Standby:
+    """The barrier of `epoch` is open and this pod holds no slot: a hot spare. No trainer
+    runs; it waits for an epoch in which the status gives it one."""
+
+    epoch: int
 
 
 @dataclass(frozen=True)
@@ -173,25 +249,29 @@ class Wait:
     reason: str
 
 
-Action = Report | Open | Restart | Wait
+Action = Report | Open | Restart | Standby | Wait
 
 
 class AgentLogic:
     """What this agent process has done, and the decision rule over it."""
 
-    def __init__(self) -> None:
+    def __init__(self, position: Position | None = None) -> None:
+        self.position = position  # None: no hot spares, the pod is always its own member
         self.epoch: int | None = None  # the epoch this agent adopted (and reports)
         self.reported = False  # the annotations for `epoch` were written
         self.joined = False  # the report stood while `epoch`'s barrier was closed
         self.opened = False  # resume.json written and the probe passes: the trainer may run
+        self.slot: int | None = None  # the slot its trainer runs as (hot spares)
 
     def step(self, view: GangView) -> Action:
         """The action for the status `view` just observed."""
         if self.reported and view.epoch == self.epoch and not view.barrier_open and not self.opened:
             self.joined = True  # our report is in place while the barrier is still closed
+        slot = None if self.position is None else self.position.slot(view.slots)
         if self.opened:
             assert self.epoch is not None
-            if view.epoch != self.epoch:
+            if view.epoch != self.epoch or slot != self.slot:
+                # a new epoch, or (hot spares) its slot given to another pod: stop the trainer
                 return Restart(self.epoch, view.epoch)
             return Wait(f"open: epoch {self.epoch}, trainer running")
         if self.epoch is None or view.epoch != self.epoch or not self.reported:
@@ -201,11 +281,19 @@ class AgentLogic:
                 f"barrier of epoch {view.epoch} closed: reported, waiting for the gang "
                 "and the controller"
             )
+        return self._open(view, slot)
+
+    def _open(self, view: GangView, slot: int | None) -> Action:
+        """The barrier of this agent's epoch is open."""
+        if self.position is not None and slot is None:
+            return Standby(view.epoch)  # a hot spare, whether it took part or not
         if not self.joined:
             return Wait(
                 f"barrier of epoch {view.epoch} was already open when this agent reported: "
                 "it did not take part, waiting for the next epoch"
             )
+        if self.position is not None and slot is not None:
+            return Open(view.epoch, view.resume_step, slot, self.position.env(view.slots, slot))
         return Open(view.epoch, view.resume_step)
 
     def reported_epoch(self, epoch: int, barrier_closed: bool) -> None:
@@ -218,11 +306,13 @@ class AgentLogic:
         self.reported = True
         self.joined = self.joined or barrier_closed
 
-    def opened_barrier(self, epoch: int) -> None:
-        """Confirm an `Open`: resume.json is written; the probe passes from now on."""
+    def opened_barrier(self, epoch: int, slot: int | None = None) -> None:
+        """Confirm an `Open` (as ``slot``, with hot spares): resume.json is written; the probe
+        passes from now on."""
         if epoch != self.epoch or not self.joined:
             raise RuntimeError(f"cannot open epoch {epoch}: not joined (agent epoch {self.epoch})")
         self.opened = True
+        self.slot = slot
 
 
 # --- process restart scope: the launchers' states (jobset_inplace.launcher) -----------------

@@ -39,6 +39,7 @@ from .logic import (
     Open,
     Report,
     Restart,
+    Standby,
     Wait,
     failed_exit,
     trainers_stopped,
@@ -232,7 +233,7 @@ class Agent:
         self.kube = kube
         self.barrier = barrier
         self.log = log
-        self.logic = AgentLogic()
+        self.logic = AgentLogic(cfg.position)
         self.retries = Retries(ACTION_RETRY, jitter=True)
         self.reporter = Reporter(cfg, log)
         self.channel = self.reporter.channel_for()
@@ -355,6 +356,12 @@ class Agent:
                 self._report(action)
             elif isinstance(action, Open):
                 self._open(action)
+            elif isinstance(action, Standby):
+                self._waiting(
+                    f"hot spare: epoch {action.epoch} open, this pod holds no slot; standing by",
+                    log=True,
+                )
+                return
             elif isinstance(action, Restart):
                 self._restart(action)
             else:
@@ -428,12 +435,14 @@ class Agent:
             )
             clear_progress(cfg.state_dir)  # an epoch's progress records are its trainers' own
             clear_stop(cfg.state_dir)  # and a planned stop is one epoch's
-            write_resume(ResumeInfo(action.epoch, step, cfg.gang), cfg.state_dir)
+            write_resume(ResumeInfo(action.epoch, step, cfg.gang, action.env), cfg.state_dir)
         except (OSError, ValueError) as e:
             raise _ActionFailed(f"cannot prepare the resume of epoch {action.epoch}: {e}") from e
-        self.logic.opened_barrier(action.epoch)
+        self.logic.opened_barrier(action.epoch, action.slot)
         self.running = (action.epoch, time.monotonic())
         where = "from scratch" if step is None else f"from step {step}"
+        if action.slot is not None:
+            where += f", as slot {action.slot}"
         self._open_reason = f"open: epoch {action.epoch}, resume {where}"
         self.barrier.set(True, self._open_reason)
         done = "retired" if layout.kind is Layout.JOBSET_INPLACE else "set aside"
@@ -451,7 +460,8 @@ class Agent:
         self.running = None
         self.barrier.set(False, f"restarting: epoch {action.old_epoch} -> {action.new_epoch}")
         if self.cfg.process_scope and self._stop_trainers(action):
-            self.logic = AgentLogic()  # as a new agent would: report the new epoch and wait
+            # as a new agent would: report the new epoch and wait
+            self.logic = AgentLogic(self.cfg.position)
             self._open_reason = ""
             return
         self.log.info(

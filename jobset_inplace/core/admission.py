@@ -30,6 +30,7 @@ from jobset_inplace.core.agent_access import (
 from jobset_inplace.core.policy import (
     CREATE_TIME_KEYS,
     CREATE_TIME_PRESENCE_KEYS,
+    IMMUTABLE_KEYS,
     PolicyError,
     PolicyErrors,
     is_enabled,
@@ -40,11 +41,11 @@ from jobset_inplace.core.policy import (
 )
 from jobset_inplace.core.torchrun import MAX_RESTARTS_ENV, max_restarts
 from jobset_inplace.core.transform import (
-    AGENT_CONTAINER,
     CHECKPOINT_ENV,
     DEFAULT_AGENT_IMAGE,
     AgentSettings,
     TransformError,
+    has_agent,
     transform,
 )
 
@@ -79,12 +80,7 @@ def _policy_keys(obj: Mapping[str, Any] | None) -> dict[str, str]:
 
 def _has_agent(jobset: Mapping[str, Any]) -> bool:
     rjs = (jobset.get("spec") or {}).get("replicatedJobs") or []
-    for rj in rjs:
-        pod = ((rj.get("template") or {}).get("spec") or {}).get("template") or {}
-        inits = (pod.get("spec") or {}).get("initContainers") or []
-        if not any(c.get("name") == AGENT_CONTAINER for c in inits):
-            return False
-    return bool(rjs)
+    return bool(rjs) and all(has_agent(rj) for rj in rjs)
 
 
 def validate(jobset: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> tuple[bool, str]:
@@ -227,8 +223,17 @@ def _torchrun_warnings(replicated_job: str, pod: Mapping[str, Any]) -> list[str]
 
 
 def _validate_update(jobset: Mapping[str, Any], old: Mapping[str, Any]) -> None:
-    if _policy_keys(old) == _policy_keys(jobset):
+    before, after = _policy_keys(old), _policy_keys(jobset)
+    if before == after:
         return
+    for key in sorted(IMMUTABLE_KEYS):
+        if before.get(key) != after.get(key):
+            raise TransformError(
+                f"annotation {key} cannot be changed on an existing JobSet (was "
+                f"{before.get(key)!r}, now {after.get(key)!r}): the webhook made its "
+                "replicatedJob's replicas from it when the JobSet was created; recreate the "
+                "JobSet to change it"
+            )
     if not is_enabled(_annotations(old)) and not _has_agent(jobset):
         raise TransformError(
             f'annotation {names.ENABLED}="true" cannot be added to an existing JobSet: the '

@@ -14,6 +14,7 @@ from jobset_inplace.core.model import GangSpec, NodeView, PodView
 from jobset_inplace.core.policy import PolicyError, parse_duration
 from jobset_inplace.core.spares import spare_spec
 from jobset_inplace.core.transform import AGENT_CONTAINER
+from jobset_inplace.names import member_name
 from jobset_inplace.times import parse_time
 from jobset_inplace.trainer.checkpoints import (
     MAX_STEP,
@@ -47,12 +48,6 @@ def _ts(value: str | None, default: float = 0.0) -> float:
 
 # The pod labels JobSet sets that name a member: replicated Job, Job index, completion index.
 MEMBER_LABELS = (names.REPLICATED_JOB_LABEL, names.JOB_INDEX_LABEL, names.COMPLETION_INDEX_LABEL)
-
-
-def member_name(replicated_job: str, job_index: object, completion_index: object) -> str:
-    """``<replicatedJob>/<jobIndex>/<completionIndex>``: a member's stable identity across
-    pod recreations."""
-    return f"{replicated_job}/{job_index}/{completion_index}"
 
 
 def member_key(labels: Mapping[str, str]) -> str | None:

@@ -706,20 +706,19 @@ class _Planning:
             dead = rec.causes.get(member) == Cause.NODE_UNHEALTHY
             if old is not None and old.node:
                 avoid.add(old.node)
-            if fenced(old, force_deleted=force and dead):
+            if fenced(None if old is None else old.phase, force_deleted=force and dead):
                 wanting.append(member)
         if not wanting:
             return
         taken = set(rec.recreated.values())
         ready = [p for p in current_spares(s).values() if self.ready_pod(p) and p.uid not in taken]
         swaps, short = plan_swaps(wanting, ready, frozenset(avoid))
-        for swap in swaps:
-            spare = swap.spare
-            st.slots = swapped(st.slots, swap.slot, spare.member)
-            self.current[swap.slot] = dataclasses.replace(spare, member=swap.slot)
+        for slot, spare in swaps:
+            st.slots = swapped(st.slots, slot, spare.member)
+            self.current[slot] = dataclasses.replace(spare, member=slot)
             self.event(
                 "SpareSwapped",
-                f"epoch {st.epoch}: {swap.slot} continues on hot spare {spare.name} (position "
+                f"epoch {st.epoch}: {slot} continues on hot spare {spare.name} (position "
                 f"{spare.member}, node {spare.node}); its old pod is replaced as a spare",
             )
         if short:

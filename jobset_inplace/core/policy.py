@@ -487,8 +487,18 @@ CREATE_TIME_PRESENCE_KEYS: frozenset[str] = frozenset({names.STRAGGLER_FACTOR})
 # The jobset-inplace.dev/ annotations a JobSet may carry: the policy's, the opt-in and the
 # plugin's restart request. Anything else under the prefix is a typo (refused at admission).
 KNOWN_KEYS: frozenset[str] = frozenset(
-    {names.ENABLED, names.RESTART_REQUEST, *(key for _, key, _ in _PARSERS)}
+    {
+        names.ENABLED,
+        names.RESTART_REQUEST,
+        *(key for _, key, _ in _PARSERS),
+        # the gang's shape, read by core/spares.py (the webhook adds the spares to replicas)
+        names.HOT_SPARES,
+        names.HOT_SPARES_JOB,
+    }
 )
+# Keys that can never change once the JobSet exists (refused on UPDATE): the webhook made its
+# replicas from them, and the controller tells members from spares by them.
+IMMUTABLE_KEYS: frozenset[str] = frozenset({names.HOT_SPARES, names.HOT_SPARES_JOB})
 
 
 def unknown_keys(annotations: Mapping[str, str] | None) -> list[PolicyError]:

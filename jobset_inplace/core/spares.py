@@ -17,16 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from jobset_inplace import names
-from jobset_inplace.core.model import PodView
 from jobset_inplace.core.policy import PolicyError
 from jobset_inplace.trainer.checkpoints import parse_canonical_int
 
 Slots = Mapping[str, str]  # slot -> the position holding it, where that is not the slot itself
 
-SPARES_FORM = "a whole number from 0 to the replicatedJob's replicas"
+SPARES_FORM = "a whole number from 0 to the replicatedJob's replicas (at most one spare a member)"
 
 
 @dataclass(frozen=True)
@@ -39,10 +38,11 @@ class SpareSpec:
     spares: int
 
 
-def spare_spec(jobset: Mapping[str, Any]) -> SpareSpec | None:
-    """The spares of a JobSet the webhook has prepared (its ``replicas`` already include them),
-    None when it declares none. Raises :class:`~.policy.PolicyError` naming the annotation and
-    the accepted form."""
+def spare_spec(jobset: Mapping[str, Any], *, prepared: bool = True) -> SpareSpec | None:
+    """The spares a JobSet declares, None when it declares none. ``prepared``: the webhook has
+    raised the spares' ``replicas`` by their number already (every JobSet the controller sees);
+    else its ``replicas`` are the members alone (the JobSet as its owner wrote it). Raises
+    :class:`~.policy.PolicyError` naming the annotation and the accepted form."""
     annotations = (jobset.get("metadata") or {}).get("annotations") or {}
     raw = annotations.get(names.HOT_SPARES)
     if raw is None:
@@ -68,11 +68,12 @@ def spare_spec(jobset: Mapping[str, Any]) -> SpareSpec | None:
         raise PolicyError(
             names.HOT_SPARES_JOB, job, f"one of the JobSet's replicatedJobs: {', '.join(jobs)}"
         )
-    if not 0 <= count < jobs[job]:
+    members = jobs[job] - count if prepared else jobs[job]
+    if not 0 <= count <= members:
         raise PolicyError(names.HOT_SPARES, raw, SPARES_FORM)
     if count == 0:
         return None
-    return SpareSpec(job, jobs[job] - count, count)
+    return SpareSpec(job, members, count)
 
 
 def holder(slots: Slots, slot: str) -> str:
@@ -115,32 +116,38 @@ def spares(slots: Slots, members: frozenset[str], positions: frozenset[str]) -> 
     return positions - {holder(slots, m) for m in members}
 
 
-def fenced(old: PodView | None, *, force_deleted: bool) -> bool:
-    """Whether a slot's old holder, pod ``old`` (None: gone from the API), cannot be training
-    any more: gone, or terminal (its kubelet said so), or force-deleted on a silent node
-    (``force_deleted``: the planner does it with ``force-delete: unreachable``, which states
-    that such a node is fenced, as every replacement of a silent node's pod already assumes).
-    A pod being deleted on a live node is not fenced until its kubelet has stopped it."""
-    if old is None or force_deleted:
-        return True
-    return old.phase in ("Failed", "Succeeded")
+def fenced(old_phase: str | None, *, force_deleted: bool) -> bool:
+    """Whether a slot's old holder, a pod in phase ``old_phase`` (None: gone from the API),
+    cannot be training any more: gone, or terminal (its kubelet said so), or force-deleted on
+    a silent node (``force_deleted``: the planner does it with ``force-delete: unreachable``,
+    which states that such a node is fenced, as every replacement of a silent node's pod
+    already assumes). A pod being deleted on a live node is not fenced until its kubelet has
+    stopped it."""
+    return old_phase is None or force_deleted or old_phase in ("Failed", "Succeeded")
 
 
-@dataclass(frozen=True)
-class Swap:
-    slot: str
-    spare: PodView  # its member is its position
+class Placed(Protocol):
+    """A pod as :func:`plan_swaps` sees it: its position, and its node."""
+
+    @property
+    def member(self) -> str: ...
+
+    @property
+    def node(self) -> str | None: ...
+
+
+P = TypeVar("P", bound=Placed)
 
 
 def plan_swaps(
-    wanting: Sequence[str], ready: Sequence[PodView], avoid_nodes: frozenset[str]
-) -> tuple[list[Swap], list[str]]:
+    wanting: Sequence[str], ready: Sequence[P], avoid_nodes: frozenset[str]
+) -> tuple[list[tuple[str, P]], list[str]]:
     """Ready spares (their pods, lowest position first) for the slots in ``wanting`` (in that
-    order), none on ``avoid_nodes`` (the nodes of the pods being replaced): (the swaps, the
-    slots left without a spare: the shortfall)."""
+    order), none on ``avoid_nodes`` (the nodes of the pods being replaced): ((slot, spare's
+    pod) for each swap, the slots left without a spare: the shortfall)."""
     free = [pod for pod in sorted(ready, key=lambda p: _job_order(p.member)) if pod.node]
     free = [pod for pod in free if pod.node not in avoid_nodes]
-    swaps = [Swap(slot, pod) for slot, pod in zip(wanting, free, strict=False)]
+    swaps = list(zip(wanting, free, strict=False))
     return swaps, list(wanting[len(swaps) :])
 
 

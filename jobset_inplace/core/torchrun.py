@@ -102,3 +102,32 @@ def max_restarts(argv: Sequence[str], env: Mapping[str, str]) -> int | None:
             continue
         found = max(found or 0, restarts)
     return found
+
+
+# torchrun's options that fix a node's identity or where rank 0 is (torch/distributed/run.py),
+# and the rendezvous that ranks nodes by their addresses (dynamic_rendezvous.py sorts the
+# participants): none can serve a gang whose spares take members' ranks (docs/design/hot-spares.md).
+IDENTITY_OPTIONS = (
+    ("--node-rank", "--node_rank"),
+    ("--master-addr", "--master_addr"),
+    ("--rdzv-endpoint", "--rdzv_endpoint"),
+)
+RDZV_BACKEND_FLAGS = ("--rdzv-backend", "--rdzv_backend")
+
+
+def identity_options(argv: Sequence[str]) -> str | None:
+    """The first torchrun option of a container's command (``argv``) that fixes its node's
+    rank or rendezvous host, or a rendezvous backend other than ``static`` (as ``--option
+    value``); None when it starts no torchrun or sets none of them."""
+    for command in _commands(argv):
+        args = _torchrun_args(command)
+        if args is None:
+            continue
+        for flags in IDENTITY_OPTIONS:
+            value = _option(args, flags)
+            if value is not None:
+                return f"{flags[0]} {value}"
+        backend = _option(args, RDZV_BACKEND_FLAGS)
+        if backend not in (None, "static"):
+            return f"{RDZV_BACKEND_FLAGS[0]} {backend}"
+    return None

@@ -31,6 +31,8 @@ from jobset_inplace.core.agent_access import (
 )
 from jobset_inplace.core.agent_settings import DEFAULT_RESOURCES
 from jobset_inplace.core.policy import Escalation, Policy, RestartScope, parse_policy
+from jobset_inplace.core.spares import SpareSpec, spare_spec
+from jobset_inplace.core.torchrun import identity_options
 from jobset_inplace.launcher import (
     ENV_CONTAINER,
     ENV_PRESTART_IMPORTS,
@@ -334,6 +336,99 @@ def _launch(
     agent["env"] = _add_by_name(agent["env"], grace)
 
 
+def _declared_spares(jobset: dict[str, Any]) -> SpareSpec | None:
+    """The JobSet's hot spares, read as its owner wrote it, or as this transform left it (its
+    spares' pod template has the agent already: its ``replicas`` include them)."""
+    spare = spare_spec(jobset, prepared=False)
+    if spare is None:
+        return None
+    for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
+        if rj.get("name") == spare.replicated_job and has_agent(rj):
+            return spare_spec(jobset, prepared=True)
+    return spare
+
+
+def has_agent(replicated_job: Mapping[str, Any]) -> bool:
+    """Whether the replicatedJob's pod template has the agent (this transform ran on it)."""
+    pod = ((replicated_job.get("template") or {}).get("spec") or {}).get("template") or {}
+    inits = (pod.get("spec") or {}).get("initContainers") or []
+    return any(c.get("name") == AGENT_CONTAINER for c in inits)
+
+
+# Pod labels a trainer must not take its rank from when a spare may take its place: the
+# position's job index is not the member's rank once a spare holds its slot.
+_POSITION_FIELDS = (
+    f"metadata.labels['{names.JOB_INDEX_LABEL}']",
+    f"metadata.annotations['{names.JOB_INDEX_LABEL}']",
+    "metadata.name",
+)
+
+
+def _spare_agent(
+    agent: dict[str, Any],
+    spare: SpareSpec,
+    jobset: Mapping[str, Any],
+    job: Mapping[str, Any],
+    *,
+    where: str,
+    policy: Policy,
+) -> dict[str, Any]:
+    """The agent of the spares' replicatedJob (with what it needs to know its slot), after
+    checking that a pod there can take any member's place: one pod per member, the process
+    scope (the launcher gives each epoch its rank), pod DNS names (slot 0's holder is the
+    rendezvous host), and no rank fixed in the pod's own spec."""
+    what = f"{names.HOT_SPARES}: {spare.spares}"
+    if job.get("parallelism", 1) != 1:
+        raise TransformError(
+            f"{where}.template.spec.parallelism must be 1 with {what} (one pod per member: "
+            f"the unit a spare replaces), got {job.get('parallelism')}"
+        )
+    if policy.restart_scope != RestartScope.PROCESS:
+        raise TransformError(
+            f"{what} needs {names.RESTART_SCOPE}: {RestartScope.PROCESS} (the launcher gives "
+            "each epoch's trainer the rank of the slot its pod holds; a pod restart re-runs "
+            "the environment fixed when the pod was made)"
+        )
+    network = (jobset.get("spec") or {}).get("network") or {}
+    if network.get("enableDNSHostnames") is False:
+        raise TransformError(
+            f"spec.network.enableDNSHostnames: false is refused with {what}: the trainers "
+            "reach rank 0 by its pod's DNS name, which changes when a spare takes its place"
+        )
+    pod = (job.get("template") or {}).get("spec") or {}
+    for i, c in enumerate(pod.get("containers") or []):
+        argv = [str(a) for a in (c.get("command") or []) + (c.get("args") or [])]
+        pinned = identity_options(argv)
+        if pinned:
+            raise TransformError(
+                f"{where}.template.spec.containers[{i}]: torchrun {pinned} is refused with "
+                f"{what}: a spare takes a member's rank and rendezvous host, which the "
+                f"launcher gives each epoch ({names.ENV_TORCHRUN_NODE_RANK}, "
+                f"{names.ENV_TORCHRUN_MASTER_ADDR}: torchrun reads them when they are not on "
+                "its command line); remove it (a static rendezvous: no --rdzv-backend c10d)"
+            )
+        for e in c.get("env") or []:
+            path = ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+            if path in _POSITION_FIELDS:
+                raise TransformError(
+                    f"{where}.template.spec.containers[{i}].env {e.get('name')}: {path} is "
+                    f"refused with {what}: it is the pod's position, not its member's rank "
+                    f"once a spare holds the member's slot; read {names.ENV_SLOT} (set by the "
+                    "launcher for each epoch) instead"
+                )
+    subdomain = network.get("subdomain") or (jobset.get("metadata") or {}).get("name")
+    job_index = f"metadata.labels['{names.JOB_INDEX_LABEL}']"
+    out = copy.deepcopy(agent)
+    for item in (
+        {"name": names.ENV_SLOTS, "value": str(spare.members)},
+        {"name": names.ENV_REPLICATED_JOB, "value": spare.replicated_job},
+        _field_env(names.ENV_JOB_INDEX, job_index),
+        {"name": names.ENV_PEER_DOMAIN, "value": str(subdomain)},
+    ):
+        out["env"] = _add_by_name(out["env"], item)
+    return out
+
+
 FAIL_JOBSET_RULE = {
     "name": "jobset-inplace-escalation",
     "action": "FailJobSet",
@@ -356,6 +451,7 @@ def transform(jobset: dict[str, Any], settings: AgentSettings) -> dict[str, Any]
         raise TransformError("metadata.name is required (generateName is not supported)")
     agent = agent_container(name, policy, settings)
     spec = out.setdefault("spec", {})
+    spare = _declared_spares(out)
     for r, rj in enumerate(spec.get("replicatedJobs") or []):
         where = f"spec.replicatedJobs[{r}].template.spec"
         job = rj.setdefault("template", {}).setdefault("spec", {})
@@ -365,13 +461,20 @@ def transform(jobset: dict[str, Any], settings: AgentSettings) -> dict[str, Any]
                 f"{where}: completions ({comp}) must equal parallelism ({par}) "
                 "so every member is one long-running pod"
             )
+        pod_agent = agent
+        if spare is not None and rj.get("name") == spare.replicated_job:
+            rj["replicas"] = spare.members + spare.spares
+            where_rj = f"spec.replicatedJobs[{r}]"
+            pod_agent = _spare_agent(agent, spare, out, job, where=where_rj, policy=policy)
         job["backoffLimit"] = MAX_BACKOFF
         job["podReplacementPolicy"] = "Failed"
         pfp = job.setdefault("podFailurePolicy", {"rules": []})
         rules = pfp.setdefault("rules", [])
         if ESCALATION_RULE not in rules:
             rules.insert(0, copy.deepcopy(ESCALATION_RULE))
-        _prepare_pod(job.setdefault("template", {}), agent, f"{where}.template", settings, policy)
+        _prepare_pod(
+            job.setdefault("template", {}), pod_agent, f"{where}.template", settings, policy
+        )
     fp = spec.get("failurePolicy")
     if policy.escalation == Escalation.FAIL_JOBSET:
         # An escalation fails the Job with reason PodFailurePolicy: fail the whole JobSet on it.

@@ -18,13 +18,13 @@ from jobset_inplace.core.decode import (
     MEMBER_LABELS,
     condition,
     condition_true,
-    member_name,
     pod_view,
 )
 from jobset_inplace.core.gangmembers import inplace_restarts, member_rows, rows_by_pod
 from jobset_inplace.core.gangstate import status_from_dict
 from jobset_inplace.core.model import GangStatus, PlannedStop, Recovery
 from jobset_inplace.core.policy import Policy, PolicyError, parse_policy
+from jobset_inplace.names import member_name
 from jobset_inplace.times import parse_time, rfc3339
 
 REPORT_KIND = "GangStatusReport"

@@ -15,7 +15,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -70,6 +70,9 @@ class ResumeInfo:
     epoch: int
     resume_step: int | None  # None: start from scratch
     gang: str  # "<namespace>/<jobset>"
+    # the epoch's environment for the trainer's command, which the launcher adds (a hot
+    # spare's slot: JSI_SLOT, PET_NODE_RANK, ...); empty without spares
+    env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not is_int(self.epoch) or self.epoch < 0:
@@ -83,7 +86,13 @@ class ResumeInfo:
 
     def to_json(self) -> str:
         """The ``resume.json`` text."""
-        doc = {"epoch": self.epoch, "resumeStep": self.resume_step, "gang": self.gang}
+        doc: dict[str, Any] = {
+            "epoch": self.epoch,
+            "resumeStep": self.resume_step,
+            "gang": self.gang,
+        }
+        if self.env:
+            doc["env"] = dict(self.env)
         return json.dumps(doc) + "\n"
 
     @classmethod

@@ -168,6 +168,56 @@ def test_member_on_notready_node_is_replaced_others_in_place(gang: Gang, kube: C
     assert st["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 1}
 
 
+def test_a_dead_nodes_member_continues_on_a_hot_spare_without_a_new_pod(
+    kube: Clients, namespace: str, controller: Controller, leases: LeaseKeeper
+) -> None:
+    """Hot spares (the JobSet as the webhook leaves it: 4 members + 2 spares = 6 replicas):
+    member 1's node dies; its slot goes to spare position 4 in the recovery's first pass, and
+    the barrier opens once the three survivors and the spare report, with no new pod made at
+    all. The Job's new pod for position 1, when it comes, is a spare: not counted, not waited
+    for."""
+    g = Gang(
+        kube,
+        namespace,
+        f"spare-{uuid.uuid4().hex[:4]}",
+        6,
+        {**FAST, names.HOT_SPARES: "2"},
+        leases=leases,
+    )
+    g.create()
+    st = g.wait_state("created with epoch 1", lambda s: s.get("epoch") == 1)
+    g.report_all(1)
+    st = g.wait_state("barrier open at epoch 1", lambda s: s.get("barrierOpen") is True)
+    assert st["members"]["expected"] == 4, "the spares are no members"
+    assert st["slots"] == {}
+    uids = g.uids()
+
+    leases.dead.add(g.node(1))
+    set_node_ready(kube, g.node(1), "Unknown", since=-30)
+    renew_lease(kube, g.node(1), offset=-60)
+    st = g.wait_state("epoch 2", lambda s: s["epoch"] == 2)
+    assert st["recovery"]["causes"] == {"workers/1/0": "NodeUnhealthy"}
+    assert st["slots"] == {"workers/1/0": "workers/4/0"}, "swapped in the recovery's first pass"
+    wait_for("SpareSwapped", lambda: "SpareSwapped" in reasons(g), 10)
+
+    for i in (0, 2, 3, 4):  # the survivors restart in place; the spare reports the epoch
+        g.restart_in_place(i)
+        g.report(i, 2)
+    st = g.wait_state("barrier open at epoch 2", lambda s: s["barrierOpen"] and s["epoch"] == 2)
+    assert st["slots"] == {"workers/1/0": "workers/4/0"}
+    assert st["budgets"] == {"inPlaceUsed": 1, "recreateUsed": 1}
+    kept = (0, 2, 3, 4)
+    assert {i: g.pod(i).metadata.uid for i in kept} == {i: uids[i] for i in kept}
+    assert st["recovery"]["recreated"] == {"workers/1/0": uids[1]}
+
+    # position 1's new pod (its Job's) is a spare now: it reports, and nothing changes
+    g.make_pod(1, node=g.node(5))
+    g.report(1, 2)
+    st = controller_looked(g, 0)
+    assert (st["epoch"], st["barrierOpen"], st["members"]["reported"]) == (2, True, 4)
+    assert st["slots"] == {"workers/1/0": "workers/4/0"}
+
+
 def test_a_pod_with_a_members_labels_but_not_its_job_is_not_a_member(
     gang: Gang, kube: Clients
 ) -> None:

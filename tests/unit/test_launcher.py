@@ -33,6 +33,8 @@ def note(name, value):  # atomically: the test reads these files as soon as they
 with open(os.path.join(d, "starts"), "a") as f:
     step = os.environ["JSI_RESUME_STEP"] or "-"
     f.write("%s %s %d\n" % (os.environ["JSI_EPOCH"], step, os.getpid()))
+with open(os.path.join(d, "slots"), "a") as f:  # a hot spare gang's: the epoch's environment
+    f.write("%s %s\n" % (os.environ.get("JSI_SLOT", "-"), os.environ.get("PET_MASTER_ADDR", "-")))
 if os.environ.get("CHILD_IGNORES_TERM"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
@@ -106,8 +108,13 @@ class Pod:
     def wait_state(self, state: str, epoch: int | None, code: int | None = None) -> None:
         until(f"state {state} {epoch} {code}", lambda: self.state() == (state, epoch, code))
 
-    def open(self, epoch: int, step: int | None = None) -> None:
-        write_resume(ResumeInfo(epoch, step, "ns/gang"), self.dir)
+    def open(self, epoch: int, step: int | None = None, env: dict[str, str] | None = None) -> None:
+        write_resume(ResumeInfo(epoch, step, "ns/gang", env or {}), self.dir)
+
+    def slots(self) -> list[str]:
+        """The JSI_SLOT and PET_MASTER_ADDR each start saw ("-": unset)."""
+        path = self.dir / "slots"
+        return path.read_text().splitlines() if path.exists() else []
 
     def starts(self) -> list[tuple[str, str, int]]:
         path = self.dir / "starts"
@@ -159,6 +166,18 @@ def test_starts_only_for_a_new_open_epoch_and_stops_when_it_is_withdrawn(pod: Po
     until("second start", lambda: len(pod.starts()) == 2)
     assert pod.starts()[1][:2] == ("2", "20")
     assert pod.proc.poll() is None
+
+
+def test_each_epoch_starts_with_the_environment_resume_json_gives_it(pod: Pod) -> None:
+    """A hot spare gang: the slot a pod holds is the epoch's, not the pod's."""
+    pod.open(1, None)
+    until("first start", lambda: len(pod.slots()) == 1)
+    assert pod.slots() == ["- -"], "no environment: nothing added"
+    clear_resume(pod.dir)
+    pod.wait_state("stopped", 1, 128 + signal.SIGTERM)
+    pod.open(2, 5, {"JSI_SLOT": "3", "PET_MASTER_ADDR": "js-w-4-0.js"})
+    until("second start", lambda: len(pod.slots()) == 2)
+    assert pod.slots()[1] == "3 js-w-4-0.js"
 
 
 def test_a_crash_is_reported_and_not_restarted_in_the_same_epoch(pod: Pod) -> None:

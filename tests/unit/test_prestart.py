@@ -141,6 +141,17 @@ def test_the_next_epoch_is_imported_and_held_while_the_last_one_runs(tmp_path: P
         assert pod.starts()[1] == ("2", "9", standby)
 
 
+def test_a_held_process_is_released_with_its_epochs_environment(tmp_path: Path) -> None:
+    """A hot spare: the slot comes with the word, before the command's own code reads it."""
+    with running(prestart_pod(tmp_path)) as pod:
+        until("held", lambda: "waiting for an epoch" in pod.log())
+        (held,) = prestarted(pod)
+        pod.open(1, 7, {"JSI_SLOT": "2", "PET_MASTER_ADDR": "js-w-5-0.js"})
+        until("start", lambda: len(pod.starts()) == 1)
+        assert pod.starts() == [("1", "7", held)]
+        assert pod.slots() == ["2 js-w-5-0.js"]
+
+
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 

@@ -18,9 +18,9 @@ from jobset_inplace.core.decode import (
     condition_true,
     expected_members,
     member_key,
-    member_name,
 )
 from jobset_inplace.core.policy import PolicyError, is_enabled, parse_enabled, parse_policy
+from jobset_inplace.names import member_name
 from jobset_inplace.times import format_time, parse_time, rfc3339
 from jobset_inplace.trainer.checkpoints import is_int
 

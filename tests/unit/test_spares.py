@@ -3,7 +3,9 @@ only once the old holder is fenced, and never two pods holding one slot."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +13,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jobset_inplace import names
+from jobset_inplace.agent.config import ConfigError, load_config
+from jobset_inplace.agent.logic import (
+    AgentLogic,
+    GangView,
+    MalformedStatus,
+    Open,
+    Position,
+    Report,
+    Restart,
+    Standby,
+    Wait,
+    parse_gangstate,
+)
+from jobset_inplace.core.admission import mutate, validate
 from jobset_inplace.core.decode import gang_spec
 from jobset_inplace.core.detection import current_pods, current_spares
 from jobset_inplace.core.gangstate import status_from_dict, status_to_dict
@@ -35,6 +51,8 @@ from jobset_inplace.core.spares import (
     valid_slots,
 )
 from jobset_inplace.core.statemachine import Phase
+from jobset_inplace.core.transform import AGENT_CONTAINER, AgentSettings, transform
+from jobset_inplace.names import member_name
 
 from .gangs import NOW, member, nodes, pods, running, snapshot, with_pod
 
@@ -165,20 +183,21 @@ def test_slots_that_do_not_fit_are_ignored_each_slot_held_by_its_own_position() 
 
 
 def test_fenced_only_when_the_old_pod_cannot_be_training() -> None:
-    (pod,) = pods(1, epoch=2)
     assert fenced(None, force_deleted=False), "gone from the API"
-    assert fenced(dataclasses.replace(pod, phase="Failed"), force_deleted=False)
-    assert not fenced(pod, force_deleted=False)
-    assert not fenced(dataclasses.replace(pod, deleting=True), force_deleted=False), (
-        "being deleted: its kubelet has not stopped it yet"
+    assert fenced("Failed", force_deleted=False)
+    assert fenced("Succeeded", force_deleted=False)
+    assert not fenced("Running", force_deleted=False), "running, or being deleted (its kubelet "
+    "has not stopped it yet)"
+    assert not fenced("Pending", force_deleted=False)
+    assert fenced("Running", force_deleted=True), (
+        "force-deleted on a silent node (the policy's fence)"
     )
-    assert fenced(pod, force_deleted=True), "force-deleted on a silent node (the policy's fence)"
 
 
 def test_spares_are_given_lowest_position_first_never_on_an_avoided_node() -> None:
     ready = pods(6, epoch=2)[4:]
     swaps, short = plan_swaps([member(1), member(2)], list(reversed(ready)), frozenset({"n4"}))
-    assert [(s.slot, s.spare.name) for s in swaps] == [(member(1), "p5")]
+    assert [(slot, pod.name) for slot, pod in swaps] == [(member(1), "p5")]
     assert short == [member(2)]
 
 
@@ -322,7 +341,243 @@ def test_never_two_pods_hold_one_slot_and_no_slot_moves_from_an_unfenced_pod(
         for slot, pod in current_pods(after).items():
             old = before.get(slot)
             if old is not None and old.uid != pod.uid:
-                assert fenced(old, force_deleted=old.uid in forced)
+                assert fenced(old.phase, force_deleted=old.uid in forced)
         # the force-deleted pods are gone by the next pass
         pod_list = [pod for pod in pod_list if pod.uid not in forced]
         status, now = p.status, now + 30
+
+
+# --- the webhook's declaration ----------------------------------------------------------------
+SETTINGS = AgentSettings(image="example.test/agent:1")
+TORCHRUN_CMD = ["torchrun", "--nnodes=4", "--nproc-per-node=8", "--max-restarts=0", "train.py"]
+
+
+def user_jobset(annotations: dict[str, str] | None = None, **changes: Any) -> dict[str, Any]:
+    """A JobSet as its owner writes it: 4 workers of one pod each running torchrun."""
+    container: dict[str, Any] = {"name": "trainer", "image": "t", "command": list(TORCHRUN_CMD)}
+    container.update(changes.pop("container", {}))
+    job: dict[str, Any] = {
+        "parallelism": 1,
+        "completions": 1,
+        "template": {"spec": {"containers": [container]}},
+    }
+    job.update(changes.pop("job", {}))
+    out: dict[str, Any] = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {
+            "name": "train",
+            "namespace": "ml",
+            "annotations": {names.ENABLED: "true", names.HOT_SPARES: "2", **(annotations or {})},
+        },
+        "spec": {"replicatedJobs": [{"name": "w", "replicas": 4, "template": {"spec": job}}]},
+    }
+    out["spec"].update(changes)
+    return out
+
+
+def agent_env(js: dict[str, Any]) -> dict[str, Any]:
+    pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    (agent,) = (c for c in pod["initContainers"] if c["name"] == AGENT_CONTAINER)
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in agent["env"]}
+
+
+def test_the_webhook_adds_the_spares_to_the_replicas_once_and_tells_the_agents() -> None:
+    out = transform(user_jobset(), SETTINGS)
+    assert out["spec"]["replicatedJobs"][0]["replicas"] == 6
+    env = agent_env(out)
+    assert env[names.ENV_SLOTS] == "4"
+    assert env[names.ENV_REPLICATED_JOB] == "w"
+    assert env[names.ENV_PEER_DOMAIN] == "train"
+    index = f"metadata.labels['{names.JOB_INDEX_LABEL}']"
+    assert env[names.ENV_JOB_INDEX] == {"fieldRef": {"fieldPath": index}}
+    assert transform(out, SETTINGS) == out, "idempotent: the replicas are raised once"
+    assert mutate(out, SETTINGS) == []
+    assert validate(out) == (True, "")
+    g = gang_spec({**out, "metadata": {**out["metadata"], "uid": "u"}})
+    assert g.members == {f"w/{i}/0" for i in range(4)}
+    assert g.spares == {"w/4/0", "w/5/0"}
+    other = transform(user_jobset(network={"subdomain": "peers"}), SETTINGS)
+    assert agent_env(other)[names.ENV_PEER_DOMAIN] == "peers"
+
+
+def test_without_spares_the_agent_is_told_nothing_of_slots() -> None:
+    out = transform(user_jobset({names.HOT_SPARES: "0"}), SETTINGS)
+    assert out["spec"]["replicatedJobs"][0]["replicas"] == 4
+    assert names.ENV_SLOTS not in agent_env(out)
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"job": {"parallelism": 2, "completions": 2}}, "parallelism must be 1"),
+        (
+            {"container": {"command": [*TORCHRUN_CMD[:1], "--node-rank=0", *TORCHRUN_CMD[1:]]}},
+            "--node-rank",
+        ),
+        (
+            {
+                "container": {
+                    "command": [*TORCHRUN_CMD[:1], "--master_addr", "h", *TORCHRUN_CMD[1:]]
+                }
+            },
+            "--master-addr",
+        ),
+        (
+            {
+                "container": {
+                    "command": [*TORCHRUN_CMD[:1], "--rdzv-backend=c10d", *TORCHRUN_CMD[1:]]
+                }
+            },
+            "--rdzv-backend c10d",
+        ),
+        (
+            {
+                "container": {
+                    "env": [
+                        {
+                            "name": "RANK",
+                            "valueFrom": {
+                                "fieldRef": {
+                                    "fieldPath": f"metadata.labels['{names.JOB_INDEX_LABEL}']"
+                                }
+                            },
+                        }
+                    ]
+                }
+            },
+            "env RANK",
+        ),
+        ({"network": {"enableDNSHostnames": False}}, "enableDNSHostnames"),
+    ],
+)
+def test_a_gang_whose_pods_cannot_take_any_members_place_is_refused(
+    changes: dict[str, Any], named: str
+) -> None:
+    allowed, message = validate(user_jobset(**changes))
+    assert not allowed
+    assert named in message
+    assert names.HOT_SPARES in message
+
+
+def test_spares_need_the_process_scope_and_at_most_one_spare_a_member() -> None:
+    allowed, message = validate(user_jobset({names.RESTART_SCOPE: "pod"}))
+    assert not allowed
+    assert names.RESTART_SCOPE in message
+    allowed, message = validate(user_jobset({names.HOT_SPARES: "5"}))
+    assert not allowed
+    assert f"annotation {names.HOT_SPARES}='5' is invalid" in message
+
+
+def test_the_spares_cannot_be_changed_once_the_jobset_exists() -> None:
+    old = transform(user_jobset(), SETTINGS)
+    new = copy.deepcopy(old)
+    new["metadata"]["annotations"][names.HOT_SPARES] = "1"
+    allowed, message = validate(new, old)
+    assert not allowed
+    assert f"annotation {names.HOT_SPARES} cannot be changed" in message
+    del new["metadata"]["annotations"][names.HOT_SPARES]
+    assert not validate(new, old)[0], "nor removed"
+    new = copy.deepcopy(old)
+    new["metadata"]["annotations"][names.INPLACE_BUDGET] = "3"
+    assert validate(new, old) == (True, "")
+
+
+# --- the agent: which slot its pod holds, and the trainer's environment ----------------------
+def position(job_index: int) -> Position:
+    return Position("train", "w", 4, job_index, "train")
+
+
+def view(epoch: int, *, open_: bool, slots: dict[str, str] | None = None) -> GangView:
+    return GangView(epoch, open_, 100 if open_ else None, slots=slots or {})
+
+
+def settle(logic: AgentLogic, v: GangView) -> Any:
+    """The runner's loop over one view when every action succeeds: the last action."""
+    for _ in range(4):
+        action = logic.step(v)
+        if isinstance(action, Report):
+            logic.reported_epoch(action.epoch, action.barrier_closed)
+        elif isinstance(action, Open):
+            logic.opened_barrier(action.epoch, action.slot)
+            return action
+        else:
+            return action
+    raise AssertionError("no settled decision")
+
+
+def test_a_pod_holds_its_own_slot_until_the_status_gives_it_away() -> None:
+    assert position(2).slot({}) == 2
+    assert position(4).slot({}) is None, "beyond the members: a spare"
+    moved = {member_name("w", 2, 0): member_name("w", 4, 0)}
+    assert position(2).slot(moved) is None
+    assert position(4).slot(moved) == 2
+    assert position(4).env(moved, 2) == {
+        names.ENV_SLOT: "2",
+        names.ENV_TORCHRUN_NODE_RANK: "2",
+        names.ENV_TORCHRUN_MASTER_ADDR: "train-w-0-0.train",
+        names.ENV_COORDINATOR: "train-w-0-0.train",
+    }
+    first = {member_name("w", 0, 0): member_name("w", 5, 0)}
+    assert position(1).env(first, 1)[names.ENV_TORCHRUN_MASTER_ADDR] == "train-w-5-0.train"
+
+
+def test_a_spare_reports_stands_by_and_trains_once_the_status_gives_it_a_slot() -> None:
+    logic = AgentLogic(position(4))
+    assert isinstance(settle(logic, view(2, open_=False)), Wait)
+    assert settle(logic, view(2, open_=True)) == Standby(2), "no trainer for a spare"
+    moved = {member_name("w", 1, 0): member_name("w", 4, 0)}
+    assert isinstance(settle(logic, view(3, open_=False, slots=moved)), Wait)
+    opened = settle(logic, view(3, open_=True, slots=moved))
+    assert isinstance(opened, Open)
+    assert (opened.epoch, opened.slot) == (3, 1)
+    assert opened.env[names.ENV_TORCHRUN_NODE_RANK] == "1"
+
+
+def test_a_holder_whose_slot_is_given_away_stops_its_trainer() -> None:
+    """Its pod was fenced and the slot moved (a partition that healed): whatever the epoch,
+    its trainer stops; it comes back as a spare."""
+    logic = AgentLogic(position(1))
+    settle(logic, view(2, open_=False))
+    assert isinstance(settle(logic, view(2, open_=True)), Open)
+    moved = {member_name("w", 1, 0): member_name("w", 4, 0)}
+    assert logic.step(view(2, open_=True, slots=moved)) == Restart(2, 2)
+    fresh = AgentLogic(position(1))
+    assert settle(fresh, view(3, open_=True, slots=moved)) == Standby(3)
+
+
+def test_without_spares_the_agent_opens_as_before() -> None:
+    logic = AgentLogic()
+    settle(logic, view(2, open_=False))
+    assert settle(logic, view(2, open_=True)) == Open(2, 100)
+
+
+def test_malformed_slots_are_named() -> None:
+    status = {"epoch": 2, "slots": {"w/1/0": 4}}
+    with pytest.raises(MalformedStatus, match=r"status\.slots"):
+        parse_gangstate({"status": status})
+    parsed = parse_gangstate({"status": {"epoch": 2, "slots": {"w/1/0": "w/4/0"}}})
+    assert parsed is not None
+    assert parsed.slots == {"w/1/0": "w/4/0"}
+
+
+def test_the_agent_reads_its_position_from_the_environment(tmp_path: Path) -> None:
+    env = {
+        "POD_NAME": "train-w-4-0-abc",
+        "POD_NAMESPACE": "ml",
+        "JSI_GANGSTATE": "train",
+        "JSI_API_SERVER": "http://127.0.0.1:1",
+        "JSI_TOKEN_FILE": "",
+        "JSI_STATE_DIR": str(tmp_path),
+    }
+    assert load_config(env).position is None
+    spares = {
+        **env,
+        names.ENV_SLOTS: "4",
+        names.ENV_REPLICATED_JOB: "w",
+        names.ENV_JOB_INDEX: "5",
+        names.ENV_PEER_DOMAIN: "train",
+    }
+    assert load_config(spares).position == Position("train", "w", 4, 5, "train")
+    with pytest.raises(ConfigError, match=names.ENV_JOB_INDEX):
+        load_config({**spares, names.ENV_JOB_INDEX: ""})
