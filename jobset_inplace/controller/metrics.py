@@ -39,6 +39,8 @@ from jobset_inplace.core.telemetry import (
     RecoveryEnded,
     RecoveryStarted,
     RecoveryTimed,
+    SpareShortfall,
+    SparesSwapped,
     StepsLost,
     StoodDown,
     budgets_left,
@@ -243,6 +245,16 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.spare_swaps = Counter(
+            f"{PREFIX}spare_swaps_total",
+            "Member slots given to a hot spare (a member continued on a spare's pod).",
+            registry=r,
+        )
+        self.spare_shortfalls = Counter(
+            f"{PREFIX}spare_shortfalls_total",
+            "Recoveries in which members that wanted a hot spare found none ready.",
+            registry=r,
+        )
         self.planning = Histogram(
             f"{PREFIX}planning_cpu_seconds",
             "CPU time of one plan() of a gang.",
@@ -328,6 +340,10 @@ class Metrics:
                     self.escalations.labels(o.reason).inc()
                 case StoodDown():
                     self.stand_downs.labels(o.reason).inc()
+                case SparesSwapped():
+                    self.spare_swaps.inc(o.count)
+                case SpareShortfall():
+                    self.spare_shortfalls.inc()
                 case _:
                     assert_never(o)
 

@@ -64,7 +64,13 @@ from jobset_inplace.core.policy import (
     StragglerAction,
     barrier_within_kueue,
 )
-from jobset_inplace.core.spares import fenced, plan_swaps, swapped
+from jobset_inplace.core.spares import (
+    SPARE_SHORTFALL,
+    SPARE_SWAPPED,
+    fenced,
+    plan_swaps,
+    swapped,
+)
 from jobset_inplace.core.statemachine import (
     TRANSITIONS,
     Edge,
@@ -717,16 +723,16 @@ class _Planning:
             st.slots = swapped(st.slots, slot, spare.member)
             self.current[slot] = dataclasses.replace(spare, member=slot)
             self.event(
-                "SpareSwapped",
+                SPARE_SWAPPED,
                 f"epoch {st.epoch}: {slot} continues on hot spare {spare.name} (position "
                 f"{spare.member}, node {spare.node}); its old pod is replaced as a spare",
             )
         if short:
             self.event(
-                "SpareShortfall",
+                SPARE_SHORTFALL,
                 f"epoch {st.epoch}: no hot spare ready for {_some(short)}: waiting for "
                 "their Jobs' new pods",
-                once_key=f"SpareShortfall/{st.epoch}/{len(short)}",
+                once_key=f"SpareShortfall/{st.epoch}",
             )
 
     def ready_pod(self, pod: PodView) -> bool:

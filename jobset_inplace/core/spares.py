@@ -25,6 +25,11 @@ from jobset_inplace.trainer.checkpoints import parse_canonical_int
 
 Slots = Mapping[str, str]  # slot -> the position holding it, where that is not the slot itself
 
+# The planner's Events (and the metrics counted from them, core/telemetry.py): a slot given to
+# a spare; slots that wanted one and found none ready.
+SPARE_SWAPPED = "SpareSwapped"
+SPARE_SHORTFALL = "SpareShortfall"
+
 SPARES_FORM = "a whole number from 0 to the replicatedJob's replicas (at most one spare a member)"
 
 

@@ -22,8 +22,17 @@ from dataclasses import dataclass
 
 from jobset_inplace.core.detection import current_pods
 from jobset_inplace.core.goodput import checkpoint_steps_lost
-from jobset_inplace.core.model import Cause, GangStatus, Plan, PodView, Recovery, Snapshot
+from jobset_inplace.core.model import (
+    Cause,
+    Event,
+    GangStatus,
+    Plan,
+    PodView,
+    Recovery,
+    Snapshot,
+)
 from jobset_inplace.core.policy import Policy
+from jobset_inplace.core.spares import SPARE_SHORTFALL, SPARE_SWAPPED
 from jobset_inplace.core.statemachine import TRANSITIONS, Edge, Phase
 
 # The cause of a recovery opened by a controller that did not record how (an older version).
@@ -97,6 +106,18 @@ class ProgressLost:
 
 
 @dataclass(frozen=True)
+class SparesSwapped:
+    """Slots given to hot spares in this pass."""
+
+    count: int
+
+
+@dataclass(frozen=True)
+class SpareShortfall:
+    """A recovery in which members that wanted a hot spare found none ready (once per epoch)."""
+
+
+@dataclass(frozen=True)
 class Escalated:
     reason: str
 
@@ -116,6 +137,8 @@ Observation = (
     | ProgressLost
     | Escalated
     | StoodDown
+    | SparesSwapped
+    | SpareShortfall
 )
 
 
@@ -131,11 +154,11 @@ def recovery_cause(rec: Recovery) -> str | None:
 def observe(s: Snapshot, p: Plan) -> list[Observation]:
     """What the pass that planned ``p`` from ``s`` did (to be recorded once its status is
     written). O(1) unless a barrier opened (then O(members), once per recovery)."""
+    out: list[Observation] = _spares(p)
     if not p.edges:
-        return []
+        return out
     before, after = s.status, p.status
     old, new = before.recovery, after.recovery
-    out: list[Observation] = []
     ended = [e for e in p.edges if e in OUTCOMES]
     if ended and before.phase == Phase.RECOVERING and old is not None and old.opened is None:
         cause = recovery_cause(old)
@@ -159,6 +182,17 @@ def observe(s: Snapshot, p: Plan) -> list[Observation]:
         out.append(Escalated(after.reason))
     if Edge.STOOD_DOWN in p.edges:
         out.append(StoodDown(after.reason))
+    return out
+
+
+def _spares(p: Plan) -> list[Observation]:
+    """Swaps and shortfalls of hot spares: the planner's Events of them (O(actions))."""
+    events = [a.reason for a in p.actions if isinstance(a, Event)]
+    out: list[Observation] = []
+    if swapped := events.count(SPARE_SWAPPED):
+        out.append(SparesSwapped(swapped))
+    if SPARE_SHORTFALL in events:
+        out.append(SpareShortfall())
     return out
 
 

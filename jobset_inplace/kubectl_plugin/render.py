@@ -18,12 +18,15 @@ from jobset_inplace.core.decode import (
     MEMBER_LABELS,
     condition,
     condition_true,
+    expected_members,
     pod_view,
 )
+from jobset_inplace.core.decode import spare_positions as spare_positions_of
 from jobset_inplace.core.gangmembers import inplace_restarts, member_rows, rows_by_pod
 from jobset_inplace.core.gangstate import status_from_dict
 from jobset_inplace.core.model import GangStatus, PlannedStop, Recovery
 from jobset_inplace.core.policy import Policy, PolicyError, parse_policy
+from jobset_inplace.core.spares import moved_positions, spares
 from jobset_inplace.names import member_name
 from jobset_inplace.times import parse_time, rfc3339
 
@@ -224,11 +227,14 @@ def status_document(
     recreated = rec.recreated if rec else {}
     member_pods: list[dict[str, Any]] = []
     rows = rows_by_pod(members)
+    spare_doc, spare_positions, moved = _spares(jobset, s)
     for p in sorted(pods, key=lambda p: (member_id(p), (p.get("metadata") or {}).get("name"))):
         pm = p.get("metadata") or {}
         ann = pm.get("annotations") or {}
         node = (p.get("spec") or {}).get("nodeName")
-        member = member_id(p)
+        position = member_id(p)
+        spare = position in spare_positions
+        member = None if spare else moved.get(position) or position
         # what the controller last wrote of its reports (GangMembers: over the channel or on
         # the pod); else what its pod holds (an agent whose channel failed reports there)
         row = rows.get(str(pm.get("name")))
@@ -238,7 +244,10 @@ def status_document(
         restarts = None if created is None or status is None else inplace_restarts(created, status)
         member_pods.append(
             {
+                # the member (slot) the pod serves; null for a hot spare (holding none)
                 "member": member,
+                "position": position,  # the pod's place in its JobSet (JobSet's labels)
+                "spare": spare,
                 "pod": pm.get("name"),
                 "node": node,
                 "state": pod_state(p),
@@ -254,10 +263,12 @@ def status_document(
                 "newestStep": None if row is None else row.step,
                 "restartsInPlace": None if restarts is None else restarts[0],
                 "restartsAtLeast": bool(restarts and restarts[1]),
-                "cause": causes.get(member),
+                "cause": None if member is None else causes.get(member),
                 "recreated": member in recreated,
             }
         )
+        if spare and spare_doc is not None and pod_state(p) == "running":
+            spare_doc["running"] += 1
 
     unhealthy: list[dict[str, Any]] | None = None
     if nodes is not None:
@@ -299,7 +310,28 @@ def status_document(
         "goodput": _goodput(s.goodput, now, s.recovery),
         "plannedMove": None if s.planned_stop is None else _planned(s.planned_stop),
         "memberPods": member_pods,
+        # hot spares (null: none declared): how many, how many run, slot -> position serving
+        "spares": spare_doc,
     }
+
+
+def _spares(
+    jobset: Obj | None, s: GangStatus
+) -> tuple[dict[str, Any] | None, frozenset[str], dict[str, str | None]]:
+    """Hot spares (core/spares.py): the document's part (None: the JobSet declares none, or
+    it was not read), the positions that hold no slot, and the positions holding another's."""
+    if jobset is None:
+        return None, frozenset(), {}
+    try:
+        declared = spare_positions_of(jobset)
+        members = expected_members(jobset) if declared else frozenset()
+    except (PolicyError, KeyError, TypeError, ValueError):  # a malformed JobSet: said elsewhere
+        return None, frozenset(), {}
+    if not declared:
+        return None, frozenset(), {}
+    free = spares(s.slots, members, members | declared)
+    doc = {"declared": len(declared), "running": 0, "serving": dict(sorted(s.slots.items()))}
+    return doc, free, moved_positions(s.slots)
 
 
 def _planned(ps: PlannedStop) -> dict[str, Any]:
@@ -455,6 +487,16 @@ def render_status(doc: Mapping[str, Any], *, wide: bool = False) -> str:
                 f"moves by {planned['deadline']} at the latest",
             )
         )
+    if spare := doc.get("spares"):
+        serving = ", ".join(f"{slot} on {pos}" for slot, pos in spare["serving"].items())
+        rows.insert(
+            6,
+            (
+                "Hot spares:",
+                f"{spare['declared']} declared, {spare['running']} running"
+                + (f"; serving: {serving}" if serving else ""),
+            ),
+        )
     w = max(len(k) for k, _ in rows)
     out = "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows) + "\n"
     if wide:
@@ -465,9 +507,14 @@ def render_status(doc: Mapping[str, Any], *, wide: bool = False) -> str:
             if p["recreated"]:
                 rec_mark = f"{rec_mark} (recreated)".strip()
             state = p["state"] + (" (deleting)" if p["deleting"] else "")
+            member = p["member"]
+            if member is None:
+                member = f"spare ({p['position']})"
+            elif member != p.get("position", member):
+                member = f"{member} (on {p['position']})"
             lines.append(
                 [
-                    p["member"],
+                    member,
                     fmt_value(p["pod"]),
                     fmt_value(p["node"]),
                     state,

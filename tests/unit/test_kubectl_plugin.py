@@ -428,6 +428,7 @@ def test_status_json_and_yaml_are_the_same_stable_document() -> None:
         "goodput",
         "plannedMove",
         "memberPods",
+        "spares",
     ]
 
 
@@ -1408,3 +1409,28 @@ def test_every_subcommands_help_has_an_example(
     out = capsys.readouterr().out
     assert "example" in out
     assert f"kubectl jobset-inplace {command}" in out
+
+
+def test_status_shows_hot_spares_and_which_member_each_serves() -> None:
+    js = jobset(**{names.HOT_SPARES: "1"})
+    js["spec"] = {
+        "replicatedJobs": [
+            {"name": "workers", "replicas": 4, "template": {"spec": {"parallelism": 1}}}
+        ]
+    }
+    pods = [pod(0, "n0"), pod(2, "n2"), pod(3, "n3"), pod(1, "n4")]  # 1: the old one's Job's new
+    slots = {"workers/1/0": "workers/3/0"}  # position 3 (the spare) took member 1's place
+    out = r.status_document(gangstate(slots=slots), js, pods, NODES, NOW)
+    assert out["spares"] == {"declared": 1, "running": 1, "serving": slots}
+    by_pod = {p["position"]: (p["member"], p["spare"]) for p in out["memberPods"]}
+    assert by_pod == {
+        "workers/0/0": ("workers/0/0", False),
+        "workers/1/0": (None, True),
+        "workers/2/0": ("workers/2/0", False),
+        "workers/3/0": ("workers/1/0", False),
+    }
+    text = r.render_status(out, wide=True)
+    assert "Hot spares:       1 declared, 1 running; serving: workers/1/0 on workers/3/0" in text
+    assert "spare (workers/1/0)" in text
+    assert "workers/1/0 (on workers/3/0)" in text
+    assert r.status_document(gangstate(), jobset(), PODS, NODES, NOW)["spares"] is None

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from jobset_inplace import names
 from jobset_inplace.agent.config import ConfigError, load_config
@@ -26,6 +27,7 @@ from jobset_inplace.agent.logic import (
     Wait,
     parse_gangstate,
 )
+from jobset_inplace.controller.metrics import Metrics
 from jobset_inplace.core.admission import mutate, validate
 from jobset_inplace.core.decode import gang_spec
 from jobset_inplace.core.detection import current_pods, current_spares
@@ -51,6 +53,7 @@ from jobset_inplace.core.spares import (
     valid_slots,
 )
 from jobset_inplace.core.statemachine import Phase
+from jobset_inplace.core.telemetry import SpareShortfall, SparesSwapped, observe
 from jobset_inplace.core.transform import AGENT_CONTAINER, AgentSettings, transform
 from jobset_inplace.names import member_name
 
@@ -581,3 +584,21 @@ def test_the_agent_reads_its_position_from_the_environment(tmp_path: Path) -> No
     assert load_config(spares).position == Position("train", "w", 4, 5, "train")
     with pytest.raises(ConfigError, match=names.ENV_JOB_INDEX):
         load_config({**spares, names.ENV_JOB_INDEX: ""})
+
+
+# --- what the metrics count -------------------------------------------------------------------
+def test_swaps_and_shortfalls_are_observed_for_the_metrics() -> None:
+    nm = dead(dead(nodes(6), "n1"), "n2")
+    one_ready = with_pod(pods(6, epoch=2), 5, phase="Pending")
+    s = gang(node_map=nm, pod_list=one_ready)
+    p = plan(s)
+    observed = observe(s, p)
+    assert SparesSwapped(1) in observed
+    assert SpareShortfall() in observed
+    m = Metrics(CollectorRegistry())
+    m.record(observed)
+    body = m.exposition()[0].decode()
+    assert "jobset_inplace_spare_swaps_total 1.0" in body
+    assert "jobset_inplace_spare_shortfalls_total 1.0" in body
+    quiet = gang()
+    assert not [o for o in observe(quiet, plan(quiet)) if isinstance(o, SparesSwapped)]
