@@ -56,6 +56,12 @@ from pathlib import Path
 ENV_STATE_DIR = "JSI_STATE_DIR"
 DEFAULT_STATE_DIR = "/var/run/jobset-inplace"
 RESUME_FILE = "resume.json"
+# Hot spares (docs/design/hot-spares.md, section 5): with ENV_LEASE set, a trainer runs only
+# while the agent's lease holds: LEASE_FILE says until when ({"until": CLOCK_MONOTONIC seconds},
+# or null: no bound, the leader serves no channel); past it the trainer is frozen (SIGSTOP to
+# its whole tree) until the lease is renewed, and killed, never resumed, if its epoch ends.
+LEASE_FILE = "lease.json"
+ENV_LEASE = "JSI_LEASE_REQUIRED"
 STOP_FILE = "stop.json"  # a planned stop (jobset_inplace.trainer.stop)
 LAUNCHER_FILE = "launcher.py"  # where the agent installs this file in the state directory
 ENV_CONTAINER = "JSI_CONTAINER_NAME"  # the container's name: its state file's name
@@ -128,6 +134,28 @@ def resume_epoch(state_dir: Path) -> tuple[int, int | None, dict[str, str]] | No
     )
 
 
+def lease_holds(state_dir: Path, now: float) -> bool:
+    """Whether the agent's lease (LEASE_FILE) holds at ``now`` (CLOCK_MONOTONIC): no file, or
+    one that cannot be read, is no lease."""
+    try:
+        doc = json.loads((state_dir / LEASE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    until = doc.get("until", 0) if isinstance(doc, dict) else 0
+    if until is None:
+        return True
+    return isinstance(until, (int, float)) and not isinstance(until, bool) and now < until
+
+
+def write_lease(state_dir: Path, until: float | None) -> None:
+    """The agent's side: its lease ends at ``until`` (CLOCK_MONOTONIC; None: no bound)."""
+    path = state_dir / LEASE_FILE
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"until": until}) + "\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
 def _log(message: str) -> None:
     t = time.time()
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
@@ -189,6 +217,7 @@ class Launcher:
         *,
         prestart: bool = False,
         prestart_after: float = PRESTART_AFTER_S,
+        lease: bool = False,
     ) -> None:
         self.argv, self.state_dir, self.grace = argv, state_dir, grace
         self.path = state_file(state_dir, container)
@@ -207,6 +236,8 @@ class Launcher:
         self.hold: int | None = None  # the lock's fd while it waits
         self.started_at = 0.0  # when the running command started (monotonic)
         self.prestart_after = prestart_after
+        self.lease = lease  # run a trainer only while the agent's lease holds (hot spares)
+        self.frozen_at: float | None = None  # when the lease ended under the running command
 
     def write(self, state: str, epoch: int | None, code: int | None = None) -> None:
         tmp = self.path.with_name(f".{self.path.name}.tmp")
@@ -387,8 +418,13 @@ class Launcher:
 
     def stop(self) -> None:
         """SIGTERM to the child's group and every descendant, SIGKILL to what is left after
-        the grace, until nothing is."""
+        the grace, until nothing is. A frozen command is killed at once: it never runs again."""
         began = time.monotonic()
+        if self.frozen_at is not None:
+            self.kill_tree()
+            self.frozen_at = None
+            _log(f"stopped frozen (exit {self.code}) in {time.monotonic() - began:.3f} s")
+            return
         self.signal_tree(signal.SIGTERM)
         if not self.wait_tree(self.grace):
             left = descendants(os.getpid(), spare=self.standby)
@@ -399,6 +435,7 @@ class Launcher:
     def run(self) -> int:
         ran: int | None = None  # the last epoch the command was started in
         declined: int | None = None  # the last epoch said not to be run (logged once)
+        waiting_lease: int | None = None  # the last epoch said to wait for a lease (logged once)
         wanted = self.prestart
         for stale in self.state_dir.glob(f"{self.words.name}-*"):  # a launcher before this one
             stale.unlink(missing_ok=True)
@@ -413,6 +450,12 @@ class Launcher:
                 time.sleep(POLL_SECONDS)
                 continue
             epoch = resume[0]
+            if self.lease and not lease_holds(self.state_dir, time.monotonic()):
+                if waiting_lease != epoch:
+                    waiting_lease = epoch
+                    _log(f"epoch {epoch}: waiting for the agent's lease to start it")
+                time.sleep(POLL_SECONDS)
+                continue
             # Say "running" before starting, then look again: an agent that withdrew the epoch
             # in between either sees "running" and waits, or the second look sees it gone.
             self.write(RUNNING, epoch)
@@ -451,8 +494,9 @@ class Launcher:
                 self.forget_word(self.child_word)
                 return 0 if code == 0 else None
             if self.terminating:
-                self.signal_tree(signal.SIGTERM)
-                self.wait_child(None)
+                if self.frozen_at is None:
+                    self.signal_tree(signal.SIGTERM)
+                    self.wait_child(None)
                 self.kill_tree()
                 return self.code
             resume = resume_epoch(self.state_dir)
@@ -463,7 +507,23 @@ class Launcher:
                 self.child = None
                 self.forget_word(self.child_word)
                 return None
+            if self.lease:
+                self.keep_lease(epoch)
             time.sleep(POLL_SECONDS)
+
+    def keep_lease(self, epoch: int) -> None:
+        """Freeze the running command when the agent's lease ends (again each poll while it
+        stays ended: what it forks meanwhile is frozen too); thaw it when renewed."""
+        now = time.monotonic()
+        if not lease_holds(self.state_dir, now):
+            if self.frozen_at is None:
+                self.frozen_at = now
+                _log(f"epoch {epoch}: the agent's lease ended: freezing pid {self.child}")
+            self.signal_tree(signal.SIGSTOP)
+        elif self.frozen_at is not None:
+            self.signal_tree(signal.SIGCONT)
+            _log(f"epoch {epoch}: lease renewed: resumed after {now - self.frozen_at:.3f} s")
+            self.frozen_at = None
 
 
 def _seconds(name: str, default: float) -> float | None:
@@ -498,7 +558,15 @@ def main(args: list[str] | None = None) -> int:
     if prestart and not (state_dir / PRESTART_HOOK_DIR / PRESTART_HOOK_FILE).is_file():
         _log(f"no pre-start hook in {state_dir / PRESTART_HOOK_DIR}: every epoch starts cold")
         prestart = False
-    launcher = Launcher(argv, state_dir, container, grace, prestart=prestart, prestart_after=after)
+    launcher = Launcher(
+        argv,
+        state_dir,
+        container,
+        grace,
+        prestart=prestart,
+        prestart_after=after,
+        lease=bool(os.environ.get(ENV_LEASE)),
+    )
     if not become_subreaper():
         _log("not a child subreaper: a stop reaches only what stays in the launcher's tree")
 

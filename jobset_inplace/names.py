@@ -154,6 +154,15 @@ ENV_SLOTS: Final = "JSI_SLOTS"
 ENV_REPLICATED_JOB: Final = "JSI_REPLICATED_JOB"
 ENV_JOB_INDEX: Final = "JSI_JOB_INDEX"
 ENV_PEER_DOMAIN: Final = "JSI_PEER_DOMAIN"
+# ... the agents of a gang with hot spares say they are alive over the report channel every
+# HEARTBEAT_S (an empty report); an agent holds a lease of LEASE_S from sending one that was
+# answered, written for its launchers (launcher.LEASE_FILE: a CLOCK_MONOTONIC value); the
+# leader suspects a holder it has not heard from for SILENT_AFTER_S and gives its slot away
+# only LEASE_S + FENCE_MARGIN_S after it last heard it (docs/design/hot-spares.md, section 5)
+HEARTBEAT_S: Final = 1.0
+SILENT_AFTER_S: Final = 2.0
+LEASE_S: Final = 3.0
+FENCE_MARGIN_S: Final = 1.0
 # ... and what the launcher gives a holder's trainer for each epoch: its slot (its rank), and
 # torchrun's node rank and rendezvous host (torchrun reads an option it is not given from
 # PET_<OPTION>), and JAX's coordinator host.

@@ -18,6 +18,7 @@ from jobset_inplace import launcher, prestart  # noqa: E402
 from jobset_inplace.trainer import clear_resume  # noqa: E402
 
 from .config import EXIT_CONFIG, EXIT_CRASH, Config, ConfigError, load_config  # noqa: E402
+from .heartbeat import Heartbeat  # noqa: E402
 from .kubeapi import KubeApi  # noqa: E402
 from .log import Log  # noqa: E402
 from .probe import BarrierState, ProbeServer  # noqa: E402
@@ -59,6 +60,8 @@ def _prepare(cfg: Config, barrier: BarrierState) -> tuple[KubeApi, ProbeServer]:
     try:
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         clear_resume(cfg.state_dir)  # the previous epoch's answer must not reach the trainer
+        # nor a lease an agent before this one held (hot spares: it renews its own)
+        (cfg.state_dir / launcher.LEASE_FILE).unlink(missing_ok=True)
         if cfg.process_scope:
             install_launcher(cfg)
     except OSError as e:
@@ -99,6 +102,15 @@ def main() -> int:
         agent = Agent(cfg, kube, barrier, log, started=_STARTED)
         monitor = TrainerMonitor(agent, KubeApi(cfg.server, cfg.token_file, cfg.ca_file))
         monitor.start()
+        if cfg.position is not None and monitor.channel is not None:
+            # hot spares: a heartbeat and its lease, on the monitor's connection
+            Heartbeat(
+                monitor.channel,
+                lambda: (agent.reporter.status_seen, agent.reporter.endpoint),
+                agent.running_slot,
+                cfg.state_dir,
+                log,
+            ).start()
         # No probe shutdown on the way out: it would delay the restart by its poll interval.
         return agent.run()
     except Terminated as t:

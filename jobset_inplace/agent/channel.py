@@ -12,6 +12,7 @@ import json
 import random
 import socket
 import ssl
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -56,10 +57,18 @@ class ReportChannel:
         self._ssl = _client_context()
         self._conn: http.client.HTTPSConnection | None = None
         self._endpoint: Endpoint | None = None
+        # one request at a time: the trainer monitor and the heartbeat share one connection
+        # (the leader keeps at most two per pod)
+        self._lock = threading.RLock()
 
-    def send(self, endpoint: Endpoint, report: dict[str, str]) -> None:
-        """Deliver ``report`` (annotation name -> value) to ``endpoint``; raises
-        `ChannelError`. A kept-alive connection the leader closed is retried once."""
+    def send(self, endpoint: Endpoint, report: dict[str, str]) -> dict[str, object]:
+        """Deliver ``report`` (annotation name -> value; empty: a heartbeat) to ``endpoint``:
+        the leader's answer (a JSON object); raises `ChannelError`. A kept-alive connection
+        the leader closed is retried once."""
+        with self._lock:
+            return self._send(endpoint, report)
+
+    def _send(self, endpoint: Endpoint, report: dict[str, str]) -> dict[str, object]:
         body = json.dumps({**self._who, "report": report}).encode()
         for attempt in (1, 2):
             fresh = self._conn is None or self._endpoint != endpoint
@@ -89,7 +98,7 @@ class ReportChannel:
                 self.close()
             if resp.status != 200:
                 raise ChannelError(f"{endpoint.url}: HTTP {resp.status}: {_error(payload)}")
-            return
+            return _answer(payload)
         raise AssertionError("unreachable")
 
     def _connection(self, endpoint: Endpoint) -> http.client.HTTPSConnection:
@@ -115,9 +124,10 @@ class ReportChannel:
         return conn
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        self._conn, self._endpoint = None, None
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+            self._conn, self._endpoint = None, None
 
 
 def _connect(
@@ -133,6 +143,15 @@ def _dropped(e: BaseException) -> bool:
     """A connection closed by the leader before any answer (a limit of its channel), rather
     than a leader that is not there (refused) or does not answer (timeout)."""
     return isinstance(e, (ConnectionResetError, ssl.SSLEOFError, ssl.SSLZeroReturnError))
+
+
+def _answer(payload: bytes) -> dict[str, object]:
+    """A 200 answer's JSON object ({} when it is not one: only a heartbeat reads it)."""
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def _error(payload: bytes) -> str:

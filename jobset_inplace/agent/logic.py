@@ -88,7 +88,8 @@ class Position:
     job_index: int
     domain: str
 
-    def _key(self, index: int) -> str:
+    def name(self, index: int) -> str:
+        """The name of slot (or position) ``index``: ``<rjob>/<index>/0``."""
         return names.member_name(self.replicated_job, index, 0)
 
     def _index(self, key: str) -> int | None:
@@ -99,7 +100,7 @@ class Position:
 
     def slot(self, slots: Mapping[str, str]) -> int | None:
         """The slot (rank) this pod holds under ``slots``; None: none (a spare)."""
-        me = self._key(self.job_index)
+        me = self.name(self.job_index)
         for slot, position in slots.items():
             if position == me:
                 return self._index(slot)
@@ -109,7 +110,7 @@ class Position:
 
     def env(self, slots: Mapping[str, str], slot: int) -> dict[str, str]:
         """The environment of a trainer holding ``slot``: its rank, and rank 0's host."""
-        first = self._key(0)
+        first = self.name(0)
         holder = self._index(slots.get(first, first))
         host = f"{self.jobset}-{self.replicated_job}-{holder}-0.{self.domain}"
         return {

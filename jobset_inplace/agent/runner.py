@@ -123,6 +123,7 @@ class Reporter:
         self.record: dict[str, str] = {}
         self.sent_to: Endpoint | None = None  # the channel the record reached (None: the pod)
         self.endpoint: Endpoint | None = None  # the newest status's channel
+        self.status_seen = False  # a status was read: `endpoint` is its (None: none named)
         self.failed: tuple[Endpoint, float] | None = None  # a channel that failed, and until when
         self.channel_retries = Retries(CHANNEL_RETRY, jitter=True)  # its failures in a row
         self.on_pod = False  # the last report written on the pod is still there
@@ -339,7 +340,7 @@ class Agent:
             self.log.repeat("gangstate", "INFO", f"{self._what} has no status epoch yet: waiting")
             return
         self.log.clear("gangstate")
-        self.reporter.endpoint = view.endpoint
+        self.reporter.endpoint, self.reporter.status_seen = view.endpoint, True
         try:
             where = self.reporter.resend(view.epoch, self.channel, self.kube)
         except _RETRY_ERRORS as e:
@@ -451,6 +452,13 @@ class Agent:
             f"barrier of epoch {action.epoch} open: trainer may start, resume {where} "
             f"({Path(cfg.state_dir, 'resume.json')}){also}"
         )
+
+    def running_slot(self) -> str | None:
+        """Hot spares: the slot this pod's trainer runs as (a member's name), or None."""
+        logic, position = self.logic, self.cfg.position
+        if position is None or not logic.opened or logic.slot is None:
+            return None
+        return position.name(logic.slot)
 
     def _restart(self, action: Restart) -> None:
         try:

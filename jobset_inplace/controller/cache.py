@@ -34,6 +34,7 @@ from jobset_inplace.core.model import (
     Snapshot,
 )
 from jobset_inplace.core.policy import Policy, PolicyError
+from jobset_inplace.core.spares import moved_positions
 
 GangKey = tuple[str, str]  # (namespace, JobSet name)
 POSTED_MAX = 1000  # once-only Event keys remembered per gang
@@ -110,6 +111,11 @@ def node_entry(node: Mapping[str, Any]) -> NodeView:
     return node_view(node, None, time.time())
 
 
+# How long the time an agent was last heard is kept after that (hot spares: its pod may be
+# gone; its slot is given away LEASE_S + FENCE_MARGIN_S after it, long before this).
+HEARD_KEPT_S = 300.0
+
+
 @dataclass
 class Gang:
     key: GangKey
@@ -138,6 +144,8 @@ class Gang:
     # wall time of this process's first status write that named its report channel (0: none
     # yet): the agents can have sent their reports again only after it (Snapshot.reports_since)
     endpoint_named_at: float = 0.0
+    # uid -> when (monotonic) this leader last took a report or heartbeat of that pod's agent
+    heard: dict[str, float] = field(default_factory=dict)
     # members whose channel report is behind `behind_epoch` (completes_epoch's hint)
     behind: set[str] = field(default_factory=set)
     behind_epoch: int | None = None
@@ -332,6 +340,31 @@ class ClusterCache:
         for gang in self.gangs.values():
             gang.reports = {u: r for u, r in gang.reports.items() if u in gang.pods}
 
+    def heartbeat(self, key: GangKey, uid: str, at: float) -> tuple[str | None, str | None]:
+        """An agent said it is alive (an empty report, or any report) at ``at`` (monotonic):
+        (None, or why it is not taken: ``uid`` is not a known member pod of gang ``key``;
+        the slot its pod holds, or None).
+
+        Hot spares' fence (docs/design/hot-spares.md, section 5): the answer tells the agent
+        whether its pod still holds its slot, and its lease is renewed only if it does. A pod
+        whose slot the planner has decided to move (its uid among the recovery's recreated)
+        holds none from then on, and its heartbeats are not counted as heard: the planner
+        gives the slot away only LEASE_S + FENCE_MARGIN_S after the last answer that renewed
+        its lease, whenever it decided."""
+        gang = self.gangs.get(key)
+        if gang is None or uid not in gang.pods or not self.is_member(gang, uid):
+            return f"is not a known member of gang {key[1]}", None
+        view, status = gang.on_pod.get(uid), gang.status
+        holds = None
+        if view is not None and status is not None:
+            slot = moved_positions(status.slots).get(view.member, view.member)
+            holds = slot if slot in gang.spec.members else None
+            rec = status.recovery
+            if rec is not None and uid in rec.recreated.values():
+                return None, None  # revoked: not heard from now on
+        gang.heard[uid] = at
+        return None, holds
+
     def set_report(self, key: GangKey, uid: str, fields: dict[str, Any]) -> str | None:
         """Keep an agent's report over the channel: None, or why it is not kept (the agent
         then writes it on its pod): ``uid`` is not a known member pod of gang ``key``, the
@@ -509,7 +542,9 @@ class ClusterCache:
             return self.reports_since  # named before this process wrote anything
         return max(self.reports_since, now)
 
-    def snapshot(self, gang: Gang, now: float) -> Snapshot | None:
+    def snapshot(self, gang: Gang, now: float, mono: float | None = None) -> Snapshot | None:
+        """The planner's view of ``gang`` at wall time ``now`` (``mono``: the same instant on
+        the monotonic clock the agents' heartbeats were taken by; None: now's)."""
         if gang.policy is None or gang.status is None:
             return None
         self._merged(gang)
@@ -540,4 +575,16 @@ class ClusterCache:
             report_endpoint=self.report_endpoint,
             reports_since=self.reports_heard_since(gang, now),
             devices_leaving=self.devices_leaving(members),
+            silent=self._silent(gang, time.monotonic() if mono is None else mono),
         )
+
+    def _silent(self, gang: Gang, mono: float) -> dict[str, float]:
+        """Seconds since each heard agent of a heartbeating gang was last heard (Snapshot),
+        pods deleted since included (the fence counts from their last answer); entries older
+        than HEARD_KEPT_S are dropped (bounded by the pods of the last minutes)."""
+        if not gang.spec.spares or self.report_endpoint is None:
+            return {}
+        old = [uid for uid, at in gang.heard.items() if mono - at > HEARD_KEPT_S]
+        for uid in old:
+            del gang.heard[uid]
+        return {uid: max(0.0, mono - at) for uid, at in gang.heard.items()}

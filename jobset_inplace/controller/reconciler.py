@@ -179,7 +179,7 @@ class Reconciler:
         await self._write_members(gang, snap)
 
     def _plan(self, gang: Gang) -> tuple[Snapshot, Plan]:
-        snap = self.cache.snapshot(gang, self.clock.wall())
+        snap = self.cache.snapshot(gang, self.clock.wall(), self.clock.monotonic())
         if snap is None:  # the caller loaded both; a JobSet update may have dropped the policy
             raise LookupError(f"{gang.key}: no policy or status to plan with")
         started = self.clock.cpu()

@@ -14,6 +14,10 @@ agent writing them on its pod, so a recovery's API writes do not grow with the g
   (:func:`~jobset_inplace.core.decode.agent_report`), land in the cache (the newer of channel
   and annotations wins) and poke the gang's planner.
 
+A report with no keys is a heartbeat (hot spares: docs/design/hot-spares.md, section 5): the
+time it was taken is kept for the planner (how long each agent has been silent), nothing else.
+Every 200 answer says which slot the pod holds (``holds``: a member's name, or null).
+
 Answers: 200 accepted; 400 a malformed report (the field named); 401 a token the apiserver
 does not accept for this audience; 403 a token of another pod; 409 a pod this leader does not
 know as a member of that gang (yet); a request that is not a report is refused by the HTTP layer
@@ -266,7 +270,7 @@ class ReportServer:
         """The answer to one report request (accepted: with the pod's uid as its identity)."""
         self.handled += 1
         try:
-            uid = await self._accept(request)
+            uid, holds = await self._accept(request)
         except Rejected as e:
             if e.status != 409:
                 self._warn(str(e.status), f"refused ({e.status}): {e}")
@@ -274,7 +278,7 @@ class ReportServer:
             return Answer(e.status, {"error": str(e)})
         self.accepted += 1
         METRICS.report_channel_requests.labels("200").inc()
-        return Answer(200, {"accepted": True}, identity=uid)
+        return Answer(200, {"accepted": True, "holds": holds}, identity=uid)
 
     def _refused(self, e: Refused) -> None:
         """A request the HTTP layer refused (not a report: its status names why)."""
@@ -301,8 +305,10 @@ class ReportServer:
         log.warning("report channel: %s%s", text, also)
         self._quiet_until[key] = now + LOG_EVERY_S
 
-    async def _accept(self, request: Request) -> str:
-        """Take one report; the reporting pod's uid (raises `Rejected`)."""
+    async def _accept(self, request: Request) -> tuple[str, str | None]:
+        """Take one report: the reporting pod's uid, and the slot it holds (hot spares: the
+        agent renews its lease only while it holds the slot its trainer runs as); raises
+        `Rejected`."""
         scheme, _, token = request.authorization.partition(" ")
         if scheme != "Bearer" or not token:
             raise Rejected(401, "Authorization: Bearer <projected token> is required")
@@ -320,15 +326,21 @@ class ReportServer:
                 f"the token of pod {who.namespace}/{who.pod} (uid {who.uid}) may not report "
                 f"for pod {namespace}/{pod} (uid {uid})",
             )
+        key = (namespace, gang_name)
+        if not values:  # a heartbeat (hot spares): the agent is alive, nothing to plan on
+            refused, holds = self.cache.heartbeat(key, uid, time.monotonic())
+            if refused is not None:
+                raise Rejected(409, f"pod {namespace}/{pod} {refused}")
+            return uid, holds
         fields, error = agent_report(values)
         if error is not None:
             raise Rejected(400, f"report: {error}")
-        key = (namespace, gang_name)
         refused = self.cache.set_report(key, uid, fields)
         if refused is not None:
             raise Rejected(409, f"pod {namespace}/{pod} {refused}")
+        _, holds = self.cache.heartbeat(key, uid, time.monotonic())
         self.poke(key, urgent=self.cache.completes_epoch(key, uid))
-        return uid
+        return uid, holds
 
 
 LISTEN_ENV = "JSI_REPORT_LISTEN"

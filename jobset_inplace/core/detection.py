@@ -155,6 +155,17 @@ def current_spares(s: Snapshot) -> dict[str, PodView]:
     return best
 
 
+def heartbeats(s: Snapshot) -> bool:
+    """Whether the gang's holders heartbeat (hot spares, and a report channel served): their
+    silence is then a failure signal, and the end of their lease a fence."""
+    return bool(s.gang.spares) and s.report_endpoint is not None
+
+
+def silent_for(s: Snapshot, pod: PodView) -> float:
+    """Seconds since this leader last heard ``pod``'s agent (0: not known to be silent)."""
+    return s.silent.get(pod.uid, 0.0)
+
+
 def _rank(pod: PodView) -> tuple[bool, float]:
     return (not pod.deleting and pod.phase != "Failed", pod.created)
 
@@ -169,6 +180,7 @@ def member_causes(
     wake: float | None = None
     running = s.status.phase == Phase.RUNNING and s.status.barrier_open
     opened = (s.status.recovery.opened if s.status.recovery else None) or s.now
+    beats = heartbeats(s)
     for member in sorted(s.gang.members):
         pod = current.get(member)
         if pod is not None and (pod.escalated or pod.by_kueue or pod.phase == "Succeeded"):
@@ -194,8 +206,17 @@ def member_causes(
         if pod.phase == "Failed":
             causes[member] = Cause.POD_FAILED
             continue
+        quiet = silent_for(s, pod) if beats else 0.0
+        if beats and pod.phase == "Running" and quiet < names.SILENT_AFTER_S:
+            # look again when it would count as silent if no heartbeat came (~every second)
+            due = s.now + names.SILENT_AFTER_S - quiet
+            wake = due if wake is None else min(wake, due)
         if bad_node:
             causes[member] = Cause.NODE_UNHEALTHY
+        elif quiet >= names.SILENT_AFTER_S:
+            # its agent has stopped saying it is alive (a dead node before its Lease says so, a
+            # partition from the leader, a hung agent): its slot goes to a spare once fenced
+            causes[member] = Cause.AGENT_SILENT
         elif pod.devices_unhealthy:
             causes[member] = Cause.DEVICE_UNHEALTHY
         elif pod.trainer_failed or (running and pod.exited_in_epoch == s.status.epoch):
@@ -243,6 +264,8 @@ def first_signal(
         if cause == Cause.NODE_UNHEALTHY and node is not None:
             since = unhealthy_since(node, s.policy, s.now, s.leases_observed_since)
             at = s.now if since is None else min(since, s.now)
+        elif cause == Cause.AGENT_SILENT and pod is not None:
+            at = s.now - silent_for(s, pod)  # its last heartbeat heard
         elif pod is not None and pod.not_ready_since is not None:
             since = max(pod.not_ready_since, pod.agent_started or 0.0)
             at = since if opened <= since <= s.now else s.now

@@ -38,6 +38,9 @@ class Cause(StrEnum):
     # evicted for a NoExecute DRA device taint (DeviceTaintRule or the driver's ResourceSlice)
     DEVICE_TAINTED = "DeviceTainted"
     REPEATED_FAILURE = "RepeatedFailure"  # failed in place member-repeat-limit times in a row
+    # hot spares: its agent's heartbeats stopped (names.SILENT_AFTER_S); its slot goes to a
+    # spare once its lease has ended (core/spares.py)
+    AGENT_SILENT = "AgentSilent"
     BARRIER_TIMEOUT = "BarrierTimeout"
     JOBSET_RESTARTED = "JobSetRestarted"
     MANUAL_RESTART = "ManualRestart"  # kubectl jobset-inplace restart (no budget charged)
@@ -56,6 +59,7 @@ RECREATE_CAUSES = frozenset(
         Cause.BARRIER_TIMEOUT,
         Cause.STRAGGLER,
         Cause.PLANNED_MOVE,
+        Cause.AGENT_SILENT,
     }
 )
 
@@ -316,6 +320,10 @@ class Snapshot:
     # pod UID -> why it should move: a DRA device its own claims hold is tainted NoSchedule
     # (core.device_taints)
     devices_leaving: Mapping[str, str] = field(default_factory=dict)
+    # hot spares with a report channel: pod UID -> seconds since this leader last heard its
+    # agent (a report or a heartbeat), counted from when it could first (its channel named);
+    # absent: heard within the last pass's reach, or not a heartbeating pod
+    silent: Mapping[str, float] = field(default_factory=dict)
 
 
 # --- actions ----------------------------------------------------------------------------------

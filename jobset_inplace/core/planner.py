@@ -23,16 +23,20 @@ from typing import Final
 from jobset_inplace import names
 from jobset_inplace.core import goodput
 from jobset_inplace.core.detection import (
+    DISRUPTION_MIN_UNHEALTHY,
+    DISRUPTION_SHARE,
     LEASE_RENEW_INTERVAL_S,
     OUT_OF_SERVICE_TAINT,
     current_pods,
     current_spares,
     disruption,
     first_signal,
+    heartbeats,
     may_untaint,
     member_causes,
     node_state,
     silent,
+    silent_for,
     unconfirmed_lease_nodes,
     unhealthy_since,
 )
@@ -183,6 +187,8 @@ class _Planning:
                 self.p.wake_at(s.now, wake)
             if Cause.NODE_UNHEALTHY in causes.values():
                 causes = self.unless_disrupted(causes)
+            if Cause.AGENT_SILENT in causes.values():
+                causes = self.unless_all_silent(causes)
             if st.phase == Phase.RUNNING:
                 self.running(causes)
             else:
@@ -299,6 +305,23 @@ class _Planning:
         return {
             m: c for m, c in causes.items() if c != Cause.NODE_UNHEALTHY or not self.silent_node(m)
         }
+
+    def unless_all_silent(self, causes: dict[str, Cause]) -> dict[str, Cause]:
+        """``causes`` without the silent agents' when so many are silent at once that the
+        channel or this leader is at fault, not their pods (the node rule's shares): their
+        leases stop their trainers meanwhile, and nothing is given away on a guess."""
+        silent = [m for m, c in causes.items() if c == Cause.AGENT_SILENT]
+        members = len(self.s.gang.members)
+        if len(silent) < DISRUPTION_MIN_UNHEALTHY or len(silent) < DISRUPTION_SHARE * members:
+            return causes
+        self.event(
+            "AgentsSilent",
+            f"{len(silent)} of {members} members' agents silent at once: no slot is given "
+            "away for it (is the report channel reachable, is this leader overloaded?)",
+            warning=True,
+            once_key=f"AgentsSilent/{self.st.epoch}",
+        )
+        return {m: c for m, c in causes.items() if c != Cause.AGENT_SILENT}
 
     def advertise_report_endpoint(self) -> None:
         """The status names this leader's report channel: agents send their reports there (and
@@ -703,6 +726,7 @@ class _Planning:
             return
         by_uid = {pod.uid: pod for pod in s.pods}
         force = s.policy.force_delete == ForceDelete.UNREACHABLE
+        lease_end = names.LEASE_S + names.FENCE_MARGIN_S
         wanting, avoid = [], set()
         for member, old_uid in sorted(rec.recreated.items()):
             pod = self.current.get(member)
@@ -712,7 +736,15 @@ class _Planning:
             dead = rec.causes.get(member) == Cause.NODE_UNHEALTHY
             if old is not None and old.node:
                 avoid.add(old.node)
-            if fenced(None if old is None else old.phase, force_deleted=force and dead):
+            if heartbeats(s) and old_uid in s.silent:
+                # its agent held a lease: the slot moves once the lease has surely ended,
+                # whatever became of the pod (deleted by force, or not)
+                quiet = s.silent[old_uid]
+                if quiet >= lease_end:
+                    wanting.append(member)
+                else:
+                    self.p.wake_at(s.now, s.now + lease_end - quiet)
+            elif fenced(None if old is None else old.phase, force_deleted=force and dead):
                 wanting.append(member)
         if not wanting:
             return
@@ -744,6 +776,7 @@ class _Planning:
             and not pod.deleting
             and pod.not_ready_since is None
             and not pod.escalated
+            and (not heartbeats(s) or silent_for(s, pod) < names.SILENT_AFTER_S)
             and node is not None
             and not node.leaving
             and not node_state(node, s.policy, s.now, s.leases_observed_since)[0]

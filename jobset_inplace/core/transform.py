@@ -35,6 +35,7 @@ from jobset_inplace.core.spares import SpareSpec, spare_spec
 from jobset_inplace.core.torchrun import identity_options
 from jobset_inplace.launcher import (
     ENV_CONTAINER,
+    ENV_LEASE,
     ENV_PRESTART_IMPORTS,
     ENV_STOP_GRACE,
     LAUNCHER_FILE,
@@ -475,6 +476,10 @@ def transform(jobset: dict[str, Any], settings: AgentSettings) -> dict[str, Any]
         _prepare_pod(
             job.setdefault("template", {}), pod_agent, f"{where}.template", settings, policy
         )
+        if pod_agent is not agent:  # the spares' pods: a trainer runs only under a lease
+            lease = {"name": ENV_LEASE, "value": "1"}
+            for c in job["template"]["spec"].get("containers") or []:
+                c["env"] = _add_by_name(c.get("env") or [], lease)
     fp = spec.get("failurePolicy")
     if policy.escalation == Escalation.FAIL_JOBSET:
         # An escalation fails the Job with reason PodFailurePolicy: fail the whole JobSet on it.

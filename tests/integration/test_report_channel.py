@@ -119,6 +119,11 @@ async def test_only_a_pods_own_well_formed_report_is_accepted(
         assert await send(ch0, {**good, names.REPORT_EXITED: "1"}) == "accepted"
         assert (verifier.verified, verifier.reviews) == (1, 0), "verified offline, once"
         assert pokes == [key, key]
+        # a heartbeat (hot spares): an empty report, its time kept, nothing planned on it
+        heard = cache.gangs[key].heard[pods[0].metadata.uid]
+        assert await send(ch0, {}) == "accepted"
+        assert cache.gangs[key].heard[pods[0].metadata.uid] > heard
+        assert pokes == [key, key]
         view = cache.gangs[key].reports[pods[0].metadata.uid]
         assert (view["reported_epoch"], view["exited_in_epoch"]) == (1, 1)
 
@@ -144,13 +149,14 @@ async def test_only_a_pods_own_well_formed_report_is_accepted(
         cache.upsert_pod(pod_entry(kube.api.sanitize_for_serialization(pods[1])), deleted=True)
         token1 = report_token(kube, namespace, pods[1])
         assert "HTTP 409" in await send(channel(1, token1), good)
+        assert "HTTP 409" in await send(channel(1, token1), {}), "nor its heartbeat"
         # a certificate that is not the pinned one: refused before any token is sent
         verified = verifier.verified
         wrong = Endpoint(endpoint.url, "0" * 64, endpoint.leader)
         pinned = await send(channel(0, report_token(kube, namespace, pods[0])), good, wrong)
         assert "does not match the GangState's pin" in pinned
         assert verifier.verified == verified
-        assert server.accepted == 2
+        assert server.accepted == 3
 
         # a cluster whose signing keys cannot be read: the apiserver reviews each new token
         def forbidden() -> Any:

@@ -16,7 +16,7 @@ from jobset_inplace.controller.cache import (
     pod_entry,
 )
 from jobset_inplace.core.decode import agent_report, lease_renewal
-from jobset_inplace.core.model import GangStatus, NodeView
+from jobset_inplace.core.model import GangStatus, NodeView, Recovery, ReportEndpoint
 from jobset_inplace.core.policy import Policy
 
 NOW = 1_000_000.0
@@ -242,3 +242,41 @@ def test_a_pods_address_is_read_from_its_status() -> None:
     }
     assert pod_entry(raw).ip == "10.1.2.3"
     assert pod_entry({**raw, "status": {}}).ip == ""
+
+
+def test_a_heartbeat_says_which_slot_the_pod_holds_and_a_revoked_pod_is_not_heard() -> None:
+    """Hot spares: the leader's answer renews a lease only for the slot's holder; once the
+    planner decided to move a pod's slot (its uid among the recovery's recreated), its
+    heartbeats are answered with no slot and not counted as heard, so the slot moves a full
+    lease after the last answer that renewed it. Deleted pods keep their last answer."""
+    c = ClusterCache()
+    jobset = {
+        "metadata": {
+            "name": "train",
+            "namespace": "ns",
+            "uid": "js",
+            "annotations": {names.HOT_SPARES: "1"},
+        },
+        "spec": {"replicatedJobs": [{"name": "workers", "replicas": 3, "template": {"spec": {}}}]},
+    }
+    c.upsert_jobset(jobset, Policy(), "")
+    for index in range(3):
+        c.upsert_job(JobEntry(f"job-{index}", "js"))
+        c.upsert_pod(pod(f"u{index}", index=index))
+    key = ("ns", "train")
+    g = c.gangs[key]
+    g.status = GangStatus(epoch=2)
+    assert c.heartbeat(key, "u1", 10.0) == (None, "workers/1/0")
+    assert c.heartbeat(key, "u2", 10.0) == (None, None), "the spare holds none"
+    assert c.heartbeat(key, "nobody", 10.0)[0] is not None
+    # the planner moved slot 1 to position 2 (it revoked u1 in the recovery first)
+    recovery = Recovery(epoch=3, started=NOW, deadline=NOW + 60, recreated={"workers/1/0": "u1"})
+    g.status = GangStatus(epoch=3, recovery=recovery, slots={"workers/1/0": "workers/2/0"})
+    assert c.heartbeat(key, "u1", 11.0) == (None, None)
+    assert g.heard["u1"] == 10.0, "revoked: not heard"
+    assert c.heartbeat(key, "u2", 11.0) == (None, "workers/1/0")
+    c.report_endpoint = ReportEndpoint("https://x:1/v1/reports", "0" * 64, "l")
+    c.upsert_pod(pod("u1", index=1), deleted=True)
+    snap = c.snapshot(g, NOW, mono=15.0)
+    assert snap is not None
+    assert snap.silent["u1"] == 5.0, "its last answer is kept after the pod is gone"

@@ -316,3 +316,60 @@ def test_state_file_round_trip_and_garbage(tmp_path: Path) -> None:
 def test_the_launcher_parses_as_python_3_8() -> None:
     """It runs on the trainer image's interpreter, which may be older than the agent's."""
     ast.parse(Path(launcher.__file__).read_text(), feature_version=(3, 8))
+
+
+def process_state(pid: int) -> str:
+    """The state letter of ``/proc/<pid>/stat`` ("T": stopped; "" gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return ""
+
+
+def test_under_a_lease_a_trainer_runs_only_while_it_holds(tmp_path: Path) -> None:
+    """Hot spares: no lease, no start; the lease ends, the trainer's whole tree is frozen;
+    renewed, it runs on; its epoch withdrawn while frozen, it is killed without running
+    again (docs/design/hot-spares.md, section 5)."""
+    p = Pod(tmp_path, None, **{launcher.ENV_LEASE: "1", "CHILD_ESCAPES": "1"})
+    try:
+        p.open(1)
+        until("waiting for the lease", lambda: "waiting for the agent's lease" in p.log())
+        assert p.starts() == []
+        launcher.write_lease(tmp_path, time.monotonic() + 1.0)
+        until("start", lambda: len(p.starts()) == 1)
+        pid = p.starts()[0][2]
+        until("worker", (tmp_path / "worker").exists)
+        worker = int((tmp_path / "worker").read_text())
+        until("frozen", lambda: process_state(pid) == "T" and process_state(worker) == "T")
+        assert "the agent's lease ended: freezing" in p.log()
+        launcher.write_lease(tmp_path, time.monotonic() + 60)
+        # (each process of the tree is sent SIGCONT in turn: wait for both)
+        until("thawed", lambda: {process_state(pid), process_state(worker)}.isdisjoint("T"))
+        assert alive(pid)
+        assert alive(worker)
+        assert "lease renewed: resumed after" in p.log()
+        launcher.write_lease(tmp_path, time.monotonic() - 1)
+        until("frozen again", lambda: process_state(pid) == "T")
+        clear_resume(tmp_path)  # the gang moved on while it was frozen
+        p.wait_state("stopped", 1, 128 + signal.SIGKILL)
+        assert not alive(pid)
+        assert not alive(worker)
+        assert "stopped frozen" in p.log()
+        launcher.write_lease(tmp_path, None)  # no channel: no bound
+        p.open(2)
+        until("second start", lambda: len(p.starts()) == 2)
+    finally:
+        stop(p)
+
+
+def test_a_lease_file_that_cannot_be_read_is_no_lease(tmp_path: Path) -> None:
+    now = time.monotonic()
+    assert not launcher.lease_holds(tmp_path, now), "no file"
+    for text in ("", "not json", "[]", '{"until": "soon"}', '{"until": true}', "{}"):
+        (tmp_path / launcher.LEASE_FILE).write_text(text)
+        assert not launcher.lease_holds(tmp_path, now), text
+    launcher.write_lease(tmp_path, now + 1)
+    assert launcher.lease_holds(tmp_path, now)
+    assert not launcher.lease_holds(tmp_path, now + 1)
+    launcher.write_lease(tmp_path, None)
+    assert launcher.lease_holds(tmp_path, now + 1e9)

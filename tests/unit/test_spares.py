@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import io
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from jobset_inplace import names
+from jobset_inplace import launcher, names
+from jobset_inplace.agent.channel import ChannelError, ReportChannel
 from jobset_inplace.agent.config import ConfigError, load_config
+from jobset_inplace.agent.heartbeat import Heartbeat
+from jobset_inplace.agent.log import Log
 from jobset_inplace.agent.logic import (
     AgentLogic,
+    Endpoint,
     GangView,
     MalformedStatus,
     Open,
@@ -33,17 +38,20 @@ from jobset_inplace.core.decode import gang_spec
 from jobset_inplace.core.detection import current_pods, current_spares
 from jobset_inplace.core.gangstate import status_from_dict, status_to_dict
 from jobset_inplace.core.model import (
+    Cause,
     Event,
     GangStatus,
     NodeView,
     Plan,
     PodView,
     ReplacePod,
+    ReportEndpoint,
     Snapshot,
 )
 from jobset_inplace.core.planner import plan
 from jobset_inplace.core.policy import ForceDelete, Policy, PolicyError
 from jobset_inplace.core.spares import (
+    SPARE_SWAPPED,
     fenced,
     moved_positions,
     plan_swaps,
@@ -602,3 +610,147 @@ def test_swaps_and_shortfalls_are_observed_for_the_metrics() -> None:
     assert "jobset_inplace_spare_shortfalls_total 1.0" in body
     quiet = gang()
     assert not [o for o in observe(quiet, plan(quiet)) if isinstance(o, SparesSwapped)]
+
+
+# --- heartbeats and the lease (section 5) -----------------------------------------------------
+ENDPOINT = ReportEndpoint("https://10.0.0.1:9444/v1/reports", "0" * 64, "leader-1")
+
+
+def beating(silent: dict[int, float], **kw: Any) -> Snapshot:
+    """The gang with a report channel served: pod i's agent last heard ``silent[i]`` s ago."""
+    s = gang(**kw)
+    return dataclasses.replace(
+        s, report_endpoint=ENDPOINT, silent={f"uid-{i}": t for i, t in silent.items()}
+    )
+
+
+def test_a_silent_holder_is_suspected_and_its_slot_moves_only_once_its_lease_ended() -> None:
+    fresh = plan(beating({1: 1.5}))
+    assert fresh.status.epoch == 2, "under SILENT_AFTER_S: nothing"
+    assert fresh.requeue_after == pytest.approx(names.SILENT_AFTER_S - 1.5), "looks again then"
+    suspected = plan(beating({1: names.SILENT_AFTER_S}))
+    assert suspected.status.epoch == 3
+    assert suspected.status.recovery is not None
+    assert suspected.status.recovery.causes == {member(1): Cause.AGENT_SILENT}
+    assert [(r.pod, r.fail_first) for r in replaced(suspected)] == [("p1", False)]
+    assert suspected.status.slots == {}, "its lease may still hold: its trainer may be training"
+    lease_end = names.LEASE_S + names.FENCE_MARGIN_S
+    assert suspected.requeue_after == pytest.approx(lease_end - names.SILENT_AFTER_S)
+    later = beating({1: lease_end - 0.01}, status=suspected.status, now=NOW + 1.99)
+    assert plan(later).status.slots == {}
+    ended = plan(beating({1: lease_end}, status=suspected.status, now=NOW + 2))
+    assert ended.status.slots == {member(1): member(4)}
+    assert SPARE_SWAPPED in events(ended)
+
+
+def test_a_silent_spare_is_not_given_a_slot() -> None:
+    p = plan(beating({1: 5.0, 4: 5.0}))
+    assert p.status.slots == {member(1): member(5)}
+
+
+def test_when_most_agents_fall_silent_at_once_nothing_is_given_away() -> None:
+    """The channel or the leader is at fault then, not the pods: their leases stop their
+    trainers, and no slot moves on a guess."""
+    p = plan(beating({0: 9.0, 1: 9.0, 2: 9.0}))
+    assert p.status.epoch == 2
+    assert p.status.slots == {}
+    assert "AgentsSilent" in events(p)
+    one = plan(beating({0: 9.0}))
+    assert one.status.slots == {member(0): member(4)}
+
+
+def test_without_a_channel_silence_means_nothing() -> None:
+    s = dataclasses.replace(gang(), silent={"uid-1": 60.0})
+    assert plan(s).status.epoch == 2
+
+
+class FakeChannel(ReportChannel):
+    """Answers (or fails) a heartbeat without a network."""
+
+    def __init__(self) -> None:
+        super().__init__("ml", "train", "p", "u", Path("/nonexistent"))
+        self.sent: list[dict[str, str]] = []
+        self.fail = False
+        self.holds: str | None = None
+
+    def send(self, endpoint: Endpoint, report: dict[str, str]) -> dict[str, object]:
+        if self.fail:
+            raise ChannelError("timed out")
+        self.sent.append(report)
+        return {"accepted": True, "holds": self.holds}
+
+
+def test_an_answered_heartbeat_earns_a_lease_from_when_it_was_sent(tmp_path: Path) -> None:
+    ch, clock = FakeChannel(), [100.0]
+    endpoint: list[Endpoint | None] = [None]
+    seen = [False]
+    beat = Heartbeat(
+        ch,
+        lambda: (seen[0], endpoint[0]),
+        lambda: None,
+        tmp_path,
+        Log(io.StringIO()),
+        clock=lambda: clock[0],
+    )
+    beat.beat()
+    assert not (tmp_path / launcher.LEASE_FILE).exists(), "no status read yet: no lease"
+    seen[0] = True
+    beat.beat()
+    assert ch.sent == [], "no channel named: nothing to send to"
+    assert launcher.lease_holds(tmp_path, 1e12), "and no bound on the trainers"
+    endpoint[0] = Endpoint("https://10.0.0.1:9444/v1/reports", "0" * 64, "l")
+    beat.beat()
+    assert ch.sent == [{}], "a heartbeat is an empty report"
+    assert launcher.lease_holds(tmp_path, 100.0 + names.LEASE_S - 0.001)
+    assert not launcher.lease_holds(tmp_path, 100.0 + names.LEASE_S)
+    ch.fail, clock[0] = True, 101.0
+    beat.beat()  # not answered: the lease is not renewed
+    assert not launcher.lease_holds(tmp_path, 100.0 + names.LEASE_S)
+    ch.fail, clock[0] = False, 102.0
+    beat.beat()
+    assert launcher.lease_holds(tmp_path, 102.0 + names.LEASE_S - 0.001)
+
+
+def test_a_trainer_whose_slot_the_leader_took_away_gets_no_new_lease(tmp_path: Path) -> None:
+    """The answer says which slot the pod holds: a trainer running as another (or none) is
+    not covered any more, whether the slot moved or the planner only decided to move it."""
+    ch, clock = FakeChannel(), [100.0]
+    running: list[str | None] = [member(1)]
+    endpoint = Endpoint("https://10.0.0.1:9444/v1/reports", "0" * 64, "l")
+    log = io.StringIO()
+    beat = Heartbeat(
+        ch,
+        lambda: (True, endpoint),
+        lambda: running[0],
+        tmp_path,
+        Log(log),
+        clock=lambda: clock[0],
+    )
+    ch.holds = member(1)
+    beat.beat()
+    assert launcher.lease_holds(tmp_path, 100.0 + names.LEASE_S - 0.001)
+    ch.holds, clock[0] = None, 101.0  # revoked
+    beat.beat()
+    assert not launcher.lease_holds(tmp_path, 100.0 + names.LEASE_S)
+    assert f"holds no slot, not {member(1)}" in log.getvalue()
+    ch.holds, running[0], clock[0] = member(2), None, 102.0  # stopped, then a spare's slot
+    beat.beat()
+    assert launcher.lease_holds(tmp_path, 102.0 + names.LEASE_S - 0.001)
+
+
+def test_a_dead_nodes_holder_still_heard_keeps_its_slot_until_its_lease_ended() -> None:
+    """Its node's kubelet is silent but its agent answered lately (the pod network is not the
+    kubelet's): force deletion alone is no fence; the slot moves LEASE_S + FENCE_MARGIN_S after
+    the last answer that renewed the lease."""
+    nm = dead(nodes(6), "n2")
+    p = plan(beating({2: 0.5}, node_map=nm))
+    assert p.status.recovery is not None
+    assert p.status.recovery.causes == {member(2): Cause.NODE_UNHEALTHY}
+    assert [(r.pod, r.fail_first) for r in replaced(p)] == [("p2", True)]
+    assert p.status.slots == {}
+    lease_end = names.LEASE_S + names.FENCE_MARGIN_S
+    assert p.requeue_after is not None
+    assert p.requeue_after <= lease_end - 0.5, "looks again by the time its lease ended"
+    gone = [pod for pod in pods(6, epoch=3) if pod.name != "p2"]  # force-deleted meanwhile
+    later = plan(beating({2: lease_end}, status=p.status, pod_list=gone, node_map=nm, now=NOW + 4))
+    assert later.status.slots == {member(2): member(4)}

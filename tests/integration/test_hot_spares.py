@@ -1,0 +1,177 @@
+"""Hot spares' fence on the real apiserver (docs/design/hot-spares.md, section 5;
+docs/guarantees.md, hybrid recovery): the controller (``jobset-inplace run`` with its report
+channel), real agents and real launchers running a trainer, one per simulated pod (no kubelet:
+gangsim plays it). A holder cut off from the leader (its agent stopped by SIGSTOP: its
+heartbeats stop, its pod and node stay up, as in a partition) is frozen by its launcher when
+its lease ends, and only then does a spare take its slot; when it comes back it is killed, never
+resumed. Checked from the trainers' own records, timed by this machine's monotonic clock
+(shared by every process here, as the containers of one node share theirs)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jobset_inplace import launcher, names
+from testbed.controlplane import ControlPlane
+from testbed.kube import Clients, wait_for
+
+from .agentproc import AgentProc, StartAgent
+from .gangsim import Controller, Gang, LeaseKeeper
+from .test_report_channel import CHANNEL, controller, report_token
+
+pytestmark = pytest.mark.integration
+
+FAST = {names.NODE_UNHEALTHY_AFTER: "5s", names.BARRIER_TIMEOUT: "60s"}
+
+# The trainer: a step every 20 ms, each recorded (monotonic time, pod, slot, epoch, step) in a
+# file every trainer shares, as checkpoints on a shared volume would be; it writes "checkpoint"
+# records every 10 steps.
+TRAINER = r"""
+import os, sys, time
+out = os.environ["RECORDS"]
+who = (os.environ["POD"], os.environ.get("JSI_SLOT", "?"), os.environ.get("JSI_EPOCH", "?"))
+step = 0
+while True:
+    step += 1
+    kind = "checkpoint" if step % 10 == 0 else "step"
+    with open(out, "a") as f:
+        f.write("%f %s %s %s %s %d\n" % ((time.monotonic(),) + who + (kind, step)))
+    time.sleep(0.02)
+"""
+
+
+def records(path: Path) -> list[tuple[float, str, str, str, str]]:
+    """(time, pod, slot, epoch, kind) of every step the trainers made."""
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        t, pod, slot, epoch, kind, _ = line.split()
+        out.append((float(t), pod, slot, epoch, kind))
+    return out
+
+
+@pytest.fixture
+def leases(kube: Clients) -> Iterator[LeaseKeeper]:
+    keeper = LeaseKeeper(kube)
+    keeper.start()
+    yield keeper
+    keeper.stop()
+
+
+def test_a_holder_cut_off_from_the_leader_is_frozen_before_a_spare_takes_its_slot(  # noqa: PLR0917
+    control_plane: ControlPlane,
+    kube: Clients,
+    namespace: str,
+    start_agent: StartAgent,
+    leases: LeaseKeeper,
+    tmp_path: Path,
+) -> None:
+    ctl: Controller = controller(control_plane, tmp_path, "leader", **CHANNEL)
+    launchers: list[subprocess.Popen[bytes]] = []
+    agents: list[AgentProc] = []
+    try:
+        g = Gang(
+            kube, namespace, f"fence-{uuid.uuid4().hex[:4]}", 3,
+            {**FAST, names.HOT_SPARES: "1"}, leases=leases,
+        )  # fmt: skip
+        g.create()
+        g.wait_state("naming the channel", lambda s: bool(s.get("reportEndpoint")))
+        trainer, recs = tmp_path / "trainer.py", tmp_path / "records"
+        trainer.write_text(TRAINER)
+        for i in range(3):
+            pod = g.pod(i)
+            token = tmp_path / f"report-token-{i}"
+            token.write_text(report_token(kube, namespace, pod))
+            agent = start_agent(
+                g.pods[i],
+                g.name,
+                POD_UID=pod.metadata.uid,
+                JSI_RESTART_SCOPE="process",
+                JSI_LAUNCHED_CONTAINERS="trainer",
+                **{
+                    names.ENV_REPORT_TOKEN_FILE: str(token),
+                    names.ENV_SLOTS: "2",
+                    names.ENV_REPLICATED_JOB: "workers",
+                    names.ENV_JOB_INDEX: str(i),
+                    names.ENV_PEER_DOMAIN: g.name,
+                },
+            )
+            agents.append(agent)
+            env = {
+                **os.environ,
+                "JSI_STATE_DIR": str(agent.state_dir),
+                "JSI_CONTAINER_NAME": "trainer",
+                launcher.ENV_LEASE: "1",
+                "POD": str(i),
+                "RECORDS": str(recs),
+            }
+            with (tmp_path / f"launcher-{i}.log").open("wb") as log:
+                launchers.append(
+                    subprocess.Popen(
+                        [sys.executable, launcher.__file__, "--", sys.executable, str(trainer)],
+                        env=env,
+                        stderr=log,
+                        stdout=log,
+                    )
+                )
+        g.wait_state("barrier open at epoch 1", lambda s: s.get("barrierOpen") is True)
+        wait_for(
+            "slots 0 and 1 training",
+            lambda: {(p, s) for _, p, s, _, _ in records(recs)} >= {("0", "0"), ("1", "1")},
+            15,
+        )
+        assert all(p != "2" for _, p, _, _, _ in records(recs)), "the spare runs no trainer"
+
+        # holder 1 is cut off from the leader: its agent stops (so do its heartbeats)
+        agents[1].proc.send_signal(signal.SIGSTOP)
+        cut = time.monotonic()
+        st = g.wait_state("slot 1 on the spare", lambda s: bool(s.get("slots")), 20)
+        moved = time.monotonic()
+        assert st["slots"] == {"workers/1/0": "workers/2/0"}
+        assert st["recovery"]["causes"] == {"workers/1/0": "AgentSilent"}
+        stale = [t for t, p, _, _, _ in records(recs) if p == "1"]
+        assert max(stale) < cut + names.LEASE_S + 0.5, "frozen once its lease ended"
+        assert max(stale) < moved
+        log1 = (tmp_path / "launcher-1.log").read_text()
+        assert "the agent's lease ended: freezing" in log1
+
+        g.wait_state("barrier open at epoch 2", lambda s: s["epoch"] == 2 and s["barrierOpen"])
+        wait_for(
+            "the spare training as slot 1",
+            lambda: any(p == "2" and s == "1" for _, p, s, _, _ in records(recs)),
+            15,
+        )
+        first = min(t for t, p, _, _, _ in records(recs) if p == "2")
+
+        # the partition heals: the stale holder's agent learns its slot is gone
+        agents[1].proc.send_signal(signal.SIGCONT)
+        wait_for(
+            "the frozen trainer killed",
+            lambda: "stopped frozen" in (tmp_path / "launcher-1.log").read_text(),
+            15,
+        )
+        time.sleep(1.0)  # its agent's heartbeats go on meanwhile: no lease brings it back
+        stale = [t for t, p, _, _, _ in records(recs) if p == "1"]
+        assert max(stale) < first, "never two pods trained as slot 1"
+        writes = [(t, p) for t, p, s, _, k in records(recs) if s == "1" and k == "checkpoint"]
+        assert not [t for t, p in writes if p == "1" and t >= moved], "no stale checkpoint"
+    finally:
+        for agent in agents:
+            if agent.alive():
+                agent.proc.send_signal(signal.SIGCONT)
+        for proc in launchers:
+            proc.terminate()
+        for proc in launchers:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        ctl.stop()
