@@ -39,6 +39,7 @@ from jobset_inplace.core.policy import (
     raise_all,
     unknown_keys,
 )
+from jobset_inplace.core.spares import spare_spec
 from jobset_inplace.core.torchrun import MAX_RESTARTS_ENV, max_restarts
 from jobset_inplace.core.transform import (
     CHECKPOINT_ENV,
@@ -48,6 +49,7 @@ from jobset_inplace.core.transform import (
     has_agent,
     transform,
 )
+from jobset_inplace.trainer import ENV_CHECKPOINT_PERSISTENT_DIR
 
 JSONPatchOp = dict[str, Any]
 
@@ -149,7 +151,7 @@ def warnings(jobset: Mapping[str, Any]) -> list[str]:
     policy confines its pod writes (core/agent_access.py): its owner should know."""
     if not is_enabled(_annotations(jobset)):
         return []
-    out = _checkpoint_warnings(jobset)
+    out = _checkpoint_warnings(jobset) + _spare_warnings(jobset)
     for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
         pod = (((rj.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")
         out += _torchrun_warnings(str(rj.get("name")), pod or {})
@@ -200,6 +202,35 @@ def _checkpoint_warnings(jobset: Mapping[str, Any]) -> list[str]:
         f"{' / '.join(CHECKPOINT_ENV)} on the trainer containers): the agents report no "
         "checkpoint step, so every recovery restarts training from step 0 (resumeStep null); "
         "set one to resume from the gang's newest common checkpoint"
+    ]
+
+
+def _spare_warnings(jobset: Mapping[str, Any]) -> list[str]:
+    """Hot spares without a persistent tier: a spare taking a member's place has none of its
+    local checkpoints, so the gang resumes from the newest step every holder's tiers have,
+    which then is none (escalation, or scratch)."""
+    try:
+        spare = spare_spec(jobset, prepared=False)
+    except PolicyError:
+        return []  # refused by validate, which names it
+    if spare is None:
+        return []
+    try:
+        dirs = parse_policy(_annotations(jobset)).checkpoint_dirs
+    except PolicyError:
+        return []
+    if dirs.persistent:
+        return []
+    for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
+        pod = (((rj.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")
+        for c in (pod or {}).get("containers") or []:
+            if any(e.get("name") == ENV_CHECKPOINT_PERSISTENT_DIR for e in c.get("env") or []):
+                return []
+    return [
+        f"{names.HOT_SPARES}: {spare.spares} without a persistent checkpoint tier every pod "
+        f"sees ({names.CHECKPOINT_DIRS} persistent=..., on storage the spares mount too): a "
+        "spare that takes a member's place has none of that member's local checkpoints, so "
+        "the gang can resume only from a step every holder has, and then there is none"
     ]
 
 

@@ -33,7 +33,7 @@ from jobset_inplace.agent.logic import (
     parse_gangstate,
 )
 from jobset_inplace.controller.metrics import Metrics
-from jobset_inplace.core.admission import mutate, validate
+from jobset_inplace.core.admission import mutate, validate, warnings
 from jobset_inplace.core.decode import gang_spec
 from jobset_inplace.core.detection import current_pods, current_spares
 from jobset_inplace.core.gangstate import status_from_dict, status_to_dict
@@ -754,3 +754,31 @@ def test_a_dead_nodes_holder_still_heard_keeps_its_slot_until_its_lease_ended() 
     gone = [pod for pod in pods(6, epoch=3) if pod.name != "p2"]  # force-deleted meanwhile
     later = plan(beating({2: lease_end}, status=p.status, pod_list=gone, node_map=nm, now=NOW + 4))
     assert later.status.slots == {member(2): member(4)}
+
+
+# --- what becomes of spares (item 4) ----------------------------------------------------------
+def test_a_spare_that_dies_while_it_waits_starts_no_recovery() -> None:
+    """A spare is no member: its death costs the gang nothing but a spare (its Job makes a new
+    one); a later swap finds the other spare."""
+    dead_spare = with_pod(pods(6, epoch=2), 4, phase="Failed", trainer_failed=True)
+    p = plan(gang(pod_list=dead_spare))
+    assert (p.status.epoch, p.status.phase) == (2, Phase.RUNNING)
+    assert replaced(p) == []
+    swap = plan(gang(pod_list=dead_spare, node_map=dead(nodes(6), "n1")))
+    assert swap.status.slots == {member(1): member(5)}
+
+
+def test_kueue_taking_the_gang_away_spares_included_stands_it_down_and_resets_the_slots() -> None:
+    """Kueue preempts Workloads, not pods: the JobSet is suspended, every pod goes, spares too;
+    the slots start over with the pods made anew."""
+    s = gang(status=running(slots={member(1): member(4)}))
+    down = plan(dataclasses.replace(s, gang=dataclasses.replace(s.gang, kueue_stand_down="x")))
+    assert down.status.phase == Phase.STOOD_DOWN
+    assert down.status.slots == {}
+
+
+def test_spares_without_a_persistent_tier_are_admitted_with_a_warning() -> None:
+    (warning,) = [w for w in warnings(user_jobset()) if names.HOT_SPARES in w]
+    assert "persistent checkpoint tier" in warning
+    shared = user_jobset({names.CHECKPOINT_DIRS: "persistent=/shared/ckpt"})
+    assert not [w for w in warnings(shared) if names.HOT_SPARES in w]
