@@ -20,7 +20,7 @@ from testbed.kube import Clients, clients, temporary_namespace, wait_for
 from testbed.processes import free_port
 
 from .agentproc import AgentProc, StartAgent, checkpoints
-from .gangsim import CRD, CRD_NAME
+from .gangsim import CRD, CRD_NAME, LeaseKeeper
 
 
 @pytest.fixture(scope="session")
@@ -134,3 +134,13 @@ def start_agent(
         if agent.alive():
             agent.proc.kill()
             agent.proc.wait(10)
+
+
+@pytest.fixture
+def leases(kube: Clients) -> Iterator[LeaseKeeper]:
+    """Node Leases renewed for the simulated kubelets of the test's nodes (a test declares
+    some dead: ``leases.dead``)."""
+    keeper = LeaseKeeper(kube)
+    keeper.start()
+    yield keeper
+    keeper.stop()

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,14 +55,6 @@ def records(path: Path) -> list[tuple[float, str, str, str, str]]:
         t, pod, slot, epoch, kind, _ = line.split()
         out.append((float(t), pod, slot, epoch, kind))
     return out
-
-
-@pytest.fixture
-def leases(kube: Clients) -> Iterator[LeaseKeeper]:
-    keeper = LeaseKeeper(kube)
-    keeper.start()
-    yield keeper
-    keeper.stop()
 
 
 def test_a_holder_cut_off_from_the_leader_is_frozen_before_a_spare_takes_its_slot(  # noqa: PLR0917

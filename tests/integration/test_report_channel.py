@@ -176,14 +176,6 @@ async def test_only_a_pods_own_well_formed_report_is_accepted(
 # --- with the controller and real agents -----------------------------------------------------
 
 
-@pytest.fixture
-def leases(kube: Clients) -> Iterator[LeaseKeeper]:
-    keeper = LeaseKeeper(kube)
-    keeper.start()
-    yield keeper
-    keeper.stop()
-
-
 def controller(control_plane: ControlPlane, tmp_path: Path, name: str, **env: str) -> Controller:
     control_plane.kubectl().apply_files([CRD], server_side=True)
     control_plane.kubectl().wait_crds_established([CRD_NAME])
