@@ -26,7 +26,7 @@ from typing import Any
 
 from jobset_inplace import names
 from jobset_inplace.core.agent_access import MANAGED_BY, MANAGED_BY_LABEL
-from jobset_inplace.core.decode import expected_members
+from jobset_inplace.core.decode import positions
 from jobset_inplace.core.gangstate import jobset_owner
 from jobset_inplace.core.policy import Policy, is_managed
 
@@ -43,7 +43,9 @@ def desired_budget(jobset: Mapping[str, Any], policy: Policy | None) -> dict[str
     annotations do not parse, or no member)."""
     if policy is None or not policy.planned_moves or not is_managed(jobset):
         return None
-    members = len(expected_members(dict(jobset)))
+    # every pod of the gang, hot spares too: a drain then waits for the planner, which moves
+    # a member at a checkpoint and replaces a spare at once (core/planner.py, move_spares)
+    members = len(positions(dict(jobset)))
     if members == 0:
         return None
     meta = jobset.get("metadata") or {}

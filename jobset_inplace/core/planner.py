@@ -194,6 +194,8 @@ class _Planning:
             else:
                 self.recovering(causes)
         self.release_stuck_deletions()
+        if st.phase not in WAITING_FOR_JOBSET:
+            self.move_spares()
         self.advertise_report_endpoint()
         self.defer_progress_only_write()
         return self.p
@@ -765,6 +767,37 @@ class _Planning:
                 f"epoch {st.epoch}: no hot spare ready for {_some(short)}: waiting for "
                 "their Jobs' new pods",
                 once_key=f"SpareShortfall/{st.epoch}",
+            )
+
+    def move_spares(self) -> None:
+        """Spares on a node that is dead, or being drained (its device tainted to move): no
+        one else moves them (the disruption budget counts them, and a silent node's pod is
+        never deleted by its kubelet), and a spare holds no training: its pod is replaced at
+        once (force-deleted on a dead node, as a member's would be) and its Job makes a new
+        spare elsewhere."""
+        s = self.s
+        if not s.gang.spares:
+            return
+        leaving = leaving_members(s.nodes, current_spares(s), s.devices_leaving)
+        for position, pod in sorted(current_spares(s).items()):
+            if pod.phase in ("Failed", "Succeeded"):
+                continue  # its Job makes a new one by itself
+            node = s.nodes.get(pod.node or "")
+            dead, _ = node_state(node, s.policy, s.now, s.leases_observed_since)
+            if dead and self.disrupted is None:
+                cause = Cause.NODE_UNHEALTHY
+            elif position in leaving:
+                cause = Cause.PLANNED_MOVE
+            else:
+                continue
+            if pod.deleting and cause != Cause.NODE_UNHEALTHY:
+                continue
+            self.replace(pod, cause)
+            self.event(
+                "SpareMoved",
+                f"hot spare {pod.name} ({position}) on node {pod.node}: "
+                f"{'the node is unhealthy' if dead else leaving[position]}; replaced",
+                once_key=f"SpareMoved/{pod.uid}",
             )
 
     def ready_pod(self, pod: PodView) -> bool:

@@ -36,6 +36,7 @@ from jobset_inplace.controller.metrics import Metrics
 from jobset_inplace.core.admission import mutate, validate, warnings
 from jobset_inplace.core.decode import gang_spec
 from jobset_inplace.core.detection import current_pods, current_spares
+from jobset_inplace.core.disruption_budget import desired_budget
 from jobset_inplace.core.gangstate import status_from_dict, status_to_dict
 from jobset_inplace.core.model import (
     Cause,
@@ -782,3 +783,29 @@ def test_spares_without_a_persistent_tier_are_admitted_with_a_warning() -> None:
     assert "persistent checkpoint tier" in warning
     shared = user_jobset({names.CHECKPOINT_DIRS: "persistent=/shared/ckpt"})
     assert not [w for w in warnings(shared) if names.HOT_SPARES in w]
+
+
+def test_a_spare_on_a_node_being_drained_or_dead_is_replaced_at_once() -> None:
+    """The disruption budget counts every pod of the gang, spares too: a drain waits for the
+    planner, which replaces a spare there at once (its Job makes a new one elsewhere), as it
+    force-deletes one on a dead node, never while the cluster looks disrupted."""
+    nm = nodes(6)
+    nm["n4"] = dataclasses.replace(nm["n4"], leaving="cordoned")
+    p = plan(gang(node_map=nm))
+    assert [(r.pod, r.cause, r.fail_first) for r in replaced(p)] == [
+        ("p4", Cause.PLANNED_MOVE, False)
+    ]
+    assert (p.status.epoch, p.status.slots) == (2, {}), "the gang goes on training"
+    assert "SpareMoved" in events(p)
+    gone = plan(gang(node_map=dead(nodes(6), "n5")))
+    assert [(r.pod, r.cause, r.fail_first) for r in replaced(gone)] == [
+        ("p5", Cause.NODE_UNHEALTHY, True)
+    ]
+    assert gone.status.epoch == 2
+
+
+def test_the_disruption_budget_counts_the_spares() -> None:
+    js = transform(user_jobset(), SETTINGS)
+    budget = desired_budget({**js, "metadata": {**js["metadata"], "uid": "u"}}, Policy())
+    assert budget is not None
+    assert budget["spec"]["minAvailable"] == 6
