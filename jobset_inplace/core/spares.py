@@ -2,7 +2,8 @@
 and when a slot may be given to a spare.
 
 A gang declared with N hot spares has R + N **positions**, the pods JobSet makes
-(``<replicatedJob>/<jobIndex>/<completionIndex>``, :func:`~.decode.member_name`), and R
+(``<replicatedJob>/<jobIndex>/<completionIndex>``, :func:`~jobset_inplace.names.member_name`),
+and R
 **slots**, the members its trainers know (their ranks: the user's ``replicas``). At first slot
 k is held by position k; positions R..R+N-1 hold none: they are the spares. A **swap** gives a
 slot whose holder must get a new pod to a ready spare: the old position, once its pod is
@@ -10,8 +11,10 @@ replaced, is a spare in turn. The GangState status keeps the slots whose holder 
 position than their own name (``status.slots``: slot -> position), so it stays empty, and
 small, until a spare is used.
 
-The rule that makes a swap safe (guarantee 12, docs/guarantees.md): **a slot is given to
-another pod only when its old holder cannot be training any more** (:func:`fenced`)."""
+The rule that makes a swap safe (docs/guarantees.md, hybrid recovery): **a slot is given to
+another pod only when its old holder cannot be training any more**: with a report channel, once
+its agent's lease has surely ended (the planner's ``swap_spares``, agent/heartbeat.py); without
+one, by the controller's other signals (:func:`fenced`)."""
 
 from __future__ import annotations
 
@@ -55,9 +58,10 @@ def spare_spec(jobset: Mapping[str, Any], *, prepared: bool = True) -> SpareSpec
     count = parse_canonical_int(raw)
     if count is None:
         raise PolicyError(names.HOT_SPARES, raw, SPARES_FORM)
-    jobs = {
-        str(rj.get("name")): int(rj.get("replicas", 1))
+    jobs = {  # (replicas that are no integer: the JobSet's schema refuses them)
+        str(rj.get("name")): replicas
         for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []
+        if isinstance(replicas := rj.get("replicas", 1), int) and not isinstance(replicas, bool)
     }
     job = annotations.get(names.HOT_SPARES_JOB)
     if job is None:
