@@ -112,6 +112,8 @@ class Position:
         """The environment of a trainer holding ``slot``: its rank, and rank 0's host."""
         first = self.name(0)
         holder = self._index(slots.get(first, first))
+        if holder is None:  # a status the planner did not write: slot 0's own position
+            holder = 0
         host = f"{self.jobset}-{self.replicated_job}-{holder}-0.{self.domain}"
         return {
             names.ENV_SLOT: str(slot),
