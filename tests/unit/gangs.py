@@ -51,15 +51,19 @@ def snapshot(
     node_map: dict[str, NodeView] | None = None,
     policy: Policy | None = None,
     now: float = NOW,
+    hot_spares: int = 0,
     **gang: Any,
 ) -> Snapshot:
+    """``n`` members, then ``hot_spares`` spare positions (pods and nodes n.. of their own)."""
     status = status or running()
-    node_map = node_map if node_map is not None else nodes(n, now)
+    total = n + hot_spares
+    node_map = node_map if node_map is not None else nodes(total, now)
+    spares = frozenset(member(i) for i in range(n, total))
     return Snapshot(
         now=now,
-        gang=GangSpec("ns", "train", frozenset(member(i) for i in range(n)), **gang),
+        gang=GangSpec("ns", "train", frozenset(member(i) for i in range(n)), spares=spares, **gang),
         policy=policy or Policy(),
-        pods=tuple(pod_list if pod_list is not None else pods(n, epoch=status.epoch)),
+        pods=tuple(pod_list if pod_list is not None else pods(total, epoch=status.epoch)),
         nodes=node_map,
         status=status,
         cluster_nodes=node_map,  # the gang's nodes are the whole cluster

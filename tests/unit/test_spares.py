@@ -41,7 +41,6 @@ from jobset_inplace.core.gangstate import status_from_dict, status_to_dict
 from jobset_inplace.core.model import (
     Cause,
     Event,
-    GangStatus,
     NodeView,
     Plan,
     PodView,
@@ -81,26 +80,9 @@ def replaced(p: Plan) -> list[ReplacePod]:
     return [a for a in p.actions if isinstance(a, ReplacePod)]
 
 
-def gang(
-    *,
-    status: GangStatus | None = None,
-    pod_list: list[PodView] | None = None,
-    node_map: dict[str, NodeView] | None = None,
-    policy: Policy | None = None,
-    now: float = NOW,
-) -> Snapshot:
+def gang(**kw: Any) -> Snapshot:
     """4 members (p0..p3 on n0..n3) and 2 hot spares (p4, p5 on n4, n5)."""
-    status = status or running()
-    s = snapshot(
-        MEMBERS + SPARES,
-        status=status,
-        pod_list=pod_list if pod_list is not None else pods(6, epoch=status.epoch),
-        node_map=node_map,
-        policy=policy,
-        now=now,
-    )
-    spare = frozenset(member(i) for i in range(MEMBERS, MEMBERS + SPARES))
-    return dataclasses.replace(s, gang=dataclasses.replace(s.gang, members=SLOTS, spares=spare))
+    return snapshot(MEMBERS, hot_spares=SPARES, **kw)
 
 
 def dead(node_map: dict[str, NodeView], name: str) -> dict[str, NodeView]:
