@@ -21,7 +21,7 @@ REGISTRY ?= ghcr.io/jobset-inplace
 PLUGIN_BASE_URL ?= https://github.com/jobset-inplace/jobset-inplace/releases/download/v$(VERSION)
 
 .PHONY: help venv binaries images lint test unit integration e2e e2e-kind soak cluster-up cluster-down cluster-install \
-        cluster-status demo bench bench-pages bench-realnode bench-crashes release plugin-archive clean
+        cluster-status demo bench bench-pages bench-spares bench-realnode bench-crashes release plugin-archive clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -85,6 +85,9 @@ $(VENV)/.bench: $(VENV)/.installed
 
 bench-pages: venv ## rewrite the generated figures of README.md and docs/benchmarks.md from their result files in docs/bench/
 	$(PY) -m bench.pages
+
+bench-spares: venv binaries $(VENV)/.bench ## node death -> training again: hot spares vs no spares vs upstream InPlaceRestart, kwok (BENCH_ARGS="--size 100 --deaths 3")
+	$(PY) -m bench.spares $(BENCH_ARGS)
 
 bench-realnode: venv binaries ## crash -> every trainer running on the real nodes: jobset-inplace vs upstream InPlaceRestart vs stock (BENCH_ARGS="--reps 5")
 	$(PY) -m bench.realnode $(BENCH_ARGS)

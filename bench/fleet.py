@@ -20,6 +20,19 @@ What is real and what is not:
   ``restartCount`` incremented, after which a new agent "process" starts; (3) checkpoint tiers:
   every agent reports the same steps, so the barrier's resume step is ``steps[-1]``.
 
+Hot spares (a gang with ``jobset-inplace.dev/hot-spares``): each agent's place comes from the
+variables the webhook gave its container (``JSI_SLOTS``, the job index from its pod's label:
+:func:`~jobset_inplace.agent.config.position_from_env`), so its decision code knows which slot
+it holds, stands by as a spare, and opens as the slot the status gives it; and every agent
+heartbeats to the leader every ``HEARTBEAT_S`` over its channel (an empty report on its own
+connection, as :class:`~jobset_inplace.agent.heartbeat.Heartbeat` sends it; spread evenly over
+the second, from a pool of its own so that reports never queue behind them). No lease file is
+written: the trainers are simulated, and the fence's arithmetic is the leader's.
+
+A node death (:meth:`Fleet.silence`): the agent of the node's pod stops doing anything, as a
+dead node's does (no report, no heartbeat, no reaction to the status); a new pod its Job makes
+elsewhere gets a new agent.
+
 ``scope`` is the gang's restart scope. ``pod``: as above. ``process``: no container restarts,
 so no kubelet write and no new agent process: a crash is the failed member's agent writing
 ``exited-in-epoch`` on its pod; on a new epoch each agent "stops its trainer" (``stop_delay``
@@ -35,6 +48,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import re
 import tempfile
 import threading
 import time
@@ -49,25 +63,31 @@ from kubernetes import client
 from bench.member_leases import lease_path, member_lease
 from bench.podwatch import watch_pods
 from jobset_inplace import names
-from jobset_inplace.agent.channel import ReportChannel
-from jobset_inplace.agent.config import Config
+from jobset_inplace.agent.channel import ChannelError, ReportChannel
+from jobset_inplace.agent.config import Config, ConfigError, position_from_env
 from jobset_inplace.agent.kubeapi import ApiError, KubeApi, TransportErrors
 from jobset_inplace.agent.log import Log
 from jobset_inplace.agent.logic import (
     AgentLogic,
+    Endpoint,
     GangView,
     MalformedStatus,
     Open,
+    Position,
     Report,
     Restart,
+    Standby,
     parse_gangstate,
 )
 from jobset_inplace.agent.runner import Reporter
+from jobset_inplace.core.transform import AGENT_CONTAINER
+from jobset_inplace.names import HEARTBEAT_S
 from jobset_inplace.times import format_time
 from jobset_inplace.trainer.checkpoints import encode_steps
 from testbed.kube import pod_token
 
 RESTARTING = "AllContainersRestarting"
+TICK_S = 0.02  # the heartbeats' spread: a second's are sent in 1 / TICK_S groups
 API_ERRORS = (ApiError, ValueError, *TransportErrors)
 
 
@@ -86,6 +106,10 @@ class SimAgent:
     token_file: Path | None = None  # its projected channel token (None: not mounted yet)
     reporter: Reporter | None = None  # the agent process's (None: not started yet)
     channel: ReportChannel | None = None
+    position: Position | None = None  # hot spares: its place (None: no spares in the gang)
+    silent: bool = False  # its node died: it does nothing any more
+    standby: int | None = None  # the epoch in which it last stood by as a spare
+    beating: bool = False  # a heartbeat of it is in flight
 
 
 class _AgentLog(Log):
@@ -159,6 +183,11 @@ class Fleet:
         self.marks: dict[int, EpochMarks] = {}
         self.requests = 0  # the agents' API requests
         self.channel_reports = 0  # reports the leader's channel accepted
+        self.heartbeats = 0  # heartbeats the leader answered
+        self.heartbeats_late = 0  # skipped: the agent's previous one was still in flight
+        self.heartbeat_errors = 0
+        # heartbeats on threads of their own: a report never waits behind a second's worth
+        self._beats = ThreadPoolExecutor(8, thread_name_prefix="fleet-beat")
         self.errors: list[str] = []
         path = KubeApi.gangstates_path(
             names.GROUP, names.VERSION, namespace, names.GANGSTATE_PLURAL
@@ -173,6 +202,7 @@ class Fleet:
             threading.Thread(target=self._watch_gang, daemon=True, name="fleet-gang"),
             threading.Thread(target=self._watch_pods, daemon=True, name="fleet-pods"),
             threading.Thread(target=self._run_timers, daemon=True, name="fleet-timers"),
+            threading.Thread(target=self._run_heartbeats, daemon=True, name="fleet-heartbeats"),
         ]
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -186,6 +216,7 @@ class Fleet:
         with self._timer_wake:
             self._timer_wake.notify()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._beats.shutdown(wait=False, cancel_futures=True)
 
     def _later(self, delay: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the pool after ``delay`` seconds."""
@@ -214,6 +245,43 @@ class Fleet:
         if self.view is None:
             raise RuntimeError("the fleet has not seen the GangState")
         return self.view.epoch
+
+    def silence(self, pod: str) -> None:
+        """``pod``'s node died: its agent stops (no report, no heartbeat, no action)."""
+        with self._lock:
+            agent = self.agents.get(pod)
+            if agent is not None:
+                agent.silent = True
+
+    def holders(self) -> list[str]:
+        """Pods whose agents run a trainer (opened the barrier of their epoch): without hot
+        spares every running member; with them, the slots' holders."""
+        with self._lock:
+            return sorted(
+                a.pod
+                for a in self.agents.values()
+                if not a.silent and a.logic.opened and a.logic.epoch == self.epoch()
+            )
+
+    def place(self, pod: str) -> tuple[str, str] | None:
+        """Hot spares: the slot ``pod``'s trainer runs as and the pod's own position (both
+        member names); None: it runs none, or the gang has no spares."""
+        with self._lock:
+            agent = self.agents.get(pod)
+            if agent is None or agent.position is None or agent.logic.slot is None:
+                return None
+            at = agent.position
+            return at.name(agent.logic.slot), at.name(at.job_index)
+
+    def spares_standing_by(self) -> int:
+        """Spares whose agents stood by in the gang's current epoch and heartbeat."""
+        with self._lock:
+            epoch = self.epoch()
+            return sum(
+                1
+                for a in self.agents.values()
+                if not a.silent and a.standby == epoch and a.logic.epoch == epoch
+            )
 
     def marks_for(self, epoch: int) -> EpochMarks:
         with self._lock:
@@ -318,6 +386,12 @@ class Fleet:
             containers = [c["name"] for c in pod["spec"]["containers"]]
             agent = self._new_agent(name, meta["uid"], containers)
             agent.service_account = pod["spec"].get("serviceAccountName") or "default"
+            try:
+                agent.position = position_from_env(agent_env(pod), self.gang)
+            except ConfigError as e:
+                self._error(f"{name}: its agent's configuration: {e}")
+                return
+            agent.logic = AgentLogic(agent.position)
             # its process is starting: no GangState event acts on it before its own start
             # (a real agent reads the status only once it runs)
             agent.restarting = True
@@ -331,7 +405,7 @@ class Fleet:
 
     def _new_process(self, agent: SimAgent) -> None:
         """The agent container restarted: a new process (the lock held)."""
-        agent.logic = AgentLogic()
+        agent.logic = AgentLogic(agent.position)
         agent.view = None
         if agent.channel is not None:
             agent.channel.close()
@@ -378,6 +452,8 @@ class Fleet:
 
     def _agent_starts(self, agent: SimAgent) -> None:
         """A new agent process: read the GangState (its first request), then act."""
+        if agent.silent:
+            return
         try:
             if agent.reporter is None:
                 self._start_reporter(agent)
@@ -400,17 +476,21 @@ class Fleet:
             if old is not None and old.epoch == view.epoch and old.barrier_open:
                 view = old
             agent.view = view
-            if agent.busy or agent.restarting or self.agents.get(agent.pod) is not agent:
+            if agent.silent or agent.busy or agent.restarting:
+                return
+            if self.agents.get(agent.pod) is not agent:
                 return
             while True:
                 action = agent.logic.step(view)
                 if isinstance(action, Open):
-                    agent.logic.opened_barrier(action.epoch)
+                    agent.logic.opened_barrier(action.epoch, action.slot)
                     self.marks.setdefault(action.epoch, EpochMarks()).opened[agent.pod] = (
                         time.monotonic()
                     )
                     continue
-                if isinstance(action, Report):
+                if isinstance(action, Standby):
+                    agent.standby = action.epoch
+                elif isinstance(action, Report):
                     agent.busy = True
                     self._pool.submit(self._report, agent, action)
                 elif isinstance(action, Restart) and self.scope == "process":
@@ -425,7 +505,7 @@ class Fleet:
     def _trainers_stopped(self, agent: SimAgent) -> None:
         """Process scope: the agent joins the new epoch in place, as a new AgentLogic."""
         with self._lock:
-            agent.logic = AgentLogic()
+            agent.logic = AgentLogic(agent.position)
             agent.busy = agent.crashed = False
         self._redispatch(agent)
 
@@ -467,6 +547,53 @@ class Fleet:
             view = agent.view if agent.view is not None else self.view
         if view is not None:
             self._dispatch(agent, view)
+
+    # --- heartbeats (hot spares) ----------------------------------------------------------
+
+    def _run_heartbeats(self) -> None:
+        """Every agent of a gang with hot spares sends a heartbeat every ``HEARTBEAT_S``, the
+        fleet's spread evenly over each second (ticks of ``TICK_S``)."""
+        while not self._halt.is_set():
+            began = time.monotonic()
+            with self._lock:
+                beating = [
+                    a
+                    for a in self.agents.values()
+                    if a.position is not None and a.channel is not None and not a.silent
+                ]
+            ticks = max(1, round(HEARTBEAT_S / TICK_S))
+            for tick in range(ticks):
+                for agent in beating[tick::ticks]:
+                    self._submit_beat(agent)
+                self._halt.wait(max(0.0, began + (tick + 1) * TICK_S - time.monotonic()))
+
+    def _submit_beat(self, agent: SimAgent) -> None:
+        with self._lock:
+            endpoint = agent.view.endpoint if agent.view is not None else None
+            if agent.silent or endpoint is None:
+                return  # no status read yet, or no channel to hear it (the real one: no lease)
+            if agent.beating:
+                self.heartbeats_late += 1
+                return
+            agent.beating = True
+        try:
+            self._beats.submit(self._beat, agent, endpoint)
+        except RuntimeError:  # the fleet stopped
+            agent.beating = False
+
+    def _beat(self, agent: SimAgent, endpoint: Endpoint) -> None:
+        channel = agent.channel
+        try:
+            if channel is not None and not agent.silent:
+                channel.send(endpoint, {})
+                with self._lock:
+                    self.heartbeats += 1
+        except ChannelError as e:
+            with self._lock:
+                self.heartbeat_errors += 1
+            self._error(f"{agent.pod}: heartbeat: {e}")
+        finally:
+            agent.beating = False
 
     def _retry(self, fn: Callable[[], None]) -> None:
         if not self._halt.is_set():
@@ -567,3 +694,25 @@ class Fleet:
         with self._lock:
             if len(self.errors) < 200:
                 self.errors.append(msg)
+
+
+def agent_env(pod: dict[str, Any]) -> dict[str, str]:
+    """The environment of ``pod``'s agent container as its kubelet gives it: literal values,
+    and the downward API's ``metadata.name``, ``metadata.namespace`` and labels resolved from
+    the pod (what the webhook's fieldRefs name)."""
+    meta, spec = pod["metadata"], pod["spec"]
+    labels = meta.get("labels") or {}
+    env: dict[str, str] = {}
+    for c in (*(spec.get("initContainers") or ()), *spec["containers"]):
+        if c["name"] != AGENT_CONTAINER:
+            continue
+        for e in c.get("env") or ():
+            if "value" in e:
+                env[e["name"]] = e["value"]
+                continue
+            path = ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath", "")
+            if path in ("metadata.name", "metadata.namespace"):
+                env[e["name"]] = meta[path.split(".")[1]]
+            elif (label := re.fullmatch(r"metadata\.labels\['(.+)'\]", path)) is not None:
+                env[e["name"]] = labels.get(label.group(1), "")
+    return env

@@ -47,12 +47,14 @@ MAX_BUDGET = INPLACE_BUDGET_RANGE[1]  # the largest inplace-budget the policy ac
 FLEET_SA = "bench-fleet"
 CONTROLLER = "jobset-inplace"  # the controller's key in a window's CPU by process
 # the recovery paths: jobset-inplace, upstream InPlaceRestart (sidecar mode), stock Recreate,
-# and jobset-inplace with its agents' reports on member Leases instead of the report channel
-# (bench/member_leases.py: the alternative the channel is measured against; not by default)
-PATHS = ("hybrid", "upstream", "stock", "leases")
+# jobset-inplace with its agents' reports on member Leases instead of the report channel
+# (bench/member_leases.py: the alternative the channel is measured against; not by default),
+# and jobset-inplace with hot spares (bench/spares.py; one pod per Job)
+PATHS = ("hybrid", "upstream", "stock", "leases", "spares")
 DEFAULT_PATHS = ("hybrid", "upstream", "stock")
-IN_PLACE_PATHS = ("hybrid", "leases", "upstream")  # the ones with a simulated agent fleet
-JSI_PATHS = ("hybrid", "leases")  # jobset-inplace's gangs
+# the ones with a simulated agent fleet
+IN_PLACE_PATHS = ("hybrid", "leases", "spares", "upstream")
+JSI_PATHS = ("hybrid", "leases", "spares")  # jobset-inplace's gangs
 # A node-death scenario's runs per path: jobset-inplace as it ships (it force-deletes the dead
 # node's pod) and, like the others, waiting for a platform's out-of-service taint; the others
 # without and with that remediation (without it their pod stays Terminating: reported so).
@@ -60,6 +62,7 @@ _JSI_DEATHS = (NodeDeath(NONE, "unreachable"), NodeDeath(REMEDIATED, "never"))
 NODE_DEATHS = {
     "hybrid": _JSI_DEATHS,
     "leases": _JSI_DEATHS,
+    "spares": _JSI_DEATHS[:1],  # as it ships: no platform's taint in its way
     "upstream": (NodeDeath(NONE), NodeDeath(REMEDIATED)),
     "stock": (NodeDeath(NONE), NodeDeath(REMEDIATED)),
 }
@@ -230,6 +233,8 @@ class Bench:
     kubelet_writes: bool = True  # False: the simulated kubelet writes the failed pod only
     scope: str = "process"  # the hybrid gangs' restart scope (what the fleet simulates)
     channel: bool = True  # the hybrid fleet's agents report over the leader's channel
+    hot_spares: int = 2  # the spares path's jobset-inplace.dev/hot-spares
+    idle_s: float = 0.0  # an idle window of each in-place gang after it settled (0: none)
     results: dict[str, Any] = field(default_factory=dict)
 
     # --- gangs ----------------------------------------------------------------------------
@@ -238,6 +243,14 @@ class Bench:
         per_job = min(self.pods_per_job, size)
         if size % per_job:
             raise ValueError(f"gang size {size} is not a multiple of --pods-per-job {per_job}")
+        spares: dict[str, str] = {}
+        if path == "spares":
+            if per_job != 1:
+                raise ValueError(
+                    f"the spares path needs --pods-per-job 1, got {per_job}: a hot spare "
+                    "stands in for one member, a Job of one pod"
+                )
+            spares = {names.HOT_SPARES: str(self.hot_spares)}
         js = workloads.jobset(
             name,
             [("workers", size // per_job, per_job)],
@@ -252,6 +265,7 @@ class Bench:
                 names.NODE_UNHEALTHY_AFTER: node_unhealthy_after(size),
                 # The scope the simulated fleet models (bench/fleet.py).
                 names.RESTART_SCOPE: self.scope,
+                **spares,
             }
             if path in JSI_PATHS
             else {},
@@ -294,10 +308,15 @@ class Bench:
     def _create(self, name: str, size: int, path: str) -> float:
         t0 = time.monotonic()
         create_jobset(self.kube, self.namespace, self._gang(name, size, path))
-        self._wait(f"{size} pods of {name} running", lambda: self._running(name, size), t0)
+        pods = size + self.spares(path)
+        self._wait(f"{pods} pods of {name} running", lambda: self._running(name, pods), t0)
         took = time.monotonic() - t0
         log(f"{name}: {size} pods running {took:.1f}s after the JobSet was created")
         return took
+
+    def spares(self, path: str) -> int:
+        """The hot spares a gang of ``path`` has beside its members."""
+        return self.hot_spares if path == "spares" else 0
 
     def _settle(self, name: str) -> float | None:
         """Wait until the cluster is quiet (SETTLE_WRITES_PER_S); how long that took (None:
@@ -408,6 +427,8 @@ class Bench:
                 out["first_barrier_s"] = round(time.monotonic() - t0, 2)
             out["setup_controller"] = setup
             out["settle_s"] = self._settle(name)
+            if self.idle_s > 0:
+                out["idle"] = self._idle(fleet)
             for rep in range(reps):
                 out["worker_failure"].append(self._worker_failure(fleet, path, size, rep))
             if profile and self.profile_s > 0 and path in self.profile_paths:
@@ -420,6 +441,21 @@ class Bench:
             fleet.stop()
             self._delete(name)
         return out
+
+    def _idle(self, fleet: Fleet) -> dict[str, Any]:
+        """``idle_s`` seconds of a gang training undisturbed: what its agents' heartbeats (hot
+        spares) cost the leader, the apiserver and the fleet that sends them."""
+        m: dict[str, Any] = {"seconds": self.idle_s}
+        beats = fleet.heartbeats
+        with self.meter.window(m):
+            time.sleep(self.idle_s)
+        m["heartbeats"] = fleet.heartbeats - beats
+        m["heartbeats_late"] = fleet.heartbeats_late
+        log(
+            f"{fleet.gang}: idle {self.idle_s:.0f}s: leader {m['controller_cpu_s']:.2f} CPU-s, "
+            f"{m['heartbeats']} heartbeats"
+        )
+        return m
 
     def _worker_failure(
         self, fleet: Fleet, path: str, size: int, rep: int, profiled: bool = False
@@ -470,11 +506,21 @@ class Bench:
         if death.force_delete:
             self._annotate(name, {names.FORCE_DELETE: death.force_delete})
         epoch = fleet.epoch()
-        victim = random.choice(sorted(fleet.agents))
+        # a member's node (a spare's death costs the training nothing)
+        victim = random.choice(fleet.holders() if path in JSI_PATHS else sorted(fleet.agents))
         node = self.kube.core.read_namespaced_pod(victim, self.namespace).spec.node_name
         m: dict[str, Any] = {"victim": victim, "node": node, **_death_fields(death)}
+        place = fleet.place(victim)
+        wanted = self.spares(path)
+        # With hot spares the node stays dead until they stand by again: its replacement
+        # (made within seconds of the swap, before the node is marked not ready) may be
+        # bound to the dead node, and only the controller's replacement of a spare there
+        # frees it, as on a cluster whose node stays down. (kwok would not start a pod bound
+        # while the node was silenced once it is revived.)
+        revive_at_once = not wanted
         with GangPods(self.kube.core, self.namespace, name) as pods:
             with self._remedy(death, node) as oos, self.meter.window(m):
+                fleet.silence(victim)  # the node's agent with it
                 set_heartbeat(self.kube, node, alive=False)
                 t0 = time.monotonic()
                 try:
@@ -499,10 +545,32 @@ class Bench:
                     m["stuck_terminating"] = pods.terminating_on(node)
                     _remedied(m, oos, t0)
                 finally:
-                    set_heartbeat(self.kube, node, alive=True)
-            if m["capped"]:  # the gang must be past a barrier again before the next run
-                again = lambda: _opened_all(fleet, fleet.epoch(), size)  # noqa: E731
-                self._restore(pods, size, node, f"{name} whole and past a barrier again", again)
+                    if revive_at_once:
+                        set_heartbeat(self.kube, node, alive=True)
+            if place is not None:  # hot spares: the dead member's slot went to a spare?
+                slot, position = place
+                slots = gang_state(self.kube, self.namespace, name).get("slots") or {}
+                m |= {"slot": slot, "position": position, "holder": slots.get(slot, slot)}
+                m["swapped"] = m["holder"] != position
+            if m["capped"] or wanted:
+                # the gang must be past a barrier again, its spares standing by again, before
+                # the next run
+                def again() -> bool:
+                    whole = _opened_all(fleet, fleet.epoch(), size)
+                    if whole and fleet.spares_standing_by() >= wanted:
+                        back.append(time.monotonic())
+                        return True
+                    return False
+
+                what = f"{name} whole, past a barrier and {wanted} spares standing by again"
+                back: list[float] = []
+                try:
+                    self._restore(pods, size + wanted, node, what, again)
+                finally:
+                    if not revive_at_once:
+                        set_heartbeat(self.kube, node, alive=True)
+                if wanted and back:  # the death to its spares standing by again
+                    m["spares_back_s"] = round(back[0] - t0, 2)
         if death.force_delete:
             self._annotate(name, {names.FORCE_DELETE: None})
         log(

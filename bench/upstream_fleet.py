@@ -118,6 +118,8 @@ class UpstreamFleet(Fleet):
     def _agent_starts(self, agent: SimAgent) -> None:
         """A new agent process: its informer LISTs the JobSet, then it reconciles."""
         assert isinstance(agent, UpstreamAgent)
+        if agent.silent:
+            return
         query = urlencode({"fieldSelector": f"metadata.name={self.gang}"})
         try:
             listed = self._call(lambda k: k.get(f"{self._gang_collection}?{query}"))
@@ -135,7 +137,9 @@ class UpstreamFleet(Fleet):
         """Upstream's ``Reconcile`` for one agent process (cmd/in-place-restart-agent)."""
         with self._lock:
             agent.seen = attempts = agent.seen.newest(attempts)
-            if agent.busy or agent.restarting or self.agents.get(agent.pod) is not agent:
+            if agent.silent or agent.busy or agent.restarting:
+                return
+            if self.agents.get(agent.pod) is not agent:
                 return
             if agent.attempt is None:  # once per process: current + 1 (0 when none)
                 agent.busy = True

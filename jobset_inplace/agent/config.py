@@ -38,6 +38,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "load_config",
+    "position_from_env",
 ]
 
 EXIT_CRASH = 1  # an unexpected error in the agent (Python's own code for an uncaught one)
@@ -205,8 +206,9 @@ def _layout(env: Mapping[str, str]) -> CheckpointLayout:
         raise ConfigError(f"{ENV_CHECKPOINT_LAYOUT}/{ENV_CHECKPOINT_STEP_PATTERN}: {e}") from None
 
 
-def _position(env: Mapping[str, str], gangstate: str) -> Position | None:
-    """This pod's place among the hot spares' slots (None: no spares here)."""
+def position_from_env(env: Mapping[str, str], gangstate: str) -> Position | None:
+    """This pod's place among the hot spares' slots (None: no spares here), from the
+    variables the webhook gives the agent; raises `ConfigError` naming a bad one."""
     if not env.get(ENV_SLOTS):
         return None
     members = _int(env, ENV_SLOTS, 0, low=1, high=MAX_STEP)
@@ -267,5 +269,5 @@ def load_config(env: Mapping[str, str]) -> Config:
             if env.get(ENV_REPORT_TOKEN_FILE)
             else None
         ),
-        position=_position(env, gangstate),
+        position=position_from_env(env, gangstate),
     )

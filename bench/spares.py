@@ -1,0 +1,263 @@
+"""``make bench-spares``: a node dies -> every trainer training again, at N simulated pods
+(kwok, the agent fleet of bench/fleet.py), in one run:
+
+* **spares**: jobset-inplace with ``jobset-inplace.dev/hot-spares`` (as it ships: heartbeats,
+  the fence, ``force-delete: unreachable``);
+* **hybrid**: jobset-inplace without spares (the dead member's pod force-deleted and made
+  again by its Job);
+* **upstream**: JobSet's InPlaceRestart, the node tainted out-of-service once declared dead
+  (its best configuration: without the taint its pod stays Terminating).
+
+    python -m bench.spares --size 1000 --deaths 10 --baseline-deaths 3
+
+Every gang has one pod per Job (a spare stands in for one member) and the process restart
+scope. Each path's gang is made, its first barrier passed and the cluster left to settle; then
+an idle window (the leader's CPU with and without heartbeats), then its node deaths one after
+the other, each after the gang is whole again (and its spares standing by). Writes
+``results.json`` (every death, p50/p99 per path, ratios of medians with 95 % intervals, what the
+spares cost) into ``--out``; see docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import signal
+import statistics
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from jobset_inplace import names
+from testbed.cluster import LocalCluster
+from testbed.controller import ControllerProcess, prepare
+from testbed.kube import clients
+from testbed.versions import binaries, versions
+
+from . import provenance, upstream
+from .__main__ import NAMESPACE, SPARE_NODES, apiserver_metrics, apply, fleet_token
+from .remediation import NONE, REMEDIATED, NodeDeath
+from .scenarios import WORKER_CPU, Bench, ProcessMeter, log
+from .stats import ratio_of_medians
+
+PATHS = ("spares", "hybrid", "upstream")
+# each path's node death: jobset-inplace's as it ships (it force-deletes a dead node's pods
+# itself), upstream's with its best remedy
+DEATH = {
+    "spares": NodeDeath(NONE, "unreachable"),
+    "hybrid": NodeDeath(NONE, "unreachable"),
+    "upstream": NodeDeath(REMEDIATED),
+}
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "bench" / "spares"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.spares", description=__doc__.split("\n")[0])
+    p.add_argument("--size", type=int, default=1000, help="members of each gang (pods)")
+    p.add_argument("--deaths", type=int, default=10, help="node deaths of the spares path")
+    p.add_argument(
+        "--baseline-deaths",
+        type=int,
+        default=3,
+        help="node deaths of each other path (upstream's take ~2 min each at 1000 pods)",
+    )
+    p.add_argument("--hot-spares", type=int, default=2, help="the spares gang's hot spares")
+    p.add_argument(
+        "--paths",
+        default=",".join(PATHS),
+        help=f"which paths, comma-separated, in this order: some of {','.join(PATHS)}",
+    )
+    p.add_argument(
+        "--idle", type=float, default=30.0, help="seconds of each gang's idle window (0: none)"
+    )
+    p.add_argument("--node-cap", type=float, default=480.0, help="cap for a node-death run, s")
+    p.add_argument("--setup-timeout", type=float, default=1200.0, help="cap for gang set-up, s")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
+    p.add_argument("--label", default="", help="a name for this run in the results")
+    p.add_argument("--allow-dirty", action="store_true", help=provenance.ALLOW_DIRTY_HELP)
+    args = p.parse_args(argv)
+    if args.size < 2:
+        p.error(f"--size must be 2 or more, got {args.size}")
+    if not 1 <= args.hot_spares <= args.size:
+        p.error(f"--hot-spares must be 1..--size ({args.size}), got {args.hot_spares}")
+    if args.deaths < 1 or args.baseline_deaths < 0:
+        p.error("--deaths must be >= 1 and --baseline-deaths >= 0")
+    paths = [x for x in args.paths.split(",") if x]
+    if not paths or not set(paths) <= set(PATHS):
+        p.error(f"--paths must be some of {','.join(PATHS)}, got {args.paths!r}")
+    args.paths = paths
+    return args
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank percentile ``q`` (0-100): a value measured, never interpolated (with
+    fewer than 100 values, p99 is the largest)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def summarize(paths: dict[str, Any], hot_spares: int) -> dict[str, Any]:
+    """Per path: how many deaths, how many recovered (and, with spares, on a spare), p50/p99
+    of those; ratios of each other path's median over the spares'."""
+    out: dict[str, Any] = {}
+    times: dict[str, list[float]] = {}
+    for path, block in paths.items():
+        deaths = block.get("node_death", [])
+        ok = [d for d in deaths if not d.get("capped") and not d.get("invalid")]
+        times[path] = [d["running_s"] for d in ok]
+        row: dict[str, Any] = {"deaths": len(deaths), "recovered": len(ok)}
+        if path == "spares":
+            row["on_a_spare"] = sum(1 for d in ok if d.get("swapped"))
+        if times[path]:
+            row |= {
+                "p50_s": round(statistics.median(times[path]), 2),
+                "p99_s": round(percentile(times[path], 99), 2),
+                "min_s": round(min(times[path]), 2),
+                "max_s": round(max(times[path]), 2),
+                "detection_p50_s": round(statistics.median(d["detection_s"] for d in ok), 2),
+            }
+        idle = block.get("idle")
+        if idle:
+            row["idle_controller_cores"] = round(idle["controller_cpu_s"] / idle["seconds"], 3)
+            row["idle_heartbeats_per_s"] = round(idle["heartbeats"] / idle["seconds"], 1)
+        out[path] = row
+    spares = times.get("spares", [])
+    for path in ("hybrid", "upstream"):
+        if len(times.get(path, [])) >= 2 and len(spares) >= 2:
+            out[f"ratio_{path}_over_spares"] = ratio_of_medians(times[path], spares).as_dict()
+    out["spare_cost"] = {
+        "pods": hot_spares,
+        "cpu_requested": f"{hot_spares} x {WORKER_CPU}",
+        "note": "each spare is a whole member pod of the gang's shape, admitted and charged "
+        "with the gang; its agent heartbeats every second like every member's",
+    }
+    return out
+
+
+def text(results: dict[str, Any]) -> str:
+    s = results["summary"]
+    lines = [f"node death -> every trainer training again, {results['settings']['size']} pods:"]
+    for path in results["paths"]:
+        row = s[path]
+        head = f"  {path}: {row['recovered']} of {row['deaths']} recovered"
+        if "on_a_spare" in row:
+            head += f" ({row['on_a_spare']} on a spare)"
+        if "p50_s" in row:
+            head += (
+                f"; p50 {row['p50_s']:.1f} s, p99 {row['p99_s']:.1f} s "
+                f"(detection p50 {row['detection_p50_s']:.1f} s)"
+            )
+        if "idle_controller_cores" in row:
+            head += (
+                f"; idle: leader {row['idle_controller_cores']:.3f} cores, "
+                f"{row['idle_heartbeats_per_s']:.0f} heartbeats/s"
+            )
+        lines.append(head)
+    for path in ("hybrid", "upstream"):
+        r = s.get(f"ratio_{path}_over_spares")
+        if r:
+            lines.append(
+                f"  {path} / spares: {r['ratio']:.2f}x (95% interval {r['low']:.2f}-"
+                f"{r['high']:.2f}; n = {r['n_a']}, {r['n_b']})"
+            )
+    return "\n".join(lines)
+
+
+def write(out: Path, results: dict[str, Any]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    doc = {**results, "summary": summarize(results["paths"], results["settings"]["hot_spares"])}
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    provenance.refuse_dirty(args.allow_dirty)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    started, steal_at_start = time.time(), provenance.steal_seconds()
+    cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
+    cluster.up(nodes=args.size + args.hot_spares + SPARE_NODES, real_nodes=1)
+    cluster.scale_nodes(args.size + args.hot_spares + SPARE_NODES)
+    kube = clients(cluster.kubeconfig)
+    prepare(kube, cluster.kubeconfig, NAMESPACE)
+    token = fleet_token(cluster, NAMESPACE)
+    apply(cluster, NAMESPACE, upstream.rbac(NAMESPACE))
+    ctl = ControllerProcess(cluster, cluster.logs_dir / "controller-bench-spares.log")
+    results: dict[str, Any] = {
+        "label": args.label,
+        **provenance.provenance("bench.spares", argv),
+        "versions": {
+            "kubernetes": versions().kubernetes,
+            "jobset": versions().jobset,
+            "kwok": versions().kwok,
+        },
+        "settings": {
+            "size": args.size,
+            "hot_spares": args.hot_spares,
+            "deaths": args.deaths,
+            "baseline_deaths": args.baseline_deaths,
+            "pods_per_job": 1,
+            "restart_scope": "process",
+            "kwok_nodes": args.size + args.hot_spares + SPARE_NODES,
+            "node_unhealthy_after": "15s",
+            "heartbeat_s": names.HEARTBEAT_S,
+            "lease_s": names.LEASE_S,
+            "fence_margin_s": names.FENCE_MARGIN_S,
+            "idle_window_s": args.idle,
+            "node_cap_s": args.node_cap,
+        },
+        "paths": {},
+    }
+    try:
+        bench = Bench(
+            kube=kube,
+            namespace=NAMESPACE,
+            server=kube.api.configuration.host,
+            ca_file=Path(kube.api.configuration.ssl_ca_cert),
+            token_file=token,
+            meter=ProcessMeter(ctl.proc.pid, partial(apiserver_metrics, cluster)),
+            restart_delay=0.0,  # the process scope restarts no container
+            pods_per_job=1,
+            setup_timeout=args.setup_timeout,
+            stock_cap=args.node_cap,
+            node_cap=args.node_cap,
+            kubectl=[str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig)],
+            hot_spares=args.hot_spares,
+            idle_s=args.idle,
+        )
+        bench.clean()
+        for path in args.paths:
+            count = args.deaths if path == "spares" else args.baseline_deaths
+            if not count:
+                continue
+            deaths = [DEATH[path]] * count
+            log(f"=== {path}: gang of {args.size} pods, {count} node deaths ({deaths[0].label})")
+            gates = (
+                cluster.jobset_feature_gates(upstream.GATES)
+                if path == "upstream"
+                else contextlib.nullcontext()
+            )
+            with gates:
+                results["paths"][path] = bench.in_place(path, args.size, 0, deaths, profile=False)
+            write(args.out, results)  # keep what was measured so far
+    finally:
+        ctl.stop()
+    results["duration_s"] = round(time.time() - started, 1)
+    results["machine"].update(
+        provenance.steal_during(steal_at_start, provenance.steal_seconds(), time.time() - started)
+    )
+    written = write(args.out, results)
+    print(text(json.loads(written.read_text())))
+    log(f"written: {written}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
