@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from jobset_inplace import names
+from jobset_inplace.times import format_time
 from testbed.cluster import LocalCluster
 from testbed.controller import ControllerProcess, prepare
 from testbed.kube import clients
@@ -193,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "label": args.label,
         **provenance.provenance("bench.spares", argv),
+        "started": format_time(started, micro=False),
         "versions": {
             "kubernetes": versions().kubernetes,
             "jobset": versions().jobset,
