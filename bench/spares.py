@@ -143,7 +143,7 @@ def summarize(paths: dict[str, Any], hot_spares: int) -> dict[str, Any]:
 def text(results: dict[str, Any]) -> str:
     s = results["summary"]
     lines = [f"node death -> every trainer training again, {results['settings']['size']} pods:"]
-    for path in results["paths"]:
+    for path in (p for p in PATHS if p in results["paths"]):
         row = s[path]
         head = f"  {path}: {row['recovered']} of {row['deaths']} recovered"
         if "on_a_spare" in row:
@@ -167,6 +167,78 @@ def text(results: dict[str, Any]) -> str:
                 f"{r['high']:.2f}; n = {r['n_a']}, {r['n_b']})"
             )
     return "\n".join(lines)
+
+
+LABEL = {
+    "spares": "jobset-inplace, {n} hot spares",
+    "hybrid": "jobset-inplace, no spares (force-delete unreachable)",
+    "upstream": "upstream IPR (out-of-service taint)",
+}
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f} s"
+
+
+def table(doc: dict[str, Any]) -> list[str]:
+    """The published table of one run (bench.pages): every path's node deaths, p50 and p99,
+    the ratios to the spares' median with their intervals, then what the spares cost."""
+    s, settings = doc["summary"], doc["settings"]
+    n = settings["hot_spares"]
+    lines = [
+        f"A member's node dies (its heartbeat stops, its agent falls silent) -> every trainer "
+        f"training again, {settings['size']} members, one pod per Job, process scope:",
+        "",
+        "| path | node deaths (recovered) | **p50** | **p99** | min / max | detection (p50) "
+        "| **/ with spares** |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for path in (p for p in PATHS if p in doc["paths"]):
+        row = s[path]
+        got = f"{row['deaths']} ({row['recovered']}"
+        got += f", {row['on_a_spare']} on a spare)" if "on_a_spare" in row else ")"
+        r = s.get(f"ratio_{path}_over_spares")
+        ratio = (
+            f"**{r['ratio']:.1f}x** (95% interval {r['low']:.1f}-{r['high']:.1f}; "
+            f"n = {r['n_a']}, {r['n_b']})"
+            if r
+            else "-"
+        )
+        span = f"{row['min_s']:.1f} / {row['max_s']:.1f}" if "min_s" in row else "-"
+        lines.append(
+            f"| {LABEL[path].format(n=n)} | {got} | **{_s(row.get('p50_s'))}** | "
+            f"**{_s(row.get('p99_s'))}** | {span} | {_s(row.get('detection_p50_s'))} | {ratio} |"
+        )
+    lines += [
+        "",
+        "(p99: nearest rank, a measured value; with fewer than 100 deaths, the largest. "
+        "Ratios: of the medians, 95 % bootstrap interval.)",
+    ]
+    spares, hybrid = s.get("spares", {}), s.get("hybrid", {})
+    if "idle_controller_cores" in spares:
+        back = [
+            d["spares_back_s"]
+            for d in doc["paths"]["spares"]["node_death"]
+            if d.get("spares_back_s") is not None
+        ]
+        cost = (
+            f"What the {n} spares cost: {n} pods of the members' shape ({n} x {WORKER_CPU} "
+            f"CPUs requested here, GPUs on a real gang), admitted and charged with the gang; "
+            f"their agents and the members' heartbeat every {settings['heartbeat_s']:g} s: "
+            f"{spares['idle_heartbeats_per_s']:.0f} heartbeats/s took the leader "
+            f"{spares['idle_controller_cores']:.2f} cores in a {settings['idle_window_s']:.0f} s "
+            "idle window"
+        )
+        if "idle_controller_cores" in hybrid:
+            cost += f" (without spares, no heartbeats: {hybrid['idle_controller_cores']:.2f})"
+        if back:
+            cost += (
+                f". After a death the gang had its {n} spares standing by again "
+                f"{statistics.median(back):.0f} s later (median; the dead node's replacement "
+                "pod scheduled, started and passed its barrier)"
+            )
+        lines += ["", cost + "."]
+    return lines
 
 
 def write(out: Path, results: dict[str, Any]) -> Path:

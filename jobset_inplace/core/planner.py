@@ -69,6 +69,7 @@ from jobset_inplace.core.policy import (
     barrier_within_kueue,
 )
 from jobset_inplace.core.spares import (
+    SILENT_WITHOUT_SPARE,
     SPARE_SHORTFALL,
     SPARE_SWAPPED,
     fenced,
@@ -189,6 +190,8 @@ class _Planning:
                 causes = self.unless_disrupted(causes)
             if Cause.AGENT_SILENT in causes.values():
                 causes = self.unless_all_silent(causes)
+            if Cause.AGENT_SILENT in causes.values():
+                causes = self.only_where_a_spare_waits(causes)
             if st.phase == Phase.RUNNING:
                 self.running(causes)
             else:
@@ -324,6 +327,43 @@ class _Planning:
             once_key=f"AgentsSilent/{self.st.epoch}",
         )
         return {m: c for m, c in causes.items() if c != Cause.AGENT_SILENT}
+
+    def only_where_a_spare_waits(self, causes: dict[str, Cause]) -> dict[str, Cause]:
+        """A silent agent is a suspicion: for its first seconds a slow agent (or a busy
+        leader) looks like a dead node. It is acted on only for as many silent members as
+        ready spares can take (longest silent first), where a swap saves the replacement pod's
+        whole start; the others are left to their nodes' signals, as without spares (their
+        Job's new pod would wait for the old one to be fenced anyway, and a false suspicion
+        would cost a healthy member its pod and the gang its recreate budget). Never in a
+        fresh epoch (the gang starting, or after a JobSet restart): nothing trains yet that a
+        swap would bring back sooner, and every agent starts at once then."""
+        s, st = self.s, self.st
+        rec = st.recovery if st.phase == Phase.RECOVERING else None
+        decided = rec.recreated if rec is not None else {}
+        silent = [m for m, c in causes.items() if c == Cause.AGENT_SILENT and m not in decided]
+        if not silent:
+            return causes
+        taken = set(decided.values())
+        ready = [p for p in current_spares(s).values() if self.ready_pod(p) and p.uid not in taken]
+        awaiting = [
+            m
+            for m, uid in decided.items()
+            if (pod := self.current.get(m)) is None or pod.uid == uid
+        ]
+        fresh = rec is not None and not rec.causes
+        room = 0 if fresh else max(0, len(ready) - len(awaiting))
+        longest = sorted(silent, key=lambda m: (-silent_for(s, self.current[m]), m))
+        left = longest[room:]
+        if not left:
+            return causes
+        self.event(
+            SILENT_WITHOUT_SPARE,
+            f"epoch {st.epoch}: {_some(left)} silent, no hot spare ready to take "
+            f"{'its slot' if len(left) == 1 else 'their slots'}: left to the node's signals",
+            once_key=f"{SILENT_WITHOUT_SPARE}/{st.epoch}",
+        )
+        self.p.wake_at(s.now, s.now + names.HEARTBEAT_S)  # a spare may be ready by then
+        return {m: c for m, c in causes.items() if m not in left}
 
     def advertise_report_endpoint(self) -> None:
         """The status names this leader's report channel: agents send their reports there (and

@@ -32,6 +32,8 @@ Slots = Mapping[str, str]  # slot -> the position holding it, where that is not 
 # a spare; slots that wanted one and found none ready.
 SPARE_SWAPPED = "SpareSwapped"
 SPARE_SHORTFALL = "SpareShortfall"
+# agents silent with no spare ready to take their slots: left to their nodes' signals
+SILENT_WITHOUT_SPARE = "SilentWithoutSpare"
 
 SPARES_FORM = "a whole number from 0 to the replicatedJob's replicas (at most one spare a member)"
 

@@ -45,6 +45,7 @@ from jobset_inplace.core.model import (
     Plan,
     PodView,
     ReplacePod,
+    Recovery,
     ReportEndpoint,
     Snapshot,
 )
@@ -640,6 +641,49 @@ def test_when_most_agents_fall_silent_at_once_nothing_is_given_away() -> None:
     assert "AgentsSilent" in events(p)
     one = plan(beating({0: 9.0}))
     assert one.status.slots == {member(0): member(4)}
+
+
+def test_a_silent_agent_with_no_spare_ready_is_left_to_its_nodes_signals() -> None:
+    """A slow agent looks dead for its first seconds: without a spare to take its slot, acting
+    on it gains nothing and would cost a healthy member its pod and the recreate budget."""
+    p = plan(beating({1: 5.0, 4: 5.0, 5: 5.0}))  # both spares silent: none ready
+    assert p.status.epoch == 2
+    assert not replaced(p)
+    assert "SilentWithoutSpare" in events(p)
+    assert p.requeue_after is not None
+    assert p.requeue_after <= names.HEARTBEAT_S, "looks again soon: a spare may be ready"
+    # its node's signals still recreate it, as without spares
+    dead_node = plan(beating({1: 60.0, 4: 60.0, 5: 60.0}, node_map=dead(nodes(6), "n1")))
+    assert dead_node.status.recovery is not None
+    assert dead_node.status.recovery.causes == {member(1): Cause.NODE_UNHEALTHY}
+
+
+def test_two_silent_one_spare_ready_only_the_longest_silent_is_acted_on() -> None:
+    p = plan(beating({1: 3.0, 2: 5.0, 5: 5.0}))
+    assert p.status.recovery is not None
+    assert p.status.recovery.causes == {member(2): Cause.AGENT_SILENT}
+    assert [r.pod for r in replaced(p)] == ["p2"]
+    assert p.status.slots == {member(2): member(4)}
+    # the other waits: the one spare is taken
+    again = plan(beating({1: 4.0, 2: 6.0, 5: 6.0}, status=p.status, now=NOW + 1))
+    assert again.status.recovery is not None
+    assert member(1) not in again.status.recovery.recreated
+
+
+def test_silence_in_a_fresh_epoch_starts_nothing() -> None:
+    """The gang starting (or restarted by JobSet): every agent starts at once and nothing
+    trains yet that a swap would bring back sooner."""
+    fresh = running(
+        epoch=2,
+        phase=Phase.RECOVERING,
+        barrier_open=False,
+        recovery=Recovery(2, NOW - 10, NOW + 290),
+    )
+    p = plan(beating({1: 5.0}, status=fresh))
+    assert not replaced(p)
+    assert p.status.slots == {}
+    assert p.status.recovery is not None
+    assert not p.status.recovery.recreated
 
 
 def test_without_a_channel_silence_means_nothing() -> None:
