@@ -88,6 +88,7 @@ from testbed.kube import pod_token
 
 RESTARTING = "AllContainersRestarting"
 TICK_S = 0.02  # the heartbeats' spread: a second's are sent in 1 / TICK_S groups
+BEAT_THREADS = 64
 API_ERRORS = (ApiError, ValueError, *TransportErrors)
 
 
@@ -186,8 +187,11 @@ class Fleet:
         self.heartbeats = 0  # heartbeats the leader answered
         self.heartbeats_late = 0  # skipped: the agent's previous one was still in flight
         self.heartbeat_errors = 0
-        # heartbeats on threads of their own: a report never waits behind a second's worth
-        self._beats = ThreadPoolExecutor(8, thread_name_prefix="fleet-beat")
+        # heartbeats on threads of their own: a report never waits behind a second's worth.
+        # Enough of them that the leader's answer time does not hold back the next agents'
+        # beats (real agents send theirs each on its own): with 8, the first 1000-pod run had
+        # every one waiting on an answer (py-spy) while agents the leader called silent lived
+        self._beats = ThreadPoolExecutor(BEAT_THREADS, thread_name_prefix="fleet-beat")
         self.errors: list[str] = []
         path = KubeApi.gangstates_path(
             names.GROUP, names.VERSION, namespace, names.GANGSTATE_PLURAL
