@@ -195,6 +195,12 @@ class ClusterCache:
     report_endpoint: ReportEndpoint | None = None
     # when this process started leading (the earliest Snapshot.reports_since)
     reports_since: float = 0.0
+    # Seconds this leader's event loop ran late so far (report_server.measure_stalls): it
+    # could not hear heartbeats then. Silence is counted without them, so a busy leader (or a
+    # starved process) does not take its own delay for its agents' silence: a heartbeat
+    # waiting unread in a socket is not a dead node. It can only lengthen a silence's start,
+    # never shorten the fence (which needs that much silence).
+    stalled: float = 0.0
     # Membership by ownership (is_member): Job UID -> its controlling JobSet's UID; pod UID ->
     # its controlling Job's UID; how many cached pods name each Job (a deleted Job is kept
     # while its pods are, so that they stay members until they are gone too).
@@ -362,7 +368,7 @@ class ClusterCache:
             rec = status.recovery
             if rec is not None and uid in rec.recreated.values():
                 return None, None  # revoked: not heard from now on
-        gang.heard[uid] = at
+        gang.heard[uid] = at - self.stalled  # on the clock that stops while the leader stalls
         return None, holds
 
     def set_report(self, key: GangKey, uid: str, fields: dict[str, Any]) -> str | None:
@@ -579,12 +585,14 @@ class ClusterCache:
         )
 
     def _silent(self, gang: Gang, mono: float) -> dict[str, float]:
-        """Seconds since each heard agent of a heartbeating gang was last heard (Snapshot),
+        """Seconds since each heard agent of a heartbeating gang was last heard (Snapshot), the
+        leader's own stalls since not counted,
         pods deleted since included (the fence counts from their last answer); entries older
         than HEARD_KEPT_S are dropped (bounded by the pods of the last minutes)."""
         if not gang.spec.spares or self.report_endpoint is None:
             return {}
-        old = [uid for uid, at in gang.heard.items() if mono - at > HEARD_KEPT_S]
+        now = mono - self.stalled
+        old = [uid for uid, at in gang.heard.items() if now - at > HEARD_KEPT_S]
         for uid in old:
             del gang.heard[uid]
-        return {uid: max(0.0, mono - at) for uid, at in gang.heard.items()}
+        return {uid: max(0.0, now - at) for uid, at in gang.heard.items()}

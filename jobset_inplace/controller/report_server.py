@@ -74,6 +74,18 @@ class Poke(Protocol):
 MAX_BODY = 16 * 1024  # a report is ~200 bytes
 LOG_EVERY_S = 10.0  # refusals of one code are logged at most this often
 QUIET_S = 2.0  # requests stopped this long: a burst is over (free memory is given back)
+STALL_TICK_S = 0.1  # how often the event loop's lateness is measured (ClusterCache.stalled)
+
+
+async def measure_stalls(cache: ClusterCache, tick: float = STALL_TICK_S) -> None:
+    """Add up how late this event loop wakes a timer of ``tick`` seconds (its other work, the
+    process descheduled, the GIL held by another thread): the time it could not have read a
+    heartbeat (``ClusterCache.stalled``)."""
+    clock = time.monotonic
+    while True:
+        due = clock() + tick
+        await asyncio.sleep(tick)
+        cache.stalled += max(0.0, clock() - due)
 
 
 def _text(body: Mapping[str, Any], field: str) -> str:
@@ -231,6 +243,7 @@ class ReportServer:
             asyncio.create_task(self._release_after_bursts()),
             asyncio.create_task(self._every(SWEEP_S, self.http.sweep)),
             asyncio.create_task(self._every(PREAUTH_SWEEP_S, self.http.sweep_unauthenticated)),
+            asyncio.create_task(measure_stalls(self.cache)),
         ]
         where = f"[{self.advertise}]" if ":" in self.advertise else self.advertise
         endpoint = ReportEndpoint(

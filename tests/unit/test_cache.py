@@ -280,3 +280,12 @@ def test_a_heartbeat_says_which_slot_the_pod_holds_and_a_revoked_pod_is_not_hear
     snap = c.snapshot(g, NOW, mono=15.0)
     assert snap is not None
     assert snap.silent["u1"] == 5.0, "its last answer is kept after the pod is gone"
+    # the leader's own stalls (its loop late, its process starved) are not the agents' silence
+    c.stalled += 1.5
+    later = c.snapshot(g, NOW, mono=16.0)
+    assert later is not None
+    assert later.silent["u1"] == 4.5
+    assert c.heartbeat(key, "u2", 16.0) == (None, "workers/1/0")
+    after = c.snapshot(g, NOW, mono=17.0)
+    assert after is not None
+    assert after.silent["u2"] == 1.0, "heard after the stall: counted from then"

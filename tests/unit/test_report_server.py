@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import pytest
 
@@ -139,3 +140,20 @@ def test_a_request_refused_by_the_http_layer_is_counted_and_logged(
     assert counter._value.get() == before + 1
     assert s.handled == 1
     assert "refused (404): no such path" in caplog.text
+
+
+def test_the_leaders_stalls_are_added_up() -> None:
+    """A loop busy with other work (or a starved process) cannot read a heartbeat: that time
+    is measured, so that it is not taken for the agents' silence (ClusterCache.stalled)."""
+    cache = ClusterCache()
+
+    async def stall() -> None:
+        task = asyncio.create_task(report_server.measure_stalls(cache, tick=0.01))
+        await asyncio.sleep(0.05)
+        quiet = cache.stalled
+        time.sleep(0.5)  # the loop blocked: no timer, no socket read
+        await asyncio.sleep(0.05)
+        task.cancel()
+        assert cache.stalled - quiet >= 0.45
+
+    asyncio.run(stall())
