@@ -24,10 +24,8 @@ Hot spares (a gang with ``jobset-inplace.dev/hot-spares``): each agent's place c
 variables the webhook gave its container (``JSI_SLOTS``, the job index from its pod's label:
 :func:`~jobset_inplace.agent.config.position_from_env`), so its decision code knows which slot
 it holds, stands by as a spare, and opens as the slot the status gives it; and every agent
-heartbeats to the leader every ``HEARTBEAT_S`` over its channel (an empty report on its own
-connection, as :class:`~jobset_inplace.agent.heartbeat.Heartbeat` sends it; spread evenly over
-the second, from a pool of its own so that reports never queue behind them). No lease file is
-written: the trainers are simulated, and the fence's arithmetic is the leader's.
+heartbeats to the leader every ``HEARTBEAT_S`` once it has read a status naming the channel,
+from a process of their own (bench/heartbeats.py: why, and what differs from a real agent).
 
 A node death (:meth:`Fleet.silence`): the agent of the node's pod stops doing anything, as a
 dead node's does (no report, no heartbeat, no reaction to the status); a new pod its Job makes
@@ -60,10 +58,12 @@ from typing import Any
 
 from kubernetes import client
 
+from bench.heartbeats import Agent as HeartbeatAgent
+from bench.heartbeats import Counts, HeartbeatSender
 from bench.member_leases import lease_path, member_lease
 from bench.podwatch import watch_pods
 from jobset_inplace import names
-from jobset_inplace.agent.channel import ChannelError, ReportChannel
+from jobset_inplace.agent.channel import ReportChannel
 from jobset_inplace.agent.config import Config, ConfigError, position_from_env
 from jobset_inplace.agent.kubeapi import ApiError, KubeApi, TransportErrors
 from jobset_inplace.agent.log import Log
@@ -81,14 +81,11 @@ from jobset_inplace.agent.logic import (
 )
 from jobset_inplace.agent.runner import Reporter
 from jobset_inplace.core.transform import AGENT_CONTAINER
-from jobset_inplace.names import HEARTBEAT_S
 from jobset_inplace.times import format_time
 from jobset_inplace.trainer.checkpoints import encode_steps
 from testbed.kube import pod_token
 
 RESTARTING = "AllContainersRestarting"
-TICK_S = 0.02  # the heartbeats' spread: a second's are sent in 1 / TICK_S groups
-BEAT_THREADS = 64
 API_ERRORS = (ApiError, ValueError, *TransportErrors)
 
 
@@ -110,7 +107,7 @@ class SimAgent:
     position: Position | None = None  # hot spares: its place (None: no spares in the gang)
     silent: bool = False  # its node died: it does nothing any more
     standby: int | None = None  # the epoch in which it last stood by as a spare
-    beating: bool = False  # a heartbeat of it is in flight
+    beats_to: Endpoint | None = None  # where its heartbeats go (None: it sends none)
 
 
 class _AgentLog(Log):
@@ -184,14 +181,7 @@ class Fleet:
         self.marks: dict[int, EpochMarks] = {}
         self.requests = 0  # the agents' API requests
         self.channel_reports = 0  # reports the leader's channel accepted
-        self.heartbeats = 0  # heartbeats the leader answered
-        self.heartbeats_late = 0  # skipped: the agent's previous one was still in flight
-        self.heartbeat_errors = 0
-        # heartbeats on threads of their own: a report never waits behind a second's worth.
-        # Enough of them that the leader's answer time does not hold back the next agents'
-        # beats (real agents send theirs each on its own): with 8, the first 1000-pod run had
-        # every one waiting on an answer (py-spy) while agents the leader called silent lived
-        self._beats = ThreadPoolExecutor(BEAT_THREADS, thread_name_prefix="fleet-beat")
+        self._heartbeats = HeartbeatSender()
         self.errors: list[str] = []
         path = KubeApi.gangstates_path(
             names.GROUP, names.VERSION, namespace, names.GANGSTATE_PLURAL
@@ -206,12 +196,12 @@ class Fleet:
             threading.Thread(target=self._watch_gang, daemon=True, name="fleet-gang"),
             threading.Thread(target=self._watch_pods, daemon=True, name="fleet-pods"),
             threading.Thread(target=self._run_timers, daemon=True, name="fleet-timers"),
-            threading.Thread(target=self._run_heartbeats, daemon=True, name="fleet-heartbeats"),
         ]
 
     # --- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._heartbeats.start()
         for t in self._threads:
             t.start()
 
@@ -220,7 +210,11 @@ class Fleet:
         with self._timer_wake:
             self._timer_wake.notify()
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._beats.shutdown(wait=False, cancel_futures=True)
+        self._heartbeats.close()
+
+    def heartbeats(self) -> Counts:
+        """The agents' heartbeats so far: answered, late, failed."""
+        return self._heartbeats.counts()
 
     def _later(self, delay: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the pool after ``delay`` seconds."""
@@ -256,6 +250,7 @@ class Fleet:
             agent = self.agents.get(pod)
             if agent is not None:
                 agent.silent = True
+                self._heartbeats.stop(agent.uid)
 
     def holders(self) -> list[str]:
         """Pods whose agents run a trainer (opened the barrier of their epoch): without hot
@@ -384,6 +379,7 @@ class Fleet:
             if not live:
                 if agent is not None and (kind == "DELETED" or deleting):
                     del self.agents[name]
+                    self._heartbeats.stop(agent.uid)
                 return
             if agent is not None and agent.uid == meta["uid"]:
                 return
@@ -480,7 +476,10 @@ class Fleet:
             if old is not None and old.epoch == view.epoch and old.barrier_open:
                 view = old
             agent.view = view
-            if agent.silent or agent.busy or agent.restarting:
+            if agent.silent:
+                return
+            self._beat_to(agent, view.endpoint)
+            if agent.busy or agent.restarting:
                 return
             if self.agents.get(agent.pod) is not agent:
                 return
@@ -554,50 +553,16 @@ class Fleet:
 
     # --- heartbeats (hot spares) ----------------------------------------------------------
 
-    def _run_heartbeats(self) -> None:
-        """Every agent of a gang with hot spares sends a heartbeat every ``HEARTBEAT_S``, the
-        fleet's spread evenly over each second (ticks of ``TICK_S``)."""
-        while not self._halt.is_set():
-            began = time.monotonic()
-            with self._lock:
-                beating = [
-                    a
-                    for a in self.agents.values()
-                    if a.position is not None and a.channel is not None and not a.silent
-                ]
-            ticks = max(1, round(HEARTBEAT_S / TICK_S))
-            for tick in range(ticks):
-                for agent in beating[tick::ticks]:
-                    self._submit_beat(agent)
-                self._halt.wait(max(0.0, began + (tick + 1) * TICK_S - time.monotonic()))
-
-    def _submit_beat(self, agent: SimAgent) -> None:
-        with self._lock:
-            endpoint = agent.view.endpoint if agent.view is not None else None
-            if agent.silent or endpoint is None:
-                return  # no status read yet, or no channel to hear it (the real one: no lease)
-            if agent.beating:
-                self.heartbeats_late += 1
-                return
-            agent.beating = True
-        try:
-            self._beats.submit(self._beat, agent, endpoint)
-        except RuntimeError:  # the fleet stopped
-            agent.beating = False
-
-    def _beat(self, agent: SimAgent, endpoint: Endpoint) -> None:
-        channel = agent.channel
-        try:
-            if channel is not None and not agent.silent:
-                channel.send(endpoint, {})
-                with self._lock:
-                    self.heartbeats += 1
-        except ChannelError as e:
-            with self._lock:
-                self.heartbeat_errors += 1
-            self._error(f"{agent.pod}: heartbeat: {e}")
-        finally:
-            agent.beating = False
+    def _beat_to(self, agent: SimAgent, endpoint: Endpoint | None) -> None:
+        """A spare gang's agent heartbeats to the channel its newest status names, once its
+        reporter (and so its token) is set up (the lock held)."""
+        if agent.position is None or agent.token_file is None or endpoint is None:
+            return
+        if endpoint == agent.beats_to:
+            return
+        agent.beats_to = endpoint
+        who = HeartbeatAgent(self.namespace, self.gang, agent.pod, agent.uid, agent.token_file)
+        self._heartbeats.beat(who, endpoint)
 
     def _retry(self, fn: Callable[[], None]) -> None:
         if not self._halt.is_set():

@@ -7,6 +7,7 @@ apiserver)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import re
@@ -437,6 +438,7 @@ class Bench:
                 out["node_death"].append(self._in_place_node_death(fleet, path, size, death))
             out["fleet_requests"] = fleet.requests
             out["fleet_errors"] = fleet.errors[:20]
+            out["heartbeats"] = dataclasses.asdict(fleet.heartbeats())
         finally:
             fleet.stop()
             self._delete(name)
@@ -446,11 +448,13 @@ class Bench:
         """``idle_s`` seconds of a gang training undisturbed: what its agents' heartbeats (hot
         spares) cost the leader, the apiserver and the fleet that sends them."""
         m: dict[str, Any] = {"seconds": self.idle_s}
-        beats = fleet.heartbeats
+        before = fleet.heartbeats()
         with self.meter.window(m):
             time.sleep(self.idle_s)
-        m["heartbeats"] = fleet.heartbeats - beats
-        m["heartbeats_late"] = fleet.heartbeats_late
+        after = fleet.heartbeats()
+        m["heartbeats"] = after.sent - before.sent
+        m["heartbeats_late"] = after.late - before.late
+        m["heartbeat_errors"] = after.errors - before.errors
         log(
             f"{fleet.gang}: idle {self.idle_s:.0f}s: leader {m['controller_cpu_s']:.2f} CPU-s, "
             f"{m['heartbeats']} heartbeats"
@@ -511,6 +515,7 @@ class Bench:
         node = self.kube.core.read_namespaced_pod(victim, self.namespace).spec.node_name
         m: dict[str, Any] = {"victim": victim, "node": node, **_death_fields(death)}
         place = fleet.place(victim)
+        beats = fleet.heartbeats()
         wanted = self.spares(path)
         # With hot spares the node stays dead until they stand by again: its replacement
         # (made within seconds of the swap, before the node is marked not ready) may be
@@ -547,6 +552,9 @@ class Bench:
                 finally:
                     if revive_at_once:
                         set_heartbeat(self.kube, node, alive=True)
+            after = fleet.heartbeats()  # did the simulated agents keep beating on time?
+            m["heartbeats_late"] = after.late - beats.late
+            m["heartbeat_errors"] = after.errors - beats.errors
             if place is not None:  # hot spares: the dead member's slot went to a spare?
                 slot, position = place
                 slots = gang_state(self.kube, self.namespace, name).get("slots") or {}

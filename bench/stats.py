@@ -60,3 +60,15 @@ def ratio_of_medians(a: list[float], b: list[float], seed: int = 0) -> Ratio:
         len(a),
         len(b),
     )
+
+
+def median_interval(values: list[float], seed: int = 0) -> tuple[float, float]:
+    """The percentile-bootstrap 95 % interval of ``values``' median."""
+    if len(values) < 2:
+        raise ValueError(f"a median's interval needs 2 or more values (n = {len(values)})")
+    rng = random.Random(seed)
+    medians = sorted(
+        statistics.median(rng.choices(values, k=len(values))) for _ in range(RESAMPLES)
+    )
+    tail = (1 - LEVEL) / 2
+    return medians[int(tail * RESAMPLES)], medians[min(RESAMPLES - 1, int((1 - tail) * RESAMPLES))]

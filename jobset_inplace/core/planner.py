@@ -356,10 +356,14 @@ class _Planning:
         left = longest[room:]
         if not left:
             return causes
+        why = (
+            "the gang is starting"
+            if fresh
+            else f"no hot spare ready to take {'its slot' if len(left) == 1 else 'their slots'}"
+        )
         self.event(
             SILENT_WITHOUT_SPARE,
-            f"epoch {st.epoch}: {_some(left)} silent, no hot spare ready to take "
-            f"{'its slot' if len(left) == 1 else 'their slots'}: left to the node's signals",
+            f"epoch {st.epoch}: {_some(left)} silent, {why}: left to the node's signals",
             once_key=f"{SILENT_WITHOUT_SPARE}/{st.epoch}",
         )
         self.p.wake_at(s.now, s.now + names.HEARTBEAT_S)  # a spare may be ready by then

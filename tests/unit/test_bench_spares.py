@@ -101,6 +101,7 @@ def test_summary_counts_swaps_and_compares_like_for_like() -> None:
         "upstream": {"node_death": [_death(100.0)]},  # one: no interval, no ratio
     }
     s = bench_spares.summarize(paths, 2)
+    assert s["spares"].pop("p50_interval_s") == [6.0, 30.0]
     assert s["spares"] | {} == {
         "deaths": 4,
         "recovered": 3,
@@ -116,6 +117,9 @@ def test_summary_counts_swaps_and_compares_like_for_like() -> None:
     assert s["ratio_hybrid_over_spares"]["ratio"] == pytest.approx(42.0 / 8.0)
     assert "ratio_upstream_over_spares" not in s
     assert s["spare_cost"]["pods"] == 2
+    # a verdict only where the interval (and every death recovered) supports it
+    assert s["goal"] | {} == {"p50_s": 10.0, "p99_s": 15.0, "p50_met": False, "p99_met": False}
+    s["spares"]["p50_interval_s"] = [6.0, 30.0]
     assert "hybrid / spares: 5.25x" in bench_spares.text(
         {"settings": {"size": 5}, "paths": paths, "summary": s}
     )
@@ -128,3 +132,23 @@ def test_bad_arguments_are_refused_naming_the_option() -> None:
         bench_spares.parse_args(["--hot-spares", "0"])
     args = bench_spares.parse_args(["--size", "100", "--paths", "hybrid,spares"])
     assert args.paths == ["hybrid", "spares"]
+
+
+def test_the_goal_is_met_only_when_the_interval_and_every_death_say_so() -> None:
+    fast = [_death(x, swapped=True) for x in (5.0, 6.0, 6.5, 7.0, 8.0)]
+    s = bench_spares.summarize({"spares": {"node_death": fast}}, 2)
+    assert s["goal"]["p50_met"]
+    assert s["goal"]["p99_met"]
+    table = "\n".join(
+        bench_spares.table(
+            {
+                "settings": {"size": 1000, "hot_spares": 2},
+                "paths": {"spares": {"node_death": fast}},
+                "summary": s,
+            }
+        )
+    )
+    assert "p50 6.5 s (95 % interval" in table
+    assert "**met**" in table
+    stuck = [*fast, _death(480.0, capped=True)]
+    assert not bench_spares.summarize({"spares": {"node_death": stuck}}, 2)["goal"]["p99_met"]

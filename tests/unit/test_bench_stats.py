@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.stats import ratio_of_medians
+from bench.stats import median_interval, ratio_of_medians
 
 
 def test_the_interval_holds_the_ratio_and_narrows_with_more_samples() -> None:
@@ -33,3 +33,11 @@ def test_too_few_values_or_a_zero_denominator_are_refused(
 ) -> None:
     with pytest.raises(ValueError, match=what):
         ratio_of_medians(a, b)
+
+
+def test_a_medians_interval_holds_the_median_and_needs_two_values() -> None:
+    low, high = median_interval([4.0, 5.0, 6.0, 5.5, 4.5])
+    assert low <= 5.0 <= high
+    assert median_interval([3.0, 3.0]) == (3.0, 3.0)
+    with pytest.raises(ValueError, match="2 or more"):
+        median_interval([1.0])

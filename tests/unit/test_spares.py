@@ -44,8 +44,8 @@ from jobset_inplace.core.model import (
     NodeView,
     Plan,
     PodView,
-    ReplacePod,
     Recovery,
+    ReplacePod,
     ReportEndpoint,
     Snapshot,
 )
@@ -681,6 +681,8 @@ def test_silence_in_a_fresh_epoch_starts_nothing() -> None:
     )
     p = plan(beating({1: 5.0}, status=fresh))
     assert not replaced(p)
+    (said,) = [a for a in p.actions if isinstance(a, Event) and a.reason == "SilentWithoutSpare"]
+    assert "the gang is starting" in said.message
     assert p.status.slots == {}
     assert p.status.recovery is not None
     assert not p.status.recovery.recreated
