@@ -25,7 +25,7 @@ from kubernetes import client
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
 from jobset_inplace.core.decode import member_key
-from jobset_inplace.core.policy import INPLACE_BUDGET_RANGE
+from jobset_inplace.core.policy import INPLACE_BUDGET_RANGE, RECREATE_BUDGET_RANGE
 from jobset_inplace.core.transform import AgentSettings, transform
 from jobset_inplace.times import format_time
 from testbed import workloads
@@ -45,6 +45,7 @@ JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 # per node, as for a training worker that takes all of a node's accelerators.
 WORKER_CPU = "24"
 MAX_BUDGET = INPLACE_BUDGET_RANGE[1]  # the largest inplace-budget the policy accepts
+MAX_RECREATE = RECREATE_BUDGET_RANGE[1]  # and recreate-budget
 FLEET_SA = "bench-fleet"
 CONTROLLER = "jobset-inplace"  # the controller's key in a window's CPU by process
 # the recovery paths: jobset-inplace, upstream InPlaceRestart (sidecar mode), stock Recreate,
@@ -263,6 +264,9 @@ class Bench:
                 # Every repetition one in-place recovery: the default budget (10) would escalate
                 # the 11th to a restart of the whole gang (seen: 70 s at 500 pods, 146 s at 1000)
                 names.INPLACE_BUDGET: str(MAX_BUDGET),
+                # and every node death recreates a pod (a spare's swap too): the default (5)
+                # would restart the whole JobSet at the 6th (seen: bench.spares, 2026-11-29)
+                names.RECREATE_BUDGET: str(MAX_RECREATE),
                 names.NODE_UNHEALTHY_AFTER: node_unhealthy_after(size),
                 # The scope the simulated fleet models (bench/fleet.py).
                 names.RESTART_SCOPE: self.scope,

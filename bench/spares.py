@@ -43,7 +43,7 @@ from testbed.versions import binaries, versions
 from . import provenance, upstream
 from .__main__ import NAMESPACE, SPARE_NODES, apiserver_metrics, apply, fleet_token
 from .remediation import NONE, REMEDIATED, NodeDeath
-from .scenarios import WORKER_CPU, Bench, ProcessMeter, log
+from .scenarios import MAX_BUDGET, MAX_RECREATE, WORKER_CPU, Bench, ProcessMeter, log
 from .stats import median_interval, ratio_of_medians
 
 PATHS = ("spares", "hybrid", "upstream")
@@ -336,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
             "restart_scope": "process",
             "kwok_nodes": args.size + args.hot_spares + SPARE_NODES,
             "node_unhealthy_after": "15s",
+            # not the defaults (10 and 5): every death is one recovery and one recreation
+            "inplace_budget": MAX_BUDGET,
+            "recreate_budget": MAX_RECREATE,
             "heartbeat_s": names.HEARTBEAT_S,
             "lease_s": names.LEASE_S,
             "fence_margin_s": names.FENCE_MARGIN_S,
