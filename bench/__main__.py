@@ -322,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     provenance.refuse_dirty(args.allow_dirty)
+    # what was measured, read now: the tree may change while the cluster comes up
+    origin = provenance.provenance("bench", argv)
     # SIGTERM unwinds like Ctrl-C: the controller stops, the JobSet controller's gates return
     # to their defaults
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
@@ -342,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     results: dict[str, Any] = {
         "label": args.label,
-        **provenance.provenance("bench", argv),
+        **origin,
         "started": format_time(started, micro=False),
         "versions": {
             "kubernetes": versions().kubernetes,

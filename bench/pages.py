@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import channel_attacks, crash_matrix, first_step, report
+from bench import channel_attacks, crash_matrix, first_step, provenance, report, spares
 from bench.realnode import TRANSFORMER_OUT, PathSummary, table
 from bench.stats import Ratio, ratio_of_medians
 
@@ -36,6 +36,7 @@ GOAL_RATIO = 0.5  # issue 56: pre-started <= 50 % of torchrun --max-restarts and
 SCALE = ROOT / "docs" / "bench" / "kwok-scale-2026-11-28" / "results.json"
 PATHS = ROOT / "docs" / "bench" / "kwok-paths-2026-11-28" / "results.json"
 DEATHS = ROOT / "docs" / "bench" / "kwok-node-deaths-2026-11-28-rerun" / "results.json"
+SPARES = ROOT / "docs" / "bench" / "spares-2026-11-29" / "results.json"
 SOAK = ROOT / "docs" / "bench" / "soak-60min-2026-11-27.json"
 CRASHES = crash_matrix.OUT
 CHANNEL_ATTACKS = ROOT / "docs" / "bench" / "channel-attacks.json"
@@ -62,6 +63,17 @@ def load(path: Path) -> dict[str, Any]:
             f"{_shown(path)}: no {', '.join(missing)} (bench/provenance.py): a figure "
             "without its commit is not published"
         )
+    commit = str(doc["commit"])
+    if doc.get("dirty") or commit.endswith("-dirty"):
+        raise PagesError(
+            f"{_shown(path)}: measured with uncommitted changes (commit {commit}): a figure "
+            "whose code is in no commit is not published; measure a clean checkout"
+        )
+    if not provenance.in_history(commit):
+        raise PagesError(
+            f"{_shown(path)}: its commit {commit!r} is not in this repository's history "
+            "(git merge-base --is-ancestor): a figure whose code cannot be read is not published"
+        )
     return doc
 
 
@@ -72,9 +84,8 @@ def _link(path: Path) -> str:
 
 def origin(doc: dict[str, Any], path: Path) -> str:
     m = doc["machine"]
-    dirty = " (uncommitted changes)" if doc.get("dirty") else ""
     return (
-        f"Run of {doc['when'][:10]} at commit `{doc['commit']}`{dirty}, Kubernetes "
+        f"Run of {doc['when'][:10]} at commit `{doc['commit']}`, Kubernetes "
         f"{doc['kubernetes']}, JobSet {doc.get('jobset', '?')}, {m['cpus']} cores (steal "
         f"{m.get('steal_pct', '?')} %); `{doc['command']}`; every repetition in "
         f"[{path.relative_to(ROOT / 'docs')}]({path.relative_to(ROOT / 'docs')})."
@@ -84,9 +95,8 @@ def origin(doc: dict[str, Any], path: Path) -> str:
 def kwok_origin(doc: dict[str, Any], path: Path) -> str:
     """Where a ``make bench`` (kwok) table comes from."""
     m, v = doc["machine"], doc["versions"]
-    dirty = " (uncommitted changes)" if doc.get("dirty") else ""
     return (
-        f"Run of {doc['started'][:10]} at commit `{doc['commit']}`{dirty}, Kubernetes "
+        f"Run of {doc['started'][:10]} at commit `{doc['commit']}`, Kubernetes "
         f"{v['kubernetes']}, JobSet {v['jobset']}, kwok {v['kwok']}, {m['cpus']} cores (steal "
         f"{m.get('steal_pct', '?')} %, {doc.get('duration_s', 0) / 60:.0f} min); "
         f"`{doc['command']}`; "
@@ -118,6 +128,15 @@ def kwok_deaths(doc: dict[str, Any]) -> str:
     with the taint was not counted)."""
     summ = report.summarize(doc)
     return "\n".join([kwok_origin(doc, DEATHS), *report.node_death_table(summ)])
+
+
+def kwok_spares(doc: dict[str, Any]) -> str:
+    """Hot spares: a node dies, with spares, without, and upstream's, in one run."""
+    return "\n".join([kwok_origin(doc, SPARES), "", *spares.table(doc)])
+
+
+def spares_headline(doc: dict[str, Any]) -> str:
+    return spares.headline(doc, "docs/benchmarks.md#hot-spares-a-node-dies-1000-pods")
 
 
 def kwok_headline(doc: dict[str, Any], deaths_doc: dict[str, Any] | None = None) -> str:
@@ -243,7 +262,7 @@ def soak_tables(doc: dict[str, Any]) -> str:
     out = [
         f"`make soak`: {r['wall_s'] / 60:.0f} minutes, a failure every {doc['every_s'] / 60:g} "
         f"minutes, {doc['members']} members; run of {doc['when'][:10]} at commit "
-        f"`{doc['commit']}`{' (uncommitted changes)' * bool(doc.get('dirty'))}, Kubernetes "
+        f"`{doc['commit']}`, Kubernetes "
         f"{doc['kubernetes']}, {m['cpus']} cores (steal {m.get('steal_pct', '?')} %); "
         f"`{doc['command']}`; every failure in {_link(SOAK)}. **{len(recovered)} of "
         f"{len(failures)} failures recovered** ({kinds}; {r['failures_per_hour']}/h). Goodput "
@@ -418,11 +437,10 @@ def realnode_torch_real_size(doc: dict[str, Any]) -> str:
 def cpu_floor(doc: dict[str, Any]) -> str:
     """bench/gpu/gpu_first_step.py run on CPU: each way's milestones (medians, seconds after
     the kill) and its first productive step's ratio to ``torchrun``'s, with its interval."""
-    dirty = " (uncommitted changes)" if doc.get("dirty") else ""
     m = doc["model"]
     reps = {len(v) for v in doc["runs"].values()}
     head = (
-        f"Run of {doc['when'][:10]} at commit `{doc['commit']}`{dirty}, PyTorch {doc['torch']} "
+        f"Run of {doc['when'][:10]} at commit `{doc['commit']}`, PyTorch {doc['torch']} "
         f"on {doc['device']} (gloo, one rank), {m['layers']} layers of width {m['width']} over a "
         f"{m['vocab']} embedding, a {doc['checkpoint_gib']:.2f} GiB checkpoint; "
         f"`{doc['command']}`; every repetition in {_link(CPU_FLOOR)}. Repetitions per way: "
@@ -450,9 +468,8 @@ def channel_attacks_table(doc: dict[str, Any]) -> str:
     agent's answers and latency against quiet, the server's memory, CPU and loop lag, what it
     refused, and the goals."""
     m = doc["machine"]
-    dirty = " (uncommitted changes)" if doc.get("dirty") else ""
     head = (
-        f"Run of {doc['when'][:10]} at commit `{doc['commit']}`{dirty}, {m['cpus']} cores, "
+        f"Run of {doc['when'][:10]} at commit `{doc['commit']}`, {m['cpus']} cores, "
         f"{doc['addresses']} attacker addresses, {doc['seconds']:.0f} s per attack; "
         f"`{doc['command']}`; every figure in {_link(CHANNEL_ATTACKS)}. The server alone on one "
         "core, the agent and the attacker (at the lowest priority) on the other. The server's "
@@ -517,6 +534,8 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
     "kwok-paths": (ROOT / "docs" / "benchmarks.md", kwok_paths, (PATHS,)),
     "kwok-deaths": (ROOT / "docs" / "benchmarks.md", kwok_deaths, (DEATHS,)),
     "kwok-headline": (ROOT / "README.md", kwok_headline, (PATHS, DEATHS)),
+    "kwok-spares": (ROOT / "docs" / "benchmarks.md", kwok_spares, (SPARES,)),
+    "spares-headline": (ROOT / "README.md", spares_headline, (SPARES,)),
     "soak": (ROOT / "docs" / "benchmarks.md", soak_tables, (SOAK,)),
     "crash-matrix": (ROOT / "docs" / "benchmarks.md", crash_matrix_table, (CRASHES,)),
     "channel-attacks": (

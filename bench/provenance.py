@@ -35,6 +35,19 @@ def source_commit() -> str:
     return (_git("rev-parse", "--short", "HEAD") or "unknown") + "-dirty" * dirty()
 
 
+def in_history(commit: str) -> bool:
+    """``commit`` (a hash, short or not) is a commit of this checkout's history: HEAD or one
+    of its ancestors."""
+    if not commit or commit.startswith("-"):
+        return False
+    run = subprocess.run(
+        ["git", "merge-base", "--is-ancestor", f"{commit}^{{commit}}", "HEAD"],
+        capture_output=True,
+        check=False,
+    )
+    return run.returncode == 0
+
+
 def refuse_dirty(allow: bool) -> None:
     """Stop before measuring a checkout with uncommitted changes, unless ``allow``."""
     if not allow and dirty():

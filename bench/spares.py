@@ -308,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     provenance.refuse_dirty(args.allow_dirty)
+    # what was measured, read now: the tree may change while the cluster comes up
+    origin = provenance.provenance("bench.spares", argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     started, steal_at_start = time.time(), provenance.steal_seconds()
     cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
@@ -320,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     ctl = ControllerProcess(cluster, cluster.logs_dir / "controller-bench-spares.log")
     results: dict[str, Any] = {
         "label": args.label,
-        **provenance.provenance("bench.spares", argv),
+        **origin,
         "started": format_time(started, micro=False),
         "versions": {
             "kubernetes": versions().kubernetes,

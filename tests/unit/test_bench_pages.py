@@ -115,6 +115,25 @@ def test_a_result_file_without_its_commit_is_not_published(tmp_path: Path) -> No
         pages.load(f)
 
 
+def test_a_result_file_of_unknown_or_uncommitted_code_is_not_published(tmp_path: Path) -> None:
+    f = tmp_path / "results.json"
+    clean = '{"commit": "901caf3", "command": "c", "machine": {}, "kubernetes": "v1.37.2"'
+    f.write_text(clean + "}")
+    assert pages.load(f)["commit"] == "901caf3", "a commit of this history"
+    f.write_text(clean.replace("901caf3", "deadbee") + "}")
+    with pytest.raises(PagesError, match="'deadbee' is not in this repository's history"):
+        pages.load(f)
+    f.write_text(clean.replace("901caf3", "--all") + "}")
+    with pytest.raises(PagesError, match="not in this repository's history"):
+        pages.load(f)
+    f.write_text(clean + ', "dirty": true}')
+    with pytest.raises(PagesError, match="measured with uncommitted changes"):
+        pages.load(f)
+    f.write_text(clean.replace("901caf3", "901caf3-dirty") + "}")
+    with pytest.raises(PagesError, match="measured with uncommitted changes"):
+        pages.load(f)
+
+
 def test_a_page_without_its_markers_is_an_error() -> None:
     with pytest.raises(PagesError, match="needs exactly one block"):
         pages.replace_block("no markers", "realnode-table", "x", pages.ROOT / "README.md")
