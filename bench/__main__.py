@@ -264,6 +264,22 @@ def fleet_token(cluster: LocalCluster, namespace: str) -> Path:
     return path
 
 
+def bench_on(cluster: LocalCluster, ctl: ControllerProcess, token: Path, **settings: Any) -> Bench:
+    """The scenarios on ``cluster``, the controller ``ctl`` metered, the fleet's API calls
+    with ``token`` (:func:`fleet_token`); ``settings``: the rest of :class:`.Bench`."""
+    kube = clients(cluster.kubeconfig)
+    return Bench(
+        kube=kube,
+        namespace=NAMESPACE,
+        server=kube.api.configuration.host,
+        ca_file=Path(kube.api.configuration.ssl_ca_cert),
+        token_file=token,
+        meter=ProcessMeter(ctl.proc.pid, partial(apiserver_metrics, cluster)),
+        kubectl=[str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig)],
+        **settings,
+    )
+
+
 def apiserver_metrics(cluster: LocalCluster) -> str:
     kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig)]
     return subprocess.run(
@@ -369,19 +385,15 @@ def main(argv: list[str] | None = None) -> int:
         "sizes": {},
     }
     try:
-        bench = Bench(
-            kube=kube,
-            namespace=NAMESPACE,
-            server=kube.api.configuration.host,
-            ca_file=Path(kube.api.configuration.ssl_ca_cert),
-            token_file=token,
-            meter=ProcessMeter(ctl.proc.pid, partial(apiserver_metrics, cluster)),
+        bench = bench_on(
+            cluster,
+            ctl,
+            token,
             restart_delay=args.restart_delay,
             pods_per_job=args.pods_per_job,
             setup_timeout=args.setup_timeout,
             stock_cap=args.stock_cap,
             node_cap=args.node_cap,
-            kubectl=[str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig)],
             profile_s=args.apiserver_profile,
             profile_paths=args.apiserver_profile_paths,
             profile_dir=args.out,

@@ -29,7 +29,6 @@ import signal
 import statistics
 import sys
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +37,12 @@ from jobset_inplace.times import format_time
 from testbed.cluster import LocalCluster
 from testbed.controller import ControllerProcess, prepare
 from testbed.kube import clients
-from testbed.versions import binaries, versions
+from testbed.versions import versions
 
 from . import provenance, upstream
-from .__main__ import NAMESPACE, SPARE_NODES, apiserver_metrics, apply, fleet_token
+from .__main__ import NAMESPACE, SPARE_NODES, apply, bench_on, fleet_token
 from .remediation import NONE, REMEDIATED, NodeDeath
-from .scenarios import MAX_BUDGET, MAX_RECREATE, WORKER_CPU, Bench, ProcessMeter, log
+from .scenarios import MAX_BUDGET, MAX_RECREATE, WORKER_CPU, log
 from .stats import median_interval, ratio_of_medians
 
 PATHS = ("spares", "hybrid", "upstream")
@@ -350,19 +349,15 @@ def main(argv: list[str] | None = None) -> int:
         "paths": {},
     }
     try:
-        bench = Bench(
-            kube=kube,
-            namespace=NAMESPACE,
-            server=kube.api.configuration.host,
-            ca_file=Path(kube.api.configuration.ssl_ca_cert),
-            token_file=token,
-            meter=ProcessMeter(ctl.proc.pid, partial(apiserver_metrics, cluster)),
+        bench = bench_on(
+            cluster,
+            ctl,
+            token,
             restart_delay=0.0,  # the process scope restarts no container
             pods_per_job=1,
             setup_timeout=args.setup_timeout,
             stock_cap=args.node_cap,
             node_cap=args.node_cap,
-            kubectl=[str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig)],
             hot_spares=args.hot_spares,
             idle_s=args.idle,
         )
