@@ -585,10 +585,10 @@ class ClusterCache:
         )
 
     def _silent(self, gang: Gang, mono: float) -> dict[str, float]:
-        """Seconds since each heard agent of a heartbeating gang was last heard (Snapshot), the
-        leader's own stalls since not counted,
-        pods deleted since included (the fence counts from their last answer); entries older
-        than HEARD_KEPT_S are dropped (bounded by the pods of the last minutes)."""
+        """Seconds since each heard agent of a heartbeating gang was last heard (Snapshot),
+        this leader's own stalls since not counted; pods deleted since included (the fence
+        counts from their last answer); entries older than HEARD_KEPT_S are dropped (bounded
+        by the pods of the last minutes)."""
         if not gang.spec.spares or self.report_endpoint is None:
             return {}
         now = mono - self.stalled
