@@ -35,17 +35,27 @@ def source_commit() -> str:
     return (_git("rev-parse", "--short", "HEAD") or "unknown") + "-dirty" * dirty()
 
 
-def in_history(commit: str) -> bool:
+def in_history(commit: str, repo: Path | None = None) -> bool:
     """``commit`` (a hash, short or not) is a commit of this checkout's history: HEAD or one
-    of its ancestors."""
+    of its ancestors. A shallow clone (CI's may be one) cannot tell for a commit older than
+    its depth: there only a hash that is present and no ancestor is refused."""
     if not commit or commit.startswith("-"):
         return False
-    run = subprocess.run(
-        ["git", "merge-base", "--is-ancestor", f"{commit}^{{commit}}", "HEAD"],
+
+    def git(*args: str) -> bool:
+        run = subprocess.run(["git", *args], capture_output=True, check=False, cwd=repo)
+        return run.returncode == 0
+
+    if git("merge-base", "--is-ancestor", f"{commit}^{{commit}}", "HEAD"):
+        return True
+    shallow = subprocess.run(
+        ["git", "rev-parse", "--is-shallow-repository"],
         capture_output=True,
+        text=True,
         check=False,
-    )
-    return run.returncode == 0
+        cwd=repo,
+    ).stdout.strip()
+    return shallow == "true" and not git("cat-file", "-e", f"{commit}^{{commit}}")
 
 
 def refuse_dirty(allow: bool) -> None:

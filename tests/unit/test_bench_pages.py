@@ -3,12 +3,13 @@ figure without its commit is refused, ratios are within one run and like for lik
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench import pages
+from bench import pages, provenance
 from bench.first_step import MILESTONES
 from bench.pages import PagesError
 
@@ -115,23 +116,67 @@ def test_a_result_file_without_its_commit_is_not_published(tmp_path: Path) -> No
         pages.load(f)
 
 
-def test_a_result_file_of_unknown_or_uncommitted_code_is_not_published(tmp_path: Path) -> None:
+def _repo(path: Path) -> list[str]:
+    """A git repository of two commits at ``path`` (this checkout may be a shallow clone, in
+    which no old commit can be told from an unknown one); their short hashes, oldest first."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            cwd=path,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+
+    path.mkdir()
+    git("init", "-q")
+    hashes = []
+    for n in (1, 2):
+        (path / "f").write_text(str(n))
+        git("add", "f")
+        git("commit", "-q", "-m", str(n))
+        hashes.append(git("rev-parse", "--short", "HEAD"))
+    return hashes
+
+
+def test_a_result_file_of_unknown_or_uncommitted_code_is_not_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old, _ = _repo(tmp_path / "repo")
+    monkeypatch.chdir(tmp_path / "repo")
     f = tmp_path / "results.json"
-    clean = '{"commit": "901caf3", "command": "c", "machine": {}, "kubernetes": "v1.37.2"'
+    clean = f'{{"commit": "{old}", "command": "c", "machine": {{}}, "kubernetes": "v1.37.2"'
     f.write_text(clean + "}")
-    assert pages.load(f)["commit"] == "901caf3", "a commit of this history"
-    f.write_text(clean.replace("901caf3", "deadbee") + "}")
+    assert pages.load(f)["commit"] == old, "a commit of this history"
+    f.write_text(clean.replace(old, "deadbee") + "}")
     with pytest.raises(PagesError, match="'deadbee' is not in this repository's history"):
         pages.load(f)
-    f.write_text(clean.replace("901caf3", "--all") + "}")
+    f.write_text(clean.replace(old, "--all") + "}")
     with pytest.raises(PagesError, match="not in this repository's history"):
         pages.load(f)
     f.write_text(clean + ', "dirty": true}')
     with pytest.raises(PagesError, match="measured with uncommitted changes"):
         pages.load(f)
-    f.write_text(clean.replace("901caf3", "901caf3-dirty") + "}")
+    f.write_text(clean.replace(old, old + "-dirty") + "}")
     with pytest.raises(PagesError, match="measured with uncommitted changes"):
         pages.load(f)
+
+
+def test_a_shallow_clone_refuses_only_what_it_can_tell(tmp_path: Path) -> None:
+    """CI may check out a shallow clone: a commit older than its depth cannot be told from an
+    unknown one there, and is not refused; in a full history an unknown one is."""
+    old, new = _repo(tmp_path / "full")
+    clone = tmp_path / "shallow"
+    subprocess.run(
+        ["git", "clone", "-q", "--depth", "1", f"file://{tmp_path / 'full'}", str(clone)],
+        check=True,
+        capture_output=True,
+    )
+    assert provenance.in_history(new, clone)
+    assert provenance.in_history(old, clone), "older than the clone's depth"
+    assert provenance.in_history(old, tmp_path / "full")
+    assert not provenance.in_history("deadbee", tmp_path / "full")
 
 
 def test_a_page_without_its_markers_is_an_error() -> None:
