@@ -355,9 +355,16 @@ def test_under_a_lease_a_trainer_runs_only_while_it_holds(tmp_path: Path) -> Non
         assert not alive(pid)
         assert not alive(worker)
         assert "stopped frozen" in p.log()
+        for escaped in ("worker", "daemon"):  # the next epoch's, named before stop() runs
+            (tmp_path / escaped).unlink()
         launcher.write_lease(tmp_path, None)  # no channel: no bound
         p.open(2)
         until("second start", lambda: len(p.starts()) == 2)
+        # its escaped worker and daemon named: stop() kills them (a daemon not yet named when
+        # the test ended was left running, orphaned, for its 600 s)
+        until(
+            "worker and daemon", lambda: all((tmp_path / n).exists() for n in ("worker", "daemon"))
+        )
     finally:
         stop(p)
 
