@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -264,6 +265,41 @@ def fleet_token(cluster: LocalCluster, namespace: str) -> Path:
     return path
 
 
+def prepare_kwok_bench(
+    cluster: LocalCluster, log_name: str, **controller: Any
+) -> tuple[Path, ControllerProcess]:
+    """The benchmark's namespace on ``cluster`` (the agents' rights, the simulated fleet's
+    token, upstream's ServiceAccount) and jobset-inplace's controller running, logging to
+    ``log_name`` (``controller``: more of :class:`.ControllerProcess`'s arguments)."""
+    prepare(clients(cluster.kubeconfig), cluster.kubeconfig, NAMESPACE)
+    token = fleet_token(cluster, NAMESPACE)
+    apply(cluster, NAMESPACE, upstream.rbac(NAMESPACE))  # the upstream pods' ServiceAccount
+    return token, ControllerProcess(cluster, cluster.logs_dir / log_name, **controller)
+
+
+def gates_for(cluster: LocalCluster, path: str) -> AbstractContextManager[None]:
+    """While a path's gang runs: upstream's needs the JobSet controller with its
+    InPlaceRestart gate on (and back to the defaults after); the others, nothing."""
+    if path == "upstream":
+        return cluster.jobset_feature_gates(upstream.GATES)
+    return contextlib.nullcontext()
+
+
+def run_header(run: provenance.Run) -> dict[str, Any]:
+    """What a kwok benchmark's results say first: its origin, start and versions."""
+    v = versions()
+    return {
+        **run.origin,
+        "started": format_time(run.started, micro=False),
+        "versions": {
+            "kubernetes": v.kubernetes,
+            "jobset": v.jobset,
+            "kueue": v.kueue,
+            "kwok": v.kwok,
+        },
+    }
+
+
 def bench_on(cluster: LocalCluster, ctl: ControllerProcess, token: Path, **settings: Any) -> Bench:
     """The scenarios on ``cluster``, the controller ``ctl`` metered, the fleet's API calls
     with ``token`` (:func:`fleet_token`); ``settings``: the rest of :class:`.Bench`."""
@@ -337,37 +373,24 @@ def agent_start(cluster: LocalCluster, cycles: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    provenance.refuse_dirty(args.allow_dirty)
     # what was measured, read now: the tree may change while the cluster comes up
-    origin = provenance.provenance("bench", argv)
+    run = provenance.begin("bench", argv, args.allow_dirty)
     # SIGTERM unwinds like Ctrl-C: the controller stops, the JobSet controller's gates return
     # to their defaults
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    started, steal_at_start = time.time(), provenance.steal_seconds()
     cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
     # Few nodes at first when the agent's start-up is measured (an otherwise idle cluster).
     first = args.sizes[0] if args.sizes and args.skip_agent_start else 0
     cluster.up(nodes=first + SPARE_NODES, real_nodes=1)
-    kube = clients(cluster.kubeconfig)
-    prepare(kube, cluster.kubeconfig, NAMESPACE)
-    token = fleet_token(cluster, NAMESPACE)
-    apply(cluster, NAMESPACE, upstream.rbac(NAMESPACE))  # the upstream pods' ServiceAccount
-    ctl = ControllerProcess(
+    token, ctl = prepare_kwok_bench(
         cluster,
-        cluster.logs_dir / "controller-bench.log",
+        "controller-bench.log",
         verbose=args.verbose_controller,
         module="bench.member_leases" if "leases" in args.paths else None,
     )
     results: dict[str, Any] = {
         "label": args.label,
-        **origin,
-        "started": format_time(started, micro=False),
-        "versions": {
-            "kubernetes": versions().kubernetes,
-            "jobset": versions().jobset,
-            "kueue": versions().kueue,
-            "kwok": versions().kwok,
-        },
+        **run_header(run),
         "settings": {
             "restart_delay_s": args.restart_delay,
             "pods_per_job": args.pods_per_job,
@@ -425,22 +448,15 @@ def main(argv: list[str] | None = None) -> int:
                     if path == "stock":
                         block = bench.stock(size, reps, deaths, profile=rnd == 0)
                     else:
-                        gates = (
-                            cluster.jobset_feature_gates(upstream.GATES)
-                            if path == "upstream"
-                            else contextlib.nullcontext()
-                        )
-                        with gates:
+                        with gates_for(cluster, path):
                             block = bench.in_place(path, size, reps, deaths, profile=rnd == 0)
                     merge_block(row, path, block, rnd)
                     report.write(args.out, results)  # keep what was measured so far
         results["controller_rss_end_mib"] = round(bench.meter.rss_mib(), 1)
     finally:
         ctl.stop()
-    results["duration_s"] = round(time.time() - started, 1)
-    results["machine"].update(
-        provenance.steal_during(steal_at_start, provenance.steal_seconds(), time.time() - started)
-    )
+    results["duration_s"] = round(time.time() - run.started, 1)
+    results["machine"].update(run.steal())
     written = report.write(args.out, results)
     print(report.text(results))
     log("written: " + ", ".join(str(f) for f in written))

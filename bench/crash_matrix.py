@@ -112,9 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.reps < 1:
         p.error("--reps must be >= 1")
     chosen = args.cases or cases()
-    provenance.refuse_dirty(args.allow_dirty)
-    origin = provenance.provenance("bench.crash_matrix", argv)
-    started, steal_at_start = time.time(), provenance.steal_seconds()
+    run = provenance.begin("bench.crash_matrix", argv, args.allow_dirty)
     cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
     cluster.up()
     kube = clients(cluster.kubeconfig)
@@ -138,15 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     print(table(s))
     doc = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        **origin,
+        **run.origin,
         "kubernetes": versions().kubernetes,
         "jobset": versions().jobset,
         "results": [asdict(r) | {"passed": r.passed} for r in results],
         "summary": s,
     }
-    doc["machine"].update(
-        provenance.steal_during(steal_at_start, provenance.steal_seconds(), time.time() - started)
-    )
+    doc["machine"].update(run.steal())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     log(f"results: {args.out}")

@@ -12,6 +12,8 @@ import platform
 import shlex
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +107,29 @@ def write(result: dict[str, Any], out: str | None) -> None:
     if out:
         with open(out, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A measuring run's start: what it measures (``origin``: :func:`provenance`, read before
+    anything can change the tree), when it began (``time.time()``) and the steal then."""
+
+    origin: dict[str, Any]
+    started: float
+    steal_at_start: float
+
+    def steal(self, wall_s: float | None = None) -> dict[str, float]:
+        """The steal since the start (:func:`steal_during`) over ``wall_s`` (default: the
+        time since the start)."""
+        wall = time.time() - self.started if wall_s is None else wall_s
+        return steal_during(self.steal_at_start, steal_seconds(), wall)
+
+
+def begin(module: str, argv: list[str], allow_dirty: bool) -> Run:
+    """Start a measuring run of ``module``: refuse uncommitted changes (unless
+    ``allow_dirty``), then record its origin and start."""
+    refuse_dirty(allow_dirty)
+    return Run(provenance(module, argv), time.time(), steal_seconds())
 
 
 def steal_during(started_s: float, ended_s: float, wall_s: float) -> dict[str, float]:

@@ -378,9 +378,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    provenance.refuse_dirty(args.allow_dirty)
-    origin = provenance.provenance("bench.realnode", argv)
-    started, steal_at_start = time.time(), provenance.steal_seconds()
+    run = provenance.begin("bench.realnode", argv, args.allow_dirty)
     cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
     cluster.up()
     nodes = cluster.real_nodes()
@@ -460,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        **origin,
+        **run.origin,
         "trainer": args.trainer,
         "model": args.model,
         "kubernetes": versions().kubernetes,
@@ -470,9 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summarized,
         "failed": failed,
     }
-    doc["machine"].update(
-        provenance.steal_during(steal_at_start, provenance.steal_seconds(), time.time() - started)
-    )
+    doc["machine"].update(run.steal())
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     log(f"results: {args.out}")
     return 0

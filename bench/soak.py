@@ -371,9 +371,7 @@ def monitoring(prom: Prometheus, start: float, end: float, out: Path) -> dict[st
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    provenance.refuse_dirty(args.allow_dirty)
-    origin = provenance.provenance("bench.soak", argv)
-    steal_at_start = provenance.steal_seconds()
+    measuring = provenance.begin("bench.soak", argv, args.allow_dirty)
     cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
     created = not cluster.is_up()
     cluster.up()
@@ -412,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(result))
     doc = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        **origin,
+        **measuring.origin,
         "kubernetes": versions().kubernetes,
         "members": args.members,
         "every_s": args.every,
@@ -422,9 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         "goodput_status": st.get("goodput"),
         "prometheus": monitored if args.prometheus else None,
     }
-    doc["machine"].update(
-        provenance.steal_during(steal_at_start, provenance.steal_seconds(), wall_s)
-    )
+    doc["machine"].update(measuring.steal(wall_s))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     log(f"results: {args.out}")

@@ -21,7 +21,6 @@ spares cost) into ``--out``; see docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -33,14 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from jobset_inplace import names
-from jobset_inplace.times import format_time
 from testbed.cluster import LocalCluster
-from testbed.controller import ControllerProcess, prepare
-from testbed.kube import clients
-from testbed.versions import versions
 
-from . import provenance, upstream
-from .__main__ import NAMESPACE, SPARE_NODES, apply, bench_on, fleet_token
+from . import provenance
+from .__main__ import SPARE_NODES, bench_on, gates_for, prepare_kwok_bench, run_header
 from .remediation import NONE, REMEDIATED, NodeDeath
 from .scenarios import MAX_BUDGET, MAX_RECREATE, WORKER_CPU, log
 from .stats import median_interval, ratio_of_medians
@@ -306,28 +301,16 @@ def write(out: Path, results: dict[str, Any]) -> Path:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    provenance.refuse_dirty(args.allow_dirty)
     # what was measured, read now: the tree may change while the cluster comes up
-    origin = provenance.provenance("bench.spares", argv)
+    run = provenance.begin("bench.spares", argv, args.allow_dirty)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    started, steal_at_start = time.time(), provenance.steal_seconds()
     cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
     cluster.up(nodes=args.size + args.hot_spares + SPARE_NODES, real_nodes=1)
     cluster.scale_nodes(args.size + args.hot_spares + SPARE_NODES)
-    kube = clients(cluster.kubeconfig)
-    prepare(kube, cluster.kubeconfig, NAMESPACE)
-    token = fleet_token(cluster, NAMESPACE)
-    apply(cluster, NAMESPACE, upstream.rbac(NAMESPACE))
-    ctl = ControllerProcess(cluster, cluster.logs_dir / "controller-bench-spares.log")
+    token, ctl = prepare_kwok_bench(cluster, "controller-bench-spares.log")
     results: dict[str, Any] = {
         "label": args.label,
-        **origin,
-        "started": format_time(started, micro=False),
-        "versions": {
-            "kubernetes": versions().kubernetes,
-            "jobset": versions().jobset,
-            "kwok": versions().kwok,
-        },
+        **run_header(run),
         "settings": {
             "size": args.size,
             "hot_spares": args.hot_spares,
@@ -368,20 +351,13 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             deaths = [DEATH[path]] * count
             log(f"=== {path}: gang of {args.size} pods, {count} node deaths ({deaths[0].label})")
-            gates = (
-                cluster.jobset_feature_gates(upstream.GATES)
-                if path == "upstream"
-                else contextlib.nullcontext()
-            )
-            with gates:
+            with gates_for(cluster, path):
                 results["paths"][path] = bench.in_place(path, args.size, 0, deaths, profile=False)
             write(args.out, results)  # keep what was measured so far
     finally:
         ctl.stop()
-    results["duration_s"] = round(time.time() - started, 1)
-    results["machine"].update(
-        provenance.steal_during(steal_at_start, provenance.steal_seconds(), time.time() - started)
-    )
+    results["duration_s"] = round(time.time() - run.started, 1)
+    results["machine"].update(run.steal())
     written = write(args.out, results)
     print(text(json.loads(written.read_text())))
     log(f"written: {written}")
