@@ -502,7 +502,9 @@ def test_process_scope_restarts_the_trainer_process_not_the_agent(
         set_status(kube, namespace, "proc", opened(1, 100))
         wait_for("trainer started in epoch 1", lambda: trainer_starts(agent) == ["1 100"], WAIT)
 
-        (agent.state_dir.parent / "exit-now").write_text("3")  # the trainer crashes
+        tmp = agent.state_dir.parent / ".exit-now"  # atomically: the trainer polls for the file
+        tmp.write_text("3")
+        tmp.replace(agent.state_dir.parent / "exit-now")  # the trainer crashes
         wait_for(
             "the crash reported on the pod",
             lambda: pod_annotations(kube, namespace, "proc-0").get(names.REPORT_EXITED) == "1",
