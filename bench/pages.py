@@ -10,7 +10,8 @@ and is rewritten from its result file under docs/bench/ (which names its commit,
 version, machine and command line: bench/provenance.py). Every ratio in a block comes from one
 run. ``--check`` changes nothing and fails when a block differs from what its file gives (the
 unit tests run it, so a figure edited by hand or a result file replaced without regenerating
-fails the build)."""
+fails the build), and when a measured figure typed outside the blocks, in README.md or
+docs/*.md, does not link the stored result it comes from (:mod:`bench.figures`)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import channel_attacks, crash_matrix, first_step, provenance, report, spares
+from bench import channel_attacks, crash_matrix, figures, first_step, provenance, report, spares
 from bench.realnode import TRANSFORMER_OUT, PathSummary, table
 from bench.stats import Ratio, ratio_of_medians
 
@@ -176,6 +177,7 @@ def kwok_headline(doc: dict[str, Any], deaths_doc: dict[str, Any] | None = None)
                 for k in first
                 if again and k[0] not in again and ("hybrid", k[1]) in first
             },
+            (deaths_doc or doc).get("settings", {}).get("restart_scope", "pod"),
         )
     )
 
@@ -193,15 +195,23 @@ def _deaths(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
     }
 
 
+SCOPE_LABEL = {  # a run's settings.restart_scope, as a headline names it
+    "pod": "restarting whole pods (`restart-scope: pod`, not the default)",
+    "process": "restarting the trainer processes (the default scope)",
+}
+
+
 def _node_death_sentence(
     deaths: dict[tuple[str, str], dict[str, Any]],
     runs: str = "",
     theirs: dict[tuple[str, str], dict[str, Any]] | None = None,
+    scope: str = "process",
 ) -> str:
-    """The headline's node death: jobset-inplace as shipped, then like for like where a
-    platform taints the dead node out-of-service (ratios to jobset-inplace so), then the peers
-    without that taint. ``theirs``: for a record from another run than jobset-inplace's shown,
-    jobset-inplace's record of that run (its ratio's base, named)."""
+    """The headline's node death: jobset-inplace with its default ``force-delete`` (in the
+    run's restart ``scope``, named: the pod scope is not the default), then like for like where
+    a platform taints the dead node out-of-service (ratios to jobset-inplace so), then the
+    peers without that taint. ``theirs``: for a record from another run than jobset-inplace's
+    shown, jobset-inplace's record of that run (its ratio's base, named)."""
     who = {
         "hybrid": "jobset-inplace with `force-delete: never`",
         "upstream": "JobSet's InPlaceRestart",
@@ -219,8 +229,9 @@ def _node_death_sentence(
     if ("hybrid", "none") in deaths:
         parts.append(
             f" One node dies (its heartbeat stops), to the gang running again{runs}: "
-            f"jobset-inplace as shipped {report.death_outcome(deaths['hybrid', 'none'])} (it "
-            "force-deletes the pod of a node whose Lease stopped)"
+            f"jobset-inplace {SCOPE_LABEL.get(scope, scope)} "
+            f"{report.death_outcome(deaths['hybrid', 'none'])} (by default it force-deletes the "
+            "pod of a node whose Lease stopped)"
         )
     tainted = [p for p in who if (p, "out-of-service") in deaths]
     if tainted:
@@ -584,7 +595,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             page.write_text(pages[page][1])
             print(f"{rel}: regenerated")
-    return 1 if args.check and stale else 0
+    unlinked = [p for page in figures.pages() for p in figures.unlinked(page)]
+    for problem in unlinked:
+        print(problem)
+    return 1 if unlinked or (args.check and stale) else 0
 
 
 if __name__ == "__main__":

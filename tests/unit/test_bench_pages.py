@@ -305,7 +305,10 @@ def test_the_kwok_paths_and_their_headline_come_from_one_run() -> None:
     assert "second run" not in headline
     assert "40.0 s with JobSet's InPlaceRestart (2.0x)" in headline
     assert "150.0 s with stock JobSet (7.5x)" in headline
-    assert "jobset-inplace as shipped 17.0 s" in headline
+    assert (
+        "jobset-inplace restarting whole pods (`restart-scope: pod`, not the default) 17.0 s"
+        in headline
+    )
     assert (
         "declared dead (~51 s), jobset-inplace with `force-delete: never` 80.0 s, JobSet's "
         "InPlaceRestart 120.0 s (1.5x), stock JobSet 240.0 s (3.0x);" in headline
@@ -341,7 +344,8 @@ def test_a_spoiled_node_death_is_shown_without_a_ratio_and_taken_from_a_second_r
     headline = pages.kwok_headline(first, second)
     assert (
         "(jobset-inplace's and upstream's from a second run, 2026-11-29 at `def5678`; stock's "
-        "from the first): jobset-inplace as shipped 30.0 s" in headline
+        "from the first): jobset-inplace restarting whole pods (`restart-scope: pod`, not the "
+        "default) 30.0 s" in headline
     )
     assert (
         "jobset-inplace with `force-delete: never` 70.0 s, JobSet's InPlaceRestart 105.0 s "
