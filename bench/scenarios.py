@@ -452,10 +452,17 @@ class Bench:
         """``idle_s`` seconds of a gang training undisturbed: what its agents' heartbeats (hot
         spares) cost the leader, the apiserver and the fleet that sends them."""
         m: dict[str, Any] = {"seconds": self.idle_s}
+        spy = None
+        if self.profile_s > 0:  # where the leader's CPU goes while it only hears heartbeats
+            self.profile_dir.mkdir(parents=True, exist_ok=True)
+            out = self.profile_dir / f"controller-idle-{fleet.gang}.txt"
+            spy = PySpyProfile(self.meter.pid, self.idle_s, out).start()
         before = fleet.heartbeats()
         with self.meter.window(m):
             time.sleep(self.idle_s)
         after = fleet.heartbeats()
+        if spy is not None:
+            m["controller_profile"] = spy.result(self.idle_s + 60)
         m["heartbeats"] = after.sent - before.sent
         m["heartbeats_late"] = after.late - before.late
         m["heartbeat_errors"] = after.errors - before.errors

@@ -71,6 +71,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--idle", type=float, default=30.0, help="seconds of each gang's idle window (0: none)"
     )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample the leader with py-spy over each idle window (its own CPU perturbs the "
+        "window's figure a little)",
+    )
     p.add_argument("--node-cap", type=float, default=480.0, help="cap for a node-death run, s")
     p.add_argument("--setup-timeout", type=float, default=1200.0, help="cap for gang set-up, s")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
@@ -327,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             "lease_s": names.LEASE_S,
             "fence_margin_s": names.FENCE_MARGIN_S,
             "idle_window_s": args.idle,
+            "idle_profiled": args.profile,
             "node_cap_s": args.node_cap,
         },
         "paths": {},
@@ -343,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
             node_cap=args.node_cap,
             hot_spares=args.hot_spares,
             idle_s=args.idle,
+            profile_s=args.idle if args.profile else 0.0,
+            profile_dir=args.out,
         )
         bench.clean()
         for path in args.paths:
