@@ -524,6 +524,24 @@ class LocalCluster:
         }
         subprocess.run(["bash", str(REALNODE_DIR / script), *args], check=True, env=env)
 
+    def add_real_node(self) -> str:
+        """One more real kubelet node (a test that needs a third: hot spares); its name."""
+        state = self._load_state()
+        count = len(state.real_nodes) + 1
+        self._ensure_real_nodes(state, count)
+        return self.real_node_names(count)[-1]
+
+    def remove_real_node(self, node: str) -> None:
+        """Purge real ``node`` (kubelet, containerd, its containers) and delete its Node."""
+        state = self._load_state()
+        log(f"removing real node {node} (kubelet, containerd, its containers)")
+        self._realnode("kubelet.sh", "purge", node)
+        if node in state.real_nodes:
+            state.real_nodes.remove(node)
+            self._save_state(state)
+        kubectl = [str(ensure_binaries("kubectl").kubectl), "--kubeconfig", str(self.kubeconfig)]
+        subprocess.run([*kubectl, "delete", "node", node, "--ignore-not-found"], check=True)
+
     def power_off(self, node: str) -> None:
         """Stop real ``node``'s kubelet, then its containerd: every container of the node dies
         and the node goes silent, as a host that lost power looks to the cluster."""

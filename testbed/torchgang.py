@@ -141,6 +141,7 @@ def torch_jobset(
     env: dict[str, str] | None = None,
     max_restarts: int = 0,
     model: Model = LINEAR,
+    hot_spares: int = 0,
 ) -> dict[str, Any]:
     """JobSet ``name``: ``MEMBERS`` one-pod members on the real nodes, each running ``torchrun``
     with ``model``'s workers, checkpoints in ``shared`` (a host directory), PyTorch from
@@ -153,7 +154,15 @@ def torch_jobset(
     the name its pod resolves itself by), so that on any worker's failure every torchrun
     restarts all its local workers, in place. Its workers then make a store of their own in each
     round (``TORCHRUN_OWN_STORES``), as a user of this PyTorch must for those restarts to work.
+
+    ``hot_spares`` above 0 (static rendezvous only): that many spare pods
+    (``jobset-inplace.dev/hot-spares``), and torchrun with neither ``--node-rank`` nor
+    ``--master-addr``: the launcher gives each epoch's torchrun the slot its pod holds
+    (``PET_NODE_RANK``) and slot 0's pod (``PET_MASTER_ADDR``), as a user's spares need
+    (examples/pytorch-dcp-hot-spares.yaml).
     """
+    if hot_spares and max_restarts:
+        raise ValueError("hot spares need torchrun's static rendezvous (max_restarts=0)")
     index = f"metadata.labels['{names.JOB_INDEX_LABEL}']"
     run = ["python3", "-m", "torch.distributed.run"]
     options = [f"--nnodes={MEMBERS}", f"--nproc-per-node={model.workers}"]
@@ -166,12 +175,15 @@ def torch_jobset(
         host = '[ "$NODE_RANK" = 0 ] && h=1 || h=0; exec "$0" "$@" --rdzv-conf=is_host=$h '
         run, script = ["sh", "-c", host + f"/trainer/{TRAINER}", *run], []
         env = {TORCHRUN_OWN_STORES: "1"} | (env or {})
+    elif hot_spares:
+        options += [f"--master-port={MASTER_PORT}"]
     else:
         options += [
             "--node-rank=$(NODE_RANK)", f"--master-addr={master(name)}",
             f"--master-port={MASTER_PORT}",
         ]  # fmt: skip
     torchrun = [*run, *options, *script]
+    rank_from_label = {"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": index}}}
     extra = [{"name": k, "value": v} for k, v in (model.env | (env or {})).items()]
     trainer = {
         "name": "trainer",
@@ -179,7 +191,7 @@ def torch_jobset(
         "imagePullPolicy": "Never",
         "command": torchrun,
         "env": [
-            {"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": index}}},
+            *([] if hot_spares else [rank_from_label]),
             {"name": "CHECKPOINT_DIR", "value": "/ckpt"},
             {"name": "STEPS", "value": "100000"},
             {"name": "OMP_NUM_THREADS", "value": "1"},
@@ -193,7 +205,7 @@ def torch_jobset(
             {"name": "trainer", "mountPath": "/trainer", "readOnly": True},
         ],
     }
-    return shared_checkpoint_gang(
+    js = shared_checkpoint_gang(
         "torch-dcp",
         trainer,
         MEMBERS,
@@ -205,6 +217,9 @@ def torch_jobset(
             {"name": "trainer", "configMap": {"name": CONFIG_MAP}},
         ],
     )
+    if hot_spares:
+        js["metadata"]["annotations"][names.HOT_SPARES] = str(hot_spares)
+    return js
 
 
 def create_trainer_config_map(kube: Clients, namespace: str) -> None:
