@@ -11,8 +11,10 @@ A member's node loses power (its kubelet and containerd stopped: every container
 its agent falls silent; member 1's, or member 0's where the controller's leader runs on member
 1's node: the rendezvous host then moves too). The spare takes the member's slot without a new
 pod: its torchrun runs as that member's node rank (its workers have that member's ranks), every
-rank resumes at one DCP step, and the gang trains
-again. Printed: the time from the power-off to every rank's first step after the resume."""
+rank resumes at one DCP step, and the gang trains again. The same gang without a spare is the
+comparison: its dead member's pod is force-deleted once the node's Lease is stale, and its Job's
+new pod starts on the free third node. Printed: the time from the power-off to every rank's
+first step after the resume."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,7 +70,9 @@ def agent_log(kubeconfig: Path, namespace: str, pod: str) -> str:
         return ""
 
 
+@pytest.mark.parametrize("spares", [1, 0], ids=["spare", "no-spare"])
 def test_a_dead_nodes_member_trains_again_on_the_hot_spare_as_the_same_rank(
+    spares: int,
     *,  # (fixtures)
     three_real_nodes: LocalCluster,
     cluster_kubeconfig: Path,
@@ -77,49 +82,47 @@ def test_a_dead_nodes_member_trains_again_on_the_hot_spare_as_the_same_rank(
     torch_site: Path,
     tmp_path: Path,
 ) -> None:
+    """``spare``: the spare takes the dead member's slot. ``no-spare``, the same gang without
+    one, for comparison: the dead member's pod is force-deleted once its node's Lease is stale
+    and its Job's new pod starts on the free third node."""
     cluster = three_real_nodes
     prepare(kube, cluster_kubeconfig, namespace)
     create_trainer_config_map(kube, namespace)
     # as examples/pytorch-dcp-hot-spares.yaml: every pod's next torchrun pre-started and held
-    js = with_prestart(torch_jobset(tmp_path / "shared", torch_site, name=NAME, hot_spares=1))
+    js = with_prestart(torch_jobset(tmp_path / "shared", torch_site, name=NAME, hot_spares=spares))
     create_jobset(kube, namespace, js)
 
-    def trainer_logs(*indexes: str) -> str:
-        pods = member_pods(kube, namespace, NAME)
-        return "".join(
-            started_trainer_log(cluster_kubeconfig, namespace, pods[i].metadata.name)
-            for i in indexes
-            if i in pods
-        )
+    def trainer_log(pod: Any) -> str:
+        return started_trainer_log(cluster_kubeconfig, namespace, pod.metadata.name)
 
     def trained(to: int) -> bool:
-        runs = rank_runs(trainer_logs("0", "1"))
+        pods = member_pods(kube, namespace, NAME)
+        runs = rank_runs("".join(trainer_log(pods[i]) for i in ("0", "1") if i in pods))
         return len(runs) == RANKS and all(to in r.runs[-1] for r in runs.values())
 
     wait_for(f"all {RANKS} ranks past step 20", lambda: trained(20), 600)
     pods = member_pods(kube, namespace, NAME)
-    assert set(pods) == {"0", "1", SPARE}, f"2 members and the spare: {sorted(pods)}"
+    assert set(pods) == ({"0", "1", SPARE} if spares else {"0", "1"}), sorted(pods)
     nodes = {i: p.spec.node_name for i, p in pods.items()}
-    assert len(set(nodes.values())) == 3, f"one pod per real node: {nodes}"
+    assert len(set(nodes.values())) == len(pods), f"one pod per real node: {nodes}"
+    if spares:
+        wait_for(
+            "the spare's agent standing by",
+            lambda: (
+                "this pod holds no slot; standing by"
+                in agent_log(cluster_kubeconfig, namespace, pods[SPARE].metadata.name)
+            ),
+            300,
+        )
     wait_for(
-        "the spare's agent standing by",
-        lambda: (
-            "this pod holds no slot; standing by"
-            in agent_log(cluster_kubeconfig, namespace, pods[SPARE].metadata.name)
-        ),
-        300,
-    )
-    wait_for(
-        "every pod's next torchrun held (the spare's: its first)",
+        "every pod's next torchrun held (a spare's: its first)",
         lambda: all(
-            started_trainer_log(cluster_kubeconfig, namespace, pods[i].metadata.name).count(HELD)
-            >= (1 if i == SPARE else 2)
-            for i in pods
+            trainer_log(p).count(HELD) >= (1 if i == SPARE else 2) for i, p in pods.items()
         ),
         300,
     )
-    spare_log = started_trainer_log(cluster_kubeconfig, namespace, pods[SPARE].metadata.name)
-    assert rank_runs(spare_log) == {}, "a spare's trainer is held, it does not train"
+    if spares:
+        assert rank_runs(trainer_log(pods[SPARE])) == {}, "a spare's trainer is held, not training"
     epoch = gang_state(kube, namespace, NAME)["epoch"]
 
     # the member whose node dies: one whose node the controller's leader is not on (this test
@@ -135,18 +138,25 @@ def test_a_dead_nodes_member_trains_again_on_the_hot_spare_as_the_same_rank(
     try:
         st = barrier_open(kube, namespace, NAME, epoch + 1, 300)
         t_open = time.time()  # (within the poll's period of the opening)
-        spare_position = names.member_name("workers", int(SPARE), 0)
-        assert st.get("slots", {}).get(slot) == spare_position, st.get("slots")
         resume = st["resumeStep"]
         assert isinstance(resume, int)
-
-        spare_pod = pods[SPARE].metadata.name
-        other = pods[survivor].metadata.name
+        after = member_pods(kube, namespace, NAME, include_failed=False)
+        assert after[survivor].metadata.uid == pods[survivor].metadata.uid, "restarted in place"
+        if spares:
+            spare_position = names.member_name("workers", int(SPARE), 0)
+            assert st.get("slots", {}).get(slot) == spare_position, st.get("slots")
+            assert after[SPARE].metadata.uid == pods[SPARE].metadata.uid, "the spare's own pod"
+            took_over = after[SPARE]
+        else:
+            assert not st.get("slots"), st.get("slots")
+            took_over = after[victim]
+            assert took_over.metadata.uid != pods[victim].metadata.uid, "its Job's new pod"
+        assert took_over.spec.node_name != dead
 
         def back() -> dict[int, RankResume] | None:
             lines = [
-                *timed_log(cluster_kubeconfig, namespace, other, "trainer"),
-                *timed_log(cluster_kubeconfig, namespace, spare_pod, "trainer"),
+                *timed_log(cluster_kubeconfig, namespace, after[survivor].metadata.name, "trainer"),
+                *timed_log(cluster_kubeconfig, namespace, took_over.metadata.name, "trainer"),
             ]
             resumed = rank_resumes(lines, t0)
             if sum(x.first_step is not None for x in resumed.values()) < RANKS:
@@ -157,18 +167,15 @@ def test_a_dead_nodes_member_trains_again_on_the_hot_spare_as_the_same_rank(
 
         resumed = wait_for(f"all {RANKS} ranks training again", back, 300)
         first_steps = {r: x.first_step for r, x in resumed.items() if x.first_step is not None}
-        spare_ranks = rank_runs(started_trainer_log(cluster_kubeconfig, namespace, spare_pod))
         ranks = {int(victim) * WORKERS + w for w in range(WORKERS)}
-        assert set(spare_ranks) == ranks, (
-            f"the spare's workers are node rank {victim}'s {sorted(ranks)}: {sorted(spare_ranks)}"
-        )
-        after = member_pods(kube, namespace, NAME)
-        assert after[survivor].metadata.uid == pods[survivor].metadata.uid, "restarted in place"
-        assert after[SPARE].metadata.uid == pods[SPARE].metadata.uid, "the spare is the same pod"
+        theirs = set(rank_runs(trainer_log(took_over)))
+        assert theirs == ranks, f"node rank {victim}'s ranks {sorted(ranks)}: {sorted(theirs)}"
+        how = "on the spare" if spares else "on its Job's new pod"
         print(
-            f"\nhot spare on real nodes: member {victim}'s node {dead} powered off; slot "
-            f"{victim} on the spare ({nodes[SPARE]}), every rank resumed at step {resume}; "
-            f"training again {max(first_steps.values()) - t0:.1f} s after the power-off (per rank: "
+            f"\nreal nodes, {spares} spare(s): member {victim}'s node {dead} powered off; slot "
+            f"{victim} {how} ({took_over.spec.node_name}), every rank resumed at step {resume}; "
+            f"training again {max(first_steps.values()) - t0:.1f} s after the power-off (per "
+            "rank: "
             + ", ".join(f"{r}: {t - t0:.1f} s" for r, t in sorted(first_steps.items()))
             + f"); the node was down {t_down - t0:.1f} s after the power-off began; barrier "
             f"of epoch {epoch + 1} seen open at {t_open - t0:.1f} s"
