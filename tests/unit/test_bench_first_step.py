@@ -6,9 +6,12 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench import first_step, upstream
 from bench.first_step import Recovery, torch_path_jobset
 from jobset_inplace import names
+from jobset_inplace.core.admission import validate, warnings
 from testbed.torchgang import (
     TORCHRUN_OWN_STORES,
     TRANSFORMER,
@@ -171,3 +174,22 @@ def test_a_run_from_before_the_model_built_milestone_still_renders() -> None:
     s = first_step.summary([_recovery("jsi-process", 4.0, 3)], ("jsi-process",))
     del s["jsi-process"]["median"]["built"], s["jsi-process"]["prestart_ratio"]
     assert "| jsi-process |" in first_step.table(s)
+
+
+def test_the_hot_spare_gang_is_admitted_and_gives_torchrun_no_rank_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """e2e/test_hot_spares.py's gang: the webhook neither refuses nor warns about it (no
+    ``--node-rank``/``--master-addr``, no rank from the pod's labels: the launcher gives each
+    epoch's torchrun its slot), and it names its spare; spares need the static rendezvous."""
+    js = torch_jobset(tmp_path, tmp_path / "site", name="s", hot_spares=1)
+    assert validate(js) == (True, "")
+    assert warnings(js) == []
+    assert js["metadata"]["annotations"][names.HOT_SPARES] == "1"
+    trainer = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][
+        0
+    ]
+    assert not any(a.startswith(("--node-rank", "--master-addr")) for a in trainer["command"])
+    assert "NODE_RANK" not in {e["name"] for e in trainer["env"]}
+    with pytest.raises(ValueError, match="static rendezvous"):
+        torch_jobset(tmp_path, tmp_path / "site", hot_spares=1, max_restarts=2)
