@@ -154,10 +154,14 @@ def test_a_dead_nodes_member_trains_again_on_the_hot_spare_as_the_same_rank(
         assert took_over.spec.node_name != dead
 
         def back() -> dict[int, RankResume] | None:
-            lines = [
-                *timed_log(cluster_kubeconfig, namespace, after[survivor].metadata.name, "trainer"),
-                *timed_log(cluster_kubeconfig, namespace, took_over.metadata.name, "trainer"),
-            ]
+            try:  # (the new pod's trainer may not have started yet)
+                lines = [
+                    line
+                    for p in (after[survivor], took_over)
+                    for line in timed_log(cluster_kubeconfig, namespace, p.metadata.name, "trainer")
+                ]
+            except subprocess.CalledProcessError:
+                return None
             resumed = rank_resumes(lines, t0)
             if sum(x.first_step is not None for x in resumed.values()) < RANKS:
                 return None
