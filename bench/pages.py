@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import channel_attacks, crash_matrix, figures, first_step, provenance, report, spares
-from bench.realnode import TRANSFORMER_OUT, PathSummary, table
+from bench.realnode import TRANSFORMER_OUT, PathSummary, running_by_path, table
 from bench.stats import Ratio, ratio_of_medians
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -321,7 +321,7 @@ def realnode_table(doc: dict[str, Any]) -> str:
         [
             f"{origin(doc, REALNODE)} Repetitions per path: {'/'.join(map(str, reps))}.",
             "",
-            table(s),
+            table(s, running_by_path(doc["runs"])),
         ]
     )
 
@@ -339,11 +339,18 @@ def _times(theirs: float, ours: float) -> str:
     return f"{theirs / ours:.2f}x"
 
 
+def _times_within(runs: dict[str, list[float]], theirs: str, ours: str) -> str:
+    """Path ``theirs``' median as a multiple of ``ours``', with its 95 % bootstrap interval."""
+    r = ratio_of_medians(runs[theirs], runs[ours])
+    return f"{r.ratio:.2f}x, 95 % interval {r.low:.2f}-{r.high:.2f}"
+
+
 def realnode_headline(doc: dict[str, Any]) -> str:
     """README's like-for-like sentence: each jobset-inplace scope against the peers that
     restart the same thing, ratios of that one run's medians."""
     s = summaries(doc)
     med = {p: v.running_median for p, v in s.items()}
+    runs = running_by_path(doc["runs"])
     need = ("jsi-process", "jsi-pod", "upstream-sidecar", "upstream-main", "stock-grace0")
     absent = [p for p in need if p not in med]
     if absent:
@@ -360,8 +367,8 @@ def realnode_headline(doc: dict[str, Any]) -> str:
         "variant here "
         "| stock JobSet, grace 0 |\n|---|---|---|---|\n"
         f"| `restart-scope: pod` (whole pods) | {_seconds(med['jsi-pod'])} "
-        f"| {_seconds(med[upstream])} (`{upstream}`: {_times(med[upstream], med['jsi-pod'])}) "
-        f"| {_seconds(med['stock-grace0'])} ({_times(med['stock-grace0'], med['jsi-pod'])}) |\n"
+        f"| {_seconds(med[upstream])} (`{upstream}`: {_times_within(runs, upstream, 'jsi-pod')}) "
+        f"| {_seconds(med['stock-grace0'])} ({_times_within(runs, 'stock-grace0', 'jsi-pod')}) |\n"
         f"| the default: only the trainer processes | **{_seconds(med['jsi-process'])}** "
         "| no such mode | no such mode |\n\n"
         "(In parentheses: that path's time as a multiple of jobset-inplace's in the same row; "

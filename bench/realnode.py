@@ -55,6 +55,7 @@ from kubernetes import utils
 from bench import first_step, provenance, upstream
 from bench.__main__ import apiserver_metrics
 from bench.scenarios import apiserver_requests
+from bench.stats import ratio_of_medians
 from jobset_inplace import names
 from jobset_inplace.core.transform import STATE_DIR
 from jobset_inplace.times import parse_time
@@ -307,22 +308,44 @@ def summary(runs: list[Run]) -> dict[str, PathSummary]:
     return out
 
 
-def table(s: dict[str, PathSummary]) -> str:
+def _x(ratio: float) -> str:
+    """A ratio with two significant digits where it is below 1 (0.08x, not 0.1x)."""
+    return f"{ratio:.2f}" if ratio < 1 else f"{ratio:.1f}"
+
+
+def running_by_path(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Each path's "every trainer running" times, one per repetition (a results file's runs)."""
+    out: dict[str, list[float]] = {}
+    for r in runs:
+        out.setdefault(r["path"], []).append(float(r["running"]))
+    return out
+
+
+def table(s: dict[str, PathSummary], running: dict[str, list[float]] | None = None) -> str:
     """Markdown: medians, ranges, each path's ratio to jobset-inplace's two scopes in this run
     (like for like: jsi-pod restarts whole pods as the upstream and stock paths do; jsi-process
-    only the trainer processes), and how many runs resumed the gang at one step."""
+    only the trainer processes; with each path's repetitions, ``running``, the ratio's 95 %
+    bootstrap interval), and how many runs resumed the gang at one step."""
     bases = [b for b in ("jsi-process", "jsi-pod") if b in s]
+
+    def ratio(path: str, base: str) -> str:
+        mine, theirs = (running or {}).get(path, []), (running or {}).get(base, [])
+        if path == base or len(mine) < 2 or len(theirs) < 2:
+            return f"{_x(s[path].running_median / s[base].running_median)}x"
+        r = ratio_of_medians(mine, theirs)
+        return f"{_x(r.ratio)}x ({_x(r.low)}-{_x(r.high)})"
+
     rows = [
         "| path | crash -> barrier lifted (median) | crash -> every trainer running "
         "(median, range) | "
-        + " | ".join(f"/ {b}" for b in bases)
+        + " | ".join(f"/ {b}" + (" (95 % interval)" if running else "") for b in bases)
         + (" | " if bases else "")
         + "resumed at one step | API writes (median) |",
         "|---|---|---|" + "---|" * len(bases) + "---|---|",
     ]
     for path, v in s.items():
         barrier = "-" if v.barrier_median is None else f"{v.barrier_median:.2f} s"
-        ratios = "".join(f"{v.running_median / s[b].running_median:.1f}x | " for b in bases)
+        ratios = "".join(f"{ratio(path, b)} | " for b in bases)
         rows.append(
             f"| {path} | {barrier} | {v.running_median:.2f} s "
             f"({v.running_min:.2f}-{v.running_max:.2f}) | {ratios}"
@@ -453,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         summarized: dict[str, Any] = s_torch
     else:
         s = summary(runs)
-        print(table(s))
+        print(table(s, running_by_path([asdict(r) for r in runs])))
         summarized = {k: asdict(v) for k, v in s.items()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {

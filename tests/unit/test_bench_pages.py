@@ -45,6 +45,18 @@ DOC: dict[str, Any] = {
         "upstream-main": _summary(3.0),
         "stock-grace0": _summary(5.0),
     },
+    # each path's repetitions: its median, and one either side (the intervals' values)
+    "runs": [
+        {"path": path, "running": running * f}
+        for path, running in (
+            ("jsi-process", 0.2),
+            ("jsi-pod", 2.0),
+            ("upstream-sidecar", 4.0),
+            ("upstream-main", 3.0),
+            ("stock-grace0", 5.0),
+        )
+        for f in (0.9, 1.0, 1.1)
+    ],
 }
 
 
@@ -52,7 +64,10 @@ def test_the_headline_compares_like_with_like_from_one_run() -> None:
     text = pages.realnode_headline(DOC)
     assert "`abc1234`" in text
     pod_row, process_row = text.splitlines()[-4:-2]
-    assert "| 2.00 s | 3.00 s (`upstream-main`: 1.50x) | 5.00 s (2.50x) |" in pod_row
+    assert (
+        "| 2.00 s | 3.00 s (`upstream-main`: 1.50x, 95 % interval 1.23-1.83) | 5.00 s (2.50x, "
+        in pod_row
+    )
     assert "**0.20 s** | no such mode | no such mode |" in process_row, "no unlike ratio"
 
 
@@ -61,6 +76,7 @@ def test_the_table_names_its_commit_and_machine() -> None:
     assert "commit `abc1234`" in text
     assert "2 cores (steal 0.4 %)" in text
     assert "| upstream-sidecar |" in text
+    assert "| jsi-pod | - | 2.00 s (2.00-2.00) | 10.0x (8.2-12.2) | 1.0x |" in text, "intervals"
 
 
 def _torch(first_step: float | None, consistent: bool = True) -> dict[str, Any]:
