@@ -167,8 +167,10 @@ def kwok_headline(doc: dict[str, Any], deaths_doc: dict[str, Any] | None = None)
         "interleaved)), one worker fails and every member runs again in "
         f"**{med['hybrid']['median']:.1f} s** with jobset-inplace restarting whole pods, "
         f"{med['upstream']['median']:.1f} s with JobSet's InPlaceRestart "
-        f"({row['ratio_upstream_over_hybrid_running']}x) and {stock['median']:.1f} s with stock "
-        f"JobSet ({row['ratio_stock_over_hybrid_running']}x), medians."
+        f"({row['ratio_upstream_over_hybrid_running']}x"
+        f"{report.interval_text(row, 'upstream')}) and {stock['median']:.1f} s with stock "
+        f"JobSet ({row['ratio_stock_over_hybrid_running']}x{report.interval_text(row, 'stock')}),"
+        " medians."
         + _node_death_sentence(
             {**{k: v for k, v in first.items() if k[0] not in again}, **second},
             second_run,

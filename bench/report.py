@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import profile
+from .stats import ratio_of_medians
 
 _LATENCY = re.compile(r"reported epoch \d+, .*: (\d+\.\d+) s after process start")
 
@@ -120,6 +121,9 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             if hb and ha and ob and oa:
                 row[f"ratio_{path}_over_hybrid_barrier"] = round(ob["median"] / hb["median"], 1)
                 row[f"ratio_{path}_over_hybrid_running"] = round(oa["median"] / ha["median"], 1)
+                interval = running_interval(r, path)
+                if interval is not None:
+                    row[f"ratio_{path}_over_hybrid_running_interval"] = interval
         deaths = node_deaths(r)
         if deaths:
             row["node_death"] = deaths
@@ -128,6 +132,27 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     if agent:
         out["agent_start"] = stats(agent["samples_s"])
     return out
+
+
+def running_interval(r: dict[str, Any], path: str) -> dict[str, Any] | None:
+    """The 95 % bootstrap interval of ``path``'s ratio to the hybrid's median time to every
+    member running (one size's runs ``r``), with both sample counts; None where a side has
+    fewer than 2 runs or a capped one (its time is only a lower bound)."""
+    theirs = (r.get(path) or {}).get("worker_failure", [])
+    ours = (r.get("hybrid") or {}).get("worker_failure", [])
+    a, b = _col(theirs, "all_running_s"), _col(ours, "all_running_s")
+    if len(a) < 2 or len(b) < 2 or any(m.get("capped") for m in (*theirs, *ours)):
+        return None
+    x = ratio_of_medians(a, b)
+    return {"low": round(x.low, 1), "high": round(x.high, 1), "n": [len(a), len(b)]}
+
+
+def interval_text(row: dict[str, Any], path: str) -> str:
+    """``; 95 % interval LOW-HIGH, n = A, B`` for a ratio that has one, else ``""``."""
+    iv = row.get(f"ratio_{path}_over_hybrid_running_interval")
+    if not iv:
+        return ""
+    return f"; 95 % interval {iv['low']}-{iv['high']}, n = {iv['n'][0]}, {iv['n'][1]}"
 
 
 def node_deaths(r: dict[str, Any]) -> list[dict[str, Any]]:
@@ -469,7 +494,8 @@ def worker_failure_tables(summ: dict[str, Any]) -> list[str]:
         ]
         for path, g in (("upstream", ""), ("stock", ge)):
             ratio = row.get(f"ratio_{path}_over_hybrid_running")
-            cells.append(f"**{g}{ratio}x**" if ratio else "-")
+            iv = interval_text(row, path)
+            cells.append(f"**{g}{ratio}x**" + (f" ({iv[2:]})" if iv else "") if ratio else "-")
         out.append(f"| {size} pods | **{cells[0]}** | " + " | ".join(cells[1:]) + " |")
     out += [
         "",

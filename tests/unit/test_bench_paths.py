@@ -113,6 +113,13 @@ def test_report_ratios_against_both_peers() -> None:
     assert row["paths"] == ["hybrid", "upstream", "stock"]
     assert row["ratio_upstream_over_hybrid_running"] == 6.0  # 12 / 2
     assert row["ratio_stock_over_hybrid_running"] == 55.0  # 110 / 2
+    # with their 95 % bootstrap intervals: medians of resamples, 10-14 over 2-4
+    assert row["ratio_upstream_over_hybrid_running_interval"] == {
+        "low": 2.5,
+        "high": 7.0,
+        "n": [3, 3],
+    }
+    assert report.interval_text(row, "upstream") == "; 95 % interval 2.5-7.0, n = 3, 3"
     deaths = {(x["path"], x["remediation"]): x for x in row["node_death"]}
     # like for like only: the same taint, both recovered (100 / 50)
     assert deaths["upstream", "out-of-service"]["ratio_over_hybrid"] == 2.0
