@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import profile
-from .stats import ratio_of_medians
+from .stats import median_interval, ratio_of_medians
 
 _LATENCY = re.compile(r"reported epoch \d+, .*: (\d+\.\d+) s after process start")
 
@@ -244,7 +244,9 @@ def scale_curve(results: dict[str, Any], summ: dict[str, Any]) -> list[str]:
 
     out = [
         "",
-        "The scale curve (jobset-inplace, one worker fails; seconds, p50 / p99 by nearest rank):",
+        "The scale curve (jobset-inplace, one worker fails; seconds, p50 / p99 by nearest rank: "
+        "with fewer than 100 repetitions the p99 is the largest; the p50's 95 % bootstrap "
+        "interval in parentheses):",
         "",
         "| gang | n | **barrier open** | every member running | of which the agents' stop and "
         "report | the controller's own steps (detection + barrier) | protocol writes per "
@@ -259,9 +261,14 @@ def scale_curve(results: dict[str, Any], summ: dict[str, Any]) -> list[str]:
             protocol_writes(m["apiserver_requests"]) for m in runs if "apiserver_requests" in m
         ]
         own = stats([m["detection_s"] + m["barrier_s"] for m in runs if "barrier_s" in m])
+        opened = _col(runs, "barrier_open_s")
+        within = ""
+        if len(opened) >= 2:
+            low, high = median_interval(opened)
+            within = f" ({low:.2f}-{high:.2f})"
         out.append(
             f"| {size} pods | {(w['barrier_open_s'] or {}).get('n', 0)} "
-            f"| **{pq(w['barrier_open_s'])}** | {pq(w['all_running_s'])} "
+            f"| **{pq(w['barrier_open_s'])}**{within} | {pq(w['all_running_s'])} "
             f"| {pq(w['restart_s'])} | {pq(own)} "
             f"| {statistics.median(writes) if writes else '-'} "
             f"| {_max(w['controller_peak_rss_mib'])} MiB |"
@@ -532,7 +539,8 @@ def node_death_table(summ: dict[str, Any]) -> list[str]:
         out += [
             "",
             "One node dies (its heartbeat stops), -> the gang running again; ratios only like "
-            "for like (the same remediation, both recovered):",
+            "for like (the same remediation, both recovered); one death a cell: no interval, "
+            "a single sample each, not a verdict:",
             "",
             "| gang | path (how the dead node's pod is freed) | node declared dead "
             "| **-> gang running** | **/ jobset-inplace** |",
@@ -543,7 +551,7 @@ def node_death_table(summ: dict[str, Any]) -> list[str]:
             ratio = x.get("ratio_over_hybrid")
             out.append(
                 f"| {size} pods | {death_label(x)} | {'-' if dead is None else f'{dead:.1f} s'} "
-                f"| **{death_outcome(x)}** | {f'**{ratio}x**' if ratio else '-'} |"
+                f"| **{death_outcome(x)}** | {f'**{ratio}x** (n = 1, 1)' if ratio else '-'} |"
             )
     return out
 

@@ -350,12 +350,15 @@ def test_a_spoiled_node_death_is_shown_without_a_ratio_and_taken_from_a_second_r
     )
     table = pages.kwok_paths(first)
     assert "| **not counted: a harness bug** | - |" in table
-    assert "| 1000 pods | stock (out-of-service taint) | 52.0 s | **240.0 s** | **3.0x** |" in table
+    assert (
+        "| 1000 pods | stock (out-of-service taint) | 52.0 s | **240.0 s** | **3.0x** (n = 1, 1) |"
+        in table
+    )
     again = pages.kwok_deaths(second)
     assert "commit `def5678`" in again
     assert (
-        "| 1000 pods | upstream IPR (out-of-service taint) | 51.0 s | **105.0 s** | **1.5x** |"
-        in again
+        "| 1000 pods | upstream IPR (out-of-service taint) | 51.0 s | **105.0 s** "
+        "| **1.5x** (n = 1, 1) |" in again
     )
     headline = pages.kwok_headline(first, second)
     assert (

@@ -134,9 +134,13 @@ def test_report_ratios_against_both_peers() -> None:
         "| **did not recover within 480 s (1 pod stuck Terminating)** | - |"
     ) in table
     assert (
-        "| 1000 pods | upstream IPR (out-of-service taint) | 41.0 s | **100.0 s** | **2.0x** |"
+        "| 1000 pods | upstream IPR (out-of-service taint) | 41.0 s | **100.0 s** "
+        "| **2.0x** (n = 1, 1) |"
     ) in table
-    row = "| 1000 pods | 3 | **2.00 / 4.00** | 2.00 / 4.00 | 1.80 / 3.80 | 0.20 / 0.20 | - |"
+    row = (
+        "| 1000 pods | 3 | **2.00 / 4.00** (2.00-4.00) | 2.00 / 4.00 | 1.80 / 3.80 | 0.20 / 0.20 "
+        "| - |"
+    )
     assert f"{row} 100 MiB |" in table
     text = report.text(results)
     assert "ratio upstream / hybrid: 6.0x (to barrier open), 6.0x (to all running)" in text
