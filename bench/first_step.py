@@ -306,7 +306,7 @@ def summary(runs: list[Recovery], paths: tuple[str, ...]) -> dict[str, dict[str,
             continue
         med: dict[str, float | None] = {}
         for m in MILESTONES:
-            values = [t for r in mine if (t := r.milestones[m]) is not None]
+            values = [t for r in mine if (t := r.milestones.get(m)) is not None]
             med[m] = round(statistics.median(values), 3) if values else None
         first = firsts[path]
         ratio = None
@@ -322,6 +322,7 @@ def summary(runs: list[Recovery], paths: tuple[str, ...]) -> dict[str, dict[str,
             "consistent": all(r.consistent for r in mine),
             "writes_median": statistics.median(sum(r.writes.values()) for r in mine),
             "prestart_ratio": ratio,
+            "first_steps": first,  # each repetition's (the other ratios' intervals)
         }
     return out
 
@@ -332,9 +333,17 @@ def table(s: dict[str, dict[str, Any]]) -> str:
     jobset-inplace's process scope and to upstream's main-container mode, ``RATIO_BASE``'s to
     it with an interval, steps lost."""
 
-    def ratio(path: str, v: float) -> str:
+    def ratio(path: str, v: float, mine: list[float]) -> str:
+        """``v`` (a path's median) over ``path``'s, with the 95 % interval where both paths
+        have 2 or more repetitions."""
         base = s.get(path, {}).get("median", {}).get("first_step")
-        return f"{v / base:.2f}x" if base else "-"
+        if not base:
+            return "-"
+        theirs = s[path].get("first_steps") or []
+        if len(mine) < 2 or len(theirs) < 2 or mine is theirs:
+            return f"{v / base:.2f}x"
+        r = ratio_of_medians(mine, theirs)
+        return f"{r.ratio:.2f}x ({r.low:.2f}-{r.high:.2f})"
 
     def interval(v: dict[str, Any]) -> str:
         r = v.get("prestart_ratio")
@@ -343,7 +352,8 @@ def table(s: dict[str, dict[str, Any]]) -> str:
     head = [
         "| path | detected | stopped | barrier | process started | imported torch "
         "| process group | model built | restored | **first productive step** (range) "
-        f"| / jsi-process | / upstream-main | {RATIO_BASE} / path | steps lost (median, max) "
+        f"| / jsi-process (95 % interval) | / upstream-main (95 % interval) | {RATIO_BASE} / path "
+        "| steps lost (median, max) "
         "| one resume step |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -351,13 +361,13 @@ def table(s: dict[str, dict[str, Any]]) -> str:
     for path, v in s.items():
         med = v["median"]
         cells = ["-" if med.get(m) is None else f"{med[m]:.2f}" for m in MILESTONES[:-1]]
-        first = med["first_step"]
+        first, mine = med["first_step"], v.get("first_steps") or []
         if first is None:
             continue  # (every recovery waits for it: not reached in none)
         rows.append(
             f"| {path} | {' | '.join(cells)} | **{first:.2f}** ({v['first_step_min']:.2f}-"
-            f"{v['first_step_max']:.2f}) | {ratio('jsi-process', first)} | "
-            f"{ratio('upstream-main', first)} | {interval(v)} | {v['steps_lost_median']:g}, "
+            f"{v['first_step_max']:.2f}) | {ratio('jsi-process', first, mine)} | "
+            f"{ratio('upstream-main', first, mine)} | {interval(v)} | {v['steps_lost_median']:g}, "
             f"{v['steps_lost_max']} | {'yes' if v['consistent'] else '**no**'} |"
         )
     return "\n".join(head + rows)

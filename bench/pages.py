@@ -337,10 +337,6 @@ def _consistent(s: dict[str, PathSummary], *prefixes: str) -> str:
     return f"{sum(v.consistent for v in chosen)}/{sum(v.reps for v in chosen)}"
 
 
-def _times(theirs: float, ours: float) -> str:
-    return f"{theirs / ours:.2f}x"
-
-
 def _times_within(runs: dict[str, list[float]], theirs: str, ours: str) -> str:
     """Path ``theirs``' median as a multiple of ``ours``', with its 95 % bootstrap interval."""
     r = ratio_of_medians(runs[theirs], runs[ours])
@@ -401,9 +397,16 @@ def realnode_torch_table(doc: dict[str, Any], path: Path = TORCH) -> str:
         [
             f"{origin(doc, path)} Repetitions per path: {'/'.join(map(str, reps))}.{failed}",
             "",
-            first_step.table(doc["summary"]),
+            first_step.table(torch_summary(doc)),
         ]
     )
+
+
+def torch_summary(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A torch run's summary made again from its repetitions (a file written before a field
+    of the summary existed gets it: each path's ratios with their intervals)."""
+    runs = [first_step.Recovery(**r) for r in doc["runs"]]
+    return first_step.summary(runs, tuple(doc["summary"]))
 
 
 def realnode_torch_headline(doc: dict[str, Any]) -> str:
@@ -416,6 +419,7 @@ def realnode_torch_headline(doc: dict[str, Any]) -> str:
         raise PagesError(f"{_shown(TORCH)}: no first productive step for {absent}")
     upstream = min((p for p in first if p.startswith("upstream-")), key=lambda p: first[p])
     consistent = [p for p, v in doc["summary"].items() if v["consistent"]]
+    runs = {p: v["first_steps"] for p, v in torch_summary(doc).items()}
     return (
         "With a real PyTorch trainer (`torchrun`, DDP, DCP checkpoints; a gang of "
         f"{doc['members']} members on the same real nodes, medians of "
@@ -427,10 +431,10 @@ def realnode_torch_headline(doc: dict[str, Any]) -> str:
         f"(`prestart-imports`), {_seconds(first['jsi-process'])} restarting them cold, "
         f"{_seconds(first['jsi-pod'])} restarting whole pods; JobSet's InPlaceRestart "
         f"{_seconds(first[upstream])} (`{upstream}`, its fastest variant here: "
-        f"{_times(first[upstream], first['jsi-prestart'])} of the pre-started scope, "
-        f"{_times(first[upstream], first['jsi-pod'])} of the pod scope), stock JobSet at "
+        f"{_times_within(runs, upstream, 'jsi-prestart')}, of the pre-started scope; "
+        f"{_times_within(runs, upstream, 'jsi-pod')}, of the pod scope), stock JobSet at "
         f"grace 0 {_seconds(first['stock-grace0'])} "
-        f"({_times(first['stock-grace0'], first['jsi-pod'])} of the pod scope). Every rank "
+        f"({_times_within(runs, 'stock-grace0', 'jsi-pod')}, of the pod scope). Every rank "
         f"resumed at one checkpoint step on {len(consistent)} of {len(doc['summary'])} paths "
         "(every path resumes from one shared DCP directory; upstream's main-container mode "
         "restarts one container, not the whole pod)."

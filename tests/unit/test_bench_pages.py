@@ -93,21 +93,42 @@ def _torch(first_step: float | None, consistent: bool = True) -> dict[str, Any]:
     }
 
 
+def _torch_runs(path: str, first_step: float | None, consistent: bool = True) -> list[Any]:
+    """Three repetitions of ``path`` around ``first_step`` (None: it never got there)."""
+    return [
+        {
+            "path": path,
+            "rep": rep,
+            "milestones": dict.fromkeys(MILESTONES, 1.0)
+            | {"first_step": None if first_step is None else first_step * f},
+            "resume_steps": {"0": 40},
+            "gang_resume_step": 40,
+            "consistent": consistent,
+            "last_step": 43,
+            "steps_lost": lost,
+            "writes": {"PATCH gangstates": 4},
+        }
+        for rep, (f, lost) in enumerate(((0.9, 3), (1.0, 3), (1.1, 9)))
+    ]
+
+
 def test_the_torch_run_is_published_with_its_ratios_and_failures() -> None:
+    paths = {
+        "jsi-prestart": 6.0,
+        "jsi-process": 13.0,
+        "jsi-pod": 14.0,
+        "upstream-sidecar": 15.0,
+        "upstream-main": 12.0,
+        "stock": None,
+        "stock-grace0": 14.7,
+    }
     doc = {
         **DOC,
         "command": "python -m bench.realnode --trainer torch --reps 5",
         "members": 2,
         "failed": {"stock": "no rank resumed within 240 s"},
-        "summary": {
-            "jsi-prestart": _torch(6.0),
-            "jsi-process": _torch(13.0),
-            "jsi-pod": _torch(14.0),
-            "upstream-sidecar": _torch(15.0),
-            "upstream-main": _torch(12.0, consistent=False),
-            "stock": _torch(None),
-            "stock-grace0": _torch(14.7),
-        },
+        "summary": {p: _torch(f, consistent=p != "upstream-main") for p, f in paths.items()},
+        "runs": [r for p, f in paths.items() for r in _torch_runs(p, f, p != "upstream-main")],
     }
     table = pages.realnode_torch_table(doc)
     assert "commit `abc1234`" in table
@@ -117,8 +138,9 @@ def test_the_torch_run_is_published_with_its_ratios_and_failures() -> None:
     headline = pages.realnode_torch_headline(doc)
     assert "**6.00 s** with jobset-inplace restarting the trainer processes" in headline
     assert "InPlaceRestart 12.00 s (`upstream-main`, its fastest variant here: " in headline
-    assert "2.00x of the pre-started scope, 0.86x of the pod scope" in headline
-    assert "stock JobSet at grace 0 14.70 s (1.05x of the pod scope)" in headline
+    assert "2.00x, 95 % interval 1.64-2.44, of the pre-started scope; 0.86x" in headline
+    assert "stock JobSet at grace 0 14.70 s (1.05x, 95 % interval 0.86-1.28, of the pod" in headline
+    assert "| **14.00** (12.60-15.40) | 1.08x (0.88-1.32) | 1.17x (0.95-1.43) |" in table
     assert "one checkpoint step on 6 of 7 paths" in headline
     del doc["summary"]["jsi-prestart"]
     with pytest.raises(PagesError, match=r"no first productive step for \['jsi-prestart'\]"):
