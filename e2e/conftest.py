@@ -19,10 +19,12 @@ import pytest
 from jobset_inplace import names
 from testbed import images
 from testbed.cluster import DEFAULT_NODES, DEFAULT_REAL_NODES, LocalCluster, log
+from testbed.controller import prepare
 from testbed.images import IMAGES_LOADED_ENV
 from testbed.install import Installation
 from testbed.kube import Clients, clients, remove_taint, temporary_namespace, wait_for
 from testbed.kwoknodes import NODE_DOWN_TAINTS, kwok_nodes, set_heartbeat, silenced, unhealthy
+from testbed.torchgang import create_trainer_config_map
 
 
 @pytest.fixture(scope="session")
@@ -137,6 +139,16 @@ def controller(
     installation.install()
     yield installation
     installation.uninstall()
+
+
+@pytest.fixture
+def torch_trainer(
+    controller: Installation, kube: Clients, cluster_kubeconfig: Path, namespace: str
+) -> None:
+    """The test's namespace ready for a PyTorch gang (testbed/torchgang.py): prepared for
+    jobset-inplace's agents (the controller installed) and holding the trainer's ConfigMap."""
+    prepare(kube, cluster_kubeconfig, namespace)
+    create_trainer_config_map(kube, namespace)
 
 
 @pytest.hookimpl(wrapper=True)

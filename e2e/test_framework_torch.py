@@ -29,16 +29,14 @@ from pathlib import Path
 import pytest
 
 from testbed import images
-from testbed.controller import barrier_open, member_pods, prepare
+from testbed.controller import barrier_open, member_pods
 from testbed.demo import started_trainer_log
-from testbed.install import Installation
 from testbed.kube import Clients, create_jobset, wait_for
 from testbed.torchgang import (
     RANKS,
     TRANSFORMER,
     WORKERS,
     RankRuns,
-    create_trainer_config_map,
     kill_worker,
     rank_runs,
     stand_ins,
@@ -53,18 +51,16 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.parametrize("start", ["cold", "prestart"])
+@pytest.mark.usefixtures("torch_trainer")
 def test_torchrun_ranks_resume_from_one_dcp_step_and_no_old_worker_survives(
     start: str,
     *,  # (fixtures)
     cluster_kubeconfig: Path,
-    controller: Installation,
     kube: Clients,
     namespace: str,
     torch_site: Path,
     tmp_path: Path,
 ) -> None:
-    prepare(kube, cluster_kubeconfig, namespace)
-    create_trainer_config_map(kube, namespace)
     shared = tmp_path / "shared"
     js = torch_jobset(shared, torch_site)
     create_jobset(kube, namespace, with_prestart(js) if start == "prestart" else js)

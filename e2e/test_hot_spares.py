@@ -30,7 +30,7 @@ from jobset_inplace import names
 from jobset_inplace.core.transform import AGENT_CONTAINER
 from jobset_inplace.prestart import HELD
 from testbed.cluster import LocalCluster
-from testbed.controller import barrier_open, gang_state, member_pods, prepare
+from testbed.controller import barrier_open, gang_state, member_pods
 from testbed.demo import started_trainer_log, timed_log
 from testbed.install import Installation
 from testbed.kube import Clients, create_jobset, wait_for
@@ -38,7 +38,6 @@ from testbed.torchgang import (
     RANKS,
     WORKERS,
     RankResume,
-    create_trainer_config_map,
     rank_resumes,
     rank_runs,
     torch_jobset,
@@ -75,6 +74,7 @@ def test_a_dead_nodes_member_trains_again_on_the_hot_spare_as_the_same_rank(
     spares: int,
     *,  # (fixtures)
     three_real_nodes: LocalCluster,
+    torch_trainer: None,
     cluster_kubeconfig: Path,
     controller: Installation,
     kube: Clients,
@@ -86,8 +86,6 @@ def test_a_dead_nodes_member_trains_again_on_the_hot_spare_as_the_same_rank(
     one, for comparison: the dead member's pod is force-deleted once its node's Lease is stale
     and its Job's new pod starts on the free third node."""
     cluster = three_real_nodes
-    prepare(kube, cluster_kubeconfig, namespace)
-    create_trainer_config_map(kube, namespace)
     # as examples/pytorch-dcp-hot-spares.yaml: every pod's next torchrun pre-started and held
     js = with_prestart(torch_jobset(tmp_path / "shared", torch_site, name=NAME, hot_spares=spares))
     create_jobset(kube, namespace, js)
