@@ -23,7 +23,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from jobset_inplace.core import goodput
@@ -75,11 +75,13 @@ class GangCollector(Collector):
     def __init__(self, cache: ClusterCache) -> None:
         self.cache = cache
 
-    def describe(self) -> Iterator[GaugeMetricFamily]:
+    def describe(self) -> Iterator[Metric]:
         yield from self._families()
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        phases, budgets, slow, on_pod, ratio, recent, productive, badput = self._families()
+    def collect(self) -> Iterator[Metric]:
+        phases, budgets, slow, on_pod, ratio, recent, productive, badput, restarts = (
+            self._families()
+        )
         now = time.time()
         counts = dict.fromkeys(Phase, 0)
         # a scrape runs on another thread than the event loop that changes the cache: tuple()
@@ -95,6 +97,7 @@ class GangCollector(Collector):
             if policy.straggler_factor is not None:
                 slow.add_metric(list(gang.key), len(status.stragglers))
             on_pod.add_metric(list(gang.key), status.on_pod)
+            restarts.add_metric(list(gang.key), status.in_place_restarts)
             if status.goodput.since is not None:
                 account = goodput.live(status.goodput, now, status.recovery)
                 if account.ratio is not None:
@@ -115,9 +118,20 @@ class GangCollector(Collector):
         yield recent
         yield productive
         yield badput
+        yield restarts
 
     @staticmethod
-    def _families() -> tuple[GaugeMetricFamily, ...]:
+    def _families() -> tuple[
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        CounterMetricFamily,
+    ]:
         return (
             GaugeMetricFamily(
                 f"{PREFIX}gangs", "Opted-in gangs by phase of their GangState.", labels=["phase"]
@@ -159,6 +173,13 @@ class GangCollector(Collector):
                 "A gang's time lost, by bucket: scheduling, startup, detection, recovery, "
                 "restore, wastedProgress.",
                 "bucket",
+            ),
+            # from the GangState's status (restarts.inPlace), which only grows: a counter
+            CounterMetricFamily(
+                f"{PREFIX}gang_in_place_restarts",
+                "Times a gang's pods were restarted in place (a failure's recovery, a manual "
+                "restart, a planned move) over its life; JobSet's restart counter counts none.",
+                labels=["namespace", "jobset"],
             ),
         )
 

@@ -20,6 +20,7 @@ from jobset_inplace.core.model import (
     Mark,
     PlannedStop,
     Recovery,
+    Repeats,
     ReportEndpoint,
 )
 from jobset_inplace.core.statemachine import Edge, Phase
@@ -95,6 +96,8 @@ def status_to_dict(s: GangStatus) -> dict[str, Any]:
         "goodput": _ledger_to_dict(s.goodput),
         "plannedStop": None if s.planned_stop is None else _planned_to_dict(s.planned_stop),
         "slots": dict(s.slots),
+        "repeats": None if s.repeats is None else _repeats_to_dict(s.repeats),
+        "restarts": {"inPlace": s.in_place_restarts},
     }
 
 
@@ -220,7 +223,23 @@ def status_from_dict(d: dict[str, Any] | None) -> GangStatus:
         goodput=_ledger_from_dict(d.get("goodput")),
         planned_stop=_planned_from_dict(d.get("plannedStop")),
         slots=_slots_from_dict(d.get("slots")),
+        repeats=_repeats_from_dict(d.get("repeats")),
+        in_place_restarts=int((d.get("restarts") or {}).get("inPlace") or 0),
     )
+
+
+def _repeats_to_dict(r: Repeats) -> dict[str, Any]:
+    return {"signature": r.signature, "count": r.count, "furthestStep": r.furthest}
+
+
+def _repeats_from_dict(d: Any) -> Repeats | None:
+    """The stop rule's memory; anything malformed is forgotten (a run starts again)."""
+    if not isinstance(d, dict):
+        return None
+    sig, count, furthest = d.get("signature"), d.get("count"), d.get("furthestStep")
+    if not isinstance(sig, str) or not isinstance(count, int) or not isinstance(furthest, int):
+        return None
+    return Repeats(sig, count, furthest)
 
 
 def _slots_from_dict(d: Any) -> dict[str, str]:

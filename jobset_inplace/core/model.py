@@ -239,6 +239,17 @@ class Ledger:
 
 
 @dataclass(frozen=True)
+class Repeats:
+    """The stop rule's memory (core/no_progress.py): the gang's last failures in a row that
+    had one ``signature`` and got no further than ``furthest`` (the furthest step the gang had
+    reached when the first of them happened): ``count`` of them."""
+
+    signature: str
+    count: int
+    furthest: int
+
+
+@dataclass(frozen=True)
 class PlannedStop:
     """A planned move in progress (core.planned_moves): the gang stops at ``step`` (None:
     asking the agents how far their trainers are), then ``members`` get new pods elsewhere
@@ -294,6 +305,12 @@ class GangStatus:
     planned_stop: PlannedStop | None = None
     # hot spares (core/spares.py): slot -> the position holding it, where not its own
     slots: dict[str, str] = field(default_factory=dict)
+    # the same failure in a row without progress (core/no_progress.py; None: no such run)
+    repeats: Repeats | None = None
+    # epochs this controller opened restarting the gang in place (a failure's recovery, a
+    # manual restart, a planned move), over the gang's life: JobSet's own restart counter
+    # counts none of them, and the budgets are reset by its restarts
+    in_place_restarts: int = 0
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 from jobset_inplace import names
-from jobset_inplace.core import goodput
+from jobset_inplace.core import goodput, no_progress
 from jobset_inplace.core.detection import (
     DISRUPTION_MIN_UNHEALTHY,
     DISRUPTION_SHARE,
@@ -77,6 +77,7 @@ from jobset_inplace.core.spares import (
     swapped,
 )
 from jobset_inplace.core.statemachine import (
+    IN_PLACE_RESTART_EDGES,
     TRANSITIONS,
     Edge,
     EscalationReason,
@@ -415,6 +416,8 @@ class _Planning:
                 in_place=len(self.s.gang.members) if causes else 0,
                 opened_by=edge,
             )
+        if edge in IN_PLACE_RESTART_EDGES:
+            st.in_place_restarts += 1
         st.phase, st.reason, st.message = phase, reason, message
         self.p.edges.append(edge)
 
@@ -450,6 +453,7 @@ class _Planning:
         st.restart_attempt = attempt
         st.inplace_used = st.recreate_used = 0
         st.member_failures.clear()
+        st.repeats = None  # every pod is made anew: a run of failures starts again
         st.slots = {}  # every pod is made anew: each position holds its own slot again
         self.fresh_epoch(Edge.JOBSET_RESTARTED, f"JobSet restart {attempt}")
 
@@ -897,6 +901,19 @@ class _Planning:
                 f"epoch {st.epoch}: no checkpoint step is available to every member",
             )
             return
+        if rec.causes:  # a failure's recovery: the stop rule learns how far its epoch got
+            st.repeats = no_progress.observe(
+                st.repeats, no_progress.signature(rec), no_progress.furthest_step(joined, step)
+            )
+            if no_progress.stop(st.repeats, self.s.policy.no_progress_limit):
+                r = st.repeats
+                assert r is not None
+                self.escalate(
+                    EscalationReason.NO_PROGRESS,
+                    f"epoch {st.epoch}: the same failure ({r.signature}) {r.count} times in a "
+                    f"row, the gang never past step {r.furthest}",
+                )
+                return
         self.go(Edge.BARRIER_OPENED, "BarrierOpen")
         st.barrier_open = True
         st.resume_step = step

@@ -84,6 +84,9 @@ class Policy:
     unhealthy_conditions: frozenset[str] = frozenset()
     force_delete: ForceDelete = ForceDelete.UNREACHABLE
     member_repeat_limit: int = 3
+    # the same kind of failure this many times in a row without the gang getting further
+    # escalates at once (core/no_progress.py; 0: never)
+    no_progress_limit: int = 3
     no_common_checkpoint: NoCommonCheckpoint = NoCommonCheckpoint.ESCALATE
     restart_exit_code: int = names.DEFAULT_RESTART_EXIT_CODE
     checkpoint_dirs: CheckpointDirs = CheckpointDirs()
@@ -214,6 +217,7 @@ PLANNED_MOVE_TIMEOUT_RANGE_S = (10.0, 24 * 3600.0)
 INPLACE_BUDGET_RANGE = (0, 10_000)
 RECREATE_BUDGET_RANGE = (0, 10_000)
 MEMBER_REPEAT_LIMIT_RANGE = (1, 1000)
+NO_PROGRESS_LIMIT_RANGE = (0, 1000)
 # 0 is success, 1 a Python crash and 2 a configuration error of the agent: none may mean
 # "restart".
 RESTART_EXIT_CODE_RANGE = (3, 255)
@@ -398,6 +402,11 @@ _PARSERS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
         "member_repeat_limit",
         names.MEMBER_REPEAT_LIMIT,
         lambda k, v: _int(k, v, MEMBER_REPEAT_LIMIT_RANGE),
+    ),
+    (
+        "no_progress_limit",
+        names.NO_PROGRESS_LIMIT,
+        lambda k, v: _int(k, v, NO_PROGRESS_LIMIT_RANGE),
     ),
     (
         "no_common_checkpoint",

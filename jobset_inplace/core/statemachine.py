@@ -40,6 +40,8 @@ class EscalationReason(StrEnum):
     RECREATE_BUDGET = "RecreateBudgetExhausted"
     BARRIER_TIMEOUT = "BarrierTimeout"  # the barrier deadline missed twice
     NO_COMMON_CHECKPOINT = "NoCommonCheckpoint"
+    # the same failure no-progress-limit times in a row, the gang never past one step
+    NO_PROGRESS = "NoProgress"
 
 
 class StandDownReason(StrEnum):
@@ -119,7 +121,8 @@ TRANSITIONS: Final[Mapping[Edge, Transition]] = {
     Edge.ESCALATED: Transition(
         frozenset({_P.RUNNING, _P.RECOVERING}),
         _P.ESCALATED,
-        when="budget exhausted / deadline again / no common step",
+        when="budget exhausted / deadline again / no common step / the same failure again "
+        "without progress",
     ),
     Edge.JOBSET_RESTARTED: Transition(
         _ALL - {_P.STOOD_DOWN},
@@ -140,6 +143,13 @@ TRANSITIONS: Final[Mapping[Edge, Transition]] = {
         frozenset({_P.STOOD_DOWN}), _P.RECOVERING, new_epoch=True, when="resumed (new epoch)"
     ),
 }
+
+
+# The edges that open an epoch restarting the gang's pods in place (the status counts them:
+# ``restarts.inPlace``); JobSet's restarts and resumptions make every pod anew.
+IN_PLACE_RESTART_EDGES: Final = frozenset(
+    {Edge.MEMBER_FAILED, Edge.MANUAL_RESTART, Edge.PLANNED_MOVE}
+)
 
 
 class IllegalTransition(RuntimeError):

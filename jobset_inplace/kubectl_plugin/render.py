@@ -304,6 +304,17 @@ def status_document(
             "inPlace": _budget(s.inplace_used, policy.inplace_budget if policy else None),
             "recreate": _budget(s.recreate_used, policy.recreate_budget if policy else None),
         },
+        # over the gang's life (JobSet's restart counter counts none of them)
+        "inPlaceRestarts": s.in_place_restarts,
+        # the stop rule's run (null: none): the same failure in a row without progress
+        "repeats": None
+        if s.repeats is None
+        else {
+            "signature": s.repeats.signature,
+            "count": s.repeats.count,
+            "limit": policy.no_progress_limit if policy else None,
+            "furthestStep": s.repeats.furthest,
+        },
         "restartScope": policy.restart_scope.value if policy else None,
         "policyError": policy_error,
         "lastRecovery": _last_recovery(rec, now),
@@ -428,8 +439,18 @@ def render_status(doc: Mapping[str, Any], *, wide: bool = False) -> str:
         ("Resume step:", fmt_value(doc["resumeStep"])),
         ("In-place budget:", _fmt_budget(doc["budgets"]["inPlace"])),
         ("Recreate budget:", _fmt_budget(doc["budgets"]["recreate"])),
+        ("Restarts:", f"{doc['inPlaceRestarts']} in place over the gang's life"),
         ("Restart scope:", doc["restartScope"] or "unknown"),
     ]
+    if (r := doc.get("repeats")) and r["count"] > 1:
+        limit = "" if r["limit"] is None else f" of {r['limit']}"
+        rows.append(
+            (
+                "Repeating:",
+                f"{r['signature']} {r['count']}{limit} times in a row, never past step "
+                f"{r['furthestStep']} (no-progress-limit escalates)",
+            )
+        )
     if m.get("onPod"):
         rows.insert(
             5,

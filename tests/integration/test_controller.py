@@ -313,6 +313,32 @@ def test_budget_exhausted_escalates_through_the_job_failure_policy(gang: Gang) -
     wait_for("Escalated event", lambda: "Escalated" in reasons(gang), 10)
 
 
+def test_the_same_failure_again_without_progress_escalates_with_budget_left(gang: Gang) -> None:
+    """The stop rule (no-progress-limit 3): a crash that comes back before the gang gets past
+    its checkpoint, three times in a row, escalates at the third with 7 of the in-place budget
+    of 10 left, through the same Job failure policy."""
+    start_running(gang)
+    for epoch, i in ((2, 0), (3, 1), (4, 2)):
+        gang.fail_trainer(i)
+        gang.wait_state(f"epoch {epoch}", lambda s, e=epoch: s["epoch"] == e)
+        gang.rejoin_all(epoch)
+        if epoch < 4:
+            st = gang.wait_state(
+                f"barrier open at epoch {epoch}",
+                lambda s, e=epoch: s["barrierOpen"] and s["epoch"] == e,
+            )
+            assert st["repeats"] == {
+                "signature": "TrainerExited",
+                "count": epoch - 1,
+                "furthestStep": 200,
+            }
+    st = gang.wait_state("escalated", lambda s: s["phase"] == "Escalated")
+    assert (st["reason"], st["budgets"]["inPlaceUsed"]) == ("NoProgress", 3)
+    assert st["restarts"] == {"inPlace": 3}
+    assert "the same failure (TrainerExited) 3 times in a row" in st["message"]
+    wait_for("Escalated event", lambda: "Escalated" in reasons(gang), 10)
+
+
 def test_controller_killed_mid_recovery_completes_exactly_one(
     gang: Gang, controller: Controller
 ) -> None:

@@ -24,6 +24,7 @@ from jobset_inplace.core.model import (
     Mark,
     PlannedStop,
     Recovery,
+    Repeats,
     ReportEndpoint,
 )
 from jobset_inplace.core.statemachine import Edge, Phase
@@ -115,6 +116,8 @@ def full_status() -> GangStatus:
             step=4321,
         ),
         slots={"workers/1/0": "workers/4/0", "workers/4/0": "workers/1/0"},
+        repeats=Repeats("TrainerHung", 2, 4250),
+        in_place_restarts=11,
     )
 
 

@@ -312,6 +312,22 @@ def test_status_shows_a_planned_move() -> None:
     assert doc()["plannedMove"] is None
 
 
+def test_status_shows_the_in_place_restarts_and_a_failure_repeating_without_progress() -> None:
+    repeats = {"signature": "TrainerExited", "count": 2, "furthestStep": 150}
+    out = doc(restarts={"inPlace": 7}, repeats=repeats)
+    assert out["inPlaceRestarts"] == 7
+    assert out["repeats"] == repeats | {"limit": 3}
+    text = r.render_status(out)
+    assert "Restarts:         7 in place over the gang's life" in text
+    assert (
+        "Repeating:        TrainerExited 2 of 3 times in a row, never past step 150 "
+        "(no-progress-limit escalates)"
+    ) in text
+    once = doc(repeats=repeats | {"count": 1})
+    assert "Repeating:" not in r.render_status(once), "one failure is no repetition"
+    assert (doc()["inPlaceRestarts"], doc()["repeats"]) == (0, None)
+
+
 def test_status_recovery_in_progress_shows_elapsed_time() -> None:
     rec = gangstate()["status"]["recovery"] | {"openedAt": None, "durationSeconds": None}
     out = doc(phase="Recovering", barrierOpen=False, recovery=rec)
@@ -422,6 +438,8 @@ def test_status_json_and_yaml_are_the_same_stable_document() -> None:
         "pods",
         "unhealthyNodes",
         "budgets",
+        "inPlaceRestarts",
+        "repeats",
         "restartScope",
         "policyError",
         "lastRecovery",

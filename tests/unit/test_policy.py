@@ -96,6 +96,8 @@ ACCEPTED: list[tuple[str, str, str, Any]] = [
     (names.MEMBER_REPEAT_LIMIT, "1", "member_repeat_limit", 1),
     (names.MEMBER_REPEAT_LIMIT, "10", "member_repeat_limit", 10),
     (names.MEMBER_REPEAT_LIMIT, "1000", "member_repeat_limit", 1000),
+    (names.NO_PROGRESS_LIMIT, "0", "no_progress_limit", 0),
+    (names.NO_PROGRESS_LIMIT, "1000", "no_progress_limit", 1000),
     (names.NO_COMMON_CHECKPOINT, "scratch", "no_common_checkpoint", NoCommonCheckpoint.SCRATCH),
     (names.NO_COMMON_CHECKPOINT, "escalate", "no_common_checkpoint", NoCommonCheckpoint.ESCALATE),
     (names.RESTART_EXIT_CODE, "3", "restart_exit_code", 3),
@@ -248,6 +250,7 @@ RANGES: dict[str, tuple[float, float]] = {
     names.BARRIER_TIMEOUT: (30.0, 86_400.0),
     names.NODE_UNHEALTHY_AFTER: (5.0, 3600.0),
     names.MEMBER_REPEAT_LIMIT: (1, 1000),
+    names.NO_PROGRESS_LIMIT: (0, 1000),
     names.RESTART_EXIT_CODE: (3, 255),
     names.KUEUE_RECOVERY_TIMEOUT: (75.0, 604_800.0),
     names.TRAINER_STOP_GRACE: (0.0, 300.0),
@@ -266,6 +269,7 @@ def test_the_ranges_are_the_modules() -> None:
         names.BARRIER_TIMEOUT: policy.BARRIER_TIMEOUT_RANGE_S,
         names.NODE_UNHEALTHY_AFTER: policy.NODE_UNHEALTHY_AFTER_RANGE_S,
         names.MEMBER_REPEAT_LIMIT: policy.MEMBER_REPEAT_LIMIT_RANGE,
+        names.NO_PROGRESS_LIMIT: policy.NO_PROGRESS_LIMIT_RANGE,
         names.RESTART_EXIT_CODE: policy.RESTART_EXIT_CODE_RANGE,
         names.KUEUE_RECOVERY_TIMEOUT: policy.KUEUE_RECOVERY_TIMEOUT_RANGE_S,
         names.TRAINER_STOP_GRACE: policy.TRAINER_STOP_GRACE_RANGE_S,
@@ -284,6 +288,7 @@ def int_form(lo: int, hi: int) -> str:
 
 BUDGET = int_form(0, 10_000)
 REPEAT = int_form(1, 1000)
+NO_PROGRESS = int_form(0, 1000)
 EXIT = int_form(3, 255)
 BARRIER = "a duration such as 30s, 5m or 1h30m, from 30s to 24h"
 NODE = "a duration such as 5s, 15s or 1m, from 5s to 1h"
@@ -399,6 +404,9 @@ REJECTED: list[tuple[str, str, str]] = [
     (names.MEMBER_REPEAT_LIMIT, "0", REPEAT),
     (names.MEMBER_REPEAT_LIMIT, "1001", REPEAT),
     *((names.MEMBER_REPEAT_LIMIT, v, REPEAT) for v in NON_CANONICAL_INTS),
+    (names.NO_PROGRESS_LIMIT, "-1", NO_PROGRESS),
+    (names.NO_PROGRESS_LIMIT, "1001", NO_PROGRESS),
+    *((names.NO_PROGRESS_LIMIT, v, NO_PROGRESS) for v in NON_CANONICAL_INTS),
     (names.NO_COMMON_CHECKPOINT, "restart", "escalate or scratch"),
     # 1 is a Python crash and 2 the agent's configuration error: never "restart"
     (names.RESTART_EXIT_CODE, "1", EXIT),

@@ -255,6 +255,7 @@ TWO_VALUES: dict[str, tuple[str, str]] = {
     names.UNHEALTHY_CONDITIONS: ("GPUFault", "KernelDeadlock"),
     names.FORCE_DELETE: ("never", "unreachable"),
     names.MEMBER_REPEAT_LIMIT: ("1", "2"),
+    names.NO_PROGRESS_LIMIT: ("0", "3"),
     names.NO_COMMON_CHECKPOINT: ("scratch", "escalate"),
     names.RESTART_EXIT_CODE: ("3", "4"),
     names.CHECKPOINT_DIRS: ("persistent=/a", "persistent=/b"),
