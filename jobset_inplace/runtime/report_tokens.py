@@ -232,7 +232,7 @@ class TokenVerifier:
         self._offline = True  # False once the keys proved unreadable: TokenReviews
         self._keys_read_at = float("-inf")
         self._keys_failures = 0  # reads failed in a row (for a reason that may pass)
-        self._keys_lock = asyncio.Lock()
+        self._reading: asyncio.Task[None] | None = None  # the read of the keys under way
         self._reviewer: ThreadPoolExecutor | None = None
         self._reviews_pending = 0
         self.verified = 0  # tokens checked (not served from memory)
@@ -305,38 +305,47 @@ class TokenVerifier:
         return self.clock() - self._keys_read_at >= wait
 
     async def _read_keys(self) -> None:
-        async with self._keys_lock:
+        """Read the keys if due, or wait for the read under way: one read at a time, in a task
+        of its own that a waiting caller's cancellation (its connection closed) does not stop
+        (a read cancelled half-way, already counted as made, left no keys: every report was
+        refused 503 until the next was due)."""
+        reading = self._reading
+        if reading is None or reading.done():
             if not self._keys_due():
                 return
             self._keys_read_at = self.clock()
-            try:
-                config, jwks = await asyncio.to_thread(self._fetch)
-            except client.exceptions.ApiException as e:
-                if e.status in (403, 404):
-                    log.warning(
-                        "report channel: the service-account signing keys may not be read "
-                        "(%s %s); verifying tokens by TokenReview",
-                        e.status,
-                        e.reason,
-                    )
-                    self._offline = False
-                    return
-                self._read_failed(f"{e.status} {e.reason}")
+            reading = self._reading = asyncio.get_running_loop().create_task(self._read_now())
+        await asyncio.shield(reading)
+
+    async def _read_now(self) -> None:
+        try:
+            config, jwks = await asyncio.to_thread(self._fetch)
+        except client.exceptions.ApiException as e:
+            if e.status in (403, 404):
+                log.warning(
+                    "report channel: the service-account signing keys may not be read "
+                    "(%s %s); verifying tokens by TokenReview",
+                    e.status,
+                    e.reason,
+                )
+                self._offline = False
                 return
-            except TRANSPORT_ERRORS as e:  # no answer: the connection, urllib3's retries
-                self._read_failed(f"{type(e).__name__}: {e}")
-                return
-            self._keys_failures = 0
-            keys = {str(k.get("kid") or ""): public_key(k) for k in jwks.get("keys") or []}
-            self._keys = {kid: k for kid, k in keys.items() if k is not None}
-            self._issuer = str(config.get("issuer") or "")
-            # a token verified with a key the cluster no longer lists is verified again
-            self._known = {k: v for k, v in self._known.items() if v[1] in self._keys}
-            log.info(
-                "report channel: %d service-account signing keys of issuer %s",
-                len(self._keys),
-                self._issuer,
-            )
+            self._read_failed(f"{e.status} {e.reason}")
+            return
+        except TRANSPORT_ERRORS as e:  # no answer: the connection, urllib3's retries
+            self._read_failed(f"{type(e).__name__}: {e}")
+            return
+        self._keys_failures = 0
+        keys = {str(k.get("kid") or ""): public_key(k) for k in jwks.get("keys") or []}
+        self._keys = {kid: k for kid, k in keys.items() if k is not None}
+        self._issuer = str(config.get("issuer") or "")
+        # a token verified with a key the cluster no longer lists is verified again
+        self._known = {k: v for k, v in self._known.items() if v[1] in self._keys}
+        log.info(
+            "report channel: %d service-account signing keys of issuer %s",
+            len(self._keys),
+            self._issuer,
+        )
 
     def _read_failed(self, why: str) -> None:
         self._keys_failures += 1

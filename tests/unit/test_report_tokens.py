@@ -385,3 +385,30 @@ def test_keys_are_read_again_and_a_rotated_out_keys_tokens_are_refused() -> None
             await v.identify(good)
 
     asyncio.run(rotated())
+
+
+def test_a_caller_cancelled_while_the_keys_are_read_leaves_the_read_to_finish() -> None:
+    """The first report's connection closes (its handler cancelled) while the keys are read:
+    the read goes on and the next report is verified with them (it was lost half-way, counted
+    as made: every report refused 503 for KEYS_REFRESH_S)."""
+    release = threading.Event()
+
+    class Slow(Verifier):
+        def _fetch(self) -> tuple[dict[str, Any], dict[str, Any]]:
+            release.wait(10)
+            return super()._fetch()
+
+    v = Slow([KEYS])
+    good = token(claims())
+
+    async def cancelled_then_served() -> None:
+        first = asyncio.create_task(v.identify(good))
+        await asyncio.sleep(0.05)  # the read is under way in its thread, waiting for release
+        first.cancel()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert (await v.identify(good)).pod == "p-0"
+        assert v.fetched == 1, "one read, for both"
+
+    asyncio.run(cancelled_then_served())
