@@ -302,8 +302,11 @@ def progress_write_interval(members: int) -> float:
 
 def progress_only(old: GangStatus, new: GangStatus) -> bool:
     """Whether ``new`` differs from ``old`` in the member counts (and the members waited for)
-    alone (nothing the agents or
-    the planner act on: those are recomputed from the pods on every pass)."""
+    alone (nothing the agents or the planner act on: those are recomputed from the pods on
+    every pass). The first member counted as reporting on its pod is not: a channel failing
+    agents is surfaced at once, its count's later changes at the counts' pace."""
+    if new.on_pod and not old.on_pod:
+        return False
     return old != new and new == dataclasses.replace(
         old,
         expected=new.expected,

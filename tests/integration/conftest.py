@@ -16,11 +16,11 @@ from kubernetes.client.exceptions import ApiException
 from jobset_inplace import names
 from jobset_inplace.trainer import RESUME_FILE
 from testbed.controlplane import ControlPlane, start_control_plane
+from testbed.gangsim import CRD, CRD_NAME, LeaseKeeper
 from testbed.kube import Clients, clients, temporary_namespace, wait_for
 from testbed.processes import free_port
 
 from .agentproc import AgentProc, StartAgent, checkpoints
-from .gangsim import CRD, CRD_NAME, LeaseKeeper
 
 
 @pytest.fixture(scope="session")

@@ -27,11 +27,11 @@ from jobset_inplace.trainer import ResumeInfo
 from jobset_inplace.trainer.checkpoints import COMPLETE_MARKER, RETIRED_MARKER, decode_steps
 from jobset_inplace.trainer.layouts import SET_ASIDE_DIR
 from testbed.controlplane import ControlPlane
+from testbed.gangsim import CRD_NAME
 from testbed.kube import Clients, wait_for
 from testbed.processes import free_port
 
 from .agentproc import POLL, WAIT, AgentProc, StartAgent, checkpoints
-from .gangsim import CRD_NAME
 
 pytestmark = pytest.mark.integration
 

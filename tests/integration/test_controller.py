@@ -1,6 +1,6 @@
 """The controller (``jobset-inplace run``, a real subprocess) against the real apiserver, with
-kubelet, Job controller and agent behaviour simulated by :mod:`gangsim`. Every assertion is on
-API state: pod UIDs, the GangState status, pod conditions, Events."""
+kubelet, Job controller and agent behaviour simulated by :mod:`testbed.gangsim`. Every assertion
+is on API state: pod UIDs, the GangState status, pod conditions, Events."""
 
 from __future__ import annotations
 
@@ -17,9 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
 from testbed.controlplane import ControlPlane
-from testbed.kube import Clients, wait_for
-
-from .gangsim import (
+from testbed.gangsim import (
     CRD,
     Controller,
     Gang,
@@ -28,6 +26,7 @@ from .gangsim import (
     running_status,
     set_node_ready,
 )
+from testbed.kube import Clients, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -21,10 +21,10 @@ import pytest
 
 from jobset_inplace import launcher, names
 from testbed.controlplane import ControlPlane
+from testbed.gangsim import Controller, Gang, LeaseKeeper
 from testbed.kube import Clients, wait_for
 
 from .agentproc import AgentProc, StartAgent
-from .gangsim import Controller, Gang, LeaseKeeper
 from .test_report_channel import CHANNEL, controller, report_token
 
 pytestmark = pytest.mark.integration

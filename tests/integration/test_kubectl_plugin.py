@@ -1,6 +1,6 @@
 """``kubectl jobset-inplace`` as a real subprocess against the real apiserver: a known state is
-created through the API (a JobSet, its pods and nodes as :mod:`gangsim` simulates them, and a
-GangState whose status is written through the status subresource, as the controller would),
+created through the API (a JobSet, its pods and nodes as :mod:`testbed.gangsim` simulates them,
+and a GangState whose status is written through the status subresource, as the controller would),
 and every assertion is on the CLI's output, exit code, or the API state it changed."""
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ from jobset_inplace.kubectl_plugin import ExitCode
 from jobset_inplace.platform import RESTART_ALL_FEATURE
 from testbed.controller import AGENT_POLICY, MEMBERS_CRD
 from testbed.controlplane import ControlPlane
+from testbed.gangsim import CRD, Gang, ensure_node, set_node_ready
 from testbed.kube import Clients, get_jobset
-
-from .gangsim import CRD, Gang, ensure_node, set_node_ready
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """The controller's metrics over a real recovery against the real apiserver: the reconciler,
 executor and raw watches of ``jobset-inplace run`` in this process (without kopf: the gang's
-JobSet comes from the cache's prime), kubelets and agents simulated by :mod:`gangsim`. The
+JobSet comes from the cache's prime), kubelets and agents simulated by :mod:`testbed.gangsim`. The
 metrics are read as Prometheus would, from the exposition of their own registry."""
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ from jobset_inplace.controller.operator import plan_all, prime, raw_watches
 from jobset_inplace.controller.reconciler import Reconciler
 from jobset_inplace.runtime.watches import event_time
 from testbed.controlplane import ControlPlane
+from testbed.gangsim import CRD, Gang, LeaseKeeper
 from testbed.kube import Clients, wait_for
-
-from .gangsim import CRD, Gang, LeaseKeeper
 
 pytestmark = pytest.mark.integration
 

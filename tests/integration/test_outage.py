@@ -1,6 +1,6 @@
 """An apiserver outage must not make the controller replace healthy pods (nothing deleted on a
 guess). A control plane of its own (the test stops and restarts its kube-apiserver), the
-controller as a real subprocess, kubelets' Lease renewals simulated by :mod:`gangsim`.
+controller as a real subprocess, kubelets' Lease renewals simulated by :mod:`testbed.gangsim`.
 
 After an outage longer than a Lease's staleness threshold (10 s renew interval +
 ``node-unhealthy-after``), every Lease is as old as the outage, and the kubelets, in their retry
@@ -17,9 +17,8 @@ import pytest
 
 from jobset_inplace import names
 from testbed.controlplane import ControlPlane, start_control_plane
+from testbed.gangsim import CRD, Controller, Gang, LeaseKeeper
 from testbed.kube import Clients, clients, temporary_namespace
-
-from .gangsim import CRD, Controller, Gang, LeaseKeeper
 
 pytestmark = pytest.mark.integration
 

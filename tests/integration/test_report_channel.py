@@ -41,10 +41,18 @@ from jobset_inplace.core.policy import Policy
 from jobset_inplace.runtime.report_tokens import TokenVerifier
 from jobset_inplace.times import parse_time
 from testbed.controlplane import ControlPlane
+from testbed.gangsim import (
+    CRD,
+    CRD_NAME,
+    Controller,
+    Gang,
+    LeaseKeeper,
+    renew_lease,
+    set_node_ready,
+)
 from testbed.kube import Clients, pod_token, wait_for
 
 from .agentproc import AgentProc, StartAgent
-from .gangsim import CRD, CRD_NAME, Controller, Gang, LeaseKeeper, renew_lease, set_node_ready
 
 pytestmark = pytest.mark.integration
 

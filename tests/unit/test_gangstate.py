@@ -39,6 +39,10 @@ def test_member_counts_alone_are_progress() -> None:
 def test_anything_agents_or_the_planner_act_on_is_not() -> None:
     old = GangStatus(phase=Phase.RECOVERING, epoch=3, expected=10, reported=4)
     assert not progress_only(old, old)  # no change: nothing to write at all
+    # a channel failing agents is surfaced at once; the count's later changes are progress
+    assert not progress_only(old, dataclasses.replace(old, on_pod=1))
+    assert progress_only(dataclasses.replace(old, on_pod=1), dataclasses.replace(old, on_pod=2))
+    assert progress_only(dataclasses.replace(old, on_pod=2), old)
     assert not progress_only(old, dataclasses.replace(old, reported=10, barrier_open=True))
     assert not progress_only(old, dataclasses.replace(old, epoch=4))
     assert not progress_only(old, dataclasses.replace(old, phase=Phase.RUNNING))

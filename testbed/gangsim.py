@@ -26,7 +26,7 @@ from jobset_inplace.times import format_time
 from testbed import workloads
 from testbed.kube import Clients, create_jobset, wait_for
 
-CRD = Path(__file__).resolve().parents[2] / "manifests" / "crd" / "gangstates.yaml"
+CRD = Path(__file__).resolve().parents[1] / "manifests" / "crd" / "gangstates.yaml"
 CRD_NAME = f"{names.GANGSTATE_PLURAL}.{names.GROUP}"
 RJ = "workers"
 
