@@ -143,6 +143,12 @@ def _watch(kube: Clients, ns: str, gang: str, seen: Seen, stop: threading.Event)
         threading.Thread(target=keep, args=(stream,), daemon=True).start()
 
 
+def report(epoch: int) -> dict[str, str]:
+    """A member's report of ``epoch``: a newer checkpoint each epoch (the gang progresses:
+    the stop rule, core/no_progress.py, has nothing to stop)."""
+    return {names.REPORT_EPOCH: str(epoch), names.REPORT_STEPS: str(100 * epoch)}
+
+
 class Members:
     """The gang's agents as this run plays them: members 0-2 on the channel, each with its
     own kept-alive connection; member 3 with a new real Reporter each time."""
@@ -177,7 +183,7 @@ class Members:
             self.channels[i] = ReportChannel(
                 self.gang.namespace, self.gang.name, pod.name, pod.uid, self.token(i)
             )
-        self.channels[i].send(endpoint, {names.REPORT_EPOCH: str(epoch), names.REPORT_STEPS: "100"})
+        self.channels[i].send(endpoint, report(epoch))
 
     def refused_agent(self, endpoint: Endpoint, epoch: int) -> str:
         """Member 3's report by a new agent process's Reporter: where it went."""
@@ -194,8 +200,7 @@ class Members:
         channel = reporter.channel_for()
         kube = KubeApi(cfg.server, cfg.token_file, cfg.ca_file)
         try:
-            report = {names.REPORT_EPOCH: str(epoch), names.REPORT_STEPS: "100"}
-            return reporter.report(report, fresh=True, channel=channel, kube=kube)
+            return reporter.report(report(epoch), fresh=True, channel=channel, kube=kube)
         finally:
             if channel is not None:
                 channel.close()
@@ -203,6 +208,14 @@ class Members:
     def close(self) -> None:
         for ch in self.channels.values():
             ch.close()
+
+
+def _diagnose(ctl: Controller, gang: Gang, seen: Seen) -> None:
+    """What a failed run leaves to read: the controller's log, the last statuses seen."""
+    print(f"--- the controller's log, last lines:\n{ctl.tail(80)}", file=sys.stderr)
+    for _, st in seen.states[-3:]:
+        keep = ("phase", "epoch", "barrierOpen", "members", "recovery", "reason", "message")
+        print(f"--- a status seen: { {k: st.get(k) for k in keep} }", file=sys.stderr)
 
 
 def _counted(epoch: int, status: dict[str, Any]) -> bool:
@@ -252,13 +265,14 @@ def run(reps: int) -> dict[str, Any]:
         for i in range(MEMBERS):  # epoch 1: everyone over the channel but the refused one
             if i != REFUSED:
                 members.over_channel(i, endpoint, 1)
-        gang.report(REFUSED, 1, "100")
+        gang.report(REFUSED, 1, "100")  # (the refused member's first report: on its pod)
         gang.wait_state(
             "epoch 1 open", lambda s: bool(s.get("barrierOpen")) and s.get("epoch") == 1
         )
+        stack.callback(lambda: _diagnose(ctl, gang, seen) if sys.exc_info()[0] else None)
         for rep in range(reps):
             epoch = rep + 2
-            gang.fail_trainer(0)
+            gang.fail_trainer(rep % REFUSED)  # members 0-2 in turn (member-repeat-limit)
             gang.wait_state(f"epoch {epoch}", lambda s, e=epoch: s.get("epoch") == e)
             for i in range(MEMBERS):
                 gang.restart_in_place(i)

@@ -407,6 +407,10 @@ class _Planning:
             st.resume_step = None
             st.straggler_hold_step = None
             st.planned_stop = None  # a new epoch (a failure's too) ends a planned stop
+            # nobody has reported the new epoch yet: the old one's counts are not written
+            # with it (they would stand until the counts' next write)
+            st.reported = st.on_pod = 0
+            st.waiting = sorted(self.s.gang.members)[:WAITING_SHOWN]
             st.recovery = Recovery(
                 epoch=st.epoch,
                 started=self.s.now,

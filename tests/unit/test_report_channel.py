@@ -190,13 +190,16 @@ def _events(p: Plan, reason: str) -> list[Event]:
 
 def test_an_exit_that_reached_only_the_pod_is_acted_on_and_surfaced() -> None:
     """The crashed member's channel failed: its agent wrote the exit on its pod. The recovery
-    starts as from a channel report, the status counts the member, and a Warning Event names
-    it and the channel."""
+    starts as from a channel report, and a Warning Event names it and the channel. The
+    status's count is of the new epoch's reports, none yet (epoch 2's counts are not written
+    with epoch 3: a member that then reports on its pod again is counted from 0 to 1, which is
+    written at once)."""
     gang = with_pod(pods(4, epoch=2), 1, exited_in_epoch=2, pod_report_epoch=2)
     s = dataclasses.replace(snapshot(status=running(), pod_list=gang), report_endpoint=ENDPOINT)
     p = plan(s)
     assert (p.status.epoch, p.status.phase) == (3, Phase.RECOVERING)
-    assert p.status.on_pod == 1
+    assert (p.status.on_pod, p.status.reported) == (0, 0)
+    assert p.status.waiting == [f"workers/{i}/0" for i in range(4)]
     [event] = _events(p, "ReportChannelUnreachable")
     assert event.warning
     assert "workers/1/0" in event.message
