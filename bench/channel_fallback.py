@@ -47,6 +47,7 @@ from jobset_inplace.agent.kubeapi import KubeApi
 from jobset_inplace.agent.log import Log
 from jobset_inplace.agent.logic import Endpoint, parse_endpoint
 from jobset_inplace.agent.runner import Reporter
+from jobset_inplace.core.policy import INPLACE_BUDGET_RANGE
 from testbed.controlplane import ControlPlane, start_control_plane
 from testbed.gangsim import CRD, CRD_NAME, Controller, Gang, LeaseKeeper
 from testbed.kube import Clients, clients, pod_token, temporary_namespace
@@ -249,7 +250,11 @@ def run(reps: int) -> dict[str, Any]:
         leases.start()
         stack.callback(leases.stop)
         ns = stack.enter_context(temporary_namespace(kube, "bench-fallback", default_sa=True))
-        fast = {names.NODE_UNHEALTHY_AFTER: "5s", names.BARRIER_TIMEOUT: "60s"}
+        fast = {  # (the largest in-place budget: a repetition is a failure)
+            names.NODE_UNHEALTHY_AFTER: "5s",
+            names.BARRIER_TIMEOUT: "60s",
+            names.INPLACE_BUDGET: str(INPLACE_BUDGET_RANGE[1]),
+        }
         gang = Gang(kube, ns, "train", MEMBERS, fast, leases=leases)
         gang.create()
         seen, stop = Seen(), threading.Event()
