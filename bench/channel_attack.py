@@ -60,7 +60,7 @@ REPORT = json.dumps(
 # all reach the host), since 20 000 connections closed by the server leave their ports in
 # TIME_WAIT for a minute and a second run from the same address would run out of them.
 _NET = random.randrange(1, 255), random.randrange(0, 255)
-AGENT, ATTACKER, TRICKLER = (f"127.{_NET[0]}.{_NET[1]}.{host}" for host in (2, 1, 3))
+AGENT, ATTACKER, TRICKLER, NEW_POD = (f"127.{_NET[0]}.{_NET[1]}.{h}" for h in (2, 1, 3, 4))
 FLOOD_TIMEOUT_S = 300.0
 TRICKLE_S = 0.05  # between two bytes of a trickling connection
 # The first bytes of a TLS record (handshake, TLS 1.0 framing) announcing 512 bytes, of which
@@ -231,14 +231,14 @@ def request(token: str, body: bytes) -> bytes:
 
 
 async def agent_report(
-    port: int, ctx: ssl.SSLContext, raw: bytes | None = None
+    port: int, ctx: ssl.SSLContext, raw: bytes | None = None, address: str = AGENT
 ) -> tuple[float, str]:
     """One report (``raw``: this request, else member 0's with the bench's token) on a new
-    TLS connection from the agent's address: (seconds, status line)."""
+    TLS connection from ``address`` (the agent's): (seconds, status line)."""
     started = time.monotonic()
     try:
         r, w = await asyncio.wait_for(
-            asyncio.open_connection("127.0.0.1", port, ssl=ctx, local_addr=(AGENT, 0)), 10
+            asyncio.open_connection("127.0.0.1", port, ssl=ctx, local_addr=(address, 0)), 10
         )
         w.write(raw or request("agent", REPORT))
         head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 10)

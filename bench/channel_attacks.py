@@ -7,9 +7,10 @@ process of its own (its default limits, TLS, llhttp, the sweeps) with the real
 key this bench makes for the run and checked offline as a cluster's would be (only where the
 keys are read from differs: this bench's JWKS instead of the apiserver's). The gang has two
 members. The agent of member 0 reports from one loopback address, each report on a new TLS
-connection (a new leader's case: no kept-alive connection, a handshake each time), while an
-attacker process, from ``--addresses`` other loopback addresses (40 by default), runs one
-attack after another:
+connection (a new leader's case: no kept-alive connection, a handshake each time), and so does
+member 2's from an address the server does not know (a new pod whose address its cache has not
+seen: no member's priority), while an attacker process, from ``--addresses`` other loopback
+addresses (40 by default), runs one attack after another:
 
 * ``garbage-tokens``: distinct ~15 KiB JWTs with the cluster's key id and a zero signature,
   each on a new TLS connection, as fast as the limits let them in (refused tokens remembered);
@@ -54,6 +55,7 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from bench import provenance
 from bench.channel_attack import (
     AGENT,
+    NEW_POD,
     Server,
     _serve,
     _tls,
@@ -87,6 +89,7 @@ AGENT_ENV = "JSI_BENCH_AGENT"  # the agent's address: member 0's pod's, in the s
 GOAL_LATENCY_X = 2.0
 GOAL_RSS_MIB = 100.0
 QUIET_S = 4.0
+NEW_MEMBER = 2  # the new pod's member: its address is none the server knows
 REPORT_EVERY_S = 0.1  # the agent's pause between two reports
 
 
@@ -162,16 +165,28 @@ class BenchKeysVerifier(TokenVerifier):
 # --- the agent ---------------------------------------------------------------------------
 
 
-async def agent_for(port: int, raw: bytes, seconds: float) -> tuple[list[float], dict[str, int]]:
-    """The agent's reports for ``seconds``: each one's latency, and the answers by status."""
+Sample = tuple[list[float], dict[str, int]]  # an agent's latencies, and its answers by status
+
+
+async def agent_for(port: int, raw: bytes, seconds: float, address: str = AGENT) -> Sample:
+    """An agent's reports from ``address`` for ``seconds``: each one's latency, and the
+    answers by status."""
     ctx, times, answers = _tls(), [], {}  # type: ignore[var-annotated]
     until = time.monotonic() + seconds
     while time.monotonic() < until:
-        took, status = await agent_report(port, ctx, raw)
+        took, status = await agent_report(port, ctx, raw, address)
         times.append(took)
         answers[status] = answers.get(status, 0) + 1
         await asyncio.sleep(REPORT_EVERY_S)
     return times, answers
+
+
+async def agents_for(port: int, raws: tuple[bytes, bytes], seconds: float) -> tuple[Sample, Sample]:
+    """Member 0's agent (its address known) and the new pod's, at once."""
+    known, new = await asyncio.gather(
+        agent_for(port, raws[0], seconds), agent_for(port, raws[1], seconds, NEW_POD)
+    )
+    return known, new
 
 
 # --- the attacker (a process of its own) ---------------------------------------------------
@@ -358,12 +373,13 @@ def run(
     seconds: float,
     attacks: Sequence[str] = tuple(ATTACKS),
 ) -> dict[str, Any]:
-    raw = request(cluster.token(*member_pod(0)), report_body(0))
+    raws = tuple(request(cluster.token(*member_pod(i)), report_body(i)) for i in (0, NEW_MEMBER))
+    assert len(raws) == 2
     out: dict[str, Any] = {"limits": server.limits, "addresses": addresses, "attacks": {}}
     out["idle"] = server.state()
-    uvloop.run(agent_for(server.port, raw, 1.0))  # the agent's token verified once
+    uvloop.run(agents_for(server.port, raws, 1.0))  # the agents' tokens verified once
     for name in attacks:
-        quiet, quiet_answers = uvloop.run(agent_for(server.port, raw, QUIET_S))
+        (quiet, quiet_answers), new_quiet = uvloop.run(agents_for(server.port, raws, QUIET_S))
         before = server.state()
         print(f"{name}: {addresses} addresses for {seconds:.0f} s ...", file=sys.stderr)
         attacker = subprocess.Popen(
@@ -385,7 +401,7 @@ def run(
             env=os.environ | {PRIVATE_ENV: cluster.pem.decode()},
         )
         began = time.monotonic()
-        times, answers = uvloop.run(agent_for(server.port, raw, seconds))
+        (times, answers), new_pod = uvloop.run(agents_for(server.port, raws, seconds))
         during = time.monotonic() - began
         mid = server.state()
         seen_text, _ = attacker.communicate(timeout=120)
@@ -401,9 +417,16 @@ def run(
             "server": _state_delta(before, mid, after, during),
             "server_after": {k: after[k] for k in ("connections", "unauthenticated", "rss_mib")},
         }
+        new_ratio = ratio_of_medians(new_pod[0], new_quiet[0])
+        result["new_pod"] = {
+            "answers": new_pod[1],
+            "median_s": statistics.median(new_pod[0]),
+            "quiet_median_s": statistics.median(new_quiet[0]),
+            "latency": new_ratio.as_dict(),
+        }
         result["goals"] = {
-            "every_report_answered": set(answers) == {"HTTP/1.1 200 OK"},
-            "latency_within_2x": ratio.ratio <= GOAL_LATENCY_X,
+            "every_report_answered": set(answers) == {"HTTP/1.1 200 OK"} == set(new_pod[1]),
+            "latency_within_2x": max(ratio.ratio, new_ratio.ratio) <= GOAL_LATENCY_X,
             "rss_within_100_mib": result["server"]["peak_growth_mib"] <= GOAL_RSS_MIB
             and result["server"]["rss_growth_mib"] <= GOAL_RSS_MIB,
         }
@@ -421,7 +444,20 @@ def _line(name: str, r: dict[str, Any]) -> str:
         f"({lat['low']:.2f}-{lat['high']:.2f}, n = {lat['n_a']}, {lat['n_b']}); server RSS "
         f"{s['rss_growth_mib']:+.1f} MiB (peak {s['peak_growth_mib']:+.1f}), CPU "
         f"{s['cpu_share']:.0%} of a core, loop lag {s['loop_lag_ms']} ms; refused "
-        f"{s['refused']}; attacker {r['attacker']}"
+        f"{s['refused']}; attacker {r['attacker']}{_new_pod_text(r)}"
+    )
+
+
+def _new_pod_text(r: dict[str, Any]) -> str:
+    """The new pod's agent in a run's line (runs before it was measured: nothing)."""
+    new = r.get("new_pod")
+    if new is None:
+        return ""
+    lat = new["latency"]
+    return (
+        f"; a new pod's agent: answers {new['answers']}, latency {new['median_s'] * 1000:.1f} "
+        f"ms, quiet {new['quiet_median_s'] * 1000:.1f} ms: {lat['ratio']:.2f}x "
+        f"({lat['low']:.2f}-{lat['high']:.2f})"
     )
 
 
@@ -443,7 +479,7 @@ def main() -> int:
         pin("server")
         verifier = BenchKeysVerifier(os.environ[KEY_ENV])
         limits = Limits.parse(os.environ.get(LIMITS_ENV, ""))
-        uvloop.run(_serve(verifier, 2, {0: os.environ[AGENT_ENV]}, limits))
+        uvloop.run(_serve(verifier, 3, {0: os.environ[AGENT_ENV]}, limits))
         return 0
     if args.attack:
         return _attack_main(args.attack, args.port, args.addresses, args.seconds)

@@ -503,21 +503,31 @@ def channel_attacks_table(doc: dict[str, Any]) -> str:
         f"MiB over idle ({doc['idle']['rss_mib']:.0f} MiB)."
     )
     rows = [
-        "| attack | agent's reports | latency / quiet (95 % interval; n) | server's peak RSS "
-        "growth in it | server CPU (of a core) | loop lag p99 | what the attacker got "
-        "| connections refused or closed, by reason | goals |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| attack | agent's reports | latency / quiet (95 % interval; n) | a new pod's agent: "
+        "reports, latency / quiet | server's peak RSS growth in it | server CPU (of a core) | "
+        "loop lag p99 | what the attacker got | connections refused or closed, by reason | "
+        "goals |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def answered(answers: dict[str, int]) -> str:
+        ok = sum(n for k, n in answers.items() if k.endswith(" 200 OK"))
+        return f"{ok}/{sum(answers.values())} answered 200"
+
     for name, r in doc["attacks"].items():
-        lat, srv = r["latency"], r["server"]
-        answered = sum(n for k, n in r["answers"].items() if k.endswith(" 200 OK"))
+        lat, srv, new = r["latency"], r["server"], r.get("new_pod")
         refused = ", ".join(f"{k} {v:.0f}" for k, v in srv["refused"].items()) or "-"
         missed = [k.replace("_", " ") for k, ok in r["goals"].items() if not ok]
+        new_pod = (
+            "not measured"
+            if new is None
+            else f"{answered(new['answers'])}, {new['latency']['ratio']:.2f}x "
+            f"({new['latency']['low']:.2f}-{new['latency']['high']:.2f})"
+        )
         rows.append(
-            f"| `{name}`: {channel_attacks.ATTACKS[name]} | "
-            f"{answered}/{sum(r['answers'].values())} answered 200 | "
+            f"| `{name}`: {channel_attacks.ATTACKS[name]} | {answered(r['answers'])} | "
             f"{lat['ratio']:.2f}x ({lat['low']:.2f}-{lat['high']:.2f}; "
-            f"{lat['n_a']}, {lat['n_b']}) | {srv['peak_growth_mib']:+.1f} MiB | "
+            f"{lat['n_a']}, {lat['n_b']}) | {new_pod} | {srv['peak_growth_mib']:+.1f} MiB | "
             f"{srv['cpu_share']:.0%} | {srv['loop_lag_ms']['p99']} ms | "
             f"{', '.join(f'{k} {v}' for k, v in r['attacker'].items())} | {refused} | "
             f"{'met' if not missed else '**not met: ' + ', '.join(missed) + '**'} |"

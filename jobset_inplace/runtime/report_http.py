@@ -349,7 +349,9 @@ class Connection(asyncio.BufferedProtocol):
             return
         self._tls_in, self._tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
         self._tls = server.tls.wrap_bio(self._tls_in, self._tls_out, server_side=True)
-        if not member and not server.gate.ask(self.source, self, server.now()):
+        now = server.now()
+        suspect = server.admission.suspect(self.source, now)
+        if not member and not server.gate.ask(self.source, self, now, suspect=suspect):
             self._gated = True  # nothing of it is read until its turn
             self._transport.pause_reading()
             # (uvloop starts reading after connection_made returns, whatever it was told)
@@ -372,7 +374,9 @@ class Connection(asyncio.BufferedProtocol):
         incoming = self._tls_in
         assert incoming is not None
         if incoming.pending + len(data) > MAX_EARLY:
-            self._server.admission.closed(self.source, self, authenticated=False)
+            self._server.admission.closed(
+                self.source, self, authenticated=False, now=self._server.now()
+            )
             self.drop(EARLY_DATA)
             return
         incoming.write(data)
@@ -398,7 +402,9 @@ class Connection(asyncio.BufferedProtocol):
         server.connections.discard(self)
         server.unauthenticated.pop(self, None)
         server.gate.cancel(self)
-        server.admission.closed(self.source, self, authenticated=self.authenticated)
+        server.admission.closed(
+            self.source, self, authenticated=self.authenticated, now=server.now()
+        )
         if self.identity is not None:
             server.admission.unbind(self.identity, self)
         self._reader = None

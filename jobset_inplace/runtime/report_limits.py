@@ -27,6 +27,11 @@ source address is taken, and counts what is open. Limits, all per leader process
 turn; connections from the address of a gang's member pod are not held by it (their number is
 the gangs' own, and a new leader's gang reconnects at once). So dozens of addresses at their
 own rate cannot take a core of the loop, nor make an agent's connection wait behind theirs.
+An address one of whose connections ended without a report accepted in the last
+``SUSPECT_S`` (a refused token, a handshake and nothing, a pre-authentication timeout) waits
+behind every other: an agent the leader cannot tell by its address yet (a new pod whose
+address its cache has not seen) is served before the addresses that have been wasting the
+loop's handshakes, at once where the budget allows one.
 
 A connection that authenticates (a report accepted) stops counting as unauthenticated; it is
 then the only kind kept open while idle (report_http.py)."""
@@ -62,6 +67,9 @@ REFUSALS = (
 # Open-files reserve kept for everything but the channel's connections.
 FD_RESERVE = 512
 MAX_SOURCES = 65536  # source addresses whose bucket is remembered (least recently seen go first)
+# An address whose connection ended without a report accepted is served after the others this
+# long (HandshakeGate); an agent's own connections end so only when its report is refused.
+SUSPECT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -122,6 +130,7 @@ class _Source:
     refilled: float = 0.0
     # its connections not authenticated yet, oldest first
     unauthenticated: OrderedDict[Hashable, None] = field(default_factory=OrderedDict)
+    suspect_until: float = float("-inf")  # one of its connections ended unauthenticated
 
 
 @dataclass
@@ -188,7 +197,7 @@ class Admission:
         if full:  # the heaviest holder's oldest makes room
             heaviest = next(iter(self._by_unauthenticated[self._heaviest]))
             victim = next(iter(self._sources[heaviest].unauthenticated))
-            self.closed(heaviest, victim, authenticated=False)
+            self.closed(heaviest, victim, authenticated=False, now=now)
         s.tokens -= 1
         s.open += 1
         self.open += 1
@@ -201,7 +210,9 @@ class Admission:
         if s is not None and connection in s.unauthenticated:
             self._count(source, s, connection, -1)
 
-    def closed(self, source: str, connection: Hashable, *, authenticated: bool) -> None:
+    def closed(self, source: str, connection: Hashable, *, authenticated: bool, now: float) -> None:
+        """``connection`` of ``source`` closed (``authenticated``: it had a report accepted);
+        one that had none makes its source suspect until ``now`` + SUSPECT_S."""
         s = self._sources.get(source)
         if s is None or s.open == 0:
             return
@@ -209,6 +220,13 @@ class Admission:
         self.open -= 1
         if not authenticated and connection in s.unauthenticated:
             self._count(source, s, connection, -1)
+            s.suspect_until = max(s.suspect_until, now + SUSPECT_S)
+
+    def suspect(self, source: str, now: float) -> bool:
+        """Whether a connection of ``source`` ended without a report accepted in the last
+        SUSPECT_S (its handshakes wait behind the others')."""
+        s = self._sources.get(source)
+        return s is not None and now < s.suspect_until
 
     def _count(self, source: str, s: _Source, connection: Hashable, delta: int) -> None:
         """``connection`` of ``source`` counted as unauthenticated (+1) or no longer (-1)."""
@@ -271,50 +289,59 @@ class HandshakeGate:
     burst: float
     tokens: float | None = None  # (None: full, from the first call on)
     refilled: float = 0.0
+    # per lane (0: sources in good standing, 1: suspect ones, served when lane 0 is empty):
     # source -> its waiting connections, oldest first; sources in the order they are served
-    _queues: OrderedDict[str, deque[Hashable]] = field(default_factory=OrderedDict)
-    _source_of: dict[Hashable, str] = field(default_factory=dict)  # a waiting connection's
+    _lanes: tuple[OrderedDict[str, deque[Hashable]], ...] = field(
+        default_factory=lambda: (OrderedDict(), OrderedDict())
+    )
+    # a waiting connection's source and lane
+    _source_of: dict[Hashable, tuple[str, int]] = field(default_factory=dict)
 
     @property
     def waiting(self) -> int:
         return len(self._source_of)
 
-    def ask(self, source: str, connection: Hashable, now: float) -> bool:
-        """Whether ``connection``'s handshake may start now; if not, it waits its turn."""
+    def ask(self, source: str, connection: Hashable, now: float, *, suspect: bool = False) -> bool:
+        """Whether ``connection``'s handshake may start now; if not, it waits its turn
+        (``suspect``: behind every connection of a source that is not)."""
         if not self._source_of and self._refill(now) >= 1:
             self.tokens = self._refill(now) - 1
             return True
-        queue = self._queues.get(source)
+        lane = int(suspect)
+        queue = self._lanes[lane].get(source)
         if queue is None:
-            queue = self._queues[source] = deque()
+            queue = self._lanes[lane][source] = deque()
         queue.append(connection)
-        self._source_of[connection] = source
+        self._source_of[connection] = source, lane
         return False
 
     def cancel(self, connection: Hashable) -> None:
         """``connection`` closed while it waited (or did not wait)."""
-        source = self._source_of.pop(connection, None)
-        if source is None:
+        where = self._source_of.pop(connection, None)
+        if where is None:
             return
-        queue = self._queues[source]
+        source, lane = where
+        queue = self._lanes[lane][source]
         queue.remove(connection)  # (at most a source's unauthenticated limit long)
         if not queue:
-            del self._queues[source]
+            del self._lanes[lane][source]
 
     def grant(self, now: float) -> list[Hashable]:
-        """The waiting connections whose handshake may start now, one per source in turn."""
+        """The waiting connections whose handshake may start now, one per source in turn,
+        the suspect sources' only when no other source's waits."""
         tokens = self._refill(now)
         granted: list[Hashable] = []
-        while self._queues and tokens >= 1:
-            source, queue = next(iter(self._queues.items()))
-            connection = queue.popleft()
-            del self._source_of[connection]
-            if queue:
-                self._queues.move_to_end(source)  # its next one after every other source's
-            else:
-                del self._queues[source]
-            tokens -= 1
-            granted.append(connection)
+        for queues in self._lanes:
+            while queues and tokens >= 1:
+                source, queue = next(iter(queues.items()))
+                connection = queue.popleft()
+                del self._source_of[connection]
+                if queue:
+                    queues.move_to_end(source)  # its next one after every other source's
+                else:
+                    del queues[source]
+                tokens -= 1
+                granted.append(connection)
         self.tokens = tokens
         return granted
 

@@ -8,6 +8,7 @@ import pytest
 
 from jobset_inplace.runtime.report_limits import (
     OVER_UNAUTHENTICATED,
+    SUSPECT_S,
     Admission,
     HandshakeGate,
     Limits,
@@ -127,3 +128,39 @@ def test_a_member_pods_address_gets_an_unauthenticated_slot_whoever_holds_them()
     assert victim in {"c0", "c1", "c2", "c3"}, "one of theirs closed for it"
     assert admission.unauthenticated == 4
     assert admission.open == 4
+
+
+def test_a_suspect_sources_connections_wait_behind_every_other_sources() -> None:
+    """Forty addresses that have been wasting handshakes wait with connections each; an agent
+    from an address the leader cannot tell yet (a new pod), come last, is served first."""
+    gate = HandshakeGate(rate=1, burst=1)
+    assert gate.ask("x0", "x0-0", 0.0, suspect=True)
+    for n in range(40):
+        for k in range(2):
+            assert not gate.ask(f"x{n}", f"x{n}-{k + 1}", 0.0, suspect=True)
+    assert not gate.ask("agent", "agent", 0.5)
+    assert gate.grant(1.0) == ["agent"]
+    assert gate.grant(2.0) == ["x0-1"], "then the suspect ones, in their turns"
+    assert gate.grant(3.0) == ["x1-1"]
+    gate.cancel("x2-1")  # (x2's next one keeps its turn)
+    assert gate.grant(4.0) == ["x2-2"]
+    assert gate.waiting == 40 * 2 - 4
+
+
+def test_an_address_whose_connection_ended_unauthenticated_is_suspect_for_a_while() -> None:
+    admission = Admission(Limits())
+    for source, conn in (("10.0.0.0", "garbage"), ("10.0.0.1", "agent")):
+        assert admission.admit(source, 0.0, conn) == (None, None)
+    admission.authenticated("10.0.0.1", "agent")
+    admission.closed("10.0.0.1", "agent", authenticated=True, now=1.0)
+    admission.closed("10.0.0.0", "garbage", authenticated=False, now=1.0)
+    assert not admission.suspect("10.0.0.1", 2.0), "its report was accepted"
+    assert admission.suspect("10.0.0.0", 2.0)
+    assert admission.suspect("10.0.0.0", 1.0 + SUSPECT_S - 0.1)
+    assert not admission.suspect("10.0.0.0", 1.0 + SUSPECT_S)
+    assert not admission.suspect("10.9.9.9", 2.0), "never seen"
+    # a fair-share victim (closed for another's connection) counts as ended unauthenticated
+    full = Admission(Limits(max_unauthenticated=1))
+    assert full.admit("10.0.0.5", 0.0, "held") == (None, None)
+    assert full.admit("10.0.0.6", 3.0, "agent", member=True) == (None, "held")
+    assert full.suspect("10.0.0.5", 4.0)
