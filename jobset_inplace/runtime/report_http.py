@@ -593,6 +593,7 @@ class Connection(asyncio.BufferedProtocol):
             oldest = server.admission.bind(answer.identity, self)
             if isinstance(oldest, Connection):  # the identity's oldest, over its limit
                 server.dropped(OVER_IDENTITY)
+                server.admission.mark_suspect(oldest.source, server.now())
                 oldest.close()
         self._send(response(status, payload, close=False))
         self.last_active = self._server.now()

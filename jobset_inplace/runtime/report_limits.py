@@ -28,10 +28,11 @@ turn; connections from the address of a gang's member pod are not held by it (th
 the gangs' own, and a new leader's gang reconnects at once). So dozens of addresses at their
 own rate cannot take a core of the loop, nor make an agent's connection wait behind theirs.
 An address one of whose connections ended without a report accepted in the last
-``SUSPECT_S`` (a refused token, a handshake and nothing, a pre-authentication timeout) waits
-behind every other: an agent the leader cannot tell by its address yet (a new pod whose
-address its cache has not seen) is served before the addresses that have been wasting the
-loop's handshakes, at once where the budget allows one.
+``SUSPECT_S`` (a refused token, a handshake and nothing, a pre-authentication timeout) or was
+closed for its pod's identity limit, or that holds ``SUSPECT_HOLDING`` connections before
+authentication, waits behind every other: an agent the leader cannot tell by its address
+yet (a new pod whose address its cache has not seen) is served before the addresses that have
+been wasting the loop's work, at once where the budget allows one.
 
 A connection that authenticates (a report accepted) stops counting as unauthenticated; it is
 then the only kind kept open while idle (report_http.py)."""
@@ -67,9 +68,14 @@ REFUSALS = (
 # Open-files reserve kept for everything but the channel's connections.
 FD_RESERVE = 512
 MAX_SOURCES = 65536  # source addresses whose bucket is remembered (least recently seen go first)
-# An address whose connection ended without a report accepted is served after the others this
-# long (HandshakeGate); an agent's own connections end so only when its report is refused.
+# An address whose connection ended without a report accepted, or was closed for its pod's
+# identity limit, is served after the others this long (HandshakeGate); an agent's own
+# connections end so only when its report is refused or its process was replaced.
 SUSPECT_S = 60.0
+# ... and one holding this many connections before authentication (an agent holds one or two)
+SUSPECT_HOLDING = 8
+# Handshakes the suspect never take from the gate's budget: another's starts at once.
+SUSPECT_RESERVE = 2
 
 
 @dataclass(frozen=True)
@@ -220,13 +226,23 @@ class Admission:
         self.open -= 1
         if not authenticated and connection in s.unauthenticated:
             self._count(source, s, connection, -1)
+            self.mark_suspect(source, now)
+
+    def mark_suspect(self, source: str, now: float) -> None:
+        """``source`` wasted the channel's work (a connection that ended unauthenticated, or
+        one closed for its pod's identity limit): suspect until ``now`` + SUSPECT_S."""
+        s = self._sources.get(source)
+        if s is not None:
             s.suspect_until = max(s.suspect_until, now + SUSPECT_S)
 
     def suspect(self, source: str, now: float) -> bool:
-        """Whether a connection of ``source`` ended without a report accepted in the last
-        SUSPECT_S (its handshakes wait behind the others')."""
+        """Whether ``source`` wasted the channel's work in the last SUSPECT_S or holds
+        SUSPECT_HOLDING connections before authentication now (its handshakes wait behind
+        the others')."""
         s = self._sources.get(source)
-        return s is not None and now < s.suspect_until
+        return s is not None and (
+            now < s.suspect_until or len(s.unauthenticated) >= SUSPECT_HOLDING
+        )
 
     def _count(self, source: str, s: _Source, connection: Hashable, delta: int) -> None:
         """``connection`` of ``source`` counted as unauthenticated (+1) or no longer (-1)."""
@@ -301,13 +317,20 @@ class HandshakeGate:
     def waiting(self) -> int:
         return len(self._source_of)
 
+    @property
+    def _reserve(self) -> float:
+        """What the suspect leave of the budget (less where the burst is smaller)."""
+        return min(SUSPECT_RESERVE, max(0.0, self.burst - 1))
+
     def ask(self, source: str, connection: Hashable, now: float, *, suspect: bool = False) -> bool:
         """Whether ``connection``'s handshake may start now; if not, it waits its turn
-        (``suspect``: behind every connection of a source that is not)."""
-        if not self._source_of and self._refill(now) >= 1:
+        (``suspect``: behind every connection of a source that is not, and never taking the
+        budget's last SUSPECT_RESERVE: another's connection starts at once)."""
+        lane = int(suspect)
+        ahead = self._source_of if suspect else self._lanes[0]  # who it would wait behind
+        if not ahead and self._refill(now) >= 1 + lane * self._reserve:
             self.tokens = self._refill(now) - 1
             return True
-        lane = int(suspect)
         queue = self._lanes[lane].get(source)
         if queue is None:
             queue = self._lanes[lane][source] = deque()
@@ -331,8 +354,8 @@ class HandshakeGate:
         the suspect sources' only when no other source's waits."""
         tokens = self._refill(now)
         granted: list[Hashable] = []
-        for queues in self._lanes:
-            while queues and tokens >= 1:
+        for lane, queues in enumerate(self._lanes):
+            while queues and tokens >= 1 + lane * self._reserve:
                 source, queue = next(iter(queues.items()))
                 connection = queue.popleft()
                 del self._source_of[connection]
@@ -346,8 +369,9 @@ class HandshakeGate:
         return granted
 
     def next_grant_s(self) -> float:
-        """Seconds until the budget has room for one more (0: now)."""
-        return max(0.0, (1 - (self.burst if self.tokens is None else self.tokens)) / self.rate)
+        """Seconds until the budget has room for the next one waiting (0: now)."""
+        need = 1 + (self._reserve if not self._lanes[0] else 0)
+        return max(0.0, (need - (self.burst if self.tokens is None else self.tokens)) / self.rate)
 
     def _refill(self, now: float) -> float:
         """The budget at ``now`` (a time before the last one's adds nothing)."""

@@ -8,6 +8,8 @@ import pytest
 
 from jobset_inplace.runtime.report_limits import (
     OVER_UNAUTHENTICATED,
+    SUSPECT_HOLDING,
+    SUSPECT_RESERVE,
     SUSPECT_S,
     Admission,
     HandshakeGate,
@@ -164,3 +166,32 @@ def test_an_address_whose_connection_ended_unauthenticated_is_suspect_for_a_whil
     assert full.admit("10.0.0.5", 0.0, "held") == (None, None)
     assert full.admit("10.0.0.6", 3.0, "agent", member=True) == (None, "held")
     assert full.suspect("10.0.0.5", 4.0)
+
+
+def test_an_address_holding_many_connections_before_authentication_is_suspect() -> None:
+    """Plain TCP held from one address: suspect from its SUSPECT_HOLDING-th connection on,
+    before any has ended; an agent's one or two are not."""
+    admission = Admission(Limits())
+    for n in range(SUSPECT_HOLDING - 1):
+        assert admission.admit("10.0.0.7", 0.0, n) == (None, None)
+    assert not admission.suspect("10.0.0.7", 0.0)
+    admission.admit("10.0.0.7", 0.0, "one more")
+    assert admission.suspect("10.0.0.7", 0.0)
+    admission.mark_suspect("10.0.0.8", 0.0)  # (never seen: nothing to remember)
+    assert not admission.suspect("10.0.0.8", 0.0)
+
+
+def test_the_suspect_never_take_the_budgets_last_handshakes() -> None:
+    """The suspect start their handshakes while more than SUSPECT_RESERVE are left: another
+    source's connection, come while they wait, starts at once."""
+    gate = HandshakeGate(rate=10, burst=5)
+    started = [gate.ask("x", n, 0.0, suspect=True) for n in range(5)]
+    assert started == [True] * (5 - SUSPECT_RESERVE) + [False] * SUSPECT_RESERVE
+    assert gate.next_grant_s() == pytest.approx(0.1), "the reserve and one more"
+    assert gate.grant(0.05) == []
+    assert gate.ask("agent", "agent", 0.05), "from the reserve, at once"
+    assert gate.ask("agent", "agent-2", 0.05), "and its second"
+    assert not gate.ask("agent", "agent-3", 0.05), "the budget spent: it waits, first in line"
+    assert gate.grant(0.1) == ["agent-3"]
+    assert gate.grant(0.39) == []
+    assert gate.grant(0.4) == [3], "the suspect: once the reserve is back, and one more"
