@@ -165,16 +165,7 @@ async def _serve(
     lagging = asyncio.create_task(lag())
     print(json.dumps({"url": endpoint.url, "limits": str(http.admission.limits)}), flush=True)
     while await reader.readline():  # one line per question: the state now
-        seen, lags[:] = sorted(lags), []
-        state = {
-            "peaks": dict(peaks),  # since the last question
-            "loop_lag_ms": {
-                "median": round(statistics.median(seen) * 1000, 2) if seen else None,
-                "p99": round(seen[int(len(seen) * 0.99)] * 1000, 2) if seen else None,
-            },
-            "rss_mib": status_mib(pid),
-            "peak_mib": status_mib(pid, "VmHWM"),
-            "cpu_s": cpu_seconds(pid),
+        state = server_state(pid, lags, peaks) | {
             "connections": len(http.connections),
             "unauthenticated": len(http.unauthenticated),
             "handshakes_waiting": http.gate.waiting,
@@ -182,8 +173,25 @@ async def _serve(
             "refused": _refused(),
         }
         print(json.dumps(state), flush=True)
-        peaks.update(dict.fromkeys(peaks, 0))
     lagging.cancel()
+
+
+def server_state(pid: int, lags: list[float], peaks: dict[str, int]) -> dict[str, Any]:
+    """What every bench server answers a question with: its ``peaks`` since the last one and
+    the loop's ``lags`` (both then started afresh), its memory and CPU."""
+    seen, lags[:] = sorted(lags), []
+    state = {
+        "peaks": dict(peaks),
+        "loop_lag_ms": {
+            "median": round(statistics.median(seen) * 1000, 2) if seen else None,
+            "p99": round(seen[int(len(seen) * 0.99)] * 1000, 2) if seen else None,
+        },
+        "rss_mib": status_mib(pid),
+        "peak_mib": status_mib(pid, "VmHWM"),
+        "cpu_s": cpu_seconds(pid),
+    }
+    peaks.update(dict.fromkeys(peaks, 0))
+    return state
 
 
 class Server:

@@ -75,15 +75,12 @@ takes ~2 ms of the server's CPU). It has no notion of an unauthenticated connect
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import datetime
 import json
 import os
 import resource
 import ssl
-import statistics
-import subprocess
 import sys
 import time
 from typing import Any
@@ -97,30 +94,24 @@ import hpack
 import uvloop
 
 from bench import provenance
-from bench.channel_attack import AGENT, Server, _tls, member_pod, report_body
+from bench.channel_attack import AGENT, Server, _tls, member_pod, report_body, server_state
 from bench.channel_attack import NAMESPACE as NS
 from bench.channel_attacks import (
     AGENT_ENV,
-    ATTACKS,
-    GOAL_LATENCY_X,
-    GOAL_RSS_MIB,
     KEY_ENV,
-    PRIVATE_ENV,
-    QUIET_S,
-    REPORT_EVERY_S,
-    WORKERS,
     Attack,
     BenchCluster,
     BenchKeysVerifier,
-    _line,
-    _state_delta,
-    attacker_addresses,
+    Sample,
+    Transport,
+    arguments,
+    attack_main,
+    attacks_named,
     pin,
     run,
+    sample,
 )
 from bench.channel_grpc import METHOD, SERVER_OPTIONS, _material
-from bench.scenarios import cpu_seconds, status_mib
-from bench.stats import ratio_of_medians
 from jobset_inplace.controller.report_server import LIMITS_ENV, MAX_BODY
 from jobset_inplace.runtime.report_http import IDLE_S, MAX_HEAD, PREAUTH_S, REQUEST_S
 from jobset_inplace.runtime.report_limits import Limits
@@ -252,19 +243,10 @@ async def grpc_report(port: int, ctx: ssl.SSLContext, token: str, body: bytes) -
     return time.monotonic() - started, status
 
 
-async def grpc_agent(
-    port: int, token: str, body: bytes, seconds: float
-) -> tuple[list[float], dict[str, int]]:
-    """As ``bench.channel_attacks.agent_for``, over gRPC: each report's latency, and the
-    answers by status."""
-    ctx, times, answers = _h2_tls(), [], {}  # type: ignore[var-annotated]
-    until = time.monotonic() + seconds
-    while time.monotonic() < until:
-        took, status = await grpc_report(port, ctx, token, body)
-        times.append(took)
-        answers[status] = answers.get(status, 0) + 1
-        await asyncio.sleep(REPORT_EVERY_S)
-    return times, answers
+async def grpc_agent(port: int, token: str, body: bytes, seconds: float) -> Sample:
+    """As ``bench.channel_attacks.agent_for``, over gRPC."""
+    ctx = _h2_tls()
+    return await sample(lambda: grpc_report(port, ctx, token, body), seconds)
 
 
 # --- the gRPC server (a process of its own) --------------------------------------------------
@@ -363,25 +345,15 @@ async def _serve_grpc() -> None:
     limits += f", maximum_concurrent_rpcs={MAX_RPCS}"
     print(json.dumps({"url": f"https://127.0.0.1:{port}{METHOD}", "limits": limits}), flush=True)
     while await reader.readline():  # one line per question: the state now
-        seen, lags[:] = sorted(lags), []
         now = connections()
         peaks["connections"] = max(peaks["connections"], now)
-        state = {
-            "peaks": dict(peaks),  # since the last question
-            "loop_lag_ms": {
-                "median": round(statistics.median(seen) * 1000, 2) if seen else None,
-                "p99": round(seen[int(len(seen) * 0.99)] * 1000, 2) if seen else None,
-            },
-            "rss_mib": status_mib(pid),
-            "peak_mib": status_mib(pid, "VmHWM"),
-            "cpu_s": cpu_seconds(pid),
+        state = server_state(pid, lags, peaks) | {
             "connections": now,
             "unauthenticated": None,  # (no such notion)
             "accepted": accepted,
             "refused": dict(refused),
         }
         print(json.dumps(state), flush=True)
-        peaks.update(dict.fromkeys(peaks, 0))
     lagging.cancel()
     await server.stop(0)
 
@@ -396,131 +368,38 @@ class GrpcAttack(Attack):
     def __init__(self, port: int, addresses: list[str], cluster: BenchCluster) -> None:
         super().__init__(port, addresses, cluster)
         self.ctx = _h2_tls()
-        self.stolen_token = cluster.token(*member_pod(1))
 
-    async def call(self, h: H2, token: str) -> str:
-        """Member 1's report with ``token``: its status, or "no answer"."""
+    async def exchange(self, conn: Attack.Conn, token: str) -> str:
+        """Member 1's report with ``token`` as a call: its status, or "no answer"."""
         try:
-            return await h.call(token, report_body(1))
+            return await H2(*conn).call(token, report_body(1))
         except (OSError, TimeoutError, ssl.SSLError, h2.exceptions.ProtocolError):
             return "no answer"
 
-    async def garbage_tokens(self, address: str, worker: int) -> None:
-        i = 0
-        while not self.stop.is_set():
-            i += 1
-            conn = await self.connect(address)
-            if conn is None:
-                continue
-            pad = f"{address}/{worker}/{i}/" + "x" * 11000
-            garbage = self.cluster.token(*member_pod(1), pad=pad, sign=False)
-            self.count(await self.call(H2(*conn), garbage))
-            conn[1].transport.abort()
-
-    async def stolen_idle(self, address: str, worker: int) -> None:
-        held: list[asyncio.Task[None]] = []
-        while not self.stop.is_set():
-            conn = await self.connect(address)
-            if conn is not None:
-                self.count(await self.call(H2(*conn), self.stolen_token))
-                held.append(asyncio.ensure_future(self.until_closed(*conn)))
-            await asyncio.sleep(0.1)  # 10 new connections a second from each address
-        await asyncio.gather(*held)
-
-    async def stolen_pipelined(self, address: str, worker: int) -> None:
-        if worker >= 3 or (worker == 2 and self.addresses.index(address) >= 20):
-            return  # 100 connections: 3 from each of the first 20 addresses, 2 from the rest
-        conn = await self.connect(address)
-        if conn is None:
-            return
+    def pipeline(self, conn: Attack.Conn) -> None:
+        """400 calls in one write, as many as the connection's flow-control window takes (it
+        never reads the server's WINDOW_UPDATEs): 334, 0.32 MiB (HTTP/1.1's 400: 0.41 MiB);
+        the answers never read. (Past the window, grpc closes the connection at once.)"""
         self.count("opened")
-        # 400 calls in one write, as many as the connection's flow-control window takes (it
-        # never reads the server's WINDOW_UPDATEs): 334, 0.32 MiB (HTTP/1.1's 400: 0.41 MiB);
-        # the answers never read. (Past the window, grpc closes the connection at once.)
         try:
             calls = H2(*conn).send(self.stolen_token, report_body(1), 400)
             self.seen["calls"] = self.seen.get("calls", 0) + calls
         except (OSError, RuntimeError):  # (uvloop: a transport the server closed already)
             self.count("not_sent")
-        await self.until_closed(*conn)
-
-
-def _attack_main(name: str, port: int, addresses: int, seconds: float) -> int:
-    """As ``bench.channel_attacks._attack_main``, with :class:`GrpcAttack`."""
-    pin("attacker")
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    cluster = BenchCluster(os.environ[PRIVATE_ENV].encode())
-    attack = GrpcAttack(port, attacker_addresses(addresses), cluster)
-    seen = uvloop.run(attack.run(name, seconds, WORKERS[name]))
-    print(json.dumps(seen), flush=True)
-    return 0
 
 
 # --- the run -----------------------------------------------------------------------------
 
 
-def run_grpc(
-    server: Server,
-    cluster: BenchCluster,
-    addresses: int,
-    seconds: float,
-    attacks: list[str],
-) -> dict[str, Any]:
-    """As ``bench.channel_attacks.run``, against the gRPC server (``server``)."""
+def grpc_transport(cluster: BenchCluster) -> Transport:
+    """The gRPC server's: member 0's agent (raw HTTP/2; no new pod's: gRPC has no address
+    priority to measure it against)."""
     token, body = cluster.token(*member_pod(0)), report_body(0)
-    out: dict[str, Any] = {"limits": server.limits, "addresses": addresses, "attacks": {}}
-    out["idle"] = server.state()
-    uvloop.run(grpc_agent(server.port, token, body, 1.0))  # the agent's token verified once
-    for name in attacks:
-        quiet, quiet_answers = uvloop.run(grpc_agent(server.port, token, body, QUIET_S))
-        before = server.state()
-        print(f"{name} (gRPC): {addresses} addresses for {seconds:.0f} s ...", file=sys.stderr)
-        attacker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench.channel_attacks_grpc",
-                "--attack",
-                name,
-                "--port",
-                str(server.port),
-                "--addresses",
-                str(addresses),
-                "--seconds",
-                str(seconds),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=os.environ | {PRIVATE_ENV: cluster.pem.decode()},
-        )
-        began = time.monotonic()
-        times, answers = uvloop.run(grpc_agent(server.port, token, body, seconds))
-        during = time.monotonic() - began
-        mid = server.state()
-        seen_text, _ = attacker.communicate(timeout=120)
-        after = server.state()
-        ratio = ratio_of_medians(times, quiet)
-        result = {
-            "quiet_answers": quiet_answers,
-            "answers": answers,
-            "quiet_median_s": statistics.median(quiet),
-            "median_s": statistics.median(times),
-            "latency": ratio.as_dict(),
-            "attacker": json.loads(seen_text or "{}"),
-            "server": _state_delta(before, mid, after, during),
-            "server_after": {k: after[k] for k in ("connections", "unauthenticated", "rss_mib")},
-        }
-        result["goals"] = {
-            "every_report_answered": set(answers) == {OK},
-            "latency_within_2x": ratio.ratio <= GOAL_LATENCY_X,
-            "rss_within_100_mib": result["server"]["peak_growth_mib"] <= GOAL_RSS_MIB
-            and result["server"]["rss_growth_mib"] <= GOAL_RSS_MIB,
-        }
-        out["attacks"][name] = result
-        print(f"  {_line(name, result)}", file=sys.stderr)
-    out["end"] = server.state()
-    return out
+
+    def agents(port: int, seconds: float) -> tuple[Sample, Sample | None]:
+        return uvloop.run(grpc_agent(port, token, body, seconds)), None
+
+    return Transport(agents, module="bench.channel_attacks_grpc", ok=OK, label=" (gRPC)")
 
 
 def comparison(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
@@ -555,29 +434,17 @@ def _compare_line(transport: str, c: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--addresses", type=int, default=40, help="the attacker's source addresses")
-    p.add_argument("--seconds", type=float, default=12.0, help="each attack's length")
-    p.add_argument(
-        "--only", default=",".join(ATTACKS), help=f"attacks to run (default: {','.join(ATTACKS)})"
-    )
-    p.add_argument("--out", help="write every figure to this JSON file")
-    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--attack", choices=ATTACKS, help=argparse.SUPPRESS)
-    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--allow-dirty", action="store_true", help=provenance.ALLOW_DIRTY_HELP)
+    p = arguments(__doc__)
     args = p.parse_args()
     if args.serve:
         pin("server")
         uvloop.run(_serve_grpc())
         return 0
     if args.attack:
-        return _attack_main(args.attack, args.port, args.addresses, args.seconds)
+        return attack_main(args.attack, args.port, args.addresses, args.seconds, GrpcAttack)
     provenance.refuse_dirty(args.allow_dirty or not args.out)  # (no file: nothing recorded)
     origin = provenance.provenance("bench.channel_attacks_grpc", sys.argv[1:])
-    attacks = [a.strip() for a in args.only.split(",") if a.strip()]
-    if unknown := set(attacks) - set(ATTACKS):
-        p.error(f"--only: {', '.join(sorted(unknown))}: not one of {', '.join(ATTACKS)}")
+    attacks = attacks_named(p, args.only)
     cluster = BenchCluster()
     pin(
         "agent"
@@ -591,7 +458,14 @@ def main() -> int:
         ours.stop()
     theirs = Server("bench.channel_attacks_grpc", {KEY_ENV: cluster.keys()})
     try:
-        result["grpc"] = run_grpc(theirs, cluster, args.addresses, args.seconds, attacks)
+        result["grpc"] = run(
+            theirs,
+            cluster,
+            args.addresses,
+            args.seconds,
+            attacks,
+            transport=grpc_transport(cluster),
+        )
     finally:
         theirs.stop()
     result["grpc"]["client"] = "raw HTTP/2 (h2), not grpcio's: its quiet latency is not ours'"

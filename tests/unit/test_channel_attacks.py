@@ -34,6 +34,8 @@ def test_every_report_of_the_agent_is_answered_and_memory_stays_bounded(
 ) -> None:
     r = suite["attacks"][attack]
     assert set(r["answers"]) == {"HTTP/1.1 200 OK"}, r["answers"]
+    # and a new pod's agent, whose address the server does not know (no member's priority)
+    assert set(r["new_pod"]["answers"]) == {"HTTP/1.1 200 OK"}, r["new_pod"]
     assert r["goals"]["rss_within_100_mib"], r["server"]
     assert suite["end"]["peak_mib"] - suite["idle"]["rss_mib"] < 100, suite["end"]
 
