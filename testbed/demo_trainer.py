@@ -7,6 +7,9 @@ trainer exit with status 3 at its next step (as a crashed worker would); if the 
 time (seconds since the epoch), it exits at that time exactly, so that a benchmark knows when
 the crash happened.
 
+``JSI_DEMO_CRASH_AT_STEP=N`` makes every epoch's trainer exit with status 3 before step ``N``
+(a step that always crashes: a bad batch), whichever step it resumed from below it.
+
 Creating ``$JSI_STATE_DIR/inject-hang`` makes it hang at its next step, as a worker stuck in a
 collective does: every process alive, no more progress, SIGTERM ignored (only SIGKILL ends it).
 ``JSI_DEMO_STARTUP_HANG_EPOCHS=1,3`` makes it hang before its first step in those epochs (a
@@ -55,6 +58,7 @@ from jobset_inplace.trainer.checkpoints import available_steps
 FAILURE_FILE = "inject-failure"
 FAILURE_EXIT_CODE = 3
 HANG_FILE = "inject-hang"
+ENV_CRASH_AT_STEP = "JSI_DEMO_CRASH_AT_STEP"
 SLOW_FILE = "inject-slow"
 # The share of a step spent computing (busy); the rest is waiting for the other members in
 # collectives. A straggler computes longer, the others wait longer: the gang keeps one pace.
@@ -127,6 +131,7 @@ def main() -> int:
         if str(info.epoch) in hang_epochs:
             _hang(f"before the first step of epoch {info.epoch}")
     fail, hang, slow = state_dir / FAILURE_FILE, state_dir / HANG_FILE, state_dir / SLOW_FILE
+    crash_at = int(os.environ.get(ENV_CRASH_AT_STEP) or 0)
     busy_s = step_s * BUSY_SHARE
     truth = _Truth(os.environ.get("JSI_DEMO_TRUTH_FILE"), epoch)
     truth.resumed(step)
@@ -147,6 +152,11 @@ def main() -> int:
             if at:
                 time.sleep(max(0.0, float(at) - time.time()))
             _log(f"injected failure at step {step}: exiting {FAILURE_EXIT_CODE}")
+            return FAILURE_EXIT_CODE
+        if step + 1 == crash_at:
+            _log(
+                f"step {crash_at} always crashes ({ENV_CRASH_AT_STEP}): exiting {FAILURE_EXIT_CODE}"
+            )
             return FAILURE_EXIT_CODE
         step += 1
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})

@@ -68,3 +68,31 @@ def test_the_demo_trainer_ends_on_sigterm_as_pid_1(tmp_path: Path) -> None:
         if outer.poll() is None:
             outer.kill()
             outer.wait()
+
+
+def test_a_step_that_always_crashes_ends_every_run_before_it(tmp_path: Path) -> None:
+    """JSI_DEMO_CRASH_AT_STEP (the stop rule's e2e): the trainer exits 3 before that step,
+    whichever step below it it starts from (standalone: from its own newest checkpoint)."""
+    env = {
+        **os.environ,
+        "JSI_DEMO_STANDALONE": "1",
+        "JSI_DEMO_STEP_SECONDS": "0.01",
+        "JSI_DEMO_CRASH_AT_STEP": "7",
+        "JSI_DEMO_CHECKPOINT_EVERY": "5",
+        "JSI_CHECKPOINT_LOCAL_DIR": str(tmp_path / "ckpt"),
+        ENV_STATE_DIR: str(tmp_path / "state"),
+        "PYTHONPATH": str(TRAINER.parents[1]),
+    }
+    (tmp_path / "state").mkdir()
+    for resumed in (0, 5):  # the second run resumes from the first's checkpoint of step 5
+        done = subprocess.run(
+            [sys.executable, str(TRAINER)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 3, done.stdout + done.stderr
+        assert f"resuming at step {resumed}" in done.stdout + done.stderr
+        assert "step 7 always crashes" in done.stdout + done.stderr
