@@ -192,6 +192,15 @@ class LocalCluster:
                         {"key": "service-cluster-ip-range", "value": SERVICE_CIDR},
                     ],
                 },
+                # One replica of each: leader election only adds a way to die. Under a stall of
+                # etcd (seen in CI: 2 s reads on the loaded 2-core machine) a candidate that
+                # misses its renewal exits ("leaderelection lost") and kwokctl's binary runtime
+                # does not restart it: no Job, namespace or garbage-collection controller for the
+                # rest of the run, every later test fails.
+                *(
+                    {"name": name, "extraArgs": [{"key": "leader-elect", "value": "false"}]}
+                    for name in ("kube-controller-manager", "kube-scheduler")
+                ),
                 {
                     "name": "kwok-controller",
                     "extraArgs": [
@@ -728,6 +737,18 @@ class LocalCluster:
         if self._state_file.exists():
             self._state_file.unlink()
         log(f"cluster '{self.name}' is down (logs kept in {self.logs_dir})")
+
+    def control_plane_commands(self) -> dict[str, list[str]]:
+        """The running control-plane processes' command lines by component (kwokctl's pid
+        files); a component whose process is gone is absent."""
+        commands: dict[str, list[str]] = {}
+        for pid_file in (self.kwok_workdir / "clusters" / self.name / "pids").glob("*.pid"):
+            try:
+                raw = Path(f"/proc/{int(pid_file.read_text())}/cmdline").read_bytes()
+            except (OSError, ValueError):
+                continue
+            commands[pid_file.stem] = raw.decode().rstrip("\0").split("\0")
+        return commands
 
     def print_info(self) -> None:
         print(f"kubeconfig: {self.kubeconfig}")
