@@ -90,6 +90,12 @@ REPORT_PROGRESS_SPAN: Final = f"{PREFIX}progress-span"
 # stopped at the planned step and parked, it says "<epoch>" under parked-in-epoch.
 REPORT_PROGRESS_NOW: Final = f"{PREFIX}progress-now"
 REPORT_PARKED: Final = f"{PREFIX}parked-in-epoch"
+# Over the report channel only (never on the pod), alone in its request, while an epoch runs:
+# "<epoch>:<progress span so far>", first once the trainers' pace is known, then every
+# PROGRESS_NOTE_S. The leader keeps each member's newest in memory, so an epoch whose pods all
+# went with their node is accounted like any other (goodput: nothing unmeasured by design).
+REPORT_PROGRESS_NOTE: Final = f"{PREFIX}progress-note"
+PROGRESS_NOTE_S: Final = 30.0
 
 # --- The report channel (docs/architecture.md): agents send the reports above to the leader ---
 # What goes over it, as pod annotations do (same keys, same encoding); the straggler windows

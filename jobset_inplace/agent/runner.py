@@ -546,6 +546,7 @@ class TrainerMonitor:
         self.next_read = 0.0
         self.reported: dict[str, int] = {}  # annotation -> the epoch it was last reported for
         self.stop_written: tuple[int, int] | None = None  # the planned stop passed on
+        self.noted: tuple[int, float] = (-1, 0.0)  # the epoch noted to the leader, next note at
         self.failing_since: float | None = None
         self.thread = threading.Thread(target=self._run, name="trainer-monitor", daemon=True)
 
@@ -597,7 +598,31 @@ class TrainerMonitor:
         planned = self.agent.planned
         if planned is not None and planned[0] == epoch and self._planned_stop(epoch, planned[1]):
             return True
+        self._note_progress(epoch)
         return self._watch_progress(epoch, opened_at, states)
+
+    def _note_progress(self, epoch: int) -> None:
+        """Tell the leader how far the trainers are in the running epoch, over the channel
+        only (``names.REPORT_PROGRESS_NOTE``): first once their pace is known, then every
+        ``PROGRESS_NOTE_S``. Advisory: a note not taken waits for the next one; without a
+        channel none is sent (no API write)."""
+        endpoint, now = self.agent.reporter.endpoint, self.clock()
+        if self.noted[0] != epoch:
+            self.noted = (epoch, now)
+        if self.channel is None or endpoint is None or now < self.noted[1]:
+            return
+        span = span_of(read_progress(self.agent.cfg.state_dir))
+        if span is None or span.last_step <= span.first_step:  # no pace yet: look again
+            self.noted = (epoch, now + PROGRESS_READ_SECONDS)
+            return
+        self.noted = (epoch, now + names.PROGRESS_NOTE_S)
+        note = {names.REPORT_PROGRESS_NOTE: f"{epoch}:{encode_span(span)}"}
+        try:
+            self.channel.send(endpoint, note)
+        except ChannelError as e:
+            self.agent.log.repeat("note", "WARN", f"progress note not taken: {e}")
+            return
+        self.agent.log.clear("note")
 
     def _watch_progress(
         self, epoch: int, opened_at: float, states: dict[str, LauncherState]

@@ -35,6 +35,7 @@ from jobset_inplace.core.model import (
 )
 from jobset_inplace.core.policy import Policy, PolicyError
 from jobset_inplace.core.spares import moved_positions
+from jobset_inplace.trainer.progress import ProgressSpan
 
 GangKey = tuple[str, str]  # (namespace, JobSet name)
 POSTED_MAX = 1000  # once-only Event keys remembered per gang
@@ -146,6 +147,9 @@ class Gang:
     endpoint_named_at: float = 0.0
     # uid -> when (monotonic) this leader last took a report or heartbeat of that pod's agent
     heard: dict[str, float] = field(default_factory=dict)
+    # slot -> (epoch, progress span) its agent last noted over the channel while that epoch
+    # ran (progress_note); kept when the pod goes: Snapshot.progress_noted
+    noted: dict[str, tuple[int, ProgressSpan]] = field(default_factory=dict)
     # members whose channel report is behind `behind_epoch` (completes_epoch's hint)
     behind: set[str] = field(default_factory=set)
     behind_epoch: int | None = None
@@ -371,6 +375,19 @@ class ClusterCache:
         gang.heard[uid] = at - self.stalled  # on the clock that stops while the leader stalls
         return None, holds
 
+    def progress_note(
+        self, key: GangKey, uid: str, note: tuple[int, ProgressSpan], at: float
+    ) -> tuple[str | None, str | None]:
+        """An agent's note of how far its trainers are in the running epoch (``(epoch,
+        span)``), heard as a heartbeat is (same answer): kept under the slot its pod holds if
+        it is of the gang's current epoch (a note of an older one, or from a pod whose slot is
+        being given away, is not)."""
+        refused, holds = self.heartbeat(key, uid, at)
+        gang = self.gangs.get(key)
+        if refused is None and holds is not None and gang is not None and note[0] == gang.epoch:
+            gang.noted[holds] = note
+        return refused, holds
+
     def set_report(self, key: GangKey, uid: str, fields: dict[str, Any]) -> str | None:
         """Keep an agent's report over the channel: None, or why it is not kept (the agent
         then writes it on its pod): ``uid`` is not a known member pod of gang ``key``, the
@@ -582,6 +599,7 @@ class ClusterCache:
             reports_since=self.reports_heard_since(gang, now),
             devices_leaving=self.devices_leaving(members),
             silent=self._silent(gang, time.monotonic() if mono is None else mono),
+            progress_noted=dict(gang.noted),
         )
 
     def _silent(self, gang: Gang, mono: float) -> dict[str, float]:

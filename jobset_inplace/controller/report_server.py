@@ -16,6 +16,9 @@ agent writing them on its pod, so a recovery's API writes do not grow with the g
 
 A report with no keys is a heartbeat (hot spares: docs/design/hot-spares.md, section 5): the
 time it was taken is kept for the planner (how long each agent has been silent), nothing else.
+A report of ``progress-note`` alone is heard as one, and the note is kept in the cache (how far
+the member's trainers are in the running epoch; goodput accounts an epoch whose pods all went
+from it), with no planner pass.
 Every 200 answer says which slot the pod holds (``holds``: a member's name, or null).
 
 Answers: 200 accepted; 400 a malformed report (the field named); 401 a token the apiserver
@@ -45,7 +48,7 @@ from typing import Any, Protocol
 from kubernetes import client
 
 from jobset_inplace import names
-from jobset_inplace.core.decode import agent_report
+from jobset_inplace.core.decode import agent_report, progress_note
 from jobset_inplace.core.model import ReportEndpoint
 from jobset_inplace.runtime.report_http import (
     PREAUTH_SWEEP_S,
@@ -104,11 +107,12 @@ def parse_request(body: object) -> tuple[str, str, str, str, dict[str, str]]:
         isinstance(k, str) and isinstance(v, str) for k, v in report.items()
     ):
         raise Rejected(400, "report: an object of annotation name -> string value is required")
-    unknown = sorted(set(report) - set(names.CHANNEL_REPORT_KEYS))
+    accepted = (*names.CHANNEL_REPORT_KEYS, names.REPORT_PROGRESS_NOTE)
+    unknown = sorted(set(report) - set(accepted))
     if unknown:
-        raise Rejected(
-            400, f"report: unknown keys {unknown}; accepted: {list(names.CHANNEL_REPORT_KEYS)}"
-        )
+        raise Rejected(400, f"report: unknown keys {unknown}; accepted: {list(accepted)}")
+    if names.REPORT_PROGRESS_NOTE in report and len(report) > 1:
+        raise Rejected(400, f"report: {names.REPORT_PROGRESS_NOTE} goes alone in its request")
     fields = [_text(body, f) for f in ("namespace", "gang", "pod", "uid")]
     return fields[0], fields[1], fields[2], fields[3], report
 
@@ -342,6 +346,15 @@ class ReportServer:
         key = (namespace, gang_name)
         if not values:  # a heartbeat (hot spares): the agent is alive, nothing to plan on
             refused, holds = self.cache.heartbeat(key, uid, time.monotonic())
+            if refused is not None:
+                raise Rejected(409, f"pod {namespace}/{pod} {refused}")
+            return uid, holds
+        noted = values.get(names.REPORT_PROGRESS_NOTE)
+        if noted is not None:  # how far the trainers are: kept, heard, nothing to plan on
+            note, error = progress_note(noted)
+            if note is None:
+                raise Rejected(400, f"report: {error}")
+            refused, holds = self.cache.progress_note(key, uid, note, time.monotonic())
             if refused is not None:
                 raise Rejected(409, f"pod {namespace}/{pod} {refused}")
             return uid, holds

@@ -228,14 +228,33 @@ def _progress_now(raw: str | None, errors: list[str]) -> tuple[int, ProgressSpan
     """An agent's answer to a planned stop: ``<epoch>:<span>`` (span empty: no records)."""
     if raw is None:
         return None
-    epoch_text, sep, span_text = raw.partition(":")
-    epoch = parse_canonical_int(epoch_text)
-    span = decode_span(span_text) if span_text else None
-    if not sep or epoch is None or (span_text and span is None):
+    parsed = _epoch_span(raw)
+    if parsed is None:
         errors.append(
             f"{names.REPORT_PROGRESS_NOW}={shorten_repr(raw, REPORT_VALUE_SHOWN)} is not "
             "<epoch>:<progress span, or nothing>"
         )
+    return parsed
+
+
+def progress_note(raw: str) -> tuple[tuple[int, ProgressSpan] | None, str | None]:
+    """An agent's note of how far its trainers are in the running epoch (over the channel:
+    ``names.REPORT_PROGRESS_NOTE``): ``(epoch, span)``, or the error that makes it unusable."""
+    parsed = _epoch_span(raw)
+    if parsed is None or parsed[1] is None:
+        return None, (
+            f"{names.REPORT_PROGRESS_NOTE}={shorten_repr(raw, REPORT_VALUE_SHOWN)} is not "
+            "<epoch>:<progress span>"
+        )
+    return (parsed[0], parsed[1]), None
+
+
+def _epoch_span(raw: str) -> tuple[int, ProgressSpan | None] | None:
+    """``<epoch>:<progress span>`` (span empty: none); None when malformed."""
+    epoch_text, sep, span_text = raw.partition(":")
+    epoch = parse_canonical_int(epoch_text)
+    span = decode_span(span_text) if span_text else None
+    if not sep or epoch is None or (span_text and span is None):
         return None
     return epoch, span
 

@@ -25,6 +25,7 @@ __all__ = [
     "Recent",
     "barrier_opened",
     "checkpoint_steps_lost",
+    "epoch_spans",
     "live",
     "progress_steps_lost",
     "recent",
@@ -166,6 +167,25 @@ def _add(badput: Mapping[Bucket, float], **seconds: float) -> dict[Bucket, float
     return out
 
 
+def epoch_spans(
+    joined: Sequence[PodView],
+    noted: Mapping[str, tuple[int, ProgressSpan]],
+    epoch: int | None,
+) -> list[ProgressSpan]:
+    """The members' progress spans of the epoch that ended (``epoch``, the one training in the
+    ledger): each joined pod's own, reported with its next epoch; for a member whose pod
+    reported none (a new pod: the records went with the old one), the span its agent last
+    noted while ``epoch`` ran (``noted``: slot -> (epoch, span); shorter than the whole epoch by
+    up to ``names.PROGRESS_NOTE_S``, which the account does not need: the steps kept are the
+    resume step's)."""
+    spans = {pod.member: pod.progress_span for pod in joined if pod.progress_span is not None}
+    if epoch is not None:
+        for member, (noted_epoch, span) in noted.items():
+            if noted_epoch == epoch:
+                spans.setdefault(member, span)
+    return list(spans.values())
+
+
 def barrier_opened(ledger: Ledger, rec: Recovery, spans: Sequence[ProgressSpan]) -> Ledger:
     """``ledger`` once ``rec``'s barrier opened (``rec.opened`` and ``rec.resume_step`` set):
     the epoch that ended at its first signal accounted from the members' ``spans`` of it, the
@@ -226,7 +246,6 @@ def _close_epoch(
     if not ours:
         return replace(led, unmeasured=led.unmeasured + spent)
     first = min(ours, key=lambda s: (s.first_at, s.first_step))
-    last = max(ours, key=lambda s: (s.last_step, s.last_at))
     # The pace from each member's own span, never one member's start against another's end:
     # members that resumed apart (one pod back 0.9 s before the other, measured in
     # e2e/test_goodput.py) or on nodes whose clocks differ would count that gap as steps.
@@ -239,7 +258,9 @@ def _close_epoch(
         return replace(led, unmeasured=led.unmeasured + spent)
     began = first.first_at - max(0, first.first_step - resume) * pace
     began = min(max(began, opened), end)
-    kept = max(0, min(last.last_step, next_resume or 0) - resume)
+    # The steps kept are the resume step's: the trainers reached it (its checkpoint was saved
+    # in this epoch) even where the newest span seen ends before it (a note from before it).
+    kept = max(0, (next_resume or 0) - resume)
     training = end - began
     productive = min(kept * pace, training)
     warmup = "restore" if ledger.restarted else "startup"

@@ -341,6 +341,10 @@ class Snapshot:
     # agent (a report or a heartbeat), counted from when it could first (its channel named);
     # absent: heard within the last pass's reach, or not a heartbeating pod
     silent: Mapping[str, float] = field(default_factory=dict)
+    # slot -> (epoch, progress span): how far its trainers were in that epoch, as its agent last
+    # noted it over this leader's channel (names.REPORT_PROGRESS_NOTE); kept when its pod goes,
+    # so an epoch whose pods died with their node is still accounted (goodput.epoch_spans)
+    progress_noted: Mapping[str, tuple[int, ProgressSpan]] = field(default_factory=dict)
 
 
 # --- actions ----------------------------------------------------------------------------------

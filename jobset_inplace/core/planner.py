@@ -924,7 +924,7 @@ class _Planning:
         rec.opened = self.s.now
         rec.resume_step = step
         rec.progress_lost = progress_steps_lost(joined, step)
-        spans = [pod.progress_span for pod in joined if pod.progress_span is not None]
+        spans = goodput.epoch_spans(joined, self.s.progress_noted, st.goodput.training_epoch)
         st.goodput = goodput.barrier_opened(st.goodput, rec, spans)
         if rec.causes:
             st.history.append(_summary(rec))

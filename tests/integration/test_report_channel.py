@@ -134,6 +134,15 @@ async def test_only_a_pods_own_well_formed_report_is_accepted(
         assert pokes == [key, key]
         view = cache.gangs[key].reports[pods[0].metadata.uid]
         assert (view["reported_epoch"], view["exited_in_epoch"]) == (1, 1)
+        # a progress note: kept under the member's slot, heard, the report untouched, no pass
+        note = {names.REPORT_PROGRESS_NOTE: "1:1@1790000000000,40@1790000020000"}
+        assert await send(ch0, note) == "accepted"
+        assert cache.gangs[key].noted["workers/0/0"][1].last_step == 40
+        assert cache.gangs[key].reports[pods[0].metadata.uid] == view
+        assert pokes == [key, key]
+        malformed = await send(ch0, {names.REPORT_PROGRESS_NOTE: "1:"})
+        assert "HTTP 400" in malformed
+        assert "<epoch>:<progress span>" in malformed
 
         # member 0's token speaking for member 1
         other = await send(channel(0, own, uid=pods[1].metadata.uid), good)
@@ -164,7 +173,7 @@ async def test_only_a_pods_own_well_formed_report_is_accepted(
         pinned = await send(channel(0, report_token(kube, namespace, pods[0])), good, wrong)
         assert "does not match the GangState's pin" in pinned
         assert verifier.verified == verified
-        assert server.accepted == 3
+        assert server.accepted == 4
 
         # a cluster whose signing keys cannot be read: the apiserver reviews each new token
         def forbidden() -> Any:

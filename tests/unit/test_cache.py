@@ -18,6 +18,7 @@ from jobset_inplace.controller.cache import (
 from jobset_inplace.core.decode import agent_report, lease_renewal
 from jobset_inplace.core.model import GangStatus, NodeView, Recovery, ReportEndpoint
 from jobset_inplace.core.policy import Policy
+from jobset_inplace.trainer.progress import ProgressSpan
 
 NOW = 1_000_000.0
 
@@ -289,3 +290,35 @@ def test_a_heartbeat_says_which_slot_the_pod_holds_and_a_revoked_pod_is_not_hear
     after = c.snapshot(g, NOW, mono=17.0)
     assert after is not None
     assert after.silent["u2"] == 1.0, "heard after the stall: counted from then"
+
+
+def test_a_progress_note_is_kept_under_its_slot_after_the_pod_goes() -> None:
+    """How far a member's trainers are, noted by its agent over the channel while the epoch
+    runs, outlives the pod (its node died: goodput accounts the epoch from the note); a note
+    of another epoch or from a pod whose slot is being given away is not kept."""
+    c = ClusterCache()
+    jobset = {
+        "metadata": {"name": "train", "namespace": "ns", "uid": "js"},
+        "spec": {"replicatedJobs": [{"name": "workers", "replicas": 2, "template": {"spec": {}}}]},
+    }
+    c.upsert_jobset(jobset, Policy(), "")
+    for index in range(2):
+        c.upsert_job(JobEntry(f"job-{index}", "js"))
+        c.upsert_pod(pod(f"u{index}", index=index))
+    key = ("ns", "train")
+    g = c.gangs[key]
+    g.status = GangStatus(epoch=2)
+    first, newer = ProgressSpan(1, NOW, 5, NOW + 2), ProgressSpan(1, NOW, 60, NOW + 30)
+    assert c.progress_note(key, "u0", (2, first), 10.0) == (None, "workers/0/0")
+    assert c.progress_note(key, "u0", (2, newer), 40.0) == (None, "workers/0/0")
+    assert g.heard["u0"] == 40.0, "a note is heard as a heartbeat is"
+    assert c.progress_note(key, "u1", (1, first), 40.0) == (None, "workers/1/0")
+    assert c.progress_note(key, "nobody", (2, first), 40.0)[0] is not None
+    c.upsert_pod(pod("u0", index=0), deleted=True)
+    snap = c.snapshot(g, NOW)
+    assert snap is not None
+    assert snap.progress_noted == {"workers/0/0": (2, newer)}, "kept; the older epoch's not"
+    recovery = Recovery(epoch=3, started=NOW, deadline=NOW + 60, recreated={"workers/1/0": "u1"})
+    g.status = GangStatus(epoch=3, recovery=recovery)
+    assert c.progress_note(key, "u1", (3, first), 41.0) == (None, None)
+    assert set(g.noted) == {"workers/0/0"}, "a pod being replaced notes nothing"

@@ -15,14 +15,16 @@ from jobset_inplace.core.goodput import (
     Bucket,
     Ledger,
     barrier_opened,
+    epoch_spans,
     live,
     recent,
     training_ended,
 )
 from jobset_inplace.core.model import Cause, Recovery
+from jobset_inplace.core.planner import plan
 from jobset_inplace.trainer.progress import ProgressSpan
 
-from .gangs import NOW, with_pod
+from .gangs import NOW, pods, snapshot, with_pod
 from .test_telemetry import OPENED, crashed, rejoined, step, trained
 
 T0 = 1_790_000_000.0
@@ -301,3 +303,37 @@ def test_the_planner_keeps_the_account_at_each_barrier() -> None:
     _, p = step(p.status, back, now=NOW + 70, suspended=True)
     assert p.status.goodput.unmeasured == pytest.approx(60)
     assert p.status.goodput.training_since is None
+
+
+def test_an_epoch_whose_pods_all_went_is_accounted_from_the_agents_notes() -> None:
+    """Every member's pod went with its node: the new pods report no span of epoch 1, and the
+    spans their agents last noted over the channel while it ran account it. The notes end
+    (step 250) before the checkpoint the gang resumes from (300; a note comes every
+    PROGRESS_NOTE_S): the steps kept are still the resume step's, as with the whole spans."""
+    pace = (600 - 9.5) / 1189
+    note = ProgressSpan(201, OPENED + 4.5, 250, OPENED + 4.5 + 49 * pace)
+    back = rejoined(steps_of_2=(300, 200, 100))
+    s = snapshot(status=crashed(), pod_list=back, now=NOW + 10)
+    noted = {f"workers/{i}/0": (1, note) for i in range(4)}
+    led = plan(replace(s, progress_noted=noted)).status.goodput
+    assert led.unmeasured == 0
+    assert led.step_seconds == pytest.approx(pace)
+    assert led.productive == pytest.approx(100 * pace)
+    assert led.badput[Bucket.STARTUP] == pytest.approx(4.5 - pace)
+    assert led.productive + led.badput_total == pytest.approx(610)
+    # without the notes (another leader's, or none) the epoch is unmeasured
+    led = plan(s).status.goodput
+    assert led.unmeasured == pytest.approx(600 - 2.5)
+
+
+def test_a_members_own_span_wins_over_its_note_and_other_epochs_notes_are_not_taken() -> None:
+    own = span(1, 11, 60, 40.5)
+    joined = pods(2, epoch=1)
+    joined[0] = replace(joined[0], progress_span=own)
+    noted = {
+        "workers/0/0": (1, span(1, 11, 20, 20.5)),  # the same member: its own span wins
+        "workers/1/0": (1, span(1, 11.2, 50, 35.7)),  # a new pod: its note
+        "workers/2/0": (2, span(1, 11.2, 50, 35.7)),  # the running epoch's: not the ended one
+    }
+    assert epoch_spans(joined, noted, 1) == [own, span(1, 11.2, 50, 35.7)]
+    assert epoch_spans(joined, noted, None) == [own], "no epoch training: only own spans"

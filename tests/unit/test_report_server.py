@@ -66,6 +66,10 @@ GOOD = {
         ([], "must be a JSON object"),
         ({**GOOD, "report": {names.REPORT_EPOCH: 3}}, "report: an object of annotation name"),
         ({**GOOD, "report": {names.REPORT_BUSY: "10"}}, "unknown keys"),
+        (
+            {**GOOD, "report": {names.REPORT_EPOCH: "3", names.REPORT_PROGRESS_NOTE: "3:1@1,2@2"}},
+            "progress-note goes alone in its request",
+        ),
         ({**GOOD, "uid": ""}, "uid: a non-empty string is required"),
         ({k: v for k, v in GOOD.items() if k != "gang"}, "gang: a non-empty string"),
     ],

@@ -16,11 +16,12 @@ from unittest import mock
 import pytest
 
 from jobset_inplace import launcher, names
+from jobset_inplace.agent.channel import ChannelError
 from jobset_inplace.agent.config import Config
 from jobset_inplace.agent.hang import HangRule
 from jobset_inplace.agent.kubeapi import ApiError, KubeApi
 from jobset_inplace.agent.log import Log
-from jobset_inplace.agent.logic import Open, Report
+from jobset_inplace.agent.logic import Endpoint, Open, Report
 from jobset_inplace.agent.probe import BarrierState
 from jobset_inplace.agent.runner import (
     EXIT_REPORT_DEADLINE_S,
@@ -290,3 +291,66 @@ def test_a_new_epochs_report_says_how_far_the_trainers_got_before_it(tmp_path: P
     assert (span.last_step, span.last_at) == (43, records["worker-1"].at)
     agent._open(Open(epoch=3, resume_step=None))
     assert read_progress(tmp_path) == {}, "epoch 3's trainers start with no records"
+
+
+class RecordingChannel:
+    """Records what is sent over the report channel; fails with ``error`` while it is set."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, str]] = []
+        self.error: ChannelError | None = None
+
+    def send(self, endpoint: Endpoint, report: dict[str, str]) -> dict[str, Any]:
+        if self.error is not None:
+            raise self.error
+        self.sent.append(report)
+        return {}
+
+
+def test_notes_how_far_the_trainers_are_over_the_channel_only(tmp_path: Path) -> None:
+    """Goodput of an epoch whose pods all die: the agent tells the leader how far its trainers
+    are, first once their pace is known (two steps), then every PROGRESS_NOTE_S, and anew in
+    a new epoch; a note not taken is not retried before the next one and never fails the
+    monitor; without a channel nothing is sent and nothing is written on the pod."""
+    m, api, exits, now = monitor(tmp_path, "pod")
+    channel = RecordingChannel()
+    m.channel = channel  # type: ignore[assignment]
+    m.agent.reporter.endpoint = Endpoint("https://leader:9444/v1/reports", "0" * 64, "l")
+    m.agent.running = (3, 0.0)
+    progress = ProgressReporter(tmp_path, "trainer")
+    assert not at(m, now, 1)
+    progress(5)
+    assert not at(m, now, 2)
+    assert channel.sent == [], "one step: no pace yet"
+    progress(6)
+    assert not at(m, now, 2.5)
+    assert channel.sent == [], f"records read once a {PROGRESS_READ_SECONDS} s"
+    at(m, now, 3)
+    [note] = channel.sent
+    epoch, _, raw = note[names.REPORT_PROGRESS_NOTE].partition(":")
+    span = decode_span(raw)
+    assert epoch == "3"
+    assert span is not None
+    assert (span.first_step, span.last_step) == (5, 6)
+    progress(30)
+    at(m, now, 3 + names.PROGRESS_NOTE_S - 0.1)
+    assert len(channel.sent) == 1, f"the next one {names.PROGRESS_NOTE_S} s later"
+    channel.error = ChannelError("HTTP 503")
+    now[0] = 3 + names.PROGRESS_NOTE_S
+    assert m.attempt(), "a note not taken does not fail the monitor"
+    channel.error = None
+    at(m, now, 3 + names.PROGRESS_NOTE_S + 1)
+    assert len(channel.sent) == 1, "not retried before the next one"
+    at(m, now, 3 + 2 * names.PROGRESS_NOTE_S)
+    newest = decode_span(channel.sent[-1][names.REPORT_PROGRESS_NOTE].partition(":")[2])
+    assert newest is not None
+    assert newest.last_step == 30
+    m.agent.running = (4, 100.0)
+    at(m, now, 100)
+    assert channel.sent[-1][names.REPORT_PROGRESS_NOTE].startswith("4:"), "a new epoch: at once"
+    m.agent.reporter.endpoint = None
+    progress(31)
+    at(m, now, 100 + 3 * names.PROGRESS_NOTE_S)
+    assert len(channel.sent) == 3, "no channel named: no note"
+    assert api.patches == []
+    assert exits == []
