@@ -9,6 +9,7 @@ import dataclasses
 from jobset_inplace import names
 from jobset_inplace.controller.cache import (
     ClusterCache,
+    GangKey,
     JobEntry,
     PodEntry,
     job_entry,
@@ -245,26 +246,26 @@ def test_a_pods_address_is_read_from_its_status() -> None:
     assert pod_entry({**raw, "status": {}}).ip == ""
 
 
+def cached_gang(
+    replicas: int, annotations: dict[str, str] | None = None
+) -> tuple[ClusterCache, GangKey]:
+    """A cache holding gang ns/train: ``replicas`` workers, each with its Job and pod u<i>."""
+    c = ClusterCache()
+    meta = {"name": "train", "namespace": "ns", "uid": "js", "annotations": annotations or {}}
+    workers = {"name": "workers", "replicas": replicas, "template": {"spec": {}}}
+    c.upsert_jobset({"metadata": meta, "spec": {"replicatedJobs": [workers]}}, Policy(), "")
+    for index in range(replicas):
+        c.upsert_job(JobEntry(f"job-{index}", "js"))
+        c.upsert_pod(pod(f"u{index}", index=index))
+    return c, ("ns", "train")
+
+
 def test_a_heartbeat_says_which_slot_the_pod_holds_and_a_revoked_pod_is_not_heard() -> None:
     """Hot spares: the leader's answer renews a lease only for the slot's holder; once the
     planner decided to move a pod's slot (its uid among the recovery's recreated), its
     heartbeats are answered with no slot and not counted as heard, so the slot moves a full
     lease after the last answer that renewed it. Deleted pods keep their last answer."""
-    c = ClusterCache()
-    jobset = {
-        "metadata": {
-            "name": "train",
-            "namespace": "ns",
-            "uid": "js",
-            "annotations": {names.HOT_SPARES: "1"},
-        },
-        "spec": {"replicatedJobs": [{"name": "workers", "replicas": 3, "template": {"spec": {}}}]},
-    }
-    c.upsert_jobset(jobset, Policy(), "")
-    for index in range(3):
-        c.upsert_job(JobEntry(f"job-{index}", "js"))
-        c.upsert_pod(pod(f"u{index}", index=index))
-    key = ("ns", "train")
+    c, key = cached_gang(3, {names.HOT_SPARES: "1"})
     g = c.gangs[key]
     g.status = GangStatus(epoch=2)
     assert c.heartbeat(key, "u1", 10.0) == (None, "workers/1/0")
@@ -296,16 +297,7 @@ def test_a_progress_note_is_kept_under_its_slot_after_the_pod_goes() -> None:
     """How far a member's trainers are, noted by its agent over the channel while the epoch
     runs, outlives the pod (its node died: goodput accounts the epoch from the note); a note
     of another epoch or from a pod whose slot is being given away is not kept."""
-    c = ClusterCache()
-    jobset = {
-        "metadata": {"name": "train", "namespace": "ns", "uid": "js"},
-        "spec": {"replicatedJobs": [{"name": "workers", "replicas": 2, "template": {"spec": {}}}]},
-    }
-    c.upsert_jobset(jobset, Policy(), "")
-    for index in range(2):
-        c.upsert_job(JobEntry(f"job-{index}", "js"))
-        c.upsert_pod(pod(f"u{index}", index=index))
-    key = ("ns", "train")
+    c, key = cached_gang(2)
     g = c.gangs[key]
     g.status = GangStatus(epoch=2)
     first, newer = ProgressSpan(1, NOW, 5, NOW + 2), ProgressSpan(1, NOW, 60, NOW + 30)
