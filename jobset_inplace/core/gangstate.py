@@ -18,6 +18,7 @@ from jobset_inplace.core.model import (
     GangStatus,
     Ledger,
     Mark,
+    NotedProgress,
     PlannedStop,
     Recovery,
     Repeats,
@@ -143,6 +144,14 @@ def _ledger_to_dict(led: Ledger) -> dict[str, Any]:
             "since": rfc3339(led.training_since),
             "resumeStep": led.training_resume,
             "afterRecovery": led.restarted,
+            "noted": None
+            if (n := led.training_noted) is None
+            else {
+                "firstStep": n.first_step,
+                "firstAt": rfc3339(n.first_at),
+                "steps": n.steps,
+                "seconds": _seconds(n.seconds),
+            },
         },
         "marks": [
             {
@@ -153,6 +162,14 @@ def _ledger_to_dict(led: Ledger) -> dict[str, Any]:
             for m in led.marks
         ],
     }
+
+
+def _noted_from_dict(d: Any) -> NotedProgress | None:
+    if not isinstance(d, dict) or (at := parse_time(d.get("firstAt"))) is None:
+        return None  # none, or a status written before notes were summed
+    return NotedProgress(
+        int(d.get("firstStep") or 0), at, int(d.get("steps") or 0), float(d.get("seconds") or 0)
+    )
 
 
 def _ledger_from_dict(d: Any) -> Ledger:
@@ -170,6 +187,7 @@ def _ledger_from_dict(d: Any) -> Ledger:
         training_since=parse_time(training.get("since")),
         training_resume=training.get("resumeStep"),
         restarted=bool(training.get("afterRecovery")),
+        training_noted=_noted_from_dict(training.get("noted")),
         marks=tuple(
             Mark(
                 at, float(m.get("productiveSeconds") or 0.0), float(m.get("measuredSeconds") or 0.0)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from jobset_inplace.core.model import Bucket, Ledger, Mark, PodView, Recovery
+from jobset_inplace.core.model import Bucket, Ledger, Mark, NotedProgress, PodView, Recovery
 from jobset_inplace.trainer.progress import ProgressSpan
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "progress_steps_lost",
     "recent",
     "training_ended",
+    "with_notes",
 ]
 
 
@@ -168,22 +169,49 @@ def _add(badput: Mapping[Bucket, float], **seconds: float) -> dict[Bucket, float
 
 
 def epoch_spans(
-    joined: Sequence[PodView],
-    noted: Mapping[str, tuple[int, ProgressSpan]],
-    epoch: int | None,
+    joined: Sequence[PodView], noted: Mapping[str, tuple[int, ProgressSpan]], ledger: Ledger
 ) -> list[ProgressSpan]:
-    """The members' progress spans of the epoch that ended (``epoch``, the one training in the
-    ledger): each joined pod's own, reported with its next epoch; for a member whose pod
-    reported none (a new pod: the records went with the old one), the span its agent last
-    noted while ``epoch`` ran (``noted``: slot -> (epoch, span); shorter than the whole epoch by
-    up to ``names.PROGRESS_NOTE_S``, which the account does not need: the steps kept are the
-    resume step's)."""
+    """The members' progress spans of the epoch that ended (the ledger's training epoch): each
+    joined pod's own, reported with its next epoch; for a member whose pod reported none (a
+    new pod: the records went with the old one), the span its agent last noted while the epoch
+    ran (``noted``: slot -> (epoch, span); shorter than the whole epoch by up to
+    ``names.PROGRESS_NOTE_S``, which the account does not need: the steps kept are the resume
+    step's). With neither (a new leader: the notes went with the old one), the notes' sum the
+    status kept (:func:`with_notes`)."""
     spans = {pod.member: pod.progress_span for pod in joined if pod.progress_span is not None}
+    epoch = ledger.training_epoch
     if epoch is not None:
         for member, (noted_epoch, span) in noted.items():
             if noted_epoch == epoch:
                 spans.setdefault(member, span)
+    if not spans and ledger.training_noted is not None:
+        return [ledger.training_noted.span()]
     return list(spans.values())
+
+
+def with_notes(ledger: Ledger, noted: Mapping[str, tuple[int, ProgressSpan]]) -> Ledger:
+    """``ledger`` with its training epoch's notes summed in (:class:`NotedProgress`) when they
+    span at least twice the seconds of the sum it holds: a status write at 2x, 4x, ... the
+    first note's reach, O(log) per epoch, none between."""
+    epoch = ledger.training_epoch
+    ours = [
+        span
+        for e, span in noted.values()
+        if e == epoch and span.last_step > span.first_step and span.last_at >= span.first_at
+    ]
+    if epoch is None or not ours:
+        return ledger
+    first = min(ours, key=lambda s: (s.first_at, s.first_step))
+    summed = NotedProgress(
+        first.first_step,
+        first.first_at,
+        sum(s.last_step - s.first_step for s in ours),
+        sum(s.last_at - s.first_at for s in ours),
+    )
+    held = ledger.training_noted
+    if held is not None and summed.seconds < 2 * held.seconds:
+        return ledger
+    return replace(ledger, training_noted=summed)
 
 
 def barrier_opened(ledger: Ledger, rec: Recovery, spans: Sequence[ProgressSpan]) -> Ledger:
@@ -215,6 +243,7 @@ def barrier_opened(ledger: Ledger, rec: Recovery, spans: Sequence[ProgressSpan])
         training_since=rec.opened,
         training_resume=rec.resume_step,
         restarted=restarted,
+        training_noted=None,
     )
 
 
@@ -225,7 +254,13 @@ def training_ended(ledger: Ledger, now: float, *, kept: bool) -> Ledger:
     if ledger.training_since is None:
         return ledger
     spent = max(0.0, now - ledger.training_since)
-    led = replace(ledger, training_epoch=None, training_since=None, training_resume=None)
+    led = replace(
+        ledger,
+        training_epoch=None,
+        training_since=None,
+        training_resume=None,
+        training_noted=None,
+    )
     if kept:
         return _marked(replace(led, productive=led.productive + spent), now)
     return _marked(replace(led, unmeasured=led.unmeasured + spent), now)
@@ -241,7 +276,13 @@ def _close_epoch(
     assert opened is not None
     resume = ledger.training_resume or 0
     spent = max(0.0, end - opened)
-    led = replace(ledger, training_epoch=None, training_since=None, training_resume=None)
+    led = replace(
+        ledger,
+        training_epoch=None,
+        training_since=None,
+        training_resume=None,
+        training_noted=None,
+    )
     ours = [s for s in spans if s.first_at >= opened - SPAN_CLOCK_SLACK_S]
     if not ours:
         return replace(led, unmeasured=led.unmeasured + spent)

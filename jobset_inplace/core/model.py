@@ -214,6 +214,28 @@ class Mark:
 
 
 @dataclass(frozen=True)
+class NotedProgress:
+    """The running epoch's training as its members' agents noted it to the leader
+    (names.REPORT_PROGRESS_NOTE), summed over members: the earliest first step and its time,
+    and the steps and seconds each member's note spans, added up (the epoch's pace). Persisted,
+    so that a new leader accounts an epoch whose pods went with the old leader's notes."""
+
+    first_step: int
+    first_at: float
+    steps: int
+    seconds: float
+
+    def span(self) -> ProgressSpan:
+        """As one member's span with the gang's pace (what the account reads of it)."""
+        return ProgressSpan(
+            self.first_step,
+            self.first_at,
+            self.first_step + self.steps,
+            self.first_at + self.seconds,
+        )
+
+
+@dataclass(frozen=True)
 class Ledger:
     """A gang's goodput account up to its running epoch's barrier (persisted in the GangState
     status), and that epoch's training so far (added by :func:`live`)."""
@@ -230,6 +252,8 @@ class Ledger:
     training_since: float | None = None
     training_resume: int | None = None
     restarted: bool = False  # that epoch follows a recovery (restore), not a start (startup)
+    # that epoch's training as its agents noted it (None: not yet, or no channel)
+    training_noted: NotedProgress | None = None
     # the account at each barrier of about the last window (oldest first; core.goodput.recent)
     marks: tuple[Mark, ...] = ()
 

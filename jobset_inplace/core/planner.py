@@ -479,6 +479,7 @@ class _Planning:
         st, request = self.st, self.s.gang.restart_request
         st.reported = sum(1 for p in self.current.values() if p.reported_epoch == st.epoch)
         st.waiting = []
+        st.goodput = goodput.with_notes(st.goodput, self.s.progress_noted)
         slow = self.find_stragglers()
         if not slow:
             st.straggler_hold_step = None
@@ -924,7 +925,7 @@ class _Planning:
         rec.opened = self.s.now
         rec.resume_step = step
         rec.progress_lost = progress_steps_lost(joined, step)
-        spans = goodput.epoch_spans(joined, self.s.progress_noted, st.goodput.training_epoch)
+        spans = goodput.epoch_spans(joined, self.s.progress_noted, st.goodput)
         st.goodput = goodput.barrier_opened(st.goodput, rec, spans)
         if rec.causes:
             st.history.append(_summary(rec))

@@ -22,6 +22,7 @@ from jobset_inplace.core.model import (
     Cause,
     GangStatus,
     Mark,
+    NotedProgress,
     PlannedStop,
     Recovery,
     Repeats,
@@ -109,6 +110,7 @@ def full_status() -> GangStatus:
             training_since=T0 + 12.015625,
             training_resume=4200,
             restarted=True,
+            training_noted=NotedProgress(4201, T0 + 14.5, 480, 240.25),
             marks=(Mark(T0 - 3600.5, 0.0, 0.0), Mark(T0 + 12.015625, 3000.25, 3030.5)),
         ),
         planned_stop=PlannedStop(

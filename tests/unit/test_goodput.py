@@ -19,8 +19,9 @@ from jobset_inplace.core.goodput import (
     live,
     recent,
     training_ended,
+    with_notes,
 )
-from jobset_inplace.core.model import Cause, Recovery
+from jobset_inplace.core.model import Cause, NotedProgress, Recovery
 from jobset_inplace.core.planner import plan
 from jobset_inplace.trainer.progress import ProgressSpan
 
@@ -335,5 +336,45 @@ def test_a_members_own_span_wins_over_its_note_and_other_epochs_notes_are_not_ta
         "workers/1/0": (1, span(1, 11.2, 50, 35.7)),  # a new pod: its note
         "workers/2/0": (2, span(1, 11.2, 50, 35.7)),  # the running epoch's: not the ended one
     }
-    assert epoch_spans(joined, noted, 1) == [own, span(1, 11.2, 50, 35.7)]
-    assert epoch_spans(joined, noted, None) == [own], "no epoch training: only own spans"
+    training = Ledger(training_epoch=1)
+    assert epoch_spans(joined, noted, training) == [own, span(1, 11.2, 50, 35.7)]
+    assert epoch_spans(joined, noted, Ledger()) == [own], "no epoch training: only own spans"
+
+
+def test_the_notes_sum_is_kept_at_doubling_reach_and_accounts_for_a_new_leader() -> None:
+    """The running epoch's notes, summed (the earliest first step, the members' steps and
+    seconds added up), go into the ledger the status keeps when they reach twice the seconds
+    of the sum it holds (a write at 2x, 4x, ... none between); a new leader, whose memory holds
+    no note, accounts the ended epoch from that sum as from the notes themselves."""
+    led = barrier_opened(Ledger(), start(opened=10), [])
+    assert with_notes(led, {}) is led
+    early = {"w/0": (1, span(1, 13, 3, 14)), "w/1": (1, span(1, 13.2, 3, 14.2))}
+    led = with_notes(led, early)
+    assert led.training_noted == NotedProgress(1, T0 + 13, 4, 2.0)
+    later = {"w/0": (1, span(1, 13, 4, 14.5)), "w/1": (1, span(1, 13.2, 4, 14.7))}
+    assert with_notes(led, later) is led, "3 s summed: less than twice 2 s, not written"
+    other = {"w/0": (2, span(1, 13, 400, 300)), "w/1": (1, span(1, 13.2, 3, 14.2))}
+    assert with_notes(led, other) is led, "another epoch's note is not summed"
+    notes = {"w/0": (1, span(1, 13, 41, 33)), "w/1": (1, span(1, 13.2, 41, 33.2))}
+    led = with_notes(led, notes)
+    assert led.training_noted == NotedProgress(1, T0 + 13, 80, 40.0)
+    rec = failure(2, signal=43, started=43.2, opened=45, resume=50)
+    from_memory = barrier_opened(led, rec, epoch_spans([], notes, led))
+    from_status = barrier_opened(led, rec, epoch_spans([], {}, led))
+    assert from_status.unmeasured == from_memory.unmeasured == 0
+    assert from_status.productive == pytest.approx(from_memory.productive)
+    assert from_status.productive == pytest.approx(25.0)  # steps 1..50 at 0.5 s
+    assert from_status.badput == pytest.approx(from_memory.badput)
+    assert from_status.training_noted is None, "the new epoch starts without a sum"
+
+
+def test_a_running_pass_keeps_the_notes_sum_in_the_status_and_only_when_it_doubles() -> None:
+    status = trained()
+    notes = {
+        f"workers/{i}/0": (1, ProgressSpan(201, OPENED + 4.5, 260, OPENED + 34)) for i in range(4)
+    }
+    s = replace(snapshot(status=status, pod_list=pods(4, epoch=1), now=NOW), progress_noted=notes)
+    kept = plan(s).status
+    assert kept.goodput.training_noted == NotedProgress(201, OPENED + 4.5, 4 * 59, 4 * 29.5)
+    again = plan(replace(s, status=kept)).status
+    assert again == kept, "the same notes: nothing new to write"
