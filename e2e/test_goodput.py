@@ -15,8 +15,15 @@ from typing import Any
 import pytest
 
 from jobset_inplace.times import parse_time
+from testbed.cluster import LocalCluster
 from testbed.controller import gang_state, member_pods
-from testbed.demo import barrier_opened, inject_failure, trainers_running, training_gang
+from testbed.demo import (
+    PERSISTENT_MOUNT,
+    barrier_opened,
+    inject_failure,
+    trainers_running,
+    training_gang,
+)
 from testbed.install import Installation
 from testbed.kube import Clients, wait_for
 from testbed.versions import binaries
@@ -164,3 +171,74 @@ def test_goodput_agrees_with_the_trainers_own_account(
 def _common(values: Sequence[int] | Any) -> int:
     (value,) = set(values)
     return int(value)
+
+
+def test_an_epoch_whose_node_took_every_member_is_accounted(
+    *,  # (fixtures)
+    local_cluster: LocalCluster | None,
+    cluster_kubeconfig: Path,
+    controller: Installation,
+    kube: Clients,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """Both members on one real node, which loses power: their pods, and their progress
+    records, go with it, and both are recreated on the other node. The epoch that ended is
+    accounted from what the agents noted over the report channel while it ran (the leader's
+    memory, or, where the leader died with the node, the sum the GangState keeps), not left
+    unmeasured; the trainers' own account (on the shared tier, which outlives the pods) agrees
+    within 1 point."""
+    if local_cluster is None:
+        pytest.skip("powers a real node off: the local cluster's real kubelet nodes")
+    real = local_cluster.real_nodes()
+    assert len(real) >= 2, real
+    name, members, shared = "noded", 2, tmp_path / "shared"
+    home, other = real[0], real[1:]
+    for node in other:  # both members on `home`
+        kube.core.patch_node(node, {"spec": {"unschedulable": True}})
+    try:
+        training_gang(
+            kube,
+            cluster_kubeconfig,
+            namespace,
+            name,
+            members,
+            persistent=shared,
+            env={"JSI_DEMO_TRUTH_FILE": f"{PERSISTENT_MOUNT}/truth.log"},
+        )
+    finally:
+        for node in other:
+            kube.core.patch_node(node, {"spec": {"unschedulable": False}})
+    pods = member_pods(kube, namespace, name)
+    assert {p.spec.node_name for p in pods.values()} == {home}, "both members on one node"
+    noted = wait_for(
+        "the agents' progress notes summed in the status",
+        lambda: (
+            (gang_state(kube, namespace, name).get("goodput") or {}).get("training") or {}
+        ).get("noted"),
+        60,
+    )
+    time.sleep(8.0)  # the gang trains on
+    local_cluster.power_off(home)
+    try:
+        st = barrier_opened(kube, namespace, name, 2, 300)
+        after = member_pods(kube, namespace, name, include_failed=False)
+        assert all(p.metadata.uid != pods[i].metadata.uid for i, p in after.items()), "recreated"
+        assert all(p.spec.node_name != home for p in after.values())
+    finally:
+        local_cluster.power_on(home)
+    account = st["goodput"]
+    print(f"notes summed before the power-off: {noted}; account at epoch 2's barrier: {account}")
+    assert account["unmeasuredSeconds"] == 0, "the ended epoch accounted from the notes"
+    since, opened = parse_time(account["since"]), parse_time(st["recovery"]["openedAt"])
+    assert since is not None
+    assert opened is not None
+    ours = reported_ratio(account)
+    for index in range(members):
+        truth = parse_truth((shared / str(index) / "truth.log").read_text())
+        theirs = truth.kept_seconds(2) / (opened - since)
+        print(
+            f"member {index}: trainer's goodput {theirs:.4f}, reported {ours:.4f} "
+            f"({abs(theirs - ours) * 100:.2f} points apart)"
+        )
+        assert abs(theirs - ours) <= 0.01, (index, theirs, ours, account)

@@ -91,9 +91,10 @@ REPORT_PROGRESS_SPAN: Final = f"{PREFIX}progress-span"
 REPORT_PROGRESS_NOW: Final = f"{PREFIX}progress-now"
 REPORT_PARKED: Final = f"{PREFIX}parked-in-epoch"
 # Over the report channel only (never on the pod), alone in its request, while an epoch runs:
-# "<epoch>:<progress span so far>", first once the trainers' pace is known, then every
-# PROGRESS_NOTE_S. The leader keeps each member's newest in memory, so an epoch whose pods all
-# went with their node is accounted like any other (goodput: nothing unmeasured by design).
+# "<epoch>:<progress span so far>", first once the trainers' pace is known, then each time its
+# reach has about doubled, at most every PROGRESS_NOTE_S. The leader keeps each member's newest
+# in memory, so an epoch whose pods all went with their node is accounted like any other
+# (goodput: nothing unmeasured by design).
 REPORT_PROGRESS_NOTE: Final = f"{PREFIX}progress-note"
 PROGRESS_NOTE_S: Final = 30.0
 

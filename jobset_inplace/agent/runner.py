@@ -603,8 +603,10 @@ class TrainerMonitor:
 
     def _note_progress(self, epoch: int) -> None:
         """Tell the leader how far the trainers are in the running epoch, over the channel
-        only (``names.REPORT_PROGRESS_NOTE``): first once their pace is known, then every
-        ``PROGRESS_NOTE_S``. Advisory: a note not taken waits for the next one; without a
+        only (``names.REPORT_PROGRESS_NOTE``): first once their pace is known, then each time
+        the note's reach has about doubled, at most every ``PROGRESS_NOTE_S`` (so the newest
+        note spans at least half of the training so far, up to that bound: the pace the
+        account takes from it). Advisory: a note not taken waits for the next one; without a
         channel none is sent (no API write)."""
         endpoint, now = self.agent.reporter.endpoint, self.clock()
         if self.noted[0] != epoch:
@@ -615,7 +617,8 @@ class TrainerMonitor:
         if span is None or span.last_step <= span.first_step:  # no pace yet: look again
             self.noted = (epoch, now + PROGRESS_READ_SECONDS)
             return
-        self.noted = (epoch, now + names.PROGRESS_NOTE_S)
+        reach = span.last_at - span.first_at
+        self.noted = (epoch, now + min(names.PROGRESS_NOTE_S, max(PROGRESS_READ_SECONDS, reach)))
         note = {names.REPORT_PROGRESS_NOTE: f"{epoch}:{encode_span(span)}"}
         try:
             self.channel.send(endpoint, note)

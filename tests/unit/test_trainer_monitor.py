@@ -309,48 +309,62 @@ class RecordingChannel:
 
 def test_notes_how_far_the_trainers_are_over_the_channel_only(tmp_path: Path) -> None:
     """Goodput of an epoch whose pods all die: the agent tells the leader how far its trainers
-    are, first once their pace is known (two steps), then every PROGRESS_NOTE_S, and anew in
-    a new epoch; a note not taken is not retried before the next one and never fails the
-    monitor; without a channel nothing is sent and nothing is written on the pod."""
+    are, first once their pace is known (two steps), then each time the note's reach has about
+    doubled, at most every PROGRESS_NOTE_S, and anew in a new epoch; a note not taken is not
+    retried before the next one and never fails the monitor; without a channel nothing is
+    sent and nothing is written on the pod."""
     m, api, exits, now = monitor(tmp_path, "pod")
     channel = RecordingChannel()
     m.channel = channel  # type: ignore[assignment]
     m.agent.reporter.endpoint = Endpoint("https://leader:9444/v1/reports", "0" * 64, "l")
     m.agent.running = (3, 0.0)
+    wall = 1_790_000_000.0  # the trainers' clock, as their progress records date steps
     progress = ProgressReporter(tmp_path, "trainer")
+
+    def trained(step: int, at: float) -> None:
+        with mock.patch("jobset_inplace.trainer.progress.time.time", return_value=wall + at):
+            progress(step)
+
+    def newest() -> tuple[str, int, float]:
+        epoch, _, raw = channel.sent[-1][names.REPORT_PROGRESS_NOTE].partition(":")
+        span = decode_span(raw)
+        assert span is not None
+        return epoch, span.last_step, round(span.last_at - span.first_at, 3)
+
     assert not at(m, now, 1)
-    progress(5)
+    trained(5, 0.0)
     assert not at(m, now, 2)
     assert channel.sent == [], "one step: no pace yet"
-    progress(6)
+    trained(6, 0.2)
     assert not at(m, now, 2.5)
     assert channel.sent == [], f"records read once a {PROGRESS_READ_SECONDS} s"
     at(m, now, 3)
-    [note] = channel.sent
-    epoch, _, raw = note[names.REPORT_PROGRESS_NOTE].partition(":")
-    span = decode_span(raw)
-    assert epoch == "3"
-    assert span is not None
-    assert (span.first_step, span.last_step) == (5, 6)
-    progress(30)
-    at(m, now, 3 + names.PROGRESS_NOTE_S - 0.1)
-    assert len(channel.sent) == 1, f"the next one {names.PROGRESS_NOTE_S} s later"
+    assert newest() == ("3", 6, 0.2)
+    trained(20, 3.0)
+    at(m, now, 4)  # a reach of 0.2 s: the next note a read later
+    assert newest() == ("3", 20, 3.0)
+    trained(200, 40.0)
+    at(m, now, 6.9)
+    assert len(channel.sent) == 2, "a reach of 3 s: the next note 3 s later"
+    at(m, now, 7)
+    assert newest() == ("3", 200, 40.0)
+    trained(300, 70.0)
+    at(m, now, 7 + names.PROGRESS_NOTE_S - 0.1)
+    assert len(channel.sent) == 3, f"a reach of 40 s: the next note {names.PROGRESS_NOTE_S} s later"
     channel.error = ChannelError("HTTP 503")
-    now[0] = 3 + names.PROGRESS_NOTE_S
+    now[0] = 7 + names.PROGRESS_NOTE_S
     assert m.attempt(), "a note not taken does not fail the monitor"
     channel.error = None
-    at(m, now, 3 + names.PROGRESS_NOTE_S + 1)
-    assert len(channel.sent) == 1, "not retried before the next one"
-    at(m, now, 3 + 2 * names.PROGRESS_NOTE_S)
-    newest = decode_span(channel.sent[-1][names.REPORT_PROGRESS_NOTE].partition(":")[2])
-    assert newest is not None
-    assert newest.last_step == 30
+    at(m, now, 7 + names.PROGRESS_NOTE_S + 1)
+    assert len(channel.sent) == 3, "not retried before the next one"
+    at(m, now, 7 + 2 * names.PROGRESS_NOTE_S)
+    assert newest()[:2] == ("3", 300)
     m.agent.running = (4, 100.0)
     at(m, now, 100)
-    assert channel.sent[-1][names.REPORT_PROGRESS_NOTE].startswith("4:"), "a new epoch: at once"
+    assert newest()[0] == "4", "a new epoch: at once"
     m.agent.reporter.endpoint = None
-    progress(31)
+    trained(301, 71.0)
     at(m, now, 100 + 3 * names.PROGRESS_NOTE_S)
-    assert len(channel.sent) == 3, "no channel named: no note"
+    assert len(channel.sent) == 5, "no channel named: no note"
     assert api.patches == []
     assert exits == []
