@@ -254,16 +254,20 @@ def training_ended(ledger: Ledger, now: float, *, kept: bool) -> Ledger:
     if ledger.training_since is None:
         return ledger
     spent = max(0.0, now - ledger.training_since)
-    led = replace(
+    led = _not_training(ledger)
+    if kept:
+        return _marked(replace(led, productive=led.productive + spent), now)
+    return _marked(replace(led, unmeasured=led.unmeasured + spent), now)
+
+
+def _not_training(ledger: Ledger) -> Ledger:
+    return replace(
         ledger,
         training_epoch=None,
         training_since=None,
         training_resume=None,
         training_noted=None,
     )
-    if kept:
-        return _marked(replace(led, productive=led.productive + spent), now)
-    return _marked(replace(led, unmeasured=led.unmeasured + spent), now)
 
 
 def _close_epoch(
@@ -276,13 +280,7 @@ def _close_epoch(
     assert opened is not None
     resume = ledger.training_resume or 0
     spent = max(0.0, end - opened)
-    led = replace(
-        ledger,
-        training_epoch=None,
-        training_since=None,
-        training_resume=None,
-        training_noted=None,
-    )
+    led = _not_training(ledger)
     ours = [s for s in spans if s.first_at >= opened - SPAN_CLOCK_SLACK_S]
     if not ours:
         return replace(led, unmeasured=led.unmeasured + spent)
