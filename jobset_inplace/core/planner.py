@@ -899,13 +899,8 @@ class _Planning:
     def barrier_opened(self, rec: Recovery, joined: list[PodView]) -> None:
         st = self.st
         step = common_resume_step(joined)
-        no_common = step is None and any(pod.reported_steps for pod in joined)
-        if no_common and self.s.policy.no_common_checkpoint == NoCommonCheckpoint.ESCALATE:
-            self.escalate(
-                EscalationReason.NO_COMMON_CHECKPOINT,
-                f"epoch {st.epoch}: no checkpoint step is available to every member",
-            )
-            return
+        # The stop rule first: a failure that keeps coming back is the cause to name, also
+        # where its repeats got a member recreated without the checkpoints the others have.
         if rec.causes:  # a failure's recovery: the stop rule learns how far its epoch got
             st.repeats = no_progress.observe(
                 st.repeats, no_progress.signature(rec), no_progress.furthest_step(joined, step)
@@ -919,6 +914,13 @@ class _Planning:
                     f"row, the gang never past step {r.furthest}",
                 )
                 return
+        no_common = step is None and any(pod.reported_steps for pod in joined)
+        if no_common and self.s.policy.no_common_checkpoint == NoCommonCheckpoint.ESCALATE:
+            self.escalate(
+                EscalationReason.NO_COMMON_CHECKPOINT,
+                f"epoch {st.epoch}: no checkpoint step is available to every member",
+            )
+            return
         self.go(Edge.BARRIER_OPENED, "BarrierOpen")
         st.barrier_open = True
         st.resume_step = step

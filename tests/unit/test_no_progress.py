@@ -42,11 +42,13 @@ def fail_and_recover(
     progress: int | None,
     *,
     steps: tuple[int, ...] = (100,),
+    recreated_steps: tuple[int, ...] | None = None,
     policy: Policy | None = None,
 ) -> tuple[Plan, Plan]:
     """Member 1 fails (``kind``) in the running epoch; then every member reports the next
     one, its trainers having got to step ``progress`` (None: no progress records), holding
-    checkpoints ``steps``. Returns the two passes' plans."""
+    checkpoints ``steps`` (a recreated member 1: ``recreated_steps``, default the same).
+    Returns the two passes' plans."""
     epoch = status.epoch
     if kind == EXITED:
         failing = with_pod(pods(4, epoch=epoch, steps=steps), 1, exited_in_epoch=epoch)
@@ -68,7 +70,13 @@ def fail_and_recover(
     rec = started.status.recovery
     assert rec is not None
     if rec.recreated:  # member 1's new pod (its node died, or it failed in place repeatedly)
-        joined[1] = dataclasses.replace(joined[1], uid=f"uid-1-{epoch}", name="p1b", node="n9")
+        joined[1] = dataclasses.replace(
+            joined[1],
+            uid=f"uid-1-{epoch}",
+            name="p1b",
+            node="n9",
+            reported_steps=steps if recreated_steps is None else recreated_steps,
+        )
         node_map["n9"] = NodeView("n9", lease_renewed=NOW - 1)
     opened = plan(
         snapshot(status=started.status, pod_list=joined, node_map=node_map, policy=policy)
@@ -112,6 +120,21 @@ def test_the_same_crash_three_times_without_progress_escalates_with_budget_left(
         "never past step 150; restarting the JobSet"
     ]
     assert [a.pod for a in opened.actions if isinstance(a, EscalatePod)] == ["p0"]
+
+
+def test_the_stop_rule_is_named_before_a_missing_common_checkpoint() -> None:
+    """The third crash of the same member recreates it (member-repeat-limit) and its new pod
+    has none of the others' checkpoints (an emptyDir tier, seen in CI): the gang is escalated
+    for the failure that keeps coming back, not for the checkpoint its repeats cost."""
+    status = running(2, resume_step=100)
+    assert Policy().member_repeat_limit == 3
+    for _ in range(3):
+        started, opened = fail_and_recover(status, EXITED, 150, recreated_steps=())
+        status = opened.status
+    rec = started.status.recovery
+    assert rec is not None
+    assert rec.recreated, "the third time, member 1 gets a new pod"
+    assert escalation(status) == (Phase.ESCALATED, "NoProgress")
 
 
 def test_a_flapping_gang_that_gets_further_each_time_is_never_stopped() -> None:
