@@ -33,6 +33,7 @@ pytestmark = pytest.mark.e2e
 TRUTH = "/ckpt/truth.log"  # on the pod's emptyDir: it outlives the trainer processes
 # Training time before each injected crash (varied: the crash lands anywhere between checkpoints)
 TRAINING_BEFORE_CRASH_S = (9.0, 14.5, 6.3)
+MEMBERS = 2
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,29 @@ def read_truth(kubeconfig: Path, namespace: str, pod: str) -> Truth:
     return parse_truth(out)
 
 
+def truth_gang(  # noqa: PLR0917 (the demo gang's place, then the truth's)
+    kube: Clients,
+    kubeconfig: Path,
+    namespace: str,
+    name: str,
+    truth: str,
+    persistent: Path | None = None,
+    *,
+    scope: str | None = None,
+) -> None:
+    """A demo gang of MEMBERS training, each trainer logging its own account to ``truth``."""
+    training_gang(
+        kube,
+        kubeconfig,
+        namespace,
+        name,
+        MEMBERS,
+        scope=scope,
+        persistent=persistent,
+        env={"JSI_DEMO_TRUTH_FILE": truth},
+    )
+
+
 def reported_ratio(account: dict[str, Any]) -> float:
     productive = account["productiveSeconds"]
     return float(productive / (productive + sum(account["badputSeconds"].values())))
@@ -100,16 +124,8 @@ def test_goodput_agrees_with_the_trainers_own_account(
 ) -> None:
     """Process scope: the trainer processes restart; pod scope: every container of every
     member (RestartAllContainers), the pods and their emptyDir kept."""
-    name, members = "goodput", 2
-    training_gang(
-        kube,
-        cluster_kubeconfig,
-        namespace,
-        name,
-        members,
-        scope=scope,
-        env={"JSI_DEMO_TRUTH_FILE": TRUTH},
-    )
+    name, members = "goodput", MEMBERS
+    truth_gang(kube, cluster_kubeconfig, namespace, name, TRUTH, scope=scope)
     pods = sorted(member_pods(kube, namespace, name).values(), key=lambda p: p.metadata.name)
     epoch = 1
     for i, training in enumerate(TRAINING_BEFORE_CRASH_S):
@@ -192,19 +208,13 @@ def test_an_epoch_whose_node_took_every_member_is_accounted(
         pytest.skip("powers a real node off: the local cluster's real kubelet nodes")
     real = local_cluster.real_nodes()
     assert len(real) >= 2, real
-    name, members, shared = "noded", 2, tmp_path / "shared"
+    name, members, shared = "noded", MEMBERS, tmp_path / "shared"
     home, other = real[0], real[1:]
     for node in other:  # both members on `home`
         kube.core.patch_node(node, {"spec": {"unschedulable": True}})
     try:
-        training_gang(
-            kube,
-            cluster_kubeconfig,
-            namespace,
-            name,
-            members,
-            persistent=shared,
-            env={"JSI_DEMO_TRUTH_FILE": f"{PERSISTENT_MOUNT}/truth.log"},
+        truth_gang(
+            kube, cluster_kubeconfig, namespace, name, f"{PERSISTENT_MOUNT}/truth.log", shared
         )
     finally:
         for node in other:
