@@ -116,12 +116,21 @@ class Executor:
         ctype: str,
         msg: str,
         since: float | None = None,
+        *,
+        once: bool = False,
     ) -> bool:
         """Mark a pod Failed with a condition through its status (the kubelet is gone or the
-        failure must reach the Job's podFailurePolicy). False if the pod is no longer there."""
+        failure must reach the Job's podFailurePolicy). False if the pod is no longer there;
+        ``once``: nothing written when it is Failed with the condition already."""
         pod = or_none(self.core.read_namespaced_pod, a.pod, namespace)
         if pod is None or pod.metadata.uid != a.uid:
             return False
+        if (
+            once
+            and pod.status.phase == "Failed"
+            and any(c.type == ctype and c.status == "True" for c in pod.status.conditions or [])
+        ):
+            return True
         drop = {ctype, "Ready"} if since is not None else {ctype}
         conditions = [c for c in (pod.status.conditions or []) if c.type not in drop]
         extra = []
@@ -255,7 +264,9 @@ class Executor:
                 raise
 
     def escalate(self, namespace: str, a: EscalatePod) -> None:
-        self._fail_pod(namespace, a, names.ESCALATION_CONDITION, a.message)
+        """Idempotent: the planner asks again until it sees the condition, and a pod that
+        already carries it (and is Failed) is left as it is."""
+        self._fail_pod(namespace, a, names.ESCALATION_CONDITION, a.message, once=True)
 
     # --- events -------------------------------------------------------------------------------
     def post_event(self, jobset: dict[str, Any], e: Event) -> bool:

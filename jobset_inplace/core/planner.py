@@ -150,6 +150,9 @@ def jobset_edge(gang: GangSpec, phase: Phase, restart_attempt: int) -> Edge | No
     return None
 
 
+# How often an escalation not yet seen on any pod is looked at again (hold_escalation).
+ESCALATION_RECHECK_S: Final = 5.0
+
 # Phases in which only a JobSet-level transition can happen.
 WAITING_FOR_JOBSET = frozenset({Phase.ESCALATED, Phase.STOOD_DOWN, Phase.FAILED})
 
@@ -183,6 +186,8 @@ class _Planning:
         edge = jobset_edge(s.gang, st.phase, st.restart_attempt)
         if edge is not None:
             self.JOBSET_EDGES[edge](self)
+        elif st.phase == Phase.ESCALATED:
+            self.hold_escalation()
         elif st.phase not in WAITING_FOR_JOBSET:
             causes, wake = member_causes(s, self.current, self.barrier_timeout)
             if wake is not None:
@@ -965,12 +970,30 @@ class _Planning:
         return True
 
     def escalate(self, reason: EscalationReason, message: str) -> None:
-        live = [pod for m in sorted(self.current) if (pod := self.live(m)) is not None]
         self.go(Edge.ESCALATED, reason, message)
         self.st.barrier_open = False
-        if live:
-            self.p.actions.append(EscalatePod(live[0].name, live[0].uid, f"{reason}: {message}"))
+        self.escalate_through_a_pod()
         self.event("Escalated", f"{reason}: {message}; restarting the JobSet", warning=True)
+
+    def escalate_through_a_pod(self) -> None:
+        """Mark the first live member's pod with the escalation condition (none when no member
+        has a live pod: :meth:`hold_escalation` tries again once one has)."""
+        live = [pod for m in sorted(self.current) if (pod := self.live(m)) is not None]
+        if live:
+            message = f"{self.st.reason}: {self.st.message}"
+            self.p.actions.append(EscalatePod(live[0].name, live[0].uid, message))
+
+    def hold_escalation(self) -> None:
+        """Escalated, JobSet not yet restarted: until a pod of this JobSet attempt carries the
+        escalation condition, mark one again. The status is written before the actions, so an
+        EscalatePod lost to a crash or an API error after that write, or impossible then (no
+        live pod), would otherwise leave the gang waiting for a JobSet restart that never
+        comes. Looked at again every :data:`ESCALATION_RECHECK_S` until it is seen."""
+        s = self.s
+        if any(p.escalated for p in s.pods if p.restart_attempt == s.gang.restart_attempt):
+            return
+        self.escalate_through_a_pod()
+        self.p.wake_at(s.now, s.now + ESCALATION_RECHECK_S)
 
     # -- helpers --
     def event(

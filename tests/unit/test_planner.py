@@ -21,7 +21,13 @@ from jobset_inplace.core.model import (
     Snapshot,
     UntaintNode,
 )
-from jobset_inplace.core.planner import REPORT_AGAIN_S, plan, plan_node, refuse_policy
+from jobset_inplace.core.planner import (
+    ESCALATION_RECHECK_S,
+    REPORT_AGAIN_S,
+    plan,
+    plan_node,
+    refuse_policy,
+)
 from jobset_inplace.core.policy import ForceDelete, NoCommonCheckpoint, Policy
 from jobset_inplace.core.statemachine import Phase
 from jobset_inplace.names import DEVICE_UNHEALTHY_TAINT, UNHEALTHY_TAINT
@@ -355,6 +361,38 @@ def test_inplace_budget_exhausted_escalates_through_a_pod() -> None:
     assert "Escalated" in events(p)
 
 
+def test_an_escalation_not_seen_on_any_pod_is_marked_again() -> None:
+    """The status (Escalated) is written before the actions: an EscalatePod lost after that
+    write (a crash, an API error) or impossible then (no live pod) is planned again, without a
+    second Escalated Event, and looked at again until a pod carries the condition."""
+    st = running(inplace_used=10)
+    escalated = plan(
+        snapshot(pod_list=with_pod(pods(4, epoch=2), 1, trainer_failed=True), status=st)
+    )
+    assert escalated.status.phase == Phase.ESCALATED
+    again = plan(snapshot(pod_list=pods(4, epoch=2), status=escalated.status))
+    [mark] = [a for a in again.actions if isinstance(a, EscalatePod)]
+    assert (mark.pod, mark.message) == ("p0", f"InPlaceBudgetExhausted: {escalated.status.message}")
+    assert events(again) == []
+    assert again.status == escalated.status
+    assert again.requeue_after == pytest.approx(ESCALATION_RECHECK_S)
+    # no live pod: nothing to mark yet, but it is looked at again
+    gone = [dataclasses.replace(p, phase="Failed") for p in pods(4, epoch=2)]
+    none_live = plan(snapshot(pod_list=gone, status=escalated.status))
+    assert [a for a in none_live.actions if isinstance(a, EscalatePod)] == []
+    assert none_live.requeue_after == pytest.approx(ESCALATION_RECHECK_S)
+    # seen on a pod of this JobSet attempt: nothing more to do; one of an earlier attempt's is not
+    seen = plan(
+        snapshot(pod_list=with_pod(pods(4, epoch=2), 2, escalated=True), status=escalated.status)
+    )
+    assert (seen.actions, seen.requeue_after) == ([], None)
+    attempt_1 = [dataclasses.replace(p, restart_attempt=1) for p in pods(4, epoch=2)]
+    old = with_pod(attempt_1, 2, escalated=True, restart_attempt=0)
+    st_1 = dataclasses.replace(escalated.status, restart_attempt=1)
+    later = plan(snapshot(pod_list=old, status=st_1, restart_attempt=1))
+    assert [a.pod for a in later.actions if isinstance(a, EscalatePod)] == ["p0"]
+
+
 def test_recreate_budget_exhausted_escalates() -> None:
     nm = nodes(4)
     nm["n0"] = NodeView("n0", ready="Unknown", ready_since=NOW - 60, lease_renewed=NOW - 90)
@@ -414,7 +452,8 @@ def test_a_new_leader_recreates_nobody_for_not_having_reported_to_it_yet() -> No
 
 def test_escalated_gang_waits_for_jobset_restart_then_starts_fresh() -> None:
     st = running(inplace_used=10, phase=Phase.ESCALATED)
-    assert plan(snapshot(status=st)).actions == []
+    marked = with_pod(pods(4, epoch=2), 0, escalated=True, phase="Failed")
+    assert plan(snapshot(status=st, pod_list=marked)).actions == []
     fresh = [
         dataclasses.replace(pod, restart_attempt=1, reported_epoch=None)
         for pod in pods(4, epoch=None)
