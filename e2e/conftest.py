@@ -19,7 +19,7 @@ import pytest
 from jobset_inplace import names
 from testbed import images
 from testbed.cluster import DEFAULT_NODES, DEFAULT_REAL_NODES, LocalCluster, log
-from testbed.controller import prepare
+from testbed.controller import namespace_state, prepare
 from testbed.images import IMAGES_LOADED_ENV
 from testbed.install import Installation
 from testbed.kube import Clients, clients, remove_taint, temporary_namespace, wait_for
@@ -155,15 +155,26 @@ def torch_trainer(
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """A failing test that used the in-cluster controller reports its pods' logs."""
+    """A failing test that used the in-cluster controller reports its pods' logs (the lines
+    about the test's namespace, when it has one), and its namespace's state."""
     report: pytest.TestReport = yield
-    installation = getattr(item, "funcargs", {}).get("controller")
-    if report.failed and call.when == "call" and isinstance(installation, Installation):
+    if not (report.failed and call.when == "call"):
+        return report
+    args = getattr(item, "funcargs", {})
+    installation, ns, kube = args.get("controller"), args.get("namespace"), args.get("kube")
+    if isinstance(installation, Installation):
+        about = ns if isinstance(ns, str) else None
         try:
-            logs = installation.logs()
+            logs = installation.logs(about=about)
         except Exception as e:  # the report must not hide the failure behind another one
             logs = f"(could not read the controller logs: {e})"
         report.sections.append(("controller pods' logs", logs))
+    if isinstance(ns, str) and isinstance(kube, Clients):
+        try:
+            state = namespace_state(kube, ns)
+        except Exception as e:
+            state = f"(could not read the namespace: {e})"
+        report.sections.append((f"namespace {ns}", state))
     return report
 
 

@@ -21,7 +21,7 @@ from . import addons, certs, processes
 from .cluster import LocalCluster
 from .images import NODE_IMAGE
 from .install import webhook_injects
-from .kube import Clients, create_unless_exists, wait_for
+from .kube import Clients, create_unless_exists, jobsets, wait_for
 from .kubectl import Kubectl
 from .versions import REPO_ROOT, binaries
 
@@ -234,3 +234,47 @@ def prepare(kube: Clients, cluster_kubeconfig: Path, namespace: str) -> None:
         if res.returncode != 0 and errors:
             raise RuntimeError(f"kubectl create -f {manifest_file}: {res.stderr.strip()}")
     create_unless_exists(kube.core.create_namespace, {"metadata": {"name": namespace}})
+
+
+EVENTS_SHOWN = 30
+
+
+def namespace_state(kube: Clients, ns: str) -> str:
+    """A failing test's namespace in a few lines: its JobSets' restarts and conditions, their
+    GangStates, Jobs, pods (phase, true conditions, deletion) and newest Events: what a CI log
+    must keep when the cluster it ran on is gone."""
+    lines: list[str] = []
+
+    def conds(obj: Any) -> str:
+        found = obj.get("conditions") if isinstance(obj, dict) else obj.conditions
+        true = [c["type"] if isinstance(c, dict) else c.type for c in found or []
+                if (c["status"] if isinstance(c, dict) else c.status) == "True"]  # fmt: skip
+        return ",".join(true) or "-"
+
+    for js in jobsets(kube, ns):
+        st = js.get("status") or {}
+        name = js["metadata"]["name"]
+        lines.append(f"JobSet {name}: restarts {st.get('restarts', 0)}, true {conds(st)}")
+        gs = gang_state(kube, ns, name)
+        keys = ("phase", "epoch", "barrierOpen", "restartAttempt", "reason", "message")
+        lines.append(f"  GangState: { ({k: gs.get(k) for k in keys}) }")
+    for job in client.BatchV1Api(kube.api).list_namespaced_job(ns).items:
+        s = job.status
+        lines.append(
+            f"Job {job.metadata.name}: active {s.active or 0}, failed {s.failed or 0}, "
+            f"true {conds(s)}{' (deleting)' if job.metadata.deletion_timestamp else ''}"
+        )
+    for pod in kube.core.list_namespaced_pod(ns).items:
+        m = pod.metadata
+        lines.append(
+            f"pod {m.name} {m.uid[:8]} on {pod.spec.node_name}: {pod.status.phase}, "
+            f"true {conds(pod.status)}{' (deleting)' if m.deletion_timestamp else ''}, "
+            f"restart attempt {(m.labels or {}).get(names.RESTART_ATTEMPT_LABEL)}"
+        )
+    events = kube.core.list_namespaced_event(ns).items
+    events.sort(key=lambda e: e.last_timestamp or e.event_time or e.metadata.creation_timestamp)
+    for e in events[-EVENTS_SHOWN:]:
+        when = e.last_timestamp or e.event_time or e.metadata.creation_timestamp
+        what = f"{e.involved_object.kind}/{e.involved_object.name}"
+        lines.append(f"event {when:%H:%M:%S} {what} {e.reason}: {(e.message or '')[:200]}")
+    return "\n".join(lines)

@@ -7,6 +7,7 @@ election, self-managed webhook certificate) on the real kubelet nodes.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import tempfile
 import time
@@ -36,6 +37,8 @@ OVERLAY = MANIFESTS / "overlays" / "local"
 DEPLOYMENT = names.CONTROLLER_NAME
 POD_LABEL = "app.kubernetes.io/name=jobset-inplace-controller"
 CRD = "gangstates.jobset-inplace.dev"
+# A controller log line at WARNING or above, or a traceback's (kept whatever it names).
+_LOUD = re.compile(r" (WARNING|ERROR|CRITICAL) |Traceback|Error")
 
 
 @dataclass
@@ -159,9 +162,10 @@ class Installation:
             timeout,
         )
 
-    def logs(self, tail: int = 200) -> str:
+    def logs(self, tail: int = 200, *, about: str | None = None) -> str:
         """Every controller pod's phase and the last ``tail`` lines of its log, timestamped
-        (for a failing test's report)."""
+        (for a failing test's report); ``about``: only the lines naming it (a test's namespace)
+        and the warnings and errors, so that a long-lived controller's log keeps the test's."""
         parts = []
         for pod in self.pods():
             name = pod["metadata"]["name"]
@@ -173,9 +177,12 @@ class Installation:
                 "-n",
                 names.INSTALL_NAMESPACE,
                 "--timestamps",
-                f"--tail={tail}",
+                *([] if about else [f"--tail={tail}"]),
                 check=False,
             )
+            if about:
+                kept = [ln for ln in out.splitlines() if about in ln or _LOUD.search(ln)]
+                out = "\n".join(kept[-tail:])
             parts.append(f"--- {name}: {phase}{gone}\n{out}")
         return "\n".join(parts)
 
