@@ -312,6 +312,45 @@ def test_budget_exhausted_escalates_through_the_job_failure_policy(gang: Gang) -
     wait_for("Escalated event", lambda: "Escalated" in reasons(gang), 10)
 
 
+def escalated_pods(g: Gang) -> list[str]:
+    """The gang's pods (by name) that are Failed with the escalation condition."""
+    found = g.kube.core.list_namespaced_pod(
+        g.namespace, label_selector=f"{names.JOBSET_NAME_LABEL}={g.name}"
+    ).items
+    return [
+        p.metadata.name
+        for p in found
+        if p.status.phase == "Failed"
+        and any(
+            c.type == names.ESCALATION_CONDITION and c.status == "True"
+            for c in p.status.conditions or []
+        )
+    ]
+
+
+def test_an_escalation_whose_pod_vanished_is_carried_by_another(gang: Gang) -> None:
+    """The marked pod is gone before a Job controller saw it (deleted; the same as a mark lost
+    to a crash after the status write): the controller marks another member's pod, with no
+    second Escalated Event, instead of waiting for a JobSet restart that would never come."""
+    gang.annotations[names.INPLACE_BUDGET] = "1"
+    start_running(gang)
+    gang.fail_trainer(0)
+    gang.wait_state("epoch 2", lambda s: s["epoch"] == 2)
+    gang.rejoin_all(2)
+    gang.wait_state("barrier open at epoch 2", lambda s: s["barrierOpen"])
+    gang.fail_trainer(3)
+    gang.wait_state("escalated", lambda s: s["phase"] == "Escalated")
+    [first] = wait_for("the first mark", lambda: escalated_pods(gang), 10)
+    gang.kube.core.delete_namespaced_pod(first, gang.namespace, grace_period_seconds=0)
+    [second] = wait_for(
+        "another member's pod marked",
+        lambda: [p for p in escalated_pods(gang) if p != first],
+        15,
+    )
+    assert second in gang.pods.values()
+    assert reasons(gang).count("Escalated") == 1
+
+
 def test_the_same_failure_again_without_progress_escalates_with_budget_left(gang: Gang) -> None:
     """The stop rule (no-progress-limit 3): a crash that comes back before the gang gets past
     its checkpoint, three times in a row, escalates at the third with 7 of the in-place budget
