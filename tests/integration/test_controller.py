@@ -289,25 +289,22 @@ def test_second_failure_during_barrier_converges(gang: Gang, kube: Clients) -> N
     assert reasons(gang).count("RecoveryStarted") == 1
 
 
+def escalate_by_budget(g: Gang) -> dict[str, Any]:
+    """An in-place budget of 1: the second trainer failure escalates; the GangState then."""
+    g.annotations[names.INPLACE_BUDGET] = "1"
+    start_running(g)
+    g.fail_trainer(0)
+    g.wait_state("epoch 2", lambda s: s["epoch"] == 2)
+    g.rejoin_all(2)
+    g.wait_state("barrier open at epoch 2", lambda s: s["barrierOpen"])
+    g.fail_trainer(3)
+    return g.wait_state("escalated", lambda s: s["phase"] == "Escalated")
+
+
 def test_budget_exhausted_escalates_through_the_job_failure_policy(gang: Gang) -> None:
-    gang.annotations[names.INPLACE_BUDGET] = "1"
-    start_running(gang)
-    gang.fail_trainer(0)
-    gang.wait_state("epoch 2", lambda s: s["epoch"] == 2)
-    gang.rejoin_all(2)
-    gang.wait_state("barrier open at epoch 2", lambda s: s["barrierOpen"])
-    gang.fail_trainer(3)
-    st = gang.wait_state("escalated", lambda s: s["phase"] == "Escalated")
+    st = escalate_by_budget(gang)
     assert st["reason"] == "InPlaceBudgetExhausted"
-
-    def escalated_pod() -> bool:
-        for i in gang.pods:
-            conds = {c.type: c.status for c in gang.pod(i).status.conditions or []}
-            if conds.get(names.ESCALATION_CONDITION) == "True":
-                return bool(gang.pod(i).status.phase == "Failed")
-        return False
-
-    wait_for("a pod failed with the escalation condition", escalated_pod, 10)
+    wait_for("a pod failed with the escalation condition", lambda: escalated_pods(gang), 10)
     # Events come last in a pass, after the pod actions.
     wait_for("Escalated event", lambda: "Escalated" in reasons(gang), 10)
 
@@ -332,14 +329,7 @@ def test_an_escalation_whose_pod_vanished_is_carried_by_another(gang: Gang) -> N
     """The marked pod is gone before a Job controller saw it (deleted; the same as a mark lost
     to a crash after the status write): the controller marks another member's pod, with no
     second Escalated Event, instead of waiting for a JobSet restart that would never come."""
-    gang.annotations[names.INPLACE_BUDGET] = "1"
-    start_running(gang)
-    gang.fail_trainer(0)
-    gang.wait_state("epoch 2", lambda s: s["epoch"] == 2)
-    gang.rejoin_all(2)
-    gang.wait_state("barrier open at epoch 2", lambda s: s["barrierOpen"])
-    gang.fail_trainer(3)
-    gang.wait_state("escalated", lambda s: s["phase"] == "Escalated")
+    escalate_by_budget(gang)
     [first] = wait_for("the first mark", lambda: escalated_pods(gang), 10)
     gang.kube.core.delete_namespaced_pod(first, gang.namespace, grace_period_seconds=0)
     [second] = wait_for(
