@@ -37,12 +37,16 @@ other ranks wait in their next collective).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 RANK = os.environ.get("RANK", "?")  # torchrun's
 
@@ -179,6 +183,49 @@ class Transformer(torch.nn.Module):  # type: ignore[misc]
         )
 
 
+class NoKeeper:
+    """Without ``KEEP_STEP``: the trainer as users write it, nothing kept on a failure."""
+
+    def __enter__(self) -> NoKeeper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    @contextlib.contextmanager
+    def update(self, step: int) -> Iterator[None]:
+        yield
+
+    def saved(self, step: int) -> None:
+        return None
+
+
+def step_keeper(
+    net: torch.nn.Module, optimizer: torch.optim.Optimizer, root: Path, start: int
+) -> Any:
+    """``KEEP_STEP=1``: the step a failure interrupts is kept (jobset_inplace.trainer.keep,
+    the few lines docs/trainer-contract.md shows): this worker saves its whole state (DDP:
+    every worker holds all of it) alone, without a collective, as ``step-<S>``; the first
+    worker to finish publishes it."""
+    if os.environ.get("KEEP_STEP") != "1":
+        return NoKeeper()
+    from jobset_inplace.trainer.keep import StepKeeper, publish_dir  # noqa: PLC0415
+
+    def save(step: int) -> None:
+        target = root / f"step-{step}"
+        if (target / ".metadata").exists():
+            return
+        model_state, optim_state = get_state_dict(net, optimizer)
+        finished = root / f".kept-{step}-rank-{RANK}"  # no "step-": no layout reads it
+        shutil.rmtree(finished, ignore_errors=True)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(finished),
+                 no_dist=True)  # fmt: skip
+        published = publish_dir(finished, target)
+        log(f"kept step {step}" + ("" if published else " (another worker's was there first)"))
+
+    return StepKeeper(save, step=start)
+
+
 MODELS: dict[str, type[Regression] | type[Transformer]] = {
     "linear": Regression,
     "transformer": Transformer,
@@ -227,22 +274,26 @@ def main() -> int:
         # the loss of the restored parameters on the next step's batch: the loss that step
         # logged before the crash
         log(f"resumed at step {start} loss {global_loss(start + 1):.6e}")
-    for step in range(start + 1, steps + 1):
-        optimizer.zero_grad()
-        loss = net.loss(model, step)
-        loss.backward()  # DDP: the gradient averaged over every worker
-        optimizer.step()
-        # the loss of the parameters before this step (after step - 1), over every worker
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)
-        log(f"step {step} loss {float(mean) / world:.6e}")
-        if step % save_every == 0:
-            model_state, optim_state = get_state_dict(net, optimizer)
-            state = {"model": model_state, "optim": optim_state}
-            dcp.save(state, checkpoint_id=str(root / f"step-{step}"))
-        report_progress(step)
-        fault(root)
-        time.sleep(pause)
+    keeper = step_keeper(net, optimizer, root, start)
+    with keeper:
+        for step in range(start + 1, steps + 1):
+            optimizer.zero_grad()
+            loss = net.loss(model, step)
+            loss.backward()  # DDP: the gradient averaged over every worker
+            with keeper.update(step):
+                optimizer.step()
+            # the loss of the parameters before this step (after step - 1), over every worker
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            log(f"step {step} loss {float(mean) / world:.6e}")
+            if step % save_every == 0:
+                model_state, optim_state = get_state_dict(net, optimizer)
+                state = {"model": model_state, "optim": optim_state}
+                dcp.save(state, checkpoint_id=str(root / f"step-{step}"))
+                keeper.saved(step)
+            report_progress(step)
+            fault(root)
+            time.sleep(pause)
     log("done")
     dist.destroy_process_group()
     return 0
