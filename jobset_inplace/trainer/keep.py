@@ -146,9 +146,9 @@ class StepKeeper:
         _log(f"{why}: kept step {self.step} ({time.monotonic() - started:.2f} s)")
         return self.step
 
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        if self._updating or self._saving:
-            self._held = signum
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._updating or self._saving or _leaving(frame):
+            self._held = signum  # (leaving: the failure being handled ends the loop anyway)
             return
         raise SystemExit(128 + signum)
 
@@ -156,6 +156,20 @@ class StepKeeper:
         if self._held is not None:
             signum, self._held = self._held, None
             raise SystemExit(128 + signum)
+
+
+def _leaving(frame: FrameType | None) -> bool:
+    """The signal interrupted :meth:`StepKeeper.__exit__` (or what it calls): a SIGTERM that
+    the recovery sends while a collective's failure leaves the loop (Python runs the handler
+    at the first instruction it can, which may be the exit's first) must not cut the save."""
+    while frame is not None:
+        if frame.f_code is _EXIT_CODE:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_EXIT_CODE = StepKeeper.__exit__.__code__
 
 
 def publish_dir(finished: Path, target: Path) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,23 @@ def test_sigterm_while_saving_is_held(tmp_path: Path) -> None:
         train(keeper, 2)
     assert (tmp_path / "step-2").is_dir()
     assert keeper.kept == 2
+
+
+def test_sigterm_as_a_failure_leaves_the_loop_is_held() -> None:
+    """The recovery's SIGTERM often lands just as a collective's failure leaves the loop:
+    Python may run its handler at the first instruction of the keeper's exit, before the save
+    began."""
+    saves = Saves()
+
+    class SignalOnExit(StepKeeper):
+        def keep(self, why: str) -> int | None:
+            self._on_signal(signal.SIGTERM, sys._getframe())  # as the handler would run here
+            return super().keep(why)
+
+    keeper = SignalOnExit(saves, step=3)
+    with pytest.raises(RuntimeError, match="connection closed"):
+        train(keeper, 4)
+    assert saves.steps == [4]
 
 
 def test_an_update_inside_an_update_is_refused() -> None:
