@@ -351,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **run_.origin,
+        "kubernetes": "none (two torchruns on one host, no cluster: the trainer's side)",
         "steal": run_.steal(),
         "settings": {k: getattr(args, k) for k in SETTINGS},
         "summary": s,

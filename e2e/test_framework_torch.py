@@ -130,6 +130,66 @@ def test_torchrun_ranks_resume_from_one_dcp_step_and_no_old_worker_survives(
     )
 
 
+@pytest.mark.usefixtures("torch_trainer")
+def test_a_kept_step_is_where_every_rank_resumes(
+    cluster_kubeconfig: Path, kube: Clients, namespace: str, torch_site: Path, tmp_path: Path
+) -> None:
+    """The trainer keeps the step a failure interrupts (``KEEP_STEP=1``: the few lines of
+    jobset_inplace.trainer.keep) and takes no periodic checkpoint within reach: a worker of
+    member 1 is SIGKILLed long into training, the healthy workers' collective fails, one of
+    them saves the step its state holds, and the controller hands every rank that step (the
+    newest every member can load: the shared directory's). At most one step is lost, where
+    without the kept step every step would be."""
+    shared = tmp_path / "shared"
+    js = torch_jobset(shared, torch_site, env={"KEEP_STEP": "1", "SAVE_EVERY": "100000"})
+    create_jobset(kube, namespace, js)
+    kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster_kubeconfig), "-n", namespace]
+
+    def logs() -> str:
+        return "".join(
+            started_trainer_log(cluster_kubeconfig, namespace, p.metadata.name)
+            for p in member_pods(kube, namespace, "gang").values()
+        )
+
+    def trained(to: int) -> bool:
+        runs = rank_runs(logs())
+        return len(runs) == RANKS and all(to in r.runs[-1] for r in runs.values())
+
+    wait_for(f"all {RANKS} ranks past step 25", lambda: trained(25), 600)
+    pods = member_pods(kube, namespace, "gang")
+    kill_worker(
+        kubectl, pods["1"].metadata.name, min(worker_pids(kubectl, pods["1"].metadata.name))
+    )
+
+    st = barrier_open(kube, namespace, "gang", 2, 300)
+    resume = st["resumeStep"]
+    assert isinstance(resume, int), f"no step to resume from: {st}"
+
+    def resumed() -> dict[int, RankRuns] | None:
+        runs = rank_runs(logs())
+        done = len(runs) == RANKS and all(
+            r.resumed_at and resume + 2 in r.runs[-1] for r in runs.values()
+        )
+        return runs if done else None
+
+    runs = wait_for(f"all {RANKS} ranks 2 steps past the resume", resumed, 300)
+    newest = max(max(r.runs[0]) for r in runs.values())  # logged before the kill
+    assert resume >= newest - 1, f"resumed at {resume}, newest step logged before: {newest}"
+    assert f"kept step {resume}" in logs(), "a worker kept it (no periodic checkpoint exists)"
+    for rank, mine in runs.items():
+        assert mine.resumed_at == [resume], f"rank {rank} resumed at {mine.resumed_at}"
+        for step, loss in mine.runs[-1].items():
+            if step in mine.runs[0]:  # reached before the kill too: the same loss again
+                assert loss == pytest.approx(mine.runs[0][step], rel=1e-5), (rank, step)
+    lost = st["recovery"]["progressStepsLost"]
+    assert lost is not None, st
+    assert lost <= 1, f"the controller's account: {lost} steps lost"
+    print(
+        f"\nkept step: a worker of member 1 SIGKILLed, newest step logged {newest}, every rank "
+        f"resumed at {resume}; the controller counts {lost} step(s) lost"
+    )
+
+
 def test_the_real_size_trainer_resumes_its_model_and_adamw_exactly(
     torch_site: Path, tmp_path: Path
 ) -> None:

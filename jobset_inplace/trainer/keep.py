@@ -32,8 +32,8 @@ next: nothing is saved, the periodic checkpoint stands), a member that hangs ins
 grace ends them before they can save), and state that is not replicated (FSDP or ZeRO shards:
 the failed member's shard is nowhere else, so the others' kept step is not a whole checkpoint;
 such a trainer must not keep steps). The save must end within the stop grace (the
-``stop-grace`` annotation): a SIGTERM that arrives while it saves or updates is held until it
-ends; SIGKILL cannot be.
+``trainer-stop-grace`` annotation): a SIGTERM that arrives while it saves or updates is held
+until it ends; SIGKILL cannot be.
 
 Standard library only.
 """
