@@ -6,8 +6,10 @@ checkpoints every ``--save-every`` steps in one shared directory) runs as two me
 not part of this measurement (the trainer's side is; e2e/test_framework_torch.py runs the same
 trainer under the controller). Failures in turn, each in a random worker after a random number
 of steps: SIGKILL from outside at a random moment within a step (the OOM killer's), SIGSEGV,
-SIGABRT (NCCL's watchdog), an uncaught exception. The failed worker's torchrun ends, the other
-worker's next collective fails and its torchrun ends too; the gang is then started again, as a
+SIGABRT (NCCL's watchdog), an uncaught exception, a hang (the worker stops taking part; 3 s
+later the gang is stopped as the launcher stops it: SIGTERM, SIGKILL after a 1 s grace). The
+failed worker's torchrun ends, the other worker's next collective fails and its torchrun ends
+too (after a hang: the stop ends both); the gang is then started again, as a
 recovery does, and resumes from the newest complete checkpoint (torchtitan's rule, which the
 agent's resume step also follows for this layout).
 
@@ -27,6 +29,7 @@ would not. A gang's directory starts afresh every ``--chain`` failures. Results:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import random
@@ -48,9 +51,15 @@ from testbed import images
 from testbed.cluster import log
 
 OUT = Path("bench/results/keep-step.json")
-KINDS = ("sigkill", "segv", "abort", "exception")
+KINDS = ("sigkill", "segv", "abort", "exception", "hang")
+# A hang: the hung worker stops taking part, the other waits in its collective (gloo's timeout:
+# 30 min). The recovery stands in for hang detection: it stops the gang this long after the
+# hang began, as the launcher does (SIGTERM to torchrun and its workers, SIGKILL after the
+# stop grace).
+HANG_DETECTED_S = 3.0
+STOP_GRACE_S = 1.0  # the launcher's default (trainer-stop-grace)
 MODES = ("kept", "periodic")
-SETTINGS = ("save_every", "step_seconds", "max_steps", "chain", "seed")
+SETTINGS = ("save_every", "step_seconds", "max_steps", "chain", "seed", "kinds")
 WORKERS = 2  # members (one torchrun, one worker each)
 START_TIMEOUT_S = 120.0
 END_TIMEOUT_S = 60.0
@@ -173,6 +182,18 @@ class Gang:
                 return False
         return True
 
+    def stop_as_the_launcher_does(self) -> None:
+        """SIGTERM to each torchrun and its worker, SIGKILL to what is left after the grace."""
+        pids = [p.pid for p in self.procs if p.poll() is None]
+        pids += [w for node in range(WORKERS) if (w := self.worker_pid(node)) is not None]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        time.sleep(STOP_GRACE_S)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
     def stop(self) -> None:
         for p in self.procs:
             if p.poll() is None:
@@ -204,6 +225,9 @@ def inject(gang: Gang, kind: str, rank: int, rng: random.Random, step_s: float) 
         os.kill(pid, signal.SIGKILL)
     else:  # the trainer's own fault hook: at its next step's end
         (gang.root / f"fault-rank-{rank}").write_text(kind)
+    if kind == "hang":
+        time.sleep(HANG_DETECTED_S)
+        gang.stop_as_the_launcher_does()
 
 
 def check_resumed(gang: Gang, trial: Trial | None, reference: dict[int, float]) -> None:
@@ -230,7 +254,7 @@ def run(args: argparse.Namespace, work: Path, site: Path) -> list[Trial]:
     gangs: dict[str, Gang] = {}
     last: dict[str, Trial | None] = {}
     for i in range(args.failures):
-        kind, rank = KINDS[i % len(KINDS)], rng.randrange(WORKERS)
+        kind, rank = args.kinds[i % len(args.kinds)], rng.randrange(WORKERS)
         after = rng.randint(3, args.max_steps)
         if i % args.chain == 0:  # fresh directories
             for mode in MODES:
@@ -324,9 +348,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, default=24, help="steps before a failure: 3..this")
     p.add_argument("--chain", type=int, default=4, help="failures per checkpoint directory")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--kinds",
+        type=lambda v: v.split(","),
+        default=list(KINDS),
+        help=f"failure kinds, in turn (default {','.join(KINDS)})",
+    )
     p.add_argument("--out", type=Path, default=OUT, help=f"results JSON (default {OUT})")
     p.add_argument("--allow-dirty", action="store_true", help=provenance.ALLOW_DIRTY_HELP)
     args = p.parse_args(argv)
+    if unknown := sorted(set(args.kinds) - set(KINDS)):
+        p.error(f"--kinds: {', '.join(unknown)} not among {', '.join(KINDS)}")
     if args.failures < 1 or args.chain < 1 or args.max_steps < 3 or args.save_every < 1:
         p.error("--failures and --chain must be >= 1, --max-steps >= 3, --save-every >= 1")
     # the uninterrupted run's steps: every step a directory's chain of failures can reach

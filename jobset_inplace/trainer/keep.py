@@ -45,6 +45,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -67,40 +68,48 @@ class StepKeeper:
     ``save(step)`` writes a checkpoint of the state as it is (without any collective: the gang
     is broken); ``step`` is the step the state holds at the start (the resumed one: a
     checkpoint of it exists, so it is not saved again). Used as a context manager around the
-    training loop, from the main thread: it turns SIGTERM into ``SystemExit(143)`` (outside an
-    update or a save; held until their end inside one) and, when the block is left by any
-    exception, saves :attr:`step` unless a checkpoint of it exists or an update was cut short.
+    training loop, from the main thread. When the block is left by any exception it saves
+    :attr:`step`, unless a checkpoint of it exists or an update was cut short. SIGTERM becomes
+    ``SystemExit(143)`` (held until the end of an update or a save inside one) and starts the
+    save at once on a thread of the keeper's: a main thread blocked in a collective that never
+    returns (a peer that hangs, NCCL waiting for its watchdog) runs no Python signal handler,
+    but its state is still whole (a DDP step updates nothing until its collectives are done).
+    An update and a save never overlap (one lock).
     """
 
     def __init__(self, save: Callable[[int], None], *, step: int = 0) -> None:
         self._save = save
         self.step = step  # the step the state holds
         self._saved = step  # the newest step a checkpoint exists of
+        self._lock = threading.RLock()  # held by an update and by a save
         self._updating = False
         self._torn = False  # an update raised: the state is no step's
         self._saving = False
         self._held: int | None = None  # a signal that arrived inside an update or a save
         self._previous: _Handler = None
-        self.kept: int | None = None  # the step kept on the way out, if any
+        self._previous_fd = -1
+        self._wakeup: tuple[int, int] | None = None  # (read, write): signals, as bytes
+        self.kept: int | None = None  # the step kept, if any
 
     # -- the loop's side --
     @contextmanager
     def update(self, step: int) -> Iterator[None]:
         """Around the optimizer's update of ``step``: once it returns, the state is ``step``'s.
         An exception inside leaves the state torn (nothing is kept); a SIGTERM inside is
-        held, then raised once the state is whole again."""
+        held, then raised once the state is whole again; a save under way ends first."""
         if self._updating:
             raise RuntimeError("StepKeeper.update: already inside an update")
-        self._updating = True
-        try:
-            yield
-        except BaseException:
-            self._torn = True
-            raise
-        else:
-            self.step = step
-        finally:
-            self._updating = False
+        with self._lock:
+            self._updating = True
+            try:
+                yield
+            except BaseException:
+                self._torn = True
+                raise
+            else:
+                self.step = step
+            finally:
+                self._updating = False
         self._raise_held()
 
     def saved(self, step: int) -> None:
@@ -109,7 +118,12 @@ class StepKeeper:
 
     # -- the way out --
     def __enter__(self) -> StepKeeper:
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        self._wakeup = (read, write)
         self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+        self._previous_fd = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, args=(read,), name="step-keeper", daemon=True).start()
         return self
 
     def __exit__(
@@ -122,29 +136,34 @@ class StepKeeper:
             if exc is not None:
                 self.keep(f"{exc_type.__name__ if exc_type else 'exception'}: {exc}")
         finally:
+            signal.set_wakeup_fd(self._previous_fd)
             signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
+            if self._wakeup is not None:
+                os.close(self._wakeup[1])  # the watcher reads the end of it and returns
+                self._wakeup = None
 
     def keep(self, why: str) -> int | None:
         """Save :attr:`step` now (the loop is ending: ``why``); the step kept, or None when
         there is nothing to keep or the state is torn. A save that raises is logged, not
         raised: the periodic checkpoint stands."""
-        if self._torn or self._updating:
-            _log(f"{why}: interrupted inside the update of step {self.step + 1}: nothing kept")
-            return None
-        if self.step <= self._saved:
-            return None  # a checkpoint of this step exists
-        started = time.monotonic()
-        self._saving = True
-        try:
-            self._save(self.step)
-        except Exception as e:  # the failure being handled is the one to raise
-            _log(f"{why}: keeping step {self.step} failed: {type(e).__name__}: {e}")
-            return None
-        finally:
-            self._saving = False
-        self._saved = self.kept = self.step
-        _log(f"{why}: kept step {self.step} ({time.monotonic() - started:.2f} s)")
-        return self.step
+        with self._lock:
+            if self._torn or self._updating:
+                _log(f"{why}: interrupted inside the update of step {self.step + 1}: nothing kept")
+                return None
+            if self.step <= self._saved:
+                return None  # a checkpoint of this step exists (or was just kept)
+            started = time.monotonic()
+            self._saving = True
+            try:
+                self._save(self.step)
+            except Exception as e:  # the failure being handled is the one to raise
+                _log(f"{why}: keeping step {self.step} failed: {type(e).__name__}: {e}")
+                return None
+            finally:
+                self._saving = False
+            self._saved = self.kept = self.step
+            _log(f"{why}: kept step {self.step} ({time.monotonic() - started:.2f} s)")
+            return self.step
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._updating or self._saving or _leaving(frame):
@@ -156,6 +175,16 @@ class StepKeeper:
         if self._held is not None:
             signum, self._held = self._held, None
             raise SystemExit(128 + signum)
+
+    def _watch(self, read: int) -> None:
+        """The keeper's thread: each signal's number arrives as a byte (``set_wakeup_fd``),
+        also while the main thread is blocked in native code; SIGTERM saves."""
+        try:
+            while chunk := os.read(read, 64):
+                if signal.SIGTERM in chunk:
+                    self.keep("SIGTERM")
+        finally:
+            os.close(read)
 
 
 def _leaving(frame: FrameType | None) -> bool:

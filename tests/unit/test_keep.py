@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,53 @@ def test_sigterm_as_a_failure_leaves_the_loop_is_held() -> None:
     with pytest.raises(RuntimeError, match="connection closed"):
         train(keeper, 4)
     assert saves.steps == [4]
+
+
+def test_sigterm_in_a_blocked_collective_saves_on_the_keepers_thread() -> None:
+    """A peer that hangs leaves the others in a collective that never returns: Python's
+    handler never runs, but the signal's byte reaches the keeper's thread, which saves."""
+    done = threading.Event()
+    steps: list[tuple[int, str]] = []
+
+    def save(step: int) -> None:
+        steps.append((step, threading.current_thread().name))
+        done.set()
+
+    keeper = StepKeeper(save, step=4)
+    with keeper:
+        with keeper.update(5):
+            pass
+        assert keeper._wakeup is not None
+        # what the C-level handler writes (Python's handler, which would raise, does not run:
+        # as in a main thread blocked in native code)
+        os.write(keeper._wakeup[1], bytes([signal.SIGTERM]))
+        assert done.wait(10), "the keeper's thread did not save"
+    assert steps == [(5, "step-keeper")]
+    assert keeper.kept == 5
+
+
+def test_an_update_waits_for_a_save_under_way() -> None:
+    """An update after the watcher began saving waits for the save: the state saved is one
+    step's, never half the next."""
+    saving, release = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    def save(step: int) -> None:
+        saving.set()
+        release.wait(10)
+        seen.append(f"saved {step}")
+
+    keeper = StepKeeper(save)
+    with keeper:
+        with keeper.update(1):
+            pass
+        assert keeper._wakeup is not None
+        os.write(keeper._wakeup[1], bytes([signal.SIGTERM]))
+        assert saving.wait(10)
+        threading.Timer(0.2, release.set).start()
+        with keeper.update(2):
+            seen.append("update 2")
+    assert seen == ["saved 1", "update 2"]
 
 
 def test_an_update_inside_an_update_is_refused() -> None:
