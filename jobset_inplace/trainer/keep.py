@@ -26,14 +26,17 @@ A few lines around an existing loop (docs/trainer-contract.md, "Keeping the inte
 Where several members keep the same step into one shared directory, the first to finish wins:
 :func:`publish_dir` renames a finished save into place once, atomically.
 
-What is not kept, by design: a failure inside the update (the state is part one step, part the
-next: nothing is saved, the periodic checkpoint stands), a member that hangs instead of dying
-(the others wait in the collective until its timeout, and the recovery's SIGKILL after the stop
-grace ends them before they can save), and state that is not replicated (FSDP or ZeRO shards:
+A worker blocked in a collective that never returns (a peer that hangs instead of dying;
+NCCL waits for its watchdog) runs no Python signal handler, so the recovery's SIGTERM also
+starts the save on a thread of the keeper's (``signal.set_wakeup_fd``): the state is whole
+there too, since a DDP step updates nothing before its collectives are done. What is not kept,
+by design: a failure inside the update (the state is part one step, part the next: nothing is
+saved, the periodic checkpoint stands), and state that is not replicated (FSDP or ZeRO shards:
 the failed member's shard is nowhere else, so the others' kept step is not a whole checkpoint;
 such a trainer must not keep steps). The save must end within the stop grace (the
 ``trainer-stop-grace`` annotation): a SIGTERM that arrives while it saves or updates is held
-until it ends; SIGKILL cannot be.
+until it ends; SIGKILL cannot be. The keeper takes the process's wakeup fd while its block
+runs (and gives the one before back after).
 
 Standard library only.
 """
