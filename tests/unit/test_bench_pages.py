@@ -393,3 +393,44 @@ def test_a_spoiled_node_death_is_shown_without_a_ratio_and_taken_from_a_second_r
         "(1.5x), stock JobSet 240.0 s (3.0x of jobset-inplace's 80.0 s in that run)." in headline
     )
     assert "harness bug" not in headline
+
+
+def test_the_kept_step_table_shows_both_trainers_from_one_run() -> None:
+    trials = [
+        {"mode": mode, "kind": kind, "steps_lost": lost, "loss_ok": mode == "kept" or lost != 2}
+        for kind, kept, periodic in (("sigkill", 0, 4), ("hang", 1, 7), ("segv", -1, 2))
+        for mode, lost in (("kept", kept), ("periodic", periodic))
+    ]
+    trials[-1]["loss_ok"] = None  # resumed at step 0: nothing to check
+    summary = {
+        mode: {
+            "failures": 3,
+            "steps_lost_p50": p50,
+            "steps_lost_p99": p99,
+            "steps_lost_max": p99,
+            "steps_lost_mean": mean,
+            "resumed_state_checked": 3 if mode == "kept" else 2,
+            "resumed_state_wrong": 0,
+            "by_kind": {t["kind"]: [t["steps_lost"]] for t in trials if t["mode"] == mode},
+        }
+        for mode, p50, p99, mean in (("kept", 0, 1, 0.0), ("periodic", 4, 7, 4.33))
+    }
+    doc = {
+        "when": "2026-12-02T15:00:00Z",
+        "commit": "abc1234",
+        "command": "python -m bench.keep_step",
+        "machine": {"cpus": 2},
+        "settings": {"save_every": 10, "step_seconds": 0.1},
+        "summary": summary,
+        "trials": trials,
+    }
+    text = pages.keep_step_table(doc)
+    assert "commit `abc1234`" in text
+    assert "| keeps the interrupted step (`KEEP_STEP=1`) | 3 | 0 | 1 | 1 | 0.0 | 3 of 3 |" in text
+    assert (
+        "| periodic checkpoints only (every 10 steps) | 3 | 4 | 7 | 7 | 4.33 | 2 of 2 "
+        "(1 from step 0) |" in text
+    )
+    assert "p50 = 0, p99 = 1 over 3 failures" in text
+    assert "(the most per kind: sigkill 0, hang 1, segv -1)" in text
+    assert "median 4 (95 % interval 2-7)" in text
