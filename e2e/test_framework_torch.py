@@ -50,6 +50,20 @@ from testbed.versions import binaries
 pytestmark = pytest.mark.e2e
 
 
+def gang_logs(kubeconfig: Path, kube: Clients, namespace: str) -> str:
+    """The trainer containers' logs of every member pod of JobSet ``gang``, this epoch's."""
+    return "".join(
+        started_trainer_log(kubeconfig, namespace, p.metadata.name)
+        for p in member_pods(kube, namespace, "gang").values()
+    )
+
+
+def every_rank_at(logs: str, step: int) -> bool:
+    """Every rank's latest run (since its latest resume) has logged ``step``."""
+    runs = rank_runs(logs)
+    return len(runs) == RANKS and all(step in r.runs[-1] for r in runs.values())
+
+
 @pytest.mark.parametrize("start", ["cold", "prestart"])
 @pytest.mark.usefixtures("torch_trainer")
 def test_torchrun_ranks_resume_from_one_dcp_step_and_no_old_worker_survives(
@@ -67,16 +81,9 @@ def test_torchrun_ranks_resume_from_one_dcp_step_and_no_old_worker_survives(
     kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster_kubeconfig), "-n", namespace]
 
     def logs() -> str:
-        return "".join(
-            started_trainer_log(cluster_kubeconfig, namespace, p.metadata.name)
-            for p in member_pods(kube, namespace, "gang").values()
-        )
+        return gang_logs(cluster_kubeconfig, kube, namespace)
 
-    def trained(to: int) -> bool:
-        runs = rank_runs(logs())
-        return len(runs) == RANKS and all(to in r.runs[-1] for r in runs.values())
-
-    wait_for(f"all {RANKS} ranks past step 40", lambda: trained(40), 600)
+    wait_for(f"all {RANKS} ranks past step 40", lambda: every_rank_at(logs(), 40), 600)
     pods = member_pods(kube, namespace, "gang")
     if start == "prestart":  # a failure long into training: the next epoch is held, imported
         wait_for(
@@ -146,16 +153,9 @@ def test_a_kept_step_is_where_every_rank_resumes(
     kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster_kubeconfig), "-n", namespace]
 
     def logs() -> str:
-        return "".join(
-            started_trainer_log(cluster_kubeconfig, namespace, p.metadata.name)
-            for p in member_pods(kube, namespace, "gang").values()
-        )
+        return gang_logs(cluster_kubeconfig, kube, namespace)
 
-    def trained(to: int) -> bool:
-        runs = rank_runs(logs())
-        return len(runs) == RANKS and all(to in r.runs[-1] for r in runs.values())
-
-    wait_for(f"all {RANKS} ranks past step 25", lambda: trained(25), 600)
+    wait_for(f"all {RANKS} ranks past step 25", lambda: every_rank_at(logs(), 25), 600)
     pods = member_pods(kube, namespace, "gang")
     kill_worker(
         kubectl, pods["1"].metadata.name, min(worker_pids(kubectl, pods["1"].metadata.name))
