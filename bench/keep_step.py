@@ -257,7 +257,7 @@ def run(args: argparse.Namespace, work: Path, site: Path) -> list[Trial]:
         kind, rank = args.kinds[i % len(args.kinds)], rng.randrange(WORKERS)
         after = rng.randint(3, args.max_steps)
         if i % args.chain == 0:  # fresh directories
-            for mode in MODES:
+            for mode in args.modes:
                 if mode in gangs:
                     gangs[mode].start(steps=newest_checkpoint(gangs[mode].root))
                     check_resumed(gangs[mode], last[mode], reference)
@@ -266,7 +266,7 @@ def run(args: argparse.Namespace, work: Path, site: Path) -> list[Trial]:
                 root.mkdir()
                 gangs[mode] = Gang(root, work, site, keep=mode == "kept", args=args)
                 last[mode] = None
-        for mode in MODES:
+        for mode in args.modes:
             gang = gangs[mode]
             gang.start()
             check_resumed(gang, last[mode], reference)
@@ -291,7 +291,7 @@ def run(args: argparse.Namespace, work: Path, site: Path) -> list[Trial]:
             last[mode] = trial
             log(f"[{i + 1}/{args.failures}] {mode:8} {kind:9} rank {rank}: newest step {newest}, "
                 f"resumes at {nxt}: {trial.steps_lost} lost")  # fmt: skip
-    for mode in MODES:  # the last failures' resumed states
+    for mode in args.modes:  # the last failures' resumed states
         gangs[mode].start(steps=newest_checkpoint(gangs[mode].root))
         check_resumed(gangs[mode], last[mode], reference)
         gangs[mode].ended(END_TIMEOUT_S)
@@ -309,6 +309,8 @@ def summary(trials: list[Trial]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for mode in MODES:
         mine = [t for t in trials if t.mode == mode]
+        if not mine:
+            continue  # not measured (--modes)
         lost = [t.steps_lost for t in mine]
         out[mode] = {
             "failures": len(mine),
@@ -349,6 +351,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--chain", type=int, default=4, help="failures per checkpoint directory")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
+        "--modes",
+        type=lambda v: v.split(","),
+        default=list(MODES),
+        help=f"the trainers measured (default {','.join(MODES)})",
+    )
+    p.add_argument(
         "--kinds",
         type=lambda v: v.split(","),
         default=list(KINDS),
@@ -359,6 +367,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if unknown := sorted(set(args.kinds) - set(KINDS)):
         p.error(f"--kinds: {', '.join(unknown)} not among {', '.join(KINDS)}")
+    if not args.modes or (unknown := sorted(set(args.modes) - set(MODES))):
+        p.error(f"--modes: one or more of {', '.join(MODES)}")
     if args.failures < 1 or args.chain < 1 or args.max_steps < 3 or args.save_every < 1:
         p.error("--failures and --chain must be >= 1, --max-steps >= 3, --save-every >= 1")
     # the uninterrupted run's steps: every step a directory's chain of failures can reach
