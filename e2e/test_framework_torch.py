@@ -58,6 +58,16 @@ def gang_logs(kubeconfig: Path, kube: Clients, namespace: str) -> str:
     )
 
 
+def past_the_resume(logs: str, resume: int, steps: int) -> dict[int, RankRuns] | None:
+    """Every rank's runs once each has resumed and logged step ``resume + steps``; None
+    before."""
+    runs = rank_runs(logs)
+    done = len(runs) == RANKS and all(
+        r.resumed_at and resume + steps in r.runs[-1] for r in runs.values()
+    )
+    return runs if done else None
+
+
 def every_rank_at(logs: str, step: int) -> bool:
     """Every rank's latest run (since its latest resume) has logged ``step``."""
     runs = rank_runs(logs)
@@ -104,14 +114,11 @@ def test_torchrun_ranks_resume_from_one_dcp_step_and_no_old_worker_survives(
     assert isinstance(resume, int)
     assert resume >= 40 - 10, "a recent step: the trainer saves every 10"
 
-    def resumed() -> dict[int, RankRuns] | None:
-        runs = rank_runs(logs())
-        done = len(runs) == RANKS and all(
-            r.resumed_at and resume + 3 in r.runs[-1] for r in runs.values()
-        )
-        return runs if done else None
-
-    runs = wait_for(f"all {RANKS} ranks 3 steps past the resume", resumed, 300)
+    runs = wait_for(
+        f"all {RANKS} ranks 3 steps past the resume",
+        lambda: past_the_resume(logs(), resume, 3),
+        300,
+    )
     after = member_pods(kube, namespace, "gang")
     assert {i: p.metadata.uid for i, p in after.items()} == before, "in place: same pods"
     for rank, mine in runs.items():
@@ -165,14 +172,11 @@ def test_a_kept_step_is_where_every_rank_resumes(
     resume = st["resumeStep"]
     assert isinstance(resume, int), f"no step to resume from: {st}"
 
-    def resumed() -> dict[int, RankRuns] | None:
-        runs = rank_runs(logs())
-        done = len(runs) == RANKS and all(
-            r.resumed_at and resume + 2 in r.runs[-1] for r in runs.values()
-        )
-        return runs if done else None
-
-    runs = wait_for(f"all {RANKS} ranks 2 steps past the resume", resumed, 300)
+    runs = wait_for(
+        f"all {RANKS} ranks 2 steps past the resume",
+        lambda: past_the_resume(logs(), resume, 2),
+        300,
+    )
     newest = max(max(r.runs[0]) for r in runs.values())  # logged before the kill
     assert resume >= newest - 1, f"resumed at {resume}, newest step logged before: {newest}"
     assert f"kept step {resume}" in logs(), "a worker kept it (no periodic checkpoint exists)"
