@@ -25,6 +25,9 @@ channel's port"):
   (MAX_HEAD + the body limit), READ_SIZE at a time: a peer that pipelines without reading its
   answers costs one request and one read (16 KiB), not a read per answer;
 * llhttp parses each byte once, so a peer trickling bytes costs the loop little per read.
+* a refused request's answer is followed by our close, and the connection is then read (and
+  what comes dropped, not decrypted) until the peer closes, for at most LINGER_S and
+  LINGER_BYTES: a client still sending an oversized body reads the 413 instead of a reset;
 
 TLS runs in the connection, on a plain transport: OpenSSL through two memory BIOs
 (:class:`ssl.SSLObject`), as asyncio's and uvloop's TLS transports do, without the read buffer
@@ -71,6 +74,12 @@ PREAUTH_SWEEP_S = 1.0  # how often connections past PREAUTH_S are looked for
 TLS_READ = 64 * 1024  # plaintext taken from OpenSSL per read
 MAX_EARLY = 16 * 1024 + 5  # bytes kept of a connection whose handshake waits: one TLS record
 READ_SIZE = 16 * 1024 + 5  # bytes taken from a socket per read: one TLS record
+# After an answer that ends the connection (a refusal), what the peer still sends is read and
+# dropped, unparsed and undecrypted, for at most this long and this many bytes, before the
+# socket closes: closed with its body still arriving, the kernel would reset the connection
+# and the peer (still sending) would never read why (as nginx's lingering close).
+LINGER_S = 2.0
+LINGER_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +303,8 @@ class Connection(asyncio.BufferedProtocol):
         "_busy",
         "_closed",
         "_gated",
+        "_linger_timer",
+        "_lingering",
         "_peer_done",
         "_reader",
         "_server",
@@ -325,8 +336,15 @@ class Connection(asyncio.BufferedProtocol):
         self._closed = False
         self._peer_done = False  # the peer sent its last byte (close_notify, or FIN)
         self._gated = False  # its TLS handshake waits its turn (report_limits.HandshakeGate)
+        self._lingering: int | None = None  # answered and closing: bytes it may still send
+        self._linger_timer: asyncio.TimerHandle | None = None
         self.last_active = server.now()
         self.begun: float | None = None  # when the incomplete request (or handshake) began
+
+    @property
+    def closing(self) -> bool:
+        """Answered and closed on our side; the peer's side may still be lingering."""
+        return self._closed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
@@ -407,6 +425,8 @@ class Connection(asyncio.BufferedProtocol):
         )
         if self.identity is not None:
             server.admission.unbind(self.identity, self)
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
         self._reader = None
         self._tls = self._tls_in = self._tls_out = None
 
@@ -414,7 +434,16 @@ class Connection(asyncio.BufferedProtocol):
         return self._server.read_buffer
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._lingering is not None:
+            self._drop_lingering(nbytes)
+            return
         self.data_received(bytes(self._server.read_buffer[:nbytes]))
+
+    def _drop_lingering(self, nbytes: int) -> None:
+        assert self._lingering is not None
+        self._lingering -= nbytes
+        if self._lingering < 0 and self._transport is not None:
+            self._transport.abort()  # more than LINGER_BYTES after its answer
 
     def data_received(self, data: bytes) -> None:
         if self._closed or self._peer_done:
@@ -449,6 +478,8 @@ class Connection(asyncio.BufferedProtocol):
     def eof_received(self) -> bool:
         """The peer's FIN (plain TCP): what it sent before is still served and answered (its
         half of the connection is closed, not necessarily ours), then the connection closes."""
+        if self._lingering is not None:
+            return False  # it has the answer and is done: the transport closes
         self._peer_ended()
         return True  # the transport stays open for the answers; close() ends it
 
@@ -608,21 +639,38 @@ class Connection(asyncio.BufferedProtocol):
 
     def close_with(self, status: int, payload: dict[str, Any]) -> None:
         """Answer, then close (a refused or stalled request; before the TLS handshake ends
-        there is no one to answer)."""
-        if self.secure and not self._closed:
-            self._send(response(status, payload, close=True))
-        self.close()
+        there is no one to answer): our side ends at once, the peer's after it has read the
+        answer and closed, or LINGER_S / LINGER_BYTES later."""
+        if not self.secure or self._closed:
+            self.close()
+            return
+        self._send(response(status, payload, close=True))
+        transport = self._transport
+        if self._closed or transport is None or not transport.can_write_eof():
+            self.close()
+            return
+        self._end_tls()
+        self._closed = True
+        self._server.unauthenticated.pop(self, None)  # no deadline but the linger's
+        self._lingering = LINGER_BYTES
+        transport.write_eof()  # after the answer
+        transport.resume_reading()
+        loop = asyncio.get_running_loop()
+        self._linger_timer = loop.call_later(LINGER_S, transport.abort)
 
     def close(self) -> None:
         if self._transport is None or self._closed:
             self._closed = True
             return
         self._closed = True
+        self._end_tls()
+        self._transport.close()
+
+    def _end_tls(self) -> None:
         if self._tls is not None and self.secure:
             with contextlib.suppress(ssl.SSLError):  # it would wait for the peer's: not needed
                 self._tls.unwrap()  # our close_notify
             self._flush()
-        self._transport.close()
 
 
 @dataclass
@@ -693,7 +741,7 @@ class HttpServer:
         ago; how many."""
         now, closed = self.now(), 0
         for c in list(self.connections):
-            if not c.authenticated:
+            if not c.authenticated or c.closing:
                 continue
             if c.begun is not None and now - c.begun > REQUEST_S:
                 c.refuse(Refused(408, f"the request was not complete within {REQUEST_S:.0f} s"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import http.client
 import itertools
 import json
 import socket
@@ -700,6 +701,59 @@ async def test_over_tls_a_refusal_is_answered_inside_tls_and_closes(
     assert "100 bytes" in body["error"]
     assert await closed(reader)
     assert seen == []
+
+
+def post_as_an_agent(port: int, body: bytes) -> tuple[int, bytes]:
+    """What the agent's client (http.client) gets posting ``body``: it sends all of it before
+    it reads the answer."""
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=client_tls(), timeout=10)
+    try:
+        conn.request("POST", "/v1/reports", body=body, headers={"Authorization": "Bearer tok"})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("size", [101, 110_000, 400_000, 1_000_000])
+async def test_a_body_over_the_limit_is_answered_however_much_of_it_is_still_on_its_way(
+    served_tls: Served, size: int
+) -> None:
+    """The refusal comes at the headers, with the body still arriving: the server reads and
+    drops the rest until the client has the answer. (Closed at once, the kernel reset the
+    connection under the body still coming in, and the client, still sending, got a broken
+    pipe or a reset instead of the 413: the integration test's 110 KB body once did.)"""
+    for _ in range(3):
+        status, body = await asyncio.to_thread(post_as_an_agent, served_tls.port, b"x" * size)
+        assert status == 413
+        assert "100 bytes" in json.loads(body)["error"]
+    await connections(served_tls.http, 0)
+    assert served_tls.seen == []
+
+
+async def test_after_a_refusal_a_peer_is_read_for_a_bounded_time_and_size(
+    served_tls: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a refused peer sends after its answer is dropped for at most LINGER_BYTES and
+    LINGER_S: one that keeps sending is cut off, one that neither reads nor closes is closed."""
+    http, port = served_tls.http, served_tls.port
+    refused = b"POST /v1/reports HTTP/1.1\r\nHost: l\r\nContent-Length: 101\r\n\r\n"
+    monkeypatch.setattr(report_http, "LINGER_S", 60.0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_tls())
+    writer.write(refused)
+    assert (await read_answer(reader))[0] == 413
+    with contextlib.suppress(ConnectionError):
+        for _ in range(report_http.LINGER_BYTES // 65536 + 8):
+            writer.write(b"x" * 65536)
+            await writer.drain()
+    await connections(http, 0)  # well before LINGER_S
+    writer.transport.abort()
+    monkeypatch.setattr(report_http, "LINGER_S", 0.2)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_tls())
+    writer.write(refused)
+    assert (await read_answer(reader))[0] == 413
+    await connections(http, 0)  # it never closed its side
+    writer.transport.abort()
 
 
 async def test_a_peer_that_does_not_speak_tls_is_dropped(
