@@ -34,14 +34,23 @@ the loop's start, to the moment it reports the step's progress). A step's line a
 record are written with SIGTERM held, so a stop never leaves one without the other.
 
 SIGTERM ends it at once (exit 143) wherever it runs, also as its container's PID 1.
+
+``JSI_DEMO_KEEP_STEP=1``: it keeps the step a failure interrupts (``jobset_inplace.trainer.keep``,
+docs/trainer-contract.md "Keeping the interrupted step"): an injected failure (raised inside the
+loop, as an exception would be), a SIGTERM, or a SIGTERM while it hangs (the main thread blocks
+SIGTERM there, as one stuck in native code runs no handler: the keeper's thread saves) saves the
+newest step it did to every tier it has, unless a persistent checkpoint of it exists.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import NoReturn
 
@@ -54,6 +63,7 @@ from jobset_inplace.trainer import (
     wait_for_resume,
 )
 from jobset_inplace.trainer.checkpoints import available_steps
+from jobset_inplace.trainer.keep import StepKeeper
 
 FAILURE_FILE = "inject-failure"
 FAILURE_EXIT_CODE = 3
@@ -64,6 +74,11 @@ SLOW_FILE = "inject-slow"
 # collectives. A straggler computes longer, the others wait longer: the gang keeps one pace.
 BUSY_SHARE = 0.25
 ENV_STARTUP_HANG_EPOCHS = "JSI_DEMO_STARTUP_HANG_EPOCHS"
+ENV_KEEP_STEP = "JSI_DEMO_KEEP_STEP"
+
+
+class InjectedCrash(Exception):
+    """An injected failure: the trainer exits FAILURE_EXIT_CODE."""
 
 
 def _log(msg: str) -> None:
@@ -95,11 +110,31 @@ class _Truth:
         self.write(f"step {self.epoch} {step} {start:.6f} {end:.6f}")
 
 
-def _hang(why: str) -> NoReturn:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+def _hang(why: str, *, keeping: bool = False) -> NoReturn:
+    if keeping:  # as native code: no handler runs on this thread (the keeper's thread saves)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    else:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _log(f"hanging {why}: no more progress, SIGTERM ignored")
     while True:
         time.sleep(3600)
+
+
+def _tier(local: Path | None, persistent: Path | None, *, persist: bool) -> str:
+    """The tier a save of this kind goes to ("" where there is none)."""
+    if persistent is not None and (persist or local is None):
+        return "both" if local is not None else "persistent"
+    return "local" if local is not None else ""
+
+
+def _keeper(local: Path | None, persistent: Path | None, step: int) -> StepKeeper:
+    tier = _tier(local, persistent, persist=True)
+
+    def save(kept: int) -> None:
+        save_checkpoint(kept, _write_step(kept), tier)  # type: ignore[arg-type]
+        _log(f"step {kept}: kept ({tier})")
+
+    return StepKeeper(save, step=step)
 
 
 def _terminated(signum: int, _frame: object) -> NoReturn:
@@ -113,8 +148,6 @@ def main() -> int:
     # or an init has).
     signal.signal(signal.SIGTERM, _terminated)
     step_s = float(os.environ.get("JSI_DEMO_STEP_SECONDS", "0.5"))
-    every = int(os.environ.get("JSI_DEMO_CHECKPOINT_EVERY", "10"))
-    persist_every = int(os.environ.get("JSI_DEMO_PERSIST_EVERY", "20"))
     state_dir = resolve_state_dir()
     local, persistent = tier_roots()
     standalone = bool(os.environ.get("JSI_DEMO_STANDALONE"))
@@ -130,11 +163,35 @@ def main() -> int:
         hang_epochs = os.environ.get(ENV_STARTUP_HANG_EPOCHS, "").split(",")
         if str(info.epoch) in hang_epochs:
             _hang(f"before the first step of epoch {info.epoch}")
+    truth = _Truth(os.environ.get("JSI_DEMO_TRUTH_FILE"), epoch)
+    truth.resumed(step)
+    keeper = _keeper(local, persistent, step) if os.environ.get(ENV_KEEP_STEP) == "1" else None
+    try:
+        with keeper or contextlib.nullcontext():
+            _train(step, step_s, state_dir, truth, keeper, standalone=standalone)
+    except InjectedCrash as e:
+        _log(f"{e}: exiting {FAILURE_EXIT_CODE}")
+        return FAILURE_EXIT_CODE
+
+
+def _train(
+    step: int,
+    step_s: float,
+    state_dir: Path,
+    truth: _Truth,
+    keeper: StepKeeper | None,
+    *,
+    standalone: bool,
+) -> NoReturn:
+    every = int(os.environ.get("JSI_DEMO_CHECKPOINT_EVERY", "10"))
+    persist_every = int(os.environ.get("JSI_DEMO_PERSIST_EVERY", "20"))
+    local, persistent = tier_roots()
+    update: Callable[[int], AbstractContextManager[None]] = (
+        keeper.update if keeper is not None else lambda _step: contextlib.nullcontext()
+    )
     fail, hang, slow = state_dir / FAILURE_FILE, state_dir / HANG_FILE, state_dir / SLOW_FILE
     crash_at = int(os.environ.get(ENV_CRASH_AT_STEP) or 0)
     busy_s = step_s * BUSY_SHARE
-    truth = _Truth(os.environ.get("JSI_DEMO_TRUTH_FILE"), epoch)
-    truth.resumed(step)
     done_at = time.time()  # the previous step's end (the first step counts from here)
     while True:
         if slow.exists():
@@ -145,39 +202,38 @@ def main() -> int:
         time.sleep(step_s)
         if hang.exists():
             hang.unlink()
-            _hang(f"at step {step}")
+            _hang(f"at step {step}", keeping=keeper is not None)
         if fail.exists():
             at = fail.read_text().strip()
             fail.unlink()
             if at:
                 time.sleep(max(0.0, float(at) - time.time()))
-            _log(f"injected failure at step {step}: exiting {FAILURE_EXIT_CODE}")
-            return FAILURE_EXIT_CODE
+            raise InjectedCrash(f"injected failure at step {step}")
         if step + 1 == crash_at:
-            _log(
-                f"step {crash_at} always crashes ({ENV_CRASH_AT_STEP}): exiting {FAILURE_EXIT_CODE}"
-            )
-            return FAILURE_EXIT_CODE
-        step += 1
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-        start, done_at = done_at, time.time()
-        # (no state directory without an agent)
-        stop = not standalone and report_progress(step, busy_s=busy_s)
-        truth.stepped(step, start, done_at)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+            raise InjectedCrash(f"step {crash_at} always crashes ({ENV_CRASH_AT_STEP})")
+        with update(step + 1):  # the step's state, its progress record and its truth line
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            step += 1
+            start, done_at = done_at, time.time()
+            # (no state directory without an agent)
+            stop = not standalone and report_progress(step, busy_s=busy_s)
+            truth.stepped(step, start, done_at)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         if stop:  # a planned stop (a member's node is drained): checkpoint here, then wait
-            tier = "both" if persistent is not None and local is not None else ""
-            tier = tier or ("persistent" if persistent is not None else "local")
+            tier = _tier(local, persistent, persist=True)
             save_checkpoint(step, _write_step(step), tier)  # type: ignore[arg-type]
+            if keeper is not None:
+                keeper.saved(step)
             _log(f"step {step}: checkpoint saved ({tier}) for a planned stop; parked")
             park(step)
         if step % every == 0:
-            tier = "both" if persistent is not None and step % persist_every == 0 else "local"
-            if local is None:
-                tier = "persistent" if persistent is not None else ""
+            persist = step % persist_every == 0
+            tier = _tier(local, persistent, persist=persist)
             if tier:
                 save_checkpoint(step, _write_step(step), tier)  # type: ignore[arg-type]
                 _log(f"step {step}: checkpoint saved ({tier})")
+                if keeper is not None and (persist or persistent is None):
+                    keeper.saved(step)  # (a local one: kept again, so a new pod has it too)
 
 
 if __name__ == "__main__":

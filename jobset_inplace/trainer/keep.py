@@ -89,6 +89,7 @@ class StepKeeper:
         self._torn = False  # an update raised: the state is no step's
         self._saving = False
         self._held: int | None = None  # a signal that arrived inside an update or a save
+        self._stopping = False  # SIGTERM arrived: no update begins any more
         self._previous: _Handler = None
         self._previous_fd = -1
         self._wakeup: tuple[int, int] | None = None  # (read, write): signals, as bytes
@@ -99,10 +100,13 @@ class StepKeeper:
     def update(self, step: int) -> Iterator[None]:
         """Around the optimizer's update of ``step``: once it returns, the state is ``step``'s.
         An exception inside leaves the state torn (nothing is kept); a SIGTERM inside is
-        held, then raised once the state is whole again; a save under way ends first."""
+        held, then raised once the state is whole again; a save under way ends first. After a
+        SIGTERM no update begins (``SystemExit(143)``): the step kept stays the newest."""
         if self._updating:
             raise RuntimeError("StepKeeper.update: already inside an update")
         with self._lock:
+            if self._stopping:
+                raise SystemExit(128 + signal.SIGTERM)
             self._updating = True
             try:
                 yield
@@ -185,6 +189,7 @@ class StepKeeper:
         try:
             while chunk := os.read(read, 64):
                 if signal.SIGTERM in chunk:
+                    self._stopping = True
                     self.keep("SIGTERM")
         finally:
             os.close(read)

@@ -96,3 +96,68 @@ def test_a_step_that_always_crashes_ends_every_run_before_it(tmp_path: Path) -> 
         assert done.returncode == 3, done.stdout + done.stderr
         assert f"resuming at step {resumed}" in done.stdout + done.stderr
         assert "step 7 always crashes" in done.stdout + done.stderr
+
+
+def _last_step(truth: Path) -> int:
+    steps = [int(line.split()[2]) for line in truth.read_text().splitlines() if line[:4] == "step"]
+    return steps[-1]
+
+
+@pytest.mark.parametrize("failure", ["injected", "sigterm", "hang", "no keeper"])
+def test_the_demo_trainer_keeps_the_step_a_failure_interrupts(tmp_path: Path, failure: str) -> None:
+    """JSI_DEMO_KEEP_STEP=1, no periodic checkpoint within reach: an injected failure (exit 3),
+    a SIGTERM (143), or a SIGTERM while it hangs (the keeper's thread saves; SIGKILL ends it)
+    leaves the newest step it did saved in both tiers, and the next run resumes there. Without
+    the keeper nothing is saved."""
+    state, truth, log = tmp_path / "state", tmp_path / "truth.log", tmp_path / "out.log"
+    state.mkdir()
+    env = {
+        **os.environ,
+        "JSI_DEMO_STANDALONE": "1",
+        "JSI_DEMO_STEP_SECONDS": "0.02",
+        "JSI_DEMO_CHECKPOINT_EVERY": "100000",
+        "JSI_DEMO_TRUTH_FILE": str(truth),
+        "JSI_CHECKPOINT_LOCAL_DIR": str(tmp_path / "local"),
+        "JSI_CHECKPOINT_PERSISTENT_DIR": str(tmp_path / "persistent"),
+        ENV_STATE_DIR: str(state),
+        "PYTHONPATH": str(TRAINER.parents[1]),
+    }
+    if failure != "no keeper":
+        env["JSI_DEMO_KEEP_STEP"] = "1"
+    with log.open("w") as out:
+        trainer = subprocess.Popen([sys.executable, str(TRAINER)], env=env, stdout=out, stderr=out)
+    try:
+        _wait("ten steps", lambda: truth.exists() and truth.read_text().count("step ") >= 10)
+        if failure == "sigterm":
+            trainer.send_signal(signal.SIGTERM)
+            assert trainer.wait(timeout=30) == EXIT_ON_SIGTERM
+        elif failure == "hang":
+            (state / "inject-hang").touch()
+            _wait("the hang", lambda: "hanging" in log.read_text())
+            trainer.send_signal(signal.SIGTERM)
+            _wait("the kept step", lambda: "kept" in log.read_text())
+            assert trainer.poll() is None, "still hung: only the keeper's thread ran"
+            trainer.kill()
+            trainer.wait(timeout=30)
+        else:
+            (state / "inject-failure").touch()
+            assert trainer.wait(timeout=30) == 3, log.read_text()
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+    last = _last_step(truth)
+    kept = sorted(p.name for p in (tmp_path / "persistent").glob("step-*"))
+    assert kept == ([] if failure == "no keeper" else [f"step-{last}"]), log.read_text()
+    (state / "inject-failure").write_text("")  # the next run ends at its first step
+    again = subprocess.run(
+        [sys.executable, str(TRAINER)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert again.returncode == 3, again.stdout + again.stderr
+    resumed = 0 if failure == "no keeper" else last
+    assert f"resuming at step {resumed} " in again.stdout + again.stderr

@@ -172,9 +172,11 @@ def test_sigterm_in_a_blocked_collective_saves_on_the_keepers_thread() -> None:
     assert keeper.kept == 5
 
 
-def test_an_update_waits_for_a_save_under_way() -> None:
-    """An update after the watcher began saving waits for the save: the state saved is one
-    step's, never half the next."""
+def test_an_update_after_sigterm_waits_for_the_save_then_does_not_begin() -> None:
+    """An update after the watcher began saving waits for the save (the state saved is one
+    step's, never half the next), then ends the loop instead of beginning: one save, of the
+    newest step. (Before, the main thread, whose sleep the signal did not interrupt, went on
+    to the next step and saved it again as SystemExit left the loop.)"""
     saving, release = threading.Event(), threading.Event()
     seen: list[str] = []
 
@@ -191,9 +193,11 @@ def test_an_update_waits_for_a_save_under_way() -> None:
         os.write(keeper._wakeup[1], bytes([signal.SIGTERM]))
         assert saving.wait(10)
         threading.Timer(0.2, release.set).start()
-        with keeper.update(2):
+        with pytest.raises(SystemExit) as stopped, keeper.update(2):
             seen.append("update 2")
-    assert seen == ["saved 1", "update 2"]
+    assert stopped.value.code == 143
+    assert seen == ["saved 1"]
+    assert keeper.kept == 1
 
 
 def test_an_update_inside_an_update_is_refused() -> None:
