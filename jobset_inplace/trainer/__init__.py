@@ -8,10 +8,14 @@ agent then reports. See docs/trainer-contract.md. Standard library only.
 
 from __future__ import annotations
 
+import errno
+import glob
 import json
 import os
 import re
 import shutil
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -222,26 +226,83 @@ def _remove(path: Path) -> None:
 
 @contextmanager
 def staged_checkpoint(root: Path | str, step: int, *, durable: bool = True) -> Iterator[Path]:
-    """Yield an empty ``step-<S>.tmp`` directory to write into; commit it on success.
+    """Yield an empty staging directory to write into; commit it as ``step-<S>`` on success.
 
-    On normal exit the directory is renamed to ``step-<S>`` (replacing an older one of that
-    step) and marked ``COMPLETE``; on an exception it is removed and nothing is committed.
+    On normal exit the directory is marked ``COMPLETE`` and then renamed to ``step-<S>``
+    (replacing one of that step: an older save, a retired or a partial one), so the step is
+    complete whenever it is there. The staging name is this thread's own
+    (``step-<S>.tmp-<host>-<pid>-<thread>``): members that share one root (replicated state,
+    docs/trainer-contract.md "One root for a replicated gang") may save the same step at once,
+    and the last save stands. On an exception the staging directory is removed and nothing
+    is committed; the leftovers of this host's crashed saves are removed at the next save.
     """
     final = step_dir(Path(root), step)
-    tmp = final.with_name(final.name + ".tmp")
+    host, tag = socket.gethostname(), f"{os.getpid()}-{threading.get_native_id()}"
+    tmp = final.with_name(f"{final.name}.tmp-{host}-{tag}")
     final.parent.mkdir(parents=True, exist_ok=True)
+    _remove_dead_staging(final, host)
     if tmp.exists() or tmp.is_symlink():
-        _remove(tmp)  # left over from a crash
+        _remove(tmp)  # left over from a crash of a process that had our PID
     tmp.mkdir()
     try:
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if final.exists() or final.is_symlink():
-        _remove(final)
-    os.replace(tmp, final)
-    mark_complete(final, durable=durable)
+    mark_complete(tmp, durable=durable)
+    _publish(tmp, final, f"{host}-{tag}", durable=durable)
+
+
+PUBLISH_TRIES = 16  # renames lost to other members saving the same step at that moment
+
+
+def _publish(tmp: Path, final: Path, tag: str, *, durable: bool) -> None:
+    """Rename the complete ``tmp`` to ``final``; whatever is there is renamed aside first
+    (one rename each: a member saving the same step meanwhile only makes us try again)."""
+    for _ in range(PUBLISH_TRIES):
+        try:
+            os.rename(tmp, final)
+            break
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                raise
+        aside = final.with_name(f".{final.name}.old-{tag}")
+        try:
+            os.rename(final, aside)
+        except FileNotFoundError:
+            continue  # moved aside by another member meanwhile
+        _remove(aside)
+    else:
+        if not is_complete(final):
+            raise OSError(f"{final}: not published after {PUBLISH_TRIES} tries")
+        shutil.rmtree(tmp, ignore_errors=True)  # (another member's save of the step stands)
+        return
+    if durable:
+        _fsync_dir(final.parent)
+
+
+def _remove_dead_staging(final: Path, host: str) -> None:
+    """Remove staging directories of ``final``'s step left by processes of this host that
+    are gone (a crash mid-save; another host's are not ours to judge), and the one name
+    earlier versions staged in (``step-<S>.tmp``)."""
+    legacy = final.with_name(f"{final.name}.tmp")
+    if legacy.exists() or legacy.is_symlink():
+        _remove(legacy)
+    prefix = f"{final.name}.tmp-{host}-"
+    for entry in final.parent.glob(f"{glob.escape(prefix)}*"):
+        pid = entry.name[len(prefix) :].split("-")[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            _remove(entry)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _roots_for(tier: Tier, env: Mapping[str, str] | None) -> list[Path]:

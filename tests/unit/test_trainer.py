@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import socket
 import stat
+import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -255,7 +259,9 @@ def test_save_both_writes_once_and_copies(tmp_path: Path) -> None:
 
     saved = save_checkpoint(5, write, tier="both", env=env, durable=False)
     assert saved == [tmp_path / "local" / "step-5", tmp_path / "persistent" / "step-5"]
-    assert calls == [tmp_path / "local" / "step-5.tmp"]
+    assert [(c.parent, c.name.startswith("step-5.tmp-")) for c in calls] == [
+        (tmp_path / "local", True)
+    ]
     for d in saved:
         assert sorted(str(p.relative_to(d)) for p in d.rglob("*")) == [
             COMPLETE_MARKER,
@@ -325,17 +331,84 @@ def test_resaving_a_step_replaces_it_entirely(tmp_path: Path) -> None:
 
 
 def test_leftovers_of_a_crashed_save_are_cleaned_up(tmp_path: Path) -> None:
+    """This host's staging of a process that is gone, and the name earlier versions staged
+    in, are removed; another host's (a member sharing the root) is not ours to judge."""
     root = tmp_path / "local"
-    (root / "step-4.tmp").mkdir(parents=True)
-    (root / "step-4.tmp" / "junk").write_text("half")
+    dead = subprocess.Popen(["true"])  # (its PID is free once it has been waited for)
+    dead.wait()
+    host = socket.gethostname()
+    for name in ("step-4.tmp", f"step-4.tmp-{host}-{dead.pid}-{dead.pid}", "step-4.tmp-peer-1-1"):
+        (root / name).mkdir(parents=True)
+        (root / name / "junk").write_text("half")
     (root / "step-4").mkdir()  # renamed but crashed before the marker
     (root / "step-4" / "junk").write_text("half")
     assert scan_tier(root) == set()
     with staged_checkpoint(root, 4) as d:
         assert list(d.iterdir()) == []
         (d / "w").write_text("ok")
-    assert sorted(p.name for p in root.iterdir()) == ["step-4"]
+    assert sorted(p.name for p in root.iterdir()) == ["step-4", "step-4.tmp-peer-1-1"]
     assert sorted(p.name for p in (root / "step-4").iterdir()) == [COMPLETE_MARKER, "w"]
+
+
+def _save_the_same_step(root: str, writer: str, rounds: int) -> None:
+    for n in range(rounds):
+        with staged_checkpoint(root, 7 + n % 2, durable=False) as d:
+            for part in ("a", "b", "c"):
+                (d / part).write_text(writer)
+
+
+def _read_at(directory: int, name: str) -> str:
+    with open(name, opener=lambda path, flags: os.open(path, flags, dir_fd=directory)) as f:
+        return f.read()
+
+
+def test_members_sharing_a_root_save_the_same_step_at_once(tmp_path: Path) -> None:
+    """One root for a replicated gang: two processes of two threads each save steps 7 and 8
+    over and over at once; a scan beside them never sees a complete step that is not one
+    writer's whole save (its marker included: it is complete whenever it is there), and at
+    the end each step is one writer's, nothing staged is left."""
+    root = tmp_path / "shared"
+    stop = threading.Event()
+    seen: list[str] = []
+
+    def scan() -> None:
+        while not stop.is_set():
+            for step in scan_tier(root):
+                try:  # one directory, read through its descriptor (a load by path could mix
+                    # two saves if another member replaced the step meanwhile)
+                    fd = os.open(step_dir(root, step), os.O_RDONLY | os.O_DIRECTORY)
+                except FileNotFoundError:
+                    continue
+                try:
+                    parts = {_read_at(fd, x) for x in ("a", "b", "c", COMPLETE_MARKER)}
+                except FileNotFoundError:
+                    continue  # moved aside and removed meanwhile
+                finally:
+                    os.close(fd)
+                seen.append("whole" if len(parts - {""}) == 1 else f"torn {parts}")
+
+    scanner = threading.Thread(target=scan)
+    scanner.start()
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_save_the_same_step, args=(str(root), f"p{i}", 60)) for i in (0, 1)]
+    threads = [
+        threading.Thread(target=_save_the_same_step, args=(str(root), f"t{i}", 60)) for i in (0, 1)
+    ]
+    for proc in procs:
+        proc.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    stop.set()
+    scanner.join(10)
+    assert seen, "the scan saw no step"
+    assert set(seen) == {"whole"}, [s for s in seen if s != "whole"][:3]
+    assert sorted(p.name for p in root.iterdir()) == ["step-7", "step-8"]
+    assert scan_tier(root) == {7, 8}
 
 
 def test_staging_dir_is_invisible_to_the_agent(tmp_path: Path) -> None:
