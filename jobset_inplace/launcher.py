@@ -54,6 +54,8 @@ import time
 from pathlib import Path
 
 ENV_STATE_DIR = "JSI_STATE_DIR"
+ENV_CHECKPOINT_LOCAL_DIR = "JSI_CHECKPOINT_LOCAL_DIR"  # the trainer's checkpoint tiers' roots
+ENV_CHECKPOINT_PERSISTENT_DIR = "JSI_CHECKPOINT_PERSISTENT_DIR"
 DEFAULT_STATE_DIR = "/var/run/jobset-inplace"
 RESUME_FILE = "resume.json"
 # Hot spares (docs/design/hot-spares.md, section 5): with ENV_LEASE set, a trainer runs only

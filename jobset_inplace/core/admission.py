@@ -49,7 +49,7 @@ from jobset_inplace.core.transform import (
     has_agent,
     transform,
 )
-from jobset_inplace.trainer import ENV_CHECKPOINT_PERSISTENT_DIR
+from jobset_inplace.launcher import ENV_CHECKPOINT_PERSISTENT_DIR
 
 JSONPatchOp = dict[str, Any]
 

@@ -34,17 +34,15 @@ from jobset_inplace.core.policy import Escalation, Policy, RestartScope, parse_p
 from jobset_inplace.core.spares import SpareSpec, spare_spec
 from jobset_inplace.core.torchrun import identity_options
 from jobset_inplace.launcher import (
-    ENV_CONTAINER,
-    ENV_LEASE,
-    ENV_PRESTART_IMPORTS,
-    ENV_STOP_GRACE,
-    LAUNCHER_FILE,
-)
-from jobset_inplace.trainer import (
     DEFAULT_STATE_DIR,
     ENV_CHECKPOINT_LOCAL_DIR,
     ENV_CHECKPOINT_PERSISTENT_DIR,
+    ENV_CONTAINER,
+    ENV_LEASE,
+    ENV_PRESTART_IMPORTS,
     ENV_STATE_DIR,
+    ENV_STOP_GRACE,
+    LAUNCHER_FILE,
 )
 from jobset_inplace.trainer.layouts import Layout
 
@@ -52,7 +50,7 @@ AGENT_CONTAINER = "jobset-inplace-agent"
 # The image that runs the agent (Python 3 plus this package); the webhook and `enable` default.
 DEFAULT_AGENT_IMAGE = f"jobset-inplace/agent:{__version__}"
 STATE_VOLUME = "jobset-inplace-state"
-STATE_DIR = str(DEFAULT_STATE_DIR)
+STATE_DIR = DEFAULT_STATE_DIR
 REPORT_TOKEN_VOLUME = "jobset-inplace-report-token"
 REPORT_TOKEN_FILE = "token"
 LAUNCHER_PATH = f"{STATE_DIR}/{LAUNCHER_FILE}"

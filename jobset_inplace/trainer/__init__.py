@@ -24,7 +24,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from jobset_inplace.launcher import DEFAULT_STATE_DIR as _DEFAULT_STATE_DIR
-from jobset_inplace.launcher import ENV_STATE_DIR, RESUME_FILE
+from jobset_inplace.launcher import (
+    ENV_CHECKPOINT_LOCAL_DIR,
+    ENV_CHECKPOINT_PERSISTENT_DIR,
+    ENV_STATE_DIR,
+    RESUME_FILE,
+)
 from jobset_inplace.trainer.checkpoints import (
     COMPLETE_MARKER,
     RETIRED_MARKER,
@@ -58,8 +63,6 @@ __all__ = [
     "write_resume",
 ]
 
-ENV_CHECKPOINT_LOCAL_DIR = "JSI_CHECKPOINT_LOCAL_DIR"
-ENV_CHECKPOINT_PERSISTENT_DIR = "JSI_CHECKPOINT_PERSISTENT_DIR"
 DEFAULT_STATE_DIR = Path(_DEFAULT_STATE_DIR)
 
 Tier = Literal["local", "persistent", "both"]
