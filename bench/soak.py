@@ -94,6 +94,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="without a Prometheus scraping the controller (by default one does: the alerts "
         "that fired, and the dashboard drawn from the soak's series next to the results)",
     )
+    p.add_argument(
+        "--keep-step",
+        action="store_true",
+        help="the trainers keep the step a failure interrupts (JSI_DEMO_KEEP_STEP=1) in one "
+        "persistent root for the gang (docs/trainer-contract.md, 'One root for a replicated "
+        "gang'); by default each member has its own root and only periodic checkpoints",
+    )
     p.add_argument("--allow-dirty", action="store_true", help=provenance.ALLOW_DIRTY_HELP)
     args = p.parse_args(argv)
     kinds = args.kinds.split(",")
@@ -197,7 +204,11 @@ def run(
             names.RECREATE_BUDGET: "10000",
         },
         persistent=shared,
-        env={"JSI_DEMO_STEP_SECONDS": f"{args.step_seconds:g}"},
+        shared_root=args.keep_step,
+        env={
+            "JSI_DEMO_STEP_SECONDS": f"{args.step_seconds:g}",
+            **({"JSI_DEMO_KEEP_STEP": "1"} if args.keep_step else {}),
+        },
         limits={RESOURCE: "1"} if soak.devices is not None else None,
     )
     started = time.monotonic()
@@ -414,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         "kubernetes": versions().kubernetes,
         "members": args.members,
         "every_s": args.every,
+        "keep_step": args.keep_step,
         "result": result,
         "failures": [asdict(f) for f in failures],
         "stopped_early": stopped,

@@ -78,6 +78,7 @@ def demo_jobset(
     persistent: Path | None = None,
     security: dict[str, Any] | None = None,
     service_account: str | None = None,
+    shared_root: bool = False,
 ) -> dict[str, Any]:
     """The demo JobSet as a user writes it: opted in, no agent (the webhook injects it);
     ``scope``: the restart-scope annotation (None: the default); ``annotations``: more of
@@ -88,7 +89,9 @@ def demo_jobset(
     completion index is 0 in every one-pod Job), shared by the local cluster's real nodes as
     nodes share a network filesystem, so a member recreated on another node finds its steps;
     ``security``: the trainer container's securityContext; ``service_account``: the
-    ServiceAccount its pods run as (None: none named).
+    ServiceAccount its pods run as (None: none named); ``shared_root``: ``persistent`` is one
+    root for the whole gang instead (its state is replicated: docs/trainer-contract.md, "One
+    root for a replicated gang").
     """
     volumes: list[dict[str, Any]] = [{"name": "ckpt", "emptyDir": {}}]
     mounts: list[dict[str, Any]] = [{"name": "ckpt", "mountPath": "/ckpt"}]
@@ -97,14 +100,13 @@ def demo_jobset(
         volumes.append(
             {"name": "shared", "hostPath": {"path": str(persistent), "type": "DirectoryOrCreate"}}
         )
-        mounts.append(
-            {"name": "shared", "mountPath": PERSISTENT_MOUNT, "subPathExpr": "$(JOB_INDEX)"}
-        )
-        index = {"fieldRef": {"fieldPath": f"metadata.labels['{names.JOB_INDEX_LABEL}']"}}
-        tiers += [
-            {"name": "JOB_INDEX", "valueFrom": index},
-            {"name": "JSI_CHECKPOINT_PERSISTENT_DIR", "value": PERSISTENT_MOUNT},
-        ]
+        mount = {"name": "shared", "mountPath": PERSISTENT_MOUNT}
+        if not shared_root:
+            mount["subPathExpr"] = "$(JOB_INDEX)"
+            index = {"fieldRef": {"fieldPath": f"metadata.labels['{names.JOB_INDEX_LABEL}']"}}
+            tiers.append({"name": "JOB_INDEX", "valueFrom": index})
+        mounts.append(mount)
+        tiers.append({"name": "JSI_CHECKPOINT_PERSISTENT_DIR", "value": PERSISTENT_MOUNT})
     trainer: dict[str, Any] = {
         "name": "trainer",
         "image": IMAGE,
@@ -338,6 +340,7 @@ def training_gang(
     service_account: str | None = None,
     env: dict[str, str] | None = None,
     labels: dict[str, str] | None = None,
+    shared_root: bool = False,
 ) -> None:
     """A demo gang in ``namespace`` (prepared for gangs), trained to a checkpoint on every
     member: epoch 1's barrier open, every trainer running, a common step to resume from (in
@@ -359,6 +362,7 @@ def training_gang(
             service_account=service_account,
             env=env,
             labels=labels,
+            shared_root=shared_root,
         ),
     )
     wait_for(
