@@ -13,12 +13,12 @@ from testbed.demo import PERSISTENT_MOUNT, demo_jobset
 def _trainer(js: dict[str, Any]) -> dict[str, Any]:
     pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     (trainer,) = [c for c in pod["containers"] if c["name"] == "trainer"]
-    return trainer
+    return dict(trainer)
 
 
 def _persistent_mount(trainer: dict[str, Any]) -> dict[str, Any]:
     (mount,) = [m for m in trainer["volumeMounts"] if m["mountPath"] == PERSISTENT_MOUNT]
-    return mount
+    return dict(mount)
 
 
 def test_each_member_has_its_own_persistent_root_by_default() -> None:
