@@ -70,6 +70,20 @@ def test_the_demo_trainer_ends_on_sigterm_as_pid_1(tmp_path: Path) -> None:
             outer.wait()
 
 
+def _crashing_run(env: dict[str, str]) -> str:
+    """What the trainer says in a run that ends by an injected crash (exit 3)."""
+    done = subprocess.run(
+        [sys.executable, str(TRAINER)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 3, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
 def test_a_step_that_always_crashes_ends_every_run_before_it(tmp_path: Path) -> None:
     """JSI_DEMO_CRASH_AT_STEP (the stop rule's e2e): the trainer exits 3 before that step,
     whichever step below it it starts from (standalone: from its own newest checkpoint)."""
@@ -85,17 +99,9 @@ def test_a_step_that_always_crashes_ends_every_run_before_it(tmp_path: Path) -> 
     }
     (tmp_path / "state").mkdir()
     for resumed in (0, 5):  # the second run resumes from the first's checkpoint of step 5
-        done = subprocess.run(
-            [sys.executable, str(TRAINER)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 3, done.stdout + done.stderr
-        assert f"resuming at step {resumed}" in done.stdout + done.stderr
-        assert "step 7 always crashes" in done.stdout + done.stderr
+        said = _crashing_run(env)
+        assert f"resuming at step {resumed}" in said
+        assert "step 7 always crashes" in said
 
 
 def _last_step(truth: Path) -> int:
@@ -150,14 +156,5 @@ def test_the_demo_trainer_keeps_the_step_a_failure_interrupts(tmp_path: Path, fa
     kept = sorted(p.name for p in (tmp_path / "persistent").glob("step-*"))
     assert kept == ([] if failure == "no keeper" else [f"step-{last}"]), log.read_text()
     (state / "inject-failure").write_text("")  # the next run ends at its first step
-    again = subprocess.run(
-        [sys.executable, str(TRAINER)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert again.returncode == 3, again.stdout + again.stderr
     resumed = 0 if failure == "no keeper" else last
-    assert f"resuming at step {resumed} " in again.stdout + again.stderr
+    assert f"resuming at step {resumed} " in _crashing_run(env)
