@@ -377,9 +377,12 @@ async def run(server: Server, connections: int, concurrency: int, samples: int) 
                 f"server {state}"
             )
         await asyncio.sleep(0.2)
+    # The server's count here, not after the attacker lets go: closing a connection the kernel
+    # answered with a SYN cookie sends a packet that completes it late, and the server then
+    # accepts (and refuses) it; seen once under load, 34 late rate-limit refusals.
+    out["settled"] = state
     hold.set()
     out["attacker"] = await attack
-    out["after_flood"] = await asyncio.to_thread(server.state)
     out["peak_during_flood"] = peak
     # the trickle
     stop = asyncio.Event()

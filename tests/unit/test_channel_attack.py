@@ -33,7 +33,7 @@ def test_a_flood_and_a_trickle_from_one_address_leave_an_agent_answered() -> Non
     # (limits) or at the pre-authentication deadline; the server never held more than the
     # address's share (connections the kernel never handed it: ``never_accepted``)
     assert attacker["held"] + attacker["dropped"] == ATTACK, attacker
-    refused = out["after_flood"]["refused"]
+    refused = out["settled"]["refused"]
     kinds = ("unauthenticated_limit", "source_limit", "rate_limited", "preauth_timeout")
     assert sum(refused[k] for k in kinds) == attacker["dropped"], (refused, attacker)
     assert refused["connection_limit"] == 0, refused
