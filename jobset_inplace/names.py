@@ -90,6 +90,11 @@ REPORT_PROGRESS_SPAN: Final = f"{PREFIX}progress-span"
 # stopped at the planned step and parked, it says "<epoch>" under parked-in-epoch.
 REPORT_PROGRESS_NOW: Final = f"{PREFIX}progress-now"
 REPORT_PARKED: Final = f"{PREFIX}parked-in-epoch"
+# A second look at the checkpoint steps (GangState status.stepRecheck: every member of the
+# recovering epoch whose report lacks the step named there scans its tiers again): the agent
+# reports again, with "<epoch>" under this key. A member whose trainer stopped first reported
+# what a shared root held then, before the others' trainers kept their interrupted step.
+REPORT_RECHECKED: Final = f"{PREFIX}rechecked-steps"
 # Over the report channel only (never on the pod), alone in its request, while an epoch runs:
 # "<epoch>:<progress span so far>", first once the trainers' pace is known, then each time its
 # reach has about doubled, at most every PROGRESS_NOTE_S. The leader keeps each member's newest
@@ -111,6 +116,7 @@ CHANNEL_REPORT_KEYS: Final = (
     REPORT_PROGRESS_SPAN,
     REPORT_PROGRESS_NOW,
     REPORT_PARKED,
+    REPORT_RECHECKED,
 )
 REPORT_PATH: Final = "/v1/reports"
 DEFAULT_REPORT_PORT: Final = 9444

@@ -12,6 +12,9 @@ Rules (see the package docstring for why):
 * The barrier opens for this agent iff the status says ``barrierOpen`` for the agent's epoch
   *and* the agent took part: its report was made, or was still in place, while that epoch's
   barrier was closed. An agent that first sees its epoch's barrier already open waits.
+* Asked to look at the checkpoint steps again (``status.stepRecheck`` names this agent's
+  epoch and a step its report lacks) while its barrier is closed: report again, once, saying
+  so (another member kept that step in a root they may share after this agent scanned).
 * A different epoch before this agent's barrier opened: adopt it in place (report again).
   A different epoch after it opened: restart. Pod scope: exit with the restart exit code (the
   pod restarts every container in place; the next agent process joins the new epoch). Process
@@ -21,7 +24,7 @@ Rules (see the package docstring for why):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from jobset_inplace import names
@@ -72,6 +75,8 @@ class GangView:
     planned_stop: tuple[int, int | None] | None = None
     # status.slots (hot spares): slot -> the position holding it, where not its own
     slots: Mapping[str, str] = field(default_factory=dict)
+    # status.stepRecheck: (epoch, step) members lacking step look at their steps again
+    step_recheck: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +154,17 @@ def parse_planned_stop(value: object) -> tuple[int, int | None] | None:
     return epoch, step
 
 
+def parse_step_recheck(value: object) -> tuple[int, int] | None:
+    """``status.stepRecheck`` as (epoch, step); None when absent or unusable (advisory: the
+    barrier opens at the ask's deadline whatever the agents did)."""
+    if not isinstance(value, Mapping):
+        return None
+    epoch, step = value.get("epoch"), value.get("step")
+    if not is_int(epoch) or not is_int(step) or not 0 <= epoch <= MAX_STEP:
+        return None
+    return (epoch, step) if 0 <= step <= MAX_STEP else None
+
+
 def parse_endpoint(value: object) -> Endpoint | None:
     """``status.reportEndpoint``; None when absent or unusable (the agent then writes its
     reports on its pod: a bad endpoint never holds a barrier)."""
@@ -198,6 +214,7 @@ def parse_gangstate(obj: object) -> GangView | None:
         endpoint=parse_endpoint(status.get("reportEndpoint")),
         planned_stop=parse_planned_stop(status.get("plannedStop")),
         slots=parse_slots(status.get("slots")),
+        step_recheck=parse_step_recheck(status.get("stepRecheck")),
     )
 
 
@@ -211,10 +228,12 @@ class Report:
     """Adopt `epoch` (if not already this agent's) and write the pod annotations.
 
     `barrier_closed`: the status this report answers had the barrier closed; confirm it with
-    `AgentLogic.reported`."""
+    `AgentLogic.reported_epoch`. `recheck`: it answers the status's ask to look at the
+    checkpoint steps again (its scan is made after the ask)."""
 
     epoch: int
     barrier_closed: bool
+    recheck: bool = False
 
 
 @dataclass(frozen=True)
@@ -265,6 +284,8 @@ class AgentLogic:
         self.joined = False  # the report stood while `epoch`'s barrier was closed
         self.opened = False  # resume.json written and the probe passes: the trainer may run
         self.slot: int | None = None  # the slot its trainer runs as (hot spares)
+        self.steps: frozenset[int] = frozenset()  # the checkpoint steps its report lists
+        self.rechecked: int | None = None  # the epoch whose steps it looked at again
 
     def step(self, view: GangView) -> Action:
         """The action for the status `view` just observed."""
@@ -278,13 +299,25 @@ class AgentLogic:
                 return Restart(self.epoch, view.epoch)
             return Wait(f"open: epoch {self.epoch}, trainer running")
         if self.epoch is None or view.epoch != self.epoch or not self.reported:
-            return Report(view.epoch, barrier_closed=not view.barrier_open)
+            asked = view.step_recheck is not None and view.step_recheck[0] == view.epoch
+            return Report(view.epoch, barrier_closed=not view.barrier_open, recheck=asked)
+        if not view.barrier_open and self._asked_to_recheck(view):
+            return Report(view.epoch, barrier_closed=True, recheck=True)
         if not view.barrier_open:
             return Wait(
                 f"barrier of epoch {view.epoch} closed: reported, waiting for the gang "
                 "and the controller"
             )
         return self._open(view, slot)
+
+    def _asked_to_recheck(self, view: GangView) -> bool:
+        ask = view.step_recheck
+        return (
+            ask is not None
+            and ask[0] == self.epoch
+            and ask[1] not in self.steps
+            and self.rechecked != self.epoch
+        )
 
     def _open(self, view: GangView, slot: int | None) -> Action:
         """The barrier of this agent's epoch is open."""
@@ -299,8 +332,16 @@ class AgentLogic:
             return Open(view.epoch, view.resume_step, slot, self.position.env(view.slots, slot))
         return Open(view.epoch, view.resume_step)
 
-    def reported_epoch(self, epoch: int, barrier_closed: bool) -> None:
-        """Confirm a `Report`: the annotations now say `epoch`."""
+    def reported_epoch(
+        self,
+        epoch: int,
+        barrier_closed: bool,
+        steps: Iterable[int] = (),
+        *,
+        rechecked: bool = False,
+    ) -> None:
+        """Confirm a `Report`: the annotations now say `epoch` and checkpoint `steps` (and,
+        with `rechecked`, that they answer the ask to look again)."""
         if self.opened:
             raise RuntimeError("an agent whose barrier opened never reports another epoch")
         if epoch != self.epoch:
@@ -308,6 +349,9 @@ class AgentLogic:
         self.epoch = epoch
         self.reported = True
         self.joined = self.joined or barrier_closed
+        self.steps = frozenset(steps)
+        if rechecked:
+            self.rechecked = epoch
 
     def opened_barrier(self, epoch: int, slot: int | None = None) -> None:
         """Confirm an `Open` (as ``slot``, with hot spares): resume.json is written; the probe

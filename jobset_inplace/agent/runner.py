@@ -107,6 +107,7 @@ _POD_REPORT_KEYS = (
     names.REPORT_PROGRESS_SPAN,
     names.REPORT_PROGRESS_NOW,
     names.REPORT_PARKED,
+    names.REPORT_RECHECKED,
 )
 
 
@@ -393,14 +394,25 @@ class Agent:
         if not action.barrier_closed:
             # reported into an open barrier: this agent (re)started unseen, and waits
             report[names.REPORT_LATE] = str(action.epoch)
+        if action.recheck:
+            report[names.REPORT_RECHECKED] = str(action.epoch)
         try:
             where = self.reporter.report(report, fresh=True, channel=self.channel, kube=self.kube)
         except _RETRY_ERRORS as e:
             raise _ActionFailed(f"cannot report on pod {cfg.pod_name}: {_describe(e)}") from e
         previous = self.logic.epoch
-        self.logic.reported_epoch(action.epoch, action.barrier_closed)
+        again = previous == action.epoch and self.logic.reported
+        self.logic.reported_epoch(
+            action.epoch, action.barrier_closed, steps, rechecked=action.recheck
+        )
         listed = ",".join(map(str, steps)) or "none"
-        if previous is None:
+        if again:
+            self.log.info(
+                f"looked at the checkpoint steps of epoch {action.epoch} again (the controller "
+                f"asked: another member reported a step this report lacked): [{listed}] (on "
+                f"the {where})"
+            )
+        elif previous is None:
             age = process_age()
             latency = age if age is not None else time.monotonic() - self._started
             self.first_report_latency = latency

@@ -209,6 +209,7 @@ def agent_report(values: Mapping[str, str]) -> tuple[dict[str, Any], str | None]
         )
     now = _progress_now(values.get(names.REPORT_PROGRESS_NOW), errors)
     parked = _report_number(values, names.REPORT_PARKED, errors)
+    rechecked = _report_number(values, names.REPORT_RECHECKED, errors)
     if errors:
         return {}, _capped("; ".join(errors))
     return {
@@ -221,6 +222,7 @@ def agent_report(values: Mapping[str, str]) -> tuple[dict[str, Any], str | None]
         "progress_span": span,
         "progress_now": now,
         "parked_in_epoch": parked,
+        "rechecked_epoch": rechecked,
     }, None
 
 
@@ -280,6 +282,7 @@ _REPORT_FIELDS = (
     "progress_span",
     "progress_now",
     "parked_in_epoch",
+    "rechecked_epoch",
 )
 # Where a report ahead of the gang's epoch ranks: below every other (even an empty one).
 _AHEAD = (-2, -2)

@@ -23,6 +23,7 @@ from jobset_inplace.core.model import (
     Recovery,
     Repeats,
     ReportEndpoint,
+    StepRecheck,
 )
 from jobset_inplace.core.statemachine import Edge, Phase
 from jobset_inplace.times import parse_time, rfc3339
@@ -98,6 +99,7 @@ def status_to_dict(s: GangStatus) -> dict[str, Any]:
         "plannedStop": None if s.planned_stop is None else _planned_to_dict(s.planned_stop),
         "slots": dict(s.slots),
         "repeats": None if s.repeats is None else _repeats_to_dict(s.repeats),
+        "stepRecheck": None if s.step_recheck is None else _recheck_to_dict(s.step_recheck),
         "restarts": {"inPlace": s.in_place_restarts},
     }
 
@@ -242,8 +244,24 @@ def status_from_dict(d: dict[str, Any] | None) -> GangStatus:
         planned_stop=_planned_from_dict(d.get("plannedStop")),
         slots=_slots_from_dict(d.get("slots")),
         repeats=_repeats_from_dict(d.get("repeats")),
+        step_recheck=_recheck_from_dict(d.get("stepRecheck")),
         in_place_restarts=int((d.get("restarts") or {}).get("inPlace") or 0),
     )
+
+
+def _recheck_to_dict(r: StepRecheck) -> dict[str, Any]:
+    return {"epoch": r.epoch, "step": r.step, "deadline": rfc3339(r.deadline)}
+
+
+def _recheck_from_dict(d: Any) -> StepRecheck | None:
+    """A pending second look; anything malformed is dropped (the barrier then opens on the
+    reports it has, as before the second look existed)."""
+    if not isinstance(d, dict):
+        return None
+    epoch, step, deadline = d.get("epoch"), d.get("step"), d.get("deadline")
+    if not isinstance(epoch, int) or not isinstance(step, int) or not isinstance(deadline, str):
+        return None
+    return StepRecheck(epoch, step, parse_time(deadline) or 0.0)
 
 
 def _repeats_to_dict(r: Repeats) -> dict[str, Any]:

@@ -100,6 +100,9 @@ class PodView:
     # and the epoch in which its trainers parked at the planned step
     progress_now: tuple[int, ProgressSpan | None] | None = None
     parked_in_epoch: int | None = None
+    # the epoch whose checkpoint steps its agent scanned again when the status asked
+    # (status.stepRecheck): its report is made after every member's trainer stopped
+    rechecked_epoch: int | None = None
     # the epoch of the report its agent wrote on the pod (None: nothing on the pod); with a
     # report channel served, a report there means the channel failed that agent
     pod_report_epoch: int | None = None
@@ -288,6 +291,18 @@ class PlannedStop:
     step: int | None = None
 
 
+@dataclass(frozen=True)
+class StepRecheck:
+    """A second look at the checkpoint steps before the barrier of ``epoch`` opens: every
+    member's report lacks ``step`` but one's. Members whose report lacks it scan again (their
+    report may predate the others' kept step in a root they share); at ``deadline`` the
+    barrier opens on what it has."""
+
+    epoch: int
+    step: int
+    deadline: float
+
+
 @dataclass
 class GangStatus:
     """What the controller persists (GangState ``.status``); the planner's memory."""
@@ -331,6 +346,8 @@ class GangStatus:
     slots: dict[str, str] = field(default_factory=dict)
     # the same failure in a row without progress (core/no_progress.py; None: no such run)
     repeats: Repeats | None = None
+    # the barrier of the recovering epoch waits for a second look at the steps (None: not)
+    step_recheck: StepRecheck | None = None
     # epochs this controller opened restarting the gang in place (a failure's recovery, a
     # manual restart, a planned move), over the gang's life: JobSet's own restart counter
     # counts none of them, and the budgets are reset by its restarts

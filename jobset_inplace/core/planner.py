@@ -59,6 +59,7 @@ from jobset_inplace.core.model import (
     Recovery,
     ReplacePod,
     Snapshot,
+    StepRecheck,
     UntaintNode,
 )
 from jobset_inplace.core.planned_moves import ANSWER_WAIT_S, leaving_members, stop_step
@@ -103,6 +104,15 @@ IN_PLACE_CAUSES = frozenset(
 # channel (well under a second), or, when that channel fails, writes it on its pod after its
 # 2 s timeout and one retry.
 REPORT_AGAIN_S = 15.0
+# How long the barrier waits for the second look at the checkpoint steps (status.stepRecheck):
+# an agent answers as soon as its GangState watch shows the ask (well under a second), or on
+# its pod after its channel's 2 s timeout; an agent older than the ask never answers.
+STEP_RECHECK_S = 5.0
+
+
+def _asked_to_recheck(pod: PodView, ask: StepRecheck) -> bool:
+    """``pod``'s report lacks the step of the second look and does not answer it yet."""
+    return ask.step not in (pod.reported_steps or ()) and pod.rechecked_epoch != ask.epoch
 
 
 def common_resume_step(pods: Iterable[PodView]) -> int | None:
@@ -412,6 +422,7 @@ class _Planning:
             st.resume_step = None
             st.straggler_hold_step = None
             st.planned_stop = None  # a new epoch (a failure's too) ends a planned stop
+            st.step_recheck = None
             # nobody has reported the new epoch yet: the old one's counts are not written
             # with it (they would stand until the counts' next write)
             st.reported = st.on_pod = 0
@@ -698,7 +709,8 @@ class _Planning:
         missing = [m for m in members if m not in back]
         st.waiting = missing[:WAITING_SHOWN]
         if not missing:
-            self.barrier_opened(rec, joined)
+            if self.steps_settled(joined):
+                self.barrier_opened(rec, joined)
         elif not rec.causes:  # a fresh epoch (start, JobSet restart, resume): nothing failed
             self.fresh_epoch_waits(rec, missing)
         elif s.now < rec.deadline:
@@ -901,8 +913,39 @@ class _Planning:
         )
         self.p.wake_at(self.s.now, rec.deadline)
 
+    def steps_settled(self, joined: list[PodView]) -> bool:
+        """Whether the barrier may open on the reports of ``joined`` (every member). Where one
+        member reports a step some others do not, their reports may be from before it was
+        there: a member whose trainer stopped first reports at once what a root they share
+        held, and the others' trainers keep their interrupted step after. So once per epoch
+        those members are asked to look again (status.stepRecheck); their answers, made
+        after every member's trainer stopped, or the ask's deadline settle it."""
+        s, st = self.s, self.st
+        ask = st.step_recheck
+        if ask is None or ask.epoch != st.epoch:
+            steps = (step for pod in joined for step in pod.reported_steps or ())
+            newest = max(steps, default=None)
+            if newest is None or newest == common_resume_step(joined):
+                return True
+            ask = st.step_recheck = StepRecheck(st.epoch, newest, s.now + STEP_RECHECK_S)
+        pending = [pod.member for pod in joined if _asked_to_recheck(pod, ask)]
+        if not pending:
+            return True
+        if s.now < ask.deadline:
+            self.p.wake_at(s.now, ask.deadline)
+            return False
+        self.event(
+            "StepRecheckTimeout",
+            f"epoch {st.epoch}: {len(pending)} member(s) did not look again for step "
+            f"{ask.step} within {STEP_RECHECK_S:g}s ({_some(pending)}): the barrier opens on "
+            "their first reports",
+            warning=True,
+        )
+        return True
+
     def barrier_opened(self, rec: Recovery, joined: list[PodView]) -> None:
         st = self.st
+        st.step_recheck = None
         step = common_resume_step(joined)
         # The stop rule first: a failure that keeps coming back is the cause to name, also
         # where its repeats got a member recreated without the checkpoints the others have.

@@ -223,6 +223,38 @@ def test_epoch_bump_before_open_is_adopted_in_place(
     assert agent.alive()
 
 
+def test_asked_to_look_again_it_reports_the_step_another_member_kept_since(
+    kube: Clients, namespace: str, start_agent: StartAgent
+) -> None:
+    """A root shared with another member: after this agent reported, the other member's
+    trainer kept step 317 there. The status asks members lacking 317 to look again: the agent
+    scans again and reports it, saying it looked again; then opens on it."""
+    create_gangstate(kube, namespace, "again", closed(1))
+    create_pod(kube, namespace, "again-0")
+    agent = start_agent("again-0", "again")
+    assert wait_reported(kube, namespace, "again-0", 1) == "200,100"
+    kept = agent.persistent / "step-317"
+    kept.mkdir()
+    (kept / COMPLETE_MARKER).touch()
+    ask = {"epoch": 1, "step": 317, "deadline": "2030-01-01T00:00:00Z"}
+    set_status(kube, namespace, "again", {**closed(1), "stepRecheck": ask})
+
+    def looked_again() -> dict[str, str] | None:
+        a = pod_annotations(kube, namespace, "again-0")
+        return a if a.get(names.REPORT_RECHECKED) == "1" else None
+
+    ann = wait_for("the report that looked again", looked_again, WAIT, POLL)
+    assert ann[names.REPORT_EPOCH] == "1"
+    assert decode_steps(ann[names.REPORT_STEPS]) == [317, 200, 100]
+    agent.wait_log("looked at the checkpoint steps of epoch 1 again")
+    assert agent.barrier()[0] == 503, "asked to look again, not to open"
+
+    set_status(kube, namespace, "again", {**opened(1, 317), "stepRecheck": None})
+    assert "resume from step 317" in agent.wait_barrier(200)
+    assert (kept / COMPLETE_MARKER).exists()
+    assert agent.text().count("looked at the checkpoint steps") == 1
+
+
 def test_waits_for_missing_gangstate(
     kube: Clients, namespace: str, start_agent: StartAgent
 ) -> None:

@@ -156,6 +156,39 @@ def test_failed_open_is_asked_again() -> None:
     assert logic.step(closed(2)) == Report(2, True)  # never opened: adopt, no restart
 
 
+def asked(epoch: int, step: int) -> GangView:
+    return GangView(epoch=epoch, barrier_open=False, resume_step=None, step_recheck=(epoch, step))
+
+
+def test_asked_to_look_again_reports_once_more_then_waits() -> None:
+    logic = AgentLogic()
+    assert logic.step(closed(2)) == Report(2, True)
+    logic.reported_epoch(2, True, (100, 200))
+    assert isinstance(logic.step(closed(2)), Wait)
+    assert logic.step(asked(2, 317)) == Report(2, True, recheck=True)
+    logic.reported_epoch(2, True, (100, 200), rechecked=True)
+    assert isinstance(logic.step(asked(2, 317)), Wait), "once: it did not find 317"
+    assert logic.step(opened(2, 200)) == Open(2, 200)
+
+
+def test_an_ask_for_a_step_it_reported_or_of_another_epoch_is_not_for_it() -> None:
+    logic = AgentLogic()
+    run(logic, closed(2))
+    logic.reported_epoch(2, True, (100, 317))
+    assert isinstance(logic.step(asked(2, 317)), Wait)
+    stale = GangView(epoch=2, barrier_open=False, resume_step=None, step_recheck=(1, 400))
+    assert isinstance(logic.step(stale), Wait)
+    view = GangView(epoch=2, barrier_open=True, resume_step=317, step_recheck=(2, 400))
+    assert logic.step(view) == Open(2, 317), "an open barrier asks nothing"
+
+
+def test_a_first_report_made_after_the_ask_answers_it() -> None:
+    logic = AgentLogic()
+    assert logic.step(asked(2, 317)) == Report(2, True, recheck=True)
+    logic.reported_epoch(2, True, (100,), rechecked=True)
+    assert isinstance(logic.step(asked(2, 317)), Wait)
+
+
 def test_confirmations_guard_the_rule() -> None:
     logic = AgentLogic()
     logic.step(opened(1))
@@ -178,20 +211,24 @@ views = st.builds(
     epoch=st.integers(0, 4),
     barrier_open=st.booleans(),
     resume_step=st.none() | st.integers(0, 1000),
+    step_recheck=st.none() | st.tuples(st.integers(0, 4), st.sampled_from([100, 200])),
 )
+STEPS = (100,)  # what this agent's scans find, in the invariants below
 
 
 @settings(max_examples=400)
 @given(st.lists(views | st.just(Fail()), max_size=40))
 def test_rule_invariants(events: list[GangView | Fail]) -> None:
     """Any sequence of statuses and failures: the agent opens only an epoch whose barrier it
-    saw closed while (or just before) its report stood, restarts only after opening, and never
-    reports after opening."""
+    saw closed while (or just before) its report stood, restarts only after opening, never
+    reports after opening, and reports an epoch again only to answer an ask to look at its
+    steps again, once, while the barrier is closed."""
     logic = AgentLogic()
     report: int | None = None  # the epoch the confirmed annotations say
     counted = False  # that report stood while its barrier was closed (reference model)
     opened_epoch: int | None = None
     fail_next = False
+    looked_again: set[int] = set()
     for event in events:
         if isinstance(event, Fail):
             fail_next = True
@@ -208,7 +245,17 @@ def test_rule_invariants(events: list[GangView | Fail]) -> None:
                 if fail_next:
                     fail_next = False
                     break
-                logic.reported_epoch(action.epoch, action.barrier_closed)
+                if report == action.epoch and logic.reported:  # the same epoch again
+                    assert action.recheck, "reported an epoch again unasked"
+                    assert view.step_recheck == (action.epoch, 200), view  # lacks 200, not 100
+                    assert not view.barrier_open
+                    assert action.epoch not in looked_again, "looked again twice"
+                    hypothesis.event("reported again: asked to look again")
+                if action.recheck:
+                    looked_again.add(action.epoch)
+                logic.reported_epoch(
+                    action.epoch, action.barrier_closed, STEPS, rechecked=action.recheck
+                )
                 counted = (counted and report == action.epoch) or action.barrier_closed
                 report = action.epoch
             elif isinstance(action, Open):
@@ -251,6 +298,24 @@ def test_parse_valid_status() -> None:
     assert parse_gangstate(gs({"epoch": 2, "barrierOpen": True, "resumeStep": None})) == (
         GangView(2, True, None)
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "parsed"),
+    [
+        ({"epoch": 3, "step": 317, "deadline": "2026-12-01T10:00:00Z"}, (3, 317)),
+        ({"epoch": 3, "step": -1}, None),
+        ({"epoch": "3", "step": 317}, None),
+        ({"epoch": 3, "step": MAX_STEP + 1}, None),
+        ([3, 317], None),
+    ],
+)
+def test_the_ask_to_look_again_is_advisory(value: Any, parsed: tuple[int, int] | None) -> None:
+    """A malformed ask is ignored (the barrier opens at its deadline), never a malformed
+    status."""
+    view = parse_gangstate(gs({"epoch": 3, "stepRecheck": value}))
+    assert view is not None
+    assert view.step_recheck == parsed
 
 
 def test_resume_step_matters_only_when_open() -> None:

@@ -27,6 +27,7 @@ from jobset_inplace.core.model import (
     Recovery,
     Repeats,
     ReportEndpoint,
+    StepRecheck,
 )
 from jobset_inplace.core.statemachine import Edge, Phase
 
@@ -123,6 +124,7 @@ def full_status() -> GangStatus:
         ),
         slots={"workers/1/0": "workers/4/0", "workers/4/0": "workers/1/0"},
         repeats=Repeats("TrainerHung", 2, 4250),
+        step_recheck=StepRecheck(5, 4300, T0 + 35.25),
         in_place_restarts=11,
     )
 
@@ -130,6 +132,22 @@ def full_status() -> GangStatus:
 def round_trip(s: GangStatus) -> GangStatus:
     """Encode, go through JSON as the API stores it, decode."""
     return status_from_dict(json.loads(json.dumps(status_to_dict(s))))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "5",
+        {"epoch": "5", "step": 4300, "deadline": "2026-12-01T10:00:00Z"},
+        {"epoch": 5, "step": None, "deadline": "2026-12-01T10:00:00Z"},
+        {"epoch": 5, "step": 4300, "deadline": 12},
+    ],
+)
+def test_a_malformed_second_look_is_dropped(value: Any) -> None:
+    """The barrier then opens on the reports it has (as without the second look)."""
+    d = status_to_dict(full_status())
+    d["stepRecheck"] = value
+    assert status_from_dict(d).step_recheck is None
 
 
 def test_fully_populated_status_survives_the_round_trip() -> None:

@@ -47,8 +47,8 @@ def fail_and_recover(
 ) -> tuple[Plan, Plan]:
     """Member 1 fails (``kind``) in the running epoch; then every member reports the next
     one, its trainers having got to step ``progress`` (None: no progress records), holding
-    checkpoints ``steps`` (a recreated member 1: ``recreated_steps``, default the same).
-    Returns the two passes' plans."""
+    checkpoints ``steps`` (a recreated member 1: ``recreated_steps``, default the same; made
+    after the barrier's second look at the steps). Returns the two passes' plans."""
     epoch = status.epoch
     if kind == EXITED:
         failing = with_pod(pods(4, epoch=epoch, steps=steps), 1, exited_in_epoch=epoch)
@@ -76,6 +76,7 @@ def fail_and_recover(
             name="p1b",
             node="n9",
             reported_steps=steps if recreated_steps is None else recreated_steps,
+            rechecked_epoch=epoch + 1,
         )
         node_map["n9"] = NodeView("n9", lease_renewed=NOW - 1)
     opened = plan(

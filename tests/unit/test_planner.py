@@ -15,15 +15,18 @@ from jobset_inplace.core.model import (
     GangStatus,
     NodeView,
     Plan,
+    PodView,
     ReadLeases,
     Recovery,
     ReplacePod,
     Snapshot,
+    StepRecheck,
     UntaintNode,
 )
 from jobset_inplace.core.planner import (
     ESCALATION_RECHECK_S,
     REPORT_AGAIN_S,
+    STEP_RECHECK_S,
     plan,
     plan_node,
     refuse_policy,
@@ -322,16 +325,81 @@ def test_replacement_that_joins_opens_the_barrier() -> None:
 
 
 # --- guarantee 4: consistent checkpoint ---------------------------------------------------------
+def looked_again(pl: list[PodView], i: int, epoch: int = 3, **changes: Any) -> list[PodView]:
+    """Member ``i``'s agent answered the second look at the steps (with ``changes``)."""
+    return with_pod(pl, i, rechecked_epoch=epoch, **changes)
+
+
 def test_replacement_with_only_persistent_tier_sets_the_common_step() -> None:
     pl = pods(4, epoch=3, steps=(100, 200, 300))
     pl = with_pod(pl, 1, reported_steps=(100, 200))  # recreated: only the persistent tier
-    p = plan(snapshot(status=recovering(3), pod_list=pl))
+    asked = plan(snapshot(status=recovering(3), pod_list=pl))
+    assert not asked.status.barrier_open
+    assert asked.status.step_recheck == StepRecheck(3, 300, NOW + STEP_RECHECK_S)
+    assert asked.requeue_after == STEP_RECHECK_S
+    p = plan(snapshot(status=asked.status, pod_list=looked_again(pl, 1)))
     assert p.status.resume_step == 200
+    assert p.status.step_recheck is None
+
+
+def test_a_stale_report_of_a_shared_root_is_looked_at_again_before_the_barrier_opens() -> None:
+    """Members 1..3 share a root with member 0, whose trainer was killed: its agent reported
+    at once what the root held then (100, 200); the others' trainers kept step 317 on their
+    stop, and reported it. Asked, member 0 looks again and finds 317."""
+    pl = with_pod(pods(4, epoch=3, steps=(100, 200, 317)), 0, reported_steps=(100, 200))
+    asked = plan(snapshot(status=recovering(3), pod_list=pl))
+    assert (asked.status.barrier_open, asked.status.step_recheck) == (
+        False,
+        StepRecheck(3, 317, NOW + STEP_RECHECK_S),
+    )
+    assert events(asked) == []
+    # asked again with nothing new: still waiting, the same ask
+    again = plan(snapshot(status=asked.status, pod_list=pl, now=NOW + 1))
+    assert not again.status.barrier_open
+    assert again.status.step_recheck == asked.status.step_recheck
+    assert again.requeue_after == pytest.approx(STEP_RECHECK_S - 1)
+    pl = looked_again(pl, 0, reported_steps=(100, 200, 317))
+    p = plan(snapshot(status=asked.status, pod_list=pl, now=NOW + 1))
+    assert p.status.barrier_open
+    assert p.status.resume_step == 317
+    assert events(p) == ["BarrierOpened"]
+
+
+def test_reports_that_agree_open_the_barrier_without_a_second_look() -> None:
+    p = plan(snapshot(status=recovering(3), pod_list=pods(4, epoch=3, steps=(100, 317))))
+    assert p.status.barrier_open
+    assert p.status.step_recheck is None
+
+
+def test_a_member_that_never_looks_again_holds_the_barrier_until_the_deadline() -> None:
+    """An agent older than the second look never answers: the barrier opens on its first
+    report at the ask's deadline, with a warning."""
+    pl = with_pod(pods(4, epoch=3, steps=(100, 200, 317)), 2, reported_steps=(100, 200))
+    asked = plan(snapshot(status=recovering(3), pod_list=pl))
+    late = plan(snapshot(status=asked.status, pod_list=pl, now=NOW + STEP_RECHECK_S))
+    assert late.status.barrier_open
+    assert late.status.resume_step == 200
+    assert events(late) == ["StepRecheckTimeout", "BarrierOpened"]
+    timeout = next(a for a in late.actions if isinstance(a, Event))
+    assert timeout.warning
+    assert "1 member(s) did not look again for step 317" in timeout.message
+
+
+def test_an_ask_of_an_earlier_epoch_is_not_an_answer() -> None:
+    """A new epoch asks again: answers and asks carry their epoch."""
+    pl = with_pod(pods(4, epoch=4, steps=(100, 200, 317)), 0, reported_steps=(100, 200))
+    pl = looked_again(pl, 0, epoch=3)
+    st = recovering(4, step_recheck=StepRecheck(3, 317, NOW - 60))
+    p = plan(snapshot(status=st, pod_list=pl))
+    assert not p.status.barrier_open
+    assert p.status.step_recheck == StepRecheck(4, 317, NOW + STEP_RECHECK_S)
 
 
 def test_no_common_step_escalates_by_default() -> None:
     pl = with_pod(pods(4, epoch=3, steps=(300,)), 0, reported_steps=(100,))
-    p = plan(snapshot(status=recovering(3), pod_list=pl))
+    asked = plan(snapshot(status=recovering(3), pod_list=pl))
+    assert asked.status.phase == Phase.RECOVERING, "the members lacking 300 look again first"
+    p = plan(snapshot(status=asked.status, pod_list=looked_again(pl, 0)))
     assert p.status.phase == Phase.ESCALATED
     assert p.status.reason == "NoCommonCheckpoint"
     assert not p.status.barrier_open
@@ -340,7 +408,8 @@ def test_no_common_step_escalates_by_default() -> None:
 def test_no_common_step_starts_from_scratch_when_configured() -> None:
     pl = with_pod(pods(4, epoch=3, steps=(300,)), 0, reported_steps=(100,))
     policy = Policy(no_common_checkpoint=NoCommonCheckpoint.SCRATCH)
-    p = plan(snapshot(status=recovering(3), pod_list=pl, policy=policy))
+    asked = plan(snapshot(status=recovering(3), pod_list=pl, policy=policy))
+    p = plan(snapshot(status=asked.status, pod_list=looked_again(pl, 0), policy=policy))
     assert p.status.barrier_open
     assert p.status.resume_step is None
 

@@ -13,8 +13,8 @@ from hypothesis import event, given, settings, target
 from hypothesis import strategies as st
 
 from jobset_inplace.core.detection import current_pods
-from jobset_inplace.core.model import GangStatus, Plan, PodView, Recovery, Snapshot
-from jobset_inplace.core.planner import plan
+from jobset_inplace.core.model import GangStatus, Plan, PodView, Recovery, Snapshot, StepRecheck
+from jobset_inplace.core.planner import STEP_RECHECK_S, plan
 from jobset_inplace.core.policy import NoCommonCheckpoint, Policy
 from jobset_inplace.core.statemachine import Phase
 
@@ -32,16 +32,25 @@ def gangs(draw: st.DrawFn) -> tuple[int, GangStatus, list[PodView], Policy]:
     # with checkpoint steps that may or may not have one in common.
     caught_up = draw(st.integers(0, 3)) == 0
     phase = Phase.RECOVERING if caught_up else draw(st.sampled_from(PHASES))
+    # ... and of those, some asked their members to look at their steps again, some time ago
+    recheck = None
+    if caught_up and draw(st.booleans()):
+        asked = NOW - draw(st.sampled_from([0.0, 1.0, STEP_RECHECK_S, 10.0]))
+        recheck = StepRecheck(epoch, draw(st.sampled_from([100, 200, 300, 400])), asked)
     status = GangStatus(
         phase=phase,
         epoch=epoch,
         barrier_open=phase == Phase.RUNNING,
         recovery=Recovery(epoch, NOW - 10, NOW + 290),
+        step_recheck=recheck,
     )
     pod_list = []
     for pod in pods(n, epoch=epoch):
         if caught_up:
-            pod_list.append(dataclasses.replace(pod, reported_steps=tuple(sorted(draw(STEPS)))))
+            answered = epoch if recheck and draw(st.booleans()) else None
+            steps = tuple(sorted(draw(STEPS)))
+            back = dataclasses.replace(pod, reported_steps=steps, rechecked_epoch=answered)
+            pod_list.append(back)
             continue
         pod_list.append(
             dataclasses.replace(
@@ -114,6 +123,29 @@ def check_resume_step(s: Snapshot, p: Plan) -> str:
     return "at a common step"
 
 
+def check_steps_looked_at_again(s: Snapshot, p: Plan) -> str:
+    """A barrier that opens where the members' reports disagree on the newest step opens only
+    after asking the members lacking it to look again, and once each answered or the ask's
+    deadline passed (a member's report may predate a step another member kept). Returns the
+    case."""
+    current = current_pods(s).values()
+    newest = max((step for pod in current for step in pod.reported_steps or ()), default=None)
+    if newest is None or all(newest in (pod.reported_steps or ()) for pod in current):
+        return "every report has the newest step"
+    ask = s.status.step_recheck
+    assert ask is not None, "opened without a second look"
+    assert ask.epoch == s.status.epoch, "opened on the second look of another epoch"
+    lacking = [
+        pod
+        for pod in current
+        if ask.step not in (pod.reported_steps or ()) and pod.rechecked_epoch != ask.epoch
+    ]
+    if lacking:
+        assert s.now >= ask.deadline, "opened before the members looked again or the deadline"
+        return "after the deadline"
+    return "after every member asked looked again"
+
+
 @settings(max_examples=400, deadline=None)
 @given(gangs())
 def test_barrier_never_opens_with_a_member_behind(
@@ -137,6 +169,20 @@ def test_resume_step_is_available_to_every_member(
     target(caught_up_share(s), label="share of members caught up")
     if opened_here(s, p):
         event(f"barrier opened: resume {check_resume_step(s, p)}")
+    else:
+        event("barrier did not open in this pass")
+
+
+@settings(max_examples=400, deadline=None)
+@given(gangs())
+def test_resume_step_is_read_after_every_trainer_stopped(g: Gang) -> None:
+    s, p = planned(g)
+    target(caught_up_share(s), label="share of members caught up")
+    if opened_here(s, p):
+        event(f"barrier opened: {check_steps_looked_at_again(s, p)}")
+    elif p.status.step_recheck is not None and s.status.step_recheck is None:
+        event("asked to look again")
+        assert p.requeue_after is not None, "an ask without a wake-up at its deadline"
     else:
         event("barrier did not open in this pass")
 
@@ -174,15 +220,22 @@ def recovering(epoch: int = 3) -> GangStatus:
 
 
 def caught_up(steps: list[tuple[int, ...]], epoch: int = 3) -> list[PodView]:
+    """Members back in ``epoch`` reporting ``steps``, each after looking again when asked."""
     return [
-        dataclasses.replace(pod, reported_steps=s)
+        dataclasses.replace(pod, reported_steps=s, rechecked_epoch=epoch)
         for pod, s in zip(pods(len(steps), epoch=epoch), steps, strict=True)
     ]
 
 
+def asked_again(epoch: int = 3, step: int = 400, asked: float = NOW) -> GangStatus:
+    st = recovering(epoch)
+    st.step_recheck = StepRecheck(epoch, step, asked + STEP_RECHECK_S)
+    return st
+
+
 def test_example_barrier_opens_at_the_newest_common_step() -> None:
     pl = caught_up([(300, 200, 100), (200, 100), (400, 300, 200, 100), (200,)])
-    s = snapshot(4, status=recovering(), pod_list=pl)
+    s = snapshot(4, status=asked_again(step=400), pod_list=pl)
     p = plan(s)
     assert opened_here(s, p)
     check_no_member_behind(s, p)
@@ -194,7 +247,7 @@ def test_example_barrier_opens_from_scratch_without_a_common_step() -> None:
     pl = caught_up([(300,), (200, 100), ()])
     s = snapshot(
         3,
-        status=recovering(),
+        status=asked_again(step=300),
         pod_list=pl,
         policy=Policy(no_common_checkpoint=NoCommonCheckpoint.SCRATCH),
     )

@@ -44,6 +44,7 @@ def test_a_channel_report_decodes_like_the_annotations() -> None:
                 names.REPORT_EXITED: "3",
                 names.REPORT_PROGRESS_STEP: "217",
                 names.REPORT_PROGRESS_SPAN: "101@1790000000250,217@1790000058250",
+                names.REPORT_RECHECKED: "3",
             }
         )
     )
@@ -58,6 +59,7 @@ def test_a_channel_report_decodes_like_the_annotations() -> None:
         "progress_span": ProgressSpan(101, 1_790_000_000.25, 217, 1_790_000_058.25),
         "progress_now": None,
         "parked_in_epoch": None,
+        "rechecked_epoch": 3,
     }
     _, error = agent_report(report(**{names.REPORT_PROGRESS_STEP: "-1"}))
     assert error is not None
@@ -79,6 +81,7 @@ def test_a_channel_report_decodes_like_the_annotations() -> None:
         (names.REPORT_PROGRESS_NOW, "3", "<epoch>:<progress span, or nothing>"),
         (names.REPORT_PROGRESS_NOW, "3:1@5", "<epoch>:<progress span, or nothing>"),
         (names.REPORT_PARKED, "three", "is not an integer"),
+        (names.REPORT_RECHECKED, " 3", "is not an integer"),
     ],
 )
 def test_a_malformed_report_names_the_field_and_sets_nothing(key: str, raw: str, says: str) -> None:

@@ -69,9 +69,10 @@ def rejoined(
     *, starts: tuple[float, ...] | None = (5, 6, 7, 8), steps_of_2: tuple[int, ...] = (200, 100)
 ) -> list[PodView]:
     """Every member back in epoch 2, agents started ``starts`` seconds after NOW (None:
-    unknown); members 0, 1, 3 kept a newer checkpoint (300) than member 2."""
+    unknown); members 0, 1, 3 kept a newer checkpoint (300) than member 2 (which looked
+    again: the barrier's second look at the steps)."""
     out = pods(4, epoch=2, steps=(300, 200, 100))
-    out = with_pod(out, 2, reported_steps=steps_of_2)
+    out = with_pod(out, 2, reported_steps=steps_of_2, rechecked_epoch=2)
     for i in range(4):
         out = with_pod(out, i, agent_started=None if starts is None else NOW + starts[i])
     return out

@@ -153,8 +153,9 @@ def _second_deadline() -> Snapshot:
 
 @add(Edge.ESCALATED, Phase.ESCALATED, 3, "escalate", "Escalated")
 def _no_common_step() -> Snapshot:
-    """every member reported, no checkpoint step in common"""
+    """every member reported, no checkpoint step in common (after looking again)"""
     pl = with_pod(pods(4, epoch=3, steps=(100,)), 0, reported_steps=(200,))
+    pl = [dataclasses.replace(p, rechecked_epoch=3) for p in pl]
     return snapshot(status=recovering(3), pod_list=pl)
 
 
