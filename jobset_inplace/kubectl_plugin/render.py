@@ -320,6 +320,10 @@ def status_document(
         "lastRecovery": _last_recovery(rec, now),
         "goodput": _goodput(s.goodput, now, s.recovery),
         "plannedMove": None if s.planned_stop is None else _planned(s.planned_stop),
+        # the barrier's second look at the checkpoint steps, while it waits for it
+        "stepRecheck": None
+        if s.step_recheck is None or s.barrier_open
+        else {"step": s.step_recheck.step, "deadline": rfc3339(s.step_recheck.deadline)},
         "memberPods": member_pods,
         # hot spares (null: none declared): how many, how many run, slot -> position serving
         "spares": spare_doc,
@@ -461,6 +465,11 @@ def render_status(doc: Mapping[str, Any], *, wide: bool = False) -> str:
             ),
         )
     waiting = m.get("waiting") or []
+    if (ask := doc.get("stepRecheck")) and not waiting:
+        waiting = [
+            f"members lacking step {ask['step']} to look at their checkpoint steps again "
+            f"(until {ask['deadline']})"
+        ]
     if waiting and not doc["barrierOpen"]:
         more = m["expected"] - m["reported"] - len(waiting)
         rows.insert(

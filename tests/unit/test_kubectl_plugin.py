@@ -312,6 +312,17 @@ def test_status_shows_a_planned_move() -> None:
     assert doc()["plannedMove"] is None
 
 
+def test_status_shows_the_barrier_waiting_for_a_second_look_at_the_steps() -> None:
+    ask = {"epoch": 3, "step": 317, "deadline": "2026-11-21T10:00:05Z"}
+    out = doc(barrierOpen=False, phase="Recovering", stepRecheck=ask)
+    assert out["stepRecheck"] == {"step": 317, "deadline": "2026-11-21T10:00:05.000000Z"}
+    assert (
+        "Waiting for:      members lacking step 317 to look at their checkpoint steps again "
+        "(until 2026-11-21T10:00:05.000000Z)"
+    ) in r.render_status(out)
+    assert doc(stepRecheck=ask)["stepRecheck"] is None, "the barrier opened: nothing to wait for"
+
+
 def test_status_shows_the_in_place_restarts_and_a_failure_repeating_without_progress() -> None:
     repeats = {"signature": "TrainerExited", "count": 2, "furthestStep": 150}
     out = doc(restarts={"inPlace": 7}, repeats=repeats)
@@ -445,6 +456,7 @@ def test_status_json_and_yaml_are_the_same_stable_document() -> None:
         "lastRecovery",
         "goodput",
         "plannedMove",
+        "stepRecheck",
         "memberPods",
         "spares",
     ]
