@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from jobset_inplace.core.transform import AGENT_CONTAINER
 from jobset_inplace.times import parse_time
 from testbed.cluster import LocalCluster
 from testbed.controller import gang_state, member_pods
@@ -312,7 +313,15 @@ def test_a_kept_step_reaches_the_member_killed_by_sigkill(
         p.metadata.name: read_truth(cluster_kubeconfig, namespace, p.metadata.name) for p in pods
     }
     survivor = truths[pods[0].metadata.name].newest_step(1)
-    print(f"epoch 2 resumes at {st.get('resumeStep')}; the survivor's newest step {survivor}")
+    # whether the killed member reported before the survivor kept (then it looked again):
+    # timing, so said, not asserted
+    log = [*kubectl, "logs", pods[1].metadata.name, "-c", AGENT_CONTAINER]
+    agent = subprocess.run(log, check=False, capture_output=True, text=True).stdout
+    again = "looked again" if "looked at the checkpoint steps" in agent else "did not look again"
+    print(
+        f"epoch 2 resumes at {st.get('resumeStep')}; the survivor's newest step {survivor}; "
+        f"the killed member {again}"
+    )
     assert survivor is not None
     assert survivor > 25
     assert st["resumeStep"] == survivor, (st.get("resumeStep"), survivor)
