@@ -213,16 +213,16 @@ class Gang:
         return [(e.reason, e.message) for e in evs if e.source.component == "jobset-inplace"]
 
     # --- agent and kubelet behaviour -------------------------------------------------------------
-    def report(self, i: int, epoch: int, steps: str = "200,100") -> None:
-        """What the agent writes on its own pod."""
+    def report(
+        self, i: int, epoch: int, steps: str = "200,100", *, rechecked: bool = False
+    ) -> None:
+        """What the agent writes on its own pod (``rechecked``: answering the status's ask to
+        look at its steps again)."""
+        report = {names.REPORT_EPOCH: str(epoch), names.REPORT_STEPS: steps}
+        if rechecked:
+            report[names.REPORT_RECHECKED] = str(epoch)
         self.kube.core.patch_namespaced_pod(
-            self.pods[i],
-            self.namespace,
-            {
-                "metadata": {
-                    "annotations": {names.REPORT_EPOCH: str(epoch), names.REPORT_STEPS: steps}
-                }
-            },
+            self.pods[i], self.namespace, {"metadata": {"annotations": report}}
         )
 
     def withdraw_report(self, i: int) -> dict[str, str]:
