@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from jobset_inplace.core.transform import AGENT_CONTAINER
 from jobset_inplace.times import parse_time
 from testbed.cluster import LocalCluster
 from testbed.controller import gang_state, member_pods
@@ -22,7 +21,6 @@ from testbed.demo import (
     PERSISTENT_MOUNT,
     barrier_opened,
     inject_failure,
-    python_in_trainer,
     trainers_running,
     training_gang,
 )
@@ -254,84 +252,3 @@ def test_an_epoch_whose_node_took_every_member_is_accounted(
             f"({abs(theirs - ours) * 100:.2f} points apart)"
         )
         assert abs(theirs - ours) <= 0.01, (index, theirs, ours, account)
-
-
-# Finds the demo trainer's process in its container and SIGKILLs it (as the OOM killer does):
-# it keeps nothing; the other member's trainer, stopped by the recovery, keeps its step.
-SIGKILL_THE_TRAINER = """
-import os, signal
-for pid in os.listdir("/proc"):
-    if pid.isdigit() and int(pid) != os.getpid():
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
-        except OSError:
-            continue
-        if b"demo_trainer" in cmd:
-            os.kill(int(pid), signal.SIGKILL)
-            print("killed", pid)
-"""
-
-
-def test_a_kept_step_reaches_the_member_killed_by_sigkill(
-    cluster_kubeconfig: Path,
-    controller: Installation,
-    kube: Clients,
-    namespace: str,
-    tmp_path: Path,
-) -> None:
-    """A replicated demo gang keeping its steps (JSI_DEMO_KEEP_STEP=1) in one persistent root
-    for the gang (periodic checkpoints every 10 steps locally, every 20 to it): member 1's
-    trainer is SIGKILLed past step 25 (it keeps nothing); member 0's, stopped by the in-place
-    restart, keeps its newest step in the shared root; every member resumes there, not at the
-    last periodic checkpoint. (Without the keeper, or with a root per member, the killed member
-    has no step past its periodic ones.)"""
-    name, shared = "kept", tmp_path / "shared"
-    training_gang(
-        kube,
-        cluster_kubeconfig,
-        namespace,
-        name,
-        MEMBERS,
-        persistent=shared,
-        shared_root=True,
-        env={"JSI_DEMO_TRUTH_FILE": TRUTH, "JSI_DEMO_KEEP_STEP": "1"},
-    )
-    pods = sorted(member_pods(kube, namespace, name).values(), key=lambda p: p.metadata.name)
-    wait_for(
-        "member 0 past step 25",
-        lambda: (
-            (read_truth(cluster_kubeconfig, namespace, pods[0].metadata.name).newest_step(1) or 0)
-            > 25
-        ),
-        120,
-    )
-    kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster_kubeconfig), "-n", namespace]
-    killed = python_in_trainer(kubectl, pods[1].metadata.name, SIGKILL_THE_TRAINER)
-    assert "killed" in killed.stdout, killed.stdout + killed.stderr
-    st = barrier_opened(kube, namespace, name, 2)
-    truths = {
-        p.metadata.name: read_truth(cluster_kubeconfig, namespace, p.metadata.name) for p in pods
-    }
-    survivor = truths[pods[0].metadata.name].newest_step(1)
-    # whether the killed member reported before the survivor kept (then it looked again):
-    # timing, so said, not asserted
-    log = [*kubectl, "logs", pods[1].metadata.name, "-c", AGENT_CONTAINER]
-    agent = subprocess.run(log, check=False, capture_output=True, text=True).stdout
-    again = "looked again" if "looked at the checkpoint steps" in agent else "did not look again"
-    print(
-        f"epoch 2 resumes at {st.get('resumeStep')}; the survivor's newest step {survivor}; "
-        f"the killed member {again}"
-    )
-    assert survivor is not None
-    assert survivor > 25
-    assert st["resumeStep"] == survivor, (st.get("resumeStep"), survivor)
-    (summary,) = [h for h in st["history"] if h["epoch"] == 2]
-    assert summary["progressStepsLost"] <= 1, summary  # the killed member's step, at most
-    wait_for(
-        "every trainer running in epoch 2",
-        lambda: trainers_running(kube, cluster_kubeconfig, namespace, name, MEMBERS, epoch=2),
-        120,
-    )
-    for pod in pods:
-        truth = read_truth(cluster_kubeconfig, namespace, pod.metadata.name)
-        assert truth.resumes[2] == survivor, (pod.metadata.name, truth.resumes)
