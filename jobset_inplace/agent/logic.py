@@ -13,7 +13,7 @@ Rules (see the package docstring for why):
   *and* the agent took part: its report was made, or was still in place, while that epoch's
   barrier was closed. An agent that first sees its epoch's barrier already open waits.
 * Asked to look at the checkpoint steps again (``status.stepRecheck`` names this agent's
-  epoch and a step its report lacks) while its barrier is closed: report again, once, saying
+  epoch and steps its report lacks one of) while its barrier is closed: report again, once, saying
   so (another member kept that step in a root they may share after this agent scanned).
 * A different epoch before this agent's barrier opened: adopt it in place (report again).
   A different epoch after it opened: restart. Pod scope: exit with the restart exit code (the
@@ -75,8 +75,8 @@ class GangView:
     planned_stop: tuple[int, int | None] | None = None
     # status.slots (hot spares): slot -> the position holding it, where not its own
     slots: Mapping[str, str] = field(default_factory=dict)
-    # status.stepRecheck: (epoch, step) members lacking step look at their steps again
-    step_recheck: tuple[int, int] | None = None
+    # status.stepRecheck: (epoch, steps) members lacking any of steps look at theirs again
+    step_recheck: tuple[int, frozenset[int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -154,15 +154,17 @@ def parse_planned_stop(value: object) -> tuple[int, int | None] | None:
     return epoch, step
 
 
-def parse_step_recheck(value: object) -> tuple[int, int] | None:
-    """``status.stepRecheck`` as (epoch, step); None when absent or unusable (advisory: the
+def parse_step_recheck(value: object) -> tuple[int, frozenset[int]] | None:
+    """``status.stepRecheck`` as (epoch, steps); None when absent or unusable (advisory: the
     barrier opens at the ask's deadline whatever the agents did)."""
     if not isinstance(value, Mapping):
         return None
-    epoch, step = value.get("epoch"), value.get("step")
-    if not is_int(epoch) or not is_int(step) or not 0 <= epoch <= MAX_STEP:
+    epoch, steps = value.get("epoch"), value.get("steps")
+    if not is_int(epoch) or not 0 <= epoch <= MAX_STEP or not isinstance(steps, list):
         return None
-    return (epoch, step) if 0 <= step <= MAX_STEP else None
+    if not steps or not all(is_int(s) and 0 <= s <= MAX_STEP for s in steps):
+        return None
+    return epoch, frozenset(steps)
 
 
 def parse_endpoint(value: object) -> Endpoint | None:
@@ -315,7 +317,7 @@ class AgentLogic:
         return (
             ask is not None
             and ask[0] == self.epoch
-            and ask[1] not in self.steps
+            and not ask[1] <= self.steps
             and self.rechecked != self.epoch
         )
 

@@ -27,6 +27,7 @@ from jobset_inplace.core.model import (
 )
 from jobset_inplace.core.statemachine import Edge, Phase
 from jobset_inplace.times import parse_time, rfc3339
+from jobset_inplace.trainer.checkpoints import is_int
 
 
 def _recovery_to_dict(r: Recovery) -> dict[str, Any]:
@@ -250,7 +251,7 @@ def status_from_dict(d: dict[str, Any] | None) -> GangStatus:
 
 
 def _recheck_to_dict(r: StepRecheck) -> dict[str, Any]:
-    return {"epoch": r.epoch, "step": r.step, "deadline": rfc3339(r.deadline)}
+    return {"epoch": r.epoch, "steps": list(r.steps), "deadline": rfc3339(r.deadline)}
 
 
 def _recheck_from_dict(d: Any) -> StepRecheck | None:
@@ -258,10 +259,12 @@ def _recheck_from_dict(d: Any) -> StepRecheck | None:
     reports it has, as before the second look existed)."""
     if not isinstance(d, dict):
         return None
-    epoch, step, deadline = d.get("epoch"), d.get("step"), d.get("deadline")
-    if not isinstance(epoch, int) or not isinstance(step, int) or not isinstance(deadline, str):
+    epoch, steps, deadline = d.get("epoch"), d.get("steps"), d.get("deadline")
+    if not isinstance(epoch, int) or not isinstance(deadline, str) or not isinstance(steps, list):
         return None
-    return StepRecheck(epoch, step, parse_time(deadline) or 0.0)
+    if not steps or not all(is_int(s) for s in steps):
+        return None
+    return StepRecheck(epoch, tuple(steps), parse_time(deadline) or 0.0)
 
 
 def _repeats_to_dict(r: Repeats) -> dict[str, Any]:

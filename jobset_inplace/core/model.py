@@ -293,13 +293,14 @@ class PlannedStop:
 
 @dataclass(frozen=True)
 class StepRecheck:
-    """A second look at the checkpoint steps before the barrier of ``epoch`` opens: every
-    member's report lacks ``step`` but one's. Members whose report lacks it scan again (their
-    report may predate the others' kept step in a root they share); at ``deadline`` the
-    barrier opens on what it has."""
+    """A second look at the checkpoint steps before the barrier of ``epoch`` opens: ``steps``
+    (newest first) are the steps newer than the common one that some members reported and
+    others did not. Members whose report lacks any of them scan again (their report may
+    predate another member's kept step in a root they share; each member may lack a
+    different one); at ``deadline`` the barrier opens on what it has."""
 
     epoch: int
-    step: int
+    steps: tuple[int, ...]
     deadline: float
 
 

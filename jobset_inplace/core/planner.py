@@ -89,6 +89,7 @@ from jobset_inplace.core.statemachine import (
 )
 from jobset_inplace.core.stragglers import stragglers
 from jobset_inplace.times import rfc3339
+from jobset_inplace.trainer.checkpoints import DEFAULT_REPORT_LIMIT
 
 IN_PLACE_CAUSES = frozenset(
     {
@@ -108,11 +109,23 @@ REPORT_AGAIN_S = 15.0
 # an agent answers as soon as its GangState watch shows the ask (well under a second), or on
 # its pod after its channel's 2 s timeout; an agent older than the ask never answers.
 STEP_RECHECK_S = 5.0
+# The most steps one second look names (as many as one report lists; the CRD's maxItems).
+STEP_RECHECK_LIMIT = DEFAULT_REPORT_LIMIT
 
 
 def _asked_to_recheck(pod: PodView, ask: StepRecheck) -> bool:
-    """``pod``'s report lacks the step of the second look and does not answer it yet."""
-    return ask.step not in (pod.reported_steps or ()) and pod.rechecked_epoch != ask.epoch
+    """``pod``'s report lacks a step of the second look and does not answer it yet."""
+    reported = pod.reported_steps or ()
+    return pod.rechecked_epoch != ask.epoch and any(s not in reported for s in ask.steps)
+
+
+def disputed_steps(pods: list[PodView]) -> tuple[int, ...]:
+    """The steps newer than the common one that some of ``pods`` report (so not all), newest
+    first, at most STEP_RECHECK_LIMIT: each may be missing from a report only because it was
+    made before another member put it in a root they share."""
+    common = common_resume_step(pods)
+    steps = {s for pod in pods for s in pod.reported_steps or () if common is None or s > common}
+    return tuple(sorted(steps, reverse=True)[:STEP_RECHECK_LIMIT])
 
 
 def common_resume_step(pods: Iterable[PodView]) -> int | None:
@@ -918,16 +931,17 @@ class _Planning:
         member reports a step some others do not, their reports may be from before it was
         there: a member whose trainer stopped first reports at once what a root they share
         held, and the others' trainers keep their interrupted step after. So once per epoch
-        those members are asked to look again (status.stepRecheck); their answers, made
-        after every member's trainer stopped, or the ask's deadline settle it."""
+        those members are asked to look again (status.stepRecheck), each member lacking any
+        of those steps (one killed past a local checkpoint the others never reached lacks the
+        step they kept; they lack its local one); their answers, made after every member's
+        trainer stopped, or the ask's deadline settle it."""
         s, st = self.s, self.st
         ask = st.step_recheck
         if ask is None or ask.epoch != st.epoch:
-            steps = (step for pod in joined for step in pod.reported_steps or ())
-            newest = max(steps, default=None)
-            if newest is None or newest == common_resume_step(joined):
+            disputed = disputed_steps(joined)
+            if not disputed:
                 return True
-            ask = st.step_recheck = StepRecheck(st.epoch, newest, s.now + STEP_RECHECK_S)
+            ask = st.step_recheck = StepRecheck(st.epoch, disputed, s.now + STEP_RECHECK_S)
         pending = [pod.member for pod in joined if _asked_to_recheck(pod, ask)]
         if not pending:
             return True
@@ -936,9 +950,9 @@ class _Planning:
             return False
         self.event(
             "StepRecheckTimeout",
-            f"epoch {st.epoch}: {len(pending)} member(s) did not look again for step "
-            f"{ask.step} within {STEP_RECHECK_S:g}s ({_some(pending)}): the barrier opens on "
-            "their first reports",
+            f"epoch {st.epoch}: {len(pending)} member(s) did not look again for steps "
+            f"[{','.join(map(str, ask.steps))}] within {STEP_RECHECK_S:g}s "
+            f"({_some(pending)}): the barrier opens on their first reports",
             warning=True,
         )
         return True

@@ -323,7 +323,7 @@ def status_document(
         # the barrier's second look at the checkpoint steps, while it waits for it
         "stepRecheck": None
         if s.step_recheck is None or s.barrier_open
-        else {"step": s.step_recheck.step, "deadline": rfc3339(s.step_recheck.deadline)},
+        else {"steps": list(s.step_recheck.steps), "deadline": rfc3339(s.step_recheck.deadline)},
         "memberPods": member_pods,
         # hot spares (null: none declared): how many, how many run, slot -> position serving
         "spares": spare_doc,
@@ -467,7 +467,8 @@ def render_status(doc: Mapping[str, Any], *, wide: bool = False) -> str:
     waiting = m.get("waiting") or []
     if (ask := doc.get("stepRecheck")) and not waiting:
         waiting = [
-            f"members lacking step {ask['step']} to look at their checkpoint steps again "
+            f"members lacking any of steps [{','.join(map(str, ask['steps']))}] to look at "
+            "their checkpoint steps again "
             f"(until {ask['deadline']})"
         ]
     if waiting and not doc["barrierOpen"]:

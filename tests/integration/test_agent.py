@@ -236,7 +236,7 @@ def test_asked_to_look_again_it_reports_the_step_another_member_kept_since(
     kept = agent.persistent / "step-317"
     kept.mkdir()
     (kept / COMPLETE_MARKER).touch()
-    ask = {"epoch": 1, "step": 317, "deadline": "2030-01-01T00:00:00Z"}
+    ask = {"epoch": 1, "steps": [317], "deadline": "2030-01-01T00:00:00Z"}
     set_status(kube, namespace, "again", {**closed(1), "stepRecheck": ask})
 
     def looked_again() -> dict[str, str] | None:

@@ -162,7 +162,7 @@ def test_member_on_notready_node_is_replaced_others_in_place(gang: Gang, kube: C
     # its report lacks the survivors' 300: it is asked to look again (a shared root would
     # have it by now); it answers with the same steps
     ask = gang.wait_state("the second look at the steps", lambda s: bool(s.get("stepRecheck")))
-    assert (ask["stepRecheck"]["epoch"], ask["stepRecheck"]["step"]) == (2, 300)
+    assert (ask["stepRecheck"]["epoch"], ask["stepRecheck"]["steps"]) == (2, [300])
     assert not ask["barrierOpen"]
     gang.report(1, 2, steps="200,100", rechecked=True)
     st = gang.wait_state("barrier open at epoch 2", lambda s: s["barrierOpen"] and s["epoch"] == 2)

@@ -156,8 +156,9 @@ def test_failed_open_is_asked_again() -> None:
     assert logic.step(closed(2)) == Report(2, True)  # never opened: adopt, no restart
 
 
-def asked(epoch: int, step: int) -> GangView:
-    return GangView(epoch=epoch, barrier_open=False, resume_step=None, step_recheck=(epoch, step))
+def asked(epoch: int, *steps: int) -> GangView:
+    ask = (epoch, frozenset(steps))
+    return GangView(epoch=epoch, barrier_open=False, resume_step=None, step_recheck=ask)
 
 
 def test_asked_to_look_again_reports_once_more_then_waits() -> None:
@@ -176,10 +177,18 @@ def test_an_ask_for_a_step_it_reported_or_of_another_epoch_is_not_for_it() -> No
     run(logic, closed(2))
     logic.reported_epoch(2, True, (100, 317))
     assert isinstance(logic.step(asked(2, 317)), Wait)
-    stale = GangView(epoch=2, barrier_open=False, resume_step=None, step_recheck=(1, 400))
+    assert isinstance(logic.step(asked(2, 317, 100)), Wait)
+    stale = GangView(2, False, None, step_recheck=(1, frozenset({400})))
     assert isinstance(logic.step(stale), Wait)
-    view = GangView(epoch=2, barrier_open=True, resume_step=317, step_recheck=(2, 400))
+    view = GangView(2, True, 317, step_recheck=(2, frozenset({400})))
     assert logic.step(view) == Open(2, 317), "an open barrier asks nothing"
+
+
+def test_an_ask_naming_several_steps_is_for_a_member_lacking_any_of_them() -> None:
+    logic = AgentLogic()
+    run(logic, closed(2))
+    logic.reported_epoch(2, True, (20, 30))
+    assert logic.step(asked(2, 30, 29)) == Report(2, True, recheck=True)
 
 
 def test_a_first_report_made_after_the_ask_answers_it() -> None:
@@ -211,7 +220,8 @@ views = st.builds(
     epoch=st.integers(0, 4),
     barrier_open=st.booleans(),
     resume_step=st.none() | st.integers(0, 1000),
-    step_recheck=st.none() | st.tuples(st.integers(0, 4), st.sampled_from([100, 200])),
+    step_recheck=st.none()
+    | st.tuples(st.integers(0, 4), st.frozensets(st.sampled_from([100, 200]), min_size=1)),
 )
 STEPS = (100,)  # what this agent's scans find, in the invariants below
 
@@ -247,7 +257,10 @@ def test_rule_invariants(events: list[GangView | Fail]) -> None:
                     break
                 if report == action.epoch and logic.reported:  # the same epoch again
                     assert action.recheck, "reported an epoch again unasked"
-                    assert view.step_recheck == (action.epoch, 200), view  # lacks 200, not 100
+                    ask = view.step_recheck
+                    assert ask is not None, view
+                    assert ask[0] == action.epoch, view
+                    assert 200 in ask[1], view  # it lacks 200, not 100
                     assert not view.barrier_open
                     assert action.epoch not in looked_again, "looked again twice"
                     hypothesis.event("reported again: asked to look again")
@@ -303,14 +316,24 @@ def test_parse_valid_status() -> None:
 @pytest.mark.parametrize(
     ("value", "parsed"),
     [
-        ({"epoch": 3, "step": 317, "deadline": "2026-12-01T10:00:00Z"}, (3, 317)),
-        ({"epoch": 3, "step": -1}, None),
-        ({"epoch": "3", "step": 317}, None),
-        ({"epoch": 3, "step": MAX_STEP + 1}, None),
+        (
+            {"epoch": 3, "steps": [317, 30], "deadline": "2026-12-01T10:00:00Z"},
+            (3, frozenset({30, 317})),
+        ),
+        ({"epoch": 3, "steps": [-1]}, None),
+        ({"epoch": 3, "steps": []}, None),
+        ({"epoch": 3, "steps": 317}, None),
+        ({"epoch": 3, "steps": [317, "30"]}, None),
+        ({"epoch": 3, "steps": [True]}, None),
+        ({"epoch": "3", "steps": [317]}, None),
+        ({"epoch": 3, "steps": [MAX_STEP + 1]}, None),
+        ({"epoch": 3, "step": 317}, None),
         ([3, 317], None),
     ],
 )
-def test_the_ask_to_look_again_is_advisory(value: Any, parsed: tuple[int, int] | None) -> None:
+def test_the_ask_to_look_again_is_advisory(
+    value: Any, parsed: tuple[int, frozenset[int]] | None
+) -> None:
     """A malformed ask is ignored (the barrier opens at its deadline), never a malformed
     status."""
     view = parse_gangstate(gs({"epoch": 3, "stepRecheck": value}))

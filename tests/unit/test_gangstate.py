@@ -124,7 +124,7 @@ def full_status() -> GangStatus:
         ),
         slots={"workers/1/0": "workers/4/0", "workers/4/0": "workers/1/0"},
         repeats=Repeats("TrainerHung", 2, 4250),
-        step_recheck=StepRecheck(5, 4300, T0 + 35.25),
+        step_recheck=StepRecheck(5, (4301, 4300), T0 + 35.25),
         in_place_restarts=11,
     )
 
@@ -138,9 +138,13 @@ def round_trip(s: GangStatus) -> GangStatus:
     "value",
     [
         "5",
-        {"epoch": "5", "step": 4300, "deadline": "2026-12-01T10:00:00Z"},
-        {"epoch": 5, "step": None, "deadline": "2026-12-01T10:00:00Z"},
-        {"epoch": 5, "step": 4300, "deadline": 12},
+        {"epoch": "5", "steps": [4300], "deadline": "2026-12-01T10:00:00Z"},
+        {"epoch": 5, "steps": None, "deadline": "2026-12-01T10:00:00Z"},
+        {"epoch": 5, "steps": [], "deadline": "2026-12-01T10:00:00Z"},
+        {"epoch": 5, "steps": [4300, "4301"], "deadline": "2026-12-01T10:00:00Z"},
+        {"epoch": 5, "steps": [False], "deadline": "2026-12-01T10:00:00Z"},
+        {"epoch": 5, "step": 4300, "deadline": "2026-12-01T10:00:00Z"},
+        {"epoch": 5, "steps": [4300], "deadline": 12},
     ],
 )
 def test_a_malformed_second_look_is_dropped(value: Any) -> None:

@@ -313,12 +313,12 @@ def test_status_shows_a_planned_move() -> None:
 
 
 def test_status_shows_the_barrier_waiting_for_a_second_look_at_the_steps() -> None:
-    ask = {"epoch": 3, "step": 317, "deadline": "2026-11-21T10:00:05Z"}
+    ask = {"epoch": 3, "steps": [317, 310], "deadline": "2026-11-21T10:00:05Z"}
     out = doc(barrierOpen=False, phase="Recovering", stepRecheck=ask)
-    assert out["stepRecheck"] == {"step": 317, "deadline": "2026-11-21T10:00:05.000000Z"}
+    assert out["stepRecheck"] == {"steps": [317, 310], "deadline": "2026-11-21T10:00:05.000000Z"}
     assert (
-        "Waiting for:      members lacking step 317 to look at their checkpoint steps again "
-        "(until 2026-11-21T10:00:05.000000Z)"
+        "Waiting for:      members lacking any of steps [317,310] to look at their checkpoint "
+        "steps again (until 2026-11-21T10:00:05.000000Z)"
     ) in r.render_status(out)
     assert doc(stepRecheck=ask)["stepRecheck"] is None, "the barrier opened: nothing to wait for"
 

@@ -26,6 +26,7 @@ from jobset_inplace.core.model import (
 from jobset_inplace.core.planner import (
     ESCALATION_RECHECK_S,
     REPORT_AGAIN_S,
+    STEP_RECHECK_LIMIT,
     STEP_RECHECK_S,
     plan,
     plan_node,
@@ -330,12 +331,18 @@ def looked_again(pl: list[PodView], i: int, epoch: int = 3, **changes: Any) -> l
     return with_pod(pl, i, rechecked_epoch=epoch, **changes)
 
 
+def every_member_looked_again(pl: list[PodView], epoch: int = 3) -> list[PodView]:
+    for i in range(len(pl)):
+        pl = looked_again(pl, i, epoch)
+    return pl
+
+
 def test_replacement_with_only_persistent_tier_sets_the_common_step() -> None:
     pl = pods(4, epoch=3, steps=(100, 200, 300))
     pl = with_pod(pl, 1, reported_steps=(100, 200))  # recreated: only the persistent tier
     asked = plan(snapshot(status=recovering(3), pod_list=pl))
     assert not asked.status.barrier_open
-    assert asked.status.step_recheck == StepRecheck(3, 300, NOW + STEP_RECHECK_S)
+    assert asked.status.step_recheck == StepRecheck(3, (300,), NOW + STEP_RECHECK_S)
     assert asked.requeue_after == STEP_RECHECK_S
     p = plan(snapshot(status=asked.status, pod_list=looked_again(pl, 1)))
     assert p.status.resume_step == 200
@@ -350,7 +357,7 @@ def test_a_stale_report_of_a_shared_root_is_looked_at_again_before_the_barrier_o
     asked = plan(snapshot(status=recovering(3), pod_list=pl))
     assert (asked.status.barrier_open, asked.status.step_recheck) == (
         False,
-        StepRecheck(3, 317, NOW + STEP_RECHECK_S),
+        StepRecheck(3, (317,), NOW + STEP_RECHECK_S),
     )
     assert events(asked) == []
     # asked again with nothing new: still waiting, the same ask
@@ -363,6 +370,35 @@ def test_a_stale_report_of_a_shared_root_is_looked_at_again_before_the_barrier_o
     assert p.status.barrier_open
     assert p.status.resume_step == 317
     assert events(p) == ["BarrierOpened"]
+
+
+def test_each_member_is_asked_for_the_step_it_lacks_not_only_for_the_newest() -> None:
+    """(Seen in CI on the real nodes.) Member 1's trainer was killed one step past its local
+    checkpoint 30, which the others never reached; their trainers kept step 29 in the root
+    they share after member 1 reported. The newest step (30) is member 1's own: asking only
+    for it would ask the others alone, and the barrier would open at 20. All are asked;
+    member 1 finds 29."""
+    pl = pods(4, epoch=3, steps=(10, 20, 29))
+    pl = with_pod(pl, 1, reported_steps=(10, 20, 30))
+    asked = plan(snapshot(status=recovering(3), pod_list=pl))
+    assert asked.status.step_recheck == StepRecheck(3, (30, 29), NOW + STEP_RECHECK_S)
+    # the others look again, the same steps: 30 is in member 1's own local tier
+    pl = [*every_member_looked_again(pl[:1]), pl[1], *every_member_looked_again(pl[2:])]
+    still = plan(snapshot(status=asked.status, pod_list=pl, now=NOW + 1))
+    assert not still.status.barrier_open, "member 1 has not looked again"
+    pl = looked_again(pl, 1, reported_steps=(10, 20, 29, 30))
+    p = plan(snapshot(status=asked.status, pod_list=pl, now=NOW + 1))
+    assert p.status.barrier_open
+    assert p.status.resume_step == 29
+
+
+def test_a_second_look_names_at_most_one_reports_worth_of_steps() -> None:
+    pl = with_pod(pods(4, epoch=3, steps=(10,)), 0, reported_steps=(10, *range(100, 120)))
+    pl = with_pod(pl, 1, reported_steps=(10, *range(200, 220)))
+    asked = plan(snapshot(status=recovering(3), pod_list=pl))
+    ask = asked.status.step_recheck
+    assert ask is not None
+    assert ask.steps == tuple(range(219, 219 - STEP_RECHECK_LIMIT, -1))
 
 
 def test_reports_that_agree_open_the_barrier_without_a_second_look() -> None:
@@ -382,24 +418,25 @@ def test_a_member_that_never_looks_again_holds_the_barrier_until_the_deadline() 
     assert events(late) == ["StepRecheckTimeout", "BarrierOpened"]
     timeout = next(a for a in late.actions if isinstance(a, Event))
     assert timeout.warning
-    assert "1 member(s) did not look again for step 317" in timeout.message
+    assert "1 member(s) did not look again for steps [317]" in timeout.message
 
 
 def test_an_ask_of_an_earlier_epoch_is_not_an_answer() -> None:
     """A new epoch asks again: answers and asks carry their epoch."""
     pl = with_pod(pods(4, epoch=4, steps=(100, 200, 317)), 0, reported_steps=(100, 200))
     pl = looked_again(pl, 0, epoch=3)
-    st = recovering(4, step_recheck=StepRecheck(3, 317, NOW - 60))
+    st = recovering(4, step_recheck=StepRecheck(3, (317,), NOW - 60))
     p = plan(snapshot(status=st, pod_list=pl))
     assert not p.status.barrier_open
-    assert p.status.step_recheck == StepRecheck(4, 317, NOW + STEP_RECHECK_S)
+    assert p.status.step_recheck == StepRecheck(4, (317,), NOW + STEP_RECHECK_S)
 
 
 def test_no_common_step_escalates_by_default() -> None:
     pl = with_pod(pods(4, epoch=3, steps=(300,)), 0, reported_steps=(100,))
     asked = plan(snapshot(status=recovering(3), pod_list=pl))
-    assert asked.status.phase == Phase.RECOVERING, "the members lacking 300 look again first"
-    p = plan(snapshot(status=asked.status, pod_list=looked_again(pl, 0)))
+    assert asked.status.phase == Phase.RECOVERING, "every member lacks a step: all look again"
+    assert asked.status.step_recheck == StepRecheck(3, (300, 100), NOW + STEP_RECHECK_S)
+    p = plan(snapshot(status=asked.status, pod_list=every_member_looked_again(pl)))
     assert p.status.phase == Phase.ESCALATED
     assert p.status.reason == "NoCommonCheckpoint"
     assert not p.status.barrier_open
@@ -409,7 +446,7 @@ def test_no_common_step_starts_from_scratch_when_configured() -> None:
     pl = with_pod(pods(4, epoch=3, steps=(300,)), 0, reported_steps=(100,))
     policy = Policy(no_common_checkpoint=NoCommonCheckpoint.SCRATCH)
     asked = plan(snapshot(status=recovering(3), pod_list=pl, policy=policy))
-    p = plan(snapshot(status=asked.status, pod_list=looked_again(pl, 0), policy=policy))
+    p = plan(snapshot(status=asked.status, pod_list=every_member_looked_again(pl), policy=policy))
     assert p.status.barrier_open
     assert p.status.resume_step is None
 

@@ -14,7 +14,12 @@ from hypothesis import strategies as st
 
 from jobset_inplace.core.detection import current_pods
 from jobset_inplace.core.model import GangStatus, Plan, PodView, Recovery, Snapshot, StepRecheck
-from jobset_inplace.core.planner import STEP_RECHECK_S, plan
+from jobset_inplace.core.planner import (
+    STEP_RECHECK_LIMIT,
+    STEP_RECHECK_S,
+    common_resume_step,
+    plan,
+)
 from jobset_inplace.core.policy import NoCommonCheckpoint, Policy
 from jobset_inplace.core.statemachine import Phase
 
@@ -36,7 +41,8 @@ def gangs(draw: st.DrawFn) -> tuple[int, GangStatus, list[PodView], Policy]:
     recheck = None
     if caught_up and draw(st.booleans()):
         asked = NOW - draw(st.sampled_from([0.0, 1.0, STEP_RECHECK_S, 10.0]))
-        recheck = StepRecheck(epoch, draw(st.sampled_from([100, 200, 300, 400])), asked)
+        disputed = draw(st.frozensets(st.sampled_from([100, 200, 300, 400]), min_size=1))
+        recheck = StepRecheck(epoch, tuple(sorted(disputed, reverse=True)), asked)
     status = GangStatus(
         phase=phase,
         epoch=epoch,
@@ -123,22 +129,30 @@ def check_resume_step(s: Snapshot, p: Plan) -> str:
     return "at a common step"
 
 
+def disputed_by(s: Snapshot) -> set[int]:
+    """The steps newer than the common one that some current member reports: each is missing
+    from another member's report."""
+    current = list(current_pods(s).values())
+    common = common_resume_step(current)
+    steps = (step for pod in current for step in pod.reported_steps or ())
+    return {step for step in steps if common is None or step > common}
+
+
 def check_steps_looked_at_again(s: Snapshot, p: Plan) -> str:
-    """A barrier that opens where the members' reports disagree on the newest step opens only
-    after asking the members lacking it to look again, and once each answered or the ask's
-    deadline passed (a member's report may predate a step another member kept). Returns the
-    case."""
-    current = current_pods(s).values()
-    newest = max((step for pod in current for step in pod.reported_steps or ()), default=None)
-    if newest is None or all(newest in (pod.reported_steps or ()) for pod in current):
+    """A barrier that opens where the members' reports disagree on a step newer than the
+    common one opens only after asking the members lacking such a step to look again, and
+    once each answered or the ask's deadline passed (a member's report may predate a step
+    another member kept). Returns the case."""
+    if not disputed_by(s):
         return "every report has the newest step"
     ask = s.status.step_recheck
     assert ask is not None, "opened without a second look"
     assert ask.epoch == s.status.epoch, "opened on the second look of another epoch"
     lacking = [
         pod
-        for pod in current
-        if ask.step not in (pod.reported_steps or ()) and pod.rechecked_epoch != ask.epoch
+        for pod in current_pods(s).values()
+        if pod.rechecked_epoch != ask.epoch
+        and any(step not in (pod.reported_steps or ()) for step in ask.steps)
     ]
     if lacking:
         assert s.now >= ask.deadline, "opened before the members looked again or the deadline"
@@ -183,6 +197,10 @@ def test_resume_step_is_read_after_every_trainer_stopped(g: Gang) -> None:
     elif p.status.step_recheck is not None and s.status.step_recheck is None:
         event("asked to look again")
         assert p.requeue_after is not None, "an ask without a wake-up at its deadline"
+        # every member lacking a disputed step is asked (each may lack a different one), up
+        # to one report's worth of steps, the newest
+        disputed = sorted(disputed_by(s), reverse=True)[:STEP_RECHECK_LIMIT]
+        assert p.status.step_recheck.steps == tuple(disputed), (p.status.step_recheck, disputed)
     else:
         event("barrier did not open in this pass")
 
@@ -229,7 +247,7 @@ def caught_up(steps: list[tuple[int, ...]], epoch: int = 3) -> list[PodView]:
 
 def asked_again(epoch: int = 3, step: int = 400, asked: float = NOW) -> GangStatus:
     st = recovering(epoch)
-    st.step_recheck = StepRecheck(epoch, step, asked + STEP_RECHECK_S)
+    st.step_recheck = StepRecheck(epoch, (step,), asked + STEP_RECHECK_S)
     return st
 
 
