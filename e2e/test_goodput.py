@@ -26,6 +26,7 @@ from testbed.demo import (
     trainers_running,
     training_gang,
 )
+from testbed.demo_trainer import CHECKPOINT_EVERY, PERSIST_EVERY
 from testbed.install import Installation
 from testbed.kube import Clients, wait_for
 from testbed.versions import binaries
@@ -271,7 +272,6 @@ for pid in os.listdir("/proc"):
             os.kill(int(pid), sig)
             print("signalled", pid)
 """
-LOCAL_EVERY = 10  # the demo trainer's local checkpoints (JSI_DEMO_CHECKPOINT_EVERY's default)
 
 
 @pytest.mark.parametrize("killed", ["behind", "ahead"])
@@ -319,10 +319,10 @@ def test_a_kept_step_reaches_the_member_killed_by_sigkill(
         wait_for("member 0 past step 15", lambda: newest(first) > 15, 120)
         signal_trainer(first, "SIGSTOP")
         held = newest(first)
-        assert held < 3 * LOCAL_EVERY, f"member 0 held back at step {held}: too late"
+        assert held < 3 * CHECKPOINT_EVERY, f"member 0 held back at step {held}: too late"
         wait_for(
             "member 1 past its local checkpoint 30",
-            lambda: newest(second) > 3 * LOCAL_EVERY,
+            lambda: newest(second) > 3 * CHECKPOINT_EVERY,
             60,
         )
         signal_trainer(second, "SIGKILL")
@@ -342,10 +342,10 @@ def test_a_kept_step_reaches_the_member_killed_by_sigkill(
         f"{survivor}, the killed member's {lead}; the killed member "
         f"{'looked again' if again else 'did not look again'}"
     )
-    assert survivor > 25
+    assert survivor > PERSIST_EVERY, "the kept step is past the periodic one of the shared root"
     assert st["resumeStep"] == survivor, (st.get("resumeStep"), survivor)
     if killed == "ahead":
-        assert lead > 3 * LOCAL_EVERY > survivor, (lead, survivor)
+        assert lead > 3 * CHECKPOINT_EVERY > survivor, (lead, survivor)
     (summary,) = [h for h in st["history"] if h["epoch"] == 2]
     # the killed member's step, at most, past what any member finished (the demo's members
     # are not in lockstep as a DDP gang's are: the killed one's lead is lost too)

@@ -75,6 +75,9 @@ SLOW_FILE = "inject-slow"
 BUSY_SHARE = 0.25
 ENV_STARTUP_HANG_EPOCHS = "JSI_DEMO_STARTUP_HANG_EPOCHS"
 ENV_KEEP_STEP = "JSI_DEMO_KEEP_STEP"
+# Periodic checkpoints: every CHECKPOINT_EVERY steps locally, every PERSIST_EVERY persistently
+# (JSI_DEMO_CHECKPOINT_EVERY / JSI_DEMO_PERSIST_EVERY override them)
+CHECKPOINT_EVERY, PERSIST_EVERY = 10, 20
 
 
 class InjectedCrash(Exception):
@@ -183,8 +186,8 @@ def _train(
     *,
     standalone: bool,
 ) -> NoReturn:
-    every = int(os.environ.get("JSI_DEMO_CHECKPOINT_EVERY", "10"))
-    persist_every = int(os.environ.get("JSI_DEMO_PERSIST_EVERY", "20"))
+    every = int(os.environ.get("JSI_DEMO_CHECKPOINT_EVERY") or CHECKPOINT_EVERY)
+    persist_every = int(os.environ.get("JSI_DEMO_PERSIST_EVERY") or PERSIST_EVERY)
     local, persistent = tier_roots()
     update: Callable[[int], AbstractContextManager[None]] = (
         keeper.update if keeper is not None else lambda _step: contextlib.nullcontext()
