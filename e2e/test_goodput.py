@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from testbed.demo import (
     trainers_running,
     training_gang,
 )
-from testbed.demo_trainer import CHECKPOINT_EVERY, PERSIST_EVERY
+from testbed.demo_trainer import CHECKPOINT_EVERY, PERSIST_EVERY, Truth, parse_truth
 from testbed.install import Installation
 from testbed.kube import Clients, wait_for
 from testbed.versions import binaries
@@ -37,52 +36,6 @@ TRUTH = "/ckpt/truth.log"  # on the pod's emptyDir: it outlives the trainer proc
 # Training time before each injected crash (varied: the crash lands anywhere between checkpoints)
 TRAINING_BEFORE_CRASH_S = (9.0, 14.5, 6.3)
 MEMBERS = 2
-
-
-@dataclass(frozen=True)
-class Step:
-    epoch: int
-    step: int
-    start: float
-    end: float
-
-
-@dataclass(frozen=True)
-class Truth:
-    """One trainer's account: its resumes (epoch -> step) and the steps it did."""
-
-    resumes: dict[int, int]
-    steps: list[Step]
-
-    def kept_seconds(self, before_epoch: int) -> float:
-        """Seconds of the steps done before ``before_epoch`` that the gang keeps: a resume at
-        step R throws away every step past R done before it."""
-        kept: dict[int, Step] = {}
-        for epoch in sorted(self.resumes):
-            if epoch > before_epoch:
-                break
-            resume = self.resumes[epoch]
-            kept = {s: v for s, v in kept.items() if s <= resume}
-            if epoch == before_epoch:
-                break
-            kept |= {s.step: s for s in self.steps if s.epoch == epoch}
-        return sum(s.end - s.start for s in kept.values())
-
-    def newest_step(self, epoch: int) -> int | None:
-        return max((s.step for s in self.steps if s.epoch == epoch), default=None)
-
-
-def parse_truth(text: str) -> Truth:
-    resumes: dict[int, int] = {}
-    steps: list[Step] = []
-    for line in text.splitlines():
-        kind, *fields = line.split()
-        if kind == "resume":
-            resumes[int(fields[0])] = int(fields[1])
-        else:
-            assert kind == "step", line
-            steps.append(Step(int(fields[0]), int(fields[1]), float(fields[2]), float(fields[3])))
-    return Truth(resumes, steps)
 
 
 def read_truth(kubeconfig: Path, namespace: str, pod: str) -> Truth:
@@ -169,14 +122,25 @@ def test_goodput_agrees_with_the_trainers_own_account(
     truths = {
         p.metadata.name: read_truth(cluster_kubeconfig, namespace, p.metadata.name) for p in pods
     }
+    # when each epoch ended: the crashed trainer's own account of its crash
+    ended = {e: at for truth in truths.values() for e, at in truth.crashes.items()}
+    assert sorted(ended) == list(range(1, epoch)), ended
+    wasted = account["badputSeconds"]["wastedProgress"] / measured
     for pod, truth in truths.items():
         assert sorted(truth.resumes) == list(range(1, epoch + 1)), (pod, truth.resumes)
         theirs = truth.kept_seconds(epoch) / (opened - since)
+        their_waste = truth.wasted_seconds(epoch, ended) / (opened - since)
         print(
             f"{pod}: trainer's goodput {theirs:.4f}, reported {ours:.4f} "
-            f"({abs(theirs - ours) * 100:.2f} points apart)"
+            f"({abs(theirs - ours) * 100:.2f} points apart); wasted progress {their_waste:.4f}, "
+            f"reported {wasted:.4f} ({abs(their_waste - wasted) * 100:.2f} points apart); the "
+            f"rest (detection, recovery, restore, start) {1 - theirs - their_waste:.4f}, "
+            f"reported {1 - ours - wasted:.4f}"
         )
         assert abs(theirs - ours) <= 0.01, (pod, theirs, ours, account)
+        assert abs(their_waste - wasted) <= 0.01, (pod, their_waste, wasted, account)
+        rest = abs((1 - theirs - their_waste) - (1 - ours - wasted))
+        assert rest <= 0.01, (pod, theirs, their_waste, account)
 
     # steps redone per recovery: how far the gang had got (its newest step) past the resume
     history = {h["epoch"]: h for h in st["history"]}

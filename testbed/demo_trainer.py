@@ -49,8 +49,9 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -111,6 +112,83 @@ class _Truth:
 
     def stepped(self, step: int, start: float, end: float) -> None:
         self.write(f"step {self.epoch} {step} {start:.6f} {end:.6f}")
+
+    def crashed(self, at: float) -> None:
+        """An injected crash ends the epoch now: the failure's moment, on the trainer's clock."""
+        self.write(f"crash {self.epoch} {at:.6f}")
+
+
+@dataclass(frozen=True)
+class Step:
+    epoch: int
+    step: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Truth:
+    """One trainer's account (what ``_Truth`` wrote): its resumes (epoch -> step), the steps it
+    did and the moments its injected crashes ended an epoch (epoch -> time)."""
+
+    resumes: dict[int, int]
+    steps: list[Step]
+    crashes: dict[int, float]
+
+    def kept_seconds(self, before_epoch: int) -> float:
+        """Seconds of the steps done before ``before_epoch`` that the gang keeps: a resume at
+        step R throws away every step past R done before it."""
+        return sum(s.end - s.start for s in self._kept(before_epoch).values())
+
+    def _kept(self, before_epoch: int) -> dict[int, Step]:
+        kept: dict[int, Step] = {}
+        for epoch in sorted(self.resumes):
+            if epoch > before_epoch:
+                break
+            resume = self.resumes[epoch]
+            kept = {s: v for s, v in kept.items() if s <= resume}
+            if epoch == before_epoch:
+                break
+            kept |= {s.step: s for s in self.steps if s.epoch == epoch}
+        return kept
+
+    def wasted_seconds(self, before_epoch: int, ended: Mapping[int, float]) -> float:
+        """Seconds of training before ``before_epoch`` that the gang threw away: each epoch
+        from this trainer's first step to ``ended[epoch]`` (when the failure that ended it
+        happened: the crashed trainer's own account), less the steps kept. A step under way
+        at the failure is wasted; steps finished after it (before the recovery stopped this
+        trainer) are not training time of the epoch, as they are not kept."""
+        kept = self._kept(before_epoch)
+        wasted = 0.0
+        for epoch in range(min(self.resumes, default=before_epoch), before_epoch):
+            steps = [s for s in self.steps if s.epoch == epoch]
+            if not steps or epoch not in ended:
+                continue
+            training = ended[epoch] - min(s.start for s in steps)
+            wasted += training - sum(
+                s.end - s.start for s in steps if kept.get(s.step) == s and s.end <= ended[epoch]
+            )
+        return wasted
+
+    def newest_step(self, epoch: int) -> int | None:
+        return max((s.step for s in self.steps if s.epoch == epoch), default=None)
+
+
+def parse_truth(text: str) -> Truth:
+    resumes: dict[int, int] = {}
+    steps: list[Step] = []
+    crashes: dict[int, float] = {}
+    for line in text.splitlines():
+        kind, *fields = line.split()
+        if kind == "resume":
+            resumes[int(fields[0])] = int(fields[1])
+        elif kind == "crash":
+            crashes[int(fields[0])] = float(fields[1])
+        else:
+            if kind != "step":
+                raise ValueError(f"not a line of a trainer's account: {line!r}")
+            steps.append(Step(int(fields[0]), int(fields[1]), float(fields[2]), float(fields[3])))
+    return Truth(resumes, steps, crashes)
 
 
 def _hang(why: str, *, keeping: bool = False) -> NoReturn:
@@ -173,6 +251,7 @@ def main() -> int:
         with keeper or contextlib.nullcontext():
             _train(step, step_s, state_dir, truth, keeper, standalone=standalone)
     except InjectedCrash as e:
+        truth.crashed(time.time())
         _log(f"{e}: exiting {FAILURE_EXIT_CODE}")
         return FAILURE_EXIT_CODE
 

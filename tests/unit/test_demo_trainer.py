@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from jobset_inplace.launcher import ENV_STATE_DIR
+from testbed.demo_trainer import parse_truth
 
 TRAINER = Path(__file__).resolve().parents[2] / "testbed" / "demo_trainer.py"
 EXIT_ON_SIGTERM = 128 + signal.SIGTERM
@@ -158,3 +159,21 @@ def test_the_demo_trainer_keeps_the_step_a_failure_interrupts(tmp_path: Path, fa
     (state / "inject-failure").write_text("")  # the next run ends at its first step
     resumed = 0 if failure == "no keeper" else last
     assert f"resuming at step {resumed} " in _crashing_run(env)
+
+
+def test_the_trainers_account_of_kept_and_wasted_training() -> None:
+    """Epoch 1: steps 1-4 (1 s each from t=100), a crash at 104.5 (half of step 5 under way);
+    epoch 2 resumes at 2 (steps 3-4 redone), its steps 3-5 from t=110. Kept before epoch 2:
+    steps 1-2 (2 s); wasted: the epoch's 4.5 s of training less them. A step finished after
+    the crash (the survivor's, before the recovery stopped it) is neither."""
+    lines = ["resume 1 0"]
+    lines += [f"step 1 {s} {99 + s:.6f} {100 + s:.6f}" for s in range(1, 5)]
+    lines += ["crash 1 104.500000", "step 1 5 104.000000 105.000000", "resume 2 2"]
+    lines += [f"step 2 {s} {107 + s:.6f} {108 + s:.6f}" for s in range(3, 6)]
+    truth = parse_truth("\n".join(lines))
+    assert truth.crashes == {1: 104.5}
+    assert truth.kept_seconds(2) == pytest.approx(2.0)
+    assert truth.wasted_seconds(2, truth.crashes) == pytest.approx(4.5 - 2.0)
+    assert truth.newest_step(2) == 5
+    with pytest.raises(ValueError, match="not a line"):
+        parse_truth("resume 1 0\nnonsense")
