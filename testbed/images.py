@@ -5,7 +5,7 @@ packages by ``testbed/realnode/build-images.sh``: rootfs -> umoci -> skopeo, no 
 plus one layer:
 
 * ``jobset-inplace/agent:<version>``: the ``jobset_inplace`` package (standard library only,
-  import contract ``agent-stdlib-only``), compiled to unchecked-hash bytecode: the agent
+  import contract ``agent-no-third-party``), compiled to unchecked-hash bytecode: the agent
   starts again after every in-place restart and must not compile itself on the way.
 * ``jobset-inplace/controller:<version>``: the package plus its dependencies, pinned with
   hashes in ``images/controller-requirements.txt`` (wheels only), and the ``jobset-inplace``
