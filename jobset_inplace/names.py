@@ -3,6 +3,7 @@ annotation keys, labels, condition types and exit codes."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Final
 
 GROUP: Final = "jobset-inplace.dev"
@@ -121,7 +122,9 @@ CHANNEL_REPORT_KEYS: Final = (
 REPORT_PATH: Final = "/v1/reports"
 DEFAULT_REPORT_PORT: Final = 9444
 # A projected service-account token for this audience only (the agent's API token is never sent
-# to the controller); the leader checks it with a TokenReview, cached until the token expires.
+# to the controller); the leader verifies it offline against the cluster's signing keys (or,
+# where it cannot read them, with a TokenReview), cached until the token expires
+# (runtime/report_tokens.py).
 REPORT_TOKEN_AUDIENCE: Final = "jobset-inplace.dev/reports"
 REPORT_TOKEN_SECONDS: Final = 3600
 REPORT_TOKEN_DIR: Final = "/var/run/secrets/jobset-inplace.dev/reports"
@@ -150,6 +153,29 @@ UNHEALTHY_TAINT: Final = f"{PREFIX}unhealthy"
 # ... and, with the taint-on-device-fault policy, on a Ready node whose device failed a member.
 # Removed by people after the repair (the node itself looks healthy), never by the controller.
 DEVICE_UNHEALTHY_TAINT: Final = f"{PREFIX}device-unhealthy"
+
+# --- The agent's environment: core/transform.py writes it, agent/config.py reads it ------------
+ENV_GANGSTATE: Final = "JSI_GANGSTATE"
+ENV_API_SERVER: Final = "JSI_API_SERVER"
+ENV_TOKEN_FILE: Final = "JSI_TOKEN_FILE"
+ENV_CA_FILE: Final = "JSI_CA_FILE"
+ENV_PROBE_PORT: Final = "JSI_PROBE_PORT"
+ENV_RESTART_EXIT_CODE: Final = "JSI_RESTART_EXIT_CODE"
+ENV_RESTART_SCOPE: Final = "JSI_RESTART_SCOPE"
+ENV_LAUNCHED_CONTAINERS: Final = "JSI_LAUNCHED_CONTAINERS"
+
+
+class RestartScope(StrEnum):
+    """What a recovery restarts on a member that keeps its pod: the trainer processes (the
+    launcher stops and starts them; no container restarts) or every container of the pod
+    (``RestartAllContainers``: init containers re-run, a clean container filesystem)."""
+
+    PROCESS = "process"
+    POD = "pod"
+
+
+# The annotation's default, and the agent's where its environment names none.
+DEFAULT_RESTART_SCOPE: Final = RestartScope.PROCESS
 
 # The agent's hang detection settings (seconds), set by the transform from the annotations.
 ENV_HANG_TIMEOUT: Final = "JSI_HANG_TIMEOUT_SECONDS"

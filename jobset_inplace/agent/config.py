@@ -11,17 +11,27 @@ from jobset_inplace.launcher import DEFAULT_STOP_GRACE, ENV_STOP_GRACE
 from jobset_inplace.names import (
     DEFAULT_PROBE_PORT,
     DEFAULT_RESTART_EXIT_CODE,
+    DEFAULT_RESTART_SCOPE,
+    ENV_API_SERVER,
+    ENV_CA_FILE,
     ENV_CHECKPOINT_LAYOUT,
     ENV_CHECKPOINT_STEP_PATTERN,
+    ENV_GANGSTATE,
     ENV_HANG_TIMEOUT,
     ENV_JOB_INDEX,
+    ENV_LAUNCHED_CONTAINERS,
     ENV_PEER_DOMAIN,
+    ENV_PROBE_PORT,
     ENV_REPLICATED_JOB,
     ENV_REPORT_TOKEN_FILE,
+    ENV_RESTART_EXIT_CODE,
+    ENV_RESTART_SCOPE,
     ENV_SLOTS,
     ENV_STARTUP_TIMEOUT,
     ENV_STRAGGLER_WINDOW,
     ENV_STRAGGLER_WINDOWS,
+    ENV_TOKEN_FILE,
+    RestartScope,
 )
 from jobset_inplace.trainer import resolve_state_dir, tier_roots
 from jobset_inplace.trainer.checkpoints import MAX_STEP, parse_canonical_int
@@ -68,7 +78,7 @@ class Config:
     ca_file: Path | None  # None: system trust store (https) or plain http
     # "process": trainers run under launchers (these main containers') that the agent stops
     # and starts per epoch; "pod": the agent exits with the restart code (RestartAllContainers).
-    restart_scope: str = "pod"
+    restart_scope: RestartScope = DEFAULT_RESTART_SCOPE
     launched: tuple[str, ...] = ()
     stop_grace: float = DEFAULT_STOP_GRACE
     hang: HangRule = field(default_factory=HangRule)
@@ -90,7 +100,7 @@ class Config:
 
     @property
     def process_scope(self) -> bool:
-        return self.restart_scope == "process"
+        return self.restart_scope == RestartScope.PROCESS
 
     @property
     def gang(self) -> str:
@@ -125,17 +135,17 @@ def _int(
 
 
 def _server(env: Mapping[str, str]) -> str:
-    explicit = env.get("JSI_API_SERVER", "")
+    explicit = env.get(ENV_API_SERVER, "")
     if explicit:
         if not explicit.startswith(("https://", "http://")):
-            raise ConfigError(f"JSI_API_SERVER must start with https:// or http://: {explicit!r}")
+            raise ConfigError(f"{ENV_API_SERVER} must start with https:// or http://: {explicit!r}")
         return explicit.rstrip("/")
     host = env.get("KUBERNETES_SERVICE_HOST", "")
     port = env.get("KUBERNETES_SERVICE_PORT", "")
     if not host or not port:
         raise ConfigError(
             "KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT are not set (not running in a pod?); "
-            "set JSI_API_SERVER to reach the API server"
+            f"set {ENV_API_SERVER} to reach the API server"
         )
     if parse_canonical_int(port, 65535) in (None, 0):
         raise ConfigError(f"KUBERNETES_SERVICE_PORT must be a port 1..65535, got {port[:40]!r}")
@@ -155,17 +165,25 @@ def _readable_file(env: Mapping[str, str], var: str, default: Path) -> Path | No
     return path
 
 
-def _scope(env: Mapping[str, str]) -> tuple[str, tuple[str, ...], float]:
-    scope = env.get("JSI_RESTART_SCOPE", "") or "pod"
-    if scope not in ("process", "pod"):
-        raise ConfigError(f"JSI_RESTART_SCOPE must be process or pod, got {scope[:40]!r}")
-    raw = env.get("JSI_LAUNCHED_CONTAINERS", "")
+def _scope(env: Mapping[str, str]) -> tuple[RestartScope, tuple[str, ...], float]:
+    raw_scope = env.get(ENV_RESTART_SCOPE, "") or DEFAULT_RESTART_SCOPE
+    try:
+        scope = RestartScope(raw_scope)
+    except ValueError:
+        accepted = " or ".join(RestartScope)
+        raise ConfigError(
+            f"{ENV_RESTART_SCOPE} must be {accepted}, got {raw_scope[:40]!r}"
+        ) from None
+    raw = env.get(ENV_LAUNCHED_CONTAINERS, "")
     launched = tuple(n for n in raw.split(",") if n)
-    if scope == "process" and not launched:
-        raise ConfigError("JSI_LAUNCHED_CONTAINERS must list the main containers (process scope)")
+    if scope is RestartScope.PROCESS and not launched:
+        raise ConfigError(
+            f"{ENV_LAUNCHED_CONTAINERS} must list the main containers (process scope, the "
+            f"default where {ENV_RESTART_SCOPE} is not set)"
+        )
     for n in launched:
         if len(n) > 63 or _DNS_LABEL.fullmatch(n) is None:
-            raise ConfigError(f"JSI_LAUNCHED_CONTAINERS: {n[:70]!r} is not a container name")
+            raise ConfigError(f"{ENV_LAUNCHED_CONTAINERS}: {n[:70]!r} is not a container name")
     grace_raw = env.get(ENV_STOP_GRACE, "")
     try:
         grace = float(grace_raw) if grace_raw else DEFAULT_STOP_GRACE
@@ -227,23 +245,23 @@ def load_config(env: Mapping[str, str]) -> Config:
     """The configuration in `env`; raises `ConfigError` naming the first bad variable."""
     pod = _name(env, "POD_NAME", _DNS_SUBDOMAIN, 253)
     namespace = _name(env, "POD_NAMESPACE", _DNS_LABEL, 63)
-    gangstate = _name(env, "JSI_GANGSTATE", _DNS_SUBDOMAIN, 253)
+    gangstate = _name(env, ENV_GANGSTATE, _DNS_SUBDOMAIN, 253)
     restart = _int(
         env,
-        "JSI_RESTART_EXIT_CODE",
+        ENV_RESTART_EXIT_CODE,
         DEFAULT_RESTART_EXIT_CODE,
         low=3,
         high=255,
         why=f" (0 is success, {EXIT_CRASH} an agent crash, {EXIT_CONFIG} a configuration error)",
     )
-    port = _int(env, "JSI_PROBE_PORT", DEFAULT_PROBE_PORT, low=1, high=65535)
+    port = _int(env, ENV_PROBE_PORT, DEFAULT_PROBE_PORT, low=1, high=65535)
     scope, launched, grace = _scope(env)
     server = _server(env)
-    token = _readable_file(env, "JSI_TOKEN_FILE", SA_DIR / "token")
+    token = _readable_file(env, ENV_TOKEN_FILE, SA_DIR / "token")
     local, persistent = tier_roots(env)
     ca: Path | None = None
     if server.startswith("https://"):
-        ca = _readable_file(env, "JSI_CA_FILE", SA_DIR / "ca.crt")
+        ca = _readable_file(env, ENV_CA_FILE, SA_DIR / "ca.crt")
     return Config(
         pod_name=pod,
         namespace=namespace,

@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from jobset_inplace import names
+from jobset_inplace.names import RestartScope
 from jobset_inplace.trainer.checkpoints import parse_canonical_int, shorten_repr
 from jobset_inplace.trainer.layouts import (
     PATTERN_FORM,
@@ -47,15 +48,6 @@ class Escalation(StrEnum):
 
     RESTART_JOBSET = "restart-jobset"
     FAIL_JOBSET = "fail-jobset"
-
-
-class RestartScope(StrEnum):
-    """What a recovery restarts on a member that keeps its pod: the trainer processes (the
-    launcher stops and starts them; no container restarts) or every container of the pod
-    (``RestartAllContainers``: init containers re-run, a clean container filesystem)."""
-
-    PROCESS = "process"
-    POD = "pod"
 
 
 class StragglerAction(StrEnum):
@@ -100,7 +92,7 @@ class Policy:
     # Taint a Ready node NoSchedule when its device fails a member, before replacing the pod
     # (so that the replacement, and Kueue TAS's node replacement, avoid it).
     taint_on_device_fault: bool = False
-    restart_scope: RestartScope = RestartScope.PROCESS
+    restart_scope: RestartScope = names.DEFAULT_RESTART_SCOPE
     # Process scope: how long a trainer may take to exit on SIGTERM before it is killed.
     trainer_stop_grace_s: float = 1.0
     # Process scope: the next epoch's trainer is started, these modules imported, while the

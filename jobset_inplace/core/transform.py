@@ -30,7 +30,7 @@ from jobset_inplace.core.agent_access import (
     pod_service_account,
 )
 from jobset_inplace.core.agent_settings import DEFAULT_RESOURCES
-from jobset_inplace.core.policy import Escalation, Policy, RestartScope, parse_policy
+from jobset_inplace.core.policy import Escalation, Policy, parse_policy
 from jobset_inplace.core.spares import SpareSpec, spare_spec
 from jobset_inplace.core.torchrun import identity_options
 from jobset_inplace.launcher import (
@@ -44,6 +44,7 @@ from jobset_inplace.launcher import (
     ENV_STOP_GRACE,
     LAUNCHER_FILE,
 )
+from jobset_inplace.names import RestartScope
 from jobset_inplace.trainer.layouts import Layout
 
 AGENT_CONTAINER = "jobset-inplace-agent"
@@ -67,8 +68,6 @@ AGENT_SECURITY_CONTEXT: dict[str, Any] = {
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 TRAINER_IDENTITY = ("runAsUser", "runAsGroup", "runAsNonRoot")
-ENV_RESTART_SCOPE = "JSI_RESTART_SCOPE"
-ENV_LAUNCHED = "JSI_LAUNCHED_CONTAINERS"
 MAX_BACKOFF = 2147483647
 DEFAULT_MAX_RESTARTS = 2
 
@@ -120,12 +119,12 @@ def agent_container(jobset_name: str, policy: Policy, s: AgentSettings) -> dict[
                 "name": names.ENV_REPORT_TOKEN_FILE,
                 "value": f"{names.REPORT_TOKEN_DIR}/{REPORT_TOKEN_FILE}",
             },
-            {"name": "JSI_GANGSTATE", "value": jobset_name},
+            {"name": names.ENV_GANGSTATE, "value": jobset_name},
             {"name": ENV_STATE_DIR, "value": STATE_DIR},
-            {"name": "JSI_RESTART_EXIT_CODE", "value": str(policy.restart_exit_code)},
-            {"name": "JSI_PROBE_PORT", "value": str(s.probe_port)},
-            {"name": ENV_RESTART_SCOPE, "value": policy.restart_scope.value},
-            *([{"name": "JSI_API_SERVER", "value": s.api_server}] if s.api_server else []),
+            {"name": names.ENV_RESTART_EXIT_CODE, "value": str(policy.restart_exit_code)},
+            {"name": names.ENV_PROBE_PORT, "value": str(s.probe_port)},
+            {"name": names.ENV_RESTART_SCOPE, "value": policy.restart_scope.value},
+            *([{"name": names.ENV_API_SERVER, "value": s.api_server}] if s.api_server else []),
             *_seconds_env(names.ENV_HANG_TIMEOUT, policy.hang_timeout_s),
             *_seconds_env(names.ENV_STARTUP_TIMEOUT, policy.startup_timeout_s),
             *_straggler_env(policy),
@@ -331,7 +330,8 @@ def _launch(
             imports = {"name": ENV_PRESTART_IMPORTS, "value": ",".join(policy.prestart_imports)}
             c["env"] = _add_by_name(c["env"], imports)
     launched = ",".join(c["name"] for c in containers)
-    agent["env"] = _add_by_name(agent["env"], {"name": ENV_LAUNCHED, "value": launched})
+    launched_env = {"name": names.ENV_LAUNCHED_CONTAINERS, "value": launched}
+    agent["env"] = _add_by_name(agent["env"], launched_env)
     agent["env"] = _add_by_name(agent["env"], grace)
 
 

@@ -106,6 +106,8 @@ def start_agent(
             "POD_NAME": pod,
             "POD_NAMESPACE": namespace,
             "JSI_GANGSTATE": gang,
+            # pod scope unless a test says otherwise (the default, process, needs launchers)
+            "JSI_RESTART_SCOPE": "pod",
             "JSI_STATE_DIR": str(state),
             "JSI_CHECKPOINT_LOCAL_DIR": str(local),
             "JSI_CHECKPOINT_PERSISTENT_DIR": str(persistent),

@@ -29,6 +29,7 @@ from jobset_inplace.agent.logic import (
     trainers_stopped,
 )
 from jobset_inplace.backoff import Backoff, Retries
+from jobset_inplace.names import DEFAULT_RESTART_SCOPE
 from jobset_inplace.trainer.checkpoints import MAX_STEP
 
 
@@ -389,6 +390,7 @@ def env(tmp_path: Path) -> dict[str, str]:
         "POD_NAME": "train-workers-0-3-abcde",
         "POD_NAMESPACE": "team-a",
         "JSI_GANGSTATE": "train",
+        "JSI_LAUNCHED_CONTAINERS": "trainer",  # process scope, the default
         "JSI_API_SERVER": "https://127.0.0.1:6443",
         "JSI_TOKEN_FILE": str(token),
         "JSI_CA_FILE": str(ca),
@@ -397,6 +399,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 def test_config_defaults(env: dict[str, str]) -> None:
     cfg = load_config(env)
+    assert cfg.restart_scope == DEFAULT_RESTART_SCOPE == "process", "the annotation's default"
     assert cfg.gang == "team-a/train"
     assert cfg.restart_exit_code == 88
     assert cfg.probe_port == DEFAULT_PROBE_PORT == 8187
@@ -407,6 +410,13 @@ def test_config_defaults(env: dict[str, str]) -> None:
     assert not cfg.hang.enabled
     assert cfg.busy_window is None
     assert cfg.layout.kind.value == "jobset-inplace"
+
+
+def test_the_default_scope_needs_the_launched_containers(env: dict[str, str]) -> None:
+    env.pop("JSI_LAUNCHED_CONTAINERS")
+    with pytest.raises(ConfigError, match=r"JSI_LAUNCHED_CONTAINERS must list .*JSI_RESTART_SCOPE"):
+        load_config(env)
+    assert load_config({**env, "JSI_RESTART_SCOPE": "pod"}).restart_scope == "pod"
 
 
 def test_config_overrides(env: dict[str, str]) -> None:

@@ -390,6 +390,7 @@ def agent_env(tmp_path: Path) -> dict[str, str]:
         "POD_NAME": "p",
         "POD_NAMESPACE": "ns",
         "JSI_GANGSTATE": "g",
+        "JSI_LAUNCHED_CONTAINERS": "trainer",  # process scope, the default
         "JSI_API_SERVER": "http://127.0.0.1:1",
         "JSI_TOKEN_FILE": str(token),
     }

@@ -18,7 +18,6 @@ from jobset_inplace.core.policy import (
     Policy,
     PolicyError,
     PolicyErrors,
-    RestartScope,
     StragglerAction,
     format_duration,
     is_managed,
@@ -26,6 +25,7 @@ from jobset_inplace.core.policy import (
     parse_policy,
     unknown_keys,
 )
+from jobset_inplace.names import RestartScope
 from jobset_inplace.trainer.layouts import PATTERN_FORM, Layout
 
 

@@ -68,7 +68,7 @@ VALUES: dict[str, st.SearchStrategy[str]] = {
     names.NO_COMMON_CHECKPOINT: st.sampled_from([e.value for e in pol.NoCommonCheckpoint]),
     names.ESCALATION: st.sampled_from([e.value for e in pol.Escalation]),
     names.TAINT_ON_DEVICE_FAULT: st.sampled_from(["true", "false"]),
-    names.RESTART_SCOPE: st.sampled_from([e.value for e in pol.RestartScope]),
+    names.RESTART_SCOPE: st.sampled_from([e.value for e in names.RestartScope]),
     names.TRAINER_STOP_GRACE: durations(pol.TRAINER_STOP_GRACE_RANGE_S),
     names.UNHEALTHY_TAINTS: st.just("example.com/gpu-fault"),
     names.UNHEALTHY_CONDITIONS: st.just("GPUFault"),

@@ -561,6 +561,7 @@ def test_the_agent_reads_its_position_from_the_environment(tmp_path: Path) -> No
         "POD_NAME": "train-w-4-0-abc",
         "POD_NAMESPACE": "ml",
         "JSI_GANGSTATE": "train",
+        "JSI_LAUNCHED_CONTAINERS": "trainer",  # process scope, the default
         "JSI_API_SERVER": "http://127.0.0.1:1",
         "JSI_TOKEN_FILE": "",
         "JSI_STATE_DIR": str(tmp_path),

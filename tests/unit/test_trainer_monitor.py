@@ -29,6 +29,7 @@ from jobset_inplace.agent.runner import (
     Agent,
     TrainerMonitor,
 )
+from jobset_inplace.names import RestartScope
 from jobset_inplace.trainer import save_checkpoint
 from jobset_inplace.trainer.progress import ProgressReporter, decode_span, read_progress
 from jobset_inplace.trainer.stop import StopAt, read_stop
@@ -57,7 +58,7 @@ def monitor(
     cfg = Config(
         pod_name="p-0", namespace="ns", gangstate="g", state_dir=tmp_path, local_dir=None,
         persistent_dir=None, restart_exit_code=88, probe_port=1, server="http://x",
-        token_file=None, ca_file=None, restart_scope=scope,
+        token_file=None, ca_file=None, restart_scope=RestartScope(scope),
         launched=("trainer",) if scope == "process" else (), hang=hang,
     )  # fmt: skip
     api = RecordingApi()
