@@ -399,7 +399,8 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 def test_config_defaults(env: dict[str, str]) -> None:
     cfg = load_config(env)
-    assert cfg.restart_scope == DEFAULT_RESTART_SCOPE == "process", "the annotation's default"
+    assert cfg.restart_scope == DEFAULT_RESTART_SCOPE
+    assert DEFAULT_RESTART_SCOPE.value == "process", "the annotation's default"
     assert cfg.gang == "team-a/train"
     assert cfg.restart_exit_code == 88
     assert cfg.probe_port == DEFAULT_PROBE_PORT == 8187
