@@ -39,12 +39,15 @@ from jobset_inplace.times import parse_time
 from testbed.cluster import LocalCluster, log
 from testbed.controller import gang_state, member_pods
 from testbed.demo import (
+    JOB_INDEX_REF,
+    PERSISTENT_MOUNT,
     barrier_opened,
     inject_failure,
     inject_hang,
     trainers_running,
     training_gang,
 )
+from testbed.demo_trainer import Truth, parse_truth
 from testbed.devices import RESOURCE, TestDevices, pod_devices
 from testbed.install import Installation
 from testbed.kube import Clients, clients, namespace_gone, wait_for
@@ -56,6 +59,8 @@ KINDS = ("crash", "silence", "hang", "device", "drain")
 DEFAULT_OUT = Path("bench/results/soak.json")
 RECOVERY_TIMEOUT_S = 900.0
 SCRAPE_INTERVAL = "5s"  # Prometheus's, when the soak runs one
+JSI_DEMO_TRUTH_FILE = "JSI_DEMO_TRUTH_FILE"
+TRUTH_PREFIX = "truth-"  # each member's own account: truth-<its job index>.log
 
 
 @dataclass
@@ -207,6 +212,8 @@ def run(
         shared_root=args.keep_step,
         env={
             "JSI_DEMO_STEP_SECONDS": f"{args.step_seconds:g}",
+            # the trainers' own account, on the persistent tier: a recreated pod goes on
+            JSI_DEMO_TRUTH_FILE: f"{PERSISTENT_MOUNT}/{TRUTH_PREFIX}{JOB_INDEX_REF}.log",
             **({"JSI_DEMO_KEEP_STEP": "1"} if args.keep_step else {}),
         },
         limits={RESOURCE: "1"} if soak.devices is not None else None,
@@ -246,11 +253,70 @@ def run(
     return failures, time.monotonic() - started, None
 
 
-def report(st: dict[str, Any], failures: list[Failure], wall_s: float) -> dict[str, Any]:
+def read_truths(shared: Path) -> dict[str, Truth]:
+    """Each member's own account (member index -> its truth), from the persistent tier."""
+    return {
+        path.stem.removeprefix(TRUTH_PREFIX): parse_truth(path.read_text())
+        for path in sorted(shared.rglob(f"{TRUTH_PREFIX}*.log"))
+    }
+
+
+def trainers_account(
+    truths: dict[str, Truth], failures: list[Failure], since: float, end: float
+) -> dict[str, Any]:
+    """The trainers' own account of the soak from ``since`` (the controller's account's start)
+    to ``end``: per member, the share of the time spent on steps the gang keeps (goodput) and
+    on steps it threw away (wasted progress: from the epoch's first step to the failure, a
+    step under way included, less the steps kept); per failure, the steps the gang redid (the
+    newest step any member finished in the epoch that failed, less the resume). An epoch ends
+    at its injected crash (the trainer's own line) or else when the soak injected the failure
+    (a node powered off, a hang, a device fault, a drain)."""
+    ended = {f.epoch - 1: f.wall for f in failures if f.wall}
+    for truth in truths.values():
+        ended.update(truth.crashes)
+    after = max((e for t in truths.values() for e in t.resumes), default=0) + 1
+    window = end - since
+    members = {
+        index: {
+            "goodput": round(truth.kept_seconds(after) / window, 4),
+            "wasted": round(truth.wasted_seconds(after, ended) / window, 4),
+        }
+        for index, truth in truths.items()
+    }
+    lost: list[int | None] = []
+    for f in failures:
+        newest = [n for t in truths.values() if (n := t.newest_step(f.epoch - 1)) is not None]
+        resumes = {t.resumes[f.epoch] for t in truths.values() if f.epoch in t.resumes}
+        lost.append(max(newest) - resumes.pop() if newest and len(resumes) == 1 else None)
+    return {"members": members, "steps_lost": lost}
+
+
+def report(
+    st: dict[str, Any],
+    failures: list[Failure],
+    wall_s: float,
+    truths: dict[str, Truth],
+    now: float,
+) -> dict[str, Any]:
+    """The controller's account as of ``now`` (when ``st`` was read), and beside it the
+    trainers' own: each member's goodput and wasted progress, and the steps lost per failure,
+    with how far apart."""
     status = status_from_dict(st)
     led = status.goodput
-    account = goodput.live(led, time.time(), status.recovery)
+    account = goodput.live(led, now, status.recovery)
     measured = account.productive + sum(account.badput.values())
+    theirs = trainers_account(truths, failures, now - measured, now) if truths else None
+    ratio = None if account.ratio is None else round(account.ratio, 4)
+    wasted = account.badput.get(goodput.Bucket.WASTED_PROGRESS, 0.0) / measured if measured else 0
+    if theirs is not None:
+        for m in theirs["members"].values():
+            m["goodput_points_apart"] = round(100 * abs(m["goodput"] - (ratio or 0)), 2)
+            m["wasted_points_apart"] = round(100 * abs(m["wasted"] - wasted), 2)
+        agree: dict[str, list[bool]] = {}
+        for f, n in zip(failures, theirs["steps_lost"], strict=True):
+            if n is not None and f.steps_lost is not None:
+                agree.setdefault(f.kind, []).append(n == f.steps_lost)
+        theirs["steps_lost_agree"] = {k: f"{sum(v)}/{len(v)}" for k, v in agree.items()}
     by_kind: dict[str, list[int]] = {}
     for f in failures:
         if f.steps_lost is not None:
@@ -261,7 +327,7 @@ def report(st: dict[str, Any], failures: list[Failure], wall_s: float) -> dict[s
         "failures_per_hour": round(len(failures) / (wall_s / 3600), 1) if wall_s else None,
         "kinds": dict(Counter(f.kind for f in failures)),
         "step_s": led.step_seconds,
-        "goodput": None if account.ratio is None else round(account.ratio, 4),
+        "goodput": ratio,
         "measured_s": round(measured, 1),
         "productive_s": round(account.productive, 1),
         "badput_s": {b.value: round(account.badput.get(b, 0.0), 1) for b in goodput.Bucket},
@@ -269,6 +335,7 @@ def report(st: dict[str, Any], failures: list[Failure], wall_s: float) -> dict[s
         "steps_lost": {
             k: {"mean": round(sum(v) / len(v), 1), "max": max(v)} for k, v in by_kind.items()
         },
+        "trainers": theirs,
     }
 
 
@@ -284,6 +351,17 @@ def table(r: dict[str, Any]) -> str:
         lines.append(f"  badput {bucket:15} {s:8.1f}s  {share:5.2f}%")
     for kind, v in r["steps_lost"].items():
         lines.append(f"  steps lost per {kind:6} mean {v['mean']}, max {v['max']}")
+    theirs = r.get("trainers")
+    for index, m in sorted((theirs or {}).get("members", {}).items()):
+        lines.append(
+            f"  member {index}'s own account: goodput {100 * m['goodput']:.2f}% "
+            f"({m['goodput_points_apart']} points apart), wasted progress "
+            f"{100 * m['wasted']:.2f}% ({m['wasted_points_apart']} points apart)"
+        )
+    if theirs:
+        lines.append(
+            f"  steps lost as the trainers count them, agreeing: {theirs['steps_lost_agree']}"
+        )
     return "\n".join(lines)
 
 
@@ -406,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
                 prom = stack.enter_context(running(cluster.kubeconfig, work, SCRAPE_INTERVAL))
             began = time.time()
             failures, wall_s, stopped = run(soak, args, shared)
-            st = gang_state(soak.kube, NAMESPACE, NAME)
+            st, read_at = gang_state(soak.kube, NAMESPACE, NAME), time.time()
+            truths = read_truths(shared)
             if prom is not None:
                 monitored = monitoring(prom, began, time.time(), args.out)
     finally:
@@ -417,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         installation.uninstall()
         if created and not os.environ.get("JSI_KEEP_CLUSTER"):
             cluster.down()
-    result = report(st, failures, wall_s)
+    result = report(st, failures, wall_s, truths, read_at)
     print(table(result))
     doc = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

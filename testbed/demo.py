@@ -32,6 +32,9 @@ from .versions import binaries
 
 NAMESPACE = "jsi-demo"
 PERSISTENT_MOUNT = "/ckpt-shared"  # the persistent tier in the demo trainer (demo_jobset)
+# The member's JobSet job index in the trainer's environment values (Kubernetes expands it):
+# with a ``persistent`` tier, e.g. a file of the member's own in a root the gang shares.
+JOB_INDEX_REF = "$(JOB_INDEX)"
 
 
 @dataclass
@@ -101,10 +104,11 @@ def demo_jobset(
             {"name": "shared", "hostPath": {"path": str(persistent), "type": "DirectoryOrCreate"}}
         )
         mount = {"name": "shared", "mountPath": PERSISTENT_MOUNT}
+        # the member's index, for its own subdirectory or files (JOB_INDEX_REF in ``env``)
+        index = {"fieldRef": {"fieldPath": f"metadata.labels['{names.JOB_INDEX_LABEL}']"}}
+        tiers.append({"name": "JOB_INDEX", "valueFrom": index})
         if not shared_root:
-            mount["subPathExpr"] = "$(JOB_INDEX)"
-            index = {"fieldRef": {"fieldPath": f"metadata.labels['{names.JOB_INDEX_LABEL}']"}}
-            tiers.append({"name": "JOB_INDEX", "valueFrom": index})
+            mount["subPathExpr"] = JOB_INDEX_REF
         mounts.append(mount)
         tiers.append({"name": "JSI_CHECKPOINT_PERSISTENT_DIR", "value": PERSISTENT_MOUNT})
     trainer: dict[str, Any] = {

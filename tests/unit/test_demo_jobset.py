@@ -8,6 +8,7 @@ from typing import Any
 
 from bench import soak
 from testbed.demo import PERSISTENT_MOUNT, demo_jobset
+from testbed.demo_trainer import parse_truth
 
 
 def _trainer(js: dict[str, Any]) -> dict[str, Any]:
@@ -32,9 +33,32 @@ def test_a_replicated_gang_shares_one_persistent_root() -> None:
     assert "subPathExpr" not in _persistent_mount(trainer)
     env = {e["name"]: e.get("value") for e in trainer["env"]}
     assert env["JSI_CHECKPOINT_PERSISTENT_DIR"] == PERSISTENT_MOUNT
-    assert "JOB_INDEX" not in env
+    assert "JOB_INDEX" in env, "a member's own files in the shared root (its truth log)"
 
 
 def test_the_soak_keeps_steps_only_when_asked() -> None:
     assert soak.parse_args([]).keep_step is False
     assert soak.parse_args(["--keep-step"]).keep_step is True
+
+
+def test_the_soak_counts_the_trainers_own_account_beside_the_controllers() -> None:
+    """Two members, 1 s steps from t=100; member 0 crashes at 104.5 (its own line), member
+    1's last step before it ends at 104; the gang resumes both at 2 in epoch 2 (t=110) and
+    trains to the end (t=115). Window 100..115."""
+    lines = {
+        "0": ["resume 1 0", *(f"step 1 {s} {99 + s} {100 + s}" for s in range(1, 5))],
+        "1": ["resume 1 0", *(f"step 1 {s} {99 + s} {100 + s}" for s in range(1, 5))],
+    }
+    lines["0"].append("crash 1 104.5")
+    for member in lines.values():
+        member += ["resume 2 2", *(f"step 2 {s} {107 + s} {108 + s}" for s in range(3, 8))]
+    truths = {m: parse_truth("\n".join(v)) for m, v in lines.items()}
+    failure = soak.Failure("crash", 2, 4.0, "workers/0/0", 5.0, 2, 2, {}, wall=103.0)
+    account = soak.trainers_account(truths, [failure], since=100.0, end=115.0)
+    # kept: steps 1-2 of epoch 1 and 3-7 of epoch 2 (7 s); wasted: 4.5 s of epoch 1 less 2 s
+    member = {"goodput": round(7 / 15, 4), "wasted": round(2.5 / 15, 4)}
+    assert account == {"members": {"0": member, "1": member}, "steps_lost": [2]}
+    # without the crash line, the epoch ends when the soak injected the failure
+    truths["0"] = parse_truth("\n".join(v for v in lines["0"] if not v.startswith("crash")))
+    ended = soak.trainers_account(truths, [failure], since=100.0, end=115.0)
+    assert ended["members"]["0"]["wasted"] == round((3.0 - 2.0) / 15, 4)
