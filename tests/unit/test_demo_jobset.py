@@ -56,8 +56,8 @@ def test_the_soak_counts_the_trainers_own_account_beside_the_controllers() -> No
     failure = soak.Failure("crash", 2, 4.0, "workers/0/0", 5.0, 2, 2, {}, wall=103.0)
     account = soak.trainers_account(truths, [failure], since=100.0, end=115.0)
     # kept: steps 1-2 of epoch 1 and 3-7 of epoch 2 (7 s); wasted: 4.5 s of epoch 1 less 2 s
-    member = {"goodput": round(7 / 15, 4), "wasted": round(2.5 / 15, 4)}
-    assert account == {"members": {"0": member, "1": member}, "steps_lost": [2]}
+    each = {"goodput": round(7 / 15, 4), "wasted": round(2.5 / 15, 4)}
+    assert account == {"members": {"0": each, "1": each}, "steps_lost": [2]}
     # without the crash line, the epoch ends when the soak injected the failure
     truths["0"] = parse_truth("\n".join(v for v in lines["0"] if not v.startswith("crash")))
     ended = soak.trainers_account(truths, [failure], since=100.0, end=115.0)
