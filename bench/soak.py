@@ -5,7 +5,10 @@ a hung trainer, a device turning Unhealthy (the test device plugin, as a GPU's o
 error; healthy again after the recovery), a drained node. The controller's own goodput account
 (GangState ``status.goodput``) is printed at the end: goodput, badput by bucket, steps lost per
 recovery, the failure rate and the step time, so the figures compare with the field's
-(docs/benchmarks.md, "Goodput under failures (soak)").
+(docs/benchmarks.md, "Goodput under failures (soak)"); and beside it the trainers' own account
+(each member logs every step, resume and injected crash to a file of its own on the persistent
+tier, which outlives its pods): each member's goodput and wasted progress, how many points
+apart from the controller's, and per failure kind how often the steps lost agree.
 
 jobset-inplace is installed in the cluster as users install it (a drain evicts its pods too, a
 silent node takes its replica); the trainer reports progress every step (goodput's signal),
