@@ -11,6 +11,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from jobset_inplace.agent.logic import Endpoint, GangView, parse_gangstate
 from jobset_inplace.core.gangstate import (
     progress_only,
     progress_write_interval,
@@ -277,3 +278,78 @@ statuses = st.builds(
 def test_any_status_survives_the_round_trip(s: GangStatus) -> None:
     event(f"recovery: {'none' if s.recovery is None else 'present'}")
     assert round_trip(s) == s
+
+
+_STEPS = st.integers(0, 10**6)
+
+
+@st.composite
+def statuses(draw: st.DrawFn) -> GangStatus:
+    """A status with every field an agent reads drawn (the rest default)."""
+    barrier = draw(st.booleans())
+    stop = draw(
+        st.none()
+        | st.builds(
+            PlannedStop,
+            epoch=st.integers(1, 50),
+            members=st.just(("workers/1/0",)),
+            reason=st.just("node n1 cordoned"),
+            requested=st.just(T0),
+            deadline=st.just(T0 + 600),
+            step=st.none() | _STEPS,
+        )
+    )
+    return GangStatus(
+        phase=draw(st.sampled_from(list(Phase))),
+        epoch=draw(st.integers(1, 50)),
+        barrier_open=barrier,
+        resume_step=draw(st.none() | _STEPS),
+        report_endpoint=draw(
+            st.none()
+            | st.builds(
+                ReportEndpoint,
+                url=st.just("https://10.0.0.7:9444/v1/reports"),
+                cert_sha256=st.text("0123456789abcdef", min_size=64, max_size=64),
+                leader=st.text("abcdef0123", min_size=1, max_size=8),
+            )
+        ),
+        planned_stop=stop,
+        slots=draw(
+            st.dictionaries(st.sampled_from(["workers/0/0", "workers/1/0"]), st.just("workers/2/0"))
+        ),
+        step_recheck=draw(
+            st.none()
+            | st.builds(
+                StepRecheck,
+                epoch=st.integers(1, 50),
+                steps=st.lists(_STEPS, min_size=1, max_size=16, unique=True).map(tuple),
+                deadline=st.just(T0 + 5),
+            )
+        ),
+    )
+
+
+@settings(max_examples=300)
+@given(statuses())
+def test_agents_read_what_the_controller_writes(s: GangStatus) -> None:
+    """One view of the GangState: the status the core writes, as the API stores it, is what
+    the agents' parser (standard library only, a parser of its own) reads, field by field."""
+    view = parse_gangstate({"status": json.loads(json.dumps(status_to_dict(s)))})
+    assert view is not None
+    endpoint = s.report_endpoint
+    assert view == GangView(
+        epoch=s.epoch,
+        barrier_open=s.barrier_open,
+        resume_step=s.resume_step if s.barrier_open else None,
+        phase=s.phase.value,
+        endpoint=None
+        if endpoint is None
+        else Endpoint(endpoint.url, endpoint.cert_sha256, endpoint.leader),
+        planned_stop=None
+        if s.planned_stop is None
+        else (s.planned_stop.epoch, s.planned_stop.step),
+        slots=s.slots,
+        step_recheck=None
+        if s.step_recheck is None
+        else (s.step_recheck.epoch, frozenset(s.step_recheck.steps)),
+    )
