@@ -284,7 +284,7 @@ _STEPS = st.integers(0, 10**6)
 
 
 @st.composite
-def statuses(draw: st.DrawFn) -> GangStatus:
+def agent_read_statuses(draw: st.DrawFn) -> GangStatus:
     """A status with every field an agent reads drawn (the rest default)."""
     barrier = draw(st.booleans())
     stop = draw(
@@ -330,7 +330,7 @@ def statuses(draw: st.DrawFn) -> GangStatus:
 
 
 @settings(max_examples=300)
-@given(statuses())
+@given(agent_read_statuses())
 def test_agents_read_what_the_controller_writes(s: GangStatus) -> None:
     """One view of the GangState: the status the core writes, as the API stores it, is what
     the agents' parser (standard library only, a parser of its own) reads, field by field."""
