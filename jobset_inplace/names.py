@@ -154,6 +154,17 @@ UNHEALTHY_TAINT: Final = f"{PREFIX}unhealthy"
 # Removed by people after the repair (the node itself looks healthy), never by the controller.
 DEVICE_UNHEALTHY_TAINT: Final = f"{PREFIX}device-unhealthy"
 
+# --- GangState status fields the agents read: core/gangstate.py writes them, agent/logic.py
+# parses them (a parser of its own: the agent imports no core) --------------------------------
+STATUS_PHASE: Final = "phase"
+STATUS_EPOCH: Final = "epoch"
+STATUS_BARRIER_OPEN: Final = "barrierOpen"
+STATUS_RESUME_STEP: Final = "resumeStep"
+STATUS_REPORT_ENDPOINT: Final = "reportEndpoint"
+STATUS_PLANNED_STOP: Final = "plannedStop"
+STATUS_SLOTS: Final = "slots"
+STATUS_STEP_RECHECK: Final = "stepRecheck"
+
 # --- The agent's environment: core/transform.py writes it, agent/config.py reads it ------------
 ENV_GANGSTATE: Final = "JSI_GANGSTATE"
 ENV_API_SERVER: Final = "JSI_API_SERVER"

@@ -136,7 +136,8 @@ def parse_slots(value: object) -> dict[str, str]:
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
         raise MalformedStatus(
-            f"status.slots must map slot names to position names, got {_short(value)}"
+            f"status.{names.STATUS_SLOTS} must map slot names to position names, "
+            f"got {_short(value)}"
         )
     return dict(value)
 
@@ -192,31 +193,36 @@ def parse_gangstate(obj: object) -> GangView | None:
         return None
     if not isinstance(status, Mapping):
         raise MalformedStatus(f"status is not an object: {_short(status)}")
-    if status.get("epoch") is None:
+    if status.get(names.STATUS_EPOCH) is None:
         return None
-    epoch = status["epoch"]
+    epoch = status[names.STATUS_EPOCH]
     if not is_int(epoch) or not 0 <= epoch <= MAX_STEP:
-        raise MalformedStatus(f"status.epoch must be an integer >= 0, got {_short(epoch)}")
-    barrier = status.get("barrierOpen", False)
+        raise MalformedStatus(
+            f"status.{names.STATUS_EPOCH} must be an integer >= 0, got {_short(epoch)}"
+        )
+    barrier = status.get(names.STATUS_BARRIER_OPEN, False)
     if barrier is None:
         barrier = False
     if not isinstance(barrier, bool):
-        raise MalformedStatus(f"status.barrierOpen must be a boolean, got {_short(barrier)}")
-    step = status.get("resumeStep")
+        raise MalformedStatus(
+            f"status.{names.STATUS_BARRIER_OPEN} must be a boolean, got {_short(barrier)}"
+        )
+    step = status.get(names.STATUS_RESUME_STEP)
     if barrier and step is not None and (not is_int(step) or not 0 <= step <= MAX_STEP):
         raise MalformedStatus(
-            f"status.resumeStep must be null or an integer 0..{MAX_STEP}, got {_short(step)}"
+            f"status.{names.STATUS_RESUME_STEP} must be null or an integer 0..{MAX_STEP}, "
+            f"got {_short(step)}"
         )
-    phase = status.get("phase")
+    phase = status.get(names.STATUS_PHASE)
     return GangView(
         epoch=epoch,
         barrier_open=barrier,
         resume_step=step if barrier else None,
         phase=phase if isinstance(phase, str) else "",
-        endpoint=parse_endpoint(status.get("reportEndpoint")),
-        planned_stop=parse_planned_stop(status.get("plannedStop")),
-        slots=parse_slots(status.get("slots")),
-        step_recheck=parse_step_recheck(status.get("stepRecheck")),
+        endpoint=parse_endpoint(status.get(names.STATUS_REPORT_ENDPOINT)),
+        planned_stop=parse_planned_stop(status.get(names.STATUS_PLANNED_STOP)),
+        slots=parse_slots(status.get(names.STATUS_SLOTS)),
+        step_recheck=parse_step_recheck(status.get(names.STATUS_STEP_RECHECK)),
     )
 
 

@@ -71,12 +71,12 @@ def _recovery_from_dict(d: dict[str, Any]) -> Recovery:
 
 def status_to_dict(s: GangStatus) -> dict[str, Any]:
     return {
-        "phase": s.phase.value,
+        names.STATUS_PHASE: s.phase.value,
         "reason": s.reason,
         "message": s.message,
-        "epoch": s.epoch,
-        "barrierOpen": s.barrier_open,
-        "resumeStep": s.resume_step,
+        names.STATUS_EPOCH: s.epoch,
+        names.STATUS_BARRIER_OPEN: s.barrier_open,
+        names.STATUS_RESUME_STEP: s.resume_step,
         "restartAttempt": s.restart_attempt,
         "members": {
             "expected": s.expected,
@@ -93,14 +93,18 @@ def status_to_dict(s: GangStatus) -> dict[str, Any]:
         "kueueMarginSeconds": s.kueue_margin_s,
         "stragglers": dict(s.stragglers),
         "stragglerHoldStep": s.straggler_hold_step,
-        "reportEndpoint": None
+        names.STATUS_REPORT_ENDPOINT: None
         if s.report_endpoint is None
         else _endpoint_to_dict(s.report_endpoint),
         "goodput": _ledger_to_dict(s.goodput),
-        "plannedStop": None if s.planned_stop is None else _planned_to_dict(s.planned_stop),
-        "slots": dict(s.slots),
+        names.STATUS_PLANNED_STOP: None
+        if s.planned_stop is None
+        else _planned_to_dict(s.planned_stop),
+        names.STATUS_SLOTS: dict(s.slots),
         "repeats": None if s.repeats is None else _repeats_to_dict(s.repeats),
-        "stepRecheck": None if s.step_recheck is None else _recheck_to_dict(s.step_recheck),
+        names.STATUS_STEP_RECHECK: None
+        if s.step_recheck is None
+        else _recheck_to_dict(s.step_recheck),
         "restarts": {"inPlace": s.in_place_restarts},
     }
 
@@ -213,16 +217,16 @@ def _endpoint_from_dict(d: Any) -> ReportEndpoint | None:
 
 def status_from_dict(d: dict[str, Any] | None) -> GangStatus:
     """The persisted status; a missing or empty status is a gang seen for the first time."""
-    if not d or "epoch" not in d:
+    if not d or names.STATUS_EPOCH not in d:
         return GangStatus()
     members = d.get("members") or {}
     budgets = d.get("budgets") or {}
     rec = d.get("recovery")
     return GangStatus(
-        phase=Phase(d.get("phase") or Phase.RECOVERING.value),
-        epoch=int(d["epoch"]),
-        barrier_open=bool(d.get("barrierOpen")),
-        resume_step=d.get("resumeStep"),
+        phase=Phase(d.get(names.STATUS_PHASE) or Phase.RECOVERING.value),
+        epoch=int(d[names.STATUS_EPOCH]),
+        barrier_open=bool(d.get(names.STATUS_BARRIER_OPEN)),
+        resume_step=d.get(names.STATUS_RESUME_STEP),
         restart_attempt=int(d.get("restartAttempt") or 0),
         recovery=_recovery_from_dict(rec) if rec else None,
         history=list(d.get("history") or []),
@@ -240,12 +244,12 @@ def status_from_dict(d: dict[str, Any] | None) -> GangStatus:
         kueue_margin_s=d.get("kueueMarginSeconds"),
         stragglers={k: float(v) for k, v in (d.get("stragglers") or {}).items()},
         straggler_hold_step=d.get("stragglerHoldStep"),
-        report_endpoint=_endpoint_from_dict(d.get("reportEndpoint")),
+        report_endpoint=_endpoint_from_dict(d.get(names.STATUS_REPORT_ENDPOINT)),
         goodput=_ledger_from_dict(d.get("goodput")),
-        planned_stop=_planned_from_dict(d.get("plannedStop")),
-        slots=_slots_from_dict(d.get("slots")),
+        planned_stop=_planned_from_dict(d.get(names.STATUS_PLANNED_STOP)),
+        slots=_slots_from_dict(d.get(names.STATUS_SLOTS)),
         repeats=_repeats_from_dict(d.get("repeats")),
-        step_recheck=_recheck_from_dict(d.get("stepRecheck")),
+        step_recheck=_recheck_from_dict(d.get(names.STATUS_STEP_RECHECK)),
         in_place_restarts=int((d.get("restarts") or {}).get("inPlace") or 0),
     )
 
