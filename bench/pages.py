@@ -266,9 +266,9 @@ def _pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:.1f} %" if whole else "-"
 
 
-def soak_tables(doc: dict[str, Any]) -> str:
-    """A soak's account: where it comes from, its goodput and badput by bucket, and each
-    failure kind's recoveries and steps lost."""
+def soak_tables(doc: dict[str, Any], path: Path = SOAK) -> str:
+    """A soak's account (``doc``, stored at ``path``): where it comes from, its goodput and
+    badput by bucket, and each failure kind's recoveries and steps lost."""
     r, m = doc["result"], doc["machine"]
     failures = doc["failures"]
     recovered = [f for f in failures if f.get("recovery_s") is not None]
@@ -280,7 +280,7 @@ def soak_tables(doc: dict[str, Any]) -> str:
         f"minutes, {doc['members']} members; run of {doc['when'][:10]} at commit "
         f"`{doc['commit']}`, Kubernetes "
         f"{doc['kubernetes']}, {m['cpus']} cores (steal {m.get('steal_pct', '?')} %); "
-        f"`{doc['command']}`; every failure in {_link(SOAK)}. **{len(recovered)} of "
+        f"`{doc['command']}`; every failure in {_link(path)}. **{len(recovered)} of "
         f"{len(failures)} failures recovered** ({kinds}; {r['failures_per_hour']}/h). Goodput "
         f"**{100 * r['goodput']:.1f} %** of the {measured:.0f} s measured:",
         "",
