@@ -87,6 +87,40 @@ def test_chart_defaults_are_the_kustomize_base(helm: Helm, tmp_path: Path) -> No
     _same(_by_key(helm.template()), _kustomized(tmp_path, []))
 
 
+# What Pod Security's `restricted` profile allows a pod's volumes to be (its other rules are
+# checked one by one below).
+RESTRICTED_VOLUMES = {
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+    "projected", "secret",
+}  # fmt: skip
+
+
+def test_the_controller_runs_in_a_namespace_enforcing_restricted(tmp_path: Path) -> None:
+    """The install's namespace enforces `restricted` and the controller's pods meet it (as
+    JobSet's manager's do): many platforms enforce it by default. The chart renders the same
+    pods (the test above); the e2e install runs them under that enforcement."""
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump({"resources": [os.path.relpath(MANIFESTS / "default", tmp_path)]})
+    )
+    objects = [d for d in yaml.safe_load_all(kustomize(tmp_path)) if d]
+    (ns,) = [o for o in objects if o["kind"] == "Namespace"]
+    labels = ns["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    pods = [o["spec"]["template"]["spec"] for o in objects if o["kind"] == "Deployment"]
+    assert pods, "the controller's Deployment"
+    for pod in pods:
+        assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC"))
+        for volume in pod.get("volumes") or []:
+            assert set(volume) - {"name"} <= RESTRICTED_VOLUMES, volume
+        for c in [*pod.get("initContainers", []), *pod["containers"]]:
+            sc = {**(pod.get("securityContext") or {}), **(c.get("securityContext") or {})}
+            assert sc.get("runAsNonRoot") is True, c["name"]
+            assert sc.get("allowPrivilegeEscalation") is False, c["name"]
+            assert sc.get("capabilities", {}).get("drop") == ["ALL"], c["name"]
+            assert sc.get("seccompProfile", {}).get("type") in ("RuntimeDefault", "Localhost")
+            assert not sc.get("privileged"), c["name"]
+
+
 def test_chart_options_are_the_kustomize_components(helm: Helm, tmp_path: Path) -> None:
     values = {
         "webhook": {"certificate": "cert-manager"},
