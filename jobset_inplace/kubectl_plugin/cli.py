@@ -344,19 +344,20 @@ def cmd_restart(
     return ExitCode.OK
 
 
-def cmd_enable(args: argparse.Namespace, out: IO[str], stdin: IO[str]) -> ExitCode:
+def cmd_enable(args: argparse.Namespace, out: IO[str], err: IO[str], stdin: IO[str]) -> ExitCode:
     source = args.filename
     try:
         text = stdin.read() if source == "-" else Path(source).read_text()
     except OSError as e:
         raise CommandError(f"cannot read {source}: {e.strerror or e}") from None
+    render = enable_mod.enable_diff if args.diff else enable_mod.enable_text
     try:
-        if args.diff:
-            out.write(enable_mod.enable_diff(text, args.image, source=source))
-        else:
-            out.write(enable_mod.enable_text(text, args.image, source=source))
+        written, said = render(text, args.image, source=source)
     except (TransformError, PolicyError, enable_mod.InputError) as e:
         raise CommandError(f"cannot enable {source}: {e}") from None
+    for warning in said:  # as kubectl prints the webhook's warnings on a create
+        err.write(f"Warning: {warning}\n")
+    out.write(written)
     return ExitCode.OK
 
 
@@ -403,7 +404,7 @@ def main(
     args = build_parser().parse_args(argv)
     try:
         if args.command == "enable":
-            return int(cmd_enable(args, out, inp))
+            return int(cmd_enable(args, out, err, inp))
         timeout = _duration("--request-timeout", args.request_timeout or "0")
         try:
             c = connector(args.kubeconfig, args.context, args.namespace)

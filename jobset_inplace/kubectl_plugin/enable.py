@@ -1,4 +1,6 @@
-"""``enable``: the offline transform of JobSet YAML (pure: text in, text out)."""
+"""``enable``: the offline transform of JobSet YAML (pure: text in, text out), through the
+webhook's own admission code (``core/admission.py``): the same refusals, the same warnings,
+the same result as a live create."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from typing import Any
 import yaml
 
 from jobset_inplace import names
+from jobset_inplace.core.admission import validate, warnings
+from jobset_inplace.core.policy import is_enabled
 from jobset_inplace.core.transform import (
     DEFAULT_AGENT_IMAGE,
     AgentSettings,
@@ -31,13 +35,15 @@ def _is_jobset(doc: Any) -> bool:
     )
 
 
-def enable_docs(docs: list[Any], image: str) -> list[Any]:
-    """Every JobSet opted in (``enabled: "true"`` added if absent) and transformed; other
-    documents unchanged. Raises :class:`InputError`, :class:`TransformError` or
-    :class:`~jobset_inplace.core.policy.PolicyError`."""
+def enable_docs(docs: list[Any], image: str) -> tuple[list[Any], list[str]]:
+    """Every JobSet opted in (``enabled: "true"`` added if absent) and, as the webhook would
+    on its create, checked, then transformed; other documents unchanged. A JobSet that says
+    ``enabled: "false"`` is left as it is (the webhook would not touch it). Returns the
+    documents and what the webhook would warn about. Raises :class:`InputError`, or
+    :class:`TransformError` with the webhook's refusal."""
     if not any(_is_jobset(d) for d in docs):
         raise InputError(f"no JobSet (apiVersion {JOBSET_API_GROUP}/*, kind JobSet) in the input")
-    out = []
+    out, said = [], []
     for d in docs:
         if not _is_jobset(d):
             out.append(d)
@@ -47,28 +53,39 @@ def enable_docs(docs: list[Any], image: str) -> list[Any]:
         annotations = dict(opted["metadata"].get("annotations") or {})
         annotations.setdefault(names.ENABLED, "true")
         opted["metadata"]["annotations"] = annotations
-        try:
-            out.append(transform(opted, AgentSettings(image=image)))
-        except TransformError as e:
-            raise TransformError(f"JobSet {name}: {e}") from None
-    return out
+        allowed, refusal = validate(opted)
+        if not allowed:
+            raise TransformError(f"JobSet {name}: {refusal}")
+        if not is_enabled(annotations):
+            said.append(f'JobSet {name}: {names.ENABLED} is not "true": left as it is')
+            out.append(d)
+            continue
+        said += [f"JobSet {name}: {w}" for w in warnings(opted)]
+        out.append(transform(opted, AgentSettings(image=image)))
+    return out, said
 
 
-def enable_text(text: str, image: str = DEFAULT_AGENT_IMAGE, *, source: str = "-") -> str:
-    """The transformed YAML of ``text``."""
-    return yaml_all(enable_docs(_load(text, source), image))
+def enable_text(
+    text: str, image: str = DEFAULT_AGENT_IMAGE, *, source: str = "-"
+) -> tuple[str, list[str]]:
+    """The transformed YAML of ``text``, and the webhook's warnings."""
+    docs, said = enable_docs(_load(text, source), image)
+    return yaml_all(docs), said
 
 
-def enable_diff(text: str, image: str = DEFAULT_AGENT_IMAGE, *, source: str = "-") -> str:
+def enable_diff(
+    text: str, image: str = DEFAULT_AGENT_IMAGE, *, source: str = "-"
+) -> tuple[str, list[str]]:
     """A unified diff between ``text`` and its transform, both in the same YAML formatting (so
-    the diff shows only what the transform changes). Empty when nothing changes."""
+    the diff shows only what the transform changes; empty when nothing changes), and the
+    webhook's warnings."""
     docs = _load(text, source)
     before = yaml_all(docs).splitlines(keepends=True)
-    after = yaml_all(enable_docs(docs, image)).splitlines(keepends=True)
+    enabled, said = enable_docs(docs, image)
+    after = yaml_all(enabled).splitlines(keepends=True)
     label = "stdin" if source == "-" else source
-    return "".join(
-        difflib.unified_diff(before, after, f"{label} (original)", f"{label} (jobset-inplace)")
-    )
+    diff = difflib.unified_diff(before, after, f"{label} (original)", f"{label} (jobset-inplace)")
+    return "".join(diff), said
 
 
 def _load(text: str, source: str) -> list[Any]:

@@ -9,12 +9,14 @@ import json
 from pathlib import Path
 from typing import Any, cast
 
+import jsonpatch
 import pytest
 import urllib3
 import yaml
 from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import __version__, names
+from jobset_inplace.core.admission import mutate, validate, warnings
 from jobset_inplace.core.agent_access import (
     AGENT_BINDING,
     AGENT_BINDING_LABEL,
@@ -24,7 +26,7 @@ from jobset_inplace.core.agent_access import (
     desired_binding,
 )
 from jobset_inplace.core.gangmembers import MemberRow, members_object
-from jobset_inplace.core.transform import AGENT_CONTAINER
+from jobset_inplace.core.transform import AGENT_CONTAINER, DEFAULT_AGENT_IMAGE, AgentSettings
 from jobset_inplace.kubectl_plugin import ExitCode, main
 from jobset_inplace.kubectl_plugin import doctor as d
 from jobset_inplace.kubectl_plugin import render as r
@@ -908,23 +910,23 @@ spec:
 
 
 def test_enable_adds_opt_in_and_transforms() -> None:
-    out = yaml.safe_load(enable_text(JOBSET_YAML, "agent:1"))
+    out = yaml.safe_load(enable_text(JOBSET_YAML, "agent:1")[0])
     assert out["metadata"]["annotations"] == {names.ENABLED: "true"}
     pod_spec = out["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert pod_spec["initContainers"][0]["image"] == "agent:1"
     assert out["spec"]["failurePolicy"] == {"maxRestarts": 2}
     # Idempotent: enabling the output changes nothing.
-    assert enable_diff(enable_text(JOBSET_YAML, "agent:1"), "agent:1") == ""
+    assert enable_diff(enable_text(JOBSET_YAML, "agent:1")[0], "agent:1")[0] == ""
     # Plain YAML: a value shared in memory (the agent's volume mounts) written out twice,
     # never as an anchor and an alias.
-    text = enable_text(JOBSET_YAML, "agent:1")
+    text, _ = enable_text(JOBSET_YAML, "agent:1")
     assert "&id" not in text
     assert "*id" not in text
 
 
 def test_enable_keeps_an_explicit_opt_in_value_and_other_documents() -> None:
     cm = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n"
-    docs = list(yaml.safe_load_all(enable_text(cm + "---\n" + JOBSET_YAML, "a")))
+    docs = list(yaml.safe_load_all(enable_text(cm + "---\n" + JOBSET_YAML, "a")[0]))
     assert docs[0] == yaml.safe_load(cm)
     assert docs[1]["kind"] == "JobSet"
 
@@ -976,6 +978,62 @@ def test_enable_errors_name_the_field_and_exit_1(text: str, needle: str) -> None
     assert code == ExitCode.FAILED
     assert out == ""
     assert needle in err, err
+
+
+def _with_annotations(**annotations: str) -> str:
+    lines = "".join(f'    {k}: "{v}"\n' for k, v in annotations.items())
+    return JOBSET_YAML.replace("  name: train\n", f"  name: train\n  annotations:\n{lines}")
+
+
+def test_enable_refuses_what_the_webhook_refuses() -> None:
+    """A typo in a key: the webhook's refusal, word for word, offline."""
+    text = _with_annotations(**{f"{names.PREFIX}barier-timeout": "5m"})
+    allowed, refusal = validate(yaml.safe_load(_with_annotations(
+        **{names.ENABLED: "true", f"{names.PREFIX}barier-timeout": "5m"}
+    )))  # fmt: skip
+    assert not allowed
+    assert "did you mean" in refusal
+    code, out, err = run(["enable", "-f", "-"], stdin=io.StringIO(text))
+    assert code == ExitCode.FAILED
+    assert out == ""
+    assert refusal in err, err
+
+
+def test_enable_prints_the_webhooks_warnings_and_leaves_an_opt_out_alone() -> None:
+    code, out, err = run(["enable", "-f", "-"], stdin=io.StringIO(JOBSET_YAML))
+    assert code == ExitCode.OK
+    said = warnings(yaml.safe_load(out))
+    assert said, "a gang without checkpoint tiers is warned about"
+    assert err.splitlines() == [f"Warning: JobSet train: {w}" for w in said]
+    opted_out = _with_annotations(**{names.ENABLED: "false"})
+    code, out, err = run(["enable", "-f", "-"], stdin=io.StringIO(opted_out))
+    assert code == ExitCode.OK
+    assert yaml.safe_load(out) == yaml.safe_load(opted_out), "no agent where it said false"
+    assert "left as it is" in err
+
+
+EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_enable_gives_every_example_what_the_webhook_gives_it(path: Path) -> None:
+    """The same result and the same warnings as a live create through the webhook (its
+    validate, then its mutate's JSON patch)."""
+    text = path.read_text()
+    written, said = enable_text(text, DEFAULT_AGENT_IMAGE)
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    jobsets = [d for d in docs if d.get("kind") == "JobSet"]
+    assert jobsets
+    expected_warnings = []
+    for js in jobsets:
+        js["metadata"].setdefault("annotations", {}).setdefault(names.ENABLED, "true")
+        assert validate(js) == (True, "")
+        expected_warnings += [f"JobSet {js['metadata']['name']}: {w}" for w in warnings(js)]
+        patched = jsonpatch.apply_patch(js, mutate(js, AgentSettings(image=DEFAULT_AGENT_IMAGE)))
+        js.clear()
+        js.update(patched)
+    assert [d for d in yaml.safe_load_all(written) if d] == docs
+    assert said == expected_warnings
 
 
 def test_enable_missing_file(tmp_path: Path) -> None:
