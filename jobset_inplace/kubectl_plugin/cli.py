@@ -170,8 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "version",
         help="the plugin's version and the controller's (warns when they differ)",
-        epilog="example:\n  kubectl jobset-inplace version -o yaml",
+        epilog="examples:\n  kubectl jobset-inplace version -o yaml\n"
+        "  kubectl jobset-inplace version --client",
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--client", action="store_true", help="the plugin's version only (no cluster needed)"
     )
     p.add_argument(
         "--controller-namespace",
@@ -361,6 +365,12 @@ def cmd_enable(args: argparse.Namespace, out: IO[str], err: IO[str], stdin: IO[s
     return ExitCode.OK
 
 
+def cmd_version_client(args: argparse.Namespace, out: IO[str]) -> ExitCode:
+    doc = {"plugin": __version__}
+    out.write(render.dump(doc, args.output) if args.output else f"plugin:     {__version__}\n")
+    return ExitCode.OK
+
+
 def cmd_version(c: Cluster, args: argparse.Namespace, out: IO[str], err: IO[str]) -> ExitCode:
     where = f"{args.controller_namespace}/{names.CONTROLLER_NAME}"
     try:
@@ -403,12 +413,17 @@ def main(
     out, err, inp = stdout or sys.stdout, stderr or sys.stderr, stdin or sys.stdin
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "enable":
-            return int(cmd_enable(args, out, err, inp))
+        offline = {"enable": lambda: cmd_enable(args, out, err, inp)}
+        if args.command == "version" and args.client:
+            offline["version"] = lambda: cmd_version_client(args, out)
+        if args.command in offline:
+            return int(offline[args.command]())
         timeout = _duration("--request-timeout", args.request_timeout or "0")
         try:
             c = connector(args.kubeconfig, args.context, args.namespace)
         except ClusterConfigError as e:
+            if args.command == "version":  # the plugin's own, before the cluster's error
+                cmd_version_client(args, out)
             raise CommandError(str(e), ExitCode.NO_CLUSTER) from None
         if timeout > 0:
             c.set_request_timeout(timeout)

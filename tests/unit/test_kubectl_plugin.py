@@ -31,7 +31,7 @@ from jobset_inplace.kubectl_plugin import ExitCode, main
 from jobset_inplace.kubectl_plugin import doctor as d
 from jobset_inplace.kubectl_plugin import render as r
 from jobset_inplace.kubectl_plugin.cli import build_parser, restart_value
-from jobset_inplace.kubectl_plugin.cluster import Cluster
+from jobset_inplace.kubectl_plugin.cluster import Cluster, ClusterConfigError
 from jobset_inplace.kubectl_plugin.enable import enable_diff, enable_text
 from jobset_inplace.platform import RESTART_ALL_FEATURE
 from jobset_inplace.times import parse_time
@@ -776,6 +776,26 @@ def _controller(image: str, ready: int = 2) -> dict[str, Any]:
 )
 def test_image_version(image: str, version: str | None) -> None:
     assert r.image_version(image) == version
+
+
+def test_version_says_the_plugins_own_without_a_cluster() -> None:
+    def no_cluster(*_: object) -> Cluster:
+        raise ClusterConfigError("no kubeconfig: set KUBECONFIG")
+
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["version", "--client"], stdout=out, stderr=err, connector=no_cluster)
+    assert (code, out.getvalue(), err.getvalue()) == (
+        ExitCode.OK,
+        f"plugin:     {__version__}\n",
+        "",
+    )
+    code = main(["version", "--client", "-o", "json"], stdout=(out := io.StringIO()))
+    assert json.loads(out.getvalue()) == {"plugin": __version__}
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["version"], stdout=out, stderr=err, connector=no_cluster)
+    assert code == ExitCode.NO_CLUSTER
+    assert out.getvalue() == f"plugin:     {__version__}\n", "its own version first"
+    assert "no kubeconfig" in err.getvalue()
 
 
 def test_version_warns_when_plugin_and_controller_differ_in_minor_version() -> None:
