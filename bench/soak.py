@@ -77,6 +77,7 @@ class Failure:
     resume_step: int | None
     causes: dict[str, str]  # the recovery's, per member
     wall: float = 0.0  # when it was injected (seconds since the epoch)
+    began: float = 0.0  # when its injection began (a power-off takes seconds)
 
 
 @dataclass
@@ -227,6 +228,7 @@ def run(
     while (due := started + (i + 1) * args.every) < started + args.minutes * 60:
         time.sleep(max(0.0, due - time.monotonic()))
         kind = args.kinds[i % len(args.kinds)]
+        began = time.time()
         injected = soak.fail(kind, i)
         at, wall = time.monotonic() - started, time.time()
         epoch += 1
@@ -235,7 +237,9 @@ def run(
             st = soak.recovered(epoch)
         except AssertionError as e:  # not recovered in RECOVERY_TIMEOUT_S: the soak ends here
             failures.append(
-                Failure(kind, epoch, round(at, 1), injected.member, None, None, None, {}, wall)
+                Failure(
+                    kind, epoch, round(at, 1), injected.member, None, None, None, {}, wall, began
+                )
             )
             log(f"soak: STOPPED, {kind} of {injected.member} not recovered: {e}")
             return failures, time.monotonic() - started, f"{kind} not recovered: {e}"
@@ -245,7 +249,7 @@ def run(
             Failure(
                 kind, epoch, round(at, 1), injected.member, rec.get("durationSeconds"),
                 rec.get("progressStepsLost"), rec.get("resumeStep"), rec.get("causes") or {},
-                round(wall, 3),
+                round(wall, 3), round(began, 3),
             )
         )  # fmt: skip
         log(f"soak: {asdict(failures[-1])}")
@@ -272,9 +276,9 @@ def trainers_account(
     on steps it threw away (wasted progress: from the epoch's first step to the failure, a
     step under way included, less the steps kept); per failure, the steps the gang redid (the
     newest step any member finished in the epoch that failed, less the resume). An epoch ends
-    at its injected crash (the trainer's own line) or else when the soak injected the failure
-    (a node powered off, a hang, a device fault, a drain)."""
-    ended = {f.epoch - 1: f.wall for f in failures if f.wall}
+    at its injected crash (the trainer's own line) or else when the soak began to inject the
+    failure (a node powered off, a hang, a device fault, a drain)."""
+    ended = {f.epoch - 1: f.began or f.wall for f in failures if f.began or f.wall}
     for truth in truths.values():
         ended.update(truth.crashes)
     after = max((e for t in truths.values() for e in t.resumes), default=0) + 1
