@@ -50,7 +50,7 @@ from testbed.demo import (
     trainers_running,
     training_gang,
 )
-from testbed.demo_trainer import Truth, parse_truth
+from testbed.demo_trainer import Truth, gang_began, parse_truth
 from testbed.devices import RESOURCE, TestDevices, pod_devices
 from testbed.install import Installation
 from testbed.kube import Clients, clients, namespace_gone, wait_for
@@ -273,20 +273,22 @@ def trainers_account(
 ) -> dict[str, Any]:
     """The trainers' own account of the soak from ``since`` (the controller's account's start)
     to ``end``: per member, the share of the time spent on steps the gang keeps (goodput) and
-    on steps it threw away (wasted progress: from the epoch's first step to the failure, a
-    step under way included, less the steps kept); per failure, the steps the gang redid (the
-    newest step any member finished in the epoch that failed, less the resume). An epoch ends
+    on steps it threw away (wasted progress: from the epoch's first step, any member's, as
+    the controller counts it, to the failure, a step under way included, less the steps
+    kept); per failure, the steps the gang redid (the newest step any member finished in the
+    epoch that failed, less the resume). An epoch ends
     at its injected crash (the trainer's own line) or else when the soak began to inject the
     failure (a node powered off, a hang, a device fault, a drain)."""
     ended = {f.epoch - 1: f.began or f.wall for f in failures if f.began or f.wall}
     for truth in truths.values():
         ended.update(truth.crashes)
     after = max((e for t in truths.values() for e in t.resumes), default=0) + 1
+    began = gang_began(truths.values())
     window = end - since
     members = {
         index: {
             "goodput": round(truth.kept_seconds(after) / window, 4),
-            "wasted": round(truth.wasted_seconds(after, ended) / window, 4),
+            "wasted": round(truth.wasted_seconds(after, began, ended) / window, 4),
         }
         for index, truth in truths.items()
     }

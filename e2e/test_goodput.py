@@ -25,7 +25,13 @@ from testbed.demo import (
     trainers_running,
     training_gang,
 )
-from testbed.demo_trainer import CHECKPOINT_EVERY, PERSIST_EVERY, Truth, parse_truth
+from testbed.demo_trainer import (
+    CHECKPOINT_EVERY,
+    PERSIST_EVERY,
+    Truth,
+    gang_began,
+    parse_truth,
+)
 from testbed.install import Installation
 from testbed.kube import Clients, wait_for
 from testbed.versions import binaries
@@ -125,11 +131,12 @@ def test_goodput_agrees_with_the_trainers_own_account(
     # when each epoch ended: the crashed trainer's own account of its crash
     ended = {e: at for truth in truths.values() for e, at in truth.crashes.items()}
     assert sorted(ended) == list(range(1, epoch)), ended
+    began = gang_began(truths.values())
     wasted = account["badputSeconds"]["wastedProgress"] / measured
     for pod, truth in truths.items():
         assert sorted(truth.resumes) == list(range(1, epoch + 1)), (pod, truth.resumes)
         theirs = truth.kept_seconds(epoch) / (opened - since)
-        their_waste = truth.wasted_seconds(epoch, ended) / (opened - since)
+        their_waste = truth.wasted_seconds(epoch, began, ended) / (opened - since)
         print(
             f"{pod}: trainer's goodput {theirs:.4f}, reported {ours:.4f} "
             f"({abs(theirs - ours) * 100:.2f} points apart); wasted progress {their_waste:.4f}, "

@@ -49,7 +49,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,26 +152,37 @@ class Truth:
             kept |= {s.step: s for s in self.steps if s.epoch == epoch}
         return kept
 
-    def wasted_seconds(self, before_epoch: int, ended: Mapping[int, float]) -> float:
-        """Seconds of training before ``before_epoch`` that the gang threw away: each epoch
-        from this trainer's first step to ``ended[epoch]`` (when the failure that ended it
-        happened: the crashed trainer's own account), less the steps kept. A step under way
-        at the failure is wasted; steps finished after it (before the recovery stopped this
-        trainer) are not training time of the epoch, as they are not kept."""
+    def wasted_seconds(
+        self, before_epoch: int, began: Mapping[int, float], ended: Mapping[int, float]
+    ) -> float:
+        """Seconds of training before ``before_epoch`` that the gang threw away, as this
+        trainer's steps tell it: each epoch from ``began[epoch]`` (when the gang began to
+        train: :func:`gang_began`) to ``ended[epoch]`` (when the failure that ended it
+        happened: the crashed trainer's own account), less the time of this trainer's steps
+        the gang keeps. A step under way at the failure is wasted; steps finished after it
+        (before the recovery stopped this trainer) are not training time of the epoch."""
         kept = self._kept(before_epoch)
         wasted = 0.0
         for epoch in range(min(self.resumes, default=before_epoch), before_epoch):
-            steps = [s for s in self.steps if s.epoch == epoch]
-            if not steps or epoch not in ended:
+            if epoch not in began or epoch not in ended:
                 continue
-            training = ended[epoch] - min(s.start for s in steps)
-            wasted += training - sum(
-                s.end - s.start for s in steps if kept.get(s.step) == s and s.end <= ended[epoch]
+            steps = [s for s in self.steps if s.epoch == epoch and s.end <= ended[epoch]]
+            wasted += (ended[epoch] - began[epoch]) - sum(
+                s.end - s.start for s in steps if kept.get(s.step) == s
             )
         return wasted
 
     def newest_step(self, epoch: int) -> int | None:
         return max((s.step for s in self.steps if s.epoch == epoch), default=None)
+
+
+def gang_began(truths: Iterable[Truth]) -> dict[int, float]:
+    """When the gang began to train in each epoch: its first member's first step."""
+    began: dict[int, float] = {}
+    for truth in truths:
+        for s in truth.steps:
+            began[s.epoch] = min(began.get(s.epoch, s.start), s.start)
+    return began
 
 
 def parse_truth(text: str) -> Truth:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from jobset_inplace.launcher import ENV_STATE_DIR
-from testbed.demo_trainer import parse_truth
+from testbed.demo_trainer import gang_began, parse_truth
 
 TRAINER = Path(__file__).resolve().parents[2] / "testbed" / "demo_trainer.py"
 EXIT_ON_SIGTERM = 128 + signal.SIGTERM
@@ -173,7 +173,10 @@ def test_the_trainers_account_of_kept_and_wasted_training() -> None:
     truth = parse_truth("\n".join(lines))
     assert truth.crashes == {1: 104.5}
     assert truth.kept_seconds(2) == pytest.approx(2.0)
-    assert truth.wasted_seconds(2, truth.crashes) == pytest.approx(4.5 - 2.0)
+    assert gang_began([truth]) == {1: 100.0, 2: 110.0}
+    assert truth.wasted_seconds(2, {1: 100.0}, truth.crashes) == pytest.approx(4.5 - 2.0)
+    # a member that began later than the gang: its wait counts as the gang's training time
+    assert truth.wasted_seconds(2, {1: 99.5}, truth.crashes) == pytest.approx(5.0 - 2.0)
     assert truth.newest_step(2) == 5
     with pytest.raises(ValueError, match="not a line"):
         parse_truth("resume 1 0\nnonsense")
