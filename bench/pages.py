@@ -39,6 +39,7 @@ PATHS = ROOT / "docs" / "bench" / "kwok-paths-2026-11-28" / "results.json"
 DEATHS = ROOT / "docs" / "bench" / "kwok-node-deaths-2026-11-28-rerun" / "results.json"
 SPARES = ROOT / "docs" / "bench" / "spares-2026-11-29" / "results.json"
 SOAK = ROOT / "docs" / "bench" / "soak-60min-2026-12-02.json"
+SOAK_KEEP_STEP = ROOT / "docs" / "bench" / "soak-keep-step-60min-2026-12-03.json"
 CRASHES = crash_matrix.OUT
 CHANNEL_ATTACKS = ROOT / "docs" / "bench" / "channel-attacks.json"
 CHANNEL_GRPC = ROOT / "docs" / "bench" / "channel-attacks-grpc.json"
@@ -680,6 +681,11 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
     "kwok-spares": (ROOT / "docs" / "benchmarks.md", kwok_spares, (SPARES,)),
     "spares-headline": (ROOT / "README.md", spares_headline, (SPARES,)),
     "soak": (ROOT / "docs" / "benchmarks.md", soak_tables, (SOAK,)),
+    "soak-keep-step": (
+        ROOT / "docs" / "benchmarks.md",
+        lambda doc: soak_tables(doc, SOAK_KEEP_STEP),
+        (SOAK_KEEP_STEP,),
+    ),
     "crash-matrix": (ROOT / "docs" / "benchmarks.md", crash_matrix_table, (CRASHES,)),
     "keep-step": (ROOT / "docs" / "benchmarks.md", keep_step_table, (KEEP_STEP,)),
     "channel-attacks": (
