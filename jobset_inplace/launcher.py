@@ -523,8 +523,9 @@ class Launcher:
                 _log(f"epoch {epoch}: the agent's lease ended: freezing pid {self.child}")
             self.signal_tree(signal.SIGSTOP)
         elif self.frozen_at is not None:
+            # said before the signal, as the freeze is: whoever sees the tree run sees the line
+            _log(f"epoch {epoch}: lease renewed: resuming after {now - self.frozen_at:.3f} s")
             self.signal_tree(signal.SIGCONT)
-            _log(f"epoch {epoch}: lease renewed: resumed after {now - self.frozen_at:.3f} s")
             self.frozen_at = None
 
 

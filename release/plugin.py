@@ -14,24 +14,30 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
+import os
 import platform
+import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from jobset_inplace import __version__
+from testbed.versions import cache_dir
 
 PLUGIN = "jobset-inplace"
 EXECUTABLE = "kubectl-jobset_inplace"  # kubectl finds `kubectl jobset-inplace` by this name
 ENTRY = Path(__file__).with_name("kubectl_jobset_inplace.py")
 SHORT = "Show and drive jobset-inplace's in-place recovery of JobSet training gangs"
 REPO_ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = REPO_ROOT / "jobset_inplace"
+KEPT_BUILDS = 3  # cached executables kept (build_executable)
 MACHINES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
 
@@ -51,9 +57,8 @@ def this_platform() -> tuple[str, str]:
     return platform.system().lower(), MACHINES[machine]
 
 
-def build_executable(work: Path) -> Path:
-    """The plugin as one executable (PyInstaller, from this checkout's package)."""
-    cmd = [
+def build_command(work: Path) -> list[str]:
+    return [
         sys.executable, "-m", "PyInstaller", "--onefile", "--noconfirm", "--clean",
         "--log-level", "WARN", "--name", EXECUTABLE,
         # the client imports its API and model modules by name, on first use
@@ -62,9 +67,46 @@ def build_executable(work: Path) -> Path:
         "--distpath", str(work / "dist"), "--workpath", str(work / "build"),
         "--specpath", str(work), str(ENTRY),
     ]  # fmt: skip
+
+
+def inputs_key() -> str:
+    """sha256 of all that goes into the executable: the package's and the entry's files,
+    every installed distribution with its version, the interpreter and the command."""
+    h = hashlib.sha256()
+    files = sorted(PACKAGE.rglob("*"))
+    sources = [p for p in files if p.is_file() and "__pycache__" not in p.parts]
+    for path in [*sources, ENTRY]:
+        h.update(f"{path.relative_to(REPO_ROOT)}\0".encode())
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    # (this project's own distribution is left out: its files are hashed above, and whether
+    # it is found depends on sys.path, which pytest widens)
+    dists = sorted(
+        {f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions()}
+        - {f"{PLUGIN}=={__version__}"}
+    )
+    rest = [sys.version, *dists, *build_command(Path("WORK"))]
+    h.update("\0".join(rest).encode())
+    return h.hexdigest()
+
+
+def build_executable(work: Path) -> Path:
+    """The plugin as one executable (PyInstaller, from this checkout's package), kept in the
+    cache by :func:`inputs_key`: the same inputs give the same program, and PyInstaller's
+    90 s or so were paid three times a CI run (krew's test and the release on each version)."""
+    cached = cache_dir() / "plugin" / inputs_key()[:32] / EXECUTABLE
+    if cached.is_file():
+        print(f"{EXECUTABLE}: built before from the same inputs ({cached})", flush=True)
+        return cached
     print(f"building {EXECUTABLE} with PyInstaller (a minute or two) ...", flush=True)
-    subprocess.run(cmd, check=True)
-    return work / "dist" / EXECUTABLE
+    subprocess.run(build_command(work), check=True)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_name(f".{EXECUTABLE}.{os.getpid()}")
+    shutil.copy2(work / "dist" / EXECUTABLE, partial)
+    partial.replace(cached)  # whole or absent, whoever else builds at once
+    others = sorted(cached.parent.parent.glob(f"*/{EXECUTABLE}"), key=lambda p: p.stat().st_mtime)
+    for old in others[:-KEPT_BUILDS]:  # the newest few; each is some 40 MiB
+        shutil.rmtree(old.parent, ignore_errors=True)
+    return cached
 
 
 def archive(executable: Path, out: Path, os_name: str, arch: str) -> Archive:

@@ -347,7 +347,7 @@ def test_under_a_lease_a_trainer_runs_only_while_it_holds(tmp_path: Path) -> Non
         until("thawed", lambda: {process_state(pid), process_state(worker)}.isdisjoint("T"))
         assert alive(pid)
         assert alive(worker)
-        assert "lease renewed: resumed after" in p.log()
+        assert "lease renewed: resuming after" in p.log()
         launcher.write_lease(tmp_path, time.monotonic() - 1)
         until("frozen again", lambda: process_state(pid) == "T")
         clear_resume(tmp_path)  # the gang moved on while it was frozen

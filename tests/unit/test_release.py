@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from jobset_inplace import __version__
-from release import artifacts
+from release import artifacts, plugin
 
 DIGESTS = {"controller": "sha256:" + "c" * 64, "agent": "sha256:" + "a" * 64}
 
@@ -126,3 +126,29 @@ def test_an_oci_archives_digest_is_its_one_manifests(tmp_path: Path) -> None:
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
     assert artifacts.oci_digest(archive) == DIGESTS["agent"]
+
+
+def test_the_plugins_cache_key_follows_every_source_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cached executable is reused only for the same inputs: a changed or added file of
+    the package is a new key; its __pycache__ is not an input."""
+    package = tmp_path / "jobset_inplace"
+    (package / "sub").mkdir(parents=True)
+    (package / "a.py").write_text("A = 1\n")
+    monkeypatch.setattr(plugin, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(plugin, "PACKAGE", package)
+    entry = tmp_path / "entry.py"
+    entry.write_text("main()\n")
+    monkeypatch.setattr(plugin, "ENTRY", entry)
+    keys = [plugin.inputs_key()]
+    (package / "__pycache__").mkdir()
+    (package / "__pycache__" / "a.pyc").write_bytes(b"\0")
+    assert plugin.inputs_key() == keys[0]
+    (package / "a.py").write_text("A = 2\n")
+    keys.append(plugin.inputs_key())
+    (package / "sub" / "b.py").write_text("")
+    keys.append(plugin.inputs_key())
+    entry.write_text("main(1)\n")
+    keys.append(plugin.inputs_key())
+    assert len(set(keys)) == len(keys)
