@@ -48,6 +48,7 @@ from jobset_inplace.agent.log import Log
 from jobset_inplace.agent.logic import Endpoint, parse_endpoint
 from jobset_inplace.agent.runner import Reporter
 from jobset_inplace.core.policy import INPLACE_BUDGET_RANGE
+from jobset_inplace.protocol.report import AgentReport
 from testbed.controlplane import ControlPlane, start_control_plane
 from testbed.gangsim import CRD, CRD_NAME, Controller, Gang, LeaseKeeper
 from testbed.kube import Clients, clients, pod_token, temporary_namespace
@@ -144,10 +145,10 @@ def _watch(kube: Clients, ns: str, gang: str, seen: Seen, stop: threading.Event)
         threading.Thread(target=keep, args=(stream,), daemon=True).start()
 
 
-def report(epoch: int) -> dict[str, str]:
+def report(epoch: int) -> AgentReport:
     """A member's report of ``epoch``: a newer checkpoint each epoch (the gang progresses:
     the stop rule, core/no_progress.py, has nothing to stop)."""
-    return {names.REPORT_EPOCH: str(epoch), names.REPORT_STEPS: str(100 * epoch)}
+    return AgentReport(reported_epoch=epoch, reported_steps=(100 * epoch,))
 
 
 class Members:

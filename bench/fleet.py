@@ -81,8 +81,8 @@ from jobset_inplace.agent.logic import (
 )
 from jobset_inplace.agent.runner import Reporter
 from jobset_inplace.core.transform import AGENT_CONTAINER
+from jobset_inplace.protocol.report import AgentReport
 from jobset_inplace.times import format_time
-from jobset_inplace.trainer.checkpoints import encode_steps
 from testbed.kube import pod_token
 
 RESTARTING = "AllContainersRestarting"
@@ -169,7 +169,7 @@ class Fleet:
             raise ValueError("a fleet reports over the channel or on member Leases, not both")
         self._tokens = Path(tempfile.mkdtemp(prefix="fleet-tokens-"))
         self._agent_log = _AgentLog(self._error)
-        self.steps = encode_steps(list(steps))
+        self.steps = tuple(sorted(set(steps), reverse=True))  # newest first, as reported
         self._api = threading.local()
         self._server, self._token_file, self._ca_file = server, token_file, ca_file
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="fleet")
@@ -513,9 +513,11 @@ class Fleet:
         self._redispatch(agent)
 
     def _report(self, agent: SimAgent, action: Report) -> None:
-        report = {names.REPORT_EPOCH: str(action.epoch), names.REPORT_STEPS: self.steps}
-        if not action.barrier_closed:  # as the real agent's report (agent/runner.py)
-            report[names.REPORT_LATE] = str(action.epoch)
+        report = AgentReport(  # as the real agent's report (agent/runner.py)
+            reported_epoch=action.epoch,
+            reported_steps=self.steps,
+            late_for_epoch=None if action.barrier_closed else action.epoch,
+        )
         try:
             self._deliver(agent, report, fresh=True)
         except API_ERRORS as e:
@@ -532,7 +534,7 @@ class Fleet:
             self.marks.setdefault(action.epoch, EpochMarks()).reports[agent.pod] = time.monotonic()
         self._redispatch(agent)
 
-    def _deliver(self, agent: SimAgent, report: dict[str, str], *, fresh: bool) -> None:
+    def _deliver(self, agent: SimAgent, report: AgentReport, *, fresh: bool) -> None:
         """The agent's report, the real agent's way (``Reporter``: the channel, or the pod
         when there is none or it fails)."""
         reporter = agent.reporter
@@ -579,7 +581,7 @@ class Fleet:
                 agent = self.agents[pod]
                 agent.crashed = True
                 epoch = agent.logic.epoch
-            self._deliver(agent, {names.REPORT_EXITED: str(epoch)}, fresh=False)
+            self._deliver(agent, AgentReport(exited_in_epoch=epoch), fresh=False)
             return time.monotonic()
         with self._lock:
             agent = self.agents[pod]

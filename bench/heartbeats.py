@@ -30,6 +30,7 @@ from pathlib import Path
 from jobset_inplace.agent.channel import ChannelError, ReportChannel
 from jobset_inplace.agent.logic import Endpoint
 from jobset_inplace.names import HEARTBEAT_S
+from jobset_inplace.protocol.envelope import HEARTBEAT
 
 TICK_S = 0.02  # a second's heartbeats are sent in 1 / TICK_S groups, spread evenly
 THREADS = 64  # enough that the leader's answer time does not hold back the next agents'
@@ -127,7 +128,7 @@ def _serve(
 
     def beat(uid: str, channel: ReportChannel, endpoint: Endpoint) -> None:
         try:
-            channel.send(endpoint, {})
+            channel.send(endpoint, HEARTBEAT)
             with sent.get_lock():
                 sent.value += 1
         except ChannelError:

@@ -28,7 +28,7 @@ from jobset_inplace.controller.cache import ClusterCache, GangKey
 from jobset_inplace.controller.main import main as controller_main
 from jobset_inplace.controller.operator import plan_all
 from jobset_inplace.controller.reconciler import Reconciler
-from jobset_inplace.core.decode import agent_report
+from jobset_inplace.protocol.report import AgentReport, decode_report
 from jobset_inplace.runtime.watches import RawWatch, WatchEvent
 
 MEMBER_LABEL = "bench.jobset-inplace.dev/member-uid"  # on a member's Lease: its pod's UID
@@ -61,7 +61,7 @@ def member_lease(gang: str, pod: str, uid: str) -> dict[str, Any]:
 class LeaseReport:
     key: GangKey
     uid: str  # the member pod's
-    fields: dict[str, Any]  # agent_report fields
+    report: AgentReport
 
 
 def lease_report(lease: Mapping[str, Any]) -> LeaseReport | None:
@@ -74,11 +74,11 @@ def lease_report(lease: Mapping[str, Any]) -> LeaseReport | None:
     values = {k: v for k in names.CHANNEL_REPORT_KEYS if (v := annotations.get(k)) is not None}
     if not gang or not uid or not values:
         return None
-    fields, error = agent_report(values)
-    if error is not None:
+    report, error = decode_report(values)
+    if report is None:
         log.warning("Lease %s/%s: %s", meta.get("namespace"), meta.get("name"), error)
         return None
-    return LeaseReport((meta["namespace"], gang), uid, fields)
+    return LeaseReport((meta["namespace"], gang), uid, report)
 
 
 def keep(cache: ClusterCache, reports: Iterable[LeaseReport | None]) -> dict[GangKey, bool]:
@@ -86,7 +86,7 @@ def keep(cache: ClusterCache, reports: Iterable[LeaseReport | None]) -> dict[Gan
     them completed its epoch (the channel's hint: plan now)."""
     gangs: dict[GangKey, bool] = {}
     for rep in reports:
-        if rep is not None and cache.set_report(rep.key, rep.uid, rep.fields) is None:
+        if rep is not None and cache.set_report(rep.key, rep.uid, rep.report) is None:
             complete = cache.completes_epoch(rep.key, rep.uid)
             gangs[rep.key] = gangs.get(rep.key, False) or complete
     return gangs

@@ -50,7 +50,7 @@ from testbed.demo import (
     trainers_running,
     training_gang,
 )
-from testbed.demo_trainer import Truth, gang_began, parse_truth
+from testbed.demo_trainer import ENV_GANG_SIZE, ENV_LOCKSTEP_DIR, Truth, gang_began, parse_truth
 from testbed.devices import RESOURCE, TestDevices, pod_devices
 from testbed.install import Installation
 from testbed.kube import Clients, clients, namespace_gone, wait_for
@@ -218,6 +218,10 @@ def run(
             "JSI_DEMO_STEP_SECONDS": f"{args.step_seconds:g}",
             # the trainers' own account, on the persistent tier: a recreated pod goes on
             JSI_DEMO_TRUTH_FILE: f"{PERSISTENT_MOUNT}/{TRUTH_PREFIX}{JOB_INDEX_REF}.log",
+            # in lockstep, as data-parallel trainers are: while a member is gone the others
+            # wait (they would train alone, and keep steps no real gang has, otherwise)
+            ENV_LOCKSTEP_DIR: f"{PERSISTENT_MOUNT}/lockstep",
+            ENV_GANG_SIZE: str(args.members),
             **({"JSI_DEMO_KEEP_STEP": "1"} if args.keep_step else {}),
         },
         limits={RESOURCE: "1"} if soak.devices is not None else None,

@@ -76,6 +76,14 @@ SLOW_FILE = "inject-slow"
 BUSY_SHARE = 0.25
 ENV_STARTUP_HANG_EPOCHS = "JSI_DEMO_STARTUP_HANG_EPOCHS"
 ENV_KEEP_STEP = "JSI_DEMO_KEEP_STEP"
+# The gang in lockstep, as data-parallel training is (each step ends in an all-reduce): a
+# directory the gang shares, where each member says the newest step it has computed in its
+# epoch, and the gang's size; a member commits a step only once every member computed it, so
+# it waits while a peer is gone (dead, hung, on a silent node) instead of training alone.
+# Unset: each member trains on its own.
+ENV_LOCKSTEP_DIR = "JSI_DEMO_LOCKSTEP_DIR"
+ENV_GANG_SIZE = "JSI_DEMO_GANG_SIZE"
+LOCKSTEP_POLL_S = 0.01
 # Periodic checkpoints: every CHECKPOINT_EVERY steps locally, every PERSIST_EVERY persistently
 # (JSI_DEMO_CHECKPOINT_EVERY / JSI_DEMO_PERSIST_EVERY override them)
 CHECKPOINT_EVERY, PERSIST_EVERY = 10, 20
@@ -116,6 +124,50 @@ class _Truth:
     def crashed(self, at: float) -> None:
         """An injected crash ends the epoch now: the failure's moment, on the trainer's clock."""
         self.write(f"crash {self.epoch} {at:.6f}")
+
+
+class _Lockstep:
+    """The gang's all-reduce, through files in a shared directory (``ENV_LOCKSTEP_DIR``)."""
+
+    def __init__(self, directory: Path, members: int, index: str, epoch: int) -> None:
+        self.dir, self.members, self.index, self.epoch = directory, members, index, epoch
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, index: object) -> Path:
+        return self.dir / f"epoch-{self.epoch}-member-{index}"
+
+    def computed(self, step: int) -> None:
+        partial = self.dir / f".{self._path(self.index).name}.{os.getpid()}"
+        partial.write_text(str(step))
+        partial.replace(self._path(self.index))
+
+    def all_computed(self, step: int) -> bool:
+        for i in range(self.members):
+            try:
+                if int(self._path(i).read_text()) < step:
+                    return False
+            except (FileNotFoundError, ValueError):
+                return False
+        return True
+
+    def wait(self, step: int, interrupted: Callable[[], None]) -> None:
+        """Until every member computed ``step``; ``interrupted`` is called between looks (an
+        injected failure raises from it, as a collective's peer failing would)."""
+        self.computed(step)
+        while not self.all_computed(step):
+            interrupted()
+            time.sleep(LOCKSTEP_POLL_S)
+
+
+def lockstep_from_env(epoch: int) -> _Lockstep | None:
+    directory = os.environ.get(ENV_LOCKSTEP_DIR)
+    if not directory:
+        return None
+    members = int(os.environ.get(ENV_GANG_SIZE) or "0")
+    index = os.environ.get("JOB_INDEX", "")
+    if members < 1 or not index.isdigit():
+        raise SystemExit(f"{ENV_LOCKSTEP_DIR} needs {ENV_GANG_SIZE} >= 1 and JOB_INDEX (a number)")
+    return _Lockstep(Path(directory), members, index, epoch)
 
 
 @dataclass(frozen=True)
@@ -260,7 +312,15 @@ def main() -> int:
     keeper = _keeper(local, persistent, step) if os.environ.get(ENV_KEEP_STEP) == "1" else None
     try:
         with keeper or contextlib.nullcontext():
-            _train(step, step_s, state_dir, truth, keeper, standalone=standalone)
+            _train(
+                step,
+                step_s,
+                state_dir,
+                truth,
+                keeper,
+                standalone=standalone,
+                lockstep=lockstep_from_env(epoch),
+            )
     except InjectedCrash as e:
         truth.crashed(time.time())
         _log(f"{e}: exiting {FAILURE_EXIT_CODE}")
@@ -275,6 +335,7 @@ def _train(
     keeper: StepKeeper | None,
     *,
     standalone: bool,
+    lockstep: _Lockstep | None = None,
 ) -> NoReturn:
     every = int(os.environ.get("JSI_DEMO_CHECKPOINT_EVERY") or CHECKPOINT_EVERY)
     persist_every = int(os.environ.get("JSI_DEMO_PERSIST_EVERY") or PERSIST_EVERY)
@@ -293,17 +354,23 @@ def _train(
             busy_s = min(step_s, busy_s * factor)
             _log(f"slowed down {factor:g}x at step {step}: busy {busy_s:g} s per step")
         time.sleep(step_s)
-        if hang.exists():
-            hang.unlink()
-            _hang(f"at step {step}", keeping=keeper is not None)
-        if fail.exists():
-            at = fail.read_text().strip()
-            fail.unlink()
-            if at:
-                time.sleep(max(0.0, float(at) - time.time()))
-            raise InjectedCrash(f"injected failure at step {step}")
+
+        def injected(step: int = step) -> None:
+            if hang.exists():
+                hang.unlink()
+                _hang(f"at step {step}", keeping=keeper is not None)
+            if fail.exists():
+                at = fail.read_text().strip()
+                fail.unlink()
+                if at:
+                    time.sleep(max(0.0, float(at) - time.time()))
+                raise InjectedCrash(f"injected failure at step {step}")
+
+        injected()
         if step + 1 == crash_at:
             raise InjectedCrash(f"step {crash_at} always crashes ({ENV_CRASH_AT_STEP})")
+        if lockstep is not None:
+            lockstep.wait(step + 1, injected)
         with update(step + 1):  # the step's state, its progress record and its truth line
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
             step += 1

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from jobset_inplace.protocol.envelope import Message, Sender, encode_request
+
 from .kubeapi import USER_AGENT, TransportErrors
 from .logic import Endpoint
 
@@ -52,7 +54,7 @@ class ReportChannel:
     thread (it holds a connection)."""
 
     def __init__(self, namespace: str, gang: str, pod: str, uid: str, token_file: Path) -> None:
-        self._who = {"namespace": namespace, "gang": gang, "pod": pod, "uid": uid}
+        self.sender = Sender(namespace, gang, pod, uid)
         self._token_file = token_file
         self._ssl = _client_context()
         self._conn: http.client.HTTPSConnection | None = None
@@ -61,15 +63,19 @@ class ReportChannel:
         # (the leader keeps at most two per pod)
         self._lock = threading.RLock()
 
-    def send(self, endpoint: Endpoint, report: dict[str, str]) -> dict[str, object]:
-        """Deliver ``report`` (annotation name -> value; empty: a heartbeat) to ``endpoint``:
+    def send(self, endpoint: Endpoint, message: Message) -> dict[str, object]:
+        """Deliver ``message`` (a report, a progress note or a heartbeat) to ``endpoint``:
         the leader's answer (a JSON object); raises `ChannelError`. A kept-alive connection
         the leader closed is retried once."""
-        with self._lock:
-            return self._send(endpoint, report)
+        return self.post(endpoint, encode_request(self.sender, message))
 
-    def _send(self, endpoint: Endpoint, report: dict[str, str]) -> dict[str, object]:
-        body = json.dumps({**self._who, "report": report}).encode()
+    def post(self, endpoint: Endpoint, body: bytes) -> dict[str, object]:
+        """Deliver a request ``body`` as it is (what :meth:`send` encodes; the tests send
+        what an agent would not with it), as :meth:`send` does."""
+        with self._lock:
+            return self._post(endpoint, body)
+
+    def _post(self, endpoint: Endpoint, body: bytes) -> dict[str, object]:
         for attempt in (1, 2):
             fresh = self._conn is None or self._endpoint != endpoint
             try:

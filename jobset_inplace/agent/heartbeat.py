@@ -19,6 +19,7 @@ from pathlib import Path
 
 from jobset_inplace import launcher
 from jobset_inplace.names import HEARTBEAT_S, LEASE_S
+from jobset_inplace.protocol.envelope import HEARTBEAT
 
 from .channel import ChannelError, ReportChannel
 from .log import Log
@@ -70,7 +71,7 @@ class Heartbeat:
         sent = self.clock()
         running = self.running()
         try:
-            answer = self.channel.send(endpoint, {})
+            answer = self.channel.send(endpoint, HEARTBEAT)
         except ChannelError as e:
             self.log.repeat("heartbeat", "WARN", f"heartbeat not answered ({self._left()}): {e}")
             return

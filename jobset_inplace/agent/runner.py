@@ -13,8 +13,10 @@ from typing import Any
 
 from jobset_inplace import launcher, names
 from jobset_inplace.backoff import Backoff, Retries
+from jobset_inplace.protocol.envelope import ProgressNote
+from jobset_inplace.protocol.report import EMPTY, AgentReport, encode_report
 from jobset_inplace.trainer import ResumeInfo, clear_resume, write_resume
-from jobset_inplace.trainer.checkpoints import encode_steps, select_steps
+from jobset_inplace.trainer.checkpoints import select_steps
 from jobset_inplace.trainer.layouts import Layout
 from jobset_inplace.trainer.progress import (
     clear_progress,
@@ -121,7 +123,7 @@ class Reporter:
         self.cfg, self.log = cfg, log
         self.pod = f"/api/v1/namespaces/{cfg.namespace}/pods/{cfg.pod_name}"
         self.lock = threading.Lock()
-        self.record: dict[str, str] = {}
+        self.record = EMPTY
         self.sent_to: Endpoint | None = None  # the channel the record reached (None: the pod)
         self.endpoint: Endpoint | None = None  # the newest status's channel
         self.status_seen = False  # a status was read: `endpoint` is its (None: none named)
@@ -140,7 +142,7 @@ class Reporter:
 
     def report(
         self,
-        update: dict[str, str],
+        update: AgentReport,
         *,
         fresh: bool,
         channel: ReportChannel | None,
@@ -150,7 +152,7 @@ class Reporter:
         addition to it (a trainer's exit or hang). Returns where it went ("channel" or "pod");
         raises what the pod write raises."""
         with self.lock:
-            record = dict(update) if fresh else {**self.record, **update}
+            record = update if fresh else self.record.merged(update)
             return self._deliver(record, fresh=fresh, channel=channel, kube=kube)
 
     def resend(self, epoch: int, channel: ReportChannel | None, kube: KubeApi) -> str | None:
@@ -160,13 +162,13 @@ class Reporter:
             endpoint, sent_to = self.endpoint, self.sent_to
             if sent_to is None or endpoint == sent_to:
                 return None
-            if self.record.get(names.REPORT_EPOCH) != str(epoch):
+            if self.record.reported_epoch != epoch:
                 return None
             return self._deliver(self.record, fresh=True, channel=channel, kube=kube)
 
     def _deliver(
         self,
-        record: dict[str, str],
+        record: AgentReport,
         *,
         fresh: bool,
         channel: ReportChannel | None,
@@ -196,12 +198,13 @@ class Reporter:
                 self.record, self.sent_to = record, endpoint
                 self._clear_pod(kube)
                 return "channel"
-        values: dict[str, str | None] = {k: record.get(k) for k in _POD_REPORT_KEYS}
+        encoded = encode_report(record)
+        values: dict[str, str | None] = {k: encoded.get(k) for k in _POD_REPORT_KEYS}
         if not fresh:
             # The record, not only the update: the epoch's report may have gone over the
-            # channel, and an exit alone on the pod would rank below it (core/decode.py).
+            # channel, and an exit alone on the pod would rank below it (AgentReport.order).
             # Nothing is removed: what the pod holds of its epoch stays.
-            values = {k: v for k in names.CHANNEL_REPORT_KEYS if (v := record.get(k)) is not None}
+            values = dict(encoded)
         kube.merge_patch(self.pod, {"metadata": {"annotations": values}})
         self.record, self.sent_to, self.on_pod = record, None, True
         return "pod"
@@ -382,20 +385,18 @@ class Agent:
             )
         except (OSError, ValueError) as e:
             raise _ActionFailed(f"cannot scan the checkpoint tiers: {e}") from e
-        report = {names.REPORT_EPOCH: str(action.epoch), names.REPORT_STEPS: encode_steps(steps)}
         # how far this pod's trainers got in the epoch before: their progress records stay on
         # the state volume until this epoch's barrier opens (_open clears them)
         records = read_progress(cfg.state_dir)
-        if records:
-            report[names.REPORT_PROGRESS_STEP] = str(max(p.step for p in records.values()))
-        span = span_of(records)
-        if span is not None:
-            report[names.REPORT_PROGRESS_SPAN] = encode_span(span)
-        if not action.barrier_closed:
+        report = AgentReport(
+            reported_epoch=action.epoch,
+            reported_steps=tuple(sorted(set(steps), reverse=True)),
+            progress_step=max((p.step for p in records.values()), default=None),
+            progress_span=span_of(records),
             # reported into an open barrier: this agent (re)started unseen, and waits
-            report[names.REPORT_LATE] = str(action.epoch)
-        if action.recheck:
-            report[names.REPORT_RECHECKED] = str(action.epoch)
+            late_for_epoch=None if action.barrier_closed else action.epoch,
+            rechecked_epoch=action.epoch if action.recheck else None,
+        )
         try:
             where = self.reporter.report(report, fresh=True, channel=self.channel, kube=self.kube)
         except _RETRY_ERRORS as e:
@@ -606,7 +607,8 @@ class TrainerMonitor:
         failed = failed_exit(states, epoch)
         if failed is not None:
             container, code = failed
-            return self._report(names.REPORT_EXITED, epoch, f"trainer {container} exited {code}")
+            what = f"trainer {container} exited {code}"
+            return self._report(AgentReport(exited_in_epoch=epoch), "exited", epoch, what)
         planned = self.agent.planned
         if planned is not None and planned[0] == epoch and self._planned_stop(epoch, planned[1]):
             return True
@@ -631,9 +633,8 @@ class TrainerMonitor:
             return
         reach = span.last_at - span.first_at
         self.noted = (epoch, now + min(names.PROGRESS_NOTE_S, max(PROGRESS_READ_SECONDS, reach)))
-        note = {names.REPORT_PROGRESS_NOTE: f"{epoch}:{encode_span(span)}"}
         try:
-            self.channel.send(endpoint, note)
+            self.channel.send(endpoint, ProgressNote(epoch, span))
         except ChannelError as e:
             self.agent.log.repeat("note", "WARN", f"progress note not taken: {e}")
             return
@@ -659,7 +660,8 @@ class TrainerMonitor:
         records = read_progress(cfg.state_dir)
         if self.hang is not None:
             hung = self.hang.observe(now, records)
-            if hung is not None and self._report(names.REPORT_HUNG, epoch, hung.reason):
+            addition = AgentReport(hung_in_epoch=epoch)
+            if hung is not None and self._report(addition, "hung", epoch, hung.reason):
                 return True
         if self.busy is not None:
             history = self.busy.observe(now, records)
@@ -717,12 +719,12 @@ class TrainerMonitor:
         records = read_progress(cfg.state_dir)
         if step is None:
             span = span_of(records)
-            now = "" if span is None else encode_span(span)
+            now = "no progress records" if span is None else encode_span(span)
             return self._report(
-                names.REPORT_PROGRESS_NOW,
+                AgentReport(progress_now=(epoch, span)),
+                "progress-now",
                 epoch,
-                f"planned stop asked; trainers at [{now or 'no progress records'}]",
-                value=f"{epoch}:{now}",
+                f"planned stop asked; trainers at [{now}]",
             )
         if self.stop_written != (epoch, step):
             write_stop(StopAt(epoch, step), cfg.state_dir)
@@ -730,23 +732,20 @@ class TrainerMonitor:
             self.agent.log.info(f"planned stop: trainers stop at step {step} of epoch {epoch}")
         if records and all(r.parked for r in records.values()):
             return self._report(
-                names.REPORT_PARKED,
+                AgentReport(parked_in_epoch=epoch),
+                "parked",
                 epoch,
                 f"trainers parked at step {max(r.step for r in records.values())}",
             )
         return False
 
-    def _report(self, key: str, epoch: int, what: str, *, value: str | None = None) -> bool:
-        if self.reported.get(key) == epoch:
+    def _report(self, addition: AgentReport, kind: str, epoch: int, what: str) -> bool:
+        """Add ``addition`` to the epoch's report, once per ``kind`` and epoch."""
+        if self.reported.get(kind) == epoch:
             return False
         reporter = self.agent.reporter
-        where = reporter.report(
-            {key: str(epoch) if value is None else value},
-            fresh=False,
-            channel=self.channel,
-            kube=self.kube,
-        )
-        self.reported[key] = epoch
+        where = reporter.report(addition, fresh=False, channel=self.channel, kube=self.kube)
+        self.reported[kind] = epoch
         self.agent.log.info(f"{what} in epoch {epoch}: reported (on the {where})")
         return True
 

@@ -19,10 +19,8 @@ from jobset_inplace.core.decode import (
     controller_uid,
     gang_spec,
     member_view,
-    newer_report,
     node_view,
     pod_view,
-    report_epoch,
 )
 from jobset_inplace.core.gangmembers import MemberRow
 from jobset_inplace.core.model import (
@@ -35,6 +33,7 @@ from jobset_inplace.core.model import (
 )
 from jobset_inplace.core.policy import Policy, PolicyError
 from jobset_inplace.core.spares import moved_positions
+from jobset_inplace.protocol.report import AgentReport, newer_report
 from jobset_inplace.trainer.progress import ProgressSpan
 
 GangKey = tuple[str, str]  # (namespace, JobSet name)
@@ -126,8 +125,8 @@ class Gang:
     jobset: dict[str, Any] = field(default_factory=dict)
     # uid -> view, with its agent's report over the channel merged in (with_channel_report)
     pods: dict[str, PodView] = field(default_factory=dict)
-    # uid -> the agent's newest report over the channel (agent_report fields), for pods in `pods`
-    reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # uid -> the agent's newest report over the channel, for pods in `pods`
+    reports: dict[str, AgentReport] = field(default_factory=dict)
     # uid -> the view of its pod alone (as decoded), for the pods in `pods`; and the gang epoch
     # their views in `pods` were made for (made again when it changes: what is valid and what
     # ranks newer depend on it, core.decode.member_view)
@@ -388,11 +387,12 @@ class ClusterCache:
             gang.noted[holds] = note
         return refused, holds
 
-    def set_report(self, key: GangKey, uid: str, fields: dict[str, Any]) -> str | None:
+    def set_report(self, key: GangKey, uid: str, report: AgentReport) -> str | None:
         """Keep an agent's report over the channel: None, or why it is not kept (the agent
         then writes it on its pod): ``uid`` is not a known member pod of gang ``key``, the
         gang's status is not loaded here yet, or the report names an epoch beyond the gang's
-        (:func:`~jobset_inplace.core.decode.newer_report`: it would hide every later report)."""
+        (:func:`~jobset_inplace.protocol.report.newer_report`: it would hide every later
+        report)."""
         gang = self.gangs.get(key)
         view = gang.pods.get(uid) if gang is not None else None
         if gang is None or view is None or not self.is_member(gang, uid):
@@ -400,11 +400,11 @@ class ClusterCache:
         epoch = gang.epoch
         if epoch is None:
             return f"gang {key[1]}'s state is not loaded by this leader yet"
-        if report_epoch(fields) > epoch:
-            return f"its report names epoch {report_epoch(fields)}, beyond the gang's {epoch}"
-        if newer_report(gang.reports.get(uid), fields, epoch):  # else a late one, overtaken
-            gang.reports[uid] = fields
-            gang.pods[uid] = member_view(gang.on_pod[uid], fields, epoch)
+        if report.epoch > epoch:
+            return f"its report names epoch {report.epoch}, beyond the gang's {epoch}"
+        if newer_report(gang.reports.get(uid), report, epoch):  # else a late one, overtaken
+            gang.reports[uid] = report
+            gang.pods[uid] = member_view(gang.on_pod[uid], report, epoch)
         return None
 
     def _merged(self, gang: Gang) -> None:

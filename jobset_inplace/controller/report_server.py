@@ -11,7 +11,7 @@ agent writing them on its pod, so a recovery's API writes do not grow with the g
   (:mod:`.report_tokens`); reports are accepted only for that token's own pod: an agent speaks
   for its own pod, as the admission policy holds its pod writes to.
 * Reports decode exactly as the pod annotations do
-  (:func:`~jobset_inplace.core.decode.agent_report`), land in the cache (the newer of channel
+  (:mod:`jobset_inplace.protocol`: one codec, one envelope), land in the cache (the newer of channel
   and annotations wins) and poke the gang's planner.
 
 A report with no keys is a heartbeat (hot spares: docs/design/hot-spares.md, section 5): the
@@ -33,7 +33,6 @@ import ctypes
 import datetime
 import functools
 import hashlib
-import json
 import logging
 import os
 import re
@@ -48,8 +47,8 @@ from typing import Any, Protocol
 from kubernetes import client
 
 from jobset_inplace import names
-from jobset_inplace.core.decode import agent_report, progress_note
 from jobset_inplace.core.model import ReportEndpoint
+from jobset_inplace.protocol.envelope import EnvelopeError, Heartbeat, ProgressNote, decode_request
 from jobset_inplace.runtime.report_http import (
     PREAUTH_SWEEP_S,
     SWEEP_S,
@@ -89,32 +88,6 @@ async def measure_stalls(cache: ClusterCache, tick: float = STALL_TICK_S) -> Non
         due = clock() + tick
         await asyncio.sleep(tick)
         cache.stalled += max(0.0, clock() - due)
-
-
-def _text(body: Mapping[str, Any], field: str) -> str:
-    value = body.get(field)
-    if not isinstance(value, str) or not value:
-        raise Rejected(400, f"{field}: a non-empty string is required, got {value!r:.80}")
-    return value
-
-
-def parse_request(body: object) -> tuple[str, str, str, str, dict[str, str]]:
-    """``(namespace, gang, pod, uid, report)`` of a report request's JSON body."""
-    if not isinstance(body, dict):
-        raise Rejected(400, "the body must be a JSON object")
-    report = body.get("report")
-    if not isinstance(report, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in report.items()
-    ):
-        raise Rejected(400, "report: an object of annotation name -> string value is required")
-    accepted = (*names.CHANNEL_REPORT_KEYS, names.REPORT_PROGRESS_NOTE)
-    unknown = sorted(set(report) - set(accepted))
-    if unknown:
-        raise Rejected(400, f"report: unknown keys {unknown}; accepted: {list(accepted)}")
-    if names.REPORT_PROGRESS_NOTE in report and len(report) > 1:
-        raise Rejected(400, f"report: {names.REPORT_PROGRESS_NOTE} goes alone in its request")
-    fields = [_text(body, f) for f in ("namespace", "gang", "pod", "uid")]
-    return fields[0], fields[1], fields[2], fields[3], report
 
 
 def serving_context() -> tuple[ssl.SSLContext, str]:
@@ -330,12 +303,10 @@ class ReportServer:
         if scheme != "Bearer" or not token:
             raise Rejected(401, "Authorization: Bearer <projected token> is required")
         try:
-            body = json.loads(request.body)
-        except ValueError as e:
-            raise Rejected(400, f"the body is not JSON: {e}") from e
-        except RecursionError:  # nested deeper than the interpreter's stack: a report is flat
-            raise Rejected(400, "the body is nested too deep for a report") from None
-        namespace, gang_name, pod, uid, values = parse_request(body)
+            sender, message = decode_request(request.body)
+        except EnvelopeError as e:
+            raise Rejected(400, str(e)) from None
+        namespace, gang_name, pod, uid = sender.namespace, sender.gang, sender.pod, sender.uid
         who = await self.verifier.identify(token)
         if (who.namespace, who.pod, who.uid) != (namespace, pod, uid):
             raise Rejected(
@@ -344,24 +315,18 @@ class ReportServer:
                 f"for pod {namespace}/{pod} (uid {uid})",
             )
         key = (namespace, gang_name)
-        if not values:  # a heartbeat (hot spares): the agent is alive, nothing to plan on
+        if isinstance(message, Heartbeat):  # hot spares: alive, nothing to plan on
             refused, holds = self.cache.heartbeat(key, uid, time.monotonic())
             if refused is not None:
                 raise Rejected(409, f"pod {namespace}/{pod} {refused}")
             return uid, holds
-        noted = values.get(names.REPORT_PROGRESS_NOTE)
-        if noted is not None:  # how far the trainers are: kept, heard, nothing to plan on
-            note, error = progress_note(noted)
-            if note is None:
-                raise Rejected(400, f"report: {error}")
+        if isinstance(message, ProgressNote):  # how far the trainers are: kept, nothing to plan
+            note = (message.epoch, message.span)
             refused, holds = self.cache.progress_note(key, uid, note, time.monotonic())
             if refused is not None:
                 raise Rejected(409, f"pod {namespace}/{pod} {refused}")
             return uid, holds
-        fields, error = agent_report(values)
-        if error is not None:
-            raise Rejected(400, f"report: {error}")
-        refused = self.cache.set_report(key, uid, fields)
+        refused = self.cache.set_report(key, uid, message)
         if refused is not None:
             raise Rejected(409, f"pod {namespace}/{pod} {refused}")
         _, holds = self.cache.heartbeat(key, uid, time.monotonic())

@@ -3,8 +3,8 @@ views. No I/O; the controller calls these from its watch caches."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import yaml
@@ -15,14 +15,10 @@ from jobset_inplace.core.policy import PolicyError, parse_duration
 from jobset_inplace.core.spares import spare_spec
 from jobset_inplace.core.transform import AGENT_CONTAINER
 from jobset_inplace.names import member_name
+from jobset_inplace.protocol.report import AHEAD, EMPTY, AgentReport, decode_report
 from jobset_inplace.times import parse_time
-from jobset_inplace.trainer.checkpoints import (
-    MAX_STEP,
-    decode_steps,
-    parse_canonical_int,
-    shorten_repr,
-)
-from jobset_inplace.trainer.progress import ProgressSpan, decode_busy, decode_span
+from jobset_inplace.trainer.checkpoints import parse_canonical_int
+from jobset_inplace.trainer.progress import decode_busy
 
 Obj = Mapping[str, Any]
 
@@ -133,27 +129,6 @@ def _resources_unhealthy(statuses: list[Mapping[str, Any]]) -> bool:
     )
 
 
-# A malformed report's value is shown cut to this many characters (of its repr): the message
-# becomes the pod view's report_error, an Event and a log line, and is remembered so that it is
-# posted once; an agent (or anyone else) can write annotations of hundreds of KB.
-REPORT_VALUE_SHOWN = 80
-# ... and a whole report_error at most this long (each part is short; this is the backstop).
-REPORT_ERROR_MAX = 1000
-
-
-def _capped(error: str) -> str:
-    return error if len(error) <= REPORT_ERROR_MAX else error[: REPORT_ERROR_MAX - 3] + "..."
-
-
-def bad_report_number(key: str, raw: str) -> str:
-    """The report_error part for a number in a report (epoch, late-for-epoch) that is not
-    canonical."""
-    return (
-        f"{key}={shorten_repr(raw, REPORT_VALUE_SHOWN)} is not an integer from 0 to {MAX_STEP} "
-        "in canonical form (ASCII digits only: no sign, spaces, underscores or leading zeros)"
-    )
-
-
 def _agent_started(status: Obj) -> float | None:
     """When the pod's running agent (a sidecar: an init container) started; None if it is not
     running."""
@@ -172,182 +147,36 @@ def _not_ready_since(pod: Obj) -> float | None:
     return _ts(ready.get("lastTransitionTime"))
 
 
-def _report_number(annotations: Mapping[str, str], key: str, errors: list[str]) -> int | None:
-    """The number an agent wrote under ``key`` (None: absent, or malformed: then an error)."""
-    raw = annotations.get(key)
-    if raw is None:
-        return None
-    value = parse_canonical_int(raw)
-    if value is None:
-        errors.append(bad_report_number(key, raw))
-    return value
-
-
-def agent_report(values: Mapping[str, str]) -> tuple[dict[str, Any], str | None]:
-    """The :class:`PodView` fields of an agent's report (its pod annotations, or a report over
-    the channel), and the error that makes it unusable (then no field is set)."""
-    errors: list[str] = []
-    epoch = _report_number(values, names.REPORT_EPOCH, errors)
-    steps: tuple[int, ...] | None = None
-    raw_steps = values.get(names.REPORT_STEPS)
-    if raw_steps is not None:
-        try:
-            steps = tuple(decode_steps(raw_steps))
-        except ValueError as e:
-            errors.append(f"{names.REPORT_STEPS}: {e}")
-    late = _report_number(values, names.REPORT_LATE, errors)
-    exited = _report_number(values, names.REPORT_EXITED, errors)
-    hung = _report_number(values, names.REPORT_HUNG, errors)
-    progress = _report_number(values, names.REPORT_PROGRESS_STEP, errors)
-    span = None
-    raw_span = values.get(names.REPORT_PROGRESS_SPAN)
-    if raw_span is not None and (span := decode_span(raw_span)) is None:
-        errors.append(
-            f"{names.REPORT_PROGRESS_SPAN}={shorten_repr(raw_span, REPORT_VALUE_SHOWN)} is not "
-            "<first step>@<ms since the epoch>,<newest step>@<ms since the epoch> "
-            "(canonical integers, neither going backwards)"
-        )
-    now = _progress_now(values.get(names.REPORT_PROGRESS_NOW), errors)
-    parked = _report_number(values, names.REPORT_PARKED, errors)
-    rechecked = _report_number(values, names.REPORT_RECHECKED, errors)
-    if errors:
-        return {}, _capped("; ".join(errors))
-    return {
-        "reported_epoch": epoch,
-        "reported_steps": steps,
-        "late_for_epoch": late,
-        "exited_in_epoch": exited,
-        "hung_in_epoch": hung,
-        "progress_step": progress,
-        "progress_span": span,
-        "progress_now": now,
-        "parked_in_epoch": parked,
-        "rechecked_epoch": rechecked,
-    }, None
-
-
-def _progress_now(raw: str | None, errors: list[str]) -> tuple[int, ProgressSpan | None] | None:
-    """An agent's answer to a planned stop: ``<epoch>:<span>`` (span empty: no records)."""
-    if raw is None:
-        return None
-    parsed = _epoch_span(raw)
-    if parsed is None:
-        errors.append(
-            f"{names.REPORT_PROGRESS_NOW}={shorten_repr(raw, REPORT_VALUE_SHOWN)} is not "
-            "<epoch>:<progress span, or nothing>"
-        )
-    return parsed
-
-
-def progress_note(raw: str) -> tuple[tuple[int, ProgressSpan] | None, str | None]:
-    """An agent's note of how far its trainers are in the running epoch (over the channel:
-    ``names.REPORT_PROGRESS_NOTE``): ``(epoch, span)``, or the error that makes it unusable."""
-    parsed = _epoch_span(raw)
-    if parsed is None or parsed[1] is None:
-        return None, (
-            f"{names.REPORT_PROGRESS_NOTE}={shorten_repr(raw, REPORT_VALUE_SHOWN)} is not "
-            "<epoch>:<progress span>"
-        )
-    return (parsed[0], parsed[1]), None
-
-
-def _epoch_span(raw: str) -> tuple[int, ProgressSpan | None] | None:
-    """``<epoch>:<progress span>`` (span empty: none); None when malformed."""
-    epoch_text, sep, span_text = raw.partition(":")
-    epoch = parse_canonical_int(epoch_text)
-    span = decode_span(span_text) if span_text else None
-    if not sep or epoch is None or (span_text and span is None):
-        return None
-    return epoch, span
-
-
-def _report_order(epoch: int | None, exited: int | None, hung: int | None) -> tuple[int, int]:
-    """Reports of one pod's agents in the order they were made: by the epoch they are about,
-    then by an exit or hang seen in it. An agent reports an exit or hang in epoch N only after
-    its report of epoch N, so such a report is of epoch N at least, whether or not it repeats
-    that report (an older agent's fallback wrote only the exit on its pod)."""
-    seen = max((e for e in (exited, hung) if e is not None), default=-1)
-    return (max(-1 if epoch is None else epoch, seen), seen)
-
-
-_ORDER_FIELDS = ("reported_epoch", "exited_in_epoch", "hung_in_epoch")
-# Every PodView field an agent's report sets (agent_report's keys).
-_REPORT_FIELDS = (
-    "reported_epoch",
-    "reported_steps",
-    "late_for_epoch",
-    "exited_in_epoch",
-    "hung_in_epoch",
-    "progress_step",
-    "progress_span",
-    "progress_now",
-    "parked_in_epoch",
-    "rechecked_epoch",
-)
-# Where a report ahead of the gang's epoch ranks: below every other (even an empty one).
-_AHEAD = (-2, -2)
-
-
-def report_epoch(fields: Mapping[str, Any]) -> int:
-    """The epoch a report (``agent_report`` fields) is about: the newest it names (-1: none)."""
-    return _report_order(*(fields[k] for k in _ORDER_FIELDS))[0]
-
-
-def _rank(fields: Mapping[str, Any], gang_epoch: int | None) -> tuple[int, int]:
-    """A report's place in :func:`_report_order`, where one that names an epoch beyond the
-    gang's (``gang_epoch``; None: not known) ranks below every other: an agent learns epochs
-    only from the GangState, so only a forged or corrupt report (or one about a GangState made
-    again since) is ahead, and it must never hide a later, valid report of the current epoch."""
-    order = _report_order(*(fields[k] for k in _ORDER_FIELDS))
-    return _AHEAD if gang_epoch is not None and order[0] > gang_epoch else order
-
-
-def member_view(
-    on_pod: PodView, channel: Mapping[str, Any] | None, gang_epoch: int | None
-) -> PodView:
+def member_view(on_pod: PodView, channel: AgentReport | None, gang_epoch: int | None) -> PodView:
     """What the planner sees of a member pod: the view of its pod (``on_pod``) with its agent's
-    newest report over the channel (``agent_report`` fields, or None) merged in, at the gang's
-    epoch ``gang_epoch`` (None: not known). A report on the pod that names an epoch beyond the
-    gang's is malformed (:func:`_rank`): it sets nothing and says why."""
+    newest report over the channel (None: none) merged in, at the gang's epoch ``gang_epoch``
+    (None: not known). A report on the pod that names an epoch beyond the gang's is malformed
+    (:meth:`AgentReport.rank`): it sets nothing and says why."""
     view = on_pod
     if gang_epoch is not None and on_pod.report_error is None:
-        order = _report_order(*(getattr(on_pod, k) for k in _ORDER_FIELDS))
-        if order[0] > gang_epoch:
+        epoch = on_pod.report.epoch
+        if epoch > gang_epoch:
             error = (
-                f"its report is about epoch {order[0]}, beyond the gang's {gang_epoch} (an "
+                f"its report is about epoch {epoch}, beyond the gang's {gang_epoch} (an "
                 "agent reports only epochs the GangState named)"
             )
-            cleared: dict[str, Any] = dict.fromkeys(_REPORT_FIELDS)
-            view = dataclasses.replace(on_pod, report_error=error, pod_report_epoch=None, **cleared)
+            view = replace(on_pod.with_report(EMPTY), report_error=error, pod_report_epoch=None)
     return view if channel is None else with_channel_report(view, channel, gang_epoch)
 
 
-def with_channel_report(
-    view: PodView, fields: Mapping[str, Any], gang_epoch: int | None
-) -> PodView:
-    """``view`` (its pod's annotations) with its agent's report over the channel
-    (``agent_report`` fields): whichever of the two is newer wins, wherever it came from (an
-    agent whose channel fails writes its next report on the pod instead), a report ahead of
-    ``gang_epoch`` never (:func:`_rank`). A newer report that names no epoch is an exit or
-    hang added to the older one's epoch report, not a new one."""
-    channel = _rank(fields, gang_epoch)
-    if _rank({k: getattr(view, k) for k in _ORDER_FIELDS}, gang_epoch) <= channel:
-        return dataclasses.replace(view, report_error=None, **fields)
-    if view.reported_epoch is not None or channel == _AHEAD:
+def with_channel_report(view: PodView, report: AgentReport, gang_epoch: int | None) -> PodView:
+    """``view`` (its pod's annotations) with its agent's ``report`` over the channel: whichever
+    of the two is newer wins, wherever it came from (an agent whose channel fails writes its
+    next report on the pod instead), a report ahead of ``gang_epoch`` never
+    (:meth:`AgentReport.rank`). A newer report that names no epoch is an exit or hang added to
+    the older one's epoch report, not a new one."""
+    channel = report.rank(gang_epoch)
+    on_pod = view.report
+    if on_pod.rank(gang_epoch) <= channel:
+        return replace(view.with_report(report), report_error=None)
+    if view.reported_epoch is not None or channel == AHEAD:
         return view
-    added = {k: v for k, v in fields.items() if getattr(view, k) is None}
-    return dataclasses.replace(view, **added)
-
-
-def newer_report(
-    old: Mapping[str, Any] | None, new: Mapping[str, Any], gang_epoch: int | None
-) -> bool:
-    """Whether channel report ``new`` (``agent_report`` fields) is as new as ``old`` or newer:
-    a late, older request must not replace the report that overtook it; a report ahead of
-    ``gang_epoch`` replaces nothing and is replaced by any (:func:`_rank`)."""
-    if old is None:
-        return True
-    return _rank(new, gang_epoch) >= _rank(old, gang_epoch)
+    return view.with_report(report.merged(on_pod))  # what the pod says wins
 
 
 def pod_view(pod: Obj) -> PodView | None:
@@ -357,16 +186,14 @@ def pod_view(pod: Obj) -> PodView | None:
     if member is None:
         return None
     annotations = meta.get("annotations") or {}
-    report, error = agent_report(annotations)
+    report, error = decode_report(annotations)
     # advisory (straggler detection): a malformed one is ignored, never makes the report bad
     busy = decode_busy(annotations.get(names.REPORT_BUSY) or "") or ()
     newest = parse_canonical_int(annotations.get(names.REPORT_NEWEST_STEP) or "")
     busy_epoch = parse_canonical_int(annotations.get(names.REPORT_BUSY_EPOCH) or "")
     containers = status.get("containerStatuses") or []
-    on_pod = _report_order(
-        report.get("reported_epoch"), report.get("exited_in_epoch"), report.get("hung_in_epoch")
-    )[0]
-    return PodView(
+    on_pod = (report or EMPTY).epoch
+    view = PodView(
         name=meta["name"],
         uid=meta["uid"],
         member=member,
@@ -390,8 +217,8 @@ def pod_view(pod: Obj) -> PodView | None:
         device_taint_evicted=_device_taint_evicted(pod),
         escalated=condition_true(pod, names.ESCALATION_CONDITION),
         by_kueue=any(condition_true(pod, t) for t in KUEUE_POD_CONDITIONS),
-        **report,
     )
+    return view.with_report(report or EMPTY)
 
 
 def node_view(node: Obj, lease: Obj | None, now: float) -> NodeView:

@@ -6,13 +6,14 @@ Times are seconds since the epoch (floats); the adapters convert API timestamps.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 from jobset_inplace import names
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.core.statemachine import Edge, Phase
+from jobset_inplace.protocol.report import AgentReport
 from jobset_inplace.trainer.progress import ProgressSpan
 
 HISTORY_LIMIT = 20
@@ -85,7 +86,9 @@ class PodView:
     created: float
     deleting: bool = False
     restart_attempt: int = 0  # JobSet's restart-attempt label
-    reported_epoch: int | None = None  # agent report (pod annotation)
+    # its agent's report (protocol.report.AgentReport's fields: .report, .with_report), from
+    # its pod's annotations or the channel, whichever is newer (core/decode.py)
+    reported_epoch: int | None = None
     reported_steps: tuple[int, ...] | None = None
     report_error: str | None = None  # malformed agent report (never acted on)
     late_for_epoch: int | None = None  # its agent reported this epoch after its barrier opened
@@ -118,6 +121,38 @@ class PodView:
     device_taint_evicted: bool = False
     escalated: bool = False  # carries our escalation condition
     by_kueue: bool = False  # failed or terminated by Kueue itself (not a worker failure)
+
+    @property
+    def report(self) -> AgentReport:
+        """Its agent's report, as the view holds it."""
+        return AgentReport(
+            reported_epoch=self.reported_epoch,
+            reported_steps=self.reported_steps,
+            late_for_epoch=self.late_for_epoch,
+            exited_in_epoch=self.exited_in_epoch,
+            hung_in_epoch=self.hung_in_epoch,
+            progress_step=self.progress_step,
+            progress_span=self.progress_span,
+            progress_now=self.progress_now,
+            parked_in_epoch=self.parked_in_epoch,
+            rechecked_epoch=self.rechecked_epoch,
+        )
+
+    def with_report(self, report: AgentReport) -> PodView:
+        """This view holding ``report`` (every field of it: what it does not say, None)."""
+        return replace(
+            self,
+            reported_epoch=report.reported_epoch,
+            reported_steps=report.reported_steps,
+            late_for_epoch=report.late_for_epoch,
+            exited_in_epoch=report.exited_in_epoch,
+            hung_in_epoch=report.hung_in_epoch,
+            progress_step=report.progress_step,
+            progress_span=report.progress_span,
+            progress_now=report.progress_now,
+            parked_in_epoch=report.parked_in_epoch,
+            rechecked_epoch=report.rechecked_epoch,
+        )
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ gangsim does); the controller is ``jobset-inplace run`` as a process."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import signal
 import socket
 import ssl
@@ -57,6 +59,12 @@ from .agentproc import AgentProc, StartAgent
 pytestmark = pytest.mark.integration
 
 FAST = {names.NODE_UNHEALTHY_AFTER: "5s", names.BARRIER_TIMEOUT: "60s"}
+
+
+def request(ch: ReportChannel, values: dict[str, str]) -> bytes:
+    """The channel's request of ``ch``'s pod carrying ``values`` as they are (well formed or
+    not: what the leader must refuse is sent too)."""
+    return json.dumps({**dataclasses.asdict(ch.sender), "report": values}).encode()
 
 
 def report_token(
@@ -113,7 +121,7 @@ async def test_only_a_pods_own_well_formed_report_is_accepted(
 
         async def send(ch: ReportChannel, report: dict[str, str], to: Endpoint = endpoint) -> str:
             try:
-                await asyncio.to_thread(ch.send, to, report)
+                await asyncio.to_thread(ch.post, to, request(ch, report))
             except ChannelError as e:
                 return str(e)
             finally:
@@ -133,7 +141,7 @@ async def test_only_a_pods_own_well_formed_report_is_accepted(
         assert cache.gangs[key].heard[pods[0].metadata.uid] > heard
         assert pokes == [key, key]
         view = cache.gangs[key].reports[pods[0].metadata.uid]
-        assert (view["reported_epoch"], view["exited_in_epoch"]) == (1, 1)
+        assert (view.reported_epoch, view.exited_in_epoch) == (1, 1)
         # a progress note: kept under the member's slot, heard, the report untouched, no pass
         note = {names.REPORT_PROGRESS_NOTE: "1:1@1790000000000,40@1790000020000"}
         assert await send(ch0, note) == "accepted"
@@ -478,7 +486,7 @@ def test_a_members_hostile_reports_never_hold_its_gangs_barrier(
 
     def send(ch: ReportChannel, report: dict[str, str]) -> str:
         try:
-            ch.send(endpoint, report)
+            ch.post(endpoint, request(ch, report))
         except ChannelError as e:
             return str(e)
         return "accepted"

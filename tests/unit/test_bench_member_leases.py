@@ -35,8 +35,8 @@ def test_a_report_is_read_from_the_annotations_the_agent_writes() -> None:
     )
     assert rep is not None
     assert (rep.key, rep.uid) == (KEY, "a")
-    assert rep.fields["reported_epoch"] == 3
-    assert rep.fields["reported_steps"] == (200, 100)
+    assert rep.report.reported_epoch == 3
+    assert rep.report.reported_steps == (200, 100)
 
 
 def test_malformed_or_unlabelled_leases_are_ignored() -> None:

@@ -16,9 +16,10 @@ from jobset_inplace.controller.cache import (
     node_entry,
     pod_entry,
 )
-from jobset_inplace.core.decode import agent_report, lease_renewal
+from jobset_inplace.core.decode import lease_renewal
 from jobset_inplace.core.model import GangStatus, NodeView, Recovery, ReportEndpoint
 from jobset_inplace.core.policy import Policy
+from jobset_inplace.protocol.report import AgentReport
 from jobset_inplace.trainer.progress import ProgressSpan
 
 NOW = 1_000_000.0
@@ -116,7 +117,7 @@ def reported(uid: str, epoch: int, index: int = 0) -> PodEntry:
 def test_a_channel_report_is_kept_with_its_pod_and_the_newer_report_wins() -> None:
     c = cache_with_gang()
     key = ("ns", "train")
-    fields, _ = agent_report({names.REPORT_EPOCH: "3", names.REPORT_STEPS: "200"})
+    fields = AgentReport(reported_epoch=3, reported_steps=(200,))
     assert c.set_report(key, "a", fields) is not None, "a pod the cache does not know: refused"
     c.upsert_pod(pod("a"))
     assert c.set_report(key, "a", fields) is not None, "no status loaded: refused"
@@ -140,11 +141,11 @@ def test_the_last_report_an_epoch_waits_for_is_flagged_once() -> None:
     key = ("ns", "train")
     for i, uid in enumerate("abc"):
         c.upsert_pod(pod(uid, index=i))
-    epoch4, _ = agent_report({names.REPORT_EPOCH: "4", names.REPORT_STEPS: "200"})
-    epoch3, _ = agent_report({names.REPORT_EPOCH: "3", names.REPORT_STEPS: "200"})
-    epoch5, _ = agent_report({names.REPORT_EPOCH: "5", names.REPORT_STEPS: "200"})
+    epoch4 = AgentReport(reported_epoch=4, reported_steps=(200,))
+    epoch3 = AgentReport(reported_epoch=3, reported_steps=(200,))
+    epoch5 = AgentReport(reported_epoch=5, reported_steps=(200,))
 
-    def report(uid: str, fields: dict[str, object]) -> bool:
+    def report(uid: str, fields: AgentReport) -> bool:
         assert c.set_report(key, uid, fields) is None
         return c.completes_epoch(key, uid)
 
@@ -175,7 +176,7 @@ def test_owner_uids_decide_membership_not_labels() -> None:
     snap = c.snapshot(gang, NOW)
     assert snap is not None
     assert [p.uid for p in snap.pods] == ["a"]
-    fields, _ = agent_report({names.REPORT_EPOCH: "1"})
+    fields = AgentReport(reported_epoch=1)
     assert c.set_report(key, "a", fields) is None
     assert c.set_report(key, "forged", fields) is not None, "no report taken from a non-member"
 

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from jobset_inplace import names
-from jobset_inplace.core.decode import REPORT_ERROR_MAX, REPORT_VALUE_SHOWN, pod_view
+from jobset_inplace.core.decode import pod_view
 from jobset_inplace.core.model import Cause, Event, PodView
 from jobset_inplace.core.planner import plan
+from jobset_inplace.protocol.report import REPORT_ERROR_MAX, REPORT_VALUE_SHOWN
 
 from .gangs import pods, running, snapshot
 

@@ -180,3 +180,35 @@ def test_the_trainers_account_of_kept_and_wasted_training() -> None:
     assert truth.newest_step(2) == 5
     with pytest.raises(ValueError, match="not a line"):
         parse_truth("resume 1 0\nnonsense")
+
+
+def test_in_lockstep_a_member_commits_a_step_only_once_every_member_computed_it(
+    tmp_path: Path,
+) -> None:
+    """JSI_DEMO_LOCKSTEP_DIR (the soak's gang, as data-parallel training is): member 0 of two
+    computes step 1 and waits; it commits step 1 when member 1 says it computed it too, and
+    no step after it while member 1 is gone."""
+    truth, lockstep = tmp_path / "truth.log", tmp_path / "lockstep"
+    env = {
+        **os.environ,
+        "JSI_DEMO_STANDALONE": "1",
+        "JSI_DEMO_STEP_SECONDS": "0.01",
+        "JSI_DEMO_TRUTH_FILE": str(truth),
+        "JSI_DEMO_LOCKSTEP_DIR": str(lockstep),
+        "JSI_DEMO_GANG_SIZE": "2",
+        "JOB_INDEX": "0",
+        ENV_STATE_DIR: str(tmp_path / "state"),
+        "PYTHONPATH": str(TRAINER.parents[1]),
+    }
+    (tmp_path / "state").mkdir()
+    mine, peer = lockstep / "epoch-0-member-0", lockstep / "epoch-0-member-1"
+    trainer = subprocess.Popen([sys.executable, str(TRAINER)], env=env, stdout=subprocess.DEVNULL)
+    try:
+        _wait("member 0 computed step 1", lambda: mine.exists() and mine.read_text() == "1")
+        assert "step" not in truth.read_text(), "committed without its peer"
+        peer.write_text("1")
+        _wait("member 0 computed step 2", lambda: mine.read_text() == "2")
+        assert _last_step(truth) == 1, "step 1 committed, step 2 waits for the peer"
+    finally:
+        trainer.kill()
+        trainer.wait()

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from jobset_inplace import names
-from jobset_inplace.core.decode import agent_report, newer_report, pod_view, with_channel_report
+from jobset_inplace.core.decode import pod_view, with_channel_report
 from jobset_inplace.core.model import (
     WAITING_SHOWN,
     Event,
@@ -20,6 +20,7 @@ from jobset_inplace.core.model import (
 )
 from jobset_inplace.core.planner import plan
 from jobset_inplace.core.statemachine import Phase
+from jobset_inplace.protocol.report import AgentReport, decode_report, newer_report
 from jobset_inplace.trainer.progress import ProgressSpan
 
 from .gangs import NOW, pods, running, snapshot, with_pod
@@ -33,12 +34,18 @@ def report(**values: str) -> dict[str, str]:
     return {names.REPORT_EPOCH: "3", names.REPORT_STEPS: "200,100"} | values
 
 
+def decoded(values: dict[str, str]) -> AgentReport:
+    report, error = decode_report(values)
+    assert report is not None, error
+    return report
+
+
 def view(**fields: object) -> PodView:
     return dataclasses.replace(pods(1, epoch=2)[0], **fields)  # type: ignore[arg-type]
 
 
 def test_a_channel_report_decodes_like_the_annotations() -> None:
-    fields, error = agent_report(
+    fields, error = decode_report(
         report(
             **{
                 names.REPORT_EXITED: "3",
@@ -49,19 +56,15 @@ def test_a_channel_report_decodes_like_the_annotations() -> None:
         )
     )
     assert error is None
-    assert fields == {
-        "reported_epoch": 3,
-        "reported_steps": (200, 100),
-        "late_for_epoch": None,
-        "exited_in_epoch": 3,
-        "hung_in_epoch": None,
-        "progress_step": 217,
-        "progress_span": ProgressSpan(101, 1_790_000_000.25, 217, 1_790_000_058.25),
-        "progress_now": None,
-        "parked_in_epoch": None,
-        "rechecked_epoch": 3,
-    }
-    _, error = agent_report(report(**{names.REPORT_PROGRESS_STEP: "-1"}))
+    assert fields == AgentReport(
+        reported_epoch=3,
+        reported_steps=(200, 100),
+        exited_in_epoch=3,
+        progress_step=217,
+        progress_span=ProgressSpan(101, 1_790_000_000.25, 217, 1_790_000_058.25),
+        rechecked_epoch=3,
+    )
+    _, error = decode_report(report(**{names.REPORT_PROGRESS_STEP: "-1"}))
     assert error is not None
     assert names.REPORT_PROGRESS_STEP in error
 
@@ -85,8 +88,8 @@ def test_a_channel_report_decodes_like_the_annotations() -> None:
     ],
 )
 def test_a_malformed_report_names_the_field_and_sets_nothing(key: str, raw: str, says: str) -> None:
-    fields, error = agent_report(report(**{key: raw}))
-    assert fields == {}
+    fields, error = decode_report(report(**{key: raw}))
+    assert fields is None
     assert error is not None
     assert key in error
     assert says in error
@@ -94,14 +97,14 @@ def test_a_malformed_report_names_the_field_and_sets_nothing(key: str, raw: str,
 
 def test_the_newer_report_wins_whichever_way_it_came() -> None:
     annotated = view()  # reported epoch 2 on its pod
-    fields, _ = agent_report(report())  # epoch 3 over the channel
+    fields = decoded(report())  # epoch 3 over the channel
     assert with_channel_report(annotated, fields, GANG_EPOCH).reported_epoch == 3
     # the channel failed for epoch 4: the agent wrote it on its pod; the older channel report
     # of epoch 3 must not hide it
     newer_on_pod = view(reported_epoch=4, reported_steps=(300,))
     assert with_channel_report(newer_on_pod, fields, GANG_EPOCH) == newer_on_pod
     # an exit seen in the same epoch comes after that epoch's report
-    exited, _ = agent_report(report(**{names.REPORT_EXITED: "3"}))
+    exited = decoded(report(**{names.REPORT_EXITED: "3"}))
     same_epoch_on_pod = view(reported_epoch=3, reported_steps=(200, 100))
     assert with_channel_report(same_epoch_on_pod, exited, GANG_EPOCH).exited_in_epoch == 3
     assert (
@@ -116,7 +119,7 @@ def test_an_exit_written_on_the_pod_after_the_epochs_channel_report_is_not_hidde
     """The channel took epoch 3's report, then failed: the agent wrote the trainer's exit on
     its pod. Whatever the pod holds (the whole record, or, from an older agent, the exit
     alone), the exit is what the planner sees, with the epoch's steps."""
-    fields, _ = agent_report(report())  # epoch 3 over the channel
+    fields = decoded(report())  # epoch 3 over the channel
     whole = view(reported_epoch=3, reported_steps=(200, 100), exited_in_epoch=3)
     alone = view(reported_epoch=None, reported_steps=None, exited_in_epoch=3)
     for on_pod in (whole, alone):
@@ -132,9 +135,9 @@ def test_an_exit_written_on_the_pod_after_the_epochs_channel_report_is_not_hidde
 
 
 def test_a_late_older_channel_report_does_not_replace_a_newer_one() -> None:
-    newer, _ = agent_report(report(**{names.REPORT_EPOCH: "4"}))
-    exited, _ = agent_report(report(**{names.REPORT_EXITED: "3"}))
-    older, _ = agent_report(report())
+    newer = decoded(report(**{names.REPORT_EPOCH: "4"}))
+    exited = decoded(report(**{names.REPORT_EXITED: "3"}))
+    older = decoded(report())
     assert newer_report(None, older, GANG_EPOCH)
     assert newer_report(older, newer, GANG_EPOCH)
     assert not newer_report(newer, older, GANG_EPOCH)
@@ -147,7 +150,7 @@ def test_a_late_older_channel_report_does_not_replace_a_newer_one() -> None:
 
 def test_a_channel_report_clears_an_older_malformed_annotation() -> None:
     bad = view(reported_epoch=None, reported_steps=None, report_error="epoch='x' is bad")
-    fields, _ = agent_report(report())
+    fields = decoded(report())
     merged = with_channel_report(bad, fields, GANG_EPOCH)
     assert merged.report_error is None
     assert merged.reported_epoch == 3
@@ -275,5 +278,5 @@ def test_the_pod_view_says_which_epoch_its_own_report_is_of(
     assert v is not None
     assert v.pod_report_epoch == epoch
     # a channel report merged in keeps what the pod itself says
-    fields, _ = agent_report(report(**{names.REPORT_EPOCH: "9"}))
+    fields = decoded(report(**{names.REPORT_EPOCH: "9"}))
     assert with_channel_report(v, fields, GANG_EPOCH).pod_report_epoch == epoch

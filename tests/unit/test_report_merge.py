@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from jobset_inplace import names
 from jobset_inplace.controller.cache import ClusterCache, pod_entry
-from jobset_inplace.core.decode import agent_report
 from jobset_inplace.core.model import GangStatus, PodView
+from jobset_inplace.protocol.report import AgentReport, decode_report
 
 from .test_cache import NOW, cache_with_gang, owner
 
@@ -76,8 +76,14 @@ def about(v: dict[str, str]) -> tuple[int, int, int | None]:
     return max(-1 if named is None else named, seen), seen, named
 
 
+def decoded(v: dict[str, str]) -> AgentReport:
+    report, error = decode_report(v)
+    assert report is not None, error
+    return report
+
+
 def well_formed(v: dict[str, str]) -> bool:
-    return agent_report(v)[1] is None
+    return decode_report(v)[1] is None
 
 
 @dataclass
@@ -150,8 +156,8 @@ def apply(c: ClusterCache, m: Model, op: tuple[str, str, int], n: int) -> None:
     gang = c.gangs[KEY]
     if what == "channel":
         v = values(kind, offset, m.epoch)
-        fields, error = agent_report(v)
-        if error is not None:
+        fields, _ = decode_report(v)
+        if fields is None:
             return  # the server refuses it before the cache (400)
         refused = c.set_report(KEY, m.uid, fields)
         assert (refused is None) == m.channel_takes(v), (v, refused)
@@ -200,13 +206,13 @@ def test_a_report_ahead_of_the_gang_is_refused_and_hides_nothing() -> None:
     """The stall seen: a member's report of a later epoch (valid to the decoder) was kept as
     the newest and every later report of the current epoch, answered 200, was dropped."""
     c, m = start(1)
-    ahead, _ = agent_report({names.REPORT_EPOCH: "2", names.REPORT_STEPS: "100"})
+    ahead = decoded({names.REPORT_EPOCH: "2", names.REPORT_STEPS: "100"})
     refused = c.set_report(KEY, m.uid, ahead)
     assert refused is not None
     assert "epoch 2, beyond the gang's 1" in refused
     for v in ({names.REPORT_EPOCH: "1", names.REPORT_EXITED: "9"}, {names.REPORT_HUNG: "5"}):
-        assert c.set_report(KEY, m.uid, agent_report(v)[0]) is not None, v
-    current, _ = agent_report({names.REPORT_EPOCH: "1", names.REPORT_STEPS: "100"})
+        assert c.set_report(KEY, m.uid, decoded(v)) is not None, v
+    current = decoded({names.REPORT_EPOCH: "1", names.REPORT_STEPS: "100"})
     assert c.set_report(KEY, m.uid, current) is None
     assert view_of(c, m.uid).reported_epoch == 1
 
@@ -214,7 +220,7 @@ def test_a_report_ahead_of_the_gang_is_refused_and_hides_nothing() -> None:
 def test_a_report_written_on_the_pod_ahead_of_the_gang_hides_no_channel_report() -> None:
     c, m = start(1)
     c.upsert_pod(member_pod(m.uid, {names.REPORT_EPOCH: "7"}))  # type: ignore[arg-type]
-    current, _ = agent_report({names.REPORT_EPOCH: "1", names.REPORT_STEPS: "100"})
+    current = decoded({names.REPORT_EPOCH: "1", names.REPORT_STEPS: "100"})
     assert c.set_report(KEY, m.uid, current) is None
     assert view_of(c, m.uid).reported_epoch == 1
     # once the gang is at epoch 7, the pod's report is the newest: the views are merged again
@@ -227,14 +233,14 @@ def test_an_epoch_being_written_is_not_ahead() -> None:
     report is taken (the reconciler says which epoch it writes before it writes it)."""
     c, m = start(1)
     c.gangs[KEY].announced_epoch = 2
-    fields, _ = agent_report({names.REPORT_EPOCH: "2", names.REPORT_STEPS: "100"})
+    fields = decoded({names.REPORT_EPOCH: "2", names.REPORT_STEPS: "100"})
     assert c.set_report(KEY, m.uid, fields) is None
     assert view_of(c, m.uid).reported_epoch == 2
 
 
 def test_a_replacement_pod_starts_with_none_of_its_predecessors_reports() -> None:
     c, m = start(3)
-    fields, _ = agent_report({names.REPORT_EPOCH: "3", names.REPORT_STEPS: "100"})
+    fields = decoded({names.REPORT_EPOCH: "3", names.REPORT_STEPS: "100"})
     assert c.set_report(KEY, m.uid, fields) is None
     c.upsert_pod(member_pod(m.uid, {}), deleted=True)  # type: ignore[arg-type]
     c.upsert_pod(member_pod("m1-new", {}))  # type: ignore[arg-type]

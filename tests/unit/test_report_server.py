@@ -17,11 +17,9 @@ from jobset_inplace.controller.cache import ClusterCache, GangKey
 from jobset_inplace.controller.metrics import METRICS
 from jobset_inplace.controller.report_server import (
     ReportServer,
-    parse_request,
     report_server_from_env,
 )
 from jobset_inplace.runtime.report_http import Refused
-from jobset_inplace.runtime.report_tokens import Rejected
 
 
 def no_poke(key: GangKey, *, urgent: bool = False) -> None:
@@ -49,39 +47,6 @@ def test_the_channel_listens_where_configured_and_is_off_without_an_address() ->
 def test_a_bad_listen_address_names_the_variable_and_the_form(listen: str) -> None:
     with pytest.raises(ValueError, match=r"JSI_REPORT_LISTEN must be ADDRESS:PORT"):
         server(POD_IP="10.244.1.7", JSI_REPORT_LISTEN=listen)
-
-
-GOOD = {
-    "namespace": "ns",
-    "gang": "train",
-    "pod": "train-workers-0-0-x",
-    "uid": "uid-0",
-    "report": {names.REPORT_EPOCH: "3", names.REPORT_STEPS: "200"},
-}
-
-
-@pytest.mark.parametrize(
-    ("body", "says"),
-    [
-        ([], "must be a JSON object"),
-        ({**GOOD, "report": {names.REPORT_EPOCH: 3}}, "report: an object of annotation name"),
-        ({**GOOD, "report": {names.REPORT_BUSY: "10"}}, "unknown keys"),
-        (
-            {**GOOD, "report": {names.REPORT_EPOCH: "3", names.REPORT_PROGRESS_NOTE: "3:1@1,2@2"}},
-            "progress-note goes alone in its request",
-        ),
-        ({**GOOD, "uid": ""}, "uid: a non-empty string is required"),
-        ({k: v for k, v in GOOD.items() if k != "gang"}, "gang: a non-empty string"),
-    ],
-)
-def test_a_malformed_request_names_its_field(body: object, says: str) -> None:
-    with pytest.raises(Rejected, match=says) as e:
-        parse_request(body)
-    assert e.value.status == 400
-
-
-def test_a_well_formed_request_is_parsed() -> None:
-    assert parse_request(GOOD) == ("ns", "train", "train-workers-0-0-x", "uid-0", GOOD["report"])
 
 
 def test_refusals_are_logged_once_in_a_while_with_a_count(caplog: pytest.LogCaptureFixture) -> None:

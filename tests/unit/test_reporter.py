@@ -19,6 +19,8 @@ from jobset_inplace.agent.config import Config
 from jobset_inplace.agent.log import Log
 from jobset_inplace.agent.logic import Endpoint
 from jobset_inplace.agent.runner import CHANNEL_RETRY, Reporter
+from jobset_inplace.protocol.envelope import message_values
+from jobset_inplace.protocol.report import AgentReport, decode_report
 
 POD = "/api/v1/namespaces/ns/pods/p-0"
 LEADER_1 = Endpoint("https://10.0.0.9:9444/v1/reports", "a" * 64, "one")
@@ -32,11 +34,11 @@ class Channel:
         self.down = False
         self.attempts = 0
 
-    def send(self, endpoint: Endpoint, report: dict[str, str]) -> None:
+    def send(self, endpoint: Endpoint, report: AgentReport) -> None:
         self.attempts += 1
         if self.down:
             raise ChannelError(f"{endpoint.url}: TimeoutError: timed out")
-        self.sent.append((endpoint.leader, dict(report)))
+        self.sent.append((endpoint.leader, message_values(report)))  # as it goes on the wire
 
 
 class Api:
@@ -69,7 +71,9 @@ def reporter(tmp_path: Path) -> tuple[Reporter, Channel, Api, io.StringIO]:
 def report(
     r: Reporter, ch: Channel, api: Api, values: dict[str, str], *, fresh: bool = True
 ) -> str:
-    return r.report(values, fresh=fresh, channel=ch, kube=api)  # type: ignore[arg-type]
+    update, error = decode_report(values)
+    assert update is not None, error
+    return r.report(update, fresh=fresh, channel=ch, kube=api)  # type: ignore[arg-type]
 
 
 def resend(r: Reporter, ch: Channel, api: Api, epoch: int) -> str | None:

@@ -65,6 +65,7 @@ from jobset_inplace.core.statemachine import Phase
 from jobset_inplace.core.telemetry import SpareShortfall, SparesSwapped, observe
 from jobset_inplace.core.transform import AGENT_CONTAINER, AgentSettings, transform
 from jobset_inplace.names import member_name
+from jobset_inplace.protocol.envelope import Message, message_values
 
 from .gangs import NOW, member, nodes, pods, running, snapshot, with_pod
 
@@ -703,10 +704,10 @@ class FakeChannel(ReportChannel):
         self.fail = False
         self.holds: str | None = None
 
-    def send(self, endpoint: Endpoint, report: dict[str, str]) -> dict[str, object]:
+    def send(self, endpoint: Endpoint, message: Message) -> dict[str, object]:
         if self.fail:
             raise ChannelError("timed out")
-        self.sent.append(report)
+        self.sent.append(message_values(message))  # as it goes on the wire
         return {"accepted": True, "holds": self.holds}
 
 

@@ -30,6 +30,7 @@ from jobset_inplace.agent.runner import (
     TrainerMonitor,
 )
 from jobset_inplace.names import RestartScope
+from jobset_inplace.protocol.envelope import Message, message_values
 from jobset_inplace.trainer import save_checkpoint
 from jobset_inplace.trainer.progress import ProgressReporter, decode_span, read_progress
 from jobset_inplace.trainer.stop import StopAt, read_stop
@@ -301,10 +302,10 @@ class RecordingChannel:
         self.sent: list[dict[str, str]] = []
         self.error: ChannelError | None = None
 
-    def send(self, endpoint: Endpoint, report: dict[str, str]) -> dict[str, Any]:
+    def send(self, endpoint: Endpoint, message: Message) -> dict[str, Any]:
         if self.error is not None:
             raise self.error
-        self.sent.append(report)
+        self.sent.append(message_values(message))  # as it goes on the wire
         return {}
 
 

@@ -1,0 +1,125 @@
+"""The report channel's request: who sends (the pod, which its token must name) and what (a
+report, a progress note or a heartbeat), as one JSON object::
+
+    {"namespace": ..., "gang": ..., "pod": ..., "uid": ..., "report": {<name>: <value>, ...}}
+
+``report`` holds annotation names and values (:mod:`.report`'s codec, as on a pod); empty, it
+is a heartbeat; :data:`~jobset_inplace.names.REPORT_PROGRESS_NOTE` goes alone. Standard
+library only: the agent encodes, the controller's report server decodes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from jobset_inplace import names
+from jobset_inplace.trainer.progress import ProgressSpan
+
+from .report import (
+    AgentReport,
+    decode_progress_note,
+    decode_report,
+    encode_epoch_span,
+    encode_report,
+)
+
+# What a request's report may hold: the report's keys, or the progress note alone.
+ACCEPTED_KEYS: Final = (*names.CHANNEL_REPORT_KEYS, names.REPORT_PROGRESS_NOTE)
+SENDER_FIELDS: Final = ("namespace", "gang", "pod", "uid")
+
+
+@dataclass(frozen=True)
+class Sender:
+    namespace: str
+    gang: str  # the GangState's (and JobSet's) name
+    pod: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class ProgressNote:
+    """How far the pod's trainers are in the running epoch (over the channel only)."""
+
+    epoch: int
+    span: ProgressSpan
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """The agent is alive (hot spares renew their lease with it); nothing to plan on."""
+
+
+HEARTBEAT: Final = Heartbeat()
+Message = AgentReport | ProgressNote | Heartbeat
+
+
+class EnvelopeError(ValueError):
+    """A request that is not one (the client's fault: HTTP 400), saying which field and the
+    accepted form."""
+
+
+def encode_request(sender: Sender, message: Message) -> bytes:
+    who = {f: getattr(sender, f) for f in SENDER_FIELDS}
+    return json.dumps({**who, "report": message_values(message)}).encode()
+
+
+def message_values(message: Message) -> dict[str, str]:
+    """The request's ``report`` object for ``message``."""
+    if isinstance(message, ProgressNote):
+        return {names.REPORT_PROGRESS_NOTE: encode_epoch_span(message.epoch, message.span)}
+    if isinstance(message, AgentReport):
+        values = encode_report(message)
+        if not values:
+            raise ValueError("an empty report says nothing (a heartbeat is Heartbeat())")
+        return values
+    if isinstance(message, Heartbeat):
+        return {}
+    raise TypeError(f"not a message of the report channel: {message!r:.80}")
+
+
+def decode_request(payload: bytes) -> tuple[Sender, Message]:
+    """The sender and message of a request body; raises :class:`EnvelopeError`."""
+    try:
+        body = json.loads(payload)
+    except ValueError as e:
+        raise EnvelopeError(f"the body is not JSON: {e}") from e
+    except RecursionError:  # nested deeper than the interpreter's stack: a report is flat
+        raise EnvelopeError("the body is nested too deep for a report") from None
+    if not isinstance(body, dict):
+        raise EnvelopeError("the body must be a JSON object")
+    values = body.get("report")
+    if not isinstance(values, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in values.items()
+    ):
+        raise EnvelopeError("report: an object of annotation name -> string value is required")
+    unknown = sorted(set(values) - set(ACCEPTED_KEYS))
+    if unknown:
+        raise EnvelopeError(f"report: unknown keys {unknown}; accepted: {list(ACCEPTED_KEYS)}")
+    if names.REPORT_PROGRESS_NOTE in values and len(values) > 1:
+        raise EnvelopeError(f"report: {names.REPORT_PROGRESS_NOTE} goes alone in its request")
+    sender = Sender(*(_text(body, f) for f in SENDER_FIELDS))
+    return sender, _message(values)
+
+
+def _message(values: Mapping[str, str]) -> Message:
+    if not values:
+        return Heartbeat()
+    noted = values.get(names.REPORT_PROGRESS_NOTE)
+    if noted is not None:
+        note, error = decode_progress_note(noted)
+        if note is None:
+            raise EnvelopeError(f"report: {error}")
+        return ProgressNote(*note)
+    report, error = decode_report(values)
+    if report is None:
+        raise EnvelopeError(f"report: {error}")
+    return report
+
+
+def _text(body: Mapping[str, Any], field: str) -> str:
+    value = body.get(field)
+    if not isinstance(value, str) or not value:
+        raise EnvelopeError(f"{field}: a non-empty string is required, got {value!r:.80}")
+    return value
