@@ -45,9 +45,9 @@ from jobset_inplace.agent.channel import ReportChannel
 from jobset_inplace.agent.config import Config
 from jobset_inplace.agent.kubeapi import KubeApi
 from jobset_inplace.agent.log import Log
-from jobset_inplace.agent.logic import Endpoint, parse_endpoint
 from jobset_inplace.agent.runner import Reporter
 from jobset_inplace.core.policy import INPLACE_BUDGET_RANGE
+from jobset_inplace.protocol.gangstate import Endpoint, parse_endpoint
 from jobset_inplace.protocol.report import AgentReport
 from testbed.controlplane import ControlPlane, start_control_plane
 from testbed.gangsim import CRD, CRD_NAME, Controller, Gang, LeaseKeeper

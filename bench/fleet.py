@@ -67,20 +67,10 @@ from jobset_inplace.agent.channel import ReportChannel
 from jobset_inplace.agent.config import Config, ConfigError, position_from_env
 from jobset_inplace.agent.kubeapi import ApiError, KubeApi, TransportErrors
 from jobset_inplace.agent.log import Log
-from jobset_inplace.agent.logic import (
-    AgentLogic,
-    Endpoint,
-    GangView,
-    MalformedStatus,
-    Open,
-    Position,
-    Report,
-    Restart,
-    Standby,
-    parse_gangstate,
-)
+from jobset_inplace.agent.logic import AgentLogic, Open, Position, Report, Restart, Standby
 from jobset_inplace.agent.runner import Reporter
 from jobset_inplace.core.transform import AGENT_CONTAINER
+from jobset_inplace.protocol.gangstate import Endpoint, GangView, MalformedStatus, parse_gangstate
 from jobset_inplace.protocol.report import AgentReport
 from jobset_inplace.times import format_time
 from testbed.kube import pod_token

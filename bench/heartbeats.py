@@ -28,9 +28,9 @@ from multiprocessing.sharedctypes import Synchronized
 from pathlib import Path
 
 from jobset_inplace.agent.channel import ChannelError, ReportChannel
-from jobset_inplace.agent.logic import Endpoint
 from jobset_inplace.names import HEARTBEAT_S
 from jobset_inplace.protocol.envelope import HEARTBEAT
+from jobset_inplace.protocol.gangstate import Endpoint
 
 TICK_S = 0.02  # a second's heartbeats are sent in 1 / TICK_S groups, spread evenly
 THREADS = 64  # enough that the leader's answer time does not hold back the next agents'

@@ -154,8 +154,8 @@ UNHEALTHY_TAINT: Final = f"{PREFIX}unhealthy"
 # Removed by people after the repair (the node itself looks healthy), never by the controller.
 DEVICE_UNHEALTHY_TAINT: Final = f"{PREFIX}device-unhealthy"
 
-# --- GangState status fields the agents read: core/gangstate.py writes them, agent/logic.py
-# parses them (a parser of its own: the agent imports no core) --------------------------------
+# --- GangState status fields the agents read: core/gangstate.py writes them,
+# protocol/gangstate.py parses them for the agents (standard library only) -----------------
 STATUS_PHASE: Final = "phase"
 STATUS_EPOCH: Final = "epoch"
 STATUS_BARRIER_OPEN: Final = "barrierOpen"

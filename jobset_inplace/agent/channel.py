@@ -18,9 +18,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from jobset_inplace.protocol.envelope import Message, Sender, encode_request
+from jobset_inplace.protocol.gangstate import Endpoint
 
 from .kubeapi import USER_AGENT, TransportErrors
-from .logic import Endpoint
 
 __all__ = ["ChannelError", "ReportChannel"]
 

@@ -20,10 +20,10 @@ from pathlib import Path
 from jobset_inplace import launcher
 from jobset_inplace.names import HEARTBEAT_S, LEASE_S
 from jobset_inplace.protocol.envelope import HEARTBEAT
+from jobset_inplace.protocol.gangstate import Endpoint
 
 from .channel import ChannelError, ReportChannel
 from .log import Log
-from .logic import Endpoint
 
 __all__ = ["Heartbeat"]
 

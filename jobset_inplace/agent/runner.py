@@ -14,6 +14,8 @@ from typing import Any
 from jobset_inplace import launcher, names
 from jobset_inplace.backoff import Backoff, Retries
 from jobset_inplace.protocol.envelope import ProgressNote
+from jobset_inplace.protocol.gangstate import Endpoint, GangView, MalformedStatus
+from jobset_inplace.protocol.gangstate import parse_gangstate as parse
 from jobset_inplace.protocol.report import EMPTY, AgentReport, encode_report
 from jobset_inplace.trainer import ResumeInfo, clear_resume, write_resume
 from jobset_inplace.trainer.checkpoints import select_steps
@@ -34,10 +36,7 @@ from .kubeapi import ApiError, KubeApi, TransportErrors
 from .log import Log
 from .logic import (
     AgentLogic,
-    Endpoint,
-    GangView,
     LauncherState,
-    MalformedStatus,
     Open,
     Report,
     Restart,
@@ -46,7 +45,6 @@ from .logic import (
     failed_exit,
     trainers_stopped,
 )
-from .logic import parse_gangstate as parse
 from .probe import BarrierState
 from .steptime import BusyWindows
 

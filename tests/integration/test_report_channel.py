@@ -35,11 +35,11 @@ from kubernetes import client
 
 from jobset_inplace import names
 from jobset_inplace.agent.channel import ChannelError, ReportChannel
-from jobset_inplace.agent.logic import Endpoint, parse_endpoint
 from jobset_inplace.controller.cache import ClusterCache, GangKey, job_entry, pod_entry
 from jobset_inplace.controller.report_server import ReportServer
 from jobset_inplace.core.model import GangStatus
 from jobset_inplace.core.policy import Policy
+from jobset_inplace.protocol.gangstate import Endpoint, parse_endpoint
 from jobset_inplace.runtime.report_tokens import TokenVerifier
 from jobset_inplace.times import parse_time
 from testbed.controlplane import ControlPlane

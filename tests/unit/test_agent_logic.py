@@ -18,18 +18,16 @@ from jobset_inplace.agent.log import Log
 from jobset_inplace.agent.logic import (
     Action,
     AgentLogic,
-    GangView,
-    MalformedStatus,
     Open,
     Report,
     Restart,
     Wait,
     failed_exit,
-    parse_gangstate,
     trainers_stopped,
 )
 from jobset_inplace.backoff import Backoff, Retries
 from jobset_inplace.names import DEFAULT_RESTART_SCOPE
+from jobset_inplace.protocol.gangstate import GangView, MalformedStatus, parse_gangstate
 from jobset_inplace.trainer.checkpoints import MAX_STEP
 
 

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from jobset_inplace.agent.logic import Endpoint, GangView, parse_gangstate
 from jobset_inplace.core.gangstate import (
     progress_only,
     progress_write_interval,
@@ -31,6 +30,7 @@ from jobset_inplace.core.model import (
     StepRecheck,
 )
 from jobset_inplace.core.statemachine import Edge, Phase
+from jobset_inplace.protocol.gangstate import Endpoint, GangView, parse_gangstate
 
 
 def test_member_counts_alone_are_progress() -> None:

@@ -17,9 +17,9 @@ from jobset_inplace import names
 from jobset_inplace.agent.channel import ChannelError
 from jobset_inplace.agent.config import Config
 from jobset_inplace.agent.log import Log
-from jobset_inplace.agent.logic import Endpoint
 from jobset_inplace.agent.runner import CHANNEL_RETRY, Reporter
 from jobset_inplace.protocol.envelope import message_values
+from jobset_inplace.protocol.gangstate import Endpoint
 from jobset_inplace.protocol.report import AgentReport, decode_report
 
 POD = "/api/v1/namespaces/ns/pods/p-0"

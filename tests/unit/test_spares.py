@@ -19,19 +19,7 @@ from jobset_inplace.agent.channel import ChannelError, ReportChannel
 from jobset_inplace.agent.config import ConfigError, load_config
 from jobset_inplace.agent.heartbeat import Heartbeat
 from jobset_inplace.agent.log import Log
-from jobset_inplace.agent.logic import (
-    AgentLogic,
-    Endpoint,
-    GangView,
-    MalformedStatus,
-    Open,
-    Position,
-    Report,
-    Restart,
-    Standby,
-    Wait,
-    parse_gangstate,
-)
+from jobset_inplace.agent.logic import AgentLogic, Open, Position, Report, Restart, Standby, Wait
 from jobset_inplace.controller.metrics import Metrics
 from jobset_inplace.core.admission import mutate, validate, warnings
 from jobset_inplace.core.decode import gang_spec
@@ -66,6 +54,7 @@ from jobset_inplace.core.telemetry import SpareShortfall, SparesSwapped, observe
 from jobset_inplace.core.transform import AGENT_CONTAINER, AgentSettings, transform
 from jobset_inplace.names import member_name
 from jobset_inplace.protocol.envelope import Message, message_values
+from jobset_inplace.protocol.gangstate import Endpoint, GangView, MalformedStatus, parse_gangstate
 
 from .gangs import NOW, member, nodes, pods, running, snapshot, with_pod
 

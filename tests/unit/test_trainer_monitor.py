@@ -21,7 +21,7 @@ from jobset_inplace.agent.config import Config
 from jobset_inplace.agent.hang import HangRule
 from jobset_inplace.agent.kubeapi import ApiError, KubeApi
 from jobset_inplace.agent.log import Log
-from jobset_inplace.agent.logic import Endpoint, Open, Report
+from jobset_inplace.agent.logic import Open, Report
 from jobset_inplace.agent.probe import BarrierState
 from jobset_inplace.agent.runner import (
     EXIT_REPORT_DEADLINE_S,
@@ -31,6 +31,7 @@ from jobset_inplace.agent.runner import (
 )
 from jobset_inplace.names import RestartScope
 from jobset_inplace.protocol.envelope import Message, message_values
+from jobset_inplace.protocol.gangstate import Endpoint
 from jobset_inplace.trainer import save_checkpoint
 from jobset_inplace.trainer.progress import ProgressReporter, decode_span, read_progress
 from jobset_inplace.trainer.stop import StopAt, read_stop
