@@ -214,9 +214,15 @@ def with_notes(ledger: Ledger, noted: Mapping[str, tuple[int, ProgressSpan]]) ->
     return replace(ledger, training_noted=summed)
 
 
-def barrier_opened(ledger: Ledger, rec: Recovery, spans: Sequence[ProgressSpan]) -> Ledger:
+def barrier_opened(
+    ledger: Ledger,
+    rec: Recovery,
+    spans: Sequence[ProgressSpan],
+    complete: Sequence[ProgressSpan] = (),
+) -> Ledger:
     """``ledger`` once ``rec``'s barrier opened (``rec.opened`` and ``rec.resume_step`` set):
-    the epoch that ended at its first signal accounted from the members' ``spans`` of it, the
+    the epoch that ended at its first signal accounted from the members' ``spans`` of it (of
+    which ``complete``: those their own pods reported, up to their trainers' newest step), the
     recovery's own time in its buckets, and its epoch's training running."""
     assert rec.opened is not None
     if ledger.training_since is None:  # a start (or a restart after a suspension)
@@ -227,7 +233,7 @@ def barrier_opened(ledger: Ledger, rec: Recovery, spans: Sequence[ProgressSpan])
         )
         restarted = False
     else:
-        led = _close_epoch(ledger, rec.began, spans, rec.resume_step)
+        led = _close_epoch(ledger, rec.began, spans, rec.resume_step, complete)
         led = replace(
             led,
             badput=_add(
@@ -271,11 +277,20 @@ def _not_training(ledger: Ledger) -> Ledger:
 
 
 def _close_epoch(
-    ledger: Ledger, end: float, spans: Sequence[ProgressSpan], next_resume: int | None
+    ledger: Ledger,
+    end: float,
+    spans: Sequence[ProgressSpan],
+    next_resume: int | None,
+    complete: Sequence[ProgressSpan] = (),
 ) -> Ledger:
     """Account the running epoch, from its barrier's opening to ``end`` (the next failure's
     first signal): startup or restore until training began, then the steps the next epoch
-    keeps (up to ``next_resume``) as productive and the rest as wasted progress."""
+    keeps (up to ``next_resume``) as productive and the rest as wasted progress, until the
+    gang stopped training; from then to ``end`` detection. The gang stopped with the newest
+    step of the ``complete`` spans (its members' own, to their last step) and the one under
+    way: a gang whose members wait for each other (data-parallel training: every step ends
+    in an all-reduce) stands still from a member's failure until it is seen. Without a
+    complete span (every pod went: notes end up to ``PROGRESS_NOTE_S`` early), until ``end``."""
     opened = ledger.training_since
     assert opened is not None
     resume = ledger.training_resume or 0
@@ -300,14 +315,21 @@ def _close_epoch(
     # The steps kept are the resume step's: the trainers reached it (its checkpoint was saved
     # in this epoch) even where the newest span seen ends before it (a note from before it).
     kept = max(0, (next_resume or 0) - resume)
-    training = end - began
+    newest = [s.last_at for s in complete if s.first_at >= opened - SPAN_CLOCK_SLACK_S]
+    stopped = end if not newest else min(end, max(began, max(newest) + pace))
+    training = stopped - began
     productive = min(kept * pace, training)
     warmup = "restore" if ledger.restarted else "startup"
     return replace(
         led,
         productive=led.productive + productive,
         badput=_add(
-            led.badput, **{warmup: began - opened, "wasted_progress": training - productive}
+            led.badput,
+            **{
+                warmup: began - opened,
+                "wasted_progress": training - productive,
+                "detection": end - stopped,
+            },
         ),
         step_seconds=pace,
     )

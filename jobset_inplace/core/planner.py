@@ -990,7 +990,8 @@ class _Planning:
         rec.resume_step = step
         rec.progress_lost = progress_steps_lost(joined, step)
         spans = goodput.epoch_spans(joined, self.s.progress_noted, st.goodput)
-        st.goodput = goodput.barrier_opened(st.goodput, rec, spans)
+        own = [p.progress_span for p in joined if p.progress_span is not None]
+        st.goodput = goodput.barrier_opened(st.goodput, rec, spans, own)
         if rec.causes:
             st.history.append(_summary(rec))
             del st.history[:-HISTORY_LIMIT]

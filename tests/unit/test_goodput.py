@@ -298,7 +298,9 @@ def test_the_planner_keeps_the_account_at_each_barrier() -> None:
     assert led.step_seconds == pytest.approx(pace)
     assert led.productive == pytest.approx(100 * pace)
     assert led.badput[Bucket.STARTUP] == pytest.approx(4.5 - pace)
-    assert led.badput[Bucket.DETECTION] == pytest.approx(2.5)
+    # the first signal came 2.5 s before the recovery; every member's newest step 2.5 s before
+    # that, and nothing after the one under way: the gang stood still, unseen, meanwhile
+    assert led.badput[Bucket.DETECTION] == pytest.approx(2.5 + 2.5 - pace)
     assert led.badput[Bucket.RECOVERY] == pytest.approx(10)
     assert led.productive + led.badput_total == pytest.approx(610)
     _, p = step(p.status, back, now=NOW + 70, suspended=True)
@@ -378,3 +380,34 @@ def test_a_running_pass_keeps_the_notes_sum_in_the_status_and_only_when_it_doubl
     assert kept.goodput.training_noted == NotedProgress(201, OPENED + 4.5, 4 * 59, 4 * 29.5)
     again = plan(replace(s, status=kept)).status
     assert again == kept, "the same notes: nothing new to write"
+
+
+def test_a_gang_standing_still_until_its_failure_is_seen_counts_that_as_detection() -> None:
+    """Members that wait for each other (data-parallel: each step ends in an all-reduce) stop
+    training when one hangs: the others' own spans end then too. From their newest step and
+    the one under way to the hang's first signal (its timeout later) the gang stood still:
+    detection, not progress thrown away. Without a complete span (every pod went), the same
+    time stays wasted progress, as before: a note may end 30 s early."""
+    led = barrier_opened(Ledger(), start(opened=10), [])
+    members = [span(1, 13, 60, 42.5), span(1, 13.01, 60, 42.51)]
+    hang = failure(2, signal=53, started=53.2, opened=55, resume=50)  # 10 s hang timeout
+    seen = barrier_opened(led, hang, members, members)
+    assert seen.productive == pytest.approx(25.0)
+    assert seen.badput[Bucket.WASTED_PROGRESS] == pytest.approx(5.51)  # 51..60, one in flight
+    assert seen.badput[Bucket.DETECTION] == pytest.approx(10.0 - 0.01 + 0.2)  # 43.01 -> 53.2
+    noted = barrier_opened(led, hang, members)  # no pod's own span: notes only
+    assert noted.badput[Bucket.WASTED_PROGRESS] == pytest.approx(15.5)
+    assert noted.badput[Bucket.DETECTION] == pytest.approx(0.2)
+    for account in (seen, noted):
+        assert account.productive + account.badput_total == pytest.approx(55.0)
+
+
+def test_members_that_train_on_after_a_failure_leave_detection_from_its_first_signal() -> None:
+    """A member that does not wait for the others (or is stopped only after the first
+    signal) has steps past the signal: nothing moves to detection."""
+    led = barrier_opened(Ledger(), start(opened=10), [])
+    members = [span(1, 13, 50, 37.5), span(1, 13, 62, 43.5)]  # one crashed at 37.5
+    crash = failure(2, signal=38, started=38.1, opened=40, resume=50)
+    led = barrier_opened(led, crash, members, members)
+    assert led.badput[Bucket.DETECTION] == pytest.approx(0.1)
+    assert led.badput[Bucket.WASTED_PROGRESS] == pytest.approx(0.5)  # 38 - 37.5: in flight
