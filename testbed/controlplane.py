@@ -10,6 +10,7 @@ import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import Popen
@@ -72,8 +73,14 @@ class ControlPlane:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def start_control_plane(bins: Binaries | None = None, *, install_crds: bool = True) -> ControlPlane:
-    """Start etcd + kube-apiserver and wait until the API is ready (a few seconds warm)."""
+def start_control_plane(
+    bins: Binaries | None = None,
+    *,
+    install_crds: bool = True,
+    apiserver_args: Sequence[str] = (),
+) -> ControlPlane:
+    """Start etcd + kube-apiserver (with ``apiserver_args`` added) and wait until the API is
+    ready (a few seconds warm)."""
     bins = bins or ensure_binaries("etcd", "kube_apiserver", "kubectl")
     t0 = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="jsi-controlplane-"))
@@ -145,6 +152,7 @@ def start_control_plane(bins: Binaries | None = None, *, install_crds: bool = Tr
             SERVICE_CIDR,
             *feature_gates_args(),
             "--enable-priority-and-fairness=false",
+            *apiserver_args,
         ]
         cp.procs.append(processes.start(cp.apiserver, cp.apiserver_log))
         cp.server = f"https://127.0.0.1:{api_port}"

@@ -241,3 +241,27 @@ AGENT_LABEL = {"jobset-inplace.dev/agent": "true"}
 def test_bad_values_are_refused_by_name(helm: Helm, values: dict[str, Any], message: str) -> None:
     with pytest.raises(RuntimeError, match=message):
         helm.template(values)
+
+
+@pytest.mark.parametrize(
+    ("priority_class", "quota_for"),
+    [
+        ("system-cluster-critical", ["system-cluster-critical"]),
+        ("system-node-critical", ["system-node-critical"]),
+        ("team-high", None),
+        ("", None),
+    ],
+)
+def test_a_critical_priority_class_comes_with_its_quota(
+    helm: Helm, priority_class: str, quota_for: list[str] | None
+) -> None:
+    """GKE admits critical pods only under a quota naming their class (docs/managed-clusters.md,
+    tests/integration/test_priority_quota.py): the chart renders it for the class it uses."""
+    objects = helm.template({"priorityClassName": priority_class})
+    quotas = [o for o in objects if o["kind"] == "ResourceQuota"]
+    if quota_for is None:
+        assert quotas == []
+        return
+    (quota,) = quotas
+    (scope,) = quota["spec"]["scopeSelector"]["matchExpressions"]
+    assert (scope["scopeName"], scope["values"]) == ("PriorityClass", quota_for)
