@@ -19,6 +19,7 @@ BENCH_ARGS ?=
 VERSION ?=
 REGISTRY ?= ghcr.io/jobset-inplace
 PLUGIN_BASE_URL ?= https://github.com/jobset-inplace/jobset-inplace/releases/download/v$(VERSION)
+RUNBOOK_BASE_URL ?= https://github.com/jobset-inplace/jobset-inplace/blob/v$(VERSION)/docs/runbooks.md
 
 .PHONY: help venv binaries images lint test unit integration e2e e2e-kind soak cluster-up cluster-down cluster-install \
         cluster-status demo bench bench-pages bench-spares bench-realnode bench-crashes release plugin-archive clean
@@ -101,9 +102,9 @@ soak: venv binaries $(VENV)/.bench ## a gang on the local cluster for 60 min, a 
 bench: venv binaries $(VENV)/.bench ## scale benchmark, hybrid vs stock (not in make test; BENCH_ARGS="--sizes 100 --reps 2" for a quick run)
 	$(PY) -m bench $(BENCH_ARGS)
 
-release: venv ## every artifact of a version in dist/VERSION: images (OCI), install.yaml and chart pinned by digest, wheel, sdist, krew plugin (VERSION=X.Y.Z; REGISTRY, PLUGIN_BASE_URL)
+release: venv ## every artifact of a version in dist/VERSION: images (OCI), install.yaml and chart pinned by digest, wheel, sdist, krew plugin, prometheus.yaml (VERSION=X.Y.Z; REGISTRY, PLUGIN_BASE_URL, RUNBOOK_BASE_URL)
 	@test -n "$(VERSION)" || { echo "make release: give VERSION=X.Y.Z (the version the tree says)"; exit 2; }
-	$(PY) -m release.artifacts --version "$(VERSION)" --registry "$(REGISTRY)" --plugin-base-url "$(PLUGIN_BASE_URL)"
+	$(PY) -m release.artifacts --version "$(VERSION)" --registry "$(REGISTRY)" --plugin-base-url "$(PLUGIN_BASE_URL)" --runbook-base-url "$(RUNBOOK_BASE_URL)"
 
 plugin-archive: venv ## the kubectl plugin as one executable, its krew archive and manifest in dist/ (BASE_URL=https://... where they will be published)
 	$(PY) -m release.plugin --out dist --base-url "$(BASE_URL)"

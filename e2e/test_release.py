@@ -38,6 +38,7 @@ from testbed.versions import binaries
 pytestmark = pytest.mark.e2e
 
 REGISTRY = "registry.example/jobset-inplace"
+RUNBOOKS = "https://docs.example/jobset-inplace/runbooks.md"
 MEMBERS = 2
 
 
@@ -48,6 +49,7 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run(
         [sys.executable, "-m", "release.artifacts", "--version", __version__,
          "--registry", REGISTRY, "--plugin-base-url", "https://example.invalid/download",
+         "--runbook-base-url", RUNBOOKS,
          "--out", str(out)],
         check=True,
         timeout=1200,
@@ -81,6 +83,7 @@ def test_the_release_artifacts_agree(release: Path) -> None:
         "images/controller.oci.tar",
         "images/agent.oci.tar",
         "SHA256SUMS",
+        "prometheus.yaml",
     } <= files, files
     sums = {}  # file -> sha256, as `sha256sum -c` reads them
     for line in (release / "SHA256SUMS").read_text().splitlines():
@@ -89,6 +92,13 @@ def test_the_release_artifacts_agree(release: Path) -> None:
     assert set(sums) == files - {"SHA256SUMS"}
     for name, digest in sums.items():
         assert hashlib.sha256((release / name).read_bytes()).hexdigest() == digest, name
+
+    monitoring = [o for o in yaml.safe_load_all((release / "prometheus.yaml").read_text()) if o]
+    assert {o["kind"] for o in monitoring} == {"PodMonitor", "PrometheusRule", "ConfigMap"}
+    (rule,) = [o for o in monitoring if o["kind"] == "PrometheusRule"]
+    links = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert links, "alerts"
+    assert all(url.startswith(f"{RUNBOOKS}#jobsetinplace") for url in links), links
 
     refs = artifacts.pinned(REGISTRY, __version__, _digests(release))
     container = _controller_container(_install_objects(release))

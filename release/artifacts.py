@@ -5,6 +5,9 @@
   offline build of ``make images``) as OCI archives; what is pushed, digests kept:
   ``skopeo copy --preserve-digests oci-archive:images/agent.oci.tar docker://REGISTRY/agent:X.Y.Z``;
 - ``install.yaml``: the kustomize base (``manifests/``) in one file, both images by digest;
+- ``prometheus.yaml``: monitoring with the Prometheus Operator (the component
+  ``manifests/components/prometheus``: a PodMonitor, the alerts as a PrometheusRule whose
+  runbook links point at ``--runbook-base-url``, the Grafana dashboard as a ConfigMap);
 - ``jobset-inplace-X.Y.Z.tgz``: the Helm chart of the same version, its values pinned alike;
 - the wheel and the sdist (``python -m build``);
 - the kubectl plugin's krew archive and manifest (``release/plugin.py``);
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -47,6 +51,7 @@ from testbed.versions import ensure_binaries
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CHART = REPO_ROOT / "charts" / "jobset-inplace"
 DEPLOYMENT = REPO_ROOT / "manifests" / "controller" / "deployment.yaml"
+PROMETHEUS = REPO_ROOT / "manifests" / "components" / "prometheus"
 KEYS = ("controller", "agent")  # the product images, named REGISTRY/KEY
 SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)$")
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -150,6 +155,35 @@ def install_yaml(refs: Mapping[str, str], version: str) -> str:
     return header + yaml.safe_dump_all(pin_install(objects, refs), sort_keys=False)
 
 
+def prometheus_yaml(runbook_base_url: str, version: str) -> str:
+    """The monitoring component alone, each alert's runbook_url at ``runbook_base_url``."""
+    ensure_binaries("kubectl")
+    with tempfile.TemporaryDirectory() as work:
+        path = os.path.relpath(PROMETHEUS, work)  # (kustomize takes relative paths only)
+        (Path(work) / "kustomization.yaml").write_text(yaml.safe_dump({"components": [path]}))
+        objects = [o for o in yaml.safe_load_all(kustomize(Path(work))) if o]
+    header = (
+        f"# jobset-inplace {version}: monitoring with the Prometheus Operator (installed\n"
+        "# separately): kubectl apply --server-side -f prometheus.yaml (docs/metrics.md)\n"
+    )
+    return header + yaml.safe_dump_all(with_runbooks(objects, runbook_base_url), sort_keys=False)
+
+
+def with_runbooks(objects: Sequence[dict[str, Any]], base_url: str) -> list[dict[str, Any]]:
+    """``objects`` with each alert's ``runbook_url`` at ``base_url#<alert in lower case>``,
+    as the chart's ``metrics.prometheusRule.runbookBaseURL`` makes it."""
+    out: list[dict[str, Any]] = json.loads(json.dumps(list(objects)))
+    for obj in out:
+        if obj["kind"] != "PrometheusRule":
+            continue
+        for group in obj["spec"]["groups"]:
+            for rule in group["rules"]:
+                if "alert" in rule:
+                    url = f"{base_url.rstrip('/')}#{rule['alert'].lower()}"
+                    rule.setdefault("annotations", {})["runbook_url"] = url
+    return out
+
+
 # --- the chart --------------------------------------------------------------------------------
 def pin_values(text: str, registry: str, digests: Mapping[str, str]) -> str:
     """The chart's values.yaml with each image's repository under ``registry`` and its digest
@@ -228,6 +262,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="https:// URL where the plugin archive is published (the krew uri)",
     )
     p.add_argument(
+        "--runbook-base-url",
+        required=True,
+        help="https:// URL of the published docs/runbooks.md (each alert links <URL>#<alert>)",
+    )
+    p.add_argument(
         "--digest",
         action="append",
         default=[],
@@ -239,8 +278,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)  # fmt: skip
     if not SEMVER.match(args.version):
         p.error(f"--version: X.Y.Z (semantic version, no prefix), got {args.version!r}")
-    if not args.plugin_base_url.startswith("https://"):
-        p.error(f"--plugin-base-url: an https:// URL, got {args.plugin_base_url!r}")
+    for flag in ("plugin_base_url", "runbook_base_url"):
+        if not getattr(args, flag).startswith("https://"):
+            name = "--" + flag.replace("_", "-")
+            p.error(f"{name}: an https:// URL, got {getattr(args, flag)!r}")
     if not REGISTRY.match(args.registry):
         p.error(f"--registry: a repository prefix such as ghcr.io/org, got {args.registry!r}")
     try:
@@ -263,6 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     refs = pinned(args.registry, args.version, digests)
     (out / "install.yaml").write_text(install_yaml(refs, args.version))
     log(f"install.yaml: {refs['controller']}, {refs['agent']}")
+    (out / "prometheus.yaml").write_text(prometheus_yaml(args.runbook_base_url, args.version))
     log(f"chart: {package_chart(out, args.version, args.registry, digests).name}")
     python_dists(out)
     plugin.build(out, args.plugin_base_url)

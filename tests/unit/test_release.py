@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,9 @@ import yaml
 
 from jobset_inplace import __version__
 from release import artifacts, plugin
+
+RUNBOOKS = artifacts.REPO_ROOT / "docs" / "runbooks.md"
+PROMETHEUS = artifacts.PROMETHEUS
 
 DIGESTS = {"controller": "sha256:" + "c" * 64, "agent": "sha256:" + "a" * 64}
 
@@ -95,6 +99,7 @@ def test_digests_given_for_both_images() -> None:
         (["--version", "v1.0.0"], "--version: X.Y.Z"),
         (["--version", "1.0"], "--version: X.Y.Z"),
         (["--plugin-base-url", "http://example.invalid/"], "--plugin-base-url: an https://"),
+        (["--runbook-base-url", "docs/runbooks.md"], "--runbook-base-url: an https://"),
         (["--registry", "Registry.example/JSI"], "--registry"),
         (["--registry", "registry.example/jsi:1.0"], "--registry"),
         (["--version", "9.9.9"], "not at version 9.9.9"),
@@ -107,6 +112,7 @@ def test_bad_arguments_are_refused_by_name(
         "--version": __version__,
         "--registry": "registry.example/jsi",
         "--plugin-base-url": "https://example.invalid/download",
+        "--runbook-base-url": "https://docs.example/runbooks.md",
     }
     base.update(dict(zip(args[::2], args[1::2], strict=True)))
     argv = [x for kv in base.items() for x in kv] + ["--out", str(tmp_path)]
@@ -152,3 +158,29 @@ def test_the_plugins_cache_key_follows_every_source_file(
     entry.write_text("main(1)\n")
     keys.append(plugin.inputs_key())
     assert len(set(keys)) == len(keys)
+
+
+def test_every_alert_of_the_release_links_its_runbook_at_the_url_given() -> None:
+    """prometheus.yaml's links resolve outside the repository: each alert's runbook_url is
+    the published runbooks page's anchor for it (docs/runbooks.md has one per alert)."""
+    rules = [
+        {"alert": "JobsetInplaceNoLeader", "annotations": {"runbook_url": "docs/runbooks.md#x"}},
+        {"record": "jobset_inplace:something"},
+    ]
+    objects: list[dict[str, Any]] = [
+        {"kind": "PodMonitor", "spec": {}},
+        {"kind": "PrometheusRule", "spec": {"groups": [{"name": "g", "rules": rules}]}},
+    ]
+    out = artifacts.with_runbooks(objects, "https://docs.example/runbooks.md/")
+    (alert, record) = out[1]["spec"]["groups"][0]["rules"]
+    assert alert["annotations"]["runbook_url"] == (
+        "https://docs.example/runbooks.md#jobsetinplacenoleader"
+    )
+    assert "annotations" not in record
+    assert objects[1]["spec"]["groups"][0]["rules"][0]["annotations"]["runbook_url"] == (
+        "docs/runbooks.md#x"
+    ), "the objects given are not changed"
+    anchors = set(re.findall(r"^## (\w+)$", RUNBOOKS.read_text(), re.MULTILINE))
+    shipped = yaml.safe_load((PROMETHEUS / "prometheusrule.yaml").read_text())
+    alerts = {r["alert"] for g in shipped["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    assert {a.lower() for a in alerts} <= {a.lower() for a in anchors}, "a runbook per alert"
