@@ -27,11 +27,11 @@ from jobset_inplace.core.agent_access import (
 )
 from jobset_inplace.core.gangmembers import MemberRow, members_object
 from jobset_inplace.core.transform import AGENT_CONTAINER, DEFAULT_AGENT_IMAGE, AgentSettings
-from jobset_inplace.kubectl_plugin import ExitCode, main
-from jobset_inplace.kubectl_plugin import doctor as d
+from jobset_inplace.kubectl_plugin import ExitCode, doctor, main
 from jobset_inplace.kubectl_plugin import render as r
 from jobset_inplace.kubectl_plugin.cli import build_parser, restart_value
 from jobset_inplace.kubectl_plugin.cluster import Cluster, ClusterConfigError
+from jobset_inplace.kubectl_plugin.doctor import access, crds, install, platform_checks
 from jobset_inplace.kubectl_plugin.enable import enable_diff, enable_text
 from jobset_inplace.platform import RESTART_ALL_FEATURE
 from jobset_inplace.times import parse_time
@@ -1071,39 +1071,41 @@ def version(minor: str) -> dict[str, Any]:
 
 
 def test_check_version_tells_gated_from_default_on() -> None:
-    v135 = d.check_version(version("35"))
+    v135 = platform_checks.check_version(version("35"))
     assert v135.result == "PASS"
     assert "alpha" in v135.detail
     assert GATES_135 in v135.detail
     for minor in ("36", "37+"):
-        c = d.check_version(version(minor))
+        c = platform_checks.check_version(version(minor))
         assert c.result == "PASS"
         assert "on by default" in c.detail
         assert "--feature-gates" not in c.detail
-    old = d.check_version(version("34"))
+    old = platform_checks.check_version(version("34"))
     assert old.result == "FAIL"
     assert "upgrade" in old.hint
-    assert d.check_version({"major": "x"}).result == "WARN"
+    assert platform_checks.check_version({"major": "x"}).result == "WARN"
 
 
 def test_check_dry_run() -> None:
-    ok = d.check_dry_run(d.probe_pod(), None)
+    ok = platform_checks.check_dry_run(platform_checks.probe_pod(), None)
     assert ok.result == "PASS"
-    dropped = d.probe_pod()
+    dropped = platform_checks.probe_pod()
     del dropped["spec"]["containers"][0]["restartPolicyRules"]
-    assert d.check_dry_run(dropped, None).result == "FAIL"
-    rejected = d.check_dry_run(None, 'spec.containers[0].restartPolicyRules[0].action: "x"')
+    assert platform_checks.check_dry_run(dropped, None).result == "FAIL"
+    rejected = platform_checks.check_dry_run(
+        None, 'spec.containers[0].restartPolicyRules[0].action: "x"'
+    )
     assert rejected.result == "FAIL"
     assert RESTART_ALL_FEATURE in rejected.hint
-    assert d.check_dry_run(None, "pods is forbidden").result == "WARN"
+    assert platform_checks.check_dry_run(None, "pods is forbidden").result == "WARN"
 
 
 def test_check_dry_run_advice_follows_the_version() -> None:
     err = 'spec.containers[0].restartPolicyRules: Forbidden: "x"'
-    assert d.check_dry_run(None, err, 35).hint == (
+    assert platform_checks.check_dry_run(None, err, 35).hint == (
         f"1.35 needs --feature-gates={GATES_135} on kube-apiserver"
     )
-    on37 = d.check_dry_run(None, err, 37).hint
+    on37 = platform_checks.check_dry_run(None, err, 37).hint
     assert "on by default since 1.36" in on37
     assert "turns it off on kube-apiserver" in on37
 
@@ -1120,13 +1122,13 @@ def with_kubelet(n: dict[str, Any], kubelet: str) -> dict[str, Any]:
 
 
 def test_check_declared_features() -> None:
-    c = d.check_declared_features([declaring(node("a"), "v1.37.2")])
+    c = platform_checks.check_declared_features([declaring(node("a"), "v1.37.2")])
     assert (c.result, c.detail) == ("PASS", f"1/1 nodes declare {RESTART_ALL_FEATURE}")
-    none = d.check_declared_features([with_kubelet(node("a"), "v1.35.4")])
+    none = platform_checks.check_declared_features([with_kubelet(node("a"), "v1.35.4")])
     assert none.result == "FAIL"
     assert "cannot be scheduled anywhere" in none.detail
     assert none.hint == f"1.35 needs --feature-gates={GATES_135} on those kubelets"
-    some = d.check_declared_features(
+    some = platform_checks.check_declared_features(
         [
             declaring(node("a"), "v1.37.2"),
             with_kubelet(node("b"), "v1.37.2"),
@@ -1150,17 +1152,17 @@ def test_check_crds() -> None:
         "spec": {"versions": [{"name": "v1alpha1", "served": True}]},
         "status": {"conditions": [{"type": "Established", "status": "True"}]},
     }
-    assert d.check_gangstate_crd(crd).result == "PASS"
-    assert d.check_gangstate_crd(None).result == "FAIL"
-    assert d.check_gangstate_crd(crd | {"status": {}}).result == "FAIL"
+    assert crds.check_gangstate_crd(crd).result == "PASS"
+    assert crds.check_gangstate_crd(None).result == "FAIL"
+    assert crds.check_gangstate_crd(crd | {"status": {}}).result == "FAIL"
     js = {"spec": {"versions": [{"name": "v1alpha2", "served": True}]}}
-    c = d.check_jobset_crd(js, ["registry.k8s.io/jobset/jobset:v0.12.0"])
+    c = crds.check_jobset_crd(js, ["registry.k8s.io/jobset/jobset:v0.12.0"])
     assert c.result == "PASS"
     assert "v1alpha2" in c.detail
     assert "jobset:v0.12.0" in c.detail
-    assert d.check_jobset_crd(None).result == "FAIL"
-    assert d.check_kueue_crds(dict.fromkeys(d.KUEUE_CRDS, False)).result == "WARN"
-    assert d.check_kueue_crds(dict.fromkeys(d.KUEUE_CRDS, True)).result == "PASS"
+    assert crds.check_jobset_crd(None).result == "FAIL"
+    assert crds.check_kueue_crds(dict.fromkeys(crds.KUEUE_CRDS, False)).result == "WARN"
+    assert crds.check_kueue_crds(dict.fromkeys(crds.KUEUE_CRDS, True)).result == "PASS"
 
 
 @pytest.mark.parametrize(
@@ -1180,12 +1182,12 @@ def test_check_crds() -> None:
     ],
 )
 def test_check_kueue_recovery(config: str | None, result: str) -> None:
-    assert d.check_kueue_recovery(config, 300.0).result == result
+    assert crds.check_kueue_recovery(config, 300.0).result == result
 
 
 def test_the_doctor_and_the_planner_keep_the_barrier_by_one_rule() -> None:
     config = f"{V1BETA2}waitForPodsReady:\n  recoveryTimeout: 10m\n"
-    check = d.check_kueue_recovery(config, 300.0)
+    check = crds.check_kueue_recovery(config, 300.0)
     assert "cuts the barrier timeout to 4m00s" in check.detail  # 80 % of 10m, halved
     assert check.hint is not None
     assert "recoveryTimeout >= 12m30s" in check.hint
@@ -1203,9 +1205,9 @@ class FakeReader:
     def crd(self, name: str) -> dict[str, Any] | None:
         if name.endswith("kueue.x-k8s.io"):
             return {}
-        if name == d.GANGSTATE_CRD and not self.gangstate_crd:
+        if name == crds.GANGSTATE_CRD and not self.gangstate_crd:
             return None
-        ours = (d.GANGSTATE_CRD, d.GANGMEMBERS_CRD)
+        ours = (crds.GANGSTATE_CRD, crds.GANGMEMBERS_CRD)
         version = "v1alpha1" if name in ours else "v1alpha2"
         return {
             "spec": {"versions": [{"name": version, "served": True}]},
@@ -1252,7 +1254,7 @@ class FakeReader:
         return body
 
     def namespace_object(self, name: str) -> dict[str, Any] | None:
-        return {"metadata": {"name": name, "labels": {d.PSS_ENFORCE: "restricted"}}}
+        return {"metadata": {"name": name, "labels": {access.PSS_ENFORCE: "restricted"}}}
 
     def cluster_role(self, name: str) -> dict[str, Any] | None:
         return agent_cluster_role()
@@ -1273,14 +1275,16 @@ class FakeReader:
 
 
 def test_check_controller() -> None:
-    assert d.check_controller(None, "ns").result == "FAIL"
-    down = d.check_controller({"spec": {"replicas": 2}, "status": {}}, "ns")
+    assert install.check_controller(None, "ns").result == "FAIL"
+    down = install.check_controller({"spec": {"replicas": 2}, "status": {}}, "ns")
     assert (down.result, down.detail) == (
         "FAIL",
         "Deployment ns/jobset-inplace-controller: 0/2 replicas ready",
     )
     assert (
-        d.check_controller({"spec": {"replicas": 2}, "status": {"readyReplicas": 1}}, "ns").result
+        install.check_controller(
+            {"spec": {"replicas": 2}, "status": {"readyReplicas": 1}}, "ns"
+        ).result
         == "WARN"
     )
 
@@ -1325,20 +1329,20 @@ def test_check_controller() -> None:
 def test_check_leader_judges_the_lease_by_the_servers_clock(
     spec: dict[str, Any], now: float | None, result: str
 ) -> None:
-    assert d.check_leader({"spec": spec}, now, "ns").result == result
-    assert d.check_leader(None, now, "ns").result == "FAIL"
+    assert install.check_leader({"spec": spec}, now, "ns").result == result
+    assert install.check_leader(None, now, "ns").result == "FAIL"
 
 
 def test_check_webhook() -> None:
-    probe = d.probe_jobset("x1")
+    probe = install.probe_jobset("x1")
     assert probe["metadata"]["name"] == "jobset-inplace-doctor-x1", "the webhook needs a name"
-    assert d.check_webhook(probe, None, "team").result == "FAIL", "accepted without the agent"
-    assert "refused" in d.check_webhook(None, "failed calling webhook", "team").detail
-    assert d.check_webhook(FakeReader().dry_run_jobset(probe), None, "team").result == "PASS"
+    assert install.check_webhook(probe, None, "team").result == "FAIL", "accepted without the agent"
+    assert "refused" in install.check_webhook(None, "failed calling webhook", "team").detail
+    assert install.check_webhook(FakeReader().dry_run_jobset(probe), None, "team").result == "PASS"
 
 
 def test_the_agent_permissions_check_asks_what_the_controller_needs_to_bind_them() -> None:
-    asked = d.controller_permissions("team")
+    asked = access.controller_permissions("team")
     assert {(a["resource"], a["verb"]) for a in asked} == {
         ("serviceaccounts", "create"), ("serviceaccounts", "patch"),
         ("rolebindings", "create"), ("rolebindings", "patch"), ("clusterroles", "bind"),
@@ -1348,26 +1352,26 @@ def test_the_agent_permissions_check_asks_what_the_controller_needs_to_bind_them
     assert bind["name"] == AGENT_CLUSTER_ROLE, "bind on that ClusterRole only"
     role = agent_cluster_role()
     controller = "system:serviceaccount:jobset-inplace-system:jobset-inplace-controller"
-    check = d.check_agent_access("team", role, [bind], None, controller)
+    check = access.check_agent_access("team", role, [bind], None, controller)
     assert (check.result, check.detail) == (
         "FAIL",
         f"{controller} may not bind clusterroles.rbac.authorization.k8s.io in team: it cannot "
         "give agents their rights",
     )
     assert "manifests/controller/rbac.yaml" in check.hint
-    check = d.check_agent_access("team", None, [], None, controller)
+    check = access.check_agent_access("team", None, [], None, controller)
     assert (check.result, check.hint) == (
         "FAIL",
         "kubectl apply --server-side -f manifests/rbac/agent.yaml",
     )
-    check = d.check_agent_access("team", role, [], None, controller)
+    check = access.check_agent_access("team", role, [], None, controller)
     assert (check.result, "with its first opted-in JobSet" in check.detail) == ("PASS", True)
     ours = desired_binding("team", [Owner("js", "u1", frozenset({"trainer"}))])
-    check = d.check_agent_access("team", role, [], ours, controller)
+    check = access.check_agent_access("team", role, [], ours, controller)
     assert check.result == "PASS"
     assert "to jobset-inplace-agent, trainer," in check.detail
     by_hand = {**ours, "metadata": {"name": AGENT_BINDING}}
-    check = d.check_agent_access("team", role, [], by_hand, controller)
+    check = access.check_agent_access("team", role, [], by_hand, controller)
     assert (check.result, check.hint) == (
         "FAIL",
         f"kubectl -n team delete rolebinding {AGENT_BINDING} (the controller makes its own)",
@@ -1376,21 +1380,22 @@ def test_the_agent_permissions_check_asks_what_the_controller_needs_to_bind_them
 
 def test_check_channel_wants_the_channels_own_refusal() -> None:
     ours = '{"error":"method GET: reports are sent with POST"}'
-    assert d.check_channel(405, ours, "p:9444").result == "PASS"
+    assert install.check_channel(405, ours, "p:9444").result == "PASS"
     status = '{"kind":"Status","message":"error trying to reach service: dial tcp: i/o timeout"}'
-    check = d.check_channel(503, status, "p:9444")
+    check = install.check_channel(503, status, "p:9444")
     assert check.result == "WARN"
     assert "i/o timeout" in check.detail
-    assert d.check_channel(405, "not json", "p:9444").result == "WARN"
-    assert d.channel_port(None) == 9444
+    assert install.check_channel(405, "not json", "p:9444").result == "WARN"
+    assert install.channel_port(None) == 9444
 
 
 def test_check_pod_security_names_the_level() -> None:
     assert (
-        "trainers must too" in d.check_pod_security("t", FakeReader().namespace_object("t")).detail
+        "trainers must too"
+        in access.check_pod_security("t", FakeReader().namespace_object("t")).detail
     )
-    assert "none (privileged)" in d.check_pod_security("t", {"metadata": {}}).detail
-    assert d.check_pod_security("t", None).result == "FAIL"
+    assert "none (privileged)" in access.check_pod_security("t", {"metadata": {}}).detail
+    assert access.check_pod_security("t", None).result == "FAIL"
 
 
 PARAM_POLICY = {"spec": {"paramKind": {"kind": "RoleBinding"}}}
@@ -1412,10 +1417,10 @@ BY_NAME = {"name": AGENT_BINDING}  # an earlier release's: fetched per pod write
 def test_check_agent_policy(
     policy: dict[str, Any] | None, binding: dict[str, Any] | None, result: str
 ) -> None:
-    check = d.check_agent_policy(policy, binding)
+    check = access.check_agent_policy(policy, binding)
     assert check.result == result
     if result == "WARN":
-        assert check.hint == d.AGENT_POLICY_HINT
+        assert check.hint == access.AGENT_POLICY_HINT
 
 
 @pytest.mark.parametrize(
@@ -1430,17 +1435,17 @@ def test_check_agent_policy(
 def test_check_controller_pod_policy(
     policy: dict[str, Any] | None, binding: dict[str, Any] | None, result: str
 ) -> None:
-    check = d.check_controller_pod_policy(policy, binding)
+    check = access.check_controller_pod_policy(policy, binding)
     assert check.result == result
     if result == "WARN":
-        assert check.hint == d.CONTROLLER_RBAC_HINT
+        assert check.hint == access.CONTROLLER_RBAC_HINT
         assert "manifests/controller/rbac.yaml" in check.hint
     if policy is None:
         assert "waits for the Job's backoff" in check.detail
 
 
 def test_run_checks_and_render() -> None:
-    checks = d.run_checks(FakeReader())
+    checks = doctor.run_checks(FakeReader())
     assert [(c.name, c.result.value) for c in checks] == [
         ("Kubernetes version", "PASS"),
         ("RestartAllContainers", "PASS"),
@@ -1463,15 +1468,15 @@ def test_run_checks_and_render() -> None:
     assert "ctl-7d9-x2 holds jobset-inplace-system/jobset-inplace-controller, renewed 3s ago" in (
         checks[11].detail
     )
-    assert not d.failed(checks)
-    text = d.render_checks(checks)
+    assert not doctor.failed(checks)
+    text = doctor.render_checks(checks)
     assert f"    fix: 1.35 needs --feature-gates={GATES_135} on those kubelets" in text
     assert text.endswith("0 failed, 1 warnings, 16 checks\n")
 
 
 def test_a_missing_gangmembers_crd_is_a_warning_naming_what_is_lost() -> None:
-    check = d.check_gangmembers_crd(None)
-    assert (check.result, check.hint) == ("WARN", d.CRD_HINT)
+    check = crds.check_gangmembers_crd(None)
+    assert (check.result, check.hint) == ("WARN", crds.CRD_HINT)
     assert "status -o wide shows only what agents wrote on their pods" in check.detail
 
 
@@ -1499,7 +1504,7 @@ def test_a_check_the_reader_may_not_make_is_skipped_not_failed() -> None:
         def pod_proxy_get(self, namespace: str, pod: str, port: int, path: str) -> tuple[int, str]:
             raise ApiException(status=500, reason="Internal Server Error")
 
-    checks = {c.name: c for c in d.run_checks(NoReviews())}
+    checks = {c.name: c for c in doctor.run_checks(NoReviews())}
     assert checks["Agent permissions"].result == "SKIP"
     assert "not allowed to check" in checks["Agent permissions"].detail
     assert checks["Report channel"].result == "FAIL", "any other API error still fails"
