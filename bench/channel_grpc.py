@@ -40,7 +40,7 @@ import uvloop
 from bench import channel_memory, provenance
 from bench.scenarios import cpu_seconds, status_mib
 from bench.stats import ratio_of_medians
-from jobset_inplace.runtime.webhook_certificates import issue
+from jobset_inplace.runtime.certificates import issue
 
 METHOD = "/jsi.Reports/Report"
 # What the issue names for a hardened gRPC server, as grpc core options.

@@ -28,9 +28,9 @@ import uvloop
 
 from bench.scenarios import cpu_seconds, status_mib
 from jobset_inplace import names
-from jobset_inplace.controller.report_server import serving_context
 from jobset_inplace.runtime.report_http import Answer, HttpServer, Request
 from jobset_inplace.runtime.report_limits import Limits
+from jobset_inplace.runtime.report_tls import serving_context
 from testbed.controller import FLEET_LIMITS
 
 REPORT = json.dumps(

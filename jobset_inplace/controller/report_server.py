@@ -29,26 +29,20 @@ know as a member of that gang (yet); a request that is not a report is refused b
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import datetime
-import functools
-import hashlib
 import logging
-import os
 import re
-import resource
 import secrets
 import socket
-import ssl
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from kubernetes import client
 
 from jobset_inplace import names
 from jobset_inplace.core.model import ReportEndpoint
 from jobset_inplace.protocol.envelope import EnvelopeError, Heartbeat, ProgressNote, decode_request
+from jobset_inplace.runtime.process import raise_open_files_limit, release_free_memory
 from jobset_inplace.runtime.report_http import (
     PREAUTH_SWEEP_S,
     SWEEP_S,
@@ -58,8 +52,8 @@ from jobset_inplace.runtime.report_http import (
     Request,
 )
 from jobset_inplace.runtime.report_limits import Limits
+from jobset_inplace.runtime.report_tls import serving_context
 from jobset_inplace.runtime.report_tokens import Rejected, TokenVerifier
-from jobset_inplace.runtime.webhook_certificates import issue
 
 from .cache import ClusterCache, GangKey
 from .metrics import METRICS
@@ -90,87 +84,6 @@ async def measure_stalls(cache: ClusterCache, tick: float = STALL_TICK_S) -> Non
         cache.stalled += max(0.0, clock() - due)
 
 
-def serving_context() -> tuple[ssl.SSLContext, str]:
-    """A TLS context with a certificate made for this process, and its SHA-256 (DER)."""
-    material = issue(["jobset-inplace-reports"], datetime.datetime.now(datetime.UTC))
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    # TLS 1.3 only (no renegotiation in it), and no session tickets: agents keep their
-    # connection instead, and a ticket is state a client makes the server compute
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-    ctx.options |= ssl.OP_NO_TICKET | ssl.OP_NO_RENEGOTIATION
-    _load_chain(ctx, material.tls_crt, material.tls_key)
-    der = ssl.PEM_cert_to_DER_cert(material.tls_crt.decode())
-    return ctx, hashlib.sha256(der).hexdigest()
-
-
-def _load_chain(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
-    """``ssl`` loads a chain from files only: anonymous in-memory files (the controller's root
-    filesystem is read-only, and the key never touches a disk)."""
-    fds: list[int] = []
-    try:
-        for data in (cert, key):
-            fd = os.memfd_create("jobset-inplace-report-tls")
-            fds.append(fd)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        ctx.load_cert_chain(f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}")
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
-@functools.cache
-def _glibc() -> Any | None:
-    """The C library if it is glibc (``malloc_trim``); None otherwise."""
-    try:
-        libc = ctypes.CDLL(None)
-        libc.malloc_trim  # noqa: B018 (AttributeError: not glibc)
-    except (OSError, AttributeError):
-        return None
-    return libc
-
-
-def _rss_mib() -> float:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
-    except (OSError, StopIteration, ValueError):
-        return 0.0
-
-
-def _release_free_memory() -> None:
-    """Give the heap's free pages back to the system (``malloc_trim``). A burst of TLS
-    handshakes (every agent connecting at a gang's start, or to a new leader) leaves most of
-    what they used free but scattered among live blocks, which glibc keeps: measured with 5000
-    connections, 216 MiB before, 125 MiB after. Runs off the event loop (ctypes releases the
-    GIL)."""
-    libc = _glibc()
-    if libc is None:
-        return
-    before, started = _rss_mib(), time.monotonic()
-    libc.malloc_trim(0)
-    after = _rss_mib()
-    if before - after >= 1:
-        log.info(
-            "report channel: free memory given back: RSS %.0f -> %.0f MiB (%.0f ms)",
-            before,
-            after,
-            (time.monotonic() - started) * 1000,
-        )
-
-
-def _raise_open_files_limit() -> int:
-    """Every agent keeps a connection open: allow as many open files as the hard limit does
-    (the soft limit is often 1024). The limit now."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        log.info("report channel: open files limit %d -> %d", soft, hard)
-        soft = hard
-    return 1 << 20 if soft == resource.RLIM_INFINITY else soft
-
-
 class ReportServer:
     """``POST /v1/reports`` on ``listen`` (host, port), advertised as ``advertise`` (host)."""
 
@@ -196,7 +109,7 @@ class ReportServer:
 
     async def start(self) -> ReportEndpoint:
         """Listen; the endpoint to advertise (the port actually bound, if 0 was asked)."""
-        limits = Limits.for_open_files(_raise_open_files_limit(), self.limits)
+        limits = Limits.for_open_files(raise_open_files_limit(), self.limits)
         log.info("report channel: limits %s", limits)
         ctx, pin = serving_context()
         loop = asyncio.get_running_loop()
@@ -244,7 +157,7 @@ class ReportServer:
                 seen, burst = self.handled, True
             elif burst:
                 burst = False
-                await asyncio.to_thread(_release_free_memory)
+                await asyncio.to_thread(release_free_memory)
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -17,11 +17,11 @@ import pytest
 
 from jobset_inplace.agent import channel
 from jobset_inplace.agent.channel import ChannelError, ReportChannel
-from jobset_inplace.controller.report_server import serving_context
 from jobset_inplace.protocol.gangstate import Endpoint
 from jobset_inplace.protocol.report import AgentReport
 from jobset_inplace.runtime.report_http import Answer, HttpServer, Request
 from jobset_inplace.runtime.report_limits import OVER_UNAUTHENTICATED, Limits
+from jobset_inplace.runtime.report_tls import serving_context
 
 REPORT = AgentReport(reported_epoch=2)
 

@@ -15,7 +15,7 @@ from jobset_inplace.core.certificate_rules import (
     service_dns_names,
     usable_ca,
 )
-from jobset_inplace.runtime.webhook_certificates import issue
+from jobset_inplace.runtime.certificates import issue
 
 NOW = datetime.datetime(2026, 11, 23, 12, 0, tzinfo=datetime.UTC)
 NAMES = service_dns_names("jobset-inplace-system")

@@ -22,7 +22,6 @@ import uvloop
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from jobset_inplace.controller import report_server
 from jobset_inplace.runtime import report_http
 from jobset_inplace.runtime.report_http import (
     MAX_HEAD,
@@ -42,6 +41,7 @@ from jobset_inplace.runtime.report_limits import (
     RATE_LIMITED,
     Limits,
 )
+from jobset_inplace.runtime.report_tls import serving_context
 
 PATH = b"/v1/reports"
 HOST = "Host: leader\r\n"
@@ -658,7 +658,7 @@ async def test_forty_addresses_cannot_fill_the_unauthenticated_budget_against_an
 
 @pytest.fixture
 async def served_tls() -> AsyncIterator[Served]:
-    async with serving(report_server.serving_context()[0]) as s:
+    async with serving(serving_context()[0]) as s:
         yield s
 
 
@@ -885,7 +885,7 @@ def test_over_the_handshake_rate_a_connection_waits_its_turn(loop: str) -> None:
 
 async def handshake_waits_its_turn() -> None:
     limits = Limits(handshake_rate=1, handshake_burst=1)
-    async with serving(report_server.serving_context()[0], limits) as s:
+    async with serving(serving_context()[0], limits) as s:
         _, writer = await asyncio.open_connection("127.0.0.1", s.port, ssl=client_tls())
         second = asyncio.create_task(asyncio.open_connection("127.0.0.1", s.port, ssl=client_tls()))
         await connections(s.http, 2)
@@ -907,7 +907,7 @@ async def test_a_member_pods_handshakes_are_not_held_by_the_gate() -> None:
     once, however many (a new leader's gang reconnecting)."""
     limits = Limits(handshake_rate=1, handshake_burst=1)
     member = "127.0.0.9"
-    async with serving(report_server.serving_context()[0], limits, member.__eq__) as s:
+    async with serving(serving_context()[0], limits, member.__eq__) as s:
         _, other = await asyncio.open_connection("127.0.0.1", s.port, ssl=client_tls())
         agents = [
             await asyncio.wait_for(
@@ -930,7 +930,7 @@ async def test_a_connection_whose_handshake_waits_still_goes_at_its_preauth_dead
     """Unread, a waiting connection's close is not seen: the PREAUTH_S sweep bounds it (and
     takes it out of the gate's queue)."""
     limits = Limits(handshake_rate=1, handshake_burst=1)
-    async with serving(report_server.serving_context()[0], limits) as s:
+    async with serving(serving_context()[0], limits) as s:
         reader, first = await asyncio.open_connection("127.0.0.1", s.port, ssl=client_tls())
         first.write(post(b"agent"))
         assert (await read_answer(reader))[0] == 200, "authenticated: not swept"
@@ -952,7 +952,7 @@ async def test_bytes_read_before_a_connections_turn_are_kept_up_to_one_record() 
     connection_made, whatever it asked): its bytes are kept for the handshake, one TLS record's
     worth at most; more is no TLS client, and is dropped."""
     limits = Limits(handshake_rate=1, handshake_burst=1)
-    async with serving(report_server.serving_context()[0], limits) as s:
+    async with serving(serving_context()[0], limits) as s:
         _, first = await asyncio.open_connection("127.0.0.1", s.port, ssl=client_tls())
         _, second = await asyncio.open_connection("127.0.0.1", s.port)
         _, third = await asyncio.open_connection("127.0.0.1", s.port)
