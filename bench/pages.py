@@ -312,7 +312,40 @@ def soak_tables(doc: dict[str, Any], path: Path = SOAK) -> str:
             "-" if not lost else f"{lost['mean']:g}, {lost['max']} ({counted} of {len(of_kind)})"
         )
         out.append(f"| {label} | {times} s | {shown} |")
+    theirs = r.get("trainers")
+    if theirs:
+        out += [
+            "",
+            *trainers_table(theirs, 100 * r["goodput"], 100 * b["wastedProgress"] / measured),
+        ]
     return "\n".join(out)
+
+
+def trainers_table(theirs: dict[str, Any], goodput_pct: float, wasted_pct: float) -> list[str]:
+    """The trainers' own account of a soak beside the controller's (bench/soak.py,
+    ``trainers_account``): each member's goodput and wasted progress from its own log of
+    every step and crash, points apart, and the steps lost per failure as they count them."""
+    out = [
+        "Each member's own account (its log of every step, resume and crash on the persistent "
+        f"tier) against the controller's ({goodput_pct:.1f} % goodput, {wasted_pct:.2f} % "
+        "wasted progress):",
+        "",
+        "| member | goodput, its own | points apart | wasted progress, its own | points apart |",
+        "|---|---|---|---|---|",
+    ]
+    for member, m in sorted(theirs["members"].items()):
+        out.append(
+            f"| {member} | {100 * m['goodput']:.2f} % | {m['goodput_points_apart']:.2f} "
+            f"| {100 * m['wasted']:.2f} % | {m['wasted_points_apart']:.2f} |"
+        )
+    agree = theirs.get("steps_lost_agree") or {}
+    if agree:
+        said = ", ".join(f"{SOAK_KINDS.get(k, k)} {v}" for k, v in agree.items())
+        out += [
+            "",
+            f"Steps lost per failure, the trainers' count and the controller's agreeing: {said}.",
+        ]
+    return out
 
 
 def summaries(doc: dict[str, Any]) -> dict[str, PathSummary]:

@@ -434,3 +434,26 @@ def test_the_kept_step_table_shows_both_trainers_from_one_run() -> None:
     assert "p50 = 0, p99 = 1 over 3 failures" in text
     assert "(the most per kind: sigkill 0, hang 1, segv -1)" in text
     assert "median 4 (95 % interval 2-7)" in text
+
+
+def test_the_trainers_own_account_of_a_soak_stands_beside_the_controllers() -> None:
+    theirs = {
+        "members": {
+            "1": {"goodput": 0.88, "wasted": 0.0093, "goodput_points_apart": 0.09,
+                  "wasted_points_apart": 0.44},
+            "0": {"goodput": 0.8808, "wasted": 0.0044, "goodput_points_apart": 0.01,
+                  "wasted_points_apart": 0.05},
+        },
+        "steps_lost_agree": {"crash": "1/1", "hang": "0/1"},
+    }  # fmt: skip
+    lines = pages.trainers_table(theirs, 88.1, 0.48)
+    assert "(88.1 % goodput, 0.48 % wasted progress)" in lines[0]
+    rows = [line for line in lines if line.startswith("| 0 ") or line.startswith("| 1 ")]
+    assert rows == [
+        "| 0 | 88.08 % | 0.01 | 0.44 % | 0.05 |",
+        "| 1 | 88.00 % | 0.09 | 0.93 % | 0.44 |",
+    ]
+    assert lines[-1] == (
+        "Steps lost per failure, the trainers' count and the controller's agreeing: trainer "
+        "crash (process scope) 1/1, hung trainer (after the 10 s hang timeout) 0/1."
+    )
