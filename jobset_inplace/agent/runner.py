@@ -112,7 +112,7 @@ _POD_REPORT_KEYS = (
 
 
 class Reporter:
-    """What this agent reported in its epoch (its record: annotation name -> value) and where:
+    """What this agent reported in its epoch (its record, an AgentReport) and where:
     over the report channel to the leader the GangState names, or on its pod when there is no
     channel or it fails. Shared by the agent loop and the trainer monitor (each with its own
     connections); a lock keeps the record and the sends in order."""
@@ -555,7 +555,7 @@ class TrainerMonitor:
         self.busy_pending: tuple[int, tuple[int, ...]] | None = None  # (epoch, history) to write
         self.watched: int | None = None  # the epoch whose progress is being watched
         self.next_read = 0.0
-        self.reported: dict[str, int] = {}  # annotation -> the epoch it was last reported for
+        self.reported: dict[str, int] = {}  # what (exited, hung, ...) -> its last epoch
         self.stop_written: tuple[int, int] | None = None  # the planned stop passed on
         self.noted: tuple[int, float] = (-1, 0.0)  # the epoch noted to the leader, next note at
         self.failing_since: float | None = None

@@ -56,8 +56,8 @@ class AgentReport:
         """Where this report stands among its pod's agents' reports, in the order they were
         made: by the epoch it is about, then by an exit or hang seen in it. An agent reports an
         exit or hang in epoch N only after its report of epoch N, so such a report is of epoch
-        N at least, whether or not it repeats that report (an agent whose report went over the
-        channel writes only what it adds on its pod when the channel fails)."""
+        N at least, whether or not it repeats that report (an older agent's fallback wrote only
+        the exit on its pod)."""
         seen = max(
             (e for e in (self.exited_in_epoch, self.hung_in_epoch) if e is not None), default=-1
         )
@@ -162,9 +162,8 @@ def decode_report(values: Mapping[str, str]) -> tuple[AgentReport | None, str | 
         )
     if errors:
         error = "; ".join(errors)
-        return None, error if len(error) <= REPORT_ERROR_MAX else error[
-            : REPORT_ERROR_MAX - 3
-        ] + "..."
+        cut = len(error) > REPORT_ERROR_MAX
+        return None, f"{error[: REPORT_ERROR_MAX - 3]}..." if cut else error
     return AgentReport(
         reported_epoch=numbers["reported_epoch"],
         reported_steps=steps,
