@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
 from jobset_inplace.core import goodput
 from jobset_inplace.core.gangstate import status_from_dict
+from jobset_inplace.core.model import Mark
 from jobset_inplace.times import parse_time
 from testbed.cluster import LocalCluster, log
 from testbed.controller import gang_state, member_pods
@@ -111,6 +112,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "gang'); by default each member has its own root and only periodic checkpoints",
     )
     p.add_argument("--allow-dirty", action="store_true", help=provenance.ALLOW_DIRTY_HELP)
+    p.add_argument(
+        "--recount",
+        type=Path,
+        metavar="RESULT",
+        help="run nothing: add to a finished soak's results the productive time its members' "
+        "own accounts give each failed epoch, by kind (from the truth logs it left on the "
+        "persistent tier, until the next soak)",
+    )
     args = p.parse_args(argv)
     kinds = args.kinds.split(",")
     if unknown := [k for k in kinds if k not in KINDS]:
@@ -304,6 +313,35 @@ def trainers_account(
     return {"members": members, "steps_lost": lost}
 
 
+def productive_apart_by_kind(
+    truths: dict[str, Truth], failures: list[Failure], marks: Sequence[Mark], window: float
+) -> dict[str, dict[str, float]]:
+    """Per failure kind and member, how far apart the controller and the member's own account
+    are on the productive time of the epochs that kind's failures ended, in points of
+    ``window``: the controller's between the GangState's marks at the barriers around the
+    failure (the last before it was injected, the first after), the member's its steps of that
+    epoch the gang keeps; each failure's difference counts, whatever its sign. The rest of
+    each interval (detection, recovery, restore, wasted progress) differs by as much."""
+    after = max((e for t in truths.values() for e in t.resumes), default=0) + 1
+    apart: dict[str, dict[str, float]] = {}
+    for f in failures:
+        if not f.wall:
+            continue
+        before = [m for m in marks if m.at < f.wall]
+        later = [m for m in marks if m.at > f.wall]
+        if not before or not later:
+            continue  # not recovered, or its epoch's start not marked any more
+        theirs = later[0].productive - before[-1].productive
+        for member, truth in truths.items():
+            kept = truth.kept_seconds(after, f.epoch - 1)
+            by_member = apart.setdefault(f.kind, {})
+            by_member[member] = by_member.get(member, 0.0) + abs(theirs - kept)
+    return {
+        kind: {member: round(100 * s / window, 2) for member, s in sorted(m.items())}
+        for kind, m in apart.items()
+    }
+
+
 def report(
     st: dict[str, Any],
     failures: list[Failure],
@@ -330,6 +368,9 @@ def report(
             if n is not None and f.steps_lost is not None:
                 agree.setdefault(f.kind, []).append(n == f.steps_lost)
         theirs["steps_lost_agree"] = {k: f"{sum(v)}/{len(v)}" for k, v in agree.items()}
+        theirs["productive_points_apart_by_kind"] = productive_apart_by_kind(
+            truths, failures, led.marks, measured
+        )
     by_kind: dict[str, list[int]] = {}
     for f in failures:
         if f.steps_lost is not None:
@@ -375,6 +416,8 @@ def table(r: dict[str, Any]) -> str:
         lines.append(
             f"  steps lost as the trainers count them, agreeing: {theirs['steps_lost_agree']}"
         )
+        for kind, apart in (theirs.get("productive_points_apart_by_kind") or {}).items():
+            lines.append(f"  productive time of the epochs {kind} ended, points apart: {apart}")
     return "\n".join(lines)
 
 
@@ -470,9 +513,38 @@ def monitoring(prom: Prometheus, start: float, end: float, out: Path) -> dict[st
     return {"scrape_interval": SCRAPE_INTERVAL, "alerts_fired": fired, "dashboard": picture}
 
 
+def recount(path: Path, shared: Path) -> dict[str, Any]:
+    """``path``'s trainers' account with the productive time of each failed epoch by kind
+    (:func:`productive_apart_by_kind`), from the truth logs in ``shared``; written back."""
+    doc: dict[str, Any] = json.loads(path.read_text())
+    theirs = doc["result"].get("trainers")
+    if theirs is None:
+        raise SystemExit(f"{path}: no trainers' account (a soak before d2d5130)")
+    truths = read_truths(shared)
+    if set(truths) != set(theirs["members"]):
+        raise SystemExit(f"{shared}: truth logs of {sorted(truths)}, not of this soak's members")
+    failures = [Failure(**f) for f in doc["failures"]]
+    marks = _ledger_marks(doc.get("goodput_status"))
+    theirs["productive_points_apart_by_kind"] = productive_apart_by_kind(
+        truths, failures, marks, doc["result"]["measured_s"]
+    )
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+def _ledger_marks(goodput_status: Any) -> tuple[Mark, ...]:
+    """The marks of a stored ``status.goodput`` (read as the status they came from)."""
+    return status_from_dict({names.STATUS_EPOCH: 1, "goodput": goodput_status}).goodput.marks
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.recount is not None:
+        cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
+        doc = recount(args.recount, cluster.logs_dir.parent / "soak-shared")
+        print(table(doc["result"]))
+        return 0
     measuring = provenance.begin("bench.soak", argv, args.allow_dirty)
     cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
     created = not cluster.is_up()

@@ -187,10 +187,11 @@ class Truth:
     steps: list[Step]
     crashes: dict[int, float]
 
-    def kept_seconds(self, before_epoch: int) -> float:
-        """Seconds of the steps done before ``before_epoch`` that the gang keeps: a resume at
-        step R throws away every step past R done before it."""
-        return sum(s.end - s.start for s in self._kept(before_epoch).values())
+    def kept_seconds(self, before_epoch: int, epoch: int | None = None) -> float:
+        """Seconds of the steps done before ``before_epoch`` (in ``epoch`` only, if given)
+        that the gang keeps: a resume at step R throws away every step past R done before it."""
+        kept = self._kept(before_epoch).values()
+        return sum(s.end - s.start for s in kept if epoch is None or s.epoch == epoch)
 
     def _kept(self, before_epoch: int) -> dict[int, Step]:
         kept: dict[int, Step] = {}

@@ -3,10 +3,16 @@ root for the gang with ``shared_root`` (a replicated gang: the soak's ``--keep-s
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench import soak
+from jobset_inplace.core.model import Mark
+from jobset_inplace.times import parse_time
 from testbed.demo import PERSISTENT_MOUNT, demo_jobset
 from testbed.demo_trainer import parse_truth
 
@@ -62,3 +68,50 @@ def test_the_soak_counts_the_trainers_own_account_beside_the_controllers() -> No
     truths["0"] = parse_truth("\n".join(v for v in lines["0"] if not v.startswith("crash")))
     ended = soak.trainers_account(truths, [failure], since=100.0, end=115.0)
     assert ended["members"]["0"]["wasted"] == round((3.0 - 2.0) / 15, 4)
+
+
+def test_the_soak_compares_each_failed_epochs_productive_time_by_kind() -> None:
+    """The controller's productive seconds of an epoch (between its barrier marks around the
+    failure) against each member's kept steps of it: epoch 1 kept 2 s by both members; the
+    controller counted 2.3 s (0.3 s apart each, 2 points of 15 s) for the crash; a failure
+    without a mark after it (not recovered) is not counted."""
+    lines = {
+        m: ["resume 1 0", *(f"step 1 {s} {99 + s} {100 + s}" for s in range(1, 5)), "resume 2 2"]
+        for m in ("0", "1")
+    }
+    truths = {m: parse_truth("\n".join(v)) for m, v in lines.items()}
+    marks = [Mark(100.0, 0.0, 0.0), Mark(110.0, 2.3, 10.0)]
+    crash = soak.Failure("crash", 2, 4.0, "workers/0/0", 5.0, 2, 2, {}, wall=104.5)
+    later = soak.Failure("hang", 3, 14.0, "workers/1/0", None, None, None, {}, wall=114.0)
+    apart = soak.productive_apart_by_kind(truths, [crash, later], marks, 15.0)
+    assert apart == {"crash": {"0": 2.0, "1": 2.0}}
+
+
+def test_a_finished_soak_is_recounted_from_the_truth_logs_it_left(tmp_path: Path) -> None:
+    shared = tmp_path / "soak-shared"
+    shared.mkdir()
+    for m in ("0", "1"):
+        steps = (f"step 1 {s} {99 + s} {100 + s}" for s in range(1, 5))
+        (shared / f"truth-{m}.log").write_text("\n".join(["resume 1 0", *steps, "resume 2 2"]))
+    crash = soak.Failure("crash", 2, 4.0, "workers/0/0", 5.0, 2, 2, {}, wall=104.5)
+    marks = [
+        {"at": "2026-12-03T00:00:00.000Z", "productiveSeconds": 0, "measuredSeconds": 0},
+        {"at": "2026-12-03T00:00:10.000Z", "productiveSeconds": 2.3, "measuredSeconds": 10},
+    ]
+    t0 = parse_time("2026-12-03T00:00:00.000Z")
+    assert t0 is not None
+    crash.wall = t0 + 4.5
+    doc = {
+        "failures": [asdict(crash)],
+        "goodput_status": {"marks": marks},
+        "result": {"measured_s": 15.0, "trainers": {"members": {"0": {}, "1": {}}}},
+    }
+    path = tmp_path / "soak.json"
+    path.write_text(json.dumps(doc))
+    soak.recount(path, shared)
+    again = json.loads(path.read_text())
+    apart = again["result"]["trainers"]["productive_points_apart_by_kind"]
+    assert apart == {"crash": {"0": 2.0, "1": 2.0}}
+    (shared / "truth-1.log").unlink()
+    with pytest.raises(SystemExit, match="not of this soak's members"):
+        soak.recount(path, shared)
