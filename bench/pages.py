@@ -338,6 +338,22 @@ def trainers_table(theirs: dict[str, Any], goodput_pct: float, wasted_pct: float
             f"| {member} | {100 * m['goodput']:.2f} % | {m['goodput_points_apart']:.2f} "
             f"| {100 * m['wasted']:.2f} % | {m['wasted_points_apart']:.2f} |"
         )
+    by_kind = theirs.get("productive_points_apart_by_kind") or {}
+    if by_kind:
+        members = sorted({m for apart in by_kind.values() for m in apart})
+        out += [
+            "",
+            "The productive time of the epochs each kind of failure ended, the controller's "
+            "(between its barrier marks around the failure) against each member's kept steps "
+            "of that epoch, points apart (every failure's difference counted, whatever its "
+            "sign; the rest of each interval differs by as much):",
+            "",
+            "| failure | " + " | ".join(f"member {m}" for m in members) + " |",
+            "|---|" + "---|" * len(members),
+        ]
+        for kind, apart in by_kind.items():
+            cells = " | ".join(f"{apart[m]:.2f}" if m in apart else "-" for m in members)
+            out.append(f"| {SOAK_KINDS.get(kind, kind)} | {cells} |")
     agree = theirs.get("steps_lost_agree") or {}
     if agree:
         said = ", ".join(f"{SOAK_KINDS.get(k, k)} {v}" for k, v in agree.items())
