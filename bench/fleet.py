@@ -571,6 +571,8 @@ class Fleet:
                 agent = self.agents[pod]
                 agent.crashed = True
                 epoch = agent.logic.epoch
+            if epoch is None:  # (the real agent reports an exit only in an epoch it joined)
+                raise ValueError(f"{pod}: a trainer crash before its agent's first report")
             self._deliver(agent, AgentReport(exited_in_epoch=epoch), fresh=False)
             return time.monotonic()
         with self._lock:

@@ -316,9 +316,16 @@ def soak_tables(doc: dict[str, Any], path: Path = SOAK) -> str:
     if theirs:
         out += [
             "",
-            *trainers_table(theirs, 100 * r["goodput"], 100 * b["wastedProgress"] / measured),
+            *trainers_table(
+                theirs, 100 * r["goodput"], 100 * b["wastedProgress"] / measured if measured else 0
+            ),
         ]
     return "\n".join(out)
+
+
+def _kind_order(kind: str) -> int:
+    """A soak's failure kinds in bench.soak's order (SOAK_KINDS), others after."""
+    return list(SOAK_KINDS).index(kind) if kind in SOAK_KINDS else len(SOAK_KINDS)
 
 
 def trainers_table(theirs: dict[str, Any], goodput_pct: float, wasted_pct: float) -> list[str]:
@@ -333,14 +340,14 @@ def trainers_table(theirs: dict[str, Any], goodput_pct: float, wasted_pct: float
         "| member | goodput, its own | points apart | wasted progress, its own | points apart |",
         "|---|---|---|---|---|",
     ]
-    for member, m in sorted(theirs["members"].items()):
+    for member, m in sorted(theirs["members"].items(), key=lambda kv: int(kv[0])):
         out.append(
             f"| {member} | {100 * m['goodput']:.2f} % | {m['goodput_points_apart']:.2f} "
             f"| {100 * m['wasted']:.2f} % | {m['wasted_points_apart']:.2f} |"
         )
     by_kind = theirs.get("productive_points_apart_by_kind") or {}
     if by_kind:
-        members = sorted({m for apart in by_kind.values() for m in apart})
+        members = sorted({m for apart in by_kind.values() for m in apart}, key=int)
         out += [
             "",
             "The productive time of the epochs each kind of failure ended, the controller's "
@@ -351,12 +358,13 @@ def trainers_table(theirs: dict[str, Any], goodput_pct: float, wasted_pct: float
             "| failure | " + " | ".join(f"member {m}" for m in members) + " |",
             "|---|" + "---|" * len(members),
         ]
-        for kind, apart in by_kind.items():
+        for kind, apart in sorted(by_kind.items(), key=lambda kv: _kind_order(kv[0])):
             cells = " | ".join(f"{apart[m]:.2f}" if m in apart else "-" for m in members)
             out.append(f"| {SOAK_KINDS.get(kind, kind)} | {cells} |")
     agree = theirs.get("steps_lost_agree") or {}
     if agree:
-        said = ", ".join(f"{SOAK_KINDS.get(k, k)} {v}" for k, v in agree.items())
+        ordered = sorted(agree.items(), key=lambda kv: _kind_order(kv[0]))
+        said = ", ".join(f"{SOAK_KINDS.get(k, k)} {v}" for k, v in ordered)
         out += [
             "",
             f"Steps lost per failure, the trainers' count and the controller's agreeing: {said}.",

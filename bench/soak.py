@@ -43,6 +43,7 @@ from jobset_inplace.times import parse_time
 from testbed.cluster import LocalCluster, log
 from testbed.controller import gang_state, member_pods
 from testbed.demo import (
+    GANG_MOUNT,
     JOB_INDEX_REF,
     PERSISTENT_MOUNT,
     barrier_opened,
@@ -229,7 +230,7 @@ def run(
             JSI_DEMO_TRUTH_FILE: f"{PERSISTENT_MOUNT}/{TRUTH_PREFIX}{JOB_INDEX_REF}.log",
             # in lockstep, as data-parallel trainers are: while a member is gone the others
             # wait (they would train alone, and keep steps no real gang has, otherwise)
-            ENV_LOCKSTEP_DIR: f"{PERSISTENT_MOUNT}/lockstep",
+            ENV_LOCKSTEP_DIR: f"{GANG_MOUNT}/lockstep",
             ENV_GANG_SIZE: str(args.members),
             **({"JSI_DEMO_KEEP_STEP": "1"} if args.keep_step else {}),
         },

@@ -12,6 +12,7 @@ with krew from the local archive.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import io
 import os
@@ -96,6 +97,7 @@ def build_executable(work: Path) -> Path:
     cached = cache_dir() / "plugin" / inputs_key()[:32] / EXECUTABLE
     if cached.is_file():
         print(f"{EXECUTABLE}: built before from the same inputs ({cached})", flush=True)
+        os.utime(cached)  # used now: the newest are kept
         return cached
     print(f"building {EXECUTABLE} with PyInstaller (a minute or two) ...", flush=True)
     subprocess.run(build_command(work), check=True)
@@ -103,8 +105,11 @@ def build_executable(work: Path) -> Path:
     partial = cached.with_name(f".{EXECUTABLE}.{os.getpid()}")
     shutil.copy2(work / "dist" / EXECUTABLE, partial)
     partial.replace(cached)  # whole or absent, whoever else builds at once
-    others = sorted(cached.parent.parent.glob(f"*/{EXECUTABLE}"), key=lambda p: p.stat().st_mtime)
-    for old in others[:-KEPT_BUILDS]:  # the newest few; each is some 40 MiB
+    used: list[tuple[float, Path]] = []
+    for other in cached.parent.parent.glob(f"*/{EXECUTABLE}"):
+        with contextlib.suppress(FileNotFoundError):  # (pruned meanwhile by another build)
+            used.append((other.stat().st_mtime, other))
+    for _, old in sorted(used)[:-KEPT_BUILDS]:  # the newest few; each is some 40 MiB
         shutil.rmtree(old.parent, ignore_errors=True)
     return cached
 

@@ -32,6 +32,10 @@ from .versions import binaries
 
 NAMESPACE = "jsi-demo"
 PERSISTENT_MOUNT = "/ckpt-shared"  # the persistent tier in the demo trainer (demo_jobset)
+# ... and beside it, a directory the whole gang shares whatever the tier's layout (its
+# members' lockstep: testbed/demo_trainer.py, ENV_LOCKSTEP_DIR)
+GANG_MOUNT = "/gang"
+GANG_SUBDIR = "gang"  # its host directory, under the persistent tier's
 # The member's JobSet job index in the trainer's environment values (Kubernetes expands it):
 # with a ``persistent`` tier, e.g. a file of the member's own in a root the gang shares.
 JOB_INDEX_REF = "$(JOB_INDEX)"
@@ -94,7 +98,8 @@ def demo_jobset(
     ``security``: the trainer container's securityContext; ``service_account``: the
     ServiceAccount its pods run as (None: none named); ``shared_root``: ``persistent`` is one
     root for the whole gang instead (its state is replicated: docs/trainer-contract.md, "One
-    root for a replicated gang").
+    root for a replicated gang"). With ``persistent``, ``GANG_MOUNT`` is a directory every
+    member shares either way (``persistent``/``GANG_SUBDIR``).
     """
     volumes: list[dict[str, Any]] = [{"name": "ckpt", "emptyDir": {}}]
     mounts: list[dict[str, Any]] = [{"name": "ckpt", "mountPath": "/ckpt"}]
@@ -110,6 +115,9 @@ def demo_jobset(
         if not shared_root:
             mount["subPathExpr"] = JOB_INDEX_REF
         mounts.append(mount)
+        gang = str(persistent / GANG_SUBDIR)
+        volumes.append({"name": "gang", "hostPath": {"path": gang, "type": "DirectoryOrCreate"}})
+        mounts.append({"name": "gang", "mountPath": GANG_MOUNT})
         tiers.append({"name": "JSI_CHECKPOINT_PERSISTENT_DIR", "value": PERSISTENT_MOUNT})
     trainer: dict[str, Any] = {
         "name": "trainer",

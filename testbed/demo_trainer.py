@@ -65,6 +65,7 @@ from jobset_inplace.trainer import (
 )
 from jobset_inplace.trainer.checkpoints import available_steps
 from jobset_inplace.trainer.keep import StepKeeper
+from jobset_inplace.trainer.stop import read_stop
 
 FAILURE_FILE = "inject-failure"
 FAILURE_EXIT_CODE = 3
@@ -91,6 +92,11 @@ CHECKPOINT_EVERY, PERSIST_EVERY = 10, 20
 
 class InjectedCrash(Exception):
     """An injected failure: the trainer exits FAILURE_EXIT_CODE."""
+
+
+class _StopDue(Exception):
+    """A planned stop at a step this member already committed, seen while it waited for its
+    peers in lockstep (they parked there): it parks there too."""
 
 
 def _log(msg: str) -> None:
@@ -138,8 +144,12 @@ class _Lockstep:
 
     def computed(self, step: int) -> None:
         partial = self.dir / f".{self._path(self.index).name}.{os.getpid()}"
-        partial.write_text(str(step))
-        partial.replace(self._path(self.index))
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # no half-made file left
+        try:
+            partial.write_text(str(step))
+            partial.replace(self._path(self.index))
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
     def all_computed(self, step: int) -> bool:
         for i in range(self.members):
@@ -371,7 +381,16 @@ def _train(
         if step + 1 == crash_at:
             raise InjectedCrash(f"step {crash_at} always crashes ({ENV_CRASH_AT_STEP})")
         if lockstep is not None:
-            lockstep.wait(step + 1, injected)
+
+            def waiting(step: int = step) -> None:
+                injected()
+                if (due := read_stop(state_dir)) is not None and due.step <= step:
+                    raise _StopDue  # its peers parked at a step it committed
+
+            try:
+                lockstep.wait(step + 1, waiting)
+            except _StopDue:
+                _planned_stop(step, keeper)
         with update(step + 1):  # the step's state, its progress record and its truth line
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
             step += 1
@@ -381,12 +400,7 @@ def _train(
             truth.stepped(step, start, done_at)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         if stop:  # a planned stop (a member's node is drained): checkpoint here, then wait
-            tier = _tier(local, persistent, persist=True)
-            save_checkpoint(step, _write_step(step), tier)  # type: ignore[arg-type]
-            if keeper is not None:
-                keeper.saved(step)
-            _log(f"step {step}: checkpoint saved ({tier}) for a planned stop; parked")
-            park(step)
+            _planned_stop(step, keeper)
         if step % every == 0:
             persist = step % persist_every == 0
             tier = _tier(local, persistent, persist=persist)
@@ -395,6 +409,17 @@ def _train(
                 _log(f"step {step}: checkpoint saved ({tier})")
                 if keeper is not None and (persist or persistent is None):
                     keeper.saved(step)  # (a local one: kept again, so a new pod has it too)
+
+
+def _planned_stop(step: int, keeper: StepKeeper | None) -> NoReturn:
+    """Checkpoint ``step`` (to the persistent tier too) for a planned stop, then park."""
+    local, persistent = tier_roots()
+    tier = _tier(local, persistent, persist=True)
+    save_checkpoint(step, _write_step(step), tier)  # type: ignore[arg-type]
+    if keeper is not None:
+        keeper.saved(step)
+    _log(f"step {step}: checkpoint saved ({tier}) for a planned stop; parked")
+    park(step)
 
 
 if __name__ == "__main__":

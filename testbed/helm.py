@@ -47,13 +47,14 @@ class Helm:
         return res.stdout
 
     def template(
-        self, values: dict[str, Any] | None = None, chart: Path = CHART
+        self,
+        values: dict[str, Any] | None = None,
+        chart: Path = CHART,
+        namespace: str = names.INSTALL_NAMESPACE,
     ) -> list[dict[str, Any]]:
-        """The objects of ``chart`` (a directory or package) for ``values``, released in the
-        install namespace."""
-        out = self.run(
-            "template", RELEASE, str(chart), "-n", names.INSTALL_NAMESPACE, values=values
-        )
+        """The objects of ``chart`` (a directory or package) for ``values``, released in
+        ``namespace`` (the install's by default)."""
+        out = self.run("template", RELEASE, str(chart), "-n", namespace, values=values)
         return [d for d in yaml.safe_load_all(out) if d]
 
     def upgrade_install(self, values: dict[str, Any], timeout: float = 180) -> None:

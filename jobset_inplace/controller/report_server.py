@@ -41,7 +41,13 @@ from kubernetes import client
 
 from jobset_inplace import names
 from jobset_inplace.core.model import ReportEndpoint
-from jobset_inplace.protocol.envelope import EnvelopeError, Heartbeat, ProgressNote, decode_request
+from jobset_inplace.protocol.envelope import (
+    EnvelopeError,
+    Heartbeat,
+    ProgressNote,
+    decode_message,
+    parse_request,
+)
 from jobset_inplace.runtime.process import raise_open_files_limit, release_free_memory
 from jobset_inplace.runtime.report_http import (
     PREAUTH_SWEEP_S,
@@ -109,7 +115,7 @@ class ReportServer:
 
     async def start(self) -> ReportEndpoint:
         """Listen; the endpoint to advertise (the port actually bound, if 0 was asked)."""
-        limits = Limits.for_open_files(raise_open_files_limit(), self.limits)
+        limits = Limits.for_open_files(raise_open_files_limit("report channel"), self.limits)
         log.info("report channel: limits %s", limits)
         ctx, pin = serving_context()
         loop = asyncio.get_running_loop()
@@ -157,7 +163,7 @@ class ReportServer:
                 seen, burst = self.handled, True
             elif burst:
                 burst = False
-                await asyncio.to_thread(release_free_memory)
+                await asyncio.to_thread(release_free_memory, "report channel")
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -216,7 +222,7 @@ class ReportServer:
         if scheme != "Bearer" or not token:
             raise Rejected(401, "Authorization: Bearer <projected token> is required")
         try:
-            sender, message = decode_request(request.body)
+            sender, values = parse_request(request.body)  # its form only, before the token
         except EnvelopeError as e:
             raise Rejected(400, str(e)) from None
         namespace, gang_name, pod, uid = sender.namespace, sender.gang, sender.pod, sender.uid
@@ -227,6 +233,10 @@ class ReportServer:
                 f"the token of pod {who.namespace}/{who.pod} (uid {who.uid}) may not report "
                 f"for pod {namespace}/{pod} (uid {uid})",
             )
+        try:
+            message = decode_message(values)  # now that the token is its pod's
+        except EnvelopeError as e:
+            raise Rejected(400, str(e)) from None
         key = (namespace, gang_name)
         if isinstance(message, Heartbeat):  # hot spares: alive, nothing to plan on
             refused, holds = self.cache.heartbeat(key, uid, time.monotonic())

@@ -315,6 +315,8 @@ def _close_epoch(
     # The steps kept are the resume step's: the trainers reached it (its checkpoint was saved
     # in this epoch) even where the newest span seen ends before it (a note from before it).
     kept = max(0, (next_resume or 0) - resume)
+    # (the members' times are their nodes' clocks, ``end`` the controller's: a node's clock
+    # behind moves that much from wasted progress to detection, the total is unchanged)
     newest = [s.last_at for s in complete if s.first_at >= opened - SPAN_CLOCK_SLACK_S]
     stopped = end if not newest else min(end, max(began, max(newest) + pace))
     training = stopped - began

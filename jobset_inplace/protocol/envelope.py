@@ -81,6 +81,15 @@ def message_values(message: Message) -> dict[str, str]:
 
 def decode_request(payload: bytes) -> tuple[Sender, Message]:
     """The sender and message of a request body; raises :class:`EnvelopeError`."""
+    sender, values = parse_request(payload)
+    return sender, decode_message(values)
+
+
+def parse_request(payload: bytes) -> tuple[Sender, dict[str, str]]:
+    """The sender and the ``report`` object of a request body, checked for form only: JSON,
+    the sender's fields, string values under accepted keys (cheap: what a server may do
+    before it has verified the sender's token; :func:`decode_message` after). Raises
+    :class:`EnvelopeError`."""
     try:
         body = json.loads(payload)
     except ValueError as e:
@@ -100,10 +109,12 @@ def decode_request(payload: bytes) -> tuple[Sender, Message]:
     if names.REPORT_PROGRESS_NOTE in values and len(values) > 1:
         raise EnvelopeError(f"report: {names.REPORT_PROGRESS_NOTE} goes alone in its request")
     sender = Sender(*(_text(body, f) for f in SENDER_FIELDS))
-    return sender, _message(values)
+    return sender, values
 
 
-def _message(values: Mapping[str, str]) -> Message:
+def decode_message(values: Mapping[str, str]) -> Message:
+    """The message in a request's ``report`` object (:func:`parse_request`'s); raises
+    :class:`EnvelopeError` naming the field that is not in its form."""
     if not values:
         return Heartbeat()
     noted = values.get(names.REPORT_PROGRESS_NOTE)

@@ -32,12 +32,12 @@ def rss_mib() -> float:
         return 0.0
 
 
-def release_free_memory() -> None:
+def release_free_memory(who: str) -> None:
     """Give the heap's free pages back to the system (``malloc_trim``). A burst of TLS
     handshakes (every agent connecting at a gang's start, or to a new leader) leaves most of
     what they used free but scattered among live blocks, which glibc keeps: measured with 5000
     connections, 216 MiB before, 125 MiB after. Runs off the event loop (ctypes releases the
-    GIL)."""
+    GIL); ``who`` names the server in the log."""
     libc = glibc()
     if libc is None:
         return
@@ -46,19 +46,21 @@ def release_free_memory() -> None:
     after = rss_mib()
     if before - after >= 1:
         log.info(
-            "free memory given back: RSS %.0f -> %.0f MiB (%.0f ms)",
+            "%s: free memory given back: RSS %.0f -> %.0f MiB (%.0f ms)",
+            who,
             before,
             after,
             (time.monotonic() - started) * 1000,
         )
 
 
-def raise_open_files_limit() -> int:
-    """Every agent keeps a connection open: allow as many open files as the hard limit does
-    (the soft limit is often 1024). The limit now."""
+def raise_open_files_limit(who: str) -> int:
+    """For a server keeping a connection per client (the report channel: one per agent;
+    ``who`` names it in the log): allow as many open files as the hard limit does (the soft
+    limit is often 1024). The limit now."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        log.info("open files limit %d -> %d", soft, hard)
+        log.info("%s: open files limit %d -> %d", who, soft, hard)
         soft = hard
     return 1 << 20 if soft == resource.RLIM_INFINITY else soft

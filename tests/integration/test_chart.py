@@ -265,3 +265,11 @@ def test_a_critical_priority_class_comes_with_its_quota(
     (quota,) = quotas
     (scope,) = quota["spec"]["scopeSelector"]["matchExpressions"]
     assert (scope["scopeName"], scope["values"]) == ("PriorityClass", quota_for)
+    assert quota["spec"]["hard"] == {"pods": "10"}
+
+
+def test_the_quota_makes_room_for_the_replicas_and_stays_out_of_kube_system(helm: Helm) -> None:
+    (quota,) = [o for o in helm.template({"replicas": 7}) if o["kind"] == "ResourceQuota"]
+    assert quota["spec"]["hard"] == {"pods": "14"}, "twice the replicas: a rollout's surge"
+    system = helm.template(namespace="kube-system")
+    assert [o for o in system if o["kind"] == "ResourceQuota"] == [], "it would cap the cluster's"

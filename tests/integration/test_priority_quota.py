@@ -1,9 +1,9 @@
 """Clusters that limit the critical priority classes (GKE: the ResourceQuota admission
 plugin's ``limitedResources`` names them) admit a pod of such a class only in a namespace whose
 quota covers it. The controller's pods run at ``system-cluster-critical``: the install ships
-that quota (manifests/controller/priority-quota.yaml, the chart renders the same), and here an
-apiserver configured as GKE's is refuses the controller's pod without it and admits it with
-it. docs/managed-clusters.md."""
+that quota (manifests/controller/priority-quota.yaml; the chart renders the same object:
+tests/integration/test_chart.py). Here a kube-apiserver configured the way GKE's is refuses
+the controller's pod without it and admits it with it. docs/managed-clusters.md."""
 
 from __future__ import annotations
 

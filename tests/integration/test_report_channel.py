@@ -167,6 +167,9 @@ async def test_only_a_pods_own_well_formed_report_is_accepted(
         bad = await send(channel(0, own), {**good, names.REPORT_EPOCH: "one"})
         assert "HTTP 400" in bad
         assert names.REPORT_EPOCH in bad
+        # ... but read only once the token is the pod's own: a stranger's costs no decoding
+        stranger = await send(channel(1, api_token), {**good, names.REPORT_EPOCH: "one"})
+        assert "HTTP 401" in stranger
         unknown = await send(channel(0, own), {**good, "example.com/x": "1"})
         assert "HTTP 400" in unknown
         assert "unknown keys" in unknown

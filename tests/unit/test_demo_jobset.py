@@ -13,7 +13,7 @@ import pytest
 from bench import soak
 from jobset_inplace.core.model import Mark
 from jobset_inplace.times import parse_time
-from testbed.demo import PERSISTENT_MOUNT, demo_jobset
+from testbed.demo import GANG_MOUNT, PERSISTENT_MOUNT, demo_jobset
 from testbed.demo_trainer import parse_truth
 
 
@@ -115,3 +115,17 @@ def test_a_finished_soak_is_recounted_from_the_truth_logs_it_left(tmp_path: Path
     (shared / "truth-1.log").unlink()
     with pytest.raises(SystemExit, match="not of this soak's members"):
         soak.recount(path, shared)
+
+
+def test_every_member_shares_the_gang_directory_whatever_the_tiers_layout() -> None:
+    """The soak's lockstep files live there: with a root per member (the default) as with one
+    for the gang, every member mounts the same host directory."""
+    for shared_root in (False, True):
+        js = demo_jobset("g", 2, persistent=Path("/tmp/x"), shared_root=shared_root)
+        trainer = _trainer(js)
+        (mount,) = [m for m in trainer["volumeMounts"] if m["mountPath"] == GANG_MOUNT]
+        assert "subPathExpr" not in mount
+        assert "subPath" not in mount
+        pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert volume["hostPath"]["path"] == "/tmp/x/gang"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from jobset_inplace.launcher import ENV_STATE_DIR
+from jobset_inplace.trainer.stop import StopAt, write_stop
 from testbed.demo_trainer import gang_began, parse_truth
 
 TRAINER = Path(__file__).resolve().parents[2] / "testbed" / "demo_trainer.py"
@@ -212,3 +213,37 @@ def test_in_lockstep_a_member_commits_a_step_only_once_every_member_computed_it(
     finally:
         trainer.kill()
         trainer.wait()
+
+
+def test_in_lockstep_a_planned_stop_at_a_committed_step_parks_the_waiting_member(
+    tmp_path: Path,
+) -> None:
+    """Its peers parked at a step it committed (the stop reached it late, while it waited for
+    them at the next): it parks at that step too, its checkpoint saved, instead of waiting."""
+    lockstep, state = tmp_path / "lockstep", tmp_path / "state"
+    state.mkdir()
+    env = {
+        **os.environ,
+        "JSI_DEMO_STANDALONE": "1",
+        "JSI_DEMO_STEP_SECONDS": "0.01",
+        "JSI_DEMO_LOCKSTEP_DIR": str(lockstep),
+        "JSI_DEMO_GANG_SIZE": "2",
+        "JOB_INDEX": "0",
+        "JSI_CHECKPOINT_LOCAL_DIR": str(tmp_path / "ckpt"),
+        ENV_STATE_DIR: str(state),
+        "PYTHONPATH": str(TRAINER.parents[1]),
+    }
+    mine = lockstep / "epoch-0-member-0"
+    trainer = subprocess.Popen(
+        [sys.executable, str(TRAINER)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        _wait("member 0 computed step 1", lambda: mine.exists() and mine.read_text() == "1")
+        (lockstep / "epoch-0-member-1").write_text("1")
+        _wait("member 0 computed step 2", lambda: mine.read_text() == "2")
+        write_stop(StopAt(1, 1), state)
+        _wait("its checkpoint of step 1", (tmp_path / "ckpt" / "step-1").is_dir)
+    finally:
+        trainer.kill()
+        said, _ = trainer.communicate()
+    assert "step 1: checkpoint saved (local) for a planned stop; parked" in said, said

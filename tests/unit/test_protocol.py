@@ -19,8 +19,10 @@ from jobset_inplace.protocol.envelope import (
     Heartbeat,
     ProgressNote,
     Sender,
+    decode_message,
     decode_request,
     encode_request,
+    parse_request,
 )
 from jobset_inplace.protocol.report import EMPTY, AgentReport, decode_report, encode_report
 from jobset_inplace.trainer.checkpoints import MAX_STEP
@@ -146,6 +148,16 @@ def test_a_malformed_request_names_its_field(body: object, says: str) -> None:
     payload = body if isinstance(body, bytes) else json.dumps(body).encode()
     with pytest.raises(EnvelopeError, match=says):
         decode_request(payload)
+
+
+def test_the_form_of_a_request_is_checked_apart_from_its_report() -> None:
+    """A server checks the form before it verifies the sender's token and decodes the report
+    only after: a malformed report passes the first look."""
+    body = {**GOOD, "report": {names.REPORT_EPOCH: "one"}}
+    sender, values = parse_request(json.dumps(body).encode())
+    assert (sender, values) == (SENDER, {names.REPORT_EPOCH: "one"})
+    with pytest.raises(EnvelopeError, match="epoch='one' is not an integer"):
+        decode_message(values)
 
 
 def test_a_well_formed_request_is_decoded() -> None:

@@ -73,7 +73,9 @@ async def test_free_memory_is_given_back_once_after_each_burst_of_requests(
     assert s is not None
     released: list[int] = []
     monkeypatch.setattr(report_server, "QUIET_S", 0.01)
-    monkeypatch.setattr(report_server, "release_free_memory", lambda: released.append(s.handled))
+    monkeypatch.setattr(
+        report_server, "release_free_memory", lambda _who: released.append(s.handled)
+    )
 
     async def until_released(count: int) -> None:
         for _ in range(500):  # <= 5 s
