@@ -661,9 +661,11 @@ class _Planning:
 
     def member_failed(self, causes: dict[str, Cause]) -> None:
         s, st, policy = self.s, self.st, self.s.policy
+        waiting = self.waiting_on_a_silent_peer(causes)
         decided = {
             m: Cause.REPEATED_FAILURE
             if c in IN_PLACE_CAUSES
+            and m not in waiting
             and st.member_failures.get(m, 0) + 1 >= policy.member_repeat_limit
             else c
             for m, c in causes.items()
@@ -672,6 +674,8 @@ class _Planning:
         if not self.charge(inplace=1, recreate=len(replaced)):
             return
         for member in s.gang.members:
+            if member in waiting:
+                continue  # not its failure: neither counted nor forgiven
             if decided.get(member) in IN_PLACE_CAUSES:
                 st.member_failures[member] = st.member_failures.get(member, 0) + 1
             else:
@@ -691,6 +695,17 @@ class _Planning:
         )
         self.swap_spares(rec)
         self.p.wake_at(s.now, rec.deadline)
+
+    def waiting_on_a_silent_peer(self, causes: Mapping[str, Cause]) -> frozenset[str]:
+        """The members whose trainer hung while another member's node is silent (not yet
+        declared unhealthy): a gang whose members wait for each other (every data-parallel
+        step ends in a collective) stops with a member whose node went, and the others' hang
+        timeouts can run out first. Their hang is the gang waiting, not a failure of theirs:
+        it does not count toward ``member-repeat-limit``."""
+        hung = {m for m, c in causes.items() if c == Cause.TRAINER_HUNG}
+        if hung and any(self.silent_node(m) for m in self.s.gang.members if m not in hung):
+            return frozenset(hung)
+        return frozenset()
 
     # -- Recovering --
     @property

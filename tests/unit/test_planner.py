@@ -513,6 +513,24 @@ def test_member_failing_in_place_repeatedly_is_recreated() -> None:
     assert [(r.member, r.cause) for r in replaced(p)] == [(member(1), Cause.REPEATED_FAILURE)]
 
 
+def test_a_hang_while_a_peers_node_is_silent_is_not_counted_against_the_hung_member() -> None:
+    """Member 3's node stopped renewing its Lease (silent, not yet unhealthy); member 1's
+    trainer hung, waiting for it in a collective: restarted in place, its count of failures
+    in a row left as it was (at the limit it would have been recreated). A hang with every
+    node heard is counted as before."""
+    pl = with_pod(pods(4, epoch=2), 1, hung_in_epoch=2)
+    nm = nodes(4)
+    nm["n3"] = NodeView("n3", ready="True", ready_since=NOW - 600, lease_renewed=NOW - 12)
+    st = running(member_failures={member(1): 2})
+    p = plan(snapshot(pod_list=pl, status=st, node_map=nm))
+    assert replaced(p) == []
+    assert p.status.recovery is not None
+    assert p.status.recovery.causes == {member(1): Cause.TRAINER_HUNG}
+    assert p.status.member_failures == {member(1): 2}
+    heard = plan(snapshot(pod_list=pl, status=st, node_map=nodes(4)))
+    assert [(r.member, r.cause) for r in replaced(heard)] == [(member(1), Cause.REPEATED_FAILURE)]
+
+
 def test_consecutive_failures_are_counted_per_member() -> None:
     pl = with_pod(pods(4, epoch=2), 1, trainer_failed=True)
     p = plan(snapshot(pod_list=pl, status=running(member_failures={member(2): 2})))
