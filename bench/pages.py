@@ -40,6 +40,7 @@ DEATHS = ROOT / "docs" / "bench" / "kwok-node-deaths-2026-11-28-rerun" / "result
 SPARES = ROOT / "docs" / "bench" / "spares-2026-11-29" / "results.json"
 SOAK = ROOT / "docs" / "bench" / "soak-60min-2026-12-02.json"
 SOAK_KEEP_STEP = ROOT / "docs" / "bench" / "soak-keep-step-60min-2026-12-03.json"
+SOAK_LOCKSTEP = ROOT / "docs" / "bench" / "soak-lockstep-60min-2026-12-03.json"
 CRASHES = crash_matrix.OUT
 CHANNEL_ATTACKS = ROOT / "docs" / "bench" / "channel-attacks.json"
 CHANNEL_GRPC = ROOT / "docs" / "bench" / "channel-attacks-grpc.json"
@@ -742,6 +743,11 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
         ROOT / "docs" / "benchmarks.md",
         lambda doc: soak_tables(doc, SOAK_KEEP_STEP),
         (SOAK_KEEP_STEP,),
+    ),
+    "soak-lockstep": (
+        ROOT / "docs" / "benchmarks.md",
+        lambda doc: soak_tables(doc, SOAK_LOCKSTEP),
+        (SOAK_LOCKSTEP,),
     ),
     "crash-matrix": (ROOT / "docs" / "benchmarks.md", crash_matrix_table, (CRASHES,)),
     "keep-step": (ROOT / "docs" / "benchmarks.md", keep_step_table, (KEEP_STEP,)),
