@@ -122,6 +122,8 @@ class PodView:
     escalated: bool = False  # carries our escalation condition
     by_kueue: bool = False  # failed or terminated by Kueue itself (not a worker failure)
 
+    # (each field named, here and in with_report, rather than spliced by name: mypy checks
+    # every one; tests/unit/test_protocol.py checks that none is missing)
     @property
     def report(self) -> AgentReport:
         """Its agent's report, as the view holds it."""

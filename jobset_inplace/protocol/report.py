@@ -8,9 +8,9 @@ Standard library only: the agent, the decision core, the controller and the plug
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Final
+from typing import Final, TypeVar
 
 from jobset_inplace import names
 from jobset_inplace.trainer.checkpoints import (
@@ -21,6 +21,8 @@ from jobset_inplace.trainer.checkpoints import (
     shorten_repr,
 )
 from jobset_inplace.trainer.progress import ProgressSpan, decode_span, encode_span
+
+T = TypeVar("T")
 
 # A malformed report's value is shown cut to this many characters (of its repr): the message
 # becomes the pod view's report_error, an Event and a log line, and is remembered so that it is
@@ -143,23 +145,21 @@ def decode_report(values: Mapping[str, str]) -> tuple[AgentReport | None, str | 
             steps = tuple(decode_steps(raw))
         except ValueError as e:
             errors.append(f"{names.REPORT_STEPS}: {e}")
-    span = None
-    if (raw := values.get(names.REPORT_PROGRESS_SPAN)) is not None and (
-        span := decode_span(raw)
-    ) is None:
-        errors.append(
-            f"{names.REPORT_PROGRESS_SPAN}={shorten_repr(raw, REPORT_VALUE_SHOWN)} is not "
-            "<first step>@<ms since the epoch>,<newest step>@<ms since the epoch> "
-            "(canonical integers, neither going backwards)"
-        )
-    now = None
-    if (raw := values.get(names.REPORT_PROGRESS_NOW)) is not None and (
-        now := decode_epoch_span(raw)
-    ) is None:
-        errors.append(
-            f"{names.REPORT_PROGRESS_NOW}={shorten_repr(raw, REPORT_VALUE_SHOWN)} is not "
-            "<epoch>:<progress span, or nothing>"
-        )
+    span = _decoded(
+        values,
+        names.REPORT_PROGRESS_SPAN,
+        decode_span,
+        "<first step>@<ms since the epoch>,<newest step>@<ms since the epoch> "
+        "(canonical integers, neither going backwards)",
+        errors,
+    )
+    now = _decoded(
+        values,
+        names.REPORT_PROGRESS_NOW,
+        decode_epoch_span,
+        "<epoch>:<progress span, or nothing>",
+        errors,
+    )
     if errors:
         error = "; ".join(errors)
         cut = len(error) > REPORT_ERROR_MAX
@@ -176,6 +176,24 @@ def decode_report(values: Mapping[str, str]) -> tuple[AgentReport | None, str | 
         parked_in_epoch=numbers["parked_in_epoch"],
         rechecked_epoch=numbers["rechecked_epoch"],
     ), None
+
+
+def _decoded(
+    values: Mapping[str, str],
+    key: str,
+    decode: Callable[[str], T | None],
+    form: str,
+    errors: list[str],
+) -> T | None:
+    """``values[key]`` as ``decode`` reads it (None: absent, or malformed: then an error
+    naming the key and its accepted ``form``)."""
+    raw = values.get(key)
+    if raw is None:
+        return None
+    value = decode(raw)
+    if value is None:
+        errors.append(f"{key}={shorten_repr(raw, REPORT_VALUE_SHOWN)} is not {form}")
+    return value
 
 
 # --- the progress note: over the channel only, alone in its request ----------------------------
