@@ -127,6 +127,20 @@ class ClusterState:
     kubernetes: str = ""  # the release the cluster was brought up with
 
 
+def kwok_cluster_release(cluster_dir: Path) -> str:
+    """``options.kubeVersion`` of the kwokctl cluster in ``cluster_dir`` (its ``kwok.yaml``:
+    kwokctl's own record of what it made); "" when there is no such cluster or record."""
+    try:
+        docs = list(yaml.safe_load_all((cluster_dir / "kwok.yaml").read_text()))
+    except (OSError, yaml.YAMLError):
+        return ""
+    for doc in docs:
+        if isinstance(doc, dict) and doc.get("kind") == "KwokctlConfiguration":
+            release = (doc.get("options") or {}).get("kubeVersion")
+            return release if isinstance(release, str) else ""
+    return ""
+
+
 class LocalCluster:
     def __init__(self, name: str = DEFAULT_NAME) -> None:
         self.name = name
@@ -244,6 +258,11 @@ class LocalCluster:
         path.write_text(yaml.safe_dump_all([cfg, KWOK_CONTROLLER_CONFIG, *kwok_stages()]))
         return path
 
+    def _made_with(self, state: ClusterState) -> str:
+        """The Kubernetes release this cluster was made with ("" when there is none): kwokctl's
+        own record of the control plane (it copied that release's binaries), else ours."""
+        return kwok_cluster_release(self.kwok_workdir / "clusters" / self.name) or state.kubernetes
+
     def _kwok_cluster_exists(self, bins: Binaries) -> bool:
         out = self._kwokctl(bins, "get", "clusters", check=False).stdout
         return self.name in out.split()
@@ -322,7 +341,7 @@ class LocalCluster:
     # ----- JobSet + Kueue ----------------------------------------------------------------
     def _controller_running(self, state: ClusterState, name: str) -> bool:
         pid = state.pids.get(name)
-        return pid is not None and processes.pid_alive(pid)
+        return pid is not None and processes.runs(pid, name)
 
     def _start_addon(
         self, state: ClusterState, name: str, cmd: list[str | Path], health_port: int
@@ -449,7 +468,7 @@ class LocalCluster:
         state = self._load_state()
         pid = state.pids.pop("jobset", None)
         if pid is not None:
-            processes.stop_pid(pid)
+            processes.stop_pid(pid, program="jobset")
         self._start_jobset(bins, state, gates)
         log(f"JobSet controller restarted with feature gates {gates or 'as default'}")
 
@@ -670,14 +689,14 @@ class LocalCluster:
         if pid is None:
             return
         log(f"stopping kube-proxy (pid {pid}) and removing its iptables rules")
-        processes.stop_pid(pid)
+        processes.stop_pid(pid, program="kube-proxy")
         subprocess.run([str(binaries().kube_proxy), "--cleanup"], capture_output=True, check=False)
 
     def _remove_real_nodes(self, state: ClusterState) -> None:
         self._stop_kube_proxy(state)
         if (pid := state.pids.pop("coredns", None)) is not None:
             log(f"stopping CoreDNS (pid {pid})")
-            processes.stop_pid(pid)
+            processes.stop_pid(pid, program="coredns")
         for node in state.real_nodes:
             log(f"removing real node {node} (kubelet, containerd, its containers)")
             self._realnode("kubelet.sh", "purge", node)
@@ -688,12 +707,22 @@ class LocalCluster:
         t0 = time.monotonic()
         wanted = versions().kubernetes
         state = self._load_state()
-        if state.kubernetes not in ("", wanted) and self.is_up():
-            raise RuntimeError(
-                f"cluster {self.name} runs Kubernetes {state.kubernetes} but K8S selects {wanted}:"
-                " take it down first (make cluster-down, with the K8S it was made with)"
-                " or use another JSI_CLUSTER_NAME"
+        made_with = self._made_with(state)
+        if made_with not in ("", wanted):
+            if self._api_ready():
+                raise RuntimeError(
+                    f"cluster {self.name} runs Kubernetes {made_with} but K8S selects {wanted}:"
+                    " take it down first (make cluster-down, with the K8S it was made with)"
+                    " or use another JSI_CLUSTER_NAME"
+                )
+            # Its processes are gone (a session or CI run ended mid-way): `kwokctl start` would
+            # bring back its own copies of the old release's binaries under the new K8S.
+            log(
+                f"cluster {self.name} was made with Kubernetes {made_with} and is stopped:"
+                f" deleting it to make one with {wanted}"
             )
+            self.down()
+            state = self._load_state()
         runtime = ("containerd", "runc", "coredns")
         bins = ensure_binaries(
             *(n for n, c in COMPONENT_OF.items() if real_nodes or c not in runtime)
@@ -721,7 +750,7 @@ class LocalCluster:
         self._remove_real_nodes(state)
         for name, pid in state.pids.items():
             log(f"stopping {name} controller (pid {pid})")
-            processes.stop_pid(pid)
+            processes.stop_pid(pid, program=name)
         if self._kwok_cluster_exists(bins):
             log(f"deleting control plane '{self.name}'")
             self._kwokctl(

@@ -62,8 +62,23 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
-def stop_pid(pid: int, timeout: float = 10) -> None:
-    """SIGTERM a detached process group, SIGKILL it if it lingers."""
+def runs(pid: int, program: str) -> bool:
+    """True while ``pid`` runs ``program`` (the file name of its argv[0] contains it): a PID that
+    an earlier run recorded may belong to another process by now."""
+    if not pid_alive(pid):
+        return False
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0]
+    except OSError:
+        return False
+    return program in Path(argv0.decode(errors="replace")).name
+
+
+def stop_pid(pid: int, timeout: float = 10, *, program: str | None = None) -> None:
+    """SIGTERM a detached process group, SIGKILL it if it lingers; with ``program``, only if
+    ``pid`` still runs it (:func:`runs`)."""
+    if program is not None and not runs(pid, program):
+        return
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pid, sig)

@@ -1,15 +1,20 @@
-"""The local cluster remembers the Kubernetes release it was made with and refuses to be
-brought up on another one (no state of the running cluster is touched)."""
+"""The local cluster remembers the Kubernetes release it was made with: it refuses to be brought
+up on another one while it runs (no state of it touched), and a stopped one of another release
+is deleted first instead of restarted with its old binaries (seen in CI: a run killed mid-way on
+1.35 left a cluster that the next run's 1.37 leg started as 1.35)."""
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from testbed import cluster as cluster_mod
-from testbed import dns
+from testbed import dns, processes
 from testbed.cluster import LocalCluster, Ports
 from testbed.versions import versions
 
@@ -33,7 +38,7 @@ def test_up_on_another_release_refuses_and_changes_nothing(
     monkeypatch.setenv("JSI_CACHE_DIR", str(tmp_path))
     c = LocalCluster("old")
     state = write_state(c, "v1.30.0")
-    monkeypatch.setattr(LocalCluster, "is_up", lambda self: True)
+    monkeypatch.setattr(LocalCluster, "_api_ready", lambda self: True)
 
     def no_build(*_: str) -> None:
         raise AssertionError("nothing is built for a refused up")
@@ -47,6 +52,62 @@ def test_up_on_another_release_refuses_and_changes_nothing(
         " JSI_CLUSTER_NAME"
     )
     assert json.loads((c.state_dir / "state.json").read_text()) == state
+
+
+def write_kwok_record(c: LocalCluster, kubernetes: str) -> None:
+    cluster_dir = c.kwok_workdir / "clusters" / c.name
+    cluster_dir.mkdir(parents=True)
+    docs = [
+        {"kind": "KwokctlConfiguration", "options": {"kubeVersion": kubernetes}},
+        {"kind": "KwokConfiguration"},
+    ]
+    (cluster_dir / "kwok.yaml").write_text(yaml.safe_dump_all(docs))
+
+
+def test_kwokctls_record_of_the_release_counts_over_ours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JSI_CACHE_DIR", str(tmp_path))
+    c = LocalCluster("old")
+    write_state(c, versions().kubernetes)  # saved before the old cluster's record was replaced
+    write_kwok_record(c, "v1.30.0")
+    monkeypatch.setattr(LocalCluster, "_api_ready", lambda self: True)
+    with pytest.raises(RuntimeError, match=r"runs Kubernetes v1\.30\.0 but K8S selects"):
+        c.up(nodes=1, real_nodes=0)
+
+
+def test_a_stopped_cluster_of_another_release_is_deleted_before_the_new_one_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JSI_CACHE_DIR", str(tmp_path))
+    c = LocalCluster("old")
+    write_state(c, "v1.30.0")
+    write_kwok_record(c, "v1.30.0")
+    monkeypatch.setattr(LocalCluster, "_api_ready", lambda self: False)
+    calls: list[str] = []
+
+    def down(self: LocalCluster) -> None:
+        calls.append("down")
+        (self.state_dir / "state.json").unlink()
+
+    class Stop(Exception):
+        pass
+
+    def build(*_: str) -> None:
+        calls.append("build")
+        raise Stop
+
+    monkeypatch.setattr(LocalCluster, "down", down)
+    monkeypatch.setattr(cluster_mod, "ensure_binaries", build)
+    with pytest.raises(Stop):
+        c.up(nodes=1, real_nodes=0)
+    assert calls == ["down", "build"]
+
+
+def test_no_kwok_record_reads_as_none(tmp_path: Path) -> None:
+    assert cluster_mod.kwok_cluster_release(tmp_path) == ""
+    (tmp_path / "kwok.yaml").write_text("kind: [unclosed")
+    assert cluster_mod.kwok_cluster_release(tmp_path) == ""
 
 
 def test_state_round_trips_the_release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,3 +125,20 @@ def test_coredns_serves_the_kubelets_cluster_domain(tmp_path: Path) -> None:
     assert f"kubernetes {dns.CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{" in conf
     assert f"kubeconfig {tmp_path / 'kubeconfig'}\n" in conf
     assert "ready 127.0.0.1:8082\n" in conf
+
+
+def test_a_recorded_pid_counts_only_while_it_runs_its_program() -> None:
+    """A stale PID in state.json may be another process's by now: it is neither taken for a
+    running controller nor signalled."""
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        assert processes.runs(sleeper.pid, "sleep")
+        assert not processes.runs(sleeper.pid, "jobset")
+        processes.stop_pid(sleeper.pid, program="jobset")
+        assert sleeper.poll() is None
+        processes.stop_pid(sleeper.pid, program="sleep")
+        assert sleeper.wait(timeout=10) == -signal.SIGTERM
+        assert not processes.runs(sleeper.pid, "sleep")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
