@@ -7,21 +7,27 @@ tests/integration/test_leader.py.)
 
 The new leader is the standby replica or the Deployment's replacement pod, whichever tries
 first after the release (both are candidates; the replacement can start and win within the
-standby's retry period): either is a correct takeover."""
+standby's retry period): either is a correct takeover. A leader that dies with a node (and
+its members) is followed by the standby, which watched the node Leases while it waited and
+dates that node's silence from its last renewal."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from jobset_inplace import names
+from jobset_inplace.core.detection import LEASE_RENEW_INTERVAL_S
 from jobset_inplace.runtime.leader_election import DEFAULT_LEASE
 from jobset_inplace.times import parse_time
+from testbed.cluster import LocalCluster
 from testbed.controller import gang_state, member_pods
-from testbed.demo import inject_failure, trainers_running, training_gang
+from testbed.demo import barrier_opened, inject_failure, trainers_running, training_gang
 from testbed.install import Installation
 from testbed.kube import Clients, wait_for
 
@@ -137,3 +143,76 @@ def _fail_over(  # noqa: PLR0917 (the test's fixtures and findings)
     assert len(openings) == 2, openings
     after = {i: p.metadata.uid for i, p in member_pods(kube, namespace, "gang").items()}
     assert after == before, "every member kept its pod (in place)"
+
+
+def test_a_leader_that_dies_with_a_node_is_followed_by_one_that_watched_the_leases(
+    cluster_kubeconfig: Path,
+    controller: Installation,
+    kube: Clients,
+    namespace: str,
+    local_cluster: LocalCluster | None,
+) -> None:
+    """The leader's pod and both members on one real node, which loses power. The standby,
+    which watched the node Leases while it waited (controller/lease_observer.py), takes the
+    Lease and dates the node's silence from its Lease's last renewal, not from its own
+    takeover: the recovery's first signal is that renewal plus the renew interval. (One that
+    began watching at its takeover could only count from then: 25-28 s after the gang stopped
+    in the lockstep soak, where this was found.)"""
+    if local_cluster is None:
+        pytest.skip("powers a real node off: the local cluster's real kubelet nodes")
+    leader, others = controller.wait_settled(2)
+    home = _node_of(controller, leader)
+    rest = [n for n in local_cluster.real_nodes() if n != home]
+    assert rest, "a second real node for the standby and the recreated members"
+    with _cordoned(kube, [home]):  # the standby elsewhere: a new one, if it shared the node
+        for standby in others:
+            if _node_of(controller, standby) == home:
+                controller.kubectl.run("delete", "pod", standby, "-n", names.INSTALL_NAMESPACE)
+        leader, others = controller.wait_settled(2)
+    assert _node_of(controller, leader) == home, "the leader kept the Lease"
+    with _cordoned(kube, rest):  # both members with the leader
+        training_gang(kube, cluster_kubeconfig, namespace, "gang", MEMBERS)
+    pods = member_pods(kube, namespace, "gang")
+    assert {p.spec.node_name for p in pods.values()} == {home}
+    local_cluster.power_off(home)
+    try:
+        successor = wait_for(
+            "the standby takes the Lease",
+            lambda: holder if (holder := controller.leader()) not in {"", leader} else None,
+            90,
+            0.2,
+        )
+        st = barrier_opened(kube, namespace, "gang", 2, 180)
+        # the kubelet's last renewal before the power-off (it renews again once powered on)
+        lease = kube.coordination.read_namespaced_lease(home, names.NODE_LEASE_NAMESPACE)
+    finally:
+        local_cluster.power_on(home)
+    last = lease.spec.renew_time.timestamp()
+    first = parse_time(st["recovery"]["firstSignalAt"])
+    assert first is not None
+    print(
+        f"\nleader {leader} died with {home}; {successor} leads;"
+        f" first signal {st['recovery']['firstSignal']} at the last Lease renewal"
+        f" + {first - last:.2f} s"
+    )
+    assert successor in others, (successor, others)
+    assert st["recovery"]["firstSignal"] == "NodeUnhealthy", st["recovery"]
+    assert abs(first - (last + LEASE_RENEW_INTERVAL_S)) < 0.5, (first, last, st["recovery"])
+    controller.wait_settled(2)  # the old leader's pod runs again, as a candidate
+
+
+def _node_of(controller: Installation, pod: str) -> str:
+    return next(
+        str(p["spec"]["nodeName"]) for p in controller.pods() if p["metadata"]["name"] == pod
+    )
+
+
+@contextmanager
+def _cordoned(kube: Clients, nodes: list[str]) -> Iterator[None]:
+    for node in nodes:
+        kube.core.patch_node(node, {"spec": {"unschedulable": True}})
+    try:
+        yield
+    finally:
+        for node in nodes:
+            kube.core.patch_node(node, {"spec": {"unschedulable": False}})

@@ -47,6 +47,7 @@ from .cache import ClusterCache, JobEntry, PodEntry, job_entry, node_entry, pod_
 from .device_taints import dra_watches
 from .disruption_budget import DisruptionBudgetKeeper
 from .executor import Executor
+from .lease_observer import LeaseObserver, lease_observer
 from .reconciler import Reconciler
 from .report_server import report_server_from_env
 
@@ -196,10 +197,14 @@ def raw_watches(r: Reconciler) -> list[RawWatch[Any]]:
     ]
 
 
-def prime(r: Reconciler, watches: list[RawWatch[Any]]) -> None:
+def prime(
+    r: Reconciler, watches: list[RawWatch[Any]], leases_seen_since: float | None = None
+) -> None:
     """Fill the cache with complete lists before any planning pass. Without this, the first
     pass of a gang could run before the pod watch delivered all its pods and mistake the
-    missing ones for failures (a spurious recovery after every controller restart)."""
+    missing ones for failures (a spurious recovery after every controller restart).
+    ``leases_seen_since``: since when this replica's standby watch saw every node Lease
+    renewal (:mod:`.lease_observer`; None: nothing was observed before now)."""
     custom, core = r.executor.custom, r.executor.core
     for js in custom.list_cluster_custom_object("jobset.x-k8s.io", "v1alpha2", "jobsets")["items"]:
         meta = js["metadata"]
@@ -208,14 +213,17 @@ def prime(r: Reconciler, watches: list[RawWatch[Any]]) -> None:
                 r.cache.upsert_jobset(js, parse_policy(meta.get("annotations")), "")
             except PolicyError as e:
                 r.cache.upsert_jobset(js, None, str(e))
-    # nothing was observed, and no report heard, before this start
-    r.cache.leases_observed_since = r.cache.reports_since = time.time()
+    # no report heard before this start; no Lease renewal seen unless a standby watch saw it
+    now = time.time()
+    r.cache.reports_since = now
+    r.cache.leases_observed_since = min(now, leases_seen_since or now)
     counts = {w.what: w.prime() for w in watches}
     set_kueue_recovery_timeout(r.cache, read_kueue_config(core))
     log.info(
-        "cache primed: %d gangs, %s; Kueue recoveryTimeout %s",
+        "cache primed: %d gangs, %s; node Leases observed for %.1f s; Kueue recoveryTimeout %s",
         len(r.cache.gangs),
         ", ".join(f"{n} {what}" for what, n in counts.items()),
+        now - r.cache.leases_observed_since,
         "unknown (its default assumed)"
         if not r.cache.kueue_config_read
         else "none (waitForPodsReady off)"
@@ -264,12 +272,21 @@ def run(settings: Settings, extra_watches: Sequence[WatchFactory] = ()) -> None:
     logging.getLogger("kopf").setLevel(logging.WARNING)
     reconciler = build_reconciler()
     reconciler.metrics.bind(reconciler.cache)
+    observer = None
+    if settings.election is not None:  # a candidate: watch the Leases while it waits
+        observer = lease_observer(metrics.METRICS)
+        observer.start()
     manager = Manager(settings, exposition=metrics.exposition, on_leading=metrics.set_leader)
-    manager.run(partial(run_controller, reconciler, extra_watches))
+    manager.run(partial(run_controller, reconciler, extra_watches, observer))
 
 
-def run_controller(reconciler: Reconciler, extra_watches: Sequence[WatchFactory] = ()) -> None:
-    """The controller proper (this replica leads, or there is no election)."""
+def run_controller(
+    reconciler: Reconciler,
+    extra_watches: Sequence[WatchFactory] = (),
+    observer: LeaseObserver | None = None,
+) -> None:
+    """The controller proper (this replica leads, or there is no election); ``observer``: the
+    Lease watch it ran while a candidate, handed over at the prime."""
     watches = [
         *raw_watches(reconciler),
         *dra_watches(reconciler),
@@ -302,7 +319,8 @@ def run_controller(reconciler: Reconciler, extra_watches: Sequence[WatchFactory]
         for keeper in (access, budgets):
             background.add(asyncio.get_running_loop().create_task(keeper.resync_forever()))
         # kopf starts its own watches (JobSets) only when every startup handler is done
-        await asyncio.to_thread(prime, reconciler, watches)
+        seen_since = None if observer is None else observer.handover()
+        await asyncio.to_thread(prime, reconciler, watches, seen_since)
         for w in watches:
             w.start_on(asyncio.get_running_loop())
 

@@ -53,7 +53,9 @@ class RawWatch(threading.Thread, Generic[T]):
 
     ``replace`` puts a complete list into the cache: :meth:`prime` calls it synchronously
     before any planning pass; after a relist it runs on the loop, followed by ``on_relist``.
-    Watch events go to ``on_events`` on the loop. :meth:`start_on` watches from the prime."""
+    Watch events go to ``on_events`` on the loop. :meth:`start_on` watches from the prime;
+    with no loop (a watch whose callbacks only note things, thread-safely), everything is
+    called on the watch's own thread."""
 
     def __init__(
         self,
@@ -116,17 +118,23 @@ class RawWatch(threading.Thread, Generic[T]):
         self.replace(items)
         self.on_relist()
 
-    def start_on(self, loop: asyncio.AbstractEventLoop) -> None:
+    def start_on(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self.loop = loop
         self.start()
 
+    def _hand(self, call: Callable[..., None], *args: Any) -> None:
+        """Run ``call`` on the loop, or here when there is none."""
+        if self.loop is None:
+            call(*args)
+        else:
+            self.loop.call_soon_threadsafe(call, *args)
+
     def run(self) -> None:
-        assert self.loop is not None, "start with start_on(loop)"
         retries = Retries(WATCH_RETRY)
         while not self.halt.is_set():
             try:
                 if self.rv is None:
-                    self.loop.call_soon_threadsafe(self._relisted, self.list_now())
+                    self._hand(self._relisted, self.list_now())
                 self._watch()
                 retries.succeeded()
             except Exception as e:  # a dead watch thread would blind the controller
@@ -138,7 +146,6 @@ class RawWatch(threading.Thread, Generic[T]):
                 self.halt.wait(wait)
 
     def _watch(self) -> None:
-        assert self.loop is not None
         stream = self.call(
             watch=True,
             resource_version=self.rv,
@@ -150,7 +157,7 @@ class RawWatch(threading.Thread, Generic[T]):
             down, self.down_since = self.down_since, None
             log.info("%s watch: watching again after %.1f s", self.what, time.time() - down)
             if self.on_resumed is not None:
-                self.loop.call_soon_threadsafe(self.on_resumed, down, time.time())
+                self._hand(self.on_resumed, down, time.time())
         try:
             for line in stream:
                 if self.halt.is_set():
@@ -168,7 +175,7 @@ class RawWatch(threading.Thread, Generic[T]):
                 if kind != "BOOKMARK":
                     decoded = self.decode(obj)
                     changed = self._changed(str(kind), obj)
-                    self.loop.call_soon_threadsafe(self._handle, [(str(kind), decoded)], changed)
+                    self._hand(self._handle, [(str(kind), decoded)], changed)
         finally:
             stream.release_conn()
 
