@@ -63,15 +63,16 @@ def pid_alive(pid: int) -> bool:
 
 
 def runs(pid: int, program: str) -> bool:
-    """True while ``pid`` runs ``program`` (the file name of its argv[0] contains it): a PID that
-    an earlier run recorded may belong to another process by now."""
-    if not pid_alive(pid):
-        return False
+    """True while ``pid`` runs ``program`` (its command name, the executable's file name cut to
+    15 characters, contains it): a PID that an earlier run recorded may belong to another
+    process by now. (Not argv[0]: /proc/PID/cmdline reads empty for a moment after exec, seen
+    right after Popen returned.)"""
     try:
-        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0]
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return program in Path(argv0.decode(errors="replace")).name
+    comm, _, rest = stat.partition("(")[2].rpartition(")")
+    return rest.split()[0] != "Z" and program in comm
 
 
 def stop_pid(pid: int, timeout: float = 10, *, program: str | None = None) -> None:
