@@ -247,31 +247,35 @@ def member_causes(
 
 def first_signal(
     s: Snapshot, current: Mapping[str, PodView], causes: Mapping[str, Cause]
-) -> tuple[Cause, float]:
-    """The earliest of the failing members' signals (``causes``: not empty) and since when it
-    showed, from the times the snapshot carries: a node's first unhealthy signal (the
-    threshold it must last is part of detection); a pod's Ready condition turning False (for a
-    stuck member: its agent's start, if later), when that lies between the barrier's opening
-    and now (an older one is not this failure's). A signal without such a time (a pod deleted
-    or gone) counts from now: the pass that saw it."""
+) -> tuple[Cause, float, float]:
+    """The earliest of the failing members' signals (``causes``: not empty), since when it
+    showed, and how long before that the failure may have come (its window: a missed Lease
+    renewal's renew interval, else 0), from the times the snapshot carries: a node's first
+    unhealthy signal (the threshold it must last is part of detection); a pod's Ready condition
+    turning False (for a stuck member: its agent's start, if later), when that lies between
+    the barrier's opening and now (an older one is not this failure's). A signal without such
+    a time (a pod deleted or gone) counts from now: the pass that saw it."""
     rec = s.status.recovery
     opened = (rec.opened if rec is not None else None) or 0.0
-    seen: list[tuple[float, str, Cause]] = []
+    seen: list[tuple[float, str, Cause, float]] = []
     for member, cause in causes.items():
         pod = current.get(member)
         node = s.nodes.get(pod.node or "") if pod is not None else None
-        at = s.now
+        at, window = s.now, 0.0
         if cause == Cause.NODE_UNHEALTHY and node is not None:
             since = unhealthy_since(node, s.policy, s.now, s.leases_observed_since)
             at = s.now if since is None else min(since, s.now)
+            seen_alive = lease_seen(node, s.leases_observed_since)
+            if seen_alive is not None and at == seen_alive + LEASE_RENEW_INTERVAL_S:
+                window = LEASE_RENEW_INTERVAL_S  # the Lease's signal: dead since seen_alive
         elif cause == Cause.AGENT_SILENT and pod is not None:
             at = s.now - silent_for(s, pod)  # its last heartbeat heard
         elif pod is not None and pod.not_ready_since is not None:
             since = max(pod.not_ready_since, pod.agent_started or 0.0)
             at = since if opened <= since <= s.now else s.now
-        seen.append((at, member, cause))
-    at, _, cause = min(seen)
-    return cause, at
+        seen.append((at, member, cause, window))
+    at, _, cause, window = min(seen)
+    return cause, at, window
 
 
 def silent(node: NodeView, now: float, observed_since: float) -> bool:

@@ -46,6 +46,7 @@ def _recovery_to_dict(r: Recovery) -> dict[str, Any]:
         "openedBy": None if r.opened_by is None else r.opened_by.value,
         "firstSignal": None if r.first_signal is None else r.first_signal.value,
         "firstSignalAt": rfc3339(r.first_signal_at),
+        "signalWindowSeconds": r.signal_window,
         "progressStepsLost": r.progress_lost,
     }
 
@@ -65,6 +66,7 @@ def _recovery_from_dict(d: dict[str, Any]) -> Recovery:
         opened_by=Edge(d["openedBy"]) if d.get("openedBy") else None,
         first_signal=Cause(d["firstSignal"]) if d.get("firstSignal") else None,
         first_signal_at=parse_time(d.get("firstSignalAt")),
+        signal_window=float(d.get("signalWindowSeconds") or 0.0),
         progress_lost=d.get("progressStepsLost"),
     )
 

@@ -233,7 +233,9 @@ def barrier_opened(
         )
         restarted = False
     else:
-        led = _close_epoch(ledger, rec.began, spans, rec.resume_step, complete)
+        led = _close_epoch(
+            ledger, rec.began, spans, rec.resume_step, complete=complete, window=rec.signal_window
+        )
         led = replace(
             led,
             badput=_add(
@@ -281,7 +283,9 @@ def _close_epoch(
     end: float,
     spans: Sequence[ProgressSpan],
     next_resume: int | None,
+    *,
     complete: Sequence[ProgressSpan] = (),
+    window: float = 0.0,
 ) -> Ledger:
     """Account the running epoch, from its barrier's opening to ``end`` (the next failure's
     first signal): startup or restore until training began, then the steps the next epoch
@@ -290,7 +294,10 @@ def _close_epoch(
     step of the ``complete`` spans (its members' own, to their last step) and the one under
     way: a gang whose members wait for each other (data-parallel training: every step ends
     in an all-reduce) stands still from a member's failure until it is seen. Without a
-    complete span (every pod went: notes end up to ``PROGRESS_NOTE_S`` early), until ``end``."""
+    complete span (every pod went: notes end up to ``PROGRESS_NOTE_S`` early), at ``end``
+    less half the signal's ``window`` (the failure came somewhere in it: a silent node's, a
+    renew interval after its last Lease renewal; half is the estimate with no bias, off by
+    at most half the window), and not before the newest step the notes saw."""
     opened = ledger.training_since
     assert opened is not None
     resume = ledger.training_resume or 0
@@ -318,7 +325,11 @@ def _close_epoch(
     # (the members' times are their nodes' clocks, ``end`` the controller's: a node's clock
     # behind moves that much from wasted progress to detection, the total is unchanged)
     newest = [s.last_at for s in complete if s.first_at >= opened - SPAN_CLOCK_SLACK_S]
-    stopped = end if not newest else min(end, max(began, max(newest) + pace))
+    if newest:
+        stopped = min(end, max(began, max(newest) + pace))
+    else:
+        noted = max(s.last_at for s in ours) + pace
+        stopped = min(end, max(began, noted, end - window / 2))
     training = stopped - began
     productive = min(kept * pace, training)
     warmup = "restore" if ledger.restarted else "startup"

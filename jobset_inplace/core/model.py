@@ -206,6 +206,10 @@ class Recovery:
     # and since when it showed (the snapshot's times: see planner.first_signal).
     first_signal: Cause | None = None
     first_signal_at: float | None = None
+    # How long before its first signal the failure may have come: a node's missed Lease
+    # renewal shows a renew interval after the last one, the node died somewhere in between
+    # (0: the signal shows the failure itself, e.g. a container's exit).
+    signal_window: float = 0.0
     # Training steps this recovery makes the gang redo: the newest step any member's trainers
     # reported progress for before it, minus the resume step (None: no member reported one).
     progress_lost: int | None = None

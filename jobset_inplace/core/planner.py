@@ -682,7 +682,9 @@ class _Planning:
                 st.member_failures.pop(member, None)
         self.go(Edge.MEMBER_FAILED, _main_cause(decided), causes=decided)
         rec = self.recovery
-        rec.first_signal, rec.first_signal_at = first_signal(s, self.current, causes)
+        rec.first_signal, rec.first_signal_at, rec.signal_window = first_signal(
+            s, self.current, causes
+        )
         for member, cause in sorted(replaced.items()):
             pod = self.current.get(member)
             self.mark_recreated(rec, member, pod.uid if pod else "", cause)

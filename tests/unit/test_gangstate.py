@@ -84,6 +84,7 @@ def full_status() -> GangStatus:
             opened_by=Edge.MEMBER_FAILED,
             first_signal=Cause.NODE_UNHEALTHY,
             first_signal_at=T0 - 14.5,
+            signal_window=10.0,
             progress_lost=17,
         ),
         history=[{"epoch": 6, "causes": {"workers/0/0": "PodFailed"}, "durationSeconds": 4.5}],
@@ -244,6 +245,7 @@ recoveries = st.builds(
     opened_by=st.none() | st.sampled_from(list(Edge)),
     first_signal=st.none() | st.sampled_from(list(Cause)),
     first_signal_at=st.none() | times,
+    signal_window=st.sampled_from([0.0, 10.0, 2.5]),
     progress_lost=st.none() | small,
 )
 

@@ -402,6 +402,29 @@ def test_a_gang_standing_still_until_its_failure_is_seen_counts_that_as_detectio
         assert account.productive + account.badput_total == pytest.approx(55.0)
 
 
+def test_a_silent_node_took_every_pod_half_its_window_counts_as_detection() -> None:
+    """Every pod of the gang went with a silent node: no member's own span dates the stop, and
+    the first signal (a missed Lease renewal) comes up to a renew interval after the node died.
+    Half that window counts as detection, not the whole as wasted progress (unbiased, off by
+    at most 5 s); never before the newest step the notes saw."""
+    led = barrier_opened(Ledger(), start(opened=10), [])
+    notes = [span(1, 13, 40, 32.5), span(1, 13.01, 40, 32.51)]  # noted up to 10 s early
+    silence = replace(
+        failure(2, signal=53, started=68.2, opened=75, resume=50),
+        first_signal=Cause.NODE_UNHEALTHY,
+        signal_window=10.0,
+    )
+    account = barrier_opened(led, silence, notes)
+    assert account.badput[Bucket.WASTED_PROGRESS] == pytest.approx(48 - 12.5 - 25)
+    assert account.badput[Bucket.DETECTION] == pytest.approx(5 + 15.2)
+    late = [span(1, 13, 80, 52.5)]  # a note past the window's middle: the gang trained on
+    account = barrier_opened(led, silence, late)
+    assert account.badput[Bucket.DETECTION] == pytest.approx(53 - 53 + 15.2)
+    for spans in (notes, late):
+        whole = barrier_opened(led, silence, spans)
+        assert whole.productive + whole.badput_total == pytest.approx(75.0)
+
+
 def test_members_that_train_on_after_a_failure_leave_detection_from_its_first_signal() -> None:
     """A member that does not wait for the others (or is stopped only after the first
     signal) has steps past the signal: nothing moves to detection."""

@@ -7,7 +7,12 @@ from typing import Any
 
 import pytest
 
-from jobset_inplace.core.detection import may_untaint, observation_restarts, unconfirmed_lease_nodes
+from jobset_inplace.core.detection import (
+    LEASE_RENEW_INTERVAL_S,
+    may_untaint,
+    observation_restarts,
+    unconfirmed_lease_nodes,
+)
 from jobset_inplace.core.model import (
     Cause,
     EscalatePod,
@@ -243,6 +248,20 @@ def test_stale_lease_is_a_signal_before_ready_changes_once_read_afresh() -> None
     nm["n1"] = dataclasses.replace(nm["n1"], lease_read_at=NOW)
     p = plan(snapshot(node_map=nm))
     assert [r.member for r in replaced(p)] == [member(1)]
+    # Its first signal: the missed renewal, a renew interval after the last one, in which the
+    # node died (the window goodput splits, core/goodput.py)
+    rec = p.status.recovery
+    assert rec is not None
+    assert (rec.first_signal, rec.first_signal_at) == (Cause.NODE_UNHEALTHY, NOW - 16)
+    assert rec.signal_window == LEASE_RENEW_INTERVAL_S
+
+
+def test_a_node_that_says_it_is_not_ready_shows_its_failure_itself() -> None:
+    nm = nodes(4)
+    nm["n1"] = NodeView("n1", ready="False", ready_since=NOW - 20, lease_renewed=NOW - 1)
+    rec = plan(snapshot(node_map=nm)).status.recovery
+    assert rec is not None
+    assert (rec.first_signal_at, rec.signal_window) == (NOW - 20, 0.0)
 
 
 def test_a_lease_read_before_it_went_stale_confirms_nothing() -> None:
