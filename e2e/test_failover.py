@@ -197,6 +197,7 @@ def test_a_leader_that_dies_with_a_node_is_followed_by_one_that_watched_the_leas
     )
     assert successor in others, (successor, others)
     assert st["recovery"]["firstSignal"] == "NodeUnhealthy", st["recovery"]
+    assert st["recovery"]["signalWindowSeconds"] == LEASE_RENEW_INTERVAL_S, st["recovery"]
     assert abs(first - (last + LEASE_RENEW_INTERVAL_S)) < 0.5, (first, last, st["recovery"])
     controller.wait_settled(2)  # the old leader's pod runs again, as a candidate
 

@@ -268,7 +268,7 @@ class LocalCluster:
         return self.name in out.split()
 
     def _api_ready(self) -> bool:
-        if not self.kubeconfig.exists():
+        if not self.kubeconfig.exists() or not binaries().kubectl.exists():
             return False
         res = subprocess.run(
             [
@@ -709,7 +709,9 @@ class LocalCluster:
         state = self._load_state()
         made_with = self._made_with(state)
         if made_with not in ("", wanted):
-            if self._api_ready():
+            # running: a process of kwokctl's pid files still runs its copy of a binary (an
+            # apiserver slow to answer on a loaded machine is not a stopped one)
+            if self._control_plane_running() or self._api_ready():
                 raise RuntimeError(
                     f"cluster {self.name} runs Kubernetes {made_with} but K8S selects {wanted}:"
                     " take it down first (make cluster-down, with the K8S it was made with)"
@@ -778,6 +780,12 @@ class LocalCluster:
                 continue
             commands[pid_file.stem] = raw.decode().rstrip("\0").split("\0")
         return commands
+
+    def _control_plane_running(self) -> bool:
+        """Whether a process of kwokctl's pid files runs one of this cluster's binaries (a pid
+        file left by a killed run may name another process by now)."""
+        bin_dir = f"{self.kwok_workdir / 'clusters' / self.name / 'bin'}/"
+        return any(cmd[0].startswith(bin_dir) for cmd in self.control_plane_commands().values())
 
     def print_info(self) -> None:
         print(f"kubeconfig: {self.kubeconfig}")

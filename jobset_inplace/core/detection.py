@@ -46,6 +46,14 @@ def lease_stale(node: NodeView, now: float, observed_since: float) -> bool:
     return seen is not None and now - seen > LEASE_RENEW_INTERVAL_S
 
 
+def lease_signal(node: NodeView, observed_since: float) -> float:
+    """When a stale Lease shows as a signal: a renew interval after the node was last known
+    alive (:func:`lease_seen`; the Lease must have a renewal)."""
+    seen = lease_seen(node, observed_since)
+    assert seen is not None, "a Lease signal needs a renewal"
+    return seen + LEASE_RENEW_INTERVAL_S
+
+
 def observation_restarts(since: float, down_since: float, up_at: float) -> float:
     """Since when the controller has seen every Lease renewal, after its Lease watch was down
     from ``down_since`` to ``up_at``: a gap shorter than a renew interval lost nothing (the
@@ -61,9 +69,8 @@ def unhealthy_since(
     since: list[float] = []
     if node.ready != "True":
         since.append(node.ready_since)
-    seen = lease_seen(node, observed_since)
-    if seen is not None and lease_stale(node, now, observed_since):
-        since.append(seen + LEASE_RENEW_INTERVAL_S)
+    if lease_stale(node, now, observed_since):
+        since.append(lease_signal(node, observed_since))
     taints = BUILTIN_UNHEALTHY_TAINTS | policy.unhealthy_taints
     since += [added for key, added in node.taints if key in taints]
     since += [t for ctype, t in node.conditions if ctype in policy.unhealthy_conditions]
@@ -265,9 +272,12 @@ def first_signal(
         if cause == Cause.NODE_UNHEALTHY and node is not None:
             since = unhealthy_since(node, s.policy, s.now, s.leases_observed_since)
             at = s.now if since is None else min(since, s.now)
-            seen_alive = lease_seen(node, s.leases_observed_since)
-            if seen_alive is not None and at == seen_alive + LEASE_RENEW_INTERVAL_S:
-                window = LEASE_RENEW_INTERVAL_S  # the Lease's signal: dead since seen_alive
+            if lease_stale(node, s.now, s.leases_observed_since) and at == lease_signal(
+                node, s.leases_observed_since
+            ):
+                # the missed renewal: the node died after its last one (a renew interval, or
+                # more where that renewal came before the controller could watch)
+                window = at - (node.lease_renewed or at)
         elif cause == Cause.AGENT_SILENT and pod is not None:
             at = s.now - silent_for(s, pod)  # its last heartbeat heard
         elif pod is not None and pod.not_ready_since is not None:

@@ -154,10 +154,12 @@ class RawWatch(threading.Thread, Generic[T]):
             _preload_content=False,
         )
         if self.down_since is not None:
-            down, self.down_since = self.down_since, None
+            down = self.down_since
             log.info("%s watch: watching again after %.1f s", self.what, time.time() - down)
             if self.on_resumed is not None:
                 self._hand(self.on_resumed, down, time.time())
+            # (after: a reader on another thread sees the watch failing until it was told)
+            self.down_since = None
         try:
             for line in stream:
                 if self.halt.is_set():

@@ -6,6 +6,8 @@ is deleted first instead of restarted with its old binaries (seen in CI: a run k
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -142,3 +144,28 @@ def test_a_recorded_pid_counts_only_while_it_runs_its_program() -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_control_plane_runs_only_while_its_pid_files_name_its_own_binaries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stopped cluster's pid files may name other processes by now (a killed run's PIDs are
+    reused): only a process running the cluster's copy of a binary makes it running."""
+    monkeypatch.setenv("JSI_CACHE_DIR", str(tmp_path))
+    c = LocalCluster("old")
+    cluster_dir = c.kwok_workdir / "clusters" / c.name
+    (cluster_dir / "bin").mkdir(parents=True)
+    (cluster_dir / "pids").mkdir()
+    etcd = cluster_dir / "bin" / "etcd"
+    shutil.copy("/bin/sleep", etcd)
+    (cluster_dir / "pids" / "etcd.pid").write_text(str(os.getpid()))  # reused: not ours
+    assert not c._control_plane_running()
+    ours = subprocess.Popen([str(etcd), "60"], start_new_session=True)
+    try:
+        (cluster_dir / "pids" / "etcd.pid").write_text(str(ours.pid))
+        # (its command line reads empty for a moment after exec: see processes.runs)
+        processes.wait_until("the cluster's etcd copy runs", c._control_plane_running, 10)
+    finally:
+        ours.kill()
+        ours.wait()
+    assert not c._control_plane_running()

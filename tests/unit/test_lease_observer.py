@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from jobset_inplace.controller.lease_observer import LeaseObserver
+from jobset_inplace.controller.lease_observer import QUIET_S, LeaseObserver
 from tests.unit.test_watches import NO_METRICS, Response, obj
 
 Step = Callable[[], Response]  # one watch call: sets the clock, answers or raises
@@ -59,11 +59,12 @@ def fail(
     return step
 
 
-def handed_over(
+def run_out(
     monkeypatch: pytest.MonkeyPatch,
     listed_at: float | None,
     steps: Callable[[list[float], Callable[[], LeaseObserver]], list[Step]],
-) -> float | None:
+) -> tuple[LeaseObserver, list[float]]:
+    """An observer whose watch ran its script to the end on the fake clock (returned)."""
     clock = [0.0]
     monkeypatch.setattr(time, "time", lambda: clock[0])
     holder: list[LeaseObserver] = []
@@ -74,7 +75,15 @@ def handed_over(
     observer.start()
     observer.watch.join(10)
     assert not observer.watch.is_alive()
-    return observer.handover()
+    return observer, clock
+
+
+def handed_over(
+    monkeypatch: pytest.MonkeyPatch,
+    listed_at: float | None,
+    steps: Callable[[list[float], Callable[[], LeaseObserver]], list[Step]],
+) -> float | None:
+    return run_out(monkeypatch, listed_at, steps)[0].handover()
 
 
 def test_unbroken_since_the_first_list(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -101,3 +110,40 @@ def test_a_shorter_gap_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_nothing_while_failing_or_before_a_list(monkeypatch: pytest.MonkeyPatch) -> None:
     assert handed_over(monkeypatch, 50.0, lambda c, o: [fail(c, 100.0, o, last=True)]) is None
     assert handed_over(monkeypatch, None, lambda c, o: []) is None
+
+
+def test_nothing_after_hearing_no_renewal_for_two_renew_intervals(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stalled connection raises nothing, and an apiserver that cannot write stops every
+    renewal: a quiet watch vouches for nothing."""
+    observer, clock = run_out(monkeypatch, 50.0, lambda c, _: [answer(c, 60.0)])
+    clock[0] = 60.0 + QUIET_S + 0.1
+    assert observer.handover() is None
+
+
+def test_handed_over_once() -> None:
+    """A startup retried after a failed prime must not get the time again: the observer
+    stopped at the first handover and saw nothing since."""
+    observer = LeaseObserver(lambda **_: Response(), NO_METRICS)
+    observer._listed([])
+    assert observer.handover() is not None
+    assert observer.handover() is None
+
+
+def test_a_reader_sees_the_watch_failing_until_the_outage_is_accounted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[float | None] = []
+    resumed = LeaseObserver._resumed
+
+    def spy(self: LeaseObserver, down_since: float, up_at: float) -> None:
+        seen.append(self.watch.down_since)
+        resumed(self, down_since, up_at)
+
+    monkeypatch.setattr(LeaseObserver, "_resumed", spy)
+    got = handed_over(
+        monkeypatch, 50.0, lambda c, o: [fail(c, 100.0, o, last=False), answer(c, 110.0)]
+    )
+    assert seen == [100.0], "down_since cleared only after the outage was accounted"
+    assert got == 110.0

@@ -256,6 +256,17 @@ def test_stale_lease_is_a_signal_before_ready_changes_once_read_afresh() -> None
     assert rec.signal_window == LEASE_RENEW_INTERVAL_S
 
 
+def test_a_renewal_from_before_the_controller_watched_widens_the_window() -> None:
+    """The last renewal came before the controller could watch (its start, an outage): the
+    signal counts from then, and the node may have died any time since its renewal."""
+    nm = nodes(4)
+    nm["n1"] = NodeView("n1", ready="True", lease_renewed=NOW - 100, lease_read_at=NOW)
+    s = dataclasses.replace(snapshot(node_map=nm), leases_observed_since=NOW - 30)
+    rec = plan(s).status.recovery
+    assert rec is not None
+    assert (rec.first_signal_at, rec.signal_window) == (NOW - 20, 80.0)
+
+
 def test_a_node_that_says_it_is_not_ready_shows_its_failure_itself() -> None:
     nm = nodes(4)
     nm["n1"] = NodeView("n1", ready="False", ready_since=NOW - 20, lease_renewed=NOW - 1)
