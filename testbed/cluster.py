@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -125,6 +126,20 @@ class ClusterState:
     pids: dict[str, int] = field(default_factory=dict)
     real_nodes: list[str] = field(default_factory=list)
     kubernetes: str = ""  # the release the cluster was brought up with
+
+
+def _ready(pod: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or ())
+
+
+def _all_started_after(pod: Any, moment: float) -> bool:
+    """Whether every container of ``pod`` (a V1Pod) runs, started at or after ``moment`` (the
+    API's whole seconds: one second of slack)."""
+    statuses = pod.status.container_statuses or []
+    return bool(statuses) and all(
+        c.state.running is not None and c.state.running.started_at.timestamp() >= moment - 1
+        for c in statuses
+    )
 
 
 def kwok_cluster_release(cluster_dir: Path) -> str:
@@ -576,8 +591,29 @@ class LocalCluster:
         self._realnode("kubelet.sh", "down", node)
 
     def power_on(self, node: str) -> None:
-        """Start real ``node`` again (containerd, kubelet) and wait until it is Ready."""
+        """Start real ``node`` again (containerd, kubelet) and wait until it is Ready and its
+        kubelet has restarted every pod the API still shows Ready there. Until then such a pod
+        keeps its Service endpoints with nothing serving (an outage shorter than the node
+        grace period never marks it NotReady): seen in CI as a webhook call refused right after
+        the controller's node came back."""
+        on = time.time()
         self._realnode("kubelet.sh", "up", node, str(self.kubeconfig))
+        core = clients(self.kubeconfig).core
+
+        def stale_ready() -> list[str]:
+            pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
+            return [
+                f"{p.metadata.namespace}/{p.metadata.name}"
+                for p in pods
+                if p.status.phase == "Running"
+                and p.metadata.deletion_timestamp is None
+                and _ready(p)
+                and not _all_started_after(p, on)
+            ]
+
+        processes.wait_until(
+            f"the pods on {node} restarted by its kubelet", lambda: not stale_ready(), 120
+        )
 
     @property
     def pod_reachable_address(self) -> str:

@@ -10,10 +10,20 @@ import os
 import shutil
 import signal
 import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import yaml
+from kubernetes.client import (
+    V1ContainerState,
+    V1ContainerStateRunning,
+    V1ContainerStatus,
+    V1PodCondition,
+    V1PodStatus,
+)
 
 from testbed import cluster as cluster_mod
 from testbed import dns, processes
@@ -169,3 +179,28 @@ def test_a_control_plane_runs_only_while_its_pid_files_name_its_own_binaries(
         ours.kill()
         ours.wait()
     assert not c._control_plane_running()
+
+
+def test_a_pod_counts_as_restarted_only_when_every_container_started_after_power_on() -> None:
+    def pod(*started: float) -> Any:
+        statuses = [
+            V1ContainerStatus(
+                name=f"c{i}",
+                image="i",
+                image_id="",
+                ready=True,
+                restart_count=1,
+                state=V1ContainerState(
+                    running=V1ContainerStateRunning(started_at=datetime.fromtimestamp(t, UTC))
+                ),
+            )
+            for i, t in enumerate(started)
+        ]
+        ready = [V1PodCondition(type="Ready", status="True")]
+        return SimpleNamespace(status=V1PodStatus(container_statuses=statuses, conditions=ready))
+
+    on = 1_800_000_000.0
+    assert cluster_mod._ready(pod(on))
+    assert cluster_mod._all_started_after(pod(on + 3, on + 5), on)
+    assert not cluster_mod._all_started_after(pod(on + 3, on - 40), on), "one still the old one"
+    assert not cluster_mod._all_started_after(pod(), on), "no container status yet"
