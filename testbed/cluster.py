@@ -586,8 +586,9 @@ class LocalCluster:
         subprocess.run([*kubectl, "delete", "node", node, "--ignore-not-found"], check=True)
 
     def power_off(self, node: str) -> None:
-        """Stop real ``node``'s kubelet, then its containerd: every container of the node dies
-        and the node goes silent, as a host that lost power looks to the cluster."""
+        """Kill real ``node``'s kubelet and every container of it at one instant (frozen, then
+        killed: testbed/realnode/kubelet.sh), then its containerd: the node goes silent, as a
+        host that lost power looks to the cluster."""
         self._realnode("kubelet.sh", "down", node)
 
     def power_on(self, node: str) -> None:

@@ -7,8 +7,8 @@
 #                                                        wait until the Node is Ready
 #   testbed/realnode/kubelet.sh stop   NODE_NAME              stop the kubelet only; containers keep
 #                                                        running (kubelet crash / partition)
-#   testbed/realnode/kubelet.sh down   NODE_NAME              stop kubelet, then its containerd
-#                                                        (kills the node's containers: power-off)
+#   testbed/realnode/kubelet.sh down   NODE_NAME              power-off: kubelet and every container
+#                                                        killed at one instant, then containerd
 #   testbed/realnode/kubelet.sh purge  NODE_NAME              down + delete the node's dirs, cgroups
 #   testbed/realnode/kubelet.sh status NODE_NAME
 #
@@ -218,8 +218,35 @@ stop_kubelet() {
   rm -f "$pidfile"
 }
 
-# kubelet + containerd down: every container of the node is killed (a node power-off).
+# A power loss stops the whole node at one instant: freeze its pods (the freezer cgroup of its
+# root takes every container at once), SIGKILL the kubelet and every frozen process, then thaw
+# (a frozen task dies of its pending SIGKILL before it runs another instruction of its own).
+# Stopping the kubelet first and the containers after it (one `ctr` call each, seconds on this
+# machine) let trainers step on after the node's last Lease renewal (about 3 s in one run): steps
+# that no node which lost its power makes.
+cut_power() {
+  local fz="/sys/fs/cgroup/freezer$cgroot" pid procs=() frozen=0
+  if [[ -w "$fz/freezer.state" ]] && echo FROZEN >"$fz/freezer.state" 2>/dev/null; then
+    frozen=1
+  fi
+  if pid="$(running_pid)"; then
+    kill -KILL "$pid" 2>/dev/null || true
+    log "power cut: kubelet (pid $pid) killed"
+  fi
+  ((frozen)) || return 0
+  for _ in $(seq 1 100); do
+    [[ "$(cat "$fz/freezer.state")" == FROZEN ]] && break
+    sleep 0.02
+  done
+  mapfile -t procs < <(find "$fz" -name cgroup.procs -exec cat {} + 2>/dev/null)
+  if ((${#procs[@]})); then kill -KILL "${procs[@]}" 2>/dev/null || true; fi
+  echo THAWED >"$fz/freezer.state"
+  log "power cut: the node's ${#procs[@]} pod processes frozen and killed at once"
+}
+
+# Power-off: the node stops at once (cut_power), then its containerd and what it leaves go.
 down() {
+  cut_power
   stop_kubelet
   bash "$here/containerd.sh" down "$node"
   # The kubelet bind-mounts its root dir onto itself (rshared) and mounts pod volumes there.

@@ -425,6 +425,25 @@ def test_a_silent_node_took_every_pod_half_its_window_counts_as_detection() -> N
         assert whole.productive + whole.badput_total == pytest.approx(75.0)
 
 
+def test_a_silence_that_took_every_pod_ends_no_earlier_than_the_resume_step() -> None:
+    """The next epoch resumes from a checkpoint this one saved, so the gang trained at least
+    to that step: the failure came in the part of the window after it, and the estimate is
+    that part's middle. Before, the window's middle could fall before the resume step and
+    count kept steps as detection (CI: 10.55 points under both trainers' own accounts)."""
+    led = barrier_opened(Ledger(), start(opened=10), [])
+    notes = [span(1, 13, 40, 32.5), span(1, 13.01, 40, 32.51)]  # noted up to 10 s early
+    silence = replace(
+        failure(2, signal=53, started=68.2, opened=75, resume=80),  # step 80 at 52.5
+        first_signal=Cause.NODE_UNHEALTHY,
+        signal_window=10.0,
+    )
+    account = barrier_opened(led, silence, notes)
+    assert account.productive == pytest.approx(40.0), "every step up to the resume step"
+    assert account.badput[Bucket.WASTED_PROGRESS] == pytest.approx(0.25)  # 52.5 .. 52.75
+    assert account.badput[Bucket.DETECTION] == pytest.approx(0.25 + 15.2)
+    assert account.productive + account.badput_total == pytest.approx(75.0)
+
+
 def test_members_that_train_on_after_a_failure_leave_detection_from_its_first_signal() -> None:
     """A member that does not wait for the others (or is stopped only after the first
     signal) has steps past the signal: nothing moves to detection."""
