@@ -35,6 +35,7 @@ from .versions import (
     cache_dir,
     ensure_binaries,
     module_source,
+    real_node_dir,
     versions,
 )
 
@@ -130,6 +131,15 @@ class ClusterState:
 
 def _ready(pod: Any) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or ())
+
+
+def kubelet_running(node: str) -> bool:
+    """Whether real ``node``'s kubelet runs (the PID realnode/kubelet.sh recorded)."""
+    try:
+        pid = int((real_node_dir(node) / "kubelet" / "kubelet.pid").read_text())
+    except (OSError, ValueError):
+        return False
+    return processes.runs(pid, "kubelet")
 
 
 def _all_started_after(pod: Any, moment: float) -> bool:
@@ -593,10 +603,13 @@ class LocalCluster:
 
     def power_on(self, node: str) -> None:
         """Start real ``node`` again (containerd, kubelet) and wait until it is Ready and its
-        kubelet has restarted every pod the API still shows Ready there. Until then such a pod
+        kubelet has restarted every pod the API still shows Ready there; nothing on a node whose
+        kubelet runs (a clean-up after a run that may have stopped between off and on). Until then such a pod
         keeps its Service endpoints with nothing serving (an outage shorter than the node
         grace period never marks it NotReady): seen in CI as a webhook call refused right after
         the controller's node came back."""
+        if kubelet_running(node):  # powered on already: nothing was restarted to wait for
+            return
         on = time.time()
         self._realnode("kubelet.sh", "up", node, str(self.kubeconfig))
         core = clients(self.kubeconfig).core

@@ -204,3 +204,30 @@ def test_a_pod_counts_as_restarted_only_when_every_container_started_after_power
     assert cluster_mod._all_started_after(pod(on + 3, on + 5), on)
     assert not cluster_mod._all_started_after(pod(on + 3, on - 40), on), "one still the old one"
     assert not cluster_mod._all_started_after(pod(), on), "no container status yet"
+
+
+def test_power_on_of_a_node_whose_kubelet_runs_starts_and_waits_for_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clean-up powers every node on, also those never powered off: their pods started before
+    the call, so waiting for them to restart would never end (seen at a soak's end)."""
+    monkeypatch.setenv("JSI_CACHE_DIR", str(tmp_path))
+    pidfile = tmp_path / "realnode" / "n1" / "kubelet" / "kubelet.pid"
+    pidfile.parent.mkdir(parents=True)
+    assert not cluster_mod.kubelet_running("n1"), "no PID recorded"
+    kubelet = tmp_path / "kubelet"
+    shutil.copy("/bin/sleep", kubelet)
+    running = subprocess.Popen([str(kubelet), "60"], start_new_session=True)
+    try:
+        pidfile.write_text(str(os.getpid()))  # a PID reused by another program
+        assert not cluster_mod.kubelet_running("n1")
+        pidfile.write_text(str(running.pid))
+        processes.wait_until("the kubelet copy runs", lambda: cluster_mod.kubelet_running("n1"), 10)
+        started: list[tuple[str, ...]] = []
+        monkeypatch.setattr(LocalCluster, "_realnode", lambda self, *args: started.append(args))
+        LocalCluster("c").power_on("n1")
+        assert started == [], "nothing started, nothing waited for"
+    finally:
+        running.kill()
+        running.wait()
+    assert not cluster_mod.kubelet_running("n1")

@@ -1,0 +1,102 @@
+"""Hot spares in a pass (:mod:`..spares` decides the swaps): a recovering member takes a ready
+spare's pod; a spare on a dead or leaving node is replaced."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jobset_inplace import names
+from jobset_inplace.core.detection import current_spares, heartbeats, node_state
+from jobset_inplace.core.model import Cause, Recovery
+from jobset_inplace.core.planned_moves import leaving_members
+from jobset_inplace.core.planner.base import PlanningPass, first_few
+from jobset_inplace.core.policy import ForceDelete
+from jobset_inplace.core.spares import SPARE_SHORTFALL, SPARE_SWAPPED, fenced, plan_swaps, swapped
+
+
+class HotSpares(PlanningPass):
+    """Swapping a member onto a spare, and moving spares off nodes that are going."""
+
+    def swap_spares(self, rec: Recovery) -> None:
+        """Members of this recovery that get a new pod take a ready spare's instead of waiting
+        for their Job's (scheduling, image pull, start): the slot is given to the spare's
+        position once the old pod is fenced (it cannot be training any more: gone, terminal,
+        or force-deleted on a silent node). A member already on a Ready pod that is not the
+        replaced one keeps it; one with no spare ready waits for its Job's new pod, as
+        without spares (the shortfall is said once per epoch)."""
+        s, st = self.s, self.st
+        if not s.gang.spares:
+            return
+        by_uid = {pod.uid: pod for pod in s.pods}
+        force = s.policy.force_delete == ForceDelete.UNREACHABLE
+        lease_end = names.LEASE_S + names.FENCE_MARGIN_S
+        wanting, avoid = [], set()
+        for member, old_uid in sorted(rec.recreated.items()):
+            pod = self.current.get(member)
+            if pod is not None and pod.uid != old_uid and self.ready_pod(pod):
+                continue  # on a new pod already (a spare, or its Job's replacement)
+            old = by_uid.get(old_uid)
+            dead = rec.causes.get(member) == Cause.NODE_UNHEALTHY
+            if old is not None and old.node:
+                avoid.add(old.node)
+            if heartbeats(s) and old_uid in s.silent:
+                # its agent held a lease: the slot moves once the lease has surely ended,
+                # whatever became of the pod (deleted by force, or not)
+                quiet = s.silent[old_uid]
+                if quiet >= lease_end:
+                    wanting.append(member)
+                else:
+                    self.p.wake_at(s.now, s.now + lease_end - quiet)
+            elif fenced(None if old is None else old.phase, force_deleted=force and dead):
+                wanting.append(member)
+        if not wanting:
+            return
+        taken = set(rec.recreated.values())
+        ready = [p for p in current_spares(s).values() if self.ready_pod(p) and p.uid not in taken]
+        swaps, short = plan_swaps(wanting, ready, frozenset(avoid))
+        for slot, spare in swaps:
+            st.slots = swapped(st.slots, slot, spare.member)
+            self.current[slot] = dataclasses.replace(spare, member=slot)
+            self.event(
+                SPARE_SWAPPED,
+                f"epoch {st.epoch}: {slot} continues on hot spare {spare.name} (position "
+                f"{spare.member}, node {spare.node}); its old pod is replaced as a spare",
+            )
+        if short:
+            self.event(
+                SPARE_SHORTFALL,
+                f"epoch {st.epoch}: no hot spare ready for {first_few(short)}: waiting for "
+                "their Jobs' new pods",
+                once_key=f"SpareShortfall/{st.epoch}",
+            )
+
+    def move_spares(self) -> None:
+        """Spares on a node that is dead, or being drained (its device tainted to move): no
+        one else moves them (the disruption budget counts them, and a silent node's pod is
+        never deleted by its kubelet), and a spare holds no training: its pod is replaced at
+        once (force-deleted on a dead node, as a member's would be) and its Job makes a new
+        spare elsewhere."""
+        s = self.s
+        if not s.gang.spares:
+            return
+        leaving = leaving_members(s.nodes, current_spares(s), s.devices_leaving)
+        for position, pod in sorted(current_spares(s).items()):
+            if pod.phase in ("Failed", "Succeeded"):
+                continue  # its Job makes a new one by itself
+            node = s.nodes.get(pod.node or "")
+            dead, _ = node_state(node, s.policy, s.now, s.leases_observed_since)
+            if dead and self.disrupted is None:
+                cause = Cause.NODE_UNHEALTHY
+            elif position in leaving:
+                cause = Cause.PLANNED_MOVE
+            else:
+                continue
+            if pod.deleting and cause != Cause.NODE_UNHEALTHY:
+                continue
+            self.replace(pod, cause)
+            self.event(
+                "SpareMoved",
+                f"hot spare {pod.name} ({position}) on node {pod.node}: "
+                f"{'the node is unhealthy' if dead else leaving[position]}; replaced",
+                once_key=f"SpareMoved/{pod.uid}",
+            )
