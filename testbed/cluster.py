@@ -603,11 +603,11 @@ class LocalCluster:
 
     def power_on(self, node: str) -> None:
         """Start real ``node`` again (containerd, kubelet) and wait until it is Ready and its
-        kubelet has restarted every pod the API still shows Ready there; nothing on a node whose
-        kubelet runs (a clean-up after a run that may have stopped between off and on). Until then such a pod
+        kubelet has restarted every pod the API still shows Ready there. Until then such a pod
         keeps its Service endpoints with nothing serving (an outage shorter than the node
         grace period never marks it NotReady): seen in CI as a webhook call refused right after
-        the controller's node came back."""
+        the controller's node came back. Nothing on a node whose kubelet runs (a clean-up after
+        a run that may have stopped between off and on)."""
         if kubelet_running(node):  # powered on already: nothing was restarted to wait for
             return
         on = time.time()

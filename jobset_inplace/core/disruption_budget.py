@@ -43,8 +43,8 @@ def desired_budget(jobset: Mapping[str, Any], policy: Policy | None) -> dict[str
     annotations do not parse, or no member)."""
     if policy is None or not policy.planned_moves or not is_managed(jobset):
         return None
-    # every pod of the gang, hot spares too: a drain then waits for the planner, which moves
-    # a member at a checkpoint and replaces a spare at once (core/planner/hot_spares.py, move_spares)
+    # every pod of the gang, hot spares too: a drain then waits for the planner, which moves a
+    # member at a checkpoint and replaces a spare at once (core/planner/hot_spares.py)
     members = len(positions(dict(jobset)))
     if members == 0:
         return None
