@@ -29,7 +29,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,12 @@ class Failure:
     causes: dict[str, str]  # the recovery's, per member
     wall: float = 0.0  # when it was injected (seconds since the epoch)
     began: float = 0.0  # when its injection began (a power-off takes seconds)
+    # the recovery's first signal (its cause) and that signal's window (how long before it the
+    # failure may have come), and the goodput buckets summed at its barrier (seconds): with
+    # the ones before, each failure's own
+    first_signal: str = ""
+    signal_window_s: float | None = None
+    badput_s: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -258,12 +264,13 @@ def run(
             log(f"soak: STOPPED, {kind} of {injected.member} not recovered: {e}")
             return failures, time.monotonic() - started, f"{kind} not recovered: {e}"
         injected.settle()
-        rec = st.get("recovery") or {}
+        rec, buckets = st.get("recovery") or {}, (st.get("goodput") or {}).get("badputSeconds")
         failures.append(
             Failure(
                 kind, epoch, round(at, 1), injected.member, rec.get("durationSeconds"),
                 rec.get("progressStepsLost"), rec.get("resumeStep"), rec.get("causes") or {},
-                round(wall, 3), round(began, 3),
+                round(wall, 3), round(began, 3), rec.get("firstSignal") or "",
+                rec.get("signalWindowSeconds"), buckets or {},
             )
         )  # fmt: skip
         log(f"soak: {asdict(failures[-1])}")

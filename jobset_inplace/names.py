@@ -164,6 +164,16 @@ STATUS_REPORT_ENDPOINT: Final = "reportEndpoint"
 STATUS_PLANNED_STOP: Final = "plannedStop"
 STATUS_SLOTS: Final = "slots"
 STATUS_STEP_RECHECK: Final = "stepRecheck"
+# ... and the fields of those that agents read (protocol/gangstate.py parses them, the core's
+# writer, core/gangstate.py, writes them): reportEndpoint's
+ENDPOINT_URL: Final = "url"
+ENDPOINT_CERT_SHA256: Final = "certSHA256"
+ENDPOINT_LEADER: Final = "leader"
+# plannedStop's and stepRecheck's: the epoch they are of, the step the gang stops at, the
+# steps to look at again
+ASK_EPOCH: Final = "epoch"
+PLANNED_STOP_STEP: Final = "step"
+STEP_RECHECK_STEPS: Final = "steps"
 
 # --- The agent's environment: core/transform.py writes it, agent/config.py reads it ------------
 ENV_GANGSTATE: Final = "JSI_GANGSTATE"

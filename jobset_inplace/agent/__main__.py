@@ -14,7 +14,7 @@ import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 from types import FrameType  # noqa: E402
 
-from jobset_inplace import launcher, prestart  # noqa: E402
+from jobset_inplace import launcher, names, prestart  # noqa: E402
 from jobset_inplace.trainer import clear_resume  # noqa: E402
 
 from .config import EXIT_CONFIG, EXIT_CRASH, Config, ConfigError, load_config  # noqa: E402
@@ -65,17 +65,17 @@ def _prepare(cfg: Config, barrier: BarrierState) -> tuple[KubeApi, ProbeServer]:
         if cfg.process_scope:
             install_launcher(cfg)
     except OSError as e:
-        raise ConfigError(f"JSI_STATE_DIR={cfg.state_dir}: not usable: {e}") from e
+        raise ConfigError(f"{launcher.ENV_STATE_DIR}={cfg.state_dir}: not usable: {e}") from e
     try:
         kube = KubeApi(cfg.server, cfg.token_file, cfg.ca_file)
     except (OSError, ssl.SSLError) as e:
-        raise ConfigError(f"JSI_CA_FILE={cfg.ca_file}: not a usable CA bundle: {e}") from e
+        raise ConfigError(f"{names.ENV_CA_FILE}={cfg.ca_file}: not a usable CA bundle: {e}") from e
     except ValueError as e:
-        raise ConfigError(f"JSI_API_SERVER: {e}") from e
+        raise ConfigError(f"{names.ENV_API_SERVER}: {e}") from e
     try:
         probe = ProbeServer(cfg.probe_port, barrier)
     except OSError as e:
-        raise ConfigError(f"JSI_PROBE_PORT={cfg.probe_port}: cannot listen: {e}") from e
+        raise ConfigError(f"{names.ENV_PROBE_PORT}={cfg.probe_port}: cannot listen: {e}") from e
     return kube, probe
 
 

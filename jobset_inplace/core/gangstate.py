@@ -113,12 +113,12 @@ def status_to_dict(s: GangStatus) -> dict[str, Any]:
 
 def _planned_to_dict(p: PlannedStop) -> dict[str, Any]:
     return {
-        "epoch": p.epoch,
+        names.ASK_EPOCH: p.epoch,
         "members": list(p.members),
         "reason": p.reason,
         "requestedAt": rfc3339(p.requested),
         "deadline": rfc3339(p.deadline),
-        "step": p.step,
+        names.PLANNED_STOP_STEP: p.step,
     }
 
 
@@ -126,12 +126,12 @@ def _planned_from_dict(d: Any) -> PlannedStop | None:
     if not isinstance(d, dict):
         return None
     return PlannedStop(
-        epoch=int(d["epoch"]),
+        epoch=int(d[names.ASK_EPOCH]),
         members=tuple(str(m) for m in d.get("members") or ()),
         reason=str(d.get("reason") or ""),
         requested=parse_time(d.get("requestedAt")) or 0.0,
         deadline=parse_time(d.get("deadline")) or 0.0,
-        step=d.get("step"),
+        step=d.get(names.PLANNED_STOP_STEP),
     )
 
 
@@ -208,13 +208,21 @@ def _ledger_from_dict(d: Any) -> Ledger:
 
 
 def _endpoint_to_dict(e: ReportEndpoint) -> dict[str, str]:
-    return {"url": e.url, "certSHA256": e.cert_sha256, "leader": e.leader}
+    return {
+        names.ENDPOINT_URL: e.url,
+        names.ENDPOINT_CERT_SHA256: e.cert_sha256,
+        names.ENDPOINT_LEADER: e.leader,
+    }
 
 
 def _endpoint_from_dict(d: Any) -> ReportEndpoint | None:
-    if not isinstance(d, dict) or not d.get("url"):
+    if not isinstance(d, dict) or not d.get(names.ENDPOINT_URL):
         return None
-    return ReportEndpoint(str(d["url"]), str(d.get("certSHA256") or ""), str(d.get("leader") or ""))
+    return ReportEndpoint(
+        str(d[names.ENDPOINT_URL]),
+        str(d.get(names.ENDPOINT_CERT_SHA256) or ""),
+        str(d.get(names.ENDPOINT_LEADER) or ""),
+    )
 
 
 def status_from_dict(d: dict[str, Any] | None) -> GangStatus:
@@ -257,7 +265,11 @@ def status_from_dict(d: dict[str, Any] | None) -> GangStatus:
 
 
 def _recheck_to_dict(r: StepRecheck) -> dict[str, Any]:
-    return {"epoch": r.epoch, "steps": list(r.steps), "deadline": rfc3339(r.deadline)}
+    return {
+        names.ASK_EPOCH: r.epoch,
+        names.STEP_RECHECK_STEPS: list(r.steps),
+        "deadline": rfc3339(r.deadline),
+    }
 
 
 def _recheck_from_dict(d: Any) -> StepRecheck | None:
@@ -265,7 +277,8 @@ def _recheck_from_dict(d: Any) -> StepRecheck | None:
     reports it has, as before the second look existed)."""
     if not isinstance(d, dict):
         return None
-    epoch, steps, deadline = d.get("epoch"), d.get("steps"), d.get("deadline")
+    epoch, steps = d.get(names.ASK_EPOCH), d.get(names.STEP_RECHECK_STEPS)
+    deadline = d.get("deadline")
     if not isinstance(epoch, int) or not isinstance(deadline, str) or not isinstance(steps, list):
         return None
     if not steps or not all(is_int(s) for s in steps):

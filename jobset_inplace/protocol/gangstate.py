@@ -73,7 +73,7 @@ def parse_planned_stop(value: object) -> tuple[int, int | None] | None:
     the member at its deadline whatever the agents did)."""
     if not isinstance(value, Mapping):
         return None
-    epoch, step = value.get("epoch"), value.get("step")
+    epoch, step = value.get(names.ASK_EPOCH), value.get(names.PLANNED_STOP_STEP)
     if not is_int(epoch) or not 0 < epoch <= MAX_STEP:
         return None
     if step is not None and (not is_int(step) or not 0 <= step <= MAX_STEP):
@@ -86,7 +86,7 @@ def parse_step_recheck(value: object) -> tuple[int, frozenset[int]] | None:
     barrier opens at the ask's deadline whatever the agents did)."""
     if not isinstance(value, Mapping):
         return None
-    epoch, steps = value.get("epoch"), value.get("steps")
+    epoch, steps = value.get(names.ASK_EPOCH), value.get(names.STEP_RECHECK_STEPS)
     if not is_int(epoch) or not 0 <= epoch <= MAX_STEP or not isinstance(steps, list):
         return None
     if not steps or not all(is_int(s) and 0 <= s <= MAX_STEP for s in steps):
@@ -99,7 +99,8 @@ def parse_endpoint(value: object) -> Endpoint | None:
     reports on its pod: a bad endpoint never holds a barrier)."""
     if not isinstance(value, Mapping):
         return None
-    url, pin, leader = value.get("url"), value.get("certSHA256"), value.get("leader")
+    url, pin = value.get(names.ENDPOINT_URL), value.get(names.ENDPOINT_CERT_SHA256)
+    leader = value.get(names.ENDPOINT_LEADER)
     if not (isinstance(url, str) and url.startswith("https://")):
         return None
     if not (isinstance(pin, str) and len(pin) == 64 and all(c in "0123456789abcdef" for c in pin)):

@@ -3,7 +3,8 @@ codec both wires use (the report channel's JSON ``report`` object and the pod's 
 annotation name -> string value, the names in :mod:`jobset_inplace.names`) and the rule that
 orders two reports of one pod.
 
-Standard library only: the agent, the decision core, the controller and the plugin import it.
+Standard library only: the agent, the decision core and the controller import it (the plugin
+reads reports through the core's ``core/decode.py``).
 """
 
 from __future__ import annotations
