@@ -294,11 +294,11 @@ def _close_epoch(
     step of the ``complete`` spans (its members' own, to their last step) and the one under
     way: a gang whose members wait for each other (data-parallel training: every step ends
     in an all-reduce) stands still from a member's failure until it is seen. Without a
-    complete span (every pod went: notes end up to ``PROGRESS_NOTE_S`` early), in the middle
-    of the signal's ``window`` (the failure came somewhere in it: a silent node's, a renew
-    interval after its last Lease renewal) less the part before the newest step the notes saw
-    and the resume step (the gang reached both): the estimate with no bias, off by at most
-    half of what is left of the window."""
+    complete span (every pod went: notes end up to ``PROGRESS_NOTE_S`` early), at ``end``
+    less half the signal's ``window`` (the failure came somewhere in it: a silent node's, a
+    renew interval after its last Lease renewal; its middle, off by at most half the window),
+    and not before what the gang is known to have reached: the newest step the notes saw and
+    the resume step (its checkpoint was saved in this epoch)."""
     opened = ledger.training_since
     assert opened is not None
     resume = ledger.training_resume or 0
@@ -329,10 +329,11 @@ def _close_epoch(
     if newest:
         stopped = min(end, max(began, max(newest) + pace))
     else:
-        # Known to have trained until the newest step noted and the resume step reached: the
-        # failure came in the window's part after that (uniformly in it), so its middle.
+        # Known to have trained until the newest step noted and the resume step reached (not
+        # the middle of the window's part after those: they come just before the failure,
+        # and that middle is late on average).
         trained = max(began, max(s.last_at for s in ours) + pace, began + kept * pace)
-        stopped = min(end, (max(end - window, trained) + end) / 2)
+        stopped = min(end, max(trained, end - window / 2))
     training = stopped - began
     productive = min(kept * pace, training)
     warmup = "restore" if ledger.restarted else "startup"
