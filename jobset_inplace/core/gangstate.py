@@ -160,6 +160,7 @@ def _ledger_to_dict(led: Ledger) -> dict[str, Any]:
                 "firstAt": rfc3339(n.first_at),
                 "steps": n.steps,
                 "seconds": _seconds(n.seconds),
+                "lastAt": rfc3339(n.last_at) if n.last_at else None,
             },
         },
         "marks": [
@@ -177,7 +178,11 @@ def _noted_from_dict(d: Any) -> NotedProgress | None:
     if not isinstance(d, dict) or (at := parse_time(d.get("firstAt"))) is None:
         return None  # none, or a status written before notes were summed
     return NotedProgress(
-        int(d.get("firstStep") or 0), at, int(d.get("steps") or 0), float(d.get("seconds") or 0)
+        int(d.get("firstStep") or 0),
+        at,
+        int(d.get("steps") or 0),
+        float(d.get("seconds") or 0),
+        parse_time(d.get("lastAt")) or 0.0,
     )
 
 

@@ -176,16 +176,14 @@ def epoch_spans(
     new pod: the records went with the old one), the span its agent last noted while the epoch
     ran (``noted``: slot -> (epoch, span); shorter than the whole epoch by up to
     ``names.PROGRESS_NOTE_S``, which the account does not need: the steps kept are the resume
-    step's). With neither (a new leader: the notes went with the old one), the notes' sum the
-    status kept (:func:`with_notes`)."""
+    step's). With neither (a new leader: the notes went with the old one), none: the account
+    reads the notes' sum the status kept (:func:`with_notes`)."""
     spans = {pod.member: pod.progress_span for pod in joined if pod.progress_span is not None}
     epoch = ledger.training_epoch
     if epoch is not None:
         for member, (noted_epoch, span) in noted.items():
             if noted_epoch == epoch:
                 spans.setdefault(member, span)
-    if not spans and ledger.training_noted is not None:
-        return [ledger.training_noted.span()]
     return list(spans.values())
 
 
@@ -207,6 +205,7 @@ def with_notes(ledger: Ledger, noted: Mapping[str, tuple[int, ProgressSpan]]) ->
         first.first_at,
         sum(s.last_step - s.first_step for s in ours),
         sum(s.last_at - s.first_at for s in ours),
+        max(s.last_at for s in ours),
     )
     held = ledger.training_noted
     if held is not None and summed.seconds < 2 * held.seconds:
@@ -305,6 +304,13 @@ def _close_epoch(
     spent = max(0.0, end - opened)
     led = _not_training(ledger)
     ours = [s for s in spans if s.first_at >= opened - SPAN_CLOCK_SLACK_S]
+    # the newest step the members' spans saw; with none (a new leader: the notes went with the
+    # old one), the notes' sum the status kept, whose span is the gang's pace, not its reach
+    summed = ledger.training_noted if not ours else None
+    if summed is not None and summed.first_at >= opened - SPAN_CLOCK_SLACK_S:
+        ours, noted_until = [summed.span()], summed.last_at or None
+    else:
+        noted_until = max((s.last_at for s in ours), default=None)
     if not ours:
         return replace(led, unmeasured=led.unmeasured + spent)
     first = min(ours, key=lambda s: (s.first_at, s.first_step))
@@ -332,7 +338,8 @@ def _close_epoch(
         # Known to have trained until the newest step noted and the resume step reached (not
         # the middle of the window's part after those: they come just before the failure,
         # and that middle is late on average).
-        trained = max(began, max(s.last_at for s in ours) + pace, began + kept * pace)
+        noted = began if noted_until is None else noted_until + pace
+        trained = max(began, noted, began + kept * pace)
         stopped = min(end, max(trained, end - window / 2))
     training = stopped - began
     productive = min(kept * pace, training)

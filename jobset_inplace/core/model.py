@@ -268,9 +268,13 @@ class NotedProgress:
     first_at: float
     steps: int
     seconds: float
+    # the newest step's time any member noted (0: unknown, a status written before it): the
+    # span's own end is first_at + the members' seconds added up, far past it
+    last_at: float = 0.0
 
     def span(self) -> ProgressSpan:
-        """As one member's span with the gang's pace (what the account reads of it)."""
+        """As one member's span with the gang's pace (what the account reads of it: its end is
+        not a time, :attr:`last_at` is)."""
         return ProgressSpan(
             self.first_step,
             self.first_at,

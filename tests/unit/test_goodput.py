@@ -352,14 +352,14 @@ def test_the_notes_sum_is_kept_at_doubling_reach_and_accounts_for_a_new_leader()
     assert with_notes(led, {}) is led
     early = {"w/0": (1, span(1, 13, 3, 14)), "w/1": (1, span(1, 13.2, 3, 14.2))}
     led = with_notes(led, early)
-    assert led.training_noted == NotedProgress(1, T0 + 13, 4, 2.0)
+    assert led.training_noted == NotedProgress(1, T0 + 13, 4, 2.0, T0 + 14.2)
     later = {"w/0": (1, span(1, 13, 4, 14.5)), "w/1": (1, span(1, 13.2, 4, 14.7))}
     assert with_notes(led, later) is led, "3 s summed: less than twice 2 s, not written"
     other = {"w/0": (2, span(1, 13, 400, 300)), "w/1": (1, span(1, 13.2, 3, 14.2))}
     assert with_notes(led, other) is led, "another epoch's note is not summed"
     notes = {"w/0": (1, span(1, 13, 41, 33)), "w/1": (1, span(1, 13.2, 41, 33.2))}
     led = with_notes(led, notes)
-    assert led.training_noted == NotedProgress(1, T0 + 13, 80, 40.0)
+    assert led.training_noted == NotedProgress(1, T0 + 13, 80, 40.0, T0 + 33.2)
     rec = failure(2, signal=43, started=43.2, opened=45, resume=50)
     from_memory = barrier_opened(led, rec, epoch_spans([], notes, led))
     from_status = barrier_opened(led, rec, epoch_spans([], {}, led))
@@ -368,6 +368,18 @@ def test_the_notes_sum_is_kept_at_doubling_reach_and_accounts_for_a_new_leader()
     assert from_status.productive == pytest.approx(25.0)  # steps 1..50 at 0.5 s
     assert from_status.badput == pytest.approx(from_memory.badput)
     assert from_status.training_noted is None, "the new epoch starts without a sum"
+    # A silence that took every pod ends from the newest step noted, not from the sum's span
+    # (its end is the members' seconds added up: 40 s past the first step, not 20): the same
+    # account from the status as from the notes.
+    silence = replace(
+        failure(2, signal=53, started=68.2, opened=75, resume=50),
+        first_signal=Cause.NODE_UNHEALTHY,
+        signal_window=10.0,
+    )
+    from_memory = barrier_opened(led, silence, epoch_spans([], notes, led))
+    from_status = barrier_opened(led, silence, epoch_spans([], {}, led))
+    assert from_status.badput == pytest.approx(from_memory.badput)
+    assert from_status.badput[Bucket.DETECTION] == pytest.approx(5 + 15.2)  # from 48, mid-window
 
 
 def test_a_running_pass_keeps_the_notes_sum_in_the_status_and_only_when_it_doubles() -> None:
@@ -377,7 +389,9 @@ def test_a_running_pass_keeps_the_notes_sum_in_the_status_and_only_when_it_doubl
     }
     s = replace(snapshot(status=status, pod_list=pods(4, epoch=1), now=NOW), progress_noted=notes)
     kept = plan(s).status
-    assert kept.goodput.training_noted == NotedProgress(201, OPENED + 4.5, 4 * 59, 4 * 29.5)
+    assert kept.goodput.training_noted == NotedProgress(
+        201, OPENED + 4.5, 4 * 59, 4 * 29.5, OPENED + 34
+    )
     again = plan(replace(s, status=kept)).status
     assert again == kept, "the same notes: nothing new to write"
 
