@@ -68,7 +68,6 @@ from bench.channel_attack import (
 from bench.channel_attack import NAMESPACE as NS
 from bench.stats import ratio_of_medians
 from jobset_inplace import names
-from jobset_inplace.controller.report_server import LIMITS_ENV
 from jobset_inplace.runtime.report_limits import Limits
 from jobset_inplace.runtime.report_tokens import TokenVerifier
 
@@ -540,7 +539,7 @@ def main() -> int:
     if args.serve:
         pin("server")
         verifier = BenchKeysVerifier(os.environ[KEY_ENV])
-        limits = Limits.parse(os.environ.get(LIMITS_ENV, ""))
+        limits = Limits.parse(os.environ.get(names.ENV_REPORT_LIMITS, ""))
         uvloop.run(_serve(verifier, 3, {0: os.environ[AGENT_ENV]}, limits))
         return 0
     if args.attack:
@@ -554,7 +553,7 @@ def main() -> int:
         Limits.parse(args.limits)
     except ValueError as e:
         p.error(f"--limits: {e}")
-    env = {KEY_ENV: cluster.keys(), AGENT_ENV: AGENT, LIMITS_ENV: args.limits}
+    env = {KEY_ENV: cluster.keys(), AGENT_ENV: AGENT, names.ENV_REPORT_LIMITS: args.limits}
     server = Server("bench.channel_attacks", env)
     try:
         result = run(server, cluster, args.addresses, args.seconds, attacks)

@@ -112,7 +112,8 @@ from bench.channel_attacks import (
     sample,
 )
 from bench.channel_grpc import METHOD, SERVER_OPTIONS, _material
-from jobset_inplace.controller.report_server import LIMITS_ENV, MAX_BODY
+from jobset_inplace import names
+from jobset_inplace.controller.report_server import MAX_BODY
 from jobset_inplace.runtime.report_http import IDLE_S, MAX_HEAD, PREAUTH_S, REQUEST_S
 from jobset_inplace.runtime.report_limits import Limits
 from jobset_inplace.runtime.report_tokens import Rejected
@@ -450,7 +451,8 @@ def main() -> int:
         "agent"
     )  # (its children are pinned within the CPUs it had before: bench.channel_attacks.pin)
     ours = Server(
-        "bench.channel_attacks", {KEY_ENV: cluster.keys(), AGENT_ENV: AGENT, LIMITS_ENV: ""}
+        "bench.channel_attacks",
+        {KEY_ENV: cluster.keys(), AGENT_ENV: AGENT, names.ENV_REPORT_LIMITS: ""},
     )
     try:
         result: dict[str, Any] = {"ours": run(ours, cluster, args.addresses, args.seconds, attacks)}

@@ -175,6 +175,23 @@ ASK_EPOCH: Final = "epoch"
 PLANNED_STOP_STEP: Final = "step"
 STEP_RECHECK_STEPS: Final = "steps"
 
+# --- The controller process's environment: its Deployment sets it (manifests/, the chart) ----
+# the webhook's port and the directory of its serving certificate (runtime/webhook_server.py)
+ENV_WEBHOOK_PORT: Final = "JSI_WEBHOOK_PORT"
+ENV_WEBHOOK_CERT_DIR: Final = "JSI_WEBHOOK_CERT_DIR"
+# the agent the webhook injects: image, pull policy and secrets, resources, the API server it
+# talks to (core/agent_settings.py parses resources and secrets)
+ENV_AGENT_IMAGE: Final = "JSI_AGENT_IMAGE"
+ENV_AGENT_PULL_POLICY: Final = "JSI_AGENT_IMAGE_PULL_POLICY"
+ENV_AGENT_PULL_SECRETS: Final = "JSI_AGENT_IMAGE_PULL_SECRETS"
+ENV_AGENT_RESOURCES: Final = "JSI_AGENT_RESOURCES"
+ENV_AGENT_API_SERVER: Final = "JSI_AGENT_API_SERVER"
+# the report channel's listen address, the address it advertises, its limits
+# (controller/report_server.py)
+ENV_REPORT_LISTEN: Final = "JSI_REPORT_LISTEN"
+ENV_REPORT_ADVERTISE: Final = "JSI_REPORT_ADVERTISE"
+ENV_REPORT_LIMITS: Final = "JSI_REPORT_LIMITS"
+
 # --- The agent's environment: core/transform.py writes it, agent/config.py reads it ------------
 ENV_GANGSTATE: Final = "JSI_GANGSTATE"
 ENV_API_SERVER: Final = "JSI_API_SERVER"

@@ -41,7 +41,6 @@ from typing import Any
 import yaml
 
 from jobset_inplace import __version__, names
-from jobset_inplace.runtime.webhook_server import AGENT_IMAGE_ENV
 from release import plugin
 from testbed import images  # the offline image build (as root, Debian's tools)
 from testbed.helm import Helm  # the pinned binaries
@@ -82,7 +81,10 @@ def version_mismatches(version: str) -> list[str]:
     where = "manifests/controller/deployment.yaml"
     found += [
         (f"{where} image tag", container["image"].rpartition(":")[2]),
-        (f"{where} {AGENT_IMAGE_ENV} tag", env.get(AGENT_IMAGE_ENV, "").rpartition(":")[2]),
+        (
+            f"{where} {names.ENV_AGENT_IMAGE} tag",
+            env.get(names.ENV_AGENT_IMAGE, "").rpartition(":")[2],
+        ),
     ]
     return [f"{place} says {said!r}" for place, said in found if said != version]
 
@@ -137,9 +139,9 @@ def pin_install(objects: Sequence[dict[str, Any]], refs: Mapping[str, str]) -> l
         raise ValueError(f"expected one Deployment {name}, found {len(deployments)}")
     (container,) = deployments[0]["spec"]["template"]["spec"]["containers"]
     container["image"] = refs["controller"]
-    agent = [e for e in container.get("env", []) if e["name"] == AGENT_IMAGE_ENV]
+    agent = [e for e in container.get("env", []) if e["name"] == names.ENV_AGENT_IMAGE]
     if len(agent) != 1:
-        raise ValueError(f"the controller's container has no {AGENT_IMAGE_ENV} to pin")
+        raise ValueError(f"the controller's container has no {names.ENV_AGENT_IMAGE} to pin")
     agent[0]["value"] = refs["agent"]
     return out
 

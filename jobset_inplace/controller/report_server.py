@@ -257,11 +257,6 @@ class ReportServer:
         return uid, holds
 
 
-LISTEN_ENV = "JSI_REPORT_LISTEN"
-ADVERTISE_ENV = "JSI_REPORT_ADVERTISE"
-LIMITS_ENV = "JSI_REPORT_LIMITS"
-
-
 def report_server_from_env(
     cache: ClusterCache, poke: Poke, env: Mapping[str, str]
 ) -> ReportServer | None:
@@ -269,19 +264,25 @@ def report_server_from_env(
     port 0: any free one), advertised at ``JSI_REPORT_ADVERTISE`` (an address agents reach;
     default the pod's ``POD_IP``; ``off``: no channel, agents write their reports on pods),
     with ``JSI_REPORT_LIMITS`` (``key=value,...``: :class:`.report_limits.Limits`)."""
-    advertise = env.get(ADVERTISE_ENV) or env.get("POD_IP") or ""
+    advertise = env.get(names.ENV_REPORT_ADVERTISE) or env.get("POD_IP") or ""
     if advertise in ("", "off"):
-        why = "off" if advertise else f"no address to advertise (set POD_IP or {ADVERTISE_ENV})"
+        why = (
+            "off"
+            if advertise
+            else f"no address to advertise (set POD_IP or {names.ENV_REPORT_ADVERTISE})"
+        )
         log.info("report channel: %s; agents write their reports on their pods", why)
         return None
-    listen = env.get(LISTEN_ENV) or f"0.0.0.0:{names.DEFAULT_REPORT_PORT}"
+    listen = env.get(names.ENV_REPORT_LISTEN) or f"0.0.0.0:{names.DEFAULT_REPORT_PORT}"
     host, sep, port = listen.rpartition(":")
     if not sep or not re.fullmatch(r"[0-9]{1,5}", port) or int(port) > 65535:
-        raise ValueError(f"{LISTEN_ENV} must be ADDRESS:PORT (port 0..65535), got {listen!r}")
+        raise ValueError(
+            f"{names.ENV_REPORT_LISTEN} must be ADDRESS:PORT (port 0..65535), got {listen!r}"
+        )
     listen_at = (host.strip("[]") or "0.0.0.0", int(port))
     try:
-        limits = Limits.parse(env.get(LIMITS_ENV, ""))
+        limits = Limits.parse(env.get(names.ENV_REPORT_LIMITS, ""))
     except ValueError as e:
-        raise ValueError(f"{LIMITS_ENV}: {e}") from None
+        raise ValueError(f"{names.ENV_REPORT_LIMITS}: {e}") from None
     verifier = TokenVerifier(client.ApiClient())
     return ReportServer(cache, poke, verifier, listen_at, advertise, limits=limits)

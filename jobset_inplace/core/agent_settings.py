@@ -9,8 +9,7 @@ import re
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 
-RESOURCES_ENV = "JSI_AGENT_RESOURCES"
-PULL_SECRETS_ENV = "JSI_AGENT_IMAGE_PULL_SECRETS"
+from jobset_inplace import names
 
 # What the agent asks for unless told otherwise: it sleeps on a watch and a probe.
 DEFAULT_RESOURCES: Mapping[str, Mapping[str, str]] = {"requests": {"cpu": "10m", "memory": "32Mi"}}
@@ -56,29 +55,30 @@ def parse_resources(text: str) -> dict[str, dict[str, str]]:
         key, sep, raw = item.partition("=")
         kind, dot, resource = key.strip().partition(".")
         if not sep or not dot or kind not in KINDS or resource not in RESOURCE_NAMES:
-            raise ValueError(f"{RESOURCES_ENV}: {item!r}: expected {form}")
+            raise ValueError(f"{names.ENV_AGENT_RESOURCES}: {item!r}: expected {form}")
         try:
             quantity(raw.strip())
         except ValueError as e:
-            raise ValueError(f"{RESOURCES_ENV}: {key.strip()}: {e}") from None
+            raise ValueError(f"{names.ENV_AGENT_RESOURCES}: {key.strip()}: {e}") from None
         out.setdefault(kind, {})[resource] = raw.strip()
     for resource, limit in out.get("limits", {}).items():
         request = out.get("requests", {}).get(resource)
         if request is not None and quantity(limit) < quantity(request):
             raise ValueError(
-                f"{RESOURCES_ENV}: limits.{resource} {limit} is below requests.{resource} {request}"
+                f"{names.ENV_AGENT_RESOURCES}: limits.{resource} {limit} is below "
+                f"requests.{resource} {request}"
             )
     return out
 
 
 def parse_pull_secrets(text: str) -> tuple[str, ...]:
     """``regcred,other`` -> Secret names (DNS-1123 subdomains, at most 253 characters)."""
-    names = tuple(part.strip() for part in text.split(",") if part.strip())
-    for name in names:
+    secrets = tuple(part.strip() for part in text.split(",") if part.strip())
+    for name in secrets:
         if len(name) > 253 or not _SUBDOMAIN.match(name):
             raise ValueError(
-                f"{PULL_SECRETS_ENV}: {name!r} is not a Secret name (lower-case letters, "
-                "digits, '-' and '.', starting and ending with a letter or digit; "
+                f"{names.ENV_AGENT_PULL_SECRETS}: {name!r} is not a Secret name (lower-case "
+                "letters, digits, '-' and '.', starting and ending with a letter or digit; "
                 "comma-separated)"
             )
-    return tuple(dict.fromkeys(names))
+    return tuple(dict.fromkeys(secrets))

@@ -30,13 +30,9 @@ from typing import Any
 import jsonpatch
 import kopf
 
+from jobset_inplace import names
 from jobset_inplace.core.admission import mutate, update_warnings, validate, warnings
-from jobset_inplace.core.agent_settings import (
-    PULL_SECRETS_ENV,
-    RESOURCES_ENV,
-    parse_pull_secrets,
-    parse_resources,
-)
+from jobset_inplace.core.agent_settings import parse_pull_secrets, parse_resources
 from jobset_inplace.core.transform import DEFAULT_AGENT_IMAGE, AgentSettings
 
 log = logging.getLogger("jobset_inplace.admission")
@@ -46,14 +42,6 @@ MUTATE_ID = "mutate-jobsets"
 VALIDATE_ID = "validate-jobsets"
 DEFAULT_PORT = 9443
 DEFAULT_CERT_DIR = "/etc/jobset-inplace/webhook-certs"
-# Environment of the controller process (the Deployment mounts the serving Secret there).
-WEBHOOK_PORT_ENV = "JSI_WEBHOOK_PORT"
-WEBHOOK_CERT_DIR_ENV = "JSI_WEBHOOK_CERT_DIR"
-
-
-AGENT_IMAGE_ENV = "JSI_AGENT_IMAGE"
-AGENT_PULL_POLICY_ENV = "JSI_AGENT_IMAGE_PULL_POLICY"
-AGENT_API_SERVER_ENV = "JSI_AGENT_API_SERVER"
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
 
@@ -64,17 +52,17 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> AgentSettings:
     ``JSI_AGENT_RESOURCES`` and ``JSI_AGENT_IMAGE_PULL_SECRETS``
     (:mod:`jobset_inplace.core.agent_settings`). ValueError names a malformed variable."""
     e = os.environ if env is None else env
-    policy = e.get(AGENT_PULL_POLICY_ENV) or "IfNotPresent"
+    policy = e.get(names.ENV_AGENT_PULL_POLICY) or "IfNotPresent"
     if policy not in PULL_POLICIES:
         raise ValueError(
-            f"{AGENT_PULL_POLICY_ENV}: {policy!r}: expected one of {', '.join(PULL_POLICIES)}"
+            f"{names.ENV_AGENT_PULL_POLICY}: {policy!r}: expected one of {', '.join(PULL_POLICIES)}"
         )
     return AgentSettings(
-        image=e.get(AGENT_IMAGE_ENV) or DEFAULT_AGENT_IMAGE,
+        image=e.get(names.ENV_AGENT_IMAGE) or DEFAULT_AGENT_IMAGE,
         image_pull_policy=policy,
-        api_server=e.get(AGENT_API_SERVER_ENV) or None,
-        resources=parse_resources(e.get(RESOURCES_ENV, "")),
-        image_pull_secrets=parse_pull_secrets(e.get(PULL_SECRETS_ENV, "")),
+        api_server=e.get(names.ENV_AGENT_API_SERVER) or None,
+        resources=parse_resources(e.get(names.ENV_AGENT_RESOURCES, "")),
+        image_pull_secrets=parse_pull_secrets(e.get(names.ENV_AGENT_PULL_SECRETS, "")),
     )
 
 
@@ -151,7 +139,7 @@ def cert_dir_from_env(env: Mapping[str, str] | None = None) -> Path:
     """Where the serving certificate is (``JSI_WEBHOOK_CERT_DIR``, default
     /etc/jobset-inplace/webhook-certs): mounted from a Secret, or written by the controller."""
     e = os.environ if env is None else env
-    return Path(e.get(WEBHOOK_CERT_DIR_ENV, DEFAULT_CERT_DIR))
+    return Path(e.get(names.ENV_WEBHOOK_CERT_DIR, DEFAULT_CERT_DIR))
 
 
 def server_from_env(env: dict[str, str] | None = None) -> kopf.WebhookServer | None:
@@ -168,7 +156,7 @@ def server_from_env(env: dict[str, str] | None = None) -> kopf.WebhookServer | N
 def webhook_port_from_env(env: Mapping[str, str] | None = None) -> int:
     """The webhook server's port (``JSI_WEBHOOK_PORT``, default 9443)."""
     e = os.environ if env is None else env
-    return int(e.get(WEBHOOK_PORT_ENV, DEFAULT_PORT))
+    return int(e.get(names.ENV_WEBHOOK_PORT, DEFAULT_PORT))
 
 
 def connection_from_kubeconfig(path: str) -> kopf.ConnectionInfo:
