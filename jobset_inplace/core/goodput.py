@@ -60,6 +60,11 @@ def progress_steps_lost(joined: Sequence[PodView], resume_step: int | None) -> i
 # A span whose first step is dated this long before the barrier it follows opened belongs to an
 # older epoch (a pod whose records survived); node clocks and the controller's agree far better.
 SPAN_CLOCK_SLACK_S = 1.0
+# Kubernetes writes a condition's transition time in whole seconds (a pod's Ready turning False
+# at 12.9 s reads 12 s): a failure the failed member's own steps place up to this long after
+# its signal is that signal's, not a later one's (a trainer that ran on past its signal, such
+# as one whose device was tainted, is placed further).
+SIGNAL_TIME_RESOLUTION_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -218,11 +223,13 @@ def barrier_opened(
     rec: Recovery,
     spans: Sequence[ProgressSpan],
     complete: Sequence[ProgressSpan] = (),
+    failed: Sequence[ProgressSpan] = (),
 ) -> Ledger:
     """``ledger`` once ``rec``'s barrier opened (``rec.opened`` and ``rec.resume_step`` set):
-    the epoch that ended at its first signal accounted from the members' ``spans`` of it (of
-    which ``complete``: those their own pods reported, up to their trainers' newest step), the
-    recovery's own time in its buckets, and its epoch's training running."""
+    the epoch that ended at its failure accounted from the members' ``spans`` of it (of which
+    ``complete``: those their own pods reported, up to their trainers' newest step; of those,
+    ``failed``: the failing members'), the recovery's own time in its buckets, and its epoch's
+    training running."""
     assert rec.opened is not None
     if ledger.training_since is None:  # a start (or a restart after a suspension)
         led = replace(
@@ -232,14 +239,21 @@ def barrier_opened(
         )
         restarted = False
     else:
-        led = _close_epoch(
-            ledger, rec.began, spans, rec.resume_step, complete=complete, window=rec.signal_window
+        led, ended = _close_epoch(
+            ledger,
+            rec.began,
+            spans,
+            rec.resume_step,
+            complete=complete,
+            failed=failed,
+            window=rec.signal_window,
+            latest=rec.started,
         )
         led = replace(
             led,
             badput=_add(
                 led.badput,
-                detection=rec.started - rec.began,
+                detection=rec.started - ended,
                 recovery=rec.opened - rec.started,
             ),
         )
@@ -284,20 +298,27 @@ def _close_epoch(
     next_resume: int | None,
     *,
     complete: Sequence[ProgressSpan] = (),
+    failed: Sequence[ProgressSpan] = (),
     window: float = 0.0,
-) -> Ledger:
+    latest: float | None = None,
+) -> tuple[Ledger, float]:
     """Account the running epoch, from its barrier's opening to ``end`` (the next failure's
     first signal): startup or restore until training began, then the steps the next epoch
     keeps (up to ``next_resume``) as productive and the rest as wasted progress, until the
-    gang stopped training; from then to ``end`` detection. The gang stopped with the newest
-    step of the ``complete`` spans (its members' own, to their last step) and the one under
-    way: a gang whose members wait for each other (data-parallel training: every step ends
-    in an all-reduce) stands still from a member's failure until it is seen. Without a
-    complete span (every pod went: notes end up to ``PROGRESS_NOTE_S`` early), at ``end``
-    less half the signal's ``window`` (the failure came somewhere in it: a silent node's, a
-    renew interval after its last Lease renewal; its middle, off by at most half the window),
-    and not before what the gang is known to have reached: the newest step the notes saw and
-    the resume step (its checkpoint was saved in this epoch)."""
+    gang stopped training; from then to ``end`` detection. Returns the ledger and where the
+    epoch ended: ``end``, or later (up to ``latest``, the recovery's start) where the failed
+    members' steps place the failure within ``SIGNAL_TIME_RESOLUTION_S`` after it.
+
+    The gang stopped with the failure: the newest step of the ``failed`` members' spans (their
+    own, to their last step) and the one under way (counted whole). The other members' steps
+    after it are not training (they are thrown away, or wait in an all-reduce: data-parallel
+    members wait for each other), so without a failed member's span, with the newest step of
+    the ``complete`` spans. Without a complete span (every pod went: notes end up to
+    ``PROGRESS_NOTE_S`` early), at ``end`` less half the signal's ``window`` (the failure came
+    somewhere in it: a silent node's, a renew interval after its last Lease renewal; its
+    middle, off by at most half the window), and not before what the gang is known to have
+    reached: the newest step the notes saw and the resume step (its checkpoint was saved in
+    this epoch)."""
     opened = ledger.training_since
     assert opened is not None
     resume = ledger.training_resume or 0
@@ -312,7 +333,7 @@ def _close_epoch(
     else:
         noted_until = max((s.last_at for s in ours), default=None)
     if not ours:
-        return replace(led, unmeasured=led.unmeasured + spent)
+        return replace(led, unmeasured=led.unmeasured + spent), end
     first = min(ours, key=lambda s: (s.first_at, s.first_step))
     # The pace from each member's own span, never one member's start against another's end:
     # members that resumed apart (one pod back 0.9 s before the other, measured in
@@ -323,7 +344,7 @@ def _close_epoch(
         seconds = sum(s.last_at - s.first_at for s in paced)
         pace = seconds / sum(s.last_step - s.first_step for s in paced)
     if pace is None:  # one step seen and no pace known: when training began is unknown
-        return replace(led, unmeasured=led.unmeasured + spent)
+        return replace(led, unmeasured=led.unmeasured + spent), end
     began = first.first_at - max(0, first.first_step - resume) * pace
     began = min(max(began, opened), end)
     # The steps kept are the resume step's: the trainers reached it (its checkpoint was saved
@@ -331,8 +352,14 @@ def _close_epoch(
     kept = max(0, (next_resume or 0) - resume)
     # (the members' times are their nodes' clocks, ``end`` the controller's: a node's clock
     # behind moves that much from wasted progress to detection, the total is unchanged)
+    failures = [s.last_at + pace for s in failed if s.first_at >= opened - SPAN_CLOCK_SLACK_S]
     newest = [s.last_at for s in complete if s.first_at >= opened - SPAN_CLOCK_SLACK_S]
-    if newest:
+    if failures:
+        failure = max(began, min(failures))  # (members that failed apart: the first)
+        if end < failure <= end + SIGNAL_TIME_RESOLUTION_S:
+            end = failure if latest is None else min(failure, max(end, latest))
+        stopped = min(end, failure)
+    elif newest:
         stopped = min(end, max(began, max(newest) + pace))
     else:
         # Known to have trained until the newest step noted and the resume step reached (not
@@ -356,4 +383,4 @@ def _close_epoch(
             },
         ),
         step_seconds=pace,
-    )
+    ), end

@@ -3,6 +3,7 @@ bucket, epoch by epoch, from the recoveries' times and the trainers' progress sp
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -244,6 +245,8 @@ def test_old_marks_go_and_the_count_stays_bounded() -> None:
             st.floats(0.05, 2),  # step seconds
             st.integers(0, 3),  # how many checkpoints back the gang resumes (0: newest)
             st.booleans(),  # spans reported
+            st.booleans(),  # ... by the failed member's own pod (its steps date the failure)
+            st.booleans(),  # the signal read in whole seconds (a condition's time)
         ),
         min_size=1,
         max_size=8,
@@ -254,7 +257,7 @@ def test_every_second_is_accounted_exactly_once(epochs: list[tuple]) -> None:  #
     the newest barrier, each part is >= 0, and productive never exceeds the steps kept."""
     led = barrier_opened(Ledger(), start(opened=5), [])
     t, resume, epoch = 5.0, 0, 1
-    for training, detect, recover, warm, pace, back, spans in epochs:
+    for training, detect, recover, warm, pace, back, spans, own, whole in epochs:
         first_at = t + min(warm, training)
         steps = max(0, int((t + training - first_at) / pace))
         reported = (
@@ -267,10 +270,15 @@ def test_every_second_is_accounted_exactly_once(epochs: list[tuple]) -> None:  #
         signal = t + training
         epoch += 1
         rec = failure(
-            epoch, signal, signal + detect, signal + detect + recover, next_resume or None
+            epoch,
+            max(t, math.floor(signal)) if whole else signal,
+            signal + detect,
+            signal + detect + recover,
+            next_resume or None,
         )
         before, resume_before = led.productive, resume
-        led = barrier_opened(led, rec, reported)
+        failed = reported if own else []
+        led = barrier_opened(led, rec, reported, failed, failed)
         t, resume = signal + detect + recover, next_resume
         assert led.productive - before <= (next_resume - resume_before) * pace + 1e-6
         assert all(v >= 0 for v in led.badput.values())
@@ -467,3 +475,49 @@ def test_members_that_train_on_after_a_failure_leave_detection_from_its_first_si
     led = barrier_opened(led, crash, members, members)
     assert led.badput[Bucket.DETECTION] == pytest.approx(0.1)
     assert led.badput[Bucket.WASTED_PROGRESS] == pytest.approx(0.5)  # 38 - 37.5: in flight
+
+
+def test_the_failed_members_own_steps_date_the_failure() -> None:
+    """A member that crashed at 38 (its last step, 50, at 37.5 and the one under way), seen at
+    40 (a pod's Ready condition: the kubelet's notice); the other member trained on to step 60
+    meanwhile, steps thrown away with the resume at 50. The epoch stopped at the failure, not
+    at the newest step of any member: 38 -> 40 is detection (the trainers' own account)."""
+    led = barrier_opened(Ledger(), start(opened=10), [])
+    crashed, other = span(1, 13, 50, 37.5), span(1, 13, 60, 42.5)
+    crash = failure(2, signal=40, started=40.1, opened=42, resume=50)
+    led = barrier_opened(led, crash, [crashed, other], [crashed, other], [crashed])
+    assert led.productive == pytest.approx(25.0)
+    assert led.badput[Bucket.WASTED_PROGRESS] == pytest.approx(0.5)  # step 51, under way
+    assert led.badput[Bucket.DETECTION] == pytest.approx(2.1)  # 38 -> 40.1
+    assert led.productive + led.badput_total == pytest.approx(42.0)
+
+
+def test_a_signal_read_in_whole_seconds_does_not_cut_the_steps_before_it() -> None:
+    """A pod's Ready condition says when it turned False in whole seconds: 37 for a crash at
+    38 (its last step, 50, at 37.5). Ended at 37, the epoch lost half a step of the kept ones
+    (CI: 1.16 points under the trainers' own account); it ends at the failure, and the
+    recovery's detection counts from there (never past the recovery's start)."""
+    led = barrier_opened(Ledger(), start(opened=10), [])
+    crashed = [span(1, 13, 50, 37.5)]
+    crash = failure(2, signal=37, started=38.5, opened=40, resume=50)
+    account = barrier_opened(led, crash, crashed, crashed, crashed)
+    assert account.productive == pytest.approx(25.0), "every step up to the resume step"
+    assert account.badput[Bucket.WASTED_PROGRESS] == pytest.approx(0.5)
+    assert account.badput[Bucket.DETECTION] == pytest.approx(0.5)  # 38 -> 38.5
+    assert account.productive + account.badput_total == pytest.approx(40.0)
+    quick = failure(2, signal=37, started=37.6, opened=40, resume=50)  # started before 38
+    account = barrier_opened(led, quick, crashed, crashed, crashed)
+    assert account.badput[Bucket.DETECTION] == pytest.approx(0.0)
+    assert account.productive + account.badput_total == pytest.approx(40.0)
+
+
+def test_a_failed_member_that_trained_on_past_its_signal_ends_the_epoch_at_the_signal() -> None:
+    """A member whose device was tainted at 38 trains on until the recovery stops it (step 62
+    at 43.5): more than a second after its signal, so its steps do not date the failure."""
+    led = barrier_opened(Ledger(), start(opened=10), [])
+    tainted = [span(1, 13, 62, 43.5)]
+    taint = failure(2, signal=38, started=38.1, opened=45, resume=50)
+    led = barrier_opened(led, taint, tainted, tainted, tainted)
+    assert led.badput[Bucket.WASTED_PROGRESS] == pytest.approx(0.5)  # 37.5 -> 38
+    assert led.badput[Bucket.DETECTION] == pytest.approx(0.1)
+    assert led.productive + led.badput_total == pytest.approx(45.0)

@@ -144,7 +144,12 @@ class Barrier(PlanningPass):
         rec.progress_lost = progress_steps_lost(joined, step)
         spans = goodput.epoch_spans(joined, self.s.progress_noted, st.goodput)
         own = [p.progress_span for p in joined if p.progress_span is not None]
-        st.goodput = goodput.barrier_opened(st.goodput, rec, spans, own)
+        failed = [
+            p.progress_span
+            for p in joined
+            if p.member in rec.causes and p.progress_span is not None
+        ]
+        st.goodput = goodput.barrier_opened(st.goodput, rec, spans, own, failed)
         if rec.causes:
             st.history.append(_summary(rec))
             del st.history[:-HISTORY_LIMIT]
