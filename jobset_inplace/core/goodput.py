@@ -62,8 +62,9 @@ def progress_steps_lost(joined: Sequence[PodView], resume_step: int | None) -> i
 SPAN_CLOCK_SLACK_S = 1.0
 # Kubernetes writes a condition's transition time in whole seconds (a pod's Ready turning False
 # at 12.9 s reads 12 s): a failure the failed member's own steps place up to this long after
-# its signal is that signal's, not a later one's (a trainer that ran on past its signal, such
-# as one whose device was tainted, is placed further).
+# such a signal (a whole second) is that signal's (a trainer that ran on past its signal, such
+# as one whose device was tainted, is placed further). The controller's own times are not
+# whole seconds but one time in a million.
 SIGNAL_TIME_RESOLUTION_S = 1.0
 
 
@@ -306,8 +307,9 @@ def _close_epoch(
     first signal): startup or restore until training began, then the steps the next epoch
     keeps (up to ``next_resume``) as productive and the rest as wasted progress, until the
     gang stopped training; from then to ``end`` detection. Returns the ledger and where the
-    epoch ended: ``end``, or later (up to ``latest``, the recovery's start) where the failed
-    members' steps place the failure within ``SIGNAL_TIME_RESOLUTION_S`` after it.
+    epoch ended: ``end``, or later (up to ``latest``, the recovery's start) where ``end`` is a
+    whole second and the failed members' steps place the failure within
+    ``SIGNAL_TIME_RESOLUTION_S`` after it.
 
     The gang stopped with the failure: the newest step of the ``failed`` members' spans (their
     own, to their last step) and the one under way (counted whole). The other members' steps
@@ -356,7 +358,7 @@ def _close_epoch(
     newest = [s.last_at for s in complete if s.first_at >= opened - SPAN_CLOCK_SLACK_S]
     if failures:
         failure = max(began, min(failures))  # (members that failed apart: the first)
-        if end < failure <= end + SIGNAL_TIME_RESOLUTION_S:
+        if end.is_integer() and end < failure <= end + SIGNAL_TIME_RESOLUTION_S:
             end = failure if latest is None else min(failure, max(end, latest))
         stopped = min(end, failure)
     elif newest:
