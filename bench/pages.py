@@ -346,22 +346,20 @@ def trainers_table(theirs: dict[str, Any], goodput_pct: float, wasted_pct: float
             f"| {member} | {100 * m['goodput']:.2f} % | {m['goodput_points_apart']:.2f} "
             f"| {100 * m['wasted']:.2f} % | {m['wasted_points_apart']:.2f} |"
         )
-    by_kind = theirs.get("productive_points_apart_by_kind") or {}
-    if by_kind:
-        members = sorted({m for apart in by_kind.values() for m in apart}, key=int)
-        out += [
-            "",
-            "The productive time of the epochs each kind of failure ended, the controller's "
-            "(between its barrier marks around the failure) against each member's kept steps "
-            "of that epoch, points apart (every failure's difference counted, whatever its "
-            "sign; the rest of each interval differs by as much):",
-            "",
-            "| failure | " + " | ".join(f"member {m}" for m in members) + " |",
-            "|---|" + "---|" * len(members),
-        ]
-        for kind, apart in sorted(by_kind.items(), key=lambda kv: _kind_order(kv[0])):
-            cells = " | ".join(f"{apart[m]:.2f}" if m in apart else "-" for m in members)
-            out.append(f"| {SOAK_KINDS.get(kind, kind)} | {cells} |")
+    out += _apart_by_kind(
+        theirs.get("productive_points_apart_by_kind") or {},
+        "The productive time of the epochs each kind of failure ended, the controller's "
+        "(between its barrier marks around the failure) against each member's kept steps "
+        "of that epoch, points apart (every failure's difference counted, whatever its "
+        "sign):",
+    )
+    out += _apart_by_kind(
+        theirs.get("wasted_points_apart_by_kind") or {},
+        "Their wasted progress, the controller's (its buckets at the failure's barrier less "
+        "those at the barrier before) against each member's own of that epoch, points apart "
+        "(the rest of each interval, detection to restore, differs by at most the two "
+        "together):",
+    )
     agree = theirs.get("steps_lost_agree") or {}
     if agree:
         ordered = sorted(agree.items(), key=lambda kv: _kind_order(kv[0]))
@@ -370,6 +368,24 @@ def trainers_table(theirs: dict[str, Any], goodput_pct: float, wasted_pct: float
             "",
             f"Steps lost per failure, the trainers' count and the controller's agreeing: {said}.",
         ]
+    return out
+
+
+def _apart_by_kind(by_kind: dict[str, dict[str, float]], caption: str) -> list[str]:
+    """A table of points apart, a row per failure kind and a column per member."""
+    if not by_kind:
+        return []
+    members = sorted({m for apart in by_kind.values() for m in apart}, key=int)
+    out = [
+        "",
+        caption,
+        "",
+        "| failure | " + " | ".join(f"member {m}" for m in members) + " |",
+        "|---|" + "---|" * len(members),
+    ]
+    for kind, apart in sorted(by_kind.items(), key=lambda kv: _kind_order(kv[0])):
+        cells = " | ".join(f"{apart[m]:.2f}" if m in apart else "-" for m in members)
+        out.append(f"| {SOAK_KINDS.get(kind, kind)} | {cells} |")
     return out
 
 

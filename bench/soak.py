@@ -300,9 +300,7 @@ def trainers_account(
     epoch that failed, less the resume). An epoch ends
     at its injected crash (the trainer's own line) or else when the soak began to inject the
     failure (a node powered off, a hang, a device fault, a drain)."""
-    ended = {f.epoch - 1: f.began or f.wall for f in failures if f.began or f.wall}
-    for truth in truths.values():
-        ended.update(truth.crashes)
+    ended = _epoch_ends(truths, failures)
     after = max((e for t in truths.values() for e in t.resumes), default=0) + 1
     began = gang_began(truths.values())
     window = end - since
@@ -319,6 +317,47 @@ def trainers_account(
         resumes = {t.resumes[f.epoch] for t in truths.values() if f.epoch in t.resumes}
         lost.append(max(newest) - resumes.pop() if newest and len(resumes) == 1 else None)
     return {"members": members, "steps_lost": lost}
+
+
+def _epoch_ends(truths: dict[str, Truth], failures: list[Failure]) -> dict[int, float]:
+    """When each epoch that failed ended: at its injected crash (the trainer's own line) or
+    else when the soak began to inject the failure."""
+    ended = {f.epoch - 1: f.began or f.wall for f in failures if f.began or f.wall}
+    for truth in truths.values():
+        ended.update(truth.crashes)
+    return ended
+
+
+def wasted_apart_by_kind(
+    truths: dict[str, Truth], failures: list[Failure], window: float
+) -> dict[str, dict[str, float]]:
+    """Per failure kind and member, how far apart the controller and the member's own account
+    are on the wasted progress of the epochs that kind's failures ended, in points of
+    ``window``: the controller's from the buckets summed at the failure's barrier less those
+    at the barrier before (the failure of the epoch before, or none for the first), the
+    member's from its steps (:meth:`Truth.wasted_seconds` of that epoch alone); each
+    failure's difference counts, whatever its sign."""
+    ended, began = _epoch_ends(truths, failures), gang_began(truths.values())
+    after = max((e for t in truths.values() for e in t.resumes), default=0) + 1
+    sums = {f.epoch: f.badput_s for f in failures if f.badput_s}
+    apart: dict[str, dict[str, float]] = {}
+    for f in failures:
+        if f.epoch not in sums or f.epoch - 1 not in ended:
+            continue  # not recovered, or recorded before failures carried their buckets
+        before = sums.get(f.epoch - 1) if f.epoch > 2 else {}
+        if before is None:
+            continue
+        key = goodput.Bucket.WASTED_PROGRESS.value
+        ours = sums[f.epoch].get(key, 0.0) - before.get(key, 0.0)
+        one = {f.epoch - 1: ended[f.epoch - 1]}
+        for member, truth in truths.items():
+            theirs = truth.wasted_seconds(after, began, one)
+            by_member = apart.setdefault(f.kind, {})
+            by_member[member] = by_member.get(member, 0.0) + abs(ours - theirs)
+    return {
+        kind: {member: round(100 * s / window, 2) for member, s in sorted(m.items())}
+        for kind, m in apart.items()
+    }
 
 
 def productive_apart_by_kind(
@@ -379,6 +418,7 @@ def report(
         theirs["productive_points_apart_by_kind"] = productive_apart_by_kind(
             truths, failures, led.marks, measured
         )
+        theirs["wasted_points_apart_by_kind"] = wasted_apart_by_kind(truths, failures, measured)
     by_kind: dict[str, list[int]] = {}
     for f in failures:
         if f.steps_lost is not None:
@@ -426,6 +466,8 @@ def table(r: dict[str, Any]) -> str:
         )
         for kind, apart in (theirs.get("productive_points_apart_by_kind") or {}).items():
             lines.append(f"  productive time of the epochs {kind} ended, points apart: {apart}")
+        for kind, apart in (theirs.get("wasted_points_apart_by_kind") or {}).items():
+            lines.append(f"  wasted progress of the epochs {kind} ended, points apart: {apart}")
     return "\n".join(lines)
 
 
@@ -522,8 +564,9 @@ def monitoring(prom: Prometheus, start: float, end: float, out: Path) -> dict[st
 
 
 def recount(path: Path, shared: Path) -> dict[str, Any]:
-    """``path``'s trainers' account with the productive time of each failed epoch by kind
-    (:func:`productive_apart_by_kind`), from the truth logs in ``shared``; written back."""
+    """``path``'s trainers' account with the productive time and wasted progress of each
+    failed epoch by kind (:func:`productive_apart_by_kind`, :func:`wasted_apart_by_kind`),
+    from the truth logs in ``shared``; written back."""
     doc: dict[str, Any] = json.loads(path.read_text())
     theirs = doc["result"].get("trainers")
     if theirs is None:
@@ -533,9 +576,11 @@ def recount(path: Path, shared: Path) -> dict[str, Any]:
         raise SystemExit(f"{shared}: truth logs of {sorted(truths)}, not of this soak's members")
     failures = [Failure(**f) for f in doc["failures"]]
     marks = _ledger_marks(doc.get("goodput_status"))
+    measured = doc["result"]["measured_s"]
     theirs["productive_points_apart_by_kind"] = productive_apart_by_kind(
-        truths, failures, marks, doc["result"]["measured_s"]
+        truths, failures, marks, measured
     )
+    theirs["wasted_points_apart_by_kind"] = wasted_apart_by_kind(truths, failures, measured)
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return doc
 

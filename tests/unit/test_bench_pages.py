@@ -446,6 +446,7 @@ def test_the_trainers_own_account_of_a_soak_stands_beside_the_controllers() -> N
         },
         "steps_lost_agree": {"crash": "1/1", "hang": "0/1"},
         "productive_points_apart_by_kind": {"crash": {"0": 0.12, "1": 0.3}, "hang": {"0": 1.5}},
+        "wasted_points_apart_by_kind": {"silence": {"0": 0.25, "1": 0.5}},
     }  # fmt: skip
     lines = pages.trainers_table(theirs, 88.1, 0.48)
     assert "(88.1 % goodput, 0.48 % wasted progress)" in lines[0]
@@ -456,6 +457,8 @@ def test_the_trainers_own_account_of_a_soak_stands_beside_the_controllers() -> N
     ]
     assert "| trainer crash (process scope) | 0.12 | 0.30 |" in lines
     assert "| hung trainer (after the 10 s hang timeout) | 1.50 | - |" in lines
+    wasted = lines.index(next(line for line in lines if line.startswith("Their wasted")))
+    assert lines[wasted + 4].endswith("| 0.25 | 0.50 |"), lines[wasted:]
     assert lines[-1] == (
         "Steps lost per failure, the trainers' count and the controller's agreeing: trainer "
         "crash (process scope) 1/1, hung trainer (after the 10 s hang timeout) 0/1."

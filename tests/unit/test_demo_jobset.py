@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from bench import soak
+from jobset_inplace.core import goodput
 from jobset_inplace.core.model import Mark
 from jobset_inplace.times import parse_time
 from testbed.demo import GANG_MOUNT, PERSISTENT_MOUNT, demo_jobset
@@ -85,6 +86,38 @@ def test_the_soak_compares_each_failed_epochs_productive_time_by_kind() -> None:
     later = soak.Failure("hang", 3, 14.0, "workers/1/0", None, None, None, {}, wall=114.0)
     apart = soak.productive_apart_by_kind(truths, [crash, later], marks, 15.0)
     assert apart == {"crash": {"0": 2.0, "1": 2.0}}
+
+
+def test_the_soak_compares_each_failed_epochs_wasted_progress_by_kind() -> None:
+    """The controller's wasted progress of an epoch (its buckets summed at the failure's
+    barrier less those at the barrier before) against each member's own of that epoch: epoch 1
+    began at 100 and member 0 crashed at 104.5, steps 1-2 kept, so 2.5 s wasted by both
+    members' steps (member 1's step 4 ended at 104: before the crash); the controller counted
+    2.8 s (0.3 s apart, 2 points of 15 s). Epoch 2's, ended by a hang at 112.5 (the soak's
+    injection) with 4 s of the gang's kept steps (3-6) and 1.5 s wasted, the controller's 1.5 s
+    is its sum 4.3 less 2.8. A failure whose barrier recorded no buckets is not counted."""
+    lines = {
+        m: [
+            "resume 1 0",
+            *(f"step 1 {s} {99 + s} {100 + s}" for s in range(1, 5)),
+            "resume 2 2",
+            *(f"step 2 {s} {104 + s} {105 + s}" for s in range(3, 8)),
+            "resume 3 6",
+        ]
+        for m in ("0", "1")
+    }
+    lines["0"].append("crash 1 104.5")
+    truths = {m: parse_truth("\n".join(v)) for m, v in lines.items()}
+    wasted = goodput.Bucket.WASTED_PROGRESS.value
+    crash = soak.Failure(
+        "crash", 2, 4.0, "workers/0/0", 5.0, 2, 2, {}, wall=104.5, badput_s={wasted: 2.8}
+    )
+    hang = soak.Failure(
+        "hang", 3, 12.0, "workers/1/0", 5.0, 1, 6, {}, wall=112.5, badput_s={wasted: 4.3}
+    )
+    unrecorded = soak.Failure("drain", 4, 14.0, "workers/1/0", None, None, None, {}, wall=114.0)
+    apart = soak.wasted_apart_by_kind(truths, [crash, hang, unrecorded], 15.0)
+    assert apart == {"crash": {"0": 2.0, "1": 2.0}, "hang": {"0": 0.0, "1": 0.0}}
 
 
 def test_a_finished_soak_is_recounted_from_the_truth_logs_it_left(tmp_path: Path) -> None:
