@@ -123,9 +123,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--recount",
         type=Path,
         metavar="RESULT",
-        help="run nothing: add to a finished soak's results the productive time its members' "
-        "own accounts give each failed epoch, by kind (from the truth logs it left on the "
-        "persistent tier, until the next soak)",
+        help="run nothing: add to a finished soak's results the productive time and wasted "
+        "progress its members' own accounts give each failed epoch, by kind (from the truth "
+        "logs it left on the persistent tier, until the next soak)",
     )
     args = p.parse_args(argv)
     kinds = args.kinds.split(",")
