@@ -144,3 +144,35 @@ def test_a_namespace_nobody_prepared_runs_a_gang_under_its_own_account_confined(
         120,
     )
     assert or_none(read_account, ACCOUNT, namespace) is not None, "the user's own stays"
+
+
+def test_the_first_pods_of_a_namespace_are_never_refused_for_want_of_the_agents_account(
+    cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str
+) -> None:
+    """Its pods run as the agents' account (they name none), which the admission of the
+    JobSet makes: the Job controller's first pod creations are not refused ("error looking
+    up service account"), and the keeper then makes the JobSet its owner."""
+    read_account = kube.core.read_namespaced_service_account
+    assert or_none(read_account, AGENT_SERVICE_ACCOUNT, namespace) is None
+    training_gang(kube, cluster_kubeconfig, namespace, "gang", MEMBERS)
+    refused = [
+        f"{e.involved_object.name}: {e.message}"
+        for e in kube.core.list_namespaced_event(namespace).items
+        if e.reason == "FailedCreate" and "service account" in (e.message or "")
+    ]
+    assert refused == []
+    js = kube.custom.get_namespaced_custom_object(
+        JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, "gang"
+    )
+    wait_for(
+        "the keeper's owner on the account made at admission",
+        lambda: (
+            [
+                o.uid
+                for o in read_account(AGENT_SERVICE_ACCOUNT, namespace).metadata.owner_references
+                or []
+            ]
+            == [js["metadata"]["uid"]]
+        ),
+        60,
+    )

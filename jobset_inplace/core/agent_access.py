@@ -145,6 +145,20 @@ def desired_binding(namespace: str, owners: Sequence[Owner]) -> dict[str, Any]:
     }
 
 
+def account_before_pods(namespace: str, jobset: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ServiceAccount to make while ``jobset`` is admitted, before any of its pods exist:
+    ours, if some of its pods run as it (they name none). Pods whose account does not exist
+    yet are refused by the apiserver ("error looking up service account") and made again only
+    by the Job controller's retry, so the namespace's first JobSet would race the keeper's
+    watch. It has no owner yet (the JobSet has no UID before it is stored); the keeper adds
+    the JobSet as its owner as for any other, and leaves an account of that name made by hand
+    as it is. A JobSet refused after this admission leaves it ownerless: it grants nothing
+    (only the binding does)."""
+    if AGENT_SERVICE_ACCOUNT not in jobset_service_accounts(jobset):
+        return None
+    return desired_service_account(namespace, ())
+
+
 def _ours(obj: Mapping[str, Any]) -> bool:
     labels = (obj.get("metadata") or {}).get("labels") or {}
     return bool(labels.get(MANAGED_BY_LABEL) == MANAGED_BY)

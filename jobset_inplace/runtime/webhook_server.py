@@ -23,19 +23,24 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import jsonpatch
 import kopf
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from jobset_inplace import names
 from jobset_inplace.core.admission import mutate, update_warnings, validate, warnings
+from jobset_inplace.core.agent_access import account_before_pods
 from jobset_inplace.core.agent_settings import parse_pull_secrets, parse_resources
 from jobset_inplace.core.transform import DEFAULT_AGENT_IMAGE, AgentSettings
 
-log = logging.getLogger("jobset_inplace.admission")
+log = logging.getLogger("jobset_inplace.admission")  # one line per request: its verdict
+accounts_log = logging.getLogger("jobset_inplace.admission.accounts")  # what admission made
 
 JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 MUTATE_ID = "mutate-jobsets"
@@ -43,6 +48,12 @@ VALIDATE_ID = "validate-jobsets"
 DEFAULT_PORT = 9443
 DEFAULT_CERT_DIR = "/etc/jobset-inplace/webhook-certs"
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+# The admission waits for the agents' ServiceAccount to be made at most this long (the
+# configuration's timeoutSeconds is 10); past it the pods race the keeper, as before
+ACCOUNT_TIMEOUT_S = 3.0
+
+# Makes what a JobSet's pods need before they exist, while it is admitted: (namespace, JobSet)
+AccountMaker = Callable[[str, Mapping[str, Any]], None]
 
 
 def settings_from_env(env: Mapping[str, str] | None = None) -> AgentSettings:
@@ -70,9 +81,51 @@ def _object(body: kopf.Body) -> dict[str, Any]:
     return dict(body)
 
 
-def register_webhooks(registry: kopf.OperatorRegistry, settings: AgentSettings) -> None:
+def account_maker(api: client.ApiClient) -> AccountMaker:
+    """Makes the agents' ServiceAccount of a JobSet's namespace while the JobSet is admitted
+    (:func:`~jobset_inplace.core.agent_access.account_before_pods`: what and why), so that its
+    first pods are not refused for want of it. One create, its AlreadyExists the usual
+    answer; a failure is logged and admits the JobSet all the same (the controller's keeper
+    makes the account from its watch, as it always has)."""
+    core = client.CoreV1Api(api)
+
+    def make(namespace: str, jobset: Mapping[str, Any]) -> None:
+        body = account_before_pods(namespace, jobset)
+        if body is None:
+            return
+        account = f"{namespace}/{body['metadata']['name']}"
+        try:
+            core.create_namespaced_service_account(
+                namespace, body, _request_timeout=ACCOUNT_TIMEOUT_S
+            )
+        except ApiException as e:
+            if e.status != 409:
+                accounts_log.warning(
+                    "ServiceAccount %s not made at admission (%s %s): the JobSet's first pods "
+                    "wait for the controller to make it",
+                    account,
+                    e.status,
+                    e.reason,
+                )
+        except (HTTPError, OSError) as e:
+            accounts_log.warning("ServiceAccount %s not made at admission: %s", account, e)
+        else:
+            accounts_log.info(
+                "ServiceAccount %s made at admission, before its JobSet's pods", account
+            )
+
+    return make
+
+
+def register_webhooks(
+    registry: kopf.OperatorRegistry,
+    settings: AgentSettings,
+    make_account: AccountMaker | None = None,
+) -> None:
     """Register the JobSet mutating (CREATE) and validating (CREATE, UPDATE) handlers into
-    ``registry``. Both log one line per request (what reached the webhook and the verdict)."""
+    ``registry``. Both log one line per request (what reached the webhook and the verdict).
+    ``make_account``: called for an admitted CREATE that is not a dry run (the mutating
+    configuration says ``sideEffects: NoneOnDryRun``)."""
 
     @kopf.on.mutate(
         JOBSET_GROUP,
@@ -91,6 +144,9 @@ def register_webhooks(registry: kopf.OperatorRegistry, settings: AgentSettings) 
             raise kopf.AdmissionError(message, code=400)
         ops = mutate(obj, settings)
         log.info("mutate %s %s: %d patch ops", operation, name, len(ops))
+        namespace = (obj.get("metadata") or {}).get("namespace") or kwargs.get("namespace")
+        if make_account is not None and namespace and not kwargs.get("dryrun"):
+            make_account(str(namespace), obj)
         if ops:
             # kopf diffs the body before/after its transformation functions; applying our
             # exact ops keeps webhook.mutate the one source of truth for the patch.
@@ -159,6 +215,16 @@ def webhook_port_from_env(env: Mapping[str, str] | None = None) -> int:
     return int(e.get(names.ENV_WEBHOOK_PORT, DEFAULT_PORT))
 
 
+def _api_client(kubeconfig: str | None) -> client.ApiClient:
+    """The API client of the webhook's own writes: the kubeconfig's, else the process's
+    default configuration (in the cluster, the controller's)."""
+    if not kubeconfig:
+        return client.ApiClient()
+    from kubernetes import config  # noqa: PLC0415 (only the runner needs it)
+
+    return config.new_client_from_config(config_file=kubeconfig)
+
+
 def connection_from_kubeconfig(path: str) -> kopf.ConnectionInfo:
     """kopf credentials from a kubeconfig file (without touching the client's global
     default configuration)."""
@@ -192,7 +258,7 @@ async def serve(
     runs, does not serve it)."""
     registry = kopf.OperatorRegistry()
     if server is not None:
-        register_webhooks(registry, settings)
+        register_webhooks(registry, settings, account_maker(_api_client(kubeconfig)))
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:

@@ -27,8 +27,16 @@ from kubernetes.client.exceptions import ApiException
 
 from bench.scenarios import apiserver_requests
 from jobset_inplace import names
+from jobset_inplace.apierrors import or_none
 from jobset_inplace.controller.agent_access import AgentAccessKeeper
-from jobset_inplace.core.agent_access import AGENT_BINDING, RBAC_GROUP, Owner, desired_binding
+from jobset_inplace.core.agent_access import (
+    AGENT_BINDING,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    RBAC_GROUP,
+    Owner,
+    desired_binding,
+)
 from jobset_inplace.core.transform import (
     AGENT_CONTAINER,
     ESCALATION_RULE,
@@ -244,6 +252,30 @@ def test_opted_in_jobset_gets_the_injected_spec(
     assert job["template"]["spec"]["serviceAccountName"] == AGENT_SA
     assert js["spec"]["failurePolicy"]["maxRestarts"] >= 1
     assert any("mutate CREATE" in ln for ln in webhook.requests_for("train"))
+
+
+def test_admitting_a_namespaces_first_jobset_makes_the_agents_account_before_its_pods(
+    kube: Clients, namespace: str, webhook: Webhook
+) -> None:
+    """Its pods would be refused ("error looking up service account") until the controller's
+    keeper made the account from its watch. No controller runs here: only the admission can
+    have made it, by the time the create returns. A dry run makes nothing."""
+    assert or_none(kube.core.read_namespaced_service_account, AGENT_SA, namespace) is None
+    create_jobset(kube, namespace, jobset("first", {names.ENABLED: "true"}))
+    account = kube.core.read_namespaced_service_account(AGENT_SA, namespace)
+    assert account.metadata.labels == {MANAGED_BY_LABEL: MANAGED_BY}
+    assert not account.metadata.owner_references, "the keeper adds the JobSet"
+    assert any("made at admission" in ln for ln in webhook.log.read_text().splitlines())
+    with temporary_namespace(kube, "dry-run", default_sa=True) as dry:
+        kube.custom.create_namespaced_custom_object(
+            "jobset.x-k8s.io",
+            "v1alpha2",
+            dry,
+            "jobsets",
+            jobset("dry", {names.ENABLED: "true"}),
+            dry_run="All",
+        )
+        assert or_none(kube.core.read_namespaced_service_account, AGENT_SA, dry) is None
 
 
 def test_own_service_account_is_admitted_with_a_warning_kubectl_prints(

@@ -19,7 +19,10 @@ from jobset_inplace.core.agent_access import (
     AGENT_BINDING_LABEL,
     AGENT_CLUSTER_ROLE,
     AGENT_SERVICE_ACCOUNT,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
     Owner,
+    account_before_pods,
     desired_binding,
     desired_service_account,
     jobset_service_accounts,
@@ -49,6 +52,25 @@ def _applied(plan_writes: Any, sa: dict[str, Any] | None, rb: dict[str, Any] | N
                 else:
                     obj[key] = value
     return objs["ServiceAccount"], objs["RoleBinding"]
+
+
+def test_the_agents_account_is_made_at_admission_only_where_pods_run_as_it() -> None:
+    """Ownerless (the JobSet has no UID yet) and ours: the keeper adds the JobSet as its owner
+    afterwards, as it would to the account it made itself."""
+    mine = workloads.jobset("g", [("workers", 2, 1)])
+    account = account_before_pods("ml", mine)
+    assert account == desired_service_account("ml", [])
+    assert account is not None
+    assert account["metadata"]["labels"] == {MANAGED_BY_LABEL: MANAGED_BY}
+    assert account["metadata"]["ownerReferences"] == []
+    owned = plan_access("ml", [A], account, None).writes
+    assert [(w.kind, w.create) for w in owned] == [
+        ("ServiceAccount", False),
+        ("RoleBinding", True),
+    ]
+    assert owned[0].body["metadata"]["ownerReferences"][0]["uid"] == A.uid
+    own = workloads.jobset("g", [("workers", 2, 1)], pod={"serviceAccountName": "trainer"})
+    assert account_before_pods("ml", own) is None
 
 
 def test_no_opted_in_jobset_writes_nothing() -> None:

@@ -359,9 +359,9 @@ def test_agent_settings_from_env() -> None:
 # --- the kopf handlers ------------------------------------------------------------------------
 
 
-def handlers() -> dict[str, Any]:
+def handlers(make_account: Any = None) -> dict[str, Any]:
     registry = kopf.OperatorRegistry()
-    register_webhooks(registry, S)
+    register_webhooks(registry, S, make_account)
     return {h.id: h for h in registry._webhooks.get_all_handlers()}
 
 
@@ -378,6 +378,27 @@ def test_mutate_handler_makes_kopf_send_the_transform() -> None:
     patch = kopf.Patch(body=body)
     handlers()[MUTATE_ID].fn(body=body, patch=patch, operation="CREATE")
     assert jsonpatch.apply_patch(raw, patch.as_json_patch()) == transform(raw, S)
+
+
+def test_an_admitted_create_makes_the_agents_account_except_on_a_dry_run() -> None:
+    """The pods of a namespace's first JobSet would be refused until the keeper made the
+    account from its watch: the webhook makes it first (NoneOnDryRun: not on a dry run, and
+    never for a JobSet it refuses)."""
+    made: list[tuple[str, str]] = []
+    mutate_jobset = handlers(lambda ns, js: made.append((ns, js["metadata"]["name"])))[MUTATE_ID]
+    raw = jobset()
+    raw["metadata"]["namespace"] = "ml"
+    body = kopf.Body(cast(kopf.RawBody, raw))
+    mutate_jobset.fn(body=body, patch=kopf.Patch(body=body), operation="CREATE", dryrun=True)
+    assert made == []
+    mutate_jobset.fn(body=body, patch=kopf.Patch(body=body), operation="CREATE", dryrun=False)
+    assert made == [("ml", raw["metadata"]["name"])]
+    bad = copy.deepcopy(raw)
+    bad["metadata"]["annotations"][names.NO_COMMON_CHECKPOINT] = "retry"
+    refused = kopf.Body(cast(kopf.RawBody, bad))
+    with pytest.raises(kopf.AdmissionError):
+        mutate_jobset.fn(body=refused, patch=kopf.Patch(body=refused), operation="CREATE")
+    assert len(made) == 1
 
 
 def test_handlers_raise_admission_errors_with_the_message() -> None:
@@ -412,9 +433,10 @@ def test_webhook_manifest_rules_paths_and_conditions() -> None:
     assert val["clientConfig"]["service"]["path"] == f"/{VALIDATE_ID}"
     assert [r["operations"] for r in mut["rules"]] == [["CREATE"]]
     assert [r["operations"] for r in val["rules"]] == [["CREATE", "UPDATE"]]
+    # the mutating webhook makes the agents' ServiceAccount, except on a dry run
+    assert (mut["sideEffects"], val["sideEffects"]) == ("NoneOnDryRun", "None")
     for wh in (mut, val):
         assert wh["failurePolicy"] == "Fail"
-        assert wh["sideEffects"] == "None"
         assert wh["rules"][0]["resources"] == ["jobsets"]
         [cond] = wh["matchConditions"]
         assert f"'{names.ENABLED}' in object.metadata.annotations" in cond["expression"]
