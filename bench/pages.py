@@ -24,7 +24,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import channel_attacks, crash_matrix, figures, first_step, provenance, report, spares
+from bench import (
+    channel_attacks,
+    crash_matrix,
+    figures,
+    first_step,
+    provenance,
+    report,
+    soak,
+    spares,
+)
 from bench.realnode import TRANSFORMER_OUT, PathSummary, running_by_path, table
 from bench.stats import Ratio, median_interval, ratio_of_medians
 
@@ -41,6 +50,8 @@ SPARES = ROOT / "docs" / "bench" / "spares-2026-11-29" / "results.json"
 SOAK = ROOT / "docs" / "bench" / "soak-60min-2026-12-02.json"
 SOAK_KEEP_STEP = ROOT / "docs" / "bench" / "soak-keep-step-60min-2026-12-03.json"
 SOAK_LOCKSTEP = ROOT / "docs" / "bench" / "soak-lockstep-60min-2026-12-03.json"
+SOAK_CHECKED = ROOT / "docs" / "bench" / "soak-checked-60min-2026-12-04.json"
+SOAK_SPARES = ROOT / "docs" / "bench" / "soak-spares-8min-2026-12-04.json"
 CRASHES = crash_matrix.OUT
 CHANNEL_ATTACKS = ROOT / "docs" / "bench" / "channel-attacks.json"
 CHANNEL_GRPC = ROOT / "docs" / "bench" / "channel-attacks-grpc.json"
@@ -278,8 +289,10 @@ def soak_tables(doc: dict[str, Any], path: Path = SOAK) -> str:
     b, measured = r["badput_s"], r["measured_s"]
     warm = b.get("scheduling", 0.0) + b.get("startup", 0.0)
     out = [
-        f"`make soak`: {r['wall_s'] / 60:.0f} minutes, a failure every {doc['every_s'] / 60:g} "
-        f"minutes, {doc['members']} members; run of {doc['when'][:10]} at commit "
+        f"`make soak`: {r['wall_s'] / 60:.0f} minutes, a failure every "
+        f"{_minutes(doc['every_s'])}, {doc['members']} members"
+        + (f" and {doc['spares']} hot spare(s)" if doc.get("spares") else "")
+        + f"; run of {doc['when'][:10]} at commit "
         f"`{doc['commit']}`, Kubernetes "
         f"{doc['kubernetes']}, {m['cpus']} cores (steal {m.get('steal_pct', '?')} %); "
         f"`{doc['command']}`; every failure in {_link(path)}. **{len(recovered)} of "
@@ -313,6 +326,11 @@ def soak_tables(doc: dict[str, Any], path: Path = SOAK) -> str:
             "-" if not lost else f"{lost['mean']:g}, {lost['max']} ({counted} of {len(of_kind)})"
         )
         out.append(f"| {label} | {times} s | {shown} |")
+    out += _badput_by_kind(failures)
+    if moves := r.get("slot_moves"):
+        ordered = sorted(moves.items(), key=lambda kv: _kind_order(kv[0]))
+        said = ", ".join(f"{SOAK_KINDS.get(k, k)} {n}" for k, n in ordered)
+        out += ["", f"Recoveries that gave a member's slot to another pod (a spare): {said}."]
     theirs = r.get("trainers")
     if theirs:
         out += [
@@ -322,6 +340,37 @@ def soak_tables(doc: dict[str, Any], path: Path = SOAK) -> str:
             ),
         ]
     return "\n".join(out)
+
+
+def _badput_by_kind(failures: list[dict[str, Any]]) -> list[str]:
+    """Where each failure kind's badput went (bench.soak.badput_by_kind of the records): a
+    row per kind, its sum by bucket and the mean per failure."""
+    by_kind = soak.badput_by_kind([soak.Failure(**f) for f in failures])
+    if not by_kind:
+        return []
+    out = [
+        "",
+        "What each kind of failure cost, from the buckets its records carry (each failure's at "
+        "its barrier less the one's before), in seconds summed over the run:",
+        "",
+        "| failure | counted | detection | recovery | restore | wasted progress | in all "
+        "| per failure |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, buckets in sorted(by_kind.items(), key=lambda kv: _kind_order(kv[0])):
+        counted = int(buckets["failures"])
+        total = sum(buckets[b] for b in soak.FAILURE_BUCKETS)
+        cells = " | ".join(f"{buckets[b]:.1f}" for b in soak.FAILURE_BUCKETS)
+        out.append(
+            f"| {SOAK_KINDS.get(kind, kind)} | {counted} | {cells} | {total:.1f} "
+            f"| {total / counted:.1f} |"
+        )
+    return out
+
+
+def _minutes(seconds: float) -> str:
+    minutes = seconds / 60
+    return "minute" if minutes == 1 else f"{minutes:g} minutes"
 
 
 def _kind_order(kind: str) -> int:
@@ -764,6 +813,16 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
         ROOT / "docs" / "benchmarks.md",
         lambda doc: soak_tables(doc, SOAK_LOCKSTEP),
         (SOAK_LOCKSTEP,),
+    ),
+    "soak-checked": (
+        ROOT / "docs" / "benchmarks.md",
+        lambda doc: soak_tables(doc, SOAK_CHECKED),
+        (SOAK_CHECKED,),
+    ),
+    "soak-spares": (
+        ROOT / "docs" / "benchmarks.md",
+        lambda doc: soak_tables(doc, SOAK_SPARES),
+        (SOAK_SPARES,),
     ),
     "crash-matrix": (ROOT / "docs" / "benchmarks.md", crash_matrix_table, (CRASHES,)),
     "keep-step": (ROOT / "docs" / "benchmarks.md", keep_step_table, (KEEP_STEP,)),

@@ -41,10 +41,9 @@ from jobset_inplace.core.gangstate import status_from_dict
 from jobset_inplace.core.model import Mark
 from jobset_inplace.times import parse_time
 from testbed.cluster import LocalCluster, log
-from testbed.controller import gang_state, member_pods
+from testbed.controller import gang_state, slot_holders
 from testbed.demo import (
     GANG_MOUNT,
-    JOB_INDEX_REF,
     PERSISTENT_MOUNT,
     barrier_opened,
     inject_failure,
@@ -52,7 +51,15 @@ from testbed.demo import (
     trainers_running,
     training_gang,
 )
-from testbed.demo_trainer import ENV_GANG_SIZE, ENV_LOCKSTEP_DIR, Truth, gang_began, parse_truth
+from testbed.demo_trainer import (
+    ENV_GANG_SIZE,
+    ENV_LOCKSTEP_DIR,
+    ENV_TRUTH_FILE,
+    MEMBER_REF,
+    Truth,
+    gang_began,
+    parse_truth,
+)
 from testbed.devices import RESOURCE, TestDevices, pod_devices
 from testbed.install import Installation
 from testbed.kube import Clients, clients, namespace_gone, wait_for
@@ -64,8 +71,17 @@ KINDS = ("crash", "silence", "hang", "device", "drain")
 DEFAULT_OUT = Path("bench/results/soak.json")
 RECOVERY_TIMEOUT_S = 900.0
 SCRAPE_INTERVAL = "5s"  # Prometheus's, when the soak runs one
-JSI_DEMO_TRUTH_FILE = "JSI_DEMO_TRUTH_FILE"
-TRUTH_PREFIX = "truth-"  # each member's own account: truth-<its job index>.log
+# the buckets a failure costs (the gang's first start, scheduling and startup, is none's)
+FAILURE_BUCKETS = tuple(
+    b.value
+    for b in (
+        goodput.Bucket.DETECTION,
+        goodput.Bucket.RECOVERY,
+        goodput.Bucket.RESTORE,
+        goodput.Bucket.WASTED_PROGRESS,
+    )
+)
+TRUTH_PREFIX = "truth-"  # each member's own account: truth-<the member>.log (its slot)
 
 
 @dataclass
@@ -86,6 +102,8 @@ class Failure:
     first_signal: str = ""
     signal_window_s: float | None = None
     badput_s: dict[str, float] = field(default_factory=dict)
+    # with hot spares: the slots held by another pod after the recovery (slot -> position)
+    slots: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -99,6 +117,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--minutes", type=float, default=60.0, help="how long (default 60)")
     p.add_argument("--every", type=float, default=180.0, help="seconds between failures (180)")
     p.add_argument("--members", type=int, default=2, help="gang size (default 2)")
+    p.add_argument(
+        "--spares",
+        type=int,
+        default=0,
+        help="hot spares (jobset-inplace.dev/hot-spares; default 0): a silent node's member "
+        "goes on in a spare's pod; one more real node each; implies one persistent root for "
+        "the gang, as --keep-step (a spare reads the member's checkpoints)",
+    )
     p.add_argument("--step-seconds", type=float, default=0.5, help="the trainer's step (0.5)")
     p.add_argument(
         "--kinds", default=",".join(KINDS), help=f"failures, in turn ({','.join(KINDS)})"
@@ -133,6 +159,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--kinds: unknown {unknown}; accepted: {', '.join(KINDS)}")
     if args.every < 60:
         p.error("--every: at least 60 (a recovery and a checkpoint between failures)")
+    if not 0 <= args.spares <= args.members:
+        p.error(f"--spares: 0 to --members ({args.members}), as the webhook accepts")
     args.kinds = kinds
     return args
 
@@ -146,12 +174,15 @@ class Soak:
         self.devices: TestDevices | None = None  # set for the device kind
 
     def fail(self, kind: str, i: int) -> Injected:
-        """Inject failure ``kind`` into member ``i`` (mod the gang)."""
-        pods = member_pods(self.kube, NAMESPACE, NAME)
-        index = sorted(pods)[i % len(pods)]
-        pod = pods[index]
+        """Inject failure ``kind`` into member ``i`` (mod the gang): the pod that holds its
+        slot."""
+        pods = slot_holders(self.kube, NAMESPACE, NAME, self.args.members)
+        slot = sorted(pods)[i % len(pods)]
+        pod = pods[slot]
         name, node = pod.metadata.name, pod.spec.node_name
-        member = f"workers/{index}/0 on {node}"
+        index = pod.metadata.labels[names.JOB_INDEX_LABEL]
+        spare = "" if index == slot else f" (slot {slot})"
+        member = f"workers/{index}/0{spare} on {node}"
         if kind == "crash":
             inject_failure(self.kubeconfig, NAMESPACE, name)
         elif kind == "hang":
@@ -229,11 +260,12 @@ def run(
             names.RECREATE_BUDGET: "10000",
         },
         persistent=shared,
-        shared_root=args.keep_step,
+        shared_root=args.keep_step or args.spares > 0,
+        spares=args.spares,
         env={
             "JSI_DEMO_STEP_SECONDS": f"{args.step_seconds:g}",
             # the trainers' own account, on the persistent tier: a recreated pod goes on
-            JSI_DEMO_TRUTH_FILE: f"{PERSISTENT_MOUNT}/{TRUTH_PREFIX}{JOB_INDEX_REF}.log",
+            ENV_TRUTH_FILE: f"{PERSISTENT_MOUNT}/{TRUTH_PREFIX}{MEMBER_REF}.log",
             # in lockstep, as data-parallel trainers are: while a member is gone the others
             # wait (they would train alone, and keep steps no real gang has, otherwise)
             ENV_LOCKSTEP_DIR: f"{GANG_MOUNT}/lockstep",
@@ -271,6 +303,7 @@ def run(
                 rec.get("progressStepsLost"), rec.get("resumeStep"), rec.get("causes") or {},
                 round(wall, 3), round(began, 3), rec.get("firstSignal") or "",
                 rec.get("signalWindowSeconds"), buckets or {},
+                dict(st.get(names.STATUS_SLOTS) or {}),
             )
         )  # fmt: skip
         log(f"soak: {asdict(failures[-1])}")
@@ -282,7 +315,7 @@ def run(
 
 
 def read_truths(shared: Path) -> dict[str, Truth]:
-    """Each member's own account (member index -> its truth), from the persistent tier."""
+    """Each member's own account (member -> its truth), from the persistent tier."""
     return {
         path.stem.removeprefix(TRUTH_PREFIX): parse_truth(path.read_text())
         for path in sorted(shared.rglob(f"{TRUTH_PREFIX}*.log"))
@@ -358,6 +391,26 @@ def wasted_apart_by_kind(
         kind: {member: round(100 * s / window, 2) for member, s in sorted(m.items())}
         for kind, m in apart.items()
     }
+
+
+def badput_by_kind(failures: Sequence[Failure]) -> dict[str, dict[str, float]]:
+    """Per failure kind, the badput its failures cost, by bucket (seconds, summed), and how
+    many were counted (``"failures"``): each failure's buckets at its barrier less those at
+    the barrier before (the failure of the epoch before; none before the first), the gang's
+    first start (scheduling, startup) left out. A failure whose record or whose
+    predecessor's carries no buckets is not counted."""
+    sums = {f.epoch: f.badput_s for f in failures if f.badput_s}
+    out: dict[str, dict[str, float]] = {}
+    for f in failures:
+        before = {} if f.epoch == 2 else sums.get(f.epoch - 1)
+        if f.epoch not in sums or before is None:
+            continue
+        of_kind = out.setdefault(f.kind, {"failures": 0})
+        of_kind["failures"] += 1
+        for bucket in FAILURE_BUCKETS:
+            cost = sums[f.epoch].get(bucket, 0.0) - before.get(bucket, 0.0)
+            of_kind[bucket] = round(of_kind.get(bucket, 0.0) + cost, 3)
+    return out
 
 
 def productive_apart_by_kind(
@@ -438,7 +491,22 @@ def report(
             k: {"mean": round(sum(v) / len(v), 1), "max": max(v)} for k, v in by_kind.items()
         },
         "trainers": theirs,
+        "slot_moves": slot_moves(failures),
+        "badput_by_kind": badput_by_kind(failures),
     }
+
+
+def slot_moves(failures: Sequence[Failure]) -> dict[str, int]:
+    """Per failure kind, how many of its recoveries gave a member's slot to another pod (a hot
+    spare's swap: the GangState's ``status.slots`` after it differs from the one before)."""
+    moves: Counter[str] = Counter()
+    before: dict[str, str] = {}
+    for f in failures:
+        if f.recovery_s is None:
+            continue
+        moves[f.kind] += f.slots != before
+        before = f.slots
+    return {kind: moves[kind] for kind in sorted(moves) if moves[kind]}
 
 
 def table(r: dict[str, Any]) -> str:
@@ -453,6 +521,11 @@ def table(r: dict[str, Any]) -> str:
         lines.append(f"  badput {bucket:15} {s:8.1f}s  {share:5.2f}%")
     for kind, v in r["steps_lost"].items():
         lines.append(f"  steps lost per {kind:6} mean {v['mean']}, max {v['max']}")
+    for kind, cost in (r.get("badput_by_kind") or {}).items():
+        buckets = ", ".join(f"{b} {cost[b]:.1f}s" for b in FAILURE_BUCKETS)
+        lines.append(f"  badput of {int(cost['failures'])} {kind}: {buckets}")
+    if moves := r.get("slot_moves"):
+        lines.append(f"  recoveries that moved a member to another pod (a spare): {moves}")
     theirs = r.get("trainers")
     for index, m in sorted((theirs or {}).get("members", {}).items()):
         lines.append(
@@ -604,6 +677,9 @@ def main(argv: list[str] | None = None) -> int:
     cluster.up()
     if len(cluster.real_nodes()) < 2:
         raise SystemExit("needs 2 real nodes (a drained node's member moves): make cluster-up")
+    added = []  # a node of its own for each spare
+    while len(cluster.real_nodes()) < args.members + args.spares:
+        added.append(cluster.add_real_node())
     installation = Installation(cluster.kubeconfig, cluster)
     installation.install()
     soak = Soak(cluster, args)
@@ -634,6 +710,9 @@ def main(argv: list[str] | None = None) -> int:
         installation.uninstall()
         if created and not os.environ.get("JSI_KEEP_CLUSTER"):
             cluster.down()
+        else:
+            for node in added:
+                cluster.remove_real_node(node)
     result = report(st, failures, wall_s, truths, read_at)
     print(table(result))
     doc = {
@@ -641,6 +720,7 @@ def main(argv: list[str] | None = None) -> int:
         **measuring.origin,
         "kubernetes": versions().kubernetes,
         "members": args.members,
+        "spares": args.spares,
         "every_s": args.every,
         "keep_step": args.keep_step,
         "result": result,

@@ -126,7 +126,7 @@ def test_preemption_during_recovery_stands_down_then_resumes(
             # test is about preemption during an in-place recovery.
             wait_for(
                 "a checkpoint on every member",
-                partial(checkpointed, kube, cluster_kubeconfig, namespace, "gang"),
+                partial(checkpointed, kube, cluster_kubeconfig, namespace, "gang", 2),
                 60,
                 0.5,
             )

@@ -15,6 +15,7 @@ from kubernetes import client
 
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
+from jobset_inplace.core import spares
 from jobset_inplace.times import parse_time
 
 from . import addons, certs, processes
@@ -206,6 +207,23 @@ def member_pods(
         for p in pods
         if not p.metadata.deletion_timestamp and (include_failed or p.status.phase != "Failed")
     }
+
+
+def holder_index(slots: dict[str, str], replicated_job: str, slot: int) -> str:
+    """The job index of the pod that holds member ``slot`` of ``replicated_job`` under a
+    GangState's ``status.slots`` (its own pod's unless a hot spare took it)."""
+    return spares.holder(slots, names.member_name(replicated_job, slot, 0)).split("/")[1]
+
+
+def slot_holders(
+    kube: Clients, ns: str, name: str, members: int, *, replicated_job: str = "workers"
+) -> dict[str, Any]:
+    """The pods that hold the gang's ``members`` slots (:func:`member_pods` less its hot
+    spares), by slot; a slot whose holder has no pod is missing."""
+    pods = member_pods(kube, ns, name)
+    slots = gang_state(kube, ns, name).get(names.STATUS_SLOTS) or {}
+    held = {str(k): pods.get(holder_index(slots, replicated_job, k)) for k in range(members)}
+    return {slot: pod for slot, pod in held.items() if pod is not None}
 
 
 def job_failures(kube: Clients, ns: str, name: str) -> dict[str, int]:

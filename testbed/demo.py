@@ -25,7 +25,7 @@ from jobset_inplace.times import parse_time
 
 from . import workloads
 from .cluster import REAL_NODE_LABEL, LocalCluster
-from .controller import IMAGE, ControllerProcess, gang_state, member_pods, prepare
+from .controller import IMAGE, ControllerProcess, gang_state, member_pods, prepare, slot_holders
 from .demo_trainer import FAILURE_FILE, HANG_FILE, SLOW_FILE
 from .kube import Clients, clients, create_jobset, wait_for
 from .versions import binaries
@@ -86,6 +86,7 @@ def demo_jobset(
     security: dict[str, Any] | None = None,
     service_account: str | None = None,
     shared_root: bool = False,
+    spares: int = 0,
 ) -> dict[str, Any]:
     """The demo JobSet as a user writes it: opted in, no agent (the webhook injects it);
     ``scope``: the restart-scope annotation (None: the default); ``annotations``: more of
@@ -99,8 +100,17 @@ def demo_jobset(
     ServiceAccount its pods run as (None: none named); ``shared_root``: ``persistent`` is one
     root for the whole gang instead (its state is replicated: docs/trainer-contract.md, "One
     root for a replicated gang"). With ``persistent``, ``GANG_MOUNT`` is a directory every
-    member shares either way (``persistent``/``GANG_SUBDIR``).
+    member shares either way (``persistent``/``GANG_SUBDIR``). ``spares``: that many hot
+    spares (``jobset-inplace.dev/hot-spares``), the pods spread over the real nodes where they
+    can be; the trainer then knows its member by the slot the launcher gives it
+    (``JSI_SLOT``), not by its pod's job index, which the webhook refuses to expose (a spare's
+    is not the member's), so ``persistent`` must be ``shared_root``.
     """
+    if spares and persistent is not None and not shared_root:
+        raise ValueError(
+            "spares: a spare takes a member's slot and must read its checkpoints: give the "
+            "gang one persistent root (shared_root=True)"
+        )
     volumes: list[dict[str, Any]] = [{"name": "ckpt", "emptyDir": {}}]
     mounts: list[dict[str, Any]] = [{"name": "ckpt", "mountPath": "/ckpt"}]
     tiers: list[dict[str, Any]] = [{"name": "JSI_CHECKPOINT_LOCAL_DIR", "value": "/ckpt/local"}]
@@ -109,9 +119,9 @@ def demo_jobset(
             {"name": "shared", "hostPath": {"path": str(persistent), "type": "DirectoryOrCreate"}}
         )
         mount = {"name": "shared", "mountPath": PERSISTENT_MOUNT}
-        # the member's index, for its own subdirectory or files (JOB_INDEX_REF in ``env``)
-        index = {"fieldRef": {"fieldPath": f"metadata.labels['{names.JOB_INDEX_LABEL}']"}}
-        tiers.append({"name": "JOB_INDEX", "valueFrom": index})
+        if not spares:  # the member's index, for its own subdirectory or files (JOB_INDEX_REF)
+            index = {"fieldRef": {"fieldPath": f"metadata.labels['{names.JOB_INDEX_LABEL}']"}}
+            tiers.append({"name": "JOB_INDEX", "valueFrom": index})
         if not shared_root:
             mount["subPathExpr"] = JOB_INDEX_REF
         mounts.append(mount)
@@ -148,6 +158,7 @@ def demo_jobset(
         annotations={
             names.ENABLED: "true",
             **({names.RESTART_SCOPE: scope} if scope else {}),
+            **({names.HOT_SPARES: str(spares)} if spares else {}),
             **(annotations or {}),
         },
         node_selector={REAL_NODE_LABEL: "true"},
@@ -165,6 +176,7 @@ def demo_jobset(
                 else {}
             ),
             **({"serviceAccountName": service_account} if service_account else {}),
+            **({"affinity": workloads.spread_over_nodes(name)} if spares else {}),
         },
     )
     return js
@@ -264,8 +276,9 @@ def trainers_running(
     kube: Clients, kubeconfig: Path, ns: str, name: str, members: int, *, epoch: int
 ) -> bool:
     """Every member's trainer container runs and its trainer resumed in ``epoch`` or later
-    (its log says so: the same test for every restart scope)."""
-    pods = member_pods(kube, ns, name)
+    (its log says so: the same test for every restart scope); with hot spares, the trainers
+    of the pods that hold the ``members`` slots."""
+    pods = slot_holders(kube, ns, name, members)
     if len(pods) != members:
         return False
     for p in pods.values():
@@ -325,12 +338,19 @@ def log_time(text: str) -> float:
 
 
 def checkpointed(
-    kube: Clients, kubeconfig: Path, namespace: str, name: str, *, persistent: bool = False
+    kube: Clients,
+    kubeconfig: Path,
+    namespace: str,
+    name: str,
+    members: int,
+    *,
+    persistent: bool = False,
 ) -> bool:
-    """Every member's trainer saved a checkpoint (so the gang has a common step to resume);
-    with ``persistent``, one in the persistent tier too (a recreated member's step)."""
+    """Every member's trainer (the holder of each of the ``members`` slots) saved a checkpoint
+    (so the gang has a common step to resume); with ``persistent``, one in the persistent tier
+    too (a recreated member's step)."""
     said = "checkpoint saved (both)" if persistent else "checkpoint saved"
-    pods = member_pods(kube, namespace, name)
+    pods = slot_holders(kube, namespace, name, members)
     return bool(pods) and all(
         said in trainer_log(kubeconfig, namespace, p.metadata.name) for p in pods.values()
     )
@@ -353,6 +373,7 @@ def training_gang(
     env: dict[str, str] | None = None,
     labels: dict[str, str] | None = None,
     shared_root: bool = False,
+    spares: int = 0,
 ) -> None:
     """A demo gang in ``namespace`` (prepared for gangs), trained to a checkpoint on every
     member: epoch 1's barrier open, every trainer running, a common step to resume from (in
@@ -375,6 +396,7 @@ def training_gang(
             env=env,
             labels=labels,
             shared_root=shared_root,
+            spares=spares,
         ),
     )
     wait_for(
@@ -387,7 +409,9 @@ def training_gang(
     )
     wait_for(
         "a checkpoint on every member" + (" (persistent tier too)" if persistent else ""),
-        lambda: checkpointed(kube, kubeconfig, namespace, name, persistent=bool(persistent)),
+        lambda: checkpointed(
+            kube, kubeconfig, namespace, name, members, persistent=bool(persistent)
+        ),
         60,
     )
 
@@ -510,7 +534,7 @@ def run_demo(
     )
     wait_for(  # every member has a checkpoint (step 10 at 0.2 s/step): a step to resume from
         "a checkpoint on every member",
-        lambda: checkpointed(kube, kubeconfig, namespace, name),
+        lambda: checkpointed(kube, kubeconfig, namespace, name, members),
         60,
     )
     before = {i: p.metadata.uid for i, p in member_pods(kube, namespace, name).items()}

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from jobset_inplace import names
 from jobset_inplace.trainer import (
     park,
     report_progress,
@@ -84,6 +85,10 @@ ENV_KEEP_STEP = "JSI_DEMO_KEEP_STEP"
 # Unset: each member trains on its own.
 ENV_LOCKSTEP_DIR = "JSI_DEMO_LOCKSTEP_DIR"
 ENV_GANG_SIZE = "JSI_DEMO_GANG_SIZE"
+# The trainer's own account (a file; its lines: _Truth); MEMBER_REF in its path is replaced by
+# the member this trainer is (`member`)
+ENV_TRUTH_FILE = "JSI_DEMO_TRUTH_FILE"
+MEMBER_REF = "{member}"
 LOCKSTEP_POLL_S = 0.01
 # Periodic checkpoints: every CHECKPOINT_EVERY steps locally, every PERSIST_EVERY persistently
 # (JSI_DEMO_CHECKPOINT_EVERY / JSI_DEMO_PERSIST_EVERY override them)
@@ -111,7 +116,7 @@ def _write_step(step: int) -> object:
 
 
 class _Truth:
-    """The trainer's own account (``JSI_DEMO_TRUTH_FILE``); each line one O_APPEND write."""
+    """The trainer's own account (``ENV_TRUTH_FILE``); each line one O_APPEND write."""
 
     def __init__(self, path: str | None, epoch: int) -> None:
         self.fd = None if not path else os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -169,14 +174,32 @@ class _Lockstep:
             time.sleep(LOCKSTEP_POLL_S)
 
 
+def member(env: Mapping[str, str]) -> str:
+    """The member this trainer is: the slot its launcher gives it this epoch (``JSI_SLOT``: a
+    gang with hot spares, where a spare may hold another pod's slot), else its pod's JobSet
+    job index (``JOB_INDEX``, the demo JobSet's); "" where neither is set."""
+    return env.get(names.ENV_SLOT) or env.get("JOB_INDEX", "")
+
+
+def truth_path(env: Mapping[str, str]) -> str | None:
+    """Where this trainer writes its own account (``ENV_TRUTH_FILE``, its ``MEMBER_REF``
+    replaced by :func:`member`); None: nowhere."""
+    path = env.get(ENV_TRUTH_FILE)
+    if path and MEMBER_REF in path and not member(env).isdigit():
+        raise SystemExit(f"{ENV_TRUTH_FILE} names {MEMBER_REF}: needs JSI_SLOT or JOB_INDEX")
+    return path.replace(MEMBER_REF, member(env)) if path else None
+
+
 def lockstep_from_env(epoch: int) -> _Lockstep | None:
     directory = os.environ.get(ENV_LOCKSTEP_DIR)
     if not directory:
         return None
     members = int(os.environ.get(ENV_GANG_SIZE) or "0")
-    index = os.environ.get("JOB_INDEX", "")
+    index = member(os.environ)
     if members < 1 or not index.isdigit():
-        raise SystemExit(f"{ENV_LOCKSTEP_DIR} needs {ENV_GANG_SIZE} >= 1 and JOB_INDEX (a number)")
+        raise SystemExit(
+            f"{ENV_LOCKSTEP_DIR} needs {ENV_GANG_SIZE} >= 1 and JSI_SLOT or JOB_INDEX (a number)"
+        )
     return _Lockstep(Path(directory), members, index, epoch)
 
 
@@ -318,7 +341,7 @@ def main() -> int:
         hang_epochs = os.environ.get(ENV_STARTUP_HANG_EPOCHS, "").split(",")
         if str(info.epoch) in hang_epochs:
             _hang(f"before the first step of epoch {info.epoch}")
-    truth = _Truth(os.environ.get("JSI_DEMO_TRUTH_FILE"), epoch)
+    truth = _Truth(truth_path(os.environ), epoch)
     truth.resumed(step)
     keeper = _keeper(local, persistent, step) if os.environ.get(ENV_KEEP_STEP) == "1" else None
     try:

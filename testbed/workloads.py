@@ -101,19 +101,26 @@ def jobset(
     }
 
 
+def _apart(jobset_name: str) -> dict[str, Any]:
+    return {
+        "labelSelector": {"matchLabels": {names.JOBSET_NAME_LABEL: jobset_name}},
+        "topologyKey": "kubernetes.io/hostname",
+    }
+
+
 def one_per_node(jobset_name: str) -> dict[str, Any]:
     """Pod affinity that puts each pod of JobSet ``jobset_name`` on a node of its own (so that
     its members talk across nodes)."""
     return {
-        "podAntiAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": [
-                {
-                    "labelSelector": {"matchLabels": {names.JOBSET_NAME_LABEL: jobset_name}},
-                    "topologyKey": "kubernetes.io/hostname",
-                }
-            ]
-        }
+        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [_apart(jobset_name)]}
     }
+
+
+def spread_over_nodes(jobset_name: str) -> dict[str, Any]:
+    """Pod affinity that puts each pod of JobSet ``jobset_name`` on a node of its own where
+    one is free, and beside another where none is (a drained node's replacement)."""
+    apart = {"weight": 100, "podAffinityTerm": _apart(jobset_name)}
+    return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [apart]}}
 
 
 def shared_checkpoint_gang(

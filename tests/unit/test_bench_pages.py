@@ -4,12 +4,13 @@ figure without its commit is refused, ratios are within one run and like for lik
 from __future__ import annotations
 
 import subprocess
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench import pages, provenance
+from bench import pages, provenance, soak
 from bench.first_step import MILESTONES
 from bench.pages import PagesError
 
@@ -227,11 +228,20 @@ def test_a_page_without_its_markers_is_an_error() -> None:
     )
 
 
+CRASH_BUCKETS = {
+    "scheduling": 2.0,
+    "detection": 0.1,
+    "recovery": 0.5,
+    "restore": 0.2,
+    "wastedProgress": 1.0,
+}
+
+
 def test_the_soak_account_counts_what_recovered_and_what_was_measured() -> None:
-    failures = [
-        {"kind": "crash", "recovery_s": 0.069, "steps_lost": 10},
-        {"kind": "silence", "recovery_s": 16.8, "steps_lost": None},  # both members gone
-        {"kind": "silence", "recovery_s": None, "steps_lost": None},  # never recovered
+    failures = [  # as the soak writes them
+        asdict(soak.Failure("crash", 2, 60.0, "m", 0.069, 10, 100, {}, badput_s=CRASH_BUCKETS)),
+        asdict(soak.Failure("silence", 3, 120.0, "m", 16.8, None, 200, {})),  # both gone
+        asdict(soak.Failure("silence", 4, 180.0, "m", None, None, None, {})),  # not recovered
     ]
     doc = {
         "when": "2026-11-27T23:38:51Z",
@@ -267,6 +277,19 @@ def test_the_soak_account_counts_what_recovered_and_what_was_measured() -> None:
     assert "| **90.0 %** (450.0 s productive) | 15.0 s (3.0 %) | 20.0 s (4.0 %) |" in text
     assert "| trainer crash (process scope) | 0.07 s | 10, 10 (1 of 1) |" in text
     assert "| silent node (kubelet and containerd stopped) | 16.80, - s | - |" in text
+    assert "spare" not in text
+    # what each kind cost, from the records that carry their buckets
+    assert "| trainer crash (process scope) | 1 | 0.1 | 0.5 | 0.2 | 1.0 | 1.8 | 1.8 |" in text
+    assert "| silent node" not in text.split("What each kind")[1]
+    assert "a failure every 3 minutes, 2 members" in text
+    doc["spares"], doc["every_s"] = 1, 60.0
+    doc["result"]["slot_moves"] = {"silence": 1, "crash": 1}  # type: ignore[index]
+    text = pages.soak_tables(doc)
+    assert "a failure every minute, 2 members and 1 hot spare(s); run of 2026-11-27" in text
+    assert (
+        "Recoveries that gave a member's slot to another pod (a spare): trainer crash (process "
+        "scope) 1, silent node (kubelet and containerd stopped) 1." in text
+    )
 
 
 def test_a_kwok_result_file_names_its_kubernetes_among_its_versions(tmp_path: Path) -> None:

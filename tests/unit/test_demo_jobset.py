@@ -11,9 +11,12 @@ from typing import Any
 import pytest
 
 from bench import soak
+from jobset_inplace import names
 from jobset_inplace.core import goodput
 from jobset_inplace.core.model import Mark
+from jobset_inplace.core.transform import AgentSettings, transform
 from jobset_inplace.times import parse_time
+from testbed.controller import holder_index
 from testbed.demo import GANG_MOUNT, PERSISTENT_MOUNT, demo_jobset
 from testbed.demo_trainer import parse_truth
 
@@ -162,3 +165,88 @@ def test_every_member_shares_the_gang_directory_whatever_the_tiers_layout() -> N
         pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
         (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
         assert volume["hostPath"]["path"] == "/tmp/x/gang"
+
+
+def test_a_gang_with_spares_names_its_members_by_slot_and_spreads_its_pods() -> None:
+    """The webhook refuses a trainer env read from the pod's position with spares (a spare's
+    is not its member's): the demo JobSet with spares sets none, passes the transform, and
+    its pods prefer nodes of their own (a drained node's pod may still share one)."""
+    js = demo_jobset("g", 2, persistent=Path("/tmp/x"), shared_root=True, spares=1)
+    assert js["metadata"]["annotations"][names.HOT_SPARES] == "1"
+    assert "JOB_INDEX" not in {e["name"] for e in _trainer(js)["env"]}
+    pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    anti = pod["affinity"]["podAntiAffinity"]
+    assert list(anti) == ["preferredDuringSchedulingIgnoredDuringExecution"]
+    out = transform(js, AgentSettings(image="example.test/agent:1"))
+    assert out["spec"]["replicatedJobs"][0]["replicas"] == 3, "the spare is a pod of the gang"
+    without = demo_jobset("g", 2, persistent=Path("/tmp/x"), shared_root=True)
+    assert (
+        "affinity"
+        not in without["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    )
+    with pytest.raises(ValueError, match="shared_root"):
+        demo_jobset("g", 2, persistent=Path("/tmp/x"), spares=1)
+
+
+def test_the_soak_takes_spares_up_to_the_gang() -> None:
+    assert soak.parse_args([]).spares == 0
+    assert soak.parse_args(["--spares", "2"]).spares == 2
+    for bad in ("-1", "3"):
+        with pytest.raises(SystemExit):
+            soak.parse_args(["--spares", bad])
+
+
+def test_a_slot_is_held_by_its_own_pod_until_a_spare_takes_it() -> None:
+    assert holder_index({}, "workers", 1) == "1"
+    swapped = {"workers/1/0": "workers/2/0", "workers/2/0": "workers/1/0"}
+    assert holder_index(swapped, "workers", 1) == "2"
+    assert holder_index(swapped, "workers", 0) == "0"
+
+
+def test_the_soak_counts_the_recoveries_that_moved_a_member_to_a_spare() -> None:
+    def failure(kind: str, slots: dict[str, str], recovered: bool = True) -> soak.Failure:
+        return soak.Failure(kind, 2, 0.0, "m", 1.0 if recovered else None, 0, 0, {}, slots=slots)
+
+    moved = {"workers/1/0": "workers/2/0"}
+    back = {"workers/1/0": "workers/2/0", "workers/0/0": "workers/1/0"}
+    failures = [
+        failure("crash", {}),
+        failure("silence", moved),
+        failure("hang", moved),
+        failure("silence", back),
+        failure("drain", {}, recovered=False),
+    ]
+    assert soak.slot_moves(failures) == {"silence": 2}
+    assert soak.slot_moves([failure("crash", {})]) == {}
+
+
+def test_the_soak_says_what_each_kind_of_failure_cost_by_bucket() -> None:
+    """Each failure's buckets at its barrier less those at the one before; the gang's first
+    start is none's; a failure whose predecessor carries no buckets is not counted."""
+
+    def failure(kind: str, epoch: int, **badput: float) -> soak.Failure:
+        return soak.Failure(kind, epoch, 0.0, "m", 1.0, 0, 0, {}, badput_s=badput)
+
+    failures = [
+        failure("crash", 2, scheduling=1.0, detection=0.1, recovery=0.5, wastedProgress=0.4),
+        failure("silence", 3, scheduling=1.0, detection=15.1, recovery=9.5, wastedProgress=1.4),
+        failure("crash", 4, scheduling=1.0, detection=15.2, recovery=10.0, wastedProgress=1.9),
+        soak.Failure("hang", 5, 0.0, "m", 1.0, 0, 0, {}),  # recorded before the buckets were
+        failure("crash", 6, detection=99.0),
+    ]
+    assert soak.badput_by_kind(failures) == {
+        "crash": {
+            "failures": 2,
+            "detection": 0.2,
+            "recovery": 1.0,
+            "restore": 0.0,
+            "wastedProgress": 0.9,
+        },
+        "silence": {
+            "failures": 1,
+            "detection": 15.0,
+            "recovery": 9.0,
+            "restore": 0.0,
+            "wastedProgress": 1.0,
+        },
+    }

@@ -14,9 +14,17 @@ from pathlib import Path
 
 import pytest
 
+from jobset_inplace import names
 from jobset_inplace.launcher import ENV_STATE_DIR
 from jobset_inplace.trainer.stop import StopAt, write_stop
-from testbed.demo_trainer import gang_began, parse_truth
+from testbed.demo_trainer import (
+    ENV_TRUTH_FILE,
+    MEMBER_REF,
+    gang_began,
+    member,
+    parse_truth,
+    truth_path,
+)
 
 TRAINER = Path(__file__).resolve().parents[2] / "testbed" / "demo_trainer.py"
 EXIT_ON_SIGTERM = 128 + signal.SIGTERM
@@ -247,3 +255,18 @@ def test_in_lockstep_a_planned_stop_at_a_committed_step_parks_the_waiting_member
         trainer.kill()
         said, _ = trainer.communicate()
     assert "step 1: checkpoint saved (local) for a planned stop; parked" in said, said
+
+
+def test_the_trainer_is_the_member_its_slot_says_where_a_launcher_gives_one() -> None:
+    """With hot spares the launcher gives each epoch's trainer its slot (JSI_SLOT): a spare's
+    pod index is not its member's, so its account and lockstep files are the slot's."""
+    assert member({"JOB_INDEX": "2"}) == "2"
+    assert member({"JOB_INDEX": "2", names.ENV_SLOT: "1"}) == "1"
+    assert member({}) == ""
+    path = f"/shared/truth-{MEMBER_REF}.log"
+    assert truth_path({ENV_TRUTH_FILE: path, names.ENV_SLOT: "1"}) == "/shared/truth-1.log"
+    assert truth_path({ENV_TRUTH_FILE: path, "JOB_INDEX": "0"}) == "/shared/truth-0.log"
+    assert truth_path({ENV_TRUTH_FILE: "/a/b.log"}) == "/a/b.log"
+    assert truth_path({}) is None
+    with pytest.raises(SystemExit, match="JSI_SLOT or JOB_INDEX"):
+        truth_path({ENV_TRUTH_FILE: path})
