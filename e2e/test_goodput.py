@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from testbed.demo import (
 )
 from testbed.demo_trainer import (
     CHECKPOINT_EVERY,
+    ENV_TRUTH_FILE,
     PERSIST_EVERY,
     Truth,
     gang_began,
@@ -71,7 +73,7 @@ def truth_gang(  # noqa: PLR0917 (the demo gang's place, then the truth's)
         MEMBERS,
         scope=scope,
         persistent=persistent,
-        env={"JSI_DEMO_TRUTH_FILE": truth},
+        env={ENV_TRUTH_FILE: truth},
     )
 
 
@@ -144,6 +146,15 @@ def test_goodput_agrees_with_the_trainers_own_account(
             f"rest (detection, recovery, restore, start) {1 - theirs - their_waste:.4f}, "
             f"reported {1 - ours - wasted:.4f}"
         )
+        # where a member's own account parts from the gang's: per epoch, its first step after
+        # the gang's and the time between its steps (neither is in its steps' own durations)
+        for e in sorted(began):
+            steps = sorted((s for s in truth.steps if s.epoch == e), key=lambda s: s.start)
+            gaps = sum(b.start - a.end for a, b in pairwise(steps))
+            late = steps[0].start - began[e] if steps else 0.0
+            print(
+                f"  epoch {e}: first step {late:.3f} s after the gang's, {gaps:.3f} s between steps"
+            )
         assert abs(theirs - ours) <= 0.01, (pod, theirs, ours, account)
         assert abs(their_waste - wasted) <= 0.01, (pod, their_waste, wasted, account)
         rest = abs((1 - theirs - their_waste) - (1 - ours - wasted))
@@ -278,7 +289,7 @@ def test_a_kept_step_reaches_the_member_killed_by_sigkill(
         persistent=shared,
         shared_root=True,
         env={
-            "JSI_DEMO_TRUTH_FILE": TRUTH,
+            ENV_TRUTH_FILE: TRUTH,
             "JSI_DEMO_KEEP_STEP": "1",
             # held back, member 0 must stop between the shared root's checkpoint 20 and its
             # local 30: at 0.5 s a step, 5 s for two kubectl execs however loaded the machine
