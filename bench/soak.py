@@ -327,19 +327,19 @@ def trainers_account(
 ) -> dict[str, Any]:
     """The trainers' own account of the soak from ``since`` (the controller's account's start)
     to ``end``: per member, the share of the time spent on steps the gang keeps (goodput) and
-    on steps it threw away (wasted progress: from the epoch's first step, any member's, as
-    the controller counts it, to the failure, a step under way included, less the steps
-    kept); per failure, the steps the gang redid (the newest step any member finished in the
-    epoch that failed, less the resume). An epoch ends
-    at its injected crash (the trainer's own line) or else when the soak began to inject the
-    failure (a node powered off, a hang, a device fault, a drain)."""
+    on steps it threw away (wasted progress: from when the gang began to train in the epoch,
+    its last member's first step (:func:`gang_began`), to the failure, a step under way
+    included, less the steps kept); per failure, the steps the gang redid (the newest step any
+    member finished in the epoch that failed, less the resume). An epoch ends at its injected
+    crash (the trainer's own line) or else when the soak began to inject the failure (a node
+    powered off, a hang, a device fault, a drain)."""
     ended = _epoch_ends(truths, failures)
     after = max((e for t in truths.values() for e in t.resumes), default=0) + 1
     began = gang_began(truths.values())
     window = end - since
     members = {
         index: {
-            "goodput": round(truth.kept_seconds(after) / window, 4),
+            "goodput": round(truth.kept_seconds(after, began) / window, 4),
             "wasted": round(truth.wasted_seconds(after, began, ended) / window, 4),
         }
         for index, truth in truths.items()
@@ -423,6 +423,7 @@ def productive_apart_by_kind(
     epoch the gang keeps; each failure's difference counts, whatever its sign. The rest of
     each interval (detection, recovery, restore, wasted progress) differs by as much."""
     after = max((e for t in truths.values() for e in t.resumes), default=0) + 1
+    began = gang_began(truths.values())
     apart: dict[str, dict[str, float]] = {}
     for f in failures:
         if not f.wall:
@@ -433,7 +434,7 @@ def productive_apart_by_kind(
             continue  # not recovered, or its epoch's start not marked any more
         theirs = later[0].productive - before[-1].productive
         for member, truth in truths.items():
-            kept = truth.kept_seconds(after, f.epoch - 1)
+            kept = truth.kept_seconds(after, began, f.epoch - 1)
             by_member = apart.setdefault(f.kind, {})
             by_member[member] = by_member.get(member, 0.0) + abs(theirs - kept)
     return {

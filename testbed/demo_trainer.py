@@ -220,11 +220,15 @@ class Truth:
     steps: list[Step]
     crashes: dict[int, float]
 
-    def kept_seconds(self, before_epoch: int, epoch: int | None = None) -> float:
+    def kept_seconds(
+        self, before_epoch: int, began: Mapping[int, float], epoch: int | None = None
+    ) -> float:
         """Seconds of the steps done before ``before_epoch`` (in ``epoch`` only, if given)
-        that the gang keeps: a resume at step R throws away every step past R done before it."""
+        that the gang keeps (a resume at step R throws away every step past R done before
+        it), each from when the gang began to train in its epoch at the earliest
+        (``began``: :func:`gang_began`)."""
         kept = self._kept(before_epoch).values()
-        return sum(s.end - s.start for s in kept if epoch is None or s.epoch == epoch)
+        return sum(_trained(s, began) for s in kept if epoch is None or s.epoch == epoch)
 
     def _kept(self, before_epoch: int) -> dict[int, Step]:
         kept: dict[int, Step] = {}
@@ -245,8 +249,9 @@ class Truth:
         trainer's steps tell it: each epoch from ``began[epoch]`` (when the gang began to
         train: :func:`gang_began`) to ``ended[epoch]`` (when the failure that ended it
         happened: the crashed trainer's own account), less the time of this trainer's steps
-        the gang keeps. A step under way at the failure is wasted; steps finished after it
-        (before the recovery stopped this trainer) are not training time of the epoch."""
+        the gang keeps (as :meth:`kept_seconds`). A step under way at the failure is wasted;
+        steps finished after it (before the recovery stopped this trainer) are not training
+        time of the epoch."""
         kept = self._kept(before_epoch)
         wasted = 0.0
         for epoch in range(min(self.resumes, default=before_epoch), before_epoch):
@@ -254,7 +259,7 @@ class Truth:
                 continue
             steps = [s for s in self.steps if s.epoch == epoch and s.end <= ended[epoch]]
             wasted += (ended[epoch] - began[epoch]) - sum(
-                s.end - s.start for s in steps if kept.get(s.step) == s
+                _trained(s, began) for s in steps if kept.get(s.step) == s
             )
         return wasted
 
@@ -263,12 +268,25 @@ class Truth:
 
 
 def gang_began(truths: Iterable[Truth]) -> dict[int, float]:
-    """When the gang began to train in each epoch: its first member's first step."""
+    """When the gang began to train in each epoch: its last member's first step. A gang in
+    lockstep (``ENV_LOCKSTEP_DIR``), as data-parallel training is, trains only once every
+    member is back: the members back before wait in the first step's all-reduce, restoring
+    (the controller's account counts it so: docs/metrics.md). Members that train on their own
+    are not a gang this account fits."""
     began: dict[int, float] = {}
     for truth in truths:
+        own: dict[int, float] = {}
         for s in truth.steps:
-            began[s.epoch] = min(began.get(s.epoch, s.start), s.start)
+            own[s.epoch] = min(own.get(s.epoch, s.start), s.start)
+        for epoch, start in own.items():
+            began[epoch] = max(began.get(epoch, start), start)
     return began
+
+
+def _trained(step: Step, began: Mapping[int, float]) -> float:
+    """``step``'s time as the gang's training: from its start, or from when the gang began
+    to train in its epoch where that is later (a member's first step, waiting for the rest)."""
+    return max(0.0, step.end - max(step.start, began.get(step.epoch, step.start)))
 
 
 def parse_truth(text: str) -> Truth:

@@ -181,14 +181,29 @@ def test_the_trainers_account_of_kept_and_wasted_training() -> None:
     lines += [f"step 2 {s} {107 + s:.6f} {108 + s:.6f}" for s in range(3, 6)]
     truth = parse_truth("\n".join(lines))
     assert truth.crashes == {1: 104.5}
-    assert truth.kept_seconds(2) == pytest.approx(2.0)
-    assert gang_began([truth]) == {1: 100.0, 2: 110.0}
-    assert truth.wasted_seconds(2, {1: 100.0}, truth.crashes) == pytest.approx(4.5 - 2.0)
-    # a member that began later than the gang: its wait counts as the gang's training time
-    assert truth.wasted_seconds(2, {1: 99.5}, truth.crashes) == pytest.approx(5.0 - 2.0)
+    began = gang_began([truth])
+    assert began == {1: 100.0, 2: 110.0}
+    assert truth.kept_seconds(2, began) == pytest.approx(2.0)
+    assert truth.wasted_seconds(2, began, truth.crashes) == pytest.approx(4.5 - 2.0)
     assert truth.newest_step(2) == 5
     with pytest.raises(ValueError, match="not a line"):
         parse_truth("resume 1 0\nnonsense")
+
+
+def test_in_lockstep_every_members_account_starts_when_the_last_member_began() -> None:
+    """A gang in lockstep whose member 1 came back 0.6 s after member 0 (its pod restarted
+    later): member 0's first step waited for it in the all-reduce, so both first steps end
+    at 101. The gang trained from 100.6, member 1's start; member 0's wait before is not
+    training (the controller counts it as restore), so both accounts agree."""
+    early = ["resume 1 0", "step 1 1 99.400000 101.000000", "step 1 2 101.000000 102.000000"]
+    late = ["resume 1 0", "step 1 1 100.600000 101.000000", "step 1 2 101.000000 102.000000"]
+    resumed = ["resume 2 2", "crash 1 102.500000"]
+    truths = [parse_truth("\n".join(lines + resumed)) for lines in (early, late)]
+    began = gang_began(truths)
+    assert began == {1: pytest.approx(100.6)}
+    for truth in truths:
+        assert truth.kept_seconds(2, began) == pytest.approx(1.4)
+        assert truth.wasted_seconds(2, began, truth.crashes) == pytest.approx(0.5)
 
 
 def test_in_lockstep_a_member_commits_a_step_only_once_every_member_computed_it(
