@@ -173,6 +173,11 @@ def silent_for(s: Snapshot, pod: PodView) -> float:
     return s.silent.get(pod.uid, 0.0)
 
 
+def _last_heard(s: Snapshot, pod: PodView) -> float | None:
+    """When this leader last heard ``pod``'s agent; None: never (or no heartbeats)."""
+    return s.now - s.silent[pod.uid] if pod.uid in s.silent else None
+
+
 def _rank(pod: PodView) -> tuple[bool, float]:
     return (not pod.deleting and pod.phase != "Failed", pod.created)
 
@@ -258,7 +263,8 @@ def first_signal(
     """The earliest of the failing members' signals (``causes``: not empty), since when it
     showed, and how long before that the failure may have come (its window: a missed Lease
     renewal's renew interval, else 0), from the times the snapshot carries: a node's first
-    unhealthy signal (the threshold it must last is part of detection); a pod's Ready condition
+    unhealthy signal (the threshold it must last is part of detection; a missed renewal after
+    the member's heartbeating agent was last heard: that heartbeat); a pod's Ready condition
     turning False (for a stuck member: its agent's start, if later), when that lies between
     the barrier's opening and now (an older one is not this failure's). A signal without such
     a time (a pod deleted or gone) counts from now: the pass that saw it."""
@@ -276,8 +282,15 @@ def first_signal(
                 node, s.leases_observed_since
             ):
                 # the missed renewal: the node died after its last one (a renew interval, or
-                # more where that renewal came before the controller could watch)
-                window = at - (node.lease_renewed or at)
+                # more where that renewal came before the controller could watch); where the
+                # member's agent heartbeats (hot spares) and was heard after that renewal, its
+                # silence is the earlier signal, dated as a silent agent's
+                renewed = node.lease_renewed or at
+                heard = _last_heard(s, pod) if pod is not None else None
+                if heard is not None and renewed < heard <= at:
+                    at = heard
+                else:
+                    window = at - renewed
         elif cause == Cause.AGENT_SILENT and pod is not None:
             at = s.now - silent_for(s, pod)  # its last heartbeat heard
         elif pod is not None and pod.not_ready_since is not None:

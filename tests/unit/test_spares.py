@@ -23,7 +23,7 @@ from jobset_inplace.agent.logic import AgentLogic, Open, Position, Report, Resta
 from jobset_inplace.controller.metrics import Metrics
 from jobset_inplace.core.admission import mutate, validate, warnings
 from jobset_inplace.core.decode import gang_spec
-from jobset_inplace.core.detection import current_pods, current_spares
+from jobset_inplace.core.detection import LEASE_RENEW_INTERVAL_S, current_pods, current_spares
 from jobset_inplace.core.disruption_budget import desired_budget
 from jobset_inplace.core.gangstate import status_from_dict, status_to_dict
 from jobset_inplace.core.model import (
@@ -828,3 +828,23 @@ def test_the_disruption_budget_counts_the_spares() -> None:
     budget = desired_budget({**js, "metadata": {**js["metadata"], "uid": "u"}}, Policy())
     assert budget is not None
     assert budget["spec"]["minAvailable"] == 6
+
+
+def test_a_dead_nodes_failure_is_dated_by_its_members_last_heartbeat() -> None:
+    """The node's Lease went stale (renewed 26 s ago, its signal 16 s ago: the node died in the
+    10 s between) but member 1's agent was heard until 19 s ago: the node died just after
+    that, as a silent agent's failure is dated (goodput ends the epoch there, not in the middle
+    of the renew interval: core/goodput.py)."""
+    nm = gang().nodes | {"n1": NodeView("n1", ready="True", lease_renewed=NOW - 26)}
+    nm["n1"] = dataclasses.replace(nm["n1"], lease_read_at=NOW)
+    spares_busy = {4: 60.0, 5: 60.0}  # no spare ready: the node's signal, not the silence
+    rec = plan(beating({1: 19.0} | spares_busy, node_map=nm)).status.recovery
+    assert rec is not None
+    assert rec.causes == {member(1): Cause.NODE_UNHEALTHY}
+    assert (rec.first_signal_at, rec.signal_window) == (NOW - 19, 0.0)
+    heard_before = plan(beating({1: 40.0} | spares_busy, node_map=nm)).status.recovery
+    assert heard_before is not None
+    assert (heard_before.first_signal_at, heard_before.signal_window) == (
+        NOW - 16,
+        LEASE_RENEW_INTERVAL_S,
+    ), "heard before the renewal: the renewal's window"
