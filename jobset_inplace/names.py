@@ -3,8 +3,9 @@ annotation keys, labels, condition types and exit codes."""
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Final
+
+from jobset_inplace.strenum import StrEnum
 
 GROUP: Final = "jobset-inplace.dev"
 VERSION: Final = "v1alpha1"

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from typing import Any
 
+from jobset_inplace.strenum import StrEnum
 from jobset_inplace.times import format_time, parse_time
 
 # client-go's JitterFactor: candidates retry at retry_period x [1, 1.2).

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
-from typing import Any
+from typing import Any, Union
 
 from jobset_inplace import names
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.core.statemachine import Edge, Phase
 from jobset_inplace.protocol.report import AgentReport
+from jobset_inplace.strenum import StrEnum
 from jobset_inplace.trainer.progress import ProgressSpan
 
 HISTORY_LIMIT = 20
@@ -494,7 +494,8 @@ class Event:
     once_key: str | None = None
 
 
-Action = ReplacePod | EscalatePod | UntaintNode | ReadLeases | Event
+# (Union: evaluated at import, and the kubectl plugin runs on Python 3.9: strenum.py)
+Action = Union[ReplacePod, EscalatePod, UntaintNode, ReadLeases, Event]  # noqa: UP007
 
 
 @dataclass

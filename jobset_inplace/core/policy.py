@@ -8,11 +8,11 @@ import difflib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, TypeVar
 
 from jobset_inplace import names
 from jobset_inplace.names import RestartScope
+from jobset_inplace.strenum import StrEnum
 from jobset_inplace.trainer.checkpoints import parse_canonical_int, shorten_repr
 from jobset_inplace.trainer.layouts import (
     PATTERN_FORM,

@@ -158,7 +158,7 @@ def plan_swaps(
     pod) for each swap, the slots left without a spare: the shortfall)."""
     free = [pod for pod in sorted(ready, key=lambda p: _job_order(p.member)) if pod.node]
     free = [pod for pod in free if pod.node not in avoid_nodes]
-    swaps = list(zip(wanting, free, strict=False))
+    swaps = list(zip(wanting, free))  # noqa: B905 (the shorter; no strict= on 3.9: strenum.py)
     return swaps, list(wanting[len(swaps) :])
 
 

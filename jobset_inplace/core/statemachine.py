@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Final
+
+from jobset_inplace.strenum import StrEnum
 
 
 class Phase(StrEnum):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import IO
+from typing import IO, Optional
 
 from .cli import build_parser
 from .cluster import connect
@@ -22,7 +22,8 @@ DEFAULT = 0  # the shell may also complete file names
 NO_FILES = 4
 GANG_COMMANDS = frozenset({"status", "history", "restart"})
 
-GangLister = Callable[[str | None, str | None, str | None], list[str]]
+# (Optional: evaluated at import, on Python 3.9 too: jobset_inplace/strenum.py)
+GangLister = Callable[[Optional[str], Optional[str], Optional[str]], list[str]]  # noqa: UP045
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

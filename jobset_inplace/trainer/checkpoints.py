@@ -12,7 +12,10 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TypeGuard
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (typing has it from 3.10; the kubectl plugin runs on 3.9: strenum.py)
+    from typing import TypeGuard
 
 __all__ = [
     "COMPLETE_MARKER",

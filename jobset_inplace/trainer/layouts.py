@@ -26,8 +26,9 @@ import errno
 import os
 import re
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
+
+from jobset_inplace.strenum import StrEnum
 
 from .checkpoints import COMPLETE_MARKER, MAX_STEP, RETIRED_MARKER, retire_steps_after, scan_tier
 

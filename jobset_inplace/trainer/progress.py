@@ -90,10 +90,10 @@ def read_progress(state_dir: Path) -> dict[str, Progress]:
         step, at = doc.get("step"), doc.get("at")
         if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_STEP:
             continue
-        if isinstance(at, bool) or not isinstance(at, int | float):
+        if isinstance(at, bool) or not isinstance(at, (int, float)):
             continue
         busy = doc.get("busyS")
-        if isinstance(busy, bool) or not isinstance(busy, int | float) or not 0 <= busy < 1e15:
+        if isinstance(busy, bool) or not isinstance(busy, (int, float)) or not 0 <= busy < 1e15:
             busy = None  # absent or malformed: the record still counts as progress
         first_step, first_at = doc.get("firstStep"), doc.get("firstAt")
         if not (
@@ -101,7 +101,7 @@ def read_progress(state_dir: Path) -> dict[str, Progress]:
             and not isinstance(first_step, bool)
             and 0 <= first_step <= step
             and not isinstance(first_at, bool)
-            and isinstance(first_at, int | float)
+            and isinstance(first_at, (int, float))
             and first_at <= at
         ):
             first_step = first_at = None  # absent or inconsistent: no pace from this record
@@ -227,7 +227,7 @@ class ProgressReporter:
         if not is_int(step) or not 0 <= step <= MAX_STEP:
             raise ValueError(f"step must be an integer 0..{MAX_STEP}, got {step!r}")
         if busy_s is not None:
-            if isinstance(busy_s, bool) or not isinstance(busy_s, int | float):
+            if isinstance(busy_s, bool) or not isinstance(busy_s, (int, float)):
                 raise ValueError(f"busy_s must be seconds (a number >= 0), got {busy_s!r}")
             if not 0 <= busy_s < 1e9:  # also refuses nan
                 raise ValueError(f"busy_s must be seconds (a number >= 0), got {busy_s!r}")

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Optional, Protocol
+
+from jobset_inplace.strenum import StrEnum
 
 
 class Result(StrEnum):
@@ -46,5 +47,6 @@ class ClusterReader(Protocol):
     def pod_proxy_get(self, namespace: str, pod: str, port: int, path: str) -> tuple[int, str]: ...
 
 
-# a check of an admission policy and its binding (None: not there)
-PolicyCheck = Callable[[Mapping[str, Any] | None, Mapping[str, Any] | None], Check]
+# a check of an admission policy and its binding (None: not there); Optional: evaluated at
+# import, on Python 3.9 too (jobset_inplace/strenum.py)
+PolicyCheck = Callable[[Optional[Mapping[str, Any]], Optional[Mapping[str, Any]]], Check]  # noqa: UP045
