@@ -9,7 +9,9 @@
   ``manifests/components/prometheus``: a PodMonitor, the alerts as a PrometheusRule whose
   runbook links point at ``--runbook-base-url``, the Grafana dashboard as a ConfigMap);
 - ``jobset-inplace-X.Y.Z.tgz``: the Helm chart of the same version, its values pinned alike;
-- the wheel and the sdist (``python -m build``);
+- the wheel and the sdist (``python -m build``), and the plugin's own wheel
+  (``kubectl-jobset-inplace``: Python 3.9+, without the controller's dependencies;
+  ``release/plugin_dist.py``);
 - the kubectl plugin's krew archive and manifest (``release/plugin.py``);
 - ``SHA256SUMS``.
 
@@ -41,7 +43,7 @@ from typing import Any
 import yaml
 
 from jobset_inplace import __version__, names
-from release import plugin
+from release import plugin, plugin_dist
 from testbed import images  # the offline image build (as root, Debian's tools)
 from testbed.helm import Helm  # the pinned binaries
 from testbed.kubectl import kustomize
@@ -219,6 +221,8 @@ def python_dists(out: Path) -> None:
         check=True,
         stdout=subprocess.DEVNULL,
     )
+    log("the plugin's own wheel (release/plugin_dist.py) ...")
+    plugin_dist.build(out)
 
 
 def checksums(out: Path) -> Path:
