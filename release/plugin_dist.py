@@ -152,24 +152,22 @@ def build(out: Path) -> Path:
             shutil.copy2(path, target)
         (stage / "pyproject.toml").write_text(pyproject_text(external))
         shutil.copy2(REPO_ROOT / "LICENSE", stage / "LICENSE")
-        out.mkdir(parents=True, exist_ok=True)
+        return pip_wheel(stage, out)
+
+
+def pip_wheel(source: Path, out: Path) -> Path:
+    """The wheel of the project at ``source`` (pip, its build requirements from the machine's
+    package index, no dependencies) in ``out`` (one of the same name there is replaced)."""
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
         subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "wheel",
-                "--no-deps",
-                "--quiet",
-                "-w",
-                str(out),
-                str(stage),
-            ],
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", tmp, str(source)],
             check=True,
+            capture_output=True,
             timeout=300,
         )
-    [wheel] = out.glob(f"{NAME.replace('-', '_')}-{__version__}-*.whl")
-    return wheel
+        [built] = Path(tmp).glob("*.whl")
+        return built.replace(out / built.name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

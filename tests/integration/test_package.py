@@ -29,25 +29,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel of this checkout."""
-    wheels = tmp_path_factory.mktemp("wheels")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--quiet",
-            "-w",
-            str(wheels),
-            str(REPO_ROOT),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    [built] = wheels.glob("jobset_inplace-*.whl")
-    return built
+    return plugin_dist.pip_wheel(REPO_ROOT, tmp_path_factory.mktemp("wheels"))
 
 
 @pytest.fixture(scope="module", params=["pip", "pipx"])

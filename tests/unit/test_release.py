@@ -7,6 +7,7 @@ import io
 import json
 import re
 import tarfile
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 import yaml
 
 from jobset_inplace import __version__
-from release import artifacts, plugin
+from release import artifacts, plugin, plugin_dist
 
 RUNBOOKS = artifacts.REPO_ROOT / "docs" / "runbooks.md"
 PROMETHEUS = artifacts.PROMETHEUS
@@ -184,3 +185,22 @@ def test_every_alert_of_the_release_links_its_runbook_at_the_url_given() -> None
     shipped = yaml.safe_load((PROMETHEUS / "prometheusrule.yaml").read_text())
     alerts = {r["alert"] for g in shipped["spec"]["groups"] for r in g["rules"] if "alert" in r}
     assert {a.lower() for a in alerts} <= {a.lower() for a in anchors}, "a runbook per alert"
+
+
+def test_the_plugins_own_distribution_holds_the_plugin_and_what_it_imports_only() -> None:
+    """release/plugin_dist.py: the plugin's files and the pure modules they import, none of the
+    controller's, the agent's or the webhook server's; its requirements are those imports'."""
+    files, external = plugin_dist.closure()
+    shown = {str(f.relative_to(plugin_dist.REPO_ROOT)) for f in files}
+    assert "jobset_inplace/kubectl_plugin/cli.py" in shown
+    assert "jobset_inplace/core/transform.py" in shown, "enable runs the webhook's transform"
+    for adapter in ("controller", "agent", "runtime"):
+        assert not {f for f in shown if f.startswith(f"jobset_inplace/{adapter}/")}, adapter
+    project = tomllib.loads(plugin_dist.pyproject_text(external))["project"]
+    assert project["requires-python"] == ">=3.9"
+    assert sorted(d.split(">")[0] for d in project["dependencies"]) == [
+        "jsonpatch", "kubernetes", "pyyaml"
+    ]  # fmt: skip
+    assert set(project["scripts"]) == {"kubectl-jobset_inplace", "kubectl_complete-jobset_inplace"}
+    with pytest.raises(SystemExit, match=r"imports \['kopf'\]: name its distribution"):
+        plugin_dist.pyproject_text(external | {"kopf"})
