@@ -67,11 +67,14 @@ def truth_gang(  # noqa: PLR0917 (the demo gang's place, then the truth's)
     persistent: Path,
     *,
     scope: str | None = None,
+    shared_host: bool = True,
 ) -> None:
     """A demo gang of MEMBERS training in lockstep, as data-parallel trainers do (the gang the
     account is made for: a member alone would train on past another's crash, and keep steps
     no such gang has), each trainer logging its own account to ``truth``; ``persistent``: the
-    host directory of its persistent tier and of its lockstep (`demo_jobset`)."""
+    host directory of its persistent tier and of its lockstep (`demo_jobset`), which the
+    nodes share only on the local cluster (one host): elsewhere (``shared_host`` False: kind)
+    the members go on one node."""
     training_gang(
         kube,
         kubeconfig,
@@ -80,6 +83,7 @@ def truth_gang(  # noqa: PLR0917 (the demo gang's place, then the truth's)
         MEMBERS,
         scope=scope,
         persistent=persistent,
+        together=not shared_host,
         env={
             ENV_TRUTH_FILE: truth,
             ENV_LOCKSTEP_DIR: f"{GANG_MOUNT}/lockstep",
@@ -95,6 +99,7 @@ def reported_ratio(account: dict[str, Any]) -> float:
 
 @pytest.mark.parametrize("scope", ["process", "pod"])
 def test_goodput_agrees_with_the_trainers_own_account(  # noqa: PLR0917 (fixtures)
+    local_cluster: LocalCluster | None,
     cluster_kubeconfig: Path,
     controller: Installation,
     kube: Clients,
@@ -107,7 +112,11 @@ def test_goodput_agrees_with_the_trainers_own_account(  # noqa: PLR0917 (fixture
     apart (one pod's restart ends later: 0.6 s in a CI run of 2026-12-04, unrecorded); the gang
     trains from its last member's first step, the time before is restore in both accounts."""
     name, members = "goodput", MEMBERS
-    truth_gang(kube, cluster_kubeconfig, namespace, name, TRUTH, tmp_path / "shared", scope=scope)
+    shared = tmp_path / "shared"
+    truth_gang(
+        kube, cluster_kubeconfig, namespace, name, TRUTH, shared, scope=scope,
+        shared_host=local_cluster is not None,
+    )  # fmt: skip
     pods = sorted(member_pods(kube, namespace, name).values(), key=lambda p: p.metadata.name)
     epoch = 1
     for i, training in enumerate(TRAINING_BEFORE_CRASH_S):
@@ -277,7 +286,8 @@ HELD_STEP_S = 0.5  # the demo trainer's step where member 0 is held back (its de
 
 
 @pytest.mark.parametrize("killed", ["as-it-runs", "ahead"])
-def test_a_kept_step_reaches_the_member_killed_by_sigkill(
+def test_a_kept_step_reaches_the_member_killed_by_sigkill(  # noqa: PLR0917 (fixtures)
+    local_cluster: LocalCluster | None,
     cluster_kubeconfig: Path,
     controller: Installation,
     kube: Clients,
@@ -305,6 +315,7 @@ def test_a_kept_step_reaches_the_member_killed_by_sigkill(
         MEMBERS,
         persistent=shared,
         shared_root=True,
+        together=local_cluster is None,  # (one root only where the nodes share this host's)
         env={
             ENV_TRUTH_FILE: TRUTH,
             "JSI_DEMO_KEEP_STEP": "1",

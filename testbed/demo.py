@@ -87,6 +87,7 @@ def demo_jobset(
     service_account: str | None = None,
     shared_root: bool = False,
     spares: int = 0,
+    together: bool = False,
 ) -> dict[str, Any]:
     """The demo JobSet as a user writes it: opted in, no agent (the webhook injects it);
     ``scope``: the restart-scope annotation (None: the default); ``annotations``: more of
@@ -104,8 +105,11 @@ def demo_jobset(
     spares (``jobset-inplace.dev/hot-spares``), the pods spread over the real nodes where they
     can be; the trainer then knows its member by the slot the launcher gives it
     (``JSI_SLOT``), not by its pod's job index, which the webhook refuses to expose (a spare's
-    is not the member's), so ``persistent`` must be ``shared_root``.
+    is not the member's), so ``persistent`` must be ``shared_root``. ``together``: every pod
+    on one node (`workloads.on_one_node`: where the nodes share no host directory, as kind's).
     """
+    if spares and together:
+        raise ValueError("spares spread the gang over nodes; together puts it on one: not both")
     if spares and persistent is not None and not shared_root:
         raise ValueError(
             "spares: a spare takes a member's slot and must read its checkpoints: give the "
@@ -177,6 +181,7 @@ def demo_jobset(
             ),
             **({"serviceAccountName": service_account} if service_account else {}),
             **({"affinity": workloads.spread_over_nodes(name)} if spares else {}),
+            **({"affinity": workloads.on_one_node(name)} if together else {}),
         },
     )
     return js
@@ -374,6 +379,7 @@ def training_gang(
     labels: dict[str, str] | None = None,
     shared_root: bool = False,
     spares: int = 0,
+    together: bool = False,
 ) -> None:
     """A demo gang in ``namespace`` (prepared for gangs), trained to a checkpoint on every
     member: epoch 1's barrier open, every trainer running, a common step to resume from (in
@@ -397,6 +403,7 @@ def training_gang(
             labels=labels,
             shared_root=shared_root,
             spares=spares,
+            together=together,
         ),
     )
     wait_for(

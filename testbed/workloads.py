@@ -101,7 +101,7 @@ def jobset(
     }
 
 
-def _apart(jobset_name: str) -> dict[str, Any]:
+def _pods_by_node(jobset_name: str) -> dict[str, Any]:
     return {
         "labelSelector": {"matchLabels": {names.JOBSET_NAME_LABEL: jobset_name}},
         "topologyKey": "kubernetes.io/hostname",
@@ -112,14 +112,27 @@ def one_per_node(jobset_name: str) -> dict[str, Any]:
     """Pod affinity that puts each pod of JobSet ``jobset_name`` on a node of its own (so that
     its members talk across nodes)."""
     return {
-        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [_apart(jobset_name)]}
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [_pods_by_node(jobset_name)]
+        }
+    }
+
+
+def on_one_node(jobset_name: str) -> dict[str, Any]:
+    """Pod affinity that puts every pod of JobSet ``jobset_name`` on the node of the first (a
+    pod that matches its own term may go first): on a cluster whose nodes share no host
+    directory (kind), the one where the gang's hostPath directories are one."""
+    return {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [_pods_by_node(jobset_name)]
+        }
     }
 
 
 def spread_over_nodes(jobset_name: str) -> dict[str, Any]:
     """Pod affinity that puts each pod of JobSet ``jobset_name`` on a node of its own where
     one is free, and beside another where none is (a drained node's replacement)."""
-    apart = {"weight": 100, "podAffinityTerm": _apart(jobset_name)}
+    apart = {"weight": 100, "podAffinityTerm": _pods_by_node(jobset_name)}
     return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [apart]}}
 
 

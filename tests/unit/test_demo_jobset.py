@@ -188,6 +188,18 @@ def test_a_gang_with_spares_names_its_members_by_slot_and_spreads_its_pods() -> 
         demo_jobset("g", 2, persistent=Path("/tmp/x"), spares=1)
 
 
+def test_a_gang_together_has_every_pod_on_the_node_of_its_first() -> None:
+    """Where the nodes share no host directory (kind), the gang's hostPath directories (its
+    lockstep, its persistent tier) are one only on one node."""
+    js = demo_jobset("g", 2, persistent=Path("/tmp/x"), together=True)
+    pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == {names.JOBSET_NAME_LABEL: "g"}
+    with pytest.raises(ValueError, match="not both"):
+        demo_jobset("g", 2, persistent=Path("/tmp/x"), shared_root=True, spares=1, together=True)
+
+
 def test_the_soak_takes_spares_up_to_the_gang() -> None:
     assert soak.parse_args([]).spares == 0
     assert soak.parse_args(["--spares", "2"]).spares == 2
