@@ -52,6 +52,7 @@ SOAK_KEEP_STEP = ROOT / "docs" / "bench" / "soak-keep-step-60min-2026-12-03.json
 SOAK_LOCKSTEP = ROOT / "docs" / "bench" / "soak-lockstep-60min-2026-12-03.json"
 SOAK_CHECKED = ROOT / "docs" / "bench" / "soak-checked-60min-2026-12-04.json"
 SOAK_SPARES = ROOT / "docs" / "bench" / "soak-spares-8min-2026-12-04.json"
+SOAK_SPARES_20 = ROOT / "docs" / "bench" / "soak-spares-20min-2026-12-04.json"
 CRASHES = crash_matrix.OUT
 CHANNEL_ATTACKS = ROOT / "docs" / "bench" / "channel-attacks.json"
 CHANNEL_GRPC = ROOT / "docs" / "bench" / "channel-attacks-grpc.json"
@@ -823,6 +824,11 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
         ROOT / "docs" / "benchmarks.md",
         lambda doc: soak_tables(doc, SOAK_SPARES),
         (SOAK_SPARES,),
+    ),
+    "soak-spares-20min": (
+        ROOT / "docs" / "benchmarks.md",
+        lambda doc: soak_tables(doc, SOAK_SPARES_20),
+        (SOAK_SPARES_20,),
     ),
     "crash-matrix": (ROOT / "docs" / "benchmarks.md", crash_matrix_table, (CRASHES,)),
     "keep-step": (ROOT / "docs" / "benchmarks.md", keep_step_table, (KEEP_STEP,)),
