@@ -181,6 +181,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "product; falls back to pod annotations on failure) or as pod annotations only (the "
         "protocol before the channel, for comparison)",
     )
+    p.add_argument(
+        "--leader-core",
+        type=int,
+        metavar="CPU",
+        help="pin jobset-inplace's controller to this CPU and every other process that takes "
+        "part (the simulated fleet, apiserver, etcd, kwok, JobSet, ...) to the others, at each "
+        "measured window, so the leader's figures do not depend on the fleet's (default: none)",
+    )
     p.add_argument("--skip-agent-start", action="store_true", help="skip the real-node part")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
     p.add_argument("--label", default="", help="a name for this run in the results")
@@ -201,6 +209,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--apiserver-profile-paths must be some of {','.join(PATHS)}")
     if not args.paths or not args.paths <= set(PATHS):
         p.error(f"--paths must be some of {','.join(PATHS)}, got {','.join(sorted(args.paths))}")
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.leader_core is not None and (args.leader_core not in cpus or len(cpus) < 2):
+        p.error(
+            f"--leader-core must be one of this process's CPUs {cpus} and leave another for the "
+            f"rest, got {args.leader_core}"
+        )
     return args
 
 
@@ -300,9 +314,16 @@ def run_header(run: provenance.Run) -> dict[str, Any]:
     }
 
 
-def bench_on(cluster: LocalCluster, ctl: ControllerProcess, token: Path, **settings: Any) -> Bench:
-    """The scenarios on ``cluster``, the controller ``ctl`` metered, the fleet's API calls
-    with ``token`` (:func:`fleet_token`); ``settings``: the rest of :class:`.Bench`."""
+def bench_on(
+    cluster: LocalCluster,
+    ctl: ControllerProcess,
+    token: Path,
+    leader_core: int | None = None,
+    **settings: Any,
+) -> Bench:
+    """The scenarios on ``cluster``, the controller ``ctl`` metered (on a core of its own:
+    ``leader_core``), the fleet's API calls with ``token`` (:func:`fleet_token`);
+    ``settings``: the rest of :class:`.Bench`."""
     kube = clients(cluster.kubeconfig)
     return Bench(
         kube=kube,
@@ -310,7 +331,7 @@ def bench_on(cluster: LocalCluster, ctl: ControllerProcess, token: Path, **setti
         server=kube.api.configuration.host,
         ca_file=Path(kube.api.configuration.ssl_ca_cert),
         token_file=token,
-        meter=ProcessMeter(ctl.proc.pid, partial(apiserver_metrics, cluster)),
+        meter=ProcessMeter(ctl.proc.pid, partial(apiserver_metrics, cluster), leader_core),
         kubectl=[str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig)],
         **settings,
     )
@@ -404,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
             "kubelet_status_writes": "failed pod only" if args.protocol_only else "every pod",
             "agent_reports": args.agent_reports,
             "restart_scope": args.scope,
+            "leader_core": args.leader_core,
         },
         "sizes": {},
     }
@@ -412,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster,
             ctl,
             token,
+            leader_core=args.leader_core,
             restart_delay=args.restart_delay,
             pods_per_job=args.pods_per_job,
             setup_timeout=args.setup_timeout,

@@ -13,7 +13,7 @@ import random
 import re
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
@@ -92,13 +92,36 @@ def status_mib(pid: int, key: str = "VmRSS") -> float:
     return 0.0
 
 
-def cpu_seconds(pid: int) -> float:
-    """user + system CPU seconds of a process (0 if it is gone)."""
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process, every thread's ((0, 0) if it is gone)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU seconds of a process (0 if it is gone)."""
+    return sum(cpu_split(pid))
+
+
+def pin(pid: int, cpus: set[int]) -> int:
+    """Every thread of process ``pid`` onto ``cpus`` (``taskset -a -p``; threads made later
+    inherit their maker's): how many threads were pinned (0: the process is gone)."""
+    pinned = 0
+    try:
+        tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:
+        return 0
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+            pinned += 1
+        except OSError:  # (a thread that ended meanwhile)
+            continue
+    return pinned
 
 
 # Processes whose CPU use is reported per measured window (the 2 cores are shared by all).
@@ -174,12 +197,25 @@ class ProcessMeter:
 
     pid: int
     metrics: Callable[[], str] | None = None  # the apiserver's /metrics text
+    # the controller's core of its own (None: every process shares every core): the controller
+    # is pinned to it, every other process that takes part to the other cores, at each window
+    leader_core: int | None = None
 
     def _stat(self) -> float:
         return cpu_seconds(self.pid)
 
     def rss_mib(self, key: str = "VmRSS") -> float:
         return status_mib(self.pid, key)
+
+    def pin(self, procs: Mapping[str, int]) -> None:
+        """The controller onto its own core, the rest (the simulated fleet, the apiserver,
+        etcd, ...) onto the others; looked up again per window (a restarted process)."""
+        assert self.leader_core is not None
+        rest = set(range(os.cpu_count() or 1)) - {self.leader_core}
+        if not rest:
+            raise ValueError(f"--leader-core {self.leader_core}: this machine has one core")
+        for pid in procs.values():
+            pin(pid, {self.leader_core} if pid == self.pid else rest)
 
     @contextmanager
     def window(self, out: dict[str, Any]) -> Iterator[None]:
@@ -191,14 +227,22 @@ class ProcessMeter:
             CONTROLLER: self.pid,
             "benchmark (fleet)": os.getpid(),
         }
+        if self.leader_core is not None:
+            self.pin(procs)
         requests0 = apiserver_requests(self.metrics()) if self.metrics else {}
         cpu0 = self._stat()
+        split0 = cpu_split(self.pid)
         others0 = {k: cpu_seconds(p) for k, p in procs.items()}
         t0 = time.monotonic()
         try:
             yield
         finally:
             out["controller_cpu_s"] = round(self._stat() - cpu0, 3)
+            user, system = (b - a for a, b in zip(split0, cpu_split(self.pid), strict=True))
+            out["controller_cpu_user_s"], out["controller_cpu_system_s"] = (
+                round(user, 3),
+                round(system, 3),
+            )
             out["controller_peak_rss_mib"] = round(self.rss_mib("VmHWM"), 1)
             out["window_s"] = round(time.monotonic() - t0, 3)
             out["cpu_s_by_process"] = {

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -250,3 +253,59 @@ def test_a_stock_restart_ends_with_the_event_that_brings_the_last_member_back() 
     assert pods.met(0) is None
     pods.aim(Goal(2))
     assert pods.met(0) is not None
+
+
+def _burn_user_cpu(seconds: float) -> None:
+    """Arithmetic, not a clock read per turn (a thread clock is a system call)."""
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        sum(range(100_000))
+
+
+def test_the_meter_splits_the_controllers_cpu_into_user_and_system() -> None:
+    meter = scenarios.ProcessMeter(os.getpid())
+    out: dict[str, Any] = {}
+    with meter.window(out):
+        _burn_user_cpu(0.2)
+    assert out["controller_cpu_user_s"] + out["controller_cpu_system_s"] == pytest.approx(
+        out["controller_cpu_s"], abs=0.011
+    )
+    assert out["controller_cpu_user_s"] >= 0.15  # the loop ran in user space
+
+
+def test_pinning_moves_every_thread_of_a_process_and_the_threads_it_makes_later() -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.fail(f"this test needs two CPUs to pin between, the process has {cpus}")
+    code = (
+        "import os, sys, threading\n"
+        "threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+        "print('up', flush=True); sys.stdin.readline()\n"
+        "seen = []\n"
+        "t = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))\n"
+        "t.start(); t.join(); print(seen[0], sorted(os.sched_getaffinity(0)), flush=True)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "up"
+        assert scenarios.pin(proc.pid, {cpus[-1]}) == 2  # its main thread and the reader
+        tids = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task")]
+        assert all(os.sched_getaffinity(t) == {cpus[-1]} for t in tids)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == f"[{cpus[-1]}] [{cpus[-1]}]"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert scenarios.pin(proc.pid, {cpus[-1]}) == 0  # gone
+
+
+def test_a_leader_core_must_be_one_of_the_machines_and_leave_one_for_the_rest() -> None:
+    with pytest.raises(SystemExit):
+        bench_main.parse_args(["--leader-core", "4096"])
+    cpus = sorted(os.sched_getaffinity(0))
+    assert bench_main.parse_args(["--leader-core", str(cpus[-1])]).leader_core == cpus[-1]
