@@ -18,7 +18,9 @@ What is real and what is not:
   (plus the trainer's terminated state for an injected crash), then after ``restart_delay``
   seconds ``AllContainersRestarting=False`` with every container running again and its
   ``restartCount`` incremented, after which a new agent "process" starts; (3) checkpoint tiers:
-  every agent reports the same steps, so the barrier's resume step is ``steps[-1]``.
+  every agent reports the same steps, each epoch one checkpoint interval further than the last
+  (:func:`epoch_steps`: the gang progresses between failures, as the stop rule
+  ``no-progress-limit`` expects; with the same steps every time the 3rd repetition escalated).
 
 Hot spares (a gang with ``jobset-inplace.dev/hot-spares``): each agent's place comes from the
 variables the webhook gave its container (``JSI_SLOTS``, the job index from its pod's label:
@@ -121,6 +123,13 @@ class EpochMarks:
     reports: dict[str, float] = field(default_factory=dict)  # pod -> its report was accepted
     barrier_open: float | None = None  # the GangState showed the barrier open
     opened: dict[str, float] = field(default_factory=dict)  # pod -> its agent opened
+
+
+def epoch_steps(steps: tuple[int, ...], epoch: int) -> tuple[int, ...]:
+    """The checkpoints the simulated trainers hold when they report for ``epoch``: ``steps``
+    (newest first) moved on by the interval between the two newest once per epoch."""
+    interval = steps[0] - steps[1] if len(steps) > 1 else max(steps[0], 1)
+    return tuple(step + interval * epoch for step in steps)
 
 
 class Fleet:
@@ -505,7 +514,7 @@ class Fleet:
     def _report(self, agent: SimAgent, action: Report) -> None:
         report = AgentReport(  # as the real agent's report (agent/runner.py)
             reported_epoch=action.epoch,
-            reported_steps=self.steps,
+            reported_steps=epoch_steps(self.steps, action.epoch),
             late_for_epoch=None if action.barrier_closed else action.epoch,
         )
         try:

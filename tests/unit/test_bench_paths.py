@@ -12,9 +12,11 @@ import pytest
 
 from bench import __main__ as bench_main
 from bench import report, scenarios, upstream
+from bench.fleet import epoch_steps
 from bench.podwatch import GangPods, Goal
 from bench.upstream_fleet import Attempts
 from jobset_inplace import names
+from jobset_inplace.core import no_progress
 from testbed import workloads
 
 
@@ -309,3 +311,20 @@ def test_a_leader_core_must_be_one_of_the_machines_and_leave_one_for_the_rest() 
         bench_main.parse_args(["--leader-core", "4096"])
     cpus = sorted(os.sched_getaffinity(0))
     assert bench_main.parse_args(["--leader-core", str(cpus[-1])]).leader_core == cpus[-1]
+
+
+def test_the_simulated_trainers_progress_between_failures_so_the_stop_rule_never_ends_a_run() -> (
+    None
+):
+    assert epoch_steps((200, 100), 0) == (200, 100)
+    assert epoch_steps((200, 100), 3) == (500, 400)
+    assert epoch_steps((50,), 2) == (150,)
+    memory = None
+    for epoch in range(1, 40):
+        memory = no_progress.observe(memory, "TrainerExited", epoch_steps((200, 100), epoch)[0])
+        assert not no_progress.stop(memory, 3)
+    # the fixed steps of before: the third failure in a row stops the run
+    memory = None
+    for _ in range(3):
+        memory = no_progress.observe(memory, "TrainerExited", 200)
+    assert no_progress.stop(memory, 3)
