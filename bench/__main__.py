@@ -182,6 +182,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "protocol before the channel, for comparison)",
     )
     p.add_argument(
+        "--idle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="an idle window of each jobset-inplace gang before its failures: the leader's "
+        "CPU while nothing fails (node Leases, watches), subtracted from each recovery's in "
+        "the leader's cost per member (default 0: none)",
+    )
+    p.add_argument(
+        "--leader-profile-reps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the measured worker failures of a jobset-inplace path, N more with the "
+        "leader sampled by py-spy from the failure to the barrier's last member (native "
+        "frames; files leader-PATH-SIZE-REP.txt next to the results; default 0)",
+    )
+    p.add_argument(
         "--leader-core",
         type=int,
         metavar="CPU",
@@ -426,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
             "agent_reports": args.agent_reports,
             "restart_scope": args.scope,
             "leader_core": args.leader_core,
+            "idle_s": args.idle,
+            "leader_profile_reps": args.leader_profile_reps,
         },
         "sizes": {},
     }
@@ -446,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
             kubelet_writes=not args.protocol_only,
             scope=args.scope,
             channel=args.agent_reports == "channel",
+            idle_s=args.idle,
+            leader_profile_reps=args.leader_profile_reps,
         )
         bench.clean()
         if not args.skip_agent_start:

@@ -14,9 +14,11 @@ from __future__ import annotations
 import collections
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
 
@@ -129,28 +131,53 @@ def summarise(path: Path) -> dict[str, object]:
 
 class PySpyProfile(_Profile):
     """``seconds`` of ``py-spy`` samples of Python process ``pid`` (raw stacks; py-spy comes with
-    ``pip install -e '.[bench]'``)."""
+    ``pip install -e '.[bench]'``). Samples of threads that wait (py-spy's idle detection) are
+    left out, so the samples are where the process spends CPU, not wall time. ``native``: the
+    C frames too (the event loop's sockets, TLS, JSON), at the cost of pausing the process per
+    sample (py-spy cannot read native stacks without). :meth:`stop` ends it early."""
 
     RATE_HZ = 100
 
-    def __init__(self, pid: int, seconds: float, path: Path) -> None:
+    def __init__(
+        self, pid: int, seconds: float, path: Path, *, native: bool = False, rate: int = RATE_HZ
+    ) -> None:
         spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
         cmd = [spy, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds)))]
         # --nonblocking: the process is not paused per sample
-        cmd += ["--rate", str(self.RATE_HZ), "--format", "raw", "--nonblocking"]
+        cmd += ["--rate", str(rate), "--format", "raw"]
+        cmd += ["--native"] if native else ["--nonblocking"]
         super().__init__([*cmd, "--output", str(path)], path)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._started = threading.Event()
+
+    def _run(self) -> subprocess.CompletedProcess[bytes]:
+        self._proc = proc = subprocess.Popen(
+            self._cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        self._started.set()
+        out, err = proc.communicate()
+        return subprocess.CompletedProcess(self._cmd, proc.returncode, out, err)
+
+    def stop(self) -> None:
+        """End the sampling now (SIGINT: py-spy writes what it has)."""
+        self._started.wait(10)
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGINT)
 
     def _summary(self) -> dict[str, object]:
         return summarise_stacks(self.path)
 
 
-def summarise_stacks(path: Path, top: int = 30) -> dict[str, object]:
-    """py-spy's raw (collapsed) stacks: the functions with the most samples on their own
-    ("self") and with their callees ("inclusive"), as percent of all samples."""
+def summarise_stacks(path: Path | Sequence[Path], top: int = 30) -> dict[str, object]:
+    """py-spy's raw (collapsed) stacks, of one file or several together: the functions with
+    the most samples on their own ("self") and with their callees ("inclusive"), as percent
+    of all samples."""
     own: collections.Counter[str] = collections.Counter()
     inclusive: collections.Counter[str] = collections.Counter()
     total = 0
-    for line in path.read_text().splitlines():
+    paths = [path] if isinstance(path, Path) else list(path)
+    lines = [line for p in paths if p.exists() for line in p.read_text().splitlines()]
+    for line in lines:
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue

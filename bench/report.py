@@ -73,6 +73,7 @@ def requests_per_recovery(windows: list[dict[str, Any]], top: int = 10) -> dict[
 CONTROLLER = "jobset-inplace"  # bench.scenarios.CONTROLLER (no import: the report reads files)
 IN_PLACE = ("hybrid", "leases", "upstream")  # the paths with phases (a simulated agent fleet)
 OTHERS = ("leases", "upstream", "stock")  # the paths compared with hybrid
+JSI = ("hybrid", "leases", "spares")  # jobset-inplace's gangs (bench.scenarios.JSI_PATHS)
 PHASES = ("detection_s", "restart_s", "barrier_s", "barrier_open_s", "protocol_s")
 LABEL = {
     "hybrid": "jobset-inplace",
@@ -311,6 +312,53 @@ def _ge(capped: bool) -> str:
     return ">= " if capped else ""
 
 
+def leader_cost(results: dict[str, Any]) -> list[str]:
+    """The leader's CPU per member per recovery (jobset-inplace's paths): each recovery's CPU
+    less what the leader spends over as long a window with nothing failing (the gang's idle
+    window: node Leases, watches), over the gang's size; the median with its 95 % bootstrap
+    interval, user and system apart, and where a sampled recovery's CPU went."""
+    out: list[str] = []
+    for size, row in results.get("sizes", {}).items():
+        for path in JSI:
+            if path not in row:
+                continue
+            runs = [
+                m
+                for m in row[path]["worker_failure"]
+                if "controller_cpu_s" in m and "window_s" in m
+            ]
+            blocks = row[path].get("blocks", [])  # (a file before rounds had none)
+            idle = next((b["idle"] for b in blocks if "idle" in b), None)
+            if not runs:
+                continue
+            rate = idle["controller_cpu_s"] / idle["seconds"] if idle else 0.0
+            per = [1000 * (m["controller_cpu_s"] - rate * m["window_s"]) / int(size) for m in runs]
+            med = statistics.median(per)
+            within = ""
+            if len(per) >= 2:
+                low, high = median_interval(per)
+                within = f" (95 % {low:.3f}-{high:.3f})"
+            user = statistics.median(_col(runs, "controller_cpu_user_s") or [0.0])
+            system = statistics.median(_col(runs, "controller_cpu_system_s") or [0.0])
+            idle_text = (
+                f"less {rate:.3f} cores while nothing fails ({idle['seconds']:g} s idle)"
+                if idle
+                else "nothing subtracted (no idle window)"
+            )
+            out.append(
+                f"{path} {size} pods: the leader's CPU per member per recovery {med:.3f} ms"
+                f"{within}, n = {len(per)}; per recovery user {user:.2f} / system "
+                f"{system:.2f} CPU-s (medians), {idle_text}"
+            )
+            prof = next((b["leader_profile"] for b in blocks if "leader_profile" in b), None)
+            if prof and prof.get("samples"):
+                out.append(
+                    f"  sampled ({prof['samples']} samples, {len(prof['files'])} recoveries)"
+                )
+                out += [f"    {line}" for line in prof["inclusive"][:25]]
+    return out
+
+
 def text(results: dict[str, Any]) -> str:
     summ = summarize(results)
     lines = ["", "=== jobset-inplace benchmark (seconds: min / median / max) ==="]
@@ -348,6 +396,7 @@ def text(results: dict[str, Any]) -> str:
             )
     if summ.get("agent_start"):
         lines.append(f"agent start -> epoch reported (real node): {_fmt(summ['agent_start'])}")
+    lines += leader_cost(results)
     return "\n".join(lines)
 
 

@@ -36,7 +36,7 @@ from testbed.kwoknodes import set_heartbeat
 from . import upstream
 from .fleet import Fleet
 from .podwatch import GangPods, Goal
-from .profile import ApiserverProfile, PySpyProfile
+from .profile import ApiserverProfile, PySpyProfile, summarise_stacks
 from .remediation import NONE, REMEDIATED, NodeDeath, OutOfService, free_after_cap
 from .upstream_fleet import UpstreamFleet
 
@@ -44,6 +44,8 @@ JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 # kwok nodes offer 32 CPUs (kwokctl's node template): asking for 24 leaves room for one pod
 # per node, as for a training worker that takes all of a node's accelerators.
 WORKER_CPU = "24"
+# The leader's samples per second in a sampled recovery (native frames: each pauses it).
+LEADER_HZ = 250
 MAX_BUDGET = INPLACE_BUDGET_RANGE[1]  # the largest inplace-budget the policy accepts
 MAX_RECREATE = RECREATE_BUDGET_RANGE[1]  # and recreate-budget
 FLEET_SA = "bench-fleet"
@@ -281,6 +283,9 @@ class Bench:
     channel: bool = True  # the hybrid fleet's agents report over the leader's channel
     hot_spares: int = 2  # the spares path's jobset-inplace.dev/hot-spares
     idle_s: float = 0.0  # an idle window of each in-place gang after it settled (0: none)
+    # jobset-inplace's paths: this many more worker failures after the measured ones, the
+    # leader sampled (native frames: paused per sample, so their times are not measurements)
+    leader_profile_reps: int = 0
     results: dict[str, Any] = field(default_factory=dict)
 
     # --- gangs ----------------------------------------------------------------------------
@@ -482,6 +487,20 @@ class Bench:
                 out["worker_failure"].append(self._worker_failure(fleet, path, size, rep))
             if profile and self.profile_s > 0 and path in self.profile_paths:
                 out["profiled"] = self._worker_failure(fleet, path, size, reps, profiled=True)
+            if path in JSI_PATHS and self.leader_profile_reps > 0:
+                out["leader_profiled"] = [
+                    self._worker_failure(fleet, path, size, reps + 1 + k, leader_sampled=True)
+                    for k in range(self.leader_profile_reps)
+                ]
+                files = [
+                    self.profile_dir / m["leader_profile"]["file"]
+                    for m in out["leader_profiled"]
+                    if "file" in m["leader_profile"]
+                ]
+                out["leader_profile"] = {
+                    "files": [f.name for f in files],
+                    **summarise_stacks(files, top=40),
+                }
             for death in node_deaths:
                 out["node_death"].append(self._in_place_node_death(fleet, path, size, death))
             out["fleet_requests"] = fleet.requests
@@ -517,13 +536,26 @@ class Bench:
         return m
 
     def _worker_failure(
-        self, fleet: Fleet, path: str, size: int, rep: int, profiled: bool = False
+        self,
+        fleet: Fleet,
+        path: str,
+        size: int,
+        rep: int,
+        profiled: bool = False,
+        *,
+        leader_sampled: bool = False,
     ) -> dict[str, Any]:
         epoch = fleet.epoch()
         victim = random.choice(sorted(fleet.agents))
         m: dict[str, Any] = {"rep": rep, "victim": victim}
         before, reports_before = fleet.requests, fleet.channel_reports
         spies: dict[str, PySpyProfile] = {}
+        leader = None
+        if leader_sampled:  # the failure to every member past the barrier, and no more
+            self.profile_dir.mkdir(parents=True, exist_ok=True)
+            out = self.profile_dir / f"leader-{path}-{size}-{rep}.txt"
+            leader = PySpyProfile(self.meter.pid, 300, out, native=True, rate=LEADER_HZ).start()
+            time.sleep(1.0)  # py-spy attached before the failure
         if profiled and self.profile_s > 0 and path in JSI_PATHS:  # Python's CPU: py-spy
             for who, pid in (("controller", self.meter.pid), ("fleet", os.getpid())):
                 out = self.profile_dir / f"{who}-{path}-{size}.txt"
@@ -532,6 +564,9 @@ class Bench:
         with self.meter.window(m):
             t0 = fleet.crash_trainer(victim)
             _wait_recovered(fleet, epoch + 1, size, self.setup_timeout)
+        if leader is not None:
+            leader.stop()
+            m["leader_profile"] = leader.result(60)
         m.update(_phases(fleet, epoch + 1, t0, fleet.restarts_on_path * self.restart_delay))
         if path in JSI_PATHS:
             self._in_place_only(fleet.gang, epoch + 1, f"{path} {size}: worker failure #{rep + 1}")

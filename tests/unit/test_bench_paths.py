@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bench import __main__ as bench_main
-from bench import report, scenarios, upstream
+from bench import profile, report, scenarios, upstream
 from bench.fleet import epoch_steps
 from bench.podwatch import GangPods, Goal
 from bench.upstream_fleet import Attempts
@@ -328,3 +328,39 @@ def test_the_simulated_trainers_progress_between_failures_so_the_stop_rule_never
     for _ in range(3):
         memory = no_progress.observe(memory, "TrainerExited", 200)
     assert no_progress.stop(memory, 3)
+
+
+def test_the_leaders_cost_per_member_is_each_recoverys_cpu_less_its_idle_rate(
+    tmp_path: Any,
+) -> None:
+    runs = [
+        {
+            "controller_cpu_s": cpu,
+            "window_s": 1.0,
+            "controller_cpu_user_s": cpu - 0.1,
+            "controller_cpu_system_s": 0.1,
+        }
+        for cpu in (0.5, 0.6, 0.4)
+    ]
+    (tmp_path / "a.txt").write_text("main;plan 3\nmain;answer 1\n")
+    (tmp_path / "b.txt").write_text("main;answer 4\n")
+    prof = {
+        "files": ["a.txt", "b.txt"],
+        **profile.summarise_stacks([tmp_path / "a.txt", tmp_path / "b.txt"]),
+    }
+    assert prof["samples"] == 8
+    assert prof["self"][0].endswith("answer")
+    block = {"idle": {"seconds": 10.0, "controller_cpu_s": 1.0}, "leader_profile": prof}
+    results = {"sizes": {"2000": {"hybrid": {"worker_failure": runs, "blocks": [block]}}}}
+    lines = report.leader_cost(results)
+    # (0.5 - 0.1 * 1.0) / 2000 members = 0.2 ms, the median of 0.15, 0.2, 0.25
+    assert lines[0].startswith(
+        "hybrid 2000 pods: the leader's CPU per member per recovery 0.200 ms"
+    )
+    assert "n = 3" in lines[0]
+    assert "user 0.40 / system 0.10" in lines[0]
+    assert "less 0.100 cores while nothing fails (10 s idle)" in lines[0]
+    assert lines[1] == "  sampled (8 samples, 2 recoveries)"
+    assert lines[2:4] == ["    100.0% main", "     62.5% answer"]
+    block.pop("idle")
+    assert "0.250 ms" in report.leader_cost(results)[0]  # nothing subtracted
