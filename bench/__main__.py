@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
@@ -349,10 +350,21 @@ def bench_on(
         server=kube.api.configuration.host,
         ca_file=Path(kube.api.configuration.ssl_ca_cert),
         token_file=token,
-        meter=ProcessMeter(ctl.proc.pid, partial(apiserver_metrics, cluster), leader_core),
+        meter=ProcessMeter(
+            ctl.proc.pid,
+            partial(apiserver_metrics, cluster),
+            leader_core,
+            partial(controller_metrics, ctl.metrics_url) if ctl.metrics_url else None,
+        ),
         kubectl=[str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig)],
         **settings,
     )
+
+
+def controller_metrics(url: str) -> str:
+    """The controller's /metrics text (its planning passes and their CPU)."""
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return str(answer.read().decode())
 
 
 def apiserver_metrics(cluster: LocalCluster) -> str:
@@ -426,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         "controller-bench.log",
         verbose=args.verbose_controller,
         module="bench.member_leases" if "leases" in args.paths else None,
+        metrics=True,
     )
     results: dict[str, Any] = {
         "label": args.label,

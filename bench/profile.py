@@ -168,13 +168,26 @@ class PySpyProfile(_Profile):
         return summarise_stacks(self.path)
 
 
-def summarise_stacks(path: Path | Sequence[Path], top: int = 30) -> dict[str, object]:
+# Frames of a thread that waits, not runs: with native frames py-spy cannot tell idle threads
+# (it samples them all), so a stack through one of these is left out of a CPU profile. A
+# socket read's leaf (read, recv) counts as waiting too: the watch threads block there.
+WAITING_FRAMES = re.compile(
+    r"(^|;)(epoll_wait|epoll_pwait|select_epoll_poll_impl|PyThread_acquire_lock_timed|"
+    r"_queue_SimpleQueue_get_impl|pthread_cond_(timed)?wait|sem_(clock|timed)?wait) \("
+    r"|;(read|recv|__libc_recv|__libc_read) \([^;]*$"
+)
+
+
+def summarise_stacks(
+    path: Path | Sequence[Path], top: int = 30, *, waiting_out: bool = False
+) -> dict[str, object]:
     """py-spy's raw (collapsed) stacks, of one file or several together: the functions with
     the most samples on their own ("self") and with their callees ("inclusive"), as percent
-    of all samples."""
+    of all samples. ``waiting_out``: samples of waiting threads (:data:`WAITING_FRAMES`) left
+    out (native profiles), how many in ``waiting``."""
     own: collections.Counter[str] = collections.Counter()
     inclusive: collections.Counter[str] = collections.Counter()
-    total = 0
+    total = waiting = 0
     paths = [path] if isinstance(path, Path) else list(path)
     lines = [line for p in paths if p.exists() for line in p.read_text().splitlines()]
     for line in lines:
@@ -182,6 +195,9 @@ def summarise_stacks(path: Path | Sequence[Path], top: int = 30) -> dict[str, ob
         if not stack or not count.isdigit():
             continue
         n = int(count)
+        if waiting_out and WAITING_FRAMES.search(stack):
+            waiting += n
+            continue
         total += n
         frames = stack.split(";")
         own[frames[-1]] += n
@@ -193,6 +209,7 @@ def summarise_stacks(path: Path | Sequence[Path], top: int = 30) -> dict[str, ob
 
     return {
         "samples": total,
+        **({"waiting": waiting} if waiting_out else {}),
         "self": shares(own) if total else [],
         "inclusive": shares(inclusive) if total else [],
     }

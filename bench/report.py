@@ -345,10 +345,22 @@ def leader_cost(results: dict[str, Any]) -> list[str]:
                 if idle
                 else "nothing subtracted (no idle window)"
             )
+            passes = _col(runs, "controller_passes")
+            share = [
+                m["controller_planning_cpu_s"] / m["controller_cpu_s"]
+                for m in runs
+                if "controller_planning_cpu_s" in m and m["controller_cpu_s"] > 0
+            ]
+            passes_text = (
+                f"; {statistics.median(passes):g} planning passes per recovery, plan() "
+                f"{100 * statistics.median(share):.0f} % of the leader's CPU (medians)"
+                if passes and share
+                else ""
+            )
             out.append(
                 f"{path} {size} pods: the leader's CPU per member per recovery {med:.3f} ms"
                 f"{within}, n = {len(per)}; per recovery user {user:.2f} / system "
-                f"{system:.2f} CPU-s (medians), {idle_text}"
+                f"{system:.2f} CPU-s (medians), {idle_text}{passes_text}"
             )
             prof = next((b["leader_profile"] for b in blocks if "leader_profile" in b), None)
             if prof and prof.get("samples"):

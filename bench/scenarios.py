@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
+from jobset_inplace.controller.metrics import PREFIX as METRICS_PREFIX
 from jobset_inplace.core.decode import member_key
 from jobset_inplace.core.policy import INPLACE_BUDGET_RANGE, RECREATE_BUDGET_RANGE
 from jobset_inplace.core.transform import AgentSettings, transform
@@ -191,6 +193,18 @@ def apiserver_requests(metrics: str) -> dict[str, float]:
     return out
 
 
+def planning(metrics: str) -> tuple[float, float]:
+    """(planning passes run, CPU seconds in plan()) from the controller's /metrics text."""
+    passes = cpu = 0.0
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            if sample.name == f"{METRICS_PREFIX}passes_total":
+                passes = sample.value
+            elif sample.name == f"{METRICS_PREFIX}planning_cpu_seconds_sum":
+                cpu = sample.value
+    return passes, cpu
+
+
 @dataclass
 class ProcessMeter:
     """CPU seconds and peak RSS of the controller per measured window, and the CPU seconds of
@@ -202,6 +216,7 @@ class ProcessMeter:
     # the controller's core of its own (None: every process shares every core): the controller
     # is pinned to it, every other process that takes part to the other cores, at each window
     leader_core: int | None = None
+    controller_metrics: Callable[[], str] | None = None  # the controller's /metrics text
 
     def _stat(self) -> float:
         return cpu_seconds(self.pid)
@@ -234,6 +249,7 @@ class ProcessMeter:
         requests0 = apiserver_requests(self.metrics()) if self.metrics else {}
         cpu0 = self._stat()
         split0 = cpu_split(self.pid)
+        passes0 = planning(self.controller_metrics()) if self.controller_metrics else None
         others0 = {k: cpu_seconds(p) for k, p in procs.items()}
         t0 = time.monotonic()
         try:
@@ -246,6 +262,10 @@ class ProcessMeter:
                 round(system, 3),
             )
             out["controller_peak_rss_mib"] = round(self.rss_mib("VmHWM"), 1)
+            if self.controller_metrics and passes0 is not None:
+                passes, cpu = planning(self.controller_metrics())
+                out["controller_passes"] = int(passes - passes0[0])
+                out["controller_planning_cpu_s"] = round(cpu - passes0[1], 4)
             out["window_s"] = round(time.monotonic() - t0, 3)
             out["cpu_s_by_process"] = {
                 k: round(cpu_seconds(p) - others0[k], 2) for k, p in procs.items()
@@ -499,7 +519,7 @@ class Bench:
                 ]
                 out["leader_profile"] = {
                     "files": [f.name for f in files],
-                    **summarise_stacks(files, top=40),
+                    **summarise_stacks(files, top=40, waiting_out=True),
                 }
             for death in node_deaths:
                 out["node_death"].append(self._in_place_node_death(fleet, path, size, death))

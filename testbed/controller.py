@@ -58,12 +58,14 @@ class ControllerProcess:
         leader_identity: str | None = None,
         install_webhook: bool = True,
         module: str | None = None,
+        metrics: bool = False,
     ) -> None:
         """``leader_identity``: run as a leader-election candidate with this identity (stable
         across :meth:`kill` and :meth:`start`, as a pod's restarted container keeps its pod).
         ``install_webhook`` False: serve the webhook but leave the cluster's configurations to
         another instance (a standby replica). ``module``: run this one's ``run`` command instead
-        of the controller's (the benchmark's controller variant, bench/member_leases.py)."""
+        of the controller's (the benchmark's controller variant, bench/member_leases.py).
+        ``metrics``: serve its /metrics on a free loopback port (:attr:`metrics_url`)."""
         self.log, self.cluster = log, cluster
         self.leader_identity, self.install_webhook = leader_identity, install_webhook
         self.kubectl = Kubectl(cluster.kubeconfig)
@@ -94,6 +96,10 @@ class ControllerProcess:
         }
         self.verbose = verbose
         self.module = module or "jobset_inplace.controller.main"
+        self.health_port = processes.free_port() if metrics else None
+        self.metrics_url = (
+            f"http://127.0.0.1:{self.health_port}/metrics" if self.health_port else None
+        )
         if leader_identity is not None:
             self.kubectl.apply_yaml(
                 yaml.safe_dump(
@@ -120,6 +126,8 @@ class ControllerProcess:
                 "--leader-elect-identity",
                 self.leader_identity,
             ]
+        if self.health_port is not None:
+            command += ["--health-port", str(self.health_port)]
         with self.log.open("ab") as out:
             return subprocess.Popen(
                 [*command, *(["-v"] * self.verbose)],

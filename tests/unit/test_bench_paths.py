@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from bench import __main__ as bench_main
 from bench import profile, report, scenarios, upstream
@@ -16,6 +17,7 @@ from bench.fleet import epoch_steps
 from bench.podwatch import GangPods, Goal
 from bench.upstream_fleet import Attempts
 from jobset_inplace import names
+from jobset_inplace.controller.metrics import Metrics
 from jobset_inplace.core import no_progress
 from testbed import workloads
 
@@ -364,3 +366,19 @@ def test_the_leaders_cost_per_member_is_each_recoverys_cpu_less_its_idle_rate(
     assert lines[2:4] == ["    100.0% main", "     62.5% answer"]
     block.pop("idle")
     assert "0.250 ms" in report.leader_cost(results)[0]  # nothing subtracted
+    for m, passes in zip(runs, (3, 4, 5), strict=True):
+        m["controller_passes"], m["controller_planning_cpu_s"] = passes, m["controller_cpu_s"] / 4
+    assert report.leader_cost(results)[0].endswith(
+        "; 4 planning passes per recovery, plan() 25 % of the leader's CPU (medians)"
+    )
+
+
+def test_the_planning_passes_and_their_cpu_are_read_from_the_controllers_metrics() -> None:
+    metrics = Metrics(CollectorRegistry())
+    assert scenarios.planning(generate_latest(metrics.registry).decode()) == (0.0, 0.0)
+    for cpu in (0.01, 0.02):
+        metrics.planned(cpu)
+        metrics.passed(failed=False)
+    assert scenarios.planning(generate_latest(metrics.registry).decode()) == pytest.approx(
+        (2.0, 0.03)
+    )
