@@ -172,7 +172,8 @@ class PySpyProfile(_Profile):
 # (it samples them all), so a stack through one of these is left out of a CPU profile. A
 # socket read's leaf (read, recv) counts as waiting too: the watch threads block there.
 WAITING_FRAMES = re.compile(
-    r"(^|;)(epoll_wait|epoll_pwait|select_epoll_poll_impl|PyThread_acquire_lock_timed|"
+    r"(^|;)(epoll_wait|epoll_pwait|select_epoll_poll_impl|select_poll_poll_impl|poll|"
+    r"PyThread_acquire_lock_timed|"
     r"_queue_SimpleQueue_get_impl|pthread_cond_(timed)?wait|sem_(clock|timed)?wait) \("
     r"|;(read|recv|__libc_recv|__libc_read) \([^;]*$"
 )

@@ -173,7 +173,7 @@ def with_channel_report(view: PodView, report: AgentReport, gang_epoch: int | No
     channel = report.rank(gang_epoch)
     on_pod = view.report
     if on_pod.rank(gang_epoch) <= channel:
-        return replace(view.with_report(report), report_error=None)
+        return view.with_report(report, well_formed=True)
     if view.reported_epoch is not None or channel == AHEAD:
         return view
     return view.with_report(report.merged(on_pod))  # what the pod says wins

@@ -140,10 +140,13 @@ class PodView:
             rechecked_epoch=self.rechecked_epoch,
         )
 
-    def with_report(self, report: AgentReport) -> PodView:
-        """This view holding ``report`` (every field of it: what it does not say, None)."""
+    def with_report(self, report: AgentReport, *, well_formed: bool = False) -> PodView:
+        """This view holding ``report`` (every field of it: what it does not say, None);
+        ``well_formed``: and no malformed report (one copy of the view, not two: the leader
+        makes a view per report it takes)."""
         return replace(
             self,
+            report_error=None if well_formed else self.report_error,
             reported_epoch=report.reported_epoch,
             reported_steps=report.reported_steps,
             late_for_epoch=report.late_for_epoch,

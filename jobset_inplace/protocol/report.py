@@ -61,9 +61,10 @@ class AgentReport:
         exit or hang in epoch N only after its report of epoch N, so such a report is of epoch
         N at least, whether or not it repeats that report (an older agent's fallback wrote only
         the exit on its pod)."""
-        seen = max(
-            (e for e in (self.exited_in_epoch, self.hung_in_epoch) if e is not None), default=-1
-        )
+        seen = -1  # (no generator and max(): the leader orders reports per report it takes)
+        for e in (self.exited_in_epoch, self.hung_in_epoch):
+            if e is not None and e > seen:
+                seen = e
         epoch = -1 if self.reported_epoch is None else self.reported_epoch
         return (max(epoch, seen), seen)
 

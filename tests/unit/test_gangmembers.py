@@ -30,6 +30,16 @@ def test_a_row_per_member_pod_not_being_deleted_with_its_newest_step() -> None:
     )
 
 
+def test_rows_are_in_the_rows_own_order_whatever_order_the_pods_come_in() -> None:
+    many = pods(30, epoch=2, steps=(100,))
+    # a member with two pods at once (its replacement made before the old one went)
+    twin = dataclasses.replace(many[7], name="p7-new", uid="u7-new", reported_epoch=None)
+    shuffled = [*many[::-1][:10], twin, *many[::-1][10:]]
+    rows = member_rows(shuffled)
+    assert rows == tuple(sorted(rows))  # the dataclass's own order
+    assert [r.pod for r in rows if r.member == member(7)] == ["p7", "p7-new"]
+
+
 def test_rows_are_written_when_changed_and_at_most_every_interval() -> None:
     rows = member_rows(pods(2, epoch=2))
     assert write_delay(rows, None, None, 100.0) == 0.0, "nothing written yet by this process"
