@@ -312,62 +312,79 @@ def _ge(capped: bool) -> str:
     return ">= " if capped else ""
 
 
-def leader_cost(results: dict[str, Any]) -> list[str]:
-    """The leader's CPU per member per recovery (jobset-inplace's paths): each recovery's CPU
-    less what the leader spends over as long a window with nothing failing (the gang's idle
-    window: node Leases, watches), over the gang's size; the median with its 95 % bootstrap
-    interval, user and system apart, and where a sampled recovery's CPU went."""
-    out: list[str] = []
+def leader_ms_per_member(results: dict[str, Any]) -> dict[tuple[str, str], list[float]]:
+    """(path, size) -> the leader's CPU per member of each recovery, in ms: its CPU less what
+    it spends over as long a window with nothing failing (the gang's idle window, if any: node
+    Leases, watches), over the gang's size (jobset-inplace's paths)."""
+    out: dict[tuple[str, str], list[float]] = {}
     for size, row in results.get("sizes", {}).items():
         for path in JSI:
             if path not in row:
                 continue
-            runs = [
-                m
-                for m in row[path]["worker_failure"]
-                if "controller_cpu_s" in m and "window_s" in m
-            ]
-            blocks = row[path].get("blocks", [])  # (a file before rounds had none)
-            idle = next((b["idle"] for b in blocks if "idle" in b), None)
-            if not runs:
-                continue
-            rate = idle["controller_cpu_s"] / idle["seconds"] if idle else 0.0
-            per = [1000 * (m["controller_cpu_s"] - rate * m["window_s"]) / int(size) for m in runs]
-            med = statistics.median(per)
-            within = ""
-            if len(per) >= 2:
-                low, high = median_interval(per)
-                within = f" (95 % {low:.3f}-{high:.3f})"
-            user = statistics.median(_col(runs, "controller_cpu_user_s") or [0.0])
-            system = statistics.median(_col(runs, "controller_cpu_system_s") or [0.0])
-            idle_text = (
-                f"less {rate:.3f} cores while nothing fails ({idle['seconds']:g} s idle)"
-                if idle
-                else "nothing subtracted (no idle window)"
-            )
-            passes = _col(runs, "controller_passes")
-            share = [
-                m["controller_planning_cpu_s"] / m["controller_cpu_s"]
-                for m in runs
-                if "controller_planning_cpu_s" in m and m["controller_cpu_s"] > 0
-            ]
-            passes_text = (
-                f"; {statistics.median(passes):g} planning passes per recovery, plan() "
-                f"{100 * statistics.median(share):.0f} % of the leader's CPU (medians)"
-                if passes and share
-                else ""
-            )
-            out.append(
-                f"{path} {size} pods: the leader's CPU per member per recovery {med:.3f} ms"
-                f"{within}, n = {len(per)}; per recovery user {user:.2f} / system "
-                f"{system:.2f} CPU-s (medians), {idle_text}{passes_text}"
-            )
-            prof = next((b["leader_profile"] for b in blocks if "leader_profile" in b), None)
-            if prof and prof.get("samples"):
-                out.append(
-                    f"  sampled ({prof['samples']} samples, {len(prof['files'])} recoveries)"
-                )
-                out += [f"    {line}" for line in prof["inclusive"][:25]]
+            runs = _metered(row[path])
+            if runs:
+                rate = _idle_cores(row[path])
+                out[path, size] = [
+                    1000 * (m["controller_cpu_s"] - rate * m["window_s"]) / int(size) for m in runs
+                ]
+    return out
+
+
+def _metered(block: dict[str, Any]) -> list[dict[str, Any]]:
+    return [m for m in block["worker_failure"] if "controller_cpu_s" in m and "window_s" in m]
+
+
+def _idle(block: dict[str, Any]) -> dict[str, Any] | None:
+    # (a file from before rounds has no blocks)
+    return next((b["idle"] for b in block.get("blocks", []) if "idle" in b), None)
+
+
+def _idle_cores(block: dict[str, Any]) -> float:
+    idle = _idle(block)
+    return idle["controller_cpu_s"] / idle["seconds"] if idle else 0.0
+
+
+def leader_cost(results: dict[str, Any]) -> list[str]:
+    """The leader's CPU per member per recovery (:func:`leader_ms_per_member`): the median
+    with its 95 % bootstrap interval, user and system apart, the planning passes, and where a
+    sampled recovery's CPU went."""
+    out: list[str] = []
+    for (path, size), per in leader_ms_per_member(results).items():
+        block = results["sizes"][size][path]
+        runs, idle = _metered(block), _idle(block)
+        within = ""
+        if len(per) >= 2:
+            low, high = median_interval(per)
+            within = f" (95 % {low:.3f}-{high:.3f})"
+        user = statistics.median(_col(runs, "controller_cpu_user_s") or [0.0])
+        system = statistics.median(_col(runs, "controller_cpu_system_s") or [0.0])
+        idle_text = (
+            f"less {_idle_cores(block):.3f} cores while nothing fails ({idle['seconds']:g} s idle)"
+            if idle
+            else "nothing subtracted (no idle window)"
+        )
+        passes = _col(runs, "controller_passes")
+        share = [
+            m["controller_planning_cpu_s"] / m["controller_cpu_s"]
+            for m in runs
+            if "controller_planning_cpu_s" in m and m["controller_cpu_s"] > 0
+        ]
+        passes_text = (
+            f"; {statistics.median(passes):g} planning passes per recovery, plan() "
+            f"{100 * statistics.median(share):.0f} % of the leader's CPU (medians)"
+            if passes and share
+            else ""
+        )
+        out.append(
+            f"{path} {size} pods: the leader's CPU per member per recovery "
+            f"{statistics.median(per):.3f} ms{within}, n = {len(per)}; per recovery user "
+            f"{user:.2f} / system {system:.2f} CPU-s (medians), {idle_text}{passes_text}"
+        )
+        blocks = block.get("blocks", [])
+        prof = next((b["leader_profile"] for b in blocks if "leader_profile" in b), None)
+        if prof and prof.get("samples"):
+            out.append(f"  sampled ({prof['samples']} samples, {len(prof['files'])} recoveries)")
+            out += [f"    {line}" for line in prof["inclusive"][:25]]
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from bench import __main__ as bench_main
-from bench import profile, report, scenarios, upstream
+from bench import leader_cost, profile, report, scenarios, upstream
 from bench.fleet import epoch_steps
 from bench.podwatch import GangPods, Goal
 from bench.upstream_fleet import Attempts
@@ -382,3 +383,26 @@ def test_the_planning_passes_and_their_cpu_are_read_from_the_controllers_metrics
     assert scenarios.planning(generate_latest(metrics.registry).decode()) == pytest.approx(
         (2.0, 0.03)
     )
+
+
+def test_two_runs_leader_costs_side_by_side(tmp_path: Any, capsys: Any) -> None:
+    def run(commit: str, cpus: tuple[float, ...]) -> Any:
+        runs = [{"controller_cpu_s": c, "window_s": 1.0} for c in cpus]
+        doc = {
+            "commit": commit,
+            "command": "python -m bench",
+            "sizes": {"1000": {"hybrid": {"worker_failure": runs, "blocks": []}}},
+        }
+        path = tmp_path / f"{commit}.json"
+        path.write_text(json.dumps(doc))
+        return path
+
+    before, after = run("aaa", (0.4, 0.5, 0.6)), run("bbb", (0.2, 0.25, 0.3))
+    assert leader_cost.main([str(before), str(after)]) == 0
+    out = capsys.readouterr().out
+    assert "commit aaa" in out
+    assert "0.500 ms" in out
+    assert "0.250 ms" in out
+    assert "hybrid 1000 pods: second / first 0.50x" in out
+    with pytest.raises(SystemExit):
+        leader_cost.main([str(tmp_path / "missing.json")])
