@@ -247,9 +247,10 @@ class ProcessMeter:
         if self.leader_core is not None:
             self.pin(procs)
         requests0 = apiserver_requests(self.metrics()) if self.metrics else {}
+        # (the controller's /metrics read before its CPU is: serving it is not the window's)
+        passes0 = planning(self.controller_metrics()) if self.controller_metrics else None
         cpu0 = self._stat()
         split0 = cpu_split(self.pid)
-        passes0 = planning(self.controller_metrics()) if self.controller_metrics else None
         others0 = {k: cpu_seconds(p) for k, p in procs.items()}
         t0 = time.monotonic()
         try:
