@@ -1,28 +1,77 @@
 """The leader's CPU per member per recovery of ``python -m bench`` runs, side by side:
 
     python -m bench.leader_cost BEFORE/results.json AFTER/results.json
+    python -m bench.leader_cost --where RUN/leader-*.txt
+
 
 Prints each run's figures (:func:`bench.report.leader_cost`: commit, median with its 95 %
 interval, user/system, planning passes) and, per path and size both runs have, the ratio of
 the second's median to the first's with its bootstrap interval. Runs compared this way are
 like for like only if made on one machine the same day with the same arguments: the command
-lines are printed to check."""
+lines are printed to check. ``--where``: the leader's sampled CPU (py-spy, native frames;
+waiting threads left out) split by what the code does (:data:`PARTS`)."""
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import re
 import sys
 from pathlib import Path
 
+from .profile import WAITING_FRAMES
 from .report import leader_cost, leader_ms_per_member
 from .stats import ratio_of_medians
+
+# What a leader's CPU sample is spent on, by the first pattern its stack matches (frames are
+# "function (file:line)"; the leader's recovery loop runs on uvloop, its API calls on threads).
+PARTS = (
+    ("planning: plan()", r"Reconciler\._plan \([^;]*\);plan \("),
+    (
+        "planning: the snapshot (cache -> Snapshot)",
+        r"Reconciler\._plan \([^;]*\);ClusterCache\.snapshot",
+    ),
+    ("planning: GangMembers rows", r"Reconciler\._write_members"),
+    ("planning: the rest of a pass", r"Reconciler\."),
+    ("reports: the members' views made again (new epoch)", r"ClusterCache\._merged"),
+    ("reports: taking a report (token, decode, cache)", r"ReportServer\."),
+    ("reports: TLS", r"_ssl__SSLObject|SSLObject\.|Connection\._decrypt|Connection\._send"),
+    ("reports: HTTP framing", r"RequestReader\."),
+    ("reports: the connection and the event loop", r"Connection\.|uv__|loop\.c"),
+    ("watches (pods, node Leases, GangStates)", r"RawWatch\.|watches\.py"),
+    ("API calls (threads)", r"Executor\.|api_client\.py|rest\.py"),
+    ("garbage collection", r"gc_collect"),
+)
+
+
+def where(files: list[Path]) -> list[str]:
+    """The sampled CPU of ``files`` (py-spy raw stacks) by :data:`PARTS`, largest first."""
+    counts: collections.Counter[str] = collections.Counter()
+    for path in files:
+        for line in path.read_text().splitlines():
+            stack, _, n = line.rpartition(" ")
+            if not stack or not n.isdigit() or WAITING_FRAMES.search(stack):
+                continue
+            part = next((name for name, rx in PARTS if re.search(rx, stack)), "other")
+            counts[part] += int(n)
+    total = sum(counts.values())
+    return [f"{100 * n / total:5.1f}% {part}" for part, n in counts.most_common()] + [
+        f"({total} samples of CPU in {len(files)} files)"
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.leader_cost", description=__doc__)
     p.add_argument("results", type=Path, nargs="+", help="results.json of python -m bench")
+    p.add_argument("--where", action="store_true", help="the files are leader-*.txt profiles")
     args = p.parse_args(argv)
+    if args.where:
+        missing = [str(f) for f in args.results if not f.is_file()]
+        if missing:
+            p.error(f"no such profile: {', '.join(missing)}")
+        print("\n".join(where(args.results)))
+        return 0
     runs = []
     for path in args.results:
         try:

@@ -406,3 +406,19 @@ def test_two_runs_leader_costs_side_by_side(tmp_path: Any, capsys: Any) -> None:
     assert "hybrid 1000 pods: second / first 0.50x" in out
     with pytest.raises(SystemExit):
         leader_cost.main([str(tmp_path / "missing.json")])
+
+
+def test_where_the_leaders_sampled_cpu_goes(tmp_path: Any) -> None:
+    f = tmp_path / "leader.txt"
+    f.write_text(
+        "run (m.py:1);Reconciler._plan (r.py:2);plan (p.py:3);member_causes (d.py:4) 6\n"
+        "run (m.py:1);ReportServer.handle (s.py:5);ClusterCache._merged (c.py:6) 2\n"
+        "run (m.py:1);Loop__run (loop.c:1);epoll_wait (libc.so.6) 50\n"
+        "run (m.py:1);something (x.py:9) 2\n"
+    )
+    assert leader_cost.where([f]) == [
+        " 60.0% planning: plan()",
+        " 20.0% reports: the members' views made again (new epoch)",
+        " 20.0% other",
+        "(10 samples of CPU in 1 files)",
+    ]
