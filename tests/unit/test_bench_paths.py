@@ -347,7 +347,7 @@ def test_the_leaders_cost_per_member_is_each_recoverys_cpu_less_its_idle_rate(
     ]
     (tmp_path / "a.txt").write_text("main;plan 3\nmain;answer 1\n")
     (tmp_path / "b.txt").write_text("main;answer 4\n")
-    prof = {
+    prof: dict[str, Any] = {
         "files": ["a.txt", "b.txt"],
         **profile.summarise_stacks([tmp_path / "a.txt", tmp_path / "b.txt"]),
     }
