@@ -24,7 +24,7 @@ from kubernetes import client
 
 from jobset_inplace import names
 from jobset_inplace.controller import metrics
-from jobset_inplace.controller.cache import ClusterCache, GangKey
+from jobset_inplace.controller.cache import ClusterCache, EpochReport, GangKey
 from jobset_inplace.controller.main import main as controller_main
 from jobset_inplace.controller.operator import plan_all
 from jobset_inplace.controller.reconciler import Reconciler
@@ -87,7 +87,7 @@ def keep(cache: ClusterCache, reports: Iterable[LeaseReport | None]) -> dict[Gan
     gangs: dict[GangKey, bool] = {}
     for rep in reports:
         if rep is not None and cache.set_report(rep.key, rep.uid, rep.report) is None:
-            complete = cache.completes_epoch(rep.key, rep.uid)
+            complete = cache.epoch_report(rep.key, rep.uid) is EpochReport.LAST
             gangs[rep.key] = gangs.get(rep.key, False) or complete
     return gangs
 

@@ -6,6 +6,7 @@ nodes and node Lease renewals, and the DRA device taints and allocations planned
 from __future__ import annotations
 
 import dataclasses
+import enum
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -38,6 +39,15 @@ from jobset_inplace.trainer.progress import ProgressSpan
 
 GangKey = tuple[str, str]  # (namespace, JobSet name)
 POSTED_MAX = 1000  # once-only Event keys remembered per gang
+
+
+class EpochReport(enum.Enum):
+    """What a report the channel just took is to its gang's current epoch (a scheduling
+    hint: :meth:`ClusterCache.epoch_report`)."""
+
+    LAST = "last"  # the last one the epoch waited for: plan now
+    AWAITED = "awaited"  # one it waited for, more to come
+    OTHER = "other"  # of another epoch, the same again, or from a pod it does not wait for
 
 
 @dataclass(frozen=True)
@@ -154,7 +164,7 @@ class Gang:
     # slot -> (epoch, progress span) its agent last noted over the channel while that epoch
     # ran (progress_note); kept when the pod goes: Snapshot.progress_noted
     noted: dict[str, tuple[int, ProgressSpan]] = field(default_factory=dict)
-    # members whose channel report is behind `behind_epoch` (completes_epoch's hint)
+    # members whose report is behind `behind_epoch` (epoch_report's hint)
     behind: set[str] = field(default_factory=set)
     behind_epoch: int | None = None
     # the GangMembers rows this process last wrote (or failed to: retried when one changes),
@@ -334,11 +344,13 @@ class ClusterCache:
                 gang.reports.pop(pod.uid, None)
                 gang.on_pod.pop(pod.uid, None)
                 gang.ahead.discard(pod.uid)
+                self._still_behind(gang, pod.uid, present=False)
         elif gang is None:
             pods[pod.uid] = pod.view
         else:
             gang.on_pod[pod.uid] = pod.view
             self._view(gang, pod.uid, gang.epoch)
+            self._still_behind(gang, pod.uid, present=True)
         return pod.key
 
     def replace_pods(self, pods: Sequence[PodEntry]) -> None:
@@ -354,6 +366,7 @@ class ClusterCache:
             self._forget_job(uid)
         for gang in self.gangs.values():
             gang.reports = {u: r for u, r in gang.reports.items() if u in gang.pods}
+            gang.behind.intersection_update(gang.pods)
 
     def heartbeat(self, key: GangKey, uid: str, at: float) -> tuple[str | None, str | None]:
         """An agent said it is alive (an empty report, or any report) at ``at`` (monotonic):
@@ -447,25 +460,42 @@ class ClusterCache:
             self._view(gang, uid, epoch)
         gang.merged_for = epoch
 
-    def completes_epoch(self, key: GangKey, uid: str) -> bool:
-        """Whether the report just kept for ``uid`` is the last one the gang's current epoch
-        waited for: a scheduling hint (plan now, not after the pass spacing), True at most once
-        per epoch. Counted over the channel's reports only, from the first one of an epoch: a
-        hint missed (a report on the pod) leaves the pass to the usual spacing, one given early
-        costs one pass."""
+    def epoch_report(self, key: GangKey, uid: str) -> EpochReport:
+        """What the report just kept for ``uid`` is to the gang's current epoch: the last one
+        it waited for (at most once per epoch), one of those with more to come, or neither. A
+        scheduling hint (:class:`EpochReport`), counted over the channel's reports from the
+        first one of an epoch, the members' pods coming and going included: a hint missed (a
+        report on the pod) leaves the pass to the usual spacing, one given early costs one
+        pass."""
         gang = self.gangs.get(key)
         if gang is None or gang.status is None:
-            return False
+            return EpochReport.OTHER
         self._merged(gang)
         epoch = gang.status.epoch
+        if gang.pods[uid].reported_epoch != epoch:
+            return EpochReport.OTHER
         if gang.behind_epoch != epoch:  # once per epoch: O(members)
             gang.behind = {u for u, p in self.members(gang).items() if p.reported_epoch != epoch}
             gang.behind_epoch = epoch
-            return not gang.behind
-        if uid not in gang.behind or gang.pods[uid].reported_epoch != epoch:
-            return False
-        gang.behind.discard(uid)
-        return not gang.behind
+        elif uid in gang.behind:
+            gang.behind.discard(uid)
+        else:
+            return EpochReport.OTHER
+        return EpochReport.AWAITED if gang.behind else EpochReport.LAST
+
+    def _still_behind(self, gang: Gang, uid: str, present: bool) -> None:
+        """Keep :meth:`epoch_report`'s count as member pods come and go, or report on pods."""
+        if gang.behind_epoch is None:
+            return
+        view = gang.pods.get(uid) if present else None
+        if (
+            view is None
+            or view.reported_epoch == gang.behind_epoch
+            or not self.is_member(gang, uid)
+        ):
+            gang.behind.discard(uid)
+        else:
+            gang.behind.add(uid)
 
     def upsert_node(self, node: NodeView, deleted: bool = False) -> bool:
         """Record a node event; whether the planner's view of the node changed."""

@@ -5,8 +5,10 @@ doing it is the executor's; this module only decides *when* a gang is planned.
 Scheduling: the first event after a quiet spell is planned at once (a failure's first signal
 waits for nothing), later ones are coalesced (at most one pass per ``debounce``), and while
 events stream in a gang's passes are spaced by ``PASS_SPACING`` times the CPU time of its last
-planning; an urgent poke (the last report a barrier waits for) skips both. A pass that fails,
-for whatever reason, is retried with exponential backoff."""
+planning; an urgent poke (the last report a barrier waits for) skips both, and a poke with a
+delay asks for a pass within it (a deadline the plan named; a report the barrier waited for,
+with more to come: :data:`.report_server.AWAITED_REPORT_PASS_S`). A pass that fails, for
+whatever reason, is retried with exponential backoff."""
 
 from __future__ import annotations
 

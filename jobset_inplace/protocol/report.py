@@ -55,6 +55,18 @@ class AgentReport:
         said = {f.name: v for f in fields(addition) if (v := getattr(addition, f.name)) is not None}
         return replace(self, **said)
 
+    def only_its_epoch(self) -> bool:
+        """Whether it says no more than its epoch, checkpoint steps and the epoch before's
+        progress (what every member reports once the GangState names a new epoch)."""
+        return (
+            self.late_for_epoch is None
+            and self.exited_in_epoch is None
+            and self.hung_in_epoch is None
+            and self.progress_now is None
+            and self.parked_in_epoch is None
+            and self.rechecked_epoch is None
+        )
+
     def order(self) -> tuple[int, int]:
         """Where this report stands among its pod's agents' reports, in the order they were
         made: by the epoch it is about, then by an exit or hang seen in it. An agent reports an

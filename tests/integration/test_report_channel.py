@@ -104,7 +104,7 @@ async def test_only_a_pods_own_well_formed_report_is_accepted(
     cache.gangs[namespace, gang.name].status = GangStatus(epoch=1)  # as the leader loads it
     verifier = TokenVerifier(kube.api)
 
-    def poke(key: GangKey, *, urgent: bool = False) -> None:
+    def poke(key: GangKey, delay: float | None = None, *, urgent: bool = False) -> None:
         pokes.append(key)
 
     server = ReportServer(cache, poke, verifier, ("127.0.0.1", 0), "127.0.0.1")

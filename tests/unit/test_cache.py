@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from jobset_inplace import names
 from jobset_inplace.controller.cache import (
     ClusterCache,
+    EpochReport,
     GangKey,
     JobEntry,
     PodEntry,
@@ -147,20 +148,48 @@ def test_the_last_report_an_epoch_waits_for_is_flagged_once() -> None:
     epoch4 = AgentReport(reported_epoch=4, reported_steps=(200,))
     epoch3 = AgentReport(reported_epoch=3, reported_steps=(200,))
     epoch5 = AgentReport(reported_epoch=5, reported_steps=(200,))
+    last, awaited, other = EpochReport.LAST, EpochReport.AWAITED, EpochReport.OTHER
 
-    def report(uid: str, fields: AgentReport) -> bool:
+    def report(uid: str, fields: AgentReport) -> EpochReport:
         assert c.set_report(key, uid, fields) is None
-        return c.completes_epoch(key, uid)
+        return c.epoch_report(key, uid)
 
-    assert not c.completes_epoch(key, "a"), "no status loaded yet: no hint"
+    assert c.epoch_report(key, "a") is other, "no status loaded yet: no hint"
     c.gangs[key].status = GangStatus(epoch=4)
-    assert [report(u, epoch4) for u in "ab"] == [False, False]
-    assert not report("a", epoch4), "a report again: still waiting for c"
-    assert not report("c", epoch3), "a report of another epoch does not count"
-    assert report("c", epoch4), "the last one"
-    assert not report("c", epoch4), "once per epoch: a resent report is no news"
+    assert [report(u, epoch4) for u in "ab"] == [awaited, awaited]
+    assert report("a", epoch4) is other, "a report again: still waiting for c"
+    assert report("c", epoch3) is other, "a report of another epoch does not count"
+    assert report("c", epoch4) is last, "the last one"
+    assert report("c", epoch4) is other, "once per epoch: a resent report is no news"
     c.gangs[key].status = GangStatus(epoch=5)
-    assert [report(u, epoch5) for u in "abc"] == [False, False, True]
+    assert [report(u, epoch5) for u in "abc"] == [awaited, awaited, last]
+
+
+def test_members_coming_and_going_or_reporting_on_pods_keep_the_last_report_flagged() -> None:
+    """The epoch's count follows the member pods: one gone (replaced) is not waited for, its
+    replacement is, and one whose report came on its pod (the channel failed it) is counted."""
+    c = cache_with_gang()
+    key = ("ns", "train")
+    for i, uid in enumerate("abc"):
+        c.upsert_pod(pod(uid, index=i))
+    c.gangs[key].status = GangStatus(epoch=4)
+    epoch4 = AgentReport(reported_epoch=4, reported_steps=(200,))
+    assert c.set_report(key, "a", epoch4) is None
+    assert c.epoch_report(key, "a") is EpochReport.AWAITED
+    c.upsert_pod(pod("b", index=1), deleted=True)
+    c.upsert_pod(pod("b2", index=1))  # its replacement
+    c.upsert_pod(reporting_pod(2, 4, uid="c"))  # c's report on its pod
+    assert c.set_report(key, "b2", epoch4) is None
+    assert c.epoch_report(key, "b2") is EpochReport.LAST
+    c.gangs[key].status = GangStatus(epoch=5)
+    epoch5 = AgentReport(reported_epoch=5, reported_steps=(200,))
+    for uid in ("a", "b2"):
+        assert c.set_report(key, uid, epoch5) is None
+        c.epoch_report(key, uid)
+    c.replace_pods([pod("a", index=0), pod("b2", index=1)])  # c gone while the watch was down
+    assert c.set_report(key, "b2", epoch5) is None
+    assert c.epoch_report(key, "b2") is EpochReport.OTHER, "b2 was counted already"
+    assert c.gangs[key].behind == set(), "c is not waited for any more"
 
 
 def test_owner_uids_decide_membership_not_labels() -> None:
@@ -320,10 +349,10 @@ def test_a_progress_note_is_kept_under_its_slot_after_the_pod_goes() -> None:
     assert set(g.noted) == {"workers/0/0"}, "a pod being replaced notes nothing"
 
 
-def reporting_pod(index: int, epoch: int | None) -> PodEntry:
-    """Member ``index``'s pod (uid ``u<index>``) with its agent's report of ``epoch`` on it
-    (None: nothing on the pod)."""
-    entry = pod(f"u{index}", index=index)
+def reporting_pod(index: int, epoch: int | None, uid: str | None = None) -> PodEntry:
+    """Member ``index``'s pod (uid ``uid``, default ``u<index>``) with its agent's report of
+    ``epoch`` on it (None: nothing on the pod)."""
+    entry = pod(uid or f"u{index}", index=index)
     assert entry.view is not None
     if epoch is None:
         return entry

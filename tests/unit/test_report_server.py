@@ -22,7 +22,7 @@ from jobset_inplace.controller.report_server import (
 from jobset_inplace.runtime.report_http import Refused
 
 
-def no_poke(key: GangKey, *, urgent: bool = False) -> None:
+def no_poke(key: GangKey, delay: float | None = None, *, urgent: bool = False) -> None:
     pass
 
 
