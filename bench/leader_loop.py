@@ -267,12 +267,12 @@ def leader(args: argparse.Namespace) -> list[dict[str, float]]:
 
 
 def _command(root: Path, *argv: str) -> list[str]:
-    """This bench (this checkout's ``bench`` package, imported first) run in a new process
-    against ``root``'s ``jobset_inplace``."""
-    here = str(Path(__file__).resolve().parent.parent)
+    """This file run in a new process against ``root``'s ``jobset_inplace`` (and its
+    ``bench`` helpers: token making and request framing, which older versions have too)."""
+    here = str(Path(__file__).resolve())
     code = (
-        f"import sys; sys.path.insert(0, {here!r}); import bench; sys.path[0] = {str(root)!r}; "
-        f"from bench.leader_loop import main; sys.exit(main({list(argv)!r}))"
+        f"import runpy, sys; sys.path.insert(0, {str(root)!r}); "
+        f"sys.argv = [{here!r}, *{list(argv)!r}]; runpy.run_path({here!r}, run_name='__main__')"
     )
     return [sys.executable, "-c", code]
 
