@@ -60,10 +60,11 @@ def freeze_heap(who: str) -> None:
     """Leave what this process holds now (its modules, clients, a primed cache) out of every
     garbage collection from now on (``gc.freeze``): a full collection walks every tracked
     object, and a leader's recovery makes enough new ones to run one every other recovery.
-    Measured with the leader's report server and 2000 agents (tests/unit/test_process.py has
-    the mechanism's test): a full collection took 54-97 ms of the leader's ~200 ms CPU per
-    recovery over 145 000 tracked objects, 4-18 ms over the 5 000-33 000 made after the
-    freeze. What is frozen and later dropped is freed as usual unless it is in a cycle."""
+    With the leader's report server, cache and reconciler and 2000 agents (``python -m
+    bench.leader_loop``, docs/bench/leader-cost-2026-12-04/leader-loop-2000.json), the
+    collector took 42 ms of CPU per recovery at the median before the freeze (and before each
+    member's view was made once per report), 9 ms after. What is frozen and later dropped is
+    freed as usual unless it is in a cycle."""
     gc.collect()
     gc.freeze()
     log.info("%s: %d objects left out of garbage collection", who, gc.get_freeze_count())
