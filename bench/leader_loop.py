@@ -41,12 +41,12 @@ from typing import Any
 import uvloop
 
 from bench import provenance
-from bench.channel_attack import NAMESPACE, request
+from bench.channel_attack import GANG, NAMESPACE, member_pod, request
+from bench.channel_attack import _cache as gang_cache
 from bench.channel_attacks import BenchCluster, BenchKeysVerifier
 from bench.stats import ratio_of_medians
 from jobset_inplace import names
 from jobset_inplace.controller import operator  # noqa: F401 (the controller's imports: its heap)
-from jobset_inplace.controller.cache import ClusterCache, JobEntry, pod_entry
 from jobset_inplace.controller.reconciler import Reconciler
 from jobset_inplace.controller.report_server import ReportServer
 from jobset_inplace.core.gangstate import status_to_dict
@@ -57,7 +57,6 @@ from jobset_inplace.protocol.envelope import Sender, encode_request
 from jobset_inplace.protocol.report import AgentReport
 from jobset_inplace.runtime import process
 
-GANG = "train"
 GC_CPU = [0.0, 0.0]  # CPU in collections so far; when the current one started
 
 
@@ -96,7 +95,7 @@ def agents(port: int, members: int, core: int | None) -> None:
 
         async def report(i: int, message: AgentReport) -> str:
             reader, writer = conns[i]
-            body = encode_request(Sender(NAMESPACE, GANG, f"p-{i}", f"u{i}"), message)
+            body = encode_request(Sender(NAMESPACE, GANG, *member_pod(i)), message)
             writer.write(request(tokens[i], body))
             head = await reader.readuntil(b"\r\n\r\n")
             length = next(
@@ -148,28 +147,10 @@ def leader(args: argparse.Namespace) -> list[dict[str, float]]:
         os.sched_setaffinity(0, {args.leader_core})
 
     n, cluster = args.members, BenchCluster()
-    tokens = [cluster.token(f"p-{i}", f"u{i}") for i in range(n)]
-    cache = ClusterCache()
-    jobset = {
-        "metadata": {"name": GANG, "namespace": NAMESPACE, "uid": "js"},
-        "spec": {"replicatedJobs": [{"name": "workers", "replicas": n, "template": {"spec": {}}}]},
-    }
-    gang = cache.upsert_jobset(jobset, Policy(inplace_budget=1 << 30), "")  # no escalation
-    for i in range(n):
-        cache.upsert_job(JobEntry(f"job-{i}", "js"))
-        labels = {
-            names.JOBSET_NAME_LABEL: GANG,
-            names.REPLICATED_JOB_LABEL: "workers",
-            names.JOB_INDEX_LABEL: str(i),
-            names.COMPLETION_INDEX_LABEL: "0",
-        }
-        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "x", "uid": f"job-{i}"}
-        meta: dict[str, Any] = {"name": f"p-{i}", "namespace": NAMESPACE, "uid": f"u{i}"}
-        meta |= {"labels": labels, "ownerReferences": [owner | {"controller": True}]}
-        status = {"phase": "Running", "podIP": _address(i)}
-        cache.upsert_pod(
-            pod_entry({"metadata": meta, "spec": {"nodeName": f"n{i}"}, "status": status})
-        )
+    tokens = [cluster.token(*member_pod(i)) for i in range(n)]
+    cache = gang_cache(n, {i: _address(i) for i in range(n)})
+    gang = cache.gangs[NAMESPACE, GANG]
+    gang.policy = Policy(inplace_budget=1 << 30)  # recovered in place as often as asked
     results: list[dict[str, float]] = []
 
     async def main() -> None:
