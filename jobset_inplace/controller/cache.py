@@ -349,6 +349,7 @@ class ClusterCache:
             pods[pod.uid] = pod.view
         else:
             gang.on_pod[pod.uid] = pod.view
+            self._merged(gang)  # every view made at one epoch: the one merged_for names
             self._view(gang, pod.uid, gang.epoch)
             self._still_behind(gang, pod.uid, present=True)
         return pod.key
@@ -423,6 +424,7 @@ class ClusterCache:
             return f"its report names epoch {report.epoch}, beyond the gang's {epoch}"
         if newer_report(gang.reports.get(uid), report, epoch):  # else a late one, overtaken
             gang.reports[uid] = report
+            self._merged(gang)  # every view made at one epoch: the one merged_for names
             self._view(gang, uid, epoch)
         return None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from jobset_inplace import names
@@ -377,6 +377,7 @@ _operations = st.lists(
 
 
 @given(_operations)
+@example([("status", 2, 0), ("plan", 0, 0), ("status", 1, 0), ("pod", 2, 0), ("status", 2, 0)])
 @settings(max_examples=300, deadline=None)
 def test_each_members_view_is_made_for_the_gangs_current_epoch(
     operations: list[tuple[str, int | None, int]],
