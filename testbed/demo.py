@@ -324,14 +324,25 @@ def timed_log(
     callers that poll treat it as "not yet", like a failed kubectl."""
     cmd = [str(binaries().kubectl), "--kubeconfig", str(kubeconfig), "-n", namespace, "logs"]
     cmd += [pod, "-c", container, "--timestamps"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    # bytes, decoded here: text=True would read a carriage return as a line end
+    out = subprocess.run(cmd, capture_output=True, check=True).stdout.decode(errors="replace")
+    try:
+        return parse_timed_log(out)
+    except ValueError as e:
+        raise subprocess.CalledProcessError(1, cmd, output=out, stderr=str(e)) from None
+
+
+def parse_timed_log(out: str) -> list[tuple[float, str]]:
+    """``kubectl logs --timestamps`` output -> (time, line) pairs; ValueError for a line with
+    no timestamp. A line ends at "\n" only: a carriage return inside one (a progress bar's)
+    stays in it."""
     lines = []
-    for raw in out.splitlines():
+    for raw in out.removesuffix("\n").split("\n") if out else []:
         stamp, _, line = raw.partition(" ")
         try:
             lines.append((log_time(stamp), line))
         except ValueError:
-            raise subprocess.CalledProcessError(1, cmd, output=out, stderr=raw) from None
+            raise ValueError(f"not a timestamped log line: {raw[:80]!r}") from None
     return lines
 
 

@@ -17,7 +17,7 @@ from jobset_inplace.core.model import Mark
 from jobset_inplace.core.transform import AgentSettings, transform
 from jobset_inplace.times import parse_time
 from testbed.controller import holder_index
-from testbed.demo import GANG_MOUNT, PERSISTENT_MOUNT, demo_jobset
+from testbed.demo import GANG_MOUNT, PERSISTENT_MOUNT, demo_jobset, parse_timed_log
 from testbed.demo_trainer import parse_truth
 
 
@@ -262,3 +262,20 @@ def test_the_soak_says_what_each_kind_of_failure_cost_by_bucket() -> None:
             "wastedProgress": 1.0,
         },
     }
+
+
+def test_a_timestamped_log_line_ends_at_a_newline_only() -> None:
+    """A progress bar's carriage returns (tqdm's, the Hugging Face Trainer's) stay inside its
+    line: splitting there too read the rest as a line with no timestamp."""
+    out = (
+        "2026-12-04T22:03:12.236472078Z  3%|1/30\r  7%|2/30\r[rank 0] step 2 loss 1.0\n"
+        "2026-12-04T22:03:13.5Z [rank 0] step 20: checkpoint saved\n"
+    )
+    [(t1, bar), (t2, saved)] = parse_timed_log(out)
+    assert bar.endswith("[rank 0] step 2 loss 1.0")
+    assert "\r" in bar
+    assert saved == "[rank 0] step 20: checkpoint saved"
+    assert t2 - t1 == pytest.approx(1.263527922)
+    assert parse_timed_log("") == []
+    with pytest.raises(ValueError, match="not a timestamped log line"):
+        parse_timed_log("no stamp here\n")
