@@ -50,6 +50,7 @@ from jobset_inplace.core.transform import (
     transform,
 )
 from jobset_inplace.launcher import ENV_CHECKPOINT_PERSISTENT_DIR
+from jobset_inplace.trainer.layouts import Layout
 
 JSONPatchOp = dict[str, Any]
 
@@ -151,7 +152,7 @@ def warnings(jobset: Mapping[str, Any]) -> list[str]:
     policy confines its pod writes (core/agent_access.py): its owner should know."""
     if not is_enabled(_annotations(jobset)):
         return []
-    out = _checkpoint_warnings(jobset) + _spare_warnings(jobset)
+    out = _checkpoint_warnings(jobset) + _spare_warnings(jobset) + _hf_trainer_warnings(jobset)
     for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
         pod = (((rj.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")
         out += _torchrun_warnings(str(rj.get("name")), pod or {})
@@ -231,6 +232,27 @@ def _spare_warnings(jobset: Mapping[str, Any]) -> list[str]:
         f"sees ({names.CHECKPOINT_DIRS} persistent=..., on storage the spares mount too): a "
         "spare that takes a member's place has none of that member's local checkpoints, so "
         "the gang can resume only from a step every holder has, and then there is none"
+    ]
+
+
+def _hf_trainer_warnings(jobset: Mapping[str, Any]) -> list[str]:
+    """The Hugging Face Trainer with a local tier only: it writes the model weights from
+    global rank 0 only (transformers 5.25's ``save_pretrained`` even with
+    ``save_on_each_node``), so on each pod's own disk the other members' ``checkpoint-<S>``
+    hold ``trainer_state.json``, which makes a step complete, but no weights to load."""
+    try:
+        policy = parse_policy(_annotations(jobset))
+    except PolicyError:
+        return []  # refused by validate, which names it
+    dirs = policy.checkpoint_dirs
+    if policy.checkpoint_layout is not Layout.HF_TRAINER or not dirs.local or dirs.persistent:
+        return []
+    return [
+        f"{names.CHECKPOINT_LAYOUT}: {Layout.HF_TRAINER} with a local tier only "
+        f"({names.CHECKPOINT_DIRS} persistent=..., a volume every pod mounts): the Trainer "
+        "writes the model weights from global rank 0 only (even with save_on_each_node), so "
+        "the other members' own disks would hold checkpoints without weights, which they "
+        "cannot resume from; put output_dir on a volume every pod shares"
     ]
 
 

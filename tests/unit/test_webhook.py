@@ -519,3 +519,16 @@ def test_a_non_root_trainer_without_a_user_is_admitted_with_a_warning() -> None:
     assert warnings(jobset(CKPT, containers=[named])) == []
     pod_user = {"runAsNonRoot": True, "runAsUser": 1000}
     assert warnings(jobset(CKPT, securityContext=pod_user, containers=[own])) == []
+
+
+def test_the_hugging_face_trainer_on_each_pods_own_disk_is_admitted_with_a_warning() -> None:
+    """hf-trainer with a local tier only: the Trainer writes the weights from global rank 0
+    only, so the other members' checkpoints could not be loaded; the warning says to share
+    output_dir. A persistent tier, or another layout, is not warned about."""
+    hf = {names.ENABLED: "true", names.CHECKPOINT_LAYOUT: "hf-trainer"}
+    (warning,) = warnings(jobset({**hf, names.CHECKPOINT_DIRS: "local=/output"}))
+    assert "hf-trainer with a local tier only" in warning
+    assert "a volume every pod shares" in warning
+    for dirs in ("persistent=/output", "local=/l,persistent=/output"):
+        assert warnings(jobset({**hf, names.CHECKPOINT_DIRS: dirs})) == [], dirs
+    assert warnings(jobset({names.ENABLED: "true", names.CHECKPOINT_DIRS: "local=/c"})) == []
