@@ -38,8 +38,8 @@ venv: $(VENV)/.installed ## Python virtualenv with the package and dev tools
 binaries: ## build pinned upstream binaries from Go modules (cached, idempotent)
 	bash testbed/build-binaries.sh
 
-images: venv ## the agent and controller images, offline and reproducible (docs/images.md)
-	$(PY) -m testbed.images
+images: venv ## the agent and controller images, offline and reproducible (docs/images.md); EXAMPLES=1: the examples' too
+	$(PY) -m testbed.images $(if $(EXAMPLES),--examples)
 
 lint: venv ## ruff + mypy + the layer contracts (import-linter, [tool.importlinter]) + shellcheck + actionlint on .github/workflows
 	$(VENV)/bin/ruff check .

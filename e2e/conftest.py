@@ -141,6 +141,26 @@ def controller(
     installation.uninstall()
 
 
+@pytest.fixture(scope="session")
+def pytorch_examples_image(local_cluster: LocalCluster | None) -> str:
+    """The PyTorch examples' image (``make images EXAMPLES=1``), built here (minutes the first
+    time: PyTorch's CUDA build) and imported into the local cluster's real nodes."""
+    if local_cluster is None:
+        pytest.skip("builds its image (several GB) into the local cluster's real nodes")
+    sockets = [str(images.node_socket(n)) for n in local_cluster.real_nodes()]
+    return images.build_pytorch_examples_image(imports=sockets).name
+
+
+@pytest.fixture(scope="session")
+def jax_examples_image(local_cluster: LocalCluster | None) -> str:
+    """The JAX examples' image (``make images EXAMPLES=1``), built here and imported into the
+    local cluster's real nodes."""
+    if local_cluster is None:
+        pytest.skip("builds its image into the local cluster's real nodes")
+    sockets = [str(images.node_socket(n)) for n in local_cluster.real_nodes()]
+    return images.build_jax_examples_image(imports=sockets).name
+
+
 @pytest.fixture
 def torch_trainer(
     controller: Installation, kube: Clients, cluster_kubeconfig: Path, namespace: str

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 
 from jobset_inplace import names
-from testbed import images
-from testbed.cluster import REAL_NODE_LABEL, LocalCluster
+from testbed.cluster import REAL_NODE_LABEL
 from testbed.controller import barrier_open, member_pods, prepare
 from testbed.demo import python_in_trainer, started_trainer_log
 from testbed.install import Installation
@@ -40,14 +39,6 @@ for p in filter(str.isdigit, os.listdir("/proc")):
         os.kill(int(p), signal.SIGKILL)
         print("killed", p)
 """
-
-
-@pytest.fixture(scope="module")
-def framework_image(local_cluster: LocalCluster | None) -> str:
-    if local_cluster is None:
-        pytest.skip("builds its image into the local cluster's real nodes")
-    sockets = [str(images.node_socket(n)) for n in local_cluster.real_nodes()]
-    return images.build_framework_image(imports=sockets).name
 
 
 def _jax_jobset(shared: Path, image: str) -> dict[str, Any]:
@@ -88,12 +79,12 @@ def test_jax_ranks_resume_from_one_orbax_step_with_no_code_change(
     controller: Installation,
     kube: Clients,
     namespace: str,
-    framework_image: str,
+    jax_examples_image: str,
     tmp_path: Path,
 ) -> None:
     prepare(kube, cluster_kubeconfig, namespace)
     shared = tmp_path / "shared"
-    create_jobset(kube, namespace, _jax_jobset(shared, framework_image))
+    create_jobset(kube, namespace, _jax_jobset(shared, jax_examples_image))
 
     def trained(to: int) -> bool:
         pods = member_pods(kube, namespace, "gang")

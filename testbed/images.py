@@ -43,19 +43,28 @@ from .versions import cache_dir, real_node_dir
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIR = ROOT / "jobset_inplace"
 REQUIREMENTS = ROOT / "images" / "controller-requirements.txt"
-# The real-framework test image (jobset-inplace/jax:local, e2e/test_framework_jax.py): JAX on
-# CPU and Orbax, pinned like the controller's dependencies.
+# The JAX examples' image (examples/jax-orbax.yaml, e2e/test_framework_jax.py): JAX on CPU and
+# Orbax, pinned like the controller's dependencies, and the trainer as module jax_orbax_trainer.
 FRAMEWORK_PACKAGES = ("jax[cpu]==0.10.2", "orbax-checkpoint==0.12.8")
 FRAMEWORK_REQUIREMENTS = ROOT / "images" / "jax-requirements.txt"
-FRAMEWORK_IMAGE = "jobset-inplace/jax:local"
+JAX_EXAMPLES_IMAGE = f"jobset-inplace/jax-examples:{__version__}"
 FRAMEWORK_TRAINER = ROOT / "testbed" / "frameworks" / "jax_orbax_trainer.py"
 # PyTorch for the real-framework test (e2e/test_framework_torch.py). PyPI's Linux wheel is the
 # CUDA build: `import torch` loads its NVIDIA libraries even with no GPU, so they come along
 # (several GB). Not an image: installed once into the cache (by the requirements' hash) and
 # mounted read-only into the trainers' containers (hostPath: the real nodes share this host).
-TORCH_PACKAGES = ("torch==2.15.0", "numpy==2.4.6")  # DCP saves through NumPy
+# DCP saves through NumPy; the Hugging Face Trainer (examples/hf-trainer.yaml) needs transformers
+# and accelerate.
+TORCH_PACKAGES = ("torch==2.15.0", "numpy==2.4.6", "transformers==5.25.0", "accelerate==1.16.0")
 TORCH_REQUIREMENTS = ROOT / "images" / "torch-requirements.txt"
 TORCH_TRAINER = ROOT / "testbed" / "frameworks" / "torch_dcp_trainer.py"
+# The PyTorch examples' image (examples/pytorch-dcp*.yaml, examples/hf-trainer.yaml): PyTorch,
+# transformers and accelerate (TORCH_REQUIREMENTS) with the examples' scripts in /app.
+PYTORCH_EXAMPLES_IMAGE = f"jobset-inplace/pytorch-examples:{__version__}"
+EXAMPLE_SCRIPTS = {
+    "train.py": TORCH_TRAINER,
+    "finetune.py": ROOT / "testbed" / "frameworks" / "hf_trainer.py",
+}
 # PyTorch's own test helper in Python 3.12 syntax (imported only by its tests on 3.12): it
 # would not compile for the image's 3.11
 TORCH_UNUSED = ("torch/testing/_internal/py312_intrinsics.py",)
@@ -270,18 +279,11 @@ def build_upstream_agent(binary: Path, *, imports: Sequence[str] = ()) -> Image:
         f"--config.cmd={UPSTREAM_AGENT_PATH}",
     ]
     root.with_suffix(".config").write_text("\n".join(options) + "\n")
-    cmd = ["bash", str(BUILD_IMAGES), "--image", f"ipr-agent={UPSTREAM_AGENT_IMAGE}={root}"]
-    for sock in imports:
-        cmd += ["--import", sock]
-    # Alone in this build: the other images' archives are not stale, keep them.
-    env = {**_env(), "JSI_KEEP_OLD_IMAGES": "1"}
-    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, env=env).stdout
-    archives = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    return Image("ipr-agent", UPSTREAM_AGENT_IMAGE, Path(archives["ipr-agent"]))
+    return _build_alone("ipr-agent", UPSTREAM_AGENT_IMAGE, root, imports)
 
 
-def build_framework_image(*, imports: Sequence[str] = ()) -> Image:
-    """jobset-inplace/jax:local: the Python image plus JAX (CPU) and Orbax from
+def build_jax_examples_image(*, imports: Sequence[str] = ()) -> Image:
+    """JAX_EXAMPLES_IMAGE: the Python image plus JAX (CPU) and Orbax from
     FRAMEWORK_REQUIREMENTS and the JAX trainer (``python3 -m jax_orbax_trainer``; it imports no
     jobset-inplace), imported into ``imports``."""
     deps = pinned_packages(False, FRAMEWORK_REQUIREMENTS, ())
@@ -294,13 +296,45 @@ def build_framework_image(*, imports: Sequence[str] = ()) -> Image:
     _compile(site, root)
     shutil.copytree(deps / LOCAL_PACKAGES, root / LOCAL_PACKAGES)
     root.with_suffix(".config").write_text("\n".join(_labels("JAX + Orbax trainer")) + "\n")
-    cmd = ["bash", str(BUILD_IMAGES), "--image", f"framework={FRAMEWORK_IMAGE}={root}"]
+    return _build_alone("framework", JAX_EXAMPLES_IMAGE, root, imports)
+
+
+def build_pytorch_examples_image(*, imports: Sequence[str] = ()) -> Image:
+    """PYTORCH_EXAMPLES_IMAGE: the Python image plus PyTorch, transformers and accelerate
+    (TORCH_REQUIREMENTS) and the examples' scripts in ``/app`` (EXAMPLE_SCRIPTS), imported into
+    ``imports``. Several GB (PyPI's PyTorch is the CUDA build): minutes the first time."""
+    site = torch_site()
+    root = cache_dir() / "image-trees" / "pytorch-examples"
+    if root.exists():
+        shutil.rmtree(root)
+    # hard links: no second copy of several GB (build-images.sh copies the tree into the layer)
+    shutil.copytree(site, root / LOCAL_PACKAGES, copy_function=os.link)
+    app = root / "app"
+    app.mkdir()
+    for name, source in EXAMPLE_SCRIPTS.items():
+        shutil.copy2(source, app / name)
+    options = [*_labels("PyTorch examples"), "--config.workingdir=/app"]
+    root.with_suffix(".config").write_text("\n".join(options) + "\n")
+    return _build_alone("pytorch-examples", PYTORCH_EXAMPLES_IMAGE, root, imports)
+
+
+def _build_alone(key: str, name: str, root: Path, imports: Sequence[str]) -> Image:
+    """Image ``name``: the Python image plus ``root`` as one layer (``root.config``: its
+    ``umoci config`` options), built alone (the other images' archives are not stale: kept;
+    this one's older archives are pruned) and imported into the containerd sockets
+    ``imports``."""
+    cmd = ["bash", str(BUILD_IMAGES), "--image", f"{key}={name}={root}"]
     for sock in imports:
         cmd += ["--import", sock]
-    env = {**_env(), "JSI_KEEP_OLD_IMAGES": "1"}  # alone in this build: keep the others
+    env = {**_env(), "JSI_KEEP_OLD_IMAGES": "1"}
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, env=env).stdout
     archives = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    return Image("framework", FRAMEWORK_IMAGE, Path(archives["framework"]))
+    archive = Path(archives[key])
+    for old in archive.parent.glob(f"{key}-*.tar"):  # this image's older recipes (GBs each)
+        if old != archive:
+            log(f"pruning stale {old.name}")
+            old.unlink()
+    return Image(key, name, archive)
 
 
 def torch_site() -> Path:
@@ -335,7 +369,11 @@ def lock() -> None:
         also=ARM64_WHEEL_TAGS,
     )
     _lock(FRAMEWORK_REQUIREMENTS, FRAMEWORK_PACKAGES, "The JAX trainer image's: JAX and Orbax")
-    _lock(TORCH_REQUIREMENTS, TORCH_PACKAGES, "The PyTorch trainer's, host-mounted: PyTorch, NumPy")
+    _lock(
+        TORCH_REQUIREMENTS,
+        TORCH_PACKAGES,
+        "The PyTorch trainers': PyTorch, NumPy, transformers, accelerate",
+    )
 
 
 # The controller image is also built for linux/arm64 (images/Dockerfile in the release
@@ -405,12 +443,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="also import the images into the containerd at SOCK",
     )
     p.add_argument("--lock", action="store_true", help="re-resolve the pinned dependencies")
+    p.add_argument(
+        "--examples",
+        action="store_true",
+        help=f"also the examples' images {PYTORCH_EXAMPLES_IMAGE} (several GB: PyTorch's CUDA"
+        f" build) and {JAX_EXAMPLES_IMAGE}",
+    )
     args = p.parse_args(argv)
     if args.lock:
         lock()
         return
     t0 = time.monotonic()
     images = build(force=args.force, imports=args.imports)
+    if args.examples:
+        images.append(build_pytorch_examples_image(imports=args.imports))
+        images.append(build_jax_examples_image(imports=args.imports))
     print(f"{'image':<40} {'size':>10}  digest")
     for i in images:
         print(f"{i.name:<40} {i.size_mib():>6.1f} MiB  {i.digest()}")

@@ -18,6 +18,7 @@ import yaml
 from jobset_inplace.core.admission import validate, warnings
 from jobset_inplace.core.transform import DEFAULT_AGENT_IMAGE, AgentSettings, transform
 from jobset_inplace.trainer import ResumeInfo, write_resume
+from testbed.images import JAX_EXAMPLES_IMAGE, PYTORCH_EXAMPLES_IMAGE
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 JOBSET_FILES = sorted(EXAMPLES.glob("*.yaml"))
@@ -84,3 +85,33 @@ def test_the_trainer_contract_example_checkpoints_and_resumes(tmp_path: Path) ->
     assert "epoch 1: starting from scratch" in out
     out = run_until("step-30", ResumeInfo(epoch=2, resume_step=20, gang="demo/contract-demo"))
     assert "epoch 2: resumed at step 20 (step=20)" in out
+
+
+# The images `make images` builds (EXAMPLES=1 for the examples' own).
+BUILT_IMAGES = {
+    DEFAULT_AGENT_IMAGE: "make images",
+    PYTORCH_EXAMPLES_IMAGE: "make images EXAMPLES=1",
+    JAX_EXAMPLES_IMAGE: "make images EXAMPLES=1",
+}
+
+
+@pytest.mark.parametrize("path", JOBSET_FILES, ids=lambda p: p.name)
+def test_an_example_that_runs_as_written_names_images_make_images_builds_and_says_so(
+    path: Path,
+) -> None:
+    """examples/README.md says which examples run as written; theirs name only the images
+    `make images` builds, at this version, and the file says how to build them."""
+    pod = _jobset(path)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    named = {c["image"] for c in [*pod.get("initContainers", []), *pod["containers"]]}
+    if _runs_as_written(path):
+        assert named <= BUILT_IMAGES.keys(), f"{path.name}: {named - BUILT_IMAGES.keys()}"
+        for image in named:
+            assert BUILT_IMAGES[image] in path.read_text(), f"{path.name}: how {image} is built"
+
+
+def _runs_as_written(path: Path) -> bool:
+    """The README table's "runs as is?" column for ``path`` starts with "yes"."""
+    for line in (EXAMPLES / "README.md").read_text().splitlines():
+        if line.startswith(f"| [`{path.name}`]"):
+            return line.rsplit("|", 2)[1].strip().startswith("yes")
+    raise AssertionError(f"{path.name} is not in examples/README.md's table")
