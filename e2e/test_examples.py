@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
+from jobset_inplace import names
 from testbed.cluster import REAL_NODE_LABEL, LocalCluster
-from testbed.controller import gang_state, member_pods
+from testbed.controller import gang_state, member_pods, slot_holders
 from testbed.demo import started_trainer_log
 from testbed.install import Installation
 from testbed.kube import Clients, get_jobset, wait_for
@@ -52,6 +53,8 @@ class Example:
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
         [jobset] = [d for d in docs if d["kind"] == "JobSet"]
         self.name: str = jobset["metadata"]["name"]
+        self.spares = names.HOT_SPARES in jobset["metadata"].get("annotations", {})
+        self.members = sum(rj["replicas"] for rj in jobset["spec"]["replicatedJobs"])
         if local_cluster is not None:
             for rj in jobset["spec"]["replicatedJobs"]:
                 pod = rj["template"]["spec"]["template"]["spec"]
@@ -110,7 +113,10 @@ class Example:
         }
 
     def pods(self) -> dict[str, Any]:
-        """The member pods by job index (not a failed one: a pod a node refused is replaced)."""
+        """The member pods by job index (not a failed one: a pod a node refused is replaced);
+        with hot spares, the pods that hold the members' slots, by slot."""
+        if self.spares:
+            return slot_holders(self.kube, self.namespace, self.name, self.members)
         return member_pods(self.kube, self.namespace, self.name, include_failed=False)
 
     def pod_uids(self) -> dict[str, str]:
@@ -272,4 +278,26 @@ def test_the_jax_orbax_example_recovers_in_place_from_one_checkpoint(
     gang.kill_one_trainer()
     step = gang.recovered_in_place(before)
     assert step >= 10  # Orbax may still be finishing step-20 in the background
+    _trains_on_from(gang, step)
+
+
+@pytest.mark.usefixtures("pytorch_examples_image")
+@pytest.mark.timeout(IMAGE_AND_TEST_S)
+def test_the_hot_spares_example_recovers_in_place_from_one_checkpoint(
+    example: Callable[[Path], Example],
+) -> None:
+    """examples/pytorch-dcp-hot-spares.yaml: 4 members of 2 workers each and 2 spares on the 2
+    real nodes, ranks from the launcher; after one member's trainer processes are killed every
+    member resumes at the gang's step and trains on, in place (the spares stay spares)."""
+    gang = example(EXAMPLES / "pytorch-dcp-hot-spares.yaml")
+
+    def checkpointed() -> bool:
+        logs = gang.logs()
+        return len(logs) == gang.members and all("step 21 loss" in log for log in logs.values())
+
+    wait_for("every worker past step-20", checkpointed, 420)
+    before = gang.pod_uids()
+    gang.kill_one_trainer()
+    step = gang.recovered_in_place(before)
+    assert step >= 20
     _trains_on_from(gang, step)
