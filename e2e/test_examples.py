@@ -200,54 +200,52 @@ def test_the_trainer_contract_example_recovers_from_the_kill_script(
     )
 
 
-@pytest.mark.usefixtures("pytorch_examples_image")
+# (file, its image's fixture, what every member's log says once a checkpoint is complete, the
+# least step the gang can resume from then)
+FRAMEWORK_EXAMPLES = [
+    # the Trainer's own resume (get_last_checkpoint) on a shared output_dir
+    pytest.param(
+        "hf-trainer.yaml", "pytorch_examples_image", "step 20: checkpoint saved", 20, id="hf"
+    ),
+    # 4 DDP workers in 2 pods, DCP steps on a shared volume, the next torchrun pre-started
+    pytest.param("pytorch-dcp.yaml", "pytorch_examples_image", "step 21 loss", 20, id="dcp"),
+    # 4 members of 2 workers and 2 spares on the 2 nodes, ranks from the launcher (the spares
+    # stay spares: the recovery is in place)
+    pytest.param(
+        "pytorch-dcp-hot-spares.yaml", "pytorch_examples_image", "step 21 loss", 20, id="spares"
+    ),
+    # two JAX processes, Orbax steps on a shared volume (Orbax may still be finishing step 20
+    # in the background when step 21 is logged)
+    pytest.param("jax-orbax.yaml", "jax_examples_image", "step 21 loss", 10, id="jax"),
+]
+
+
 @pytest.mark.timeout(IMAGE_AND_TEST_S)
-def test_the_hugging_face_example_recovers_in_place_from_one_checkpoint(
+@pytest.mark.parametrize(("file", "image", "checkpointed", "least_step"), FRAMEWORK_EXAMPLES)
+def test_a_framework_example_recovers_in_place_from_one_checkpoint(
     example: Callable[[Path], Example],
+    request: pytest.FixtureRequest,
+    *,
+    file: str,
+    image: str,
+    checkpointed: str,
+    least_step: int,
 ) -> None:
-    """examples/hf-trainer.yaml: the Trainer's own resume (``get_last_checkpoint``) on a shared
-    output_dir; after one member's trainer is killed both resume at the gang's step and train
-    on, with no escalation."""
-    gang = example(EXAMPLES / "hf-trainer.yaml")
+    """A framework example, its image built into the real nodes: once every member is past a
+    checkpoint, one member's trainer processes are killed; every member resumes at the gang's
+    step and trains on, with no escalation."""
+    request.getfixturevalue(image)
+    gang = example(EXAMPLES / file)
 
-    def checkpointed() -> bool:
+    def past_a_checkpoint() -> bool:
         logs = gang.logs()
-        return len(logs) == 2 and all("step 20: checkpoint saved" in log for log in logs.values())
+        return len(logs) == gang.members and all(checkpointed in log for log in logs.values())
 
-    wait_for("both ranks past their second checkpoint", checkpointed, 300)
+    wait_for(f"every member's log saying {checkpointed!r}", past_a_checkpoint, 420)
     before = gang.pod_uids()
     gang.kill_one_trainer()
     step = gang.recovered_in_place(before)
-    assert step >= 20
-
-    _trains_on_from(gang, step)
-
-
-@pytest.mark.usefixtures("pytorch_examples_image")
-@pytest.mark.timeout(IMAGE_AND_TEST_S)
-def test_the_pytorch_dcp_example_recovers_in_place_from_one_checkpoint(
-    example: Callable[[Path], Example],
-) -> None:
-    """examples/pytorch-dcp.yaml: 4 DDP workers in 2 pods, DCP steps on a shared volume, the
-    next epoch's torchrun pre-started; after one member's trainer processes are killed every
-    worker resumes at the gang's step and trains on, with no escalation."""
-    gang = example(EXAMPLES / "pytorch-dcp.yaml")
-
-    def checkpointed() -> bool:
-        logs = gang.logs()
-        return len(logs) == 2 and all("step 21 loss" in log for log in logs.values())
-
-    wait_for("every worker past step-20", checkpointed, 300)
-    before = gang.pod_uids()
-    gang.kill_one_trainer()
-    step = gang.recovered_in_place(before)
-    assert step >= 20
-    _trains_on_from(gang, step)
-
-
-def _trains_on_from(gang: Example, step: int) -> None:
-    """Waits until every member pod's log says it resumed at ``step`` and then logged the next
-    step's loss."""
+    assert step >= least_step
 
     def trained_on() -> bool:
         for log in gang.logs().values():
@@ -257,47 +255,3 @@ def _trains_on_from(gang: Example, step: int) -> None:
         return True
 
     wait_for(f"every member resumed at step {step} and trained on", trained_on, 240)
-
-
-@pytest.mark.usefixtures("jax_examples_image")
-@pytest.mark.timeout(IMAGE_AND_TEST_S)
-def test_the_jax_orbax_example_recovers_in_place_from_one_checkpoint(
-    example: Callable[[Path], Example],
-) -> None:
-    """examples/jax-orbax.yaml: two JAX processes, Orbax steps on a shared volume; after one
-    member's trainer is killed both resume at the gang's step and train on, with no
-    escalation."""
-    gang = example(EXAMPLES / "jax-orbax.yaml")
-
-    def checkpointed() -> bool:
-        logs = gang.logs()
-        return len(logs) == 2 and all("step 21 loss" in log for log in logs.values())
-
-    wait_for("both processes past step 20", checkpointed, 300)
-    before = gang.pod_uids()
-    gang.kill_one_trainer()
-    step = gang.recovered_in_place(before)
-    assert step >= 10  # Orbax may still be finishing step-20 in the background
-    _trains_on_from(gang, step)
-
-
-@pytest.mark.usefixtures("pytorch_examples_image")
-@pytest.mark.timeout(IMAGE_AND_TEST_S)
-def test_the_hot_spares_example_recovers_in_place_from_one_checkpoint(
-    example: Callable[[Path], Example],
-) -> None:
-    """examples/pytorch-dcp-hot-spares.yaml: 4 members of 2 workers each and 2 spares on the 2
-    real nodes, ranks from the launcher; after one member's trainer processes are killed every
-    member resumes at the gang's step and trains on, in place (the spares stay spares)."""
-    gang = example(EXAMPLES / "pytorch-dcp-hot-spares.yaml")
-
-    def checkpointed() -> bool:
-        logs = gang.logs()
-        return len(logs) == gang.members and all("step 21 loss" in log for log in logs.values())
-
-    wait_for("every worker past step-20", checkpointed, 420)
-    before = gang.pod_uids()
-    gang.kill_one_trainer()
-    step = gang.recovered_in_place(before)
-    assert step >= 20
-    _trains_on_from(gang, step)
