@@ -518,12 +518,17 @@ def test_an_escalation_not_seen_on_any_pod_is_marked_again() -> None:
     assert [a for a in none_live.actions if isinstance(a, EscalatePod)] == []
     assert none_live.requeue_after == pytest.approx(ESCALATION_RECHECK_S)
     # seen on a pod of this JobSet attempt: nothing more to do; one of an earlier attempt's is not
-    seen = plan(
-        snapshot(pod_list=with_pod(pods(4, epoch=2), 2, escalated=True), status=escalated.status)
-    )
+    failed = with_pod(pods(4, epoch=2), 2, escalated=True, phase="Failed")
+    seen = plan(snapshot(pod_list=failed, status=escalated.status))
     assert (seen.actions, seen.requeue_after) == ([], None)
+    # the condition kept but the phase written back to Running (its kubelet's reconcile): the
+    # Job controller may never have counted it, so a live pod is marked again
+    reverted = with_pod(pods(4, epoch=2), 0, escalated=True)
+    redo = plan(snapshot(pod_list=reverted, status=escalated.status))
+    assert [a.pod for a in redo.actions if isinstance(a, EscalatePod)] == ["p0"]
+    assert redo.requeue_after == pytest.approx(ESCALATION_RECHECK_S)
     attempt_1 = [dataclasses.replace(p, restart_attempt=1) for p in pods(4, epoch=2)]
-    old = with_pod(attempt_1, 2, escalated=True, restart_attempt=0)
+    old = with_pod(attempt_1, 2, escalated=True, phase="Failed", restart_attempt=0)
     st_1 = dataclasses.replace(escalated.status, restart_attempt=1)
     later = plan(snapshot(pod_list=old, status=st_1, restart_attempt=1))
     assert [a.pod for a in later.actions if isinstance(a, EscalatePod)] == ["p0"]

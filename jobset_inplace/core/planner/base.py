@@ -196,13 +196,17 @@ class PlanningPass:
             self.p.actions.append(EscalatePod(live[0].name, live[0].uid, message))
 
     def hold_escalation(self) -> None:
-        """Escalated, JobSet not yet restarted: until a pod of this JobSet attempt carries the
-        escalation condition, mark one again. The status is written before the actions, so an
-        EscalatePod lost to a crash or an API error after that write, or impossible then (no
-        live pod), would otherwise leave the gang waiting for a JobSet restart that never
-        comes. Looked at again every :data:`ESCALATION_RECHECK_S` until it is seen."""
+        """Escalated, JobSet not yet restarted: until a pod of this JobSet attempt is Failed
+        with the escalation condition, mark one again. The status is written before the
+        actions, so an EscalatePod lost to a crash or an API error after that write, or
+        impossible then (no live pod), would otherwise leave the gang waiting for a JobSet
+        restart that never comes; and the pod's kubelet, whose own status of a running pod
+        says Running, writes that phase back over the Failed one (its periodic reconcile),
+        keeping the condition: a Job controller that has not synced meanwhile never counts the
+        failure. Looked at again every :data:`ESCALATION_RECHECK_S` until it is seen."""
         s = self.s
-        if any(p.escalated for p in s.pods if p.restart_attempt == s.gang.restart_attempt):
+        attempt = s.gang.restart_attempt
+        if any(p.escalated and p.phase == "Failed" for p in s.pods if p.restart_attempt == attempt):
             return
         self.escalate_through_a_pod()
         self.p.wake_at(s.now, s.now + ESCALATION_RECHECK_S)
