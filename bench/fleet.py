@@ -125,6 +125,61 @@ class EpochMarks:
     opened: dict[str, float] = field(default_factory=dict)  # pod -> its agent opened
 
 
+class MeasuredPool:
+    """The fleet's thread pool, with what it would take to show it is not a recovery's
+    bottleneck: how long each task waited for a worker (submit to start) and the most workers
+    busy at once. A task that never waits and a pool never full cannot have delayed a path."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        self.workers = workers
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix=name)
+        self._lock = threading.Lock()
+        self._busy = 0
+        self.waits: list[float] = []  # seconds, in start order
+        self.peak_busy = 0  # since the last ``mark``
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        queued = time.monotonic()
+
+        def run() -> None:
+            with self._lock:
+                self.waits.append(time.monotonic() - queued)
+                self._busy += 1
+                self.peak_busy = max(self.peak_busy, self._busy)
+            try:
+                fn(*args)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+
+        self._pool.submit(run)
+
+    def mark(self) -> int:
+        """Start a window: its peak counts from now; its waits are those after the index."""
+        with self._lock:
+            self.peak_busy = self._busy
+            return len(self.waits)
+
+    def since(self, mark: int) -> dict[str, Any]:
+        """The window's tasks, their wait for a worker (median, p99, largest, in seconds) and
+        the most workers busy at once, of how many."""
+        with self._lock:
+            waits = sorted(self.waits[mark:])
+            peak = self.peak_busy
+        n = len(waits)
+        return {
+            "tasks": n,
+            "wait_p50_s": round(waits[n // 2], 6) if n else None,
+            "wait_p99_s": round(waits[min(n - 1, int(0.99 * n))], 6) if n else None,
+            "wait_max_s": round(waits[-1], 6) if n else None,
+            "peak_busy": peak,
+            "workers": self.workers,
+        }
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
 def epoch_steps(steps: tuple[int, ...], epoch: int) -> tuple[int, ...]:
     """The checkpoints the simulated trainers hold when they report for ``epoch``: ``steps``
     (newest first) moved on by the interval between the two newest once per epoch."""
@@ -171,7 +226,7 @@ class Fleet:
         self.steps = tuple(sorted(set(steps), reverse=True))  # newest first, as reported
         self._api = threading.local()
         self._server, self._token_file, self._ca_file = server, token_file, ca_file
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="fleet")
+        self._pool = MeasuredPool(workers, "fleet")
         self._lock = threading.RLock()
         self._halt = threading.Event()
         self.agents: dict[str, SimAgent] = {}  # pod name -> agent
@@ -208,7 +263,7 @@ class Fleet:
         self._halt.set()
         with self._timer_wake:
             self._timer_wake.notify()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
         self._heartbeats.close()
 
     def heartbeats(self) -> Counts:
@@ -230,6 +285,15 @@ class Fleet:
                     self._pool.submit(fn)
                 wait = self._timers[0][0] - now if self._timers else None
                 self._timer_wake.wait(wait)
+
+    def pool_mark(self) -> int:
+        """Start counting the pool's waits and peak (see :meth:`pool_since`)."""
+        return self._pool.mark()
+
+    def pool_since(self, mark: int) -> dict[str, Any]:
+        """The simulated agents' and kubelets' pool since ``mark``: tasks, their waits for a
+        worker, the most workers busy at once."""
+        return self._pool.since(mark)
 
     @property
     def restarts_on_path(self) -> int:

@@ -125,6 +125,9 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
                 interval = running_interval(r, path)
                 if interval is not None:
                     row[f"ratio_{path}_over_hybrid_running_interval"] = interval
+        pools = {path: fleet_pool(r.get(path, empty)) for path in IN_PLACE}
+        if any(pools.values()):
+            row["fleet_pool"] = {path: v for path, v in pools.items() if v}
         deaths = node_deaths(r)
         if deaths:
             row["node_death"] = deaths
@@ -133,6 +136,27 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     if agent:
         out["agent_start"] = stats(agent["samples_s"])
     return out
+
+
+def fleet_pool(runs: dict[str, Any]) -> dict[str, Any] | None:
+    """Over a path's failures (worker failures and node deaths) at one size: the most of the
+    simulated agents' pool busy at once and the longest any task waited for a worker (None:
+    a run before the pool was measured)."""
+    pools = [
+        m["fleet_pool"]
+        for kind in ("worker_failure", "node_death")
+        for m in runs.get(kind, [])
+        if "fleet_pool" in m
+    ]
+    if not pools:
+        return None
+    return {
+        "failures": len(pools),
+        "workers": max(p["workers"] for p in pools),
+        "peak_busy": max(p["peak_busy"] for p in pools),
+        "wait_max_s": max(p["wait_max_s"] or 0.0 for p in pools),
+        "wait_p99_max_s": max(p["wait_p99_s"] or 0.0 for p in pools),
+    }
 
 
 def running_interval(r: dict[str, Any], path: str) -> dict[str, Any] | None:
@@ -549,9 +573,28 @@ def markdown(results: dict[str, Any]) -> str:
             *worker_failure_tables(summ),
             *scale_curve(results, summ),
             *node_death_table(summ),
+            *pool_lines(summ),
             *detail_tables(summ),
         ]
     )
+
+
+def pool_lines(summ: dict[str, Any]) -> list[str]:
+    """Whether the simulated agents' and kubelets' thread pool could have held a path back:
+    per size and path, the most workers busy at once and the longest wait for one."""
+    out = []
+    for size in _sizes(summ):
+        pools = summ[size].get("fleet_pool")
+        if not pools:
+            continue
+        each = "; ".join(
+            f"{path} ({p['failures']} failures): at most {p['peak_busy']} of {p['workers']} "
+            f"busy at once, the longest wait for a worker {p['wait_max_s'] * 1000:.1f} ms "
+            f"(p99 of a failure's tasks at most {p['wait_p99_max_s'] * 1000:.1f} ms)"
+            for path, p in pools.items()
+        )
+        out += ["", f"The simulated agents' and kubelets' thread pool, {size} pods: {each}."]
+    return out
 
 
 def _sizes(summ: dict[str, Any]) -> list[str]:

@@ -570,6 +570,7 @@ class Bench:
         victim = random.choice(sorted(fleet.agents))
         m: dict[str, Any] = {"rep": rep, "victim": victim}
         before, reports_before = fleet.requests, fleet.channel_reports
+        pool = fleet.pool_mark()
         spies: dict[str, PySpyProfile] = {}
         leader = None
         if leader_sampled:  # the failure to every member past the barrier, and no more
@@ -600,6 +601,7 @@ class Bench:
             m[f"{who}_profile"] = spy.result(self.profile_s + 60)
         m["fleet_requests"] = fleet.requests - before
         m["fleet_channel_reports"] = fleet.channel_reports - reports_before
+        m["fleet_pool"] = fleet.pool_since(pool)
         peak = m.get("controller_peak_rss_mib")
         rss = f", peak RSS {peak:.0f} MiB" if peak is not None else ""
         log(
@@ -609,7 +611,8 @@ class Bench:
             f"barrier {m['barrier_s']:.2f}), all running {m['all_running_s']:.2f}s; "
             f"recovering controller {m['controller_cpu_s']:.1f} CPU-s"
             f"{rss}; agents: "
-            f"{m['fleet_requests']} API requests, {m['fleet_channel_reports']} channel reports"
+            f"{m['fleet_requests']} API requests, {m['fleet_channel_reports']} channel reports; "
+            f"{_pool_text(m['fleet_pool'])}"
         )
         time.sleep(2)  # let the last events settle before the next repetition
         return m
@@ -626,7 +629,7 @@ class Bench:
         node = self.kube.core.read_namespaced_pod(victim, self.namespace).spec.node_name
         m: dict[str, Any] = {"victim": victim, "node": node, **_death_fields(death)}
         place = fleet.place(victim)
-        beats = fleet.heartbeats()
+        beats, pool = fleet.heartbeats(), fleet.pool_mark()
         wanted = self.spares(path)
         # With hot spares the node stays dead until they stand by again: its replacement
         # (made within seconds of the swap, before the node is marked not ready) may be
@@ -666,6 +669,7 @@ class Bench:
             after = fleet.heartbeats()  # did the simulated agents keep beating on time?
             m["heartbeats_late"] = after.late - beats.late
             m["heartbeat_errors"] = after.errors - beats.errors
+            m["fleet_pool"] = fleet.pool_since(pool)
             if place is not None:  # hot spares: the dead member's slot went to a spare?
                 slot, position = place
                 slots = gang_state(self.kube, self.namespace, name).get("slots") or {}
@@ -862,6 +866,13 @@ def _stock_attempt(pods: GangPods) -> str:
             f"the stock gang's pods are of restart attempts {sorted(map(str, attempts))}"
         )
     return attempts.pop() or "0"
+
+
+def _pool_text(pool: dict[str, Any]) -> str:
+    """``pool: 2001 tasks, peak 7/32 busy, wait p99 0.4 ms``"""
+    p99 = pool["wait_p99_s"]
+    wait = "" if p99 is None else f", wait p99 {p99 * 1000:.1f} ms"
+    return f"pool: {pool['tasks']} tasks, peak {pool['peak_busy']}/{pool['workers']} busy{wait}"
 
 
 def _death_fields(death: NodeDeath) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -14,7 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from bench import __main__ as bench_main
 from bench import leader_cost, profile, report, scenarios, upstream
-from bench.fleet import epoch_steps
+from bench.fleet import MeasuredPool, epoch_steps
 from bench.podwatch import GangPods, Goal
 from bench.upstream_fleet import Attempts
 from jobset_inplace import names
@@ -422,3 +423,39 @@ def test_where_the_leaders_sampled_cpu_goes(tmp_path: Any) -> None:
         " 20.0% other",
         "(10 samples of CPU in 1 files)",
     ]
+
+
+def test_the_fleets_pool_says_how_long_its_tasks_waited_and_how_full_it_got() -> None:
+    pool = MeasuredPool(2, "t")
+    gate, started = threading.Event(), threading.Semaphore(0)
+
+    def hold() -> None:
+        started.release()
+        gate.wait(10)
+
+    try:
+        pool.submit(lambda: None)
+        deadline = time.monotonic() + 10
+        while len(pool.waits) < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        mark = pool.mark()
+        for _ in range(3):  # two run at once; the third waits for a worker
+            pool.submit(hold)
+        assert started.acquire(timeout=10)
+        assert started.acquire(timeout=10)
+        time.sleep(0.2)
+        gate.set()
+        assert started.acquire(timeout=10)
+        w = pool.since(mark)
+        assert (w["tasks"], w["peak_busy"], w["workers"]) == (3, 2, 2)
+        assert w["wait_max_s"] >= 0.2 > w["wait_p50_s"], w
+    finally:
+        pool.shutdown()
+    doc = {"sizes": {"100": {"hybrid": {"worker_failure": [
+        {"all_running_s": 1.0, "fleet_pool": w},
+        {"all_running_s": 1.0},  # a run before the pool was measured
+    ], "node_death": []}}}}  # fmt: skip
+    (line,) = [x for x in report.pool_lines(report.summarize(doc)) if x]
+    assert line.startswith("The simulated agents' and kubelets' thread pool, 100 pods: hybrid")
+    assert "(1 failures): at most 2 of 2 busy at once, the longest wait for a worker " in line
+    assert float(line.split("wait for a worker ")[1].split(" ms")[0]) >= 200
