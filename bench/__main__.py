@@ -42,8 +42,10 @@ from .scenarios import (
     PATHS,
     Bench,
     ProcessMeter,
+    jsi_settings,
     log,
     node_unhealthy_after,
+    within_default_budgets,
 )
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "bench"
@@ -68,6 +70,17 @@ def _sizes(raw: str) -> list[int]:
 def share(total: int, rounds: int, rnd: int) -> int:
     """Round ``rnd``'s share of ``total`` repetitions (the first rounds take the remainder)."""
     return total // rounds + (1 if rnd < total % rounds else 0)
+
+
+def gang_over_default_budgets(args: argparse.Namespace) -> str | None:
+    """Why one of the run's jobset-inplace gangs would see more failures than the default
+    budgets allow (None: none would). A gang lives one round: its share of the repetitions,
+    the profiled and the leader-sampled ones, then (last round) its node deaths, each an
+    in-place recovery of the gang and a pod recreated."""
+    deaths = max((len(NODE_DEATHS[p]) for p in args.paths if p in JSI_PATHS), default=0)
+    deaths *= bool(args.node_death_sizes)
+    extra = int(args.apiserver_profile > 0) + args.leader_profile_reps
+    return within_default_budgets(share(args.reps, args.rounds, 0) + extra + deaths, deaths)
 
 
 def merge_block(row: dict[str, Any], path: str, block: dict[str, Any], rnd: int) -> None:
@@ -208,6 +221,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "part (the simulated fleet, apiserver, etcd, kwok, JobSet, ...) to the others, at each "
         "measured window, so the leader's figures do not depend on the fleet's (default: none)",
     )
+    p.add_argument(
+        "--defaults",
+        action="store_true",
+        help="jobset-inplace's gangs with the product's defaults (only the restart scope set "
+        "where --scope is not the default); refused where a gang would see more failures than "
+        "the default budgets allow (without it: budgets at their maximum and a 20m barrier "
+        "timeout, so that every repetition is one in-place recovery; the results say which)",
+    )
     p.add_argument("--skip-agent-start", action="store_true", help="skip the real-node part")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
     p.add_argument("--label", default="", help="a name for this run in the results")
@@ -228,6 +249,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--apiserver-profile-paths must be some of {','.join(PATHS)}")
     if not args.paths or not args.paths <= set(PATHS):
         p.error(f"--paths must be some of {','.join(PATHS)}, got {','.join(sorted(args.paths))}")
+    if args.defaults and (why := gang_over_default_budgets(args)):
+        p.error(f"--defaults: {why}; use fewer --reps or more --rounds")
     cpus = sorted(os.sched_getaffinity(0))
     if args.leader_core is not None and (args.leader_core not in cpus or len(cpus) < 2):
         p.error(
@@ -447,7 +470,15 @@ def main(argv: list[str] | None = None) -> int:
             "restart_delay_s": args.restart_delay,
             "pods_per_job": args.pods_per_job,
             "kwok_nodes": "gang size + 8 (scaled before each size)",
-            "node_unhealthy_after": {str(s): node_unhealthy_after(s) for s in args.sizes},
+            "node_unhealthy_after": {
+                str(s): node_unhealthy_after(s, args.defaults) for s in args.sizes
+            },
+            # what jobset-inplace's gangs carried besides their opt-in where it is not the
+            # default, per size ({}: the defaults)
+            "defaults": args.defaults,
+            "jsi_annotations": {
+                str(s): jsi_settings(s, args.scope, args.defaults) for s in args.sizes
+            },
             "stock_cap_s": args.stock_cap,
             "node_cap_s": args.node_cap,
             "reps": args.reps,
@@ -478,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
             profile_dir=args.out,
             kubelet_writes=not args.protocol_only,
             scope=args.scope,
+            defaults=args.defaults,
             channel=args.agent_reports == "channel",
             idle_s=args.idle,
             leader_profile_reps=args.leader_profile_reps,

@@ -27,7 +27,13 @@ from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
 from jobset_inplace.controller.metrics import PREFIX as METRICS_PREFIX
 from jobset_inplace.core.decode import member_key
-from jobset_inplace.core.policy import INPLACE_BUDGET_RANGE, RECREATE_BUDGET_RANGE
+from jobset_inplace.core.policy import (
+    INPLACE_BUDGET_RANGE,
+    RECREATE_BUDGET_RANGE,
+    Policy,
+    format_duration,
+    parse_duration,
+)
 from jobset_inplace.core.transform import AgentSettings, transform
 from jobset_inplace.times import format_time
 from testbed import workloads
@@ -74,14 +80,62 @@ NODE_DEATHS = {
 }
 
 
-def node_unhealthy_after(size: int) -> str:
+def node_unhealthy_after(size: int, defaults: bool = False) -> str:
     """The gang's node-unhealthy-after. kwok's simulated heartbeats for 5000 nodes on 2 cores
     run late: while a 5000-pod gang was being created, node Leases went more than 70 s
     unrenewed (confirmed by fresh reads), which any Lease reader rightly calls dead nodes (the
     gang escalated after 5 replacements, with 15 s and with 60 s). Real kubelets renew on their
     own machines. So gangs above 2000 pods measure the worker-failure path only, with node
-    detection out of the way; the node-death scenario runs at 1000 pods with the default."""
-    return "15s" if size <= 2000 else "1h"
+    detection out of the way; the node-death scenario runs at 1000 pods with the default.
+    ``defaults``: the default at every size."""
+    default = format_duration(Policy().node_unhealthy_after_s)
+    return default if size <= 2000 or defaults else "1h"
+
+
+def jsi_settings(size: int, scope: str, defaults: bool = False) -> dict[str, str]:
+    """The annotations of the bench's jobset-inplace gangs of ``size`` pods besides its opt-in
+    (and hot spares), each where it differs from the product's default, and why. With
+    ``defaults`` only the restart scope (where not the default): then a gang must see no more
+    failures than the default budgets allow (:func:`within_default_budgets`)."""
+    out: dict[str, str] = {}
+    if scope != names.DEFAULT_RESTART_SCOPE:
+        out[names.RESTART_SCOPE] = scope  # the scope the simulated fleet models (bench/fleet.py)
+    if defaults:
+        return out
+    return out | {
+        # A barrier deadline for thousands of members on 2 shared cores (the default 5m
+        # would recreate laggards of a slow-but-progressing recovery).
+        names.BARRIER_TIMEOUT: "20m",
+        # Every repetition one in-place recovery: the default budget (10) would escalate
+        # the 11th to a restart of the whole gang (seen: 70 s at 500 pods, 146 s at 1000)
+        names.INPLACE_BUDGET: str(MAX_BUDGET),
+        # and every node death recreates a pod (a spare's swap too): the default (5)
+        # would restart the whole JobSet at the 6th (seen: bench.spares, 2026-11-29)
+        names.RECREATE_BUDGET: str(MAX_RECREATE),
+        **(
+            {}
+            if parse_duration(names.NODE_UNHEALTHY_AFTER, node_unhealthy_after(size))
+            == Policy().node_unhealthy_after_s
+            else {names.NODE_UNHEALTHY_AFTER: node_unhealthy_after(size)}
+        ),
+    }
+
+
+def within_default_budgets(failures: int, recreations: int) -> str | None:
+    """Why a gang with the defaults cannot take ``failures`` in-place recoveries and
+    ``recreations`` pod recreations as the bench counts them (None: it can)."""
+    policy = Policy()
+    if failures > policy.inplace_budget:
+        return (
+            f"{failures} in-place recoveries of one gang, more than the default inplace-budget "
+            f"({policy.inplace_budget}): the next would escalate"
+        )
+    if recreations > policy.recreate_budget:
+        return (
+            f"{recreations} pod recreations in one gang, more than the default recreate-budget "
+            f"({policy.recreate_budget})"
+        )
+    return None
 
 
 def log(msg: str) -> None:
@@ -301,6 +355,7 @@ class Bench:
     profile_dir: Path = Path()
     kubelet_writes: bool = True  # False: the simulated kubelet writes the failed pod only
     scope: str = "process"  # the hybrid gangs' restart scope (what the fleet simulates)
+    defaults: bool = False  # jobset-inplace's gangs with its defaults (see jsi_settings)
     channel: bool = True  # the hybrid fleet's agents report over the leader's channel
     hot_spares: int = 2  # the spares path's jobset-inplace.dev/hot-spares
     idle_s: float = 0.0  # an idle window of each in-place gang after it settled (0: none)
@@ -326,20 +381,9 @@ class Bench:
         js = workloads.jobset(
             name,
             [("workers", size // per_job, per_job)],
-            # A barrier deadline for thousands of members on 2 shared cores (the default 5m
-            # would recreate laggards of a slow-but-progressing recovery).
             annotations={
                 names.ENABLED: "true",
-                names.BARRIER_TIMEOUT: "20m",
-                # Every repetition one in-place recovery: the default budget (10) would escalate
-                # the 11th to a restart of the whole gang (seen: 70 s at 500 pods, 146 s at 1000)
-                names.INPLACE_BUDGET: str(MAX_BUDGET),
-                # and every node death recreates a pod (a spare's swap too): the default (5)
-                # would restart the whole JobSet at the 6th (seen: bench.spares, 2026-11-29)
-                names.RECREATE_BUDGET: str(MAX_RECREATE),
-                names.NODE_UNHEALTHY_AFTER: node_unhealthy_after(size),
-                # The scope the simulated fleet models (bench/fleet.py).
-                names.RESTART_SCOPE: self.scope,
+                **jsi_settings(size, self.scope, self.defaults),
                 **spares,
             }
             if path in JSI_PATHS

@@ -459,3 +459,28 @@ def test_the_fleets_pool_says_how_long_its_tasks_waited_and_how_full_it_got() ->
     assert line.startswith("The simulated agents' and kubelets' thread pool, 100 pods: hybrid")
     assert "(1 failures): at most 2 of 2 busy at once, the longest wait for a worker " in line
     assert float(line.split("wait for a worker ")[1].split(" ms")[0]) >= 200
+
+
+def test_a_defaults_run_sets_only_the_scope_and_refuses_more_failures_than_the_budgets() -> None:
+    assert scenarios.jsi_settings(1000, "process", defaults=True) == {}
+    assert scenarios.jsi_settings(5000, "pod", defaults=True) == {names.RESTART_SCOPE: "pod"}
+    tuned = scenarios.jsi_settings(5000, "process")
+    assert tuned[names.INPLACE_BUDGET] == "10000"
+    assert tuned[names.NODE_UNHEALTHY_AFTER] == "1h"
+    assert names.NODE_UNHEALTHY_AFTER not in scenarios.jsi_settings(1000, "process")
+    assert scenarios.node_unhealthy_after(5000, defaults=True) == "15s"
+
+    def args(*argv: str) -> Any:
+        return bench_main.parse_args(["--sizes", "1000", "--defaults", *argv])
+
+    # 3 reps a round + the apiserver's profiled one + 2 node deaths: 6 of 10, 2 of 5
+    ok = args("--reps", "6", "--rounds", "2", "--node-death-sizes", "1000")
+    assert bench_main.gang_over_default_budgets(ok) is None
+    ok.rounds = 1  # 6 + 1 + 2 deaths: still within
+    assert bench_main.gang_over_default_budgets(ok) is None
+    ok.reps = 9
+    why = bench_main.gang_over_default_budgets(ok)
+    assert why is not None
+    assert why.startswith("12 in-place recoveries of one gang, more than the default")
+    with pytest.raises(SystemExit):
+        args("--reps", "9", "--rounds", "1", "--node-death-sizes", "1000")
