@@ -54,6 +54,7 @@ SOAK_CHECKED = ROOT / "docs" / "bench" / "soak-checked-60min-2026-12-04.json"
 SOAK_SPARES = ROOT / "docs" / "bench" / "soak-spares-8min-2026-12-04.json"
 SOAK_SPARES_20 = ROOT / "docs" / "bench" / "soak-spares-20min-2026-12-04.json"
 CRASHES = crash_matrix.OUT
+CRASH_EARLY = ROOT / "docs" / "bench" / "crash-early-2026-12-05.json"
 CHANNEL_ATTACKS = ROOT / "docs" / "bench" / "channel-attacks.json"
 CHANNEL_GRPC = ROOT / "docs" / "bench" / "channel-attacks-grpc.json"
 CHANNEL_FALLBACK = ROOT / "docs" / "bench" / "channel-fallback.json"
@@ -118,8 +119,25 @@ def kwok_origin(doc: dict[str, Any], path: Path) -> str:
         f"{v['kubernetes']}, JobSet {v['jobset']}, kwok {v['kwok']}, {m['cpus']} cores (steal "
         f"{m.get('steal_pct', '?')} %, {doc.get('duration_s', 0) / 60:.0f} min); "
         f"`{doc['command']}`; "
-        f"every repetition in {_link(path)}."
+        f"every repetition in {_link(path)}.{jsi_settings_text(doc)}"
     )
+
+
+def jsi_settings_text(doc: dict[str, Any]) -> str:
+    """What a kwok run's jobset-inplace gangs carried where it is not the default (from
+    results that record it; older ones say nothing)."""
+    per_size = doc.get("settings", {}).get("jsi_annotations")
+    if per_size is None:
+        return ""
+    seen = {
+        size: ", ".join(f"`{k.rpartition('/')[2]}: {v}`" for k, v in a.items()) or "none"
+        for size, a in per_size.items()
+    }
+    if len(set(seen.values())) == 1:
+        (text,) = set(seen.values())
+        return f" jobset-inplace's settings other than its defaults: {text}."
+    each = "; ".join(f"{size} pods: {text}" for size, text in seen.items())
+    return f" jobset-inplace's settings other than its defaults: {each}."
 
 
 def kwok_scale(doc: dict[str, Any]) -> str:
@@ -137,6 +155,7 @@ def kwok_paths(doc: dict[str, Any]) -> str:
             "",
             *report.worker_failure_tables(summ),
             *report.node_death_table(summ),
+            *report.pool_lines(summ),
         ]
     )
 
@@ -168,6 +187,15 @@ def kwok_headline(doc: dict[str, Any], deaths_doc: dict[str, Any] | None = None)
     stock = row["stock_worker_failure"]["all_running_s"]
     if not (med["hybrid"] and med["upstream"] and stock):
         raise PagesError(f"{_shown(PATHS)}: the headline needs all three paths' worker failures")
+    runs = doc["sizes"][size]
+
+    def running(path: str) -> str:
+        values = [float(m["all_running_s"]) for m in runs[path]["worker_failure"]]
+        if len(values) < 2:
+            return f"{statistics.median(values):.1f} s (n = {len(values)})"
+        lo, hi = median_interval(values)
+        return f"{statistics.median(values):.1f} s ({lo:.1f}-{hi:.1f})"
+
     first = _deaths(doc)
     second = _deaths(deaths_doc) if deaths_doc else {}
     again = {p for p, _ in second}
@@ -182,12 +210,12 @@ def kwok_headline(doc: dict[str, Any], deaths_doc: dict[str, Any] | None = None)
         f"process; one run with the paths interleaved, {doc['started'][:10]} at "
         f"`{doc['commit']}`; [docs/benchmarks.md](docs/benchmarks.md#every-path-at-1000-pods-"
         "interleaved)), one worker fails and every member runs again in "
-        f"**{med['hybrid']['median']:.1f} s** with jobset-inplace restarting whole pods, "
-        f"{med['upstream']['median']:.1f} s with JobSet's InPlaceRestart "
+        f"**{running('hybrid')}** with jobset-inplace restarting whole pods, "
+        f"{running('upstream')} with JobSet's InPlaceRestart "
         f"({row['ratio_upstream_over_hybrid_running']}x"
-        f"{report.interval_text(row, 'upstream')}) and {stock['median']:.1f} s with stock "
+        f"{report.interval_text(row, 'upstream')}) and {running('stock')} with stock "
         f"JobSet ({row['ratio_stock_over_hybrid_running']}x{report.interval_text(row, 'stock')}),"
-        " medians."
+        " medians with their 95 % intervals."
         + _node_death_sentence(
             {**{k: v for k, v in first.items() if k[0] not in again}, **second},
             second_run,
@@ -264,7 +292,9 @@ def _node_death_sentence(
     untainted = [p for p in ("upstream", "stock") if (p, "none") in deaths]
     if untainted:
         parts.append(f"; without that taint {' and '.join(outcome(p, 'none') for p in untainted)}")
-    return "".join(parts) + "." if parts else ""
+    if not parts:
+        return ""
+    return "".join(parts) + ". Each node death is one sample (n = 1): no interval, not a verdict."
 
 
 SOAK_KINDS = {  # bench.soak's failure kinds, in its order, as the page names them
@@ -471,6 +501,12 @@ def _times_within(runs: dict[str, list[float]], theirs: str, ours: str) -> str:
     return f"{r.ratio:.2f}x, 95 % interval {r.low:.2f}-{r.high:.2f}"
 
 
+def _median_of(values: list[float]) -> str:
+    """A median with its 95 % bootstrap interval: ``0.17 s (95 % interval 0.15-0.19)``."""
+    lo, hi = median_interval(values)
+    return f"{_seconds(statistics.median(values))} (95 % interval {lo:.2f}-{hi:.2f})"
+
+
 def realnode_headline(doc: dict[str, Any]) -> str:
     """README's like-for-like sentence: each jobset-inplace scope against the peers that
     restart the same thing, ratios of that one run's medians."""
@@ -492,13 +528,16 @@ def realnode_headline(doc: dict[str, Any]) -> str:
         "| jobset-inplace's restart scope | jobset-inplace | JobSet InPlaceRestart, its fastest "
         "variant here "
         "| stock JobSet, grace 0 |\n|---|---|---|---|\n"
-        f"| `restart-scope: pod` (whole pods) | {_seconds(med['jsi-pod'])} "
-        f"| {_seconds(med[upstream])} (`{upstream}`: {_times_within(runs, upstream, 'jsi-pod')}) "
-        f"| {_seconds(med['stock-grace0'])} ({_times_within(runs, 'stock-grace0', 'jsi-pod')}) |\n"
-        f"| the default: only the trainer processes | **{_seconds(med['jsi-process'])}** "
+        f"| `restart-scope: pod` (whole pods) | {_median_of(runs['jsi-pod'])} "
+        f"| {_median_of(runs[upstream])}; `{upstream}`: "
+        f"{_times_within(runs, upstream, 'jsi-pod')} "
+        f"| {_median_of(runs['stock-grace0'])}; "
+        f"{_times_within(runs, 'stock-grace0', 'jsi-pod')} |\n"
+        f"| the default: only the trainer processes | **{_median_of(runs['jsi-process'])}** "
         "| no such mode | no such mode |\n\n"
-        "(In parentheses: that path's time as a multiple of jobset-inplace's in the same row; "
-        "upstream's main-container mode restarts one container, not the whole pod.) "
+        "(Each median with its 95 % bootstrap interval; after it, that path's time as a "
+        "multiple of jobset-inplace's in the same row; upstream's main-container mode restarts "
+        "one container, not the whole pod.) "
         f"Every member resumed at one checkpoint step in {_consistent(s, 'jsi-')} of "
         f"jobset-inplace's runs and {_consistent(s, 'upstream-', 'stock')} of the others' (the "
         "demo trainer checkpoints per member: without a coordinator each resumes from its own "
@@ -554,14 +593,14 @@ def realnode_torch_headline(doc: dict[str, Any]) -> str:
         f"{doc['summary']['jsi-pod']['reps']}, one run, "
         f"{doc['when'][:10]} at `{doc['commit']}`; [docs/benchmarks.md](docs/benchmarks.md"
         "#a-real-pytorch-trainer-crash---every-ranks-first-productive-step)), from a crashed "
-        f"rank to every rank's first productive step: **{_seconds(first['jsi-prestart'])}** "
+        f"rank to every rank's first productive step: **{_median_of(runs['jsi-prestart'])}** "
         "with jobset-inplace restarting the trainer processes with the next ones pre-started "
-        f"(`prestart-imports`), {_seconds(first['jsi-process'])} restarting them cold, "
-        f"{_seconds(first['jsi-pod'])} restarting whole pods; JobSet's InPlaceRestart "
-        f"{_seconds(first[upstream])} (`{upstream}`, its fastest variant here: "
+        f"(`prestart-imports`), {_median_of(runs['jsi-process'])} restarting them cold, "
+        f"{_median_of(runs['jsi-pod'])} restarting whole pods; JobSet's InPlaceRestart "
+        f"{_median_of(runs[upstream])} (`{upstream}`, its fastest variant here: "
         f"{_times_within(runs, upstream, 'jsi-prestart')}, of the pre-started scope; "
         f"{_times_within(runs, upstream, 'jsi-pod')}, of the pod scope), stock JobSet at "
-        f"grace 0 {_seconds(first['stock-grace0'])} "
+        f"grace 0 {_median_of(runs['stock-grace0'])} "
         f"({_times_within(runs, 'stock-grace0', 'jsi-pod')}, of the pod scope). Every rank "
         f"resumed at one checkpoint step on {len(consistent)} of {len(doc['summary'])} paths "
         "(every path resumes from one shared DCP directory; upstream's main-container mode "
@@ -733,15 +772,60 @@ def crash_matrix_table(doc: dict[str, Any]) -> str:
         f" **{r['scope']}/{r['crash']} failed**: {'; '.join(r['problems'])}." for r in failed
     )
     reps = sorted({v["reps"] for v in doc["summary"].values()})
+    spread = (
+        f" Each cell: the median, the range of the repetitions where they differ (the range of "
+        f"{reps[0]} holds the true median with probability "
+        f"{crash_matrix.range_coverage(reps[0]):.0%}: no 95 % interval is claimed), "
+        f"passed/repetitions."
+        if reps[0] > 1
+        else " One repetition per case: each time is context, not a figure with an interval."
+    )
     return "\n".join(
         [
             f"{origin(doc, CRASHES)} Repetitions per case: {'/'.join(map(str, reps))}; "
             f"{len(doc['results']) - len(failed)} of {len(doc['results'])} recoveries passed."
-            f"{why}",
+            f"{why}{spread}",
             "",
             crash_matrix.table(doc["summary"]),
         ]
     )
+
+
+def crash_early_text(doc: dict[str, Any]) -> str:
+    """A pre-started gang's worker SIGKILLed early in its epoch (no standby held yet) against
+    the same crash late (its standby held), alternated in one run."""
+    firsts: dict[str, list[float]] = {"worker-sigkill-early": [], "worker-sigkill": []}
+    held: dict[str, list[int]] = {k: [] for k in firsts}
+    for r in doc["results"]:
+        if r["scope"] == "prestart" and r["crash"] in firsts and r["passed"]:
+            firsts[r["crash"]].append(r["first_step"])
+            held[r["crash"]].append(r["standbys_held"])
+    early, late = firsts["worker-sigkill-early"], firsts["worker-sigkill"]
+    failed = [r for r in doc["results"] if not r["passed"]]
+    why = "".join(f" **{r['crash']} failed**: {'; '.join(r['problems'])}." for r in failed)
+    if len(early) < 2 or len(late) < 2:
+        verdict = "Too few passing repetitions for a ratio."
+    else:
+        ratio = ratio_of_medians(early, late)
+        verdict = f"Early / late: **{ratio.text()}**" + (
+            ": the early crash is slower."
+            if ratio.low > 1
+            else ": not told apart from the late one at this n."
+        )
+    med = {k: statistics.median(v) if v else None for k, v in firsts.items()}
+    return (
+        f"{origin(doc, CRASH_EARLY)} {len(doc['results']) - len(failed)} of "
+        f"{len(doc['results'])} recoveries passed.{why} Every rank's first productive step after "
+        f"the crash, medians: **early {_s(med['worker-sigkill-early'])}** "
+        f"({len(early)} crashes, standbys held at the crash: "
+        f"{'/'.join(map(str, held['worker-sigkill-early']))} of 2 members), "
+        f"**late {_s(med['worker-sigkill'])}** ({len(late)} crashes, standbys held: "
+        f"{'/'.join(map(str, held['worker-sigkill']))} of 2). {verdict}"
+    )
+
+
+def _s(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.2f} s"
 
 
 def keep_step_table(doc: dict[str, Any]) -> str:

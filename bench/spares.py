@@ -274,8 +274,8 @@ def headline(doc: dict[str, Any], link: str) -> str:
     text = (
         f"With {settings['hot_spares']} hot spares (`jobset-inplace.dev/hot-spares`), a "
         f"member's node dies and a gang of {settings['size']} simulated members (kwok) trains "
-        f"again in **{row['p50_s']:.1f} s** (median of {row['recovered']} deaths; the slowest "
-        f"{row['p99_s']:.1f} s)"
+        f"again in **{row['p50_s']:.1f} s** (median of {row['recovered']} deaths, 95 % "
+        f"interval {_interval(row)}; the slowest {row['p99_s']:.1f} s)"
     )
     others = []
     for path, what in (
@@ -285,8 +285,9 @@ def headline(doc: dict[str, Any], link: str) -> str:
         other, r = s.get(path), s.get(f"ratio_{path}_over_spares")
         if other and "p50_s" in other and r:
             others.append(
-                f"{other['p50_s']:.1f} s {what} ({r['ratio']:.1f}x, 95 % interval "
-                f"{r['low']:.1f}-{r['high']:.1f}, n = {r['n_a']})"
+                f"{other['p50_s']:.1f} s {what} (median of {other['recovered']}, 95 % interval "
+                f"{_interval(other)}; {r['ratio']:.1f}x, 95 % interval "
+                f"{r['low']:.1f}-{r['high']:.1f}, n = {r['n_a']}, {r['n_b']})"
             )
     if others:
         text += ", against " + " and ".join(others)
@@ -294,6 +295,12 @@ def headline(doc: dict[str, Any], link: str) -> str:
         f"{text}; one run, {doc['started'][:10]} at `{doc['commit']}` "
         f"([docs/benchmarks.md]({link}))."
     )
+
+
+def _interval(row: dict[str, Any]) -> str:
+    """A path's p50 interval as the summary stored it (``-`` where it has none)."""
+    iv = row.get("p50_interval_s")
+    return f"{iv[0]:.1f}-{iv[1]:.1f} s" if iv else "-"
 
 
 def write(out: Path, results: dict[str, Any]) -> Path:

@@ -6,11 +6,13 @@ The gang is the PyTorch one (:mod:`testbed.torchgang`: ``torchrun`` with 2 worke
 the 2 real nodes, DDP over gloo, DCP checkpoints), in one of jobset-inplace's restart scopes
 (``process``, ``prestart``: the process scope with the next epoch pre-started, ``pod``). Once
 every rank is past step 40 (and the standby is held, with pre-start), one crash is made in
-member 1: a fault of the trainer's own (:data:`testbed.frameworks` ``torch_dcp_trainer.py``:
-a segfault, SIGABRT as NCCL's watchdog sends, an uncaught exception, a real cgroup OOM kill
-past a memory limit, one rank stuck while the others wait in a collective), or a process
-SIGKILLed from the node (a worker as the OOM killer picks it, a pre-started worker's
-stand-in, ``torchrun`` itself, the launcher, the agent).
+member 1 (an *early* crash as soon as every rank is past its first checkpoint, in the epoch's
+first seconds, before a pre-started standby can be ready): a fault of the trainer's own
+(:data:`testbed.frameworks` ``torch_dcp_trainer.py``: a segfault, SIGABRT as NCCL's watchdog
+sends, an uncaught exception, a real cgroup OOM kill past a memory limit, one rank stuck while
+the others wait in a collective), or a process SIGKILLed from the node (a worker as the OOM
+killer picks it, a pre-started worker's stand-in, ``torchrun`` itself, the launcher, the
+agent).
 
 Processes are read from this host's ``/proc`` (the real nodes' containers run here): by the
 container ID in each process's cgroup, so host pids tell old processes from new ones even
@@ -59,6 +61,7 @@ from testbed.torchgang import (
 
 SCOPES = ("process", "prestart", "pod")
 TRAINED_STEP = 40  # every rank past this step before the crash
+EARLY_STEP = 10  # an early crash: every rank past this step (its first checkpoint) only
 STEPS_AFTER = 5  # and this many steps past the resume before "once" is judged
 RECOVERY_CAP_S = 240.0
 CRASH_LEAD_S = 1.0  # a kill is set this far ahead (the pids are read first)
@@ -75,6 +78,7 @@ class Crash:
     fault: str | None = None  # the trainer's own fault (torch_dcp_trainer.py), or
     kills: str | None = None  # the process SIGKILLed from the node
     scopes: tuple[str, ...] = SCOPES
+    early: bool = False  # made before a pre-started standby is held (the epoch's first seconds)
 
 
 CRASHES = (
@@ -84,6 +88,13 @@ CRASHES = (
         "a pre-started worker's stand-in (the process torchrun started) SIGKILLed",
         kills="stand-in",
         scopes=("prestart",),
+    ),
+    Crash(
+        "worker-sigkill-early",
+        "a worker SIGKILLed in the epoch's first seconds, before the standby is ready",
+        kills="worker",
+        scopes=("prestart",),
+        early=True,
     ),
     Crash("oom", "a worker allocates past its container's memory limit", fault="oom"),
     Crash("segv", "a segmentation fault in native code", fault="segv"),
@@ -228,6 +239,7 @@ class CaseResult:
     gang_resume_step: int | None = None
     recoveries: int = 0  # recoveries in the GangState's history after the crash
     causes: dict[str, str] = field(default_factory=dict)
+    standbys_held: int | None = None  # pre-start: members whose standby was held at the crash
     left: list[str] = field(default_factory=list)  # processes of the old epoch still there
     problems: list[str] = field(default_factory=list)  # why it failed (none: passed)
 
@@ -305,19 +317,29 @@ class CrashRunner:
     def _run(self, crash: Crash, name: str, shared: Path, result: CaseResult) -> None:
         js = case_jobset(result.scope, crash, name, shared, self.site)
         create_jobset(self.kube, self.namespace, js)
+        trained = EARLY_STEP if crash.early else TRAINED_STEP
         wait_for(
-            f"{name}: every rank past step {TRAINED_STEP}",
-            lambda: len(s := self.steps(name)) == RANKS and min(s.values()) > TRAINED_STEP,
+            f"{name}: every rank past step {trained}",
+            lambda: len(s := self.steps(name)) == RANKS and min(s.values()) > trained,
             300,
-            1,
+            0.2 if crash.early else 1,
         )
-        if result.scope == "prestart":
+        if result.scope == "prestart" and not crash.early:
             wait_for(f"{name}: the standby held", lambda: self.held(name), 300, 1)
         old = self.tree(name)
         if sorted(old) != sorted(str(i) for i in range(MEMBERS)) or not all(old.values()):
             raise RuntimeError(f"{name}: the running epoch's processes not found: {old}")
         crash_at = self.crash(crash, name, shared)
         self.log(f"{name}: {crash.what} at {crash_at:.3f}")
+        if result.scope == "prestart":
+            # a late crash waited for every standby; an early one (a worker: its container
+            # and log stay) is checked from the log lines' times
+            result.standbys_held = self.held_at(name, crash_at) if crash.early else MEMBERS
+            if result.standbys_held and crash.early:
+                raise RuntimeError(
+                    f"{name}: {result.standbys_held} standby(s) already held at the crash: "
+                    "not an early crash"
+                )
         ranks = wait_for(
             f"{name}: every rank's first step after the resume",
             lambda: self.back(name, crash_at),
@@ -366,6 +388,15 @@ class CrashRunner:
         return len(logs) == MEMBERS and all(
             standby_held("\n".join(line for _, line in lines)) for lines in logs
         )
+
+    def held_at(self, name: str, when: float) -> int:
+        """How many members' standbys for the next epoch were held at ``when`` (wall time),
+        from the times of their trainer containers' log lines."""
+        held = 0
+        for pod in self.pods(name).values():
+            lines = timed_log(self.kubeconfig, self.namespace, pod.metadata.name, "trainer")
+            held += standby_held("\n".join(line for t, line in lines if t <= when))
+        return held
 
     def crash(self, crash: Crash, name: str, shared: Path) -> float:
         """Make ``crash`` in member VICTIM; when it happened (wall time)."""

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from bench import pages, provenance, soak
+from bench import crash_matrix, pages, provenance, soak
 from bench.first_step import MILESTONES
 from bench.pages import PagesError
+from testbed.crashes import CaseResult
 
 
 def test_the_pages_are_what_their_result_files_give() -> None:
@@ -66,10 +67,11 @@ def test_the_headline_compares_like_with_like_from_one_run() -> None:
     assert "`abc1234`" in text
     pod_row, process_row = text.splitlines()[-4:-2]
     assert (
-        "| 2.00 s | 3.00 s (`upstream-main`: 1.50x, 95 % interval 1.23-1.83) | 5.00 s (2.50x, "
-        in pod_row
+        "| 2.00 s (95 % interval 1.80-2.20) | 3.00 s (95 % interval 2.70-3.30); `upstream-main`: "
+        "1.50x, 95 % interval 1.23-1.83 | 5.00 s (95 % interval 4.50-5.50); 2.50x, " in pod_row
     )
-    assert "**0.20 s** | no such mode | no such mode |" in process_row, "no unlike ratio"
+    assert "**0.20 s (95 % interval 0.18-0.22)** | no such mode | no such mode |" in process_row
+    assert "x" not in process_row.split("|")[2], "no unlike ratio"
 
 
 def test_the_table_names_its_commit_and_machine() -> None:
@@ -137,10 +139,10 @@ def test_the_torch_run_is_published_with_its_ratios_and_failures() -> None:
     assert "| upstream-main |" in table
     assert "| stock |" not in table
     headline = pages.realnode_torch_headline(doc)
-    assert "**6.00 s** with jobset-inplace restarting the trainer processes" in headline
-    assert "InPlaceRestart 12.00 s (`upstream-main`, its fastest variant here: " in headline
+    assert "**6.00 s (95 % interval 5.40-6.60)** with jobset-inplace restarting the" in headline
+    assert "InPlaceRestart 12.00 s (95 % interval 10.80-13.20) (`upstream-main`, its" in headline
     assert "2.00x, 95 % interval 1.64-2.44, of the pre-started scope; 0.86x" in headline
-    assert "stock JobSet at grace 0 14.70 s (1.05x, 95 % interval 0.86-1.28, of the pod" in headline
+    assert "stock JobSet at grace 0 14.70 s (95 % interval 13.23-16.17) (1.05x, 95 %" in headline
     assert "| **14.00** (12.60-15.40) | 1.08x (0.88-1.32) | 1.17x (0.95-1.43) |" in table
     assert "one checkpoint step on 6 of 7 paths" in headline
     del doc["summary"]["jsi-prestart"]
@@ -362,10 +364,10 @@ def test_the_kwok_paths_and_their_headline_come_from_one_run() -> None:
     assert "commit `abc1234`" in table
     assert "| 1000 pods | **20.00 / 20.00 / 20.00** | 40.00 / 40.00 / 40.00 |" in table
     headline = pages.kwok_headline(doc, _kwok_run("def5678"))
-    assert "**20.0 s** with jobset-inplace restarting whole pods" in headline
+    assert "**20.0 s (20.0-20.0)** with jobset-inplace restarting whole pods" in headline
     assert "second run" not in headline
-    assert "40.0 s with JobSet's InPlaceRestart (2.0x" in headline
-    assert "150.0 s with stock JobSet (7.5x" in headline
+    assert "40.0 s (40.0-40.0) with JobSet's InPlaceRestart (2.0x" in headline
+    assert "150.0 s (150.0-150.0) with stock JobSet (7.5x" in headline
     assert (
         "jobset-inplace restarting whole pods (`restart-scope: pod`, not the default) 17.0 s"
         in headline
@@ -485,4 +487,73 @@ def test_the_trainers_own_account_of_a_soak_stands_beside_the_controllers() -> N
     assert lines[-1] == (
         "Steps lost per failure, the trainers' count and the controller's agreeing: trainer "
         "crash (process scope) 1/1, hung trainer (after the 10 s hang timeout) 0/1."
+    )
+
+
+def _crash(crash: str, first: float, held: int | None, passed: bool = True) -> dict[str, Any]:
+    return {
+        "scope": "prestart",
+        "crash": crash,
+        "first_step": first,
+        "standbys_held": held,
+        "passed": passed,
+        "problems": [] if passed else ["2 recoveries after the crash, not 1"],
+    }
+
+
+CRASH_DOC: dict[str, Any] = {
+    "when": "2026-12-05T02:00:00Z",
+    "commit": "abc1234",
+    "command": "python -m bench.crash_matrix --reps 3",
+    "kubernetes": "v1.37.2",
+    "jobset": "v0.12.0",
+    "machine": {"cpus": 2, "steal_pct": 0.4},
+}
+
+
+def test_the_crash_matrix_shows_each_cases_range_and_what_it_is_worth() -> None:
+    results = [CaseResult("prestart", "worker-sigkill", first_step=t) for t in (5.0, 6.0, 7.5)] + [
+        CaseResult("prestart", "segv", first_step=4.0) for _ in range(3)
+    ]
+    doc = CRASH_DOC | {
+        "results": [{"passed": r.passed, "scope": r.scope, "crash": r.crash} for r in results],
+        "summary": crash_matrix.summary(results),
+    }
+    text = pages.crash_matrix_table(doc)
+    assert "| 6.00 s (5.00-7.50, 3/3) |" in text
+    assert "| 4.00 s (3/3) |" in text, "no range where the repetitions agree"
+    assert "probability 75%: no 95 % interval is claimed" in text
+    assert crash_matrix.range_coverage(6) > 0.95 > crash_matrix.range_coverage(5)
+
+
+def test_the_early_crash_is_compared_with_the_late_one_from_one_run() -> None:
+    early = [_crash("worker-sigkill-early", t, 0) for t in (9.0, 10.0, 11.0, 10.5)]
+    late = [_crash("worker-sigkill", t, 2) for t in (5.0, 5.5, 6.0, 5.2)]
+    text = pages.crash_early_text(CRASH_DOC | {"results": early + late})
+    assert "8 of 8 recoveries passed." in text
+    assert "**early 10.25 s** (4 crashes, standbys held at the crash: 0/0/0/0 of 2" in text
+    assert "**late 5.35 s** (4 crashes, standbys held: 2/2/2/2 of 2)" in text
+    assert "Early / late: **1.92x (95% interval" in text
+    assert "the early crash is slower" in text
+    close = [_crash("worker-sigkill-early", t, 0) for t in (5.0, 6.0)] + late[:2]
+    close.append(_crash("worker-sigkill", 9.0, 2, passed=False))
+    text = pages.crash_early_text(CRASH_DOC | {"results": close})
+    assert "not told apart" in text
+    assert "4 of 5 recoveries passed. **worker-sigkill failed**: 2 recoveries" in text
+
+
+def test_a_kwok_run_says_which_of_jobset_inplaces_settings_were_not_its_defaults() -> None:
+    doc: dict[str, Any] = {"settings": {}}
+    assert pages.jsi_settings_text(doc) == "", "an older run says nothing it did not record"
+    doc["settings"]["jsi_annotations"] = {"1000": {}}
+    assert (
+        pages.jsi_settings_text(doc) == " jobset-inplace's settings other than its defaults: none."
+    )
+    doc["settings"]["jsi_annotations"] = {
+        "1000": {"jobset-inplace.dev/inplace-budget": "10000"},
+        "5000": {"jobset-inplace.dev/inplace-budget": "10000", "x/node-unhealthy-after": "1h"},
+    }
+    assert pages.jsi_settings_text(doc) == (
+        " jobset-inplace's settings other than its defaults: 1000 pods: `inplace-budget: 10000`; "
+        "5000 pods: `inplace-budget: 10000`, `node-unhealthy-after: 1h`."
     )

@@ -88,6 +88,9 @@ def test_every_crash_is_made_one_way_in_the_scopes_that_have_it() -> None:
     assert ("prestart", "stand-in-sigkill") in cases()
     assert len(cases()) == sum(len(c.scopes) for c in CRASHES)
     assert BY_NAME["oom"].fault == "oom"
+    # an early crash is one of the pre-started path (the others have no standby to be early for)
+    assert [c.name for c in CRASHES if c.early] == ["worker-sigkill-early"]
+    assert BY_NAME["worker-sigkill-early"].scopes == ("prestart",)
 
 
 def test_the_matrix_takes_only_cases_that_exist_and_says_which_do() -> None:
