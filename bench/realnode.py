@@ -55,7 +55,7 @@ from kubernetes import utils
 from bench import first_step, provenance, upstream
 from bench.__main__ import apiserver_metrics
 from bench.scenarios import apiserver_requests
-from bench.stats import ratio_of_medians
+from bench.stats import median_interval, ratio_of_medians
 from jobset_inplace import names
 from jobset_inplace.core.transform import STATE_DIR
 from jobset_inplace.times import parse_time
@@ -335,9 +335,18 @@ def table(s: dict[str, PathSummary], running: dict[str, list[float]] | None = No
         r = ratio_of_medians(mine, theirs)
         return f"{_x(r.ratio)}x ({_x(r.low)}-{_x(r.high)})"
 
+    def spread(path: str, v: PathSummary) -> str:
+        mine = (running or {}).get(path, [])
+        if len(mine) < 2:
+            return f"range {v.running_min:.2f}-{v.running_max:.2f}"
+        lo, hi = median_interval(mine)
+        return f"{lo:.2f}-{hi:.2f}; range {v.running_min:.2f}-{v.running_max:.2f}"
+
     rows = [
         "| path | crash -> barrier lifted (median) | crash -> every trainer running "
-        "(median, range) | "
+        "(median"
+        + (" (95 % interval; range)" if running else ", range")
+        + ") | "
         + " | ".join(f"/ {b}" + (" (95 % interval)" if running else "") for b in bases)
         + (" | " if bases else "")
         + "resumed at one step | API writes (median) |",
@@ -347,8 +356,7 @@ def table(s: dict[str, PathSummary], running: dict[str, list[float]] | None = No
         barrier = "-" if v.barrier_median is None else f"{v.barrier_median:.2f} s"
         ratios = "".join(f"{ratio(path, b)} | " for b in bases)
         rows.append(
-            f"| {path} | {barrier} | {v.running_median:.2f} s "
-            f"({v.running_min:.2f}-{v.running_max:.2f}) | {ratios}"
+            f"| {path} | {barrier} | {v.running_median:.2f} s ({spread(path, v)}) | {ratios}"
             f"{v.consistent}/{v.reps} | {v.writes_median:g} |"
         )
     return "\n".join(rows)

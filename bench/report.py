@@ -28,11 +28,13 @@ def nearest_rank(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def stats(values: list[float]) -> dict[str, float] | None:
+def stats(values: list[float]) -> dict[str, Any] | None:
     if not values:
         return None
+    ci = median_interval(values) if len(values) > 1 else None
     return {
         "n": len(values),
+        **({"median_ci": [round(ci[0], 3), round(ci[1], 3)]} if ci else {}),
         "min": round(min(values), 3),
         "median": round(statistics.median(values), 3),
         "p99": round(nearest_rank(values, 0.99), 3),
@@ -467,6 +469,14 @@ def _fmt(s: dict[str, float] | None) -> str:
     return f"{s['min']:.2f} / {s['median']:.2f} / {s['max']:.2f}"
 
 
+def _fmt_ci(s: dict[str, Any] | None) -> str:
+    """``min / median / max (median's interval, n)``"""
+    if not s:
+        return "-"
+    ci = s.get("median_ci")
+    return _fmt(s) + (f" ({ci[0]:.2f}-{ci[1]:.2f}, n = {s['n']})" if ci else f" (n = {s['n']})")
+
+
 def write(out: Path, results: dict[str, Any]) -> list[Path]:
     """results.json and the plots; returns the files written."""
     out.mkdir(parents=True, exist_ok=True)
@@ -616,9 +626,9 @@ def worker_failure_tables(summ: dict[str, Any]) -> list[str]:
         row = summ[size]
         ge = _ge(row["stock_worker_failure"]["capped"] > 0)
         cells = [
-            _fmt(row["hybrid_worker_failure"]["all_running_s"]),
-            _fmt(row["upstream_worker_failure"]["all_running_s"]),
-            ge + _fmt(row["stock_worker_failure"]["all_running_s"]),
+            _fmt_ci(row["hybrid_worker_failure"]["all_running_s"]),
+            _fmt_ci(row["upstream_worker_failure"]["all_running_s"]),
+            ge + _fmt_ci(row["stock_worker_failure"]["all_running_s"]),
         ]
         for path, g in (("upstream", ""), ("stock", ge)):
             ratio = row.get(f"ratio_{path}_over_hybrid_running")
@@ -647,7 +657,10 @@ def worker_failure_tables(summ: dict[str, Any]) -> list[str]:
                 f"| {_med(w['controller_cpu_s'])} CPU-s, {_max(w['controller_peak_rss_mib'])} MiB |"
             )
     out.append("")
-    out.append("(seconds, min / median / max over the repetitions; ratio of the medians)")
+    out.append(
+        "(seconds, min / median / max over the repetitions, in the first table with the "
+        "median's 95 % bootstrap interval and n; ratio of the medians)"
+    )
     return out
 
 

@@ -79,7 +79,7 @@ def test_the_table_names_its_commit_and_machine() -> None:
     assert "commit `abc1234`" in text
     assert "2 cores (steal 0.4 %)" in text
     assert "| upstream-sidecar |" in text
-    assert "| jsi-pod | - | 2.00 s (2.00-2.00) | 10.0x (8.2-12.2) | 1.0x |" in text, "intervals"
+    assert "| jsi-pod | - | 2.00 s (1.80-2.20; range 2.00-2.00) | 10.0x (8.2-12.2) | 1.0x |" in text
 
 
 def _torch(first_step: float | None, consistent: bool = True) -> dict[str, Any]:
@@ -362,7 +362,10 @@ def test_the_kwok_paths_and_their_headline_come_from_one_run() -> None:
     )
     table = pages.kwok_paths(doc)
     assert "commit `abc1234`" in table
-    assert "| 1000 pods | **20.00 / 20.00 / 20.00** | 40.00 / 40.00 / 40.00 |" in table
+    assert (
+        "| 1000 pods | **20.00 / 20.00 / 20.00 (20.00-20.00, n = 3)** | 40.00 / 40.00 / 40.00 "
+        in table
+    )
     headline = pages.kwok_headline(doc, _kwok_run("def5678"))
     assert "**20.0 s (20.0-20.0)** with jobset-inplace restarting whole pods" in headline
     assert "second run" not in headline

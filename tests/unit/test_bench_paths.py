@@ -136,7 +136,9 @@ def test_report_ratios_against_both_peers() -> None:
     assert "ratio_over_hybrid" not in deaths["stock", "out-of-service"]
     assert "ratio_over_hybrid" not in deaths["hybrid", "none"]
     table = report.markdown(results)
-    assert "| 1000 pods | **2.00 / 2.00 / 4.00** | 10.00 / 12.00 / 14.00 |" in table
+    assert (
+        "| 1000 pods | **2.00 / 2.00 / 4.00 (2.00-4.00, n = 3)** | 10.00 / 12.00 / 14.00 " in table
+    )
     # a peer that did not recover within the cap: said so, with the pods stuck, no ratio
     assert (
         "| 1000 pods | upstream IPR (no remediation) | - "
@@ -203,8 +205,9 @@ def test_report_of_an_older_run_without_upstream() -> None:
     row = report.summarize(results)["1000"]
     assert "ratio_upstream_over_hybrid_running" not in row
     assert row["ratio_stock_over_hybrid_running"] == 5.0
-    assert "| 1000 pods | **2.00 / 2.00 / 2.00** | - | 10.00 / 10.00 / 10.00 | - |" in (
-        report.markdown(results)
+    assert (
+        "| 1000 pods | **2.00 / 2.00 / 2.00 (n = 1)** | - | 10.00 / 10.00 / 10.00 (n = 1) | - |"
+        in (report.markdown(results))
     )
 
 
