@@ -834,6 +834,7 @@ def keep_step_table(doc: dict[str, Any]) -> str:
     kept, periodic = s["kept"], s["periodic"]
     lost = {mode: [t["steps_lost"] for t in doc["trials"] if t["mode"] == mode] for mode in s}
     lo, hi = median_interval(lost["periodic"]) if len(lost["periodic"]) > 1 else (None, None)
+    klo, khi = median_interval(lost["kept"]) if len(lost["kept"]) > 1 else (None, None)
     rows = [
         "| trainer | failures | steps lost: median | p99 | largest | mean | resumed state right |",
         "|---|---|---|---|---|---|---|",
@@ -859,7 +860,9 @@ def keep_step_table(doc: dict[str, Any]) -> str:
             "",
             *rows,
             "",
-            f"With the step kept: steps lost p50 = {kept['steps_lost_p50']}, p99 = "
+            f"With the step kept: steps lost p50 = {kept['steps_lost_p50']}"
+            + ("" if klo is None else f" (95 % interval {klo:g} to {khi:g})")
+            + f", p99 = "
             f"{kept['steps_lost_p99']} over {kept['failures']} failures (the most per kind: "
             f"{kinds}); the periodic checkpoint alone: median {periodic['steps_lost_p50']}"
             + ("" if lo is None else f" (95 % interval {lo:g}-{hi:g})")

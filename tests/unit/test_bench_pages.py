@@ -459,7 +459,7 @@ def test_the_kept_step_table_shows_both_trainers_from_one_run() -> None:
         "| periodic checkpoints only (every 10 steps) | 3 | 4 | 7 | 7 | 4.33 | 2 of 2 "
         "(1 from step 0) |" in text
     )
-    assert "p50 = 0, p99 = 1 over 3 failures" in text
+    assert "p50 = 0 (95 % interval -1 to 1), p99 = 1 over 3 failures" in text
     assert "(the most per kind: sigkill 0, hang 1, segv -1)" in text
     assert "median 4 (95 % interval 2-7)" in text
 
