@@ -46,6 +46,7 @@ GOAL_RATIO = 0.5  # issue 56: pre-started <= 50 % of torchrun --max-restarts and
 SCALE = ROOT / "docs" / "bench" / "kwok-scale-2026-11-28" / "results.json"
 PATHS = ROOT / "docs" / "bench" / "kwok-paths-2026-11-28" / "results.json"
 DEATHS = ROOT / "docs" / "bench" / "kwok-node-deaths-2026-11-28-rerun" / "results.json"
+KWOK_DEFAULTS = ROOT / "docs" / "bench" / "kwok-defaults-2026-12-05" / "results.json"
 SPARES = ROOT / "docs" / "bench" / "spares-2026-11-29" / "results.json"
 SOAK = ROOT / "docs" / "bench" / "soak-60min-2026-12-02.json"
 SOAK_KEEP_STEP = ROOT / "docs" / "bench" / "soak-keep-step-60min-2026-12-03.json"
@@ -152,6 +153,21 @@ def kwok_paths(doc: dict[str, Any]) -> str:
     return "\n".join(
         [
             kwok_origin(doc, PATHS),
+            "",
+            *report.worker_failure_tables(summ),
+            *report.node_death_table(summ),
+            *report.pool_lines(summ),
+        ]
+    )
+
+
+def kwok_defaults(doc: dict[str, Any]) -> str:
+    """jobset-inplace with its defaults beside upstream, one run: worker failures, node
+    deaths and whether the simulated agents' pool held a path back."""
+    summ = report.summarize(doc)
+    return "\n".join(
+        [
+            kwok_origin(doc, KWOK_DEFAULTS),
             "",
             *report.worker_failure_tables(summ),
             *report.node_death_table(summ),
