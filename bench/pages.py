@@ -791,7 +791,7 @@ def crash_matrix_table(doc: dict[str, Any]) -> str:
     spread = (
         f" Each cell: the median, the range of the repetitions where they differ (the range of "
         f"{reps[0]} holds the true median with probability "
-        f"{crash_matrix.range_coverage(reps[0]):.0%}: no 95 % interval is claimed), "
+        f"{100 * crash_matrix.range_coverage(reps[0]):.0f} %: no 95 % interval is claimed), "
         f"passed/repetitions."
         if reps[0] > 1
         else " One repetition per case: each time is context, not a figure with an interval."

@@ -525,7 +525,7 @@ def test_the_crash_matrix_shows_each_cases_range_and_what_it_is_worth() -> None:
     text = pages.crash_matrix_table(doc)
     assert "| 6.00 s (5.00-7.50, 3/3) |" in text
     assert "| 4.00 s (3/3) |" in text, "no range where the repetitions agree"
-    assert "probability 75%: no 95 % interval is claimed" in text
+    assert "probability 75 %: no 95 % interval is claimed" in text
     assert crash_matrix.range_coverage(6) > 0.95 > crash_matrix.range_coverage(5)
 
 
