@@ -829,6 +829,21 @@ def crash_early_text(doc: dict[str, Any]) -> str:
             else ": not told apart from the late one at this n."
         )
     med = {k: statistics.median(v) if v else None for k, v in firsts.items()}
+    imported = {
+        k: doc.get("summary", {}).get(f"prestart/{k}", {}).get("milestones_median", {})
+        for k in firsts
+    }
+    where = (
+        f" The latest rank's training script began (its first line, after the pre-start "
+        f"imports) {_s(early_at)} after the crash, against {_s(late_at)} late: the difference "
+        "is `torchrun`'s and its workers' start and imports, which the early crash's epoch did "
+        "without a standby; from there to the first step "
+        f"{_s(med['worker-sigkill-early'] - early_at)} and "
+        f"{_s(med['worker-sigkill'] - late_at)}."
+        if (early_at := imported["worker-sigkill-early"].get("started")) is not None
+        and (late_at := imported["worker-sigkill"].get("started")) is not None
+        else ""
+    )
     return (
         f"{origin(doc, CRASH_EARLY)} {len(doc['results']) - len(failed)} of "
         f"{len(doc['results'])} recoveries passed.{why} Every rank's first productive step after "
@@ -836,7 +851,7 @@ def crash_early_text(doc: dict[str, Any]) -> str:
         f"({len(early)} crashes, standbys held at the crash: "
         f"{'/'.join(map(str, held['worker-sigkill-early']))} of 2 members), "
         f"**late {_s(med['worker-sigkill'])}** ({len(late)} crashes, standbys held: "
-        f"{'/'.join(map(str, held['worker-sigkill']))} of 2). {verdict}"
+        f"{'/'.join(map(str, held['worker-sigkill']))} of 2). {verdict}{where}"
     )
 
 
@@ -934,6 +949,7 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
         (SOAK_SPARES_20,),
     ),
     "crash-matrix": (ROOT / "docs" / "benchmarks.md", crash_matrix_table, (CRASHES,)),
+    "crash-early": (ROOT / "docs" / "benchmarks.md", crash_early_text, (CRASH_EARLY,)),
     "keep-step": (ROOT / "docs" / "benchmarks.md", keep_step_table, (KEEP_STEP,)),
     "channel-attacks": (
         ROOT / "docs" / "benchmarks.md",
