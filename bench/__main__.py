@@ -33,6 +33,7 @@ from testbed.kube import clients, wait_for
 from testbed.versions import binaries, versions
 
 from . import provenance, report, upstream
+from .fleet import FLEET_WORKERS
 from .scenarios import (
     DEFAULT_PATHS,
     FLEET_SA,
@@ -229,6 +230,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "the default budgets allow (without it: budgets at their maximum and a 20m barrier "
         "timeout, so that every repetition is one in-place recovery; the results say which)",
     )
+    p.add_argument(
+        "--fleet-workers",
+        type=int,
+        default=FLEET_WORKERS,
+        metavar="N",
+        help="threads of the simulated agents and kubelets (default %(default)s); each "
+        "failure records how many were busy at once and how long a task waited for one",
+    )
     p.add_argument("--skip-agent-start", action="store_true", help="skip the real-node part")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
     p.add_argument("--label", default="", help="a name for this run in the results")
@@ -238,6 +247,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--reps and --stock-reps must be >= 1")
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
+    if args.fleet_workers < 1:
+        p.error(f"--fleet-workers must be >= 1, got {args.fleet_workers}")
     if args.pods_per_job < 1:
         p.error("--pods-per-job must be >= 1")
     args.paths = set(args.paths.split(","))
@@ -490,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
             "leader_core": args.leader_core,
             "idle_s": args.idle,
             "leader_profile_reps": args.leader_profile_reps,
+            "fleet_workers": args.fleet_workers,
         },
         "sizes": {},
     }
@@ -510,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
             kubelet_writes=not args.protocol_only,
             scope=args.scope,
             defaults=args.defaults,
+            fleet_workers=args.fleet_workers,
             channel=args.agent_reports == "channel",
             idle_s=args.idle,
             leader_profile_reps=args.leader_profile_reps,

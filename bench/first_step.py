@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import upstream
-from bench.stats import Ratio, ratio_of_medians
+from bench.stats import Ratio, median_interval, ratio_of_medians
 from jobset_inplace import names
 from jobset_inplace.times import parse_time
 from testbed import images
@@ -351,7 +351,8 @@ def table(s: dict[str, dict[str, Any]]) -> str:
 
     head = [
         "| path | detected | stopped | barrier | process started | imported torch "
-        "| process group | model built | restored | **first productive step** (range) "
+        "| process group | model built | restored "
+        "| **first productive step** (95 % interval; range) "
         f"| / jsi-process (95 % interval) | / upstream-main (95 % interval) | {RATIO_BASE} / path "
         "| steps lost (median, max) "
         "| one resume step |",
@@ -364,9 +365,12 @@ def table(s: dict[str, dict[str, Any]]) -> str:
         first, mine = med["first_step"], v.get("first_steps") or []
         if first is None:
             continue  # (every recovery waits for it: not reached in none)
+        lo_hi = median_interval(mine) if len(mine) > 1 else None
+        within = f"95 % {lo_hi[0]:.2f}-{lo_hi[1]:.2f}; " if lo_hi else ""
         rows.append(
-            f"| {path} | {' | '.join(cells)} | **{first:.2f}** ({v['first_step_min']:.2f}-"
-            f"{v['first_step_max']:.2f}) | {ratio('jsi-process', first, mine)} | "
+            f"| {path} | {' | '.join(cells)} | **{first:.2f}** ({within}range "
+            f"{v['first_step_min']:.2f}-{v['first_step_max']:.2f}) "
+            f"| {ratio('jsi-process', first, mine)} | "
             f"{ratio('upstream-main', first, mine)} | {interval(v)} | {v['steps_lost_median']:g}, "
             f"{v['steps_lost_max']} | {'yes' if v['consistent'] else '**no**'} |"
         )

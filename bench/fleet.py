@@ -78,6 +78,7 @@ from jobset_inplace.times import format_time
 from testbed.kube import pod_token
 
 RESTARTING = "AllContainersRestarting"
+FLEET_WORKERS = 32  # the simulated agents' and kubelets' threads (a MeasuredPool)
 API_ERRORS = (ApiError, ValueError, *TransportErrors)
 
 
@@ -203,7 +204,7 @@ class Fleet:
         gang: str,
         restart_delay: float,
         steps: tuple[int, ...] = (100, 200),
-        workers: int = 32,
+        workers: int = FLEET_WORKERS,
         kubelet_writes: bool = True,
         scope: str = "pod",
         stop_delay: float = 0.05,

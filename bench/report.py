@@ -266,13 +266,17 @@ def scale_curve(results: dict[str, Any], summ: dict[str, Any]) -> list[str]:
     if not sizes:
         return []
 
-    def pq(s: dict[str, float] | None) -> str:
-        return "-" if not s else f"{s['median']:.2f} / {s['p99']:.2f}"
+    def pq(s: dict[str, Any] | None) -> str:
+        if not s:
+            return "-"
+        ci = s.get("median_ci")
+        within = f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else ""
+        return f"{s['median']:.2f}{within} / {s['p99']:.2f}"
 
     out = [
         "",
         "The scale curve (jobset-inplace, one worker fails; seconds, p50 / p99 by nearest rank: "
-        "with fewer than 100 repetitions the p99 is the largest; the p50's 95 % bootstrap "
+        "with fewer than 100 repetitions the p99 is the largest; each p50's 95 % bootstrap "
         "interval in parentheses):",
         "",
         "| gang | n | **barrier open** | every member running | of which the agents' stop and "
@@ -288,14 +292,9 @@ def scale_curve(results: dict[str, Any], summ: dict[str, Any]) -> list[str]:
             protocol_writes(m["apiserver_requests"]) for m in runs if "apiserver_requests" in m
         ]
         own = stats([m["detection_s"] + m["barrier_s"] for m in runs if "barrier_s" in m])
-        opened = _col(runs, "barrier_open_s")
-        within = ""
-        if len(opened) >= 2:
-            low, high = median_interval(opened)
-            within = f" ({low:.2f}-{high:.2f})"
         out.append(
             f"| {size} pods | {(w['barrier_open_s'] or {}).get('n', 0)} "
-            f"| **{pq(w['barrier_open_s'])}**{within} | {pq(w['all_running_s'])} "
+            f"| **{pq(w['barrier_open_s'])}** | {pq(w['all_running_s'])} "
             f"| {pq(w['restart_s'])} | {pq(own)} "
             f"| {statistics.median(writes) if writes else '-'} "
             f"| {_max(w['controller_peak_rss_mib'])} MiB |"

@@ -42,7 +42,7 @@ from testbed.kube import Clients, create_jobset, wait_for
 from testbed.kwoknodes import set_heartbeat
 
 from . import upstream
-from .fleet import Fleet
+from .fleet import FLEET_WORKERS, Fleet
 from .podwatch import GangPods, Goal
 from .profile import ApiserverProfile, PySpyProfile, summarise_stacks
 from .remediation import NONE, REMEDIATED, NodeDeath, OutOfService, free_after_cap
@@ -356,6 +356,7 @@ class Bench:
     kubelet_writes: bool = True  # False: the simulated kubelet writes the failed pod only
     scope: str = "process"  # the hybrid gangs' restart scope (what the fleet simulates)
     defaults: bool = False  # jobset-inplace's gangs with its defaults (see jsi_settings)
+    fleet_workers: int = FLEET_WORKERS  # the simulated agents' and kubelets' thread pool
     channel: bool = True  # the hybrid fleet's agents report over the leader's channel
     hot_spares: int = 2  # the spares path's jobset-inplace.dev/hot-spares
     idle_s: float = 0.0  # an idle window of each in-place gang after it settled (0: none)
@@ -511,6 +512,7 @@ class Bench:
             gang=name,
             restart_delay=self.restart_delay,
             kubelet_writes=self.kubelet_writes,
+            workers=self.fleet_workers,
         )
         fleet.start()
         return fleet

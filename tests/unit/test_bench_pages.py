@@ -143,7 +143,10 @@ def test_the_torch_run_is_published_with_its_ratios_and_failures() -> None:
     assert "InPlaceRestart 12.00 s (95 % interval 10.80-13.20) (`upstream-main`, its" in headline
     assert "2.00x, 95 % interval 1.64-2.44, of the pre-started scope; 0.86x" in headline
     assert "stock JobSet at grace 0 14.70 s (95 % interval 13.23-16.17) (1.05x, 95 %" in headline
-    assert "| **14.00** (12.60-15.40) | 1.08x (0.88-1.32) | 1.17x (0.95-1.43) |" in table
+    assert (
+        "| **14.00** (95 % 12.60-15.40; range 12.60-15.40) | 1.08x (0.88-1.32) "
+        "| 1.17x (0.95-1.43) |" in table
+    )
     assert "one checkpoint step on 6 of 7 paths" in headline
     del doc["summary"]["jsi-prestart"]
     with pytest.raises(PagesError, match=r"no first productive step for \['jsi-prestart'\]"):

@@ -79,7 +79,15 @@ def test_p99_is_a_measured_value_by_nearest_rank() -> None:
     assert nearest_rank(thirty, 0.99) == 30.0, "with 30 values p99 is the largest"
     assert nearest_rank(thirty, 0.5) == 15.0
     assert nearest_rank([float(i) for i in range(1, 201)], 0.99) == 198.0
-    assert stats([2.0, 1.0, 3.0]) == {"n": 3, "min": 1.0, "median": 2.0, "p99": 3.0, "max": 3.0}
+    assert stats([2.0, 1.0, 3.0]) == {
+        "n": 3,
+        "median_ci": [1.0, 3.0],
+        "min": 1.0,
+        "median": 2.0,
+        "p99": 3.0,
+        "max": 3.0,
+    }
+    assert "median_ci" not in (stats([2.0]) or {}), "no interval from one value"
 
 
 @pytest.mark.parametrize("path", ["upstream-sidecar-grace0", "upstream-main-grace0"])
