@@ -919,6 +919,7 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
     "kwok-scale": (ROOT / "docs" / "benchmarks.md", kwok_scale, (SCALE,)),
     "kwok-paths": (ROOT / "docs" / "benchmarks.md", kwok_paths, (PATHS,)),
     "kwok-deaths": (ROOT / "docs" / "benchmarks.md", kwok_deaths, (DEATHS,)),
+    "kwok-defaults": (ROOT / "docs" / "benchmarks.md", kwok_defaults, (KWOK_DEFAULTS,)),
     "kwok-headline": (ROOT / "README.md", kwok_headline, (PATHS, DEATHS)),
     "kwok-spares": (ROOT / "docs" / "benchmarks.md", kwok_spares, (SPARES,)),
     "spares-headline": (ROOT / "README.md", spares_headline, (SPARES,)),
