@@ -47,6 +47,7 @@ SCALE = ROOT / "docs" / "bench" / "kwok-scale-2026-11-28" / "results.json"
 PATHS = ROOT / "docs" / "bench" / "kwok-paths-2026-11-28" / "results.json"
 DEATHS = ROOT / "docs" / "bench" / "kwok-node-deaths-2026-11-28-rerun" / "results.json"
 KWOK_DEFAULTS = ROOT / "docs" / "bench" / "kwok-defaults-2026-12-05" / "results.json"
+KWOK_POOL = ROOT / "docs" / "bench" / "kwok-pool256-2026-12-05" / "results.json"
 SPARES = ROOT / "docs" / "bench" / "spares-2026-11-29" / "results.json"
 SOAK = ROOT / "docs" / "bench" / "soak-60min-2026-12-02.json"
 SOAK_KEEP_STEP = ROOT / "docs" / "bench" / "soak-keep-step-60min-2026-12-03.json"
@@ -172,6 +173,49 @@ def kwok_defaults(doc: dict[str, Any]) -> str:
             *report.worker_failure_tables(summ),
             *report.node_death_table(summ),
             *report.pool_lines(summ),
+        ]
+    )
+
+
+def kwok_pool(small: dict[str, Any], large: dict[str, Any]) -> str:
+    """Whether the simulated fleet's thread pool held a path back: the defaults run (its pool)
+    against a run with a pool several times larger, the same gangs and settings otherwise;
+    per path the worker failures' median with its interval, the ratio of the medians, and
+    the pool's fullness and waits."""
+    rows = [
+        "| path | fleet threads | worker failures | every member running (median, 95 % "
+        "interval) | most threads busy | longest wait for one | larger pool / smaller |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for path in ("hybrid", "upstream"):
+        values = {}
+        for doc in (small, large):
+            (size,) = doc["sizes"]
+            runs = doc["sizes"][size][path]["worker_failure"]
+            values[id(doc)] = [float(m["all_running_s"]) for m in runs]
+        for doc in (small, large):
+            (size,) = doc["sizes"]
+            runs = doc["sizes"][size][path]["worker_failure"]
+            pool = report.fleet_pool({"worker_failure": runs}) or {}
+            mine = values[id(doc)]
+            lo, hi = median_interval(mine)
+            ratio = ratio_of_medians(mine, values[id(small)]).text() if doc is large else "-"
+            threads = doc["settings"].get("fleet_workers", pool.get("workers", "?"))
+            rows.append(
+                f"| {report.LABEL[path]} | {threads} "
+                f"| {len(mine)} | {statistics.median(mine):.2f} s ({lo:.2f}-{hi:.2f}) "
+                f"| {pool.get('peak_busy', '-')} | {1000 * pool.get('wait_max_s', 0):.0f} ms "
+                f"| {ratio} |"
+            )
+    return "\n".join(
+        [
+            f"Two runs at 1000 pods, the same gangs with jobset-inplace's defaults, one after "
+            f"the other: started {small['started'][:16]} UTC at `{small['commit']}` "
+            f"({_link(KWOK_DEFAULTS)}) and {large['started'][:16]} UTC at `{large['commit']}` "
+            f"with `--fleet-workers {large['settings']['fleet_workers']}` ({_link(KWOK_POOL)}); "
+            "within a run the paths take turns; the ratio is across the two runs.",
+            "",
+            *rows,
         ]
     )
 
@@ -920,6 +964,7 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
     "kwok-paths": (ROOT / "docs" / "benchmarks.md", kwok_paths, (PATHS,)),
     "kwok-deaths": (ROOT / "docs" / "benchmarks.md", kwok_deaths, (DEATHS,)),
     "kwok-defaults": (ROOT / "docs" / "benchmarks.md", kwok_defaults, (KWOK_DEFAULTS,)),
+    "kwok-pool": (ROOT / "docs" / "benchmarks.md", kwok_pool, (KWOK_DEFAULTS, KWOK_POOL)),
     "kwok-headline": (ROOT / "README.md", kwok_headline, (PATHS, DEATHS)),
     "kwok-spares": (ROOT / "docs" / "benchmarks.md", kwok_spares, (SPARES,)),
     "spares-headline": (ROOT / "README.md", spares_headline, (SPARES,)),

@@ -563,3 +563,34 @@ def test_a_kwok_run_says_which_of_jobset_inplaces_settings_were_not_its_defaults
         " jobset-inplace's settings other than its defaults: 1000 pods: `inplace-budget: 10000`; "
         "5000 pods: `inplace-budget: 10000`, `node-unhealthy-after: 1h`."
     )
+
+
+def test_the_fleets_pool_is_judged_by_a_run_with_a_larger_one() -> None:
+    def run(workers: int, hybrid: list[float], upstream: list[float]) -> dict[str, Any]:
+        def failures(times: list[float]) -> list[dict[str, Any]]:
+            pool = {"tasks": 9, "wait_p50_s": 0.0, "wait_p99_s": 0.1, "wait_max_s": 0.2}
+            return [
+                {
+                    "all_running_s": t,
+                    "fleet_pool": pool | {"peak_busy": workers, "workers": workers},
+                }
+                for t in times
+            ]
+
+        return {
+            "started": "2026-12-05T02:00:00Z",
+            "commit": "abc1234",
+            "settings": {"fleet_workers": workers},
+            "sizes": {"1000": {"hybrid": {"worker_failure": failures(hybrid)},
+                               "upstream": {"worker_failure": failures(upstream)}}},
+        }  # fmt: skip
+
+    text = pages.kwok_pool(
+        run(32, [1.0, 1.1, 0.9], [20.0, 21.0]), run(256, [1.0, 1.0], [20.0, 21.0])
+    )
+    assert "with `--fleet-workers 256`" in text
+    assert "| upstream IPR | 32 | 2 | 20.50 s (20.00-21.00) | 32 | 200 ms | - |" in text
+    assert (
+        "| upstream IPR | 256 | 2 | 20.50 s (20.00-21.00) | 256 | 200 ms | 1.00x (95% interval"
+        in text
+    )
