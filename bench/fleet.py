@@ -156,10 +156,13 @@ class MeasuredPool:
         self._pool.submit(run)
 
     def mark(self) -> int:
-        """Start a window: its peak counts from now; its waits are those after the index."""
+        """Start a window (one at a time: the previous window's waits are dropped, so a long
+        run keeps only its current failure's): its peak counts from now; its waits are those
+        after the index returned."""
         with self._lock:
+            self.waits.clear()
             self.peak_busy = self._busy
-            return len(self.waits)
+            return 0
 
     def since(self, mark: int) -> dict[str, Any]:
         """The window's tasks, their wait for a worker (median, p99, largest, in seconds) and
