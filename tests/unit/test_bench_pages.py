@@ -594,3 +594,25 @@ def test_the_fleets_pool_is_judged_by_a_run_with_a_larger_one() -> None:
         "| upstream IPR | 256 | 2 | 20.50 s (20.00-21.00) | 256 | 200 ms | 1.00x (95% interval"
         in text
     )
+
+
+def test_a_fallback_run_says_how_many_surfaced_in_time_not_that_the_goal_is_met() -> None:
+    reps = [
+        {"where": "pod", "fallback_s": t, "counted_s": t + 0.01, "event_s": t + 0.02}
+        for t in (0.5, 0.6, 0.7, 0.8)
+    ]
+    summ = {
+        key: {"median": 0.65 + d, "max": 0.8 + d, "min": 0.5 + d}
+        for key, d in (("fallback_s", 0.0), ("counted_s", 0.01), ("event_s", 0.02))
+    }
+    doc = CRASH_DOC | {
+        "reps": reps,
+        "summary": summ | {"n": 4, "on_pod": 4, "surfaced_max_s": 0.82, "goal_met": True},
+    }
+    text = pages.channel_fallback_text(doc)
+    assert "on the pod after 0.65 s (95 % interval 0.50-0.80; largest 0.80 s)" in text
+    assert "Surfaced within 2 s: **4 of 4**" in text
+    assert "a rate of later ones up to 53 % is not excluded at 95 %" in text
+    assert "met" not in text.replace("measured", "")
+    doc["reps"][0]["event_s"] = 2.5
+    assert "**3 of 4**" in pages.channel_fallback_text(doc)
