@@ -708,11 +708,15 @@ def cpu_floor(doc: dict[str, Any]) -> str:
     for way, med in doc["medians"].items():
         cells = ["-" if c not in med else f"{med[c]:.2f}" for c in columns[:-1]]
         ratio = ratio_of_medians([r["first_step"] for r in doc["runs"][way]], base)
+        firsts = [r["first_step"] for r in doc["runs"][way]]
+        lo, hi = median_interval(firsts)
         rows.append(
-            f"| {way} | {' | '.join(cells)} | **{med['first_step']:.2f}** | "
+            f"| {way} | {' | '.join(cells)} | **{med['first_step']:.2f}** ({lo:.2f}-{hi:.2f}) | "
             f"{'-' if way == 'torchrun' else ratio.text()} |"
         )
-    return "\n".join([head, "", *rows])
+    return "\n".join(
+        [head, "", *rows, "", "(seconds after the kill, medians; the first step's 95 % interval)"]
+    )
 
 
 def channel_attacks_table(doc: dict[str, Any]) -> str:
