@@ -433,7 +433,9 @@ class ClusterCache:
         """Make member ``uid``'s view at the gang's epoch ``epoch`` (member_view), noting
         whether it depends on that epoch (:meth:`_merged`)."""
         on_pod, report = gang.on_pod[uid], gang.reports.get(uid)
-        named = on_pod.report.epoch if report is None else max(on_pod.report.epoch, report.epoch)
+        named = on_pod.report_order()[0]
+        if report is not None:
+            named = max(named, report.epoch)
         gang.pods[uid] = member_view(on_pod, report, epoch)
         gang.newest_named = max(gang.newest_named, named)
         if epoch is not None and named > epoch:

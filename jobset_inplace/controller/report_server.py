@@ -34,7 +34,7 @@ import re
 import secrets
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 from kubernetes import client
@@ -45,6 +45,7 @@ from jobset_inplace.protocol.envelope import (
     EnvelopeError,
     Heartbeat,
     ProgressNote,
+    Sender,
     decode_message,
     parse_request,
 )
@@ -59,7 +60,7 @@ from jobset_inplace.runtime.report_http import (
 )
 from jobset_inplace.runtime.report_limits import Limits
 from jobset_inplace.runtime.report_tls import serving_context
-from jobset_inplace.runtime.report_tokens import Rejected, TokenVerifier
+from jobset_inplace.runtime.report_tokens import Identity, Rejected, TokenVerifier
 
 from .cache import ClusterCache, EpochReport, GangKey
 from .metrics import METRICS
@@ -185,19 +186,40 @@ class ReportServer:
                     c.close()
             await self._server.wait_closed()
 
-    async def handle(self, request: Request) -> Answer:
-        """The answer to one report request (accepted: with the pod's uid as its identity)."""
+    def handle(self, request: Request) -> Answer | Awaitable[Answer]:
+        """The answer to one report request (accepted: with the pod's uid as its identity):
+        at once where its token is remembered (nearly every report: a token is verified once
+        per pod, then kept until it expires), else once the token is verified: no task per
+        report, and the connection's reading is not paused and resumed around it."""
         self.handled += 1
         try:
-            uid, holds = await self._accept(request)
+            token, sender, values = self._parse(request)
+            who = self.verifier.remembered(token)
+            if who is None:
+                return self._verify_then_accept(token, sender, values)
+            return self._accepted(*self._accept(who, sender, values))
         except Rejected as e:
-            if e.status != 409:
-                self._warn(str(e.status), f"refused ({e.status}): {e}")
-            METRICS.report_channel_requests.labels(str(e.status)).inc()
-            return Answer(e.status, {"error": str(e)})
+            return self._rejected(e)
+
+    async def _verify_then_accept(
+        self, token: str, sender: Sender, values: dict[str, str]
+    ) -> Answer:
+        try:
+            who = await self.verifier.identify(token)
+            return self._accepted(*self._accept(who, sender, values))
+        except Rejected as e:
+            return self._rejected(e)
+
+    def _accepted(self, uid: str, holds: str | None) -> Answer:
         self.accepted += 1
         METRICS.report_channel_requests.labels("200").inc()
         return Answer(200, {"accepted": True, "holds": holds}, identity=uid)
+
+    def _rejected(self, e: Rejected) -> Answer:
+        if e.status != 409:
+            self._warn(str(e.status), f"refused ({e.status}): {e}")
+        METRICS.report_channel_requests.labels(str(e.status)).inc()
+        return Answer(e.status, {"error": str(e)})
 
     def _refused(self, e: Refused) -> None:
         """A request the HTTP layer refused (not a report: its status names why)."""
@@ -224,19 +246,26 @@ class ReportServer:
         log.warning("report channel: %s%s", text, also)
         self._quiet_until[key] = now + LOG_EVERY_S
 
-    async def _accept(self, request: Request) -> tuple[str, str | None]:
-        """Take one report: the reporting pod's uid, and the slot it holds (hot spares: the
-        agent renews its lease only while it holds the slot its trainer runs as); raises
-        `Rejected`."""
+    @staticmethod
+    def _parse(request: Request) -> tuple[str, Sender, dict[str, str]]:
+        """The request's token and its report's sender and fields, in form only (nothing is
+        believed before the token is checked); raises `Rejected`."""
         scheme, _, token = request.authorization.partition(" ")
         if scheme != "Bearer" or not token:
             raise Rejected(401, "Authorization: Bearer <projected token> is required")
         try:
-            sender, values = parse_request(request.body)  # its form only, before the token
+            sender, values = parse_request(request.body)
         except EnvelopeError as e:
             raise Rejected(400, str(e)) from None
+        return token, sender, values
+
+    def _accept(
+        self, who: Identity, sender: Sender, values: dict[str, str]
+    ) -> tuple[str, str | None]:
+        """Take one report of the pod ``who`` (its token's): the reporting pod's uid, and the
+        slot it holds (hot spares: the agent renews its lease only while it holds the slot
+        its trainer runs as); raises `Rejected`."""
         namespace, gang_name, pod, uid = sender.namespace, sender.gang, sender.pod, sender.uid
-        who = await self.verifier.identify(token)
         if (who.namespace, who.pod, who.uid) != (namespace, pod, uid):
             raise Rejected(
                 403,

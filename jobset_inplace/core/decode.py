@@ -15,7 +15,7 @@ from jobset_inplace.core.policy import PolicyError, parse_duration
 from jobset_inplace.core.spares import spare_spec
 from jobset_inplace.core.transform import AGENT_CONTAINER
 from jobset_inplace.names import member_name
-from jobset_inplace.protocol.report import AHEAD, EMPTY, AgentReport, decode_report
+from jobset_inplace.protocol.report import AHEAD, EMPTY, AgentReport, decode_report, report_rank
 from jobset_inplace.times import parse_time
 from jobset_inplace.trainer.checkpoints import parse_canonical_int
 from jobset_inplace.trainer.progress import decode_busy
@@ -154,7 +154,7 @@ def member_view(on_pod: PodView, channel: AgentReport | None, gang_epoch: int | 
     (:meth:`AgentReport.rank`): it sets nothing and says why."""
     view = on_pod
     if gang_epoch is not None and on_pod.report_error is None:
-        epoch = on_pod.report.epoch
+        epoch = on_pod.report_order()[0]
         if epoch > gang_epoch:
             error = (
                 f"its report is about epoch {epoch}, beyond the gang's {gang_epoch} (an "
@@ -171,12 +171,11 @@ def with_channel_report(view: PodView, report: AgentReport, gang_epoch: int | No
     (:meth:`AgentReport.rank`). A newer report that names no epoch is an exit or hang added to
     the older one's epoch report, not a new one."""
     channel = report.rank(gang_epoch)
-    on_pod = view.report
-    if on_pod.rank(gang_epoch) <= channel:
+    if report_rank(view.report_order(), gang_epoch) <= channel:
         return view.with_report(report, well_formed=True)
     if view.reported_epoch is not None or channel == AHEAD:
         return view
-    return view.with_report(report.merged(on_pod))  # what the pod says wins
+    return view.with_report(report.merged(view.report))  # what the pod says wins
 
 
 def pod_view(pod: Obj) -> PodView | None:

@@ -12,7 +12,7 @@ from typing import Any, Union
 from jobset_inplace import names
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.core.statemachine import Edge, Phase
-from jobset_inplace.protocol.report import AgentReport
+from jobset_inplace.protocol.report import AgentReport, report_order
 from jobset_inplace.strenum import StrEnum
 from jobset_inplace.trainer.progress import ProgressSpan
 
@@ -139,6 +139,10 @@ class PodView:
             parked_in_epoch=self.parked_in_epoch,
             rechecked_epoch=self.rechecked_epoch,
         )
+
+    def report_order(self) -> tuple[int, int]:
+        """``self.report.order()``, without making the report."""
+        return report_order(self.reported_epoch, self.exited_in_epoch, self.hung_in_epoch)
 
     def with_report(self, report: AgentReport, *, well_formed: bool = False) -> PodView:
         """This view holding ``report`` (every field of it: what it does not say, None);

@@ -68,17 +68,8 @@ class AgentReport:
         )
 
     def order(self) -> tuple[int, int]:
-        """Where this report stands among its pod's agents' reports, in the order they were
-        made: by the epoch it is about, then by an exit or hang seen in it. An agent reports an
-        exit or hang in epoch N only after its report of epoch N, so such a report is of epoch
-        N at least, whether or not it repeats that report (an older agent's fallback wrote only
-        the exit on its pod)."""
-        seen = -1  # (no generator and max(): the leader orders reports per report it takes)
-        for e in (self.exited_in_epoch, self.hung_in_epoch):
-            if e is not None and e > seen:
-                seen = e
-        epoch = -1 if self.reported_epoch is None else self.reported_epoch
-        return (max(epoch, seen), seen)
+        """Where this report stands among its pod's agents' reports (:func:`report_order`)."""
+        return report_order(self.reported_epoch, self.exited_in_epoch, self.hung_in_epoch)
 
     @property
     def epoch(self) -> int:
@@ -86,13 +77,34 @@ class AgentReport:
         return self.order()[0]
 
     def rank(self, gang_epoch: int | None) -> tuple[int, int]:
-        """:meth:`order`, where a report that names an epoch beyond the gang's (``gang_epoch``;
-        None: not known) ranks below every other, even an empty one: an agent learns epochs
-        only from the GangState, so only a forged or corrupt report (or one about a GangState
-        made again since) is ahead, and it must never hide a later, valid report of the current
-        epoch."""
-        order = self.order()
-        return AHEAD if gang_epoch is not None and order[0] > gang_epoch else order
+        """Where it ranks at the gang's epoch ``gang_epoch`` (:func:`report_rank`)."""
+        return report_rank(self.order(), gang_epoch)
+
+
+def report_order(
+    reported_epoch: int | None, exited_in_epoch: int | None, hung_in_epoch: int | None
+) -> tuple[int, int]:
+    """Where a report of these fields stands among its pod's agents' reports, in the order they
+    were made: by the epoch it is about, then by an exit or hang seen in it. An agent reports an
+    exit or hang in epoch N only after its report of epoch N, so such a report is of epoch N at
+    least, whether or not it repeats that report (an older agent's fallback wrote only the exit
+    on its pod). (Of the fields, not of an AgentReport: the leader orders the reports its views
+    hold per report it takes, without making one.)"""
+    seen = -1  # (no generator and max(): per report taken)
+    for e in (exited_in_epoch, hung_in_epoch):
+        if e is not None and e > seen:
+            seen = e
+    epoch = -1 if reported_epoch is None else reported_epoch
+    return (max(epoch, seen), seen)
+
+
+def report_rank(order: tuple[int, int], gang_epoch: int | None) -> tuple[int, int]:
+    """A report's :func:`report_order`, where a report that names an epoch beyond the gang's
+    (``gang_epoch``; None: not known) ranks below every other, even an empty one: an agent
+    learns epochs only from the GangState, so only a forged or corrupt report (or one about a
+    GangState made again since) is ahead, and it must never hide a later, valid report of the
+    current epoch."""
+    return AHEAD if gang_epoch is not None and order[0] > gang_epoch else order
 
 
 # Where a report ahead of the gang's epoch ranks (AgentReport.rank).

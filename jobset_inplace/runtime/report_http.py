@@ -33,7 +33,9 @@ TLS runs in the connection, on a plain transport: OpenSSL through two memory BIO
 (:class:`ssl.SSLObject`), as asyncio's and uvloop's TLS transports do, without the read buffer
 they keep per connection (uvloop's is 256 KiB, and where it lands on reused heap all of it is
 resident). The parser exists only while a request is in flight: an idle connection holds its
-TLS state and nothing else."""
+TLS state and nothing else (the server keeps up to READERS_KEPT idle parsers for reuse).
+Where the handler can answer at once (a report whose token is remembered), the request is
+answered in the read's own callback; else its task runs while the connection reads nothing."""
 
 from __future__ import annotations
 
@@ -46,8 +48,9 @@ import ssl
 import sys
 import termios
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from http import HTTPStatus
 from typing import Any, NoReturn, cast
 
@@ -80,6 +83,7 @@ READ_SIZE = 16 * 1024 + 5  # bytes taken from a socket per read: one TLS record
 # and the peer (still sending) would never read why (as nginx's lingering close).
 LINGER_S = 2.0
 LINGER_BYTES = 1024 * 1024
+READERS_KEPT = 64  # idle request readers kept for reuse (HttpServer.reader)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +112,9 @@ class Refused(Exception):
         self.status = status
 
 
-Handler = Callable[[Request], Coroutine[Any, Any, Answer]]
+# A handler answers at once (an Answer) or later (an awaitable of one, run as a task while
+# the connection reads nothing more).
+Handler = Callable[[Request], Answer | Awaitable[Answer]]
 
 
 class RequestReader:
@@ -305,6 +311,7 @@ class Connection(asyncio.BufferedProtocol):
         "_gated",
         "_linger_timer",
         "_lingering",
+        "_paused",
         "_peer_done",
         "_reader",
         "_server",
@@ -333,6 +340,7 @@ class Connection(asyncio.BufferedProtocol):
         self.source = ""  # the peer's address
         self._busy = False  # a request is being handled
         self._blocked = False  # the peer does not read its answers: take no more requests
+        self._paused = False  # its reading was paused since it last settled (_settled)
         self._closed = False
         self._peer_done = False  # the peer sent its last byte (close_notify, or FIN)
         self._gated = False  # its TLS handshake waits its turn (report_limits.HandshakeGate)
@@ -465,9 +473,8 @@ class Connection(asyncio.BufferedProtocol):
         """Plaintext received: requests out of it, in turn."""
         if data:
             if self._reader is None:
-                self._reader = RequestReader(self._server.path, self._server.max_body, data)
-            else:
-                self._reader.feed(data)
+                self._reader = self._server.reader()
+            self._reader.feed(data)
         if self._peer_done:
             self._peer_ended()
             return
@@ -529,6 +536,7 @@ class Connection(asyncio.BufferedProtocol):
         reader = self._reader
         full = reader is not None and reader.buffered >= self._server.request_max
         if self._busy or self._blocked or full or self._gated:
+            self._paused = True
             self._transport.pause_reading()
         else:
             self._transport.resume_reading()
@@ -563,13 +571,18 @@ class Connection(asyncio.BufferedProtocol):
     def _settled(self) -> bool:
         """Nothing of a request received and not answered, not even part of a TLS record, nor
         bytes the kernel holds unread (a pipelined backlog the peer sent while reading was
-        paused: its deadline goes on)."""
+        paused: its deadline goes on). Unpaused, the loop reads what comes as it comes (what
+        arrives after this is a new request, its clock started when read): the kernel is
+        asked (an ioctl) only where reading was paused since the connection last settled."""
         reader, incoming = self._reader, self._tls_in
-        return (
+        settled = (
             (reader is None or reader.idle)
             and (incoming is None or not incoming.pending)
-            and not self._unread_in_kernel()
+            and not (self._paused and self._unread_in_kernel())
         )
+        if settled:
+            self._paused = False
+        return settled
 
     def _unread_in_kernel(self) -> bool:
         sock = self._transport.get_extra_info("socket") if self._transport is not None else None
@@ -582,38 +595,58 @@ class Connection(asyncio.BufferedProtocol):
         return int.from_bytes(count, sys.byteorder) > 0
 
     def _next(self) -> None:
-        if self._blocked or self._closed:
-            return
-        reader = self._reader
-        try:
-            request = reader.next() if reader is not None else None
-        except Refused as e:
-            self.refuse(e)
-            return
-        if request is None:
-            if self._peer_done:  # nothing more will come: what is incomplete never will be
-                self.close()
-            elif self._settled():
-                self.begun, self._reader = None, None
-            return
-        self._busy = True
-        task = asyncio.get_running_loop().create_task(self._server.handler(request))
-        task.add_done_callback(lambda t: self._answered(t, request.keep_alive))
+        """Serve the requests received, in turn: each answered at once where the handler can,
+        until one must wait for its task (or none is complete, or the peer stops reading)."""
+        while not (self._blocked or self._closed):
+            reader = self._reader
+            try:
+                request = reader.next() if reader is not None else None
+            except Refused as e:
+                self.refuse(e)
+                return
+            if request is None:
+                if self._peer_done:  # nothing more will come: what is incomplete never will be
+                    self.close()
+                elif self._settled():
+                    self.begun, self._reader = None, None
+                    self._server.release_reader(reader)
+                return
+            try:
+                answer = self._server.handler(request)
+            except Exception:
+                log.exception("report channel: a request failed")
+                self.close_with(500, {"error": "internal error; report on the pod"})
+                return
+            if not isinstance(answer, Answer):
+                self._busy = True
+                task = asyncio.ensure_future(answer)
+                task.add_done_callback(partial(self._answered, keep_alive=request.keep_alive))
+                return
+            if not self._answer(answer, request.keep_alive):
+                return
 
-    def _answered(self, task: asyncio.Task[Answer], keep_alive: bool) -> None:
+    def _answered(self, task: asyncio.Future[Answer], *, keep_alive: bool) -> None:
+        """A handler's task ended: its answer, then the requests that came meanwhile."""
         self._busy = False
         if self._closed:
             return
         try:
             answer = task.result()
-            status, payload = answer.status, answer.payload
         except Exception:
             log.exception("report channel: a request failed")
             self.close_with(500, {"error": "internal error; report on the pod"})
             return
+        if self._answer(answer, keep_alive):
+            self._next()  # a request waiting keeps the clock of the first one (``begun``)
+            self._read_on()
+
+    def _answer(self, answer: Answer, keep_alive: bool) -> bool:
+        """Send ``answer``; whether the connection goes on (a refused request, or one that
+        asked to close, ends it)."""
+        status, payload = answer.status, answer.payload
         if status != 200 or not keep_alive:
             self.close_with(status, payload)  # a refused request costs its connection
-            return
+            return False
         server = self._server
         if not self.authenticated:
             self.authenticated = True
@@ -627,9 +660,8 @@ class Connection(asyncio.BufferedProtocol):
                 server.admission.mark_suspect(oldest.source, server.now())
                 oldest.close()
         self._send(response(status, payload, close=False))
-        self.last_active = self._server.now()
-        self._next()  # a request waiting keeps the clock of the first one (``begun``)
-        self._read_on()
+        self.last_active = server.now()
+        return not self._closed
 
     def refuse(self, e: Refused) -> None:
         """Tell the server (``on_refused``), answer ``e`` and close."""
@@ -699,9 +731,23 @@ class HttpServer:
         self.admission = Admission(limits)
         self.gate = HandshakeGate(limits.handshake_rate, limits.handshake_burst)
         self._grant_timer: asyncio.TimerHandle | None = None
+        self._readers: list[RequestReader] = []  # idle ones, for reuse (reader())
 
     def connection(self) -> Connection:
         return Connection(self)
+
+    def reader(self) -> RequestReader:
+        """A reader for a connection's next requests: one it left idle, or a new one."""
+        if self._readers:
+            return self._readers.pop()
+        return RequestReader(self.path, self.max_body)
+
+    def release_reader(self, reader: RequestReader | None) -> None:
+        """Keep ``reader`` (idle: between two requests, none refused) for the next
+        connection that receives a request, up to READERS_KEPT: making a reader (its llhttp
+        parser) per request showed in the leader's profile; reusing one costs nothing."""
+        if reader is not None and len(self._readers) < READERS_KEPT:
+            self._readers.append(reader)
 
     def dropped(self, reason: str) -> None:
         if self.on_dropped is not None:

@@ -14,7 +14,7 @@ import json
 import socket
 import ssl
 import termios
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NamedTuple
 
 import pytest
@@ -270,18 +270,30 @@ async def serving(
 
     release = asyncio.Event()
 
-    async def handler(request: Request) -> Answer:
-        seen.append(request)
+    def answer(request: Request) -> Answer:
+        if request.body.endswith(b"deny"):
+            return Answer(401, {"error": "no"})
+        body = request.body.decode()
+        # "as:<who>": accepted as identity <who>
+        return Answer(200, {"got": body}, identity=body[3:] if body.startswith("as:") else None)
+
+    async def later(request: Request) -> Answer:
         if request.body == b"boom":
             raise RuntimeError("a bug")
         if request.body == b"hold":
             await release.wait()
         await asyncio.sleep(0.01 if request.body == b"slow" else 0)
-        if request.body == b"deny":
-            return Answer(401, {"error": "no"})
-        body = request.body.decode()
-        # "as:<who>": accepted as identity <who>
-        return Answer(200, {"got": body}, identity=body[3:] if body.startswith("as:") else None)
+        return answer(request)
+
+    def handler(request: Request) -> Answer | Awaitable[Answer]:
+        """A body starting with "now" is answered at once (as a report whose token the
+        server remembers), any other once its task has run."""
+        seen.append(request)
+        if not request.body.startswith(b"now"):
+            return later(request)
+        if request.body == b"now-boom":
+            raise RuntimeError("a bug")
+        return answer(request)
 
     http = HttpServer(
         handler,
@@ -341,6 +353,80 @@ async def test_pipelined_requests_on_one_connection_are_answered_in_order(
     writer.close()
 
 
+async def test_answers_at_once_and_by_a_task_keep_the_order_of_the_requests(
+    served: Served,
+) -> None:
+    """Pipelined requests, some answered in the read's callback, some by a task: each is
+    answered in turn, none before the one ahead of it, on one kept connection; an answer at
+    once that refuses still closes the connection, and nothing after it is served."""
+    http, port, seen = served.http, served.port, served.seen
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    bodies = [b"now1", b"slow", b"now2", b"now3", b"x", b"now4"]
+    writer.write(b"".join(post(b) for b in bodies))
+    for b in bodies:
+        assert await read_answer(reader) == (200, {"got": b.decode()}, False)
+    assert [r.body for r in seen] == bodies
+    assert len(http.connections) == 1
+    writer.write(post(b"now-deny") + post(b"now5"))
+    assert (await read_answer(reader))[::2] == (401, True)
+    assert await closed(reader)
+    assert seen[-1].body == b"now-deny", "nothing after a refusal is served"
+    writer.close()
+
+
+async def test_an_idle_connections_reader_serves_the_next_connection(served: Served) -> None:
+    """A connection between requests holds no reader: the server keeps the idle one (and its
+    parser) and gives it to the next connection that receives a request, which it parses
+    from its first byte; a refused request's reader is never kept."""
+    http, port = served.http, served.port
+    a_reader, a = await asyncio.open_connection("127.0.0.1", port)
+    a.write(post(b"now-a"))
+    assert await read_answer(a_reader) == (200, {"got": "now-a"}, False)
+    await asyncio.sleep(0.05)
+    (kept,) = http._readers
+    b_reader, b = await asyncio.open_connection("127.0.0.1", port)
+    b.write(post(b"now-b" * 3)[:40])  # in two pieces: the kept reader holds the first
+    await b.drain()
+    for _ in range(500):
+        if not http._readers:
+            break
+        await asyncio.sleep(0.01)
+    assert not http._readers, "taken by the connection with a request under way"
+    b.write(post(b"now-b" * 3)[40:])
+    assert await read_answer(b_reader) == (200, {"got": "now-b" * 3}, False)
+    await asyncio.sleep(0.05)
+    assert http._readers == [kept], "the same reader, idle again"
+    a.write(b"POST /elsewhere HTTP/1.1\r\n" + HOST.encode() + b"Content-Length: 0\r\n\r\n")
+    assert (await read_answer(a_reader))[::2] == (404, True)
+    await asyncio.sleep(0.05)
+    assert http._readers == [], "a refused request's reader is dropped with its connection"
+    a.close()
+    b.close()
+
+
+async def test_the_readers_kept_for_reuse_are_bounded(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Connections with a request under way at once each hold a reader; once idle, the server
+    keeps READERS_KEPT of them."""
+    monkeypatch.setattr(report_http, "READERS_KEPT", 2)
+    http, port = served.http, served.port
+    clients = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+    for _, w in clients:
+        w.write(post(b"hold"))
+    for _ in range(500):
+        if len(served.seen) == 4:
+            break
+        await asyncio.sleep(0.01)
+    served.release.set()
+    for r, _ in clients:
+        assert (await read_answer(r))[0] == 200
+    await asyncio.sleep(0.05)
+    assert len(http._readers) == 2
+    for _, w in clients:
+        w.close()
+
+
 async def test_a_refused_request_is_answered_and_its_connection_closed(
     served: Served,
 ) -> None:
@@ -356,12 +442,11 @@ async def test_a_refused_request_is_answered_and_its_connection_closed(
     writer.close()
 
 
-async def test_a_failing_handler_answers_500_and_closes(
-    served: Served,
-) -> None:
+@pytest.mark.parametrize("body", [b"boom", b"now-boom"], ids=["in-its-task", "at-once"])
+async def test_a_failing_handler_answers_500_and_closes(served: Served, body: bytes) -> None:
     port = served.port
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(post(b"boom"))
+    writer.write(post(body))
     assert (await read_answer(reader))[::2] == (500, True)
     assert await closed(reader)
     writer.close()
@@ -501,8 +586,9 @@ async def test_no_request_is_taken_while_the_peer_does_not_read_its_answers(
     writer.close()
 
 
+@pytest.mark.parametrize("body", [b"x", b"now"], ids=["answered-by-a-task", "answered-at-once"])
 async def test_a_peer_pipelining_without_reading_answers_gets_one_read_not_one_per_answer(
-    served: Served,
+    served: Served, body: bytes
 ) -> None:
     """4 MiB of valid pipelined reports, no answer read: the server answers until the peer's
     side is full, and holds at most one request's worth plus one socket read of the rest (the
@@ -512,7 +598,7 @@ async def test_a_peer_pipelining_without_reading_answers_gets_one_read_not_one_p
     writer.write(post(b"hello"))
     assert (await read_answer(reader))[0] == 200
     (conn,) = http.connections
-    one = post(b"x")
+    one = post(body)
     writer.write(one * (4 * 2**20 // len(one)))
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(writer.drain(), 2)  # the kernel's buffers fill, then it waits
@@ -523,8 +609,9 @@ async def test_a_peer_pipelining_without_reading_answers_gets_one_read_not_one_p
     writer.transport.abort()
 
 
+@pytest.mark.parametrize("body", [b"x", b"now"], ids=["answered-by-a-task", "answered-at-once"])
 async def test_a_backlog_of_pipelined_requests_must_be_done_within_the_request_deadline(
-    served: Served,
+    served: Served, body: bytes
 ) -> None:
     """An answer does not restart REQUEST_S while pipelined requests wait: a peer that keeps a
     backlog (reading its answers only now and then) is refused 408 REQUEST_S after it began."""
@@ -540,7 +627,7 @@ async def test_a_backlog_of_pipelined_requests_must_be_done_within_the_request_d
     transport = conn._transport
     assert transport is not None
     transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    one = post(b"x")
+    one = post(body)
     writer.write(one * 20_000)  # ~2 MB: more than the answers the server can hold unread
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(writer.drain(), 1)

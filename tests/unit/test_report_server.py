@@ -8,9 +8,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
+from typing import cast
 
 import pytest
 
+from bench import channel_attack
 from jobset_inplace import names
 from jobset_inplace.controller import report_server
 from jobset_inplace.controller.cache import ClusterCache, GangKey
@@ -19,7 +22,8 @@ from jobset_inplace.controller.report_server import (
     ReportServer,
     report_server_from_env,
 )
-from jobset_inplace.runtime.report_http import Refused
+from jobset_inplace.runtime.report_http import Answer, Refused, Request
+from jobset_inplace.runtime.report_tokens import Identity, Rejected, TokenVerifier
 
 
 def no_poke(key: GangKey, delay: float | None = None, *, urgent: bool = False) -> None:
@@ -128,3 +132,56 @@ def test_the_leaders_stalls_are_added_up() -> None:
         assert cache.stalled - quiet >= 0.45
 
     asyncio.run(stall())
+
+
+class Remembering:
+    """A verifier that knows a token only once ``identify`` has checked it."""
+
+    def __init__(self) -> None:
+        self.known: set[str] = set()
+        self.checked = 0
+
+    def remembered(self, token: str) -> Identity | None:
+        return self._who() if token in self.known else None
+
+    async def identify(self, token: str) -> Identity:
+        self.checked += 1
+        if token != "good":
+            raise Rejected(401, "token expired or not yet valid")
+        self.known.add(token)
+        return self._who()
+
+    @staticmethod
+    def _who() -> Identity:
+        return Identity(channel_attack.NAMESPACE, channel_attack.POD, channel_attack.UID, 1e12)
+
+
+async def test_a_report_with_a_remembered_token_is_answered_at_once() -> None:
+    """The first report of a token waits for its verification (a task); the next ones are
+    answered in the call, as are requests refused before any token is checked; a refused
+    token is checked again, never remembered."""
+    verifier = Remembering()
+    as_verifier = cast(TokenVerifier, verifier)
+    s = ReportServer(channel_attack._cache(), no_poke, as_verifier, ("127.0.0.1", 0), "127.0.0.1")
+    body = channel_attack.report_body(0)
+
+    def report(token: str, payload: bytes = body) -> Answer | Awaitable[Answer]:
+        return s.handle(Request(f"Bearer {token}" if token else "", payload, True))
+
+    first = report("good")
+    assert not isinstance(first, Answer), "a token not yet verified: answered by a task"
+    assert (await first).status == 200
+    again = report("good")
+    assert isinstance(again, Answer)
+    assert (again.status, again.identity) == (200, channel_attack.UID)
+    assert verifier.checked == 1
+    for token, payload, status in [("", body, 401), ("good", b"{", 400)]:
+        refused = report(token, payload)
+        assert isinstance(refused, Answer)
+        assert refused.status == status
+    for _ in range(2):
+        bad = report("stolen")
+        assert not isinstance(bad, Answer)
+        assert (await bad).status == 401
+    assert verifier.checked == 3
+    assert s.accepted == 2
