@@ -215,6 +215,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "frames; files leader-PATH-SIZE-REP.txt next to the results; default 0)",
     )
     p.add_argument(
+        "--leader-profile-python",
+        action="store_true",
+        help="sample those recoveries' Python frames only, without pausing the leader "
+        "(py-spy --nonblocking): C time counts to the Python line that called it, and the "
+        "recoveries are not stretched, so the shares are those of a measured one",
+    )
+    p.add_argument(
         "--leader-core",
         type=int,
         metavar="CPU",
@@ -501,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
             "leader_core": args.leader_core,
             "idle_s": args.idle,
             "leader_profile_reps": args.leader_profile_reps,
+            "leader_profile_python": args.leader_profile_python,
             "fleet_workers": args.fleet_workers,
         },
         "sizes": {},
@@ -526,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
             channel=args.agent_reports == "channel",
             idle_s=args.idle,
             leader_profile_reps=args.leader_profile_reps,
+            leader_profile_python=args.leader_profile_python,
         )
         bench.clean()
         if not args.skip_agent_start:
