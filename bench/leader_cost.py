@@ -8,8 +8,8 @@ Prints each run's figures (:func:`bench.report.leader_cost`: commit, median with
 interval, user/system, planning passes) and, per path and size both runs have, the ratio of
 the second's median to the first's with its bootstrap interval. Runs compared this way are
 like for like only if made on one machine the same day with the same arguments: the command
-lines are printed to check. ``--where``: the leader's sampled CPU (py-spy, native frames;
-waiting threads left out) split by what the code does (:data:`PARTS`)."""
+lines are printed to check. ``--where``: the leader's sampled CPU (py-spy, native or Python
+frames; waiting threads left out) split by what the code does (:data:`PARTS`)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,12 @@ PARTS = (
     ("reports: taking a report (token, decode, cache)", r"ReportServer\."),
     ("reports: TLS", r"_ssl__SSLObject|SSLObject\.|Connection\._decrypt|Connection\._send"),
     ("reports: HTTP framing", r"RequestReader\."),
-    ("reports: the connection and the event loop", r"Connection\.|uv__|loop\.c"),
+    # (Python frames only: the event loop's own C work, sockets and epoll, is a stack that
+    # ends at the loop's runner)
+    (
+        "reports: the connection and the event loop",
+        r"Connection\.|uv__|loop\.c|Runner\.run \([^;]*\)$",
+    ),
     ("watches (pods, node Leases, GangStates)", r"RawWatch\.|watches\.py"),
     ("API calls (threads)", r"Executor\.|api_client\.py|rest\.py"),
     ("garbage collection", r"gc_collect"),

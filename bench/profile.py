@@ -134,15 +134,26 @@ class PySpyProfile(_Profile):
     ``pip install -e '.[bench]'``). Samples of threads that wait (py-spy's idle detection) are
     left out, so the samples are where the process spends CPU, not wall time. ``native``: the
     C frames too (the event loop's sockets, TLS, JSON), at the cost of pausing the process per
-    sample (py-spy cannot read native stacks without). :meth:`stop` ends it early."""
+    sample (py-spy cannot read native stacks without). ``cpu``: py-spy runs on that CPU only
+    (the sampled process's own core: py-spy elsewhere, on a core the process's peers keep
+    busy, is descheduled exactly while they send it work, and misses that work).
+    :meth:`stop` ends it early."""
 
     RATE_HZ = 100
 
     def __init__(
-        self, pid: int, seconds: float, path: Path, *, native: bool = False, rate: int = RATE_HZ
+        self,
+        pid: int,
+        seconds: float,
+        path: Path,
+        *,
+        native: bool = False,
+        rate: int = RATE_HZ,
+        cpu: int | None = None,
     ) -> None:
         spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-        cmd = [spy, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds)))]
+        cmd = [] if cpu is None else ["taskset", "-c", str(cpu)]
+        cmd += [spy, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds)))]
         # --nonblocking: the process is not paused per sample
         cmd += ["--rate", str(rate), "--format", "raw"]
         cmd += ["--native"] if native else ["--nonblocking"]

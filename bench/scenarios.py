@@ -363,7 +363,8 @@ class Bench:
     # jobset-inplace's paths: this many more worker failures after the measured ones, the
     # leader sampled (native frames: paused per sample, so their times are not measurements)
     leader_profile_reps: int = 0
-    # ... their Python frames only, the leader not paused (py-spy --nonblocking)
+    # ... their Python frames only, the leader not paused (py-spy --nonblocking), py-spy on
+    # the leader's core where it has one of its own
     leader_profile_python: bool = False
     results: dict[str, Any] = field(default_factory=dict)
 
@@ -624,8 +625,11 @@ class Bench:
         if leader_sampled:  # the failure to every member past the barrier, and no more
             self.profile_dir.mkdir(parents=True, exist_ok=True)
             out = self.profile_dir / f"leader-{path}-{size}-{rep}.txt"
-            native = not self.leader_profile_python
-            leader = PySpyProfile(self.meter.pid, 300, out, native=native, rate=LEADER_HZ).start()
+            python = self.leader_profile_python
+            cpu = self.meter.leader_core if python else None  # (python: its core, see cpu)
+            leader = PySpyProfile(
+                self.meter.pid, 300, out, native=not python, rate=LEADER_HZ, cpu=cpu
+            ).start()
             time.sleep(1.0)  # py-spy attached before the failure
         if profiled and self.profile_s > 0 and path in JSI_PATHS:  # Python's CPU: py-spy
             for who, pid in (("controller", self.meter.pid), ("fleet", os.getpid())):

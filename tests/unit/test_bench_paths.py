@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -426,6 +427,32 @@ def test_where_the_leaders_sampled_cpu_goes(tmp_path: Any) -> None:
         " 20.0% other",
         "(10 samples of CPU in 1 files)",
     ]
+
+
+def test_a_python_frames_profile_counts_the_loops_own_work_to_the_connections(
+    tmp_path: Any,
+) -> None:
+    """Without native frames, the event loop's C work (sockets, epoll) is a stack that ends at
+    its runner; a stack that only passes through the runner is counted by where it ends."""
+    f = tmp_path / "leader.txt"
+    f.write_text(
+        "main (m.py:1);Runner.run (asyncio/runners.py:118) 3\n"
+        "main (m.py:1);Runner.run (asyncio/runners.py:118);Reconciler._plan (r.py:2);"
+        "plan (p.py:3) 1\n"
+    )
+    assert leader_cost.where([f]) == [
+        " 75.0% reports: the connection and the event loop",
+        " 25.0% planning: plan()",
+        "(4 samples of CPU in 1 files)",
+    ]
+
+
+def test_py_spy_runs_on_the_cpu_it_is_given() -> None:
+    """(py-spy elsewhere than the sampled process's core is descheduled while its peers work.)"""
+    spy = profile.PySpyProfile(123, 5, Path("/tmp/x.txt"), rate=250, cpu=1)
+    assert spy._cmd[:3] == ["taskset", "-c", "1"]
+    assert "--nonblocking" in spy._cmd
+    assert profile.PySpyProfile(123, 5, Path("/tmp/x.txt"))._cmd[0] != "taskset"
 
 
 def test_the_fleets_pool_says_how_long_its_tasks_waited_and_how_full_it_got() -> None:
