@@ -49,6 +49,7 @@ PATHS = ROOT / "docs" / "bench" / "kwok-paths-2026-11-28" / "results.json"
 DEATHS = ROOT / "docs" / "bench" / "kwok-node-deaths-2026-11-28-rerun" / "results.json"
 KWOK_DEFAULTS = ROOT / "docs" / "bench" / "kwok-defaults-2026-12-05" / "results.json"
 KWOK_POOL = ROOT / "docs" / "bench" / "kwok-pool256-2026-12-05" / "results.json"
+SEED_5000 = ROOT / "docs" / "bench" / "kwok-5000-pod-scope-2026-12-05" / "results.json"
 SPARES = ROOT / "docs" / "bench" / "spares-2026-11-29" / "results.json"
 SOAK = ROOT / "docs" / "bench" / "soak-60min-2026-12-02.json"
 SOAK_KEEP_STEP = ROOT / "docs" / "bench" / "soak-keep-step-60min-2026-12-03.json"
@@ -217,6 +218,21 @@ def kwok_pool(small: dict[str, Any], large: dict[str, Any]) -> str:
             "within a run the paths take turns; the ratio is across the two runs.",
             "",
             *rows,
+        ]
+    )
+
+
+def kwok_5000(doc: dict[str, Any]) -> str:
+    """jobset-inplace in the pod scope beside upstream InPlaceRestart at 5000 pods, one run:
+    the worker failures, where their time goes, and whether the simulated fleet's pool held
+    a path back."""
+    summ = report.summarize(doc)
+    return "\n".join(
+        [
+            kwok_origin(doc, SEED_5000),
+            "",
+            *report.worker_failure_tables(summ),
+            *report.pool_lines(summ),
         ]
     )
 
@@ -991,6 +1007,7 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
     "kwok-deaths": (ROOT / "docs" / "benchmarks.md", kwok_deaths, (DEATHS,)),
     "kwok-defaults": (ROOT / "docs" / "benchmarks.md", kwok_defaults, (KWOK_DEFAULTS,)),
     "kwok-pool": (ROOT / "docs" / "benchmarks.md", kwok_pool, (KWOK_DEFAULTS, KWOK_POOL)),
+    "kwok-5000": (ROOT / "docs" / "benchmarks.md", kwok_5000, (SEED_5000,)),
     "kwok-headline": (ROOT / "README.md", kwok_headline, (PATHS, DEATHS)),
     "kwok-spares": (ROOT / "docs" / "benchmarks.md", kwok_spares, (SPARES,)),
     "spares-headline": (ROOT / "README.md", spares_headline, (SPARES,)),
