@@ -26,8 +26,12 @@ addresses (40 by default), runs one attack after another:
 Before each attack the agent measures quiet, then during it (``--seconds``, past the 10 s
 pre-authentication deadline). Per attack: every answer the agent got, the ratio of its median
 latency to quiet's with a 95 % bootstrap interval, the server's RSS growth and peak, its CPU
-share (of one core) over the attack, and what it refused, by reason. The goals: every report
-answered 200, latency at most 2x quiet, RSS at most +100 MiB. The attacker and the agent share
+share (of one core) over the attack, its loop's lag, and what it refused, by reason. The whole
+suite runs ``--repeats`` times, each on a fresh server process (a repeat's memory growth is not
+the heap an earlier one left); the summary pools the agents' latencies and gives each of the
+server's figures as the median over the repeats with its 95 % bootstrap interval
+(:func:`summarize`). The goals: every report answered 200 in every repeat, the latency ratio's
+interval within 2x quiet, RSS at most +100 MiB in the worst repeat. The attacker and the agent share
 this machine's 2 cores with the server: the CPU figures are this machine's, the ratios are what
 matters."""
 
@@ -66,7 +70,7 @@ from bench.channel_attack import (
     request,
 )
 from bench.channel_attack import NAMESPACE as NS
-from bench.stats import ratio_of_medians
+from bench.stats import median_interval, ratio_of_medians
 from jobset_inplace import names
 from jobset_inplace.runtime.report_limits import Limits
 from jobset_inplace.runtime.report_tokens import TokenVerifier
@@ -456,6 +460,7 @@ def run(
             "quiet_median_s": statistics.median(quiet),
             "median_s": statistics.median(times),
             "latency": ratio.as_dict(),
+            "samples_s": _samples(quiet, times),
             "attacker": json.loads(seen_text or "{}"),
             "server": _state_delta(before, mid, after, during),
             "server_after": {k: after[k] for k in ("connections", "unauthenticated", "rss_mib")},
@@ -468,6 +473,7 @@ def run(
                 "median_s": statistics.median(new_pod[0]),
                 "quiet_median_s": statistics.median(new_quiet[0]),
                 "latency": new_ratio.as_dict(),
+                "samples_s": _samples(new_quiet[0], new_pod[0]),
             }
             answered = answered and set(new_pod[1]) == {t.ok}
             worst = max(worst, new_ratio.ratio)
@@ -481,6 +487,113 @@ def run(
         print(f"  {_line(name, result)}", file=sys.stderr)
     out["end"] = server.state()
     return out
+
+
+def _samples(quiet: list[float], during: list[float]) -> dict[str, list[float]]:
+    """An agent's latencies, quiet and during an attack, as stored (to 10 us: a repeat's
+    samples pooled with the others' by :func:`summarize`)."""
+    return {"quiet": [round(t, 5) for t in quiet], "during": [round(t, 5) for t in during]}
+
+
+# The server's figures per attack that each repeat gives once (the latencies are samples of
+# their own): the name in a summary, and how it is read from a repeat's ``server``.
+SERVER_FIGURES: dict[str, Callable[[dict[str, Any]], float]] = {
+    "rss_growth_mib": lambda s: s["rss_growth_mib"],
+    "peak_growth_mib": lambda s: s["peak_growth_mib"],
+    "cpu_share": lambda s: s["cpu_share"],
+    "loop_lag_p99_ms": lambda s: s["loop_lag_ms"]["p99"],
+}
+
+
+def _added(counts: Sequence[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    """A figure over the repeats: its median, its 95 % bootstrap interval (none from one
+    repeat), the worst (largest) and every value."""
+    low, high = median_interval(values) if len(values) > 1 else (None, None)
+    return {
+        "median": statistics.median(values),
+        "low": low,
+        "high": high,
+        "max": max(values),
+        "n": len(values),
+        "values": values,
+    }
+
+
+def _pooled(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """An agent over the repeats: its answers summed, its latency during the attack against
+    quiet from every repeat's samples pooled."""
+    quiet = [t for r in results for t in r["samples_s"]["quiet"]]
+    during = [t for r in results for t in r["samples_s"]["during"]]
+    return {
+        "answers": _added([r["answers"] for r in results]),
+        "median_s": statistics.median(during),
+        "quiet_median_s": statistics.median(quiet),
+        "latency": ratio_of_medians(during, quiet).as_dict(),
+    }
+
+
+def summarize(runs: Sequence[dict[str, Any]], ok: str = "HTTP/1.1 200 OK") -> dict[str, Any]:
+    """Every attack over ``runs`` (each a fresh server's whole suite, :func:`run`): the
+    agents' answers summed and their latencies pooled, the server's figures as medians over
+    the repeats with their intervals, what the attacker got and the server refused summed,
+    and the goals: every report answered in every repeat, the latency ratio's interval
+    within 2x (a verdict only where the interval supports it), the worst repeat's memory
+    within 100 MiB."""
+    out: dict[str, Any] = {}
+    for name in runs[0]["attacks"]:
+        each = [r["attacks"][name] for r in runs]
+        agent = _pooled(each)
+        summary: dict[str, Any] = {
+            "repeats": len(each),
+            **agent,
+            "server": {
+                k: _spread([f(r["server"]) for r in each]) for k, f in SERVER_FIGURES.items()
+            },
+            "attacker": _added([r["attacker"] for r in each]),
+            "refused": _added([r["server"]["refused"] for r in each]),
+        }
+        agents = [agent]
+        if all("new_pod" in r for r in each):
+            summary["new_pod"] = _pooled([r["new_pod"] for r in each])
+            agents.append(summary["new_pod"])
+        memory = summary["server"]
+        summary["goals"] = {
+            "every_report_answered": all(set(a["answers"]) == {ok} for a in agents),
+            "latency_within_2x": all(a["latency"]["high"] <= GOAL_LATENCY_X for a in agents),
+            "rss_within_100_mib": max(
+                memory["peak_growth_mib"]["max"], memory["rss_growth_mib"]["max"]
+            )
+            <= GOAL_RSS_MIB,
+        }
+        out[name] = summary
+    return out
+
+
+def _summary_line(name: str, r: dict[str, Any]) -> str:
+    s, lat = r["server"], r["latency"]
+
+    def fig(k: str, unit: str) -> str:
+        f = s[k]
+        spread = f" ({f['low']:g}-{f['high']:g})" if f["low"] is not None else ""
+        return f"{f['median']:g}{unit}{spread}"
+
+    new = r.get("new_pod")
+    return (
+        f"{name}: answers {r['answers']}; latency / quiet {lat['ratio']:.2f}x "
+        f"({lat['low']:.2f}-{lat['high']:.2f}, n = {lat['n_a']}, {lat['n_b']})"
+        + (f", a new pod's {new['latency']['ratio']:.2f}x" if new else "")
+        + f"; server RSS {fig('rss_growth_mib', ' MiB')}, peak {fig('peak_growth_mib', ' MiB')}, "
+        f"CPU {fig('cpu_share', '')} of a core, loop lag p99 {fig('loop_lag_p99_ms', ' ms')} "
+        f"(medians of {r['repeats']} repeats)"
+    )
 
 
 def _line(name: str, r: dict[str, Any]) -> str:
@@ -513,6 +626,13 @@ def arguments(doc: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc.split("\n\n", maxsplit=1)[0])
     p.add_argument("--addresses", type=int, default=40, help="the attacker's source addresses")
     p.add_argument("--seconds", type=float, default=12.0, help="each attack's length")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="the whole suite this many times, each on a fresh server process (the server's "
+        "figures: medians over the repeats with 95 %% intervals; default %(default)s)",
+    )
     p.add_argument(
         "--only", default=",".join(ATTACKS), help=f"attacks to run (default: {','.join(ATTACKS)})"
     )
@@ -553,21 +673,37 @@ def main() -> int:
         Limits.parse(args.limits)
     except ValueError as e:
         p.error(f"--limits: {e}")
+    if args.repeats < 1:
+        p.error(f"--repeats: must be 1 or more, got {args.repeats}")
     env = {KEY_ENV: cluster.keys(), AGENT_ENV: AGENT, names.ENV_REPORT_LIMITS: args.limits}
-    server = Server("bench.channel_attacks", env)
-    try:
-        result = run(server, cluster, args.addresses, args.seconds, attacks)
-    finally:
-        server.stop()
-    result.update(origin)
-    result["when"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    result["seconds"] = args.seconds
-    result["kubernetes"] = "none (loopback, no cluster)"
+    runs = []
+    for rep in range(args.repeats):
+        # a fresh server each time: a repeat's memory growth is not the heap an earlier left
+        print(f"repeat {rep + 1} of {args.repeats}: a fresh server process", file=sys.stderr)
+        server = Server("bench.channel_attacks", env)
+        try:
+            runs.append(run(server, cluster, args.addresses, args.seconds, attacks))
+        finally:
+            server.stop()
+    result = {
+        **origin,
+        "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "seconds": args.seconds,
+        "addresses": args.addresses,
+        "limits": runs[0]["limits"],
+        "kubernetes": "none (loopback, no cluster)",
+        "attacks": summarize(runs),
+        "runs": runs,
+    }
     provenance.write(result, args.out)
-    print(f"\ncommit {origin['commit']}: the report channel, {args.addresses} attacker addresses")
+    print(
+        f"\ncommit {origin['commit']}: the report channel, {args.addresses} attacker addresses, "
+        f"{args.repeats} repeats"
+    )
     for name, r in result["attacks"].items():
         met = [k for k, ok in r["goals"].items() if not ok]
-        print(f"  {_line(name, r)}\n    goals {'met' if not met else 'NOT met: ' + ', '.join(met)}")
+        verdict = "met" if not met else "NOT met: " + ", ".join(met)
+        print(f"  {_summary_line(name, r)}\n    goals {verdict}")
     return 0
 
 

@@ -151,7 +151,7 @@ class Barrier(PlanningPass):
         ]
         st.goodput = goodput.barrier_opened(st.goodput, rec, spans, own, failed)
         if rec.causes:
-            st.history.append(_summary(rec))
+            st.history.append(history_entry(rec))
             del st.history[:-HISTORY_LIMIT]
         where = "from scratch" if step is None else f"at step {step}"
         if rec.causes:
@@ -166,7 +166,8 @@ class Barrier(PlanningPass):
         self.event("BarrierOpened", f"epoch {st.epoch}: resume {where}; {how}")
 
 
-def _summary(rec: Recovery) -> dict[str, object]:
+def history_entry(rec: Recovery) -> dict[str, object]:
+    """A recovery as the GangState's history keeps it once its barrier opened."""
     return {
         "epoch": rec.epoch,
         "causes": dict(Counter(c.value for c in rec.causes.values())),
