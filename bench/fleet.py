@@ -13,7 +13,8 @@ What is real and what is not:
   ServiceAccount token; channel reports carry a token bound to their pod for the channel's
   audience, requested once per pod (as the kubelet does when it mounts the projected volume).
 * **Simulated**: (1) the GangState watch: one watch feeds every simulated agent instead of one
-  watch per agent (the apiserver's watch fan-out is not measured); (2) the kubelet's in-place
+  watch per agent (the apiserver's watch fan-out is not measured here: ``bench.gangstate_fanout``
+  measures it apart); (2) the kubelet's in-place
   restart (``RestartAllContainers``): two pod-status patches, ``AllContainersRestarting=True``
   (plus the trainer's terminated state for an injected crash), then after ``restart_delay``
   seconds ``AllContainersRestarting=False`` with every container running again and its

@@ -870,7 +870,7 @@ def gangstate_fanout_table(doc: dict[str, Any]) -> str:
             f"| {int(n):,} | {cpu['median'] * 1e3:.1f} ms{spread} | "
             f"**{r['apiserver_cpu_per_recovery_s'] * 1e3:.0f} ms** | {answered * 1e3:.1f} ms | "
             f"{fan['median'] * 1e3:.0f} ms ({fan['max'] * 1e3:.0f}) | "
-            f"{r['bytes_per_watcher']:,} | {r['apiserver_rss_mib']:.0f} MiB | {r['n_writes']} |"
+            f"{r['bytes_per_watcher']:,.0f} | {r['apiserver_rss_mib']:.0f} MiB | {r['n_writes']} |"
         )
     note = (
         "(medians over the writes; the apiserver's CPU less its idle rate with the watches held; "
