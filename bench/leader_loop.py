@@ -289,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.leader:
         print(json.dumps(leader(args)))
         return 0
+    # what is measured, read before the runs: the tree may change while they go on
+    origin = provenance.provenance("bench.leader_loop", sys.argv[1:] if argv is None else argv)
     here = Path(__file__).resolve().parent.parent
     versions = {"this": here} | ({"compare": args.compare.resolve()} if args.compare else {})
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in versions}
@@ -321,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     print("\n".join(lines))
     if args.out:
-        doc = provenance.provenance("bench.leader_loop", sys.argv[1:] if argv is None else argv)
+        doc = origin
         if args.compare:
             doc["compare_commit"] = subprocess.run(
                 ["git", "-C", str(args.compare), "rev-parse", "--short", "HEAD"],
