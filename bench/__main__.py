@@ -79,7 +79,7 @@ def gang_over_default_budgets(args: argparse.Namespace) -> str | None:
     the profiled and the leader-sampled ones, then (last round) its node deaths, each an
     in-place recovery of the gang and a pod recreated."""
     deaths = max((len(NODE_DEATHS[p]) for p in args.paths if p in JSI_PATHS), default=0)
-    deaths *= bool(args.node_death_sizes)
+    deaths *= bool(args.node_death_sizes) * args.node_deaths
     extra = int(args.apiserver_profile > 0) + args.leader_profile_reps
     return within_default_budgets(share(args.reps, args.rounds, 0) + extra + deaths, deaths)
 
@@ -121,6 +121,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=_sizes,
         default=[1000],
         help="sizes at which a node is killed, or none (the stock path takes minutes)",
+    )
+    p.add_argument(
+        "--node-deaths",
+        type=int,
+        default=1,
+        metavar="N",
+        help="node deaths of each kind (path and remediation) at those sizes, the kinds taking "
+        "turns; a kind that did not recover within --node-cap is not run again (default 1)",
     )
     p.add_argument(
         "--pods-per-job",
@@ -258,6 +266,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--fleet-workers must be >= 1, got {args.fleet_workers}")
     if args.pods_per_job < 1:
         p.error("--pods-per-job must be >= 1")
+    if args.node_deaths < 1:
+        p.error(f"--node-deaths must be >= 1, got {args.node_deaths}")
     args.paths = set(args.paths.split(","))
     if args.protocol_only:
         args.paths &= set(JSI_PATHS)
@@ -499,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "stock_cap_s": args.stock_cap,
             "node_cap_s": args.node_cap,
+            "node_deaths_per_kind": args.node_deaths,
             "reps": args.reps,
             "stock_reps": args.stock_reps,
             "rounds": args.rounds,
@@ -550,7 +561,11 @@ def main(argv: list[str] | None = None) -> int:
                 for path in paths[rnd % len(paths) :] + paths[: rnd % len(paths)]:
                     total = args.stock_reps if path == "stock" else args.reps
                     reps = share(total, args.rounds, rnd)
-                    deaths = NODE_DEATHS[path] if last and size in args.node_death_sizes else ()
+                    deaths = (
+                        NODE_DEATHS[path] * args.node_deaths
+                        if last and size in args.node_death_sizes
+                        else ()
+                    )
                     if not reps and not deaths:
                         continue
                     log(

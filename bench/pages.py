@@ -349,7 +349,11 @@ def _node_death_sentence(
         times = x.get("ratio_over_hybrid") if remediation != "none" else None
         base = (theirs or {}).get((path, remediation))
         of = f" of jobset-inplace's {base['running_s']:.1f} s in that run" if base else ""
-        return f"{who[path]} {report.death_outcome(x)}" + (f" ({times}x{of})" if times else "")
+        iv = x.get("ratio_interval")
+        within = f"; 95 % interval {iv[0]}-{iv[1]}" if times and iv else ""
+        return f"{who[path]} {report.death_outcome(x)}" + (
+            f" ({times}x{within}{of})" if times else ""
+        )
 
     parts = []
     if ("hybrid", "none") in deaths:
@@ -373,7 +377,14 @@ def _node_death_sentence(
         parts.append(f"; without that taint {' and '.join(outcome(p, 'none') for p in untainted)}")
     if not parts:
         return ""
-    return "".join(parts) + ". Each node death is one sample (n = 1): no interval, not a verdict."
+    if all(x.get("n", 1) <= 1 for x in deaths.values()):
+        return "".join(parts) + (
+            ". Each node death is one sample (n = 1): no interval, not a verdict."
+        )
+    return "".join(parts) + (
+        ". Medians of each kind's deaths with their 95 % intervals and n; a kind that did not "
+        "recover within the cap was not run again."
+    )
 
 
 SOAK_KINDS = {  # bench.soak's failure kinds, in its order, as the page names them

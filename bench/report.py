@@ -183,43 +183,74 @@ def interval_text(row: dict[str, Any], path: str) -> str:
 
 
 def node_deaths(r: dict[str, Any]) -> list[dict[str, Any]]:
-    """One size's node-death runs, every path and remediation. Ratios only like for like:
-    a peer tainted out-of-service over jobset-inplace waiting for the same taint
-    (``force-delete: never``), both recovered; a run that did not recover has none."""
-    rows: list[dict[str, Any]] = []
+    """One size's node deaths, a row per kind (path, remediation, ``force-delete``) in the
+    order first run: its median over the deaths counted, their 95 % bootstrap interval where
+    there are 2 or more and all recovered, n. Ratios only like for like: a peer tainted
+    out-of-service over jobset-inplace waiting for the same taint (``force-delete: never``),
+    both recovered (with the ratio's interval where both sides have 2 or more)."""
+    kinds: dict[tuple[str, str, str | None], list[dict[str, Any]]] = {}
     for path in (*IN_PLACE, "stock"):
         for d in (r.get(path) or {}).get("node_death", []):
-            rows.append(
-                {
-                    "path": path,
-                    "remediation": d.get("remediation", "none"),
-                    "force_delete": d.get("force_delete"),
-                    "running_s": d["running_s"],
-                    "capped": d.get("capped", False),
-                    "stuck_terminating": len(d.get("stuck_terminating", [])),
-                    "detection_s": d.get("detection_s"),
-                    "declared_dead_s": d.get("declared_dead_s"),
-                    "out_of_service_s": d.get("out_of_service_s"),
-                    # set by hand on a stored run whose record a harness bug spoiled (with the
-                    # reason and the fix's commit): shown, never a ratio
-                    "invalid": d.get("invalid"),
-                }
-            )
+            key = (path, d.get("remediation", "none"), d.get("force_delete"))
+            kinds.setdefault(key, []).append(d)
+    rows = [_death_kind(*key, runs) for key, runs in kinds.items()]
     base = next(
         (
             x
             for x in rows
             if x["path"] == "hybrid"
             and x["remediation"] == "out-of-service"
-            and not (x["capped"] or x["invalid"])
+            and not (x["capped_runs"] or x["invalid"])
         ),
         None,
     )
     for x in rows:
         like = x["path"] in OTHERS and x["remediation"] == "out-of-service"
-        if base and like and not (x["capped"] or x["invalid"]):
+        if base and like and not (x["capped_runs"] or x["invalid"]):
             x["ratio_over_hybrid"] = round(x["running_s"] / base["running_s"], 1)
+            x["ratio_n"] = [x["n"], base["n"]]
+            if x["n"] >= 2 and base["n"] >= 2:
+                iv = ratio_of_medians(x["values"], base["values"])
+                x["ratio_interval"] = [round(iv.low, 1), round(iv.high, 1)]
     return rows
+
+
+def _death_kind(
+    path: str, remediation: str, force_delete: str | None, runs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The row of one kind of node death from its ``runs``. A run marked ``invalid`` (by hand,
+    on a stored run whose record a harness bug spoiled, with the reason and the fix's commit)
+    is not counted; a kind with none counted is shown with the reason, never a ratio. A capped
+    run counts at the cap (a lower bound): the kind "did not recover" where half or more of
+    its runs were capped (its median is then a lower bound too)."""
+    counted = [d for d in runs if not d.get("invalid")]
+    shown = counted or runs
+    values = [float(d["running_s"]) for d in shown]
+    capped_runs = sum(1 for d in shown if d.get("capped"))
+
+    def med(key: str) -> float | None:
+        got = [float(d[key]) for d in shown if d.get(key) is not None]
+        return round(statistics.median(got), 2) if got else None
+
+    row: dict[str, Any] = {
+        "path": path,
+        "remediation": remediation,
+        "force_delete": force_delete,
+        "n": len(counted),
+        "values": values,
+        "running_s": round(statistics.median(values), 2),
+        "capped": 2 * capped_runs >= len(values),
+        "capped_runs": capped_runs,
+        "stuck_terminating": max(len(d.get("stuck_terminating", [])) for d in shown),
+        "detection_s": med("detection_s"),
+        "declared_dead_s": med("declared_dead_s"),
+        "out_of_service_s": med("out_of_service_s"),
+        "invalid": None if counted else runs[0]["invalid"],
+        "not_counted": len(runs) - len(counted),
+    }
+    if len(counted) >= 2 and not capped_runs:
+        row["interval"] = [round(v, 1) for v in median_interval(values)]
+    return row
 
 
 def death_label(x: dict[str, Any]) -> str:
@@ -235,11 +266,18 @@ def death_outcome(x: dict[str, Any]) -> str:
     why the record does not count."""
     if x.get("invalid"):
         return f"not counted: {x['invalid']}"
+    n, capped = x.get("n", 1), x.get("capped_runs", int(x["capped"]))
     if not x["capped"]:
+        if "interval" in x:
+            low, high = x["interval"]
+            return f"{x['running_s']:.1f} s ({low:.1f}-{high:.1f}, n = {n})"
+        if n > 1:  # some capped: the median's interval would count a bound as a time
+            return f"{x['running_s']:.1f} s (n = {n}, {capped} not within the cap)"
         return f"{x['running_s']:.1f} s"
     stuck = x["stuck_terminating"]
     why = f" ({stuck} pod{'s' * (stuck != 1)} stuck Terminating)" if stuck else ""
-    return f"did not recover within {x['running_s']:.0f} s{why}"
+    of = f"; {capped} of {n}" if n > 1 else ""
+    return f"did not recover within {x['running_s']:.0f} s{why}{of}"
 
 
 # What the recovery protocol itself writes (the controller and the agents): every other write in
@@ -669,11 +707,18 @@ def node_death_table(summ: dict[str, Any]) -> list[str]:
     sizes = _sizes(summ)
     deaths = [(s, x) for s in sizes for x in summ[s].get("node_death", [])]
     if deaths:
+        single = all(x.get("n", 1) <= 1 for _, x in deaths)
+        how = (
+            "one death a cell: no interval, a single sample each, not a verdict"
+            if single
+            else "each cell the median of that kind's deaths with its 95 % bootstrap interval "
+            "and n, the ratio of the medians with its interval (a kind that did not recover "
+            "within the cap is not run again: another would take the cap for the same verdict)"
+        )
         out += [
             "",
             "One node dies (its heartbeat stops), -> the gang running again; ratios only like "
-            "for like (the same remediation, both recovered); one death a cell: no interval, "
-            "a single sample each, not a verdict:",
+            f"for like (the same remediation, both recovered); {how}:",
             "",
             "| gang | path (how the dead node's pod is freed) | node declared dead "
             "| **-> gang running** | **/ jobset-inplace** |",
@@ -681,12 +726,21 @@ def node_death_table(summ: dict[str, Any]) -> list[str]:
         ]
         for size, x in deaths:
             dead = x["declared_dead_s"]
-            ratio = x.get("ratio_over_hybrid")
             out.append(
                 f"| {size} pods | {death_label(x)} | {'-' if dead is None else f'{dead:.1f} s'} "
-                f"| **{death_outcome(x)}** | {f'**{ratio}x** (n = 1, 1)' if ratio else '-'} |"
+                f"| **{death_outcome(x)}** | {death_ratio(x)} |"
             )
     return out
+
+
+def death_ratio(x: dict[str, Any]) -> str:
+    """``**1.6x** (1.4-1.9, n = 5, 5)``, ``**1.6x** (n = 1, 1)``, or ``-`` (no like for like)."""
+    ratio = x.get("ratio_over_hybrid")
+    if not ratio:
+        return "-"
+    a, b = x.get("ratio_n", [1, 1])
+    iv = x.get("ratio_interval")
+    return f"**{ratio}x** ({f'{iv[0]}-{iv[1]}, ' if iv else ''}n = {a}, {b})"
 
 
 def detail_tables(summ: dict[str, Any]) -> list[str]:

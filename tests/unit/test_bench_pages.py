@@ -426,6 +426,41 @@ def test_a_spoiled_node_death_is_shown_without_a_ratio_and_taken_from_a_second_r
     assert "harness bug" not in headline
 
 
+def test_the_headline_gives_repeated_node_deaths_their_medians_intervals_and_n() -> None:
+    first = _kwok_run(
+        "abc1234",
+        hybrid=(20.0, _jsi_deaths(17.0, 80.0)),
+        upstream=(40.0, []),
+        stock=(150.0, []),
+    )
+    shipped = [_death(v, "none", force_delete="unreachable") for v in (20, 22, 21, 25, 19)]
+    never = [
+        _death(v, "out-of-service", force_delete="never", declared_dead_s=55)
+        for v in (60, 70, 65, 66, 64)
+    ]
+    tainted = [_death(v, "out-of-service", declared_dead_s=55) for v in (130, 120, 140, 125, 135)]
+    capped = [_death(360.0, "none", capped=True, stuck_terminating=["u"])]
+    second = _kwok_run(
+        "def5678",
+        hybrid=(21.0, shipped + never),
+        upstream=(41.0, capped + tainted),
+        stock=(150.0, capped + tainted),
+    )
+    second["settings"] = {"restart_scope": "process"}
+    headline = pages.kwok_headline(first, second)
+    scope = "jobset-inplace restarting the trainer processes (the default scope)"
+    assert f"{scope} 21.0 s (" in headline
+    assert ", n = 5) (by default it force-deletes" in headline
+    assert "JobSet's InPlaceRestart 130.0 s (" in headline
+    assert "(2.0x; 95 % interval " in headline
+    assert "did not recover within 360 s (1 pod stuck Terminating)" in headline
+    assert "n = 1): no interval" not in headline
+    assert headline.endswith(
+        "Medians of each kind's deaths with their 95 % intervals and n; a kind that did not "
+        "recover within the cap was not run again."
+    )
+
+
 def test_the_kept_step_table_shows_both_trainers_from_one_run() -> None:
     trials = [
         {"mode": mode, "kind": kind, "steps_lost": lost, "loss_ok": mode == "kept" or lost != 2}

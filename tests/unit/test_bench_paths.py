@@ -18,6 +18,7 @@ from bench import __main__ as bench_main
 from bench import leader_cost, profile, report, scenarios, upstream
 from bench.fleet import MeasuredPool, epoch_steps
 from bench.podwatch import GangPods, Goal
+from bench.remediation import NONE, REMEDIATED, NodeDeath
 from bench.upstream_fleet import Attempts
 from jobset_inplace import names
 from jobset_inplace.controller.metrics import Metrics
@@ -489,6 +490,94 @@ def test_the_fleets_pool_says_how_long_its_tasks_waited_and_how_full_it_got() ->
     assert line.startswith("The simulated agents' and kubelets' thread pool, 100 pods: hybrid")
     assert "(1 failures): at most 2 of 2 busy at once, the longest wait for a worker " in line
     assert float(line.split("wait for a worker ")[1].split(" ms")[0]) >= 200
+
+
+def test_node_deaths_repeat_by_kind_and_a_kind_that_took_the_cap_is_not_run_again() -> None:
+    never = NodeDeath(REMEDIATED, "never")
+    shipped = NodeDeath(NONE, "unreachable")
+    ran: list[str] = []
+
+    def run(death: NodeDeath) -> dict[str, Any]:
+        ran.append(death.label)
+        # the shipped kind recovers; the tainted one is capped on its second death
+        return {"capped": death == never and ran.count(death.label) == 2}
+
+    records, skipped = scenarios.run_deaths((shipped, never) * 3, run)
+    assert ran == [shipped.label, never.label, shipped.label, never.label, shipped.label]
+    assert len(records) == 5
+    assert [r["capped"] for r in records].count(True) == 1
+    assert skipped == [never.label]
+
+
+def _deaths(path_s: list[float], remediation: str, **extra: Any) -> list[dict[str, Any]]:
+    return [_death(float(v), remediation, **extra) for v in path_s]
+
+
+def test_repeated_node_deaths_are_a_row_per_kind_with_median_interval_and_n() -> None:
+    results = {
+        "sizes": {
+            "1000": {
+                "hybrid": {
+                    "worker_failure": _runs([2.0, 2.0, 4.0]),
+                    "node_death": [
+                        *_deaths([20, 22, 21, 25, 19], "none", force_delete="unreachable"),
+                        *_deaths([60.0, 70.0, 65.0], "out-of-service", force_delete="never"),
+                    ],
+                },
+                "upstream": {
+                    "worker_failure": _runs([10.0, 12.0, 14.0]),
+                    "node_death": [
+                        _death(360.0, "none", capped=True, stuck_terminating=["p-1"]),
+                        *_deaths([130.0, 120.0, 140.0], "out-of-service", declared_dead_s=50),
+                    ],
+                },
+                "stock": {
+                    "worker_failure": [{"all_running_s": 100.0}, {"all_running_s": 120.0}],
+                    # recovered twice, then capped once: a bound among times, no ratio
+                    "node_death": [
+                        *_deaths([200.0, 210.0], "out-of-service"),
+                        _death(360.0, "out-of-service", capped=True),
+                    ],
+                },
+            }
+        }
+    }
+    summ = report.summarize(results)["1000"]
+    rows = {(x["path"], x["remediation"]): x for x in summ["node_death"]}
+    shipped = rows["hybrid", "none"]
+    assert (shipped["n"], shipped["running_s"], shipped["capped"]) == (5, 21.0, False)
+    low, high = shipped["interval"]
+    assert 19.0 <= low <= 21.0 <= high <= 25.0
+    assert report.death_outcome(shipped) == f"21.0 s ({low:.1f}-{high:.1f}, n = 5)"
+    up = rows["upstream", "out-of-service"]
+    assert up["ratio_over_hybrid"] == 2.0  # 130 / 65
+    assert up["ratio_n"] == [3, 3]
+    assert up["ratio_interval"][0] <= 2.0 <= up["ratio_interval"][1]
+    stock = rows["stock", "out-of-service"]
+    assert (stock["n"], stock["capped_runs"], stock["capped"]) == (3, 1, False)
+    assert "interval" not in stock
+    assert "ratio_over_hybrid" not in stock
+    assert report.death_outcome(stock) == "210.0 s (n = 3, 1 not within the cap)"
+    assert report.death_outcome(rows["upstream", "none"]) == (
+        "did not recover within 360 s (1 pod stuck Terminating)"
+    )
+    table = report.markdown(results)
+    assert "each cell the median of that kind's deaths with its 95 % bootstrap interval" in table
+    iv = up["ratio_interval"]
+    assert f"| **{report.death_outcome(up)}** | **2.0x** ({iv[0]}-{iv[1]}, n = 3, 3) |" in table
+
+
+def test_node_deaths_per_kind_count_against_the_default_budgets() -> None:
+    args = bench_main.parse_args(["--sizes", "1000", "--reps", "2", "--rounds", "1"])
+    assert args.node_deaths == 1
+    args.defaults, args.apiserver_profile = True, 0
+    assert bench_main.gang_over_default_budgets(args) is None  # 2 + 2 deaths
+    args.node_deaths = 5  # 2 + 2 kinds x 5 deaths
+    why = bench_main.gang_over_default_budgets(args)
+    assert why is not None
+    assert why.startswith("12 in-place recoveries of one gang")
+    with pytest.raises(SystemExit):
+        bench_main.parse_args(["--sizes", "1000", "--node-deaths", "0"])
 
 
 def test_a_defaults_run_sets_only_the_scope_and_refuses_more_failures_than_the_budgets() -> None:
