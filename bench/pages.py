@@ -409,6 +409,17 @@ def soak_tables(doc: dict[str, Any], path: Path = SOAK) -> str:
     kinds = ", ".join(f"{n} {k}" for k, n in r["kinds"].items())
     b, measured = r["badput_s"], r["measured_s"]
     warm = b.get("scheduling", 0.0) + b.get("startup", 0.0)
+    records = [soak.Failure(**f) for f in failures]
+    iv = soak.goodput_interval(records, r["goodput"], measured)
+    if iv:
+        within = (
+            f" (95 % interval {100 * iv[0]:.1f}-{100 * iv[1]:.1f} %: its failures' own badput "
+            "resampled within each kind; one run)"
+        )
+    elif soak.own_badput(records):
+        within = " (no interval: a kind with fewer than 2 failures counted)"
+    else:
+        within = " (no interval: this run's records carry no per-failure buckets)"
     out = [
         f"`make soak`: {r['wall_s'] / 60:.0f} minutes, a failure every "
         f"{_minutes(doc['every_s'])}, {doc['members']} members"
@@ -418,7 +429,7 @@ def soak_tables(doc: dict[str, Any], path: Path = SOAK) -> str:
         f"{doc['kubernetes']}, {m['cpus']} cores (steal {m.get('steal_pct', '?')} %); "
         f"`{doc['command']}`; every failure in {_link(path)}. **{len(recovered)} of "
         f"{len(failures)} failures recovered** ({kinds}; {r['failures_per_hour']}/h). Goodput "
-        f"**{100 * r['goodput']:.1f} %** of the {measured:.0f} s measured:",
+        f"**{100 * r['goodput']:.1f} %**{within} of the {measured:.0f} s measured:",
         "",
         "| goodput | wasted progress | detection | recovery | restore | scheduling + startup "
         "| unmeasured |",
@@ -430,8 +441,8 @@ def soak_tables(doc: dict[str, Any], path: Path = SOAK) -> str:
         f"| {b['restore']:.1f} s ({_pct(b['restore'], measured)}) "
         f"| {warm:.1f} s ({_pct(warm, measured)}) | {r['unmeasured_s']:.0f} s |",
         "",
-        "| failure | recovery (first signal -> barrier open), each | steps lost (mean, max; "
-        "of those measured) |",
+        "| failure | recovery (first signal -> barrier open): median (95 % interval), n; each "
+        "| steps lost (mean, max; of those measured) |",
         "|---|---|---|",
     ]
     for kind, label in SOAK_KINDS.items():
@@ -440,6 +451,10 @@ def soak_tables(doc: dict[str, Any], path: Path = SOAK) -> str:
             continue
         times = ", ".join(
             "-" if f.get("recovery_s") is None else f"{f['recovery_s']:.2f}" for f in of_kind
+        )
+        times = (
+            _median_n([float(f["recovery_s"]) for f in of_kind if f.get("recovery_s") is not None])
+            + f"; {times}"
         )
         lost = r["steps_lost"].get(kind)
         counted = sum(1 for f in of_kind if f.get("steps_lost") is not None)
@@ -461,6 +476,14 @@ def soak_tables(doc: dict[str, Any], path: Path = SOAK) -> str:
             ),
         ]
     return "\n".join(out)
+
+
+def _median_n(values: list[float]) -> str:
+    """``1.09 s (0.08-1.13), n = 4``; a single value ``n = 1``, none ``n = 0``."""
+    if len(values) < 2:
+        return f"{values[0]:.2f} s, n = 1" if values else "n = 0"
+    low, high = median_interval(values)
+    return f"{statistics.median(values):.2f} s ({low:.2f}-{high:.2f}), n = {len(values)}"
 
 
 def _badput_by_kind(failures: list[dict[str, Any]]) -> list[str]:

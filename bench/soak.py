@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import provenance
+from bench.stats import stratified_sum_interval
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
 from jobset_inplace.core import goodput
@@ -393,24 +394,53 @@ def wasted_apart_by_kind(
     }
 
 
-def badput_by_kind(failures: Sequence[Failure]) -> dict[str, dict[str, float]]:
-    """Per failure kind, the badput its failures cost, by bucket (seconds, summed), and how
-    many were counted (``"failures"``): each failure's buckets at its barrier less those at
+def own_badput(failures: Sequence[Failure]) -> list[tuple[Failure, dict[str, float]]]:
+    """Each failure's own badput by bucket (seconds): its buckets at its barrier less those at
     the barrier before (the failure of the epoch before; none before the first), the gang's
     first start (scheduling, startup) left out. A failure whose record or whose
-    predecessor's carries no buckets is not counted."""
+    predecessor's carries no buckets is left out."""
     sums = {f.epoch: f.badput_s for f in failures if f.badput_s}
-    out: dict[str, dict[str, float]] = {}
+    out: list[tuple[Failure, dict[str, float]]] = []
     for f in failures:
         before = {} if f.epoch == 2 else sums.get(f.epoch - 1)
         if f.epoch not in sums or before is None:
             continue
+        costs = {b: sums[f.epoch].get(b, 0.0) - before.get(b, 0.0) for b in FAILURE_BUCKETS}
+        out.append((f, costs))
+    return out
+
+
+def badput_by_kind(failures: Sequence[Failure]) -> dict[str, dict[str, float]]:
+    """Per failure kind, the badput its failures cost (:func:`own_badput`), by bucket
+    (seconds, summed), and how many were counted (``"failures"``)."""
+    out: dict[str, dict[str, float]] = {}
+    for f, costs in own_badput(failures):
         of_kind = out.setdefault(f.kind, {"failures": 0})
         of_kind["failures"] += 1
-        for bucket in FAILURE_BUCKETS:
-            cost = sums[f.epoch].get(bucket, 0.0) - before.get(bucket, 0.0)
+        for bucket, cost in costs.items():
             of_kind[bucket] = round(of_kind.get(bucket, 0.0) + cost, 3)
     return out
+
+
+def goodput_interval(
+    failures: Sequence[Failure], goodput_share: float, measured_s: float
+) -> tuple[float, float] | None:
+    """The 95 % bootstrap interval of a soak's goodput (``goodput_share`` of ``measured_s``)
+    over its failures: each kind's failures' own badput (:func:`own_badput`) resampled with
+    replacement within the kind (the soak injects the kinds in turn: every resample keeps the
+    run's mix), the rest of the time as measured. What it says: how much the goodput owes to
+    which failures of each kind happened to come, at this rate and mix; not a run-to-run
+    interval (one run). None where a kind has fewer than 2 failures counted."""
+    by_kind: dict[str, list[float]] = {}
+    for f, costs in own_badput(failures):
+        by_kind.setdefault(f.kind, []).append(sum(costs.values()))
+    groups = list(by_kind.values())
+    if not groups or measured_s <= 0 or any(len(g) < 2 for g in groups):
+        return None
+    actual = sum(sum(g) for g in groups)
+    low, high = stratified_sum_interval(groups)
+    # more badput, less goodput: the high total gives the low goodput
+    return goodput_share - (high - actual) / measured_s, goodput_share - (low - actual) / measured_s
 
 
 def productive_apart_by_kind(

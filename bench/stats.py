@@ -72,3 +72,17 @@ def median_interval(values: list[float], seed: int = 0) -> tuple[float, float]:
     )
     tail = (1 - LEVEL) / 2
     return medians[int(tail * RESAMPLES)], medians[min(RESAMPLES - 1, int((1 - tail) * RESAMPLES))]
+
+
+def stratified_sum_interval(groups: list[list[float]], seed: int = 0) -> tuple[float, float]:
+    """The percentile-bootstrap 95 % interval of the total of ``groups``' values, each group
+    resampled with replacement within itself (stratified: every resample keeps each group's
+    size, as a run that injects its kinds in turn keeps its mix)."""
+    if not groups or any(len(g) < 2 for g in groups):
+        raise ValueError(
+            f"a stratified interval needs 2 or more values a group (n = {[len(g) for g in groups]})"
+        )
+    rng = random.Random(seed)
+    totals = sorted(sum(sum(rng.choices(g, k=len(g))) for g in groups) for _ in range(RESAMPLES))
+    tail = (1 - LEVEL) / 2
+    return totals[int(tail * RESAMPLES)], totals[min(RESAMPLES - 1, int((1 - tail) * RESAMPLES))]

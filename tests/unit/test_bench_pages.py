@@ -280,8 +280,12 @@ def test_the_soak_account_counts_what_recovered_and_what_was_measured() -> None:
     text = pages.soak_tables(doc)
     assert "**2 of 3 failures recovered**" in text
     assert "| **90.0 %** (450.0 s productive) | 15.0 s (3.0 %) | 20.0 s (4.0 %) |" in text
-    assert "| trainer crash (process scope) | 0.07 s | 10, 10 (1 of 1) |" in text
-    assert "| silent node (kubelet and containerd stopped) | 16.80, - s | - |" in text
+    assert "| trainer crash (process scope) | 0.07 s, n = 1; 0.07 s | 10, 10 (1 of 1) |" in text
+    assert (
+        "| silent node (kubelet and containerd stopped) | 16.80 s, n = 1; 16.80, - s | - |" in text
+    )
+    # one crash counted: no interval, and why
+    assert "Goodput **90.0 %** (no interval: a kind with fewer than 2 failures counted)" in text
     assert "spare" not in text
     # what each kind cost, from the records that carry their buckets
     assert "| trainer crash (process scope) | 1 | 0.1 | 0.5 | 0.2 | 1.0 | 1.8 | 1.8 |" in text

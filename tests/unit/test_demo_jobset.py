@@ -264,6 +264,26 @@ def test_the_soak_says_what_each_kind_of_failure_cost_by_bucket() -> None:
     }
 
 
+def test_a_soaks_goodput_interval_resamples_each_kinds_failures_within_the_kind() -> None:
+    def failure(kind: str, epoch: int, detection: float) -> soak.Failure:
+        return soak.Failure(kind, epoch, 0.0, "m", 1.0, 0, 0, {}, badput_s={"detection": detection})
+
+    # own badput: crashes 1 and 3 s, silences 10 and 30 s (cumulative at each barrier)
+    failures = [
+        failure("crash", 2, 1.0),
+        failure("silence", 3, 11.0),
+        failure("crash", 4, 14.0),
+        failure("silence", 5, 44.0),
+    ]
+    low, high = soak.goodput_interval(failures, 0.9, 1000.0) or (0.0, 0.0)
+    # the totals a resample can reach: crashes 2-6 s, silences 20-60 s around the 44 s seen
+    assert 0.9 - (66 - 44) / 1000 <= low < 0.9 < high <= 0.9 + (44 - 22) / 1000
+    assert soak.goodput_interval(failures[:3], 0.9, 1000.0) is None  # one silence
+    assert (
+        soak.goodput_interval([soak.Failure("hang", 2, 0.0, "m", 1.0, 0, 0, {})], 0.9, 1.0) is None
+    )
+
+
 def test_a_timestamped_log_line_ends_at_a_newline_only() -> None:
     """A progress bar's carriage returns (tqdm's, the Hugging Face Trainer's) stay inside its
     line: splitting there too read the rest as a line with no timestamp."""
