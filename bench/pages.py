@@ -852,7 +852,8 @@ def channel_grpc_table(doc: dict[str, Any]) -> str:
     )
     rows = [
         "| attack | transport | agent's reports | latency / quiet (95 % interval; n) | "
-        "server's peak RSS growth | server CPU (of a core) | what the attacker got | goals |",
+        "server's peak RSS growth (n = 1) | server CPU (of a core; n = 1) | what the attacker "
+        "got | goals, in this one run |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, both in doc["comparison"].items():
@@ -874,8 +875,11 @@ def channel_grpc_table(doc: dict[str, Any]) -> str:
         for t in ("ours", "grpc")
     }
     tail = (
-        f"Every goal met: ours in {met['ours']} of {len(doc['comparison'])} attacks, gRPC in "
-        f"{met['grpc']}."
+        f"Every goal met in this one run: ours in {met['ours']} of {len(doc['comparison'])} "
+        f"attacks, gRPC in {met['grpc']}. The servers' memory and CPU are one attack each (n = "
+        "1: no interval), so their goals are observations of one run, not verdicts; the "
+        "latency ratios carry their intervals. The suite against ours alone, repeated with "
+        "intervals: the table above."
     )
     return "\n".join([head, "", *rows, "", tail])
 
