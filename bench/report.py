@@ -506,6 +506,22 @@ def _fmt(s: dict[str, float] | None) -> str:
     return f"{s['min']:.2f} / {s['median']:.2f} / {s['max']:.2f}"
 
 
+def _fmt_mid(s: dict[str, Any] | None) -> str:
+    """``min / median (its interval) / max``; without an interval (one value) as ``_fmt``."""
+    if not s or not s.get("median_ci"):
+        return _fmt(s)
+    low, high = s["median_ci"]
+    return f"{s['min']:.2f} / {s['median']:.2f} ({low:.2f}-{high:.2f}) / {s['max']:.2f}"
+
+
+def _med_ci(s: dict[str, Any] | None) -> str:
+    """``median (its interval)``, or the median alone (one value)."""
+    if not s or not s.get("median_ci"):
+        return _med(s)
+    low, high = s["median_ci"]
+    return f"{s['median']:.1f} ({low:.1f}-{high:.1f})"
+
+
 def _fmt_ci(s: dict[str, Any] | None) -> str:
     """``min / median / max (median's interval, n)``"""
     if not s:
@@ -676,27 +692,31 @@ def worker_failure_tables(summ: dict[str, Any]) -> list[str]:
         "",
         "Where the time goes (the in-place paths' phases):",
         "",
-        "| gang | path | detection | restart + report | barrier | **barrier open** "
+        "| gang | path | n | detection | restart + report | barrier | **barrier open** "
         "| protocol (minus the simulated restarts) | all running "
         "| recovering controller: jobset-inplace's / JobSet's (median CPU-s, max peak RSS) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for size in sizes:
         for path in IN_PLACE:
             if path not in summ[size]["paths"]:
                 continue
             w = summ[size][f"{path}_worker_failure"]
+            n = (w["all_running_s"] or {}).get("n", 0)
             out.append(
-                f"| {size} pods | {LABEL[path]} | {_fmt(w['detection_s'])} "
-                f"| {_fmt(w['restart_s'])} | {_fmt(w['barrier_s'])} "
-                f"| **{_fmt(w['barrier_open_s'])}** | {_fmt(w['protocol_s'])} "
-                f"| {_fmt(w['all_running_s'])} "
-                f"| {_med(w['controller_cpu_s'])} CPU-s, {_max(w['controller_peak_rss_mib'])} MiB |"
+                f"| {size} pods | {LABEL[path]} | {n} | {_fmt_mid(w['detection_s'])} "
+                f"| {_fmt_mid(w['restart_s'])} | {_fmt_mid(w['barrier_s'])} "
+                f"| **{_fmt_mid(w['barrier_open_s'])}** | {_fmt_mid(w['protocol_s'])} "
+                f"| {_fmt_mid(w['all_running_s'])} "
+                f"| {_med_ci(w['controller_cpu_s'])} CPU-s, "
+                f"{_max(w['controller_peak_rss_mib'])} MiB |"
             )
     out.append("")
     out.append(
-        "(seconds, min / median / max over the repetitions, in the first table with the "
-        "median's 95 % bootstrap interval and n; ratio of the medians)"
+        "(seconds; in the first table min / median / max with the median's 95 % bootstrap "
+        "interval and n, in the second min / median (its 95 % bootstrap interval) / max over "
+        "the n repetitions; ratios of the medians; the controller's peak RSS the largest of "
+        "the n, one figure per run)"
     )
     return out
 
