@@ -314,15 +314,16 @@ def scale_curve(results: dict[str, Any], summ: dict[str, Any]) -> list[str]:
     out = [
         "",
         "The scale curve (jobset-inplace, one worker fails; seconds, p50 / p99 by nearest rank: "
-        "with fewer than 100 repetitions the p99 is the largest; each p50's 95 % bootstrap "
-        "interval in parentheses):",
+        "with fewer than 100 repetitions the p99 is the largest, with no interval (n values "
+        "cannot bound a quantile beyond their largest); each p50's 95 % bootstrap interval in "
+        "parentheses; the leader's peak RSS is the largest over the run, one figure):",
         "",
         "| gang | n | **barrier open** | every member running | of which the agents' stop and "
         "report | the controller's own steps (detection + barrier) | protocol writes per "
         "recovery (median) | leader peak RSS |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    cpu_rows: list[tuple[str, dict[str, float]]] = []
+    cpu_rows: list[tuple[str, dict[str, dict[str, Any]]]] = []
     for size in sizes:
         w = summ[size]["hybrid_worker_failure"]
         runs = results["sizes"][size]["hybrid"]["worker_failure"]
@@ -340,26 +341,38 @@ def scale_curve(results: dict[str, Any], summ: dict[str, Any]) -> list[str]:
         cpu_rows.append((size, cpu_per_recovery(runs)))
     procs = sorted(
         {p for _, c in cpu_rows for p in c},
-        key=lambda p: (-max(c.get(p, 0) for _, c in cpu_rows), p),
+        key=lambda p: (-max(c[p]["median"] if p in c else 0 for _, c in cpu_rows), p),
     )
     if not procs:
         return out
     out += [
         "",
         "CPU-seconds per recovery (median over the windows, failure to every member past the "
-        "barrier; the machine has 2 cores):",
+        "barrier, with its 95 % bootstrap interval; n as above; the machine has 2 cores):",
         "",
         "| gang | " + " | ".join(procs) + " |",
         "|---|" + "---|" * len(procs),
     ]
     for size, cpu in cpu_rows:
-        out.append(f"| {size} pods | " + " | ".join(f"{cpu.get(p, 0):.2f}" for p in procs) + " |")
+        cells = [_cpu_cell(cpu.get(p)) for p in procs]
+        out.append(f"| {size} pods | " + " | ".join(cells) + " |")
     return out
 
 
-def cpu_per_recovery(windows: list[dict[str, Any]], least: float = 0.01) -> dict[str, float]:
-    """Median CPU-seconds of each process per measured window (those using at least ``least``),
-    the jobset-inplace controller included."""
+def _cpu_cell(s: dict[str, Any] | None) -> str:
+    """``0.52 (0.48-0.57)``; ``0.00`` for a process under the table's floor at that size."""
+    if not s:
+        return "0.00"
+    ci = s.get("median_ci")
+    return f"{s['median']:.2f}" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+
+
+def cpu_per_recovery(
+    windows: list[dict[str, Any]], least: float = 0.01
+) -> dict[str, dict[str, Any]]:
+    """CPU-seconds of each process per measured window (those whose median is at least
+    ``least``), the jobset-inplace controller included: :func:`stats` of its windows, a window
+    without it counted 0; the heaviest first."""
     per: dict[str, list[float]] = {}
     measured = [m for m in windows if "cpu_s_by_process" in m]
     for m in measured:
@@ -367,8 +380,9 @@ def cpu_per_recovery(windows: list[dict[str, Any]], least: float = 0.01) -> dict
         cpu.setdefault(CONTROLLER, m["controller_cpu_s"])
         for proc, v in cpu.items():
             per.setdefault(proc, []).append(v)
-    med = {p: statistics.median(v + [0.0] * (len(measured) - len(v))) for p, v in per.items()}
-    return {p: round(v, 2) for p, v in sorted(med.items(), key=lambda kv: -kv[1]) if v >= least}
+    by = {p: stats(v + [0.0] * (len(measured) - len(v))) for p, v in per.items()}
+    heavy = sorted(((p, s) for p, s in by.items() if s), key=lambda kv: -kv[1]["median"])
+    return {p: s for p, s in heavy if s["median"] >= least}
 
 
 def _ge(capped: bool) -> str:

@@ -603,3 +603,16 @@ def test_a_defaults_run_sets_only_the_scope_and_refuses_more_failures_than_the_b
     assert why.startswith("12 in-place recoveries of one gang, more than the default")
     with pytest.raises(SystemExit):
         args("--reps", "9", "--rounds", "1", "--node-death-sizes", "1000")
+
+
+def test_cpu_per_recovery_gives_each_process_its_median_and_interval() -> None:
+    windows = [
+        {"cpu_s_by_process": {"kube-apiserver": v, "etcd": 0.001}, "controller_cpu_s": c}
+        for v, c in ((1.0, 0.2), (2.0, 0.4), (3.0, 0.3))
+    ] + [{"controller_cpu_s": 9.0}]  # no per-process figures: not a measured window
+    cpu = report.cpu_per_recovery(windows)
+    assert list(cpu) == ["kube-apiserver", "jobset-inplace"]  # etcd under the floor
+    assert (cpu["kube-apiserver"]["median"], cpu["kube-apiserver"]["n"]) == (2.0, 3)
+    assert cpu["jobset-inplace"]["median_ci"] == [0.2, 0.4]
+    assert report._cpu_cell(cpu["kube-apiserver"]) == "2.00 (1.00-3.00)"
+    assert report._cpu_cell(None) == "0.00"
