@@ -895,24 +895,34 @@ def gangstate_fanout_table(doc: dict[str, Any]) -> str:
         f"{_link(GANGSTATE_FANOUT)}. A recovery: {doc['writes_per_recovery']} status writes."
     )
     rows = [
-        "| agents watching | apiserver CPU per write (95 % interval) | **per recovery** | "
-        "write answered | last watcher has it (max) | bytes per watcher | apiserver RSS | "
-        "writes |",
+        "| agents watching | writes (n) | apiserver CPU per write | **per recovery** | "
+        "write answered | last watcher has it (largest) | bytes per watcher | apiserver RSS "
+        "(one figure) |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    per = doc["writes_per_recovery"]
+
+    def ms(key: str, writes: list[dict[str, Any]], times: int = 1, digits: int = 1) -> str:
+        values = [w[key] * times * 1e3 for w in writes]
+        mid = f"{statistics.median(values):.{digits}f} ms"
+        if len(values) < 2:
+            return mid
+        lo, hi = median_interval(values)
+        return f"{mid} ({lo:.{digits}f}-{hi:.{digits}f})"
+
     for n, r in doc["sizes"].items():
-        cpu, fan = r["apiserver_cpu_s"], r["fanout_s"]
-        spread = "" if cpu["low"] is None else f" ({cpu['low'] * 1e3:.1f}-{cpu['high'] * 1e3:.1f})"
-        answered = statistics.median(w["write_s"] for w in r["writes"])
+        writes = r["writes"]
+        largest = max(w["fanout_s"] for w in writes)
         rows.append(
-            f"| {int(n):,} | {cpu['median'] * 1e3:.1f} ms{spread} | "
-            f"**{r['apiserver_cpu_per_recovery_s'] * 1e3:.0f} ms** | {answered * 1e3:.1f} ms | "
-            f"{fan['median'] * 1e3:.0f} ms ({fan['max'] * 1e3:.0f}) | "
-            f"{r['bytes_per_watcher']:,.0f} | {r['apiserver_rss_mib']:.0f} MiB | {r['n_writes']} |"
+            f"| {int(n):,} | {r['n_writes']} | {ms('apiserver_cpu_s', writes)} | "
+            f"**{ms('apiserver_cpu_s', writes, per, 0)}** | {ms('write_s', writes)} | "
+            f"{ms('fanout_s', writes, digits=0)} ({largest * 1e3:.0f}) | "
+            f"{r['bytes_per_watcher']:,.0f} | {r['apiserver_rss_mib']:.0f} MiB |"
         )
     note = (
-        "(medians over the writes; the apiserver's CPU less its idle rate with the watches held; "
-        "a recovery's: the median times the writes a recovery makes)"
+        "(medians over the n writes with their 95 % bootstrap intervals; the apiserver's CPU "
+        "less its idle rate with the watches held; a recovery's: the median times the writes a "
+        "recovery makes; the apiserver's RSS once, with the watches held)"
     )
     return "\n".join([head, "", *rows, "", note])
 
