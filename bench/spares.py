@@ -28,6 +28,7 @@ import signal
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,14 @@ def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f} s"
 
 
+def _within(interval: Sequence[float] | None, digits: int = 1) -> str:
+    """`` (95 % interval 6.1-6.6)``, or nothing without one."""
+    if not interval:
+        return ""
+    low, high = interval
+    return f" (95 % interval {low:.{digits}f}-{high:.{digits}f})"
+
+
 def table(doc: dict[str, Any]) -> list[str]:
     """The published table of one run (bench.pages): every path's node deaths, p50 and p99,
     the ratios to the spares' median with their intervals, then what the spares cost."""
@@ -222,8 +231,8 @@ def table(doc: dict[str, Any]) -> list[str]:
         f"A member's node dies (its heartbeat stops, its agent falls silent) -> every trainer "
         f"training again, {settings['size']} members, one pod per Job, process scope:",
         "",
-        "| path | node deaths (recovered) | **p50** | **p99** | min / max | detection (p50) "
-        "| **/ with spares** |",
+        "| path | node deaths (recovered) | **p50** (95 % interval) | **p99** | min / max "
+        "| detection (p50, 95 % interval) | **/ with spares** |",
         "|---|---|---|---|---|---|---|",
     ]
     for path in (p for p in PATHS if p in doc["paths"]):
@@ -238,9 +247,18 @@ def table(doc: dict[str, Any]) -> list[str]:
             else "-"
         )
         span = f"{row['min_s']:.1f} / {row['max_s']:.1f}" if "min_s" in row else "-"
+        p50 = f"**{_s(row.get('p50_s'))}**" + _within(row.get("p50_interval_s"))
+        detected = [
+            float(d["detection_s"])
+            for d in doc["paths"][path].get("node_death", [])
+            if not d.get("capped") and d.get("detection_s") is not None
+        ]
+        detection = _s(row.get("detection_p50_s")) + (
+            _within(median_interval(detected)) if len(detected) > 1 else ""
+        )
         lines.append(
-            f"| {LABEL[path].format(n=n)} | {got} | **{_s(row.get('p50_s'))}** | "
-            f"**{_s(row.get('p99_s'))}** | {span} | {_s(row.get('detection_p50_s'))} | {ratio} |"
+            f"| {LABEL[path].format(n=n)} | {got} | {p50} | **{_s(row.get('p99_s'))}** | {span} "
+            f"| {detection} | {ratio} |"
         )
     lines += [
         "",
@@ -272,15 +290,16 @@ def table(doc: dict[str, Any]) -> list[str]:
             f"their agents and the members' heartbeat every {settings['heartbeat_s']:g} s: "
             f"{spares['idle_heartbeats_per_s']:.0f} heartbeats/s took the leader "
             f"{spares['idle_controller_cores']:.2f} cores in a {settings['idle_window_s']:.0f} s "
-            "idle window"
+            "idle window (one window a path: n = 1, no interval)"
         )
         if "idle_controller_cores" in hybrid:
             cost += f" (without spares, no heartbeats: {hybrid['idle_controller_cores']:.2f})"
         if back:
+            spread = _within(median_interval(back), digits=0) if len(back) > 1 else ""
             cost += (
                 f". After a death the gang had its {n} spares standing by again "
-                f"{statistics.median(back):.0f} s later (median; the dead node's replacement "
-                "pod scheduled, started and passed its barrier)"
+                f"{statistics.median(back):.0f} s{spread} later (median of {len(back)}; the dead "
+                "node's replacement pod scheduled, started and passed its barrier)"
             )
         lines += ["", cost + "."]
     return lines
