@@ -305,9 +305,13 @@ def summary(runs: list[Recovery], paths: tuple[str, ...]) -> dict[str, dict[str,
         if not mine:
             continue
         med: dict[str, float | None] = {}
+        spread: dict[str, list[float]] = {}  # each milestone's median's 95 % interval
         for m in MILESTONES:
             values = [t for r in mine if (t := r.milestones.get(m)) is not None]
             med[m] = round(statistics.median(values), 3) if values else None
+            if len(values) > 1:
+                spread[m] = [round(v, 3) for v in median_interval(values)]
+        lost = [float(r.steps_lost) for r in mine]
         first = firsts[path]
         ratio = None
         if path != RATIO_BASE and len(first) >= 2 and len(base) >= 2:
@@ -315,10 +319,12 @@ def summary(runs: list[Recovery], paths: tuple[str, ...]) -> dict[str, dict[str,
         out[path] = {
             "reps": len(mine),
             "median": med,
+            "intervals": spread,
             "first_step_min": min(first, default=None),
             "first_step_max": max(first, default=None),
             "steps_lost_median": statistics.median(r.steps_lost for r in mine),
             "steps_lost_max": max(r.steps_lost for r in mine),
+            "steps_lost_interval": list(median_interval(lost)) if len(lost) > 1 else None,
             "consistent": all(r.consistent for r in mine),
             "writes_median": statistics.median(sum(r.writes.values()) for r in mine),
             "prestart_ratio": ratio,
@@ -350,28 +356,45 @@ def table(s: dict[str, dict[str, Any]]) -> str:
         return "-" if r is None else Ratio(**r).text()
 
     head = [
-        "| path | detected | stopped | barrier | process started | imported torch "
+        "| path | n | detected | stopped | barrier | process started | imported torch "
         "| process group | model built | restored "
         "| **first productive step** (95 % interval; range) "
         f"| / jsi-process (95 % interval) | / upstream-main (95 % interval) | {RATIO_BASE} / path "
-        "| steps lost (median, max) "
+        "| steps lost (median (95 % interval), max) "
         "| one resume step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     rows = []
     for path, v in s.items():
-        med = v["median"]
-        cells = ["-" if med.get(m) is None else f"{med[m]:.2f}" for m in MILESTONES[:-1]]
+        med, spread = v["median"], v.get("intervals") or {}
+        cells = [_milestone(med.get(m), spread.get(m)) for m in MILESTONES[:-1]]
         first, mine = med["first_step"], v.get("first_steps") or []
         if first is None:
             continue  # (every recovery waits for it: not reached in none)
         lo_hi = median_interval(mine) if len(mine) > 1 else None
         within = f"95 % {lo_hi[0]:.2f}-{lo_hi[1]:.2f}; " if lo_hi else ""
+        lost = v.get("steps_lost_interval")
+        lost_within = f" ({lost[0]:g}-{lost[1]:g})" if lost else ""
         rows.append(
-            f"| {path} | {' | '.join(cells)} | **{first:.2f}** ({within}range "
+            f"| {path} | {v['reps']} | {' | '.join(cells)} | **{first:.2f}** ({within}range "
             f"{v['first_step_min']:.2f}-{v['first_step_max']:.2f}) "
             f"| {ratio('jsi-process', first, mine)} | "
-            f"{ratio('upstream-main', first, mine)} | {interval(v)} | {v['steps_lost_median']:g}, "
-            f"{v['steps_lost_max']} | {'yes' if v['consistent'] else '**no**'} |"
+            f"{ratio('upstream-main', first, mine)} | {interval(v)} | {v['steps_lost_median']:g}"
+            f"{lost_within}, {v['steps_lost_max']} | {'yes' if v['consistent'] else '**no**'} |"
         )
-    return "\n".join(head + rows)
+    return "\n".join(
+        head
+        + rows
+        + [
+            "",
+            "(seconds after the crash: medians over the n repetitions, each with its 95 % "
+            "bootstrap interval)",
+        ]
+    )
+
+
+def _milestone(median: float | None, interval: list[float] | None) -> str:
+    """``1.65 (1.60-1.72)``; ``-`` where the path has none."""
+    if median is None:
+        return "-"
+    return f"{median:.2f}" + (f" ({interval[0]:.2f}-{interval[1]:.2f})" if interval else "")

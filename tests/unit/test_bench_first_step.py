@@ -136,9 +136,12 @@ def test_summary_and_table_give_ratios_and_flag_an_inconsistent_path() -> None:
     s = first_step.summary(runs, ("jsi-process", "upstream-main", "stock"))
     assert s["jsi-process"]["median"]["first_step"] == 5.0
     assert s["jsi-process"]["steps_lost_median"] == 4
+    assert s["jsi-process"]["intervals"]["first_step"] == [4.0, 6.0]
+    assert "first_step" not in s["stock"]["intervals"]  # one repetition: no interval
     text = first_step.table(s)
+    assert "| jsi-process | 2 | " in text
     assert "0.25x" in text  # jsi-process: 5 s / upstream-main's 20 s
-    assert "**no**" in text.splitlines()[-1]
+    assert "**no**" in text.splitlines()[-3]  # the last row, before the note
 
 
 def test_the_real_size_model_runs_one_worker_a_pod_on_every_path(tmp_path: Path) -> None:
