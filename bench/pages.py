@@ -35,7 +35,14 @@ from bench import (
     soak,
     spares,
 )
-from bench.realnode import TRANSFORMER_OUT, PathSummary, running_by_path, table
+from bench.realnode import (
+    TRANSFORMER_OUT,
+    PathSummary,
+    barrier_by_path,
+    running_by_path,
+    table,
+    writes_by_path,
+)
 from bench.stats import Ratio, median_interval, ratio_of_medians
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -594,7 +601,12 @@ def realnode_table(doc: dict[str, Any]) -> str:
         [
             f"{origin(doc, REALNODE)} Repetitions per path: {'/'.join(map(str, reps))}.",
             "",
-            table(s, running_by_path(doc["runs"])),
+            table(
+                s,
+                running_by_path(doc["runs"]),
+                barrier_by_path(doc["runs"]),
+                writes_by_path(doc["runs"]),
+            ),
         ]
     )
 

@@ -321,7 +321,30 @@ def running_by_path(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
     return out
 
 
-def table(s: dict[str, PathSummary], running: dict[str, list[float]] | None = None) -> str:
+def writes_by_path(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Each path's API writes per repetition that counted them."""
+    out: dict[str, list[float]] = {}
+    for r in runs:
+        if "writes" in r:
+            out.setdefault(r["path"], []).append(float(sum(r["writes"].values())))
+    return out
+
+
+def barrier_by_path(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Each path's "barrier lifted" times, one per repetition that has one."""
+    out: dict[str, list[float]] = {}
+    for r in runs:
+        if r.get("barrier") is not None:
+            out.setdefault(r["path"], []).append(float(r["barrier"]))
+    return out
+
+
+def table(
+    s: dict[str, PathSummary],
+    running: dict[str, list[float]] | None = None,
+    barriers: dict[str, list[float]] | None = None,
+    writes: dict[str, list[float]] | None = None,
+) -> str:
     """Markdown: medians, ranges, each path's ratio to jobset-inplace's two scopes in this run
     (like for like: jsi-pod restarts whole pods as the upstream and stock paths do; jsi-process
     only the trainer processes; with each path's repetitions, ``running``, the ratio's 95 %
@@ -342,22 +365,41 @@ def table(s: dict[str, PathSummary], running: dict[str, list[float]] | None = No
         lo, hi = median_interval(mine)
         return f"{lo:.2f}-{hi:.2f}; range {v.running_min:.2f}-{v.running_max:.2f}"
 
+    def barrier(path: str, v: PathSummary) -> str:
+        if v.barrier_median is None:
+            return "-"
+        mine = (barriers or {}).get(path, [])
+        if len(mine) < 2:
+            return f"{v.barrier_median:.2f} s"
+        lo, hi = median_interval(mine)
+        return f"{v.barrier_median:.2f} s ({lo:.2f}-{hi:.2f})"
+
+    def counted(path: str, v: PathSummary) -> str:
+        mine = (writes or {}).get(path, [])
+        if len(mine) < 2:
+            return f"{v.writes_median:g}"
+        lo, hi = median_interval(mine)
+        return f"{v.writes_median:g} ({lo:g}-{hi:g})"
+
     rows = [
-        "| path | crash -> barrier lifted (median) | crash -> every trainer running "
+        "| path | n | crash -> barrier lifted (median"
+        + (" (95 % interval)" if barriers else "")
+        + ") | crash -> every trainer running "
         "(median"
         + (" (95 % interval; range)" if running else ", range")
         + ") | "
         + " | ".join(f"/ {b}" + (" (95 % interval)" if running else "") for b in bases)
         + (" | " if bases else "")
-        + "resumed at one step | API writes (median) |",
-        "|---|---|---|" + "---|" * len(bases) + "---|---|",
+        + "resumed at one step | API writes (median"
+        + (" (95 % interval)" if writes else "")
+        + ") |",
+        "|---|---|---|---|" + "---|" * len(bases) + "---|---|",
     ]
     for path, v in s.items():
-        barrier = "-" if v.barrier_median is None else f"{v.barrier_median:.2f} s"
         ratios = "".join(f"{ratio(path, b)} | " for b in bases)
         rows.append(
-            f"| {path} | {barrier} | {v.running_median:.2f} s ({spread(path, v)}) | {ratios}"
-            f"{v.consistent}/{v.reps} | {v.writes_median:g} |"
+            f"| {path} | {v.reps} | {barrier(path, v)} | {v.running_median:.2f} s "
+            f"({spread(path, v)}) | {ratios}{v.consistent}/{v.reps} | {counted(path, v)} |"
         )
     return "\n".join(rows)
 

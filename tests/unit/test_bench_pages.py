@@ -13,6 +13,7 @@ import pytest
 from bench import crash_matrix, pages, provenance, soak
 from bench.first_step import MILESTONES
 from bench.pages import PagesError
+from bench.realnode import PathSummary, barrier_by_path, running_by_path, table, writes_by_path
 from testbed.crashes import CaseResult
 
 
@@ -79,7 +80,10 @@ def test_the_table_names_its_commit_and_machine() -> None:
     assert "commit `abc1234`" in text
     assert "2 cores (steal 0.4 %)" in text
     assert "| upstream-sidecar |" in text
-    assert "| jsi-pod | - | 2.00 s (1.80-2.20; range 2.00-2.00) | 10.0x (8.2-12.2) | 1.0x |" in text
+    assert (
+        "| jsi-pod | 5 | - | 2.00 s (1.80-2.20; range 2.00-2.00) | 10.0x (8.2-12.2) | 1.0x |"
+        in text
+    )
 
 
 def _torch(first_step: float | None, consistent: bool = True) -> dict[str, Any]:
@@ -655,3 +659,15 @@ def test_a_fallback_run_says_how_many_surfaced_in_time_not_that_the_goal_is_met(
     assert "met" not in text.replace("measured", "")
     doc["reps"][0]["event_s"] = 2.5
     assert "**3 of 4**" in pages.channel_fallback_text(doc)
+
+
+def test_the_real_node_table_gives_the_barrier_and_the_writes_their_intervals() -> None:
+    runs = [
+        {"path": "jsi-process", "running": r, "barrier": b, "writes": {"PATCH pods": w}}
+        for r, b, w in ((0.2, 0.05, 4), (0.3, 0.07, 4), (0.25, 0.06, 5))
+    ]
+    s = {"jsi-process": PathSummary(0.25, 0.2, 0.3, 0.06, 3, 4, 3)}
+    text = table(s, running_by_path(runs), barrier_by_path(runs), writes_by_path(runs))
+    row = text.splitlines()[-1]
+    assert row.startswith("| jsi-process | 3 | 0.06 s (0.05-0.07) | 0.25 s (0.20-0.30;")
+    assert row.endswith("| 3/3 | 4 (4-5) |")
