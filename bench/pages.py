@@ -770,7 +770,13 @@ def cpu_floor(doc: dict[str, Any]) -> str:
     ]
     base = [r["first_step"] for r in doc["runs"]["torchrun"]]
     for way, med in doc["medians"].items():
-        cells = ["-" if c not in med else f"{med[c]:.2f}" for c in columns[:-1]]
+        cells = [
+            "-"
+            if c not in med
+            else f"{med[c]:.2f}"
+            + _interval_of([r[c] for r in doc["runs"][way] if r.get(c) is not None])
+            for c in columns[:-1]
+        ]
         ratio = ratio_of_medians([r["first_step"] for r in doc["runs"][way]], base)
         firsts = [r["first_step"] for r in doc["runs"][way]]
         lo, hi = median_interval(firsts)
@@ -779,8 +785,16 @@ def cpu_floor(doc: dict[str, Any]) -> str:
             f"{'-' if way == 'torchrun' else ratio.text()} |"
         )
     return "\n".join(
-        [head, "", *rows, "", "(seconds after the kill, medians; the first step's 95 % interval)"]
+        [head, "", *rows, "", "(seconds after the kill, medians with their 95 % intervals)"]
     )
+
+
+def _interval_of(values: list[float]) -> str:
+    """`` (1.60-1.72)``: the median's 95 % interval, or nothing with fewer than 2 values."""
+    if len(values) < 2:
+        return ""
+    lo, hi = median_interval(values)
+    return f" ({lo:.2f}-{hi:.2f})"
 
 
 def channel_attacks_table(doc: dict[str, Any]) -> str:
