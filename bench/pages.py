@@ -1027,10 +1027,13 @@ def crash_early_text(doc: dict[str, Any]) -> str:
     the same crash late (its standby held), alternated in one run."""
     firsts: dict[str, list[float]] = {"worker-sigkill-early": [], "worker-sigkill": []}
     held: dict[str, list[int]] = {k: [] for k in firsts}
+    began: dict[str, list[float]] = {k: [] for k in firsts}  # the training script's start
     for r in doc["results"]:
         if r["scope"] == "prestart" and r["crash"] in firsts and r["passed"]:
             firsts[r["crash"]].append(r["first_step"])
             held[r["crash"]].append(r["standbys_held"])
+            if (r.get("milestones") or {}).get("started") is not None:
+                began[r["crash"]].append(r["milestones"]["started"])
     early, late = firsts["worker-sigkill-early"], firsts["worker-sigkill"]
     failed = [r for r in doc["results"] if not r["passed"]]
     why = "".join(f" **{r['crash']} failed**: {'; '.join(r['problems'])}." for r in failed)
@@ -1050,11 +1053,13 @@ def crash_early_text(doc: dict[str, Any]) -> str:
     }
     where = (
         f" The latest rank's training script began (its first line, after the pre-start "
-        f"imports) {_s(early_at)} after the crash, against {_s(late_at)} late: the difference "
+        f"imports) {_s(early_at)}{_interval_of(began['worker-sigkill-early'])} after the "
+        f"crash, against {_s(late_at)}{_interval_of(began['worker-sigkill'])} late (medians, "
+        "95 % intervals): the difference "
         "is `torchrun`'s and its workers' start and imports, which the early crash's epoch did "
         "without a standby; from there to the first step "
         f"{_s(med['worker-sigkill-early'] - early_at)} and "
-        f"{_s(med['worker-sigkill'] - late_at)}."
+        f"{_s(med['worker-sigkill'] - late_at)} (differences of the medians)."
         if (early_at := imported["worker-sigkill-early"].get("started")) is not None
         and (late_at := imported["worker-sigkill"].get("started")) is not None
         else ""
@@ -1062,10 +1067,12 @@ def crash_early_text(doc: dict[str, Any]) -> str:
     return (
         f"{origin(doc, CRASH_EARLY)} {len(doc['results']) - len(failed)} of "
         f"{len(doc['results'])} recoveries passed.{why} Every rank's first productive step after "
-        f"the crash, medians: **early {_s(med['worker-sigkill-early'])}** "
+        f"the crash, medians with their 95 % intervals: **early "
+        f"{_s(med['worker-sigkill-early'])}**{_interval_of(early)} "
         f"({len(early)} crashes, standbys held at the crash: "
         f"{'/'.join(map(str, held['worker-sigkill-early']))} of 2 members), "
-        f"**late {_s(med['worker-sigkill'])}** ({len(late)} crashes, standbys held: "
+        f"**late {_s(med['worker-sigkill'])}**{_interval_of(late)} ({len(late)} crashes, "
+        "standbys held: "
         f"{'/'.join(map(str, held['worker-sigkill']))} of 2). {verdict}{where}"
     )
 

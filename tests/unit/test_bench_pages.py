@@ -580,8 +580,10 @@ def test_the_early_crash_is_compared_with_the_late_one_from_one_run() -> None:
     late = [_crash("worker-sigkill", t, 2) for t in (5.0, 5.5, 6.0, 5.2)]
     text = pages.crash_early_text(CRASH_DOC | {"results": early + late})
     assert "8 of 8 recoveries passed." in text
-    assert "**early 10.25 s** (4 crashes, standbys held at the crash: 0/0/0/0 of 2" in text
-    assert "**late 5.35 s** (4 crashes, standbys held: 2/2/2/2 of 2)" in text
+    assert "**early 10.25 s** (" in text
+    assert ") (4 crashes, standbys held at the crash: 0/0/0/0 of 2" in text
+    assert "**late 5.35 s** (" in text
+    assert ") (4 crashes, standbys held: 2/2/2/2 of 2)" in text
     assert "Early / late: **1.92x (95% interval" in text
     assert "the early crash is slower" in text
     close = [_crash("worker-sigkill-early", t, 0) for t in (5.0, 6.0)] + late[:2]
