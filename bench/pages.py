@@ -43,7 +43,7 @@ from bench.realnode import (
     table,
     writes_by_path,
 )
-from bench.stats import Ratio, median_interval, ratio_of_medians
+from bench.stats import Ratio, mean_interval, median_interval, ratio_of_medians
 
 ROOT = Path(__file__).resolve().parents[1]
 REALNODE = ROOT / "docs" / "bench" / "realnode.json"
@@ -1081,6 +1081,11 @@ def _s(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.2f} s"
 
 
+def _g_interval(interval: tuple[float, float]) -> str:
+    """`` (0 to 1)``: an interval of counts or their means (which may be negative)."""
+    return f" ({round(interval[0], 2):g} to {round(interval[1], 2):g})"
+
+
 def keep_step_table(doc: dict[str, Any]) -> str:
     """Steps lost per failure, the interrupted step kept against the periodic checkpoint."""
     s, m, st = doc["summary"], doc["machine"], doc["settings"]
@@ -1089,7 +1094,8 @@ def keep_step_table(doc: dict[str, Any]) -> str:
     lo, hi = median_interval(lost["periodic"]) if len(lost["periodic"]) > 1 else (None, None)
     klo, khi = median_interval(lost["kept"]) if len(lost["kept"]) > 1 else (None, None)
     rows = [
-        "| trainer | failures | steps lost: median | p99 | largest | mean | resumed state right |",
+        "| trainer | failures | steps lost: median (95 % interval) | p99 | largest "
+        "| mean (95 % interval) | resumed state right |",
         "|---|---|---|---|---|---|---|",
     ]
     label = {"kept": "keeps the interrupted step (`KEEP_STEP=1`)", "periodic": "periodic "
@@ -1098,9 +1104,13 @@ def keep_step_table(doc: dict[str, Any]) -> str:
         mine = [t for t in doc["trials"] if t["mode"] == mode]
         checked = sum(1 for t in mine if t.get("loss_ok") is not None)
         fresh = len(mine) - checked  # resumed at step 0: no state to check
+        values = [float(x) for x in lost[mode]]
+        mid = _g_interval(median_interval(values)) if len(values) > 1 else ""
+        mean = _g_interval(mean_interval(values)) if len(values) > 1 else ""
         rows.append(
-            f"| {label[mode]} | {v['failures']} | {v['steps_lost_p50']} | {v['steps_lost_p99']} "
-            f"| {v['steps_lost_max']} | {v['steps_lost_mean']} | {v['resumed_state_checked']} "
+            f"| {label[mode]} | {v['failures']} | {v['steps_lost_p50']}{mid} "
+            f"| {v['steps_lost_p99']} | {v['steps_lost_max']} | {v['steps_lost_mean']}{mean} "
+            f"| {v['resumed_state_checked']} "
             f"of {checked}" + (f" ({fresh} from step 0)" if fresh else "") + " |"
         )
     kinds = ", ".join(f"{k} {max(v)}" for k, v in kept["by_kind"].items())
@@ -1112,6 +1122,8 @@ def keep_step_table(doc: dict[str, Any]) -> str:
             f"failure in {_link(KEEP_STEP)}.",
             "",
             *rows,
+            "",
+            "(p99 by nearest rank: with fewer than 100 failures the largest, no interval.)",
             "",
             f"With the step kept: steps lost p50 = {kept['steps_lost_p50']}"
             + ("" if klo is None else f" (95 % interval {klo:g} to {khi:g})")

@@ -74,6 +74,16 @@ def median_interval(values: list[float], seed: int = 0) -> tuple[float, float]:
     return medians[int(tail * RESAMPLES)], medians[min(RESAMPLES - 1, int((1 - tail) * RESAMPLES))]
 
 
+def mean_interval(values: list[float], seed: int = 0) -> tuple[float, float]:
+    """The percentile-bootstrap 95 % interval of ``values``' mean."""
+    if len(values) < 2:
+        raise ValueError(f"a mean's interval needs 2 or more values (n = {len(values)})")
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(RESAMPLES))
+    tail = (1 - LEVEL) / 2
+    return means[int(tail * RESAMPLES)], means[min(RESAMPLES - 1, int((1 - tail) * RESAMPLES))]
+
+
 def stratified_sum_interval(groups: list[list[float]], seed: int = 0) -> tuple[float, float]:
     """The percentile-bootstrap 95 % interval of the total of ``groups``' values, each group
     resampled with replacement within itself (stratified: every resample keeps each group's
