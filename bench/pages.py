@@ -449,7 +449,7 @@ def soak_tables(doc: dict[str, Any], path: Path = SOAK) -> str:
         f"| {warm:.1f} s ({_pct(warm, measured)}) | {r['unmeasured_s']:.0f} s |",
         "",
         "| failure | recovery (first signal -> barrier open): median (95 % interval), n; each "
-        "| steps lost (mean, max; of those measured) |",
+        "| steps lost (mean (95 % interval), max; of those measured) |",
         "|---|---|---|",
     ]
     for kind, label in SOAK_KINDS.items():
@@ -464,9 +464,12 @@ def soak_tables(doc: dict[str, Any], path: Path = SOAK) -> str:
             + f"; {times}"
         )
         lost = r["steps_lost"].get(kind)
-        counted = sum(1 for f in of_kind if f.get("steps_lost") is not None)
+        counts = [float(f["steps_lost"]) for f in of_kind if f.get("steps_lost") is not None]
+        within = _g_interval(mean_interval(counts)) if len(counts) > 1 else ""
         shown = (
-            "-" if not lost else f"{lost['mean']:g}, {lost['max']} ({counted} of {len(of_kind)})"
+            "-"
+            if not lost
+            else f"{lost['mean']:g}{within}, {lost['max']} ({len(counts)} of {len(of_kind)})"
         )
         out.append(f"| {label} | {times} s | {shown} |")
     out += _badput_by_kind(failures)
@@ -496,25 +499,31 @@ def _median_n(values: list[float]) -> str:
 def _badput_by_kind(failures: list[dict[str, Any]]) -> list[str]:
     """Where each failure kind's badput went (bench.soak.badput_by_kind of the records): a
     row per kind, its sum by bucket and the mean per failure."""
-    by_kind = soak.badput_by_kind([soak.Failure(**f) for f in failures])
+    records = [soak.Failure(**f) for f in failures]
+    by_kind = soak.badput_by_kind(records)
     if not by_kind:
         return []
+    each: dict[str, list[float]] = {}  # every counted failure's own badput, by kind
+    for f, costs in soak.own_badput(records):
+        each.setdefault(f.kind, []).append(sum(costs.values()))
     out = [
         "",
         "What each kind of failure cost, from the buckets its records carry (each failure's at "
         "its barrier less the one's before), in seconds summed over the run:",
         "",
         "| failure | counted | detection | recovery | restore | wasted progress | in all "
-        "| per failure |",
+        "| per failure (mean, 95 % interval) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for kind, buckets in sorted(by_kind.items(), key=lambda kv: _kind_order(kv[0])):
         counted = int(buckets["failures"])
         total = sum(buckets[b] for b in soak.FAILURE_BUCKETS)
         cells = " | ".join(f"{buckets[b]:.1f}" for b in soak.FAILURE_BUCKETS)
+        values = each.get(kind, [])
+        spread = _g_interval(mean_interval(values)) if len(values) > 1 else ""
         out.append(
             f"| {SOAK_KINDS.get(kind, kind)} | {counted} | {cells} | {total:.1f} "
-            f"| {total / counted:.1f} |"
+            f"| {total / counted:.1f}{spread} |"
         )
     return out
 
@@ -816,7 +825,8 @@ def channel_attacks_table(doc: dict[str, Any]) -> str:
     )
     rows = [
         "| attack | agent's reports | latency / quiet (95 % interval; n) | a new pod's agent: "
-        "reports, latency / quiet | server's peak RSS growth in it | server CPU (of a core) | "
+        "reports, latency / quiet (95 % interval; n) | server's peak RSS growth in it | "
+        "server CPU (of a core) | "
         "loop lag p99 | what the attacker got | connections refused or closed, by reason | "
         "goals |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -842,7 +852,8 @@ def channel_attacks_table(doc: dict[str, Any]) -> str:
         new_pod = (
             "not measured"
             if new is None
-            else f"{answered(new['answers'])}, {latency(new['latency'])})"
+            else f"{answered(new['answers'])}, {latency(new['latency'])}; "
+            f"{new['latency']['n_a']}, {new['latency']['n_b']})"
         )
         rows.append(
             f"| `{name}`: {channel_attacks.ATTACKS[name]} | {answered(r['answers'])} | "
