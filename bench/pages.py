@@ -246,11 +246,10 @@ def kwok_5000(doc: dict[str, Any], stored: Path = SEED_5000) -> str:
     )
 
 
-def kwok_deaths(doc: dict[str, Any]) -> str:
-    """jobset-inplace's and upstream's node deaths again, in one run (the paths run's upstream
-    with the taint was not counted)."""
+def kwok_deaths(doc: dict[str, Any], path: Path = DEATHS) -> str:
+    """A run's node deaths (``path``: its file), every path and remediation."""
     summ = report.summarize(doc)
-    return "\n".join([kwok_origin(doc, DEATHS), *report.node_death_table(summ)])
+    return "\n".join([kwok_origin(doc, path), *report.node_death_table(summ)])
 
 
 def kwok_spares(doc: dict[str, Any]) -> str:
@@ -285,9 +284,14 @@ def kwok_headline(doc: dict[str, Any], deaths_doc: dict[str, Any] | None = None)
     first = _deaths(doc)
     second = _deaths(deaths_doc) if deaths_doc else {}
     again = {p for p, _ in second}
+    whose = {"hybrid": "jobset-inplace's", "upstream": "upstream's", "stock": "stock's"}
+    ran = [whose[p] for p in whose if p in again]
+    rest = [whose[p] for p in whose if p not in again and any(k[0] == p for k in first)]
     second_run = (
-        f" (jobset-inplace's and upstream's from a second run, {deaths_doc['started'][:10]} at "
-        f"`{deaths_doc['commit']}`; stock's from the first)"
+        f" ({' and '.join(ran)} from a second run, {deaths_doc['started'][:10]} at "
+        f"`{deaths_doc['commit']}`"
+        + (f"; {' and '.join(rest)} from the first" if rest else "")
+        + ")"
         if deaths_doc and again
         else ""
     )
