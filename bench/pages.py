@@ -288,10 +288,8 @@ def kwok_headline(doc: dict[str, Any], deaths_doc: dict[str, Any] | None = None)
     ran = [whose[p] for p in whose if p in again]
     rest = [whose[p] for p in whose if p not in again and any(k[0] == p for k in first)]
     second_run = (
-        f" ({' and '.join(ran)} from a second run, {deaths_doc['started'][:10]} at "
-        f"`{deaths_doc['commit']}`"
-        + (f"; {' and '.join(rest)} from the first" if rest else "")
-        + ")"
+        f" ({_and(ran)} from a second run, {deaths_doc['started'][:10]} at "
+        f"`{deaths_doc['commit']}`" + (f"; {_and(rest)} from the first" if rest else "") + ")"
         if deaths_doc and again
         else ""
     )
@@ -317,6 +315,11 @@ def kwok_headline(doc: dict[str, Any], deaths_doc: dict[str, Any] | None = None)
             (deaths_doc or doc).get("settings", {}).get("restart_scope", "pod"),
         )
     )
+
+
+def _and(words: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
 
 
 def _deaths(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:

@@ -458,6 +458,8 @@ def test_the_headline_gives_repeated_node_deaths_their_medians_intervals_and_n()
     headline = pages.kwok_headline(first, second)
     scope = "jobset-inplace restarting the trainer processes (the default scope)"
     assert f"{scope} 21.0 s (" in headline
+    assert "(jobset-inplace's, upstream's and stock's from a second run, " in headline
+    assert "from the first" not in headline
     assert ", n = 5) (by default it force-deletes" in headline
     assert "JobSet's InPlaceRestart 130.0 s (" in headline
     assert "(2.0x; 95 % interval " in headline
