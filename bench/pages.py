@@ -738,7 +738,7 @@ def realnode_torch_headline(doc: dict[str, Any]) -> str:
         "with jobset-inplace restarting the trainer processes with the next ones pre-started "
         f"(`prestart-imports`), {_median_of(runs['jsi-process'])} restarting them cold, "
         f"{_median_of(runs['jsi-pod'])} restarting whole pods; JobSet's InPlaceRestart "
-        f"{_median_of(runs[upstream])} (`{upstream}`, its fastest variant here: "
+        f"{_median_of(runs[upstream])} (`{upstream}`, its variant with the lower median here: "
         f"{_times_within(runs, upstream, 'jsi-prestart')}, of the pre-started scope; "
         f"{_times_within(runs, upstream, 'jsi-pod')}, of the pod scope), stock JobSet at "
         f"grace 0 {_median_of(runs['stock-grace0'])} "
