@@ -475,6 +475,7 @@ def agent_start(cluster: LocalCluster, cycles: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    report.require_plots("python -m bench")  # not after an hour of measuring
     # what was measured, read now: the tree may change while the cluster comes up
     run = provenance.begin("bench", argv, args.allow_dirty)
     # SIGTERM unwinds like Ctrl-C: the controller stops, the JobSet controller's gates return

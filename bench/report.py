@@ -553,6 +553,18 @@ def write(out: Path, results: dict[str, Any]) -> list[Path]:
     return [out / "results.json", *plots]
 
 
+def require_plots(prog: str) -> None:
+    """Stop ``prog`` before it measures anything where its plots could not be drawn at the
+    end (matplotlib comes with the bench extra only: ``make bench`` installs it)."""
+    try:
+        import matplotlib  # noqa: F401, PLC0415
+    except ImportError:
+        raise SystemExit(
+            f"{prog}: matplotlib is missing (the bench extra); install it with "
+            "`make .venv/.bench` or `pip install -e '.[bench]'`"
+        ) from None
+
+
 def plot(out: Path, results: dict[str, Any]) -> list[Path]:
     """PNG plots of a run with both paths; none for a one-path run (nothing to compare)."""
     # matplotlib comes with the bench extra only (make bench installs it)

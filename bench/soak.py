@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import provenance
+from bench.report import require_plots
 from bench.stats import stratified_sum_interval
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
@@ -702,6 +703,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = recount(args.recount, cluster.logs_dir.parent / "soak-shared")
         print(table(doc["result"]))
         return 0
+    require_plots("python -m bench.soak")  # its figure is drawn at the end
     measuring = provenance.begin("bench.soak", argv, args.allow_dirty)
     cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
     created = not cluster.is_up()

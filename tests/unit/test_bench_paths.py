@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -616,3 +617,15 @@ def test_cpu_per_recovery_gives_each_process_its_median_and_interval() -> None:
     assert cpu["jobset-inplace"]["median_ci"] == [0.2, 0.4]
     assert report._cpu_cell(cpu["kube-apiserver"]) == "2.00 (1.00-3.00)"
     assert report._cpu_cell(None) == "0.00"
+
+
+def test_a_bench_without_its_plotting_library_stops_before_it_measures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    with pytest.raises(
+        SystemExit, match=r"python -m bench: matplotlib is missing .*\.venv/\.bench"
+    ):
+        report.require_plots("python -m bench")
+    monkeypatch.setitem(sys.modules, "matplotlib", types.ModuleType("matplotlib"))
+    report.require_plots("python -m bench")  # importable: no objection
