@@ -54,6 +54,8 @@ GOAL_RATIO = 0.5  # issue 56: pre-started <= 50 % of torchrun --max-restarts and
 SCALE = ROOT / "docs" / "bench" / "kwok-scale-2026-11-28" / "results.json"
 PATHS = ROOT / "docs" / "bench" / "kwok-paths-2026-11-28" / "results.json"
 DEATHS = ROOT / "docs" / "bench" / "kwok-node-deaths-2026-11-28-rerun" / "results.json"
+# five deaths of each kind, every path, the default process scope
+DEATHS_5 = ROOT / "docs" / "bench" / "kwok-node-deaths-2026-12-05" / "results.json"
 KWOK_DEFAULTS = ROOT / "docs" / "bench" / "kwok-defaults-2026-12-05" / "results.json"
 KWOK_POOL = ROOT / "docs" / "bench" / "kwok-pool256-2026-12-05" / "results.json"
 SEED_5000 = ROOT / "docs" / "bench" / "kwok-5000-pod-scope-2026-12-05" / "results.json"
@@ -1179,7 +1181,12 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
         lambda doc: kwok_5000(doc, SEED_5000_PROCESS),
         (SEED_5000_PROCESS,),
     ),
-    "kwok-headline": (ROOT / "README.md", kwok_headline, (PATHS, DEATHS)),
+    "kwok-node-deaths": (
+        ROOT / "docs" / "benchmarks.md",
+        lambda doc: kwok_deaths(doc, DEATHS_5),
+        (DEATHS_5,),
+    ),
+    "kwok-headline": (ROOT / "README.md", kwok_headline, (PATHS, DEATHS_5)),
     "kwok-spares": (ROOT / "docs" / "benchmarks.md", kwok_spares, (SPARES,)),
     "spares-headline": (ROOT / "README.md", spares_headline, (SPARES,)),
     "soak": (ROOT / "docs" / "benchmarks.md", soak_tables, (SOAK,)),
