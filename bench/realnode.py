@@ -365,21 +365,20 @@ def table(
         lo, hi = median_interval(mine)
         return f"{lo:.2f}-{hi:.2f}; range {v.running_min:.2f}-{v.running_max:.2f}"
 
+    def within(values: list[float] | None, fmt: str) -> str:
+        """`` (low-high)``: the median's 95 % interval, or nothing with fewer than 2 values."""
+        if not values or len(values) < 2:
+            return ""
+        lo, hi = median_interval(values)
+        return f" ({lo:{fmt}}-{hi:{fmt}})"
+
     def barrier(path: str, v: PathSummary) -> str:
         if v.barrier_median is None:
             return "-"
-        mine = (barriers or {}).get(path, [])
-        if len(mine) < 2:
-            return f"{v.barrier_median:.2f} s"
-        lo, hi = median_interval(mine)
-        return f"{v.barrier_median:.2f} s ({lo:.2f}-{hi:.2f})"
+        return f"{v.barrier_median:.2f} s" + within((barriers or {}).get(path), ".2f")
 
     def counted(path: str, v: PathSummary) -> str:
-        mine = (writes or {}).get(path, [])
-        if len(mine) < 2:
-            return f"{v.writes_median:g}"
-        lo, hi = median_interval(mine)
-        return f"{v.writes_median:g} ({lo:g}-{hi:g})"
+        return f"{v.writes_median:g}" + within((writes or {}).get(path), "g")
 
     rows = [
         "| path | n | crash -> barrier lifted (median"
