@@ -394,6 +394,27 @@ class ClusterCache:
         gang.heard[uid] = at - self.stalled  # on the clock that stops while the leader stalls
         return None, holds
 
+    def presume_heard(self, gang: Gang, named_at: float, mono: float) -> None:
+        """This leader's channel was first named in ``gang``'s status at wall time
+        ``named_at`` (``mono`` on the monotonic clock). Each member pod running then (its
+        agent not known to have started after) heartbeated the leader before this one, which
+        heard none of it: it counts as heard ``names.HEARTBEAT_S`` after ``mono`` (the agents
+        read the new endpoint and beat within one period), so that its silence from now on is
+        a signal as it was for the predecessor, not only its node's Lease
+        (docs/design/hot-spares.md, section 5).
+
+        The fence holds: the predecessor stopped answering before this process led (its
+        watchdog, and the lease-duration wait before a new leader acquires), so every lease
+        it gave ends by ``names.LEASE_S`` after ``mono``, before the slot can move. An agent
+        that starts later counts from its first heartbeat, as always."""
+        if not gang.spec.spares or self.report_endpoint is None:
+            return
+        at = mono + names.HEARTBEAT_S - self.stalled
+        for uid, pod in self.members(gang).items():
+            started = pod.agent_started
+            if pod.phase == "Running" and (started is None or started <= named_at):
+                gang.heard[uid] = max(gang.heard.get(uid, at), at)
+
     def progress_note(
         self, key: GangKey, uid: str, note: tuple[int, ProgressSpan], at: float
     ) -> tuple[str | None, str | None]:

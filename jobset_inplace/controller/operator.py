@@ -278,16 +278,18 @@ def run(settings: Settings, extra_watches: Sequence[WatchFactory] = ()) -> None:
         observer = lease_observer(metrics.METRICS)
         observer.start()
     manager = Manager(settings, exposition=metrics.exposition, on_leading=metrics.set_leader)
-    manager.run(partial(run_controller, reconciler, extra_watches, observer))
+    manager.run(partial(run_controller, reconciler, extra_watches, observer, manager.leads))
 
 
 def run_controller(
     reconciler: Reconciler,
     extra_watches: Sequence[WatchFactory] = (),
     observer: LeaseObserver | None = None,
+    leads: Callable[[], bool] = lambda: True,
 ) -> None:
     """The controller proper (this replica leads, or there is no election); ``observer``: the
-    Lease watch it ran while a candidate, handed over at the prime."""
+    Lease watch it ran while a candidate, handed over at the prime; ``leads``: whether this
+    replica can prove it leads at this moment (:meth:`.Manager.leads`)."""
     watches = [
         *raw_watches(reconciler),
         *dra_watches(reconciler),
@@ -315,7 +317,7 @@ def run_controller(
 
     @kopf.on.startup(registry=registry)
     async def start_watches(**_: Any) -> None:
-        await start_report_channel(reconciler)
+        await start_report_channel(reconciler, leads)
         _stop_at_sigterm(reconciler, stop)
         for keeper in (access, budgets):
             background.add(asyncio.get_running_loop().create_task(keeper.resync_forever()))
@@ -349,12 +351,12 @@ def _stop_at_sigterm(reconciler: Reconciler, stop: asyncio.Event) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
 
 
-async def start_report_channel(r: Reconciler) -> None:
-    """Serve the report channel before any pass advertises it. A channel that cannot start
-    (a port taken, a bad setting) is logged and left off: agents then write their reports on
-    their pods, as without it."""
+async def start_report_channel(r: Reconciler, leads: Callable[[], bool]) -> None:
+    """Serve the report channel before any pass advertises it, answering only while
+    ``leads()``. A channel that cannot start (a port taken, a bad setting) is logged and left
+    off: agents then write their reports on their pods, as without it."""
     try:
-        server = report_server_from_env(r.cache, r.poke, os.environ)
+        server = report_server_from_env(r.cache, r.poke, os.environ, leads=leads)
         if server is not None:
             r.cache.report_endpoint = await server.start()
     except (OSError, ValueError) as e:

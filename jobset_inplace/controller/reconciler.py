@@ -227,6 +227,7 @@ class Reconciler:
             and result.status.report_endpoint == self.cache.report_endpoint
         ):
             gang.endpoint_named_at = gang.status_written_at
+            self.cache.presume_heard(gang, gang.endpoint_named_at, self.clock.monotonic())
 
     async def _write_members(self, gang: Gang, snap: Snapshot) -> None:
         """What each member reported, for people (:mod:`jobset_inplace.core.gangmembers`):

@@ -113,8 +113,12 @@ class ReportServer:
         advertise: str,
         *,
         limits: Limits | None = None,
+        leads: Callable[[], bool] = lambda: True,
     ) -> None:
-        self.cache, self.poke, self.verifier = cache, poke, verifier
+        """``leads``: whether this process can prove it leads now; while it cannot, every
+        report is refused (503): no answer of a leader whose successor may already act renews
+        an agent's lease (hot spares' fence) or takes a report it would not plan on."""
+        self.cache, self.poke, self.verifier, self.leads = cache, poke, verifier, leads
         self.listen, self.advertise, self.limits = listen, advertise, limits or Limits()
         self.accepted = 0
         self.handled = 0  # requests, whatever the answer
@@ -193,6 +197,8 @@ class ReportServer:
         report, and the connection's reading is not paused and resumed around it."""
         self.handled += 1
         try:
+            if not self.leads():
+                raise Rejected(503, "this replica cannot prove it still leads: try the next leader")
             token, sender, values = self._parse(request)
             who = self.verifier.remembered(token)
             if who is None:
@@ -301,7 +307,11 @@ class ReportServer:
 
 
 def report_server_from_env(
-    cache: ClusterCache, poke: Poke, env: Mapping[str, str]
+    cache: ClusterCache,
+    poke: Poke,
+    env: Mapping[str, str],
+    *,
+    leads: Callable[[], bool] = lambda: True,
 ) -> ReportServer | None:
     """The channel as configured: ``JSI_REPORT_LISTEN`` (ADDRESS:PORT, default 0.0.0.0:9444;
     port 0: any free one), advertised at ``JSI_REPORT_ADVERTISE`` (an address agents reach;
@@ -328,4 +338,4 @@ def report_server_from_env(
     except ValueError as e:
         raise ValueError(f"{names.ENV_REPORT_LIMITS}: {e}") from None
     verifier = TokenVerifier(client.ApiClient())
-    return ReportServer(cache, poke, verifier, listen_at, advertise, limits=limits)
+    return ReportServer(cache, poke, verifier, listen_at, advertise, limits=limits, leads=leads)

@@ -174,6 +174,13 @@ class LeaderElector:
                 log.info("leader: waiting, %s is held by %s", self.where, self.holder or "nobody")
             time.sleep(pause)
 
+    def fresh(self) -> bool:
+        """Whether this candidate can prove it leads now: its last successful renewal is less
+        than ``renew_deadline`` old (the watchdog's rule, asked at the moment of acting, so
+        that a process paused past it acts on nothing before the watchdog runs)."""
+        renewed = self.renewed_at
+        return renewed is not None and not must_stop(renewed, time.monotonic(), self.timing)
+
     def keep(self, on_lost: Callable[[str], None]) -> None:
         """Renew every retry period on a daemon thread; call ``on_lost`` (once, from the
         watchdog thread) when another candidate holds the Lease or the last successful

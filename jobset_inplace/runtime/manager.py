@@ -65,6 +65,12 @@ class Manager:
         self.settings, self.exposition, self.on_leading = settings, exposition, on_leading
         self.checks: dict[str, Check] = {}
         self.stop = threading.Event()  # the side parts' stop flag
+        self._elector: LeaderElector | None = None
+
+    def leads(self) -> bool:
+        """Whether this replica may act now: always without an election; with one, while its
+        last renewal of the Lease is fresh (:meth:`LeaderElector.fresh`)."""
+        return self._elector is None or self._elector.fresh()
 
     def run(self, lead: Callable[[], None]) -> None:
         """Run until ``lead`` returns (or raises); every part is stopped after it. With an
@@ -82,7 +88,7 @@ class Manager:
                 self.on_leading(True)
             else:
                 api = client.CoordinationV1Api(client.ApiClient())
-                elector = LeaderElector(api, election, self.on_leading)
+                elector = self._elector = LeaderElector(api, election, self.on_leading)
                 log.info("leader: candidate %s for %s", election.identity, elector.where)
                 elector.acquire()
                 elector.keep(on_lost=_leadership_lost)

@@ -57,6 +57,85 @@ def records(path: Path) -> list[tuple[float, str, str, str, str]]:
     return out
 
 
+def start_gang(  # noqa: PLR0917 (the fixtures it needs)
+    kube: Clients,
+    namespace: str,
+    start_agent: StartAgent,
+    leases: LeaseKeeper,
+    tmp_path: Path,
+    agents: list[AgentProc],
+    launchers: list[subprocess.Popen[bytes]],
+) -> tuple[Gang, Path]:
+    """Two members and a hot spare, each with its agent and a launcher running the trainer
+    (appended to ``agents`` and ``launchers``: the caller stops them), training at epoch 1:
+    the gang, and the trainers' shared records."""
+    g = Gang(
+        kube, namespace, f"fence-{uuid.uuid4().hex[:4]}", 3,
+        {**FAST, names.HOT_SPARES: "1"}, leases=leases,
+    )  # fmt: skip
+    g.create()
+    g.wait_state("naming the channel", lambda s: bool(s.get("reportEndpoint")))
+    trainer, recs = tmp_path / "trainer.py", tmp_path / "records"
+    trainer.write_text(TRAINER)
+    for i in range(3):
+        pod = g.pod(i)
+        token = tmp_path / f"report-token-{i}"
+        token.write_text(report_token(kube, namespace, pod))
+        agent = start_agent(
+            g.pods[i],
+            g.name,
+            POD_UID=pod.metadata.uid,
+            JSI_RESTART_SCOPE="process",
+            JSI_LAUNCHED_CONTAINERS="trainer",
+            **{
+                names.ENV_REPORT_TOKEN_FILE: str(token),
+                names.ENV_SLOTS: "2",
+                names.ENV_REPLICATED_JOB: "workers",
+                names.ENV_JOB_INDEX: str(i),
+                names.ENV_PEER_DOMAIN: g.name,
+            },
+        )
+        agents.append(agent)
+        env = {
+            **os.environ,
+            "JSI_STATE_DIR": str(agent.state_dir),
+            "JSI_CONTAINER_NAME": "trainer",
+            launcher.ENV_LEASE: "1",
+            "POD": str(i),
+            "RECORDS": str(recs),
+        }
+        with (tmp_path / f"launcher-{i}.log").open("wb") as log:
+            launchers.append(
+                subprocess.Popen(
+                    [sys.executable, launcher.__file__, "--", sys.executable, str(trainer)],
+                    env=env,
+                    stderr=log,
+                    stdout=log,
+                )
+            )
+    g.wait_state("barrier open at epoch 1", lambda s: s.get("barrierOpen") is True)
+    wait_for(
+        "slots 0 and 1 training",
+        lambda: {(p, s) for _, p, s, _, _ in records(recs)} >= {("0", "0"), ("1", "1")},
+        15,
+    )
+    assert all(p != "2" for _, p, _, _, _ in records(recs)), "the spare runs no trainer"
+    return g, recs
+
+
+def stop_all(agents: list[AgentProc], launchers: list[subprocess.Popen[bytes]]) -> None:
+    for agent in agents:
+        if agent.alive():
+            agent.proc.send_signal(signal.SIGCONT)
+    for proc in launchers:
+        proc.terminate()
+    for proc in launchers:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def test_a_holder_cut_off_from_the_leader_is_frozen_before_a_spare_takes_its_slot(  # noqa: PLR0917
     control_plane: ControlPlane,
     kube: Clients,
@@ -69,57 +148,7 @@ def test_a_holder_cut_off_from_the_leader_is_frozen_before_a_spare_takes_its_slo
     launchers: list[subprocess.Popen[bytes]] = []
     agents: list[AgentProc] = []
     try:
-        g = Gang(
-            kube, namespace, f"fence-{uuid.uuid4().hex[:4]}", 3,
-            {**FAST, names.HOT_SPARES: "1"}, leases=leases,
-        )  # fmt: skip
-        g.create()
-        g.wait_state("naming the channel", lambda s: bool(s.get("reportEndpoint")))
-        trainer, recs = tmp_path / "trainer.py", tmp_path / "records"
-        trainer.write_text(TRAINER)
-        for i in range(3):
-            pod = g.pod(i)
-            token = tmp_path / f"report-token-{i}"
-            token.write_text(report_token(kube, namespace, pod))
-            agent = start_agent(
-                g.pods[i],
-                g.name,
-                POD_UID=pod.metadata.uid,
-                JSI_RESTART_SCOPE="process",
-                JSI_LAUNCHED_CONTAINERS="trainer",
-                **{
-                    names.ENV_REPORT_TOKEN_FILE: str(token),
-                    names.ENV_SLOTS: "2",
-                    names.ENV_REPLICATED_JOB: "workers",
-                    names.ENV_JOB_INDEX: str(i),
-                    names.ENV_PEER_DOMAIN: g.name,
-                },
-            )
-            agents.append(agent)
-            env = {
-                **os.environ,
-                "JSI_STATE_DIR": str(agent.state_dir),
-                "JSI_CONTAINER_NAME": "trainer",
-                launcher.ENV_LEASE: "1",
-                "POD": str(i),
-                "RECORDS": str(recs),
-            }
-            with (tmp_path / f"launcher-{i}.log").open("wb") as log:
-                launchers.append(
-                    subprocess.Popen(
-                        [sys.executable, launcher.__file__, "--", sys.executable, str(trainer)],
-                        env=env,
-                        stderr=log,
-                        stdout=log,
-                    )
-                )
-        g.wait_state("barrier open at epoch 1", lambda s: s.get("barrierOpen") is True)
-        wait_for(
-            "slots 0 and 1 training",
-            lambda: {(p, s) for _, p, s, _, _ in records(recs)} >= {("0", "0"), ("1", "1")},
-            15,
-        )
-        assert all(p != "2" for _, p, _, _, _ in records(recs)), "the spare runs no trainer"
+        g, recs = start_gang(kube, namespace, start_agent, leases, tmp_path, agents, launchers)
 
         # holder 1 is cut off from the leader: its agent stops (so do its heartbeats)
         agents[1].proc.send_signal(signal.SIGSTOP)
@@ -155,14 +184,59 @@ def test_a_holder_cut_off_from_the_leader_is_frozen_before_a_spare_takes_its_slo
         writes = [(t, p) for t, p, s, _, k in records(recs) if s == "1" and k == "checkpoint"]
         assert not [t for t, p in writes if p == "1" and t >= moved], "no stale checkpoint"
     finally:
-        for agent in agents:
-            if agent.alive():
-                agent.proc.send_signal(signal.SIGCONT)
-        for proc in launchers:
-            proc.terminate()
-        for proc in launchers:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(agents, launchers)
         ctl.stop()
+
+
+def test_a_holder_silent_since_the_leader_died_goes_to_the_spare_under_the_new_leader(  # noqa: PLR0917
+    control_plane: ControlPlane,
+    kube: Clients,
+    namespace: str,
+    start_agent: StartAgent,
+    leases: LeaseKeeper,
+    tmp_path: Path,
+) -> None:
+    """A node's death that takes the leader with a holder: the new leader never heard that
+    holder's agent, yet counts its silence from when its own channel was named (the pods
+    running then heartbeated its predecessor), so the slot goes to the spare in seconds, not
+    at the node's Lease (kept fresh here: only the agent's silence tells), and only once no
+    lease the old leader gave can still be running."""
+    first = controller(control_plane, tmp_path, "leader-1", **CHANNEL)
+    second: Controller | None = None
+    launchers: list[subprocess.Popen[bytes]] = []
+    agents: list[AgentProc] = []
+    try:
+        g, recs = start_gang(kube, namespace, start_agent, leases, tmp_path, agents, launchers)
+        old = str(g.state()["reportEndpoint"]["leader"])
+        agents[1].proc.send_signal(signal.SIGSTOP)  # the holder's node and the leader go at once
+        first.kill()
+        cut = time.monotonic()
+        second = controller(control_plane, tmp_path, "leader-2", **CHANNEL)
+        wait_for(
+            "the new leader naming its channel",
+            lambda: (g.state().get("reportEndpoint") or {}).get("leader") not in (None, old),
+            30,
+            0.2,
+        )
+        named = time.monotonic()
+        st = g.wait_state("slot 1 on the spare", lambda s: bool(s.get("slots")), 20)
+        moved = time.monotonic()
+        assert st["slots"] == {"workers/1/0": "workers/2/0"}
+        assert st["recovery"]["causes"] == {"workers/1/0": "AgentSilent"}
+        # the fence: a full lease and its margin after the presumed last heartbeat
+        assert moved >= named + names.LEASE_S, "not before the old leader's leases ended"
+        stale = [t for t, p, _, _, _ in records(recs) if p == "1"]
+        assert max(stale) < cut + names.LEASE_S + 0.5, "frozen once its lease ended"
+        g.wait_state("barrier open at epoch 2", lambda s: s["epoch"] == 2 and s["barrierOpen"])
+        wait_for(
+            "the spare training as slot 1",
+            lambda: any(p == "2" and s == "1" for _, p, s, _, _ in records(recs)),
+            15,
+        )
+        first_spare = min(t for t, p, _, _, _ in records(recs) if p == "2")
+        assert max(stale) < first_spare, "never two pods trained as slot 1"
+    finally:
+        stop_all(agents, launchers)
+        first.stop()
+        if second is not None:
+            second.stop()

@@ -327,6 +327,44 @@ def test_a_heartbeat_says_which_slot_the_pod_holds_and_a_revoked_pod_is_not_hear
     assert after.silent["u2"] == 1.0, "heard after the stall: counted from then"
 
 
+def test_a_new_leader_presumes_every_running_agent_heard_when_its_channel_is_named() -> None:
+    """A new leader heard none of the heartbeats its predecessor did: the pods running when
+    its channel is first named count as heard one heartbeat period after that (their
+    silence from then on is a signal, and the fence counts from a time no lease of the
+    predecessor's outlives); an agent known to have started later, a pod not running and an
+    agent already heard later are left as they are; a gang without spares keeps no record."""
+    c, key = cached_gang(4, {names.HOT_SPARES: "1"})
+    g = c.gangs[key]
+    g.status = GangStatus(epoch=2)
+    c.report_endpoint = ReportEndpoint("https://x:1/v1/reports", "0" * 64, "l")
+    named = NOW + 30.0
+
+    def started(uid: str, at: float | None, phase: str = "Running") -> None:
+        g.pods[uid] = dataclasses.replace(g.pods[uid], agent_started=at, phase=phase)
+
+    started("u0", named - 100.0)
+    started("u1", named + 1.0)  # its agent started after: it reads the endpoint on start
+    started("u2", named - 100.0, phase="Pending")
+    started("u3", None)  # its agent is restarting (silent for the predecessor too)
+    c.stalled = 0.5
+    c.presume_heard(g, named, mono=500.0)
+    presumed = 500.0 + names.HEARTBEAT_S - 0.5
+    assert g.heard == {"u0": presumed, "u3": presumed}
+    snap = c.snapshot(g, named + 4.0, mono=504.0)
+    assert snap is not None
+    assert snap.silent == dict.fromkeys(("u0", "u3"), 4.0 - names.HEARTBEAT_S)
+    assert c.heartbeat(key, "u0", 505.0)[0] is None
+    c.presume_heard(g, named, mono=500.0)  # named again (a relisted gang): never earlier
+    assert g.heard["u0"] == 505.0 - 0.5
+    plain, plain_key = cached_gang(2)
+    plain.report_endpoint = c.report_endpoint
+    for uid in ("u0", "u1"):
+        pg = plain.gangs[plain_key]
+        pg.pods[uid] = dataclasses.replace(pg.pods[uid], agent_started=named - 100.0)
+    plain.presume_heard(plain.gangs[plain_key], named, mono=500.0)
+    assert plain.gangs[plain_key].heard == {}, "no spares: no heartbeats to count"
+
+
 def test_a_progress_note_is_kept_under_its_slot_after_the_pod_goes() -> None:
     """How far a member's trainers are, noted by its agent over the channel while the epoch
     runs, outlives the pod (its node died: goodput accounts the epoch from the note); a note

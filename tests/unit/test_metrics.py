@@ -34,6 +34,7 @@ from jobset_inplace.core.telemetry import (
     StoodDown,
 )
 from jobset_inplace.runtime.leader_election import Election, LeaderElector
+from jobset_inplace.runtime.manager import Manager, Settings
 from jobset_inplace.runtime.report_limits import REFUSALS
 from jobset_inplace.times import format_time
 
@@ -330,6 +331,20 @@ class LeaseApi:
 
     def replace_namespaced_lease(self, name: str, ns: str, body: dict[str, Any], **_: Any) -> None:
         self.create_namespaced_lease(ns, body)
+
+
+def test_a_leader_is_fresh_only_until_its_renewal_is_renew_deadline_old() -> None:
+    """What the report channel asks before each answer (:meth:`Manager.leads`): the
+    watchdog's rule at that moment; no election: always."""
+    election = Election("jobset-inplace-system")
+    elector = LeaderElector(LeaseApi(), election)
+    assert not elector.fresh(), "not acquired"
+    elector.acquire()
+    assert elector.fresh()
+    assert elector.renewed_at is not None
+    elector.renewed_at -= election.timing.renew_deadline_s
+    assert not elector.fresh()
+    assert Manager(Settings()).leads()
 
 
 def test_the_leader_gauge_follows_the_lease() -> None:

@@ -185,3 +185,30 @@ async def test_a_report_with_a_remembered_token_is_answered_at_once() -> None:
         assert (await bad).status == 401
     assert verifier.checked == 3
     assert s.accepted == 2
+
+
+async def test_a_replica_that_cannot_prove_it_leads_answers_no_report() -> None:
+    """While its last renewal of the Lease is too old (a process paused past its watchdog's
+    moment, whose successor may already act), every report is refused with 503 before its
+    token is read: no heartbeat's answer renews an agent's lease (hot spares' fence), no
+    report is taken; once it can prove it leads again, it answers."""
+    verifier = Remembering()
+    leading = [False]
+    s = ReportServer(
+        channel_attack._cache(),
+        no_poke,
+        cast(TokenVerifier, verifier),
+        ("127.0.0.1", 0),
+        "127.0.0.1",
+        leads=lambda: leading[0],
+    )
+    request = Request("Bearer good", channel_attack.report_body(0), True)
+    refused = s.handle(request)
+    assert isinstance(refused, Answer)
+    assert refused.status == 503
+    assert "cannot prove it still leads" in refused.payload["error"]
+    assert (verifier.checked, s.accepted) == (0, 0)
+    leading[0] = True
+    answer = s.handle(request)
+    assert not isinstance(answer, Answer)
+    assert (await answer).status == 200
