@@ -160,6 +160,7 @@ class Gang:
     # yet): the agents can have sent their reports again only after it (Snapshot.reports_since)
     endpoint_named_at: float = 0.0
     # uid -> when (monotonic) this leader last took a report or heartbeat of that pod's agent
+    # (or presumed one: presume_heard)
     heard: dict[str, float] = field(default_factory=dict)
     # slot -> (epoch, progress span) its agent last noted over the channel while that epoch
     # ran (progress_note); kept when the pod goes: Snapshot.progress_noted
