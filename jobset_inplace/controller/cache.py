@@ -33,7 +33,7 @@ from jobset_inplace.core.model import (
     Snapshot,
 )
 from jobset_inplace.core.policy import Policy, PolicyError
-from jobset_inplace.core.spares import moved_positions
+from jobset_inplace.core.spares import moved_positions, spares_job
 from jobset_inplace.protocol.report import AgentReport, newer_report
 from jobset_inplace.trainer.progress import ProgressSpan
 
@@ -380,7 +380,9 @@ class ClusterCache:
         whose slot the planner has decided to move (its uid among the recovery's recreated)
         holds none from then on, and its heartbeats are not counted as heard: the planner
         gives the slot away only LEASE_S + FENCE_MARGIN_S after the last answer that renewed
-        its lease, whenever it decided."""
+        its lease, whenever it decided. Only the agents of the spares' replicatedJob are
+        counted as heard: the others hold no lease and send no heartbeats (their reports are
+        no sign of life to wait for)."""
         gang = self.gangs.get(key)
         if gang is None or uid not in gang.pods or not self.is_member(gang, uid):
             return f"is not a known member of gang {key[1]}", None
@@ -392,28 +394,39 @@ class ClusterCache:
             rec = status.recovery
             if rec is not None and uid in rec.recreated.values():
                 return None, None  # revoked: not heard from now on
-        gang.heard[uid] = at - self.stalled  # on the clock that stops while the leader stalls
+        if spares_job(gang.pods[uid].member, gang.spec.spares):  # the others send no heartbeats
+            gang.heard[uid] = at - self.stalled  # on the clock that stops while the leader stalls
         return None, holds
 
     def presume_heard(self, gang: Gang, named_at: float, mono: float) -> None:
         """This leader's channel was first named in ``gang``'s status at wall time
-        ``named_at`` (``mono`` on the monotonic clock). Each member pod running then (its
-        agent not known to have started after) heartbeated the leader before this one, which
-        heard none of it: it counts as heard ``names.HEARTBEAT_S`` after ``mono`` (the agents
-        read the new endpoint and beat within one period), so that its silence from now on is
-        a signal as it was for the predecessor, not only its node's Lease
-        (docs/design/hot-spares.md, section 5).
+        ``named_at`` (``mono`` on the monotonic clock). Each pod of the spares' replicatedJob
+        running then (its agent not known to have started after) heartbeated the leader
+        before this one, which heard none of it: it counts as heard ``names.LEASE_S`` after
+        ``mono``, so that its silence from then on is a signal as it was for the predecessor,
+        not only its node's Lease (docs/design/hot-spares.md, section 5). That late, because
+        an agent needs time to read the new endpoint and reach this leader (its heartbeat may
+        be stuck with the old one, its connection refused in the burst), and one that has not
+        by then holds no lease from either leader: its trainer is frozen already, so a swap
+        costs the gang nothing a wait would not.
 
-        The fence holds: the predecessor stopped answering before this process led (its
-        watchdog, and the lease-duration wait before a new leader acquires), so every lease
-        it gave ends by ``names.LEASE_S`` after ``mono``, before the slot can move. An agent
-        that starts later counts from its first heartbeat, as always."""
+        The fence holds: a replica answers no report unless it can prove it leads
+        (:class:`.report_server.ReportServer`'s ``leads``), and its successor acquires the
+        Lease only once it lapsed (or was released after the channel stopped), before its
+        first status write: every lease the predecessor gave ended before ``mono`` +
+        ``names.LEASE_S``, the presumed heartbeat, and the slot moves ``names.LEASE_S +
+        names.FENCE_MARGIN_S`` after that. An agent that starts later counts from its first
+        heartbeat, as always."""
         if not gang.spec.spares or self.report_endpoint is None:
             return
-        at = mono + names.HEARTBEAT_S - self.stalled
+        at = mono + names.LEASE_S - self.stalled
         for uid, pod in self.members(gang).items():
             started = pod.agent_started
-            if pod.phase == "Running" and (started is None or started <= named_at):
+            if (
+                spares_job(pod.member, gang.spec.spares)
+                and pod.phase == "Running"
+                and (started is None or started <= named_at)
+            ):
                 gang.heard[uid] = max(gang.heard.get(uid, at), at)
 
     def progress_note(

@@ -23,7 +23,10 @@ Every 200 answer says which slot the pod holds (``holds``: a member's name, or n
 
 Answers: 200 accepted; 400 a malformed report (the field named); 401 a token the apiserver
 does not accept for this audience; 403 a token of another pod; 409 a pod this leader does not
-know as a member of that gang (yet); a request that is not a report is refused by the HTTP layer
+know as a member of that gang (yet); 503 this replica cannot prove it still leads (asked as a
+request is taken, and again after its token's verification, before anything is accepted:
+no lease of an agent is renewed by a leader its successor may already have replaced); a
+request that is not a report is refused by the HTTP layer
 (:mod:`.report_http`). Agents write their report on their pod after any failure."""
 
 from __future__ import annotations
@@ -197,8 +200,7 @@ class ReportServer:
         report, and the connection's reading is not paused and resumed around it."""
         self.handled += 1
         try:
-            if not self.leads():
-                raise Rejected(503, "this replica cannot prove it still leads: try the next leader")
+            self._must_lead()
             token, sender, values = self._parse(request)
             who = self.verifier.remembered(token)
             if who is None:
@@ -212,9 +214,14 @@ class ReportServer:
     ) -> Answer:
         try:
             who = await self.verifier.identify(token)
+            self._must_lead()  # the verification may have waited
             return self._accepted(*self._accept(who, sender, values))
         except Rejected as e:
             return self._rejected(e)
+
+    def _must_lead(self) -> None:
+        if not self.leads():
+            raise Rejected(503, "this replica cannot prove it still leads: try the next leader")
 
     def _accepted(self, uid: str, holds: str | None) -> Answer:
         self.accepted += 1

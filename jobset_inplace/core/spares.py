@@ -87,6 +87,15 @@ def spare_spec(jobset: Mapping[str, Any], *, prepared: bool = True) -> SpareSpec
     return SpareSpec(job, members, count)
 
 
+def spares_job(position: str, spare_positions: frozenset[str]) -> bool:
+    """Whether ``position`` is of the spares' replicatedJob (``spare_positions``: the gang's
+    spares at first, all of one replicatedJob): only its agents hold a lease and heartbeat,
+    and only its slots can go to a spare (a spare is a pod of that replicatedJob's template).
+    Other replicatedJobs of the gang recover as without spares."""
+    job = position.partition("/")[0]
+    return any(job == spare.partition("/")[0] for spare in spare_positions)
+
+
 def holder(slots: Slots, slot: str) -> str:
     """The position that holds ``slot``."""
     return slots.get(slot, slot)

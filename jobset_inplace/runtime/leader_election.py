@@ -92,8 +92,13 @@ class LeaderElector:
     # --- one round ------------------------------------------------------------------------
     def try_once(self) -> bool:
         """Read the Lease, decide, write: True when this candidate holds it afterwards."""
-        now = time.monotonic()
+        # This replica's own renewal is dated before its read (never later than its write: it
+        # stops no later than it must); another's record first seen, after the read returned
+        # (never earlier than that record's write: client-go's observedTime), so that a
+        # successor waits a whole lease-duration after the last renewal it could have missed.
+        began = time.monotonic()
         lease, rv = self._read()
+        now = time.monotonic()
         if self._seen is None or self._seen[0] != (rv or ""):
             self._seen = (rv or "", now)
         record = None if lease is None else record_of(lease)
@@ -117,7 +122,7 @@ class LeaderElector:
                     " it, or set --namespace)"
                 ) from None
             raise
-        self.renewed_at, self.holder = now, self.identity
+        self.renewed_at, self.holder = began, self.identity
         if step is not Step.RENEW:
             log.info("leader: %s acquired by %s (%s)", self.where, self.identity, step.value)
         return True
@@ -192,6 +197,7 @@ class LeaderElector:
             while not self._stop.wait(self.timing.retry_period_s):
                 try:
                     if not self.try_once() and not self._stop.is_set():
+                        self.renewed_at = None  # no longer fresh, before the watchdog's turn
                         why.append(f"{self.where} is now held by {self.holder or 'nobody'}")
                         lost.set()
                         return
@@ -200,9 +206,8 @@ class LeaderElector:
 
         def watchdog() -> None:
             while not self._stop.is_set():
-                late = self.renewed_at is not None and must_stop(
-                    self.renewed_at, time.monotonic(), self.timing
-                )
+                renewed = self.renewed_at  # once: the renew thread may clear it meanwhile
+                late = renewed is not None and must_stop(renewed, time.monotonic(), self.timing)
                 if late:
                     why.append(f"no renewal of {self.where} for {self.timing.renew_deadline_s:g}s")
                 if lost.is_set() or late:
@@ -217,6 +222,7 @@ class LeaderElector:
     def release(self) -> None:
         """Stop renewing and, if this candidate still holds the Lease, hand it over at once."""
         self._stop.set()
+        self.renewed_at = None  # a successor may take over at once: nothing is fresh any more
         self.on_leading(False)
         try:
             lease, rv = self._read()

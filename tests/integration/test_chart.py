@@ -187,6 +187,17 @@ def test_chart_values_reach_the_deployment(helm: Helm) -> None:
         "limits": {"memory": "512Mi"},
     }
     assert spec["tolerations"] == [{"operator": "Exists"}]
+    assert "strategy" not in deploy["spec"], "several replicas: the Lease tells who acts"
+
+
+def test_a_single_replica_without_election_is_replaced_not_surged(helm: Helm) -> None:
+    """With no Lease to tell two replicas apart, an update stops the old one before the new
+    one starts: both would act (and answer agents' heartbeats) during a rolling surge."""
+    values = {"replicas": 1, "leaderElection": {"enabled": False}}
+    (deploy,) = [o for o in helm.template(values) if o["kind"] == "Deployment"]
+    assert deploy["spec"]["strategy"] == {"type": "Recreate"}
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    assert not any(a.startswith("--leader-elect") for a in container["args"])
 
 
 def test_a_digest_pins_each_image(helm: Helm) -> None:

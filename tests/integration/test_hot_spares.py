@@ -197,10 +197,11 @@ def test_a_holder_silent_since_the_leader_died_goes_to_the_spare_under_the_new_l
     tmp_path: Path,
 ) -> None:
     """A node's death that takes the leader with a holder: the new leader never heard that
-    holder's agent, yet counts its silence from when its own channel was named (the pods
-    running then heartbeated its predecessor), so the slot goes to the spare in seconds, not
-    at the node's Lease (kept fresh here: only the agent's silence tells), and only once no
-    lease the old leader gave can still be running."""
+    holder's agent, yet counts its silence from a lease after its own channel was named (the
+    pods running then heartbeated its predecessor), so the slot goes to the spare in seconds,
+    not at the node's Lease (kept fresh here: only the agent's silence tells), and only once
+    no lease the old leader gave can still be running. (No election here: the timing between
+    leaders is unit-tested, tests/unit/test_metrics.py.)"""
     first = controller(control_plane, tmp_path, "leader-1", **CHANNEL)
     second: Controller | None = None
     launchers: list[subprocess.Popen[bytes]] = []
@@ -223,8 +224,9 @@ def test_a_holder_silent_since_the_leader_died_goes_to_the_spare_under_the_new_l
         moved = time.monotonic()
         assert st["slots"] == {"workers/1/0": "workers/2/0"}
         assert st["recovery"]["causes"] == {"workers/1/0": "AgentSilent"}
-        # the fence: a full lease and its margin after the presumed last heartbeat
-        assert moved >= named + names.LEASE_S, "not before the old leader's leases ended"
+        # presumed heard a lease after the naming, moved the lease and its margin after that
+        # (the test sees the naming up to a poll late, hence only the later part is asserted)
+        assert moved - named >= names.LEASE_S + names.FENCE_MARGIN_S, "not before the fence"
         stale = [t for t, p, _, _, _ in records(recs) if p == "1"]
         assert max(stale) < cut + names.LEASE_S + 0.5, "frozen once its lease ended"
         g.wait_state("barrier open at epoch 2", lambda s: s["epoch"] == 2 and s["barrierOpen"])

@@ -35,11 +35,13 @@ def owner(kind: str, api_version: str, uid: str, controller: bool = True) -> dic
     return ref | {"controller": True} if controller else ref
 
 
-def pod(uid: str, jobset: str = "train", index: int = 0, job: str | None = None) -> PodEntry:
+def pod(
+    uid: str, jobset: str = "train", index: int = 0, job: str | None = None, rj: str = "workers"
+) -> PodEntry:
     """A member pod as the Job controller makes it: controlled by Job ``job-<index>``."""
     labels = {
         names.JOBSET_NAME_LABEL: jobset,
-        names.REPLICATED_JOB_LABEL: "workers",
+        names.REPLICATED_JOB_LABEL: rj,
         names.JOB_INDEX_LABEL: str(index),
         names.COMPLETION_INDEX_LABEL: "0",
     }
@@ -329,10 +331,10 @@ def test_a_heartbeat_says_which_slot_the_pod_holds_and_a_revoked_pod_is_not_hear
 
 def test_a_new_leader_presumes_every_running_agent_heard_when_its_channel_is_named() -> None:
     """A new leader heard none of the heartbeats its predecessor did: the pods running when
-    its channel is first named count as heard one heartbeat period after that (their
-    silence from then on is a signal, and the fence counts from a time no lease of the
-    predecessor's outlives); an agent known to have started later, a pod not running and an
-    agent already heard later are left as they are; a gang without spares keeps no record."""
+    its channel is first named count as heard a lease after that (their silence from then on
+    is a signal, and the fence counts from a time no lease of the predecessor's outlives);
+    an agent known to have started later, a pod not running and an agent heard later are
+    left as they are; a gang without spares keeps no record."""
     c, key = cached_gang(4, {names.HOT_SPARES: "1"})
     g = c.gangs[key]
     g.status = GangStatus(epoch=2)
@@ -348,14 +350,13 @@ def test_a_new_leader_presumes_every_running_agent_heard_when_its_channel_is_nam
     started("u3", None)  # its agent is restarting (silent for the predecessor too)
     c.stalled = 0.5
     c.presume_heard(g, named, mono=500.0)
-    presumed = 500.0 + names.HEARTBEAT_S - 0.5
+    presumed = 500.0 + names.LEASE_S - 0.5
     assert g.heard == {"u0": presumed, "u3": presumed}
-    snap = c.snapshot(g, named + 4.0, mono=504.0)
+    snap = c.snapshot(g, named + 6.0, mono=506.0)
     assert snap is not None
-    assert snap.silent == dict.fromkeys(("u0", "u3"), 4.0 - names.HEARTBEAT_S)
-    assert c.heartbeat(key, "u0", 505.0)[0] is None
-    c.presume_heard(g, named, mono=500.0)  # named again (a relisted gang): never earlier
-    assert g.heard["u0"] == 505.0 - 0.5
+    assert snap.silent == dict.fromkeys(("u0", "u3"), 6.0 - names.LEASE_S)
+    assert c.heartbeat(key, "u0", 501.0)[0] is None  # it reached this leader: from then on
+    assert g.heard["u0"] == 501.0 - 0.5
     plain, plain_key = cached_gang(2)
     plain.report_endpoint = c.report_endpoint
     for uid in ("u0", "u1"):
@@ -365,11 +366,44 @@ def test_a_new_leader_presumes_every_running_agent_heard_when_its_channel_is_nam
     assert plain.gangs[plain_key].heard == {}, "no spares: no heartbeats to count"
 
 
+def test_only_the_spares_replicated_job_is_heard() -> None:
+    """Only the agents of the spares' replicatedJob hold a lease and heartbeat: a report of
+    another replicatedJob's member is no heartbeat (it would count as silent 2 s later and
+    lose its pod to a spare of another template), and a new leader presumes none of them."""
+    c = ClusterCache()
+    meta = {
+        "name": "train",
+        "namespace": "ns",
+        "uid": "js",
+        "annotations": {names.HOT_SPARES: "1", names.HOT_SPARES_JOB: "workers"},
+    }
+    jobs = [
+        {"name": "driver", "replicas": 1, "template": {"spec": {}}},
+        {"name": "workers", "replicas": 3, "template": {"spec": {}}},
+    ]
+    c.upsert_jobset({"metadata": meta, "spec": {"replicatedJobs": jobs}}, Policy(), "")
+    key = ("ns", "train")
+    for index in range(3):
+        c.upsert_job(JobEntry(f"job-{index}", "js"))
+        c.upsert_pod(pod(f"u{index}", index=index))
+    c.upsert_job(JobEntry("job-d", "js"))
+    c.upsert_pod(pod("d0", job="job-d", rj="driver"))
+    g = c.gangs[key]
+    g.status = GangStatus(epoch=2)
+    c.report_endpoint = ReportEndpoint("https://x:1/v1/reports", "0" * 64, "l")
+    assert g.pods["d0"].member == "driver/0/0"
+    assert c.heartbeat(key, "d0", 10.0) == (None, "driver/0/0"), "answered, not heard"
+    assert c.heartbeat(key, "u1", 10.0)[0] is None
+    assert set(g.heard) == {"u1"}
+    c.presume_heard(g, NOW, mono=20.0)
+    assert set(g.heard) == {"u0", "u1", "u2"}, "the spares' replicatedJob, the spare too"
+
+
 def test_a_progress_note_is_kept_under_its_slot_after_the_pod_goes() -> None:
     """How far a member's trainers are, noted by its agent over the channel while the epoch
     runs, outlives the pod (its node died: goodput accounts the epoch from the note); a note
     of another epoch or from a pod whose slot is being given away is not kept."""
-    c, key = cached_gang(2)
+    c, key = cached_gang(3, {names.HOT_SPARES: "1"})
     g = c.gangs[key]
     g.status = GangStatus(epoch=2)
     first, newer = ProgressSpan(1, NOW, 5, NOW + 2), ProgressSpan(1, NOW, 60, NOW + 30)

@@ -33,6 +33,7 @@ from jobset_inplace.core.telemetry import (
     StepsLost,
     StoodDown,
 )
+from jobset_inplace.runtime import leader_election
 from jobset_inplace.runtime.leader_election import Election, LeaderElector
 from jobset_inplace.runtime.manager import Manager, Settings
 from jobset_inplace.runtime.report_limits import REFUSALS
@@ -345,6 +346,32 @@ def test_a_leader_is_fresh_only_until_its_renewal_is_renew_deadline_old() -> Non
     elector.renewed_at -= election.timing.renew_deadline_s
     assert not elector.fresh()
     assert Manager(Settings()).leads()
+
+
+def test_a_slow_read_dates_a_renewal_before_it_and_anothers_record_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The two sides of the fence between leaders: this replica's renewal is dated before its
+    read (it stops no later than it must), another's record when the read returned (it waits
+    a whole lease-duration after the last renewal it could have missed, as client-go)."""
+    clock = [100.0]
+
+    class SlowLeases(LeaseApi):
+        def read_namespaced_lease(self, name: str, namespace: str, **kw: Any) -> SimpleNamespace:
+            clock[0] += 4.0  # the apiserver took 4 s to answer
+            return super().read_namespaced_lease(name, namespace, **kw)
+
+    monkeypatch.setattr(
+        leader_election, "time", SimpleNamespace(monotonic=lambda: clock[0], time=time.time)
+    )
+    api = SlowLeases()
+    mine = LeaderElector(api, Election("jobset-inplace-system", identity="a"))
+    assert mine.try_once()
+    assert mine.renewed_at == 100.0, "dated before the read"
+    other = LeaderElector(api, Election("jobset-inplace-system", identity="b"))
+    assert not other.try_once()
+    assert other._seen is not None
+    assert other._seen[1] == 108.0, "first seen when the read returned"
 
 
 def test_the_leader_gauge_follows_the_lease() -> None:

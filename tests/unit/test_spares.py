@@ -208,6 +208,22 @@ def test_a_dead_nodes_member_continues_on_a_ready_spare_at_once() -> None:
     assert opened.status.slots == {member(2): member(4)}
 
 
+def test_a_member_of_another_replicated_job_is_not_given_a_spare() -> None:
+    """A spare is a pod of its own replicatedJob's template: a member of another one (a
+    driver beside the workers) dead with its node gets its Job's new pod, as without spares,
+    and no shortfall is said for it."""
+    driver = "driver/0/0"
+    s = gang(node_map=dead(nodes(6), "n2"), pod_list=with_pod(pods(6, epoch=2), 2, member=driver))
+    members = (s.gang.members - {member(2)}) | {driver}
+    p = plan(dataclasses.replace(s, gang=dataclasses.replace(s.gang, members=members)))
+    assert p.status.phase == Phase.RECOVERING
+    assert p.status.recovery is not None
+    assert p.status.recovery.recreated == {driver: "uid-2"}
+    assert p.status.slots == {}
+    assert [r.pod for r in replaced(p)] == ["p2"]
+    assert not {"SpareSwapped", "SpareShortfall"} & set(events(p))
+
+
 def test_without_spares_ready_the_member_waits_for_its_jobs_new_pod() -> None:
     nm = dead(nodes(6), "n2")
     not_ready = with_pod(with_pod(pods(6, epoch=2), 4, phase="Pending"), 5, not_ready_since=NOW)

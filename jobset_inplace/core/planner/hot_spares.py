@@ -11,7 +11,14 @@ from jobset_inplace.core.model import Cause, Recovery
 from jobset_inplace.core.planned_moves import leaving_members
 from jobset_inplace.core.planner.base import PlanningPass, first_few
 from jobset_inplace.core.policy import ForceDelete
-from jobset_inplace.core.spares import SPARE_SHORTFALL, SPARE_SWAPPED, fenced, plan_swaps, swapped
+from jobset_inplace.core.spares import (
+    SPARE_SHORTFALL,
+    SPARE_SWAPPED,
+    fenced,
+    plan_swaps,
+    spares_job,
+    swapped,
+)
 
 
 class HotSpares(PlanningPass):
@@ -23,7 +30,8 @@ class HotSpares(PlanningPass):
         position once the old pod is fenced (it cannot be training any more: gone, terminal,
         or force-deleted on a silent node). A member already on a Ready pod that is not the
         replaced one keeps it; one with no spare ready waits for its Job's new pod, as
-        without spares (the shortfall is said once per epoch)."""
+        without spares (the shortfall is said once per epoch), as does a member of another
+        replicatedJob than the spares' (a spare is a pod of its own template)."""
         s, st = self.s, self.st
         if not s.gang.spares:
             return
@@ -32,6 +40,8 @@ class HotSpares(PlanningPass):
         lease_end = names.LEASE_S + names.FENCE_MARGIN_S
         wanting, avoid = [], set()
         for member, old_uid in sorted(rec.recreated.items()):
+            if not spares_job(member, s.gang.spares):
+                continue  # another replicatedJob's member: its Job's new pod, as without spares
             pod = self.current.get(member)
             if pod is not None and pod.uid != old_uid and self.ready_pod(pod):
                 continue  # on a new pod already (a spare, or its Job's replacement)
