@@ -634,6 +634,23 @@ def test_a_silent_holder_is_suspected_and_its_slot_moves_only_once_its_lease_end
     assert SPARE_SWAPPED in events(ended)
 
 
+def test_the_pass_that_gives_a_slot_to_a_ready_spare_opens_the_barrier() -> None:
+    """Once the silent holder is fenced, its slot is on the spare's pod: where the spare and
+    every other member reported the epoch already (they did while the fence ran), the same
+    pass opens the barrier; nothing else would wake the planner for it (the spare has nothing
+    new to report), so a pass later cost up to a second."""
+    suspected = plan(beating({1: names.SILENT_AFTER_S}))
+    assert suspected.status.epoch == 3
+    reported = with_pod(pods(6, epoch=3), 1, reported_epoch=2)  # the silent one did not
+    lease_end = names.LEASE_S + names.FENCE_MARGIN_S
+    s = beating({1: lease_end}, status=suspected.status, pod_list=reported, now=NOW + 2)
+    ended = plan(s)
+    assert ended.status.slots == {member(1): member(4)}
+    assert (ended.status.barrier_open, ended.status.phase) == (True, Phase.RUNNING)
+    early = beating({1: lease_end - 0.01}, status=suspected.status, pod_list=reported)
+    assert not plan(early).status.barrier_open, "fenced first: the slot is still p1's"
+
+
 def test_a_silent_spare_is_not_given_a_slot() -> None:
     p = plan(beating({1: 5.0, 4: 5.0}))
     assert p.status.slots == {member(1): member(5)}

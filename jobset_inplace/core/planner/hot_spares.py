@@ -24,17 +24,18 @@ from jobset_inplace.core.spares import (
 class HotSpares(PlanningPass):
     """Swapping a member onto a spare, and moving spares off nodes that are going."""
 
-    def swap_spares(self, rec: Recovery) -> None:
+    def swap_spares(self, rec: Recovery) -> frozenset[str]:
         """Members of this recovery that get a new pod take a ready spare's instead of waiting
         for their Job's (scheduling, image pull, start): the slot is given to the spare's
         position once the old pod is fenced (it cannot be training any more: gone, terminal,
         or force-deleted on a silent node). A member already on a Ready pod that is not the
         replaced one keeps it; one with no spare ready waits for its Job's new pod, as
         without spares (the shortfall is said once per epoch), as does a member of another
-        replicatedJob than the spares' (a spare is a pod of its own template)."""
+        replicatedJob than the spares' (a spare is a pod of its own template). Returns the
+        slots given to a spare in this pass (on their spare's pod from now on)."""
         s, st = self.s, self.st
         if not s.gang.spares:
-            return
+            return frozenset()
         by_uid = {pod.uid: pod for pod in s.pods}
         force = s.policy.force_delete == ForceDelete.UNREACHABLE
         lease_end = names.LEASE_S + names.FENCE_MARGIN_S
@@ -60,7 +61,7 @@ class HotSpares(PlanningPass):
             elif fenced(None if old is None else old.phase, force_deleted=force and dead):
                 wanting.append(member)
         if not wanting:
-            return
+            return frozenset()
         taken = set(rec.recreated.values())
         ready = [p for p in current_spares(s).values() if self.ready_pod(p) and p.uid not in taken]
         swaps, short = plan_swaps(wanting, ready, frozenset(avoid))
@@ -79,6 +80,7 @@ class HotSpares(PlanningPass):
                 "their Jobs' new pods",
                 once_key=f"SpareShortfall/{st.epoch}",
             )
+        return frozenset(slot for slot, _ in swaps)
 
     def move_spares(self) -> None:
         """Spares on a node that is dead, or being drained (its device tainted to move): no

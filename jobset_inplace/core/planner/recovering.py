@@ -28,7 +28,8 @@ class Recovering(Barrier, HotSpares):
         rec = self.recovery
         if not self.fold_failures(rec, causes):
             return
-        self.swap_spares(rec)
+        # a slot given to a spare now is on the spare's pod: its cause was its old pod's
+        on_spare = self.swap_spares(rec)
         members = sorted(s.gang.members)
         joined = [
             pod
@@ -36,7 +37,7 @@ class Recovering(Barrier, HotSpares):
             if (pod := self.live(m)) is not None
             and pod.reported_epoch == st.epoch
             and pod.uid != rec.recreated.get(m)
-            and m not in causes  # still failing: not back yet
+            and (m not in causes or m in on_spare)  # still failing: not back yet
         ]
         st.reported = len(joined)
         back = {p.member for p in joined}
