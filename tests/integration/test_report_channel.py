@@ -89,7 +89,8 @@ def report_token(
 async def test_only_a_pods_own_well_formed_report_is_accepted(
     kube: Clients, namespace: str, gangstate_crd: None, tmp_path: Path
 ) -> None:
-    gang = Gang(kube, namespace, f"g-{uuid.uuid4().hex[:4]}", 2)
+    # one member and a hot spare: its agents heartbeat (only a spares' replicatedJob does)
+    gang = Gang(kube, namespace, f"g-{uuid.uuid4().hex[:4]}", 2, {names.HOT_SPARES: "1"})
     gang.create()
     cache, pokes = ClusterCache(), list[GangKey]()
     jobset = kube.custom.get_namespaced_custom_object(
