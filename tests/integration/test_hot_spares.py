@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -57,18 +58,52 @@ def records(path: Path) -> list[tuple[float, str, str, str, str]]:
     return out
 
 
-def start_gang(  # noqa: PLR0917 (the fixtures it needs)
+SpareGang = tuple[Gang, Path, list[AgentProc]]
+
+
+@pytest.fixture
+def spare_gang(
     kube: Clients,
     namespace: str,
     start_agent: StartAgent,
     leases: LeaseKeeper,
     tmp_path: Path,
+) -> Iterator[Callable[[], SpareGang]]:
+    """Starts (once the controller runs) two members and a hot spare, each with its agent and
+    a launcher running the trainer, training at epoch 1: the gang, the trainers' shared
+    records and the agents. Every agent and launcher is stopped afterwards."""
+    agents: list[AgentProc] = []
+    launchers: list[subprocess.Popen[bytes]] = []
+
+    def start() -> SpareGang:
+        return (
+            *start_gang(kube, namespace, start_agent, tmp_path, leases, agents, launchers),
+            agents,
+        )
+
+    yield start
+    for agent in agents:
+        if agent.alive():
+            agent.proc.send_signal(signal.SIGCONT)
+    for proc in launchers:
+        proc.terminate()
+    for proc in launchers:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def start_gang(  # noqa: PLR0917 (what the fixture holds)
+    kube: Clients,
+    namespace: str,
+    start_agent: StartAgent,
+    tmp_path: Path,
+    leases: LeaseKeeper,
     agents: list[AgentProc],
     launchers: list[subprocess.Popen[bytes]],
 ) -> tuple[Gang, Path]:
-    """Two members and a hot spare, each with its agent and a launcher running the trainer
-    (appended to ``agents`` and ``launchers``: the caller stops them), training at epoch 1:
-    the gang, and the trainers' shared records."""
+    """The gang of :func:`spare_gang`, its agents and launchers appended to theirs."""
     g = Gang(
         kube, namespace, f"fence-{uuid.uuid4().hex[:4]}", 3,
         {**FAST, names.HOT_SPARES: "1"}, leases=leases,
@@ -123,32 +158,24 @@ def start_gang(  # noqa: PLR0917 (the fixtures it needs)
     return g, recs
 
 
-def stop_all(agents: list[AgentProc], launchers: list[subprocess.Popen[bytes]]) -> None:
-    for agent in agents:
-        if agent.alive():
-            agent.proc.send_signal(signal.SIGCONT)
-    for proc in launchers:
-        proc.terminate()
-    for proc in launchers:
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+def spare_trains_as_slot_1(g: Gang, recs: Path) -> float:
+    """Wait for epoch 2's barrier and the spare's trainer stepping as slot 1: when its first
+    step was recorded."""
+    g.wait_state("barrier open at epoch 2", lambda s: s["epoch"] == 2 and s["barrierOpen"])
+    wait_for(
+        "the spare training as slot 1",
+        lambda: any(p == "2" and s == "1" for _, p, s, _, _ in records(recs)),
+        15,
+    )
+    return min(t for t, p, _, _, _ in records(recs) if p == "2")
 
 
-def test_a_holder_cut_off_from_the_leader_is_frozen_before_a_spare_takes_its_slot(  # noqa: PLR0917
-    control_plane: ControlPlane,
-    kube: Clients,
-    namespace: str,
-    start_agent: StartAgent,
-    leases: LeaseKeeper,
-    tmp_path: Path,
+def test_a_holder_cut_off_from_the_leader_is_frozen_before_a_spare_takes_its_slot(
+    control_plane: ControlPlane, spare_gang: Callable[[], SpareGang], tmp_path: Path
 ) -> None:
     ctl: Controller = controller(control_plane, tmp_path, "leader", **CHANNEL)
-    launchers: list[subprocess.Popen[bytes]] = []
-    agents: list[AgentProc] = []
     try:
-        g, recs = start_gang(kube, namespace, start_agent, leases, tmp_path, agents, launchers)
+        g, recs, agents = spare_gang()
 
         # holder 1 is cut off from the leader: its agent stops (so do its heartbeats)
         agents[1].proc.send_signal(signal.SIGSTOP)
@@ -163,13 +190,7 @@ def test_a_holder_cut_off_from_the_leader_is_frozen_before_a_spare_takes_its_slo
         log1 = (tmp_path / "launcher-1.log").read_text()
         assert "the agent's lease ended: freezing" in log1
 
-        g.wait_state("barrier open at epoch 2", lambda s: s["epoch"] == 2 and s["barrierOpen"])
-        wait_for(
-            "the spare training as slot 1",
-            lambda: any(p == "2" and s == "1" for _, p, s, _, _ in records(recs)),
-            15,
-        )
-        first = min(t for t, p, _, _, _ in records(recs) if p == "2")
+        first = spare_trains_as_slot_1(g, recs)
 
         # the partition heals: the stale holder's agent learns its slot is gone
         agents[1].proc.send_signal(signal.SIGCONT)
@@ -184,17 +205,11 @@ def test_a_holder_cut_off_from_the_leader_is_frozen_before_a_spare_takes_its_slo
         writes = [(t, p) for t, p, s, _, k in records(recs) if s == "1" and k == "checkpoint"]
         assert not [t for t, p in writes if p == "1" and t >= moved], "no stale checkpoint"
     finally:
-        stop_all(agents, launchers)
         ctl.stop()
 
 
-def test_a_holder_silent_since_the_leader_died_goes_to_the_spare_under_the_new_leader(  # noqa: PLR0917
-    control_plane: ControlPlane,
-    kube: Clients,
-    namespace: str,
-    start_agent: StartAgent,
-    leases: LeaseKeeper,
-    tmp_path: Path,
+def test_a_holder_silent_since_the_leader_died_goes_to_the_spare_under_the_new_leader(
+    control_plane: ControlPlane, spare_gang: Callable[[], SpareGang], tmp_path: Path
 ) -> None:
     """A node's death that takes the leader with a holder: the new leader never heard that
     holder's agent, yet counts its silence from a lease after its own channel was named (the
@@ -204,10 +219,8 @@ def test_a_holder_silent_since_the_leader_died_goes_to_the_spare_under_the_new_l
     leaders is unit-tested, tests/unit/test_metrics.py.)"""
     first = controller(control_plane, tmp_path, "leader-1", **CHANNEL)
     second: Controller | None = None
-    launchers: list[subprocess.Popen[bytes]] = []
-    agents: list[AgentProc] = []
     try:
-        g, recs = start_gang(kube, namespace, start_agent, leases, tmp_path, agents, launchers)
+        g, recs, agents = spare_gang()
         old = str(g.state()["reportEndpoint"]["leader"])
         agents[1].proc.send_signal(signal.SIGSTOP)  # the holder's node and the leader go at once
         first.kill()
@@ -229,16 +242,9 @@ def test_a_holder_silent_since_the_leader_died_goes_to_the_spare_under_the_new_l
         assert moved - named >= names.LEASE_S + names.FENCE_MARGIN_S, "not before the fence"
         stale = [t for t, p, _, _, _ in records(recs) if p == "1"]
         assert max(stale) < cut + names.LEASE_S + 0.5, "frozen once its lease ended"
-        g.wait_state("barrier open at epoch 2", lambda s: s["epoch"] == 2 and s["barrierOpen"])
-        wait_for(
-            "the spare training as slot 1",
-            lambda: any(p == "2" and s == "1" for _, p, s, _, _ in records(recs)),
-            15,
-        )
-        first_spare = min(t for t, p, _, _, _ in records(recs) if p == "2")
+        first_spare = spare_trains_as_slot_1(g, recs)
         assert max(stale) < first_spare, "never two pods trained as slot 1"
     finally:
-        stop_all(agents, launchers)
         first.stop()
         if second is not None:
             second.stop()
