@@ -17,6 +17,7 @@ from jobset_inplace import names
 from jobset_inplace.core import device_taints as dt
 from jobset_inplace.core.decode import (
     KUEUE_V1BETA2_PODS_READY_TIMEOUT_S,
+    carry_opening,
     controller_uid,
     gang_spec,
     member_view,
@@ -541,18 +542,22 @@ class ClusterCache:
         if deleted:
             self.nodes.pop(node.name, None)
             return old is not None
-        self.nodes[node.name] = dataclasses.replace(
-            node,
-            lease_renewed=self.leases.get(node.name),
-            lease_read_at=self.lease_reads.get(node.name),
-        )
+        self.nodes[node.name] = self._node(node, old)
         return self.nodes[node.name] != old
 
     def replace_nodes(self, nodes: Sequence[NodeView]) -> None:
         """A complete list of the nodes (a relist): nodes not in it are gone."""
-        self.nodes = {}
+        before, self.nodes = self.nodes, {}
         for node in nodes:
-            self.upsert_node(node)
+            self.nodes[node.name] = self._node(node, before.get(node.name))
+
+    def _node(self, node: NodeView, old: NodeView | None) -> NodeView:
+        """A node's new view with its Lease, and when it opened as seen from ``old``."""
+        return dataclasses.replace(
+            carry_opening(old, node, time.time()),
+            lease_renewed=self.leases.get(node.name),
+            lease_read_at=self.lease_reads.get(node.name),
+        )
 
     def set_lease(self, node: str, renewed: float | None, read_at: float | None = None) -> None:
         """Record a Lease renewal, from the watch or (``read_at``: when) read directly; the

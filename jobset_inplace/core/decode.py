@@ -233,15 +233,34 @@ def node_view(node: Obj, lease: Obj | None, now: float) -> NodeView:
         if t.get("effect") in ("NoSchedule", "NoExecute")
     )
     renewed = lease_renewal(lease)[1] if lease else None
+    status = (ready or {}).get("status", "Unknown")
+    ready_since = _ts((ready or {}).get("lastTransitionTime"), now)
+    meta = node["metadata"]
+    created = _ts(meta.get("creationTimestamp"))
     return NodeView(
-        name=node["metadata"]["name"],
-        ready=(ready or {}).get("status", "Unknown"),
-        ready_since=_ts((ready or {}).get("lastTransitionTime"), now),
+        name=meta["name"],
+        ready=status,
+        ready_since=ready_since,
         lease_renewed=renewed or None,
         taints=taints,
         conditions=conditions,
         leaving=_leaving(node, conditions),
+        opened_at=max(created, ready_since) if status == "True" else created,
+        labels=tuple(sorted((meta.get("labels") or {}).items())),
     )
+
+
+def carry_opening(old: NodeView | None, new: NodeView, now: float) -> NodeView:
+    """``new`` (a node's next view) with what ``old`` (its view before, None: none) knew of
+    when it opened, moved to ``now`` where this change opened it: its cordon lifted (or
+    maintenance condition gone), or a NoSchedule/NoExecute taint removed. Neither change
+    carries a time of its own in the API."""
+    if old is None:
+        return new
+    opened = max(old.opened_at, new.opened_at)
+    if (old.leaving and not new.leaving) or {k for k, _ in old.taints} - {k for k, _ in new.taints}:
+        opened = max(opened, now)
+    return new if opened == new.opened_at else replace(new, opened_at=opened)
 
 
 # Node conditions an admin sets (Kubernetes 1.37: core/v1 types) that announce a drain

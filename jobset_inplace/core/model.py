@@ -183,6 +183,12 @@ class NodeView:
     # spec.unschedulable (kubectl cordon / drain), or a maintenance condition the admin set
     # (DrainInProgress, MaintenancePlanned, MaintenanceInProgress: Kubernetes 1.37)
     leaving: str = ""  # why its pods should move ("" : they need not)
+    # When pods could last newly fit on it, as far as known: its creation, its Ready turning
+    # True, and (seen by this controller: core.decode.carry_opening) its cordon lifted or a
+    # NoSchedule/NoExecute taint removed. Hot spares: a node that opened after a spare was
+    # placed is one the scheduler did not know of then (core.spares.spares_to_spread).
+    opened_at: float = 0.0
+    labels: tuple[tuple[str, str], ...] = ()  # its labels, sorted
 
 
 @dataclass(frozen=True)

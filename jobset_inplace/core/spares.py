@@ -34,6 +34,9 @@ SPARE_SWAPPED = "SpareSwapped"
 SPARE_SHORTFALL = "SpareShortfall"
 # agents silent with no spare ready to take their slots: left to their nodes' signals
 SILENT_WITHOUT_SPARE = "SilentWithoutSpare"
+# a spare replaced so that its Job makes it anew elsewhere: its node is going, or it shares a
+# node with a slot's holder while another node is free
+SPARE_MOVED = "SpareMoved"
 
 SPARES_FORM = "a whole number from 0 to the replicatedJob's replicas (at most one spare a member)"
 
@@ -169,6 +172,45 @@ def plan_swaps(
     free = [pod for pod in free if pod.node not in avoid_nodes]
     swaps = list(zip(wanting, free))  # noqa: B905 (the shorter; no strict= on 3.9: strenum.py)
     return swaps, list(wanting[len(swaps) :])
+
+
+class PlacedSince(Placed, Protocol):
+    """A pod as :func:`spares_to_spread` sees it: also when it was made."""
+
+    @property
+    def created(self) -> float: ...
+
+
+S = TypeVar("S", bound=PlacedSince)
+
+
+def spares_to_spread(
+    spare_pods: Mapping[str, S], holders: Mapping[str, S], free_nodes: Mapping[str, float]
+) -> list[tuple[S, S]]:
+    """The spares to move off a holder's node, each with that holder: a spare that shares a
+    node with a slot's holder cannot take that holder's place (the node's death takes both).
+    ``spare_pods``: position -> pod; ``holders``: slot -> the pod holding it; ``free_nodes``:
+    the nodes a pod of the gang could go to that hold none of its pods -> when each opened
+    (:attr:`~.model.NodeView.opened_at`). A spare is moved only where the holder came to its
+    node after it, or a free node opened after it was made: else the scheduler placed it there
+    knowing every free node, and would again (so a spare that lands beside a holder once more
+    stays: one move per change). At most one spare per free node, lowest position first."""
+    newest_holder: dict[str, S] = {}
+    for pod in holders.values():
+        have = newest_holder.get(pod.node or "")
+        if pod.node and (have is None or pod.created > have.created):
+            newest_holder[pod.node] = pod
+    out = []
+    for position in sorted(spare_pods, key=_job_order):
+        spare = spare_pods[position]
+        beside = newest_holder.get(spare.node or "")
+        if beside is None:
+            continue
+        if beside.created > spare.created or any(
+            opened > spare.created for opened in free_nodes.values()
+        ):
+            out.append((spare, beside))
+    return out[: len(free_nodes)]
 
 
 def _job_order(position: str) -> tuple[str, int, str]:

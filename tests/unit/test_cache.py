@@ -5,6 +5,8 @@ decode them."""
 from __future__ import annotations
 
 import dataclasses
+import time
+from typing import Any
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -25,6 +27,7 @@ from jobset_inplace.core.decode import lease_renewal, member_view
 from jobset_inplace.core.model import GangStatus, NodeView, Recovery, ReportEndpoint
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.protocol.report import AgentReport
+from jobset_inplace.times import parse_time
 from jobset_inplace.trainer.progress import ProgressSpan
 
 NOW = 1_000_000.0
@@ -97,6 +100,43 @@ def test_replace_nodes_drops_nodes_missing_from_the_list_and_keeps_their_leases(
     c.replace_nodes([node("n1")])
     assert set(c.nodes) == {"n1"}
     assert c.nodes["n1"].lease_renewed == NOW
+
+
+def test_a_node_opens_at_its_creation_ready_uncordon_or_taint_removal_kept_across_relists() -> None:
+    """When pods could last newly fit on a node (hot spares: a node that opened after a spare
+    was placed): its creation, its Ready turning True (both from the object), and its cordon
+    lifted or a NoSchedule taint removed (neither dated in the API: when the cache saw it),
+    remembered across a relist; never moved back by a later, older-looking view."""
+    created, ready_at = "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"
+
+    def obj(
+        *, unschedulable: bool = False, taints: tuple[str, ...] = (), ready: str = "True"
+    ) -> Any:
+        status = "True" if ready == "1" else "False"
+        condition = {"type": "Ready", "status": status, "lastTransitionTime": ready_at}
+        spec = {
+            "unschedulable": unschedulable,
+            "taints": [{"key": k, "effect": "NoSchedule"} for k in taints],
+        }
+        meta = {"name": "n1", "creationTimestamp": created, "labels": {"pool": "a"}}
+        return {"metadata": meta, "spec": spec, "status": {"conditions": [condition]}}
+
+    assert node_entry(obj()).opened_at == parse_time(ready_at)
+    assert node_entry(obj()).labels == (("pool", "a"),)
+    assert node_entry(obj(ready="0")).opened_at == parse_time(created)
+    c = ClusterCache()
+    c.upsert_node(node_entry(obj(unschedulable=True, taints=("t",))))
+    assert c.nodes["n1"].opened_at == parse_time(ready_at)
+    before = time.time()
+    c.upsert_node(node_entry(obj(taints=("t",))))  # uncordoned
+    uncordoned = c.nodes["n1"].opened_at
+    assert uncordoned >= before
+    c.replace_nodes([node_entry(obj(taints=("t",)))])  # a relist: nothing opened
+    assert c.nodes["n1"].opened_at == uncordoned
+    c.upsert_node(node_entry(obj(taints=("t", "u"))))  # a taint added: nothing opened
+    assert c.nodes["n1"].opened_at == uncordoned
+    c.upsert_node(node_entry(obj(taints=("t",))))  # one removed
+    assert c.nodes["n1"].opened_at >= uncordoned
 
 
 def test_replace_leases_forgets_leases_missing_from_the_list() -> None:

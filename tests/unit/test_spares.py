@@ -31,6 +31,7 @@ from jobset_inplace.core.model import (
     Event,
     NodeView,
     Plan,
+    PlannedStop,
     PodView,
     Recovery,
     ReplacePod,
@@ -881,3 +882,110 @@ def test_a_dead_nodes_failure_is_dated_by_its_members_last_heartbeat() -> None:
         NOW - 16,
         LEASE_RENEW_INTERVAL_S,
     ), "heard before the renewal: the renewal's window"
+
+
+# --- keeping spares off the holders' nodes ----------------------------------------------------
+def beside_holder(**pod_changes: Any) -> list[PodView]:
+    """Spare p4 placed on holder p1's node n1 (n4 is left free), both made an hour ago."""
+    return with_pod(pods(MEMBERS + SPARES, epoch=2), 4, node="n1", **pod_changes)
+
+
+def opened(node_map: dict[str, NodeView], name: str, at: float) -> dict[str, NodeView]:
+    out = dict(node_map)
+    out[name] = dataclasses.replace(out[name], opened_at=at)
+    return out
+
+
+def test_a_spare_beside_a_holder_moves_when_a_node_opened_after_it_was_placed() -> None:
+    """A spare on a holder's node cannot take that holder's place: when a free node opened
+    after the spare was placed (the scheduler could not choose it then), the spare is replaced
+    (its Job makes it anew, and the scheduler scores the empty node first). Where every free
+    node was open when the spare was placed, the scheduler chose the shared node knowing them,
+    and would again: the spare stays."""
+    placed = NOW - 3600
+    knew = plan(gang(pod_list=beside_holder(), node_map=opened(nodes(6), "n4", placed - 60)))
+    assert replaced(knew) == []
+    assert "SpareMoved" not in events(knew)
+    p = plan(gang(pod_list=beside_holder(), node_map=opened(nodes(6), "n4", placed + 60)))
+    assert [(r.pod, r.cause, r.fail_first) for r in replaced(p)] == [
+        ("p4", Cause.PLANNED_MOVE, False)
+    ]
+    (moved,) = [a for a in p.actions if isinstance(a, Event) and a.reason == "SpareMoved"]
+    assert f"shares node n1 with {member(1)}'s pod p1" in moved.message
+    assert (p.status.epoch, p.status.slots) == (2, {}), "the gang goes on training"
+
+
+def test_a_spare_moves_when_a_holder_came_to_its_node_after_it() -> None:
+    """A drain or a recreation brings a holder beside the spare: the spare moves to the free
+    node, whenever that node opened; the spare's replacement (younger than the holder) that
+    lands beside it again is not moved again, so one change makes at most one move."""
+    came = with_pod(beside_holder(), 1, created=NOW - 60)
+    p = plan(gang(pod_list=came))
+    assert [r.pod for r in replaced(p)] == ["p4"]
+    again = with_pod(came, 4, name="p4b", uid="uid-4b", created=NOW - 5)
+    assert replaced(plan(gang(pod_list=again))) == []
+
+
+@pytest.mark.parametrize(
+    "why",
+    [
+        "none free",
+        "cordoned",
+        "not ready",
+        "taint",
+        "other pool",
+        "recovering",
+        "planned stop",
+        "holder leaving",
+        "disrupted",
+    ],
+)
+def test_a_spare_beside_a_holder_stays_where_no_node_is_free_or_the_gang_is_busy(
+    why: str,
+) -> None:
+    """No node like the gang's is free (each way a node can fail to be one), or the gang is
+    not training with its barrier open: the spare stays where it is."""
+    pool = (("pool", "a"),)
+    nm = {
+        name: dataclasses.replace(node, labels=(("kubernetes.io/hostname", name), *pool))
+        for name, node in nodes(6).items()
+    }
+    free = nm["n4"]
+    changes: dict[str, dict[str, Any]] = {
+        "none free": {},  # (below: a member's pod on it)
+        "cordoned": {"leaving": "cordoned"},
+        "not ready": {"ready": "False", "ready_since": NOW - 5},
+        "taint": {"taints": (("example.com/reserved", NOW - 99),)},
+        "other pool": {"labels": (("pool", "b"),)},
+    }
+    nm["n4"] = dataclasses.replace(free, **changes.get(why, {}))
+    came = with_pod(beside_holder(), 1, created=NOW - 60)
+    status = running()
+    if why == "none free":
+        came = [*came, dataclasses.replace(came[0], name="x", uid="x", member="w/9/0", node="n4")]
+    if why == "recovering":
+        status = running(barrier_open=False)
+    if why == "planned stop":
+        stop = PlannedStop(2, (member(3),), "node n3 cordoned", NOW - 1, NOW + 600)
+        status = running(planned_stop=stop)
+    if why == "holder leaving":  # (its planned stop starts in this pass)
+        nm["n3"] = dataclasses.replace(nm["n3"], leaving="cordoned")
+    if why == "disrupted":  # most of the cluster silent: no one moves
+        for name in ("n0", "n2", "n3", "n5"):
+            nm = dead(nm, name)
+    p = plan(gang(pod_list=came, node_map=nm, status=status))
+    assert [r.pod for r in replaced(p) if r.cause == Cause.PLANNED_MOVE] == []
+    assert "SpareMoved" not in events(p)
+    control = dict(nm, n4=free)
+    if why in ("cordoned", "not ready", "taint", "other pool"):
+        assert [r.pod for r in replaced(plan(gang(pod_list=came, node_map=control)))] == ["p4"]
+
+
+def test_spares_beside_holders_move_at_most_one_per_free_node() -> None:
+    both = with_pod(with_pod(beside_holder(), 5, node="n2"), 1, created=NOW - 60)
+    both = with_pod(both, 2, created=NOW - 60)  # n4 and n5 free; n4 opened after the spares
+    p = plan(gang(pod_list=both))
+    assert sorted(r.pod for r in replaced(p)) == ["p4", "p5"]
+    nm = {name: node for name, node in nodes(6).items() if name != "n5"}
+    one = plan(gang(pod_list=both, node_map=nm))
+    assert [r.pod for r in replaced(one)] == ["p4"]

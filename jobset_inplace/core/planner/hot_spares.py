@@ -1,24 +1,37 @@
 """Hot spares in a pass (:mod:`..spares` decides the swaps): a recovering member takes a ready
-spare's pod; a spare on a dead or leaving node is replaced."""
+spare's pod; a spare on a dead or leaving node is replaced, and so is one that shares a node
+with a slot's holder while another node is free."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from jobset_inplace import names
-from jobset_inplace.core.detection import current_spares, heartbeats, node_state
-from jobset_inplace.core.model import Cause, Recovery
+from jobset_inplace.core.detection import (
+    current_spares,
+    heartbeats,
+    node_state,
+    unhealthy_since,
+)
+from jobset_inplace.core.model import Cause, PodView, Recovery, Snapshot
 from jobset_inplace.core.planned_moves import leaving_members
 from jobset_inplace.core.planner.base import PlanningPass, first_few
 from jobset_inplace.core.policy import ForceDelete
 from jobset_inplace.core.spares import (
+    SPARE_MOVED,
     SPARE_SHORTFALL,
     SPARE_SWAPPED,
     fenced,
     plan_swaps,
     spares_job,
+    spares_to_spread,
     swapped,
 )
+from jobset_inplace.core.statemachine import Phase
+
+# A label every node carries a value of its own: no mark of a kind of node.
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+TERMINAL = ("Failed", "Succeeded")
 
 
 class HotSpares(PlanningPass):
@@ -107,8 +120,72 @@ class HotSpares(PlanningPass):
                 continue
             self.replace(pod, cause)
             self.event(
-                "SpareMoved",
+                SPARE_MOVED,
                 f"hot spare {pod.name} ({position}) on node {pod.node}: "
                 f"{'the node is unhealthy' if dead else leaving[position]}; replaced",
-                once_key=f"SpareMoved/{pod.uid}",
+                once_key=f"{SPARE_MOVED}/{pod.uid}",
             )
+        self.spread_spares()
+
+    def spread_spares(self) -> None:
+        """Spares that share a node with a slot's holder (a drain, a device fault or a
+        recreation brought the holder there, or the spare was made while the other nodes
+        were closed): when a node like the gang's is free (:func:`free_nodes`), the spare is
+        replaced so that its Job makes it anew, and the scheduler, which scores the empty
+        node above the shared one, places it there (:func:`~..spares.spares_to_spread` says
+        which, at most one move per change). Only while the gang trains with its barrier
+        open and no planned move pending (a recovery or a move may be about to take the
+        spare: a holder's node that starts leaving starts one in the same pass), and the
+        cluster not disrupted."""
+        s, st = self.s, self.st
+        if (
+            st.phase != Phase.RUNNING
+            or not st.barrier_open
+            or st.planned_stop is not None
+            or self.disrupted is not None
+        ):
+            return
+        spare_pods = {position: pod for position, pod in current_spares(s).items() if _placed(pod)}
+        holders = {slot: pod for slot, pod in self.current.items() if _placed(pod)}
+        if not spare_pods or not holders:
+            return
+        for spare, holder in spares_to_spread(spare_pods, holders, free_nodes(s)):
+            self.replace(spare, Cause.PLANNED_MOVE)
+            self.event(
+                SPARE_MOVED,
+                f"hot spare {spare.name} ({spare.member}) shares node {spare.node} with "
+                f"{holder.member}'s pod {holder.name}, whose place it could not take there, "
+                "and another node is free: replaced",
+                once_key=f"{SPARE_MOVED}/{spare.uid}",
+            )
+
+
+def _placed(pod: PodView) -> bool:
+    return pod.node is not None and pod.phase not in TERMINAL and not pod.deleting
+
+
+def free_nodes(s: Snapshot) -> dict[str, float]:
+    """The nodes a pod of the gang could be placed on that hold none of its pods -> when each
+    opened. The controller does not know the pods' node selectors, affinities, tolerations
+    or the nodes' free resources, so "could" is judged from the nodes the gang runs on: a
+    free node is Ready with no unhealthy signal, not cordoned or marked for maintenance,
+    carries every label those nodes all share (their pool, instance type, zone where they
+    agree; not the hostname) and no NoSchedule/NoExecute taint that none of them carries.
+    Where that judgement is wrong the scheduler places the new spare back beside a holder,
+    and it stays there (:func:`~..spares.spares_to_spread`)."""
+    occupied = {pod.node for pod in s.pods if pod.node}
+    gang_nodes = [node for name in occupied if (node := s.cluster_nodes.get(name)) is not None]
+    if not gang_nodes:
+        return {}
+    shared = set.intersection(*({*n.labels} for n in gang_nodes))
+    shared = {(k, v) for k, v in shared if k != HOSTNAME_LABEL}
+    tolerated = {key for node in gang_nodes for key, _ in node.taints}
+    return {
+        name: node.opened_at
+        for name, node in s.cluster_nodes.items()
+        if name not in occupied
+        and not node.leaving
+        and shared <= set(node.labels)
+        and {key for key, _ in node.taints} <= tolerated
+        and unhealthy_since(node, s.policy, s.now, s.leases_observed_since) is None
+    }
