@@ -112,8 +112,7 @@ def test_a_node_opens_at_its_creation_ready_uncordon_or_taint_removal_kept_acros
     def obj(
         *, unschedulable: bool = False, taints: tuple[str, ...] = (), ready: str = "True"
     ) -> Any:
-        status = "True" if ready == "1" else "False"
-        condition = {"type": "Ready", "status": status, "lastTransitionTime": ready_at}
+        condition = {"type": "Ready", "status": ready, "lastTransitionTime": ready_at}
         spec = {
             "unschedulable": unschedulable,
             "taints": [{"key": k, "effect": "NoSchedule"} for k in taints],
@@ -123,7 +122,7 @@ def test_a_node_opens_at_its_creation_ready_uncordon_or_taint_removal_kept_acros
 
     assert node_entry(obj()).opened_at == parse_time(ready_at)
     assert node_entry(obj()).labels == (("pool", "a"),)
-    assert node_entry(obj(ready="0")).opened_at == parse_time(created)
+    assert node_entry(obj(ready="False")).opened_at == parse_time(created)
     c = ClusterCache()
     c.upsert_node(node_entry(obj(unschedulable=True, taints=("t",))))
     assert c.nodes["n1"].opened_at == parse_time(ready_at)
