@@ -487,6 +487,9 @@ def soak_tables(doc: dict[str, Any], path: Path = SOAK) -> str:
         ordered = sorted(moves.items(), key=lambda kv: _kind_order(kv[0]))
         said = ", ".join(f"{SOAK_KINDS.get(k, k)} {n}" for k, n in ordered)
         out += ["", f"Recoveries that gave a member's slot to another pod (a spare): {said}."]
+    if events := r.get("spare_events"):
+        said = ", ".join(f"`{reason}` {n}" for reason, n in events.items())
+        out += ["", f"The controller's hot-spare Events over the run: {said}."]
     theirs = r.get("trainers")
     if theirs:
         out += [

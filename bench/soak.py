@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,12 @@ from jobset_inplace.apierrors import or_none
 from jobset_inplace.core import goodput
 from jobset_inplace.core.gangstate import status_from_dict
 from jobset_inplace.core.model import Mark
+from jobset_inplace.core.spares import (
+    SILENT_WITHOUT_SPARE,
+    SPARE_MOVED,
+    SPARE_SHORTFALL,
+    SPARE_SWAPPED,
+)
 from jobset_inplace.times import parse_time
 from testbed.cluster import LocalCluster, log
 from testbed.controller import gang_state, slot_holders
@@ -106,6 +112,9 @@ class Failure:
     badput_s: dict[str, float] = field(default_factory=dict)
     # with hot spares: the slots held by another pod after the recovery (slot -> position)
     slots: dict[str, str] = field(default_factory=dict)
+    # with hot spares: the controller's spare Events from its injection to the next one
+    # (seconds into the soak, reason, message)
+    spare_events: list[tuple[float, str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -240,6 +249,43 @@ class Soak:
             self.kube.core.patch_node(node, {"spec": {"unschedulable": None}})
 
 
+# The controller's Events about hot spares (core/spares.py), kept with each failure.
+SPARE_EVENTS = frozenset({SPARE_SWAPPED, SPARE_SHORTFALL, SPARE_MOVED, SILENT_WITHOUT_SPARE})
+
+
+class SpareEvents:
+    """The gang's hot-spare Events, read before each failure and at the end (an Event lives an
+    hour in the apiserver: read once at the end, the first ones of an hour are gone)."""
+
+    def __init__(self, kube: Clients, started_wall: float) -> None:
+        self.kube, self.started = kube, started_wall
+        self.seen: dict[str, tuple[float, str, str]] = {}
+
+    def read(self) -> None:
+        events = self.kube.core.list_namespaced_event(
+            NAMESPACE, field_selector=f"involvedObject.name={NAME}"
+        ).items
+        for e in events:
+            if e.reason not in SPARE_EVENTS:
+                continue
+            when = e.last_timestamp or e.event_time or e.first_timestamp
+            at = when.timestamp() - self.started if when is not None else -1.0
+            self.seen[e.metadata.uid] = (round(at, 1), e.reason, e.message or "")
+
+    def assign(self, failures: list[Failure]) -> None:
+        self.read()
+        assign_events(failures, self.seen.values())
+
+
+def assign_events(failures: list[Failure], events: Iterable[tuple[float, str, str]]) -> None:
+    """Each failure gets the ``events`` (seconds into the soak, reason, message) from its
+    injection to the next one's."""
+    events = sorted(events)
+    for f, after in zip(failures, [*failures[1:], None], strict=True):
+        end = after.at if after is not None else float("inf")
+        f.spare_events = [e for e in events if f.at <= e[0] < end]
+
+
 def run(
     soak: Soak, args: argparse.Namespace, shared: Path
 ) -> tuple[list[Failure], float, str | None]:
@@ -277,11 +323,14 @@ def run(
         limits={RESOURCE: "1"} if soak.devices is not None else None,
     )
     started = time.monotonic()
+    spare_events = SpareEvents(kube, time.time()) if args.spares else None
     failures: list[Failure] = []
     epoch, i = 1, 0
     while (due := started + (i + 1) * args.every) < started + args.minutes * 60:
         time.sleep(max(0.0, due - time.monotonic()))
         kind = args.kinds[i % len(args.kinds)]
+        if spare_events is not None:
+            spare_events.read()
         began = time.time()
         injected = soak.fail(kind, i)
         at, wall = time.monotonic() - started, time.time()
@@ -296,6 +345,8 @@ def run(
                 )
             )
             log(f"soak: STOPPED, {kind} of {injected.member} not recovered: {e}")
+            if spare_events is not None:
+                spare_events.assign(failures)
             return failures, time.monotonic() - started, f"{kind} not recovered: {e}"
         injected.settle()
         rec, buckets = st.get("recovery") or {}, (st.get("goodput") or {}).get("badputSeconds")
@@ -313,6 +364,8 @@ def run(
     # the account as of the end (the whole --minutes): the running epoch counted productive
     # since its barrier
     time.sleep(max(0.0, started + args.minutes * 60 - time.monotonic()))
+    if spare_events is not None:
+        spare_events.assign(failures)
     return failures, time.monotonic() - started, None
 
 
@@ -524,6 +577,9 @@ def report(
         },
         "trainers": theirs,
         "slot_moves": slot_moves(failures),
+        "spare_events": dict(
+            sorted(Counter(reason for f in failures for _, reason, _ in f.spare_events).items())
+        ),
         "badput_by_kind": badput_by_kind(failures),
     }
 

@@ -299,3 +299,20 @@ def test_a_timestamped_log_line_ends_at_a_newline_only() -> None:
     assert parse_timed_log("") == []
     with pytest.raises(ValueError, match="not a timestamped log line"):
         parse_timed_log("no stamp here\n")
+
+
+def test_the_soak_gives_each_failure_the_spare_events_until_the_next_one() -> None:
+    first = soak.Failure("drain", 2, 10.0, "m", 1.0, 0, 0, {})
+    second = soak.Failure("silence", 3, 190.0, "m", 5.0, 0, 0, {})
+    events = [
+        (200.0, "SpareSwapped", "b"),
+        (5.0, "SpareMoved", "before any failure"),
+        (12.0, "SpareSwapped", "a"),
+        (150.0, "SpareMoved", "after the drain's end"),
+    ]
+    soak.assign_events([first, second], events)
+    assert first.spare_events == [
+        (12.0, "SpareSwapped", "a"),
+        (150.0, "SpareMoved", "after the drain's end"),
+    ]
+    assert second.spare_events == [(200.0, "SpareSwapped", "b")]
