@@ -147,8 +147,8 @@ class HotSpares(PlanningPass):
             return
         spare_pods = {position: pod for position, pod in current_spares(s).items() if _placed(pod)}
         holders = {slot: pod for slot, pod in self.current.items() if _placed(pod)}
-        if not spare_pods or not holders:
-            return
+        if not {pod.node for pod in spare_pods.values()} & {pod.node for pod in holders.values()}:
+            return  # (no spare shares a node with a holder: the nodes are not looked at)
         for spare, holder in spares_to_spread(spare_pods, holders, free_nodes(s)):
             self.replace(spare, Cause.PLANNED_MOVE)
             self.event(
