@@ -22,7 +22,7 @@ PLUGIN_BASE_URL ?= https://github.com/jobset-inplace/jobset-inplace/releases/dow
 RUNBOOK_BASE_URL ?= https://github.com/jobset-inplace/jobset-inplace/blob/v$(VERSION)/docs/runbooks.md
 
 .PHONY: help venv binaries images lint test unit integration e2e e2e-kind soak cluster-up cluster-down cluster-install \
-        cluster-status demo bench bench-pages bench-spares bench-realnode bench-crashes release plugin-archive clean
+        cluster-status demo bench bench-pages bench-spares bench-realnode bench-realnode-deaths bench-crashes release plugin-archive clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -92,6 +92,9 @@ bench-spares: venv binaries $(VENV)/.bench ## node death -> training again: hot 
 
 bench-realnode: venv binaries ## crash -> every trainer running on the real nodes: jobset-inplace vs upstream InPlaceRestart vs stock (BENCH_ARGS="--reps 5")
 	$(PY) -m bench.realnode $(BENCH_ARGS)
+
+bench-realnode-deaths: venv binaries ## a node's death -> every trainer running on 3 real nodes: hot spare vs none vs upstream InPlaceRestart + out-of-service taint (BENCH_ARGS="--reps 3")
+	$(PY) -m bench.realnode_deaths $(BENCH_ARGS)
 
 bench-crashes: venv binaries ## every crash of a real PyTorch trainer in every restart scope, on the real nodes: recovered once, one step, nothing old left (BENCH_ARGS="--reps 2")
 	$(PY) -m bench.crash_matrix $(BENCH_ARGS)

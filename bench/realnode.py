@@ -290,9 +290,9 @@ class PathSummary:
     consistent: int  # runs whose members all resumed at one step
 
 
-def summary(runs: list[Run]) -> dict[str, PathSummary]:
+def summary(runs: list[Run], paths: tuple[str, ...] = PATHS) -> dict[str, PathSummary]:
     out: dict[str, PathSummary] = {}
-    for path in PATHS:
+    for path in paths:
         running = [r.running for r in runs if r.path == path]
         barriers = [r.barrier for r in runs if r.path == path and r.barrier is not None]
         if running:
@@ -344,12 +344,14 @@ def table(
     running: dict[str, list[float]] | None = None,
     barriers: dict[str, list[float]] | None = None,
     writes: dict[str, list[float]] | None = None,
+    *,
+    bases: tuple[str, ...] = ("jsi-process", "jsi-pod"),
 ) -> str:
     """Markdown: medians, ranges, each path's ratio to jobset-inplace's two scopes in this run
     (like for like: jsi-pod restarts whole pods as the upstream and stock paths do; jsi-process
     only the trainer processes; with each path's repetitions, ``running``, the ratio's 95 %
     bootstrap interval), and how many runs resumed the gang at one step."""
-    bases = [b for b in ("jsi-process", "jsi-pod") if b in s]
+    shown = [b for b in bases if b in s]
 
     def ratio(path: str, base: str) -> str:
         mine, theirs = (running or {}).get(path, []), (running or {}).get(base, [])
@@ -387,15 +389,15 @@ def table(
         "(median"
         + (" (95 % interval; range)" if running else ", range")
         + ") | "
-        + " | ".join(f"/ {b}" + (" (95 % interval)" if running else "") for b in bases)
-        + (" | " if bases else "")
+        + " | ".join(f"/ {b}" + (" (95 % interval)" if running else "") for b in shown)
+        + (" | " if shown else "")
         + "resumed at one step | API writes (median"
         + (" (95 % interval)" if writes else "")
         + ") |",
-        "|---|---|---|---|" + "---|" * len(bases) + "---|---|",
+        "|---|---|---|---|" + "---|" * len(shown) + "---|---|",
     ]
     for path, v in s.items():
-        ratios = "".join(f"{ratio(path, b)} | " for b in bases)
+        ratios = "".join(f"{ratio(path, b)} | " for b in shown)
         rows.append(
             f"| {path} | {v.reps} | {barrier(path, v)} | {v.running_median:.2f} s "
             f"({spread(path, v)}) | {ratios}{v.consistent}/{v.reps} | {counted(path, v)} |"

@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
-from bench import realnode
+from bench import realnode, realnode_deaths
 from bench.realnode import Run
+from jobset_inplace import names
+from testbed import workloads
 
 SHARED = Path("/shared")
 
@@ -104,3 +106,36 @@ def test_the_grace0_paths_time_their_barrier_like_their_mode(path: str) -> None:
 
     assert Probe().barrier(path, "x", 0.0) == 1.0
     assert seen, "the barrier is read from the agent's log line"
+
+
+# --- node deaths (bench.realnode_deaths) ------------------------------------------------------
+@pytest.mark.parametrize("path", realnode_deaths.PATHS)
+def test_every_node_death_path_spreads_its_pods_alike(path: str) -> None:
+    """Like for like: each path's pods prefer nodes of their own (one death takes one member),
+    checkpoint to the persistent tier every 10 steps; only jsi-spare has a spare."""
+    js = realnode_deaths.jobset_for(path, f"{path}-0", SHARED)
+    assert _pod(js)["affinity"] == workloads.spread_over_nodes(f"{path}-0")
+    assert _env(js)["JSI_DEMO_PERSIST_EVERY"] == "10"
+    annotations = js["metadata"].get("annotations") or {}
+    assert (annotations.get(names.HOT_SPARES) == "1") == (path == "jsi-spare")
+    assert (names.ENABLED in annotations) == path.startswith("jsi-")
+
+
+def test_a_node_death_ends_when_as_many_live_pods_as_members_resumed() -> None:
+    """A spare logs nothing until it holds a slot, the dead node's pod cannot: the gang runs
+    again when the members' count of live pods has resumed."""
+    assert realnode_deaths.nth_after({"a": 3.0, "b": None, "c": 1.0}, 2) == 3.0
+    assert realnode_deaths.nth_after({"a": 3.0, "b": None}, 2) is None
+
+
+def test_the_node_death_table_gives_ratios_to_the_spare_and_no_spare_paths() -> None:
+    runs = [
+        _run("jsi-spare", 5.0, {"a": 40, "b": 40}),
+        _run("jsi-process", 20.0, {"a": 40, "b": 40}),
+        _run("upstream-sidecar", 80.0, {"a": 40, "b": 30}),
+    ]
+    s = realnode.summary(runs, realnode_deaths.PATHS)
+    rows = realnode.table(s, bases=realnode_deaths.BASES).splitlines()
+    assert "/ jsi-spare | / jsi-process |" in rows[0]
+    upstream_row = next(r for r in rows if r.startswith("| upstream-sidecar |"))
+    assert "| 16.0x | 4.0x | 0/1 |" in upstream_row
