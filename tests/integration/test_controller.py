@@ -225,6 +225,46 @@ def test_a_dead_nodes_member_continues_on_a_hot_spare_without_a_new_pod(
     assert st["slots"] == {"workers/1/0": "workers/4/0"}
 
 
+def test_a_spare_beside_a_holder_is_replaced_once_a_node_comes_back(
+    kube: Clients, namespace: str, controller: Controller, leases: LeaseKeeper
+) -> None:
+    """Hot spares kept off the holders' nodes: the spare's new pod lands beside holder 1 (its
+    node was out of reach when the scheduler placed it) and stays while every free node was
+    open before it was placed; once its old node turns Ready again, the controller replaces the
+    spare (Event SpareMoved) and the gang goes on training, its holders untouched."""
+    g = Gang(
+        kube,
+        namespace,
+        f"spread-{uuid.uuid4().hex[:4]}",
+        3,
+        {**FAST, names.HOT_SPARES: "1"},
+        leases=leases,
+    )
+    start_running(g)
+    holders = {i: g.pod(i).metadata.uid for i in (0, 1)}
+    set_node_ready(kube, g.node(2), "False")  # the spare's node goes; its pod with it
+    kube.core.delete_namespaced_pod(g.pods[2], namespace, grace_period_seconds=0)
+    beside = g.make_pod(2, node=g.node(1))  # placed where the scheduler could
+    g.report(2, 1)
+    st = controller_looked(g, 0)
+    assert (st["epoch"], st["barrierOpen"]) == (1, True)
+    assert "SpareMoved" not in reasons(g), "no node opened after the spare was placed"
+    assert g.pod(2).metadata.deletion_timestamp is None
+
+    set_node_ready(kube, g.node(2), "True")  # back: it opened after the spare was placed
+
+    def replaced() -> bool:
+        pod = or_none(kube.core.read_namespaced_pod, beside, namespace)
+        return pod is None or pod.metadata.deletion_timestamp is not None
+
+    wait_for("the spare beside holder 1 replaced", replaced, 20)
+    (moved,) = [m for r, m in g.events() if r == "SpareMoved"]
+    assert f"shares node {g.node(1)} with workers/1/0's pod" in moved
+    st = g.state()
+    assert (st["epoch"], st["barrierOpen"], st["slots"]) == (1, True, {})
+    assert {i: g.pod(i).metadata.uid for i in (0, 1)} == holders
+
+
 def test_a_pod_with_a_members_labels_but_not_its_job_is_not_a_member(
     gang: Gang, kube: Clients
 ) -> None:
