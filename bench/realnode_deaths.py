@@ -151,21 +151,23 @@ class DeathBench(realnode.Bench):
     def death(self, path: str, rep: int, leader: str) -> Run:
         """One death of ``path``'s gang; ``leader``: the controller's leader's node."""
         name = f"{path}-{rep}"
+        node: str | None = None
         create_jobset(self.kube, NAMESPACE, jobset_for(path, name, self.shared))
-        self.ready(path, name)
-        node = self.victim(name, avoid=leader)
-        remedy: AbstractContextManager[Any] = (
-            OutOfService(self.kube, node) if path.startswith("upstream-") else nullcontext()
-        )
-        before = write_counts(self.cluster)
-        t0 = time.time()
         try:
+            self.ready(path, name)
+            node = self.victim(name, avoid=leader)
+            dead = node
+            remedy: AbstractContextManager[Any] = (
+                OutOfService(self.kube, node) if path.startswith("upstream-") else nullcontext()
+            )
+            before = write_counts(self.cluster)
+            t0 = time.time()
             with remedy:
                 self.cluster.power_off(node)
                 log(f"{name}: {node} powered off ({time.time() - t0:.1f} s)")
                 running = wait_for(
                     f"{name}: every trainer running again",
-                    lambda: self.members_after(name, "trainer", t0, RESUMING, dead=node),
+                    lambda: self.members_after(name, "trainer", t0, RESUMING, dead=dead),
                     RECOVERY_TIMEOUT_S,
                     0.5,
                 )
@@ -173,9 +175,11 @@ class DeathBench(realnode.Bench):
                 barrier = self.lifted(path, name, t0, node)
                 resumed = self.resumed_steps(name, t0, node)
         finally:
-            self.cluster.power_on(node)
+            if node is not None:
+                self.cluster.power_on(node)
             delete_jobset(self.kube, NAMESPACE, name)
-            self.node_open(node)
+            if node is not None:
+                self.node_open(node)
         return Run(
             path,
             rep,
