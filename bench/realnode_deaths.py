@@ -40,7 +40,7 @@ from typing import Any
 
 from bench import provenance, realnode, upstream
 from bench.realnode import NAMESPACE, RESUMING, Run, create_objects, log, write_counts
-from bench.remediation import OUT_OF_SERVICE, OutOfService
+from bench.remediation import OutOfService
 from jobset_inplace import names
 from jobset_inplace.core.transform import AGENT_CONTAINER
 from jobset_inplace.names import INSTALL_NAMESPACE
@@ -89,6 +89,11 @@ def nth_after(times: dict[str, float | None], n: int) -> float | None:
     """The ``n``-th earliest of the pods' times (None: fewer than ``n`` have one)."""
     seen = sorted(t for t in times.values() if t is not None)
     return seen[n - 1] if len(seen) >= n else None
+
+
+class Colocated(RuntimeError):
+    """The scheduler put two of the gang's pods on one node: that repetition is not run (the
+    path is tried again in the next one)."""
 
 
 class DeathBench(realnode.Bench):
@@ -145,7 +150,7 @@ class DeathBench(realnode.Bench):
         pods = {p.metadata.labels[names.JOB_INDEX_LABEL]: p for p in self.pods(name)}
         nodes = {i: p.spec.node_name for i, p in pods.items()}
         if len(set(nodes.values())) != len(nodes):
-            raise RuntimeError(f"{name}: two pods share a node ({nodes}): not one death each")
+            raise Colocated(f"{name}: two pods share a node ({nodes}): not one death each")
         return str(nodes["1"] if nodes["1"] != avoid else nodes["0"])
 
     def death(self, path: str, rep: int, leader: str) -> Run:
@@ -174,12 +179,18 @@ class DeathBench(realnode.Bench):
                 writes = write_counts(self.cluster) - before
                 barrier = self.lifted(path, name, t0, node)
                 resumed = self.resumed_steps(name, t0, node)
+                if isinstance(remedy, OutOfService) and (
+                    remedy.tainted_at is None or remedy.errors
+                ):
+                    raise RuntimeError(f"{name}: the out-of-service taint: {remedy.errors}")
         finally:
-            if node is not None:
-                self.cluster.power_on(node)
-            delete_jobset(self.kube, NAMESPACE, name)
-            if node is not None:
-                self.node_open(node)
+            try:
+                if node is not None:
+                    self.cluster.power_on(node)
+            finally:
+                delete_jobset(self.kube, NAMESPACE, name)
+                if node is not None:
+                    self.node_open(node)
         return Run(
             path,
             rep,
@@ -215,15 +226,18 @@ class DeathBench(realnode.Bench):
         return out
 
     def node_open(self, node: str) -> None:
-        """Until ``node`` is Ready with none of the taints a death leaves (jobset-inplace's
-        unhealthy taint goes once the node renews its Lease; the out-of-service one with its
-        context): the next run's gang needs every node."""
+        """Until ``node`` is Ready with none of the taints a death leaves (Kubernetes'
+        not-ready and unreachable ones, jobset-inplace's unhealthy one once the node renews its
+        Lease, the out-of-service one with its context): the next run's gang needs every node
+        (its anti-affinity is only preferred)."""
 
         def clear() -> bool:
             n = self.kube.core.read_node(node)
             ready = any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
             keys = {t.key for t in n.spec.taints or []}
-            return ready and not keys & {names.UNHEALTHY_TAINT, OUT_OF_SERVICE}
+            # (the node lifecycle controller's not-ready/unreachable taints go after Ready)
+            left = {k for k in keys if k.startswith(("node.kubernetes.io/", names.PREFIX))}
+            return ready and not left
 
         wait_for(f"{node} Ready and untainted", clear, 120, 1.0)
 
@@ -291,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     with gates:
                         r = bench.death(path, rep, leader.spec.node_name)
+                except Colocated as e:
+                    log(f"{path} rep {rep} not run: {e}")
+                    continue
                 except (TimeoutError, RuntimeError, AssertionError) as e:
                     failed[path] = f"rep {rep}: {e}"
                     log(f"{path} rep {rep} failed, not run again: {e}")

@@ -279,11 +279,18 @@ class SpareEvents:
 
 def assign_events(failures: list[Failure], events: Iterable[tuple[float, str, str]]) -> None:
     """Each failure gets the ``events`` (seconds into the soak, reason, message) from its
-    injection to the next one's."""
+    injection's start to the next one's."""
     events = sorted(events)
     for f, after in zip(failures, [*failures[1:], None], strict=True):
-        end = after.at if after is not None else float("inf")
-        f.spare_events = [e for e in events if f.at <= e[0] < end]
+        end = _injected_at(after) if after is not None else float("inf")
+        f.spare_events = [e for e in events if _injected_at(f) <= e[0] < end]
+
+
+def _injected_at(f: Failure) -> float:
+    """When ``f``'s injection began, seconds into the soak, less a second (an Event's time is
+    whole seconds; ``at`` is when the injection, a power-off of seconds, had ended)."""
+    took = f.wall - f.began if f.wall and f.began else 0.0
+    return f.at - took - 1.0
 
 
 def run(

@@ -542,8 +542,17 @@ class ClusterCache:
         if deleted:
             self.nodes.pop(node.name, None)
             return old is not None
-        self.nodes[node.name] = self._node(node, old)
-        return self.nodes[node.name] != old
+        new = self.nodes[node.name] = self._node(node, old)
+        if new == old:
+            return False
+        # a change of labels alone (some change on every update: a feature discoverer's time
+        # stamp) is not one the planner acts on where the node's pods are
+        return old is None or dataclasses.replace(new, labels=old.labels) != old
+
+    def gangs_with_spares(self) -> list[GangKey]:
+        """The gangs with hot spares: where a node that opens may take a spare that shares a
+        node with a holder (core.planner.hot_spares)."""
+        return [k for k, g in self.gangs.items() if g.spec.spares]
 
     def replace_nodes(self, nodes: Sequence[NodeView]) -> None:
         """A complete list of the nodes (a relist): nodes not in it are gone."""

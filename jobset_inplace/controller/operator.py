@@ -119,9 +119,16 @@ def job_events(r: Reconciler, events: list[WatchEvent[JobEntry]]) -> None:
 
 def node_events(r: Reconciler, events: list[WatchEvent[NodeView]]) -> None:
     for kind, node in events:
+        before = r.cache.nodes.get(node.name)
         if r.cache.upsert_node(node, deleted=kind == "DELETED"):
             # status heartbeats change nothing the planner looks at: no pass for those
             for key in r.cache.gangs_on_node(node.name):
+                r.poke(key)
+        after = r.cache.nodes.get(node.name)
+        if after is not None and (before is None or after.opened_at > before.opened_at):
+            # a node that opened (new, Ready again, uncordoned, a taint gone) holds none of a
+            # gang's pods, perhaps, but may take a spare that shares a node with a holder
+            for key in r.cache.gangs_with_spares():
                 r.poke(key)
 
 

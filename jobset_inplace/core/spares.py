@@ -184,33 +184,52 @@ class PlacedSince(Placed, Protocol):
 S = TypeVar("S", bound=PlacedSince)
 
 
+# A spare made less than this ago is not moved off a holder's node (wait for it): at most one
+# move of a spare position every 30 s, whatever a flapping node does.
+SPREAD_MIN_AGE_S = 30.0
+# A node opened after a spare was placed only if later by more than this: creation times are
+# whole seconds, and the controller's clock (its own sightings) may run a little ahead.
+OPENED_MARGIN_S = 2.0
+
+
 def spares_to_spread(
-    spare_pods: Mapping[str, S], holders: Mapping[str, S], free_nodes: Mapping[str, float]
-) -> list[tuple[S, S]]:
-    """The spares to move off a holder's node, each with that holder: a spare that shares a
-    node with a slot's holder cannot take that holder's place (the node's death takes both).
-    ``spare_pods``: position -> pod; ``holders``: slot -> the pod holding it; ``free_nodes``:
-    the nodes a pod of the gang could go to that hold none of its pods -> when each opened
-    (:attr:`~.model.NodeView.opened_at`). A spare is moved only where the holder came to its
-    node after it, or a free node opened after it was made: else the scheduler placed it there
-    knowing every free node, and would again (so a spare that lands beside a holder once more
-    stays: one move per change). At most one spare per free node, lowest position first."""
+    spare_pods: Mapping[str, S],
+    holders: Mapping[str, S],
+    free_nodes: Mapping[str, float],
+    now: float,
+) -> tuple[list[tuple[S, S]], float | None]:
+    """The spares to move off a holder's node, each with that holder, and when to look again
+    (None: no need): a spare that shares a node with a slot's holder cannot take that holder's
+    place (the node's death takes both). ``spare_pods``: position -> pod; ``holders``: slot ->
+    the pod holding it; ``free_nodes``: the nodes a pod of the gang could go to that hold none
+    of its pods -> when each opened (:attr:`~.model.NodeView.opened_at`). A spare is moved only
+    where the holder came to its node after it, or a free node opened after it was made
+    (by more than ``OPENED_MARGIN_S``): else the scheduler placed it there knowing every free
+    node, and would again (so a spare that lands beside a holder once more stays: one move per
+    change), and only once it is ``SPREAD_MIN_AGE_S`` old. At most one spare per free node,
+    lowest position first."""
     newest_holder: dict[str, S] = {}
     for pod in holders.values():
         have = newest_holder.get(pod.node or "")
         if pod.node and (have is None or pod.created > have.created):
             newest_holder[pod.node] = pod
-    out = []
+    out, wake = [], None
     for position in sorted(spare_pods, key=_job_order):
         spare = spare_pods[position]
         beside = newest_holder.get(spare.node or "")
         if beside is None:
             continue
-        if beside.created > spare.created or any(
-            opened > spare.created for opened in free_nodes.values()
+        if not (
+            beside.created > spare.created
+            or any(opened > spare.created + OPENED_MARGIN_S for opened in free_nodes.values())
         ):
-            out.append((spare, beside))
-    return out[: len(free_nodes)]
+            continue
+        due = spare.created + SPREAD_MIN_AGE_S
+        if now < due:
+            wake = due if wake is None else min(wake, due)
+            continue
+        out.append((spare, beside))
+    return out[: len(free_nodes)], wake
 
 
 def _job_order(position: str) -> tuple[str, int, str]:

@@ -231,7 +231,8 @@ def test_a_spare_beside_a_holder_is_replaced_once_a_node_comes_back(
     """Hot spares kept off the holders' nodes: the spare's new pod lands beside holder 1 (its
     node was out of reach when the scheduler placed it) and stays while every free node was
     open before it was placed; once its old node turns Ready again, the controller replaces the
-    spare (Event SpareMoved) and the gang goes on training, its holders untouched."""
+    spare (Event SpareMoved; when the spare is 30 s old) and the gang goes on training, its
+    holders untouched."""
     g = Gang(
         kube,
         namespace,
@@ -257,7 +258,8 @@ def test_a_spare_beside_a_holder_is_replaced_once_a_node_comes_back(
         pod = or_none(kube.core.read_namespaced_pod, beside, namespace)
         return pod is None or pod.metadata.deletion_timestamp is not None
 
-    wait_for("the spare beside holder 1 replaced", replaced, 20)
+    # (the spare is replaced once 30 s old: SPREAD_MIN_AGE_S)
+    wait_for("the spare beside holder 1 replaced", replaced, 60)
     (moved,) = [m for r, m in g.events() if r == "SpareMoved"]
     assert f"shares node {g.node(1)} with workers/1/0's pod" in moved
     st = g.state()

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, cast
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -23,12 +24,16 @@ from jobset_inplace.controller.cache import (
     node_entry,
     pod_entry,
 )
+from jobset_inplace.controller.operator import node_events
 from jobset_inplace.core.decode import lease_renewal, member_view
 from jobset_inplace.core.model import GangStatus, NodeView, Recovery, ReportEndpoint
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.protocol.report import AgentReport
 from jobset_inplace.times import parse_time
 from jobset_inplace.trainer.progress import ProgressSpan
+
+if TYPE_CHECKING:
+    from jobset_inplace.controller.reconciler import Reconciler
 
 NOW = 1_000_000.0
 
@@ -531,3 +536,39 @@ def check(c: ClusterCache, g: Gang, present: set[int]) -> None:
     for uid, on_pod in g.on_pod.items():
         assert g.pods[uid] == member_view(on_pod, g.reports.get(uid), g.epoch), uid
     assert set(g.pods) == {f"u{i}" for i in present}
+
+
+def test_a_change_of_a_nodes_labels_alone_is_no_change_the_planner_acts_on() -> None:
+    c = ClusterCache()
+    base = node("n1")
+    assert c.upsert_node(base)
+    assert not c.upsert_node(dataclasses.replace(base, labels=(("gfd.timestamp", "1"),)))
+    assert c.nodes["n1"].labels == (("gfd.timestamp", "1"),), "kept, for the spares' judgement"
+    assert c.upsert_node(dataclasses.replace(base, ready="False"))
+
+
+def test_a_node_that_opens_plans_the_gangs_with_spares_only() -> None:
+    """A node that opens holds none of a gang's pods, but may take a spare that shares a node
+    with a holder: the watch plans every gang with spares (and only those) when a node appears
+    or opens, not on its other updates."""
+    c = cache_with_gang()
+    spared = {
+        "metadata": {
+            "name": "spared",
+            "namespace": "ns",
+            "uid": "js2",
+            "annotations": {names.HOT_SPARES: "1"},
+        },
+        "spec": {"replicatedJobs": [{"name": "workers", "replicas": 3, "template": {"spec": {}}}]},
+    }
+    c.upsert_jobset(spared, Policy(), "")
+    poked: list[GangKey] = []
+    r = SimpleNamespace(cache=c, poke=lambda key, *a, **kw: poked.append(key))
+    base = dataclasses.replace(node("n9"), opened_at=NOW)
+    node_events(cast("Reconciler", r), [("ADDED", base)])
+    assert poked == [("ns", "spared")]
+    poked.clear()
+    node_events(cast("Reconciler", r), [("MODIFIED", dataclasses.replace(base, ready="False"))])
+    assert poked == [], "closed, and no gang's pod on it"
+    node_events(cast("Reconciler", r), [("MODIFIED", dataclasses.replace(base, opened_at=NOW + 5))])
+    assert poked == [("ns", "spared")]

@@ -47,6 +47,7 @@ from jobset_inplace.core.spares import (
     plan_swaps,
     spare_spec,
     spares,
+    spares_to_spread,
     swapped,
     valid_slots,
 )
@@ -989,3 +990,55 @@ def test_spares_beside_holders_move_at_most_one_per_free_node() -> None:
     nm = {name: node for name, node in nodes(6).items() if name != "n5"}
     one = plan(gang(pod_list=both, node_map=nm))
     assert [r.pod for r in replaced(one)] == ["p4"]
+
+
+def test_a_spare_beside_a_holder_waits_while_a_holder_may_yet_need_it() -> None:
+    """A holder's node with an unhealthy signal not yet old enough to act on (Ready Unknown
+    for 3 s), or a holder's agent gone quiet: the spare may be about to take that holder's
+    slot, so it stays where it is."""
+    came = with_pod(beside_holder(), 1, created=NOW - 60)
+    nm = nodes(6)
+    nm["n2"] = NodeView("n2", ready="Unknown", ready_since=NOW - 3, lease_renewed=NOW - 1)
+    assert replaced(plan(gang(pod_list=came, node_map=nm))) == []
+    quiet = dataclasses.replace(gang(pod_list=came), silent={"uid-2": 1.0})
+    assert replaced(plan(quiet)) == []
+    assert [r.pod for r in replaced(plan(gang(pod_list=came)))] == ["p4"], "positive control"
+
+
+def test_a_new_spare_waits_30_s_and_an_opening_must_be_clearly_after_it() -> None:
+    """At most one move of a spare position every 30 s (a flapping node cannot delete it
+    again and again): a spare made 20 s ago is looked at again when 30 s old. A node
+    that opened within the creation time's resolution (whole seconds) is not after it."""
+    young = beside_holder(created=NOW - 20)
+    p = plan(gang(pod_list=young, node_map=opened(nodes(6), "n4", NOW - 10)))
+    assert replaced(p) == []
+    assert p.requeue_after is not None
+    assert p.requeue_after <= 10.0
+    spare, holder = young[4], young[1]
+    _, wake = spares_to_spread({member(4): spare}, {member(1): holder}, {"n4": NOW - 10}, NOW)
+    assert wake == NOW + 10
+    tie = beside_holder(created=NOW - 100)
+    assert replaced(plan(gang(pod_list=tie, node_map=opened(nodes(6), "n4", NOW - 99)))) == []
+    later = plan(gang(pod_list=tie, node_map=opened(nodes(6), "n4", NOW - 90)))
+    assert [r.pod for r in replaced(later)] == ["p4"]
+
+
+def test_a_spare_on_a_leaving_node_beside_a_holder_is_replaced_once() -> None:
+    """Planned moves off: the holder stays on its cordoned node, and the spare there is
+    replaced for the node's leaving, once, not again as a spare beside a holder."""
+    came = with_pod(beside_holder(), 1, created=NOW - 60)
+    nm = nodes(6)
+    nm["n1"] = dataclasses.replace(nm["n1"], leaving="cordoned")
+    p = plan(gang(pod_list=came, node_map=nm, policy=Policy(planned_moves=False)))
+    assert [r.pod for r in replaced(p)] == ["p4"]
+    assert events(p).count("SpareMoved") == 1
+
+
+def test_kubernetes_own_and_this_controllers_taints_never_make_a_node_like_the_gangs() -> None:
+    """A taint of trouble on a node the gang runs on (memory pressure) does not make a node
+    with that taint look like the gang's kind of node."""
+    came = with_pod(beside_holder(), 1, created=NOW - 60)
+    pressure = (("node.kubernetes.io/memory-pressure", NOW - 5),)
+    nm = {n: dataclasses.replace(v, taints=pressure) for n, v in nodes(6).items() if n != "n4"}
+    nm["n4"] = dataclasses.replace(nodes(6)["n4"], taints=pressure)
+    assert replaced(plan(gang(pod_list=came, node_map=nm))) == []

@@ -31,6 +31,7 @@ from jobset_inplace.core.statemachine import Phase
 
 # A label every node carries a value of its own: no mark of a kind of node.
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+KUBERNETES_TAINTS = "node.kubernetes.io/"  # not-ready, unreachable, the pressures, cordon, ...
 TERMINAL = ("Failed", "Succeeded")
 
 
@@ -105,6 +106,7 @@ class HotSpares(PlanningPass):
         if not s.gang.spares:
             return
         leaving = leaving_members(s.nodes, current_spares(s), s.devices_leaving)
+        moved: set[str] = set()
         for position, pod in sorted(current_spares(s).items()):
             if pod.phase in ("Failed", "Succeeded"):
                 continue  # its Job makes a new one by itself
@@ -119,24 +121,27 @@ class HotSpares(PlanningPass):
             if pod.deleting and cause != Cause.NODE_UNHEALTHY:
                 continue
             self.replace(pod, cause)
+            moved.add(pod.uid)
             self.event(
                 SPARE_MOVED,
                 f"hot spare {pod.name} ({position}) on node {pod.node}: "
                 f"{'the node is unhealthy' if dead else leaving[position]}; replaced",
                 once_key=f"{SPARE_MOVED}/{pod.uid}",
             )
-        self.spread_spares()
+        self.spread_spares(moved)
 
-    def spread_spares(self) -> None:
+    def spread_spares(self, moved: set[str]) -> None:
         """Spares that share a node with a slot's holder (a drain, a device fault or a
         recreation brought the holder there, or the spare was made while the other nodes
         were closed): when a node like the gang's is free (:func:`free_nodes`), the spare is
         replaced so that its Job makes it anew, and the scheduler, which scores the empty
         node above the shared one, places it there (:func:`~..spares.spares_to_spread` says
-        which, at most one move per change). Only while the gang trains with its barrier
-        open and no planned move pending (a recovery or a move may be about to take the
-        spare: a holder's node that starts leaving starts one in the same pass), and the
-        cluster not disrupted."""
+        which: at most one move per change, and per spare position every 30 s). Only while the
+        gang trains with its barrier open, no planned move pending (a recovery or a move may
+        be about to take the spare: a holder's node that starts leaving starts one in the same
+        pass), no holder's node showing an unhealthy signal or its agent gone quiet (one that
+        may yet become a recovery), and the cluster not disrupted; ``moved``: spares this pass
+        replaced already."""
         s, st = self.s, self.st
         if (
             st.phase != Phase.RUNNING
@@ -145,11 +150,26 @@ class HotSpares(PlanningPass):
             or self.disrupted is not None
         ):
             return
-        spare_pods = {position: pod for position, pod in current_spares(s).items() if _placed(pod)}
+        spare_pods = {
+            position: pod
+            for position, pod in current_spares(s).items()
+            if _placed(pod) and pod.uid not in moved
+        }
         holders = {slot: pod for slot, pod in self.current.items() if _placed(pod)}
         if not {pod.node for pod in spare_pods.values()} & {pod.node for pod in holders.values()}:
             return  # (no spare shares a node with a holder: the nodes are not looked at)
-        for spare, holder in spares_to_spread(spare_pods, holders, free_nodes(s)):
+        for pod in holders.values():
+            node = s.nodes.get(pod.node or "")
+            unwell = node is not None and (
+                unhealthy_since(node, s.policy, s.now, s.leases_observed_since) is not None
+            )
+            if unwell or pod.uid in s.silent:
+                return
+        placed = [*spare_pods.values(), *holders.values()]
+        spread, wake = spares_to_spread(spare_pods, holders, free_nodes(s, placed), s.now)
+        if wake is not None:
+            self.p.wake_at(s.now, wake)
+        for spare, holder in spread:
             self.replace(spare, Cause.PLANNED_MOVE)
             self.event(
                 SPARE_MOVED,
@@ -164,22 +184,30 @@ def _placed(pod: PodView) -> bool:
     return pod.node is not None and pod.phase not in TERMINAL and not pod.deleting
 
 
-def free_nodes(s: Snapshot) -> dict[str, float]:
+def free_nodes(s: Snapshot, placed: list[PodView]) -> dict[str, float]:
     """The nodes a pod of the gang could be placed on that hold none of its pods -> when each
     opened. The controller does not know the pods' node selectors, affinities, tolerations
-    or the nodes' free resources, so "could" is judged from the nodes the gang runs on: a
-    free node is Ready with no unhealthy signal, not cordoned or marked for maintenance,
-    carries every label those nodes all share (their pool, instance type, zone where they
-    agree; not the hostname) and no NoSchedule/NoExecute taint that none of them carries.
+    or the nodes' free resources, so "could" is judged from the nodes its ``placed`` pods
+    (holders and spares, running) are on: a free node is Ready with no unhealthy signal, not
+    cordoned or marked for maintenance, carries every label those nodes all share (their pool,
+    instance type, zone where they agree; not the hostname) and no NoSchedule/NoExecute taint
+    that none of them carries (Kubernetes' own ``node.kubernetes.io/`` taints and this
+    controller's never count as carried: they mark a node's trouble, not a kind of node).
     Where that judgement is wrong the scheduler places the new spare back beside a holder,
     and it stays there (:func:`~..spares.spares_to_spread`)."""
     occupied = {pod.node for pod in s.pods if pod.node}
-    gang_nodes = [node for name in occupied if (node := s.cluster_nodes.get(name)) is not None]
+    on = {pod.node for pod in placed if pod.node}
+    gang_nodes = [node for name in on if (node := s.cluster_nodes.get(name)) is not None]
     if not gang_nodes:
         return {}
     shared = set.intersection(*({*n.labels} for n in gang_nodes))
     shared = {(k, v) for k, v in shared if k != HOSTNAME_LABEL}
-    tolerated = {key for node in gang_nodes for key, _ in node.taints}
+    tolerated = {
+        key
+        for node in gang_nodes
+        for key, _ in node.taints
+        if not key.startswith((KUBERNETES_TAINTS, names.PREFIX))
+    }
     return {
         name: node.opened_at
         for name, node in s.cluster_nodes.items()
