@@ -16,6 +16,7 @@ from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
+from jobset_inplace.core.spares import SPREAD_MIN_AGE_S
 from testbed.controlplane import ControlPlane
 from testbed.gangsim import (
     CRD,
@@ -230,9 +231,9 @@ def test_a_spare_beside_a_holder_is_replaced_once_a_node_comes_back(
 ) -> None:
     """Hot spares kept off the holders' nodes: the spare's new pod lands beside holder 1 (its
     node was out of reach when the scheduler placed it) and stays while every free node was
-    open before it was placed; once its old node turns Ready again, the controller replaces the
-    spare (Event SpareMoved; when the spare is 30 s old) and the gang goes on training, its
-    holders untouched."""
+    open before it was placed (checked once it is old enough to move); once its old node turns
+    Ready again, the controller replaces the spare (Event SpareMoved) and the gang goes on
+    training, its holders untouched."""
     g = Gang(
         kube,
         namespace,
@@ -247,6 +248,10 @@ def test_a_spare_beside_a_holder_is_replaced_once_a_node_comes_back(
     kube.core.delete_namespaced_pod(g.pods[2], namespace, grace_period_seconds=0)
     beside = g.make_pod(2, node=g.node(1))  # placed where the scheduler could
     g.report(2, 1)
+    # past the age under which a spare is never moved (SPREAD_MIN_AGE_S): from here on only
+    # the rule about openings holds it
+    made = g.pod(2).metadata.creation_timestamp.timestamp()
+    time.sleep(max(0.0, made + SPREAD_MIN_AGE_S + 1 - time.time()))
     st = controller_looked(g, 0)
     assert (st["epoch"], st["barrierOpen"]) == (1, True)
     assert "SpareMoved" not in reasons(g), "no node opened after the spare was placed"
@@ -258,8 +263,7 @@ def test_a_spare_beside_a_holder_is_replaced_once_a_node_comes_back(
         pod = or_none(kube.core.read_namespaced_pod, beside, namespace)
         return pod is None or pod.metadata.deletion_timestamp is not None
 
-    # (the spare is replaced once 30 s old: SPREAD_MIN_AGE_S)
-    wait_for("the spare beside holder 1 replaced", replaced, 60)
+    wait_for("the spare beside holder 1 replaced", replaced, 15)
     (moved,) = [m for r, m in g.events() if r == "SpareMoved"]
     assert f"shares node {g.node(1)} with workers/1/0's pod" in moved
     st = g.state()
