@@ -78,6 +78,21 @@ def start_running(g: Gang, steps: str = "200,100") -> dict[str, Any]:
     return g.wait_state("barrier open at epoch 1", lambda s: s.get("barrierOpen") is True)
 
 
+def spare_gang(
+    kube: Clients, namespace: str, leases: LeaseKeeper, prefix: str, *, members: int, spares: int
+) -> Gang:
+    """A gang with hot spares, as the webhook leaves its JobSet (``members`` + ``spares``
+    replicas), not created yet."""
+    return Gang(
+        kube,
+        namespace,
+        f"{prefix}-{uuid.uuid4().hex[:4]}",
+        members + spares,
+        {**FAST, names.HOT_SPARES: str(spares)},
+        leases=leases,
+    )
+
+
 def reasons(g: Gang) -> list[str]:
     return [r for r, _ in g.events()]
 
@@ -184,14 +199,7 @@ def test_a_dead_nodes_member_continues_on_a_hot_spare_without_a_new_pod(
     the barrier opens once the three survivors and the spare report, with no new pod made at
     all. The Job's new pod for position 1, when it comes, is a spare: not counted, not waited
     for."""
-    g = Gang(
-        kube,
-        namespace,
-        f"spare-{uuid.uuid4().hex[:4]}",
-        6,
-        {**FAST, names.HOT_SPARES: "2"},
-        leases=leases,
-    )
+    g = spare_gang(kube, namespace, leases, "spare", members=4, spares=2)
     g.create()
     st = g.wait_state("created with epoch 1", lambda s: s.get("epoch") == 1)
     g.report_all(1)
@@ -234,14 +242,7 @@ def test_a_spare_beside_a_holder_is_replaced_once_a_node_comes_back(
     open before it was placed (checked once it is old enough to move); once its old node turns
     Ready again, the controller replaces the spare (Event SpareMoved) and the gang goes on
     training, its holders untouched."""
-    g = Gang(
-        kube,
-        namespace,
-        f"spread-{uuid.uuid4().hex[:4]}",
-        3,
-        {**FAST, names.HOT_SPARES: "1"},
-        leases=leases,
-    )
+    g = spare_gang(kube, namespace, leases, "spread", members=2, spares=1)
     start_running(g)
     holders = {i: g.pod(i).metadata.uid for i in (0, 1)}
     set_node_ready(kube, g.node(2), "False")  # the spare's node goes; its pod with it
