@@ -346,6 +346,7 @@ def table(
     writes: dict[str, list[float]] | None = None,
     *,
     bases: tuple[str, ...] = ("jsi-process", "jsi-pod"),
+    failure: str = "crash",
 ) -> str:
     """Markdown: medians, ranges, each path's ratio to jobset-inplace's two scopes in this run
     (like for like: jsi-pod restarts whole pods as the upstream and stock paths do; jsi-process
@@ -383,9 +384,9 @@ def table(
         return f"{v.writes_median:g}" + within((writes or {}).get(path), "g")
 
     rows = [
-        "| path | n | crash -> barrier lifted (median"
+        f"| path | n | {failure} -> barrier lifted (median"
         + (" (95 % interval)" if barriers else "")
-        + ") | crash -> every trainer running "
+        + f") | {failure} -> every trainer running "
         "(median"
         + (" (95 % interval; range)" if running else ", range")
         + ") | "
