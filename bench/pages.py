@@ -31,6 +31,7 @@ from bench import (
     figures,
     first_step,
     provenance,
+    realnode_deaths,
     report,
     soak,
     spares,
@@ -47,6 +48,7 @@ from bench.stats import Ratio, mean_interval, median_interval, ratio_of_medians
 
 ROOT = Path(__file__).resolve().parents[1]
 REALNODE = ROOT / "docs" / "bench" / "realnode.json"
+REALNODE_DEATHS = realnode_deaths.DEFAULT_OUT
 TORCH = ROOT / "docs" / "bench" / "realnode-torch.json"
 TORCH_REAL_SIZE = TRANSFORMER_OUT
 CPU_FLOOR = ROOT / "docs" / "bench" / "cpu-first-step-floor.json"  # bench/gpu's script, on CPU
@@ -634,6 +636,29 @@ def realnode_table(doc: dict[str, Any]) -> str:
     )
 
 
+def realnode_deaths_table(doc: dict[str, Any]) -> str:
+    """A node's death on the real nodes, side by side: the table of that run, ratios to the
+    spare and no-spare paths."""
+    s = summaries(doc)
+    reps = sorted({v.reps for v in s.values()})
+    failed = "; ".join(f"{p}: {why}" for p, why in sorted(doc.get("failed", {}).items()))
+    return "\n".join(
+        [
+            f"{origin(doc, REALNODE_DEATHS)} Repetitions per path: "
+            f"{'/'.join(map(str, reps))}{f'; not completed: {failed}' if failed else ''}.",
+            "",
+            table(
+                s,
+                running_by_path(doc["runs"]),
+                barrier_by_path(doc["runs"]),
+                writes_by_path(doc["runs"]),
+                bases=realnode_deaths.BASES,
+                failure=realnode_deaths.FAILURE,
+            ),
+        ]
+    )
+
+
 def _seconds(x: float) -> str:
     return f"{x:.2f} s"
 
@@ -1166,6 +1191,11 @@ def keep_step_table(doc: dict[str, Any]) -> str:
 BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
     # name: (page, render, the result files it renders, in render's argument order)
     "realnode-table": (ROOT / "docs" / "benchmarks.md", realnode_table, (REALNODE,)),
+    "realnode-deaths-table": (
+        ROOT / "docs" / "benchmarks.md",
+        realnode_deaths_table,
+        (REALNODE_DEATHS,),
+    ),
     "realnode-headline": (ROOT / "README.md", realnode_headline, (REALNODE,)),
     "realnode-torch-table": (ROOT / "docs" / "benchmarks.md", realnode_torch_table, (TORCH,)),
     "realnode-torch-headline": (ROOT / "README.md", realnode_torch_headline, (TORCH,)),
