@@ -208,6 +208,8 @@ def spares_to_spread(
     node, and would again (so a spare that lands beside a holder once more stays: one move per
     change), and only once it is ``SPREAD_MIN_AGE_S`` old. At most one spare per free node,
     lowest position first."""
+    if not free_nodes:
+        return [], None
     newest_holder: dict[str, S] = {}
     for pod in holders.values():
         have = newest_holder.get(pod.node or "")

@@ -108,7 +108,7 @@ class HotSpares(PlanningPass):
         leaving = leaving_members(s.nodes, current_spares(s), s.devices_leaving)
         moved: set[str] = set()
         for position, pod in sorted(current_spares(s).items()):
-            if pod.phase in ("Failed", "Succeeded"):
+            if pod.phase in TERMINAL:
                 continue  # its Job makes a new one by itself
             node = s.nodes.get(pod.node or "")
             dead, _ = node_state(node, s.policy, s.now, s.leases_observed_since)
