@@ -620,31 +620,26 @@ def summaries(doc: dict[str, Any]) -> dict[str, PathSummary]:
 
 def realnode_table(doc: dict[str, Any]) -> str:
     """The real-node comparison: the table of that run and where it comes from."""
-    s = summaries(doc)
-    reps = sorted({v.reps for v in s.values()})
-    return "\n".join(
-        [
-            f"{origin(doc, REALNODE)} Repetitions per path: {'/'.join(map(str, reps))}.",
-            "",
-            table(
-                s,
-                running_by_path(doc["runs"]),
-                barrier_by_path(doc["runs"]),
-                writes_by_path(doc["runs"]),
-            ),
-        ]
-    )
+    return _runs_table(doc, REALNODE)
 
 
 def realnode_deaths_table(doc: dict[str, Any]) -> str:
     """A node's death on the real nodes, side by side: the table of that run, ratios to the
     spare and no-spare paths."""
+    return _runs_table(
+        doc, REALNODE_DEATHS, bases=realnode_deaths.BASES, failure=realnode_deaths.FAILURE
+    )
+
+
+def _runs_table(doc: dict[str, Any], path: Path, **shape: Any) -> str:
+    """A real-node run's table (``shape``: :func:`~bench.realnode.table`'s keywords) and where
+    it comes from, with the paths that did not complete."""
     s = summaries(doc)
     reps = sorted({v.reps for v in s.values()})
     failed = "; ".join(f"{p}: {why}" for p, why in sorted(doc.get("failed", {}).items()))
     return "\n".join(
         [
-            f"{origin(doc, REALNODE_DEATHS)} Repetitions per path: "
+            f"{origin(doc, path)} Repetitions per path: "
             f"{'/'.join(map(str, reps))}{f'; not completed: {failed}' if failed else ''}.",
             "",
             table(
@@ -652,8 +647,7 @@ def realnode_deaths_table(doc: dict[str, Any]) -> str:
                 running_by_path(doc["runs"]),
                 barrier_by_path(doc["runs"]),
                 writes_by_path(doc["runs"]),
-                bases=realnode_deaths.BASES,
-                failure=realnode_deaths.FAILURE,
+                **shape,
             ),
         ]
     )

@@ -104,6 +104,22 @@ class Run:
     # the step each member resumed at after the crash (its trainer's log), by job index
     resume_steps: dict[str, int] = field(default_factory=dict)
 
+    @classmethod
+    def since(
+        cls,
+        t0: float,
+        path: str,
+        rep: int,
+        *,
+        barrier: float | None,
+        running: float,
+        writes: Counter[str],
+        resume_steps: dict[str, int],
+    ) -> Run:
+        """A run whose failure came at ``t0``, its barrier and running times as clock times."""
+        lifted = None if barrier is None else barrier - t0
+        return cls(path, rep, lifted, running - t0, dict(writes), resume_steps)
+
     @property
     def consistent(self) -> bool:
         """Every member resumed at one step (a gang that can go on training together)."""
@@ -241,13 +257,8 @@ class Bench:
         barrier = self.barrier(path, name, crash)
         resumed = self.resume_steps(name, crash)
         self.delete(name)
-        return Run(
-            path,
-            rep,
-            None if barrier is None else barrier - crash,
-            running - crash,
-            dict(writes),
-            resumed,
+        return Run.since(
+            crash, path, rep, barrier=barrier, running=running, writes=writes, resume_steps=resumed
         )
 
     def resume_steps(self, name: str, crash: float) -> dict[str, int]:
@@ -444,18 +455,31 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a.out = a.out or default
     known = first_step.PATHS if a.trainer == "torch" else PATHS
     a.paths = a.paths or list(known)
-    unknown = sorted(set(a.paths) - set(known))
-    if unknown or a.reps < 1:
-        p.error(f"--paths: unknown {unknown} (accepted: {','.join(known)}); --reps must be >= 1")
+    check_runs(p, a.paths, a.reps, known)
     return a
+
+
+def check_runs(
+    p: argparse.ArgumentParser, paths: list[str], reps: int, known: tuple[str, ...]
+) -> None:
+    """``--paths`` of ``known`` and ``--reps`` >= 1, or the parser's error naming both."""
+    unknown = sorted(set(paths) - set(known))
+    if unknown or reps < 1:
+        p.error(f"--paths: unknown {unknown} (accepted: {','.join(known)}); --reps must be >= 1")
+
+
+def local_cluster() -> LocalCluster:
+    """The local cluster (``$JSI_CLUSTER_NAME``, default jsi), up."""
+    cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
+    cluster.up()
+    return cluster
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     run = provenance.begin("bench.realnode", argv, args.allow_dirty)
-    cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
-    cluster.up()
+    cluster = local_cluster()
     nodes = cluster.real_nodes()
     if len(nodes) < MEMBERS:
         raise SystemExit(f"needs {MEMBERS} real nodes, the cluster has {nodes}: make cluster-up")

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -46,7 +45,6 @@ from jobset_inplace.core.transform import AGENT_CONTAINER
 from jobset_inplace.names import INSTALL_NAMESPACE
 from jobset_inplace.times import parse_time
 from testbed import images, workloads
-from testbed.cluster import LocalCluster
 from testbed.controller import gang_state, prepare
 from testbed.demo import demo_jobset, timed_log
 from testbed.install import Installation
@@ -191,13 +189,8 @@ class DeathBench(realnode.Bench):
                 delete_jobset(self.kube, NAMESPACE, name)
                 if node is not None:
                     self.node_open(node)
-        return Run(
-            path,
-            rep,
-            None if barrier is None else barrier - t0,
-            running - t0,
-            dict(writes),
-            resumed,
+        return Run.since(
+            t0, path, rep, barrier=barrier, running=running, writes=writes, resume_steps=resumed
         )
 
     def lifted(self, path: str, name: str, t0: float, dead: str) -> float | None:
@@ -256,9 +249,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results JSON ({DEFAULT_OUT})")
     p.add_argument("--allow-dirty", action="store_true", help=provenance.ALLOW_DIRTY_HELP)
     a = p.parse_args(argv)
-    unknown = sorted(set(a.paths) - set(PATHS))
-    if unknown or a.reps < 1:
-        p.error(f"--paths: unknown {unknown} (accepted: {','.join(PATHS)}); --reps must be >= 1")
+    realnode.check_runs(p, a.paths, a.reps, PATHS)
     return a
 
 
@@ -266,8 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     run = provenance.begin("bench.realnode_deaths", argv, args.allow_dirty)
-    cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
-    cluster.up()
+    cluster = realnode.local_cluster()
     added = []
     while len(cluster.real_nodes()) < NODES:
         added.append(cluster.add_real_node())
