@@ -80,6 +80,7 @@ PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 # that the two agree).
 ENV_PRESTART_IMPORTS = "JSI_PRESTART_IMPORTS"
 ENV_PRESTART_GO = "JSI_PRESTART_GO"
+ENV_PRESTART_WARM = "JSI_PRESTART_WARM"  # "1": the trainer's standby.wait holds it (prestart-warm)
 PRESTART_HOOK_DIR = "prestart"
 PRESTART_HOOK_FILE = "sitecustomize.py"  # in PRESTART_HOOK_DIR: the hook, by Python's name
 PRESTART_FORKER_SUFFIX = ".sock"  # the word's path + this: a held torchrun's worker forker

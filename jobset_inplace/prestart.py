@@ -32,6 +32,16 @@ cannot be reached or one that refuses starts cold; once a request may have reach
 nothing that goes wrong lets the stand-in run the trainer itself (it ends, exit 1). A held
 process whose hook fails exits (``EXIT_HOOK_FAILED``) rather than run before its word.
 
+**Warm** (``JSI_PRESTART_WARM=1``: ``jobset-inplace.dev/prestart-warm``, never for
+``torchrun``): step 4 is the script's. After its imports the hook returns at once, and the
+script builds its model and loads the newest checkpoint before its word, in
+:func:`jobset_inplace.trainer.standby.wait`, which waits on the same word and lets the script
+go with the epoch's step (docs/design/warm-standby.md). Until the word the hook withholds the
+variables a process group needs (``WITHHELD``: an ``env://`` ``init_process_group`` fails
+rather than reach the running epoch's store) and makes CUDA's start and
+``torch.distributed.init_process_group`` raise (a device context or a process group must
+not exist beside the running epoch's); :func:`release` gives them back.
+
 What a pre-import cannot do: a module that reads the epoch, the step, the checkpoint or a
 per-worker variable (``RANK``, ``LOCAL_RANK``, ...) *at import time* reads them before they
 are known (import it in the script instead); the waiting processes hold their memory (the
@@ -84,6 +94,22 @@ PARENT_POLL_SECONDS = 60.0
 # what ``ps -e`` (the process's comm) calls the forker and a forked worker's stand-in
 FORKER_NAME, STAND_IN_NAME = "jsi-forker", "jsi-stand-in"
 HELD = "waiting for an epoch"  # the hook's log line once its imports are done
+# Warm: the script's standby.wait holds it (prestart-warm); "1" to have it.
+ENV_WARM = "JSI_PRESTART_WARM"
+WARM_HELD = "warm: the script holds"  # the hook's log line for a warm standby
+# Withheld from a warm standby until its word: what a process group is made from.
+WITHHELD = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "JSI_SLOT",
+)
+# The name the hook is also known by in sys.modules (its own is sitecustomize, which an
+# image's may shadow): jobset_inplace.trainer.standby finds it there.
+MODULE = "jobset_inplace_prestart_hook"
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # what the forker ignores
 # what a worker's stand-in passes on to it (torchrun stops workers with SIGTERM, then SIGKILL)
 PASSED_ON = (
@@ -621,6 +647,112 @@ def end_as(status: int) -> NoReturn:
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
+# --- the warm standby: the script holds itself (jobset_inplace.trainer.standby) ------------
+
+
+class WarmHold:
+    """A warm standby's state until its word: the word's path (None: not a warm standby) and
+    what was withheld."""
+
+    def __init__(self) -> None:
+        self.go: str | None = None
+        self.withheld: dict[str, str] = {}
+        self.released = False
+
+
+_warm = WarmHold()
+
+
+def warm_held() -> bool:
+    """Whether this process is a warm standby not yet released."""
+    return _warm.go is not None and not _warm.released
+
+
+def word_given() -> bool:
+    """Whether the word came (the launcher released the lock): a try that never blocks."""
+    import fcntl  # noqa: PLC0415
+
+    assert _warm.go is not None
+    with open(_warm.go + ".lock", "a+") as lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+    return True
+
+
+def warm_hold(go: str) -> None:
+    """Make this process a warm standby: withhold WITHHELD, guard the device and the process
+    group; the script's standby.wait holds it until the word."""
+    _warm.withheld = {k: os.environ.pop(k) for k in WITHHELD if k in os.environ}
+    _warm.go = go
+    # torch.cuda.is_available() asks NVML, not cuInit, before the word (torch/cuda/__init__.py)
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    sys.modules[MODULE] = sys.modules[__name__]
+    guard_torch()
+
+
+def _refuse_until_word(what: str, original: object) -> object:
+    def guarded(*args: object, **kwargs: object) -> object:
+        if warm_held():
+            raise RuntimeError(
+                f"{what} before this warm standby's epoch (jobset-inplace prestart-warm): only "
+                "after jobset_inplace.trainer.standby.wait() returns"
+            )
+        return original(*args, **kwargs)  # type: ignore[operator]
+
+    guarded.__wrapped__ = original  # type: ignore[attr-defined]
+    return guarded
+
+
+def guard_torch() -> None:
+    """Until the word, CUDA's start and init_process_group raise (once torch is imported; a
+    second call guards what was imported since). After the word the guards call through."""
+    torch = sys.modules.get("torch")
+    if torch is not None and "torch.distributed" not in sys.modules:  # (torch imports it)
+        with contextlib.suppress(ImportError):
+            importlib.import_module("torch.distributed")
+    targets = (
+        (getattr(torch, "cuda", None), "_lazy_init", "CUDA"),
+        (sys.modules.get("torch.distributed"), "init_process_group", "a process group"),
+    )
+    for module, name, what in targets:
+        original = getattr(module, name, None)
+        if callable(original) and not hasattr(original, "__wrapped__"):
+            setattr(module, name, _refuse_until_word(what, original))
+
+
+def torch_started() -> str | None:
+    """What this standby started that it must not have (a CUDA context, a process group);
+    None: neither."""
+    if _cuda_initialised():
+        return "CUDA"
+    dist = sys.modules.get("torch.distributed")
+    check = getattr(dist, "is_initialized", None)
+    if callable(check) and check():
+        return "a process group"
+    return None
+
+
+def release() -> tuple[str, str]:
+    """Wait for the word, then give the epoch's environment back (the withheld variables, the
+    word's, ``JSI_EPOCH``, ``JSI_RESUME_STEP``); (epoch, resume step). Exits when the lock is
+    released without a word (the launcher is gone)."""
+    assert _warm.go is not None
+    word = wait_for_word(_warm.go)
+    if word is None:
+        _log("released without a word (the launcher is gone): exiting")
+        _flush()
+        os._exit(EXIT_NO_WORD)
+    os.environ.update(_warm.withheld)
+    os.environ.update(word[2])
+    os.environ[ENV_EPOCH], os.environ[ENV_RESUME_STEP] = word[0], word[1]
+    os.environ.pop(ENV_GO, None)
+    _warm.released = True
+    _log(f"epoch {word[0]}: go (resume step {word[1] or 'none'}; warm)")
+    return word[0], word[1]
+
+
 def run() -> None:
     go = os.environ.get(ENV_GO)
     forker = os.environ.pop(ENV_FORKER, "")  # the worker's own children start as any would
@@ -657,8 +789,12 @@ def hold(go: str) -> None:
     if _cuda_initialised():
         _log("an import initialised CUDA: a device context must not wait beside the running epoch")
         os._exit(EXIT_CUDA)
-    _log(f"imported {','.join(names)} in {time.monotonic() - began:.2f} s; {HELD}")
     orig = getattr(sys, "orig_argv", [])  # Python 3.10+
+    if os.environ.get(ENV_WARM) == "1" and not launches_workers(orig):
+        warm_hold(go)
+        _log(f"imported {','.join(names)} in {time.monotonic() - began:.2f} s; {WARM_HELD}")
+        return
+    _log(f"imported {','.join(names)} in {time.monotonic() - began:.2f} s; {HELD}")
     socket_path = start_forker(go + FORKER_SUFFIX) if launches_workers(orig) else None
     word = wait_for_word(go)
     if word is None:

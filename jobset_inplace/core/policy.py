@@ -98,6 +98,9 @@ class Policy:
     # Process scope: the next epoch's trainer is started, these modules imported, while the
     # barrier is closed (jobset_inplace.prestart); () : started when the barrier opens.
     prestart_imports: tuple[str, ...] = ()
+    # With prestart_imports: the held trainer builds its model and loads the newest checkpoint
+    # before its epoch (jobset_inplace.trainer.standby; docs/design/warm-standby.md).
+    prestart_warm: bool = False
     # Hang detection (off when None): no new step reported for this long after the first, or
     # no first step this long after the barrier opened, is a hung trainer (docs/annotations.md).
     hang_timeout_s: float | None = None
@@ -427,6 +430,7 @@ _PARSERS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
         lambda k, v: _duration(k, v, TRAINER_STOP_GRACE_RANGE_S, "0s, 0.5s or 5s"),
     ),
     ("prestart_imports", names.PRESTART_IMPORTS, _modules),
+    ("prestart_warm", names.PRESTART_WARM, _bool),
     (
         "hang_timeout_s",
         names.HANG_TIMEOUT,
@@ -474,6 +478,7 @@ CREATE_TIME_KEYS: frozenset[str] = frozenset(
         names.CHECKPOINT_STEP_PATTERN,
         names.ESCALATION,
         names.PRESTART_IMPORTS,
+        names.PRESTART_WARM,
         names.HANG_TIMEOUT,
         names.RESTART_EXIT_CODE,
         names.RESTART_SCOPE,

@@ -40,6 +40,7 @@ from jobset_inplace.launcher import (
     ENV_CONTAINER,
     ENV_LEASE,
     ENV_PRESTART_IMPORTS,
+    ENV_PRESTART_WARM,
     ENV_STATE_DIR,
     ENV_STOP_GRACE,
     LAUNCHER_FILE,
@@ -255,12 +256,19 @@ def _prepare_pod(
                 c["env"] = [*(c.get("env") or []), {"name": name, "value": value}]
     _share_checkpoint_tiers(agent, spec.get("containers") or [])
     agent["securityContext"] = agent_security_context(spec.get("containers") or [])
+    if policy.prestart_warm and not policy.prestart_imports:
+        raise TransformError(
+            f"{names.PRESTART_WARM} needs {names.PRESTART_IMPORTS} (the modules the held "
+            "trainer imports before its script runs, e.g. torch): set it, or remove "
+            f"{names.PRESTART_WARM}"
+        )
     if policy.restart_scope == RestartScope.PROCESS:
         _launch(spec.get("containers") or [], agent, where, policy)
-    elif policy.prestart_imports:
+    elif policy.prestart_imports or policy.prestart_warm:
+        key = names.PRESTART_IMPORTS if policy.prestart_imports else names.PRESTART_WARM
         raise TransformError(
-            f"{names.PRESTART_IMPORTS} needs {names.RESTART_SCOPE}: {RestartScope.PROCESS} (a "
-            f"pod restart starts every container anew): remove it, or set that scope"
+            f"{key} needs {names.RESTART_SCOPE}: {RestartScope.PROCESS} (a pod restart starts "
+            f"every container anew): remove it, or set that scope"
         )
     if spec.get("restartPolicy", "Never") != "Never":
         raise TransformError(
@@ -329,10 +337,25 @@ def _launch(
                 )
             imports = {"name": ENV_PRESTART_IMPORTS, "value": ",".join(policy.prestart_imports)}
             c["env"] = _add_by_name(c["env"], imports)
+        if policy.prestart_warm:
+            _warm(c, [*command, *(c.get("args") or [])], f"{where}.spec.containers[{i}]")
     launched = ",".join(c["name"] for c in containers)
     launched_env = {"name": names.ENV_LAUNCHED_CONTAINERS, "value": launched}
     agent["env"] = _add_by_name(agent["env"], launched_env)
     agent["env"] = _add_by_name(agent["env"], grace)
+
+
+def _warm(container: dict[str, Any], argv: list[str], where: str) -> None:
+    """prestart-warm: the trainer's own process holds itself (one per container)."""
+    program = argv[0].rsplit("/", 1)[-1] if argv else ""
+    if program in prestart.LAUNCHES_WORKERS or prestart.launches_workers(argv):
+        raise TransformError(
+            f"{where}.command: {names.PRESTART_WARM} is refused for torchrun (its workers are "
+            "new processes it starts after the word, so none can hold a model before it): run "
+            f"the trainer as python3 train.py, one per container, or leave {names.PRESTART_WARM} "
+            f"out ({names.PRESTART_IMPORTS} alone pre-starts torchrun)"
+        )
+    container["env"] = _add_by_name(container["env"], {"name": ENV_PRESTART_WARM, "value": "1"})
 
 
 def _declared_spares(jobset: dict[str, Any]) -> SpareSpec | None:
@@ -377,6 +400,12 @@ def _spare_agent(
     scope (the launcher gives each epoch its rank), pod DNS names (slot 0's holder is the
     rendezvous host), and no rank fixed in the pod's own spec."""
     what = f"{names.HOT_SPARES}: {spare.spares}"
+    if policy.prestart_warm:
+        raise TransformError(
+            f"{names.PRESTART_WARM} is not supported with {what} yet (a spare's rank comes with "
+            f"its word, after a warm standby built its model): remove one of them "
+            "(docs/design/warm-standby.md)"
+        )
     if job.get("parallelism", 1) != 1:
         raise TransformError(
             f"{where}.template.spec.parallelism must be 1 with {what} (one pod per member: "

@@ -120,6 +120,8 @@ ACCEPTED: list[tuple[str, str, str, Any]] = [
     (names.TRAINER_STOP_GRACE, "0.5s", "trainer_stop_grace_s", 0.5),
     (names.TRAINER_STOP_GRACE, "5m", "trainer_stop_grace_s", 300.0),
     (names.PRESTART_IMPORTS, "torch", "prestart_imports", ("torch",)),
+    (names.PRESTART_WARM, "true", "prestart_warm", True),
+    (names.PRESTART_WARM, "false", "prestart_warm", False),
     (names.PRESTART_IMPORTS, " torch , torch.distributed.checkpoint", "prestart_imports",
      ("torch", "torch.distributed.checkpoint")),
     (names.HANG_TIMEOUT, "10s", "hang_timeout_s", 10.0),
@@ -439,6 +441,7 @@ REJECTED: list[tuple[str, str, str]] = [
     (names.PRESTART_IMPORTS, "torch,,numpy", MODULES),
     (names.PRESTART_IMPORTS, "1torch", MODULES),
     (names.PRESTART_IMPORTS, ",".join(["m"] * 33), MODULES),
+    (names.PRESTART_WARM, "yes", '"true" or "false"'),
     (
         names.CHECKPOINT_LAYOUT,
         "pytorch",

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import json
 import os
 import re
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,6 +69,55 @@ class cuda:
         if os.environ.get("FAKE_CUDA") == "raise":
             raise RuntimeError("CUDA check broken")
         return os.environ.get("FAKE_CUDA") == "1"
+    @staticmethod
+    def _lazy_init():
+        os.environ["FAKE_CUDA"] = "1"
+"""
+# torch.distributed, faked: a process group is a flag.
+FAKE_DIST = """
+made = []
+def init_process_group(*args, **kwargs):
+    made.append(args)
+def is_initialized():
+    return bool(made)
+"""
+# A trainer whose few lines are a warm standby's (jobset_inplace.trainer.standby): it notes
+# what it saw before its word, loads "checkpoints" (their newest step in the file newest, each
+# step's marker ckpt-<S>), then runs as CHILD.
+WARM = r"""
+import json, os, sys
+d = sys.argv[1]
+def note(name, value):
+    with open(os.path.join(d, "." + name), "w") as f:
+        f.write(value)
+    os.replace(os.path.join(d, "." + name), os.path.join(d, name))
+import torch, torch.distributed as dist
+from jobset_inplace.trainer import standby
+if os.environ.get("FAKE_CUDA_AFTER_HOOK") and os.environ.get("JSI_PRESTART_GO"):
+    os.environ["FAKE_CUDA"] = "1"  # (as a library's own cuInit: no guard sees it)
+seen = {k: os.environ.get(k) for k in ("RANK", "MASTER_ADDR", "JSI_EPOCH")}
+note("before-%d" % os.getpid(), json.dumps(seen))
+def attempt(name, call):
+    try:
+        call()
+        note(name, "made")
+    except RuntimeError as e:
+        note(name, str(e))
+if os.environ.get("WARM_TRIES"):
+    attempt("group-before", lambda: dist.init_process_group("gloo"))
+    attempt("cuda-before", lambda: torch.cuda._lazy_init())
+def load(step):
+    with open(os.path.join(d, "loads"), "a") as f:
+        f.write("%d %s\n" % (os.getpid(), step))
+def newest():
+    p = os.path.join(d, "newest")
+    return int(open(p).read()) if os.path.exists(p) else None
+run = standby.wait(load, newest, marker=lambda s: os.path.join(d, "ckpt-%d" % s))
+after = {k: os.environ.get(k) for k in ("RANK", "MASTER_ADDR", "JSI_EPOCH")}
+note("released-%d" % os.getpid(), json.dumps([run.resume_step, run.loaded_step, run.warm, after]))
+if os.environ.get("WARM_TRIES"):
+    attempt("group-after", lambda: dist.init_process_group("gloo"))
+exec(open(os.path.join(d, "child.py")).read())
 """
 
 
@@ -77,7 +129,7 @@ def install(tmp: Path) -> Path:
     pkgs = tmp / "pkgs"
     (pkgs / "torch" / "distributed").mkdir(parents=True)
     (pkgs / "torch" / "__init__.py").write_text(COUNTED)
-    (pkgs / "torch" / "distributed" / "__init__.py").write_text("")
+    (pkgs / "torch" / "distributed" / "__init__.py").write_text(FAKE_DIST)
     (pkgs / "torch" / "distributed" / "run.py").write_text(FAKE_TORCHRUN)
     (tmp / "worker.py").write_text(WORKER)
     return pkgs
@@ -150,6 +202,97 @@ def test_a_held_process_is_released_with_its_epochs_environment(tmp_path: Path) 
         until("start", lambda: len(pod.starts()) == 1)
         assert pod.starts() == [("1", "7", held)]
         assert pod.slots() == ["2 js-w-5-0.js"]
+
+
+def warm_pod(tmp: Path, **env: str) -> Pod:
+    """A launcher with a warm standby (prestart-warm) of the WARM trainer, rank 3's."""
+    (tmp / "warm.py").write_text(WARM)
+    command = [sys.executable, str(tmp / "warm.py"), str(tmp)]
+    return prestart_pod(tmp, command, JSI_PRESTART_WARM="1", RANK="3", MASTER_ADDR="m0", **env)
+
+
+def loads(pod: Pod, pid: int) -> list[str]:
+    path = pod.dir / "loads"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [step for p, step in (line.split() for line in lines) if int(p) == pid]
+
+
+def saved(pod: Pod, step: int) -> None:
+    """A checkpoint of ``step`` (a new marker file each time) is the newest."""
+    tmp = pod.dir / f".ckpt-{step}"
+    tmp.write_text(str(time.monotonic_ns()))
+    os.replace(tmp, pod.dir / f"ckpt-{step}")
+    (pod.dir / ".newest").write_text(str(step))
+    os.replace(pod.dir / ".newest", pod.dir / "newest")
+
+
+def noted(pod: Pod, name: str) -> Any:
+    return json.loads((pod.dir / name).read_text())
+
+
+def test_a_warm_standby_loads_before_its_word_and_again_only_when_the_step_differs(
+    tmp_path: Path,
+) -> None:
+    with running(warm_pod(tmp_path)) as pod:
+        saved(pod, 5)
+        until("warm", lambda: "warm: held at step 5" in pod.log())
+        (first,) = prestarted(pod)
+        assert noted(pod, f"before-{first}") == {"RANK": None, "MASTER_ADDR": None, "JSI_EPOCH": ""}
+        assert loads(pod, first) == ["5"], "the newest step loaded before the word"
+        assert pod.starts() == [], "the script's training has not begun"
+        assert pod.state() == ("waiting", None, None)
+        pod.open(1, 5)
+        until("start", lambda: len(pod.starts()) == 1)
+        assert pod.starts() == [("1", "5", first)]
+        after = {"RANK": "3", "MASTER_ADDR": "m0", "JSI_EPOCH": "1"}
+        assert noted(pod, f"released-{first}") == [5, 5, True, after]
+        assert loads(pod, first) == ["5"], "the step held is the gang's: not loaded again"
+        # the next standby holds step 5 too; the gang resumes from 7: loaded at the word
+        until("second standby", lambda: pod.log().count("warm: held at step 5") == 2)
+        second = prestarted(pod)[1]
+        saved(pod, 7)
+        clear_resume(pod.dir)
+        pod.wait_state("stopped", 1, 128 + signal.SIGTERM)
+        pod.open(2, 7)
+        until("second start", lambda: len(pod.starts()) == 2)
+        assert noted(pod, f"released-{second}")[:3] == [7, 7, True]
+        assert loads(pod, second) == ["5", "7"]
+        # the third holds 7; step 7 is saved again before the word: loaded again
+        until("third standby", lambda: "warm: held at step 7" in pod.log())
+        third = prestarted(pod)[2]
+        saved(pod, 7)
+        clear_resume(pod.dir)
+        pod.wait_state("stopped", 2, 128 + signal.SIGTERM)
+        pod.open(3, 7)
+        until("third start", lambda: len(pod.starts()) == 3)
+        assert loads(pod, third) == ["7", "7"]
+
+
+def test_a_warm_standby_cannot_make_a_process_group_or_start_cuda_before_its_word(
+    tmp_path: Path,
+) -> None:
+    with running(warm_pod(tmp_path, WARM_TRIES="1")) as pod:
+        until("warm", lambda: "warm: held at step None" in pod.log())
+        assert "before this warm standby's epoch" in (pod.dir / "group-before").read_text()
+        assert "before this warm standby's epoch" in (pod.dir / "cuda-before").read_text()
+        (held,) = prestarted(pod)
+        pod.open(1, None)
+        until("start", lambda: len(pod.starts()) == 1)
+        assert pod.starts() == [("1", "-", held)], "the held process, not a cold one"
+        assert (pod.dir / "group-after").read_text() == "made"
+
+
+def test_a_warm_standby_that_started_cuda_ends_and_the_epoch_starts_cold(tmp_path: Path) -> None:
+    """A device context made before the word (here: one the guard could not see) is found and
+    the standby ends; the epoch starts cold, its word never given to that process."""
+    with running(warm_pod(tmp_path, FAKE_CUDA_AFTER_HOOK="1")) as pod:
+        until("ended", lambda: "exited 86 before its epoch" in pod.log())
+        (held,) = prestarted(pod)
+        pod.open(1, None)
+        until("start", lambda: len(pod.starts()) == 1)
+        (start,) = pod.starts()
+        assert start[:2] == ("1", "-")
+        assert start[2] != held, "a cold process"
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]

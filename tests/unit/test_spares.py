@@ -472,6 +472,13 @@ def test_spares_need_the_process_scope_and_at_most_one_spare_a_member() -> None:
     assert f"annotation {names.HOT_SPARES}='5' is invalid" in message
 
 
+def test_a_warm_standby_is_not_taken_with_spares_yet() -> None:
+    warm = {names.PRESTART_IMPORTS: "torch", names.PRESTART_WARM: "true"}
+    allowed, message = validate(user_jobset(warm))
+    assert not allowed
+    assert f"{names.PRESTART_WARM} is not supported with {names.HOT_SPARES}" in message
+
+
 def test_the_spares_cannot_be_changed_once_the_jobset_exists() -> None:
     old = transform(user_jobset(), SETTINGS)
     new = copy.deepcopy(old)

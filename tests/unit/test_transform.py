@@ -213,6 +213,34 @@ def test_prestart_needs_the_process_scope_and_module_names() -> None:
         transform(js, S)
 
 
+def test_prestart_warm_marks_each_trainer_and_refuses_what_cannot_hold_a_model() -> None:
+    js = jobset()
+    pod_spec(js)["containers"][0]["command"] = ["python3", "-u", "train.py"]
+    js["metadata"]["annotations"] |= {names.PRESTART_IMPORTS: "torch", names.PRESTART_WARM: "true"}
+    trainer = pod_spec(transform(js, S))["containers"][0]
+    assert {"name": "JSI_PRESTART_WARM", "value": "1"} in trainer["env"]
+    assert pod_spec(transform(transform(js, S), S))["containers"][0] == trainer, "idempotent"
+    off = copy.deepcopy(js)
+    off["metadata"]["annotations"][names.PRESTART_WARM] = "false"
+    env = pod_spec(transform(off, S))["containers"][0]["env"]
+    assert not any(e["name"] == "JSI_PRESTART_WARM" for e in env)
+    for torchrun in (["torchrun", "train.py"], ["python3", "-m", "torch.distributed.run", "t.py"]):
+        pod_spec(js)["containers"][0]["command"] = torchrun
+        with pytest.raises(TransformError, match=r"containers\[0\].command: .*prestart-warm is "
+                           "refused for torchrun"):  # fmt: skip
+            transform(js, S)
+    pod_spec(js)["containers"][0]["command"] = ["python3", "train.py"]
+    del js["metadata"]["annotations"][names.PRESTART_IMPORTS]
+    with pytest.raises(TransformError, match=r"prestart-warm needs .*prestart-imports"):
+        transform(js, S)
+    js["metadata"]["annotations"] |= {names.PRESTART_IMPORTS: "torch", names.RESTART_SCOPE: "pod"}
+    with pytest.raises(TransformError, match=r"needs .*restart-scope: process"):
+        transform(js, S)
+    js["metadata"]["annotations"][names.PRESTART_WARM] = "yes"
+    with pytest.raises(PolicyError, match=r'prestart-warm.*"true" or "false"'):
+        transform(js, S)
+
+
 def test_restart_exit_code_annotation_is_used() -> None:
     js = jobset()
     js["metadata"]["annotations"][names.RESTART_EXIT_CODE] = "99"

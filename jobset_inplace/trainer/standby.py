@@ -1,0 +1,185 @@
+"""A warm standby (``jobset-inplace.dev/prestart-warm``): the next epoch's trainer builds its
+model and loads the newest checkpoint *before* its epoch, so that after the barrier only the
+process group, a reload if the gang's step differs, and the first step remain.
+
+The script's few lines (docs/trainer-contract.md, "Warm standby"; the design and its
+reasons: docs/design/warm-standby.md)::
+
+    model, optim = build()                     # nothing that needs the rank or the device
+    run = standby.wait(load, newest=lambda: newest_step(root), marker=metadata_of)
+    dist.init_process_group("gloo")            # only now: RANK, MASTER_ADDR, ... exist
+    ddp = DistributedDataParallel(model, **standby.ddp_kwargs(run))
+
+:func:`wait` is the same call for every start. In a warm standby (held by the pre-start hook,
+:mod:`jobset_inplace.prestart`) it loads ``newest()`` unless the word came already, logs
+``warm: held at step S``, and waits for the word, loading again when ``newest()`` moves (at
+most every ``refresh_s``); at the word it has the epoch's environment back and calls
+``load(resume_step)`` unless that step is the one loaded and its ``marker`` file is the one
+seen then (a step saved again is loaded again). In any other start (cold, or a standby held
+before the script) it calls ``load(resume_step)`` unless that is None. ``load(None)`` means
+"from scratch": it must undo a speculative load.
+
+Before its word a warm standby runs on one intra-op thread (the running epoch has the cores),
+and must not start CUDA or a process group: the hook makes both raise, and a standby found
+with either is ended (``EXIT_TORCH_STARTED``; the launcher starts that epoch cold).
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from jobset_inplace.launcher import ENV_EPOCH, ENV_RESUME_STEP
+
+HOOK_MODULE = "jobset_inplace_prestart_hook"  # jobset_inplace.prestart.MODULE
+EXIT_TORCH_STARTED = 86  # jobset_inplace.prestart.EXIT_CUDA: the launcher starts cold
+REFRESH_S = 30.0  # a held standby loads a newer checkpoint at most this often
+POLL_S = 0.02  # how often a held standby looks for its word (as the launcher polls)
+CHECK_S = 1.0  # how often it looks for CUDA or a process group it must not have, and newest()
+HELD = "warm: held at step"  # its log line once loaded (the bench waits for it)
+
+Load = Callable[[int | None], object]
+Marker = Callable[[int], str | os.PathLike[str]]
+
+
+@dataclass(frozen=True)
+class Released:
+    """How :func:`wait` let the script go: its epoch, the gang's resume step, the step its
+    tensors hold (None: as built), and whether it was a warm standby."""
+
+    epoch: str
+    resume_step: int | None
+    loaded_step: int | None
+    warm: bool
+
+
+def _log(message: str) -> None:
+    sys.stderr.write(f"jobset-inplace standby[{os.getpid()}]: {message}\n")
+    sys.stderr.flush()
+
+
+def _step(text: str) -> int | None:
+    return int(text) if text.strip() else None
+
+
+def _identity(marker: Marker | None, step: int | None) -> tuple[int, int, int] | None:
+    """What tells a step saved again from the one loaded: its marker file's device, inode and
+    modification time (None: no marker, or none there)."""
+    if marker is None or step is None:
+        return None
+    try:
+        st = os.stat(marker(step))
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns)
+
+
+def _hook() -> ModuleType | None:
+    """The pre-start hook of a warm standby still waiting for its word; None otherwise."""
+    hook = sys.modules.get(HOOK_MODULE)
+    return hook if hook is not None and hook.warm_held() else None
+
+
+class _Threads:
+    """One intra-op thread while held (torch's, if imported), the count before at the word."""
+
+    def __init__(self) -> None:
+        torch = sys.modules.get("torch")
+        self.get = getattr(torch, "get_num_threads", None)
+        self.set = getattr(torch, "set_num_threads", None)
+        self.before = self.get() if callable(self.get) and callable(self.set) else None
+        if self.before is not None:
+            self.set(1)  # type: ignore[misc]
+
+    def restore(self) -> None:
+        if self.before is not None:
+            self.set(self.before)  # type: ignore[misc]
+
+
+def wait(
+    load: Load,
+    newest: Callable[[], int | None],
+    *,
+    marker: Marker | None = None,
+    refresh_s: float = REFRESH_S,
+    poll_s: float = POLL_S,
+) -> Released:
+    """Hold until this epoch's word (a warm standby) and return with its state loaded; see the
+    module's docstring."""
+    hook = _hook()
+    if hook is None:
+        step = _step(os.environ.get(ENV_RESUME_STEP, ""))
+        if step is not None:
+            load(step)
+        return Released(os.environ.get(ENV_EPOCH, ""), step, step, warm=False)
+    hook.guard_torch()  # what the script imported since the hook ran
+    _end_if_started(hook)
+    threads = _Threads()
+    loaded: int | None = None
+    seen: tuple[int, int, int] | None = None
+    if not hook.word_given():
+        loaded, seen, loaded_at = _speculate(load, newest(), marker)
+        checked = time.monotonic()
+        while not hook.word_given():
+            now = time.monotonic()
+            if now - checked >= CHECK_S:
+                checked = now
+                _end_if_started(hook)
+                if now - loaded_at >= refresh_s:
+                    step = newest()
+                    if step is not None and (step != loaded or _identity(marker, step) != seen):
+                        loaded, seen, loaded_at = _speculate(load, step, marker)
+            time.sleep(poll_s)
+    epoch, step_text = hook.release()
+    threads.restore()
+    resume = _step(step_text)
+    if resume != loaded or (resume is not None and _identity(marker, resume) != seen):
+        if resume is not None or loaded is not None:
+            load(resume)  # the gang's step is not the one held (or the held one was re-saved)
+        _log(f"epoch {epoch}: released at step {resume}; loaded {loaded} before: loaded again")
+        loaded = resume
+    else:
+        _log(f"epoch {epoch}: released at step {resume}: already loaded")
+    return Released(epoch, resume, loaded, warm=True)
+
+
+def _speculate(
+    load: Load, step: int | None, marker: Marker | None
+) -> tuple[int | None, tuple[int, int, int] | None, float]:
+    """Load ``step`` (the newest) while held: (the step, its marker's identity seen before the
+    load, when the load ended)."""
+    seen = _identity(marker, step)
+    began = time.monotonic()
+    if step is not None:
+        load(step)
+    took = time.monotonic() - began
+    _log(f"{HELD} {step}" + ("" if step is None else f" (loaded in {took:.2f} s)"))
+    return step, seen, time.monotonic()
+
+
+def _end_if_started(hook: ModuleType) -> None:
+    started = hook.torch_started()
+    if started is not None:
+        _log(f"{started} started before this standby's epoch: exiting (the epoch starts cold)")
+        sys.stderr.flush()
+        os._exit(EXIT_TORCH_STARTED)
+
+
+def ddp_kwargs(run: Released, ddp: Any = None) -> dict[str, Any]:
+    """``DistributedDataParallel``'s arguments for a resumed run: ``init_sync=False`` (no
+    broadcast of the parameters: every rank loaded one step of one checkpoint) where this
+    PyTorch has it and the run resumes from a step; {} otherwise (from scratch the sync
+    stays)."""
+    if run.resume_step is None:
+        return {}
+    if ddp is None:
+        ddp = importlib.import_module("torch.nn.parallel").DistributedDataParallel
+    return {"init_sync": False} if "init_sync" in inspect.signature(ddp).parameters else {}

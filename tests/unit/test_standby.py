@@ -1,0 +1,207 @@
+"""The warm standby's wait (jobset_inplace.trainer.standby): what it loads before and after its
+word, with the pre-start hook faked (tests/unit/test_prestart.py runs the real hook and
+launcher)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobset_inplace import prestart
+from jobset_inplace.trainer import standby
+
+
+class FakeHook:
+    """The hook of a warm standby: its word comes after ``polls`` looks, with ``step``."""
+
+    def __init__(self, step: int | None, polls: int = 3, started: str | None = None) -> None:
+        self.step, self.polls, self.started = step, polls, started
+        self.looks = 0
+        self.released = False
+        self.guarded = 0
+
+    def warm_held(self) -> bool:
+        return not self.released
+
+    def word_given(self) -> bool:
+        self.looks += 1
+        return self.looks > self.polls
+
+    def guard_torch(self) -> None:
+        self.guarded += 1
+
+    def torch_started(self) -> str | None:
+        return self.started
+
+    def release(self) -> tuple[str, str]:
+        self.released = True
+        return "4", "" if self.step is None else str(self.step)
+
+
+@pytest.fixture(autouse=True)
+def checks_at_every_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(standby, "CHECK_S", 0.0)
+
+
+def held(monkeypatch: pytest.MonkeyPatch, fake: FakeHook) -> FakeHook:
+    monkeypatch.setitem(sys.modules, standby.HOOK_MODULE, fake)
+    return fake
+
+
+class Loads:
+    def __init__(self) -> None:
+        self.steps: list[int | None] = []
+
+    def __call__(self, step: int | None) -> None:
+        self.steps.append(step)
+
+
+def test_warm_at_10_released_at_15_loads_15(monkeypatch: pytest.MonkeyPatch) -> None:
+    held(monkeypatch, FakeHook(15))
+    loads = Loads()
+    run = standby.wait(loads, lambda: 10, poll_s=0)
+    assert loads.steps == [10, 15]
+    assert run == standby.Released("4", 15, 15, warm=True)
+
+
+def test_released_at_the_step_held_loads_nothing_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = held(monkeypatch, FakeHook(10))
+    loads = Loads()
+    run = standby.wait(loads, lambda: 10, poll_s=0)
+    assert loads.steps == [10]
+    assert run == standby.Released("4", 10, 10, warm=True)
+    assert fake.guarded == 1, "what the script imported since the hook is guarded too"
+
+
+def test_released_from_scratch_after_a_speculative_load_resets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    held(monkeypatch, FakeHook(None))
+    loads = Loads()
+    run = standby.wait(loads, lambda: 10, poll_s=0)
+    assert loads.steps == [10, None]
+    assert run.loaded_step is None
+
+
+def test_no_checkpoint_and_released_from_scratch_loads_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    held(monkeypatch, FakeHook(None))
+    loads = Loads()
+    assert standby.wait(loads, lambda: None, poll_s=0).loaded_step is None
+    assert loads.steps == []
+
+
+def test_a_step_saved_again_while_held_is_loaded_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Same step, another marker file (a re-save): the held tensors are not that step's."""
+    marker = tmp_path / "step-10.metadata"
+    marker.write_text("a")
+    fake = held(monkeypatch, FakeHook(10))
+    loads = Loads()
+
+    def load(step: int | None) -> None:
+        loads(step)
+        if len(loads.steps) == 1:  # saved again after the speculative load looked
+            os.replace(_written(tmp_path / "new", "b"), marker)
+
+    run = standby.wait(load, lambda: 10, marker=lambda s: tmp_path / f"step-{s}.metadata", poll_s=0)
+    assert loads.steps == [10, 10]
+    assert run.loaded_step == 10
+    assert fake.released
+
+
+def test_the_same_marker_is_not_loaded_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _written(tmp_path / "step-10.metadata", "a")
+    held(monkeypatch, FakeHook(10))
+    loads = Loads()
+    standby.wait(loads, lambda: 10, marker=lambda s: tmp_path / f"step-{s}.metadata", poll_s=0)
+    assert loads.steps == [10]
+
+
+def test_the_word_before_the_warm_up_means_no_speculative_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    held(monkeypatch, FakeHook(15, polls=0))
+    loads = Loads()
+    run = standby.wait(loads, lambda: 10, poll_s=0)
+    assert loads.steps == [15]
+    assert run == standby.Released("4", 15, 15, warm=True)
+
+
+def test_a_newer_checkpoint_while_held_is_loaded_at_most_every_refresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    newest = iter([10, 15, 15, 20, 20, 20, 20, 20, 20, 20])
+    held(monkeypatch, FakeHook(20, polls=6))
+    loads = Loads()
+    run = standby.wait(loads, lambda: next(newest), refresh_s=0, poll_s=0)
+    assert loads.steps == [10, 15, 20], "each move loaded once; the word's step already held"
+    assert run.loaded_step == 20
+    held(monkeypatch, FakeHook(20, polls=6))
+    loads = Loads()
+    newest = iter([10, 15, 20])
+    run = standby.wait(loads, lambda: next(newest), refresh_s=3600, poll_s=0)
+    assert loads.steps == [10, 20], "within refresh_s: no reload while held, one at the word"
+
+
+def test_a_standby_that_started_cuda_or_a_process_group_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    held(monkeypatch, FakeHook(10, started="a process group"))
+    ended: list[int] = []
+
+    def exit_(code: int) -> None:
+        ended.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(standby.os, "_exit", exit_)
+    loads = Loads()
+    with pytest.raises(SystemExit):
+        standby.wait(loads, lambda: 10, poll_s=0)
+    assert ended == [prestart.EXIT_CUDA]
+    assert loads.steps == [], "ended before any load"
+
+
+@pytest.mark.parametrize(("step", "loads"), [("7", [7]), ("", [])])
+def test_a_cold_start_loads_its_resume_step(
+    monkeypatch: pytest.MonkeyPatch, step: str, loads: list[int]
+) -> None:
+    monkeypatch.delitem(sys.modules, standby.HOOK_MODULE, raising=False)
+    monkeypatch.setenv("JSI_EPOCH", "3")
+    monkeypatch.setenv("JSI_RESUME_STEP", step)
+    seen = Loads()
+    run = standby.wait(seen, lambda: pytest.fail("a cold start does not look for the newest"))
+    assert seen.steps == loads
+    expected = loads[0] if loads else None
+    assert run == standby.Released("3", expected, expected, warm=False)
+
+
+def test_ddp_kwargs_skip_the_sync_only_on_a_resume_and_where_ddp_has_it() -> None:
+    class NewDDP:
+        def __init__(self, module: object, init_sync: bool = True) -> None: ...
+
+    class OldDDP:
+        def __init__(self, module: object) -> None: ...
+
+    resumed = standby.Released("1", 10, 10, warm=True)
+    scratch = standby.Released("1", None, None, warm=True)
+    assert standby.ddp_kwargs(resumed, NewDDP) == {"init_sync": False}
+    assert standby.ddp_kwargs(resumed, OldDDP) == {}
+    assert standby.ddp_kwargs(scratch, NewDDP) == {}
+
+
+def test_the_standby_and_the_hook_agree_on_names() -> None:
+    assert standby.HOOK_MODULE == prestart.MODULE
+    assert standby.EXIT_TORCH_STARTED == prestart.EXIT_CUDA
+
+
+def _written(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
