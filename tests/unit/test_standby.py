@@ -161,7 +161,7 @@ def test_a_standby_that_started_cuda_or_a_process_group_ends(
         ended.append(code)
         raise SystemExit(code)
 
-    monkeypatch.setattr(standby.os, "_exit", exit_)
+    monkeypatch.setattr(os, "_exit", exit_)
     loads = Loads()
     with pytest.raises(SystemExit):
         standby.wait(loads, lambda: 10, poll_s=0)
