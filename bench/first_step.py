@@ -64,9 +64,12 @@ from testbed.torchgang import (
     last_step_before,
     newest_steps,
     rank_resumes,
+    released_pid,
     standby_held,
     torch_jobset,
+    warm_held,
     with_prestart,
+    with_warm,
     worker_pids,
 )
 
@@ -77,6 +80,7 @@ if TYPE_CHECKING:
 PATHS = (
     "jsi-process",
     "jsi-prestart",
+    "jsi-warm",
     "jsi-pod",
     "upstream-sidecar",
     "upstream-main",
@@ -124,6 +128,10 @@ def torch_path_jobset(
     annotations = js["metadata"]["annotations"]
     if path == "jsi-prestart":
         return with_prestart(js)
+    if path == "jsi-warm":
+        if model.workers != 1:
+            raise ValueError(f"jsi-warm runs one worker a pod, not {model.name}'s {model.workers}")
+        return with_warm(js, name)
     if path.startswith("jsi-"):
         annotations[names.RESTART_SCOPE] = path.removeprefix("jsi-")
         return js
@@ -172,16 +180,16 @@ class TorchBench:
         steps = newest_steps(self.logs(name))
         return len(steps) == self.model.ranks and min(steps.values()) > self.model.trained_step
 
-    def held(self, name: str) -> bool:
-        """Every pod's standby for the next epoch has done its imports and waits."""
-        pods = self.bench.pods(name)
-        logs = [
-            timed_log(self.bench.kubeconfig, self.namespace, p.metadata.name, "trainer")
-            for p in pods
-        ]
-        return len(pods) == MEMBERS and all(
-            standby_held("\n".join(line for _, line in lines)) for lines in logs
-        )
+    def trainer_log(self, pod: str) -> str:
+        lines = timed_log(self.bench.kubeconfig, self.namespace, pod, "trainer")
+        return "\n".join(line for _, line in lines)
+
+    def held(self, name: str, warm: bool = False) -> bool:
+        """Every pod's standby for the next epoch has done its imports and waits (``warm``:
+        holds a checkpoint step)."""
+        logs = [self.trainer_log(p.metadata.name) for p in self.bench.pods(name)]
+        ready = warm_held if warm else standby_held
+        return len(logs) == MEMBERS and all(ready(text) for text in logs)
 
     def back(self, name: str, crash: float) -> dict[int, RankResume] | None:
         if len(self.bench.pods(name)) != MEMBERS:
@@ -208,14 +216,25 @@ class TorchBench:
                 300,
                 1,
             )
-            if path == "jsi-prestart":  # a failure long into training: the standby is ready
-                wait_for(f"{name}: the next epoch's standby held", lambda: self.held(name), 300, 1)
+            if path in ("jsi-prestart", "jsi-warm"):  # a failure long into training:
+                warm = path == "jsi-warm"  # the standby is ready
+                wait_for(
+                    f"{name}: the next epoch's standby held",
+                    lambda: self.held(name, warm=warm),
+                    300,
+                    1,
+                )
             pods = {
                 p.metadata.labels[names.JOB_INDEX_LABEL]: p.metadata.name
                 for p in self.bench.pods(name)
             }
             victim = pods["1"]
             pid = min(worker_pids(self.kubectl, victim))
+            if path == "jsi-warm":  # the standby runs the trainer's command line too
+                released = released_pid(self.trainer_log(victim))
+                if released is None:
+                    raise RuntimeError(f"{victim}: no trainer released by the launcher")
+                pid = released
             followers = [LogFollower(self.kubectl, pod, "trainer") for pod in pods.values()]
             crash = time.time() + CRASH_LEAD_S
             before = self.bench.writes()
@@ -253,7 +272,7 @@ class TorchBench:
             rec = st.get("recovery") or {}
             at["detected"] = parse_time(rec.get("startedAt"))
             gang_step = st.get("resumeStep")
-            if path in ("jsi-process", "jsi-prestart"):
+            if path in ("jsi-process", "jsi-prestart", "jsi-warm"):
                 stopped = [
                     t for t, line in self.logs(name) if t > crash and "launcher: stopped" in line
                 ]
@@ -286,20 +305,22 @@ class TorchBench:
 # --- the summary -----------------------------------------------------------------------------
 
 
-RATIO_BASE = "jsi-prestart"  # each path's ratio: this path's first productive step to it
+# each path's ratio: this path's first productive step to it (the first of them in the run)
+RATIO_BASES = ("jsi-warm", "jsi-prestart")
 
 
 def summary(runs: list[Recovery], paths: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     """Per path: the median of every milestone, the range of the first productive step, the
-    median steps lost, whether every recovery resumed consistently, and ``RATIO_BASE``'s
-    median first productive step to this path's with its 95 % interval (:mod:`bench.stats`;
-    None: fewer than 2 of either)."""
+    median steps lost, whether every recovery resumed consistently, and the ratio base's
+    (:func:`ratio_base`) median first productive step to this path's with its 95 % interval
+    (:mod:`bench.stats`; None: fewer than 2 of either)."""
     out: dict[str, dict[str, Any]] = {}
     firsts = {
         path: [t for r in runs if r.path == path and (t := r.milestones["first_step"]) is not None]
         for path in paths
     }
-    base = firsts.get(RATIO_BASE, [])
+    base_path = ratio_base({r.path for r in runs})
+    base = firsts.get(base_path, [])
     for path in paths:
         mine = [r for r in runs if r.path == path]
         if not mine:
@@ -314,7 +335,7 @@ def summary(runs: list[Recovery], paths: tuple[str, ...]) -> dict[str, dict[str,
         lost = [float(r.steps_lost) for r in mine]
         first = firsts[path]
         ratio = None
-        if path != RATIO_BASE and len(first) >= 2 and len(base) >= 2:
+        if path != base_path and len(first) >= 2 and len(base) >= 2:
             ratio = ratio_of_medians(base, first).as_dict()
         out[path] = {
             "reps": len(mine),
@@ -327,17 +348,24 @@ def summary(runs: list[Recovery], paths: tuple[str, ...]) -> dict[str, dict[str,
             "steps_lost_interval": list(median_interval(lost)) if len(lost) > 1 else None,
             "consistent": all(r.consistent for r in mine),
             "writes_median": statistics.median(sum(r.writes.values()) for r in mine),
-            "prestart_ratio": ratio,
+            "prestart_ratio": ratio,  # (the ratio base's to this path's)
+            "ratio_base": base_path,
             "first_steps": first,  # each repetition's (the other ratios' intervals)
         }
     return out
 
 
+def ratio_base(paths: set[str]) -> str:
+    """The path every other path's ratio is to: the first of RATIO_BASES run."""
+    return next((p for p in RATIO_BASES if p in paths), RATIO_BASES[-1])
+
+
 def table(s: dict[str, dict[str, Any]]) -> str:
     """Markdown: each milestone's median (seconds after the crash; "-": the path has none, or
     the run predates it), the first productive step with its range, its ratio to
-    jobset-inplace's process scope and to upstream's main-container mode, ``RATIO_BASE``'s to
+    jobset-inplace's process scope and to upstream's main-container mode, the ratio base's to
     it with an interval, steps lost."""
+    base_path = ratio_base(set(s))
 
     def ratio(path: str, v: float, mine: list[float]) -> str:
         """``v`` (a path's median) over ``path``'s, with the 95 % interval where both paths
@@ -359,7 +387,7 @@ def table(s: dict[str, dict[str, Any]]) -> str:
         "| path | n | detected | stopped | barrier | process started | imported torch "
         "| process group | model built | restored "
         "| **first productive step** (95 % interval; range) "
-        f"| / jsi-process (95 % interval) | / upstream-main (95 % interval) | {RATIO_BASE} / path "
+        f"| / jsi-process (95 % interval) | / upstream-main (95 % interval) | {base_path} / path "
         "| steps lost (median (95 % interval), max) "
         "| one resume step |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",

@@ -114,6 +114,53 @@ def with_prestart(js: dict[str, Any]) -> dict[str, Any]:
     return js
 
 
+# The trainer's warm standby (prestart-warm): one trainer process per member (no torchrun:
+# jobset-inplace refuses it there), its identity in the environment torchrun would have given,
+# jobset_inplace's trainer library (jobset_inplace.trainer.standby) mounted from this checkout.
+LIBRARY_MOUNT = "/opt/jobset-inplace"
+WARM_HELD = re.compile(r"warm: held at step (\d+)")
+
+
+def with_warm(js: dict[str, Any], name: str) -> dict[str, Any]:
+    """The PyTorch gang ``js`` (one worker per member) with a warm standby: each member runs
+    ``python3 -u`` the trainer with ``WARM=1``, rank from its job index, member 0 the
+    rendezvous host."""
+    with_prestart(js)
+    js["metadata"]["annotations"][names.PRESTART_WARM] = "true"
+    pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    trainer = pod["containers"][0]
+    trainer["command"] = ["python3", "-u", f"/trainer/{TRAINER}"]
+    env = {e["name"]: e for e in trainer["env"]}
+    env["RANK"] = {**env.pop("NODE_RANK"), "name": "RANK"}
+    for k, v in {
+        "WORLD_SIZE": str(MEMBERS), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": master(name), "MASTER_PORT": str(MASTER_PORT), "WARM": "1",
+        "PYTHONPATH": f"{env['PYTHONPATH']['value']}:{LIBRARY_MOUNT}",
+    }.items():  # fmt: skip
+        env[k] = {"name": k, "value": v}
+    trainer["env"] = list(env.values())
+    trainer["volumeMounts"].append(
+        {"name": "jobset-inplace", "mountPath": f"{LIBRARY_MOUNT}/jobset_inplace", "readOnly": True}
+    )
+    package = Path(names.__file__).resolve().parent
+    pod["volumes"].append(
+        {"name": "jobset-inplace", "hostPath": {"path": str(package), "type": "Directory"}}
+    )
+    return js
+
+
+def warm_held(trainer_log: str) -> bool:
+    """A trainer container's log says its warm standby holds a checkpoint step."""
+    return WARM_HELD.search(trainer_log) is not None
+
+
+def released_pid(trainer_log: str) -> int | None:
+    """The pid of the trainer process the launcher last released (the running epoch's: a
+    warm standby has the same command line)."""
+    found = re.findall(r"released pre-started pid (\d+)", trainer_log)
+    return int(found[-1]) if found else None
+
+
 def standby_held(trainer_log: str) -> bool:
     """A trainer container's log says its standby for the *next* epoch has done its imports
     and waits (the hook's second such line: the first was the running epoch's own)."""

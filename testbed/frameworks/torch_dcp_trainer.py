@@ -48,12 +48,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-RANK = os.environ.get("RANK", "?")  # torchrun's
+
+def rank() -> str:
+    """This worker's rank (torchrun's; a warm standby has it once released)."""
+    return os.environ.get("RANK", "?")
 
 
 def log(msg: str) -> None:
     # one write per line: the pod's workers share its stdout
-    sys.stdout.write(f"[rank {RANK}] {msg}\n")
+    sys.stdout.write(f"[rank {rank()}] {msg}\n")
     sys.stdout.flush()
 
 
@@ -73,7 +76,7 @@ FAULTS = ("segv", "abort", "exception", "oom", "hang")
 
 def fault(root: Path) -> None:
     """Have the fault this worker was told to have, if any (see the module's docstring)."""
-    path = root / f"fault-rank-{RANK}"
+    path = root / f"fault-rank-{rank()}"
     try:
         kind = path.read_text().strip()
         path.unlink()
@@ -96,7 +99,7 @@ def fault(root: Path) -> None:
         while True:
             time.sleep(60)
     else:
-        raise ValueError(f"fault-rank-{RANK}: {kind!r} is not one of {FAULTS}")
+        raise ValueError(f"fault-rank-{rank()}: {kind!r} is not one of {FAULTS}")
 
 
 def report_progress(step: int) -> None:
@@ -216,7 +219,7 @@ def step_keeper(
         if (target / ".metadata").exists():
             return
         model_state, optim_state = get_state_dict(net, optimizer)
-        finished = root / f".kept-{step}-rank-{RANK}"  # no "step-": no layout reads it
+        finished = root / f".kept-{step}-rank-{rank()}"  # no "step-": no layout reads it
         shutil.rmtree(finished, ignore_errors=True)
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(finished),
                  no_dist=True)  # fmt: skip
@@ -232,25 +235,71 @@ MODELS: dict[str, type[Regression] | type[Transformer]] = {
 }
 
 
+def build(kind: str, rank: int) -> tuple[Regression | Transformer, torch.optim.Optimizer]:
+    """The model (seeded: every rank's alike, as DDP's first broadcast would make them) and
+    its optimizer."""
+    torch.manual_seed(0)
+    net: Regression | Transformer = MODELS[kind](rank)
+    if kind == "linear":
+        return net, torch.optim.SGD(net.parameters(), lr=0.05)
+    return net, torch.optim.AdamW(net.parameters(), lr=1e-4)
+
+
+def restore(
+    net: torch.nn.Module, optimizer: torch.optim.Optimizer, root: Path, step: int, **kw: Any
+) -> None:
+    """Load ``step-<step>`` into the model and optimizer (``no_dist=True``: without a process
+    group, as a warm standby loads)."""
+    model_state, optim_state = get_state_dict(net, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=str(root / f"step-{step}"), **kw)
+    set_state_dict(net, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def warm_start(
+    kind: str, root: Path
+) -> tuple[Regression | Transformer, torch.optim.Optimizer, int | None, dict[str, Any]]:
+    """``WARM=1`` (jobset-inplace's ``prestart-warm``, docs/trainer-contract.md): the model
+    built and the newest checkpoint loaded before the epoch's word, by
+    ``jobset_inplace.trainer.standby.wait``; (model, optimizer, the resume step, DDP's
+    arguments). The process group only after the word."""
+    from jobset_inplace.trainer import standby  # noqa: PLC0415
+
+    held: dict[str, Any] = {}
+
+    def load(step: int | None) -> None:
+        if step is None:  # from scratch: undo a speculative load
+            held["net"], held["optim"] = build(kind, 0)
+        else:
+            restore(held["net"], held["optim"], root, step, no_dist=True)
+
+    held["net"], held["optim"] = build(kind, 0)
+    run = standby.wait(
+        load, lambda: newest_step(root), marker=lambda s: root / f"step-{s}" / ".metadata"
+    )
+    log(f"released: resume step {run.resume_step}, loaded {run.loaded_step}, warm {run.warm}")
+    held["net"].rank = int(os.environ["RANK"])
+    return held["net"], held["optim"], run.resume_step, standby.ddp_kwargs(run)
+
+
 def main() -> int:
     kind = os.environ.get("MODEL", "linear")
     if kind not in MODELS:
         raise ValueError(f"MODEL: {kind!r} is not one of {sorted(MODELS)}")
-    dist.init_process_group("gloo")
-    log("process group ready")
-    torch.manual_seed(0)
     steps = int(os.environ.get("STEPS", "400"))
     save_every = int(os.environ.get("SAVE_EVERY", "10"))
     pause = float(os.environ.get("STEP_SECONDS", "0.1"))
     root = Path(os.environ["CHECKPOINT_DIR"])
+    warm = os.environ.get("WARM") == "1"
+    if warm:
+        net, optimizer, start, ddp_kwargs = warm_start(kind, root)
+    dist.init_process_group("gloo")
+    log("process group ready")
     world = int(dist.get_world_size())
-
-    net: Regression | Transformer = MODELS[kind](dist.get_rank())
-    model = DistributedDataParallel(net)
-    if kind == "linear":
-        optimizer: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    if not warm:
+        net, optimizer = build(kind, dist.get_rank())
+        start, ddp_kwargs = newest_step(root), {}
+    model = DistributedDataParallel(net, **ddp_kwargs)
     count = sum(p.numel() for p in net.parameters())
     log(f"model built: {kind}, {count} parameters")
 
@@ -260,17 +309,12 @@ def main() -> int:
         dist.all_reduce(loss)
         return float(loss) / world
 
-    start = newest_step(root)
     if start is None:
         start = 0
         log(f"started {world} workers, no checkpoint: from step 0")
     else:
-        model_state, optim_state = get_state_dict(net, optimizer)
-        state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=str(root / f"step-{start}"))
-        set_state_dict(
-            net, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
-        )
+        if not warm:
+            restore(net, optimizer, root, start)
         # the loss of the restored parameters on the next step's batch: the loss that step
         # logged before the crash
         log(f"resumed at step {start} loss {global_loss(start + 1):.6e}")

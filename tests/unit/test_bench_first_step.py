@@ -12,13 +12,17 @@ from bench import first_step, upstream
 from bench.first_step import Recovery, torch_path_jobset
 from jobset_inplace import names
 from jobset_inplace.core.admission import validate, warnings
+from jobset_inplace.core.transform import AgentSettings, transform
 from testbed.torchgang import (
+    LINEAR,
     TORCHRUN_OWN_STORES,
     TRANSFORMER,
     last_step_before,
     master,
     rank_resumes,
+    released_pid,
     torch_jobset,
+    warm_held,
 )
 
 CRASH = 100.0
@@ -152,9 +156,39 @@ def test_the_real_size_model_runs_one_worker_a_pod_on_every_path(tmp_path: Path)
         argv = " ".join(trainer["command"])
         env = {e["name"]: e.get("value") for e in trainer["env"]}
         argv = env.get("WORKER_COMMAND", argv)  # upstream-main: its agent runs torchrun
-        assert "--nproc-per-node=1" in argv, path
+        if path == "jsi-warm":  # the trainer itself, one a pod, its identity torchrun's would be
+            assert argv == "python3 -u /trainer/torch_dcp_trainer.py"
+            assert (env["WORLD_SIZE"], env["LOCAL_RANK"], env["WARM"]) == ("2", "0", "1")
+        else:
+            assert "--nproc-per-node=1" in argv, path
         assert (env["MODEL"], env["SAVE_EVERY"], env["STEP_SECONDS"]) == ("transformer", "5", "0")
     assert TRANSFORMER.ranks == 2
+
+
+def test_the_warm_gang_is_one_the_webhook_takes_and_needs_one_worker_a_pod(tmp_path: Path) -> None:
+    js = torch_path_jobset("jsi-warm", "m", tmp_path, tmp_path / "site", TRANSFORMER)
+    assert validate(js) == (True, "")
+    out = transform(js, AgentSettings(image="jobset-inplace/python:local"))
+    trainer = out["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    env = {e["name"]: e for e in trainer["env"]}
+    assert env["JSI_PRESTART_WARM"]["value"] == "1"
+    assert env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"].endswith("job-index']")
+    with pytest.raises(ValueError, match="one worker a pod"):
+        torch_path_jobset("jsi-warm", "m", tmp_path, tmp_path / "site", LINEAR)
+
+
+def test_the_victim_of_a_warm_gang_is_the_released_trainer_not_its_standby() -> None:
+    log = (
+        "launcher: epoch 1: released pre-started pid 7 (resume step None)\n"
+        "standby[9]: warm: held at step None\n"
+        "launcher: epoch 2: released pre-started pid 9 (resume step 10)\n"
+    )
+    assert released_pid(log) == 9
+    assert released_pid("launcher: epoch 1: started python3 t.py (pid 7, ...)") is None
+    assert not warm_held("standby[9]: warm: held at step None")
+    assert warm_held(log + "standby[11]: warm: held at step 10 (loaded in 4.10 s)")
 
 
 def test_each_paths_ratio_to_the_prestarted_scope_has_an_interval() -> None:
