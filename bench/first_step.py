@@ -49,6 +49,7 @@ from bench import upstream
 from bench.stats import Ratio, median_interval, ratio_of_medians
 from jobset_inplace import names
 from jobset_inplace.times import parse_time
+from jobset_inplace.trainer.standby import LOADED_AGAIN
 from testbed import images
 from testbed.controller import gang_state
 from testbed.demo import timed_log
@@ -117,6 +118,9 @@ class Recovery:
     last_step: int  # the newest step logged before the crash
     steps_lost: int  # last_step - the resume step (the lowest, if inconsistent)
     writes: dict[str, int] = field(default_factory=dict)
+    # jsi-warm: how many ranks' standbys loaded again at the word (the step they held was not
+    # the gang's); None: other paths
+    warm_reloads: int | None = None
 
 
 def torch_path_jobset(
@@ -289,6 +293,9 @@ class TorchBench:
         last = last_step_before(old, crash)
         if last is None:
             raise RuntimeError(f"{name}: no step logged before the crash")
+        reloads = None
+        if path == "jsi-warm":
+            reloads = sum(t > crash and LOADED_AGAIN in line for t, line in self.logs(name))
         return Recovery(
             path,
             rep,
@@ -299,6 +306,7 @@ class TorchBench:
             last,
             last - min(agreed, default=0),
             writes,
+            reloads,
         )
 
 
@@ -351,6 +359,10 @@ def summary(runs: list[Recovery], paths: tuple[str, ...]) -> dict[str, dict[str,
             "prestart_ratio": ratio,  # (the ratio base's to this path's)
             "ratio_base": base_path,
             "first_steps": first,  # each repetition's (the other ratios' intervals)
+            # jsi-warm: repetitions in which a standby loaded again at the word
+            "warm_reloaded": sum(bool(r.warm_reloads) for r in mine)
+            if path == "jsi-warm"
+            else None,
         }
     return out
 

@@ -13,9 +13,9 @@ reasons: docs/design/warm-standby.md)::
 :func:`wait` is the same call for every start. In a warm standby (held by the pre-start hook,
 :mod:`jobset_inplace.prestart`) it loads ``newest()`` unless the word came already, logs
 ``warm: held at step S``, and waits for the word, loading again when ``newest()`` moves (at
-most every ``refresh_s``); at the word it has the epoch's environment back and calls
-``load(resume_step)`` unless that step is the one loaded and its ``marker`` file is the one
-seen then (a step saved again is loaded again). In any other start (cold, or a standby held
+most every ``refresh_s``; where it held none, as soon as there is one); at the word it has the
+epoch's environment back and calls ``load(resume_step)`` unless that step is the one loaded
+and its ``marker`` file is the one seen then (a step saved again is loaded again). In any other start (cold, or a standby held
 before the script) it calls ``load(resume_step)`` unless that is None. ``load(None)`` means
 "from scratch": it must undo a speculative load.
 
@@ -45,6 +45,7 @@ REFRESH_S = 30.0  # a held standby loads a newer checkpoint at most this often
 POLL_S = 0.02  # how often a held standby looks for its word (as the launcher polls)
 CHECK_S = 1.0  # how often it looks for CUDA or a process group it must not have, and newest()
 HELD = "warm: held at step"  # its log line once loaded (the bench waits for it)
+LOADED_AGAIN = "loaded again"  # its log line's end at the word when the step held was not it
 
 Load = Callable[[int | None], object]
 Marker = Callable[[int], str | os.PathLike[str]]
@@ -133,7 +134,7 @@ def wait(
             if now - checked >= CHECK_S:
                 checked = now
                 _end_if_started(hook)
-                if now - loaded_at >= refresh_s:
+                if loaded is None or now - loaded_at >= refresh_s:  # (the first: at once)
                     step = newest()
                     if step is not None and (step != loaded or _identity(marker, step) != seen):
                         loaded, seen, loaded_at = _speculate(load, step, marker)
@@ -144,7 +145,7 @@ def wait(
     if resume != loaded or (resume is not None and _identity(marker, resume) != seen):
         if resume is not None or loaded is not None:
             load(resume)  # the gang's step is not the one held (or the held one was re-saved)
-        _log(f"epoch {epoch}: released at step {resume}; loaded {loaded} before: loaded again")
+        _log(f"epoch {epoch}: released at step {resume}; loaded {loaded} before: {LOADED_AGAIN}")
         loaded = resume
     else:
         _log(f"epoch {epoch}: released at step {resume}: already loaded")

@@ -151,6 +151,17 @@ def test_a_newer_checkpoint_while_held_is_loaded_at_most_every_refresh(
     assert loads.steps == [10, 20], "within refresh_s: no reload while held, one at the word"
 
 
+def test_a_standby_that_held_no_checkpoint_loads_the_first_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    newest = iter([None, None, 5, 5, 5])
+    held(monkeypatch, FakeHook(5, polls=4))
+    loads = Loads()
+    run = standby.wait(loads, lambda: next(newest), refresh_s=3600, poll_s=0)
+    assert loads.steps == [5], "loaded when it appeared, not refresh_s after the warm-up"
+    assert run.loaded_step == 5
+
+
 def test_a_standby_that_started_cuda_or_a_process_group_ends(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
