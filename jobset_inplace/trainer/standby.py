@@ -15,9 +15,9 @@ reasons: docs/design/warm-standby.md)::
 ``warm: held at step S``, and waits for the word, loading again when ``newest()`` moves (at
 most every ``refresh_s``; where it held none, as soon as there is one); at the word it has the
 epoch's environment back and calls ``load(resume_step)`` unless that step is the one loaded
-and its ``marker`` file is the one seen then (a step saved again is loaded again). In any other start (cold, or a standby held
-before the script) it calls ``load(resume_step)`` unless that is None. ``load(None)`` means
-"from scratch": it must undo a speculative load.
+and its ``marker`` file is the one seen then (a step saved again is loaded again). In any
+other start (cold, or a standby held before the script) it calls ``load(resume_step)``
+unless that is None. ``load(None)`` means "from scratch": it must undo a speculative load.
 
 Before its word a warm standby runs on one intra-op thread (the running epoch has the cores),
 and must not start CUDA or a process group: the hook makes both raise, and a standby found
