@@ -51,6 +51,7 @@ REALNODE = ROOT / "docs" / "bench" / "realnode.json"
 REALNODE_DEATHS = realnode_deaths.DEFAULT_OUT
 TORCH = ROOT / "docs" / "bench" / "realnode-torch.json"
 TORCH_REAL_SIZE = TRANSFORMER_OUT
+TORCH_WARM = ROOT / "docs" / "bench" / "realnode-torch-warm.json"  # the warm standby's run
 CPU_FLOOR = ROOT / "docs" / "bench" / "cpu-first-step-floor.json"  # bench/gpu's script, on CPU
 GOAL_RATIO = 0.5  # issue 56: pre-started <= 50 % of torchrun --max-restarts and of upstream's
 SCALE = ROOT / "docs" / "bench" / "kwok-scale-2026-11-28" / "results.json"
@@ -792,6 +793,13 @@ def realnode_torch_real_size(doc: dict[str, Any], path: Path = TORCH_REAL_SIZE) 
             f"- `{base}` / `{peer}`: {ratio.text()}; the goal "
             f"(<= {GOAL_RATIO:.2f}x, the interval under it): {verdict}."
         )
+    warm = s.get("jsi-warm")
+    if warm is not None and warm.get("warm_reloaded") is not None:
+        lines.append(
+            f"- `jsi-warm`: a standby loaded the checkpoint again after its word (the gang's "
+            f"step was not the one it held) in {warm['warm_reloaded']} of {warm['reps']} "
+            "repetitions."
+        )
     return "\n".join(lines)
 
 
@@ -1201,6 +1209,11 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
         ROOT / "docs" / "benchmarks.md",
         realnode_torch_real_size,
         (TORCH_REAL_SIZE,),
+    ),
+    "realnode-torch-warm": (
+        ROOT / "docs" / "benchmarks.md",
+        lambda doc: realnode_torch_real_size(doc, TORCH_WARM),
+        (TORCH_WARM,),
     ),
     "kwok-scale": (ROOT / "docs" / "benchmarks.md", kwok_scale, (SCALE,)),
     "kwok-paths": (ROOT / "docs" / "benchmarks.md", kwok_paths, (PATHS,)),

@@ -36,18 +36,25 @@ from testbed.torchgang import (
     RANKS,
     TRANSFORMER,
     WORKERS,
+    Model,
     RankRuns,
     kill_worker,
     rank_runs,
+    released_pid,
     stand_ins,
     standby_held,
     torch_jobset,
+    warm_held,
     with_prestart,
+    with_warm,
     worker_pids,
 )
 from testbed.versions import binaries
 
 pytestmark = pytest.mark.e2e
+
+# The tests' model with one worker a pod: a warm standby is one trainer process a container.
+ONE_WORKER = Model("linear", 1, trained_step=40)
 
 
 def gang_logs(kubeconfig: Path, kube: Clients, namespace: str) -> str:
@@ -58,20 +65,22 @@ def gang_logs(kubeconfig: Path, kube: Clients, namespace: str) -> str:
     )
 
 
-def past_the_resume(logs: str, resume: int, steps: int) -> dict[int, RankRuns] | None:
+def past_the_resume(
+    logs: str, resume: int, steps: int, ranks: int = RANKS
+) -> dict[int, RankRuns] | None:
     """Every rank's runs once each has resumed and logged step ``resume + steps``; None
     before."""
     runs = rank_runs(logs)
-    done = len(runs) == RANKS and all(
+    done = len(runs) == ranks and all(
         r.resumed_at and resume + steps in r.runs[-1] for r in runs.values()
     )
     return runs if done else None
 
 
-def every_rank_at(logs: str, step: int) -> bool:
+def every_rank_at(logs: str, step: int, ranks: int = RANKS) -> bool:
     """Every rank's latest run (since its latest resume) has logged ``step``."""
     runs = rank_runs(logs)
-    return len(runs) == RANKS and all(step in r.runs[-1] for r in runs.values())
+    return len(runs) == ranks and all(step in r.runs[-1] for r in runs.values())
 
 
 @pytest.mark.parametrize("start", ["cold", "prestart"])
@@ -141,6 +150,79 @@ def test_torchrun_ranks_resume_from_one_dcp_step_and_no_old_worker_survives(
         f"worker of member 1 killed after step 40; every rank resumed at step {resume}; loss at "
         f"step {resume + 1}: {runs[0].runs[-1][resume + 1]:.6e}; worker pids before {old}, "
         f"after {new}"
+    )
+
+
+@pytest.mark.usefixtures("torch_trainer")
+def test_a_warm_standby_resumes_every_rank_at_the_gangs_step_with_its_model_held(
+    cluster_kubeconfig: Path,
+    kube: Clients,
+    namespace: str,
+    torch_site: Path,
+    tmp_path: Path,
+) -> None:
+    """``prestart-warm``: one trainer a member (``python3 -u``, no torchrun), each epoch's
+    standby built its model and loaded the newest step before its word. The running trainer of
+    member 1 is SIGKILLed: every rank resumes at the gang's step with the losses of the run
+    before it, the standby released is the process that trains (not a cold one), and no
+    process of the old epoch is left."""
+    js = with_warm(torch_jobset(tmp_path / "shared", torch_site, model=ONE_WORKER), "gang")
+    create_jobset(kube, namespace, js)
+    kubectl = [str(binaries().kubectl), "--kubeconfig", str(cluster_kubeconfig), "-n", namespace]
+
+    def logs() -> str:
+        return gang_logs(cluster_kubeconfig, kube, namespace)
+
+    def log_of(pod: str) -> str:
+        return started_trainer_log(cluster_kubeconfig, namespace, pod)
+
+    ranks = ONE_WORKER.ranks
+    wait_for(f"all {ranks} ranks past step 40", lambda: every_rank_at(logs(), 40, ranks), 600)
+    pods = member_pods(kube, namespace, "gang")
+    wait_for(
+        "every pod's standby holding a step",
+        lambda: all(warm_held(log_of(p.metadata.name)) for p in pods.values()),
+        600,
+    )
+    before = {i: p.metadata.uid for i, p in pods.items()}
+    running = {i: released_pid(log_of(p.metadata.name)) for i, p in pods.items()}
+    assert None not in running.values(), running
+    standbys = {i: worker_pids(kubectl, p.metadata.name) - {running[i]} for i, p in pods.items()}
+    assert all(len(s) == 1 for s in standbys.values()), f"one standby a pod: {standbys}"
+    victim = running["1"]
+    assert victim is not None
+    kill_worker(kubectl, pods["1"].metadata.name, victim)
+
+    st = barrier_open(kube, namespace, "gang", 2, 300)
+    resume = st["resumeStep"]
+    assert isinstance(resume, int)
+    runs = wait_for(
+        f"all {ranks} ranks 3 steps past the resume",
+        lambda: past_the_resume(logs(), resume, 3, ranks),
+        300,
+    )
+    after = member_pods(kube, namespace, "gang")
+    assert {i: p.metadata.uid for i, p in after.items()} == before, "in place: same pods"
+    for rank, mine in runs.items():
+        assert mine.resumed_at == [resume], f"rank {rank} resumed at {mine.resumed_at}"
+        first, last = mine.runs[0], mine.runs[-1]
+        assert first[1] > 10 * last[resume + 1], "the resumed run is trained, not from scratch"
+        for step in range(resume + 1, resume + 4):
+            if step in first:
+                assert last[step] == pytest.approx(first[step], rel=1e-5), (rank, step)
+    for i, p in after.items():
+        text = log_of(p.metadata.name)
+        now = released_pid(text)
+        assert {now} == standbys[i], f"member {i}: released {now}, its standby was {standbys[i]}"
+        # the standby released had built its model and loaded a step before its word
+        assert f"standby[{now}]: warm: held at step" in text, f"member {i}: not held warm"
+        assert f"standby[{now}]: epoch 2: released at step {resume}" in text, i
+        left = worker_pids(kubectl, p.metadata.name)
+        assert running[i] not in left, f"member {i}: the old trainer {running[i]} is left"
+    print(
+        f"\nwarm standby: member 1's trainer (pid {victim}) SIGKILLed after step 40; every rank "
+        f"resumed at step {resume} in its standby ({standbys}), loss at step {resume + 1}: "
+        f"{runs[0].runs[-1][resume + 1]:.6e}"
     )
 
 

@@ -38,9 +38,12 @@ script builds its model and loads the newest checkpoint before its word, in
 :func:`jobset_inplace.trainer.standby.wait`, which waits on the same word and lets the script
 go with the epoch's step (docs/design/warm-standby.md). Until the word the hook withholds the
 variables a process group needs (``WITHHELD``: an ``env://`` ``init_process_group`` fails
-rather than reach the running epoch's store) and makes CUDA's start and
-``torch.distributed.init_process_group`` raise (a device context or a process group must
-not exist beside the running epoch's); :func:`release` gives them back.
+rather than reach the running epoch's store) and makes CUDA's start,
+``torch.distributed.init_process_group`` and a backward pass raise wherever torch's modules
+hold them (a device context or a process group must not exist beside the running epoch's, and
+nothing trains before its epoch: ``GUARDS``); :func:`release` gives the variables back and the
+guards call through. Launchers that start the trainer's processes themselves are held as
+without warm (``WARM_REFUSED``).
 
 What a pre-import cannot do: a module that reads the epoch, the step, the checkpoint or a
 per-worker variable (``RANK``, ``LOCAL_RANK``, ...) *at import time* reads them before they
@@ -236,6 +239,38 @@ def wait_for_word(go: str) -> tuple[str, str, dict[str, str]] | None:
 
 
 # --- the worker forker: a held torchrun's, for the workers it starts once released ----------
+
+
+# Launchers that start the trainer's processes themselves (after a rendezvous of their own): a
+# warm standby must be the trainer's own process. Console scripts and modules.
+WARM_REFUSED = (
+    *LAUNCHES_WORKERS,
+    "torch.distributed.launch",
+    "accelerate",
+    "accelerate.commands.launch",
+    "accelerate.commands.accelerate_cli",
+    "deepspeed",
+    "deepspeed.launcher.runner",
+)
+
+
+def warm_refusal(command: list[str]) -> str | None:
+    """Why ``command`` (a container's command and args, or an interpreter's ``sys.orig_argv``)
+    cannot be a warm standby (None: it can): a launcher that starts the trainer's processes
+    after its own rendezvous, or code the hook cannot tell (``-c``, standard input)."""
+    program = os.path.basename(command[0]) if command else ""
+    if program in WARM_REFUSED:
+        name, kind = program, "script"
+    else:
+        _, kind, name = python_argv(command)
+    if kind == "code":
+        return "python -c or standard input: run the trainer as a script or -m module"
+    if (os.path.basename(name) if kind == "script" else name) in WARM_REFUSED:
+        return (
+            f"{name} starts the trainer's processes after its own rendezvous, so none can hold "
+            "a model before its epoch: run the trainer as python3 train.py, one a container"
+        )
+    return None
 
 
 def launches_workers(argv: list[str]) -> bool:
@@ -658,6 +693,7 @@ class WarmHold:
         self.go: str | None = None
         self.withheld: dict[str, str] = {}
         self.released = False
+        self.set_nvml_check = False  # the hook set PYTORCH_NVML_BASED_CUDA_CHECK (undone)
 
 
 _warm = WarmHold()
@@ -682,14 +718,30 @@ def word_given() -> bool:
 
 
 def warm_hold(go: str) -> None:
-    """Make this process a warm standby: withhold WITHHELD, guard the device and the process
-    group; the script's standby.wait holds it until the word."""
+    """Make this process a warm standby: withhold WITHHELD, guard the device, the process
+    group and training; the script's standby.wait holds it until the word."""
     _warm.withheld = {k: os.environ.pop(k) for k in WITHHELD if k in os.environ}
     _warm.go = go
+    # the word's path is this process's alone: a Python process it starts before the word
+    # (a helper, a data loader's worker) starts as any would, not as another standby
+    os.environ.pop(ENV_GO, None)
     # torch.cuda.is_available() asks NVML, not cuInit, before the word (torch/cuda/__init__.py)
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    if "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ:
+        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+        _warm.set_nvml_check = True
     sys.modules[MODULE] = sys.modules[__name__]
     guard_torch()
+
+
+GUARDED = "_jobset_inplace_guarded"  # the attribute that marks a guard (not functools' own)
+# What a warm standby must not do before its word, as (module prefix, function, what it is):
+# every module under the prefix that holds the function (``from . import _lazy_init``
+# copies it into torch.cuda.random, torch.cuda.memory, ...) gets the guard.
+GUARDS = (
+    ("torch.cuda", "_lazy_init", "CUDA"),
+    ("torch.distributed", "init_process_group", "a process group"),
+    ("torch.autograd", "backward", "training (a backward pass)"),
+)
 
 
 def _refuse_until_word(what: str, original: object) -> object:
@@ -701,25 +753,33 @@ def _refuse_until_word(what: str, original: object) -> object:
             )
         return original(*args, **kwargs)  # type: ignore[operator]
 
-    guarded.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(guarded, GUARDED, original)
     return guarded
 
 
 def guard_torch() -> None:
-    """Until the word, CUDA's start and init_process_group raise (once torch is imported; a
-    second call guards what was imported since). After the word the guards call through."""
-    torch = sys.modules.get("torch")
-    if torch is not None and "torch.distributed" not in sys.modules:  # (torch imports it)
+    """Until the word, CUDA's start, init_process_group and a backward pass raise, wherever a
+    torch module holds them (once torch is imported; a later call guards what was imported
+    since). After the word the guards call through."""
+    if "torch" in sys.modules and "torch.distributed" not in sys.modules:  # (torch imports it)
         with contextlib.suppress(ImportError):
             importlib.import_module("torch.distributed")
-    targets = (
-        (getattr(torch, "cuda", None), "_lazy_init", "CUDA"),
-        (sys.modules.get("torch.distributed"), "init_process_group", "a process group"),
-    )
-    for module, name, what in targets:
-        original = getattr(module, name, None)
-        if callable(original) and not hasattr(original, "__wrapped__"):
-            setattr(module, name, _refuse_until_word(what, original))
+    for prefix, name, what in GUARDS:
+        home = sys.modules.get(prefix)
+        original = getattr(home, name, None)
+        if not callable(original):
+            continue
+        original = getattr(original, GUARDED, original)
+        guarded = None
+        for module_name, module in list(sys.modules.items()):
+            if module is None or not (
+                module_name == prefix or module_name.startswith(prefix + ".")
+            ):
+                continue
+            for attr, value in list(vars(module).items()):
+                if value is original:
+                    guarded = guarded or _refuse_until_word(what, original)
+                    setattr(module, attr, guarded)
 
 
 def torch_started() -> str | None:
@@ -745,6 +805,8 @@ def release() -> tuple[str, str]:
         _flush()
         os._exit(EXIT_NO_WORD)
     os.environ.update(_warm.withheld)
+    if _warm.set_nvml_check:
+        os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
     os.environ.update(word[2])
     os.environ[ENV_EPOCH], os.environ[ENV_RESUME_STEP] = word[0], word[1]
     os.environ.pop(ENV_GO, None)
@@ -790,10 +852,13 @@ def hold(go: str) -> None:
         _log("an import initialised CUDA: a device context must not wait beside the running epoch")
         os._exit(EXIT_CUDA)
     orig = getattr(sys, "orig_argv", [])  # Python 3.10+
-    if os.environ.get(ENV_WARM) == "1" and not launches_workers(orig):
-        warm_hold(go)
-        _log(f"imported {','.join(names)} in {time.monotonic() - began:.2f} s; {WARM_HELD}")
-        return
+    if os.environ.get(ENV_WARM) == "1":
+        why = warm_refusal(orig)
+        if why is None:
+            warm_hold(go)
+            _log(f"imported {','.join(names)} in {time.monotonic() - began:.2f} s; {WARM_HELD}")
+            return
+        _log(f"not a warm standby ({why}): held before the script")
     _log(f"imported {','.join(names)} in {time.monotonic() - began:.2f} s; {HELD}")
     socket_path = start_forker(go + FORKER_SUFFIX) if launches_workers(orig) else None
     word = wait_for_word(go)

@@ -155,10 +155,10 @@ def warm_held(trainer_log: str) -> bool:
 
 
 def released_pid(trainer_log: str) -> int | None:
-    """The pid of the trainer process the launcher last released (the running epoch's: a
-    warm standby has the same command line)."""
-    found = re.findall(r"released pre-started pid (\d+)", trainer_log)
-    return int(found[-1]) if found else None
+    """The pid of the trainer process the launcher last started or released: the running
+    epoch's (a warm standby has the same command line)."""
+    found = re.findall(r"released pre-started pid (\d+)|: started .* \(pid (\d+),", trainer_log)
+    return int(found[-1][0] or found[-1][1]) if found else None
 
 
 def standby_held(trainer_log: str) -> bool:

@@ -21,6 +21,11 @@ checkpoint restored, first step):
   process scope's ``prestart-imports``); with ``--prestart-cuda`` also its CUDA context and
   with ``--prestart-read`` the checkpoint's files read while it waits (each measured as a way
   of its own before it is kept);
+* ``warm``: a process started before the crash that has also built the model and AdamW on the
+  CPU and loaded the checkpoint into them without a process group (jobset-inplace's
+  ``prestart-warm``, docs/design/warm-standby.md); after the word: CUDA, the process group,
+  the copy to the device, the first step. ``warm-reload``: the same, with the checkpoint
+  loaded again after the word (the gang's step was not the one held);
 * ``torchrun``: ``torchrun --standalone --max-restarts`` restarting its worker;
 * ``floor``: inside a live process: the process group made again and the checkpoint loaded
   into the model it has (no process start, no import, no CUDA start): the physical limit.
@@ -44,7 +49,16 @@ from pathlib import Path
 from typing import Any
 
 MILESTONES = ("started", "imported", "cuda", "group", "built", "restored", "first_step")
-WAYS = ("cold", "prestart", "prestart-cuda", "prestart-read", "torchrun", "floor")
+WAYS = (
+    "cold",
+    "prestart",
+    "prestart-cuda",
+    "prestart-read",
+    "warm",
+    "warm-reload",
+    "torchrun",
+    "floor",
+)
 
 
 # --- the trainer (this file run with --trainer) ------------------------------------------------
@@ -68,6 +82,42 @@ def trainer(args: argparse.Namespace) -> int:
 
     mark("imported")
     cuda = args.device == "cuda"
+    warm = os.environ.get("JSI_GPU_WARM")  # "1" or "reload": held with the state loaded
+
+    def restore(model: Any, optim: Any, **kw: Any) -> None:
+        """The model and the optimizer's moments from the checkpoint (get_state_dict makes
+        the optimizer's state first: a new AdamW has none to load into)."""
+        model_state, optim_state = get_state_dict(model, optim)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=args.ckpt, **kw)
+        set_state_dict(
+            model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+
+    if go and warm:  # a warm standby: the model built and loaded on the CPU before the word
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # (as jobset_inplace.trainer.standby holds it)
+        model, optim = build(args, "cpu")
+        restore(model, optim, no_dist=True)
+        print("@held", flush=True)
+        while not Path(go).exists():
+            time.sleep(0.005)
+        mark("started")
+        torch.set_num_threads(threads)
+        if warm == "reload":
+            restore(model, optim, no_dist=True)
+        if cuda:
+            torch.cuda.set_device(0)
+            torch.empty(1, device="cuda")
+        mark("cuda")
+        _group(args, dist, cuda)
+        mark("group")
+        model.to(args.device)
+        optim.load_state_dict(optim.state_dict())  # the moments follow the parameters
+        mark("built")
+        mark("restored")
+        _train(args, model, optim)
+        return 0
     if go:  # pre-started: what may be done before the word, then wait for it
         if os.environ.get("JSI_GPU_PRESTART_CUDA") and cuda:
             torch.cuda.init()
@@ -86,27 +136,12 @@ def trainer(args: argparse.Namespace) -> int:
         torch.cuda.set_device(0)
         torch.empty(1, device="cuda")
     mark("cuda")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(args.port))
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    dist.init_process_group("nccl" if cuda else "gloo")
+    _group(args, dist, cuda)
     mark("group")
-    model, optim = build(args)
+    model, optim = build(args, args.device)
     mark("built")
-
-    def restore() -> None:
-        """The model and the optimizer's moments from the checkpoint (get_state_dict makes
-        the optimizer's state first: a new AdamW has none to load into)."""
-        model_state, optim_state = get_state_dict(model, optim)
-        state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=args.ckpt)
-        set_state_dict(
-            model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"]
-        )
-
     if Path(args.ckpt, ".metadata").exists():
-        restore()
+        restore(model, optim)
         mark("restored")
     else:
         step(args, model, optim)  # the optimizer's state exists once a step was taken
@@ -123,15 +158,33 @@ def trainer(args: argparse.Namespace) -> int:
             dist.destroy_process_group()
             dist.init_process_group("nccl" if cuda else "gloo")
             group = time.time()
-            restore()
+            restore(model, optim)
             restored = time.time()
             step(args, model, optim)
             print(f"@floor {began:.6f} {group:.6f} {restored:.6f} {time.time():.6f}", flush=True)
             return 0
 
 
-def build(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The model (a decoder-sized transformer stack over an embedding) and its AdamW."""
+def _group(args: argparse.Namespace, dist: Any, cuda: bool) -> None:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(args.port))
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    dist.init_process_group("nccl" if cuda else "gloo")
+
+
+def _train(args: argparse.Namespace, model: Any, optim: Any) -> None:
+    """Steps until killed, the first marked."""
+    n = 0
+    while True:
+        step(args, model, optim)
+        n += 1
+        mark("first_step" if n == 1 else "step")
+
+
+def build(args: argparse.Namespace, device: str) -> tuple[Any, Any]:
+    """The model (a decoder-sized transformer stack over an embedding) and its AdamW, on
+    ``device``."""
     import torch as t  # noqa: PLC0415
 
     dtype = t.bfloat16 if args.device == "cuda" else t.float32
@@ -140,7 +193,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
     )
     body = t.nn.TransformerEncoder(layer, args.layers, enable_nested_tensor=False)
     model = t.nn.Sequential(t.nn.Embedding(args.vocab, args.width, dtype=dtype), body)
-    model = model.to(args.device)
+    model = model.to(device)
     optim = t.optim.AdamW(model.parameters(), lr=1e-4)
     return model, optim
 
@@ -251,13 +304,15 @@ def one(args: argparse.Namespace, way: str, work: Path) -> dict[str, float]:
     running = Proc(cmd, env)
     running.until("@step", args.timeout)
     standby = None
-    if way.startswith("prestart"):
+    if way.startswith(("prestart", "warm")):
         go = work / f"go-{time.time_ns()}"
         senv = dict(env, JSI_GPU_GO=str(go))
         if way == "prestart-cuda":
             senv["JSI_GPU_PRESTART_CUDA"] = "1"
         if way == "prestart-read":
             senv["JSI_GPU_PRESTART_READ"] = "1"
+        if way.startswith("warm"):
+            senv["JSI_GPU_WARM"] = "reload" if way == "warm-reload" else "1"
         standby = Proc(cmd, senv)
         standby.until("@held", args.timeout)
     at = running.kill()

@@ -347,13 +347,11 @@ def _launch(
 
 def _warm(container: dict[str, Any], argv: list[str], where: str) -> None:
     """prestart-warm: the trainer's own process holds itself (one per container)."""
-    program = argv[0].rsplit("/", 1)[-1] if argv else ""
-    if program in prestart.LAUNCHES_WORKERS or prestart.launches_workers(argv):
+    why = prestart.warm_refusal(argv)
+    if why is not None:
         raise TransformError(
-            f"{where}.command: {names.PRESTART_WARM} is refused for torchrun (its workers are "
-            "new processes it starts after the word, so none can hold a model before it): run "
-            f"the trainer as python3 train.py, one per container, or leave {names.PRESTART_WARM} "
-            f"out ({names.PRESTART_IMPORTS} alone pre-starts torchrun)"
+            f"{where}.command: {names.PRESTART_WARM} is refused: {why} (or leave "
+            f"{names.PRESTART_WARM} out: {names.PRESTART_IMPORTS} alone pre-starts launchers)"
         )
     container["env"] = _add_by_name(container["env"], {"name": ENV_PRESTART_WARM, "value": "1"})
 

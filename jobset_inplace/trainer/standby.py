@@ -105,6 +105,55 @@ class _Threads:
             self.set(self.before)  # type: ignore[misc]
 
 
+class _Held:
+    """What a standby holds while it waits: the step loaded (None: as built), its marker's
+    identity seen before the load, when the load ended, and whether a load failed part way
+    (the tensors are then neither as built nor any step's: the word's step is loaded whatever
+    it is)."""
+
+    def __init__(self, load: Load, marker: Marker | None) -> None:
+        self.load, self.marker = load, marker
+        self.step: int | None = None
+        self.seen: tuple[int, int, int] | None = None
+        self.at = time.monotonic()
+        self.dirty = False
+
+    def speculate(self, step: int | None) -> None:
+        """Load ``step`` (the newest) while held; a failure (a step pruned or saved again
+        while read) is logged, and the word's step loaded at the word."""
+        seen = _identity(self.marker, step)
+        began = time.monotonic()
+        try:
+            if step is not None:
+                self.load(step)
+        except Exception as e:  # the running epoch's files: anything may happen to them
+            self.step, self.seen, self.at, self.dirty = None, None, time.monotonic(), True
+            _log(f"warm: loading step {step} failed ({type(e).__name__}: {e}): at the word")
+            return
+        self.step, self.seen, self.at, self.dirty = step, seen, time.monotonic(), False
+        took = self.at - began
+        _log(f"{HELD} {step}" + ("" if step is None else f" (loaded in {took:.2f} s)"))
+
+    def due(self, now: float, refresh_s: float) -> bool:
+        """Whether to look for a newer step: where it holds none (and no load failed), at
+        once; else every ``refresh_s``."""
+        return (self.step is None and not self.dirty) or now - self.at >= refresh_s
+
+    def stale(self, step: int | None) -> bool:
+        """Whether ``step`` is not what it holds (another step, or saved again since)."""
+        if self.dirty or step != self.step:
+            return True
+        return step is not None and _identity(self.marker, step) != self.seen
+
+
+def _newest(newest: Callable[[], int | None]) -> int | None:
+    try:
+        return newest()
+    except Exception as e:  # (as a failed load: the running epoch's directory)
+        _log(f"warm: newest() failed ({type(e).__name__}: {e})")
+        return None
+
+
 def wait(
     load: Load,
     newest: Callable[[], int | None],
@@ -123,47 +172,34 @@ def wait(
         return Released(os.environ.get(ENV_EPOCH, ""), step, step, warm=False)
     hook.guard_torch()  # what the script imported since the hook ran
     _end_if_started(hook)
+    held = _Held(load, marker)
     threads = _Threads()
-    loaded: int | None = None
-    seen: tuple[int, int, int] | None = None
-    if not hook.word_given():
-        loaded, seen, loaded_at = _speculate(load, newest(), marker)
-        checked = time.monotonic()
-        while not hook.word_given():
-            now = time.monotonic()
-            if now - checked >= CHECK_S:
-                checked = now
-                _end_if_started(hook)
-                if loaded is None or now - loaded_at >= refresh_s:  # (the first: at once)
-                    step = newest()
-                    if step is not None and (step != loaded or _identity(marker, step) != seen):
-                        loaded, seen, loaded_at = _speculate(load, step, marker)
-            time.sleep(poll_s)
-    epoch, step_text = hook.release()
-    threads.restore()
+    try:
+        if not hook.word_given():
+            held.speculate(_newest(newest))
+            checked = time.monotonic()
+            while not hook.word_given():
+                now = time.monotonic()
+                if now - checked >= CHECK_S:
+                    checked = now
+                    _end_if_started(hook)
+                    if held.due(now, refresh_s):
+                        step = _newest(newest)
+                        if step is not None and held.stale(step):
+                            held.speculate(step)
+                time.sleep(poll_s)
+        epoch, step_text = hook.release()
+    finally:
+        threads.restore()
     resume = _step(step_text)
-    if resume != loaded or (resume is not None and _identity(marker, resume) != seen):
-        if resume is not None or loaded is not None:
-            load(resume)  # the gang's step is not the one held (or the held one was re-saved)
-        _log(f"epoch {epoch}: released at step {resume}; loaded {loaded} before: {LOADED_AGAIN}")
-        loaded = resume
+    if held.stale(resume):
+        before = "a failed load" if held.dirty else f"step {held.step}"
+        if resume is not None or held.step is not None or held.dirty:
+            load(resume)  # the gang's step is not the one held (or it was saved again)
+        _log(f"epoch {epoch}: released at step {resume}; held {before}: {LOADED_AGAIN}")
     else:
         _log(f"epoch {epoch}: released at step {resume}: already loaded")
-    return Released(epoch, resume, loaded, warm=True)
-
-
-def _speculate(
-    load: Load, step: int | None, marker: Marker | None
-) -> tuple[int | None, tuple[int, int, int] | None, float]:
-    """Load ``step`` (the newest) while held: (the step, its marker's identity seen before the
-    load, when the load ended)."""
-    seen = _identity(marker, step)
-    began = time.monotonic()
-    if step is not None:
-        load(step)
-    took = time.monotonic() - began
-    _log(f"{HELD} {step}" + ("" if step is None else f" (loaded in {took:.2f} s)"))
-    return step, seen, time.monotonic()
+    return Released(epoch, resume, resume, warm=True)
 
 
 def _end_if_started(hook: ModuleType) -> None:

@@ -136,6 +136,10 @@ class Regression(torch.nn.Module):  # type: ignore[misc]  # (torch: Any to mypy 
         super().__init__()
         self.linear = torch.nn.Linear(8, 1, bias=False)
         torch.nn.init.zeros_(self.linear.weight)
+        self.set_rank(rank)
+
+    def set_rank(self, rank: int) -> None:
+        """This worker's shard (a warm standby learns its rank only at its word)."""
         gen = torch.Generator().manual_seed(1234 + rank)
         self.x = torch.randn(256, 8, generator=gen)
         self.y = self.x @ torch.arange(1.0, 9.0)
@@ -170,6 +174,10 @@ class Transformer(torch.nn.Module):  # type: ignore[misc]
         self.norm = torch.nn.LayerNorm(dim)
         self.mask = torch.nn.Transformer.generate_square_subsequent_mask(self.seq)
         torch.nn.init.normal_(self.embed.weight, std=0.02)  # as GPT-2's (logits near 0)
+
+    def set_rank(self, rank: int) -> None:
+        """This worker's batches (a warm standby learns its rank only at its word)."""
+        self.rank = rank
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.embed(tokens) + self.position
@@ -278,7 +286,7 @@ def warm_start(
         load, lambda: newest_step(root), marker=lambda s: root / f"step-{s}" / ".metadata"
     )
     log(f"released: resume step {run.resume_step}, loaded {run.loaded_step}, warm {run.warm}")
-    held["net"].rank = int(os.environ["RANK"])
+    held["net"].set_rank(int(os.environ["RANK"]))
     return held["net"], held["optim"], run.resume_step, standby.ddp_kwargs(run)
 
 

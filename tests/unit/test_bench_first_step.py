@@ -186,7 +186,10 @@ def test_the_victim_of_a_warm_gang_is_the_released_trainer_not_its_standby() -> 
         "launcher: epoch 2: released pre-started pid 9 (resume step 10)\n"
     )
     assert released_pid(log) == 9
-    assert released_pid("launcher: epoch 1: started python3 t.py (pid 7, ...)") is None
+    cold = "launcher: epoch 3: started python3 -u t.py (pid 12, resume step 10)\n"
+    assert released_pid(log + cold) == 12, "a later epoch started cold"
+    assert released_pid(cold + log) == 9
+    assert released_pid("launcher: pre-started python3 t.py (pid 7): held") is None
     assert not warm_held("standby[9]: warm: held at step None")
     assert warm_held(log + "standby[11]: warm: held at step 10 (loaded in 4.10 s)")
 

@@ -157,6 +157,32 @@ def test_the_torch_run_is_published_with_its_ratios_and_failures() -> None:
         pages.realnode_torch_headline(doc)
 
 
+def test_the_warm_run_is_held_against_the_goal_with_its_reloads_counted() -> None:
+    paths = {"jsi-warm": 4.0, "torchrun-restarts": 17.0, "upstream-main": 19.0}
+    runs = [r for p, f in paths.items() for r in _torch_runs(p, f)]
+    for r in runs:
+        if r["path"] == "jsi-warm":
+            r["warm_reloads"] = 2 if r["rep"] == 0 else 0
+    doc = {
+        **DOC,
+        "command": "python -m bench.realnode --trainer torch --model transformer",
+        "members": 2,
+        "failed": {},
+        "summary": {p: _torch(f) for p, f in paths.items()},
+        "runs": runs,
+    }
+    text = pages.realnode_torch_real_size(doc, pages.TORCH_WARM)
+    assert "| jsi-warm / path |" in text, "the ratios are the warm path's"
+    assert "- `jsi-warm` / `torchrun-restarts`: 0.24x" in text
+    assert "the interval under it): met." in text
+    assert "loaded the checkpoint again after its word" in text
+    assert "in 1 of 3 repetitions" in text
+    del doc["summary"]["upstream-main"]
+    doc["runs"] = [r for r in runs if r["path"] != "upstream-main"]
+    with pytest.raises(PagesError, match="no ratio of jsi-warm to upstream-main"):
+        pages.realnode_torch_real_size(doc, pages.TORCH_WARM)
+
+
 def test_a_result_file_without_its_commit_is_not_published(tmp_path: Path) -> None:
     f = tmp_path / "old.json"
     f.write_text('{"when": "2026-11-24T02:28:36Z", "summary": {}}')

@@ -63,19 +63,40 @@ COUNTED = """
 import os
 with open(os.path.join(os.environ["JSI_STATE_DIR"], "imported"), "a") as f:
     f.write("%d\\n" % os.getpid())
-class cuda:
-    @staticmethod
-    def is_initialized():
-        if os.environ.get("FAKE_CUDA") == "raise":
-            raise RuntimeError("CUDA check broken")
-        return os.environ.get("FAKE_CUDA") == "1"
-    @staticmethod
-    def _lazy_init():
-        os.environ["FAKE_CUDA"] = "1"
+from . import autograd, cuda
 """
-# torch.distributed, faked: a process group is a flag.
+# torch.cuda, faked: CUDA is started where FAKE_CUDA says so; torch.cuda.random copies its
+# _lazy_init at import, as PyTorch's does.
+FAKE_CUDA = """
+import os
+def is_initialized():
+    if os.environ.get("FAKE_CUDA") == "raise":
+        raise RuntimeError("CUDA check broken")
+    return os.environ.get("FAKE_CUDA") == "1"
+def _lazy_init():
+    os.environ["FAKE_CUDA"] = "1"
+from . import random
+"""
+FAKE_CUDA_RANDOM = """
+from . import _lazy_init
+def get_rng_state():
+    _lazy_init()
+"""
+FAKE_AUTOGRAD = """
+def backward(*args, **kwargs):
+    pass
+"""
+# torch.distributed, faked: a process group is a flag; init_process_group decorated with
+# functools.wraps, as PyTorch's logging decorators do.
 FAKE_DIST = """
+import functools
 made = []
+def _logged(f):
+    @functools.wraps(f)
+    def logged(*args, **kwargs):
+        return f(*args, **kwargs)
+    return logged
+@_logged
 def init_process_group(*args, **kwargs):
     made.append(args)
 def is_initialized():
@@ -93,9 +114,9 @@ def note(name, value):
     os.replace(os.path.join(d, "." + name), os.path.join(d, name))
 import torch, torch.distributed as dist
 from jobset_inplace.trainer import standby
-if os.environ.get("FAKE_CUDA_AFTER_HOOK") and os.environ.get("JSI_PRESTART_GO"):
+if os.environ.get("FAKE_CUDA_AFTER_HOOK") and os.environ.get("JSI_EPOCH") == "":  # held
     os.environ["FAKE_CUDA"] = "1"  # (as a library's own cuInit: no guard sees it)
-seen = {k: os.environ.get(k) for k in ("RANK", "MASTER_ADDR", "JSI_EPOCH")}
+seen = {k: os.environ.get(k) for k in ("RANK", "MASTER_ADDR", "JSI_EPOCH", "JSI_PRESTART_GO")}
 note("before-%d" % os.getpid(), json.dumps(seen))
 def attempt(name, call):
     try:
@@ -106,6 +127,8 @@ def attempt(name, call):
 if os.environ.get("WARM_TRIES"):
     attempt("group-before", lambda: dist.init_process_group("gloo"))
     attempt("cuda-before", lambda: torch.cuda._lazy_init())
+    attempt("cuda-copy-before", lambda: torch.cuda.random.get_rng_state())
+    attempt("backward-before", lambda: torch.autograd.backward(None))
 def load(step):
     with open(os.path.join(d, "loads"), "a") as f:
         f.write("%d %s\n" % (os.getpid(), step))
@@ -117,6 +140,8 @@ after = {k: os.environ.get(k) for k in ("RANK", "MASTER_ADDR", "JSI_EPOCH")}
 note("released-%d" % os.getpid(), json.dumps([run.resume_step, run.loaded_step, run.warm, after]))
 if os.environ.get("WARM_TRIES"):
     attempt("group-after", lambda: dist.init_process_group("gloo"))
+    attempt("backward-after", lambda: torch.autograd.backward(None))
+    note("go-after", os.environ.get("JSI_PRESTART_GO", "-"))
 exec(open(os.path.join(d, "child.py")).read())
 """
 
@@ -129,6 +154,10 @@ def install(tmp: Path) -> Path:
     pkgs = tmp / "pkgs"
     (pkgs / "torch" / "distributed").mkdir(parents=True)
     (pkgs / "torch" / "__init__.py").write_text(COUNTED)
+    for module, text in (("cuda", FAKE_CUDA), ("autograd", FAKE_AUTOGRAD)):
+        (pkgs / "torch" / module).mkdir()
+        (pkgs / "torch" / module / "__init__.py").write_text(text)
+    (pkgs / "torch" / "cuda" / "random.py").write_text(FAKE_CUDA_RANDOM)
     (pkgs / "torch" / "distributed" / "__init__.py").write_text(FAKE_DIST)
     (pkgs / "torch" / "distributed" / "run.py").write_text(FAKE_TORCHRUN)
     (tmp / "worker.py").write_text(WORKER)
@@ -237,7 +266,13 @@ def test_a_warm_standby_loads_before_its_word_and_again_only_when_the_step_diffe
         saved(pod, 5)
         until("warm", lambda: "warm: held at step 5" in pod.log())
         (first,) = prestarted(pod)
-        assert noted(pod, f"before-{first}") == {"RANK": None, "MASTER_ADDR": None, "JSI_EPOCH": ""}
+        before = noted(pod, f"before-{first}")
+        assert before == {
+            "RANK": None,
+            "MASTER_ADDR": None,
+            "JSI_EPOCH": "",
+            "JSI_PRESTART_GO": None,
+        }
         assert loads(pod, first) == ["5"], "the newest step loaded before the word"
         assert pod.starts() == [], "the script's training has not begun"
         assert pod.state() == ("waiting", None, None)
@@ -273,13 +308,15 @@ def test_a_warm_standby_cannot_make_a_process_group_or_start_cuda_before_its_wor
 ) -> None:
     with running(warm_pod(tmp_path, WARM_TRIES="1")) as pod:
         until("warm", lambda: "warm: held at step None" in pod.log())
-        assert "before this warm standby's epoch" in (pod.dir / "group-before").read_text()
-        assert "before this warm standby's epoch" in (pod.dir / "cuda-before").read_text()
+        for tried in ("group", "cuda", "cuda-copy", "backward"):
+            said = (pod.dir / f"{tried}-before").read_text()
+            assert "before this warm standby's epoch" in said, tried
         (held,) = prestarted(pod)
         pod.open(1, None)
         until("start", lambda: len(pod.starts()) == 1)
         assert pod.starts() == [("1", "-", held)], "the held process, not a cold one"
         assert (pod.dir / "group-after").read_text() == "made"
+        assert (pod.dir / "backward-after").read_text() == "made"
 
 
 def test_a_warm_standby_that_started_cuda_ends_and_the_epoch_starts_cold(tmp_path: Path) -> None:

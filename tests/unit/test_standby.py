@@ -17,8 +17,13 @@ from jobset_inplace.trainer import standby
 class FakeHook:
     """The hook of a warm standby: its word comes after ``polls`` looks, with ``step``."""
 
-    def __init__(self, step: int | None, polls: int = 3, started: str | None = None) -> None:
+    def __init__(
+        self, step: int | None, polls: int = 3, started: str | None = None, started_after: int = 0
+    ) -> None:
+        """``started``: what it reports having started (CUDA, a process group) once it has
+        looked for its word ``started_after`` times."""
         self.step, self.polls, self.started = step, polls, started
+        self.started_after = started_after
         self.looks = 0
         self.released = False
         self.guarded = 0
@@ -34,7 +39,7 @@ class FakeHook:
         self.guarded += 1
 
     def torch_started(self) -> str | None:
-        return self.started
+        return self.started if self.looks >= self.started_after else None
 
     def release(self) -> tuple[str, str]:
         self.released = True
@@ -178,6 +183,89 @@ def test_a_standby_that_started_cuda_or_a_process_group_ends(
         standby.wait(loads, lambda: 10, poll_s=0)
     assert ended == [prestart.EXIT_CUDA]
     assert loads.steps == [], "ended before any load"
+
+
+def test_a_standby_that_starts_cuda_while_held_is_found_and_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    held(monkeypatch, FakeHook(10, polls=50, started="CUDA", started_after=5))
+    ended: list[int] = []
+
+    def exit_(code: int) -> None:
+        ended.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", exit_)
+    loads = Loads()
+    with pytest.raises(SystemExit):
+        standby.wait(loads, lambda: 10, poll_s=0)
+    assert ended == [prestart.EXIT_CUDA]
+    assert loads.steps == [10], "found while it waited for its word, after its load"
+
+
+class FakeTorch:
+    """torch's thread count, as the standby sets it."""
+
+    def __init__(self) -> None:
+        self.threads = 4
+
+    def get_num_threads(self) -> int:
+        return self.threads
+
+    def set_num_threads(self, n: int) -> None:
+        self.threads = n
+
+
+def test_a_load_that_fails_while_held_is_done_at_the_word_on_every_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The running epoch's files change under a speculative load (pruned, saved again): the
+    standby goes on waiting and loads the word's step, whatever it held."""
+    torch = FakeTorch()
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    held(monkeypatch, FakeHook(10, polls=3))
+    seen: list[tuple[int | None, int]] = []
+
+    def load(step: int | None) -> None:
+        seen.append((step, torch.threads))
+        if len(seen) == 1:
+            raise FileNotFoundError("step-10/__0_0.distcp")
+
+    run = standby.wait(load, lambda: 10, refresh_s=3600, poll_s=0)
+    assert seen == [(10, 1), (10, 4)], "held on one thread; at the word on every thread"
+    assert run.loaded_step == 10
+    assert torch.threads == 4
+
+
+def test_a_failed_load_is_undone_at_the_word_even_from_scratch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    held(monkeypatch, FakeHook(None, polls=2))
+    loads = Loads()
+
+    def load(step: int | None) -> None:
+        loads(step)
+        if step is not None:
+            raise OSError("gone")
+
+    standby.wait(load, lambda: 10, refresh_s=3600, poll_s=0)
+    assert loads.steps == [10, None], "the tensors a failed load left are reset"
+
+
+def test_the_thread_count_comes_back_when_the_word_cannot_be_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch = FakeTorch()
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    fake = held(monkeypatch, FakeHook(10, polls=1))
+
+    def release() -> tuple[str, str]:
+        raise OSError("the word")
+
+    monkeypatch.setattr(fake, "release", release)
+    with pytest.raises(OSError, match="the word"):
+        standby.wait(Loads(), lambda: 10, poll_s=0)
+    assert torch.threads == 4
 
 
 @pytest.mark.parametrize(("step", "loads"), [("7", [7]), ("", [])])

@@ -224,11 +224,20 @@ def test_prestart_warm_marks_each_trainer_and_refuses_what_cannot_hold_a_model()
     off["metadata"]["annotations"][names.PRESTART_WARM] = "false"
     env = pod_spec(transform(off, S))["containers"][0]["env"]
     assert not any(e["name"] == "JSI_PRESTART_WARM" for e in env)
-    for torchrun in (["torchrun", "train.py"], ["python3", "-m", "torch.distributed.run", "t.py"]):
-        pod_spec(js)["containers"][0]["command"] = torchrun
+    for launcher in (
+        ["torchrun", "train.py"],
+        ["python3", "-m", "torch.distributed.run", "t.py"],
+        ["python3", "-um", "torch.distributed.launch", "t.py"],
+        ["python3", "-m", "accelerate.commands.launch", "t.py"],
+        ["python3", "-m", "deepspeed.launcher.runner", "t.py"],
+    ):
+        pod_spec(js)["containers"][0]["command"] = launcher
         with pytest.raises(TransformError, match=r"containers\[0\].command: .*prestart-warm is "
-                           "refused for torchrun"):  # fmt: skip
+                           "refused: .* starts the trainer's processes after"):  # fmt: skip
             transform(js, S)
+    pod_spec(js)["containers"][0]["command"] = ["python3", "-c", "import train"]
+    with pytest.raises(TransformError, match="python -c or standard input"):
+        transform(js, S)
     pod_spec(js)["containers"][0]["command"] = ["python3", "train.py"]
     del js["metadata"]["annotations"][names.PRESTART_IMPORTS]
     with pytest.raises(TransformError, match=r"prestart-warm needs .*prestart-imports"):
