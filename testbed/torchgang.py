@@ -15,6 +15,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import names
+from jobset_inplace.launcher import LAUNCHER_FILE
 from jobset_inplace.prestart import FORKER_NAME, HELD, STAND_IN_NAME
 from testbed import images
 from testbed.cluster import REAL_NODE_LABEL
@@ -33,7 +34,8 @@ LINE = re.compile(r"\[rank (\d+)\] (?:step (\d+)|resumed at step (\d+)) loss (\d
 # The trainer's worker processes in a container, one pid per line: each started by torchrun
 # for TRAINER (not torchrun, whose own command line names TRAINER too), or, with
 # prestart-imports, forked by torchrun's worker forker (its command line is torchrun's: a child
-# of the forker), not the forker nor the stand-ins (jobset_inplace/prestart.py names them).
+# of the forker), not the forker nor the stand-ins (jobset_inplace/prestart.py names them),
+# nor the launcher (its command line ends with the trainer's where no torchrun comes between).
 WORKER_PIDS = f"""
 import os
 def argv(p):
@@ -50,7 +52,8 @@ for p in filter(str.isdigit, os.listdir("/proc")):
         continue
 TDR = b"torch.distributed.run"
 for p, (args, comm, ppid) in procs.items():
-    ours = comm in ("{FORKER_NAME}", "{STAND_IN_NAME}")
+    launcher = any(a.endswith(b"/{LAUNCHER_FILE}") for a in args)
+    ours = launcher or comm in ("{FORKER_NAME}", "{STAND_IN_NAME}")
     if ours or not any(a.endswith(b"{TRAINER}") for a in args):
         continue
     parent = procs.get(ppid)

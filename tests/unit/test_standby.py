@@ -160,10 +160,15 @@ def test_a_standby_that_held_no_checkpoint_loads_the_first_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     newest = iter([None, None, 5, 5, 5])
-    held(monkeypatch, FakeHook(5, polls=4))
-    loads = Loads()
-    run = standby.wait(loads, lambda: next(newest), refresh_s=3600, poll_s=0)
-    assert loads.steps == [5], "loaded when it appeared, not refresh_s after the warm-up"
+    fake = held(monkeypatch, FakeHook(5, polls=4))
+    loads: list[tuple[int | None, bool]] = []
+    run = standby.wait(
+        lambda step: loads.append((step, fake.released)),
+        lambda: next(newest),
+        refresh_s=3600,
+        poll_s=0,
+    )
+    assert loads == [(5, False)], "loaded when it appeared, before the word, not refresh_s after"
     assert run.loaded_step == 5
 
 
