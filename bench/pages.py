@@ -53,6 +53,7 @@ TORCH = ROOT / "docs" / "bench" / "realnode-torch.json"
 TORCH_REAL_SIZE = TRANSFORMER_OUT
 TORCH_WARM = ROOT / "docs" / "bench" / "realnode-torch-warm.json"  # the warm standby's run
 CPU_FLOOR = ROOT / "docs" / "bench" / "cpu-first-step-floor.json"  # bench/gpu's script, on CPU
+CPU_WARM = ROOT / "docs" / "bench" / "cpu-first-step-warm.json"  # the same with the warm ways
 GOAL_RATIO = 0.5  # issue 56: pre-started <= 50 % of torchrun --max-restarts and of upstream's
 SCALE = ROOT / "docs" / "bench" / "kwok-scale-2026-11-28" / "results.json"
 PATHS = ROOT / "docs" / "bench" / "kwok-paths-2026-11-28" / "results.json"
@@ -803,16 +804,17 @@ def realnode_torch_real_size(doc: dict[str, Any], path: Path = TORCH_REAL_SIZE) 
     return "\n".join(lines)
 
 
-def cpu_floor(doc: dict[str, Any]) -> str:
+def cpu_floor(doc: dict[str, Any], path: Path = CPU_FLOOR) -> str:
     """bench/gpu/gpu_first_step.py run on CPU: each way's milestones (medians, seconds after
-    the kill) and its first productive step's ratio to ``torchrun``'s, with its interval."""
+    the kill) and its first productive step's ratio to ``torchrun``'s, with its interval;
+    with ``floor`` and a warm way, how far each warm way's median is above the floor's."""
     m = doc["model"]
     reps = {len(v) for v in doc["runs"].values()}
     head = (
         f"Run of {doc['when'][:10]} at commit `{doc['commit']}`, PyTorch {doc['torch']} "
         f"on {doc['device']} (gloo, one rank), {m['layers']} layers of width {m['width']} over a "
         f"{m['vocab']} embedding, a {doc['checkpoint_gib']:.2f} GiB checkpoint; "
-        f"`{doc['command']}`; every repetition in {_link(CPU_FLOOR)}. Repetitions per way: "
+        f"`{doc['command']}`; every repetition in {_link(path)}. Repetitions per way: "
         f"{'/'.join(map(str, sorted(reps)))}."
     )
     columns = ("imported", "group", "built", "restored", "first_step")
@@ -837,8 +839,22 @@ def cpu_floor(doc: dict[str, Any]) -> str:
             f"| {way} | {' | '.join(cells)} | **{med['first_step']:.2f}** ({lo:.2f}-{hi:.2f}) | "
             f"{'-' if way == 'torchrun' else ratio.text()} |"
         )
+    floor = doc["medians"].get("floor", {}).get("first_step")
+    above = [
+        f"`{way}` {med['first_step'] - floor:.2f} s"
+        for way, med in doc["medians"].items()
+        if way.startswith("warm") and floor is not None
+    ]
+    notes = [f"Each warm way's median minus the floor's: {', '.join(above)}."] if above else []
     return "\n".join(
-        [head, "", *rows, "", "(seconds after the kill, medians with their 95 % intervals)"]
+        [
+            head,
+            "",
+            *rows,
+            "",
+            "(seconds after the kill, medians with their 95 % intervals)",
+            *(["", *notes] if notes else []),
+        ]
     )
 
 
@@ -1205,6 +1221,11 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
     "realnode-torch-table": (ROOT / "docs" / "benchmarks.md", realnode_torch_table, (TORCH,)),
     "realnode-torch-headline": (ROOT / "README.md", realnode_torch_headline, (TORCH,)),
     "cpu-floor": (ROOT / "docs" / "benchmarks.md", cpu_floor, (CPU_FLOOR,)),
+    "cpu-floor-warm": (
+        ROOT / "docs" / "benchmarks.md",
+        lambda doc: cpu_floor(doc, CPU_WARM),
+        (CPU_WARM,),
+    ),
     "realnode-torch-real-size": (
         ROOT / "docs" / "benchmarks.md",
         realnode_torch_real_size,
