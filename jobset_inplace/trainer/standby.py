@@ -34,6 +34,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -45,6 +46,15 @@ REFRESH_S = 30.0  # a held standby loads a newer checkpoint at most this often
 POLL_S = 0.02  # how often a held standby looks for its word (as the launcher polls)
 CHECK_S = 1.0  # how often it looks for CUDA or a process group it must not have, and newest()
 HELD = "warm: held at step"  # its log line once loaded (the bench waits for it)
+# Memory (docs/design/warm-standby.md, section 4): a step is loaded while held only where the
+# container's free memory is at least its bytes x LOAD_MARGIN (one item's temporary while it
+# is read, the page cache the container is charged); a held standby whose container has less
+# than FREE_FLOOR of its limit free ends (the running epoch must never be the one the OOM
+# killer meets), and the epoch starts cold.
+LOAD_MARGIN = 1.25
+FREE_FLOOR = 0.10
+CGROUP = Path("/sys/fs/cgroup")  # the container's own (cgroup v2, or v1's memory controller)
+EXIT_SHORT_OF_MEMORY = 89
 LOADED_AGAIN = "loaded again"  # its log line's end at the word when the step held was not it
 
 Load = Callable[[int | None], object]
@@ -105,6 +115,56 @@ class _Threads:
             self.set(self.before)  # type: ignore[misc]
 
 
+def memory(cgroup: Path | None = None) -> tuple[int, int] | None:
+    """The container's memory limit and what is free under it, in bytes (the usage less the
+    inactive file cache, as the kubelet's working set): cgroup v2 (``memory.max``,
+    ``memory.current``) or v1 (``memory/memory.limit_in_bytes``, ``usage_in_bytes``). None: no
+    limit, or not readable."""
+    root = CGROUP if cgroup is None else cgroup
+    layouts = (
+        ("memory.max", "memory.current", "memory.stat", "inactive_file"),
+        (
+            "memory/memory.limit_in_bytes",
+            "memory/memory.usage_in_bytes",
+            "memory/memory.stat",
+            "total_inactive_file",
+        ),
+    )
+    for limit_file, usage_file, stat_file, inactive_key in layouts:
+        try:
+            limit_text = (root / limit_file).read_text().strip()
+            usage = int((root / usage_file).read_text())
+        except (OSError, ValueError):
+            continue
+        if limit_text == "max" or not limit_text.isdigit() or int(limit_text) >= 1 << 60:
+            return None  # (v1 says "no limit" with a page-rounded 2**63 - 1)
+        inactive = 0
+        try:
+            for line in (root / stat_file).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == inactive_key and value.strip().isdigit():
+                    inactive = int(value)
+        except OSError:
+            pass
+        limit = int(limit_text)
+        return limit, limit - max(0, usage - inactive)
+    return None
+
+
+def step_bytes(marker: Marker | None, step: int) -> int | None:
+    """The bytes of ``step``'s files: those in its marker's directory (None: no marker)."""
+    if marker is None:
+        return None
+    total = 0
+    for path in Path(marker(step)).parent.rglob("*"):
+        try:
+            if path.is_file():
+                total += path.stat().st_size
+        except OSError:
+            continue
+    return total
+
+
 class _Held:
     """What a standby holds while it waits: the step loaded (None: as built), its marker's
     identity seen before the load, when the load ended, and whether a load failed part way
@@ -117,10 +177,16 @@ class _Held:
         self.seen: tuple[int, int, int] | None = None
         self.at = time.monotonic()
         self.dirty = False
+        self.short = False  # the newest step did not fit in the container's memory
 
     def speculate(self, step: int | None) -> None:
-        """Load ``step`` (the newest) while held; a failure (a step pruned or saved again
-        while read) is logged, and the word's step loaded at the word."""
+        """Load ``step`` (the newest) while held, where the container has the memory; a
+        failure (a step pruned or saved again while read) is logged, and the word's step
+        loaded at the word."""
+        self.short = step is not None and not _room_for(self.marker, step)
+        if self.short:
+            self.at = time.monotonic()  # (looked at again after refresh_s)
+            return
         seen = _identity(self.marker, step)
         began = time.monotonic()
         try:
@@ -137,13 +203,44 @@ class _Held:
     def due(self, now: float, refresh_s: float) -> bool:
         """Whether to look for a newer step: where it holds none (and no load failed), at
         once; else every ``refresh_s``."""
-        return (self.step is None and not self.dirty) or now - self.at >= refresh_s
+        first = self.step is None and not (self.dirty or self.short)
+        return first or now - self.at >= refresh_s
 
     def stale(self, step: int | None) -> bool:
         """Whether ``step`` is not what it holds (another step, or saved again since)."""
         if self.dirty or step != self.step:
             return True
         return step is not None and _identity(self.marker, step) != self.seen
+
+
+def _room_for(marker: Marker | None, step: int) -> bool:
+    """Whether the container has the memory to load ``step`` while held (no limit, or no
+    marker to size the step by: yes)."""
+    found = memory()
+    need = step_bytes(marker, step)
+    if found is None or need is None:
+        return True
+    free = found[1]
+    if free >= need * LOAD_MARGIN:
+        return True
+    _log(
+        f"warm: not loading step {step} before the word: it needs about "
+        f"{need * LOAD_MARGIN / 2**20:.0f} MiB, the container has {free / 2**20:.0f} MiB free "
+        "(loaded at the word)"
+    )
+    return False
+
+
+def _end_if_short() -> None:
+    """End a held standby whose container has less than FREE_FLOOR of its limit free."""
+    found = memory()
+    if found is not None and found[1] < FREE_FLOOR * found[0]:
+        _log(
+            f"the container has {found[1] / 2**20:.0f} MiB of {found[0] / 2**20:.0f} MiB free: "
+            "exiting, the running epoch keeps the memory (the next epoch starts cold)"
+        )
+        sys.stderr.flush()
+        os._exit(EXIT_SHORT_OF_MEMORY)
 
 
 def _newest(newest: Callable[[], int | None]) -> int | None:
@@ -183,6 +280,7 @@ def wait(
                 if now - checked >= CHECK_S:
                     checked = now
                     _end_if_started(hook)
+                    _end_if_short()
                     if held.due(now, refresh_s):
                         step = _newest(newest)
                         if step is not None and held.stale(step):

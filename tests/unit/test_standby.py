@@ -47,8 +47,15 @@ class FakeHook:
 
 
 @pytest.fixture(autouse=True)
-def checks_at_every_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+def checks_at_every_poll(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Every check at every poll; no cgroup of this machine's read; an exit raises."""
     monkeypatch.setattr(standby, "CHECK_S", 0.0)
+    monkeypatch.setattr(standby, "CGROUP", tmp_path / "no-cgroup")
+
+    def exit_(code: int) -> None:
+        raise SystemExit(f"os._exit({code})")
+
+    monkeypatch.setattr(os, "_exit", exit_)
 
 
 def held(monkeypatch: pytest.MonkeyPatch, fake: FakeHook) -> FakeHook:
@@ -309,3 +316,76 @@ def test_the_standby_and_the_hook_agree_on_names() -> None:
 def _written(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+def cgroup_v2(root: Path, limit: str, usage: int, inactive: int = 0) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "memory.max").write_text(f"{limit}\n")
+    (root / "memory.current").write_text(f"{usage}\n")
+    (root / "memory.stat").write_text(f"anon {usage - inactive}\ninactive_file {inactive}\n")
+    return root
+
+
+def test_the_containers_memory_is_read_from_either_cgroup_version(tmp_path: Path) -> None:
+    assert standby.memory(cgroup_v2(tmp_path / "v2", "1000", 600, 100)) == (1000, 500)
+    assert standby.memory(cgroup_v2(tmp_path / "unlimited", "max", 600)) is None
+    v1 = tmp_path / "v1" / "memory"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text("2000\n")
+    (v1 / "memory.usage_in_bytes").write_text("1500\n")
+    (v1 / "memory.stat").write_text("cache 700\ntotal_inactive_file 500\n")
+    assert standby.memory(tmp_path / "v1") == (2000, 1000)
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    assert standby.memory(tmp_path / "v1") is None
+    assert standby.memory(tmp_path / "none") is None
+
+
+def checkpoint(root: Path, step: int, size: int) -> Path:
+    step_dir = root / f"step-{step}"
+    step_dir.mkdir(parents=True)
+    (step_dir / "__0_0.distcp").write_bytes(b"\0" * size)
+    (step_dir / ".metadata").write_text("m")
+    return step_dir / ".metadata"
+
+
+def test_a_step_the_containers_memory_cannot_hold_is_loaded_at_the_word_only(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    checkpoint(tmp_path / "ckpt", 10, 1000)
+    monkeypatch.setattr(standby, "CGROUP", cgroup_v2(tmp_path / "cg", "10000", 8800))
+    fake = held(monkeypatch, FakeHook(10, polls=3))
+    loads: list[tuple[int | None, bool]] = []
+    standby.wait(
+        lambda step: loads.append((step, fake.released)),
+        lambda: 10,
+        marker=lambda s: tmp_path / "ckpt" / f"step-{s}" / ".metadata",
+        poll_s=0,
+    )
+    assert loads == [(10, True)], "1200 free < 1001 bytes x 1.25: not before the word"
+    monkeypatch.setattr(standby, "CGROUP", cgroup_v2(tmp_path / "cg", "10000", 8700))
+    fake = held(monkeypatch, FakeHook(10, polls=3))
+    loads.clear()
+    standby.wait(
+        lambda step: loads.append((step, fake.released)),
+        lambda: 10,
+        marker=lambda s: tmp_path / "ckpt" / f"step-{s}" / ".metadata",
+        poll_s=0,
+    )
+    assert loads == [(10, False)], "1300 free: loaded before the word"
+
+
+def test_a_held_standby_short_of_memory_ends_before_the_running_epoch_is(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(standby, "CGROUP", cgroup_v2(tmp_path / "cg", "1000", 950))
+    held(monkeypatch, FakeHook(10, polls=50))
+    ended: list[int] = []
+
+    def exit_(code: int) -> None:
+        ended.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", exit_)
+    with pytest.raises(SystemExit):
+        standby.wait(Loads(), lambda: None, poll_s=0)
+    assert ended == [standby.EXIT_SHORT_OF_MEMORY], "50 of 1000 free: under 10 %"
