@@ -267,6 +267,7 @@ TWO_VALUES: dict[str, tuple[str, str]] = {
     names.RESTART_SCOPE: ("pod", "process"),
     names.TRAINER_STOP_GRACE: ("0s", "1s"),
     names.PRESTART_IMPORTS: ("torch", "numpy"),
+    names.PRESTART_WARM: ("true", "false"),
     names.HANG_TIMEOUT: ("10m", "20m"),
     names.STARTUP_TIMEOUT: ("10m", "20m"),
     names.STRAGGLER_FACTOR: ("1.5", "2"),
@@ -289,7 +290,10 @@ def test_create_time_keys_are_exactly_those_the_transform_writes_into_the_spec()
     }
 
     def spec(key: str, value: str | None) -> Any:
-        annotations = {k: v for k, v in (base | {key: value or ""}).items() if value or k != key}
+        needs = {names.PRESTART_IMPORTS: "torch"} if key == names.PRESTART_WARM else {}
+        annotations = {
+            k: v for k, v in (base | needs | {key: value or ""}).items() if value or k != key
+        }
         return transform(jobset(annotations), S)["spec"]
 
     baked = {k for k, (a, b) in TWO_VALUES.items() if spec(k, a) != spec(k, b)}
