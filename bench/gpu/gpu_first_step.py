@@ -99,17 +99,11 @@ def trainer(args: argparse.Namespace) -> int:
         torch.set_num_threads(1)  # (as jobset_inplace.trainer.standby holds it)
         model, optim = build(args, "cpu")
         restore(model, optim, no_dist=True)
-        print("@held", flush=True)
-        while not Path(go).exists():
-            time.sleep(0.005)
-        mark("started")
+        held(go)
         torch.set_num_threads(threads)
         if warm == "reload":
             restore(model, optim, no_dist=True)
-        if cuda:
-            torch.cuda.set_device(0)
-            torch.empty(1, device="cuda")
-        mark("cuda")
+        device_ready(torch, cuda)
         _group(args, dist, cuda)
         mark("group")
         model.to(args.device)
@@ -128,14 +122,8 @@ def trainer(args: argparse.Namespace) -> int:
                     with f.open("rb") as fh:
                         while fh.read(64 << 20):
                             pass
-        print("@held", flush=True)
-        while not Path(go).exists():
-            time.sleep(0.005)
-        mark("started")  # the epoch's own start: the time before the word is not the crash's
-    if cuda:
-        torch.cuda.set_device(0)
-        torch.empty(1, device="cuda")
-    mark("cuda")
+        held(go)
+    device_ready(torch, cuda)
     _group(args, dist, cuda)
     mark("group")
     model, optim = build(args, args.device)
@@ -163,6 +151,22 @@ def trainer(args: argparse.Namespace) -> int:
             step(args, model, optim)
             print(f"@floor {began:.6f} {group:.6f} {restored:.6f} {time.time():.6f}", flush=True)
             return 0
+
+
+def held(go: str) -> None:
+    """Say it is held, wait for the word, mark the epoch's own start (the time before the word
+    is not the crash's)."""
+    print("@held", flush=True)
+    while not Path(go).exists():
+        time.sleep(0.005)
+    mark("started")
+
+
+def device_ready(torch: Any, cuda: bool) -> None:
+    if cuda:
+        torch.cuda.set_device(0)
+        torch.empty(1, device="cuda")
+    mark("cuda")
 
 
 def _group(args: argparse.Namespace, dist: Any, cuda: bool) -> None:
