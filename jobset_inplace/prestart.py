@@ -32,9 +32,9 @@ cannot be reached or one that refuses starts cold; once a request may have reach
 nothing that goes wrong lets the stand-in run the trainer itself (it ends, exit 1). A held
 process whose hook fails exits (``EXIT_HOOK_FAILED``) rather than run before its word.
 
-**Warm** (``JSI_PRESTART_WARM=1``: ``jobset-inplace.dev/prestart-warm``, never for
-``torchrun``): step 4 is the script's. After its imports the hook returns at once, and the
-script builds its model and loads the newest checkpoint before its word, in
+**Warm** (``JSI_PRESTART_WARM=1``: ``jobset-inplace.dev/prestart-warm``, never for a
+launcher such as ``torchrun``): step 4 is the script's. After its imports the hook returns at
+once, and the script builds its model and loads the newest checkpoint before its word, in
 :func:`jobset_inplace.trainer.standby.wait`, which waits on the same word and lets the script
 go with the epoch's step (docs/design/warm-standby.md). Until the word the hook withholds the
 variables a process group needs (``WITHHELD``: an ``env://`` ``init_process_group`` fails
@@ -258,7 +258,9 @@ def warm_refusal(command: list[str]) -> str | None:
     """Why ``command`` (a container's command and args, or an interpreter's ``sys.orig_argv``)
     cannot be a warm standby (None: it can): a launcher that starts the trainer's processes
     after its own rendezvous, or code the hook cannot tell (``-c``, standard input)."""
-    program = os.path.basename(command[0]) if command else ""
+    if not command:  # sys.orig_argv is Python 3.10's
+        return "the interpreter's command line is unknown before Python 3.10: use 3.10 or newer"
+    program = os.path.basename(command[0])
     if program in WARM_REFUSED:
         name, kind = program, "script"
     else:

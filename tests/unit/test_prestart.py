@@ -682,6 +682,15 @@ def test_which_commands_can_be_prestarted() -> None:
     assert "-I" in (prestart.refusal(["python3", "-I", "t.py"]) or "")
 
 
+def test_which_commands_can_be_warm_standbys() -> None:
+    assert prestart.warm_refusal(["python3", "-u", "train.py", "--lr", "1"]) is None
+    assert prestart.warm_refusal(["/usr/bin/python3.11", "-m", "trainer.main"]) is None
+    assert "torchrun" in (prestart.warm_refusal(["/usr/local/bin/torchrun", "t.py"]) or "")
+    assert "accelerate" in (prestart.warm_refusal(["accelerate", "launch", "t.py"]) or "")
+    assert "-c" in (prestart.warm_refusal(["python3", "-c", "import t"]) or "")
+    assert "Python 3.10" in (prestart.warm_refusal([]) or ""), "no sys.orig_argv"
+
+
 def test_the_hook_and_the_launcher_agree_on_names_and_run_on_python_3_8() -> None:
     assert launcher.ENV_PRESTART_IMPORTS == prestart.ENV_IMPORTS
     assert launcher.ENV_PRESTART_GO == prestart.ENV_GO
