@@ -183,6 +183,31 @@ def test_the_warm_run_is_held_against_the_goal_with_its_reloads_counted() -> Non
         pages.realnode_torch_real_size(doc, pages.TORCH_WARM)
 
 
+def test_the_cpu_run_says_how_far_each_warm_way_is_from_the_floor() -> None:
+    def runs(first: float) -> list[dict[str, float]]:
+        return [{"group": 0.1, "restored": 0.2, "first_step": first * f} for f in (0.9, 1, 1.1)]
+
+    ways = {"warm": 0.9, "warm-reload": 1.4, "torchrun": 5.0, "floor": 1.5}
+    doc: dict[str, Any] = {
+        "when": "2026-12-06T00:40:00Z",
+        "commit": "abc1234",
+        "dirty": False,
+        "command": "bench/gpu/gpu_first_step.py --device cpu",
+        "torch": "2.15.0",
+        "device": "cpu",
+        "checkpoint_gib": 1.23,
+        "model": {"layers": 12, "width": 768, "heads": 12, "vocab": 32000, "seq": 64},
+        "runs": {w: runs(f) for w, f in ways.items()},
+        "medians": {w: {"group": 0.1, "restored": 0.2, "first_step": f} for w, f in ways.items()},
+    }
+    text = pages.cpu_floor(doc, pages.CPU_WARM)
+    assert "[bench/cpu-first-step-warm.json](bench/cpu-first-step-warm.json)" in text
+    assert "| warm | - | 0.10 (0.10-0.10) |" in text
+    assert "median minus the floor's: `warm` -0.60 s, `warm-reload` -0.10 s." in text
+    del doc["runs"]["floor"], doc["medians"]["floor"]
+    assert "minus the floor" not in pages.cpu_floor(doc, pages.CPU_WARM), "no floor: no line"
+
+
 def test_a_result_file_without_its_commit_is_not_published(tmp_path: Path) -> None:
     f = tmp_path / "old.json"
     f.write_text('{"when": "2026-11-24T02:28:36Z", "summary": {}}')
