@@ -83,6 +83,19 @@ def every_rank_at(logs: str, step: int, ranks: int = RANKS) -> bool:
     return len(runs) == ranks and all(step in r.runs[-1] for r in runs.values())
 
 
+def resumed_where_it_left(runs: dict[int, RankRuns], resume: int) -> None:
+    """Every rank resumed once, at the gang's step ``resume``, went on from it trained (not
+    from scratch), with the losses of the run before it at the steps both reached."""
+    for rank, mine in runs.items():
+        assert mine.resumed_at == [resume], f"rank {rank} resumed at {mine.resumed_at}"
+        first, last = mine.runs[0], mine.runs[-1]
+        assert min(last) == resume + 1, f"rank {rank} went on from the gang's step"
+        assert first[1] > 10 * last[resume + 1], "the resumed run is trained, not from scratch"
+        for step in range(resume + 1, resume + 4):
+            if step in first:  # reached before the kill too: the same loss again
+                assert last[step] == pytest.approx(first[step], rel=1e-5), (rank, step)
+
+
 @pytest.mark.parametrize("start", ["cold", "prestart"])
 @pytest.mark.usefixtures("torch_trainer")
 def test_torchrun_ranks_resume_from_one_dcp_step_and_no_old_worker_survives(
@@ -130,14 +143,7 @@ def test_torchrun_ranks_resume_from_one_dcp_step_and_no_old_worker_survives(
     )
     after = member_pods(kube, namespace, "gang")
     assert {i: p.metadata.uid for i, p in after.items()} == before, "in place: same pods"
-    for rank, mine in runs.items():
-        assert mine.resumed_at == [resume], f"rank {rank} resumed at {mine.resumed_at}"
-        first, last = mine.runs[0], mine.runs[-1]
-        assert min(last) == resume + 1, f"rank {rank} went on from the gang's step"
-        assert first[1] > 10 * last[resume + 1], "the resumed run is trained, not from scratch"
-        for step in range(resume + 1, resume + 4):
-            if step in first:  # reached before the kill too: the same loss again
-                assert last[step] == pytest.approx(first[step], rel=1e-5), (rank, step)
+    resumed_where_it_left(runs, resume)
     new = {i: worker_pids(kubectl, p.metadata.name) for i, p in after.items()}
     for i, now in new.items():
         assert len(now) == WORKERS, f"member {i}: workers now {now}"
@@ -203,13 +209,7 @@ def test_a_warm_standby_resumes_every_rank_at_the_gangs_step_with_its_model_held
     )
     after = member_pods(kube, namespace, "gang")
     assert {i: p.metadata.uid for i, p in after.items()} == before, "in place: same pods"
-    for rank, mine in runs.items():
-        assert mine.resumed_at == [resume], f"rank {rank} resumed at {mine.resumed_at}"
-        first, last = mine.runs[0], mine.runs[-1]
-        assert first[1] > 10 * last[resume + 1], "the resumed run is trained, not from scratch"
-        for step in range(resume + 1, resume + 4):
-            if step in first:
-                assert last[step] == pytest.approx(first[step], rel=1e-5), (rank, step)
+    resumed_where_it_left(runs, resume)
     for i, p in after.items():
         text = log_of(p.metadata.name)
         now = released_pid(text)

@@ -284,23 +284,25 @@ def test_a_warm_standby_loads_before_its_word_and_again_only_when_the_step_diffe
         assert loads(pod, first) == ["5"], "the step held is the gang's: not loaded again"
         # the next standby holds step 5 too; the gang resumes from 7: loaded at the word
         until("second standby", lambda: pod.log().count("warm: held at step 5") == 2)
-        second = prestarted(pod)[1]
-        saved(pod, 7)
-        clear_resume(pod.dir)
-        pod.wait_state("stopped", 1, 128 + signal.SIGTERM)
-        pod.open(2, 7)
-        until("second start", lambda: len(pod.starts()) == 2)
+        second = saved_then_next_epoch(pod, 2, 7)
         assert noted(pod, f"released-{second}")[:3] == [7, 7, True]
         assert loads(pod, second) == ["5", "7"]
         # the third holds 7; step 7 is saved again before the word: loaded again
         until("third standby", lambda: "warm: held at step 7" in pod.log())
-        third = prestarted(pod)[2]
-        saved(pod, 7)
-        clear_resume(pod.dir)
-        pod.wait_state("stopped", 2, 128 + signal.SIGTERM)
-        pod.open(3, 7)
-        until("third start", lambda: len(pod.starts()) == 3)
+        third = saved_then_next_epoch(pod, 3, 7)
         assert loads(pod, third) == ["7", "7"]
+
+
+def saved_then_next_epoch(pod: Pod, epoch: int, step: int) -> int:
+    """``step`` saved (again), the running epoch stopped, ``epoch`` opened at ``step``; the pid
+    of the standby it released."""
+    standby = prestarted(pod)[epoch - 1]
+    saved(pod, step)
+    clear_resume(pod.dir)
+    pod.wait_state("stopped", epoch - 1, 128 + signal.SIGTERM)
+    pod.open(epoch, step)
+    until(f"epoch {epoch} started", lambda: len(pod.starts()) == epoch)
+    return standby
 
 
 def test_a_warm_standby_cannot_make_a_process_group_or_start_cuda_before_its_word(

@@ -332,30 +332,27 @@ def checkpoint(root: Path, step: int, size: int) -> Path:
     return step_dir / ".metadata"
 
 
+@pytest.mark.parametrize(
+    ("usage", "loaded"),
+    [
+        (8800, [(10, True)]),  # 1200 free < 1001 bytes x 1.25: not before the word
+        (8700, [(10, False)]),  # 1300 free: loaded before the word
+    ],
+)
 def test_a_step_the_containers_memory_cannot_hold_is_loaded_at_the_word_only(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, usage: int, loaded: list[tuple[int, bool]]
 ) -> None:
-    checkpoint(tmp_path / "ckpt", 10, 1000)
-    monkeypatch.setattr(standby, "CGROUP", cgroup_v2(tmp_path / "cg", "10000", 8800))
+    marker = checkpoint(tmp_path / "ckpt", 10, 1000)
+    monkeypatch.setattr(standby, "CGROUP", cgroup_v2(tmp_path / "cg", "10000", usage))
     fake = held(monkeypatch, FakeHook(10, polls=3))
     loads: list[tuple[int | None, bool]] = []
     standby.wait(
         lambda step: loads.append((step, fake.released)),
         lambda: 10,
-        marker=lambda s: tmp_path / "ckpt" / f"step-{s}" / ".metadata",
+        marker=lambda s: marker.parent.parent / f"step-{s}" / ".metadata",
         poll_s=0,
     )
-    assert loads == [(10, True)], "1200 free < 1001 bytes x 1.25: not before the word"
-    monkeypatch.setattr(standby, "CGROUP", cgroup_v2(tmp_path / "cg", "10000", 8700))
-    fake = held(monkeypatch, FakeHook(10, polls=3))
-    loads.clear()
-    standby.wait(
-        lambda step: loads.append((step, fake.released)),
-        lambda: 10,
-        marker=lambda s: tmp_path / "ckpt" / f"step-{s}" / ".metadata",
-        poll_s=0,
-    )
-    assert loads == [(10, False)], "1300 free: loaded before the word"
+    assert loads == loaded
 
 
 def test_a_held_standby_short_of_memory_ends_before_the_running_epoch_is(
