@@ -259,6 +259,48 @@ def test_a_live_pods_slot_moves_only_once_its_kubelet_stopped_it() -> None:
     assert moved.status.slots == {member(1): member(4)}
 
 
+@pytest.mark.parametrize(
+    ("new_node", "spare_nodes", "slots"),
+    [
+        ("n2", ("n4", "n5"), {member(1): member(4)}),  # beside member 2: a spare takes the slot
+        ("n6", ("n4", "n5"), {}),  # a node of its own: it keeps its Job's new pod
+        ("n4", ("n4", "n5"), {}),  # beside a spare only: kept (the spare then moves)
+        ("n2", ("n0", "n3"), {}),  # every spare beside a holder: no better place, kept
+    ],
+    ids=["beside-a-holder", "own-node", "beside-a-spare", "no-spare-elsewhere"],
+)
+def test_a_members_new_pod_beside_another_holder_gives_its_slot_to_a_spare_elsewhere(
+    new_node: str, spare_nodes: tuple[str, str], slots: dict[str, str]
+) -> None:
+    """A member replaced while its node lives (a drain, a device fault, repeated failures) is
+    fenced only once its kubelet stopped it, and its Job's new pod may be Ready by then, on a
+    node the scheduler scored like a spare's: one beside another member's, whose death would
+    take both. Once the old pod is fenced the slot goes to a ready spare on a node that holds
+    no member instead, and the new pod is a spare; elsewhere the new pod keeps it."""
+    policy = Policy(member_repeat_limit=1)
+    p = plan(gang(pod_list=with_pod(pods(6, epoch=2), 1, exited_in_epoch=2), policy=policy))
+    assert [r.pod for r in replaced(p)] == ["p1"]
+    new = dataclasses.replace(
+        pods(2, epoch=3)[1], name="p1b", uid="uid-1b", node=new_node, created=NOW + 4
+    )
+    now = [pod for pod in pods(6, epoch=3) if pod.name != "p1"]
+    now = with_pod(with_pod(now, 3, node=spare_nodes[0]), 4, node=spare_nodes[1])
+    nm = {**nodes(6), "n6": NodeView("n6", lease_renewed=NOW - 1)}
+    q = plan(gang(status=p.status, pod_list=[*now, new], node_map=nm, policy=policy, now=NOW + 6))
+    assert q.status.slots == slots
+    assert "SpareShortfall" not in events(q), "a member on a pod of its own is not short"
+    assert (q.status.phase, q.status.barrier_open) == (Phase.RUNNING, True)
+    s = gang(status=q.status, pod_list=[*now, new], node_map=nm, policy=policy, now=NOW + 7)
+    if slots:
+        (swap,) = [
+            a.message for a in q.actions if isinstance(a, Event) and a.reason == SPARE_SWAPPED
+        ]
+        assert "new pod p1b, which shares node n2 with another member, is a spare" in swap
+        assert (current_pods(s)[member(1)].name, current_spares(s)[member(1)].name) == ("p4", "p1b")
+    else:
+        assert current_pods(s)[member(1)].name == "p1b"
+
+
 def test_a_dead_node_is_not_fenced_when_force_delete_is_off() -> None:
     nm = dead(nodes(6), "n2")
     p = plan(gang(node_map=nm, policy=Policy(force_delete=ForceDelete.NEVER)))

@@ -43,23 +43,35 @@ class HotSpares(PlanningPass):
         for their Job's (scheduling, image pull, start): the slot is given to the spare's
         position once the old pod is fenced (it cannot be training any more: gone, terminal,
         or force-deleted on a silent node). A member already on a Ready pod that is not the
-        replaced one keeps it; one with no spare ready waits for its Job's new pod, as
-        without spares (the shortfall is said once per epoch), as does a member of another
-        replicatedJob than the spares' (a spare is a pod of its own template). Returns the
-        slots given to a spare in this pass (on their spare's pod from now on)."""
+        replaced one keeps it, unless that pod is its Job's new one and shares a node with
+        another slot's holder (the scheduler scores such a node like a spare's, and the
+        node's death would then take both): it takes a ready spare on a node that holds no
+        holder, once the old pod is fenced, and its Job's new pod is a spare from then on.
+        One with no spare ready waits for its Job's new pod, as without spares (the shortfall
+        is said once per epoch), as does a member of another replicatedJob than the spares'
+        (a spare is a pod of its own template). Returns the slots given to a spare in this
+        pass (on their spare's pod from now on)."""
         s, st = self.s, self.st
         if not s.gang.spares:
             return frozenset()
         by_uid = {pod.uid: pod for pod in s.pods}
         force = s.policy.force_delete == ForceDelete.UNREACHABLE
         lease_end = names.LEASE_S + names.FENCE_MARGIN_S
-        wanting, avoid = [], set()
+        holder_nodes = {m: pod.node for m, pod in self.current.items() if _placed(pod)}
+        wanting: list[str] = []  # on no Ready pod of their own: a spare, or a shortfall
+        crowded: list[str] = []  # on their Job's new pod beside another holder: a spare if any
+        avoid: set[str] = set()
         for member, old_uid in sorted(rec.recreated.items()):
             if not spares_job(member, s.gang.spares):
                 continue  # another replicatedJob's member: its Job's new pod, as without spares
             pod = self.current.get(member)
             if pod is not None and pod.uid != old_uid and self.ready_pod(pod):
-                continue  # on a new pod already (a spare, or its Job's replacement)
+                own = member not in st.slots  # its Job's new pod, not a spare
+                if not own or pod.node not in {n for m, n in holder_nodes.items() if m != member}:
+                    continue  # on a new pod already (a spare, or its Job's on a node of its own)
+                waiting = crowded  # its Job's new pod, beside another holder: a spare if fenced
+            else:
+                waiting = wanting
             old = by_uid.get(old_uid)
             dead = rec.causes.get(member) == Cause.NODE_UNHEALTHY
             if old is not None and old.node:
@@ -69,23 +81,36 @@ class HotSpares(PlanningPass):
                 # whatever became of the pod (deleted by force, or not)
                 quiet = s.silent[old_uid]
                 if quiet >= lease_end:
-                    wanting.append(member)
+                    waiting.append(member)
                 else:
                     self.p.wake_at(s.now, s.now + lease_end - quiet)
             elif fenced(None if old is None else old.phase, force_deleted=force and dead):
-                wanting.append(member)
-        if not wanting:
+                waiting.append(member)
+        if not wanting and not crowded:
             return frozenset()
         taken = set(rec.recreated.values())
         ready = [p for p in current_spares(s).values() if self.ready_pod(p) and p.uid not in taken]
-        swaps, short = plan_swaps(wanting, ready, frozenset(avoid))
+        swaps, short = plan_swaps(
+            wanting,
+            ready,
+            frozenset(avoid),
+            crowded=crowded,
+            holder_nodes=frozenset(n for n in holder_nodes.values() if n is not None),
+        )
         for slot, spare in swaps:
+            new = self.current.get(slot) if slot in crowded else None
             st.slots = swapped(st.slots, slot, spare.member)
             self.current[slot] = dataclasses.replace(spare, member=slot)
+            why = (
+                f"its Job's new pod {new.name}, which shares node {new.node} with another "
+                "member, is a spare from now on"
+                if new is not None
+                else "its old pod is replaced as a spare"
+            )
             self.event(
                 SPARE_SWAPPED,
                 f"epoch {st.epoch}: {slot} continues on hot spare {spare.name} (position "
-                f"{spare.member}, node {spare.node}); its old pod is replaced as a spare",
+                f"{spare.member}, node {spare.node}); {why}",
             )
         if short:
             self.event(
