@@ -14,10 +14,15 @@ pod: its torchrun runs as that member's node rank (its workers have that member'
 rank resumes at one DCP step, and the gang trains again. The same gang without a spare is the
 comparison: its dead member's pod is force-deleted once the node's Lease is stale, and its Job's
 new pod starts on the free third node. Printed: the time from the power-off to every rank's
-first step after the resume."""
+first step after the resume.
+
+A drain of a member's node with the spare's node closed to new pods: the member's Job's new pod
+can only go beside the other member, and the slot goes to the spare (on a node of its own)
+instead; the new pod stands by as the spare."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -30,8 +35,14 @@ from jobset_inplace import names
 from jobset_inplace.core.transform import AGENT_CONTAINER
 from jobset_inplace.prestart import HELD
 from testbed.cluster import LocalCluster
-from testbed.controller import barrier_open, gang_state, member_pods
-from testbed.demo import started_trainer_log, timed_log
+from testbed.controller import barrier_open, gang_state, member_pods, slot_holders
+from testbed.demo import (
+    assert_resumed,
+    started_trainer_log,
+    timed_log,
+    trainers_running,
+    training_gang,
+)
 from testbed.install import Installation
 from testbed.kube import Clients, create_jobset, wait_for
 from testbed.torchgang import (
@@ -43,6 +54,7 @@ from testbed.torchgang import (
     torch_jobset,
     with_prestart,
 )
+from testbed.versions import binaries
 
 pytestmark = pytest.mark.e2e
 NAME = "spares"
@@ -67,6 +79,16 @@ def agent_log(kubeconfig: Path, namespace: str, pod: str) -> str:
         return "\n".join(line for _, line in timed_log(kubeconfig, namespace, pod, AGENT_CONTAINER))
     except subprocess.CalledProcessError:  # not started yet (or kubectl's notice instead)
         return ""
+
+
+# A taint the spare's node gets for the drain test: closed to new pods, the spare stays.
+CLOSED = {"key": "e2e.test/closed-to-new-pods", "effect": "NoSchedule"}
+DRAIN_TIMEOUT_S = 300
+
+
+def leader_node(kube: Clients, controller: Installation) -> str:
+    pod = kube.core.read_namespaced_pod(controller.leader(), names.INSTALL_NAMESPACE)
+    return str(pod.spec.node_name)
 
 
 @pytest.mark.parametrize("spares", [1, 0], ids=["spare", "no-spare"])
@@ -125,8 +147,7 @@ def test_a_dead_nodes_member_trains_again_on_the_hot_spare_as_the_same_rank(
 
     # the member whose node dies: one whose node the controller's leader is not on (this test
     # is of the spare, not of a failover; e2e/test_failover.py has that)
-    leader = kube.core.read_namespaced_pod(controller.leader(), names.INSTALL_NAMESPACE)
-    victim = "1" if nodes["1"] != leader.spec.node_name else "0"
+    victim = "1" if nodes["1"] != leader_node(kube, controller) else "0"
     survivor = "0" if victim == "1" else "1"
     slot = names.member_name("workers", int(victim), 0)
     dead = nodes[victim]
@@ -187,3 +208,95 @@ def test_a_dead_nodes_member_trains_again_on_the_hot_spare_as_the_same_rank(
             print(f"  rank {rank}: " + ", ".join(f"{k} {v - t0:.1f} s" for k, v in marks.items()))
     finally:
         cluster.power_on(dead)
+
+
+def test_a_drained_members_slot_goes_to_the_spare_not_beside_another_member(
+    *,  # (fixtures)
+    three_real_nodes: LocalCluster,
+    cluster_kubeconfig: Path,
+    controller: Installation,
+    kube: Clients,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """A demo gang of 2 members and 1 spare on 3 real nodes; the spare's node is closed to new
+    pods (a NoSchedule taint: the spare stays) and a member's node is drained. The gang stops
+    at one step, and the member's Job's new pod can only be scheduled beside the other member,
+    where one node's death would take both: the slot goes to the spare once the old pod is
+    fenced (whether the new pod was Ready by then or not), the new pod stands by as the spare,
+    every member resumes at the planned step on a node of its own, and the drain completes."""
+    name = "drained"
+    training_gang(
+        kube,
+        cluster_kubeconfig,
+        namespace,
+        name,
+        2,
+        persistent=tmp_path / "shared",
+        shared_root=True,
+        spares=1,
+    )
+    before = member_pods(kube, namespace, name)
+    assert set(before) == {"0", "1", SPARE}, sorted(before)
+    nodes = {i: p.spec.node_name for i, p in before.items()}
+    assert len(set(nodes.values())) == 3, f"one pod per real node: {nodes}"
+    victim = "1" if nodes["1"] != leader_node(kube, controller) else "0"
+    survivor = "0" if victim == "1" else "1"
+    drained, closed = nodes[victim], nodes[SPARE]
+    epoch = gang_state(kube, namespace, name)["epoch"] + 1
+    taints = kube.core.read_node(closed).spec.taints or []
+    kube.core.patch_node(closed, {"spec": {"taints": [*taints, CLOSED]}})
+    drain = [
+        str(binaries().kubectl),
+        "--kubeconfig",
+        str(cluster_kubeconfig),
+        "drain",
+        drained,
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        f"--timeout={DRAIN_TIMEOUT_S}s",
+    ]
+    proc = subprocess.Popen(drain, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        st = barrier_open(kube, namespace, name, epoch, 240)
+        slot = names.member_name("workers", int(victim), 0)
+        assert st["recovery"]["causes"] == {slot: "PlannedMove"}, st
+        assert st.get(names.STATUS_SLOTS) == {slot: names.member_name("workers", int(SPARE), 0)}
+        reasons = {
+            e.reason: e.message
+            for e in kube.core.list_namespaced_event(
+                namespace, field_selector=f"involvedObject.name={name}"
+            ).items
+        }
+        m = re.search(r"every trainer stops at step (\d+)", reasons.get("PlannedStop", ""))
+        assert m, reasons
+        planned = int(m.group(1))
+        assert (st["resumeStep"], st["recovery"]["progressStepsLost"]) == (planned, 0), st
+        holders = slot_holders(kube, namespace, name, 2)
+        on = {i: p.spec.node_name for i, p in holders.items()}
+        assert on == {victim: closed, survivor: nodes[survivor]}, on
+        wait_for(
+            f"every member's trainer running in epoch {epoch}",
+            lambda: trainers_running(kube, cluster_kubeconfig, namespace, name, 2, epoch=epoch),
+            120,
+        )
+        assert_resumed(cluster_kubeconfig, namespace, holders.values(), epoch, planned)
+        out, _ = proc.communicate(timeout=DRAIN_TIMEOUT_S)
+        assert proc.returncode == 0, out
+        new = member_pods(kube, namespace, name, include_failed=False)[victim]
+        assert new.metadata.uid != before[victim].metadata.uid
+        assert new.spec.node_name == nodes[survivor], "the only node open to it"
+        assert "holds no slot; standing by" in agent_log(
+            cluster_kubeconfig, namespace, new.metadata.name
+        )
+        print(
+            f"\ndrain of {drained} (member {victim}), {closed} closed to new pods: member "
+            f"{victim}'s Job's new pod went beside member {survivor} on {nodes[survivor]}; the "
+            f"spare on {closed} took the slot ({reasons['SpareSwapped']}); resumed at step "
+            f"{planned}, 0 steps lost ({reasons['BarrierOpened']})"
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kube.core.patch_node(drained, {"spec": {"unschedulable": None}})
+        kube.core.patch_node(closed, {"spec": {"taints": taints or None}})

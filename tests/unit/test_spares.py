@@ -39,6 +39,7 @@ from jobset_inplace.core.model import (
     Snapshot,
 )
 from jobset_inplace.core.planner import plan
+from jobset_inplace.core.planner.hot_spares import CROWDED_HOLD_S
 from jobset_inplace.core.policy import ForceDelete, Policy, PolicyError
 from jobset_inplace.core.spares import (
     SPARE_SWAPPED,
@@ -299,6 +300,42 @@ def test_a_members_new_pod_beside_another_holder_gives_its_slot_to_a_spare_elsew
         assert (current_pods(s)[member(1)].name, current_spares(s)[member(1)].name) == ("p4", "p1b")
     else:
         assert current_pods(s)[member(1)].name == "p1b"
+
+
+@pytest.mark.parametrize("phase", ["Running", "Pending"])
+@pytest.mark.parametrize("old_gone_after", [2.0, None], ids=["fenced-in-time", "never-fenced"])
+def test_a_crowded_new_pod_is_held_out_of_the_barrier_until_its_old_pod_is_fenced(
+    old_gone_after: float | None, phase: str
+) -> None:
+    """The Job's new pod is made as soon as the old one is deleting, and its agent (an init
+    container) reports before the old pod is gone, Ready or still starting (``Pending``): it
+    does not open the barrier beside another member while a spare elsewhere waits for the
+    old pod's fence, but only for ``CROWDED_HOLD_S`` after it was made (a deletion that
+    hangs does not hold the gang)."""
+    policy = Policy(member_repeat_limit=1)
+    p = plan(gang(pod_list=with_pod(pods(6, epoch=2), 1, exited_in_epoch=2), policy=policy))
+    made = NOW + 1
+    new = dataclasses.replace(
+        pods(2, epoch=3)[1], name="p1b", uid="uid-1b", node="n2", created=made, phase=phase
+    )
+    others = [pod for pod in pods(6, epoch=3) if pod.name != "p1"]
+    old = dataclasses.replace(pods(2, epoch=2)[1], deleting=True)
+
+    def at(t: float, *, gone: bool) -> Plan:
+        pod_list = [*others, new] if gone else [*others, new, old]
+        return plan(gang(status=p.status, pod_list=pod_list, policy=policy, now=t))
+
+    held = at(made + 1, gone=False)
+    assert (held.status.barrier_open, held.status.slots) == (False, {})
+    assert held.status.waiting == [member(1)]
+    assert held.requeue_after is not None
+    assert held.requeue_after <= CROWDED_HOLD_S - 1, "looks again by the hold's end"
+    if old_gone_after is not None:
+        q = at(made + old_gone_after, gone=True)
+        assert (q.status.barrier_open, q.status.slots) == (True, {member(1): member(4)})
+    else:
+        q = at(made + CROWDED_HOLD_S, gone=False)
+        assert (q.status.barrier_open, q.status.slots) == (True, {}), "held no longer"
 
 
 def test_a_dead_node_is_not_fenced_when_force_delete_is_off() -> None:

@@ -5,6 +5,7 @@ with a slot's holder while another node is free."""
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 from jobset_inplace import names
 from jobset_inplace.core.detection import (
@@ -33,12 +34,27 @@ from jobset_inplace.core.statemachine import Phase
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 KUBERNETES_TAINTS = "node.kubernetes.io/"  # not-ready, unreachable, the pressures, cordon, ...
 TERMINAL = ("Failed", "Succeeded")
+# How long after a member's Job's new pod was made, on a node beside another member, it is held
+# out of the barrier while its old pod is not yet fenced and a spare elsewhere could take its
+# slot: the old pod's lease ends LEASE_S + FENCE_MARGIN_S after the decision to replace it,
+# which came before the new pod; and its creation time is whole seconds.
+CROWDED_HOLD_S = names.LEASE_S + names.FENCE_MARGIN_S + 2.0
+
+
+class Swaps(NamedTuple):
+    """What :meth:`HotSpares.swap_spares` did in a pass: the slots given to a spare (on their
+    spare's pod from now on), and the members held out of the barrier a moment (their Job's
+    new pod shares a node with another member, and a spare elsewhere may take the slot once
+    the old pod is fenced)."""
+
+    on_spare: frozenset[str]
+    held: frozenset[str]
 
 
 class HotSpares(PlanningPass):
     """Swapping a member onto a spare, and moving spares off nodes that are going."""
 
-    def swap_spares(self, rec: Recovery) -> frozenset[str]:
+    def swap_spares(self, rec: Recovery) -> Swaps:
         """Members of this recovery that get a new pod take a ready spare's instead of waiting
         for their Job's (scheduling, image pull, start): the slot is given to the spare's
         position once the old pod is fenced (it cannot be training any more: gone, terminal,
@@ -46,30 +62,41 @@ class HotSpares(PlanningPass):
         replaced one keeps it, unless that pod is its Job's new one and shares a node with
         another slot's holder (the scheduler scores such a node like a spare's, and the
         node's death would then take both): it takes a ready spare on a node that holds no
-        holder, once the old pod is fenced, and its Job's new pod is a spare from then on.
+        holder, once the old pod is fenced, and its Job's new pod (Ready or not) is a spare
+        from then on.
         One with no spare ready waits for its Job's new pod, as without spares (the shortfall
         is said once per epoch), as does a member of another replicatedJob than the spares'
-        (a spare is a pod of its own template). Returns the slots given to a spare in this
-        pass (on their spare's pod from now on)."""
+        (a spare is a pod of its own template). A member on such a crowded pod whose old pod
+        is not fenced yet is held out of the barrier while a spare is ready for it, so that
+        the gang does not start training on the crowded pod a moment before the swap may be
+        made: at most ``CROWDED_HOLD_S`` after its new pod was made (its old pod's lease ends
+        ``LEASE_S + FENCE_MARGIN_S`` after the decision, which came before that pod)."""
         s, st = self.s, self.st
         if not s.gang.spares:
-            return frozenset()
+            return Swaps(frozenset(), frozenset())
         by_uid = {pod.uid: pod for pod in s.pods}
         force = s.policy.force_delete == ForceDelete.UNREACHABLE
         lease_end = names.LEASE_S + names.FENCE_MARGIN_S
         holder_nodes = {m: pod.node for m, pod in self.current.items() if _placed(pod)}
         wanting: list[str] = []  # on no Ready pod of their own: a spare, or a shortfall
         crowded: list[str] = []  # on their Job's new pod beside another holder: a spare if any
+        unfenced: list[str] = []  # ... whose old pod may still be training: held a moment
         avoid: set[str] = set()
         for member, old_uid in sorted(rec.recreated.items()):
             if not spares_job(member, s.gang.spares):
                 continue  # another replicatedJob's member: its Job's new pod, as without spares
             pod = self.current.get(member)
-            if pod is not None and pod.uid != old_uid and self.ready_pod(pod):
-                own = member not in st.slots  # its Job's new pod, not a spare
-                if not own or pod.node not in {n for m, n in holder_nodes.items() if m != member}:
-                    continue  # on a new pod already (a spare, or its Job's on a node of its own)
+            new = pod if pod is not None and pod.uid != old_uid and _placed(pod) else None
+            beside = new is not None and any(
+                node == new.node for m, node in holder_nodes.items() if m != member
+            )
+            if new is not None and member not in st.slots and beside:
                 waiting = crowded  # its Job's new pod, beside another holder: a spare if fenced
+                if s.now < new.created + CROWDED_HOLD_S:
+                    unfenced.append(member)  # (taken off below once fenced)
+                    self.p.wake_at(s.now, new.created + CROWDED_HOLD_S)
+            elif new is not None and self.ready_pod(new):
+                continue  # on a new pod already (a spare, or its Job's on a node of its own)
             else:
                 waiting = wanting
             old = by_uid.get(old_uid)
@@ -86,16 +113,22 @@ class HotSpares(PlanningPass):
                     self.p.wake_at(s.now, s.now + lease_end - quiet)
             elif fenced(None if old is None else old.phase, force_deleted=force and dead):
                 waiting.append(member)
-        if not wanting and not crowded:
-            return frozenset()
+        unfenced = [m for m in unfenced if m not in crowded]
+        if not wanting and not crowded and not unfenced:
+            return Swaps(frozenset(), frozenset())
         taken = set(rec.recreated.values())
         ready = [p for p in current_spares(s).values() if self.ready_pod(p) and p.uid not in taken]
+        occupied = frozenset(n for n in holder_nodes.values() if n is not None)
         swaps, short = plan_swaps(
-            wanting,
-            ready,
+            wanting, ready, frozenset(avoid), crowded=crowded, holder_nodes=occupied
+        )
+        used = {spare.uid for _, spare in swaps}
+        would, _ = plan_swaps(
+            [],
+            [p for p in ready if p.uid not in used],
             frozenset(avoid),
-            crowded=crowded,
-            holder_nodes=frozenset(n for n in holder_nodes.values() if n is not None),
+            crowded=unfenced,
+            holder_nodes=occupied | {spare.node for _, spare in swaps if spare.node},
         )
         for slot, spare in swaps:
             new = self.current.get(slot) if slot in crowded else None
@@ -119,7 +152,7 @@ class HotSpares(PlanningPass):
                 "their Jobs' new pods",
                 once_key=f"SpareShortfall/{st.epoch}",
             )
-        return frozenset(slot for slot, _ in swaps)
+        return Swaps(frozenset(slot for slot, _ in swaps), frozenset(slot for slot, _ in would))
 
     def move_spares(self) -> None:
         """Spares on a node that is dead, or being drained (its device tainted to move): no

@@ -29,7 +29,7 @@ class Recovering(Barrier, HotSpares):
         if not self.fold_failures(rec, causes):
             return
         # a slot given to a spare now is on the spare's pod: its cause was its old pod's
-        on_spare = self.swap_spares(rec)
+        on_spare, held = self.swap_spares(rec)
         members = sorted(s.gang.members)
         joined = [
             pod
@@ -38,6 +38,7 @@ class Recovering(Barrier, HotSpares):
             and pod.reported_epoch == st.epoch
             and pod.uid != rec.recreated.get(m)
             and (m not in causes or m in on_spare)  # still failing: not back yet
+            and m not in held  # a spare may take its slot in a moment
         ]
         st.reported = len(joined)
         back = {p.member for p in joined}
