@@ -444,8 +444,9 @@ class Snapshot:
     # (core.device_taints)
     devices_leaving: Mapping[str, str] = field(default_factory=dict)
     # hot spares with a report channel: pod UID -> seconds since this leader last heard its
-    # agent (a report or a heartbeat), counted from when it could first (its channel named);
-    # absent: heard within the last pass's reach, or not a heartbeating pod
+    # agent (a report or a heartbeat), counted from when it could first (its channel named):
+    # every agent it heard in the last minutes, so near 0 for one that heartbeats (absent: not
+    # a heartbeating pod, or not heard for minutes); silent_for() reads it
     silent: Mapping[str, float] = field(default_factory=dict)
     # slot -> (epoch, progress span): how far its trainers were in that epoch, as its agent last
     # noted it over this leader's channel (names.REPORT_PROGRESS_NOTE); kept when its pod goes,

@@ -170,15 +170,16 @@ def plan_swaps(
     crowded: Sequence[str] = (),
     holder_nodes: frozenset[str] = frozenset(),
 ) -> tuple[list[tuple[str, P]], list[str]]:
-    """Ready spares (their pods, lowest position first) for the slots in ``wanting`` (in that
-    order), none on ``avoid_nodes`` (the nodes of the pods being replaced): ((slot, spare's
-    pod) for each swap, the slots left without a spare: the shortfall). Then, with the spares
-    left, the slots in ``crowded``: each is on a new pod of its own already, one that shares a
-    node with another slot's holder (where that node's death would take both), and takes a
-    spare only from a node that holds no slot's holder (``holder_nodes``, with the nodes of
-    this call's swaps added as it goes); one that finds none keeps its pod (no shortfall)."""
-    free = [pod for pod in sorted(ready, key=lambda p: _job_order(p.member)) if pod.node]
-    free = [pod for pod in free if pod.node not in avoid_nodes]
+    """Ready spares (their pods: on a node that holds no slot's holder first, then lowest
+    position first) for the slots in ``wanting`` (in that order), none on ``avoid_nodes`` (the
+    nodes of the pods being replaced): ((slot, spare's pod) for each swap, the slots left
+    without a spare: the shortfall). Then, with the spares left, the slots in ``crowded``:
+    each is on a Ready pod already, one that shares a node with another slot's holder (where
+    that node's death would take both), and takes a spare only from a node that holds no
+    slot's holder (``holder_nodes``, with the nodes of this call's swaps added as it goes);
+    one that finds none keeps its pod (no shortfall)."""
+    order = sorted(ready, key=lambda p: (p.node in holder_nodes, _job_order(p.member)))
+    free = [pod for pod in order if pod.node and pod.node not in avoid_nodes]
     swaps = list(zip(wanting, free))  # noqa: B905 (the shorter; no strict= on 3.9: strenum.py)
     short = list(wanting[len(swaps) :])
     left, held = free[len(swaps) :], set(holder_nodes) | {pod.node for _, pod in swaps}

@@ -12,6 +12,7 @@ from jobset_inplace.core.detection import (
     current_spares,
     heartbeats,
     node_state,
+    silent_for,
     unhealthy_since,
 )
 from jobset_inplace.core.model import Cause, PodView, Recovery, Snapshot
@@ -34,11 +35,11 @@ from jobset_inplace.core.statemachine import Phase
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 KUBERNETES_TAINTS = "node.kubernetes.io/"  # not-ready, unreachable, the pressures, cordon, ...
 TERMINAL = ("Failed", "Succeeded")
-# How long after a member's Job's new pod was made, on a node beside another member, it is held
-# out of the barrier while its old pod is not yet fenced and a spare elsewhere could take its
-# slot: the old pod's lease ends LEASE_S + FENCE_MARGIN_S after the decision to replace it,
-# which came before the new pod; and its creation time is whole seconds.
-CROWDED_HOLD_S = names.LEASE_S + names.FENCE_MARGIN_S + 2.0
+# Without the report channel (no lease to wait out), how long after a recovery started a member
+# whose new pod shares a node with another member is held out of the barrier while its old pod,
+# on a live node, is being stopped and a spare elsewhere could take its slot: a deletion that
+# hangs does not hold the gang longer.
+CROWDED_HOLD_S = 6.0
 
 
 class Swaps(NamedTuple):
@@ -58,19 +59,22 @@ class HotSpares(PlanningPass):
         """Members of this recovery that get a new pod take a ready spare's instead of waiting
         for their Job's (scheduling, image pull, start): the slot is given to the spare's
         position once the old pod is fenced (it cannot be training any more: gone, terminal,
-        or force-deleted on a silent node). A member already on a Ready pod that is not the
-        replaced one keeps it, unless that pod is its Job's new one and shares a node with
-        another slot's holder (the scheduler scores such a node like a spare's, and the
-        node's death would then take both): it takes a ready spare on a node that holds no
-        holder, once the old pod is fenced, and its Job's new pod (Ready or not) is a spare
-        from then on.
-        One with no spare ready waits for its Job's new pod, as without spares (the shortfall
-        is said once per epoch), as does a member of another replicatedJob than the spares'
-        (a spare is a pod of its own template). A member on such a crowded pod whose old pod
-        is not fenced yet is held out of the barrier while a spare is ready for it, so that
-        the gang does not start training on the crowded pod a moment before the swap may be
-        made: at most ``CROWDED_HOLD_S`` after its new pod was made (its old pod's lease ends
-        ``LEASE_S + FENCE_MARGIN_S`` after the decision, which came before that pod)."""
+        or force-deleted on a silent node; with the report channel, its agent's lease surely
+        ended), spares on a node that holds no other member first. A member of another
+        replicatedJob than the spares' waits for its Job's new pod (a spare is a pod of its
+        own template), as does one with no spare ready (the shortfall is said once per epoch).
+
+        A member already on a Ready pod that is not the replaced one keeps it, unless that pod
+        shares a node with another member (a drain's or a device fault's Job's new pod, which
+        the scheduler placed where it could: that node's death would take both): it then
+        takes a ready spare on a node that holds no member, if there is one, and its pod is a
+        spare from then on. Such a pod is often made, and its agent reports, before the old
+        pod is fenced: while a spare on a node of its own is ready for it, the member is held
+        out of the barrier (``Swaps.held``) until the fence, so that the gang does not start
+        training on the shared node a moment before the swap: with the report channel, until
+        the old agent's lease ends (``LEASE_S + FENCE_MARGIN_S`` after its last answer, which
+        came before the decision); without it, until its kubelet stopped the old pod, at most
+        ``CROWDED_HOLD_S`` after the recovery started."""
         s, st = self.s, self.st
         if not s.gang.spares:
             return Swaps(frozenset(), frozenset())
@@ -79,8 +83,8 @@ class HotSpares(PlanningPass):
         lease_end = names.LEASE_S + names.FENCE_MARGIN_S
         holder_nodes = {m: pod.node for m, pod in self.current.items() if _placed(pod)}
         wanting: list[str] = []  # on no Ready pod of their own: a spare, or a shortfall
-        crowded: list[str] = []  # on their Job's new pod beside another holder: a spare if any
-        unfenced: list[str] = []  # ... whose old pod may still be training: held a moment
+        crowded: list[str] = []  # on a Ready pod beside another member: a spare elsewhere if any
+        unfenced: list[str] = []  # on a pod beside another member, the old pod not fenced yet
         avoid: set[str] = set()
         for member, old_uid in sorted(rec.recreated.items()):
             if not spares_job(member, s.gang.spares):
@@ -90,15 +94,10 @@ class HotSpares(PlanningPass):
             beside = new is not None and any(
                 node == new.node for m, node in holder_nodes.items() if m != member
             )
-            if new is not None and member not in st.slots and beside:
-                waiting = crowded  # its Job's new pod, beside another holder: a spare if fenced
-                if s.now < new.created + CROWDED_HOLD_S:
-                    unfenced.append(member)  # (taken off below once fenced)
-                    self.p.wake_at(s.now, new.created + CROWDED_HOLD_S)
-            elif new is not None and self.ready_pod(new):
-                continue  # on a new pod already (a spare, or its Job's on a node of its own)
-            else:
-                waiting = wanting
+            on_ready = new is not None and self.ready_pod(new)
+            if on_ready and not beside:
+                continue  # on a new pod already (a spare, or its Job's), on a node of its own
+            waiting = crowded if on_ready else wanting
             old = by_uid.get(old_uid)
             dead = rec.causes.get(member) == Cause.NODE_UNHEALTHY
             if old is not None and old.node:
@@ -111,9 +110,13 @@ class HotSpares(PlanningPass):
                     waiting.append(member)
                 else:
                     self.p.wake_at(s.now, s.now + lease_end - quiet)
+                    if beside:
+                        unfenced.append(member)
             elif fenced(None if old is None else old.phase, force_deleted=force and dead):
                 waiting.append(member)
-        unfenced = [m for m in unfenced if m not in crowded]
+            elif beside and s.now < rec.started + CROWDED_HOLD_S:
+                unfenced.append(member)
+                self.p.wake_at(s.now, rec.started + CROWDED_HOLD_S)
         if not wanting and not crowded and not unfenced:
             return Swaps(frozenset(), frozenset())
         taken = set(rec.recreated.values())
@@ -135,8 +138,8 @@ class HotSpares(PlanningPass):
             st.slots = swapped(st.slots, slot, spare.member)
             self.current[slot] = dataclasses.replace(spare, member=slot)
             why = (
-                f"its Job's new pod {new.name}, which shares node {new.node} with another "
-                "member, is a spare from now on"
+                f"its pod {new.name}, which shares node {new.node} with another member, is a "
+                "spare from now on"
                 if new is not None
                 else "its old pod is replaced as a spare"
             )
@@ -208,12 +211,13 @@ class HotSpares(PlanningPass):
             or self.disrupted is not None
         ):
             return
+        holders = {slot: pod for slot, pod in self.current.items() if _placed(pod)}
+        holding = {pod.uid for pod in holders.values()}  # (a spare this pass gave a slot)
         spare_pods = {
             position: pod
             for position, pod in current_spares(s).items()
-            if _placed(pod) and pod.uid not in moved
+            if _placed(pod) and pod.uid not in moved and pod.uid not in holding
         }
-        holders = {slot: pod for slot, pod in self.current.items() if _placed(pod)}
         if not {pod.node for pod in spare_pods.values()} & {pod.node for pod in holders.values()}:
             return  # (no spare shares a node with a holder: the nodes are not looked at)
         for pod in holders.values():
@@ -221,7 +225,7 @@ class HotSpares(PlanningPass):
             unwell = node is not None and (
                 unhealthy_since(node, s.policy, s.now, s.leases_observed_since) is not None
             )
-            if unwell or pod.uid in s.silent:
+            if unwell or silent_for(s, pod) >= names.HEARTBEAT_S:  # a heartbeat missed
                 return
         placed = [*spare_pods.values(), *holders.values()]
         spread, wake = spares_to_spread(spare_pods, holders, free_nodes(s, placed), s.now)

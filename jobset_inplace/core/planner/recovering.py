@@ -51,6 +51,8 @@ class Recovering(Barrier, HotSpares):
             self.fresh_epoch_waits(rec, missing)
         elif s.now < rec.deadline:
             self.p.wake_at(s.now, rec.deadline)
+        elif set(missing) <= held:
+            pass  # a spare takes their slots once their old pods are fenced (a wake is set)
         elif s.now < (heard := s.reports_since + REPORT_AGAIN_S):
             # a new leader: members that reported to the one before send again first, and
             # none of them is recreated for not having reported to this one (guarantee 6)
