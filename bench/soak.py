@@ -69,7 +69,7 @@ from testbed.demo_trainer import (
     parse_truth,
 )
 from testbed.devices import RESOURCE, TestDevices, pod_devices
-from testbed.install import Installation
+from testbed.install import Installation, leader_node
 from testbed.kube import Clients, clients, namespace_gone, wait_for
 from testbed.prometheus import Prometheus, running
 from testbed.versions import binaries, versions
@@ -115,6 +115,9 @@ class Failure:
     # with hot spares: the controller's spare Events from its injection to the next one
     # (seconds into the soak, reason, message)
     spare_events: list[tuple[float, str, str]] = field(default_factory=list)
+    # the node of the controller's leader just before the injection ("": none led, or an older
+    # record): a silence of that node takes the leader too
+    leader_node: str = ""
 
 
 @dataclass
@@ -338,6 +341,7 @@ def run(
         kind = args.kinds[i % len(args.kinds)]
         if spare_events is not None:
             spare_events.read()
+        leader = leader_node(soak.kube)
         began = time.time()
         injected = soak.fail(kind, i)
         at, wall = time.monotonic() - started, time.time()
@@ -348,7 +352,17 @@ def run(
         except AssertionError as e:  # not recovered in RECOVERY_TIMEOUT_S: the soak ends here
             failures.append(
                 Failure(
-                    kind, epoch, round(at, 1), injected.member, None, None, None, {}, wall, began
+                    kind,
+                    epoch,
+                    round(at, 1),
+                    injected.member,
+                    None,
+                    None,
+                    None,
+                    {},
+                    wall,
+                    began,
+                    leader_node=leader,
                 )
             )
             log(f"soak: STOPPED, {kind} of {injected.member} not recovered: {e}")
@@ -363,7 +377,7 @@ def run(
                 rec.get("progressStepsLost"), rec.get("resumeStep"), rec.get("causes") or {},
                 round(wall, 3), round(began, 3), rec.get("firstSignal") or "",
                 rec.get("signalWindowSeconds"), buckets or {},
-                dict(st.get(names.STATUS_SLOTS) or {}),
+                dict(st.get(names.STATUS_SLOTS) or {}), leader_node=leader,
             )
         )  # fmt: skip
         log(f"soak: {asdict(failures[-1])}")

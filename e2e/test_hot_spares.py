@@ -86,11 +86,6 @@ CLOSED = {"key": "e2e.test/closed-to-new-pods", "effect": "NoSchedule"}
 DRAIN_TIMEOUT_S = 300
 
 
-def leader_node(kube: Clients, controller: Installation) -> str:
-    pod = kube.core.read_namespaced_pod(controller.leader(), names.INSTALL_NAMESPACE)
-    return str(pod.spec.node_name)
-
-
 @pytest.mark.parametrize("spares", [1, 0], ids=["spare", "no-spare"])
 def test_a_dead_nodes_member_trains_again_on_the_hot_spare_as_the_same_rank(
     spares: int,
@@ -147,7 +142,7 @@ def test_a_dead_nodes_member_trains_again_on_the_hot_spare_as_the_same_rank(
 
     # the member whose node dies: one whose node the controller's leader is not on (this test
     # is of the spare, not of a failover; e2e/test_failover.py has that)
-    victim = "1" if nodes["1"] != leader_node(kube, controller) else "0"
+    victim = "1" if nodes["1"] != controller.leader_node() else "0"
     survivor = "0" if victim == "1" else "1"
     slot = names.member_name("workers", int(victim), 0)
     dead = nodes[victim]
@@ -240,7 +235,7 @@ def test_a_drained_members_slot_goes_to_the_spare_not_beside_another_member(
     assert set(before) == {"0", "1", SPARE}, sorted(before)
     nodes = {i: p.spec.node_name for i, p in before.items()}
     assert len(set(nodes.values())) == 3, f"one pod per real node: {nodes}"
-    victim = "1" if nodes["1"] != leader_node(kube, controller) else "0"
+    victim = "1" if nodes["1"] != controller.leader_node() else "0"
     survivor = "0" if victim == "1" else "1"
     drained, closed = nodes[victim], nodes[SPARE]
     epoch = gang_state(kube, namespace, name)["epoch"] + 1

@@ -41,6 +41,26 @@ CRD = "gangstates.jobset-inplace.dev"
 _LOUD = re.compile(r" (WARNING|ERROR|CRITICAL) |Traceback|Error")
 
 
+def leader_pod(kube: Clients) -> str:
+    """The in-cluster controller's pod holding its leader Lease (identities are
+    ``<pod name>_<random>``); "" while none does."""
+    lease = or_none(kube.coordination.read_namespaced_lease, DEFAULT_LEASE, names.INSTALL_NAMESPACE)
+    holder = lease.spec.holder_identity if lease is not None else None
+    return str(holder or "").rsplit("_", 1)[0]
+
+
+def leader_node(kube: Clients) -> str:
+    """The node of the in-cluster controller's leader pod; "" while none leads (or its pod is
+    gone)."""
+    pod_name = leader_pod(kube)
+    pod = (
+        or_none(kube.core.read_namespaced_pod, pod_name, names.INSTALL_NAMESPACE)
+        if pod_name
+        else None
+    )
+    return str(pod.spec.node_name or "") if pod is not None else ""
+
+
 @dataclass
 class Installation:
     """jobset-inplace installed in the cluster of ``kubeconfig``. ``cluster``: the local
@@ -129,13 +149,12 @@ class Installation:
         self.wait_settled(replicas, timeout)
 
     def leader(self) -> str:
-        """The pod holding the controller's leader Lease (identities are ``<pod name>_<random>``);
-        "" while none does."""
-        lease = or_none(
-            self.kube.coordination.read_namespaced_lease, DEFAULT_LEASE, names.INSTALL_NAMESPACE
-        )
-        holder = lease.spec.holder_identity if lease is not None else None
-        return str(holder or "").rsplit("_", 1)[0]
+        """The pod holding the controller's leader Lease; "" while none does."""
+        return leader_pod(self.kube)
+
+    def leader_node(self) -> str:
+        """The node of the pod holding the controller's leader Lease; "" while none does."""
+        return leader_node(self.kube)
 
     def wait_settled(self, replicas: int, timeout: float = 120) -> tuple[str, list[str]]:
         """Wait until exactly ``replicas`` pods run, none of them being deleted, and one of
