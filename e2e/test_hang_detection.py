@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from jobset_inplace import names
+from jobset_inplace.core import policy
 from jobset_inplace.times import parse_time
 from testbed.controller import barrier_open, member_pods, prepare, recovery_times
 from testbed.demo import (
@@ -28,7 +29,10 @@ from testbed.kube import Clients, create_jobset, wait_for
 pytestmark = pytest.mark.e2e
 
 MEMBERS = 2
-TIMEOUT_S = 10  # the shortest hang-timeout / startup-timeout accepted
+# A hang-timeout well under the old 10 s floor (the demo trainer steps every 0.2 s: 4 s is
+# twenty steps), and the shortest startup-timeout accepted.
+TIMEOUT_S = 4
+STARTUP_TIMEOUT_S = policy.STARTUP_TIMEOUT_RANGE_S[0]
 HANG = {names.HANG_TIMEOUT: f"{TIMEOUT_S}s"}
 
 
@@ -93,17 +97,17 @@ def test_a_trainer_that_never_makes_a_first_step_is_recovered(
     js = demo_jobset(
         "gang",
         MEMBERS,
-        annotations={names.STARTUP_TIMEOUT: f"{TIMEOUT_S}s"},
+        annotations={names.STARTUP_TIMEOUT: f"{STARTUP_TIMEOUT_S:g}s"},
         env={ENV_STARTUP_HANG_EPOCHS: "1"},
     )
     create_jobset(kube, namespace, js)
     first = barrier_open(kube, namespace, "gang", 1, 180)
     _, opened = recovery_times(first["recovery"])
-    st = barrier_open(kube, namespace, "gang", 2, TIMEOUT_S + 90)
+    st = barrier_open(kube, namespace, "gang", 2, STARTUP_TIMEOUT_S + 90)
     rec = st["recovery"]
     assert set(rec["causes"].values()) == {"TrainerHung"}
     started, _ = recovery_times(rec)
-    assert started - opened >= TIMEOUT_S, "not before the startup-timeout"
+    assert started - opened >= STARTUP_TIMEOUT_S, "not before the startup-timeout"
     wait_for(
         "every trainer running in epoch 2",
         lambda: trainers_running(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, epoch=2),
@@ -114,5 +118,5 @@ def test_a_trainer_that_never_makes_a_first_step_is_recovered(
         assert "epoch 2: resuming at step 0" in log
     print(
         f"\nstartup hang: barrier open -> recovery started {started - opened:.2f}s "
-        f"(startup-timeout {TIMEOUT_S}s)"
+        f"(startup-timeout {STARTUP_TIMEOUT_S:g}s)"
     )

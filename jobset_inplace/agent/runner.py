@@ -60,7 +60,10 @@ STOP_SLACK_S = 5.0
 # A trainer's exit or hang that cannot be reported for this long restarts the whole pod instead
 # (the kubelet's own signals then reach the controller): a gang never waits unseen.
 EXIT_REPORT_DEADLINE_S = 10.0
-PROGRESS_READ_SECONDS = 1.0  # how often the monitor reads the progress records
+# How often the monitor reads the progress records: a few small files (one per trainer), ~0.1 ms
+# a read; a quarter second keeps the read a small share of the shortest hang-timeout
+# (core/policy.py HANG_TIMEOUT_RANGE_S).
+PROGRESS_READ_SECONDS = 0.25
 # After the report channel failed, reports go on the pod for this long (jittered; doubling with
 # each failure in a row, from 1 s to 60 s), or until the status names another leader's channel:
 # a channel refused once is tried again soon, one that stays down costs a timeout a minute.
@@ -641,7 +644,8 @@ class TrainerMonitor:
     def _watch_progress(
         self, epoch: int, opened_at: float, states: dict[str, LauncherState]
     ) -> bool:
-        """Hang and straggler detection's look at the progress records (once a second)."""
+        """Hang and straggler detection's look at the progress records (every
+        ``PROGRESS_READ_SECONDS``)."""
         cfg = self.agent.cfg
         now = self.clock()
         if (self.hang is None and self.busy is None) or now < self.next_read:

@@ -197,8 +197,13 @@ KUEUE_RECOVERY_SHARE = 0.8
 TRAINER_STOP_GRACE_RANGE_S = (0.0, 300.0)
 # hang-timeout, startup-timeout: off unless set (a trainer that does not report progress must
 # never be taken for a hung one). Progress is a file write per step, read by the agent every
-# second: 10s is the shortest that is not mostly the poll; past a week nothing is "detected".
-HANG_TIMEOUT_RANGE_S = (10.0, 7 * 24 * 3600.0)
+# 0.25 s (agent/runner.py PROGRESS_READ_SECONDS): 2s is the shortest that is at most an eighth
+# the poll; past a week nothing is "detected". Whether a short one suits a workload is its
+# longest stretch without a step (a checkpoint save, an evaluation), not the product's.
+HANG_TIMEOUT_RANGE_S = (2.0, 7 * 24 * 3600.0)
+# startup-timeout counts from the barrier's opening: a trainer's start (an interpreter, its
+# imports) is in it, so under 10s it would mostly measure that.
+STARTUP_TIMEOUT_RANGE_S = (10.0, 7 * 24 * 3600.0)
 # straggler-factor: slower than the median by less than 10 % is noise; 100x is a hang.
 STRAGGLER_FACTOR_RANGE = (1.1, 100.0)
 # straggler-windows: the agent publishes this many windows on its pod (one annotation).
@@ -439,7 +444,7 @@ _PARSERS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
     (
         "startup_timeout_s",
         names.STARTUP_TIMEOUT,
-        lambda k, v: _duration(k, v, HANG_TIMEOUT_RANGE_S, "10m, 30m or 1h"),
+        lambda k, v: _duration(k, v, STARTUP_TIMEOUT_RANGE_S, "10m, 30m or 1h"),
     ),
     (
         "straggler_factor",

@@ -124,6 +124,7 @@ ACCEPTED: list[tuple[str, str, str, Any]] = [
     (names.PRESTART_WARM, "false", "prestart_warm", False),
     (names.PRESTART_IMPORTS, " torch , torch.distributed.checkpoint", "prestart_imports",
      ("torch", "torch.distributed.checkpoint")),
+    (names.HANG_TIMEOUT, "2s", "hang_timeout_s", 2.0),
     (names.HANG_TIMEOUT, "10s", "hang_timeout_s", 10.0),
     (names.HANG_TIMEOUT, "30m", "hang_timeout_s", 1800.0),
     (names.HANG_TIMEOUT, "168h", "hang_timeout_s", 604_800.0),
@@ -256,7 +257,7 @@ RANGES: dict[str, tuple[float, float]] = {
     names.RESTART_EXIT_CODE: (3, 255),
     names.KUEUE_RECOVERY_TIMEOUT: (75.0, 604_800.0),
     names.TRAINER_STOP_GRACE: (0.0, 300.0),
-    names.HANG_TIMEOUT: (10.0, 604_800.0),
+    names.HANG_TIMEOUT: (2.0, 604_800.0),
     names.STARTUP_TIMEOUT: (10.0, 604_800.0),
     names.STRAGGLER_FACTOR: (1.1, 100.0),
     names.STRAGGLER_WINDOWS: (1, 20),
@@ -276,7 +277,7 @@ def test_the_ranges_are_the_modules() -> None:
         names.KUEUE_RECOVERY_TIMEOUT: policy.KUEUE_RECOVERY_TIMEOUT_RANGE_S,
         names.TRAINER_STOP_GRACE: policy.TRAINER_STOP_GRACE_RANGE_S,
         names.HANG_TIMEOUT: policy.HANG_TIMEOUT_RANGE_S,
-        names.STARTUP_TIMEOUT: policy.HANG_TIMEOUT_RANGE_S,
+        names.STARTUP_TIMEOUT: policy.STARTUP_TIMEOUT_RANGE_S,
         names.STRAGGLER_FACTOR: policy.STRAGGLER_FACTOR_RANGE,
         names.STRAGGLER_WINDOWS: policy.STRAGGLER_WINDOWS_RANGE,
         names.STRAGGLER_WINDOW: policy.STRAGGLER_WINDOW_RANGE_S,
@@ -300,7 +301,8 @@ NAMES = (
     "an optional DNS prefix and '/', then up to 63 of A-Z a-z 0-9 - _ .)"
 )
 NOT_READY = "condition types that are True when a node is unhealthy (not Ready)"
-HANG = "a duration such as 10m, 30m or 1h, from 10s to 168h"
+HANG = "a duration such as 10m, 30m or 1h, from 2s to 168h"
+STARTUP = "a duration such as 10m, 30m or 1h, from 10s to 168h"
 FACTOR = "a number such as 1.5 or 2, from 1.1 to 100"
 FACTORS = {names.STRAGGLER_FACTOR}  # ranges of plain numbers, not durations
 DIRS = "local=/abs/path,persistent=/abs/path (either part may be left out)"
@@ -379,12 +381,12 @@ REJECTED: list[tuple[str, str, str]] = [
     (names.UNHEALTHY_CONDITIONS, "Ready", NOT_READY),  # True on every healthy node
     (names.UNHEALTHY_CONDITIONS, "KernelDeadlock,Ready", NOT_READY),
     (names.HANG_TIMEOUT, "0s", HANG),  # off is the annotation left out
-    (names.HANG_TIMEOUT, "9.999s", HANG),
+    (names.HANG_TIMEOUT, "1.999s", HANG),
     (names.HANG_TIMEOUT, "30", HANG),
     (names.HANG_TIMEOUT, "off", HANG),
     (names.HANG_TIMEOUT, "168h0m1s", HANG),
-    (names.STARTUP_TIMEOUT, "5s", HANG),
-    (names.STARTUP_TIMEOUT, "1d", HANG),
+    (names.STARTUP_TIMEOUT, "9.999s", STARTUP),
+    (names.STARTUP_TIMEOUT, "1d", STARTUP),
     (names.STRAGGLER_FACTOR, "1", FACTOR),
     (names.STRAGGLER_FACTOR, "1.09", FACTOR),
     (names.STRAGGLER_FACTOR, "100.5", FACTOR),

@@ -29,6 +29,7 @@ from jobset_inplace.agent.runner import (
     Agent,
     TrainerMonitor,
 )
+from jobset_inplace.core import policy
 from jobset_inplace.names import RestartScope
 from jobset_inplace.protocol.envelope import Message, message_values
 from jobset_inplace.protocol.gangstate import Endpoint
@@ -228,12 +229,28 @@ def test_a_crash_is_reported_before_a_hang(tmp_path: Path) -> None:
     assert [p[1]["metadata"]["annotations"] for p in api.patches] == [{names.REPORT_EXITED: "3"}]
 
 
-def test_reads_the_progress_records_at_most_once_a_second(tmp_path: Path) -> None:
+def test_reads_the_progress_records_at_most_once_a_read_period(tmp_path: Path) -> None:
     m, _, _, now = monitor(tmp_path, "pod", HangRule(startup_timeout=60))
     m.agent.running = (3, 0.0)
-    assert not at(m, now, 59.5)
-    assert not at(m, now, 60), f"next read at {59.5 + PROGRESS_READ_SECONDS}"
-    assert at(m, now, 59.5 + PROGRESS_READ_SECONDS)
+    before = 60 - PROGRESS_READ_SECONDS / 2
+    assert not at(m, now, before)
+    assert not at(m, now, 60), f"next read at {before + PROGRESS_READ_SECONDS}"
+    assert at(m, now, before + PROGRESS_READ_SECONDS)
+
+
+def test_a_short_hang_timeout_is_found_within_a_read_period(tmp_path: Path) -> None:
+    """The shortest hang-timeout the policy accepts is found no later than one read period
+    after it ran out, and not before."""
+    shortest = policy.HANG_TIMEOUT_RANGE_S[0]
+    m, _, _, now = monitor(tmp_path, "pod", HangRule(hang_timeout=shortest))
+    m.agent.running = (3, 0.0)
+    ProgressReporter(tmp_path, "trainer")(7)
+    assert not at(m, now, 1.0)  # the record is first seen here
+    t = 1.0
+    while t + PROGRESS_READ_SECONDS < 1.0 + shortest:
+        t += PROGRESS_READ_SECONDS
+        assert not at(m, now, t), f"hung at {t} s, before the hang-timeout ran out"
+    assert at(m, now, t + PROGRESS_READ_SECONDS), "found at the first read past the timeout"
 
 
 def test_publishes_the_busy_windows_and_retries_without_restarting(tmp_path: Path) -> None:
@@ -339,7 +356,7 @@ def test_notes_how_far_the_trainers_are_over_the_channel_only(tmp_path: Path) ->
     assert not at(m, now, 2)
     assert channel.sent == [], "one step: no pace yet"
     trained(6, 0.2)
-    assert not at(m, now, 2.5)
+    assert not at(m, now, 2 + PROGRESS_READ_SECONDS * 0.8)
     assert channel.sent == [], f"records read once a {PROGRESS_READ_SECONDS} s"
     at(m, now, 3)
     assert newest() == ("3", 6, 0.2)
