@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from jobset_inplace import names
 from jobset_inplace.strenum import StrEnum
 from jobset_inplace.times import format_time, parse_time
 
@@ -49,6 +50,23 @@ class ElectionTiming:
             raise ValueError(
                 f"--leader-elect-renew-deadline {self.renew_deadline_s:g}s must be longer than"
                 f" {JITTER:g} x --leader-elect-retry-period {self.retry_period_s:g}s (> 0)"
+            )
+
+    def check_fence(self) -> None:
+        """With the report channel, refuse settings under which a successor could act while
+        an agent still holds a lease its predecessor granted: the predecessor answers until
+        its renewal is ``renew_deadline`` old, an answer's lease lasts ``names.LEASE_S`` and
+        the launcher's stop ``names.FENCE_MARGIN_S``; the successor acts ``lease_duration``
+        after the last renewal it could have missed (docs/guarantees.md)."""
+        least = self.renew_deadline_s + names.LEASE_S + names.FENCE_MARGIN_S
+        if self.lease_duration_s < least:
+            raise ValueError(
+                f"--leader-elect-lease-duration {self.lease_duration_s:g}s must be at least"
+                f" --leader-elect-renew-deadline {self.renew_deadline_s:g}s +"
+                f" {names.LEASE_S + names.FENCE_MARGIN_S:g}s ({least:g}s) while the report"
+                f" channel is on: an agent's lease ({names.LEASE_S:g}s) and its trainer's stop"
+                f" ({names.FENCE_MARGIN_S:g}s) must end before a successor acts"
+                f" (or set {names.ENV_REPORT_ADVERTISE}=off)"
             )
 
 

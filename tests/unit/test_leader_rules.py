@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from jobset_inplace import names
+from jobset_inplace.controller import main as controller_main
 from jobset_inplace.core.leader_rules import (
     ElectionTiming,
     LeaseRecord,
@@ -81,9 +83,23 @@ def test_timings_that_could_let_two_leaders_act_are_refused(
         timing.check()
 
 
+def test_with_the_report_channel_a_successor_acts_only_after_every_agent_lease_ended() -> None:
+    """The predecessor answers for up to renew-deadline after its last renewal; each answer
+    is a lease of names.LEASE_S, its trainer stopped names.FENCE_MARGIN_S later."""
+    fence = names.LEASE_S + names.FENCE_MARGIN_S
+    ElectionTiming(15, 10, 2).check_fence()
+    ElectionTiming(10 + fence, 10, 2).check_fence()  # the least that fences
+    ElectionTiming(3 + fence, 3, 1).check_fence()
+    with pytest.raises(ValueError, match=r"lease-duration 13s must be at least .* \(14s\)"):
+        ElectionTiming(10 + fence - 1, 10, 2).check_fence()
+    with pytest.raises(ValueError, match="JSI_REPORT_ADVERTISE=off"):
+        ElectionTiming(3, 2, 0.5).check_fence()
+
+
 def test_defaults_are_client_go_s() -> None:
     t = ElectionTiming()
     t.check()
+    t.check_fence()
     assert (t.lease_duration_s, t.renew_deadline_s, t.retry_period_s) == (15, 10, 2)
 
 
@@ -95,3 +111,28 @@ def test_lease_round_trip() -> None:
     assert record_of(body) == rec
     assert "resourceVersion" not in lease_body("l", "ns", rec, None)["metadata"]
     assert record_of(lease_body("l", "ns", LeaseRecord(), None)) == LeaseRecord()
+
+
+@pytest.mark.parametrize(("advertise", "refused"), [("10.0.0.7", True), ("off", False)])
+def test_the_controller_refuses_an_election_that_cannot_fence_the_channels_leases(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    advertise: str,
+    refused: bool,
+) -> None:
+    """Before anything runs: with the report channel on, exit 2 naming the flags; with it
+    off the same timing is a valid election (nothing is granted to fence)."""
+    monkeypatch.setenv(names.ENV_REPORT_ADVERTISE, advertise)
+    argv = ["run", "--leader-elect", "--leader-elect-lease-duration=5s"]
+    argv += ["--leader-elect-renew-deadline=4s", "--leader-elect-retry-period=1s"]
+    ran: list[object] = []
+    monkeypatch.setattr(controller_main, "run_controller", lambda *a: ran.append(a))
+    if refused:
+        with pytest.raises(SystemExit) as info:
+            controller_main.main(argv)
+        assert info.value.code == 2
+        assert "--leader-elect-lease-duration 5s must be at least" in capsys.readouterr().err
+        assert ran == []
+    else:
+        assert controller_main.main(argv) == 0
+        assert len(ran) == 1
