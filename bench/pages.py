@@ -410,9 +410,11 @@ def _node_death_sentence(
     )
 
 
+# Every soak before its record named the gang's hang-timeout ran at this one (bench/soak.py).
+SOAK_HANG_TIMEOUT_BEFORE = "10s"
 SOAK_KINDS = {  # bench.soak's failure kinds, in its order, as the page names them
     "crash": "trainer crash (process scope)",
-    "hang": "hung trainer (after the 10 s hang timeout)",
+    "hang": "hung trainer (after the hang timeout)",
     "silence": "silent node (kubelet and containerd stopped)",
     "device": "device Unhealthy (member recreated on the other node)",
     "drain": "drain (planned move, member recreated)",
@@ -447,6 +449,7 @@ def soak_tables(doc: dict[str, Any], path: Path = SOAK) -> str:
         f"`make soak`: {r['wall_s'] / 60:.0f} minutes, a failure every "
         f"{_minutes(doc['every_s'])}, {doc['members']} members"
         + (f" and {doc['spares']} hot spare(s)" if doc.get("spares") else "")
+        + f", `hang-timeout: {doc.get('hang_timeout', SOAK_HANG_TIMEOUT_BEFORE)}`"
         + f"; run of {doc['when'][:10]} at commit "
         f"`{doc['commit']}`, Kubernetes "
         f"{doc['kubernetes']}, {m['cpus']} cores (steal {m.get('steal_pct', '?')} %); "

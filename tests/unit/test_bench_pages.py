@@ -349,7 +349,10 @@ def test_the_soak_account_counts_what_recovered_and_what_was_measured() -> None:
     doc["spares"], doc["every_s"] = 1, 60.0
     doc["result"]["slot_moves"] = {"silence": 1, "crash": 1}  # type: ignore[index]
     text = pages.soak_tables(doc)
-    assert "a failure every minute, 2 members and 1 hot spare(s); run of 2026-11-27" in text
+    # a record from before the soak named its hang-timeout ran at the one it had then
+    assert "every minute, 2 members and 1 hot spare(s), `hang-timeout: 10s`; run of" in text
+    doc["hang_timeout"] = "3s"
+    assert "2 members and 1 hot spare(s), `hang-timeout: 3s`;" in pages.soak_tables(doc)
     assert (
         "Recoveries that gave a member's slot to another pod (a spare): trainer crash (process "
         "scope) 1, silent node (kubelet and containerd stopped) 1." in text
@@ -584,12 +587,12 @@ def test_the_trainers_own_account_of_a_soak_stands_beside_the_controllers() -> N
         "| 1 | 88.00 % | 0.09 | 0.93 % | 0.44 |",
     ]
     assert "| trainer crash (process scope) | 0.12 | 0.30 |" in lines
-    assert "| hung trainer (after the 10 s hang timeout) | 1.50 | - |" in lines
+    assert "| hung trainer (after the hang timeout) | 1.50 | - |" in lines
     wasted = lines.index(next(line for line in lines if line.startswith("Their wasted")))
     assert lines[wasted + 4].endswith("| 0.25 | 0.50 |"), lines[wasted:]
     assert lines[-1] == (
         "Steps lost per failure, the trainers' count and the controller's agreeing: trainer "
-        "crash (process scope) 1/1, hung trainer (after the 10 s hang timeout) 0/1."
+        "crash (process scope) 1/1, hung trainer (after the hang timeout) 0/1."
     )
 
 
