@@ -11,7 +11,8 @@ The rule, per epoch (from the moment this agent opened the barrier):
 * **startup hang**: no record at all ``startup_timeout`` after the barrier opened (an
   initialisation that never finishes: a rendezvous or first collective that never forms);
 * **hang**: a record whose content has not changed for ``hang_timeout`` (it advanced before,
-  then stopped).
+  then stopped), unless it says the trainer parked at a planned stop's step (it waits there by
+  design until the gang moves on, however long the others take).
 
 Times are the agent's monotonic clock when it *saw* a record change, never the trainer's
 timestamp: the two clocks need not agree and a record copied from elsewhere cannot fake
@@ -78,6 +79,8 @@ class HangWatch:
         if rule.hang_timeout is None:
             return None
         for name, (record, since) in sorted(self.seen.items()):
+            if record.parked:
+                continue  # stopped at a planned stop's step on purpose: it waits to be stopped
             if now - since >= rule.hang_timeout:
                 return Hung(
                     self.epoch,

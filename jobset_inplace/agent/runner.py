@@ -64,6 +64,9 @@ EXIT_REPORT_DEADLINE_S = 10.0
 # a read; a quarter second keeps the read a small share of the shortest hang-timeout
 # (core/policy.py HANG_TIMEOUT_RANGE_S).
 PROGRESS_READ_SECONDS = 0.25
+# The progress notes to the leader go at most this often, and once the pace is known no
+# sooner than their reach (the records are read faster for hang detection).
+PROGRESS_NOTE_MIN_S = 1.0
 # After the report channel failed, reports go on the pod for this long (jittered; doubling with
 # each failure in a row, from 1 s to 60 s), or until the status names another leader's channel:
 # a channel refused once is tried again soon, one that stays down costs a timeout a minute.
@@ -630,10 +633,10 @@ class TrainerMonitor:
             return
         span = span_of(read_progress(self.agent.cfg.state_dir))
         if span is None or span.last_step <= span.first_step:  # no pace yet: look again
-            self.noted = (epoch, now + PROGRESS_READ_SECONDS)
+            self.noted = (epoch, now + PROGRESS_NOTE_MIN_S)
             return
         reach = span.last_at - span.first_at
-        self.noted = (epoch, now + min(names.PROGRESS_NOTE_S, max(PROGRESS_READ_SECONDS, reach)))
+        self.noted = (epoch, now + min(names.PROGRESS_NOTE_S, max(PROGRESS_NOTE_MIN_S, reach)))
         try:
             self.channel.send(endpoint, ProgressNote(epoch, span))
         except ChannelError as e:

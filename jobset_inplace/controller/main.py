@@ -19,7 +19,6 @@ from jobset_inplace.runtime.webhook_server import settings_from_env
 
 from .operator import WatchFactory
 from .operator import run as run_controller
-from .report_server import channel_on
 
 NAMESPACE_ENV = "POD_NAMESPACE"  # set from the downward API in manifests/controller
 
@@ -42,8 +41,6 @@ def _election(args: argparse.Namespace) -> Election | None:
         seconds["lease_duration"], seconds["renew_deadline"], seconds["retry_period"]
     )
     timing.check()
-    if channel_on(os.environ):
-        timing.check_fence()
     return Election(
         namespace=args.namespace,
         identity=args.leader_elect_identity or default_identity(),

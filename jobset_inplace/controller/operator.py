@@ -285,7 +285,25 @@ def run(settings: Settings, extra_watches: Sequence[WatchFactory] = ()) -> None:
         observer = lease_observer(metrics.METRICS)
         observer.start()
     manager = Manager(settings, exposition=metrics.exposition, on_leading=metrics.set_leader)
-    manager.run(partial(run_controller, reconciler, extra_watches, observer, manager.leads))
+    refused = channel_refused(settings)
+    manager.run(
+        partial(run_controller, reconciler, extra_watches, observer, manager.leads, refused)
+    )
+
+
+def channel_refused(settings: Settings) -> str | None:
+    """Why the report channel must not be served under these settings (None: it may): an
+    election whose successor could act while an agent still holds a lease its predecessor
+    granted (:meth:`ElectionTiming.check_fence`). Refusing only the channel, not the start,
+    keeps a controller upgraded with such flags out of a crash loop: its agents write their
+    reports on their pods, which a successor reads only once it leads."""
+    if settings.election is None:
+        return None
+    try:
+        settings.election.timing.check_fence()
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def run_controller(
@@ -293,10 +311,12 @@ def run_controller(
     extra_watches: Sequence[WatchFactory] = (),
     observer: LeaseObserver | None = None,
     leads: Callable[[], bool] = lambda: True,
+    channel_refusal: str | None = None,
 ) -> None:
     """The controller proper (this replica leads, or there is no election); ``observer``: the
     Lease watch it ran while a candidate, handed over at the prime; ``leads``: whether this
-    replica can prove it leads at this moment (:meth:`.Manager.leads`)."""
+    replica can prove it leads at this moment (:meth:`.Manager.leads`); ``channel_refusal``:
+    why the report channel is not served (:func:`channel_refused`)."""
     watches = [
         *raw_watches(reconciler),
         *dra_watches(reconciler),
@@ -324,7 +344,7 @@ def run_controller(
 
     @kopf.on.startup(registry=registry)
     async def start_watches(**_: Any) -> None:
-        await start_report_channel(reconciler, leads)
+        await start_report_channel(reconciler, leads, channel_refusal)
         _stop_at_sigterm(reconciler, stop)
         for keeper in (access, budgets):
             background.add(asyncio.get_running_loop().create_task(keeper.resync_forever()))
@@ -358,10 +378,15 @@ def _stop_at_sigterm(reconciler: Reconciler, stop: asyncio.Event) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
 
 
-async def start_report_channel(r: Reconciler, leads: Callable[[], bool]) -> None:
+async def start_report_channel(
+    r: Reconciler, leads: Callable[[], bool], refusal: str | None = None
+) -> None:
     """Serve the report channel before any pass advertises it, answering only while
-    ``leads()``. A channel that cannot start (a port taken, a bad setting) is logged and left
-    off: agents then write their reports on their pods, as without it."""
+    ``leads()``. A channel that cannot start (a port taken, a bad setting, ``refusal``) is
+    logged and left off: agents then write their reports on their pods, as without it."""
+    if refusal is not None:
+        log.error("report channel: not served (%s); agents write their reports on pods", refusal)
+        return
     try:
         server = report_server_from_env(r.cache, r.poke, os.environ, leads=leads)
         if server is not None:

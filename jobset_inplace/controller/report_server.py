@@ -313,16 +313,6 @@ class ReportServer:
         return uid, holds
 
 
-def advertised(env: Mapping[str, str]) -> str:
-    """The address the channel is advertised at: "off" or "" where there is no channel."""
-    return env.get(names.ENV_REPORT_ADVERTISE) or env.get("POD_IP") or ""
-
-
-def channel_on(env: Mapping[str, str]) -> bool:
-    """Whether ``env`` configures a report channel (an address to advertise, not "off")."""
-    return advertised(env) not in ("", "off")
-
-
 def report_server_from_env(
     cache: ClusterCache,
     poke: Poke,
@@ -334,8 +324,8 @@ def report_server_from_env(
     port 0: any free one), advertised at ``JSI_REPORT_ADVERTISE`` (an address agents reach;
     default the pod's ``POD_IP``; ``off``: no channel, agents write their reports on pods),
     with ``JSI_REPORT_LIMITS`` (``key=value,...``: :class:`.report_limits.Limits`)."""
-    advertise = advertised(env)
-    if not channel_on(env):
+    advertise = env.get(names.ENV_REPORT_ADVERTISE) or env.get("POD_IP") or ""
+    if advertise in ("", "off"):
         why = (
             "off"
             if advertise

@@ -48,6 +48,7 @@ def _recovery_to_dict(r: Recovery) -> dict[str, Any]:
         "firstSignalAt": rfc3339(r.first_signal_at),
         "signalWindowSeconds": r.signal_window,
         "progressStepsLost": r.progress_lost,
+        "hangsCounted": r.hangs_counted,
     }
 
 
@@ -68,6 +69,7 @@ def _recovery_from_dict(d: dict[str, Any]) -> Recovery:
         first_signal_at=parse_time(d.get("firstSignalAt")),
         signal_window=float(d.get("signalWindowSeconds") or 0.0),
         progress_lost=d.get("progressStepsLost"),
+        hangs_counted=bool(d.get("hangsCounted")),
     )
 
 

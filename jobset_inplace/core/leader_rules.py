@@ -66,7 +66,6 @@ class ElectionTiming:
                 f" {names.LEASE_S + names.FENCE_MARGIN_S:g}s ({least:g}s) while the report"
                 f" channel is on: an agent's lease ({names.LEASE_S:g}s) and its trainer's stop"
                 f" ({names.FENCE_MARGIN_S:g}s) must end before a successor acts"
-                f" (or set {names.ENV_REPORT_ADVERTISE}=off)"
             )
 
 

@@ -232,6 +232,10 @@ class Recovery:
     # Training steps this recovery makes the gang redo: the newest step any member's trainers
     # reported progress for before it, minus the resume step (None: no member reported one).
     progress_lost: int | None = None
+    # Whether the hung members among ``causes`` were counted toward member-repeat-limit when
+    # it started (all of them or none: PlanningPass.waiting_on_a_peer); the count is taken back
+    # at the barrier where another member turned out to have failed for another cause.
+    hangs_counted: bool = False
 
     @property
     def began(self) -> float:

@@ -86,6 +86,7 @@ def full_status() -> GangStatus:
             first_signal_at=T0 - 14.5,
             signal_window=10.0,
             progress_lost=17,
+            hangs_counted=True,
         ),
         history=[{"epoch": 6, "causes": {"workers/0/0": "PodFailed"}, "durationSeconds": 4.5}],
         inplace_used=3,
@@ -247,6 +248,7 @@ recoveries = st.builds(
     first_signal_at=st.none() | times,
     signal_window=st.sampled_from([0.0, 10.0, 2.5]),
     progress_lost=st.none() | small,
+    hangs_counted=st.booleans(),
 )
 
 statuses = st.builds(

@@ -47,6 +47,21 @@ def test_a_first_step_ends_the_startup_clock() -> None:
     assert w.observe(10_000, {"trainer": Progress(0, 1.0)}) is None, "hang-timeout is off"
 
 
+def test_a_trainer_parked_at_a_planned_stop_is_never_hung() -> None:
+    """A planned stop: a trainer parks at the gang's step and waits there until every member
+    parked and the gang moved on, however long that takes; its peer still training is not
+    excused."""
+    w = watch(startup=None)
+    parked = {"a": Progress(7, 0.0, parked=True), "b": Progress(7, 0.0)}
+    assert w.observe(1000, parked) is None
+    hung = w.observe(1030, parked)
+    assert hung is not None
+    assert "trainer b has been at step 7" in hung.reason, "not the parked one"
+    alone = watch(startup=None)
+    assert alone.observe(1000, {"a": parked["a"]}) is None
+    assert alone.observe(100_000, {"a": parked["a"]}) is None
+
+
 def test_hang_counts_from_when_the_agent_saw_the_record_change() -> None:
     w = watch(startup=None)
     assert w.observe(1000, {}) is None, "startup-timeout is off"

@@ -3,10 +3,12 @@ leader must stop, and which timings are refused."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from jobset_inplace import names
-from jobset_inplace.controller import main as controller_main
+from jobset_inplace.controller import operator
 from jobset_inplace.core.leader_rules import (
     ElectionTiming,
     LeaseRecord,
@@ -18,6 +20,8 @@ from jobset_inplace.core.leader_rules import (
     record_of,
     released,
 )
+from jobset_inplace.runtime.leader_election import Election
+from jobset_inplace.runtime.manager import Settings
 
 OTHER = LeaseRecord("b", 15, acquired=100.0, renewed=200.0, transitions=2)
 
@@ -92,7 +96,7 @@ def test_with_the_report_channel_a_successor_acts_only_after_every_agent_lease_e
     ElectionTiming(3 + fence, 3, 1).check_fence()
     with pytest.raises(ValueError, match=r"lease-duration 13s must be at least .* \(14s\)"):
         ElectionTiming(10 + fence - 1, 10, 2).check_fence()
-    with pytest.raises(ValueError, match="JSI_REPORT_ADVERTISE=off"):
+    with pytest.raises(ValueError, match="must end before a successor acts"):
         ElectionTiming(3, 2, 0.5).check_fence()
 
 
@@ -113,26 +117,24 @@ def test_lease_round_trip() -> None:
     assert record_of(lease_body("l", "ns", LeaseRecord(), None)) == LeaseRecord()
 
 
-@pytest.mark.parametrize(("advertise", "refused"), [("10.0.0.7", True), ("off", False)])
-def test_the_controller_refuses_an_election_that_cannot_fence_the_channels_leases(
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    advertise: str,
-    refused: bool,
+def test_an_election_that_cannot_fence_leaves_the_channel_off_not_the_controller(
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Before anything runs: with the report channel on, exit 2 naming the flags; with it
-    off the same timing is a valid election (nothing is granted to fence)."""
-    monkeypatch.setenv(names.ENV_REPORT_ADVERTISE, advertise)
-    argv = ["run", "--leader-elect", "--leader-elect-lease-duration=5s"]
-    argv += ["--leader-elect-renew-deadline=4s", "--leader-elect-retry-period=1s"]
-    ran: list[object] = []
-    monkeypatch.setattr(controller_main, "run_controller", lambda *a: ran.append(a))
-    if refused:
-        with pytest.raises(SystemExit) as info:
-            controller_main.main(argv)
-        assert info.value.code == 2
-        assert "--leader-elect-lease-duration 5s must be at least" in capsys.readouterr().err
-        assert ran == []
-    else:
-        assert controller_main.main(argv) == 0
-        assert len(ran) == 1
+    """A controller upgraded with flags accepted before (lease 5s, renew 4s) keeps running,
+    without the report channel (agents report on their pods), and says why; without an
+    election, or with the defaults, the channel is served."""
+
+    def settings(timing: ElectionTiming | None) -> Settings:
+        election = None if timing is None else Election("ns", "me", timing, "lease")
+        return Settings(election=election, health_port=None, certificate_namespace=None)
+
+    assert operator.channel_refused(settings(None)) is None
+    assert operator.channel_refused(settings(ElectionTiming())) is None
+    why = operator.channel_refused(settings(ElectionTiming(5, 4, 1)))
+    assert why is not None
+    assert "--leader-elect-lease-duration 5s must be at least" in why
+    untouched = object()  # not a reconciler: a refused channel never looks at it
+    asyncio.run(operator.start_report_channel(untouched, lambda: True, why))  # type: ignore[arg-type]
+    assert f"report channel: not served ({why}); agents write their reports on pods" in (
+        caplog.text
+    )

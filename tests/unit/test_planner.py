@@ -566,6 +566,58 @@ def test_a_hang_while_a_peers_node_is_silent_is_not_counted_against_the_hung_mem
     assert [(r.member, r.cause) for r in replaced(heard)] == [(member(1), Cause.REPEATED_FAILURE)]
 
 
+def test_a_hang_in_the_pass_where_a_peer_failed_otherwise_is_not_counted() -> None:
+    """A short hang-timeout runs out while a peer's crash (or its silence) is reported: in the
+    same pass, the hung member was waiting on the crashed one. The crash is counted, the hang
+    is not; the recovery says its hangs were not counted."""
+    pl = with_pod(with_pod(pods(4, epoch=2), 1, hung_in_epoch=2), 3, trainer_failed=True)
+    p = plan(snapshot(pod_list=pl, status=running(member_failures={member(1): 2})))
+    assert replaced(p) == [], "at the limit, a counted hang would have been recreated"
+    assert p.status.member_failures == {member(1): 2, member(3): 1}
+    assert p.status.recovery is not None
+    assert not p.status.recovery.hangs_counted
+
+
+def waiting_recovery(causes: dict[str, Cause], *, counted: bool) -> GangStatus:
+    """Recovering into epoch 3 with ``causes``; member 1's hang counted at the start or not."""
+    st = recovering(3, member_failures={member(1): 2})
+    assert st.recovery is not None
+    rec = dataclasses.replace(st.recovery, causes=causes, hangs_counted=counted)
+    return dataclasses.replace(st, recovery=rec)
+
+
+@pytest.mark.parametrize(
+    ("other", "counted", "left"),
+    [
+        (Cause.NODE_UNHEALTHY, True, {member(1): 1}),  # its node declared after: taken back
+        (Cause.AGENT_SILENT, True, {member(1): 1}),  # its agent silent (a spare took it)
+        (None, True, {member(1): 2}),  # the hang alone: it stays counted
+        (Cause.NODE_UNHEALTHY, False, {member(1): 2}),  # never counted: nothing to take back
+    ],
+)
+def test_a_counted_hang_is_taken_back_at_the_barrier_where_a_peer_failed_otherwise(
+    other: Cause | None, counted: bool, left: dict[str, int]
+) -> None:
+    """Member 1's hang ran out before any sign of member 3's end (a node's Lease is stale only
+    10 s after its last renewal) and was counted; member 3's failure showed later in the same
+    recovery. When the barrier opens the hang is read as the gang waiting on member 3."""
+    causes = {member(1): Cause.TRAINER_HUNG} | ({member(3): other} if other else {})
+    st = waiting_recovery(causes, counted=counted)
+    p = plan(snapshot(status=st, pod_list=pods(4, epoch=3)))
+    assert p.status.barrier_open
+    assert p.status.member_failures == left
+    assert p.status.recovery is not None
+    assert not p.status.recovery.hangs_counted or other is None
+
+
+def test_a_hang_alone_is_counted_and_said_so() -> None:
+    pl = with_pod(pods(4, epoch=2), 1, hung_in_epoch=2)
+    p = plan(snapshot(pod_list=pl, status=running()))
+    assert p.status.member_failures == {member(1): 1}
+    assert p.status.recovery is not None
+    assert p.status.recovery.hangs_counted
+
+
 def test_consecutive_failures_are_counted_per_member() -> None:
     pl = with_pod(pods(4, epoch=2), 1, trainer_failed=True)
     p = plan(snapshot(pod_list=pl, status=running(member_failures={member(2): 2})))

@@ -25,6 +25,7 @@ from jobset_inplace.agent.logic import Open, Report
 from jobset_inplace.agent.probe import BarrierState
 from jobset_inplace.agent.runner import (
     EXIT_REPORT_DEADLINE_S,
+    PROGRESS_NOTE_MIN_S,
     PROGRESS_READ_SECONDS,
     Agent,
     TrainerMonitor,
@@ -356,8 +357,8 @@ def test_notes_how_far_the_trainers_are_over_the_channel_only(tmp_path: Path) ->
     assert not at(m, now, 2)
     assert channel.sent == [], "one step: no pace yet"
     trained(6, 0.2)
-    assert not at(m, now, 2 + PROGRESS_READ_SECONDS * 0.8)
-    assert channel.sent == [], f"records read once a {PROGRESS_READ_SECONDS} s"
+    assert not at(m, now, 2.5)
+    assert channel.sent == [], f"notes looked for once a {PROGRESS_NOTE_MIN_S} s"
     at(m, now, 3)
     assert newest() == ("3", 6, 0.2)
     trained(20, 3.0)

@@ -113,6 +113,7 @@ class Barrier(PlanningPass):
     def barrier_opened(self, rec: Recovery, joined: list[PodView]) -> None:
         st = self.st
         st.step_recheck = None
+        forgive_waiting_hangs(rec, st.member_failures)
         step = common_resume_step(joined)
         # The stop rule first: a failure that keeps coming back is the cause to name, also
         # where its repeats got a member recreated without the checkpoints the others have.
@@ -179,3 +180,21 @@ def history_entry(rec: Recovery) -> dict[str, object]:
         "resumeStep": rec.resume_step,
         "progressStepsLost": rec.progress_lost,
     }
+
+
+def forgive_waiting_hangs(rec: Recovery, member_failures: dict[str, int]) -> None:
+    """Take back the counts of a recovery's hung members where another member turned out to
+    have failed for another cause after it started (its node declared unhealthy, its agent
+    silent, a crash): they were waiting on it (``PlanningPass.waiting_on_a_peer``)."""
+    if not rec.hangs_counted:
+        return
+    hung = [m for m, c in rec.causes.items() if c == Cause.TRAINER_HUNG]
+    if len(hung) == len(rec.causes):
+        return  # hangs alone: counted
+    for member in hung:
+        left = member_failures.get(member, 0) - 1
+        if left > 0:
+            member_failures[member] = left
+        else:
+            member_failures.pop(member, None)
+    rec.hangs_counted = False

@@ -96,7 +96,7 @@ class Running(PlannedMoves, HotSpares):
 
     def member_failed(self, causes: dict[str, Cause]) -> None:
         s, st, policy = self.s, self.st, self.s.policy
-        waiting = self.waiting_on_a_silent_peer(causes)
+        waiting = self.waiting_on_a_peer(causes)
         decided = {
             m: Cause.REPEATED_FAILURE
             if c in IN_PLACE_CAUSES
@@ -117,6 +117,9 @@ class Running(PlannedMoves, HotSpares):
                 st.member_failures.pop(member, None)
         self.go(Edge.MEMBER_FAILED, _main_cause(decided), causes=decided)
         rec = self.recovery
+        rec.hangs_counted = any(
+            c == Cause.TRAINER_HUNG and m not in waiting for m, c in decided.items()
+        )
         rec.first_signal, rec.first_signal_at, rec.signal_window = first_signal(
             s, self.current, causes
         )
@@ -133,14 +136,19 @@ class Running(PlannedMoves, HotSpares):
         self.swap_spares(rec)
         self.p.wake_at(s.now, rec.deadline)
 
-    def waiting_on_a_silent_peer(self, causes: Mapping[str, Cause]) -> frozenset[str]:
-        """The members whose trainer hung while another member's node is silent (not yet
-        declared unhealthy): a gang whose members wait for each other (every data-parallel
-        step ends in a collective) stops with a member whose node went, and the others' hang
-        timeouts can run out first. Their hang is the gang waiting, not a failure of theirs:
-        it does not count toward ``member-repeat-limit``."""
+    def waiting_on_a_peer(self, causes: Mapping[str, Cause]) -> frozenset[str]:
+        """The members whose trainer hung while another member failed for another cause in
+        the same pass, or sits on a node gone silent (not yet declared unhealthy): a gang whose
+        members wait for each other (every data-parallel step ends in a collective) stops
+        with a member that went, and the others' hang timeouts can run out first (or at once,
+        with a short ``hang-timeout``). Their hang is the gang waiting, not a failure of theirs:
+        it does not count toward ``member-repeat-limit`` (nor where the other failure shows
+        only later in the recovery: ``forgive_waiting_hangs``)."""
         hung = {m for m, c in causes.items() if c == Cause.TRAINER_HUNG}
-        if hung and any(self.silent_node(m) for m in self.s.gang.members if m not in hung):
+        if not hung:
+            return frozenset()
+        others = [m for m in self.s.gang.members if m not in hung]
+        if any(m in causes for m in others) or any(self.silent_node(m) for m in others):
             return frozenset(hung)
         return frozenset()
 
