@@ -61,8 +61,12 @@ RESUME_FILE = "resume.json"
 # Hot spares (docs/design/hot-spares.md, section 5): with ENV_LEASE set, a trainer runs only
 # while the agent's lease holds: LEASE_FILE says until when ({"until": CLOCK_MONOTONIC seconds},
 # or null: no bound, the leader serves no channel); past it the trainer is frozen (SIGSTOP to
-# its whole tree) until the lease is renewed, and killed, never resumed, if its epoch ends.
+# its whole tree) until the lease is renewed. If its epoch ends meanwhile it is killed, never
+# resumed, unless the lease is renewed within THAW_WAIT_S (the agent renews it only when the
+# leader says this pod still holds the slot its trainer runs as): then it is thawed and stopped
+# as any other, so it can keep its step (a leader that died froze every holder of its gangs).
 LEASE_FILE = "lease.json"
+THAW_WAIT_S = 2.0  # two of the agent's heartbeats (names.HEARTBEAT_S)
 ENV_LEASE = "JSI_LEASE_REQUIRED"
 STOP_FILE = "stop.json"  # a planned stop (jobset_inplace.trainer.stop)
 LAUNCHER_FILE = "launcher.py"  # where the agent installs this file in the state directory
@@ -421,9 +425,10 @@ class Launcher:
 
     def stop(self) -> None:
         """SIGTERM to the child's group and every descendant, SIGKILL to what is left after
-        the grace, until nothing is. A frozen command is killed at once: it never runs again."""
+        the grace, until nothing is. A frozen command is killed, never to run again, unless
+        the lease is renewed within THAW_WAIT_S (then it is thawed and stopped as any other)."""
         began = time.monotonic()
-        if self.frozen_at is not None:
+        if self.frozen_at is not None and not self.thawed_by_renewal():
             self.kill_tree()
             self.frozen_at = None
             _log(f"stopped frozen (exit {self.code}) in {time.monotonic() - began:.3f} s")
@@ -434,6 +439,23 @@ class Launcher:
             _log(f"still running {self.grace:g} s after SIGTERM (the stop grace): SIGKILL {left}")
             self.kill_tree()
         _log(f"stopped (exit {self.code}) in {time.monotonic() - began:.3f} s")
+
+    def thawed_by_renewal(self) -> bool:
+        """Frozen, its epoch ended: wait up to THAW_WAIT_S for the lease to be renewed, which
+        proves the leader still counts this pod as the slot's holder; thaw it then, so that its
+        stop can be graceful. False when the lease stayed ended."""
+        deadline = time.monotonic() + THAW_WAIT_S
+        while True:
+            now = time.monotonic()
+            if lease_holds(self.state_dir, now):
+                assert self.frozen_at is not None
+                _log(f"lease renewed after {now - self.frozen_at:.3f} s frozen: thawing to stop")
+                self.signal_tree(signal.SIGCONT)
+                self.frozen_at = None
+                return True
+            if now >= deadline:
+                return False
+            time.sleep(POLL_SECONDS)
 
     def run(self) -> int:
         ran: int | None = None  # the last epoch the command was started in

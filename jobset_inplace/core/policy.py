@@ -197,8 +197,8 @@ KUEUE_RECOVERY_SHARE = 0.8
 TRAINER_STOP_GRACE_RANGE_S = (0.0, 300.0)
 # hang-timeout, startup-timeout: off unless set (a trainer that does not report progress must
 # never be taken for a hung one). Progress is a file write per step, read by the agent every
-# 0.25 s (agent/runner.py PROGRESS_READ_SECONDS): 2s is the shortest that is at most an eighth
-# the poll; past a week nothing is "detected". Whether a short one suits a workload is its
+# 0.25 s (agent/runner.py PROGRESS_READ_SECONDS): 2s is the shortest of which the poll is at
+# most an eighth; past a week nothing is "detected". Whether a short one suits a workload is its
 # longest stretch without a step (a checkpoint save, an evaluation), not the product's.
 HANG_TIMEOUT_RANGE_S = (2.0, 7 * 24 * 3600.0)
 # startup-timeout counts from the barrier's opening: a trainer's start (an interpreter, its

@@ -369,6 +369,31 @@ def test_under_a_lease_a_trainer_runs_only_while_it_holds(tmp_path: Path) -> Non
         stop(p)
 
 
+def test_a_frozen_trainer_whose_epoch_ends_is_thawed_to_stop_if_its_lease_is_renewed(
+    tmp_path: Path,
+) -> None:
+    """The leader died: every holder's lease ended and its trainer froze. The successor ends
+    the epoch and answers that this pod still holds its slot (the agent renews the lease only
+    then): the trainer is thawed and stopped with SIGTERM, as any other, so it can keep its
+    step, not killed frozen. Without the renewal it is killed (the test above)."""
+    p = Pod(tmp_path, None, **{launcher.ENV_LEASE: "1"})
+    try:
+        launcher.write_lease(tmp_path, time.monotonic() + 1.0)
+        p.open(1)
+        until("start", lambda: len(p.starts()) == 1)
+        pid = p.starts()[0][2]
+        until("frozen", lambda: process_state(pid) == "T")
+        clear_resume(tmp_path)  # the gang moved on while it was frozen
+        until("waiting to thaw", lambda: "the gang moved on" in p.log())
+        assert process_state(pid) == "T", "still frozen: no lease yet"
+        launcher.write_lease(tmp_path, time.monotonic() + 3.0)  # renewed within THAW_WAIT_S
+        p.wait_state("stopped", 1, 128 + signal.SIGTERM)
+        assert "thawing to stop" in p.log()
+        assert "stopped frozen" not in p.log()
+    finally:
+        stop(p)
+
+
 def test_a_lease_file_that_cannot_be_read_is_no_lease(tmp_path: Path) -> None:
     now = time.monotonic()
     assert not launcher.lease_holds(tmp_path, now), "no file"
