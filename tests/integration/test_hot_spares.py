@@ -244,6 +244,15 @@ def test_a_holder_silent_since_the_leader_died_goes_to_the_spare_under_the_new_l
         assert max(stale) < cut + names.LEASE_S + 0.5, "frozen once its lease ended"
         first_spare = spare_trains_as_slot_1(g, recs)
         assert max(stale) < first_spare, "never two pods trained as slot 1"
+        # holder 0 kept its slot: if its trainer froze while no leader answered, the new
+        # leader's renewal thawed it to stop gracefully (it could keep its step), not killed
+        kept = (tmp_path / "launcher-0.log").read_text()
+        if "the agent's lease ended: freezing" in kept:
+            assert "thawing to stop" in kept, kept
+            assert "stopped frozen" not in kept, kept
+        print(
+            f"\nholder 0 {'froze and was thawed to stop' if 'freezing' in kept else 'never froze'}"
+        )
     finally:
         first.stop()
         if second is not None:
