@@ -499,6 +499,7 @@ def soak_tables(doc: dict[str, Any], path: Path = SOAK) -> str:
     if events := r.get("spare_events"):
         said = ", ".join(f"`{reason}` {n}" for reason, n in events.items())
         out += ["", f"The controller's hot-spare Events over the run: {said}."]
+    out += _leader_taken(failures)
     theirs = r.get("trainers")
     if theirs:
         out += [
@@ -553,6 +554,38 @@ def _badput_by_kind(failures: list[dict[str, Any]]) -> list[str]:
 def _minutes(seconds: float) -> str:
     minutes = seconds / 60
     return "minute" if minutes == 1 else f"{minutes:g} minutes"
+
+
+def _leader_taken(failures: list[dict[str, Any]]) -> list[str]:
+    """The silences and drains of the node the controller's leader ran on (records that name
+    the leader's node: bench.soak since it recorded it), each with its detection and steps
+    lost; a silence took the leader with it, a drain evicted it."""
+    named = [f for f in failures if f.get("leader_node")]
+    if not named:
+        return []
+    took = [
+        f
+        for f in named
+        if f["kind"] in ("silence", "drain")
+        and str(f.get("member", "")).split(" on ")[-1].split(",")[0] == f["leader_node"]
+    ]
+    if not took:
+        return [
+            "",
+            "No silence or drain of the run was of the node the controller's leader ran on "
+            f"({len(named)} failures name it).",
+        ]
+    each = "; ".join(
+        f"{SOAK_KINDS.get(f['kind'], f['kind'])}, epoch {f['epoch']}: first signal "
+        f"{f.get('first_signal') or '-'}, recovery {f['recovery_s']:.2f} s, "
+        f"{f['steps_lost'] if f.get('steps_lost') is not None else '-'} step(s) lost"
+        for f in took
+    )
+    return [
+        "",
+        f"Failures of the node the controller's leader ran on (before the injection; "
+        f"{len(named)} failures name it): {len(took)}: {each}.",
+    ]
 
 
 def _kind_order(kind: str) -> int:

@@ -3,6 +3,7 @@ figure without its commit is refused, ratios are within one run and like for lik
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from dataclasses import asdict
 from pathlib import Path
@@ -357,6 +358,31 @@ def test_the_soak_account_counts_what_recovered_and_what_was_measured() -> None:
         "Recoveries that gave a member's slot to another pod (a spare): trainer crash (process "
         "scope) 1, silent node (kubelet and containerd stopped) 1." in text
     )
+
+
+def test_a_soak_names_the_failures_of_the_leaders_node() -> None:
+    """A silence of the node the controller's leader ran on took the leader with it, a drain
+    of it evicted the leader: named with their recoveries (the member is "pod (slot) on node,
+    device ..."); other nodes' failures are not; records without the leader's node say nothing."""
+
+    def failure(kind: str, epoch: int, member: str, leader: str) -> dict[str, Any]:
+        f = soak.Failure(kind, epoch, 0.0, member, 7.063, 5, 100, {}, first_signal="TrainerHung")
+        return asdict(dataclasses.replace(f, leader_node=leader))
+
+    failures = [
+        failure("silence", 3, "workers/1/0 on n3", "n1"),
+        failure("silence", 8, "workers/1/0 (slot 0) on n3", "n3"),
+        failure("device", 9, "workers/0/0 on n3, device n3-0", "n3"),
+        failure("drain", 11, "workers/0/0 on n1", "n1"),
+    ]
+    said = "\n".join(pages._leader_taken(failures))
+    assert "(before the injection; 4 failures name it): 2: silent node" in said
+    assert "epoch 8: first signal TrainerHung, recovery 7.06 s, 5 step(s) lost" in said
+    assert "drain (planned move, member recreated), epoch 11" in said
+    assert "epoch 3" not in said
+    assert "epoch 9" not in said
+    assert pages._leader_taken(failures[:1]).pop().startswith("No silence or drain")
+    assert pages._leader_taken([asdict(soak.Failure("crash", 2, 0, "m", 1, 0, 1, {}))]) == []
 
 
 def test_a_kwok_result_file_names_its_kubernetes_among_its_versions(tmp_path: Path) -> None:
