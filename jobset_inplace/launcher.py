@@ -62,9 +62,10 @@ RESUME_FILE = "resume.json"
 # while the agent's lease holds: LEASE_FILE says until when ({"until": CLOCK_MONOTONIC seconds},
 # or null: no bound, the leader serves no channel); past it the trainer is frozen (SIGSTOP to
 # its whole tree) until the lease is renewed. If its epoch ends meanwhile it is killed, never
-# resumed, unless the lease is renewed within THAW_WAIT_S (the agent renews it only when the
-# leader says this pod still holds the slot its trainer runs as): then it is thawed and stopped
-# as any other, so it can keep its step (a leader that died froze every holder of its gangs).
+# resumed, unless a leader's answer renews the lease within THAW_WAIT_S (the agent renews it
+# only when the leader says this pod still holds the slot its trainer runs as; an unbounded
+# lease, written where no channel is served, says nothing of the slot): then it is thawed and
+# stopped as any other, so it can keep its step (a leader that died froze its gangs' holders).
 LEASE_FILE = "lease.json"
 THAW_WAIT_S = 2.0  # two of the agent's heartbeats (names.HEARTBEAT_S)
 ENV_LEASE = "JSI_LEASE_REQUIRED"
@@ -141,17 +142,31 @@ def resume_epoch(state_dir: Path) -> tuple[int, int | None, dict[str, str]] | No
     )
 
 
-def lease_holds(state_dir: Path, now: float) -> bool:
-    """Whether the agent's lease (LEASE_FILE) holds at ``now`` (CLOCK_MONOTONIC): no file, or
-    one that cannot be read, is no lease."""
+def _lease_until(state_dir: Path) -> object:
+    """The lease file's ``until`` as written (None: no bound); 0 where there is no lease (no
+    file, or one that cannot be read)."""
     try:
         doc = json.loads((state_dir / LEASE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    until = doc.get("until", 0) if isinstance(doc, dict) else 0
-    if until is None:
-        return True
+        return 0
+    return doc.get("until", 0) if isinstance(doc, dict) else 0
+
+
+def _bounded_after(until: object, now: float) -> bool:
     return isinstance(until, (int, float)) and not isinstance(until, bool) and now < until
+
+
+def lease_holds(state_dir: Path, now: float) -> bool:
+    """Whether the agent's lease (LEASE_FILE) holds at ``now`` (CLOCK_MONOTONIC): no file, or
+    one that cannot be read, is no lease."""
+    until = _lease_until(state_dir)
+    return until is None or _bounded_after(until, now)
+
+
+def lease_renewed(state_dir: Path, now: float) -> bool:
+    """Whether a leader's answer renewed the lease past ``now``: a bounded lease only (an
+    unbounded one says no leader serves a channel, which proves nothing of the slot)."""
+    return _bounded_after(_lease_until(state_dir), now)
 
 
 def write_lease(state_dir: Path, until: float | None) -> None:
@@ -447,7 +462,7 @@ class Launcher:
         deadline = time.monotonic() + THAW_WAIT_S
         while True:
             now = time.monotonic()
-            if lease_holds(self.state_dir, now):
+            if lease_renewed(self.state_dir, now):
                 assert self.frozen_at is not None
                 _log(f"lease renewed after {now - self.frozen_at:.3f} s frozen: thawing to stop")
                 self.signal_tree(signal.SIGCONT)

@@ -403,5 +403,8 @@ def test_a_lease_file_that_cannot_be_read_is_no_lease(tmp_path: Path) -> None:
     launcher.write_lease(tmp_path, now + 1)
     assert launcher.lease_holds(tmp_path, now)
     assert not launcher.lease_holds(tmp_path, now + 1)
+    assert launcher.lease_renewed(tmp_path, now)
+    assert not launcher.lease_renewed(tmp_path, now + 1)
     launcher.write_lease(tmp_path, None)
     assert launcher.lease_holds(tmp_path, now + 1e9)
+    assert not launcher.lease_renewed(tmp_path, now), "no bound: no leader's word on the slot"
