@@ -451,7 +451,11 @@ class Forker:
         code = 1
         try:
             signal.set_wakeup_fd(-1)
-            for default in (signal.SIGCHLD, *STOPS):  # as the interpreter starts a worker
+            # as the interpreter starts a worker under torchrun, which handles (not ignores) the
+            # signals it passes on, so its exec leaves them at their defaults: here they could
+            # be inherited ignored (a shell's `cmd &` ignores SIGINT and SIGQUIT), and a
+            # SIGQUIT to the worker would not end it
+            for default in (signal.SIGCHLD, *STOPS, *PASSED_ON):
                 signal.signal(default, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
             self.selector.close()

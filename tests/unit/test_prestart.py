@@ -431,7 +431,23 @@ def no_core_files() -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
 
 
-@pytest.mark.usefixtures("no_core_files")
+@pytest.fixture
+def started_in_the_background() -> Iterator[None]:
+    """The launchers started here inherit SIGINT and SIGQUIT ignored, as everything a
+    non-interactive shell starts with `&` does (an ignored signal stays ignored across fork
+    and exec): a forked worker must end by them all the same, as one started cold under
+    torchrun (which handles them) does."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGQUIT)}
+    for s in before:
+        signal.signal(s, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+@pytest.mark.usefixtures("no_core_files", "started_in_the_background")
 @pytest.mark.parametrize("signum", ENDING_SIGNALS, ids=lambda s: signal.Signals(s).name)
 def test_a_forked_worker_killed_by_any_signal_is_seen_so_and_never_run_again(
     tmp_path: Path, signum: int
