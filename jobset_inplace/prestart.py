@@ -451,10 +451,10 @@ class Forker:
         code = 1
         try:
             signal.set_wakeup_fd(-1)
-            # as the interpreter starts a worker under torchrun, which handles (not ignores) the
-            # signals it passes on, so its exec leaves them at their defaults: here they could
-            # be inherited ignored (a shell's `cmd &` ignores SIGINT and SIGQUIT), and a
-            # SIGQUIT to the worker would not end it
+            # as the interpreter starts a worker, and every signal the stand-in passes on at its
+            # default: they could be inherited ignored (a shell's `cmd &` ignores SIGINT and
+            # SIGQUIT for what it starts), and the worker would outlive a signal that ended
+            # its stand-in
             for default in (signal.SIGCHLD, *STOPS, *PASSED_ON):
                 signal.signal(default, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
