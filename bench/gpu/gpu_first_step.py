@@ -167,6 +167,7 @@ def device_ready(torch: Any, cuda: bool) -> None:
         torch.cuda.set_device(0)
         torch.empty(1, device="cuda")
     mark("cuda")
+    print(f"@device {torch.cuda.get_device_name(0) if cuda else 'cpu'}", flush=True)
 
 
 def _group(args: argparse.Namespace, dist: Any, cuda: bool) -> None:
@@ -346,6 +347,18 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--port", type=int, default=29531)
     p.add_argument("--reps", type=int, default=2)
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=0.0,
+        help="seconds: start no repetition that the slowest so far would carry past this "
+        "(0: every one of --reps); results are written after each repetition either way",
+    )
+    p.add_argument(
+        "--commit",
+        default="",
+        help="the commit a copy without git was made from (recorded as such, with dirty unknown)",
+    )
     p.add_argument("--ways", default=",".join(WAYS))
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--out", type=Path, default=Path("gpu-first-step.json"))
@@ -357,6 +370,8 @@ def main() -> int:
     if unknown:
         p.error(f"--ways: unknown {unknown} (accepted: {','.join(WAYS)})")
     origin = commit()  # the checkout as the run starts
+    if origin["commit"] is None and args.commit:
+        origin = {"commit": args.commit, "dirty": None, "commit_from": "--commit"}
     with tempfile.TemporaryDirectory(prefix="jsi-gpu-") as tmp:
         work = Path(tmp)
         args.ckpt = args.ckpt or str(work / "ckpt")
@@ -365,25 +380,49 @@ def main() -> int:
         first.until("@step", args.timeout * 3)
         first.p.kill()
         first.p.wait()
+        device = next(x.split(" ", 1)[1] for x in first.lines if x.startswith("@device "))
         size = sum(f.stat().st_size for f in Path(args.ckpt).rglob("*") if f.is_file())
         print(f"checkpoint: {size / 2**30:.2f} GiB in {time.time() - began:.1f} s", flush=True)
         runs: dict[str, list[dict[str, float]]] = {w: [] for w in ways}
+        slowest = 0.0
         for rep in range(args.reps):
+            now = time.time()
+            if rep and args.budget and now - began + slowest > args.budget:
+                print(f"stopped after {rep} repetitions: --budget {args.budget:.0f} s", flush=True)
+                break
             for way in ways:
                 runs[way].append(one(args, way, work))
                 print(f"rep {rep} {way}: {runs[way][-1]}", flush=True)
+            slowest = max(slowest, time.time() - now)
+            write(args, origin, device, size, runs)  # kept if a later repetition is cut off
+    write(args, origin, device, size, runs, table=True)
+    print(f"results: {args.out}")
+    return 0
+
+
+def write(
+    args: argparse.Namespace,
+    origin: dict[str, Any],
+    device: str,
+    size: int,
+    runs: dict[str, list[dict[str, float]]],
+    *,
+    table: bool = False,
+) -> None:
+    """The results so far to ``--out`` (with ``table``, also printed as a table)."""
     import torch  # noqa: PLC0415
 
+    runs = {w: rs for w, rs in runs.items() if rs}
     medians = {
         w: {m: statistics.median(r[m] for r in rs) for m in MILESTONES if all(m in r for r in rs)}
         for w, rs in runs.items()
     }
-    print("| way | " + " | ".join(MILESTONES[1:]) + " |")
-    print("|---|" + "---|" * (len(MILESTONES) - 1))
-    for w, med in medians.items():
-        cells = [f"{med[m]:.2f}" if m in med else "-" for m in MILESTONES[1:]]
-        print(f"| {w} | " + " | ".join(cells) + " |")
-    device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
+    if table:
+        print("| way | " + " | ".join(MILESTONES[1:]) + " |")
+        print("|---|" + "---|" * (len(MILESTONES) - 1))
+        for w, med in medians.items():
+            cells = [f"{med[m]:.2f}" if m in med else "-" for m in MILESTONES[1:]]
+            print(f"| {w} | " + " | ".join(cells) + " |")
     doc = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **origin,
@@ -401,8 +440,6 @@ def main() -> int:
         "medians": medians,
     }
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"results: {args.out}")
-    return 0
 
 
 if __name__ == "__main__":
