@@ -164,7 +164,7 @@ class ControllerProcess:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(10)
+                self.proc.wait(20)  # a leader keeps its Lease 4 s after its channel stopped
             except subprocess.TimeoutExpired:
                 self.proc.kill()
 

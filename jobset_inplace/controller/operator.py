@@ -284,8 +284,15 @@ def run(settings: Settings, extra_watches: Sequence[WatchFactory] = ()) -> None:
     if settings.election is not None:  # a candidate: watch the Leases while it waits
         observer = lease_observer(metrics.METRICS)
         observer.start()
-    manager = Manager(settings, exposition=metrics.exposition, on_leading=metrics.set_leader)
     refused = channel_refused(settings)
+    manager = Manager(
+        settings,
+        exposition=metrics.exposition,
+        on_leading=metrics.set_leader,
+        # a successor acts at once on a released Lease: every report lease this leader's
+        # channel granted must have ended by then (docs/guarantees.md, the fence)
+        release_after_s=0.0 if refused else names.LEASE_S + names.FENCE_MARGIN_S,
+    )
     manager.run(
         partial(run_controller, reconciler, extra_watches, observer, manager.leads, refused)
     )

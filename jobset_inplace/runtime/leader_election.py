@@ -219,12 +219,20 @@ class LeaderElector:
         threading.Thread(target=renew, name="leader-renew", daemon=True).start()
         threading.Thread(target=watchdog, name="leader-watchdog", daemon=True).start()
 
-    def release(self) -> None:
-        """Stop renewing and, if this candidate still holds the Lease, hand it over at once."""
+    def release(self, after_s: float = 0.0) -> None:
+        """Stop renewing and, if this candidate still holds the Lease, hand it over: ``after_s``
+        seconds from now (what it granted while it led must end first: the report channel's
+        leases), still unrenewed meanwhile, so a successor takes it then or at the lease
+        duration, whichever comes first."""
         self._stop.set()
-        self.renewed_at = None  # a successor may take over at once: nothing is fresh any more
+        self.renewed_at = None  # nothing is fresh any more: this replica no longer acts
         self.on_leading(False)
         try:
+            if not self._holds():
+                return
+            if after_s > 0:
+                log.info("leader: releasing %s in %gs (its grants end first)", self.where, after_s)
+                time.sleep(after_s)
             lease, rv = self._read()
             record = None if lease is None else record_of(lease)
             if record is not None and record.holder == self.identity:
@@ -232,3 +240,7 @@ class LeaderElector:
                 log.info("leader: released %s", self.where)
         except Exception as e:
             log.warning("leader: could not release %s: %s", self.where, e)
+
+    def _holds(self) -> bool:
+        lease, _ = self._read()
+        return lease is not None and record_of(lease).holder == self.identity

@@ -61,8 +61,12 @@ class Manager:
         *,
         exposition: Exposition | None = None,
         on_leading: Callable[[bool], None] = lambda leading: None,
+        release_after_s: float = 0.0,
     ) -> None:
+        """``release_after_s``: how long a leader that stops keeps the Lease, unrenewed, before
+        it releases it (:meth:`LeaderElector.release`)."""
         self.settings, self.exposition, self.on_leading = settings, exposition, on_leading
+        self.release_after_s = release_after_s
         self.checks: dict[str, Check] = {}
         self.stop = threading.Event()  # the side parts' stop flag
         self._elector: LeaderElector | None = None
@@ -96,7 +100,7 @@ class Manager:
         finally:
             self.stop.set()
             if elector is not None:
-                elector.release()
+                elector.release(after_s=self.release_after_s)
             if health is not None:
                 health.stop()
 

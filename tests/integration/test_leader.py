@@ -61,6 +61,28 @@ def test_one_leader_then_hand_over_on_release(kube: Clients, namespace: str) -> 
     assert (s.holder_identity, s.lease_transitions) == ("b", 1)
 
 
+def test_a_leader_releasing_after_its_grants_keeps_the_lease_unrenewed_until_then(
+    kube: Clients, namespace: str
+) -> None:
+    """A stopping leader whose channel granted report leases releases only once they ended:
+    meanwhile no candidate takes the Lease (its last renewal is fresh), and the holder
+    renews it no more."""
+    a, b = candidate(kube, namespace, "a"), candidate(kube, namespace, "b")
+    assert a.try_once()
+    renewed = spec(kube, namespace).renew_time
+    releasing = threading.Thread(target=a.release, kwargs={"after_s": 1.5})
+    releasing.start()
+    try:
+        time.sleep(0.5)  # well inside the 1.5 s: released at once, b would take it now
+        assert not b.try_once(), "the Lease is not released before its grants ended"
+        s = spec(kube, namespace)
+        assert (s.holder_identity, s.renew_time) == ("a", renewed), "held, not renewed"
+    finally:
+        releasing.join()
+    assert not spec(kube, namespace).holder_identity, "released once its grants ended"
+    assert b.try_once(), "then taken at the next try"
+
+
 def test_a_silent_leader_is_replaced_after_the_lease_duration(
     kube: Clients, namespace: str
 ) -> None:
