@@ -450,6 +450,12 @@ def soak_tables(doc: dict[str, Any], path: Path = SOAK) -> str:
         f"`make soak`: {r['wall_s'] / 60:.0f} minutes, a failure every "
         f"{_minutes(doc['every_s'])}, {doc['members']} members"
         + (f" and {doc['spares']} hot spare(s)" if doc.get("spares") else "")
+        + (
+            f", the controller's replicas on a node of their own (`{doc['controller_node']}`, "
+            "no training pod there)"
+            if doc.get("controller_node")
+            else ""
+        )
         + f", `hang-timeout: {doc.get('hang_timeout', SOAK_HANG_TIMEOUT_BEFORE)}`"
         + f"; run of {doc['when'][:10]} at commit "
         f"`{doc['commit']}`, Kubernetes "

@@ -71,11 +71,14 @@ from testbed.demo_trainer import (
 from testbed.devices import RESOURCE, TestDevices, pod_devices
 from testbed.install import Installation, leader_node
 from testbed.kube import Clients, clients, namespace_gone, wait_for
+from testbed.kubectl import Kubectl
 from testbed.prometheus import Prometheus, running
 from testbed.versions import binaries, versions
 
 NAMESPACE, NAME = "jsi-soak", "soak"
 KINDS = ("crash", "silence", "hang", "device", "drain")
+# On the node --controller-node adds: keeps every pod but the controller's replicas off it.
+CONTROLLER_TAINT = "jobset-inplace.dev/soak-role=controller:NoSchedule"
 # The gang's hang-timeout: six of the soak's 0.5 s steps (its trainers save a checkpoint in
 # well under a step), so a hang costs a few seconds, not the 10 s the policy's floor once was.
 HANG_TIMEOUT = "3s"
@@ -141,6 +144,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="hot spares (jobset-inplace.dev/hot-spares; default 0): a silent node's member "
         "goes on in a spare's pod; one more real node each; implies one persistent root for "
         "the gang, as --keep-step (a spare reads the member's checkpoints)",
+    )
+    p.add_argument(
+        "--controller-node",
+        action="store_true",
+        help="the controller's replicas on a real node of their own, tainted so that nothing "
+        "else runs there (docs/operations.md, 'Where the replicas run'); by default they run "
+        "on the training nodes and a silence or drain there takes one of them too",
     )
     p.add_argument("--step-seconds", type=float, default=0.5, help="the trainer's step (0.5)")
     p.add_argument(
@@ -793,8 +803,16 @@ def main(argv: list[str] | None = None) -> int:
     added = []  # a node of its own for each spare
     while len(cluster.real_nodes()) < args.members + args.spares:
         added.append(cluster.add_real_node())
+    controller_node = ""
+    if args.controller_node:
+        controller_node = cluster.add_real_node()
+        added.append(controller_node)
+        kubectl = Kubectl(cluster.kubeconfig)
+        kubectl.run("taint", "node", controller_node, CONTROLLER_TAINT, "--overwrite")
     installation = Installation(cluster.kubeconfig, cluster)
     installation.install()
+    if controller_node:
+        installation.pin_to(controller_node, CONTROLLER_TAINT)
     soak = Soak(cluster, args)
     shared = cluster.logs_dir.parent / "soak-shared"
     shutil.rmtree(shared, ignore_errors=True)  # an earlier soak's checkpoints are not this gang's
@@ -802,7 +820,11 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.ExitStack() as stack:
             if "device" in args.kinds:
                 soak.devices = stack.enter_context(
-                    TestDevices(soak.kube, cluster.real_nodes(), shared.parent / "soak-devices")
+                    TestDevices(
+                        soak.kube,
+                        [n for n in cluster.real_nodes() if n != controller_node],
+                        shared.parent / "soak-devices",
+                    )
                 )
             prom = None
             if args.prometheus:
@@ -836,6 +858,7 @@ def main(argv: list[str] | None = None) -> int:
         "spares": args.spares,
         "every_s": args.every,
         "keep_step": args.keep_step,
+        "controller_node": controller_node,  # "": the replicas ran on the training nodes
         "hang_timeout": HANG_TIMEOUT,
         "result": result,
         "failures": [asdict(f) for f in failures],

@@ -7,6 +7,7 @@ election, self-managed webhook certificate) on the real kubelet nodes.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import tempfile
@@ -104,16 +105,14 @@ class Installation:
         wait_until(
             "the in-cluster webhook injects the agent", lambda: webhook_injects(self.kubectl), 60
         )
-        replicas = self.kubectl.run(
-            "get",
-            f"deployment/{DEPLOYMENT}",
-            "-n",
-            names.INSTALL_NAMESPACE,
-            "-o",
-            "jsonpath={.spec.replicas}",
-        )
-        self.wait_settled(int(replicas))
+        self.wait_settled(self.replicas())
         log(f"jobset-inplace installed in-cluster in {time.monotonic() - t0:.1f}s")
+
+    def replicas(self) -> int:
+        """The controller Deployment's replicas (its spec)."""
+        ns = names.INSTALL_NAMESPACE
+        jsonpath = "jsonpath={.spec.replicas}"
+        return int(self.kubectl.run("get", f"deployment/{DEPLOYMENT}", "-n", ns, "-o", jsonpath))
 
     @staticmethod
     def _import_images(cluster: LocalCluster) -> None:
@@ -132,6 +131,38 @@ class Installation:
     def uninstall(self) -> None:
         """Remove everything the manifests made (JobSets keep running: docs/operations.md)."""
         self.kubectl.run("delete", "-k", str(self.overlay), "--ignore-not-found", "--wait=true")
+
+    def pin_to(self, node: str, taint: str, timeout: float = 180) -> None:
+        """Run the controller's replicas on ``node`` alone, the production layout of
+        docs/operations.md ("Where the replicas run": off the training nodes): a nodeSelector
+        for it and a toleration of ``taint`` (``key=value:effect``, which the caller put on the
+        node to keep every other pod off). Waits until the replicas run there, settled."""
+        key, _, rest = taint.partition("=")
+        value, _, effect = rest.partition(":")
+        patch = {
+            "spec": {
+                "template": {
+                    "spec": {
+                        "nodeSelector": {"kubernetes.io/hostname": node},
+                        "tolerations": [
+                            {"key": key, "operator": "Equal", "value": value, "effect": effect}
+                        ],
+                    }
+                }
+            }
+        }
+        ns = names.INSTALL_NAMESPACE
+        self.kubectl.run("patch", f"deployment/{DEPLOYMENT}", "-n", ns, "-p", json.dumps(patch))
+        self.kubectl.run(
+            "rollout", "status", f"deployment/{DEPLOYMENT}", "-n", ns, f"--timeout={int(timeout)}s"
+        )
+        leader, _ = self.wait_settled(self.replicas(), timeout)
+        away = [
+            p["metadata"]["name"] for p in self.pods() if p.get("spec", {}).get("nodeName") != node
+        ]
+        if away:
+            raise RuntimeError(f"controller replicas not on {node} after the rollout: {away}")
+        log(f"the controller's replicas run on {node} alone (leader {leader})")
 
     def scale(self, replicas: int, timeout: float = 120) -> None:
         """Scale the controller Deployment and wait until it is there: ``replicas`` ready pods
