@@ -800,23 +800,24 @@ def main(argv: list[str] | None = None) -> int:
     cluster.up()
     if len(cluster.real_nodes()) < 2:
         raise SystemExit("needs 2 real nodes (a drained node's member moves): make cluster-up")
-    added = []  # a node of its own for each spare
-    while len(cluster.real_nodes()) < args.members + args.spares:
-        added.append(cluster.add_real_node())
+    added: list[str] = []  # a node of its own for each spare (and the controller's)
     controller_node = ""
-    if args.controller_node:
-        controller_node = cluster.add_real_node()
-        added.append(controller_node)
-        kubectl = Kubectl(cluster.kubeconfig)
-        kubectl.run("taint", "node", controller_node, CONTROLLER_TAINT, "--overwrite")
     installation = Installation(cluster.kubeconfig, cluster)
-    installation.install()
-    if controller_node:
-        installation.pin_to(controller_node, CONTROLLER_TAINT)
     soak = Soak(cluster, args)
     shared = cluster.logs_dir.parent / "soak-shared"
     shutil.rmtree(shared, ignore_errors=True)  # an earlier soak's checkpoints are not this gang's
-    try:
+    try:  # from the first node added: whatever stops the run, the cluster is left as found
+        while len(cluster.real_nodes()) < args.members + args.spares:
+            added.append(cluster.add_real_node())
+        if args.controller_node:
+            controller_node = cluster.add_real_node()
+            added.append(controller_node)
+            Kubectl(cluster.kubeconfig).run(
+                "taint", "node", controller_node, CONTROLLER_TAINT, "--overwrite"
+            )
+        installation.install()
+        if controller_node:
+            installation.pin_to(controller_node, CONTROLLER_TAINT)
         with contextlib.ExitStack() as stack:
             if "device" in args.kinds:
                 soak.devices = stack.enter_context(

@@ -82,6 +82,7 @@ class LeaderElector:
         self.holder = ""  # who held the Lease when last read
         self._seen: tuple[str, float] | None = None  # (resourceVersion, monotonic first seen)
         self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None  # keep()'s
         # per request: two attempts fit into the renew deadline
         self._timeout = self.timing.renew_deadline_s / 2
 
@@ -216,7 +217,8 @@ class LeaderElector:
                     return
                 lost.wait(WATCHDOG_PERIOD_S)
 
-        threading.Thread(target=renew, name="leader-renew", daemon=True).start()
+        self._renewer = threading.Thread(target=renew, name="leader-renew", daemon=True)
+        self._renewer.start()
         threading.Thread(target=watchdog, name="leader-watchdog", daemon=True).start()
 
     def release(self, after_s: float = 0.0) -> None:
@@ -227,6 +229,9 @@ class LeaderElector:
         self._stop.set()
         self.renewed_at = None  # nothing is fresh any more: this replica no longer acts
         self.on_leading(False)
+        if self._renewer is not None:  # a renewal in flight must not land during the wait
+            self._renewer.join(self.timing.renew_deadline_s)
+            self.renewed_at = None
         try:
             if not self._holds():
                 return

@@ -100,6 +100,10 @@ class Manager:
         finally:
             self.stop.set()
             if elector is not None:
+                if self.release_after_s and threading.current_thread() is threading.main_thread():
+                    # a second SIGTERM must not cut the wait short: the Lease would then
+                    # only expire (safe, but the successor waits the lease duration)
+                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 elector.release(after_s=self.release_after_s)
             if health is not None:
                 health.stop()

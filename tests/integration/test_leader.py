@@ -22,6 +22,7 @@ from testbed.processes import wait_until
 pytestmark = pytest.mark.integration
 
 FAST = ElectionTiming(lease_duration_s=3, renew_deadline_s=2, retry_period_s=0.5)
+SLOW = ElectionTiming(lease_duration_s=30, renew_deadline_s=2, retry_period_s=0.5)
 LEASE = "test-leader"
 
 
@@ -37,8 +38,10 @@ class Lost:
         self.event.set()
 
 
-def candidate(kube: Clients, namespace: str, identity: str) -> LeaderElector:
-    election = Election(namespace=namespace, identity=identity, timing=FAST, lease=LEASE)
+def candidate(
+    kube: Clients, namespace: str, identity: str, timing: ElectionTiming = FAST
+) -> LeaderElector:
+    election = Election(namespace=namespace, identity=identity, timing=timing, lease=LEASE)
     return LeaderElector(client.CoordinationV1Api(kube.api), election)
 
 
@@ -67,13 +70,14 @@ def test_a_leader_releasing_after_its_grants_keeps_the_lease_unrenewed_until_the
     """A stopping leader whose channel granted report leases releases only once they ended:
     meanwhile no candidate takes the Lease (its last renewal is fresh), and the holder
     renews it no more."""
-    a, b = candidate(kube, namespace, "a"), candidate(kube, namespace, "b")
+    # a lease duration well past the wait: b can take the Lease only once it was released
+    a, b = candidate(kube, namespace, "a", SLOW), candidate(kube, namespace, "b", SLOW)
     assert a.try_once()
     renewed = spec(kube, namespace).renew_time
-    releasing = threading.Thread(target=a.release, kwargs={"after_s": 1.5})
+    releasing = threading.Thread(target=a.release, kwargs={"after_s": 3.0})
     releasing.start()
     try:
-        time.sleep(0.5)  # well inside the 1.5 s: released at once, b would take it now
+        time.sleep(0.5)  # well inside the 3 s: released at once, b would take it now
         assert not b.try_once(), "the Lease is not released before its grants ended"
         s = spec(kube, namespace)
         assert (s.holder_identity, s.renew_time) == ("a", renewed), "held, not renewed"
