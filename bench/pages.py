@@ -75,6 +75,8 @@ SOAK_SPARES_60 = ROOT / "docs" / "bench" / "soak-spares-60min-2026-12-05.json"
 SOAK_SPREAD_60 = ROOT / "docs" / "bench" / "soak-spares-spread-60min-2026-12-05.json"
 SOAK_FENCED_60 = ROOT / "docs" / "bench" / "soak-spares-fenced-60min-2026-12-06.json"
 SOAK_HANG3S_60 = ROOT / "docs" / "bench" / "soak-hang3s-60min-2026-12-06.json"
+# the same with the controller's replicas on a node of their own (--controller-node)
+SOAK_CTRLNODE_60 = ROOT / "docs" / "bench" / "soak-ctrlnode-60min-2026-12-06.json"
 CRASHES = crash_matrix.OUT
 CRASH_EARLY = ROOT / "docs" / "bench" / "crash-early-2026-12-05.json"
 CHANNEL_ATTACKS = ROOT / "docs" / "bench" / "channel-attacks.json"
@@ -1344,6 +1346,11 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
         ROOT / "docs" / "benchmarks.md",
         lambda doc: soak_tables(doc, SOAK_HANG3S_60),
         (SOAK_HANG3S_60,),
+    ),
+    "soak-ctrlnode-60min": (
+        ROOT / "docs" / "benchmarks.md",
+        lambda doc: soak_tables(doc, SOAK_CTRLNODE_60),
+        (SOAK_CTRLNODE_60,),
     ),
     "crash-matrix": (ROOT / "docs" / "benchmarks.md", crash_matrix_table, (CRASHES,)),
     "crash-early": (ROOT / "docs" / "benchmarks.md", crash_early_text, (CRASH_EARLY,)),

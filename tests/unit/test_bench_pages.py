@@ -354,6 +354,12 @@ def test_the_soak_account_counts_what_recovered_and_what_was_measured() -> None:
     assert "every minute, 2 members and 1 hot spare(s), `hang-timeout: 10s`; run of" in text
     doc["hang_timeout"] = "3s"
     assert "2 members and 1 hot spare(s), `hang-timeout: 3s`;" in pages.soak_tables(doc)
+    assert "node of their own" not in pages.soak_tables(doc)
+    doc["controller_node"] = "jsi-real-4"
+    assert (
+        "1 hot spare(s), the controller's replicas on a node of their own (`jsi-real-4`, no "
+        "training pod there), `hang-timeout: 3s`;" in pages.soak_tables(doc)
+    )
     assert (
         "Recoveries that gave a member's slot to another pod (a spare): trainer crash (process "
         "scope) 1, silent node (kubelet and containerd stopped) 1." in text
