@@ -424,20 +424,6 @@ def test_with_the_report_channel_a_crowded_pod_is_held_until_the_old_agents_leas
         assert (q.status.slots, q.status.barrier_open) == (slots, bool(slots)), quiet
 
 
-def test_a_crowded_pod_is_held_no_longer_once_the_old_pod_is_terminal() -> None:
-    """A drained member's old pod that its kubelet reported terminal runs nothing: the slot goes
-    to the spare then, before its agent's lease would have ended; not where the old pod's node
-    was found dead (a terminal phase there may be written by another than its kubelet)."""
-    status, others, new = crowded_after_repeats()
-    lease_end = names.LEASE_S + names.FENCE_MARGIN_S
-    for phase, slots in (("Running", {}), ("Failed", {member(1): member(4)})):
-        old = dataclasses.replace(pods(2, epoch=2)[1], deleting=True, phase=phase)
-        s = gang(status=status, pod_list=[*others, new, old], policy=REPEATS, now=NOW + 30)
-        q = plan(dataclasses.replace(s, report_endpoint=ENDPOINT, silent={"uid-1": 1.0}))
-        assert (q.status.slots, q.status.barrier_open) == (slots, bool(slots)), phase
-    assert lease_end > 1.0  # the lease had not ended
-
-
 def test_a_dead_node_is_not_fenced_when_force_delete_is_off() -> None:
     nm = dead(nodes(6), "n2")
     p = plan(gang(node_map=nm, policy=Policy(force_delete=ForceDelete.NEVER)))
@@ -995,11 +981,6 @@ def test_a_dead_nodes_holder_still_heard_keeps_its_slot_until_its_lease_ended() 
     gone = [pod for pod in pods(6, epoch=3) if pod.name != "p2"]  # force-deleted meanwhile
     later = plan(beating({2: lease_end}, status=p.status, pod_list=gone, node_map=nm, now=NOW + 4))
     assert later.status.slots == {member(2): member(4)}
-    # marked Failed meanwhile (as the pod garbage collector does on a node declared out of
-    # service): on a node found dead a terminal phase is no fence, the lease still is
-    failed = with_pod(pods(6, epoch=3), 2, phase="Failed")
-    early = plan(beating({2: 1.0}, status=p.status, pod_list=failed, node_map=nm, now=NOW + 1))
-    assert early.status.slots == {}
 
 
 # --- what becomes of spares (item 4) ----------------------------------------------------------

@@ -60,8 +60,7 @@ class HotSpares(PlanningPass):
         for their Job's (scheduling, image pull, start): the slot is given to the spare's
         position once the old pod is fenced (it cannot be training any more: gone, terminal,
         or force-deleted on a silent node; with the report channel, its agent's lease surely
-        ended, or its pod terminal on a node not found dead), spares on a node that holds no
-        other member first. A member of another
+        ended), spares on a node that holds no other member first. A member of another
         replicatedJob than the spares' waits for its Job's new pod (a spare is a pod of its
         own template), as does one with no spare ready (the shortfall is said once per epoch).
 
@@ -74,9 +73,8 @@ class HotSpares(PlanningPass):
         out of the barrier (``Swaps.held``) until the fence, so that the gang does not start
         training on the shared node a moment before the swap: with the report channel, until
         the old agent's lease ends (``LEASE_S + FENCE_MARGIN_S`` after its last answer, which
-        came before the decision) or its kubelet reported the old pod terminal; without it,
-        until its kubelet stopped the old pod, at most ``CROWDED_HOLD_S`` after the recovery
-        started."""
+        came before the decision); without it, until its kubelet stopped the old pod, at most
+        ``CROWDED_HOLD_S`` after the recovery started."""
         s, st = self.s, self.st
         if not s.gang.spares:
             return Swaps(frozenset(), frozenset())
@@ -106,12 +104,9 @@ class HotSpares(PlanningPass):
                 avoid.add(old.node)
             if heartbeats(s) and old_uid in s.silent:
                 # its agent held a lease: the slot moves once the lease has surely ended,
-                # whatever became of the pod (deleted by force, or not), or once the pod is
-                # terminal on a node not found dead (its kubelet stopped every container: a
-                # drained member's pod, seconds before its lease ends)
+                # whatever became of the pod (deleted by force, or not)
                 quiet = s.silent[old_uid]
-                stopped = old is not None and old.phase in TERMINAL and not dead
-                if quiet >= lease_end or stopped:
+                if quiet >= lease_end:
                     waiting.append(member)
                 else:
                     self.p.wake_at(s.now, s.now + lease_end - quiet)
