@@ -21,7 +21,7 @@ from testbed.kueue import (
 )
 from testbed.kwoknodes import NODE_UNHEALTHY_BOUND_SECONDS, is_kwok_node, set_heartbeat
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.kube_release]
 
 JOBSET_LABELS = (
     "jobset.sigs.k8s.io/jobset-name",

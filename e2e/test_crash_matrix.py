@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e.marks import KUBE_RELEASE
 from testbed.controller import prepare
 from testbed.crashes import CrashRunner
 from testbed.install import Installation
@@ -24,7 +25,7 @@ from testbed.kube import Clients
 
 pytestmark = pytest.mark.e2e
 
-CI_CASES = [("prestart", "oom"), ("pod", "abort")]
+CI_CASES = [("prestart", "oom"), pytest.param("pod", "abort", marks=KUBE_RELEASE)]
 
 
 @pytest.mark.parametrize(("scope", "crash"), CI_CASES)

@@ -21,7 +21,7 @@ from testbed.devices import RESOURCE, TestDevices, pod_devices
 from testbed.install import Installation
 from testbed.kube import Clients, remove_taint, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.kube_release]
 
 MEMBERS = 2
 

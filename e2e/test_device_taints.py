@@ -30,7 +30,7 @@ from testbed.dra import TestDRADriver, allocated_devices, claim_template, taint_
 from testbed.install import Installation
 from testbed.kube import Clients, delete_jobsets, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.kube_release]
 
 MEMBERS = 2
 RULE = "jsi-e2e-device-taint"

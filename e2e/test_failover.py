@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from e2e.marks import KUBE_RELEASE
 from jobset_inplace import names
 from jobset_inplace.core.detection import LEASE_RENEW_INTERVAL_S
 from jobset_inplace.runtime.leader_election import DEFAULT_LEASE
@@ -47,6 +48,7 @@ def _barrier_openings(kube: Clients, namespace: str, name: str) -> list[str]:
     return [e.message for e in events if e.reason == "BarrierOpened"]
 
 
+@KUBE_RELEASE
 def test_leader_pod_deleted_mid_recovery_a_new_leader_completes_it_exactly_once(
     cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str
 ) -> None:

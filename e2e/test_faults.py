@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from e2e.marks import POD_SCOPE
 from jobset_inplace import names
 from testbed.cluster import LocalCluster
 from testbed.controller import gang_state, member_pods
@@ -49,7 +50,7 @@ UNSEEN = {
 }
 
 
-@pytest.mark.parametrize("scope", ["process", "pod"])
+@pytest.mark.parametrize("scope", ["process", POD_SCOPE])
 def test_a_failure_while_the_controller_is_down_is_not_lost(
     cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str, scope: str
 ) -> None:

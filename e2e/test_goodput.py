@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from e2e.marks import POD_SCOPE
 from jobset_inplace.core.transform import AGENT_CONTAINER
 from jobset_inplace.times import parse_time
 from testbed.cluster import LocalCluster
@@ -97,7 +98,7 @@ def reported_ratio(account: dict[str, Any]) -> float:
     return float(productive / (productive + sum(account["badputSeconds"].values())))
 
 
-@pytest.mark.parametrize("scope", ["process", "pod"])
+@pytest.mark.parametrize("scope", ["process", POD_SCOPE])
 def test_goodput_agrees_with_the_trainers_own_account(  # noqa: PLR0917 (fixtures)
     local_cluster: LocalCluster | None,
     cluster_kubeconfig: Path,

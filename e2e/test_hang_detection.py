@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e.marks import POD_SCOPE
 from jobset_inplace import names
 from jobset_inplace.core import policy
 from jobset_inplace.times import parse_time
@@ -43,7 +44,7 @@ def _resumed(kubeconfig: Path, namespace: str, pod: str) -> list[int]:
     ]
 
 
-@pytest.mark.parametrize("scope", ["process", "pod"])
+@pytest.mark.parametrize("scope", ["process", POD_SCOPE])
 def test_a_hung_trainer_is_found_and_the_gang_restarts_in_place(
     cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str, scope: str
 ) -> None:

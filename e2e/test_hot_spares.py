@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from e2e.marks import KUBE_RELEASE
 from jobset_inplace import names
 from jobset_inplace.core.transform import AGENT_CONTAINER
 from jobset_inplace.prestart import HELD
@@ -86,7 +87,9 @@ CLOSED = {"key": "e2e.test/closed-to-new-pods", "effect": "NoSchedule"}
 DRAIN_TIMEOUT_S = 300
 
 
-@pytest.mark.parametrize("spares", [1, 0], ids=["spare", "no-spare"])
+@pytest.mark.parametrize(
+    "spares", [pytest.param(1, marks=KUBE_RELEASE), 0], ids=["spare", "no-spare"]
+)
 def test_a_dead_nodes_member_trains_again_on_the_hot_spare_as_the_same_rank(
     spares: int,
     *,  # (fixtures)

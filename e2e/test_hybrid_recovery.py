@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e.marks import POD_SCOPE
 from jobset_inplace import names
 from testbed.demo import run_demo, trainer_log
 from testbed.install import Installation
@@ -28,7 +29,7 @@ def _barrier_openings(kube: Clients, namespace: str, name: str) -> int:
     return sum(1 for e in events if e.reason == "BarrierOpened")
 
 
-@pytest.mark.parametrize("scope", ["process", "prestart", "pod"])
+@pytest.mark.parametrize("scope", ["process", "prestart", POD_SCOPE])
 def test_trainer_crash_restarts_the_gang_in_place_from_one_step(
     cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str, scope: str
 ) -> None:

@@ -27,7 +27,7 @@ from testbed.images import IMAGES_LOADED_ENV, NODE_IMAGE
 from testbed.kube import Clients, wait_for
 from testbed.versions import binaries
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.kube_release]
 
 IMAGE = NODE_IMAGE
 RESTART_EXIT_CODE = 88

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from e2e.marks import POD_SCOPE
 from testbed.demo import run_demo
 from testbed.install import Installation
 from testbed.kube import Clients, wait_for
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.e2e
 PODS_READY_REASON = {"pod": "Recovered", "process": "Started"}
 
 
-@pytest.mark.parametrize("scope", ["process", "pod"])
+@pytest.mark.parametrize("scope", ["process", POD_SCOPE])
 def test_admitted_gang_keeps_admission_through_in_place_recovery(
     cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str, scope: str
 ) -> None:

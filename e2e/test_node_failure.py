@@ -24,7 +24,7 @@ from testbed.kube import Clients, create_jobset, wait_for
 from testbed.kwoknodes import set_heartbeat
 from testbed.simagents import SimulatedAgents
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.kube_release]
 NAME = "kwokgang"
 MEMBERS = 3
 

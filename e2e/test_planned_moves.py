@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from e2e.marks import KUBE_RELEASE
 from jobset_inplace.apierrors import or_none
 from jobset_inplace.core.disruption_budget import budget_name
 from testbed.cluster import LocalCluster
@@ -55,7 +56,9 @@ def _events(kube: Clients, namespace: str, reason: str) -> list[str]:
     return [e.message for e in found]
 
 
-@pytest.mark.parametrize("kueue", [False, True], ids=["plain", "kueue"])
+@pytest.mark.parametrize(
+    "kueue", [pytest.param(False, marks=KUBE_RELEASE), True], ids=["plain", "kueue"]
+)
 def test_a_drained_node_moves_its_member_with_no_step_lost(
     *,  # (fixtures)
     cluster_kubeconfig: Path,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from e2e.marks import POD_SCOPE
 from testbed.controller import member_pods
 from testbed.demo import (
     assert_recovered_in_place,
@@ -52,7 +53,7 @@ def _refusal(kube: Clients, namespace: str) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("scope", ["process", "pod"])
+@pytest.mark.parametrize("scope", ["process", POD_SCOPE])
 def test_a_restricted_namespace_gang_recovers_in_place(
     cluster_kubeconfig: Path, controller: Installation, kube: Clients, namespace: str, scope: str
 ) -> None:

@@ -245,14 +245,18 @@ def test_a_holder_silent_since_the_leader_died_goes_to_the_spare_under_the_new_l
         first_spare = spare_trains_as_slot_1(g, recs)
         assert max(stale) < first_spare, "never two pods trained as slot 1"
         # holder 0 kept its slot: if its trainer froze while no leader answered, the new
-        # leader's renewal thawed it to stop gracefully (it could keep its step), not killed
+        # leader's renewal thawed it, so it stopped gracefully (it could keep its step), never
+        # killed frozen. The renewal lands either before the gang moves on (resumed, then
+        # stopped with SIGTERM) or after (thawed to stop); which one is a race between the
+        # two leaders' timing, both are the guarantee.
         kept = (tmp_path / "launcher-0.log").read_text()
-        if "the agent's lease ended: freezing" in kept:
-            assert "thawing to stop" in kept, kept
-            assert "stopped frozen" not in kept, kept
-        print(
-            f"\nholder 0 {'froze and was thawed to stop' if 'freezing' in kept else 'never froze'}"
-        )
+        assert "stopped frozen" not in kept, kept
+        froze = "the agent's lease ended: freezing" in kept
+        resumed = "lease renewed: resuming" in kept
+        if froze:
+            assert resumed or "thawing to stop" in kept, kept
+        how = "resumed, then stopped" if resumed else "thawed to stop"
+        print(f"\nholder 0 {how if froze else 'never froze'}")
     finally:
         first.stop()
         if second is not None:
