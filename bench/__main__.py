@@ -41,6 +41,7 @@ from .scenarios import (
     JSI_PATHS,
     NODE_DEATHS,
     PATHS,
+    POD_SCOPE_PATH,
     Bench,
     ProcessMeter,
     jsi_settings,
@@ -161,7 +162,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "JobSet's InPlaceRestart (its controller gate on for that path only, its agents "
         "simulated); leases is jobset-inplace with its agents' reports on member Leases "
         "instead of the report channel (bench/member_leases.py; the controller then runs with "
-        "that watch for every path)",
+        "that watch for every path); hybrid-pod is jobset-inplace in the pod scope beside hybrid "
+        "in --scope's, both scopes in one run",
     )
     p.add_argument(
         "--verbose-controller",
@@ -277,6 +279,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--apiserver-profile-paths must be some of {','.join(PATHS)}")
     if not args.paths or not args.paths <= set(PATHS):
         p.error(f"--paths must be some of {','.join(PATHS)}, got {','.join(sorted(args.paths))}")
+    if POD_SCOPE_PATH in args.paths and args.scope == "pod":
+        p.error(
+            f"--paths {POD_SCOPE_PATH} is the pod scope beside hybrid in --scope's: with --scope "
+            f"pod both would be the pod scope (use --scope process, the default)"
+        )
     if args.defaults and (why := gang_over_default_budgets(args)):
         p.error(f"--defaults: {why}; use fewer --reps or more --rounds")
     cpus = sorted(os.sched_getaffinity(0))
@@ -517,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
             "kubelet_status_writes": "failed pod only" if args.protocol_only else "every pod",
             "agent_reports": args.agent_reports,
             "restart_scope": args.scope,
+            "paths": sorted(args.paths),
             "leader_core": args.leader_core,
             "idle_s": args.idle,
             "leader_profile_reps": args.leader_profile_reps,

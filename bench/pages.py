@@ -45,6 +45,7 @@ from bench.realnode import (
     writes_by_path,
 )
 from bench.stats import Ratio, mean_interval, median_interval, ratio_of_medians
+from jobset_inplace import names
 
 ROOT = Path(__file__).resolve().parents[1]
 REALNODE = ROOT / "docs" / "bench" / "realnode.json"
@@ -158,11 +159,17 @@ def jsi_settings_text(doc: dict[str, Any]) -> str:
         size: ", ".join(f"`{k.rpartition('/')[2]}: {v}`" for k, v in a.items()) or "none"
         for size, a in per_size.items()
     }
+    # the pod-scope gang beside the hybrid one (bench.scenarios.POD_SCOPE_PATH) adds its scope
+    pod = (
+        f" (the pod-scope gang's also `{names.RESTART_SCOPE.rpartition('/')[2]}: pod`)"
+        if report.POD_SCOPE in doc["settings"].get("paths", ())
+        else ""
+    )
     if len(set(seen.values())) == 1:
         (text,) = set(seen.values())
-        return f" jobset-inplace's settings other than its defaults: {text}."
+        return f" jobset-inplace's settings other than its defaults: {text}{pod}."
     each = "; ".join(f"{size} pods: {text}" for size, text in seen.items())
-    return f" jobset-inplace's settings other than its defaults: {each}."
+    return f" jobset-inplace's settings other than its defaults: {each}{pod}."
 
 
 def kwok_scale(doc: dict[str, Any]) -> str:

@@ -73,12 +73,18 @@ def requests_per_recovery(windows: list[dict[str, Any]], top: int = 10) -> dict[
 
 
 CONTROLLER = "jobset-inplace"  # bench.scenarios.CONTROLLER (no import: the report reads files)
-IN_PLACE = ("hybrid", "leases", "upstream")  # the paths with phases (a simulated agent fleet)
+# the paths with phases (a simulated agent fleet)
+IN_PLACE = ("hybrid", "hybrid-pod", "leases", "upstream")
 OTHERS = ("leases", "upstream", "stock")  # the paths compared with hybrid
-JSI = ("hybrid", "leases", "spares")  # jobset-inplace's gangs (bench.scenarios.JSI_PATHS)
+# the pod-scope gang (bench.scenarios.POD_SCOPE_PATH) and the paths compared with it
+POD_SCOPE = "hybrid-pod"
+POD_SCOPE_OTHERS = ("upstream", "stock")
+# jobset-inplace's gangs (bench.scenarios.JSI_PATHS)
+JSI = ("hybrid", "hybrid-pod", "leases", "spares")
 PHASES = ("detection_s", "restart_s", "barrier_s", "barrier_open_s", "protocol_s")
 LABEL = {
     "hybrid": "jobset-inplace",
+    "hybrid-pod": "jobset-inplace, pod scope",
     "leases": "jobset-inplace, reports on Leases",
     "upstream": "upstream IPR",
     "stock": "stock",
@@ -114,19 +120,21 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         }
         if profiles:
             row["apiserver_cpu_share_pct"] = profiles
-        hb = row["hybrid_worker_failure"]["barrier_open_s"]
-        ha = row["hybrid_worker_failure"]["all_running_s"]
-        for path in OTHERS:
-            # stock has no barrier: its time to all running is compared with both
-            other = row[f"{path}_worker_failure"]
-            ob = other["all_running_s"] if path == "stock" else other["barrier_open_s"]
-            oa = other["all_running_s"]
-            if hb and ha and ob and oa:
-                row[f"ratio_{path}_over_hybrid_barrier"] = round(ob["median"] / hb["median"], 1)
-                row[f"ratio_{path}_over_hybrid_running"] = round(oa["median"] / ha["median"], 1)
-                interval = running_interval(r, path)
-                if interval is not None:
-                    row[f"ratio_{path}_over_hybrid_running_interval"] = interval
+        for base, others in (("hybrid", OTHERS), (POD_SCOPE, POD_SCOPE_OTHERS)):
+            hb = row[f"{base}_worker_failure"]["barrier_open_s"]
+            ha = row[f"{base}_worker_failure"]["all_running_s"]
+            for path in others:
+                # stock has no barrier: its time to all running is compared with both
+                other = row[f"{path}_worker_failure"]
+                ob = other["all_running_s"] if path == "stock" else other["barrier_open_s"]
+                oa = other["all_running_s"]
+                if hb and ha and ob and oa:
+                    key = f"ratio_{path}_over_{base}"
+                    row[f"{key}_barrier"] = round(ob["median"] / hb["median"], 1)
+                    row[f"{key}_running"] = round(oa["median"] / ha["median"], 1)
+                    interval = running_interval(r, path, base)
+                    if interval is not None:
+                        row[f"{key}_running_interval"] = interval
         pools = {path: fleet_pool(r.get(path, empty)) for path in IN_PLACE}
         if any(pools.values()):
             row["fleet_pool"] = {path: v for path, v in pools.items() if v}
@@ -161,12 +169,12 @@ def fleet_pool(runs: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def running_interval(r: dict[str, Any], path: str) -> dict[str, Any] | None:
-    """The 95 % bootstrap interval of ``path``'s ratio to the hybrid's median time to every
+def running_interval(r: dict[str, Any], path: str, base: str = "hybrid") -> dict[str, Any] | None:
+    """The 95 % bootstrap interval of ``path``'s ratio to ``base``'s median time to every
     member running (one size's runs ``r``), with both sample counts; None where a side has
     fewer than 2 runs or a capped one (its time is only a lower bound)."""
     theirs = (r.get(path) or {}).get("worker_failure", [])
-    ours = (r.get("hybrid") or {}).get("worker_failure", [])
+    ours = (r.get(base) or {}).get("worker_failure", [])
     a, b = _col(theirs, "all_running_s"), _col(ours, "all_running_s")
     if len(a) < 2 or len(b) < 2 or any(m.get("capped") for m in (*theirs, *ours)):
         return None
@@ -174,9 +182,9 @@ def running_interval(r: dict[str, Any], path: str) -> dict[str, Any] | None:
     return {"low": round(x.low, 1), "high": round(x.high, 1), "n": [len(a), len(b)]}
 
 
-def interval_text(row: dict[str, Any], path: str) -> str:
+def interval_text(row: dict[str, Any], path: str, base: str = "hybrid") -> str:
     """``; 95 % interval LOW-HIGH, n = A, B`` for a ratio that has one, else ``""``."""
-    iv = row.get(f"ratio_{path}_over_hybrid_running_interval")
+    iv = row.get(f"ratio_{path}_over_{base}_running_interval")
     if not iv:
         return ""
     return f"; 95 % interval {iv['low']}-{iv['high']}, n = {iv['n'][0]}, {iv['n'][1]}"
@@ -488,12 +496,14 @@ def text(results: dict[str, Any]) -> str:
             lines.append(
                 f"  {'stock':<8} {'all_running_s':<22} {_fmt(sw['all_running_s'])}{capped}"
             )
-        for path in OTHERS:
-            if f"ratio_{path}_over_hybrid_barrier" in row:
-                lines.append(
-                    f"  ratio {path} / hybrid: {row[f'ratio_{path}_over_hybrid_barrier']}x (to "
-                    f"barrier open), {row[f'ratio_{path}_over_hybrid_running']}x (to all running)"
-                )
+        for base, others in (("hybrid", OTHERS), (POD_SCOPE, POD_SCOPE_OTHERS)):
+            for path in others:
+                key = f"ratio_{path}_over_{base}"
+                if f"{key}_barrier" in row:
+                    lines.append(
+                        f"  ratio {path} / {base}: {row[f'{key}_barrier']}x (to barrier open), "
+                        f"{row[f'{key}_running']}x (to all running)"
+                    )
         for x in row.get("node_death", []):
             ratio = x.get("ratio_over_hybrid")
             lines.append(
@@ -581,6 +591,7 @@ def plot(out: Path, results: dict[str, Any]) -> list[Path]:
     written: list[Path] = []
     colors = {
         "hybrid": "tab:blue",
+        "hybrid-pod": "tab:purple",
         "leases": "tab:green",
         "upstream": "tab:orange",
         "stock": "grey",
@@ -694,26 +705,37 @@ def _sizes(summ: dict[str, Any]) -> list[str]:
 def worker_failure_tables(summ: dict[str, Any]) -> list[str]:
     """Crash -> every member running by path, with the ratios of one run; the phases."""
     sizes = _sizes(summ)
+    # a run with the pod-scope gang beside the hybrid one: its column and its ratios too
+    both = any(POD_SCOPE in summ[s]["paths"] for s in sizes)
+    header = (
+        "| gang | **jobset-inplace** | **jobset-inplace, pod scope** | upstream IPR | stock "
+        "| **upstream / jobset-inplace** | **upstream / pod scope** "
+        "| **stock / jobset-inplace** | **stock / pod scope** |"
+        if both
+        else "| gang | **jobset-inplace** | upstream IPR | stock | **upstream / jobset-inplace** "
+        "| **stock / jobset-inplace** |"
+    )
     out = [
         "One worker fails, crash -> every member running again:",
         "",
-        "| gang | **jobset-inplace** | upstream IPR | stock | **upstream / jobset-inplace** "
-        "| **stock / jobset-inplace** |",
-        "|---|---|---|---|---|---|",
+        header,
+        "|---" * header.count(" | ") + "|---|",
     ]
     for size in sizes:
         row = summ[size]
         ge = _ge(row["stock_worker_failure"]["capped"] > 0)
+        ours = ("hybrid", POD_SCOPE) if both else ("hybrid",)
         cells = [
-            _fmt_ci(row["hybrid_worker_failure"]["all_running_s"]),
+            *(f"**{_fmt_ci(row[f'{p}_worker_failure']['all_running_s'])}**" for p in ours),
             _fmt_ci(row["upstream_worker_failure"]["all_running_s"]),
             ge + _fmt_ci(row["stock_worker_failure"]["all_running_s"]),
         ]
         for path, g in (("upstream", ""), ("stock", ge)):
-            ratio = row.get(f"ratio_{path}_over_hybrid_running")
-            iv = interval_text(row, path)
-            cells.append(f"**{g}{ratio}x**" + (f" ({iv[2:]})" if iv else "") if ratio else "-")
-        out.append(f"| {size} pods | **{cells[0]}** | " + " | ".join(cells[1:]) + " |")
+            for base in ours:
+                ratio = row.get(f"ratio_{path}_over_{base}_running")
+                iv = interval_text(row, path, base)
+                cells.append(f"**{g}{ratio}x**" + (f" ({iv[2:]})" if iv else "") if ratio else "-")
+        out.append(f"| {size} pods | " + " | ".join(cells) + " |")
     out += [
         "",
         "Where the time goes (the in-place paths' phases):",

@@ -61,18 +61,22 @@ CONTROLLER = "jobset-inplace"  # the controller's key in a window's CPU by proce
 # the recovery paths: jobset-inplace, upstream InPlaceRestart (sidecar mode), stock Recreate,
 # jobset-inplace with its agents' reports on member Leases instead of the report channel
 # (bench/member_leases.py: the alternative the channel is measured against; not by default),
-# and jobset-inplace with hot spares (bench/spares.py; one pod per Job)
-PATHS = ("hybrid", "upstream", "stock", "leases", "spares")
+# jobset-inplace with hot spares (bench/spares.py; one pod per Job), and jobset-inplace in the
+# pod scope whatever --scope says (hybrid-pod: both scopes in one run, hybrid in the process
+# scope beside it)
+PATHS = ("hybrid", "hybrid-pod", "upstream", "stock", "leases", "spares")
 DEFAULT_PATHS = ("hybrid", "upstream", "stock")
 # the ones with a simulated agent fleet
-IN_PLACE_PATHS = ("hybrid", "leases", "spares", "upstream")
-JSI_PATHS = ("hybrid", "leases", "spares")  # jobset-inplace's gangs
+IN_PLACE_PATHS = ("hybrid", "hybrid-pod", "leases", "spares", "upstream")
+JSI_PATHS = ("hybrid", "hybrid-pod", "leases", "spares")  # jobset-inplace's gangs
+POD_SCOPE_PATH = "hybrid-pod"
 # A node-death scenario's runs per path: jobset-inplace as it ships (it force-deletes the dead
 # node's pod) and, like the others, waiting for a platform's out-of-service taint; the others
 # without and with that remediation (without it their pod stays Terminating: reported so).
 _JSI_DEATHS = (NodeDeath(NONE, "unreachable"), NodeDeath(REMEDIATED, "never"))
 NODE_DEATHS = {
     "hybrid": _JSI_DEATHS,
+    "hybrid-pod": _JSI_DEATHS,
     "leases": _JSI_DEATHS,
     "spares": _JSI_DEATHS[:1],  # as it ships: no platform's taint in its way
     "upstream": (NodeDeath(NONE), NodeDeath(REMEDIATED)),
@@ -409,7 +413,7 @@ class Bench:
             [("workers", size // per_job, per_job)],
             annotations={
                 names.ENABLED: "true",
-                **jsi_settings(size, self.scope, self.defaults),
+                **jsi_settings(size, self.scope_of(path), self.defaults),
                 **spares,
             }
             if path in JSI_PATHS
@@ -458,6 +462,11 @@ class Bench:
         took = time.monotonic() - t0
         log(f"{name}: {size} pods running {took:.1f}s after the JobSet was created")
         return took
+
+    def scope_of(self, path: str) -> str:
+        """The restart scope of ``path``'s jobset-inplace gang (and what its fleet simulates):
+        the pod scope for ``hybrid-pod``, ``scope`` for the others."""
+        return "pod" if path == POD_SCOPE_PATH else self.scope
 
     def spares(self, path: str) -> int:
         """The hot spares a gang of ``path`` has beside its members."""
@@ -527,7 +536,7 @@ class Bench:
         elif path == "leases":
             kind = partial(Fleet, scope=self.scope, channel=False, leases=True)
         else:
-            kind = partial(Fleet, scope=self.scope, channel=self.channel)
+            kind = partial(Fleet, scope=self.scope_of(path), channel=self.channel)
         fleet = kind(
             self.kube.api,
             server=self.server,

@@ -162,6 +162,52 @@ def test_report_ratios_against_both_peers() -> None:
     assert "node death, jobset-inplace (force-delete unreachable, no remediation): 17.0 s" in text
 
 
+def test_both_scopes_and_upstream_in_one_run() -> None:
+    """Issue 59's comparison: jobset-inplace in the process scope (hybrid) and in the pod
+    scope (hybrid-pod) beside upstream, each ratio against its own gang."""
+    ok = bench_main.parse_args(["--sizes", "5000", "--paths", "hybrid,hybrid-pod,upstream"])
+    assert ok.paths == {"hybrid", "hybrid-pod", "upstream"}
+    assert ok.scope == "process"
+    with pytest.raises(SystemExit):  # both gangs would be the pod scope
+        bench_main.parse_args(["--paths", "hybrid,hybrid-pod", "--scope", "pod"])
+    # each path's gang carries its own scope, and its fleet simulates that one
+    bench = types.SimpleNamespace(scope="process", pods_per_job=10, defaults=False, hot_spares=2)
+    bench.scope_of = lambda path: scenarios.Bench.scope_of(bench, path)  # type: ignore[arg-type]
+    gangs = {p: scenarios.Bench._gang(bench, p, 100, p) for p in ("hybrid", "hybrid-pod")}  # type: ignore[arg-type]
+    scope = {p: js["metadata"]["annotations"].get(names.RESTART_SCOPE) for p, js in gangs.items()}
+    assert scope == {"hybrid": None, "hybrid-pod": "pod"}  # process: the default, not written
+
+    results = {
+        "sizes": {
+            "5000": {
+                "hybrid": {"worker_failure": _runs([3.0, 3.5, 4.5]), "node_death": []},
+                "hybrid-pod": {"worker_failure": _runs([150.0, 160.0, 180.0]), "node_death": []},
+                "upstream": {"worker_failure": _runs([140.0, 144.0, 150.0]), "node_death": []},
+            }
+        }
+    }
+    row = report.summarize(results)["5000"]
+    assert row["paths"] == ["hybrid", "hybrid-pod", "upstream"]
+    assert row["ratio_upstream_over_hybrid_running"] == 41.1  # 144 / 3.5
+    assert row["ratio_upstream_over_hybrid-pod_running"] == 0.9  # 144 / 160
+    assert row["ratio_upstream_over_hybrid-pod_running_interval"]["n"] == [3, 3]
+    table = report.markdown(results)
+    assert (
+        "| gang | **jobset-inplace** | **jobset-inplace, pod scope** | upstream IPR | stock "
+        "| **upstream / jobset-inplace** | **upstream / pod scope** "
+        "| **stock / jobset-inplace** | **stock / pod scope** |\n"
+        "|---|---|---|---|---|---|---|---|---|"
+    ) in table
+    assert (
+        "| 5000 pods | **3.00 / 3.50 / 4.50 (3.00-4.50, n = 3)** "
+        "| **150.00 / 160.00 / 180.00 (150.00-180.00, n = 3)** "
+        "| 140.00 / 144.00 / 150.00 (140.00-150.00, n = 3) | - | **41.1x** (95 % interval"
+    ) in table
+    assert "| 5000 pods | jobset-inplace, pod scope | 3 |" in table
+    text = report.text(results)
+    assert "ratio upstream / hybrid-pod: 0.9x (to barrier open), 0.9x (to all running)" in text
+
+
 def test_repetitions_are_shared_out_over_the_rounds() -> None:
     assert [bench_main.share(30, 3, r) for r in range(3)] == [10, 10, 10]
     assert [bench_main.share(2, 3, r) for r in range(3)] == [1, 1, 0]
