@@ -65,6 +65,7 @@ KWOK_DEFAULTS = ROOT / "docs" / "bench" / "kwok-defaults-2026-12-05" / "results.
 KWOK_POOL = ROOT / "docs" / "bench" / "kwok-pool256-2026-12-05" / "results.json"
 SEED_5000 = ROOT / "docs" / "bench" / "kwok-5000-pod-scope-2026-12-05" / "results.json"
 SEED_5000_PROCESS = ROOT / "docs" / "bench" / "kwok-5000-process-scope-2026-12-05" / "results.json"
+SEED_5000_SCOPES = ROOT / "docs" / "bench" / "kwok-5000-scopes-2026-12-06" / "results.json"
 SPARES = ROOT / "docs" / "bench" / "spares-2026-11-29" / "results.json"
 SOAK = ROOT / "docs" / "bench" / "soak-60min-2026-12-02.json"
 SOAK_KEEP_STEP = ROOT / "docs" / "bench" / "soak-keep-step-60min-2026-12-03.json"
@@ -1299,6 +1300,11 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
         ROOT / "docs" / "benchmarks.md",
         lambda doc: kwok_5000(doc, SEED_5000_PROCESS),
         (SEED_5000_PROCESS,),
+    ),
+    "kwok-5000-scopes": (
+        ROOT / "docs" / "benchmarks.md",
+        lambda doc: kwok_5000(doc, SEED_5000_SCOPES),
+        (SEED_5000_SCOPES,),
     ),
     "kwok-node-deaths": (
         ROOT / "docs" / "benchmarks.md",
