@@ -17,8 +17,16 @@ What it leaves out, against ``python -m bench --leader-core`` (the figures to pu
 watches (pods, Leases, GangStates), the API calls, the apiserver and the agents' own work. It
 is for comparing two versions of the leader's code in minutes (``--compare DIR``: a checkout
 of the other version's ``jobset_inplace``, run alternately with this one's by this bench), not
-for absolute figures. Where the version's controller freezes its heap once its cache is primed
-(``runtime.process.freeze_heap``), this bench does so after the warm-up too."""
+for absolute figures. Where the version's controller freezes its heap once its cache is
+primed (``runtime.process.freeze_heap``), this bench does so after the warm-up too.
+
+``--floor`` runs, alternately with the leader, the channel's floor: the same HTTP server
+(:class:`~jobset_inplace.runtime.report_http.HttpServer`: TLS, llhttp, its limits) answering
+every request with a constant 200, with nothing behind it (no token, no decode, no cache, no
+planning), the same agents sending the same requests. What the leader spends per member above
+it is its own work; the floor is what any design that takes one report per member over TLS in
+this process pays (on loopback it includes the receiving side's TCP work, which a real network
+would put on the agent's host)."""
 
 from __future__ import annotations
 
@@ -33,7 +41,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -56,6 +64,8 @@ from jobset_inplace.core.statemachine import Phase
 from jobset_inplace.protocol.envelope import Sender, encode_request
 from jobset_inplace.protocol.report import AgentReport
 from jobset_inplace.runtime import process
+from jobset_inplace.runtime.report_http import Answer, HttpServer, Request
+from jobset_inplace.runtime.report_tls import serving_context
 
 CONNECTING = 100  # the agents' connections made at once (bench.leader_loop's warm-up)
 GC_CPU = [0.0, 0.0]  # CPU in collections so far; when the current one started
@@ -153,6 +163,117 @@ class _Writes:
         return {}
 
 
+Send = Callable[[int, str], Awaitable[None]]
+
+
+async def _start_agents(
+    args: argparse.Namespace, port: int, tokens: list[str]
+) -> tuple[subprocess.Popen[str], Send]:
+    """The agents' process, ready, and how to tell it what to send (``EPOCH exit:I`` or
+    ``EPOCH all``: returns once every answer came, raises SystemExit on a refusal)."""
+    client_core = None if args.leader_core is None else 1 - args.leader_core
+    proc = subprocess.Popen(
+        _command(
+            Path(names.__file__).parent.parent,
+            *("--agents", str(port), "--members", str(args.members)),
+            *([] if client_core is None else ["--leader-core", str(client_core)]),
+        ),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    stdin, stdout = proc.stdin, proc.stdout
+    stdin.write(json.dumps(tokens) + "\n")
+    stdin.flush()
+    loop = asyncio.get_running_loop()
+    if (await loop.run_in_executor(None, stdout.readline)).strip() != "ready":
+        raise SystemExit("the agents' process did not start")
+
+    async def send(epoch: int, what: str) -> None:
+        stdin.write(f"{epoch} {what}\n")
+        stdin.flush()
+        refused = json.loads(await loop.run_in_executor(None, stdout.readline))
+        if refused:
+            raise SystemExit(f"reports refused: {refused}")
+
+    return proc, send
+
+
+def _stop_agents(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait()
+
+
+def floor(args: argparse.Namespace) -> list[dict[str, float]]:
+    """The channel's floor (``--floor``): the recoveries' figures with the report server's
+    HTTP layer answering a constant 200 and doing nothing else (this process)."""
+    if args.leader_core is not None:
+        os.sched_setaffinity(0, {args.leader_core})
+    n, cluster = args.members, BenchCluster()
+    tokens = [cluster.token(*member_pod(i)) for i in range(n)]
+    addresses = {_address(i) for i in range(n)}
+    results: list[dict[str, float]] = []
+
+    def accept(request: Request) -> Answer:
+        # bound to an identity as an accepted report is (the limit per identity applies)
+        return Answer(200, {"accepted": True, "holds": None}, identity=request.authorization)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        ctx, _ = serving_context()
+        http = HttpServer(
+            accept,
+            names.REPORT_PATH.encode(),
+            16 * 1024,
+            loop.time,
+            tls=ctx,
+            member=addresses.__contains__,
+        )
+        server = await loop.create_server(http.connection, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        proc, send = await _start_agents(args, port, tokens)
+        await send(1, "all")  # every connection made (the leader's steady state)
+        freeze = getattr(process, "freeze_heap", None)
+        if freeze is not None:
+            freeze("bench")
+        gc.callbacks.append(_collecting)
+        for rep in range(args.recoveries):
+            epoch = rep + 2
+            await asyncio.sleep(0.5)
+            GC_CPU[0] = 0.0
+            cpu, wall = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+            await send(epoch - 1, f"exit:{(rep * 37 + 1) % n}")
+            await send(epoch, "all")
+            results.append(_figures(cpu, n, 0, wall))
+            per = results[-1]["us_per_member"]
+            print(f"  floor {rep + 1}: {per:.0f} us per member", file=sys.stderr)
+        gc.callbacks.remove(_collecting)
+        _stop_agents(proc)
+        server.close()
+        for c in list(http.connections):
+            c.close()
+        await server.wait_closed()
+
+    uvloop.run(main())
+    return results
+
+
+def _figures(cpu: Any, n: int, passes: int, wall: float) -> dict[str, float]:
+    """One recovery's figures: this process's CPU since ``cpu`` (a getrusage)."""
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    used = (after.ru_utime - cpu.ru_utime) + (after.ru_stime - cpu.ru_stime)
+    return {
+        "cpu_s": used,
+        "us_per_member": used / n * 1e6,
+        "gc_cpu_s": GC_CPU[0],
+        "passes": passes,
+        "barrier_s": time.monotonic() - wall,
+    }
+
+
 def leader(args: argparse.Namespace) -> list[dict[str, float]]:
     """The recoveries' figures, each a dict (this process: the leader)."""
     if args.leader_core is not None:
@@ -180,32 +301,7 @@ def leader(args: argparse.Namespace) -> list[dict[str, float]]:
             report_endpoint=endpoint,
         )
         port = int(endpoint.url.rsplit(":", 1)[1].split("/")[0])
-        client_core = None if args.leader_core is None else 1 - args.leader_core
-        proc = subprocess.Popen(
-            _command(
-                Path(names.__file__).parent.parent,
-                *("--agents", str(port), "--members", str(n)),
-                *([] if client_core is None else ["--leader-core", str(client_core)]),
-            ),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stdin is not None
-        assert proc.stdout is not None
-        stdin, stdout = proc.stdin, proc.stdout
-        stdin.write(json.dumps(tokens) + "\n")
-        stdin.flush()
-        loop = asyncio.get_running_loop()
-        if (await loop.run_in_executor(None, stdout.readline)).strip() != "ready":
-            raise SystemExit("the agents' process did not start")
-
-        async def send(epoch: int, what: str) -> None:
-            stdin.write(f"{epoch} {what}\n")
-            stdin.flush()
-            refused = json.loads(await loop.run_in_executor(None, stdout.readline))
-            if refused:
-                raise SystemExit(f"reports refused: {refused}")
+        proc, send = await _start_agents(args, port, tokens)
 
         def at_epoch(epoch: int, *, opened: bool) -> bool:
             status = gang.status
@@ -234,25 +330,14 @@ def leader(args: argparse.Namespace) -> list[dict[str, float]]:
             await until(partial(at_epoch, epoch + 1, opened=False), "recovery")
             await send(epoch + 1, "all")
             await until(partial(at_epoch, epoch + 1, opened=True), "barrier")
-            after = resource.getrusage(resource.RUSAGE_SELF)
-            used = (after.ru_utime - cpu.ru_utime) + (after.ru_stime - cpu.ru_stime)
-            results.append(
-                {
-                    "cpu_s": used,
-                    "us_per_member": used / n * 1e6,
-                    "gc_cpu_s": GC_CPU[0],
-                    "passes": r.passes - passes,
-                    "barrier_s": time.monotonic() - wall,
-                }
-            )
+            results.append(_figures(cpu, n, r.passes - passes, wall))
             print(
-                f"  recovery {rep + 1}: {used / n * 1e6:.0f} us per member, "
+                f"  recovery {rep + 1}: {results[-1]['us_per_member']:.0f} us per member, "
                 f"gc {GC_CPU[0] * 1000:.0f} ms, {r.passes - passes} passes",
                 file=sys.stderr,
             )
         gc.callbacks.remove(_collecting)
-        stdin.close()
-        proc.wait()
+        _stop_agents(proc)
         await server.stop()
 
     uvloop.run(main())
@@ -277,9 +362,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=1, help="of each version, alternated")
     p.add_argument("--leader-core", type=int, default=1, help="the agents get the other core")
     p.add_argument("--compare", type=Path, help="a checkout of another version: run it too")
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="run the channel's floor too: its HTTP server answering a constant 200, nothing "
+        "behind it",
+    )
     p.add_argument("--out", type=Path, help="write the figures here (JSON)")
     p.add_argument("--agents", type=int, help=argparse.SUPPRESS)  # the client process: a port
     p.add_argument("--leader", action="store_true", help=argparse.SUPPRESS)  # one run, JSON out
+    p.add_argument("--floor-run", action="store_true", help=argparse.SUPPRESS)  # the floor's
     args = p.parse_args(argv)
     if args.members < 4 or args.members > 60000:
         p.error("--members: 4..60000 (a loopback address each)")
@@ -287,12 +379,13 @@ def main(argv: list[str] | None = None) -> int:
         agents(args.agents, args.members, args.leader_core)
         return 0
     if args.leader:
-        print(json.dumps(leader(args)))
+        print(json.dumps(floor(args) if args.floor_run else leader(args)))
         return 0
     # what is measured, read before the runs: the tree may change while they go on
     origin = provenance.provenance("bench.leader_loop", sys.argv[1:] if argv is None else argv)
     here = Path(__file__).resolve().parent.parent
     versions = {"this": here} | ({"compare": args.compare.resolve()} if args.compare else {})
+    versions |= {"floor": here} if args.floor else {}
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in versions}
     for run in range(args.runs):
         for version, root in versions.items():
@@ -301,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
                 root,
                 *("--leader", "--members", str(args.members), "--recoveries"),
                 *(str(args.recoveries), "--leader-core", str(args.leader_core)),
+                *(["--floor-run"] if version == "floor" else []),
             )
             out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
             runs[version] += json.loads(out.stdout)
@@ -313,13 +407,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(per)}; {min(per):.0f}-{max(per):.0f}), gc {statistics.median(gc_ms):.0f} ms per "
             f"recovery, {statistics.median(r['passes'] for r in recs):g} passes"
         )
-    if args.compare:
+    for other in ("compare", "floor"):
+        if other not in runs:
+            continue
         r = ratio_of_medians(
             [x["us_per_member"] for x in runs["this"]],
-            [x["us_per_member"] for x in runs["compare"]],
+            [x["us_per_member"] for x in runs[other]],
         )
         lines.append(
-            f"this / compare: {r.ratio:.2f}x (95 % {r.low:.2f}-{r.high:.2f}, n = {r.n_a}, {r.n_b})"
+            f"this / {other}: {r.ratio:.2f}x (95 % {r.low:.2f}-{r.high:.2f}, n = {r.n_a}, {r.n_b})"
         )
     print("\n".join(lines))
     if args.out:

@@ -36,3 +36,19 @@ def test_recoveries_are_measured_and_two_versions_compared(
 def test_a_gang_too_small_or_too_large_is_refused() -> None:
     with pytest.raises(SystemExit):
         leader_loop.main(["--members", "2"])
+
+
+def test_the_floor_runs_beside_the_leader_with_the_same_agents(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "floor.json"
+    argv = ["--members", "8", "--recoveries", "2", "--floor", "--out", str(out)]
+    assert leader_loop.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["runs"]) == {"this", "floor"}
+    for r in doc["runs"]["floor"]:
+        # every agent's report was answered 200 (a refusal ends the run), nothing planned
+        assert r["cpu_s"] > 0
+        assert r["passes"] == 0
+    assert all(r["passes"] >= 1 for r in doc["runs"]["this"])
+    assert "this / floor: " in capsys.readouterr().out
