@@ -264,9 +264,12 @@ def floor(args: argparse.Namespace) -> list[dict[str, float]]:
 def _figures(cpu: Any, n: int, passes: int, wall: float) -> dict[str, float]:
     """One recovery's figures: this process's CPU since ``cpu`` (a getrusage)."""
     after = resource.getrusage(resource.RUSAGE_SELF)
-    used = (after.ru_utime - cpu.ru_utime) + (after.ru_stime - cpu.ru_stime)
+    user, system = after.ru_utime - cpu.ru_utime, after.ru_stime - cpu.ru_stime
+    used = user + system
     return {
         "cpu_s": used,
+        "user_s": user,
+        "system_s": system,
         "us_per_member": used / n * 1e6,
         "gc_cpu_s": GC_CPU[0],
         "passes": passes,
@@ -402,10 +405,14 @@ def main(argv: list[str] | None = None) -> int:
     for version, recs in runs.items():
         per = [r["us_per_member"] for r in recs]
         gc_ms = [r["gc_cpu_s"] * 1000 for r in recs]
+        # (runs stored before user and system were split have neither)
+        system = [r["system_s"] / r["cpu_s"] for r in recs if "system_s" in r and r["cpu_s"]]
+        split = f", {statistics.median(system):.0%} of it system" if system else ""
         lines.append(
             f"{version}: {statistics.median(per):.0f} us per member per recovery (median of "
-            f"{len(per)}; {min(per):.0f}-{max(per):.0f}), gc {statistics.median(gc_ms):.0f} ms per "
-            f"recovery, {statistics.median(r['passes'] for r in recs):g} passes"
+            f"{len(per)}; {min(per):.0f}-{max(per):.0f}){split}, gc "
+            f"{statistics.median(gc_ms):.0f} ms per recovery, "
+            f"{statistics.median(r['passes'] for r in recs):g} passes"
         )
     for other in ("compare", "floor"):
         if other not in runs:

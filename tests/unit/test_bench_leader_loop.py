@@ -49,6 +49,7 @@ def test_the_floor_runs_beside_the_leader_with_the_same_agents(
     for r in doc["runs"]["floor"]:
         # every agent's report was answered 200 (a refusal ends the run), nothing planned
         assert r["cpu_s"] > 0
+        assert r["user_s"] + r["system_s"] == pytest.approx(r["cpu_s"])
         assert r["passes"] == 0
     assert all(r["passes"] >= 1 for r in doc["runs"]["this"])
     assert "this / floor: " in capsys.readouterr().out
