@@ -62,6 +62,11 @@ KUBERNETES_SERVICE_IP = "10.0.0.1"
 # benchmarks compare against stock Kubernetes timing.
 NODE_MONITOR_GRACE_SECONDS = 50
 NODE_MONITOR_PERIOD_SECONDS = 5
+# kube-controller-manager's own API client is left at upstream's limits (20 requests/s, burst
+# 30) unless asked (``LocalCluster.up(controller_manager_qps=N)``: N/s, burst 2N). Its Job
+# controller makes every Job's pod and writes every Job's status within them: a 10,000-pod
+# gang had 3445 pods after 15 min at the default (2026-12-06), so the benchmark raises it for
+# its set-up at thousands of pods.
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 # Kueue (v0.19) reads its metrics serving cert from this fixed path whenever its internal
 # certificate management is off; there is no setting for it.
@@ -127,6 +132,7 @@ class ClusterState:
     pids: dict[str, int] = field(default_factory=dict)
     real_nodes: list[str] = field(default_factory=list)
     kubernetes: str = ""  # the release the cluster was brought up with
+    controller_manager_qps: int = 0  # kube-controller-manager's API limit (0: upstream's)
 
 
 def _ready(pod: Any) -> bool:
@@ -191,6 +197,7 @@ class LocalCluster:
                 raw.get("pids", {}),
                 raw.get("real_nodes", []),
                 raw.get("kubernetes", ""),
+                raw.get("controller_manager_qps", 0),
             )
         return ClusterState(self.name, Ports.allocate())
 
@@ -212,7 +219,16 @@ class LocalCluster:
             [str(bins.kwokctl), *args], env=env, text=True, check=check, capture_output=capture
         )
 
-    def _kwokctl_config(self, bins: Binaries) -> Path:
+    def _kwokctl_config(self, bins: Binaries, controller_manager_qps: int) -> Path:
+        qps = controller_manager_qps
+        api_limits = (
+            [
+                {"key": "kube-api-qps", "value": str(qps)},
+                {"key": "kube-api-burst", "value": str(2 * qps)},
+            ]
+            if qps
+            else []
+        )
         cfg = {
             "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
             "kind": "KwokctlConfiguration",
@@ -236,10 +252,14 @@ class LocalCluster:
                 # misses its renewal exits ("leaderelection lost") and kwokctl's binary runtime
                 # does not restart it: no Job, namespace or garbage-collection controller for the
                 # rest of the run, every later test fails.
-                *(
-                    {"name": name, "extraArgs": [{"key": "leader-elect", "value": "false"}]}
-                    for name in ("kube-controller-manager", "kube-scheduler")
-                ),
+                {
+                    "name": "kube-controller-manager",
+                    "extraArgs": [{"key": "leader-elect", "value": "false"}, *api_limits],
+                },
+                {
+                    "name": "kube-scheduler",
+                    "extraArgs": [{"key": "leader-elect", "value": "false"}],
+                },
                 {
                     "name": "kwok-controller",
                     "extraArgs": [
@@ -311,7 +331,7 @@ class LocalCluster:
         )
         return res.returncode == 0
 
-    def _ensure_control_plane(self, bins: Binaries) -> None:
+    def _ensure_control_plane(self, bins: Binaries, controller_manager_qps: int) -> None:
         if self._kwok_cluster_exists(bins):
             if self._api_ready():
                 log(f"control plane '{self.name}' already running")
@@ -329,7 +349,7 @@ class LocalCluster:
                 "--name",
                 self.name,
                 "--config",
-                str(self._kwokctl_config(bins)),
+                str(self._kwokctl_config(bins, controller_manager_qps)),
                 "--kubeconfig",
                 str(self.state_dir / "kubeconfig-merged.yaml"),
                 "--wait",
@@ -753,7 +773,16 @@ class LocalCluster:
         state.real_nodes.clear()
 
     # ----- public ------------------------------------------------------------------------
-    def up(self, nodes: int = DEFAULT_NODES, real_nodes: int = DEFAULT_REAL_NODES) -> None:
+    def up(
+        self,
+        nodes: int = DEFAULT_NODES,
+        real_nodes: int = DEFAULT_REAL_NODES,
+        *,
+        controller_manager_qps: int = 0,
+    ) -> None:
+        """The cluster with ``nodes`` kwok nodes and ``real_nodes`` real ones;
+        ``controller_manager_qps``: kube-controller-manager's API limit (0: upstream's), fixed
+        when the control plane is made (a cluster made with another one is refused)."""
         t0 = time.monotonic()
         wanted = versions().kubernetes
         state = self._load_state()
@@ -779,9 +808,22 @@ class LocalCluster:
         bins = ensure_binaries(
             *(n for n, c in COMPONENT_OF.items() if real_nodes or c not in runtime)
         )
+        if not self._kwok_cluster_exists(bins):
+            state.controller_manager_qps = controller_manager_qps
+        elif state.controller_manager_qps != controller_manager_qps:
+
+            def said(q: int) -> str:
+                return f"{q} requests/s" if q else "upstream's limit"
+
+            raise RuntimeError(
+                f"cluster {self.name} was made with kube-controller-manager at "
+                f"{said(state.controller_manager_qps)}, asked for "
+                f"{said(controller_manager_qps)}: take it down first (make cluster-down) or use "
+                "another JSI_CLUSTER_NAME"
+            )
         state.kubernetes = wanted
         self._save_state(state)
-        self._ensure_control_plane(bins)
+        self._ensure_control_plane(bins, state.controller_manager_qps)
         self.scale_nodes(nodes)
         self._ensure_addons(bins, state)
         self._ensure_real_nodes(state, real_nodes)
