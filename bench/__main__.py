@@ -155,15 +155,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--node-cap", type=float, default=480.0, help="cap for a node-death run, s")
     p.add_argument("--setup-timeout", type=float, default=1200.0, help="cap for gang set-up, s")
     p.add_argument(
-        "--controller-manager-qps",
-        type=int,
-        default=0,
-        metavar="N",
-        help="kube-controller-manager's API limit, N requests/s (burst 2N), set when the "
-        "cluster is made (default 0: upstream's 20/s, under which a 10,000-pod gang takes over "
-        "30 min to start: its Job controller makes every pod and writes every Job's status)",
-    )
-    p.add_argument(
         "--paths",
         default=",".join(DEFAULT_PATHS),
         help=f"which recovery paths to run, comma-separated: {','.join(DEFAULT_PATHS)} (the "
@@ -279,9 +270,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--pods-per-job must be >= 1")
     if args.node_deaths < 1:
         p.error(f"--node-deaths must be >= 1, got {args.node_deaths}")
-    if args.controller_manager_qps < 0:
-        qps = args.controller_manager_qps
-        p.error(f"--controller-manager-qps must be >= 0 (0: upstream's), got {qps}")
     args.paths = set(args.paths.split(","))
     if args.protocol_only:
         args.paths &= set(JSI_PATHS)
@@ -503,9 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
     # Few nodes at first when the agent's start-up is measured (an otherwise idle cluster).
     first = args.sizes[0] if args.sizes and args.skip_agent_start else 0
-    cluster.up(
-        nodes=first + SPARE_NODES, real_nodes=1, controller_manager_qps=args.controller_manager_qps
-    )
+    cluster.up(nodes=first + SPARE_NODES, real_nodes=1)
     token, ctl = prepare_kwok_bench(
         cluster,
         "controller-bench.log",
@@ -544,7 +530,6 @@ def main(argv: list[str] | None = None) -> int:
             "leader_profile_reps": args.leader_profile_reps,
             "leader_profile_python": args.leader_profile_python,
             "fleet_workers": args.fleet_workers,
-            "controller_manager_qps": args.controller_manager_qps or "upstream's (20/s)",
         },
         "sizes": {},
     }

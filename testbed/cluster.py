@@ -62,11 +62,6 @@ KUBERNETES_SERVICE_IP = "10.0.0.1"
 # benchmarks compare against stock Kubernetes timing.
 NODE_MONITOR_GRACE_SECONDS = 50
 NODE_MONITOR_PERIOD_SECONDS = 5
-# kube-controller-manager's own API client is left at upstream's limits (20 requests/s, burst
-# 30) unless asked (``LocalCluster.up(controller_manager_qps=N)``: N/s, burst 2N). Its Job
-# controller makes every Job's pod and writes every Job's status within them: a 10,000-pod
-# gang had 3445 pods after 15 min at the default (2026-12-06), so the benchmark raises it for
-# its set-up at thousands of pods.
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 # Kueue (v0.19) reads its metrics serving cert from this fixed path whenever its internal
 # certificate management is off; there is no setting for it.
@@ -132,7 +127,6 @@ class ClusterState:
     pids: dict[str, int] = field(default_factory=dict)
     real_nodes: list[str] = field(default_factory=list)
     kubernetes: str = ""  # the release the cluster was brought up with
-    controller_manager_qps: int = 0  # kube-controller-manager's API limit (0: upstream's)
 
 
 def _ready(pod: Any) -> bool:
@@ -197,7 +191,6 @@ class LocalCluster:
                 raw.get("pids", {}),
                 raw.get("real_nodes", []),
                 raw.get("kubernetes", ""),
-                raw.get("controller_manager_qps", 0),
             )
         return ClusterState(self.name, Ports.allocate())
 
@@ -219,16 +212,7 @@ class LocalCluster:
             [str(bins.kwokctl), *args], env=env, text=True, check=check, capture_output=capture
         )
 
-    def _kwokctl_config(self, bins: Binaries, controller_manager_qps: int) -> Path:
-        qps = controller_manager_qps
-        api_limits = (
-            [
-                {"key": "kube-api-qps", "value": str(qps)},
-                {"key": "kube-api-burst", "value": str(2 * qps)},
-            ]
-            if qps
-            else []
-        )
+    def _kwokctl_config(self, bins: Binaries) -> Path:
         cfg = {
             "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
             "kind": "KwokctlConfiguration",
@@ -252,14 +236,10 @@ class LocalCluster:
                 # misses its renewal exits ("leaderelection lost") and kwokctl's binary runtime
                 # does not restart it: no Job, namespace or garbage-collection controller for the
                 # rest of the run, every later test fails.
-                {
-                    "name": "kube-controller-manager",
-                    "extraArgs": [{"key": "leader-elect", "value": "false"}, *api_limits],
-                },
-                {
-                    "name": "kube-scheduler",
-                    "extraArgs": [{"key": "leader-elect", "value": "false"}],
-                },
+                *(
+                    {"name": name, "extraArgs": [{"key": "leader-elect", "value": "false"}]}
+                    for name in ("kube-controller-manager", "kube-scheduler")
+                ),
                 {
                     "name": "kwok-controller",
                     "extraArgs": [
@@ -331,7 +311,7 @@ class LocalCluster:
         )
         return res.returncode == 0
 
-    def _ensure_control_plane(self, bins: Binaries, controller_manager_qps: int) -> None:
+    def _ensure_control_plane(self, bins: Binaries) -> None:
         if self._kwok_cluster_exists(bins):
             if self._api_ready():
                 log(f"control plane '{self.name}' already running")
@@ -349,7 +329,7 @@ class LocalCluster:
                 "--name",
                 self.name,
                 "--config",
-                str(self._kwokctl_config(bins, controller_manager_qps)),
+                str(self._kwokctl_config(bins)),
                 "--kubeconfig",
                 str(self.state_dir / "kubeconfig-merged.yaml"),
                 "--wait",
@@ -773,16 +753,7 @@ class LocalCluster:
         state.real_nodes.clear()
 
     # ----- public ------------------------------------------------------------------------
-    def up(
-        self,
-        nodes: int = DEFAULT_NODES,
-        real_nodes: int = DEFAULT_REAL_NODES,
-        *,
-        controller_manager_qps: int = 0,
-    ) -> None:
-        """The cluster with ``nodes`` kwok nodes and ``real_nodes`` real ones;
-        ``controller_manager_qps``: kube-controller-manager's API limit (0: upstream's), fixed
-        when the control plane is made (a cluster made with another one is refused)."""
+    def up(self, nodes: int = DEFAULT_NODES, real_nodes: int = DEFAULT_REAL_NODES) -> None:
         t0 = time.monotonic()
         wanted = versions().kubernetes
         state = self._load_state()
@@ -808,22 +779,9 @@ class LocalCluster:
         bins = ensure_binaries(
             *(n for n, c in COMPONENT_OF.items() if real_nodes or c not in runtime)
         )
-        if not self._kwok_cluster_exists(bins):
-            state.controller_manager_qps = controller_manager_qps
-        elif state.controller_manager_qps != controller_manager_qps:
-
-            def said(q: int) -> str:
-                return f"{q} requests/s" if q else "upstream's limit"
-
-            raise RuntimeError(
-                f"cluster {self.name} was made with kube-controller-manager at "
-                f"{said(state.controller_manager_qps)}, asked for "
-                f"{said(controller_manager_qps)}: take it down first (make cluster-down) or use "
-                "another JSI_CLUSTER_NAME"
-            )
         state.kubernetes = wanted
         self._save_state(state)
-        self._ensure_control_plane(bins, state.controller_manager_qps)
+        self._ensure_control_plane(bins)
         self.scale_nodes(nodes)
         self._ensure_addons(bins, state)
         self._ensure_real_nodes(state, real_nodes)

@@ -28,7 +28,7 @@ from kubernetes.client import (
 from testbed import cluster as cluster_mod
 from testbed import dns, processes
 from testbed.cluster import LocalCluster, Ports
-from testbed.versions import binaries, versions
+from testbed.versions import versions
 
 
 def write_state(c: LocalCluster, kubernetes: str) -> dict[str, object]:
@@ -231,43 +231,3 @@ def test_power_on_of_a_node_whose_kubelet_runs_starts_and_waits_for_nothing(
         running.kill()
         running.wait()
     assert not cluster_mod.kubelet_running("n1")
-
-
-def test_a_cluster_made_with_another_controller_manager_limit_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("JSI_CACHE_DIR", str(tmp_path))
-    c = LocalCluster("bench")
-    state = write_state(c, versions().kubernetes) | {"controller_manager_qps": 200}
-    (c.state_dir / "state.json").write_text(json.dumps(state))
-    monkeypatch.setattr(cluster_mod, "ensure_binaries", lambda *_: None)
-    monkeypatch.setattr(LocalCluster, "_kwok_cluster_exists", lambda self, bins: True)
-
-    def no_start(*_: Any) -> None:
-        raise AssertionError("a refused up starts nothing")
-
-    monkeypatch.setattr(LocalCluster, "_ensure_control_plane", no_start)
-    with pytest.raises(RuntimeError) as e:
-        c.up(nodes=1, real_nodes=0)  # upstream's limit asked
-    assert str(e.value) == (
-        "cluster bench was made with kube-controller-manager at 200 requests/s, asked for "
-        "upstream's limit: take it down first (make cluster-down) or use another "
-        "JSI_CLUSTER_NAME"
-    )
-    assert json.loads((c.state_dir / "state.json").read_text()) == state
-    assert c._load_state().controller_manager_qps == 200
-
-
-@pytest.mark.parametrize("qps", [0, 200])
-def test_the_controller_managers_limit_is_upstreams_unless_asked(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, qps: int
-) -> None:
-    monkeypatch.setenv("JSI_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(cluster_mod, "kwok_stages", list)
-    c = LocalCluster("bench")
-    path = c._kwokctl_config(binaries(), qps)
-    cfg = next(yaml.safe_load_all(path.read_text()))
-    (kcm,) = (p for p in cfg["componentsPatches"] if p["name"] == "kube-controller-manager")
-    args = {a["key"]: a["value"] for a in kcm["extraArgs"]}
-    limits = {"kube-api-qps": "200", "kube-api-burst": "400"} if qps else {}
-    assert args == {"leader-elect": "false", **limits}
