@@ -401,6 +401,40 @@ def test_a_kwok_result_file_names_its_kubernetes_among_its_versions(tmp_path: Pa
     f.write_text('{"commit": "901caf3", "command": "python -m bench", "machine": {}}')
     with pytest.raises(PagesError, match="no kubernetes"):
         pages.load(f)
+    # the leader's loop runs no cluster: it has no Kubernetes to name; nothing else is excused
+    f.write_text('{"commit": "901caf3", "command": "python -m bench.leader_loop", "machine": {}}')
+    assert pages.load(f)["commit"] == "901caf3"
+    f.write_text('{"commit": "901caf3", "command": "bench.leader_loop", "machine": {}}')
+    with pytest.raises(PagesError, match="no kubernetes"):
+        pages.load(f)
+
+
+def test_the_floor_table_gives_each_size_the_ratio_with_its_interval_and_its_file() -> None:
+    def recs(us: float, system: float) -> list[dict[str, float]]:
+        return [
+            {"us_per_member": us + i, "cpu_s": 1.0, "system_s": system, "passes": 2}
+            for i in range(5)
+        ]
+
+    docs = [
+        {
+            "commit": "4e17b14",
+            "command": f"python -m bench.leader_loop --members {n} --floor",
+            "machine": {"cpus": 2},
+            "members": n,
+            "runs": {"this": recs(200.0, 0.1), "floor": recs(100.0, 0.25)},
+        }
+        for n in (2000, 5000, 10000)
+    ]
+    text = pages.leader_loop_floor_table(*docs)
+    assert text.startswith("Runs at commit `4e17b14`, 2 cores")
+    row = next(line for line in text.splitlines() if line.startswith("| 10,000 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "202 us (200-204, n = 5)"
+    assert cells[2] == "102 us (100-104, n = 5)"
+    assert cells[3].startswith("**1.98x (95 % ")
+    assert cells[4] == "10 %, 25 %"
+    assert cells[6].endswith("(bench/leader-cost-2026-12-06/leader-loop-floor-10000.json)")
 
 
 def _runs(seconds: float) -> list[dict[str, Any]]:
