@@ -56,7 +56,7 @@ from bench.stats import ratio_of_medians
 from jobset_inplace import names
 from jobset_inplace.controller import operator  # noqa: F401 (the controller's imports: its heap)
 from jobset_inplace.controller.reconciler import Reconciler
-from jobset_inplace.controller.report_server import ReportServer
+from jobset_inplace.controller.report_server import MAX_BODY, ReportServer
 from jobset_inplace.core.gangstate import status_to_dict
 from jobset_inplace.core.model import GangStatus
 from jobset_inplace.core.policy import Policy
@@ -227,7 +227,7 @@ def floor(args: argparse.Namespace) -> list[dict[str, float]]:
         http = HttpServer(
             accept,
             names.REPORT_PATH.encode(),
-            16 * 1024,
+            MAX_BODY,
             loop.time,
             tls=ctx,
             member=addresses.__contains__,
