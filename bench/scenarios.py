@@ -8,7 +8,6 @@ apiserver)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import random
 import re
@@ -21,6 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobset_inplace import names
@@ -433,28 +433,22 @@ class Bench:
         js["spec"]["failurePolicy"] = {"maxRestarts": 1000}
         return js
 
-    def _pods(self, name: str) -> list[dict[str, Any]]:
-        """The gang's pods as the API's JSON, not the client's objects: decoded into those at
-        every poll, thousands of pods took seconds a poll while a 10,000-pod gang was being
-        made (docs/benchmarks.md, "10,000 pods on the cluster")."""
-        raw = self.kube.core.list_namespaced_pod(
-            self.namespace,
-            label_selector=f"{names.JOBSET_NAME_LABEL}={name}",
-            _preload_content=False,
+    def _pods(self, name: str) -> list[client.V1Pod]:
+        return list(
+            self.kube.core.list_namespaced_pod(
+                self.namespace, label_selector=f"{names.JOBSET_NAME_LABEL}={name}"
+            ).items
         )
-        items: list[dict[str, Any]] = json.loads(raw.data)["items"]
-        return items
 
     def _running(self, name: str, size: int, attempt: int | None = None, avoid: str = "") -> bool:
         members: set[str] = set()
         for p in self._pods(name):
-            meta = p["metadata"]
-            labels = meta.get("labels") or {}
-            if (p.get("status") or {}).get("phase") != "Running" or meta.get("deletionTimestamp"):
+            labels = p.metadata.labels or {}
+            if p.status.phase != "Running" or p.metadata.deletion_timestamp:
                 continue
             if attempt is not None and labels.get(names.RESTART_ATTEMPT_LABEL) != str(attempt):
                 continue
-            if avoid and (p.get("spec") or {}).get("nodeName") == avoid:
+            if avoid and p.spec.node_name == avoid:
                 continue
             if (member := member_key(labels)) is not None:
                 members.add(member)
@@ -464,9 +458,7 @@ class Bench:
         t0 = time.monotonic()
         create_jobset(self.kube, self.namespace, self._gang(name, size, path))
         pods = size + self.spares(path)
-        # a poll lists every pod of the gang: at most one per thousand pods a second
-        every = max(1.0, pods / 1000)
-        self._wait(f"{pods} pods of {name} running", lambda: self._running(name, pods), t0, every)
+        self._wait(f"{pods} pods of {name} running", lambda: self._running(name, pods), t0)
         took = time.monotonic() - t0
         log(f"{name}: {size} pods running {took:.1f}s after the JobSet was created")
         return took
@@ -500,9 +492,8 @@ class Bench:
             log(f"{name}: waiting for the cluster to settle ({rate:.1f} writes/s)")
             before = after
 
-    def _wait(self, what: str, probe: Callable[[], Any], since: float, every: float = 1.0) -> Any:
-        """Poll ``probe`` every ``every`` seconds (with progress lines) until truthy or the
-        setup timeout."""
+    def _wait(self, what: str, probe: Callable[[], Any], since: float) -> Any:
+        """Poll ``probe`` (with progress lines) until truthy or the setup timeout."""
         last = 0.0
         while True:
             got = probe()
@@ -514,7 +505,7 @@ class Bench:
             if now - last > 30:
                 log(f"waiting for {what} ({now - since:.0f}s) ...")
                 last = now
-            time.sleep(every)
+            time.sleep(1.0)
 
     def clean(self) -> None:
         """Delete JobSets a previous (interrupted) run left in the namespace."""
