@@ -206,6 +206,11 @@ class GangPods:
                 self._cond.wait(min(left, 1.0))
             return self._met_at
 
+    def counted(self) -> int:
+        """Members counted towards the goal so far."""
+        with self._cond:
+            return sum(1 for p in self._counted.values() if p)
+
     def terminating_on(self, node: str) -> list[str]:
         with self._cond:
             return sorted(n for n, s in self.pods.items() if s.node == node and s.deleting)

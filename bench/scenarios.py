@@ -8,6 +8,7 @@ apiserver)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import random
 import re
@@ -20,13 +21,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobset_inplace import names
 from jobset_inplace.apierrors import or_none
 from jobset_inplace.controller.metrics import PREFIX as METRICS_PREFIX
-from jobset_inplace.core.decode import member_key
 from jobset_inplace.core.policy import (
     INPLACE_BUDGET_RANGE,
     RECREATE_BUDGET_RANGE,
@@ -304,6 +303,12 @@ class ProcessMeter:
     def rss_mib(self, key: str = "VmRSS") -> float:
         return status_mib(self.pid, key)
 
+    def _procs(self) -> dict[str, int]:
+        """The processes a window measures, looked up again per window: the JobSet controller
+        restarts for the upstream path; the jobset-inplace controller is counted in every
+        path's window (it watches every pod)."""
+        return {**watched_pids(), CONTROLLER: self.pid, "benchmark (fleet)": os.getpid()}
+
     def pin(self, procs: Mapping[str, int]) -> None:
         """The controller onto its own core, the rest (the simulated fleet, the apiserver,
         etcd, ...) onto the others; looked up again per window (a restarted process)."""
@@ -314,18 +319,24 @@ class ProcessMeter:
         for pid in procs.values():
             pin(pid, {self.leader_core} if pid == self.pid else rest)
 
-    @contextmanager
-    def window(self, out: dict[str, Any]) -> Iterator[None]:
-        Path(f"/proc/{self.pid}/clear_refs").write_text("5")  # reset the peak RSS (VmHWM)
-        # looked up per window: the JobSet controller restarts for the upstream path; the
-        # jobset-inplace controller is counted in every path's window (it watches every pod)
-        procs = {
-            **watched_pids(),
-            CONTROLLER: self.pid,
-            "benchmark (fleet)": os.getpid(),
-        }
+    def share_cores(self) -> None:
+        """With a leader core: every process back on every core until the next pinned window.
+        A gang's set-up is made so: with the rest on one core, a 10,000-pod gang came at 2.6-4
+        pods/s while about half of the machine's CPU was idle (2026-12-06)."""
         if self.leader_core is not None:
+            every = set(range(os.cpu_count() or 1))
+            for pid in self._procs().values():
+                pin(pid, every)
+
+    @contextmanager
+    def window(self, out: dict[str, Any], *, own_core: bool = True) -> Iterator[None]:
+        """Measure what happens in the block into ``out``; with a leader core, the controller
+        on it and the rest on the other cores, unless ``own_core`` is False (as they were)."""
+        Path(f"/proc/{self.pid}/clear_refs").write_text("5")  # reset the peak RSS (VmHWM)
+        procs = self._procs()
+        if self.leader_core is not None and own_core:
             self.pin(procs)
+        out["leader_core_own"] = self.leader_core is not None and own_core
         requests0 = apiserver_requests(self.metrics()) if self.metrics else {}
         # (the controller's /metrics read before its CPU is: serving it is not the window's)
         passes0 = planning(self.controller_metrics()) if self.controller_metrics else None
@@ -433,33 +444,37 @@ class Bench:
         js["spec"]["failurePolicy"] = {"maxRestarts": 1000}
         return js
 
-    def _pods(self, name: str) -> list[client.V1Pod]:
-        return list(
-            self.kube.core.list_namespaced_pod(
-                self.namespace, label_selector=f"{names.JOBSET_NAME_LABEL}={name}"
-            ).items
+    def _any_pod(self, name: str) -> bool:
+        """Whether any pod of gang ``name`` is left: a list of at most one (a full list of
+        10,000 pods is about 95 MB of JSON for the apiserver to make)."""
+        resp = self.kube.core.list_namespaced_pod(
+            self.namespace,
+            label_selector=f"{names.JOBSET_NAME_LABEL}={name}",
+            limit=1,
+            _preload_content=False,
         )
-
-    def _running(self, name: str, size: int, attempt: int | None = None, avoid: str = "") -> bool:
-        members: set[str] = set()
-        for p in self._pods(name):
-            labels = p.metadata.labels or {}
-            if p.status.phase != "Running" or p.metadata.deletion_timestamp:
-                continue
-            if attempt is not None and labels.get(names.RESTART_ATTEMPT_LABEL) != str(attempt):
-                continue
-            if avoid and p.spec.node_name == avoid:
-                continue
-            if (member := member_key(labels)) is not None:
-                members.add(member)
-        return len(members) >= size
+        return bool(json.loads(resp.data)["items"])
 
     def _create(self, name: str, size: int, path: str) -> float:
-        t0 = time.monotonic()
-        create_jobset(self.kube, self.namespace, self._gang(name, size, path))
+        """Create gang ``name`` and wait until its members (and spares) run, counted from one
+        watch of its pods as their events arrive (:class:`.GangPods`): a list of every pod each
+        second had cost the apiserver and this process seconds a poll at thousands of pods."""
         pods = size + self.spares(path)
-        self._wait(f"{pods} pods of {name} running", lambda: self._running(name, pods), t0)
-        took = time.monotonic() - t0
+        self.meter.share_cores()
+        with GangPods(self.kube.core, self.namespace, name) as seen:
+            seen.aim(Goal(pods))
+            t0 = time.monotonic()
+            create_jobset(self.kube, self.namespace, self._gang(name, size, path))
+            while (met := seen.met(30.0)) is None:
+                waited = time.monotonic() - t0
+                if waited > self.setup_timeout:
+                    raise TimeoutError(
+                        f"{pods} pods of {name} running: {seen.counted()} after "
+                        f"{self.setup_timeout:.0f}s"
+                    )
+                so_far = seen.counted()
+                log(f"waiting for {pods} pods of {name} running ({waited:.0f}s, {so_far} so far)")
+        took = met - t0
         log(f"{name}: {size} pods running {took:.1f}s after the JobSet was created")
         return took
 
@@ -526,7 +541,7 @@ class Bench:
             body={"propagationPolicy": "Background"},
         )
         t0 = time.monotonic()
-        self._wait(f"pods of {name} gone", lambda: not self._pods(name), t0)
+        self._wait(f"pods of {name} gone", lambda: not self._any_pod(name), t0)
         log(f"{name}: deleted, pods gone after {time.monotonic() - t0:.1f}s")
 
     def _fleet(self, path: str, name: str) -> Fleet:
@@ -570,7 +585,7 @@ class Bench:
         fleet = self._fleet(path, name)
         try:
             setup: dict[str, float] = {}
-            with self.meter.window(setup):
+            with self.meter.window(setup, own_core=False):
                 out["setup_s"] = self._create(name, size, path)
                 t0 = time.monotonic()
                 first = fleet.first_epoch

@@ -297,6 +297,7 @@ def test_a_stock_restart_ends_with_the_event_that_brings_the_last_member_back() 
     pods._event("ADDED", _pod("a1", 0, "Running", 1))
     pods._event("DELETED", _pod("a0", 0, "Running", 0))
     assert pods.met(0) is None, "one member of the new attempt only"
+    assert pods.counted() == 1
     assert pods.terminating_on("n1") == []
     pods._event("MODIFIED", _pod("b0", 1, "Running", 0, deletionTimestamp="t"))
     assert pods.terminating_on("n1") == ["b0"]
@@ -306,6 +307,7 @@ def test_a_stock_restart_ends_with_the_event_that_brings_the_last_member_back() 
     met = pods.met(0)
     assert met is not None
     assert met >= before
+    assert pods.counted() == 2
     # a goal that already holds is met at once; a pod on the avoided node does not count
     pods.aim(Goal(2, avoid="n1"))
     assert pods.met(0) is None
@@ -360,6 +362,28 @@ def test_pinning_moves_every_thread_of_a_process_and_the_threads_it_makes_later(
         proc.kill()
         proc.wait()
     assert scenarios.pin(proc.pid, {cpus[-1]}) == 0  # gone
+
+
+def test_a_gangs_set_up_gives_every_process_every_core_again() -> None:
+    """With a leader core, the windows of recoveries pin; a set-up window does not, and
+    share_cores undoes an earlier window's pinning (the set-up of 10,000 pods on one core)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.fail(f"this test needs two CPUs to pin between, the process has {cpus}")
+    leader = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        meter = scenarios.ProcessMeter(leader.pid, leader_core=cpus[0])
+        scenarios.pin(leader.pid, {cpus[-1]})  # as an earlier window could have left it
+        out: dict[str, Any] = {}
+        with meter.window(out, own_core=False):
+            assert os.sched_getaffinity(leader.pid) == {cpus[-1]}, "a set-up window pins nothing"
+        assert out["leader_core_own"] is False
+        meter.share_cores()
+        assert os.sched_getaffinity(leader.pid) == set(range(os.cpu_count() or 1))
+        assert os.sched_getaffinity(0) == set(range(os.cpu_count() or 1))
+    finally:
+        leader.kill()
+        leader.wait()
 
 
 def test_a_leader_core_must_be_one_of_the_machines_and_leave_one_for_the_rest() -> None:
