@@ -26,7 +26,7 @@ from typing import Any
 from jobset_inplace import names
 from jobset_inplace.core.transform import AGENT_CONTAINER
 from jobset_inplace.times import format_time
-from testbed.cluster import LocalCluster
+from testbed.cluster import KWOK_NODE_LEASE_SECONDS, LocalCluster
 from testbed.controller import ControllerProcess, prepare
 from testbed.demo import run_demo
 from testbed.kube import clients, wait_for
@@ -155,6 +155,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--node-cap", type=float, default=480.0, help="cap for a node-death run, s")
     p.add_argument("--setup-timeout", type=float, default=1200.0, help="cap for gang set-up, s")
     p.add_argument(
+        "--node-lease",
+        type=int,
+        default=KWOK_NODE_LEASE_SECONDS,
+        metavar="SECONDS",
+        help="the simulated kubelets' node Lease duration, renewed every quarter of it, and "
+        "kube-controller-manager's grace period scaled with it (default "
+        f"{KWOK_NODE_LEASE_SECONDS}, the kubelet's): longer for thousands of nodes, whose "
+        "renewals kwok cannot keep up with on 2 cores (late ones make nodes NotReady, where no "
+        "pod is placed); the cluster is made with it (one made with another is refused); not "
+        "with node deaths, whose detection it would slow",
+    )
+    p.add_argument(
         "--paths",
         default=",".join(DEFAULT_PATHS),
         help=f"which recovery paths to run, comma-separated: {','.join(DEFAULT_PATHS)} (the "
@@ -270,6 +282,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--pods-per-job must be >= 1")
     if args.node_deaths < 1:
         p.error(f"--node-deaths must be >= 1, got {args.node_deaths}")
+    if args.node_lease < KWOK_NODE_LEASE_SECONDS:
+        p.error(f"--node-lease must be >= {KWOK_NODE_LEASE_SECONDS}, got {args.node_lease}")
+    if args.node_lease != KWOK_NODE_LEASE_SECONDS and (
+        deaths := sorted(set(args.sizes) & set(args.node_death_sizes))
+    ):
+        p.error(
+            f"--node-lease {args.node_lease}: node deaths at {deaths} would be detected "
+            f"{args.node_lease / KWOK_NODE_LEASE_SECONDS:g}x later than with the kubelet's "
+            "Lease; use --node-death-sizes none"
+        )
     args.paths = set(args.paths.split(","))
     if args.protocol_only:
         args.paths &= set(JSI_PATHS)
@@ -491,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = LocalCluster(os.environ.get("JSI_CLUSTER_NAME", "jsi"))
     # Few nodes at first when the agent's start-up is measured (an otherwise idle cluster).
     first = args.sizes[0] if args.sizes and args.skip_agent_start else 0
-    cluster.up(nodes=first + SPARE_NODES, real_nodes=1)
+    cluster.up(nodes=first + SPARE_NODES, real_nodes=1, node_lease_s=args.node_lease)
     token, ctl = prepare_kwok_bench(
         cluster,
         "controller-bench.log",
@@ -506,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
             "restart_delay_s": args.restart_delay,
             "pods_per_job": args.pods_per_job,
             "kwok_nodes": "gang size + 8 (scaled before each size)",
+            "node_lease_s": args.node_lease,
             "node_unhealthy_after": {
                 str(s): node_unhealthy_after(s, args.defaults) for s in args.sizes
             },

@@ -62,6 +62,20 @@ KUBERNETES_SERVICE_IP = "10.0.0.1"
 # benchmarks compare against stock Kubernetes timing.
 NODE_MONITOR_GRACE_SECONDS = 50
 NODE_MONITOR_PERIOD_SECONDS = 5
+# The simulated kubelets' node Lease (kwok renews it every quarter: 10 s), the kubelet's
+# default. A cluster may be made with a longer one (``up(node_lease_s=...)``), the grace period
+# scaled with it: kwok's renewals for thousands of nodes on these 2 cores fall behind (at 5008
+# nodes, while a 5000-pod gang was made, 25-70 renewals a second came where 500 were due, and
+# 388 nodes were NotReady at once: 2026-12-06, unrecorded), and a NotReady node takes no pod.
+KWOK_NODE_LEASE_SECONDS = 40
+
+
+def node_monitor_grace_s(node_lease_s: int) -> int:
+    """kube-controller-manager's grace period for a cluster whose node Leases last
+    ``node_lease_s``: the upstream ratio (50 s to 40 s)."""
+    return NODE_MONITOR_GRACE_SECONDS * node_lease_s // KWOK_NODE_LEASE_SECONDS
+
+
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 # Kueue (v0.19) reads its metrics serving cert from this fixed path whenever its internal
 # certificate management is off; there is no setting for it.
@@ -127,6 +141,7 @@ class ClusterState:
     pids: dict[str, int] = field(default_factory=dict)
     real_nodes: list[str] = field(default_factory=list)
     kubernetes: str = ""  # the release the cluster was brought up with
+    node_lease_s: int = KWOK_NODE_LEASE_SECONDS  # the simulated kubelets' node Lease
 
 
 def _ready(pod: Any) -> bool:
@@ -191,6 +206,7 @@ class LocalCluster:
                 raw.get("pids", {}),
                 raw.get("real_nodes", []),
                 raw.get("kubernetes", ""),
+                raw.get("node_lease_s", KWOK_NODE_LEASE_SECONDS),
             )
         return ClusterState(self.name, Ports.allocate())
 
@@ -212,7 +228,7 @@ class LocalCluster:
             [str(bins.kwokctl), *args], env=env, text=True, check=check, capture_output=capture
         )
 
-    def _kwokctl_config(self, bins: Binaries) -> Path:
+    def _kwokctl_config(self, bins: Binaries, node_lease_s: int) -> Path:
         cfg = {
             "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
             "kind": "KwokctlConfiguration",
@@ -271,8 +287,9 @@ class LocalCluster:
                 "bindAddress": "0.0.0.0",
                 "kubeApiserverCertSANs": [POD_API_ADDRESS, KUBERNETES_SERVICE_IP],
                 "heartbeatFactor": 1,
+                "nodeLeaseDurationSeconds": node_lease_s,
                 "kubeControllerManagerNodeMonitorGracePeriodMilliseconds": (
-                    NODE_MONITOR_GRACE_SECONDS * 1000
+                    node_monitor_grace_s(node_lease_s) * 1000
                 ),
                 "kubeControllerManagerNodeMonitorPeriodMilliseconds": NODE_MONITOR_PERIOD_SECONDS
                 * 1000,
@@ -311,7 +328,7 @@ class LocalCluster:
         )
         return res.returncode == 0
 
-    def _ensure_control_plane(self, bins: Binaries) -> None:
+    def _ensure_control_plane(self, bins: Binaries, node_lease_s: int) -> None:
         if self._kwok_cluster_exists(bins):
             if self._api_ready():
                 log(f"control plane '{self.name}' already running")
@@ -329,7 +346,7 @@ class LocalCluster:
                 "--name",
                 self.name,
                 "--config",
-                str(self._kwokctl_config(bins)),
+                str(self._kwokctl_config(bins, node_lease_s)),
                 "--kubeconfig",
                 str(self.state_dir / "kubeconfig-merged.yaml"),
                 "--wait",
@@ -753,10 +770,28 @@ class LocalCluster:
         state.real_nodes.clear()
 
     # ----- public ------------------------------------------------------------------------
-    def up(self, nodes: int = DEFAULT_NODES, real_nodes: int = DEFAULT_REAL_NODES) -> None:
+    def up(
+        self,
+        nodes: int = DEFAULT_NODES,
+        real_nodes: int = DEFAULT_REAL_NODES,
+        node_lease_s: int = KWOK_NODE_LEASE_SECONDS,
+    ) -> None:
+        """Bring the cluster up (or reuse it) with ``nodes`` kwok nodes whose Leases last
+        ``node_lease_s`` (a running cluster made with another is refused, not replaced)."""
+        if node_lease_s < KWOK_NODE_LEASE_SECONDS:
+            raise ValueError(
+                f"node_lease_s: at least {KWOK_NODE_LEASE_SECONDS} (the kubelet's default), "
+                f"got {node_lease_s}"
+            )
         t0 = time.monotonic()
         wanted = versions().kubernetes
         state = self._load_state()
+        if self._made_with(state) and state.node_lease_s != node_lease_s:
+            raise RuntimeError(
+                f"cluster {self.name} was made with {state.node_lease_s} s node Leases, "
+                f"{node_lease_s} s are asked for: take it down first (make cluster-down) or "
+                "use another JSI_CLUSTER_NAME"
+            )
         made_with = self._made_with(state)
         if made_with not in ("", wanted):
             # running: a process of kwokctl's pid files still runs its copy of a binary (an
@@ -780,8 +815,9 @@ class LocalCluster:
             *(n for n, c in COMPONENT_OF.items() if real_nodes or c not in runtime)
         )
         state.kubernetes = wanted
+        state.node_lease_s = node_lease_s
         self._save_state(state)
-        self._ensure_control_plane(bins)
+        self._ensure_control_plane(bins, node_lease_s)
         self.scale_nodes(nodes)
         self._ensure_addons(bins, state)
         self._ensure_real_nodes(state, real_nodes)

@@ -24,11 +24,18 @@ from kubernetes.client.exceptions import ApiException
 from jobset_inplace.names import NODE_LEASE_NAMESPACE
 from jobset_inplace.times import format_time
 
-from .cluster import KWOK_NODE_ANNOTATION, NODE_MONITOR_GRACE_SECONDS, NODE_MONITOR_PERIOD_SECONDS
+from .cluster import (
+    KWOK_NODE_ANNOTATION,
+    KWOK_NODE_LEASE_SECONDS,
+    NODE_MONITOR_GRACE_SECONDS,
+    NODE_MONITOR_PERIOD_SECONDS,
+)
 from .kube import Clients, node_ready_status
 from .workloads import KWOK_NODE_SELECTOR
 
-KWOK_LEASE_RENEW_SECONDS = 10  # kwok renews node Leases about every 10 s
+# kwok renews node Leases every quarter of their duration (10 s; a cluster made with longer
+# Leases has its own timing, and no test silences its nodes)
+KWOK_LEASE_RENEW_SECONDS = KWOK_NODE_LEASE_SECONDS // 4
 NODE_UNHEALTHY_BOUND_SECONDS = (
     NODE_MONITOR_GRACE_SECONDS + NODE_MONITOR_PERIOD_SECONDS + KWOK_LEASE_RENEW_SECONDS
 )

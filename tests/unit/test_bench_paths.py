@@ -386,6 +386,18 @@ def test_a_gangs_set_up_gives_every_process_every_core_again() -> None:
         leader.wait()
 
 
+def test_longer_node_leases_are_refused_where_a_node_dies() -> None:
+    with pytest.raises(SystemExit):
+        bench_main.parse_args(["--sizes", "1000", "--node-lease", "200"])  # deaths at 1000
+    with pytest.raises(SystemExit):
+        bench_main.parse_args(["--node-lease", "20", "--node-death-sizes", "none"])
+    args = bench_main.parse_args(
+        ["--sizes", "10000", "--node-lease", "200", "--node-death-sizes", "none"]
+    )
+    assert args.node_lease == 200
+    assert bench_main.parse_args(["--sizes", "1000"]).node_lease == 40
+
+
 def test_a_leader_core_must_be_one_of_the_machines_and_leave_one_for_the_rest() -> None:
     with pytest.raises(SystemExit):
         bench_main.parse_args(["--leader-core", "4096"])

@@ -116,6 +116,32 @@ def test_a_stopped_cluster_of_another_release_is_deleted_before_the_new_one_is_m
     assert calls == ["down", "build"]
 
 
+def test_up_with_other_node_leases_than_the_cluster_was_made_with_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster made with the kubelet's 40 s node Leases is not silently reused (nor remade)
+    for a run that asked for longer ones: its nodes would go NotReady as before."""
+    monkeypatch.setenv("JSI_CACHE_DIR", str(tmp_path))
+    c = LocalCluster("old")
+    state = write_state(c, versions().kubernetes)  # no node_lease_s: made before it existed
+    monkeypatch.setattr(LocalCluster, "_api_ready", lambda self: True)
+
+    def no_build(*_: str) -> None:
+        raise AssertionError("nothing is built for a refused up")
+
+    monkeypatch.setattr(cluster_mod, "ensure_binaries", no_build)
+    with pytest.raises(RuntimeError, match="made with 40 s node Leases, 200 s are asked for"):
+        c.up(nodes=1, real_nodes=0, node_lease_s=200)
+    assert json.loads((c.state_dir / "state.json").read_text()) == state
+    with pytest.raises(ValueError, match="node_lease_s: at least 40"):
+        c.up(nodes=1, real_nodes=0, node_lease_s=10)
+
+
+def test_the_grace_period_keeps_upstreams_ratio_to_the_node_lease() -> None:
+    assert cluster_mod.node_monitor_grace_s(40) == cluster_mod.NODE_MONITOR_GRACE_SECONDS == 50
+    assert cluster_mod.node_monitor_grace_s(200) == 250
+
+
 def test_no_kwok_record_reads_as_none(tmp_path: Path) -> None:
     assert cluster_mod.kwok_cluster_release(tmp_path) == ""
     (tmp_path / "kwok.yaml").write_text("kind: [unclosed")
