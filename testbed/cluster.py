@@ -66,7 +66,8 @@ NODE_MONITOR_PERIOD_SECONDS = 5
 # default. A cluster may be made with a longer one (``up(node_lease_s=...)``), the grace period
 # scaled with it: kwok's renewals for thousands of nodes on these 2 cores fall behind (at 5008
 # nodes, while a 5000-pod gang was made, 25-70 renewals a second came where 500 were due, and
-# 388 nodes were NotReady at once: 2026-12-06, unrecorded), and a NotReady node takes no pod.
+# 388 nodes were NotReady at once: docs/bench/gang-setup-2026-12-06), and a NotReady node
+# takes no pod.
 KWOK_NODE_LEASE_SECONDS = 40
 
 
@@ -777,7 +778,7 @@ class LocalCluster:
         node_lease_s: int = KWOK_NODE_LEASE_SECONDS,
     ) -> None:
         """Bring the cluster up (or reuse it) with ``nodes`` kwok nodes whose Leases last
-        ``node_lease_s`` (a running cluster made with another is refused, not replaced)."""
+        ``node_lease_s`` (a cluster made with other Leases is refused, not replaced)."""
         if node_lease_s < KWOK_NODE_LEASE_SECONDS:
             raise ValueError(
                 f"node_lease_s: at least {KWOK_NODE_LEASE_SECONDS} (the kubelet's default), "
