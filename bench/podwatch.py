@@ -1,4 +1,4 @@
-"""A gang's pods as the benchmark sees them: one list and watch of raw JSON (the generated
+"""A gang's pods as the benchmark sees them: one paged list and a watch of raw JSON (the generated
 client's model objects cost milliseconds per event, which at thousands of pods would slow the
 benchmark itself), so that a path's end is the moment the event that ends it arrives, never
 the next turn of a poll (a full LIST of 1000 pods cost 0.64 CPU-s on these 2 cores)."""
@@ -20,6 +20,78 @@ from jobset_inplace.core.decode import member_key
 PodEvent = Callable[[str, dict[str, Any]], None]
 
 
+# A list is read in pages: at 10,000 pods one list is about 95 MB of JSON, and on the loaded
+# 2 cores the apiserver sent such lists so slowly that both of the bench's pod watches sat in
+# their relist for over ten minutes while the gang was made (2026-12-06).
+LIST_PAGE = 500
+WATCH_S = 300  # the apiserver ends each watch after this long; the bench watches on from there
+# No byte for this long and a read errs (the list and watch start again): a watch hears a
+# bookmark about every minute, a page comes within seconds unless the connection is stuck.
+READ_TIMEOUT_S = WATCH_S + 30
+CONNECT_TIMEOUT_S = 10
+
+
+def list_pods(
+    core: client.CoreV1Api, namespace: str, selector: str
+) -> tuple[list[dict[str, Any]], str]:
+    """The pods ``selector`` selects in ``namespace``, read in pages of :data:`LIST_PAGE`, and
+    the resourceVersion of that list (one snapshot: every page is of the first's)."""
+    items: list[dict[str, Any]] = []
+    token: str | None = None
+    while True:
+        resp = core.list_namespaced_pod(
+            namespace,
+            label_selector=selector,
+            limit=LIST_PAGE,
+            _continue=token,
+            _preload_content=False,
+            _request_timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S),
+        )
+        page = json.loads(resp.data)
+        items += page["items"]
+        token = page["metadata"].get("continue")
+        if not token:
+            return items, page["metadata"]["resourceVersion"]
+
+
+def _watch_from(
+    core: client.CoreV1Api,
+    namespace: str,
+    selector: str,
+    rv: str,
+    *,
+    on_event: PodEvent,
+    halt: threading.Event,
+) -> str | None:
+    """One watch from ``rv`` until the apiserver ends it (or ``halt``): the last
+    resourceVersion it heard (bookmarks too), or None where it must list again (an ERROR
+    event: 410, the version too old)."""
+    stream = core.list_namespaced_pod(
+        namespace,
+        label_selector=selector,
+        resource_version=rv,
+        allow_watch_bookmarks=True,
+        watch=True,
+        timeout_seconds=WATCH_S,
+        _preload_content=False,
+        _request_timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S),
+    )
+    for line in stream:
+        if halt.is_set():
+            stream.close()
+            return rv
+        if not line.strip():
+            continue
+        ev = json.loads(line)
+        if ev.get("type") == "ERROR":
+            stream.close()
+            return None
+        rv = ev["object"]["metadata"]["resourceVersion"]
+        if ev["type"] != "BOOKMARK":
+            on_event(ev["type"], ev["object"])
+    return rv
+
+
 def watch_pods(
     core: client.CoreV1Api,
     namespace: str,
@@ -32,36 +104,20 @@ def watch_pods(
 ) -> None:
     """List, then watch, the pods of ``namespace`` that ``selector`` selects until ``halt``:
     ``on_event(type, pod)`` for each event; the listed pods go to ``on_list`` (without it, to
-    ``on_event`` as ADDED), again after every relist (a watch that ends or errs is listed
-    again)."""
+    ``on_event`` as ADDED), again after every relist. A watch the apiserver ends is taken up
+    again from the last resourceVersion seen (bookmarks too); one that errs, or a read that
+    hears nothing for :data:`READ_TIMEOUT_S`, lists again."""
     while not halt.is_set():
         try:
-            resp = core.list_namespaced_pod(
-                namespace, label_selector=selector, _preload_content=False
-            )
-            listed = json.loads(resp.data)
+            listed, last = list_pods(core, namespace, selector)
+            rv: str | None = last
             if on_list is not None:
-                on_list(listed["items"])
+                on_list(listed)
             else:
-                for p in listed["items"]:
+                for p in listed:
                     on_event("ADDED", p)
-            stream = core.list_namespaced_pod(
-                namespace,
-                label_selector=selector,
-                resource_version=listed["metadata"]["resourceVersion"],
-                watch=True,
-                timeout_seconds=300,
-                _preload_content=False,
-            )
-            for line in stream:
-                if halt.is_set():
-                    stream.close()
-                    return
-                if line.strip():
-                    ev = json.loads(line)
-                    if ev.get("type") == "ERROR":
-                        break
-                    on_event(ev["type"], ev["object"])
+            while not halt.is_set() and rv is not None:
+                rv = _watch_from(core, namespace, selector, rv, on_event=on_event, halt=halt)
         except Exception as e:  # a bench thread must not die silently
             on_error(f"pod watch: {type(e).__name__}: {e}")
             halt.wait(0.5)
