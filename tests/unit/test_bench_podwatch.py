@@ -39,6 +39,14 @@ class Apiserver:
         self.calls: list[dict[str, Any]] = []
 
     def list_namespaced_pod(self, namespace: str, **kw: Any) -> Answer:
+        """(A failed check halts the watcher too: it would retry forever otherwise.)"""
+        try:
+            return self._answer(kw)
+        except AssertionError:
+            self.halt.set()
+            raise
+
+    def _answer(self, kw: dict[str, Any]) -> Answer:
         self.calls.append(kw)
         assert kw["_request_timeout"] == (podwatch.CONNECT_TIMEOUT_S, podwatch.READ_TIMEOUT_S)
         if kw.get("watch"):
