@@ -31,6 +31,17 @@ READ_TIMEOUT_S = WATCH_S + 30
 CONNECT_TIMEOUT_S = 10
 
 
+def _pods(core: client.CoreV1Api, namespace: str, selector: str, **kw: Any) -> Any:
+    """A list or watch (``kw``) of the selected pods as raw JSON, with the read timeout."""
+    return core.list_namespaced_pod(
+        namespace,
+        label_selector=selector,
+        _preload_content=False,
+        _request_timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S),
+        **kw,
+    )
+
+
 def list_pods(
     core: client.CoreV1Api, namespace: str, selector: str
 ) -> tuple[list[dict[str, Any]], str]:
@@ -39,14 +50,7 @@ def list_pods(
     items: list[dict[str, Any]] = []
     token: str | None = None
     while True:
-        resp = core.list_namespaced_pod(
-            namespace,
-            label_selector=selector,
-            limit=LIST_PAGE,
-            _continue=token,
-            _preload_content=False,
-            _request_timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S),
-        )
+        resp = _pods(core, namespace, selector, limit=LIST_PAGE, _continue=token)
         page = json.loads(resp.data)
         items += page["items"]
         token = page["metadata"].get("continue")
@@ -66,15 +70,14 @@ def _watch_from(
     """One watch from ``rv`` until the apiserver ends it (or ``halt``): the last
     resourceVersion it heard (bookmarks too), or None where it must list again (an ERROR
     event: 410, the version too old)."""
-    stream = core.list_namespaced_pod(
+    stream = _pods(
+        core,
         namespace,
-        label_selector=selector,
+        selector,
         resource_version=rv,
         allow_watch_bookmarks=True,
         watch=True,
         timeout_seconds=WATCH_S,
-        _preload_content=False,
-        _request_timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S),
     )
     for line in stream:
         if halt.is_set():
