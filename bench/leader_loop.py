@@ -26,7 +26,16 @@ every request with a constant 200, with nothing behind it (no token, no decode, 
 planning), the same agents sending the same requests. What the leader spends per member above
 it is its own work; the floor is what any design that takes one report per member over TLS in
 this process pays (on loopback it includes the receiving side's TCP work, which a real network
-would put on the agent's host)."""
+would put on the agent's host).
+
+``--in-process`` runs, alternately with the leader, the same leader with no transport at all:
+the same requests (each member's token and body) handed to
+:meth:`~jobset_inplace.controller.report_server.ReportServer.handle` in this process, ``--batch``
+of them per event-loop turn, each answer encoded as the server would send it. What it spends
+per member is the leader's own work (the token's memo, the envelope, the decode, the cache, the
+answer's encoding, the planning passes): what a leader that is handed its reports already
+taken off the wire (by another process, a front, a relay) would still spend, and so the floor
+of any such design in this interpreter."""
 
 from __future__ import annotations
 
@@ -277,8 +286,40 @@ def _figures(cpu: Any, n: int, passes: int, wall: float) -> dict[str, float]:
     }
 
 
+def _handed(server: ReportServer, tokens: list[str], batch: int) -> Send:
+    """``--in-process``: how reports reach the leader with no transport (``EPOCH exit:I`` or
+    ``EPOCH all``, as the agents' process takes them): each request handed to the server's
+    handler, ``batch`` per event-loop turn, each answer encoded as the HTTP layer would."""
+    pods = [member_pod(i) for i in range(len(tokens))]
+
+    async def one(i: int, message: AgentReport) -> str:
+        body = encode_request(Sender(NAMESPACE, GANG, *pods[i]), message)
+        answer = server.handle(Request(f"Bearer {tokens[i]}", body, True))
+        if not isinstance(answer, Answer):
+            answer = await answer
+        json.dumps(answer.payload).encode()  # what the HTTP layer sends back
+        return "" if answer.status == 200 else f"{answer.status} {answer.payload}"
+
+    async def send(epoch: int, what: str) -> None:
+        if what.startswith("exit:"):
+            refused = [await one(int(what[5:]), AgentReport(exited_in_epoch=epoch))]
+        else:
+            steps = (epoch * 100, epoch * 100 - 100)
+            message = AgentReport(reported_epoch=epoch, reported_steps=steps)
+            refused = []
+            for start in range(0, len(tokens), batch):
+                end = min(start + batch, len(tokens))
+                refused += [await one(i, message) for i in range(start, end)]
+                await asyncio.sleep(0)  # the next batch in the loop's next turn
+        if any(refused):
+            raise SystemExit(f"reports refused: {[r for r in refused if r][:3]}")
+
+    return send
+
+
 def leader(args: argparse.Namespace) -> list[dict[str, float]]:
-    """The recoveries' figures, each a dict (this process: the leader)."""
+    """The recoveries' figures, each a dict (this process: the leader; ``--in-process``: its
+    reports handed to it with no transport)."""
     if args.leader_core is not None:
         os.sched_setaffinity(0, {args.leader_core})
 
@@ -304,7 +345,11 @@ def leader(args: argparse.Namespace) -> list[dict[str, float]]:
             report_endpoint=endpoint,
         )
         port = int(endpoint.url.rsplit(":", 1)[1].split("/")[0])
-        proc, send = await _start_agents(args, port, tokens)
+        proc: subprocess.Popen[str] | None = None
+        if args.in_process_run:
+            send = _handed(server, tokens, args.batch)
+        else:
+            proc, send = await _start_agents(args, port, tokens)
 
         def at_epoch(epoch: int, *, opened: bool) -> bool:
             status = gang.status
@@ -340,7 +385,8 @@ def leader(args: argparse.Namespace) -> list[dict[str, float]]:
                 file=sys.stderr,
             )
         gc.callbacks.remove(_collecting)
-        _stop_agents(proc)
+        if proc is not None:
+            _stop_agents(proc)
         await server.stop()
 
     uvloop.run(main())
@@ -371,13 +417,25 @@ def main(argv: list[str] | None = None) -> int:
         help="run the channel's floor too: its HTTP server answering a constant 200, nothing "
         "behind it",
     )
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the leader with no transport too: each request handed to its handler in "
+        "its own process, --batch per event-loop turn",
+    )
+    p.add_argument(
+        "--batch", type=int, default=64, help="--in-process: requests per event-loop turn"
+    )
     p.add_argument("--out", type=Path, help="write the figures here (JSON)")
     p.add_argument("--agents", type=int, help=argparse.SUPPRESS)  # the client process: a port
     p.add_argument("--leader", action="store_true", help=argparse.SUPPRESS)  # one run, JSON out
     p.add_argument("--floor-run", action="store_true", help=argparse.SUPPRESS)  # the floor's
+    p.add_argument("--in-process-run", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.members < 4 or args.members > 60000:
         p.error("--members: 4..60000 (a loopback address each)")
+    if args.batch < 1:
+        p.error(f"--batch: a count of requests >= 1, got {args.batch}")
     if args.agents is not None:
         agents(args.agents, args.members, args.leader_core)
         return 0
@@ -389,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     here = Path(__file__).resolve().parent.parent
     versions = {"this": here} | ({"compare": args.compare.resolve()} if args.compare else {})
     versions |= {"floor": here} if args.floor else {}
+    versions |= {"in-process": here} if args.in_process else {}
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in versions}
     for run in range(args.runs):
         for version, root in versions.items():
@@ -398,6 +457,11 @@ def main(argv: list[str] | None = None) -> int:
                 *("--leader", "--members", str(args.members), "--recoveries"),
                 *(str(args.recoveries), "--leader-core", str(args.leader_core)),
                 *(["--floor-run"] if version == "floor" else []),
+                *(
+                    ["--in-process-run", "--batch", str(args.batch)]
+                    if version == "in-process"
+                    else []
+                ),
             )
             out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
             runs[version] += json.loads(out.stdout)
@@ -414,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{statistics.median(gc_ms):.0f} ms per recovery, "
             f"{statistics.median(r['passes'] for r in recs):g} passes"
         )
-    for other in ("compare", "floor"):
+    for other in ("compare", "floor", "in-process"):
         if other not in runs:
             continue
         r = ratio_of_medians(

@@ -53,3 +53,24 @@ def test_the_floor_runs_beside_the_leader_with_the_same_agents(
         assert r["passes"] == 0
     assert all(r["passes"] >= 1 for r in doc["runs"]["this"])
     assert "this / floor: " in capsys.readouterr().out
+
+
+def test_the_leader_runs_with_its_reports_handed_to_it_without_a_transport(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "in-process.json"
+    argv = ["--members", "8", "--recoveries", "2", "--in-process", "--batch", "3"]
+    assert leader_loop.main([*argv, "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["runs"]) == {"this", "in-process"}
+    for r in doc["runs"]["in-process"]:
+        # each recovery was planned and its barrier opened (else the run exits): every
+        # member's report taken by the leader's own handler, with no agent process
+        assert r["passes"] >= 1
+        assert r["cpu_s"] > 0
+    assert "this / in-process: " in capsys.readouterr().out
+
+
+def test_a_batch_of_no_request_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        leader_loop.main(["--members", "8", "--in-process", "--batch", "0"])
