@@ -286,35 +286,51 @@ def _figures(cpu: Any, n: int, passes: int, wall: float) -> dict[str, float]:
     }
 
 
-def _handed(server: ReportServer, tokens: list[str], batch: int) -> Send:
+class _Handed:
     """``--in-process``: how reports reach the leader with no transport (``EPOCH exit:I`` or
     ``EPOCH all``, as the agents' process takes them): each request handed to the server's
-    handler, ``batch`` per event-loop turn, each answer encoded as the HTTP layer would."""
-    pods = [member_pod(i) for i in range(len(tokens))]
+    handler, ``batch`` per event-loop turn, each answer encoded as the HTTP layer would. The
+    requests are made by :meth:`prepare`, before the recovery is measured (the agents' work,
+    not the leader's)."""
 
-    async def one(i: int, message: AgentReport) -> str:
-        body = encode_request(Sender(NAMESPACE, GANG, *pods[i]), message)
-        answer = server.handle(Request(f"Bearer {tokens[i]}", body, True))
-        if not isinstance(answer, Answer):
-            answer = await answer
-        json.dumps(answer.payload).encode()  # what the HTTP layer sends back
-        return "" if answer.status == 200 else f"{answer.status} {answer.payload}"
+    def __init__(self, server: ReportServer, tokens: list[str], batch: int) -> None:
+        self.server, self.tokens, self.batch = server, tokens, batch
+        self.requests: dict[tuple[int, str], list[Request]] = {}
 
-    async def send(epoch: int, what: str) -> None:
-        if what.startswith("exit:"):
-            refused = [await one(int(what[5:]), AgentReport(exited_in_epoch=epoch))]
-        else:
-            steps = (epoch * 100, epoch * 100 - 100)
-            message = AgentReport(reported_epoch=epoch, reported_steps=steps)
-            refused = []
-            for start in range(0, len(tokens), batch):
-                end = min(start + batch, len(tokens))
-                refused += [await one(i, message) for i in range(start, end)]
-                await asyncio.sleep(0)  # the next batch in the loop's next turn
-        if any(refused):
-            raise SystemExit(f"reports refused: {[r for r in refused if r][:3]}")
+    def prepare(self, epoch: int, exiting: int) -> None:
+        """The requests of a recovery from ``epoch``: member ``exiting``'s trainer exit, then
+        every member's report of the next epoch."""
+        self.requests.clear()
+        self.requests[epoch, f"exit:{exiting}"] = [
+            self._request(exiting, AgentReport(exited_in_epoch=epoch))
+        ]
+        self.requests[epoch + 1, "all"] = self.reports(epoch + 1)
 
-    return send
+    def reports(self, epoch: int) -> list[Request]:
+        steps = (epoch * 100, epoch * 100 - 100)
+        message = AgentReport(reported_epoch=epoch, reported_steps=steps)
+        return [self._request(i, message) for i in range(len(self.tokens))]
+
+    def _request(self, i: int, message: AgentReport) -> Request:
+        body = encode_request(Sender(NAMESPACE, GANG, *member_pod(i)), message)
+        return Request(f"Bearer {self.tokens[i]}", body, True)
+
+    async def __call__(self, epoch: int, what: str) -> None:
+        requests = self.requests.get((epoch, what))
+        if requests is None:  # not prepared: the warm-up's
+            requests = self.reports(epoch)
+        refused = []
+        for start in range(0, len(requests), self.batch):
+            for each in requests[start : start + self.batch]:
+                answer = self.server.handle(each)
+                if not isinstance(answer, Answer):
+                    answer = await answer
+                json.dumps(answer.payload).encode()  # what the HTTP layer sends back
+                if answer.status != 200:
+                    refused.append(f"{answer.status} {answer.payload}")
+            await asyncio.sleep(0)  # the next batch in the loop's next turn
+        if refused:
+            raise SystemExit(f"reports refused: {refused[:3]}")
 
 
 def leader(args: argparse.Namespace) -> list[dict[str, float]]:
@@ -346,8 +362,9 @@ def leader(args: argparse.Namespace) -> list[dict[str, float]]:
         )
         port = int(endpoint.url.rsplit(":", 1)[1].split("/")[0])
         proc: subprocess.Popen[str] | None = None
-        if args.in_process_run:
-            send = _handed(server, tokens, args.batch)
+        handed = _Handed(server, tokens, args.batch) if args.in_process_run else None
+        if handed is not None:
+            send: Send = handed
         else:
             proc, send = await _start_agents(args, port, tokens)
 
@@ -370,11 +387,13 @@ def leader(args: argparse.Namespace) -> list[dict[str, float]]:
         gc.callbacks.append(_collecting)
         for rep in range(args.recoveries):
             assert gang.status is not None
-            epoch = gang.status.epoch
+            epoch, exiting = gang.status.epoch, (rep * 37 + 1) % n  # another member each time
+            if handed is not None:
+                handed.prepare(epoch, exiting)
             await asyncio.sleep(0.5)
             GC_CPU[0], passes = 0.0, r.passes
             cpu, wall = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
-            await send(epoch, f"exit:{(rep * 37 + 1) % n}")  # another member each time
+            await send(epoch, f"exit:{exiting}")
             await until(partial(at_epoch, epoch + 1, opened=False), "recovery")
             await send(epoch + 1, "all")
             await until(partial(at_epoch, epoch + 1, opened=True), "barrier")
