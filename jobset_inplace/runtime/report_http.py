@@ -288,14 +288,33 @@ class RequestReader:
 
 
 def response(status: int, payload: dict[str, Any], *, close: bool) -> bytes:
-    """An answer's bytes: ``payload`` as JSON."""
+    """An answer's bytes: ``payload`` as JSON. The answers a recovery sends to nearly every
+    member (200, the same few fields: ``{"accepted": true, "holds": null}``) are made once and
+    kept, at most ANSWERS_KEPT of them (a refusal's payload, which may quote a client, never)."""
+    key = None
+    if status == 200 and not close:
+        try:  # (with each value's type: 1 and True are equal keys, not equal JSON)
+            key = tuple((k, type(v), v) for k, v in payload.items())
+            kept = _ANSWERS.get(key)
+        except TypeError:  # a value that is no key (a list, a dict): made each time
+            key = kept = None
+        if kept is not None:
+            return kept
     body = json.dumps(payload, separators=(",", ":")).encode()
     closing = "Connection: close\r\n" if close else ""
     head = (
         f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{closing}\r\n"
     )
-    return head.encode() + body
+    out = head.encode() + body
+    if key is not None and len(_ANSWERS) < ANSWERS_KEPT:
+        _ANSWERS[key] = out
+    return out
+
+
+# 200 answers kept by their payload (response): with hot spares each member's names its slot.
+ANSWERS_KEPT = 20_000
+_ANSWERS: dict[tuple[tuple[str, type, Any], ...], bytes] = {}
 
 
 class Connection(asyncio.BufferedProtocol):

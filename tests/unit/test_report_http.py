@@ -1054,3 +1054,22 @@ async def test_bytes_read_before_a_connections_turn_are_kept_up_to_one_record() 
         assert s.http.admission.open == 2
         for w in (first, second, third):
             w.close()
+
+
+def test_an_answer_made_once_is_the_same_bytes_and_a_refusal_is_never_kept() -> None:
+    payload = {"accepted": True, "holds": "workers/0/1"}
+    first = response(200, payload, close=False)
+    assert response(200, dict(payload), close=False) is first  # kept, by its fields
+    assert json.loads(first.split(b"\r\n\r\n", 1)[1]) == payload
+    other = response(200, {"accepted": True, "holds": None}, close=False)
+    assert b'"holds":null' in other
+    assert response(200, {"accepted": 1, "holds": None}, close=False).endswith(
+        b'"accepted":1,"holds":null}'
+    )
+    # a payload that cannot be a key is made each time, the same way
+    listed = {"accepted": True, "holds": ["a"]}
+    assert response(200, listed, close=False) == response(200, listed, close=False)
+    before = len(report_http._ANSWERS)
+    response(409, {"error": "unknown pod"}, close=True)
+    response(200, {"error": "closing"}, close=True)
+    assert len(report_http._ANSWERS) == before
