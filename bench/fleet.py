@@ -11,7 +11,8 @@ What is real and what is not:
   bench/member_leases.py) and every request an agent makes per pod: a GET of the GangState
   when an agent process starts and its report for each epoch. API requests carry a real
   ServiceAccount token; channel reports carry a token bound to their pod for the channel's
-  audience, requested once per pod (as the kubelet does when it mounts the projected volume).
+  audience, requested when the pod's agent first starts and again at 80 % of its life (as the
+  kubelet mounts and rotates the projected volume: :data:`TOKEN_ROTATE_AT`).
 * **Simulated**: (1) the GangState watch: one watch feeds every simulated agent instead of one
   watch per agent (the apiserver's watch fan-out is not measured here: ``bench.gangstate_fanout``
   measures it apart); (2) the kubelet's in-place
@@ -81,6 +82,9 @@ from testbed.kube import pod_token
 RESTARTING = "AllContainersRestarting"
 FLEET_WORKERS = 32  # the simulated agents' and kubelets' threads (a MeasuredPool)
 API_ERRORS = (ApiError, ValueError, *TransportErrors)
+# The kubelet requests a pod's projected token again at 80 % of its life (or after 24 h).
+TOKEN_ROTATE_AT = 0.8
+ROTATE_RETRY_S = 5.0
 
 
 @dataclass
@@ -481,20 +485,11 @@ class Fleet:
 
     def _start_reporter(self, agent: SimAgent) -> None:
         """The agent process's reporter, as the webhook configures a real one: its pod's UID
-        and, with the channel, the token the kubelet mounted (requested here once per pod)."""
+        and, with the channel, the token the kubelet mounted (requested here once per pod, then
+        rotated: :meth:`_rotate_token`)."""
         if self.channel and agent.token_file is None:
-            token = pod_token(
-                self.core,
-                self.namespace,
-                service_account=agent.service_account,
-                pod=agent.pod,
-                uid=agent.uid,
-                audience=names.REPORT_TOKEN_AUDIENCE,
-                seconds=names.REPORT_TOKEN_SECONDS,
-            )
-            path = self._tokens / agent.uid
-            path.write_text(token)
-            agent.token_file = path
+            agent.token_file = self._mount_token(agent)
+            self._later(TOKEN_ROTATE_AT * names.REPORT_TOKEN_SECONDS, lambda: self._rotate(agent))
         cfg = Config(
             pod_name=agent.pod, namespace=self.namespace, gangstate=self.gang,
             state_dir=self._tokens, local_dir=None, persistent_dir=None, restart_exit_code=88,
@@ -507,6 +502,42 @@ class Fleet:
             reporter.pod = lease_path(self.namespace, agent.pod)  # its writes go there
         with self._lock:
             agent.reporter, agent.channel = reporter, reporter.channel_for()
+
+    def _mount_token(self, agent: SimAgent) -> Path:
+        """A new channel token of ``agent``'s pod in its file (replaced whole: the agent reads
+        the file at every report, as a real one reads its projected volume)."""
+        token = pod_token(
+            self.core,
+            self.namespace,
+            service_account=agent.service_account,
+            pod=agent.pod,
+            uid=agent.uid,
+            audience=names.REPORT_TOKEN_AUDIENCE,
+            seconds=names.REPORT_TOKEN_SECONDS,
+        )
+        path = self._tokens / agent.uid
+        new = path.with_suffix(".new")
+        new.write_text(token)
+        new.replace(path)
+        return path
+
+    def _rotate(self, agent: SimAgent) -> None:
+        """The kubelet's rotation of the projected token: a new one at TOKEN_ROTATE_AT of the
+        old one's life (a 10,000-pod gang takes most of an hour to start here: without it the
+        first pods' tokens expired during the measured failures, 2026-12-07); retried after an
+        API error; not for a pod that is gone (its agent is no longer the fleet's) or whose
+        node died."""
+        with self._lock:
+            current = self.agents.get(agent.pod) is agent
+        if not current or agent.silent or self._halt.is_set():
+            return
+        try:
+            self._mount_token(agent)
+        except Exception as e:  # (the client's and urllib3's errors): a timer must not die silently
+            self._error(f"{agent.pod}: token rotation: {type(e).__name__}: {e}")
+            self._later(ROTATE_RETRY_S, lambda: self._rotate(agent))
+            return
+        self._later(TOKEN_ROTATE_AT * names.REPORT_TOKEN_SECONDS, lambda: self._rotate(agent))
 
     def _create_lease(self, agent: SimAgent) -> None:
         """The member Lease its agent writes its reports on (once per pod: an agent that
