@@ -486,7 +486,7 @@ class Fleet:
     def _start_reporter(self, agent: SimAgent) -> None:
         """The agent process's reporter, as the webhook configures a real one: its pod's UID
         and, with the channel, the token the kubelet mounted (requested here once per pod, then
-        rotated: :meth:`_rotate_token`)."""
+        rotated: :meth:`_rotate`)."""
         if self.channel and agent.token_file is None:
             agent.token_file = self._mount_token(agent)
             self._later(TOKEN_ROTATE_AT * names.REPORT_TOKEN_SECONDS, lambda: self._rotate(agent))
