@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from kubernetes import client
@@ -15,10 +16,19 @@ from bench.fleet import ROTATE_RETRY_S, TOKEN_ROTATE_AT, Fleet, SimAgent
 from jobset_inplace import names
 
 
+class Rig(NamedTuple):
+    fleet: Fleet
+    later: list[tuple[float, Callable[[], None]]]  # (delay, what) the fleet's timer was given
+    issued: list[str]  # the tokens the apiserver issued
+
+    def agent(self, pod: str) -> SimAgent:
+        """A member pod's agent, known to the fleet."""
+        agent = self.fleet.agents[pod] = SimAgent(pod, f"uid-{pod}", ["trainer"])
+        return agent
+
+
 @pytest.fixture
-def fleet(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> tuple[Fleet, list[tuple[float, Callable[[], None]]], list[str]]:
+def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Rig:
     issued: list[str] = []
 
     def pod_token(core: object, namespace: str, **kw: object) -> str:
@@ -40,15 +50,12 @@ def fleet(
     )
     later: list[tuple[float, Callable[[], None]]] = []
     monkeypatch.setattr(f, "_later", lambda delay, fn: later.append((delay, fn)))
-    return f, later, issued
+    return Rig(f, later, issued)
 
 
-def test_a_pods_token_is_mounted_then_rotated_at_80_percent_of_its_life(
-    fleet: tuple[Fleet, list[tuple[float, Callable[[], None]]], list[str]],
-) -> None:
-    f, later, issued = fleet
-    agent = SimAgent("p", "uid-p", ["trainer"])
-    f.agents["p"] = agent
+def test_a_pods_token_is_mounted_then_rotated_at_80_percent_of_its_life(rig: Rig) -> None:
+    f, later, issued = rig
+    agent = rig.agent("p")
     f._start_reporter(agent)
     assert agent.token_file is not None
     assert agent.token_file.read_text() == "token-1"
@@ -64,12 +71,8 @@ def test_a_pods_token_is_mounted_then_rotated_at_80_percent_of_its_life(
     assert len(later) == 2
 
 
-def test_a_failed_rotation_is_tried_again_and_said(
-    fleet: tuple[Fleet, list[tuple[float, Callable[[], None]]], list[str]],
-) -> None:
-    f, later, _ = fleet
-    agent = SimAgent("broken", "uid-b", ["trainer"])
-    f.agents["broken"] = agent
-    f._rotate(agent)
+def test_a_failed_rotation_is_tried_again_and_said(rig: Rig) -> None:
+    f, later, _ = rig
+    f._rotate(rig.agent("broken"))
     assert [d for d, _ in later] == [ROTATE_RETRY_S]
     assert any("token rotation" in e and "apiserver overloaded" in e for e in f.errors)
