@@ -148,6 +148,9 @@ class Gang:
     # newest epoch any report of the gang named so far (-1: none; only ever grows)
     ahead: set[str] = field(default_factory=set)
     newest_named: int = -1
+    # counts every change of a member's view or of the set of pods (ClusterCache.rows_stamp):
+    # the GangMembers rows are made again only after one
+    changes: int = 0
     status: GangStatus | None = None  # last persisted; None until loaded from the API
     # the newest epoch this process has begun to write (set before the write returns: an agent
     # may read it from the API first); 0 once the GangState is to be loaded again
@@ -170,9 +173,10 @@ class Gang:
     behind: set[str] = field(default_factory=set)
     behind_epoch: int | None = None
     # the GangMembers rows this process last wrote (or failed to: retried when one changes),
-    # and when (monotonic)
+    # and when (monotonic); the rows_stamp they were last made at
     members_written: tuple[MemberRow, ...] | None = None
     members_written_at: float | None = None
+    members_stamp: tuple[int, int] | None = None
 
     @property
     def uid(self) -> str:
@@ -198,6 +202,8 @@ class Gang:
 @dataclass
 class ClusterCache:
     gangs: dict[GangKey, Gang] = field(default_factory=dict)
+    # counts every change of the JobSets' uids or of the Jobs they own (what is_member reads)
+    membership_changes: int = 0
     # Kueue's recoveryTimeout from its configuration (None: it never evicts a recovery), once
     # read; until then (or when it cannot be read) its v1beta2 default is assumed (override per
     # JobSet: jobset-inplace.dev/kueue-recovery-timeout).
@@ -251,6 +257,7 @@ class ClusterCache:
             gang = Gang(key, spec, policy, error, pods=pods, on_pod=dict(pods))
             self.gangs[key] = gang
         gang.spec, gang.policy, gang.policy_error = spec, policy, error
+        self.membership_changes += 1
         gang.jobset = {
             "apiVersion": jobset.get("apiVersion", "jobset.x-k8s.io/v1alpha2"),
             "kind": jobset.get("kind", "JobSet"),
@@ -272,6 +279,13 @@ class ClusterCache:
     def members(self, gang: Gang) -> dict[str, PodView]:
         return {u: v for u, v in gang.pods.items() if self.is_member(gang, u)}
 
+    def rows_stamp(self, gang: Gang) -> tuple[int, int]:
+        """Equal at two moments only if no member of ``gang`` can have changed between them
+        (a view made, a pod gone, a Job or JobSet seen): what its GangMembers rows are made of
+        (core.gangmembers.member_rows) is the same then. Counted, not compared: comparing the
+        rows is O(members), and a planning pass must not be."""
+        return gang.changes, self.membership_changes
+
     def upsert_job(self, job: JobEntry, deleted: bool = False) -> bool:
         """Record a Job event; whether membership may have changed (a new Job, or one gone
         with no pod left)."""
@@ -281,6 +295,7 @@ class ClusterCache:
         changed = self.jobs.get(job.uid) != job.jobset
         self.jobs[job.uid] = job.jobset
         self.gone_jobs.discard(job.uid)
+        self.membership_changes += changed
         return changed
 
     def replace_jobs(self, jobs: Sequence[JobEntry]) -> None:
@@ -289,6 +304,7 @@ class ClusterCache:
         listed = {j.uid: j.jobset for j in jobs}
         self.gone_jobs = {u for u in self.jobs if u not in listed}
         self.jobs.update(listed)
+        self.membership_changes += 1
         for uid in list(self.gone_jobs):
             self._forget_job(uid)
 
@@ -296,6 +312,7 @@ class ClusterCache:
         if uid in self.gone_jobs and not self.job_pods[uid]:
             self.gone_jobs.discard(uid)
             self.job_pods.pop(uid, None)
+            self.membership_changes += 1
             return self.jobs.pop(uid, None) is not None
         return False
 
@@ -343,6 +360,7 @@ class ClusterCache:
         if deleted or pod.view is None:
             pods.pop(pod.uid, None)
             if gang is not None:
+                gang.changes += 1
                 gang.reports.pop(pod.uid, None)
                 gang.on_pod.pop(pod.uid, None)
                 gang.ahead.discard(pod.uid)
@@ -360,6 +378,7 @@ class ClusterCache:
         """A complete list of the labelled pods (a relist): pods not in it are gone."""
         for gang in self.gangs.values():
             gang.pods, gang.on_pod, gang.ahead = {}, {}, set()
+            gang.changes += 1
         self.orphans = {}
         self.pod_jobs, self.job_pods = {}, Counter()
         self.pod_addresses, self.address_pods = {}, {}
@@ -473,6 +492,7 @@ class ClusterCache:
         if report is not None:
             named = max(named, report.epoch)
         gang.pods[uid] = member_view(on_pod, report, epoch)
+        gang.changes += 1
         gang.newest_named = max(gang.newest_named, named)
         if epoch is not None and named > epoch:
             gang.ahead.add(uid)

@@ -8,7 +8,11 @@ events stream in a gang's passes are spaced by ``PASS_SPACING`` times the CPU ti
 planning; an urgent poke (the last report a barrier waits for) skips both, and a poke with a
 delay asks for a pass within it (a deadline the plan named; a report the barrier waited for,
 with more to come: :data:`.report_server.AWAITED_REPORT_PASS_S`). A pass that fails, for
-whatever reason, is retried with exponential backoff."""
+whatever reason, is retried with exponential backoff.
+
+The GangMembers summary is written apart from the passes (:meth:`Reconciler.members_changed`):
+a pass only notes that a member may have changed, in O(1); the rows are made and written by a
+timer of their own, at most every ``write_interval``, and a slow write never holds a pass."""
 
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from jobset_inplace.backoff import Backoff
 from jobset_inplace.controller.cache import ClusterCache, Gang, GangKey
 from jobset_inplace.controller.executor import Executor
 from jobset_inplace.controller.metrics import METRICS, Metrics
-from jobset_inplace.core.gangmembers import member_rows, write_delay
+from jobset_inplace.core.gangmembers import member_rows, next_write_at
 from jobset_inplace.core.model import Action, Plan, ReadLeases, Snapshot
 from jobset_inplace.core.planner import plan, plan_node, refuse_policy
 from jobset_inplace.core.telemetry import observe
@@ -57,6 +61,8 @@ class Reconciler:
     _fired: dict[GangKey, float] = field(default_factory=dict)  # scheduling time of last pass
     _spacing: dict[GangKey, float] = field(default_factory=dict)  # after its last planning
     _failures: dict[GangKey, int] = field(default_factory=dict)  # failed passes in a row
+    _members_timers: dict[GangKey, Timer] = field(default_factory=dict)  # GangMembers writes
+    _members_busy: set[GangKey] = field(default_factory=set)  # a write due or in flight
     passes: int = 0
     stopped: bool = False  # this replica is terminating: no pass starts any more
 
@@ -67,6 +73,10 @@ class Reconciler:
         for _, timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
+        for members_timer in self._members_timers.values():
+            members_timer.cancel()
+        self._members_timers.clear()
+        self._members_busy.clear()
 
     # --- scheduling ---------------------------------------------------------------------------
     def poke(self, key: GangKey, delay: float | None = None, *, urgent: bool = False) -> None:
@@ -100,6 +110,10 @@ class Reconciler:
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer[1].cancel()
+        members_timer = self._members_timers.pop(key, None)
+        if members_timer is not None:
+            members_timer.cancel()
+        self._members_busy.discard(key)
         self._not_before.pop(key, None)
         self._fired.pop(key, None)
         self._spacing.pop(key, None)
@@ -178,7 +192,7 @@ class Reconciler:
         await self._act(gang, [a for a in result.actions if not isinstance(a, ReadLeases)])
         if result.requeue_after is not None:
             self.poke(key, result.requeue_after)
-        await self._write_members(gang, snap)
+        self.members_changed(gang)
 
     def _plan(self, gang: Gang) -> tuple[Snapshot, Plan]:
         snap = self.cache.snapshot(gang, self.clock.wall(), self.clock.monotonic())
@@ -229,29 +243,60 @@ class Reconciler:
             gang.endpoint_named_at = gang.status_written_at
             self.cache.presume_heard(gang, gang.endpoint_named_at, self.clock.monotonic())
 
-    async def _write_members(self, gang: Gang, snap: Snapshot) -> None:
-        """What each member reported, for people (:mod:`jobset_inplace.core.gangmembers`):
-        written when a row changed, at most every ``write_interval``. Nothing decides by it, so
-        a failed write never fails the pass: it is logged and tried again when a row changes."""
-        rows = member_rows(snap.pods)
+    # --- GangMembers --------------------------------------------------------------------------
+    def members_changed(self, gang: Gang) -> None:
+        """After a pass: if a member may have changed since the rows were last made
+        (:meth:`.ClusterCache.rows_stamp`), have them made and written once the interval since
+        the last write is over (at once if none). O(1): the rows, O(members) to make and
+        compare, are made at most once per interval, not per pass (at 5000 members they were
+        a tenth of the leader's sampled CPU: docs/design/leader-cost.md)."""
+        key = gang.key
+        if (
+            self.stopped
+            or key in self._members_busy
+            or gang.members_stamp == self.cache.rows_stamp(gang)
+        ):
+            return
+        self._members_busy.add(key)
         now = self.clock.monotonic()
-        delay = write_delay(rows, gang.members_written, gang.members_written_at, now)
-        if delay is None:
-            return
-        if delay > 0:
-            self.poke(gang.key, delay)
-            return
-        gang.members_written, gang.members_written_at = rows, now
+        when = next_write_at(gang.members_written, gang.members_written_at, now)
+        if when <= now:
+            self.spawn(self._write_members(key))
+        else:
+            self._members_timers[key] = self.clock.call_at(
+                when, lambda: self.spawn(self._write_members(key))
+            )
+
+    async def _write_members(self, key: GangKey) -> None:
+        """What each member reported, for people (:mod:`jobset_inplace.core.gangmembers`),
+        written if a row changed. Nothing decides by it, so a failed write fails nothing: it
+        is logged and tried again when a row changes; and no pass waits for it (at 10,000
+        members each write was refused with 504 after the apiserver's minute, 2026-12-07)."""
+        self._members_timers.pop(key, None)
+        gang = self.cache.gangs.get(key)
         try:
-            await asyncio.to_thread(self.executor.write_members, gang.jobset, rows, snap.now)
+            if gang is None or self.stopped:
+                return
+            gang.members_stamp = self.cache.rows_stamp(gang)
+            rows = member_rows(self.cache.members(gang).values())
+            if rows == gang.members_written:
+                return
+            gang.members_written, gang.members_written_at = rows, self.clock.monotonic()
+            await asyncio.to_thread(
+                self.executor.write_members, gang.jobset, rows, self.clock.wall()
+            )
         except client.exceptions.ApiException as e:
             log.warning(
                 "%s/%s: cannot write its GangMembers (kubectl jobset-inplace status -o wide): "
                 "API error %s %s; tried again when a member's report changes",
-                *gang.key,
+                *key,
                 e.status,
                 e.reason,
             )
+        finally:
+            self._members_busy.discard(key)
+        if gang is not None and self.cache.gangs.get(key) is gang:
+            self.members_changed(gang)  # a member changed during the write: after the interval
 
     async def _act(self, gang: Gang, actions: list[Action]) -> None:
         if not actions:

@@ -6,7 +6,7 @@ GangMembers object per gang (same name, owned by the JobSet), apart from the Gan
 agent watches its GangState, so N rows there would go to N watchers on every write (N^2 bytes:
 ~750 MB per write at 5000 members); nobody watches GangMembers (EndpointSlices are kept apart
 from Services for the same reason). Written when a row changed, at most every
-``write_interval(members)``.
+``write_interval(members)``; the rows are made only then, not at every planning pass.
 
 A member's in-place restarts are not stored: they are the recoveries (the GangState's history
 and the one in progress) that began after its pod was created (:func:`inplace_restarts`)."""
@@ -61,19 +61,16 @@ def write_interval(members: int) -> float:
     return max(WRITE_INTERVAL_S, members * WRITE_S_PER_MEMBER)
 
 
-def write_delay(
-    rows: Sequence[MemberRow],
-    written: Sequence[MemberRow] | None,
-    written_at: float | None,
-    now: float,
-) -> float | None:
-    """Seconds until ``rows`` should be written (0: now; None: nothing to write) after
-    ``written`` was at ``written_at`` (None: nothing written by this process)."""
-    if written is not None and tuple(rows) == tuple(written):
-        return None
+def next_write_at(
+    written: Sequence[MemberRow] | None, written_at: float | None, now: float
+) -> float:
+    """When rows that may have changed since ``written`` was written at ``written_at`` (None:
+    nothing written by this process) are to be made and written, on the clock of ``now``: at
+    once if nothing was, else once the interval for that many rows is over. (Whether a row
+    changed is known only once they are made: O(members), at most once per interval.)"""
     if written_at is None:
-        return 0.0
-    return max(0.0, written_at + write_interval(len(rows)) - now)
+        return now
+    return max(now, written_at + write_interval(len(written or ())))
 
 
 def members_object(

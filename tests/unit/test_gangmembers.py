@@ -10,8 +10,8 @@ from jobset_inplace.core.gangmembers import (
     inplace_restarts,
     member_rows,
     members_object,
+    next_write_at,
     rows_by_pod,
-    write_delay,
     write_interval,
 )
 from jobset_inplace.core.model import HISTORY_LIMIT, Cause, Recovery
@@ -40,15 +40,15 @@ def test_rows_are_in_the_rows_own_order_whatever_order_the_pods_come_in() -> Non
     assert [r.pod for r in rows if r.member == member(7)] == ["p7", "p7-new"]
 
 
-def test_rows_are_written_when_changed_and_at_most_every_interval() -> None:
+def test_rows_are_written_at_most_every_interval_for_their_count() -> None:
     rows = member_rows(pods(2, epoch=2))
-    assert write_delay(rows, None, None, 100.0) == 0.0, "nothing written yet by this process"
-    assert write_delay(rows, rows, 100.0, 101.0) is None, "unchanged"
-    changed = member_rows(pods(2, epoch=3))
-    assert write_delay(changed, rows, 100.0, 101.0) == 4.0
-    assert write_delay(changed, rows, 100.0, 106.0) == 0.0
+    assert next_write_at(None, None, 100.0) == 100.0, "nothing written yet by this process"
+    assert next_write_at(rows, 100.0, 101.0) == 105.0
+    assert next_write_at(rows, 100.0, 106.0) == 106.0, "the interval is over: at once"
     assert write_interval(2) == 5.0
     assert write_interval(5000) == 10.0
+    many = member_rows(pods(10_000, epoch=2))
+    assert next_write_at(many, 100.0, 101.0) == 120.0, "20 s for 10,000 rows"
 
 
 def test_the_object_reads_back_as_its_rows_and_malformed_rows_are_skipped() -> None:

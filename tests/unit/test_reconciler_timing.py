@@ -17,6 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace.controller.cache import POSTED_MAX, ClusterCache, GangKey, JobEntry, PodEntry
 from jobset_inplace.controller.reconciler import PASS_RETRY, PASS_SPACING, Reconciler
+from jobset_inplace.core import gangmembers
 from jobset_inplace.core.gangmembers import MemberRow
 from jobset_inplace.core.model import (
     Action,
@@ -382,27 +383,106 @@ async def test_events_do_not_retry_a_failing_gang_sooner_than_its_backoff() -> N
     assert r.ran == [t0, pytest.approx(t0 + 1)]
 
 
+async def finished() -> None:
+    """Let every task the reconciler started end (a GangMembers write runs in a thread)."""
+    await asyncio.gather(*(asyncio.all_tasks() - {asyncio.current_task()}))
+
+
 async def test_member_rows_are_written_when_one_changes_at_most_every_interval() -> None:
-    """GangMembers (core/gangmembers.py): the first pass writes the rows; a report that changes
-    a row within the interval is written once the interval is over, by a pass the reconciler
-    schedules for it; passes that change no row write nothing."""
+    """GangMembers (core/gangmembers.py): the first pass has the rows written; a report that
+    changes a row within the interval is written once the interval is over, by a timer of its
+    own, with no planning pass; passes that change no member make no rows."""
     ex = RecordingExecutor(running(2, expected=2, ready=2, reported=2))
     r, clock, cache = gang(ex)
     await r.reconcile(KEY)
+    await finished()
     [(_, rows)] = ex.members
     assert [(m.pod, m.epoch, m.step) for m in rows] == [("p0", 2, 200), ("p1", 2, 200)]
     await r.reconcile(KEY)
+    await finished()
     assert len(ex.members) == 1, "nothing changed: nothing written"
     clock.advance(1)
     pod = cache.gangs[KEY].pods["uid-1"]
     newer = dataclasses.replace(pod, newest_step=300, busy_epoch=2, busy_ms=(100,))
     cache.upsert_pod(PodEntry("uid-1", KEY, newer, JOB))
     await r.reconcile(KEY)
+    await finished()
     assert len(ex.members) == 1, "within the interval: not yet"
     passes = r.passes
-    clock.advance(4)  # the interval (5 s for 2 members) is over: its pass runs by itself
-    await asyncio.gather(*(asyncio.all_tasks() - {asyncio.current_task()}))  # and its writes
+    clock.advance(4)  # the interval (5 s for 2 members) is over: its timer fires
+    await finished()
+    assert r.passes == passes, "no planning pass for it"
+    assert [(m.pod, m.step) for m in ex.members[-1][1]] == [("p0", 200), ("p1", 300)]
+
+
+async def test_passes_that_change_no_member_make_no_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows (O(members) to make and compare) are made only after a member's view, its pods
+    or its Jobs changed (ClusterCache.rows_stamp), whatever the passes: a pass itself is O(1)
+    for them."""
+    made: list[int] = []
+    real = gangmembers.member_rows
+
+    def counted(pods: Any) -> tuple[MemberRow, ...]:
+        rows = real(pods)
+        made.append(len(rows))
+        return rows
+
+    monkeypatch.setattr("jobset_inplace.controller.reconciler.member_rows", counted)
+    ex = RecordingExecutor(running(2, expected=2, ready=2, reported=2))
+    r, clock, cache = gang(ex)
+    await r.reconcile(KEY)
+    await finished()
+    assert made == [2]
+    for _ in range(3):
+        clock.advance(10)
+        await r.reconcile(KEY)
+        await finished()
+    assert made == [2], "no member changed: no rows made"
+    cache.upsert_job(JobEntry("another-job", "js-uid"))  # a Job seen: membership may change
+    clock.advance(10)
+    await r.reconcile(KEY)
+    await finished()
+    assert made == [2, 2], "made again"
+    assert len(ex.members) == 1, "unchanged: not written"
+    cache.upsert_pod(PodEntry("uid-1", KEY, cache.gangs[KEY].pods["uid-1"], JOB), deleted=True)
+    await r.reconcile(KEY)
+    await finished()
+    assert made == [2, 2, 1], "a pod gone"
+    assert [m.pod for m in ex.members[-1][1]] == ["p0"]
+
+
+async def test_a_slow_member_rows_write_holds_no_pass() -> None:
+    """At 10,000 members each GangMembers write took the apiserver's minute and failed (504):
+    a pass must not wait for it (the barrier's opening would), and no second write starts
+    while one is in flight; a change made during it is written after it, once the interval
+    is over."""
+    release = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    class Slow(RecordingExecutor):
+        def write_members(
+            self, jobset: dict[str, Any], rows: Sequence[MemberRow], now: float
+        ) -> None:
+            super().write_members(jobset, rows, now)
+            asyncio.run_coroutine_threadsafe(release.wait(), loop).result()
+
+    ex = Slow(running(2, expected=2, ready=2, reported=2))
+    r, clock, cache = gang(ex)
+    await r.reconcile(KEY)
+    await settle()
+    while not ex.members:  # the write has begun, in its thread
+        await asyncio.sleep(0.001)
+    pod = cache.gangs[KEY].pods["uid-1"]
+    cache.upsert_pod(PodEntry("uid-1", KEY, dataclasses.replace(pod, newest_step=300), JOB))
+    passes = r.passes
+    await asyncio.wait_for(r.reconcile(KEY), 5)  # not held by the write in flight
     assert r.passes == passes + 1
+    assert len(ex.members) == 1, "no second write while one runs"
+    release.set()
+    await finished()
+    assert len(ex.members) == 1, "the change waits for the interval"
+    clock.advance(5)
+    await finished()
     assert [(m.pod, m.step) for m in ex.members[-1][1]] == [("p0", 200), ("p1", 300)]
 
 
@@ -415,13 +495,20 @@ async def test_a_failed_member_rows_write_fails_nothing_and_waits_for_a_change()
             raise ApiException(status=404, reason="Not Found")  # e.g. the CRD not installed
 
     ex = Refused(running(2, expected=2, ready=2, reported=2))
-    r, clock, _ = gang(ex)
+    r, clock, cache = gang(ex)
     await r.reconcile(KEY)
+    await finished()
     assert len(ex.members) == 1
     assert KEY not in r._failures, "the pass did not fail"
     clock.advance(60)
     await r.reconcile(KEY)
+    await finished()
     assert len(ex.members) == 1, "not tried again until a row changes"
+    pod = cache.gangs[KEY].pods["uid-1"]
+    cache.upsert_pod(PodEntry("uid-1", KEY, dataclasses.replace(pod, newest_step=300), JOB))
+    await r.reconcile(KEY)
+    await finished()
+    assert len(ex.members) == 2, "a row changed, the interval long over: tried at once"
 
 
 async def test_a_new_leaders_wait_for_reports_counts_from_when_its_channel_is_named() -> None:
