@@ -57,6 +57,7 @@ CPU_FLOOR = ROOT / "docs" / "bench" / "cpu-first-step-floor.json"  # bench/gpu's
 CPU_WARM = ROOT / "docs" / "bench" / "cpu-first-step-warm.json"  # the same with the warm ways
 GOAL_RATIO = 0.5  # issue 56: pre-started <= 50 % of torchrun --max-restarts and of upstream's
 SCALE = ROOT / "docs" / "bench" / "kwok-scale-2026-11-28" / "results.json"
+SCALE_10000 = ROOT / "docs" / "bench" / "leader-cost-2026-12-07" / "10000-cfe6afc" / "results.json"
 PATHS = ROOT / "docs" / "bench" / "kwok-paths-2026-11-28" / "results.json"
 DEATHS = ROOT / "docs" / "bench" / "kwok-node-deaths-2026-11-28-rerun" / "results.json"
 # five deaths of each kind, every path, the default process scope
@@ -180,10 +181,10 @@ def jsi_settings_text(doc: dict[str, Any]) -> str:
     return f" jobset-inplace's settings other than its defaults: {each}{pod}."
 
 
-def kwok_scale(doc: dict[str, Any]) -> str:
-    """The scale curve (jobset-inplace, protocol only) of one run."""
+def kwok_scale(doc: dict[str, Any], stored: Path = SCALE) -> str:
+    """The scale curve (jobset-inplace, protocol only) of one run (``stored``: its file)."""
     summ = report.summarize(doc)
-    return "\n".join([kwok_origin(doc, SCALE), *report.scale_curve(doc, summ)])
+    return "\n".join([kwok_origin(doc, stored), *report.scale_curve(doc, summ)])
 
 
 def kwok_paths(doc: dict[str, Any]) -> str:
@@ -1345,6 +1346,11 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
         (TORCH_WARM,),
     ),
     "kwok-scale": (ROOT / "docs" / "benchmarks.md", kwok_scale, (SCALE,)),
+    "kwok-scale-10000": (
+        ROOT / "docs" / "benchmarks.md",
+        lambda doc: kwok_scale(doc, SCALE_10000),
+        (SCALE_10000,),
+    ),
     "kwok-paths": (ROOT / "docs" / "benchmarks.md", kwok_paths, (PATHS,)),
     "kwok-deaths": (ROOT / "docs" / "benchmarks.md", kwok_deaths, (DEATHS,)),
     "kwok-defaults": (ROOT / "docs" / "benchmarks.md", kwok_defaults, (KWOK_DEFAULTS,)),
