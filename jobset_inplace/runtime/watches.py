@@ -123,11 +123,19 @@ class RawWatch(threading.Thread, Generic[T]):
         self.start()
 
     def _hand(self, call: Callable[..., None], *args: Any) -> None:
-        """Run ``call`` on the loop, or here when there is none."""
+        """Run ``call`` on the loop, or here when there is none. A closed loop means the
+        process is ending: nothing will take what this watch hears, so it stops (an event
+        after the loop closed was logged as a failed watch and retried, at every leader's
+        shutdown)."""
         if self.loop is None:
             call(*args)
-        else:
+            return
+        try:
             self.loop.call_soon_threadsafe(call, *args)
+        except RuntimeError:
+            if not self.loop.is_closed():
+                raise
+            self.halt.set()
 
     def run(self) -> None:
         retries = Retries(WATCH_RETRY)

@@ -176,3 +176,36 @@ def test_event_time_is_the_newest_change_the_object_records() -> None:
     }
     assert event_time(lease) == pytest.approx(1_795_255_209.75)  # the microseconds win
     assert event_time({"metadata": {}}) is None
+
+
+def test_an_event_after_the_loop_closed_stops_the_watch_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The process is ending (its event loop closed before the watch thread was told): the
+    next event has nobody to take it, so the watch stops instead of logging a failed watch
+    and retrying (seen at every leader's shutdown in the 10,000-pod runs)."""
+    call = Scripted(
+        lists=[Response({"metadata": {"resourceVersion": "1"}, "items": []})],
+        watches=[Response(lines=[{"type": "ADDED", "object": obj("a", "2")}])] * 3,
+    )
+    events: list[WatchEvent[str]] = []
+    w = RawWatch(
+        "things",
+        call,
+        decode=name,
+        replace=lambda _: None,
+        on_events=events.extend,
+        on_relist=lambda: None,
+        metrics=NO_METRICS,
+    )
+    call.watch = w
+    w.prime()
+    loop = asyncio.new_event_loop()
+    loop.close()
+    w.start_on(loop)
+    w.join(10)
+    assert not w.is_alive()
+    assert w.halt.is_set()
+    assert events == []
+    assert [c for c in call.calls if c.get("watch")] == [call.calls[1]], "no watch again"
+    assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.text
