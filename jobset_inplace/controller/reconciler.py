@@ -7,7 +7,7 @@ waits for nothing), later ones are coalesced (at most one pass per ``debounce``)
 events stream in a gang's passes are spaced by ``PASS_SPACING`` times the CPU time of its last
 planning; an urgent poke (the last report a barrier waits for) skips both, and a poke with a
 delay asks for a pass within it (a deadline the plan named; a report the barrier waited for,
-with more to come: :data:`.report_server.AWAITED_REPORT_PASS_S`). A pass that fails, for
+with more to come: within the counts' write interval, :mod:`.report_server`). A pass that fails, for
 whatever reason, is retried with exponential backoff.
 
 The GangMembers summary is written apart from the passes (:meth:`Reconciler.members_changed`):

@@ -43,6 +43,7 @@ from typing import Protocol
 from kubernetes import client
 
 from jobset_inplace import names
+from jobset_inplace.core.gangstate import progress_write_interval
 from jobset_inplace.core.model import ReportEndpoint
 from jobset_inplace.protocol.envelope import (
     EnvelopeError,
@@ -81,10 +82,12 @@ class Poke(Protocol):
 
 
 # A report the barrier waited for, with more still to come, changes only how many it waits
-# for: its gang is planned within this long (the status's count lags by at most that), not at
-# the debounce. The last one is planned at once. (At 2000 members, a recovery took 3.5-5
-# planning passes while its reports came in: docs/benchmarks.md, "The leader's cost per member".)
-AWAITED_REPORT_PASS_S = 1.0
+# for, which the status shows no sooner than every progress_write_interval (each count write is
+# an event for every agent): its gang is planned within that long, not at the debounce; the
+# last one is planned at once. (At 2000 members, a recovery took 3.5-5 planning passes while
+# its reports came in, at the debounce: docs/benchmarks.md, "The leader's cost per member"; at
+# 10,000, within 1 s, 3 passes whose middle one could write nothing: the same page's fifth
+# 10,000-pod run.)
 
 
 MAX_BODY = 16 * 1024  # a report is ~200 bytes
@@ -310,7 +313,8 @@ class ReportServer:
         _, holds = self.cache.heartbeat(key, uid, time.monotonic())
         news = self.cache.epoch_report(key, uid)
         if news is EpochReport.AWAITED and message.only_its_epoch():
-            self.poke(key, AWAITED_REPORT_PASS_S)  # only the barrier's count changed
+            members = len(self.cache.gangs[key].spec.members)  # (set_report found it)
+            self.poke(key, progress_write_interval(members))  # only the barrier's count changed
         else:
             self.poke(key, urgent=news is EpochReport.LAST)
         return uid, holds

@@ -22,6 +22,7 @@ from jobset_inplace.controller.report_server import (
     ReportServer,
     report_server_from_env,
 )
+from jobset_inplace.core.gangstate import progress_write_interval
 from jobset_inplace.runtime.report_http import Answer, Refused, Request
 from jobset_inplace.runtime.report_tokens import Identity, Rejected, TokenVerifier
 
@@ -212,3 +213,40 @@ async def test_a_replica_that_cannot_prove_it_leads_answers_no_report() -> None:
     answer = s.handle(request)
     assert not isinstance(answer, Answer)
     assert (await answer).status == 200
+
+
+class MemberTokens:
+    """A verifier whose token ``m<i>`` is member ``i``'s pod's (channel_attack's gang)."""
+
+    def remembered(self, token: str) -> Identity | None:
+        name, uid = channel_attack.member_pod(int(token[1:]))
+        return Identity(channel_attack.NAMESPACE, name, uid, 1e12)
+
+    async def identify(self, token: str) -> Identity:
+        who = self.remembered(token)
+        assert who is not None
+        return who
+
+
+def test_a_report_the_barrier_waited_for_asks_for_a_pass_within_the_counts_interval() -> None:
+    """Each report of the epoch but the last changes only the count the barrier waits for,
+    which the status shows no sooner than every progress_write_interval (10 s at 10,000
+    members): its gang is planned within that long, not sooner (a pass in between could write
+    nothing); the last report is planned at once."""
+    members = 2500
+    pokes: list[tuple[float | None, bool]] = []
+
+    def poke(key: GangKey, delay: float | None = None, *, urgent: bool = False) -> None:
+        pokes.append((delay, urgent))
+
+    cache = channel_attack._cache(members)
+    s = ReportServer(
+        cache, poke, cast(TokenVerifier, MemberTokens()), ("127.0.0.1", 0), "127.0.0.1"
+    )
+    for i in range(members):
+        answer = s.handle(Request(f"Bearer m{i}", channel_attack.report_body(i), True))
+        assert isinstance(answer, Answer)
+        assert answer.status == 200, answer.payload
+    assert progress_write_interval(members) == 2.5
+    assert pokes[:-1] == [(2.5, False)] * (members - 1)
+    assert pokes[-1] == (None, True), "the last report: at once"
