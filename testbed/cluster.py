@@ -113,14 +113,16 @@ KWOK_CONTROLLER_CONFIG = {
 }
 
 
-# What a kubelet does with a pod deleted while it runs (since Kubernetes 1.27, kubernetes#116324: it
-# stops the containers and writes a terminal phase before the pod goes): kwok's pod-delete Stage
-# only removes a pod with no finalizer left, and the Job controller keeps its tracking finalizer on
-# a pod that never turns terminal when its Job has a podFailurePolicy, so a pod deleted by anyone
-# but the bench (the taint-eviction controller, a drain, a user) stayed Terminating while Running
-# for good (2026-12-07, the 10,000-pod run). This Stage marks such a pod Failed, its containers
-# ended by the deletion's SIGTERM (143), as the kubelet would; the Job controller then counts it and
-# drops the finalizer, and pod-delete removes it. A pod without finalizers is pod-delete's alone.
+# What a kubelet does with a pod deleted while it runs, if the pod is not to be restarted (since
+# Kubernetes 1.27, kubernetes#115331: it stops the containers and writes a terminal phase before the
+# pod goes): kwok's pod-delete Stage only removes a pod with no finalizer left, and the Job
+# controller keeps its tracking finalizer on a pod that never turns terminal when its Job has a
+# podFailurePolicy, so a pod deleted by anyone but the bench (the taint-eviction controller, a
+# drain, a user) stayed Terminating while Running for good (2026-12-07, the 10,000-pod run). This
+# Stage marks such a pod Failed, its containers ended by the deletion's SIGTERM (143), as the
+# kubelet would; the Job controller then counts it and drops the finalizer, and pod-delete removes
+# it. A pod without finalizers is pod-delete's alone. (It marks every such pod whatever its
+# restartPolicy: the Job pods here, and any with a podFailurePolicy, restart Never.)
 KWOK_POD_TERMINATE_ON_DELETE = {
     "apiVersion": "kwok.x-k8s.io/v1alpha1",
     "kind": "Stage",
