@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from testbed import workloads
 from testbed.cluster import LocalCluster
@@ -63,6 +64,54 @@ def test_jobset_with_two_replicated_jobs_runs_on_kwok_nodes(
     assert by_rjob == {"leaders": 4, "workers": 4}
     # JobSet's pod webhook injected its annotations too: the webhook path is live.
     assert all("jobset.sigs.k8s.io/jobset-name" in (p.metadata.annotations or {}) for p in pods)
+
+
+def test_a_pod_deleted_while_running_ends_failed_and_its_job_replaces_it(
+    kube: Clients, namespace: str
+) -> None:
+    """A running pod deleted by someone else (here the test; in the 10,000-pod bench the
+    taint-eviction controller) goes as a kubelet's does since Kubernetes 1.27: Failed first,
+    then gone. Its Job has a podFailurePolicy, so the Job controller keeps its tracking
+    finalizer until the pod is terminal: the pod is counted failed and replaced (on the local
+    cluster kwok plays the kubelet: testbed/cluster.py, KWOK_POD_TERMINATE_ON_DELETE)."""
+    pod_spec = workloads.jobset("x", [("w", 1, 1)])["spec"]["replicatedJobs"][0]["template"]
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "deleted-pod"},
+        "spec": pod_spec["spec"]
+        | {
+            "backoffLimit": 2,
+            "podFailurePolicy": {
+                "rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}}]
+            },
+        },
+    }
+    batch = client.BatchV1Api(kube.api)
+    batch.create_namespaced_job(namespace, job)
+    selector = "job-name=deleted-pod"
+
+    def running() -> list[Any]:
+        return [p for p in _pods(kube, namespace, selector) if p.status.phase == "Running"]
+
+    [first] = wait_for("the Job's pod Running", running, timeout=60)
+    kube.core.delete_namespaced_pod(first.metadata.name, namespace)
+
+    def replaced() -> list[Any]:
+        pods = _pods(kube, namespace, selector)
+        gone = all(p.metadata.uid != first.metadata.uid for p in pods)
+        return [p for p in pods if p.status.phase == "Running"] if gone else []
+
+    wait_for("the deleted pod gone and another Running", replaced, timeout=90)
+
+    def counted() -> Any:
+        # the Job controller counts a pod whose finalizer it removed in a later status write:
+        # the replacement may be running before it
+        status = batch.read_namespaced_job_status("deleted-pod", namespace).status
+        return status if status.failed else None
+
+    status = wait_for("the deleted pod counted as a failure", counted, timeout=30)
+    assert status.failed == 1, f"one failure: {status}"
 
 
 def test_kueue_holds_jobset_until_queue_exists(kube: Clients, namespace: str) -> None:

@@ -113,10 +113,65 @@ KWOK_CONTROLLER_CONFIG = {
 }
 
 
+# What a kubelet does with a pod deleted while it runs, if the pod is not to be restarted (since
+# Kubernetes 1.27, kubernetes#115331: it stops the containers and writes a terminal phase before the
+# pod goes): kwok's pod-delete Stage only removes a pod with no finalizer left, and the Job
+# controller keeps its tracking finalizer on a pod that never turns terminal when its Job has a
+# podFailurePolicy, so a pod deleted by anyone but the bench (the taint-eviction controller, a
+# drain, a user) stayed Terminating while Running for good (2026-12-07, the 10,000-pod run). This
+# Stage marks such a pod Failed, its containers ended by the deletion's SIGTERM (143), as the
+# kubelet would; the Job controller then counts it and drops the finalizer, and pod-delete removes
+# it. A pod without finalizers is pod-delete's alone. (It marks every such pod whatever its
+# restartPolicy: the Job pods here, and any with a podFailurePolicy, restart Never.)
+KWOK_POD_TERMINATE_ON_DELETE = {
+    "apiVersion": "kwok.x-k8s.io/v1alpha1",
+    "kind": "Stage",
+    "metadata": {"name": "pod-terminate-on-delete"},
+    "spec": {
+        "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
+        "selector": {
+            "matchExpressions": [
+                {"key": ".metadata.deletionTimestamp", "operator": "Exists"},
+                {"key": ".metadata.finalizers", "operator": "Exists"},
+                {"key": ".status.phase", "operator": "In", "values": ["Pending", "Running"]},
+            ]
+        },
+        "next": {
+            "statusTemplate": """{{ $now := Now }}
+containerStatuses:
+{{ range $index, $item := .spec.containers }}
+- image: {{ $item.image | Quote }}
+  name: {{ $item.name | Quote }}
+  ready: false
+  restartCount: 0
+  started: false
+  state:
+    terminated:
+      exitCode: 143
+      finishedAt: {{ $now | Quote }}
+      reason: Error
+      startedAt: {{ $now | Quote }}
+{{ end }}
+phase: Failed
+"""
+        },
+    },
+}
+
+
 def kwok_stages() -> list[dict[str, object]]:
-    """The Stages above, read from the pinned kwok module source."""
+    """The Stages above, read from the pinned kwok module source, and the testbed's own."""
     src = module_source("sigs.k8s.io/kwok", versions().kwok)
-    return [yaml.safe_load((src / f).read_text()) for f in KWOK_STAGE_FILES]
+    upstream = [yaml.safe_load((src / f).read_text()) for f in KWOK_STAGE_FILES]
+    for stage in upstream:
+        # kwok v0.8.0's pod-delete takes every pod being deleted, finalizers or not, and where
+        # two Stages match kwok picks one at random (pkg/utils/lifecycle, Lifecycle.Match): a
+        # pod with finalizers is pod-terminate-on-delete's alone (newer kwok's pod-delete
+        # selects only pods without finalizers too)
+        if stage["metadata"]["name"] == "pod-delete":
+            exprs = stage["spec"]["selector"]["matchExpressions"]
+            exprs.append({"key": ".metadata.finalizers", "operator": "DoesNotExist"})
+    return [*upstream, KWOK_POD_TERMINATE_ON_DELETE]
 
 
 @dataclass
