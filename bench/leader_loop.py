@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import json
 import os
@@ -64,10 +65,11 @@ from bench.channel_attacks import BenchCluster, BenchKeysVerifier
 from bench.stats import ratio_of_medians
 from jobset_inplace import names
 from jobset_inplace.controller import operator  # noqa: F401 (the controller's imports: its heap)
+from jobset_inplace.controller.cache import ClusterCache
 from jobset_inplace.controller.reconciler import Reconciler
 from jobset_inplace.controller.report_server import MAX_BODY, ReportServer
 from jobset_inplace.core.gangstate import status_to_dict
-from jobset_inplace.core.model import GangStatus
+from jobset_inplace.core.model import GangStatus, NodeView
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.core.statemachine import Phase
 from jobset_inplace.protocol.envelope import Sender, encode_request
@@ -84,6 +86,26 @@ def _address(i: int) -> str:
     """Member ``i``'s pod address (a loopback address of its own: the server's limits are per
     address, and it knows its members' addresses)."""
     return f"127.1.{i // 250}.{i % 250 + 1}"
+
+
+def _on_nodes(cache: ClusterCache) -> None:
+    """Each member's pod on a Ready node of its own, its Lease renewed now, as on a cluster:
+    every pass then looks at every member's node (the gang's pods have none otherwise)."""
+    gang = cache.gangs[NAMESPACE, GANG]
+    for uid, view in gang.on_pod.items():
+        node = f"node-{uid}"
+        cache.upsert_node(NodeView(node, ready="True"))
+        gang.on_pod[uid] = dataclasses.replace(view, node=node)
+    gang.merged_for = None  # every member's view made again, with its node
+    renew_leases(cache)
+
+
+def renew_leases(cache: ClusterCache) -> None:
+    """Every node's Lease renewed now, as kubelets renew theirs every 10 s (an older one
+    makes its node unhealthy after the policy's node-unhealthy-after)."""
+    now = time.time()
+    for name in cache.nodes:
+        cache.set_lease(name, now)
 
 
 def _collecting(phase: str, _info: dict[str, Any]) -> None:
@@ -342,6 +364,8 @@ def leader(args: argparse.Namespace) -> list[dict[str, float]]:
     n, cluster = args.members, BenchCluster()
     tokens = [cluster.token(*member_pod(i)) for i in range(n)]
     cache = gang_cache(n, {i: _address(i) for i in range(n)})
+    if args.nodes:
+        _on_nodes(cache)
     gang = cache.gangs[NAMESPACE, GANG]
     gang.policy = Policy(inplace_budget=1 << 30)  # recovered in place as often as asked
     results: list[dict[str, float]] = []
@@ -390,6 +414,8 @@ def leader(args: argparse.Namespace) -> list[dict[str, float]]:
             epoch, exiting = gang.status.epoch, (rep * 37 + 1) % n  # another member each time
             if handed is not None:
                 handed.prepare(epoch, exiting)
+            if args.nodes:
+                renew_leases(cache)  # the kubelets' renewals, outside the measured recovery
             await asyncio.sleep(0.5)
             GC_CPU[0], passes = 0.0, r.passes
             cpu, wall = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
@@ -427,6 +453,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.leader_loop", description=__doc__)
     p.add_argument("--members", type=int, default=2000)
     p.add_argument("--recoveries", type=int, default=10, help="per run")
+    p.add_argument(
+        "--nodes",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="each member on a node of its own with its Lease, as on a cluster (the planner "
+        "looks at each member's node in every pass); --no-nodes: pods with no node, as this "
+        "bench had before 2026-12-07",
+    )
     p.add_argument("--runs", type=int, default=1, help="of each version, alternated")
     p.add_argument("--leader-core", type=int, default=1, help="the agents get the other core")
     p.add_argument("--compare", type=Path, help="a checkout of another version: run it too")
@@ -475,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
                 root,
                 *("--leader", "--members", str(args.members), "--recoveries"),
                 *(str(args.recoveries), "--leader-core", str(args.leader_core)),
+                "--nodes" if args.nodes else "--no-nodes",
                 *(["--floor-run"] if version == "floor" else []),
                 *(
                     ["--in-process-run", "--batch", str(args.batch)]

@@ -277,7 +277,12 @@ class ClusterCache:
         return bool(owner) and owner == gang.uid
 
     def members(self, gang: Gang) -> dict[str, PodView]:
-        return {u: v for u, v in gang.pods.items() if self.is_member(gang, u)}
+        """``gang``'s pods that are its members (:meth:`is_member`, its owner's UID read once:
+        this runs over every pod in every planning pass)."""
+        owner, jobs, pod_jobs = gang.uid, self.jobs, self.pod_jobs
+        if not owner:
+            return {}
+        return {u: v for u, v in gang.pods.items() if jobs.get(pod_jobs.get(u, "")) == owner}
 
     def rows_stamp(self, gang: Gang) -> tuple[int, int]:
         """Equal at two moments only if no member of ``gang`` can have changed between them

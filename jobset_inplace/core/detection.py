@@ -71,9 +71,11 @@ def unhealthy_since(
         since.append(node.ready_since)
     if lease_stale(node, now, observed_since):
         since.append(lease_signal(node, observed_since))
-    taints = BUILTIN_UNHEALTHY_TAINTS | policy.unhealthy_taints
-    since += [added for key, added in node.taints if key in taints]
-    since += [t for ctype, t in node.conditions if ctype in policy.unhealthy_conditions]
+    if node.taints:  # (most nodes have none: this runs for every member in every pass)
+        taints = BUILTIN_UNHEALTHY_TAINTS | policy.unhealthy_taints
+        since += [added for key, added in node.taints if key in taints]
+    if node.conditions:
+        since += [t for ctype, t in node.conditions if ctype in policy.unhealthy_conditions]
     return min(since) if since else None
 
 

@@ -5,11 +5,13 @@ as the other version too."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
-from bench import leader_loop
+from bench import channel_attack, leader_loop
+from bench.channel_attack import GANG, NAMESPACE
 
 
 def test_recoveries_are_measured_and_two_versions_compared(
@@ -74,3 +76,20 @@ def test_the_leader_runs_with_its_reports_handed_to_it_without_a_transport(
 def test_a_batch_of_no_request_is_refused() -> None:
     with pytest.raises(SystemExit):
         leader_loop.main(["--members", "8", "--in-process", "--batch", "0"])
+
+
+def test_each_member_sits_on_a_node_of_its_own_with_a_fresh_lease() -> None:
+    """As on a cluster, so that a pass looks at every member's node (``--nodes``, the
+    default): the planner sees one healthy node per member."""
+    cache = channel_attack._cache(6)
+    leader_loop._on_nodes(cache)
+    gang = cache.gangs[NAMESPACE, GANG]
+    now = time.time()
+    snap = cache.snapshot(gang, now)
+    assert snap is not None
+    assert sorted(snap.nodes) == sorted(pod.node or "" for pod in snap.pods)
+    assert len(snap.nodes) == 6
+    for node in snap.nodes.values():
+        assert node.ready == "True"
+        assert node.lease_renewed is not None
+        assert now - node.lease_renewed < 5

@@ -117,12 +117,16 @@ class _Planning(Running, Recovering, CauseFilters):
         Force-deleted as a member's pod there would be; never with force-delete off, nor while
         the cluster looks disrupted."""
         s = self.s
-        if s.policy.force_delete != ForceDelete.UNREACHABLE or self.disrupted is not None:
+        if s.policy.force_delete != ForceDelete.UNREACHABLE:
             return
-        current = {pod.uid for pod in self.current.values()}
-        for pod in s.pods:
-            if not pod.deleting or pod.uid in current:
-                continue
+        deleting = [pod for pod in s.pods if pod.deleting]
+        current = {pod.uid for pod in self.current.values()} if deleting else set()
+        stuck = [pod for pod in deleting if pod.uid not in current]
+        # the disruption, O(cluster nodes), only where a pod is at stake (at 10,000 nodes it
+        # was a fifth of every pass's planning)
+        if not stuck or self.disrupted is not None:
+            return
+        for pod in stuck:
             node = s.nodes.get(pod.node or "")
             if node_state(node, s.policy, s.now, s.leases_observed_since)[0]:
                 self.p.actions.append(
