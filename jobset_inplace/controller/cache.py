@@ -157,6 +157,7 @@ class Gang:
     announced_epoch: int = 0
     kueue_stand_down: str = ""  # from the JobSet's Kueue Workload (decode.kueue_stand_down)
     kueue_managed: bool = False  # Kueue made a Workload for it
+    kueue_spec: GangSpec | None = None  # its spec with Kueue's part, as last planned
     # keys of once-only Events posted (insertion-ordered; the oldest go beyond POSTED_MAX)
     posted: dict[str, None] = field(default_factory=dict)
     status_written_at: float = 0.0  # wall time of this process's last status write
@@ -720,6 +721,9 @@ class ClusterCache:
             spec = dataclasses.replace(
                 spec, kueue_stand_down=gang.kueue_stand_down, kueue_recovery_timeout_s=rt
             )
+            if spec == gang.kueue_spec:  # the same as last pass's: its members' order kept
+                spec = gang.kueue_spec
+            gang.kueue_spec = spec
         members = tuple(self.members(gang).values())
         return Snapshot(
             now=now,

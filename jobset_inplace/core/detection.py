@@ -195,7 +195,7 @@ def member_causes(
     running = s.status.phase == Phase.RUNNING and s.status.barrier_open
     opened = (s.status.recovery.opened if s.status.recovery else None) or s.now
     beats = heartbeats(s)
-    for member in sorted(s.gang.members):
+    for member in s.gang.ordered:
         pod = current.get(member)
         if pod is not None and (pod.escalated or pod.by_kueue or pod.phase == "Succeeded"):
             continue  # ours, Kueue's own action (its replacement follows), or done

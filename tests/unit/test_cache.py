@@ -572,3 +572,26 @@ def test_a_node_that_opens_plans_the_gangs_with_spares_only() -> None:
     assert poked == [], "closed, and no gang's pod on it"
     node_events(cast("Reconciler", r), [("MODIFIED", dataclasses.replace(base, opened_at=NOW + 5))])
     assert poked == [("ns", "spared")]
+
+
+def test_a_gangs_members_are_sorted_once_per_spec_not_per_pass() -> None:
+    """The members' order is the spec's, made once (every pass walks it); a Kueue-managed
+    gang's spec (its Kueue part added in each snapshot) stays the same object while nothing
+    in it changed, so its order is not made again either."""
+    c = cache_with_gang()
+    gang = c.gangs["ns", "train"]
+    gang.status = GangStatus()
+    first = c.snapshot(gang, time.time())
+    assert first is not None
+    assert first.gang.ordered == tuple(sorted(first.gang.members))
+    assert first.gang.ordered is gang.spec.ordered
+    gang.kueue_managed = True
+    kueue = [c.snapshot(gang, time.time()) for _ in range(2)]
+    assert kueue[0] is not None
+    assert kueue[1] is not None
+    assert kueue[0].gang.kueue_recovery_timeout_s is not None
+    assert kueue[1].gang is kueue[0].gang
+    gang.kueue_stand_down = "Kueue evicted the Workload (Preempted)"
+    evicted = c.snapshot(gang, time.time())
+    assert evicted is not None
+    assert evicted.gang.kueue_stand_down == gang.kueue_stand_down, "a change is seen at once"

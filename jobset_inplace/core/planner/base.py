@@ -101,7 +101,7 @@ class PlanningPass:
             # nobody has reported the new epoch yet: the old one's counts are not written
             # with it (they would stand until the counts' next write)
             st.reported = st.on_pod = 0
-            st.waiting = sorted(self.s.gang.members)[:WAITING_SHOWN]
+            st.waiting = list(self.s.gang.ordered[:WAITING_SHOWN])
             st.recovery = Recovery(
                 epoch=st.epoch,
                 started=self.s.now,

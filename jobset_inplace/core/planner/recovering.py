@@ -30,7 +30,7 @@ class Recovering(Barrier, HotSpares):
             return
         # a slot given to a spare now is on the spare's pod: its cause was its old pod's
         on_spare, held = self.swap_spares(rec)
-        members = sorted(s.gang.members)
+        members = s.gang.ordered
         joined = [
             pod
             for m in members
