@@ -35,7 +35,12 @@ of them per event-loop turn, each answer encoded as the server would send it. Wh
 per member is the leader's own work (the token's memo, the envelope, the decode, the cache, the
 answer's encoding, the planning passes): what a leader that is handed its reports already
 taken off the wire (by another process, a front, a relay) would still spend, and so the floor
-of any such design in this interpreter."""
+of any such design in this interpreter. ``--no-transport`` runs this version and
+``--compare``'s both that way: their own work per member, compared.
+
+Each member's pod is on a node of its own whose Lease is renewed before each recovery, as on
+a cluster (every pass looks at every member's node); ``--no-nodes`` leaves the pods without
+nodes, as this bench did before 2026-12-07 (its figures of before are of that)."""
 
 from __future__ import annotations
 
@@ -465,6 +470,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--leader-core", type=int, default=1, help="the agents get the other core")
     p.add_argument("--compare", type=Path, help="a checkout of another version: run it too")
     p.add_argument(
+        "--no-transport",
+        action="store_true",
+        help="this version and --compare's both with their reports handed to them as "
+        "--in-process does (no agents' process, no TLS): their own work alone, compared",
+    )
+    p.add_argument(
         "--floor",
         action="store_true",
         help="run the channel's floor too: its HTTP server answering a constant 200, nothing "
@@ -489,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--members: 4..60000 (a loopback address each)")
     if args.batch < 1:
         p.error(f"--batch: a count of requests >= 1, got {args.batch}")
+    if args.no_transport and (args.floor or args.in_process):
+        p.error("--no-transport: every version runs without a transport already")
     if args.agents is not None:
         agents(args.agents, args.members, args.leader_core)
         return 0
@@ -513,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
                 *(["--floor-run"] if version == "floor" else []),
                 *(
                     ["--in-process-run", "--batch", str(args.batch)]
-                    if version == "in-process"
+                    if version == "in-process" or (args.no_transport and version != "floor")
                     else []
                 ),
             )

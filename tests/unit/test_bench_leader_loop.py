@@ -73,6 +73,23 @@ def test_the_leader_runs_with_its_reports_handed_to_it_without_a_transport(
     assert "this / in-process: " in capsys.readouterr().out
 
 
+def test_two_versions_are_compared_without_a_transport(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    here = Path(leader_loop.__file__).resolve().parent.parent
+    out = tmp_path / "no-transport.json"
+    argv = ["--members", "8", "--recoveries", "2", "--compare", str(here), "--no-transport"]
+    assert leader_loop.main([*argv, "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["runs"]) == {"this", "compare"}
+    for version in ("this", "compare"):
+        for r in doc["runs"][version]:
+            assert r["passes"] >= 1, "planned, its barrier opened (else the run exits)"
+    assert "this / compare: " in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        leader_loop.main([*argv, "--floor"])
+
+
 def test_a_batch_of_no_request_is_refused() -> None:
     with pytest.raises(SystemExit):
         leader_loop.main(["--members", "8", "--in-process", "--batch", "0"])
