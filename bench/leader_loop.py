@@ -71,6 +71,7 @@ from bench.stats import ratio_of_medians
 from jobset_inplace import names
 from jobset_inplace.controller import operator  # noqa: F401 (the controller's imports: its heap)
 from jobset_inplace.controller.cache import ClusterCache
+from jobset_inplace.controller.metrics import METRICS
 from jobset_inplace.controller.reconciler import Reconciler
 from jobset_inplace.controller.report_server import MAX_BODY, ReportServer
 from jobset_inplace.core.gangstate import status_to_dict
@@ -297,6 +298,16 @@ def floor(args: argparse.Namespace) -> list[dict[str, float]]:
     return results
 
 
+def _planning_cpu() -> float:
+    """The CPU the reconciler's passes spent in ``plan()`` so far in this process (the sum of
+    its ``jobset_inplace_planning_cpu_seconds``)."""
+    for metric in METRICS.planning.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_sum"):
+                return float(sample.value)
+    return 0.0
+
+
 def _figures(cpu: Any, n: int, passes: int, wall: float) -> dict[str, float]:
     """One recovery's figures: this process's CPU since ``cpu`` (a getrusage)."""
     after = resource.getrusage(resource.RUSAGE_SELF)
@@ -422,16 +433,18 @@ def leader(args: argparse.Namespace) -> list[dict[str, float]]:
             if args.nodes:
                 renew_leases(cache)  # the kubelets' renewals, outside the measured recovery
             await asyncio.sleep(0.5)
-            GC_CPU[0], passes = 0.0, r.passes
+            GC_CPU[0], passes, planned = 0.0, r.passes, _planning_cpu()
             cpu, wall = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
             await send(epoch, f"exit:{exiting}")
             await until(partial(at_epoch, epoch + 1, opened=False), "recovery")
             await send(epoch + 1, "all")
             await until(partial(at_epoch, epoch + 1, opened=True), "barrier")
             results.append(_figures(cpu, n, r.passes - passes, wall))
+            results[-1]["planning_cpu_s"] = _planning_cpu() - planned
             print(
                 f"  recovery {rep + 1}: {results[-1]['us_per_member']:.0f} us per member, "
-                f"gc {GC_CPU[0] * 1000:.0f} ms, {r.passes - passes} passes",
+                f"gc {GC_CPU[0] * 1000:.0f} ms, {r.passes - passes} passes, planning "
+                f"{results[-1]['planning_cpu_s'] * 1000:.0f} ms",
                 file=sys.stderr,
             )
         gc.callbacks.remove(_collecting)
@@ -539,11 +552,14 @@ def main(argv: list[str] | None = None) -> int:
         # (runs stored before user and system were split have neither)
         system = [r["system_s"] / r["cpu_s"] for r in recs if "system_s" in r and r["cpu_s"]]
         split = f", {statistics.median(system):.0%} of it system" if system else ""
+        # (runs stored before it was recorded have no planning CPU)
+        plan_ms = [r["planning_cpu_s"] * 1000 for r in recs if "planning_cpu_s" in r]
+        planning = f" ({statistics.median(plan_ms):.0f} ms of them in plan())" if plan_ms else ""
         lines.append(
             f"{version}: {statistics.median(per):.0f} us per member per recovery (median of "
             f"{len(per)}; {min(per):.0f}-{max(per):.0f}){split}, gc "
             f"{statistics.median(gc_ms):.0f} ms per recovery, "
-            f"{statistics.median(r['passes'] for r in recs):g} passes"
+            f"{statistics.median(r['passes'] for r in recs):g} passes{planning}"
         )
     for other in ("compare", "floor", "in-process"):
         if other not in runs:
@@ -555,6 +571,15 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(
             f"this / {other}: {r.ratio:.2f}x (95 % {r.low:.2f}-{r.high:.2f}, n = {r.n_a}, {r.n_b})"
         )
+        mine, theirs = (
+            [x["planning_cpu_s"] for x in runs[v] if "planning_cpu_s" in x] for v in ("this", other)
+        )
+        if mine and theirs and all(v > 0 for v in theirs):  # (the floor plans nothing)
+            q = ratio_of_medians(mine, theirs)
+            lines.append(
+                f"this / {other}, plan() alone: {q.ratio:.2f}x (95 % {q.low:.2f}-{q.high:.2f}, "
+                f"n = {q.n_a}, {q.n_b})"
+            )
     print("\n".join(lines))
     if args.out:
         doc = origin

@@ -58,6 +58,7 @@ CPU_WARM = ROOT / "docs" / "bench" / "cpu-first-step-warm.json"  # the same with
 GOAL_RATIO = 0.5  # issue 56: pre-started <= 50 % of torchrun --max-restarts and of upstream's
 SCALE = ROOT / "docs" / "bench" / "kwok-scale-2026-11-28" / "results.json"
 SCALE_10000 = ROOT / "docs" / "bench" / "leader-cost-2026-12-07" / "10000-cfe6afc" / "results.json"
+SCALE_10000_2 = ROOT / "docs" / "bench" / "leader-cost-2026-12-07b" / "10000-91a6161" / "results.json"
 PATHS = ROOT / "docs" / "bench" / "kwok-paths-2026-11-28" / "results.json"
 DEATHS = ROOT / "docs" / "bench" / "kwok-node-deaths-2026-11-28-rerun" / "results.json"
 # five deaths of each kind, every path, the default process scope
@@ -1350,6 +1351,11 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
         ROOT / "docs" / "benchmarks.md",
         lambda doc: kwok_scale(doc, SCALE_10000),
         (SCALE_10000,),
+    ),
+    "kwok-scale-10000-sixth": (
+        ROOT / "docs" / "benchmarks.md",
+        lambda doc: kwok_scale(doc, SCALE_10000_2),
+        (SCALE_10000_2,),
     ),
     "kwok-paths": (ROOT / "docs" / "benchmarks.md", kwok_paths, (PATHS,)),
     "kwok-deaths": (ROOT / "docs" / "benchmarks.md", kwok_deaths, (DEATHS,)),

@@ -31,8 +31,10 @@ def test_recoveries_are_measured_and_two_versions_compared(
             assert r["cpu_s"] > 0
             assert r["passes"] >= 1, "the recovery was planned (its barrier opened: else exit)"
             assert 0 <= r["gc_cpu_s"] <= r["cpu_s"]
+            assert 0 < r["planning_cpu_s"] < r["cpu_s"], "plan()'s share, from its metric"
     printed = capsys.readouterr().out
     assert "this / compare: " in printed
+    assert "this / compare, plan() alone: " in printed
 
 
 def test_a_gang_too_small_or_too_large_is_refused() -> None:
