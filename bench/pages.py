@@ -58,7 +58,8 @@ CPU_WARM = ROOT / "docs" / "bench" / "cpu-first-step-warm.json"  # the same with
 GOAL_RATIO = 0.5  # issue 56: pre-started <= 50 % of torchrun --max-restarts and of upstream's
 SCALE = ROOT / "docs" / "bench" / "kwok-scale-2026-11-28" / "results.json"
 SCALE_10000 = ROOT / "docs" / "bench" / "leader-cost-2026-12-07" / "10000-cfe6afc" / "results.json"
-SCALE_10000_2 = ROOT / "docs" / "bench" / "leader-cost-2026-12-07b" / "10000-91a6161" / "results.json"
+SCALE_10000_2 = ROOT / "docs" / "bench" / "leader-cost-2026-12-07b" / "10000-91a6161"
+SCALE_10000_2 /= "results.json"  # the sixth 10,000-pod run
 PATHS = ROOT / "docs" / "bench" / "kwok-paths-2026-11-28" / "results.json"
 DEATHS = ROOT / "docs" / "bench" / "kwok-node-deaths-2026-11-28-rerun" / "results.json"
 # five deaths of each kind, every path, the default process scope
