@@ -209,8 +209,8 @@ class GangSpec:
     @functools.cached_property
     def ordered(self) -> tuple[str, ...]:
         """``members`` in order: sorted once per spec (the cache keeps a gang's spec from one
-        JobSet event to the next), not in every planning pass (at 10,000 members a sort was
-        ~3 ms, made up to three times a pass)."""
+        JobSet event to the next), not in every planning pass (at 10,000 members a sort takes
+        ~1.2 ms on the bench machine, and a pass made up to three)."""
         return tuple(sorted(self.members))
 
 

@@ -123,7 +123,7 @@ class _Planning(Running, Recovering, CauseFilters):
         current = {pod.uid for pod in self.current.values()} if deleting else set()
         stuck = [pod for pod in deleting if pod.uid not in current]
         # the disruption, O(cluster nodes), only where a pod is at stake (at 10,000 nodes it
-        # was a fifth of every pass's planning)
+        # was about a fifth of a pass in a profile)
         if not stuck or self.disrupted is not None:
             return
         for pod in stuck:
