@@ -60,6 +60,8 @@ SCALE = ROOT / "docs" / "bench" / "kwok-scale-2026-11-28" / "results.json"
 SCALE_10000 = ROOT / "docs" / "bench" / "leader-cost-2026-12-07" / "10000-cfe6afc" / "results.json"
 SCALE_10000_2 = ROOT / "docs" / "bench" / "leader-cost-2026-12-07b" / "10000-91a6161"
 SCALE_10000_2 /= "results.json"  # the sixth 10,000-pod run
+CURVE_OWN_CORE = ROOT / "docs" / "bench" / "leader-cost-2026-12-07b" / "curve-bd22f95"
+CURVE_OWN_CORE /= "results.json"  # 500-2000 pods, the leader on a core of its own
 PATHS = ROOT / "docs" / "bench" / "kwok-paths-2026-11-28" / "results.json"
 DEATHS = ROOT / "docs" / "bench" / "kwok-node-deaths-2026-11-28-rerun" / "results.json"
 # five deaths of each kind, every path, the default process scope
@@ -1352,6 +1354,11 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
         ROOT / "docs" / "benchmarks.md",
         lambda doc: kwok_scale(doc, SCALE_10000),
         (SCALE_10000,),
+    ),
+    "kwok-scale-own-core": (
+        ROOT / "docs" / "benchmarks.md",
+        lambda doc: kwok_scale(doc, CURVE_OWN_CORE),
+        (CURVE_OWN_CORE,),
     ),
     "kwok-scale-10000-sixth": (
         ROOT / "docs" / "benchmarks.md",
