@@ -62,6 +62,8 @@ SCALE_10000_2 = ROOT / "docs" / "bench" / "leader-cost-2026-12-07b" / "10000-91a
 SCALE_10000_2 /= "results.json"  # the sixth 10,000-pod run
 CURVE_OWN_CORE = ROOT / "docs" / "bench" / "leader-cost-2026-12-07b" / "curve-bd22f95"
 CURVE_OWN_CORE /= "results.json"  # 500-2000 pods, the leader on a core of its own
+CURVE_OWN_CORE_5000 = ROOT / "docs" / "bench" / "leader-cost-2026-12-07b" / "curve-5000-3fb1647"
+CURVE_OWN_CORE_5000 /= "results.json"  # 5000 pods, the same way
 PATHS = ROOT / "docs" / "bench" / "kwok-paths-2026-11-28" / "results.json"
 DEATHS = ROOT / "docs" / "bench" / "kwok-node-deaths-2026-11-28-rerun" / "results.json"
 # five deaths of each kind, every path, the default process scope
@@ -1359,6 +1361,11 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
         ROOT / "docs" / "benchmarks.md",
         lambda doc: kwok_scale(doc, CURVE_OWN_CORE),
         (CURVE_OWN_CORE,),
+    ),
+    "kwok-scale-own-core-5000": (
+        ROOT / "docs" / "benchmarks.md",
+        lambda doc: kwok_scale(doc, CURVE_OWN_CORE_5000),
+        (CURVE_OWN_CORE_5000,),
     ),
     "kwok-scale-10000-sixth": (
         ROOT / "docs" / "benchmarks.md",
