@@ -412,17 +412,24 @@ class ClusterCache:
         gang = self.gangs.get(key)
         if gang is None or uid not in gang.pods or not self.is_member(gang, uid):
             return f"is not a known member of gang {key[1]}", None
+        return None, self._heard(gang, uid, at)
+
+    def _heard(self, gang: Gang, uid: str, at: float) -> str | None:
+        """:meth:`heartbeat` of a known member pod: the slot it holds, or None."""
         view, status = gang.on_pod.get(uid), gang.status
         holds = None
         if view is not None and status is not None:
-            slot = moved_positions(status.slots).get(view.member, view.member)
+            slot: str | None = view.member
+            if status.slots:  # (hot spares: none has moved without them)
+                slot = moved_positions(status.slots).get(slot, slot)
             holds = slot if slot in gang.spec.members else None
             rec = status.recovery
             if rec is not None and uid in rec.recreated.values():
-                return None, None  # revoked: not heard from now on
-        if spares_job(gang.pods[uid].member, gang.spec.spares):  # the others send no heartbeats
+                return None  # revoked: not heard from now on
+        spares = gang.spec.spares
+        if spares and spares_job(gang.pods[uid].member, spares):  # the others send no heartbeats
             gang.heard[uid] = at - self.stalled  # on the clock that stops while the leader stalls
-        return None, holds
+        return holds
 
     def presume_heard(self, gang: Gang, named_at: float, mono: float) -> None:
         """This leader's channel was first named in ``gang``'s status at wall time
@@ -475,12 +482,33 @@ class ClusterCache:
         (:func:`~jobset_inplace.protocol.report.newer_report`: it would hide every later
         report)."""
         gang = self.gangs.get(key)
-        view = gang.pods.get(uid) if gang is not None else None
-        if gang is None or view is None or not self.is_member(gang, uid):
+        if gang is None:
             return f"is not a known member of gang {key[1]}"
+        return self._kept(gang, uid, report)
+
+    def take_report(
+        self, key: GangKey, uid: str, report: AgentReport, at: float
+    ) -> tuple[str | None, str | None, EpochReport]:
+        """One report over the channel, whole: :meth:`set_report`, then (kept) the agent
+        heard (:meth:`heartbeat`: the slot its pod holds) and what the report is to the epoch
+        (:meth:`epoch_report`), with the gang looked up and the pod's membership checked once:
+        (None, or why it is not kept; the slot held; the news)."""
+        gang = self.gangs.get(key)
+        if gang is None:
+            return f"is not a known member of gang {key[1]}", None, EpochReport.OTHER
+        refused = self._kept(gang, uid, report)
+        if refused is not None:
+            return refused, None, EpochReport.OTHER
+        return None, self._heard(gang, uid, at), self._news(gang, uid)
+
+    def _kept(self, gang: Gang, uid: str, report: AgentReport) -> str | None:
+        """:meth:`set_report` in ``gang``."""
+        view = gang.pods.get(uid)
+        if view is None or not self.is_member(gang, uid):
+            return f"is not a known member of gang {gang.key[1]}"
         epoch = gang.epoch
         if epoch is None:
-            return f"gang {key[1]}'s state is not loaded by this leader yet"
+            return f"gang {gang.key[1]}'s state is not loaded by this leader yet"
         if report.epoch > epoch:
             return f"its report names epoch {report.epoch}, beyond the gang's {epoch}"
         if newer_report(gang.reports.get(uid), report, epoch):  # else a late one, overtaken
@@ -533,7 +561,11 @@ class ClusterCache:
         report on the pod) leaves the pass to the usual spacing, one given early costs one
         pass."""
         gang = self.gangs.get(key)
-        if gang is None or gang.status is None:
+        return EpochReport.OTHER if gang is None else self._news(gang, uid)
+
+    def _news(self, gang: Gang, uid: str) -> EpochReport:
+        """:meth:`epoch_report` in ``gang``."""
+        if gang.status is None:
             return EpochReport.OTHER
         self._merged(gang)
         epoch, view = gang.status.epoch, gang.pods.get(uid)

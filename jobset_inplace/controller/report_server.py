@@ -307,13 +307,11 @@ class ReportServer:
             if refused is not None:
                 raise Rejected(409, f"pod {namespace}/{pod} {refused}")
             return uid, holds
-        refused = self.cache.set_report(key, uid, message)
+        refused, holds, news = self.cache.take_report(key, uid, message, time.monotonic())
         if refused is not None:
             raise Rejected(409, f"pod {namespace}/{pod} {refused}")
-        _, holds = self.cache.heartbeat(key, uid, time.monotonic())
-        news = self.cache.epoch_report(key, uid)
         if news is EpochReport.AWAITED and message.only_its_epoch():
-            members = len(self.cache.gangs[key].spec.members)  # (set_report found it)
+            members = len(self.cache.gangs[key].spec.members)  # (take_report found it)
             self.poke(key, progress_write_interval(members))  # only the barrier's count changed
         else:
             self.poke(key, urgent=news is EpochReport.LAST)

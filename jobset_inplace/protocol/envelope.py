@@ -9,6 +9,7 @@ library only: the agent encodes, the controller's report server decodes."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -114,9 +115,33 @@ def parse_request(payload: bytes) -> tuple[Sender, dict[str, str]]:
 
 def decode_message(values: Mapping[str, str]) -> Message:
     """The message in a request's ``report`` object (:func:`parse_request`'s); raises
-    :class:`EnvelopeError` naming the field that is not in its form."""
+    :class:`EnvelopeError` naming the field that is not in its form.
+
+    A recovery's reports are alike: every member reports the same epoch and, nearly always,
+    the same checkpoint steps, in objects that differ only in the envelope around them. So a
+    short report (at most :data:`DECODED_VALUE_CHARS` characters of values) is decoded once
+    and its message, immutable, kept by its items (at most :data:`DECODED_KEPT` of them, the
+    least recently used dropped first). A progress note, different each time, is not kept;
+    nor is anything malformed (it raises each time)."""
     if not values:
-        return Heartbeat()
+        return HEARTBEAT
+    if names.REPORT_PROGRESS_NOTE in values or sum(map(len, values.values())) > DECODED_VALUE_CHARS:
+        return _decode(values)
+    return _decoded_once(tuple(values.items()))
+
+
+# Reports whose decoded message is kept (decode_message): at most this many, each of at most
+# this many characters of values (an epoch and a few steps), under 1 MiB in all.
+DECODED_KEPT: Final = 1024
+DECODED_VALUE_CHARS: Final = 256
+
+
+@functools.lru_cache(maxsize=DECODED_KEPT)
+def _decoded_once(items: tuple[tuple[str, str], ...]) -> Message:
+    return _decode(dict(items))
+
+
+def _decode(values: Mapping[str, str]) -> Message:
     noted = values.get(names.REPORT_PROGRESS_NOTE)
     if noted is not None:
         note, error = decode_progress_note(noted)

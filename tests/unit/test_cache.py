@@ -5,6 +5,7 @@ decode them."""
 from __future__ import annotations
 
 import dataclasses
+import random
 import time
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
@@ -210,6 +211,35 @@ def test_the_last_report_an_epoch_waits_for_is_flagged_once() -> None:
     assert report("c", epoch4) is other, "once per epoch: a resent report is no news"
     c.gangs[key].status = GangStatus(epoch=5)
     assert [report(u, epoch5) for u in "abc"] == [awaited, awaited, last]
+
+
+def test_taking_a_report_whole_is_keeping_it_then_hearing_the_agent_then_its_news() -> None:
+    """ClusterCache.take_report (the channel's path) answers what set_report, heartbeat and
+    epoch_report answer one after the other, on two caches given the same reports, refusals
+    included (an unknown pod, no status yet, a report ahead of the gang)."""
+    caches = [cache_with_gang(), cache_with_gang()]
+    key = ("ns", "train")
+    rng = random.Random(59)
+    for c in caches:
+        for i, uid in enumerate("abcd"):
+            c.upsert_pod(pod(uid, index=i))
+    for turn in range(200):
+        uid = rng.choice("abcdx")  # x: no pod of the gang
+        report = AgentReport(reported_epoch=rng.randint(2, 6), reported_steps=(turn,))
+        if turn == 20:
+            for c in caches:
+                c.gangs[key].status = GangStatus(epoch=4)
+        elif turn > 20 and rng.random() < 0.05:
+            epoch = rng.randint(4, 6)
+            for c in caches:
+                c.gangs[key].status = GangStatus(epoch=epoch)
+        whole, apart = caches
+        refused = apart.set_report(key, uid, report)
+        expected = (refused, None, EpochReport.OTHER)
+        if refused is None:
+            expected = (None, apart.heartbeat(key, uid, 1.0)[1], apart.epoch_report(key, uid))
+        assert whole.take_report(key, uid, report, 1.0) == expected, (turn, uid, report)
+        assert whole.gangs[key].pods == apart.gangs[key].pods
 
 
 def test_members_coming_and_going_or_reporting_on_pods_keep_the_last_report_flagged() -> None:

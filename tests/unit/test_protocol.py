@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from jobset_inplace import names
 from jobset_inplace.core.decode import pod_view
 from jobset_inplace.core.model import PodView
+from jobset_inplace.protocol import envelope
 from jobset_inplace.protocol.envelope import (
     HEARTBEAT,
     EnvelopeError,
@@ -173,3 +174,29 @@ def test_a_well_formed_request_is_decoded() -> None:
         SENDER,
         AgentReport(reported_epoch=3, reported_steps=(200,)),
     )
+
+
+def test_alike_reports_are_decoded_once_and_what_is_kept_is_bounded() -> None:
+    """The leader decodes a recovery's alike reports once (envelope.decode_message): the same
+    message for the same report object, however many members send it; a malformed one refused
+    each time; a progress note (different each time) and a long report never kept; at most
+    DECODED_KEPT kept."""
+    envelope._decoded_once.cache_clear()
+    values = {names.REPORT_EPOCH: "7", names.REPORT_STEPS: "700,600"}
+    first = decode_message(dict(values))
+    assert first == AgentReport(reported_epoch=7, reported_steps=(700, 600))
+    assert decode_message(dict(values)) is first
+    for _ in range(2):
+        with pytest.raises(EnvelopeError, match="epoch='07' is not an integer"):
+            decode_message({names.REPORT_EPOCH: "07"})
+    note = {names.REPORT_PROGRESS_NOTE: "7:10@1000,20@2000"}
+    assert isinstance(decode_message(note), ProgressNote)
+    many = tuple(range(1100, 1000, -1))
+    steps = ",".join(map(str, many))  # longer than DECODED_VALUE_CHARS
+    assert decode_message({names.REPORT_EPOCH: "7", names.REPORT_STEPS: steps}) == AgentReport(
+        reported_epoch=7, reported_steps=many
+    )
+    assert envelope._decoded_once.cache_info().currsize == 1
+    for epoch in range(envelope.DECODED_KEPT + 10):
+        decode_message({names.REPORT_EPOCH: str(epoch)})
+    assert envelope._decoded_once.cache_info().currsize == envelope.DECODED_KEPT
