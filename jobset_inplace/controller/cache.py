@@ -419,9 +419,9 @@ class ClusterCache:
         view, status = gang.on_pod.get(uid), gang.status
         holds = None
         if view is not None and status is not None:
-            slot: str | None = view.member
-            if status.slots:  # (hot spares: none has moved without them)
-                slot = moved_positions(status.slots).get(slot, slot)
+            member = view.member
+            # (hot spares: no slot has moved without them)
+            slot = moved_positions(status.slots).get(member, member) if status.slots else member
             holds = slot if slot in gang.spec.members else None
             rec = status.recovery
             if rec is not None and uid in rec.recreated.values():
