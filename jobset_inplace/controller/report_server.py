@@ -37,7 +37,7 @@ import re
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
 from kubernetes import client
@@ -53,6 +53,7 @@ from jobset_inplace.protocol.envelope import (
     decode_message,
     parse_request,
 )
+from jobset_inplace.protocol.front_link import Entry, EntryAnswer
 from jobset_inplace.runtime.process import raise_open_files_limit, release_free_memory
 from jobset_inplace.runtime.report_http import (
     PREAUTH_SWEEP_S,
@@ -284,13 +285,34 @@ class ReportServer:
         """Take one report of the pod ``who`` (its token's): the reporting pod's uid, and the
         slot it holds (hot spares: the agent renews its lease only while it holds the slot
         its trainer runs as); raises `Rejected`."""
-        namespace, gang_name, pod, uid = sender.namespace, sender.gang, sender.pod, sender.uid
-        if (who.namespace, who.pod, who.uid) != (namespace, pod, uid):
+        if (who.namespace, who.pod, who.uid) != (sender.namespace, sender.pod, sender.uid):
             raise Rejected(
                 403,
                 f"the token of pod {who.namespace}/{who.pod} (uid {who.uid}) may not report "
-                f"for pod {namespace}/{pod} (uid {uid})",
+                f"for pod {sender.namespace}/{sender.pod} (uid {sender.uid})",
             )
+        return self._take(sender, values)
+
+    def take_batch(self, entries: Sequence[Entry]) -> list[EntryAnswer]:
+        """A report front's batch (docs/design/report-fronts.md): each entry's report, already
+        bound to its sender by the sender's token at the front, taken as :meth:`handle` takes
+        one, and its answer (what the front answers that agent); every entry 503 where this
+        replica cannot prove it leads. Who may send batches is for the link to check before
+        (the front's own token: not built yet, the design's step 2)."""
+        answers: list[EntryAnswer] = []
+        for sender, values in entries:
+            self.handled += 1
+            try:
+                self._must_lead()
+                uid, holds = self._take(sender, values)
+                answers.append((200, self._accepted(uid, holds).payload))
+            except Rejected as e:
+                answers.append((e.status, self._rejected(e).payload))
+        return answers
+
+    def _take(self, sender: Sender, values: dict[str, str]) -> tuple[str, str | None]:
+        """:meth:`_accept` of a report whose sender its token named."""
+        namespace, gang_name, pod, uid = sender.namespace, sender.gang, sender.pod, sender.uid
         try:
             message = decode_message(values)  # now that the token is its pod's
         except EnvelopeError as e:

@@ -100,17 +100,23 @@ def parse_request(payload: bytes) -> tuple[Sender, dict[str, str]]:
         raise EnvelopeError("the body is nested too deep for a report") from None
     if not isinstance(body, dict):
         raise EnvelopeError("the body must be a JSON object")
-    values = body.get("report")
-    # (a JSON object's keys are strings; its values need not be)
-    if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
-        raise EnvelopeError("report: an object of annotation name -> string value is required")
-    if not _ACCEPTED.issuperset(values):
-        unknown = sorted(set(values) - _ACCEPTED)
-        raise EnvelopeError(f"report: unknown keys {unknown}; accepted: {list(ACCEPTED_KEYS)}")
-    if names.REPORT_PROGRESS_NOTE in values and len(values) > 1:
-        raise EnvelopeError(f"report: {names.REPORT_PROGRESS_NOTE} goes alone in its request")
+    values = report_values(body.get("report"), "report")
     sender = Sender(*(_text(body, f) for f in SENDER_FIELDS))
     return sender, values
+
+
+def report_values(values: object, where: str) -> dict[str, str]:
+    """``values`` (a request's ``report`` object, at ``where``), checked for form: string values
+    under accepted keys, a progress note alone. Raises :class:`EnvelopeError`."""
+    # (a JSON object's keys are strings; its values need not be)
+    if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
+        raise EnvelopeError(f"{where}: an object of annotation name -> string value is required")
+    if not _ACCEPTED.issuperset(values):
+        unknown = sorted(set(values) - _ACCEPTED)
+        raise EnvelopeError(f"{where}: unknown keys {unknown}; accepted: {list(ACCEPTED_KEYS)}")
+    if names.REPORT_PROGRESS_NOTE in values and len(values) > 1:
+        raise EnvelopeError(f"{where}: {names.REPORT_PROGRESS_NOTE} goes alone in its request")
+    return values
 
 
 def decode_message(values: Mapping[str, str]) -> Message:

@@ -1,0 +1,143 @@
+"""A report front's batches to the leader (protocol/front_link.py, docs/design/report-fronts.md):
+every batch survives its codec; what is not one is refused naming the entry and the field; the
+leader takes a batch's reports exactly as it takes them one request each."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, cast
+
+import pytest
+
+from bench import channel_attack
+from jobset_inplace import names
+from jobset_inplace.controller.cache import GangKey
+from jobset_inplace.controller.report_server import ReportServer
+from jobset_inplace.protocol.envelope import EnvelopeError, Sender, parse_request
+from jobset_inplace.protocol.front_link import (
+    BATCH_MAX,
+    decode_answers,
+    decode_batch,
+    encode_answers,
+    encode_batch,
+)
+from jobset_inplace.runtime.report_http import Answer, Request
+from jobset_inplace.runtime.report_tokens import TokenVerifier
+
+from .test_report_server import MemberTokens
+
+SENDER = Sender("ns", "train", "train-workers-0-0-x", "uid-0")
+REPORT = {names.REPORT_EPOCH: "3", names.REPORT_STEPS: "300,200"}
+
+
+def test_a_batch_and_its_answers_survive_their_codec() -> None:
+    entries = [(SENDER, REPORT), (Sender("ns", "train", "p1", "u1"), {})]
+    assert decode_batch(encode_batch(entries)) == entries
+    answers = [(200, {"accepted": True, "holds": None}), (409, {"error": "not a member"})]
+    payload = json.dumps(encode_answers(answers)).encode()
+    assert decode_answers(payload, 2) == answers
+    with pytest.raises(ValueError, match=f"1 to {BATCH_MAX} reports"):
+        encode_batch([])
+
+
+ROW = ["ns", "train", "pod", "uid", REPORT]
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b"{", "the batch is not JSON"),
+        (b"[" * 100_000, "nested too deep|not JSON"),
+        ([ROW], "reports: a list of 1 to 256 entries"),
+        ({"reports": []}, "reports: a list of 1 to 256 entries"),
+        ({"reports": [ROW] * (BATCH_MAX + 1)}, "reports: a list of 1 to 256 entries"),
+        ({"reports": [ROW, ROW[:4]]}, r"reports\[1\]: \[namespace, gang, pod, uid, report\]"),
+        ({"reports": [{"pod": "p"}]}, r"reports\[0\]: \[namespace, gang, pod, uid, report\]"),
+        ({"reports": [["ns", "train", "", "uid", {}]]}, r"reports\[0\]: .*non-empty strings"),
+        ({"reports": [["ns", "train", 7, "uid", {}]]}, r"reports\[0\]: .*non-empty strings"),
+        ({"reports": [["ns", "t", "p", "u", {names.REPORT_EPOCH: 3}]]}, r"reports\[0\]\.report"),
+        ({"reports": [["ns", "t", "p", "u", {"evil": "1"}]]}, r"reports\[0\]\.report: unknown"),
+        (
+            {"reports": [["ns", "t", "p", "u", {names.REPORT_PROGRESS_NOTE: "x", **REPORT}]]},
+            r"reports\[0\]\.report: .* goes alone",
+        ),
+    ],
+)
+def test_what_is_not_a_batch_is_refused_naming_the_entry(body: object, says: str) -> None:
+    payload = body if isinstance(body, bytes) else json.dumps(body).encode()
+    with pytest.raises(EnvelopeError, match=says):
+        decode_batch(payload)
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [
+        [[200, {}]],  # one answer for two reports
+        [[200, {}], [200, {}], [200, {}]],
+        [[200, {}], [True, {}]],
+        [[200, {}], [200.0, {}]],
+        [[200, {}], [302, {}]],
+        [[200, {}], [200, "accepted"]],
+    ],
+)
+def test_answers_that_do_not_fit_the_batch_are_refused(answers: list[Any]) -> None:
+    with pytest.raises(EnvelopeError, match=r"answers"):
+        decode_answers(json.dumps({"answers": answers}).encode(), 2)
+
+
+def test_the_leader_takes_a_batch_as_it_takes_each_report_alone() -> None:
+    """Two leaders of one gang, the same requests: one handles them one each (their tokens
+    checked), the other takes them as a front's batches. The same answers, in order (refusals
+    included: a member's malformed report, a pod of no member, a report ahead of the gang),
+    the same views in their caches, the same planner pokes."""
+    members = 300
+    pokes: dict[str, list[tuple[float | None, bool]]] = {"alone": [], "batched": []}
+
+    def leader(which: str) -> ReportServer:
+        def poke(key: GangKey, delay: float | None = None, *, urgent: bool = False) -> None:
+            pokes[which].append((delay, urgent))
+
+        cache = channel_attack._cache(members)
+        verifier = cast(TokenVerifier, MemberTokens())
+        return ReportServer(cache, poke, verifier, ("127.0.0.1", 0), "127.0.0.1")
+
+    def body(i: int) -> bytes:
+        doc = json.loads(channel_attack.report_body(i))
+        if i == 7:
+            doc["report"] = {names.REPORT_EPOCH: "07"}  # malformed: 400
+        elif i == 11:
+            doc["report"] = {names.REPORT_EPOCH: "9"}  # ahead of the gang's epoch 2: 409
+        return json.dumps(doc).encode()
+
+    alone, batched = leader("alone"), leader("batched")
+    requests = [(f"m{i}", body(i)) for i in range(members)]
+    stranger = json.loads(body(1)) | {"pod": "train-workers-x", "uid": "uid-x"}  # no member: 409
+    want = []
+    for token, raw in requests:
+        answer = alone.handle(Request(f"Bearer {token}", raw, True))
+        assert isinstance(answer, Answer)
+        want.append((answer.status, answer.payload))
+    entries = [parse_request(raw) for _, raw in requests]
+    got = []
+    for start in range(0, members, 64):
+        got += batched.take_batch(entries[start : start + 64])
+    assert got == want
+    assert sorted({status for status, _ in got}) == [200, 400, 409]
+    assert batched.take_batch([parse_request(json.dumps(stranger).encode())])[0][0] == 409
+    key = (channel_attack.NAMESPACE, channel_attack.GANG)
+    assert batched.cache.gangs[key].pods == alone.cache.gangs[key].pods
+    assert pokes["batched"] == pokes["alone"]
+
+
+def test_a_replica_that_cannot_prove_it_leads_takes_no_batch() -> None:
+    s = ReportServer(
+        channel_attack._cache(2),
+        lambda key, delay=None, *, urgent=False: None,
+        cast(TokenVerifier, MemberTokens()),
+        ("127.0.0.1", 0),
+        "127.0.0.1",
+        leads=lambda: False,
+    )
+    answers = s.take_batch([parse_request(channel_attack.report_body(i)) for i in range(2)])
+    assert [status for status, _ in answers] == [503, 503]
+    assert s.accepted == 0
