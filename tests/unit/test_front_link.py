@@ -16,6 +16,7 @@ from jobset_inplace.controller.report_server import ReportServer
 from jobset_inplace.protocol.envelope import EnvelopeError, Sender, parse_request
 from jobset_inplace.protocol.front_link import (
     BATCH_MAX,
+    EntryAnswer,
     decode_answers,
     decode_batch,
     encode_answers,
@@ -33,7 +34,10 @@ REPORT = {names.REPORT_EPOCH: "3", names.REPORT_STEPS: "300,200"}
 def test_a_batch_and_its_answers_survive_their_codec() -> None:
     entries = [(SENDER, REPORT), (Sender("ns", "train", "p1", "u1"), {})]
     assert decode_batch(encode_batch(entries)) == entries
-    answers = [(200, {"accepted": True, "holds": None}), (409, {"error": "not a member"})]
+    answers: list[EntryAnswer] = [
+        (200, {"accepted": True, "holds": None}),
+        (409, {"error": "not a member"}),
+    ]
     payload = json.dumps(encode_answers(answers)).encode()
     assert decode_answers(payload, 2) == answers
     with pytest.raises(ValueError, match=f"1 to {BATCH_MAX} reports"):
