@@ -36,7 +36,12 @@ per member is the leader's own work (the token's memo, the envelope, the decode,
 answer's encoding, the planning passes): what a leader that is handed its reports already
 taken off the wire (by another process, a front, a relay) would still spend, and so the floor
 of any such design in this interpreter. ``--no-transport`` runs this version and
-``--compare``'s both that way: their own work per member, compared.
+``--compare``'s both that way: their own work per member, compared. ``--batched`` runs,
+alternately with the leader, the same leader behind a report front
+(docs/design/report-fronts.md): the same reports handed to it as a front's batches of
+``--batch`` (:mod:`jobset_inplace.protocol.front_link`), each decoded, taken and answered in one
+event-loop turn: what the leader itself would spend per member behind fronts, less the link's
+transport (one TLS record each way per batch).
 
 Each member's pod is on a node of its own whose Lease is renewed before each recovery, as on
 a cluster (every pass looks at every member's node); ``--no-nodes`` leaves the pods without
@@ -78,7 +83,13 @@ from jobset_inplace.core.gangstate import status_to_dict
 from jobset_inplace.core.model import GangStatus, NodeView
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.core.statemachine import Phase
-from jobset_inplace.protocol.envelope import Sender, encode_request
+from jobset_inplace.protocol.envelope import Sender, encode_request, parse_request
+from jobset_inplace.protocol.front_link import (
+    BATCH_MAX,
+    decode_batch,
+    encode_answers,
+    encode_batch,
+)
 from jobset_inplace.protocol.report import AgentReport
 from jobset_inplace.runtime import process
 from jobset_inplace.runtime.report_http import Answer, HttpServer, Request
@@ -371,6 +382,41 @@ class _Handed:
             raise SystemExit(f"reports refused: {refused[:3]}")
 
 
+class _Batched(_Handed):
+    """``--batched``: how reports reach a leader behind a report front
+    (docs/design/report-fronts.md): the same reports, ``batch`` of them per front batch (the
+    front's encoding done before the recovery is measured, with the requests), each batch
+    decoded, taken (:meth:`ReportServer.take_batch`) and answered by the leader in one
+    event-loop turn. Left out: the link's transport (a TLS record each way per batch)."""
+
+    def __init__(self, server: ReportServer, tokens: list[str], batch: int) -> None:
+        super().__init__(server, tokens, batch)
+        self.batches: dict[tuple[int, str], list[bytes]] = {}
+
+    def prepare(self, epoch: int, exiting: int) -> None:
+        super().prepare(epoch, exiting)
+        self.batches = {what: self._batches(rs) for what, rs in self.requests.items()}
+
+    def _batches(self, requests: list[Request]) -> list[bytes]:
+        entries = [parse_request(r.body) for r in requests]
+        return [
+            encode_batch(entries[i : i + self.batch]) for i in range(0, len(entries), self.batch)
+        ]
+
+    async def __call__(self, epoch: int, what: str) -> None:
+        batches = self.batches.get((epoch, what))
+        if batches is None:  # not prepared: the warm-up's
+            batches = self._batches(self.reports(epoch))
+        refused = []
+        for body in batches:
+            answers = self.server.take_batch(decode_batch(body))
+            json.dumps(encode_answers(answers)).encode()  # what the link sends back
+            refused += [f"{status} {payload}" for status, payload in answers if status != 200]
+            await asyncio.sleep(0)  # the next batch in the loop's next turn
+        if refused:
+            raise SystemExit(f"reports refused: {refused[:3]}")
+
+
 def leader(args: argparse.Namespace) -> list[dict[str, float]]:
     """The recoveries' figures, each a dict (this process: the leader; ``--in-process``: its
     reports handed to it with no transport)."""
@@ -402,7 +448,13 @@ def leader(args: argparse.Namespace) -> list[dict[str, float]]:
         )
         port = int(endpoint.url.rsplit(":", 1)[1].split("/")[0])
         proc: subprocess.Popen[str] | None = None
-        handed = _Handed(server, tokens, args.batch) if args.in_process_run else None
+        handed = (
+            _Batched(server, tokens, args.batch)
+            if args.batched_run
+            else _Handed(server, tokens, args.batch)
+            if args.in_process_run
+            else None
+        )
         if handed is not None:
             send: Send = handed
         else:
@@ -501,20 +553,32 @@ def main(argv: list[str] | None = None) -> int:
         "its own process, --batch per event-loop turn",
     )
     p.add_argument(
-        "--batch", type=int, default=64, help="--in-process: requests per event-loop turn"
+        "--batched",
+        action="store_true",
+        help="run the leader behind a report front too: the same reports handed to it as a "
+        "front's batches of --batch, one per event-loop turn (no transport)",
+    )
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=64,
+        help="--in-process: requests per event-loop turn; --batched: reports per batch",
     )
     p.add_argument("--out", type=Path, help="write the figures here (JSON)")
     p.add_argument("--agents", type=int, help=argparse.SUPPRESS)  # the client process: a port
     p.add_argument("--leader", action="store_true", help=argparse.SUPPRESS)  # one run, JSON out
     p.add_argument("--floor-run", action="store_true", help=argparse.SUPPRESS)  # the floor's
     p.add_argument("--in-process-run", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--batched-run", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.members < 4 or args.members > 60000:
         p.error("--members: 4..60000 (a loopback address each)")
     if args.batch < 1:
         p.error(f"--batch: a count of requests >= 1, got {args.batch}")
-    if args.no_transport and (args.floor or args.in_process):
+    if args.no_transport and (args.floor or args.in_process or args.batched):
         p.error("--no-transport: every version runs without a transport already")
+    if args.batch > BATCH_MAX:
+        p.error(f"--batch: at most {BATCH_MAX} (a front's batch), got {args.batch}")
     if args.agents is not None:
         agents(args.agents, args.members, args.leader_core)
         return 0
@@ -527,6 +591,7 @@ def main(argv: list[str] | None = None) -> int:
     versions = {"this": here} | ({"compare": args.compare.resolve()} if args.compare else {})
     versions |= {"floor": here} if args.floor else {}
     versions |= {"in-process": here} if args.in_process else {}
+    versions |= {"batched": here} if args.batched else {}
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in versions}
     for run in range(args.runs):
         for version, root in versions.items():
@@ -542,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
                     if version == "in-process" or (args.no_transport and version != "floor")
                     else []
                 ),
+                *(["--batched-run", "--batch", str(args.batch)] if version == "batched" else []),
             )
             out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
             runs[version] += json.loads(out.stdout)
@@ -561,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{statistics.median(gc_ms):.0f} ms per recovery, "
             f"{statistics.median(r['passes'] for r in recs):g} passes{planning}"
         )
-    for other in ("compare", "floor", "in-process"):
+    for other in ("compare", "floor", "in-process", "batched"):
         if other not in runs:
             continue
         r = ratio_of_medians(

@@ -75,6 +75,24 @@ def test_the_leader_runs_with_its_reports_handed_to_it_without_a_transport(
     assert "this / in-process: " in capsys.readouterr().out
 
 
+def test_the_leader_runs_behind_a_front_with_its_reports_in_batches(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "batched.json"
+    argv = ["--members", "8", "--recoveries", "2", "--batched", "--batch", "3"]
+    assert leader_loop.main([*argv, "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["runs"]) == {"this", "batched"}
+    for r in doc["runs"]["batched"]:
+        # each recovery was planned and its barrier opened (else the run exits): every
+        # member's report taken from a front's batch, none refused (else the run exits)
+        assert r["passes"] >= 1
+        assert r["cpu_s"] > 0
+    assert "this / batched: " in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        leader_loop.main(["--members", "8", "--batched", "--batch", "257"])
+
+
 def test_two_versions_are_compared_without_a_transport(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
