@@ -122,6 +122,8 @@ CHANNEL_REPORT_KEYS: Final = (
     REPORT_RECHECKED,
 )
 REPORT_PATH: Final = "/v1/reports"
+# Where a report front sends the leader its batches (docs/design/report-fronts.md).
+REPORT_LINK_PATH: Final = "/v1/batches"
 DEFAULT_REPORT_PORT: Final = 9444
 # A projected service-account token for this audience only (the agent's API token is never sent
 # to the controller); the leader verifies it offline against the cluster's signing keys (or,

@@ -36,6 +36,7 @@ import logging
 import re
 import secrets
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
@@ -53,7 +54,7 @@ from jobset_inplace.protocol.envelope import (
     decode_message,
     parse_request,
 )
-from jobset_inplace.protocol.front_link import Entry, EntryAnswer
+from jobset_inplace.protocol.front_link import Entry, EntryAnswer, decode_batch, encode_answers
 from jobset_inplace.runtime.process import raise_open_files_limit, release_free_memory
 from jobset_inplace.runtime.report_http import (
     PREAUTH_SWEEP_S,
@@ -92,6 +93,22 @@ class Poke(Protocol):
 
 
 MAX_BODY = 16 * 1024  # a report is ~200 bytes
+# A front's batch (docs/design/report-fronts.md): up to front_link.BATCH_MAX reports of ~200
+# bytes; a front sends larger ones as several. The link serves the controller's few replicas:
+# a handful of connections, each body read before its token is checked (at most
+# LINK_LIMITS.max_unauthenticated x LINK_MAX_BODY: 8 MiB).
+LINK_MAX_BODY = 1024 * 1024
+LINK_LIMITS = Limits(
+    max_connections=64,
+    max_per_source=4,
+    max_unauthenticated=8,
+    max_unauthenticated_per_source=2,
+    connect_rate=5.0,
+    connect_burst=10.0,
+    max_per_identity=2,
+    handshake_rate=10.0,
+    handshake_burst=20.0,
+)
 LOG_EVERY_S = 10.0  # refusals of one code are logged at most this often
 QUIET_S = 2.0  # requests stopped this long: a burst is over (free memory is given back)
 STALL_TICK_S = 0.1  # how often the event loop's lateness is measured (ClusterCache.stalled)
@@ -121,16 +138,26 @@ class ReportServer:
         *,
         limits: Limits | None = None,
         leads: Callable[[], bool] = lambda: True,
+        link: tuple[str, int] | None = None,
+        fronts: Callable[[Identity], bool] = lambda who: False,
     ) -> None:
         """``leads``: whether this process can prove it leads now; while it cannot, every
         report is refused (503): no answer of a leader whose successor may already act renews
-        an agent's lease (hot spares' fence) or takes a report it would not plan on."""
+        an agent's lease (hot spares' fence) or takes a report it would not plan on.
+        ``link``: where report fronts send their batches (None: no fronts), from the pods whose
+        tokens ``fronts`` accepts (docs/design/report-fronts.md; the fronts themselves are not
+        built yet)."""
         self.cache, self.poke, self.verifier, self.leads = cache, poke, verifier, leads
         self.listen, self.advertise, self.limits = listen, advertise, limits or Limits()
+        self.link_listen, self.fronts = link, fronts
+        self.link: HttpServer | None = None
+        self.link_port: int | None = None  # the one bound
+        self.batches = 0  # front batches taken
         self.accepted = 0
         self.handled = 0  # requests, whatever the answer
         self._tasks: list[asyncio.Task[None]] = []
         self._server: asyncio.Server | None = None
+        self._link_server: asyncio.Server | None = None
         self.http: HttpServer | None = None
         self._quiet_until: dict[str, float] = {}  # refusal -> no warning logged before
         self._unlogged: dict[str, int] = {}  # refusals not logged since, by kind
@@ -166,12 +193,38 @@ class ReportServer:
             asyncio.create_task(self._every(PREAUTH_SWEEP_S, self.http.sweep_unauthenticated)),
             asyncio.create_task(measure_stalls(self.cache)),
         ]
+        if self.link_listen is not None:
+            await self._start_link(ctx)
         where = f"[{self.advertise}]" if ":" in self.advertise else self.advertise
         endpoint = ReportEndpoint(
             f"https://{where}:{port}{names.REPORT_PATH}", pin, secrets.token_hex(8)
         )
         log.info("report channel: serving %s on %s:%d", endpoint.url, self.listen[0], port)
         return endpoint
+
+    async def _start_link(self, ctx: ssl.SSLContext) -> None:
+        """Listen for report fronts' batches (same certificate as the channel: a front pins
+        the one the GangState names), with limits for a few replicas (LINK_LIMITS)."""
+        assert self.link_listen is not None
+        loop = asyncio.get_running_loop()
+        self.link = HttpServer(
+            self.handle_batch,
+            names.REPORT_LINK_PATH.encode(),
+            LINK_MAX_BODY,
+            loop.time,
+            tls=ctx,
+            on_refused=self._refused,
+            limits=LINK_LIMITS,
+            on_dropped=self._dropped,
+        )
+        sock = socket.create_server(self.link_listen, backlog=64)
+        self.link_port = sock.getsockname()[1]
+        self._link_server = await loop.create_server(self.link.connection, sock=sock)
+        self._tasks += [
+            asyncio.create_task(self._every(SWEEP_S, self.link.sweep)),
+            asyncio.create_task(self._every(PREAUTH_SWEEP_S, self.link.sweep_unauthenticated)),
+        ]
+        log.info("report channel: fronts' batches on %s:%d", self.link_listen[0], self.link_port)
 
     @staticmethod
     async def _every(seconds: float, sweep: Callable[[], int]) -> None:
@@ -193,6 +246,11 @@ class ReportServer:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
+        if self._link_server is not None:
+            self._link_server.close()
+            for c in list(self.link.connections if self.link is not None else ()):
+                c.close()
+            await self._link_server.wait_closed()
         if self._server is not None:
             self._server.close()
             if self.http is not None:
@@ -267,12 +325,17 @@ class ReportServer:
         self._quiet_until[key] = now + LOG_EVERY_S
 
     @staticmethod
-    def _parse(request: Request) -> tuple[str, Sender, dict[str, str]]:
-        """The request's token and its report's sender and fields, in form only (nothing is
-        believed before the token is checked); raises `Rejected`."""
+    def _bearer(request: Request) -> str:
         scheme, _, token = request.authorization.partition(" ")
         if scheme != "Bearer" or not token:
             raise Rejected(401, "Authorization: Bearer <projected token> is required")
+        return token
+
+    @staticmethod
+    def _parse(request: Request) -> tuple[str, Sender, dict[str, str]]:
+        """The request's token and its report's sender and fields, in form only (nothing is
+        believed before the token is checked); raises `Rejected`."""
+        token = ReportServer._bearer(request)
         try:
             sender, values = parse_request(request.body)
         except EnvelopeError as e:
@@ -292,6 +355,44 @@ class ReportServer:
                 f"for pod {sender.namespace}/{sender.pod} (uid {sender.uid})",
             )
         return self._take(sender, values)
+
+    def handle_batch(self, request: Request) -> Answer | Awaitable[Answer]:
+        """The answer to a report front's batch (``link``): 200 with an answer per report
+        (:meth:`take_batch`), where the request's token is of a pod ``fronts`` accepts; 401
+        without a token the cluster signed, 403 with one of another pod, 400 for a body that
+        is not a batch (the entry and field named), 503 where this replica cannot prove it
+        leads."""
+        try:
+            self._must_lead()
+            token = self._bearer(request)
+            who = self.verifier.remembered(token)
+            if who is None:
+                return self._verify_then_take_batch(token, request.body)
+            return self._batch(who, request.body)
+        except Rejected as e:
+            return self._rejected(e)
+
+    async def _verify_then_take_batch(self, token: str, body: bytes) -> Answer:
+        try:
+            who = await self.verifier.identify(token)
+            self._must_lead()  # the verification may have waited
+            return self._batch(who, body)
+        except Rejected as e:
+            return self._rejected(e)
+
+    def _batch(self, who: Identity, body: bytes) -> Answer:
+        if not self.fronts(who):
+            raise Rejected(
+                403,
+                f"pod {who.namespace}/{who.pod} (service account {who.service_account or '?'}) "
+                "is no report front of this controller",
+            )
+        try:
+            entries = decode_batch(body)
+        except EnvelopeError as e:
+            raise Rejected(400, str(e)) from None
+        self.batches += 1
+        return Answer(200, encode_answers(self.take_batch(entries)), identity=who.uid)
 
     def take_batch(self, entries: Sequence[Entry]) -> list[EntryAnswer]:
         """A report front's batch (docs/design/report-fronts.md): each entry's report, already

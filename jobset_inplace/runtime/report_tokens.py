@@ -112,12 +112,14 @@ class Rejected(Exception):
 
 @dataclass(frozen=True)
 class Identity:
-    """The pod a token was issued to, and until when it may be trusted."""
+    """The pod a token was issued to, until when it may be trusted, and its service account
+    ("": not named)."""
 
     namespace: str
     pod: str
     uid: str
     until: float
+    service_account: str = ""
 
 
 def _b64decode(part: str) -> bytes:
@@ -212,7 +214,15 @@ def check_claims(claims: Mapping[str, Any], issuer: str, now: float) -> Identity
     namespace = k8s.get("namespace") if isinstance(k8s, dict) else None
     if not isinstance(pod, dict) or not pod.get("uid") or not isinstance(namespace, str):
         raise Rejected(401, "not a pod-bound service-account token (no kubernetes.io.pod)")
-    return Identity(namespace, str(pod.get("name") or ""), str(pod["uid"]), float(exp))
+    account = k8s.get("serviceaccount") if isinstance(k8s, dict) else None
+    name = account.get("name") if isinstance(account, dict) else None
+    return Identity(
+        namespace,
+        str(pod.get("name") or ""),
+        str(pod["uid"]),
+        float(exp),
+        name if isinstance(name, str) else "",
+    )
 
 
 class TokenVerifier:
@@ -417,11 +427,11 @@ class TokenVerifier:
         user = status.user.username or ""
         if not user.startswith(SA_PREFIX) or not uid:
             raise Rejected(401, f"not a pod-bound service-account token (user {user!r})")
-        namespace = user[len(SA_PREFIX) :].split(":", 1)[0]
+        namespace, _, account = user[len(SA_PREFIX) :].partition(":")
         claims = parse_token(token).claims  # authentic now: the apiserver accepted it
         exp = claims.get("exp")
         until = float(exp) if isinstance(exp, int | float) else self.clock() + 300.0
-        return Identity(namespace, pod, uid, until)
+        return Identity(namespace, pod, uid, until, account)
 
 
 def _as_dict(body: bytes) -> dict[str, Any]:

@@ -4,13 +4,16 @@ leader takes a batch's reports exactly as it takes them one request each."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import ssl
 from typing import Any, cast
 
 import pytest
 
 from bench import channel_attack
 from jobset_inplace import names
+from jobset_inplace.controller import report_server
 from jobset_inplace.controller.cache import GangKey
 from jobset_inplace.controller.report_server import ReportServer
 from jobset_inplace.protocol.envelope import EnvelopeError, Sender, parse_request
@@ -23,7 +26,7 @@ from jobset_inplace.protocol.front_link import (
     encode_batch,
 )
 from jobset_inplace.runtime.report_http import Answer, Request
-from jobset_inplace.runtime.report_tokens import TokenVerifier
+from jobset_inplace.runtime.report_tokens import Identity, TokenVerifier
 
 from .test_report_server import MemberTokens
 
@@ -145,3 +148,71 @@ def test_a_replica_that_cannot_prove_it_leads_takes_no_batch() -> None:
     answers = s.take_batch([parse_request(channel_attack.report_body(i)) for i in range(2)])
     assert [status for status, _ in answers] == [503, 503]
     assert s.accepted == 0
+
+
+class FrontTokens(MemberTokens):
+    """MemberTokens, and ``front``: a pod of the controller's own service account."""
+
+    def remembered(self, token: str) -> Identity | None:
+        if token == "front":
+            return Identity(channel_attack.NAMESPACE, "controller-1", "uid-front", 1e12, "jsi")
+        return super().remembered(token)
+
+
+async def post(port: int, path: str, token: str, body: bytes) -> tuple[int, bytes]:
+    """One request over TLS to the leader's ``port``: (status, body)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx)
+    try:
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: leader\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        writer.write(head.encode() + body)
+        status_line = await reader.readline()
+        length = 0
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        return int(status_line.split()[1]), await reader.readexactly(length)
+    finally:
+        writer.close()
+
+
+async def test_fronts_send_batches_over_the_link_and_nobody_else_does() -> None:
+    """The leader's link for report fronts, over TLS on loopback: a batch from a pod of the
+    controller's own service account is taken and answered per report; a member's token is
+    refused (403: an agent speaks only for its own pod); a body that is no batch 400, one
+    beyond the link's limit 413 (before its token is looked at), and a report sent to the
+    link's port is no batch (404)."""
+    s = ReportServer(
+        channel_attack._cache(4),
+        lambda key, delay=None, *, urgent=False: None,
+        cast(TokenVerifier, FrontTokens()),
+        ("127.0.0.1", 0),
+        "127.0.0.1",
+        link=("127.0.0.1", 0),
+        fronts=lambda who: who.service_account == "jsi",
+    )
+    await s.start()
+    try:
+        assert s.link_port is not None
+        path = names.REPORT_LINK_PATH
+        batch = encode_batch([parse_request(channel_attack.report_body(i)) for i in range(4)])
+        status, body = await post(s.link_port, path, "front", batch)
+        assert status == 200
+        assert [a for a, _ in decode_answers(body, 4)] == [200] * 4
+        assert (s.batches, s.accepted) == (1, 4)
+        status, body = await post(s.link_port, path, "m1", batch)
+        assert status == 403, body
+        assert b"no report front" in body
+        assert (await post(s.link_port, path, "front", b'{"reports": 7}'))[0] == 400
+        big = b" " * (report_server.LINK_MAX_BODY + 1)
+        assert (await post(s.link_port, path, "front", big))[0] == 413
+        report = channel_attack.report_body(1)
+        assert (await post(s.link_port, names.REPORT_PATH, "m1", report))[0] == 404
+        assert s.accepted == 4
+    finally:
+        await s.stop()

@@ -105,7 +105,7 @@ def verified(tok: str, key: PublicKey | None) -> Identity:
 
 
 def test_a_pod_bound_token_signed_by_a_cluster_key_names_its_pod() -> None:
-    want = Identity("ns", "p-0", "uid-0", NOW + 3600)
+    want = Identity("ns", "p-0", "uid-0", NOW + 3600, "default")
     assert verified(token(claims()), public_key(rsa_jwk())) == want
     assert verified(token(claims(), "ES256", EC_KEY), public_key(ec_jwk())) == want
 
@@ -232,7 +232,8 @@ def review_of(pod: str, uid: str, audiences: list[str]) -> client.V1TokenReview:
 
 def test_keys_that_may_not_be_read_switch_to_token_reviews_with_the_audience_checked() -> None:
     v = Verifier([api_error(403)], review_of("p-0", "uid-0", [names.REPORT_TOKEN_AUDIENCE]))
-    assert identify(v, token(claims())).uid == "uid-0"
+    who = identify(v, token(claims()))
+    assert (who.uid, who.service_account) == ("uid-0", "default")
     assert v.reviewed == 1
     other = Verifier([api_error(404)], review_of("p-0", "uid-0", ["another-audience"]))
     with pytest.raises(Rejected, match="audience"):
