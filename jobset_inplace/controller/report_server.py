@@ -189,8 +189,8 @@ class ReportServer:
         self._server = await loop.create_server(self.http.connection, sock=sock)
         self._tasks = [
             asyncio.create_task(self._release_after_bursts()),
-            asyncio.create_task(self._every(SWEEP_S, self.http.sweep)),
-            asyncio.create_task(self._every(PREAUTH_SWEEP_S, self.http.sweep_unauthenticated)),
+            asyncio.create_task(every(SWEEP_S, self.http.sweep)),
+            asyncio.create_task(every(PREAUTH_SWEEP_S, self.http.sweep_unauthenticated)),
             asyncio.create_task(measure_stalls(self.cache)),
         ]
         if self.link_listen is not None:
@@ -221,16 +221,10 @@ class ReportServer:
         self.link_port = sock.getsockname()[1]
         self._link_server = await loop.create_server(self.link.connection, sock=sock)
         self._tasks += [
-            asyncio.create_task(self._every(SWEEP_S, self.link.sweep)),
-            asyncio.create_task(self._every(PREAUTH_SWEEP_S, self.link.sweep_unauthenticated)),
+            asyncio.create_task(every(SWEEP_S, self.link.sweep)),
+            asyncio.create_task(every(PREAUTH_SWEEP_S, self.link.sweep_unauthenticated)),
         ]
         log.info("report channel: fronts' batches on %s:%d", self.link_listen[0], self.link_port)
-
-    @staticmethod
-    async def _every(seconds: float, sweep: Callable[[], int]) -> None:
-        while True:
-            await asyncio.sleep(seconds)
-            sweep()
 
     async def _release_after_bursts(self) -> None:
         """Free memory back to the system once requests stop for QUIET_S after a burst."""
@@ -266,7 +260,7 @@ class ReportServer:
         self.handled += 1
         try:
             self._must_lead()
-            token, sender, values = self._parse(request)
+            token, sender, values = parse_report(request)
             who = self.verifier.remembered(token)
             if who is None:
                 return self._verify_then_accept(token, sender, values)
@@ -324,36 +318,13 @@ class ReportServer:
         log.warning("report channel: %s%s", text, also)
         self._quiet_until[key] = now + LOG_EVERY_S
 
-    @staticmethod
-    def _bearer(request: Request) -> str:
-        scheme, _, token = request.authorization.partition(" ")
-        if scheme != "Bearer" or not token:
-            raise Rejected(401, "Authorization: Bearer <projected token> is required")
-        return token
-
-    @staticmethod
-    def _parse(request: Request) -> tuple[str, Sender, dict[str, str]]:
-        """The request's token and its report's sender and fields, in form only (nothing is
-        believed before the token is checked); raises `Rejected`."""
-        token = ReportServer._bearer(request)
-        try:
-            sender, values = parse_request(request.body)
-        except EnvelopeError as e:
-            raise Rejected(400, str(e)) from None
-        return token, sender, values
-
     def _accept(
         self, who: Identity, sender: Sender, values: dict[str, str]
     ) -> tuple[str, str | None]:
         """Take one report of the pod ``who`` (its token's): the reporting pod's uid, and the
         slot it holds (hot spares: the agent renews its lease only while it holds the slot
         its trainer runs as); raises `Rejected`."""
-        if (who.namespace, who.pod, who.uid) != (sender.namespace, sender.pod, sender.uid):
-            raise Rejected(
-                403,
-                f"the token of pod {who.namespace}/{who.pod} (uid {who.uid}) may not report "
-                f"for pod {sender.namespace}/{sender.pod} (uid {sender.uid})",
-            )
+        check_sender(who, sender)
         return self._take(sender, values)
 
     def handle_batch(self, request: Request) -> Answer | Awaitable[Answer]:
@@ -364,7 +335,7 @@ class ReportServer:
         leads."""
         try:
             self._must_lead()
-            token = self._bearer(request)
+            token = bearer(request)
             who = self.verifier.remembered(token)
             if who is None:
                 return self._verify_then_take_batch(token, request.body)
@@ -439,6 +410,42 @@ class ReportServer:
         else:
             self.poke(key, urgent=news is EpochReport.LAST)
         return uid, holds
+
+
+def bearer(request: Request) -> str:
+    """The request's token; raises `Rejected`."""
+    scheme, _, token = request.authorization.partition(" ")
+    if scheme != "Bearer" or not token:
+        raise Rejected(401, "Authorization: Bearer <projected token> is required")
+    return token
+
+
+def parse_report(request: Request) -> tuple[str, Sender, dict[str, str]]:
+    """A report request's token and its report's sender and fields, in form only (nothing is
+    believed before the token is checked); raises `Rejected`."""
+    token = bearer(request)
+    try:
+        sender, values = parse_request(request.body)
+    except EnvelopeError as e:
+        raise Rejected(400, str(e)) from None
+    return token, sender, values
+
+
+def check_sender(who: Identity, sender: Sender) -> None:
+    """An agent speaks only for its own pod: the token's (``who``); raises `Rejected`."""
+    if (who.namespace, who.pod, who.uid) != (sender.namespace, sender.pod, sender.uid):
+        raise Rejected(
+            403,
+            f"the token of pod {who.namespace}/{who.pod} (uid {who.uid}) may not report "
+            f"for pod {sender.namespace}/{sender.pod} (uid {sender.uid})",
+        )
+
+
+async def every(seconds: float, sweep: Callable[[], int]) -> None:
+    """Call ``sweep`` every ``seconds``, for ever."""
+    while True:
+        await asyncio.sleep(seconds)
+        sweep()
 
 
 def report_server_from_env(

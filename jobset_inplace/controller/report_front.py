@@ -1,0 +1,278 @@
+"""A report front (docs/design/report-fronts.md): takes agents' reports off the wire for the
+leader, which then takes them in batches over one link instead of one TLS connection each.
+
+A front serves the report channel as the leader does (the same HTTP and TLS layer,
+:mod:`~jobset_inplace.runtime.report_http`, with its limits; a certificate of its own, made in
+memory), checks each request's form and token and binds its report to the token's pod exactly
+as the leader does (:class:`.report_server.ReportServer`'s first checks), and decides nothing:
+it holds no gang state. The reports it took while its last batch was on the link go in its
+next one (so a burst of reports costs a few batches, and a lone report is sent at once), in
+:mod:`jobset_inplace.protocol.front_link`'s codec, to the leader's link (its certificate
+pinned, the front's own token in each batch); each agent gets the leader's answer to its
+report. A link that fails or does not answer within :data:`LINK_TIMEOUT_S` is answered 503 to
+the agents of that batch (they send their report on their pod, today's fallback) and made
+again for the next batch.
+
+What is not built yet (the design's steps after this one): the controller's standby replicas
+running a front, the GangState naming the fronts, agents spread over them, and a front that
+follows the leader's changes."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import socket
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import httptools
+
+from jobset_inplace import names
+from jobset_inplace.protocol.envelope import EnvelopeError, Sender
+from jobset_inplace.protocol.front_link import (
+    BATCH_MAX,
+    Entry,
+    decode_answers,
+    encode_batch,
+)
+from jobset_inplace.runtime.report_http import (
+    PREAUTH_SWEEP_S,
+    SWEEP_S,
+    Answer,
+    HttpServer,
+    Request,
+)
+from jobset_inplace.runtime.report_limits import Limits
+from jobset_inplace.runtime.report_tls import serving_context
+from jobset_inplace.runtime.report_tokens import Identity, Rejected, TokenVerifier
+
+from .report_server import MAX_BODY, check_sender, every, parse_report
+
+log = logging.getLogger("jobset_inplace.reports")
+
+# A batch the leader has not answered this fast is answered 503 to its agents: under their
+# answer timeout (agent/channel.py TIMEOUT_S, 2 s), so each learns it and reports on its pod.
+LINK_TIMEOUT_S = 1.5
+LINK_CONNECT_S = 1.0
+# The most bytes of the leader's answer to a batch (about 60 bytes per report).
+ANSWERS_MAX = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Link:
+    """Where the leader takes fronts' batches: its address, its certificate's SHA-256."""
+
+    host: str
+    port: int
+    pin: str
+
+
+class LinkError(Exception):
+    """The batch did not reach the leader, or its answer did not come back whole."""
+
+
+class LinkConnection:
+    """One kept-alive TLS connection to the leader's link: a batch out, its answers back."""
+
+    def __init__(self, link: Link, token: Callable[[], str]) -> None:
+        self.link, self.token = link, token
+        self._ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        self._ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+        self._ctx.check_hostname = False
+        self._ctx.verify_mode = ssl.CERT_NONE  # the certificate is pinned instead
+        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def send(self, entries: list[Entry]) -> list[tuple[int, dict[str, object]]]:
+        """The leader's answers to ``entries``; raises :class:`LinkError`."""
+        body = encode_batch(entries)
+        try:
+            async with asyncio.timeout(LINK_TIMEOUT_S):
+                reader, writer = await self._open()
+                head = (
+                    f"POST {names.REPORT_LINK_PATH} HTTP/1.1\r\nHost: {self.link.host}\r\n"
+                    f"Authorization: Bearer {self.token()}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                )
+                writer.write(head.encode() + body)
+                status, payload = await _response(reader)
+        except (OSError, TimeoutError, LinkError, EnvelopeError) as e:
+            self.close()
+            raise LinkError(f"{type(e).__name__}: {e}") from None
+        if status != 200:
+            self.close()  # the leader closes after any refusal
+            raise LinkError(f"the leader answered {status}: {payload[:200]!r}")
+        try:
+            return decode_answers(payload, len(entries))
+        except EnvelopeError as e:
+            self.close()
+            raise LinkError(str(e)) from None
+
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self._streams is not None and not self._streams[1].is_closing():
+            return self._streams
+        async with asyncio.timeout(LINK_CONNECT_S):
+            reader, writer = await asyncio.open_connection(
+                self.link.host, self.link.port, ssl=self._ctx, limit=64 * 1024
+            )
+        tls = writer.get_extra_info("ssl_object")
+        der = tls.getpeercert(binary_form=True) if tls is not None else None
+        if der is None or hashlib.sha256(der).hexdigest() != self.link.pin:
+            writer.close()
+            raise LinkError("the link's certificate is not the one pinned")
+        self._streams = reader, writer
+        return self._streams
+
+    def close(self) -> None:
+        if self._streams is not None:
+            self._streams[1].close()
+            self._streams = None
+
+
+async def _response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """One HTTP/1.1 response (llhttp), its body at most ANSWERS_MAX bytes."""
+    body = bytearray()
+    done = False
+
+    class Callbacks:
+        def on_body(self, data: bytes) -> None:
+            body.extend(data)
+            if len(body) > ANSWERS_MAX:
+                raise LinkError(f"an answer beyond {ANSWERS_MAX} bytes")
+
+        def on_message_complete(self) -> None:
+            nonlocal done
+            done = True
+
+    parser = httptools.HttpResponseParser(Callbacks())
+    while not done:
+        data = await reader.read(64 * 1024)
+        if not data:
+            raise LinkError("the leader closed the link")
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            raise LinkError(f"not an HTTP answer: {e}") from None
+    return parser.get_status_code(), bytes(body)
+
+
+class ReportFront:
+    """Serves agents' reports at ``listen`` and hands them to the leader's ``link`` in
+    batches (module docstring). ``token``: this pod's own projected token for the channel's
+    audience (read when each batch is sent: the kubelet rotates it)."""
+
+    def __init__(
+        self,
+        verifier: TokenVerifier,
+        listen: tuple[str, int],
+        link: Link,
+        token: Callable[[], str],
+        *,
+        limits: Limits | None = None,
+        member: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.verifier, self.listen, self.limits, self.member = verifier, listen, limits, member
+        self.connection = LinkConnection(link, token)
+        self.pending: list[tuple[Entry, asyncio.Future[Answer]]] = []
+        self.sending = False
+        self.batches = self.forwarded = self.link_failures = 0
+        self.http: HttpServer | None = None
+        self.port: int | None = None
+        self.pin: str | None = None
+        self._server: asyncio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._sender: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        ctx, self.pin = serving_context()
+        loop = asyncio.get_running_loop()
+        self.http = HttpServer(
+            self.handle,
+            names.REPORT_PATH.encode(),
+            MAX_BODY,
+            loop.time,
+            tls=ctx,
+            limits=self.limits,
+            member=self.member,
+        )
+        sock = socket.create_server(self.listen, backlog=4096)
+        self.port = sock.getsockname()[1]
+        self._server = await loop.create_server(self.http.connection, sock=sock)
+        self._tasks = [
+            asyncio.create_task(every(SWEEP_S, self.http.sweep)),
+            asyncio.create_task(every(PREAUTH_SWEEP_S, self.http.sweep_unauthenticated)),
+        ]
+        log.info("report front: serving on %s:%d", self.listen[0], self.port)
+
+    async def stop(self) -> None:
+        for task in [*self._tasks, *([self._sender] if self._sender is not None else [])]:
+            task.cancel()
+        self.connection.close()
+        if self._server is not None:
+            self._server.close()
+            if self.http is not None:
+                for c in list(self.http.connections):
+                    c.close()
+            await self._server.wait_closed()
+
+    def handle(self, request: Request) -> Answer | Awaitable[Answer]:
+        """An agent's report: refused as the leader refuses it where its form or token is
+        wrong, else forwarded (its answer: the leader's)."""
+        try:
+            token, sender, values = parse_report(request)
+            who = self.verifier.remembered(token)
+            if who is None:
+                return self._verify_then_forward(token, sender, values)
+            return self._forward(who, sender, values)
+        except Rejected as e:
+            return Answer(e.status, {"error": str(e)})
+
+    async def _verify_then_forward(
+        self, token: str, sender: Sender, values: dict[str, str]
+    ) -> Answer:
+        try:
+            who = await self.verifier.identify(token)
+            return await self._forward(who, sender, values)
+        except Rejected as e:
+            return Answer(e.status, {"error": str(e)})
+
+    def _forward(self, who: Identity, sender: Sender, values: dict[str, str]) -> Awaitable[Answer]:
+        check_sender(who, sender)
+        answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self.pending.append(((sender, values), answer))
+        if not self.sending:  # (the task's first step: after this turn's other reads)
+            self.sending = True
+            self._sender = asyncio.get_running_loop().create_task(self._send_all())
+        return answer
+
+    async def _send_all(self) -> None:
+        """Send what is pending, a batch at a time, until nothing is: what comes while one
+        batch is on the link goes in the next."""
+        try:
+            while self.pending:
+                batch, self.pending = self.pending[:BATCH_MAX], self.pending[BATCH_MAX:]
+                await self._send(batch)
+        finally:
+            self.sending = False
+
+    async def _send(self, batch: list[tuple[Entry, asyncio.Future[Answer]]]) -> None:
+        started = time.monotonic()
+        try:
+            answers = await self.connection.send([entry for entry, _ in batch])
+        except LinkError as e:
+            self.link_failures += 1
+            log.warning("report front: %d report(s) not delivered: %s", len(batch), e)
+            for _, future in batch:
+                if not future.done():
+                    future.set_result(Answer(503, {"error": "the leader is not reachable"}))
+            return
+        self.batches += 1
+        self.forwarded += len(batch)
+        for ((sender, _), future), (status, payload) in zip(batch, answers, strict=True):
+            if not future.done():
+                identity = sender.uid if status == 200 else None
+                future.set_result(Answer(status, payload, identity=identity))
+        took = (time.monotonic() - started) * 1000
+        log.debug("report front: %d report(s) answered in %.1f ms", len(batch), took)
