@@ -41,7 +41,11 @@ alternately with the leader, the same leader behind a report front
 (docs/design/report-fronts.md): the same reports handed to it as a front's batches of
 ``--batch`` (:mod:`jobset_inplace.protocol.front_link`), each decoded, taken and answered in one
 event-loop turn: what the leader itself would spend per member behind fronts, less the link's
-transport (one TLS record each way per batch).
+transport (one TLS record each way per batch). ``--fronts`` runs, alternately with the
+leader, the same leader behind a real report front
+(:class:`~jobset_inplace.controller.report_front.ReportFront`, served in the agents' process on
+their core): the agents' requests over TLS to the front, the front's batches over its link
+(TLS) to the leader: what the leader spends per member behind fronts, the link included.
 
 Each member's pod is on a node of its own whose Lease is renewed before each recovery, as on
 a cluster (every pass looks at every member's node); ``--no-nodes`` leaves the pods without
@@ -84,12 +88,6 @@ from jobset_inplace.core.model import GangStatus, NodeView
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.core.statemachine import Phase
 from jobset_inplace.protocol.envelope import Sender, encode_request, parse_request
-from jobset_inplace.protocol.front_link import (
-    BATCH_MAX,
-    decode_batch,
-    encode_answers,
-    encode_batch,
-)
 from jobset_inplace.protocol.report import AgentReport
 from jobset_inplace.runtime import process
 from jobset_inplace.runtime.report_http import Answer, HttpServer, Request
@@ -135,12 +133,27 @@ def _collecting(phase: str, _info: dict[str, Any]) -> None:
 # --- the agents (client process) ----------------------------------------------------------
 
 
+# A front's batch holds at most this many reports (protocol.front_link.BATCH_MAX; not imported:
+# --compare runs versions that have no such module)
+BATCH_MAX = 256
+# The report front's pod (--fronts): the leader takes batches from its token only.
+FRONT_POD = "front-0"
+
+
+def _is_front(who: Any) -> bool:
+    return bool(who.pod == FRONT_POD)
+
+
 def agents(port: int, members: int, core: int | None) -> None:
     """Hold a connection per member; on ``EPOCH exit:I`` member I reports its trainer's exit,
-    on ``EPOCH all`` every member reports that epoch at once; one JSON line back per command."""
+    on ``EPOCH all`` every member reports that epoch at once; one JSON line back per command.
+    ``--fronts``: the first line in also names the leader's link (its port and pin), the
+    cluster's keys and the front's token: the agents report to a report front served in this
+    process (its CPU on the agents' core), which sends the leader batches over the link."""
     if core is not None:
         os.sched_setaffinity(0, {core})
-    tokens = json.loads(sys.stdin.readline())
+    given = json.loads(sys.stdin.readline())
+    tokens = given["tokens"]
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
 
@@ -151,6 +164,23 @@ def agents(port: int, members: int, core: int | None) -> None:
         conns: dict[int, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
         connecting = asyncio.Semaphore(CONNECTING)
         loop = asyncio.get_running_loop()
+        nonlocal port
+        front = None
+        if "link" in given:
+            # (here, not above: --compare runs versions that have no fronts)
+            from jobset_inplace.controller.report_front import Link, ReportFront  # noqa: PLC0415
+
+            link_port, pin = given["link"]
+            front = ReportFront(
+                BenchKeysVerifier(given["keys"]),
+                ("127.0.0.1", 0),
+                Link("127.0.0.1", link_port, pin),
+                lambda: str(given["front_token"]),
+                member=lambda _address: True,  # (every source here is a member's address)
+            )
+            await front.start()
+            assert front.port is not None
+            port = front.port
         print("ready", flush=True)
 
         async def report(i: int, message: AgentReport) -> str:
@@ -185,6 +215,8 @@ def agents(port: int, members: int, core: int | None) -> None:
                 message = AgentReport(reported_epoch=epoch, reported_steps=steps)
                 refused = await asyncio.gather(*(report(i, message) for i in range(members)))
             print(json.dumps([r for r in refused if r][:3]), flush=True)
+        if front is not None:
+            await front.stop()
 
     uvloop.run(main())
 
@@ -215,10 +247,11 @@ Send = Callable[[int, str], Awaitable[None]]
 
 
 async def _start_agents(
-    args: argparse.Namespace, port: int, tokens: list[str]
+    args: argparse.Namespace, port: int, tokens: list[str], front: dict[str, Any] | None = None
 ) -> tuple[subprocess.Popen[str], Send]:
     """The agents' process, ready, and how to tell it what to send (``EPOCH exit:I`` or
-    ``EPOCH all``: returns once every answer came, raises SystemExit on a refusal)."""
+    ``EPOCH all``: returns once every answer came, raises SystemExit on a refusal).
+    ``front``: the leader's link, the keys and the front's token (:func:`agents`)."""
     client_core = None if args.leader_core is None else 1 - args.leader_core
     proc = subprocess.Popen(
         _command(
@@ -233,7 +266,7 @@ async def _start_agents(
     assert proc.stdin is not None
     assert proc.stdout is not None
     stdin, stdout = proc.stdin, proc.stdout
-    stdin.write(json.dumps(tokens) + "\n")
+    stdin.write(json.dumps({"tokens": tokens, **(front or {})}) + "\n")
     stdin.flush()
     loop = asyncio.get_running_loop()
     if (await loop.run_in_executor(None, stdout.readline)).strip() != "ready":
@@ -398,6 +431,8 @@ class _Batched(_Handed):
         self.batches = {what: self._batches(rs) for what, rs in self.requests.items()}
 
     def _batches(self, requests: list[Request]) -> list[bytes]:
+        from jobset_inplace.protocol.front_link import encode_batch  # noqa: PLC0415 (as above)
+
         entries = [parse_request(r.body) for r in requests]
         return [
             encode_batch(entries[i : i + self.batch]) for i in range(0, len(entries), self.batch)
@@ -407,6 +442,11 @@ class _Batched(_Handed):
         batches = self.batches.get((epoch, what))
         if batches is None:  # not prepared: the warm-up's
             batches = self._batches(self.reports(epoch))
+        from jobset_inplace.protocol.front_link import (  # noqa: PLC0415 (as above)
+            decode_batch,
+            encode_answers,
+        )
+
         refused = []
         for body in batches:
             answers = self.server.take_batch(decode_batch(body))
@@ -434,8 +474,12 @@ def leader(args: argparse.Namespace) -> list[dict[str, float]]:
 
     async def main() -> None:
         r = Reconciler(cache, _Writes())  # type: ignore[arg-type]
+        # (the link only where asked: versions before it take no such argument)
+        link: dict[str, Any] = (
+            {"link": ("127.0.0.1", 0), "fronts": _is_front} if args.fronts_run else {}
+        )
         server = ReportServer(
-            cache, r.poke, BenchKeysVerifier(cluster.keys()), ("127.0.0.1", 0), "127.0.0.1"
+            cache, r.poke, BenchKeysVerifier(cluster.keys()), ("127.0.0.1", 0), "127.0.0.1", **link
         )
         cache.report_endpoint = endpoint = await server.start()
         cache.reports_since = time.time() - 10
@@ -457,6 +501,13 @@ def leader(args: argparse.Namespace) -> list[dict[str, float]]:
         )
         if handed is not None:
             send: Send = handed
+        elif args.fronts_run:
+            front = {
+                "link": [server.link_port, endpoint.cert_sha256],
+                "keys": cluster.keys(),
+                "front_token": cluster.token(FRONT_POD, "uid-front"),
+            }
+            proc, send = await _start_agents(args, port, tokens, front)
         else:
             proc, send = await _start_agents(args, port, tokens)
 
@@ -486,6 +537,7 @@ def leader(args: argparse.Namespace) -> list[dict[str, float]]:
                 renew_leases(cache)  # the kubelets' renewals, outside the measured recovery
             await asyncio.sleep(0.5)
             GC_CPU[0], passes, planned = 0.0, r.passes, _planning_cpu()
+            batches = getattr(server, "batches", 0)  # (a front's, over the link)
             cpu, wall = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
             await send(epoch, f"exit:{exiting}")
             await until(partial(at_epoch, epoch + 1, opened=False), "recovery")
@@ -493,6 +545,8 @@ def leader(args: argparse.Namespace) -> list[dict[str, float]]:
             await until(partial(at_epoch, epoch + 1, opened=True), "barrier")
             results.append(_figures(cpu, n, r.passes - passes, wall))
             results[-1]["planning_cpu_s"] = _planning_cpu() - planned
+            if args.fronts_run:
+                results[-1]["link_batches"] = server.batches - batches
             print(
                 f"  recovery {rep + 1}: {results[-1]['us_per_member']:.0f} us per member, "
                 f"gc {GC_CPU[0] * 1000:.0f} ms, {r.passes - passes} passes, planning "
@@ -559,6 +613,12 @@ def main(argv: list[str] | None = None) -> int:
         "front's batches of --batch, one per event-loop turn (no transport)",
     )
     p.add_argument(
+        "--fronts",
+        action="store_true",
+        help="run the leader behind a real report front too: the agents report to a front in "
+        "their own process, which sends the leader batches over its link (TLS)",
+    )
+    p.add_argument(
         "--batch",
         type=int,
         default=64,
@@ -570,14 +630,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--floor-run", action="store_true", help=argparse.SUPPRESS)  # the floor's
     p.add_argument("--in-process-run", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--batched-run", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--fronts-run", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.members < 4 or args.members > 60000:
         p.error("--members: 4..60000 (a loopback address each)")
     if args.batch < 1:
         p.error(f"--batch: a count of requests >= 1, got {args.batch}")
-    if args.no_transport and (args.floor or args.in_process or args.batched):
+    if args.no_transport and (args.floor or args.in_process or args.batched or args.fronts):
         p.error("--no-transport: every version runs without a transport already")
-    if args.batch > BATCH_MAX:
+    if args.batched and args.batch > BATCH_MAX:
         p.error(f"--batch: at most {BATCH_MAX} (a front's batch), got {args.batch}")
     if args.agents is not None:
         agents(args.agents, args.members, args.leader_core)
@@ -592,6 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     versions |= {"floor": here} if args.floor else {}
     versions |= {"in-process": here} if args.in_process else {}
     versions |= {"batched": here} if args.batched else {}
+    versions |= {"fronts": here} if args.fronts else {}
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in versions}
     for run in range(args.runs):
         for version, root in versions.items():
@@ -608,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
                     else []
                 ),
                 *(["--batched-run", "--batch", str(args.batch)] if version == "batched" else []),
+                *(["--fronts-run"] if version == "fronts" else []),
             )
             out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
             runs[version] += json.loads(out.stdout)
@@ -627,7 +690,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{statistics.median(gc_ms):.0f} ms per recovery, "
             f"{statistics.median(r['passes'] for r in recs):g} passes{planning}"
         )
-    for other in ("compare", "floor", "in-process", "batched"):
+    for other in ("compare", "floor", "in-process", "batched", "fronts"):
         if other not in runs:
             continue
         r = ratio_of_medians(

@@ -93,6 +93,23 @@ def test_the_leader_runs_behind_a_front_with_its_reports_in_batches(
         leader_loop.main(["--members", "8", "--batched", "--batch", "257"])
 
 
+def test_the_leader_runs_behind_a_real_front_over_its_link(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "fronts.json"
+    argv = ["--members", "8", "--recoveries", "2", "--fronts"]
+    assert leader_loop.main([*argv, "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["runs"]) == {"this", "fronts"}
+    for r in doc["runs"]["fronts"]:
+        # planned, its barrier opened, no report refused (else the run exits): every
+        # member's report went agent -> front -> the leader's link
+        assert r["passes"] >= 1
+        assert 2 <= r["link_batches"] <= 9, "the exit's batch, then the epoch's (1 to 8)"
+        assert r["cpu_s"] > 0
+    assert "this / fronts: " in capsys.readouterr().out
+
+
 def test_two_versions_are_compared_without_a_transport(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
