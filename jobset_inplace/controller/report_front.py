@@ -261,9 +261,12 @@ class ReportFront:
         started = time.monotonic()
         try:
             answers = await self.connection.send([entry for entry, _ in batch])
-        except LinkError as e:
+        except Exception as e:  # a LinkError, or a bug: each agent must have its answer
             self.link_failures += 1
-            log.warning("report front: %d report(s) not delivered: %s", len(batch), e)
+            if isinstance(e, LinkError):
+                log.warning("report front: %d report(s) not delivered: %s", len(batch), e)
+            else:
+                log.exception("report front: %d report(s) not delivered", len(batch))
             for _, future in batch:
                 if not future.done():
                     future.set_result(Answer(503, {"error": "the leader is not reachable"}))
