@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -38,18 +37,12 @@ from jobset_inplace.protocol.front_link import (
     decode_answers,
     encode_batch,
 )
-from jobset_inplace.runtime.report_http import (
-    PREAUTH_SWEEP_S,
-    SWEEP_S,
-    Answer,
-    HttpServer,
-    Request,
-)
+from jobset_inplace.runtime.report_http import Answer, HttpServer, Listening, Request
 from jobset_inplace.runtime.report_limits import Limits
 from jobset_inplace.runtime.report_tls import serving_context
 from jobset_inplace.runtime.report_tokens import Identity, Rejected, TokenVerifier
 
-from .report_server import MAX_BODY, check_sender, every, parse_report
+from .report_server import MAX_BODY, check_sender, parse_report
 
 log = logging.getLogger("jobset_inplace.reports")
 
@@ -181,8 +174,7 @@ class ReportFront:
         self.http: HttpServer | None = None
         self.port: int | None = None
         self.pin: str | None = None
-        self._server: asyncio.Server | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._listening: Listening | None = None
         self._sender: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -197,25 +189,17 @@ class ReportFront:
             limits=self.limits,
             member=self.member,
         )
-        sock = socket.create_server(self.listen, backlog=4096)
-        self.port = sock.getsockname()[1]
-        self._server = await loop.create_server(self.http.connection, sock=sock)
-        self._tasks = [
-            asyncio.create_task(every(SWEEP_S, self.http.sweep)),
-            asyncio.create_task(every(PREAUTH_SWEEP_S, self.http.sweep_unauthenticated)),
-        ]
+        self._listening = await self.http.serve(self.listen, backlog=4096)
+        self.port = self._listening.port
         log.info("report front: serving on %s:%d", self.listen[0], self.port)
 
     async def stop(self) -> None:
-        for task in [*self._tasks, *([self._sender] if self._sender is not None else [])]:
-            task.cancel()
+        if self._sender is not None:
+            self._sender.cancel()
         self.connection.close()
-        if self._server is not None:
-            self._server.close()
-            if self.http is not None:
-                for c in list(self.http.connections):
-                    c.close()
-            await self._server.wait_closed()
+        if self._listening is not None:
+            await self._listening.close()
+            self._listening = None
 
     def handle(self, request: Request) -> Answer | Awaitable[Answer]:
         """An agent's report: refused as the leader refuses it where its form or token is

@@ -35,7 +35,6 @@ import asyncio
 import logging
 import re
 import secrets
-import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -57,10 +56,9 @@ from jobset_inplace.protocol.envelope import (
 from jobset_inplace.protocol.front_link import Entry, EntryAnswer, decode_batch, encode_answers
 from jobset_inplace.runtime.process import raise_open_files_limit, release_free_memory
 from jobset_inplace.runtime.report_http import (
-    PREAUTH_SWEEP_S,
-    SWEEP_S,
     Answer,
     HttpServer,
+    Listening,
     Refused,
     Request,
 )
@@ -156,8 +154,8 @@ class ReportServer:
         self.accepted = 0
         self.handled = 0  # requests, whatever the answer
         self._tasks: list[asyncio.Task[None]] = []
-        self._server: asyncio.Server | None = None
-        self._link_server: asyncio.Server | None = None
+        self._listening: Listening | None = None
+        self._link_listening: Listening | None = None
         self.http: HttpServer | None = None
         self._quiet_until: dict[str, float] = {}  # refusal -> no warning logged before
         self._unlogged: dict[str, int] = {}  # refusals not logged since, by kind
@@ -183,14 +181,10 @@ class ReportServer:
             on_dropped=self._dropped,
             member=self.cache.is_member_address,
         )
-        sock = socket.create_server(self.listen, backlog=4096)
-        port = sock.getsockname()[1]  # the one bound, when 0 was asked
-        # plain TCP: the connection does its own TLS (report_http.Connection)
-        self._server = await loop.create_server(self.http.connection, sock=sock)
+        self._listening = await self.http.serve(self.listen, backlog=4096)
+        port = self._listening.port
         self._tasks = [
             asyncio.create_task(self._release_after_bursts()),
-            asyncio.create_task(every(SWEEP_S, self.http.sweep)),
-            asyncio.create_task(every(PREAUTH_SWEEP_S, self.http.sweep_unauthenticated)),
             asyncio.create_task(measure_stalls(self.cache)),
         ]
         if self.link_listen is not None:
@@ -217,13 +211,8 @@ class ReportServer:
             limits=LINK_LIMITS,
             on_dropped=self._dropped,
         )
-        sock = socket.create_server(self.link_listen, backlog=64)
-        self.link_port = sock.getsockname()[1]
-        self._link_server = await loop.create_server(self.link.connection, sock=sock)
-        self._tasks += [
-            asyncio.create_task(every(SWEEP_S, self.link.sweep)),
-            asyncio.create_task(every(PREAUTH_SWEEP_S, self.link.sweep_unauthenticated)),
-        ]
+        self._link_listening = await self.link.serve(self.link_listen, backlog=64)
+        self.link_port = self._link_listening.port
         log.info("report channel: fronts' batches on %s:%d", self.link_listen[0], self.link_port)
 
     async def _release_after_bursts(self) -> None:
@@ -240,17 +229,10 @@ class ReportServer:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        if self._link_server is not None:
-            self._link_server.close()
-            for c in list(self.link.connections if self.link is not None else ()):
-                c.close()
-            await self._link_server.wait_closed()
-        if self._server is not None:
-            self._server.close()
-            if self.http is not None:
-                for c in list(self.http.connections):
-                    c.close()
-            await self._server.wait_closed()
+        for listening in (self._link_listening, self._listening):
+            if listening is not None:
+                await listening.close()
+        self._link_listening = self._listening = None
 
     def handle(self, request: Request) -> Answer | Awaitable[Answer]:
         """The answer to one report request (accepted: with the pod's uid as its identity):
@@ -439,13 +421,6 @@ def check_sender(who: Identity, sender: Sender) -> None:
             f"the token of pod {who.namespace}/{who.pod} (uid {who.uid}) may not report "
             f"for pod {sender.namespace}/{sender.pod} (uid {sender.uid})",
         )
-
-
-async def every(seconds: float, sweep: Callable[[], int]) -> None:
-    """Call ``sweep`` every ``seconds``, for ever."""
-    while True:
-        await asyncio.sleep(seconds)
-        sweep()
 
 
 def report_server_from_env(

@@ -44,6 +44,7 @@ import contextlib
 import fcntl
 import json
 import logging
+import socket
 import ssl
 import sys
 import termios
@@ -815,3 +816,39 @@ class HttpServer:
                 c.close()  # silently: the agent's next report reconnects
                 closed += 1
         return closed
+
+    async def serve(self, listen: tuple[str, int], backlog: int) -> Listening:
+        """Listen at ``listen`` (port 0: any free one) and sweep on time."""
+        sock = socket.create_server(listen, backlog=backlog)
+        # plain TCP: the connection does its own TLS (Connection)
+        server = await asyncio.get_running_loop().create_server(self.connection, sock=sock)
+        sweeps = [
+            asyncio.create_task(_every(SWEEP_S, self.sweep)),
+            asyncio.create_task(_every(PREAUTH_SWEEP_S, self.sweep_unauthenticated)),
+        ]
+        return Listening(self, server, sock.getsockname()[1], sweeps)
+
+
+@dataclass
+class Listening:
+    """A listening :class:`HttpServer` (:meth:`HttpServer.serve`)."""
+
+    http: HttpServer
+    server: asyncio.Server
+    port: int  # the one bound
+    sweeps: list[asyncio.Task[None]]
+
+    async def close(self) -> None:
+        """Stop listening and close every connection."""
+        for task in self.sweeps:
+            task.cancel()
+        self.server.close()
+        for c in list(self.http.connections):
+            c.close()
+        await self.server.wait_closed()
+
+
+async def _every(seconds: float, sweep: Callable[[], int]) -> None:
+    while True:
+        await asyncio.sleep(seconds)
+        sweep()
