@@ -159,6 +159,20 @@ class FrontTokens(MemberTokens):
         return super().remembered(token)
 
 
+def linked_leader(members: int) -> ReportServer:
+    """A leader of channel_attack's gang of ``members``, with a link for fronts: pods of the
+    service account ``jsi`` (FrontTokens' ``front``)."""
+    return ReportServer(
+        channel_attack._cache(members),
+        lambda key, delay=None, *, urgent=False: None,
+        cast(TokenVerifier, FrontTokens()),
+        ("127.0.0.1", 0),
+        "127.0.0.1",
+        link=("127.0.0.1", 0),
+        fronts=lambda who: who.service_account == "jsi",
+    )
+
+
 async def post(port: int, path: str, token: str, body: bytes) -> tuple[int, bytes]:
     """One request over TLS to the leader's ``port``: (status, body)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -187,15 +201,7 @@ async def test_fronts_send_batches_over_the_link_and_nobody_else_does() -> None:
     refused (403: an agent speaks only for its own pod); a body that is no batch 400, one
     beyond the link's limit 413 (before its token is looked at), and a report sent to the
     link's port is no batch (404)."""
-    s = ReportServer(
-        channel_attack._cache(4),
-        lambda key, delay=None, *, urgent=False: None,
-        cast(TokenVerifier, FrontTokens()),
-        ("127.0.0.1", 0),
-        "127.0.0.1",
-        link=("127.0.0.1", 0),
-        fronts=lambda who: who.service_account == "jsi",
-    )
+    s = linked_leader(4)
     await s.start()
     try:
         assert s.link_port is not None

@@ -23,7 +23,7 @@ from jobset_inplace.protocol.report import AgentReport
 from jobset_inplace.runtime.report_limits import Limits
 from jobset_inplace.runtime.report_tokens import TokenVerifier
 
-from .test_front_link import FrontTokens
+from .test_front_link import linked_leader
 from .test_report_server import MemberTokens
 
 MEMBERS = 6
@@ -39,15 +39,7 @@ class Setup:
 
 @pytest.fixture
 async def setup() -> AsyncIterator[Setup]:
-    leader = ReportServer(
-        channel_attack._cache(MEMBERS),
-        lambda key, delay=None, *, urgent=False: None,
-        cast(TokenVerifier, FrontTokens()),
-        ("127.0.0.1", 0),
-        "127.0.0.1",
-        link=("127.0.0.1", 0),
-        fronts=lambda who: who.service_account == "jsi",
-    )
+    leader = linked_leader(MEMBERS)
     endpoint = await leader.start()
     assert leader.link_port is not None
     front = ReportFront(
