@@ -60,6 +60,8 @@ SCALE = ROOT / "docs" / "bench" / "kwok-scale-2026-11-28" / "results.json"
 SCALE_10000 = ROOT / "docs" / "bench" / "leader-cost-2026-12-07" / "10000-cfe6afc" / "results.json"
 SCALE_10000_2 = ROOT / "docs" / "bench" / "leader-cost-2026-12-07b" / "10000-91a6161"
 SCALE_10000_2 /= "results.json"  # the sixth 10,000-pod run
+SCALE_10000_3 = ROOT / "docs" / "bench" / "leader-cost-2026-12-07c" / "10000-53cbc65"
+SCALE_10000_3 /= "results.json"  # the seventh 10,000-pod run
 CURVE_OWN_CORE = ROOT / "docs" / "bench" / "leader-cost-2026-12-07b" / "curve-bd22f95"
 CURVE_OWN_CORE /= "results.json"  # 500-2000 pods, the leader on a core of its own
 CURVE_OWN_CORE_5000 = ROOT / "docs" / "bench" / "leader-cost-2026-12-07b" / "curve-5000-3fb1647"
@@ -1371,6 +1373,11 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
         ROOT / "docs" / "benchmarks.md",
         lambda doc: kwok_scale(doc, SCALE_10000_2),
         (SCALE_10000_2,),
+    ),
+    "kwok-scale-10000-seventh": (
+        ROOT / "docs" / "benchmarks.md",
+        lambda doc: kwok_scale(doc, SCALE_10000_3),
+        (SCALE_10000_3,),
     ),
     "kwok-paths": (ROOT / "docs" / "benchmarks.md", kwok_paths, (PATHS,)),
     "kwok-deaths": (ROOT / "docs" / "benchmarks.md", kwok_deaths, (DEATHS,)),

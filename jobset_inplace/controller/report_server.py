@@ -27,7 +27,11 @@ know as a member of that gang (yet); 503 this replica cannot prove it still lead
 request is taken, and again after its token's verification, before anything is accepted:
 no lease of an agent is renewed by a leader its successor may already have replaced); a
 request that is not a report is refused by the HTTP layer
-(:mod:`.report_http`). Agents write their report on their pod after any failure."""
+(:mod:`.report_http`). Agents write their report on their pod after any failure.
+
+Report fronts (docs/design/report-fronts.md, :mod:`.report_front`) take reports off the wire
+for the leader: given a ``link``, the leader takes their batches there (``POST /v1/batches``)
+from the pods its ``fronts`` predicate accepts, each report as if it came alone."""
 
 from __future__ import annotations
 
@@ -143,8 +147,8 @@ class ReportServer:
         report is refused (503): no answer of a leader whose successor may already act renews
         an agent's lease (hot spares' fence) or takes a report it would not plan on.
         ``link``: where report fronts send their batches (None: no fronts), from the pods whose
-        tokens ``fronts`` accepts (docs/design/report-fronts.md; the fronts themselves are not
-        built yet)."""
+        tokens ``fronts`` accepts (docs/design/report-fronts.md; the controller runs no front
+        yet)."""
         self.cache, self.poke, self.verifier, self.leads = cache, poke, verifier, leads
         self.listen, self.advertise, self.limits = listen, advertise, limits or Limits()
         self.link_listen, self.fronts = link, fronts
@@ -351,8 +355,8 @@ class ReportServer:
         """A report front's batch (docs/design/report-fronts.md): each entry's report, already
         bound to its sender by the sender's token at the front, taken as :meth:`handle` takes
         one, and its answer (what the front answers that agent); every entry 503 where this
-        replica cannot prove it leads. Who may send batches is for the link to check before
-        (the front's own token: not built yet, the design's step 2)."""
+        replica cannot prove it leads. Who may send batches is checked before
+        (:meth:`handle_batch`: the front's own token)."""
         answers: list[EntryAnswer] = []
         for sender, values in entries:
             self.handled += 1
