@@ -43,8 +43,8 @@ alternately with the leader, the same leader behind a report front
 event-loop turn: what the leader itself would spend per member behind fronts, less the link's
 transport (one TLS record each way per batch). ``--fronts`` runs, alternately with the
 leader, the same leader behind a real report front
-(:class:`~jobset_inplace.controller.report_front.ReportFront`, served in the agents' process on
-their core): the agents' requests over TLS to the front, the front's batches over its link
+(:class:`~jobset_inplace.controller.report_front.ReportFront`, in a process of its own on the
+agents' core): the agents' requests over TLS to the front, the front's batches over its link
 (TLS) to the leader: what the leader spends per member behind fronts, the link included.
 
 Each member's pod is on a node of its own whose Lease is renewed before each recovery, as on
@@ -146,14 +146,10 @@ def _is_front(who: Any) -> bool:
 
 def agents(port: int, members: int, core: int | None) -> None:
     """Hold a connection per member; on ``EPOCH exit:I`` member I reports its trainer's exit,
-    on ``EPOCH all`` every member reports that epoch at once; one JSON line back per command.
-    ``--fronts``: the first line in also names the leader's link (its port and pin), the
-    cluster's keys and the front's token: the agents report to a report front served in this
-    process (its CPU on the agents' core), which sends the leader batches over the link."""
+    on ``EPOCH all`` every member reports that epoch at once; one JSON line back per command."""
     if core is not None:
         os.sched_setaffinity(0, {core})
-    given = json.loads(sys.stdin.readline())
-    tokens = given["tokens"]
+    tokens = json.loads(sys.stdin.readline())
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
 
@@ -164,23 +160,6 @@ def agents(port: int, members: int, core: int | None) -> None:
         conns: dict[int, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
         connecting = asyncio.Semaphore(CONNECTING)
         loop = asyncio.get_running_loop()
-        nonlocal port
-        front = None
-        if "link" in given:
-            # (here, not above: --compare runs versions that have no fronts)
-            from jobset_inplace.controller.report_front import Link, ReportFront  # noqa: PLC0415
-
-            link_port, pin = given["link"]
-            front = ReportFront(
-                BenchKeysVerifier(given["keys"]),
-                ("127.0.0.1", 0),
-                Link("127.0.0.1", link_port, pin),
-                lambda: str(given["front_token"]),
-                member=lambda _address: True,  # (every source here is a member's address)
-            )
-            await front.start()
-            assert front.port is not None
-            port = front.port
         print("ready", flush=True)
 
         async def report(i: int, message: AgentReport) -> str:
@@ -215,8 +194,6 @@ def agents(port: int, members: int, core: int | None) -> None:
                 message = AgentReport(reported_epoch=epoch, reported_steps=steps)
                 refused = await asyncio.gather(*(report(i, message) for i in range(members)))
             print(json.dumps([r for r in refused if r][:3]), flush=True)
-        if front is not None:
-            await front.stop()
 
     uvloop.run(main())
 
@@ -246,12 +223,64 @@ class _Writes:
 Send = Callable[[int, str], Awaitable[None]]
 
 
+def front(core: int | None) -> None:
+    """``--fronts``: a report front in a process of its own (on the agents' core), sending
+    the leader batches over its link: the link's port and pin, the cluster's keys and the
+    front's token in (one JSON line), the front's port out; it serves until its input ends."""
+    # (here, not above: --compare runs versions that have no fronts)
+    from jobset_inplace.controller.report_front import Link, ReportFront  # noqa: PLC0415
+
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    given = json.loads(sys.stdin.readline())
+
+    async def main() -> None:
+        link_port, pin = given["link"]
+        served = ReportFront(
+            BenchKeysVerifier(given["keys"]),
+            ("127.0.0.1", 0),
+            Link("127.0.0.1", link_port, pin),
+            lambda: str(given["front_token"]),
+            member=lambda _address: True,  # (every source here is a member's address)
+        )
+        await served.start()
+        print(served.port, flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        await served.stop()
+
+    uvloop.run(main())
+
+
+async def _start_front(
+    args: argparse.Namespace, given: dict[str, Any]
+) -> tuple[subprocess.Popen[str], int]:
+    """The front's process (:func:`front`) and the port it serves agents on."""
+    client_core = None if args.leader_core is None else 1 - args.leader_core
+    proc = subprocess.Popen(
+        _command(
+            Path(names.__file__).parent.parent,
+            *("--front", "--members", str(args.members)),
+            *([] if client_core is None else ["--leader-core", str(client_core)]),
+        ),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    proc.stdin.write(json.dumps(given) + "\n")
+    proc.stdin.flush()
+    line = await asyncio.get_running_loop().run_in_executor(None, proc.stdout.readline)
+    if not line.strip().isdigit():
+        raise SystemExit("the front's process did not start")
+    return proc, int(line)
+
+
 async def _start_agents(
-    args: argparse.Namespace, port: int, tokens: list[str], front: dict[str, Any] | None = None
+    args: argparse.Namespace, port: int, tokens: list[str]
 ) -> tuple[subprocess.Popen[str], Send]:
     """The agents' process, ready, and how to tell it what to send (``EPOCH exit:I`` or
-    ``EPOCH all``: returns once every answer came, raises SystemExit on a refusal).
-    ``front``: the leader's link, the keys and the front's token (:func:`agents`)."""
+    ``EPOCH all``: returns once every answer came, raises SystemExit on a refusal)."""
     client_core = None if args.leader_core is None else 1 - args.leader_core
     proc = subprocess.Popen(
         _command(
@@ -266,7 +295,7 @@ async def _start_agents(
     assert proc.stdin is not None
     assert proc.stdout is not None
     stdin, stdout = proc.stdin, proc.stdout
-    stdin.write(json.dumps({"tokens": tokens, **(front or {})}) + "\n")
+    stdin.write(json.dumps(tokens) + "\n")
     stdin.flush()
     loop = asyncio.get_running_loop()
     if (await loop.run_in_executor(None, stdout.readline)).strip() != "ready":
@@ -492,6 +521,7 @@ def leader(args: argparse.Namespace) -> list[dict[str, float]]:
         )
         port = int(endpoint.url.rsplit(":", 1)[1].split("/")[0])
         proc: subprocess.Popen[str] | None = None
+        front_proc: subprocess.Popen[str] | None = None
         handed = (
             _Batched(server, tokens, args.batch)
             if args.batched_run
@@ -502,12 +532,13 @@ def leader(args: argparse.Namespace) -> list[dict[str, float]]:
         if handed is not None:
             send: Send = handed
         elif args.fronts_run:
-            front = {
+            given = {
                 "link": [server.link_port, endpoint.cert_sha256],
                 "keys": cluster.keys(),
                 "front_token": cluster.token(FRONT_POD, "uid-front"),
             }
-            proc, send = await _start_agents(args, port, tokens, front)
+            front_proc, front_port = await _start_front(args, given)
+            proc, send = await _start_agents(args, front_port, tokens)
         else:
             proc, send = await _start_agents(args, port, tokens)
 
@@ -556,6 +587,8 @@ def leader(args: argparse.Namespace) -> list[dict[str, float]]:
         gc.callbacks.remove(_collecting)
         if proc is not None:
             _stop_agents(proc)
+        if front_proc is not None:
+            _stop_agents(front_proc)
         await server.stop()
 
     uvloop.run(main())
@@ -631,6 +664,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--in-process-run", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--batched-run", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--fronts-run", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--front", action="store_true", help=argparse.SUPPRESS)  # the front's
     args = p.parse_args(argv)
     if args.members < 4 or args.members > 60000:
         p.error("--members: 4..60000 (a loopback address each)")
@@ -642,6 +676,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--batch: at most {BATCH_MAX} (a front's batch), got {args.batch}")
     if args.agents is not None:
         agents(args.agents, args.members, args.leader_core)
+        return 0
+    if args.front:
+        front(args.leader_core)
         return 0
     if args.leader:
         print(json.dumps(floor(args) if args.floor_run else leader(args)))

@@ -37,6 +37,7 @@ from jobset_inplace.protocol.front_link import (
     decode_answers,
     encode_batch,
 )
+from jobset_inplace.runtime.process import raise_open_files_limit
 from jobset_inplace.runtime.report_http import Answer, HttpServer, Listening, Request
 from jobset_inplace.runtime.report_limits import Limits
 from jobset_inplace.runtime.report_tls import serving_context
@@ -180,13 +181,15 @@ class ReportFront:
     async def start(self) -> None:
         ctx, self.pin = serving_context()
         loop = asyncio.get_running_loop()
+        # a connection per agent it serves, as the leader's channel
+        limits = Limits.for_open_files(raise_open_files_limit("report front"), self.limits)
         self.http = HttpServer(
             self.handle,
             names.REPORT_PATH.encode(),
             MAX_BODY,
             loop.time,
             tls=ctx,
-            limits=self.limits,
+            limits=limits,
             member=self.member,
         )
         self._listening = await self.http.serve(self.listen, backlog=4096)
