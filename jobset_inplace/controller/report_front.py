@@ -34,6 +34,7 @@ from jobset_inplace.protocol.envelope import EnvelopeError, Sender
 from jobset_inplace.protocol.front_link import (
     BATCH_MAX,
     Entry,
+    EntryAnswer,
     decode_answers,
     encode_batch,
 )
@@ -79,7 +80,7 @@ class LinkConnection:
         self._ctx.verify_mode = ssl.CERT_NONE  # the certificate is pinned instead
         self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
-    async def send(self, entries: list[Entry]) -> list[tuple[int, dict[str, object]]]:
+    async def send(self, entries: list[Entry]) -> list[EntryAnswer]:
         """The leader's answers to ``entries``; raises :class:`LinkError`."""
         body = encode_batch(entries)
         try:
