@@ -235,7 +235,7 @@ def test_taking_a_report_whole_is_keeping_it_then_hearing_the_agent_then_its_new
                 c.gangs[key].status = GangStatus(epoch=epoch)
         whole, apart = caches
         refused = apart.set_report(key, uid, report)
-        expected = (refused, None, EpochReport.OTHER)
+        expected: tuple[str | None, str | None, EpochReport] = (refused, None, EpochReport.OTHER)
         if refused is None:
             expected = (None, apart.heartbeat(key, uid, 1.0)[1], apart.epoch_report(key, uid))
         assert whole.take_report(key, uid, report, 1.0) == expected, (turn, uid, report)
