@@ -15,6 +15,7 @@ from bench import channel_attack
 from jobset_inplace import names
 from jobset_inplace.controller import report_server
 from jobset_inplace.controller.cache import GangKey
+from jobset_inplace.controller.metrics import METRICS
 from jobset_inplace.controller.report_server import ReportServer
 from jobset_inplace.protocol.envelope import EnvelopeError, Sender, parse_request
 from jobset_inplace.protocol.front_link import (
@@ -26,6 +27,7 @@ from jobset_inplace.protocol.front_link import (
     encode_batch,
 )
 from jobset_inplace.runtime.report_http import Answer, Request
+from jobset_inplace.runtime.report_limits import OVER_UNAUTHENTICATED
 from jobset_inplace.runtime.report_tokens import Identity, TokenVerifier
 
 from .test_report_server import MemberTokens
@@ -221,4 +223,41 @@ async def test_fronts_send_batches_over_the_link_and_nobody_else_does() -> None:
         assert (await post(s.link_port, names.REPORT_PATH, "m1", report))[0] == 404
         assert s.accepted == 4
     finally:
+        await s.stop()
+
+
+async def test_the_link_holds_few_strangers() -> None:
+    """The link serves a few replicas: from one address, at most LINK_LIMITS'
+    max_unauthenticated_per_source connections wait unauthenticated (each may hold a body of
+    up to LINK_MAX_BODY before its token is looked at); the next is dropped at once and
+    counted, and a front's batch still gets through once they are gone."""
+    s = linked_leader(2)
+    dropped = METRICS.report_channel_connections_refused.labels(OVER_UNAUTHENTICATED)
+    before = dropped._value.get()
+    await s.start()
+    held = []
+    try:
+        assert s.link_port is not None
+        assert s.link is not None
+        per_source = report_server.LINK_LIMITS.max_unauthenticated_per_source
+        for _ in range(per_source + 1):
+            held.append(await asyncio.open_connection("127.0.0.1", s.link_port))
+        for _ in range(200):  # the leader takes them in its loop's next turns
+            if dropped._value.get() > before:
+                break
+            await asyncio.sleep(0.01)
+        assert dropped._value.get() == before + 1
+        assert len(s.link.unauthenticated) == per_source
+        for _, writer in held:
+            writer.close()
+        held.clear()
+        batch = encode_batch([parse_request(channel_attack.report_body(0))])
+        for _ in range(200):  # closed connections leave the count as the leader sees them end
+            if not s.link.unauthenticated:
+                break
+            await asyncio.sleep(0.01)
+        assert (await post(s.link_port, names.REPORT_LINK_PATH, "front", batch))[0] == 200
+    finally:
+        for _, writer in held:
+            writer.close()
         await s.stop()
