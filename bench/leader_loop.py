@@ -68,7 +68,7 @@ import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import uvloop
 
@@ -251,15 +251,17 @@ def front(core: int | None) -> None:
     uvloop.run(main())
 
 
-async def _start_front(
-    args: argparse.Namespace, given: dict[str, Any]
-) -> tuple[subprocess.Popen[str], int]:
-    """The front's process (:func:`front`) and the port it serves agents on."""
+def _helper(
+    args: argparse.Namespace, given: object, *argv: str
+) -> tuple[subprocess.Popen[str], IO[str], IO[str]]:
+    """A helper process of this bench (``argv``: its role) on the agents' core, ``given``
+    its first line in (JSON): it, its input and its output."""
     client_core = None if args.leader_core is None else 1 - args.leader_core
     proc = subprocess.Popen(
         _command(
             Path(names.__file__).parent.parent,
-            *("--front", "--members", str(args.members)),
+            *argv,
+            *("--members", str(args.members)),
             *([] if client_core is None else ["--leader-core", str(client_core)]),
         ),
         stdin=subprocess.PIPE,
@@ -270,7 +272,15 @@ async def _start_front(
     assert proc.stdout is not None
     proc.stdin.write(json.dumps(given) + "\n")
     proc.stdin.flush()
-    line = await asyncio.get_running_loop().run_in_executor(None, proc.stdout.readline)
+    return proc, proc.stdin, proc.stdout
+
+
+async def _start_front(
+    args: argparse.Namespace, given: dict[str, Any]
+) -> tuple[subprocess.Popen[str], int]:
+    """The front's process (:func:`front`) and the port it serves agents on."""
+    proc, _, stdout = _helper(args, given, "--front")
+    line = await asyncio.get_running_loop().run_in_executor(None, stdout.readline)
     if not line.strip().isdigit():
         raise SystemExit("the front's process did not start")
     return proc, int(line)
@@ -281,22 +291,7 @@ async def _start_agents(
 ) -> tuple[subprocess.Popen[str], Send]:
     """The agents' process, ready, and how to tell it what to send (``EPOCH exit:I`` or
     ``EPOCH all``: returns once every answer came, raises SystemExit on a refusal)."""
-    client_core = None if args.leader_core is None else 1 - args.leader_core
-    proc = subprocess.Popen(
-        _command(
-            Path(names.__file__).parent.parent,
-            *("--agents", str(port), "--members", str(args.members)),
-            *([] if client_core is None else ["--leader-core", str(client_core)]),
-        ),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdin is not None
-    assert proc.stdout is not None
-    stdin, stdout = proc.stdin, proc.stdout
-    stdin.write(json.dumps(tokens) + "\n")
-    stdin.flush()
+    proc, stdin, stdout = _helper(args, tokens, "--agents", str(port))
     loop = asyncio.get_running_loop()
     if (await loop.run_in_executor(None, stdout.readline)).strip() != "ready":
         raise SystemExit("the agents' process did not start")
