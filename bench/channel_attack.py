@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -40,6 +41,7 @@ from bench.scenarios import cpu_seconds, status_mib
 from jobset_inplace import names
 from jobset_inplace.controller.cache import ClusterCache, JobEntry, pod_entry
 from jobset_inplace.controller.metrics import METRICS
+from jobset_inplace.controller.report_front import Link, ReportFront
 from jobset_inplace.controller.report_server import ReportServer
 from jobset_inplace.core.model import GangStatus
 from jobset_inplace.core.policy import Policy
@@ -47,6 +49,7 @@ from jobset_inplace.runtime.report_limits import REFUSALS, Limits
 from jobset_inplace.runtime.report_tokens import Identity, TokenVerifier
 
 NAMESPACE, GANG, POD, UID = "bench", "train", "train-workers-0-0-abcde", "uid-member-0"
+FRONT_POD = "front-0"  # the report front's pod (--front), whose token the leader's link takes
 REPORT = json.dumps(
     {
         "namespace": NAMESPACE,
@@ -134,10 +137,14 @@ async def _serve(
     members: int = 1,
     addresses: dict[int, str] | None = None,
     limits: Limits | None = None,
+    front_token: str | None = None,
 ) -> None:
     """The server process: answers each line on stdin with its state (``verifier``: the token
     check, the bench's trusting one by default; ``members`` and their ``addresses``: the
-    gang's)."""
+    gang's). ``front_token``: the clients meet a report front
+    (:class:`~jobset_inplace.controller.report_front.ReportFront`, the pod ``front-0`` of
+    that token, with the same limits and no knowledge of the members' addresses) that hands
+    the leader their reports over its link; the state is the front's."""
     server = ReportServer(
         _cache(members, addresses),
         lambda key, urgent=False: None,
@@ -145,10 +152,29 @@ async def _serve(
         ("127.0.0.1", 0),
         "127.0.0.1",
         limits=limits or Limits(),
+        link=("127.0.0.1", 0) if front_token else None,
+        fronts=lambda who: who.pod == FRONT_POD,
     )
     endpoint = await server.start()
     assert server.http is not None
     http = server.http
+    if front_token:
+        assert server.link_port is not None
+        front = ReportFront(
+            verifier or TrustingVerifier(),  # type: ignore[arg-type]
+            ("127.0.0.1", 0),
+            Link("127.0.0.1", server.link_port, endpoint.cert_sha256),
+            lambda: front_token,
+            limits=limits or Limits(),
+        )
+        await front.start()
+        assert front.http is not None
+        http = front.http
+        # (a front has no metrics of its own yet: its refusals counted as the leader's are)
+        http.on_dropped = server._dropped
+        endpoint = dataclasses.replace(
+            endpoint, url=f"https://127.0.0.1:{front.port}{names.REPORT_PATH}"
+        )
     reader = asyncio.StreamReader()
     loop = asyncio.get_running_loop()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)

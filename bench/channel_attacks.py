@@ -60,6 +60,7 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from bench import provenance
 from bench.channel_attack import (
     AGENT,
+    FRONT_POD,
     NEW_POD,
     Server,
     _serve,
@@ -90,6 +91,7 @@ KID = "bench-key"
 KEY_ENV = "JSI_BENCH_JWKS"  # the server's keys, from this bench: {"config": ..., "jwks": ...}
 PRIVATE_ENV = "JSI_BENCH_KEY"  # the attacker process's key (PEM): it mints the stolen token
 AGENT_ENV = "JSI_BENCH_AGENT"  # the agent's address: member 0's pod's, in the server's cache
+FRONT_ENV = "JSI_BENCH_FRONT"  # --front: the front's token (the server process serves one)
 GOAL_LATENCY_X = 2.0
 GOAL_RSS_MIB = 100.0
 QUIET_S = 4.0
@@ -655,12 +657,20 @@ def attacks_named(p: argparse.ArgumentParser, only: str) -> list[str]:
 def main() -> int:
     p = arguments(__doc__)
     p.add_argument("--limits", default="", help="the server's limits, as JSI_REPORT_LIMITS")
+    p.add_argument(
+        "--front",
+        action="store_true",
+        help="attack a report front instead of the leader: the agent and the attacker meet a "
+        "ReportFront (the same limits, no knowledge of the members' addresses) that hands the "
+        "leader its reports over the link",
+    )
     args = p.parse_args()
     if args.serve:
         pin("server")
         verifier = BenchKeysVerifier(os.environ[KEY_ENV])
         limits = Limits.parse(os.environ.get(names.ENV_REPORT_LIMITS, ""))
-        uvloop.run(_serve(verifier, 3, {0: os.environ[AGENT_ENV]}, limits))
+        front = os.environ.get(FRONT_ENV) or None
+        uvloop.run(_serve(verifier, 3, {0: os.environ[AGENT_ENV]}, limits, front))
         return 0
     if args.attack:
         return attack_main(args.attack, args.port, args.addresses, args.seconds)
@@ -676,6 +686,8 @@ def main() -> int:
     if args.repeats < 1:
         p.error(f"--repeats: must be 1 or more, got {args.repeats}")
     env = {KEY_ENV: cluster.keys(), AGENT_ENV: AGENT, names.ENV_REPORT_LIMITS: args.limits}
+    if args.front:
+        env[FRONT_ENV] = cluster.token(FRONT_POD, "uid-front")
     runs = []
     for rep in range(args.repeats):
         # a fresh server each time: a repeat's memory growth is not the heap an earlier left
@@ -692,6 +704,7 @@ def main() -> int:
         "addresses": args.addresses,
         "limits": runs[0]["limits"],
         "kubernetes": "none (loopback, no cluster)",
+        "target": "a report front" if args.front else "the leader",
         "attacks": summarize(runs),
         "runs": runs,
     }

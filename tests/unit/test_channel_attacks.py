@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from bench.channel_attack import AGENT, Server
-from bench.channel_attacks import AGENT_ENV, ATTACKS, KEY_ENV, BenchCluster, run
+from bench.channel_attack import AGENT, FRONT_POD, Server
+from bench.channel_attacks import AGENT_ENV, ATTACKS, FRONT_ENV, KEY_ENV, BenchCluster, run
 from jobset_inplace.runtime.report_limits import Limits
 
 SECONDS = 11.0  # past the 10 s pre-authentication deadline
@@ -38,6 +38,31 @@ def test_every_report_of_the_agent_is_answered_and_memory_stays_bounded(
     assert set(r["new_pod"]["answers"]) == {"HTTP/1.1 200 OK"}, r["new_pod"]
     assert r["goals"]["rss_within_100_mib"], r["server"]
     assert suite["end"]["peak_mib"] - suite["idle"]["rss_mib"] < 100, suite["end"]
+
+
+@pytest.fixture(scope="module")
+def front_suite() -> dict[str, Any]:
+    """The same attacks on a report front (its own limits, no knowledge of the members'
+    addresses) handing the leader its reports over the link (``--front``)."""
+    cluster = BenchCluster()
+    env = {KEY_ENV: cluster.keys(), AGENT_ENV: AGENT}
+    env[FRONT_ENV] = cluster.token(FRONT_POD, "uid-front")
+    server = Server("bench.channel_attacks", env)
+    try:
+        return run(server, cluster, 40, SECONDS)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_through_a_front_every_report_is_answered_and_memory_stays_bounded(
+    front_suite: dict[str, Any], attack: str
+) -> None:
+    r = front_suite["attacks"][attack]
+    assert set(r["answers"]) == {"HTTP/1.1 200 OK"}, r["answers"]
+    assert set(r["new_pod"]["answers"]) == {"HTTP/1.1 200 OK"}, r["new_pod"]
+    assert r["goals"]["rss_within_100_mib"], r["server"]
+    assert front_suite["end"]["peak_mib"] - front_suite["idle"]["rss_mib"] < 100
 
 
 def test_garbage_tokens_are_refused_and_cost_a_handshake_each_within_the_gate(
