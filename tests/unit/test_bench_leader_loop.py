@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,36 +60,37 @@ def test_the_floor_runs_beside_the_leader_with_the_same_agents(
     assert "this / floor: " in capsys.readouterr().out
 
 
+def beside(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], version: str, *flags: str
+) -> list[dict[str, Any]]:
+    """``version`` run beside this one (``flags``: how), 2 recoveries of 8 members: its
+    recoveries, each planned with its barrier opened (else the run exits) and none of its
+    reports refused (else it exits too), and their ratio printed."""
+    out = tmp_path / f"{version}.json"
+    argv = ["--members", "8", "--recoveries", "2", *flags, "--out", str(out)]
+    assert leader_loop.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["runs"]) == {"this", version}
+    recoveries: list[dict[str, Any]] = doc["runs"][version]
+    for r in recoveries:
+        assert r["passes"] >= 1
+        assert r["cpu_s"] > 0
+    assert f"this / {version}: " in capsys.readouterr().out
+    return recoveries
+
+
 def test_the_leader_runs_with_its_reports_handed_to_it_without_a_transport(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "in-process.json"
-    argv = ["--members", "8", "--recoveries", "2", "--in-process", "--batch", "3"]
-    assert leader_loop.main([*argv, "--out", str(out)]) == 0
-    doc = json.loads(out.read_text())
-    assert set(doc["runs"]) == {"this", "in-process"}
-    for r in doc["runs"]["in-process"]:
-        # each recovery was planned and its barrier opened (else the run exits): every
-        # member's report taken by the leader's own handler, with no agent process
-        assert r["passes"] >= 1
-        assert r["cpu_s"] > 0
-    assert "this / in-process: " in capsys.readouterr().out
+    """Every member's report taken by the leader's own handler, with no agent process."""
+    beside(tmp_path, capsys, "in-process", "--in-process", "--batch", "3")
 
 
 def test_the_leader_runs_behind_a_front_with_its_reports_in_batches(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "batched.json"
-    argv = ["--members", "8", "--recoveries", "2", "--batched", "--batch", "3"]
-    assert leader_loop.main([*argv, "--out", str(out)]) == 0
-    doc = json.loads(out.read_text())
-    assert set(doc["runs"]) == {"this", "batched"}
-    for r in doc["runs"]["batched"]:
-        # each recovery was planned and its barrier opened (else the run exits): every
-        # member's report taken from a front's batch, none refused (else the run exits)
-        assert r["passes"] >= 1
-        assert r["cpu_s"] > 0
-    assert "this / batched: " in capsys.readouterr().out
+    """Every member's report taken from a front's batch; a batch beyond a front's refused."""
+    beside(tmp_path, capsys, "batched", "--batched", "--batch", "3")
     with pytest.raises(SystemExit):
         leader_loop.main(["--members", "8", "--batched", "--batch", "257"])
 
@@ -96,18 +98,9 @@ def test_the_leader_runs_behind_a_front_with_its_reports_in_batches(
 def test_the_leader_runs_behind_a_real_front_over_its_link(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "fronts.json"
-    argv = ["--members", "8", "--recoveries", "2", "--fronts"]
-    assert leader_loop.main([*argv, "--out", str(out)]) == 0
-    doc = json.loads(out.read_text())
-    assert set(doc["runs"]) == {"this", "fronts"}
-    for r in doc["runs"]["fronts"]:
-        # planned, its barrier opened, no report refused (else the run exits): every
-        # member's report went agent -> front -> the leader's link
-        assert r["passes"] >= 1
+    """Every member's report went agent -> front -> the leader's link."""
+    for r in beside(tmp_path, capsys, "fronts", "--fronts"):
         assert 2 <= r["link_batches"] <= 9, "the exit's batch, then the epoch's (1 to 8)"
-        assert r["cpu_s"] > 0
-    assert "this / fronts: " in capsys.readouterr().out
 
 
 def test_two_versions_are_compared_without_a_transport(

@@ -18,35 +18,14 @@ from jobset_inplace.runtime.report_limits import Limits
 SECONDS = 11.0  # past the 10 s pre-authentication deadline
 
 
-@pytest.fixture(scope="module")
-def suite() -> dict[str, Any]:
-    cluster = BenchCluster()
-    server = Server("bench.channel_attacks", {KEY_ENV: cluster.keys(), AGENT_ENV: AGENT})
-    try:
-        return run(server, cluster, 40, SECONDS)
-    finally:
-        server.stop()
-
-
-@pytest.mark.parametrize("attack", ATTACKS)
-def test_every_report_of_the_agent_is_answered_and_memory_stays_bounded(
-    suite: dict[str, Any], attack: str
-) -> None:
-    r = suite["attacks"][attack]
-    assert set(r["answers"]) == {"HTTP/1.1 200 OK"}, r["answers"]
-    # and a new pod's agent, whose address the server does not know (no member's priority)
-    assert set(r["new_pod"]["answers"]) == {"HTTP/1.1 200 OK"}, r["new_pod"]
-    assert r["goals"]["rss_within_100_mib"], r["server"]
-    assert suite["end"]["peak_mib"] - suite["idle"]["rss_mib"] < 100, suite["end"]
-
-
-@pytest.fixture(scope="module")
-def front_suite() -> dict[str, Any]:
-    """The same attacks on a report front (its own limits, no knowledge of the members'
-    addresses) handing the leader its reports over the link (``--front``)."""
+def attacked(*, front: bool) -> dict[str, Any]:
+    """Every attack on a fresh server process: the leader's channel, or (``front``) a report
+    front (its own limits, no knowledge of the members' addresses) handing the leader its
+    reports over the link (``--front``)."""
     cluster = BenchCluster()
     env = {KEY_ENV: cluster.keys(), AGENT_ENV: AGENT}
-    env[FRONT_ENV] = cluster.token(FRONT_POD, "uid-front")
+    if front:
+        env[FRONT_ENV] = cluster.token(FRONT_POD, "uid-front")
     server = Server("bench.channel_attacks", env)
     try:
         return run(server, cluster, 40, SECONDS)
@@ -54,15 +33,28 @@ def front_suite() -> dict[str, Any]:
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def suite() -> dict[str, Any]:
+    return attacked(front=False)
+
+
+@pytest.fixture(scope="module")
+def front_suite() -> dict[str, Any]:
+    return attacked(front=True)
+
+
 @pytest.mark.parametrize("attack", ATTACKS)
-def test_through_a_front_every_report_is_answered_and_memory_stays_bounded(
-    front_suite: dict[str, Any], attack: str
+@pytest.mark.parametrize("target", ["suite", "front_suite"])
+def test_every_report_of_the_agent_is_answered_and_memory_stays_bounded(
+    request: pytest.FixtureRequest, target: str, attack: str
 ) -> None:
-    r = front_suite["attacks"][attack]
+    attacks: dict[str, Any] = request.getfixturevalue(target)
+    r = attacks["attacks"][attack]
     assert set(r["answers"]) == {"HTTP/1.1 200 OK"}, r["answers"]
+    # and a new pod's agent, whose address the server does not know (no member's priority)
     assert set(r["new_pod"]["answers"]) == {"HTTP/1.1 200 OK"}, r["new_pod"]
     assert r["goals"]["rss_within_100_mib"], r["server"]
-    assert front_suite["end"]["peak_mib"] - front_suite["idle"]["rss_mib"] < 100
+    assert attacks["end"]["peak_mib"] - attacks["idle"]["rss_mib"] < 100, attacks["end"]
 
 
 def test_garbage_tokens_are_refused_and_cost_a_handshake_each_within_the_gate(
