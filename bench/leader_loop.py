@@ -473,7 +473,8 @@ class _Batched(_Handed):
 
         refused = []
         for body in batches:
-            answers = self.server.take_batch(decode_batch(body))
+            batch = decode_batch(body)  # (before fronts said hello: a list of entries)
+            answers = self.server.take_batch(getattr(batch, "entries", batch))
             json.dumps(encode_answers(answers)).encode()  # what the link sends back
             refused += [f"{status} {payload}" for status, payload in answers if status != 200]
             await asyncio.sleep(0)  # the next batch in the loop's next turn

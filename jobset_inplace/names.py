@@ -125,6 +125,11 @@ REPORT_PATH: Final = "/v1/reports"
 # Where a report front sends the leader its batches (docs/design/report-fronts.md).
 REPORT_LINK_PATH: Final = "/v1/batches"
 DEFAULT_REPORT_PORT: Final = 9444
+DEFAULT_REPORT_LINK_PORT: Final = 9445
+# The leader names its fronts' link on its election Lease (every candidate reads it each retry
+# period): the link's URL and its certificate's SHA-256 (the channel's).
+LEASE_REPORT_LINK: Final = f"{PREFIX}report-link"
+LEASE_REPORT_LINK_PIN: Final = f"{PREFIX}report-link-cert-sha256"
 # A projected service-account token for this audience only (the agent's API token is never sent
 # to the controller); the leader verifies it offline against the cluster's signing keys (or,
 # where it cannot read them, with a TokenReview), cached until the token expires
@@ -173,6 +178,8 @@ STATUS_STEP_RECHECK: Final = "stepRecheck"
 ENDPOINT_URL: Final = "url"
 ENDPOINT_CERT_SHA256: Final = "certSHA256"
 ENDPOINT_LEADER: Final = "leader"
+# ... its report fronts (docs/design/report-fronts.md): a list of {url, certSHA256}
+ENDPOINT_FRONTS: Final = "fronts"
 # plannedStop's and stepRecheck's: the epoch they are of, the step the gang stops at, the
 # steps to look at again
 ASK_EPOCH: Final = "epoch"
@@ -195,6 +202,12 @@ ENV_AGENT_API_SERVER: Final = "JSI_AGENT_API_SERVER"
 ENV_REPORT_LISTEN: Final = "JSI_REPORT_LISTEN"
 ENV_REPORT_ADVERTISE: Final = "JSI_REPORT_ADVERTISE"
 ENV_REPORT_LIMITS: Final = "JSI_REPORT_LIMITS"
+# where the leader takes report fronts' batches (ADDRESS:PORT; "off": no fronts), and whether a
+# standby replica serves as a report front ("off": it does not); the controller's service
+# account (fronts are replicas of its own namespace and service account)
+ENV_REPORT_LINK_LISTEN: Final = "JSI_REPORT_LINK_LISTEN"
+ENV_REPORT_FRONT: Final = "JSI_REPORT_FRONT"
+ENV_SERVICE_ACCOUNT: Final = "JSI_SERVICE_ACCOUNT"
 
 # --- The agent's environment: core/transform.py writes it, agent/config.py reads it ------------
 ENV_GANGSTATE: Final = "JSI_GANGSTATE"

@@ -14,6 +14,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -32,6 +33,7 @@ CONNECT_S = 1.0
 # new leader) is tried again once after a random pause in this range, not given up at once.
 REFUSED_RETRY_S = (0.1, 1.0)
 _pause = time.sleep  # the tests' lever on that pause
+_now = time.monotonic  # ... and on the clock
 
 
 @functools.cache
@@ -45,16 +47,39 @@ def _client_context() -> ssl.SSLContext:
     return ctx
 
 
+# A report front that failed (docs/design/report-fronts.md) is passed over for this long: each
+# report goes to the leader itself meanwhile, not through a front that costs it a timeout.
+FRONT_RETRY_S = 30.0
+
+
 class ChannelError(Exception):
-    """The report did not reach the leader, or the leader refused it."""
+    """The report did not reach the leader, or the leader refused it (``status``: its HTTP
+    status; None: no answer)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class ReportChannel:
     """Reports of pod ``pod`` (namespace, name, uid) of gang ``gang`` to the leader. One per
     thread (it holds a connection)."""
 
-    def __init__(self, namespace: str, gang: str, pod: str, uid: str, token_file: Path) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        gang: str,
+        pod: str,
+        uid: str,
+        token_file: Path,
+        *,
+        on_front_failed: Callable[[str], None] = lambda why: None,
+    ) -> None:
+        """``on_front_failed``: told why, each time this pod's front failed and the report went
+        to the leader itself."""
         self.sender = Sender(namespace, gang, pod, uid)
+        self.on_front_failed = on_front_failed
+        self._front_failed: tuple[Endpoint, float] | None = None  # (front, passed over until)
         self._token_file = token_file
         self._ssl = _client_context()
         self._conn: http.client.HTTPSConnection | None = None
@@ -66,8 +91,22 @@ class ReportChannel:
     def send(self, endpoint: Endpoint, message: Message) -> dict[str, object]:
         """Deliver ``message`` (a report, a progress note or a heartbeat) to ``endpoint``:
         the leader's answer (a JSON object); raises `ChannelError`. A kept-alive connection
-        the leader closed is retried once."""
-        return self.post(endpoint, encode_request(self.sender, message))
+        the leader closed is retried once. Where the endpoint names report fronts, the report
+        goes to this pod's (:meth:`Endpoint.front_for`), and to the leader itself where the
+        front does not answer or cannot reach the leader (503), a front that failed being
+        passed over for FRONT_RETRY_S."""
+        body = encode_request(self.sender, message)
+        front = endpoint.front_for(self.sender.uid)
+        failed = self._front_failed
+        if front is not None and (failed is None or failed[0] != front or _now() > failed[1]):
+            try:
+                return self.post(front, body)
+            except ChannelError as e:
+                if e.status not in (None, 503):
+                    raise  # the leader's own answer, through the front
+                self._front_failed = (front, _now() + FRONT_RETRY_S)
+                self.on_front_failed(f"report front {e}; sending to the leader itself")
+        return self.post(endpoint, body)
 
     def post(self, endpoint: Endpoint, body: bytes) -> dict[str, object]:
         """Deliver a request ``body`` as it is (what :meth:`send` encodes; the tests send
@@ -103,7 +142,9 @@ class ReportChannel:
             if resp.will_close:
                 self.close()
             if resp.status != 200:
-                raise ChannelError(f"{endpoint.url}: HTTP {resp.status}: {_error(payload)}")
+                raise ChannelError(
+                    f"{endpoint.url}: HTTP {resp.status}: {_error(payload)}", resp.status
+                )
             return _answer(payload)
         raise AssertionError("unreachable")
 

@@ -141,7 +141,12 @@ class Reporter:
         if cfg.pod_uid is None or cfg.report_token_file is None:
             return None
         return ReportChannel(
-            cfg.namespace, cfg.gangstate, cfg.pod_name, cfg.pod_uid, cfg.report_token_file
+            cfg.namespace,
+            cfg.gangstate,
+            cfg.pod_name,
+            cfg.pod_uid,
+            cfg.report_token_file,
+            on_front_failed=lambda why: self.log.repeat("front", "WARN", why),
         )
 
     def report(
@@ -161,10 +166,11 @@ class Reporter:
 
     def resend(self, epoch: int, channel: ReportChannel | None, kube: KubeApi) -> str | None:
         """Send the record again if it went over the channel and the status now names another
-        leader (a new leader knows nothing of it) while its epoch is current; else None."""
+        leader (a new leader knows nothing of it) while its epoch is current; else None. (The
+        same leader naming other fronts knows it already.)"""
         with self.lock:
             endpoint, sent_to = self.endpoint, self.sent_to
-            if sent_to is None or endpoint == sent_to:
+            if sent_to is None or (endpoint is not None and endpoint.same_leader(sent_to)):
                 return None
             if self.record.reported_epoch != epoch:
                 return None

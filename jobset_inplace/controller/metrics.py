@@ -307,6 +307,26 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.report_fronts = Gauge(
+            f"{PREFIX}report_fronts",
+            "Report fronts the leader names in the GangStates' status (those that said hello "
+            "on its link lately).",
+            registry=r,
+        )
+        self.report_front_requests = Counter(
+            f"{PREFIX}report_front_requests_total",
+            "On a replica serving as a report front: agents' reports by answer (the leader's "
+            "answer passed on; 503: the leader was not reachable over the link, the agent sent "
+            "the report to the leader itself).",
+            ["code"],
+            registry=r,
+        )
+        self.report_front_link_failures = Counter(
+            f"{PREFIX}report_front_link_failures_total",
+            "On a replica serving as a report front: batches (or hellos) the leader's link did "
+            "not take (no leader known, not reachable, no answer in time, refused).",
+            registry=r,
+        )
         self.watch_restarts = Counter(
             f"{PREFIX}watch_restarts_total",
             "Raw watches restarted, by watch and reason (error: retried; expired: relisted).",

@@ -20,7 +20,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -38,6 +38,7 @@ from jobset_inplace.core.decode import (
 from jobset_inplace.core.detection import observation_restarts
 from jobset_inplace.core.model import NodeView
 from jobset_inplace.core.policy import PolicyError, is_managed, parse_policy
+from jobset_inplace.core.report_fronts import link_annotations
 from jobset_inplace.runtime.manager import Manager, Settings
 from jobset_inplace.runtime.process import freeze_heap
 from jobset_inplace.runtime.watches import RawWatch, WatchEvent
@@ -50,6 +51,7 @@ from .disruption_budget import DisruptionBudgetKeeper
 from .executor import Executor
 from .lease_observer import LeaseObserver, lease_observer
 from .reconciler import Reconciler
+from .report_front import standby_front
 from .report_server import report_server_from_env
 
 log = logging.getLogger("jobset_inplace.controller")
@@ -293,8 +295,23 @@ def run(settings: Settings, extra_watches: Sequence[WatchFactory] = ()) -> None:
         # channel granted must have ended by then (docs/guarantees.md, the fence)
         release_after_s=0.0 if refused else names.LEASE_S + names.FENCE_MARGIN_S,
     )
+    standby = None
+    if settings.election is not None and refused is None:
+        try:
+            standby = standby_front(os.environ)
+        except ValueError as e:
+            log.error("report front: not served (%s)", e)
     manager.run(
-        partial(run_controller, reconciler, extra_watches, observer, manager.leads, refused)
+        partial(
+            run_controller,
+            reconciler,
+            extra_watches,
+            observer=observer,
+            leads=manager.leads,
+            channel_refusal=refused,
+            advertise=manager.advertise if settings.election is not None else None,
+        ),
+        standby=standby,
     )
 
 
@@ -316,14 +333,18 @@ def channel_refused(settings: Settings) -> str | None:
 def run_controller(
     reconciler: Reconciler,
     extra_watches: Sequence[WatchFactory] = (),
+    *,
     observer: LeaseObserver | None = None,
     leads: Callable[[], bool] = lambda: True,
     channel_refusal: str | None = None,
+    advertise: Callable[[Mapping[str, str]], None] | None = None,
 ) -> None:
     """The controller proper (this replica leads, or there is no election); ``observer``: the
     Lease watch it ran while a candidate, handed over at the prime; ``leads``: whether this
     replica can prove it leads at this moment (:meth:`.Manager.leads`); ``channel_refusal``:
-    why the report channel is not served (:func:`channel_refused`)."""
+    why the report channel is not served (:func:`channel_refused`); ``advertise``: tells the
+    other candidates what to know on the election Lease (:meth:`.Manager.advertise`; None: no
+    election, and no report fronts)."""
     watches = [
         *raw_watches(reconciler),
         *dra_watches(reconciler),
@@ -351,7 +372,7 @@ def run_controller(
 
     @kopf.on.startup(registry=registry)
     async def start_watches(**_: Any) -> None:
-        await start_report_channel(reconciler, leads, channel_refusal)
+        await start_report_channel(reconciler, leads, channel_refusal, advertise)
         _stop_at_sigterm(reconciler, stop)
         for keeper in (access, budgets):
             background.add(asyncio.get_running_loop().create_task(keeper.resync_forever()))
@@ -386,18 +407,28 @@ def _stop_at_sigterm(reconciler: Reconciler, stop: asyncio.Event) -> None:
 
 
 async def start_report_channel(
-    r: Reconciler, leads: Callable[[], bool], refusal: str | None = None
+    r: Reconciler,
+    leads: Callable[[], bool],
+    refusal: str | None = None,
+    advertise: Callable[[Mapping[str, str]], None] | None = None,
 ) -> None:
     """Serve the report channel before any pass advertises it, answering only while
-    ``leads()``. A channel that cannot start (a port taken, a bad setting, ``refusal``) is
-    logged and left off: agents then write their reports on their pods, as without it."""
+    ``leads()``; with ``advertise`` (an election), its link for report fronts too, named on
+    the election Lease. A channel that cannot start (a port taken, a bad setting,
+    ``refusal``) is logged and left off: agents then write their reports on their pods, as
+    without it."""
     if refusal is not None:
         log.error("report channel: not served (%s); agents write their reports on pods", refusal)
         return
     try:
-        server = report_server_from_env(r.cache, r.poke, os.environ, leads=leads)
+        server = report_server_from_env(
+            r.cache, r.poke, os.environ, leads=leads, elected=advertise is not None
+        )
         if server is not None:
             r.cache.report_endpoint = await server.start()
+            link = server.link_address
+            if link is not None and advertise is not None:
+                advertise(link_annotations(link))
     except (OSError, ValueError) as e:
         log.error("report channel: cannot serve it (%s); agents write their reports on pods", e)
 

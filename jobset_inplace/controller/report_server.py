@@ -31,11 +31,14 @@ request that is not a report is refused by the HTTP layer
 
 Report fronts (docs/design/report-fronts.md, :mod:`.report_front`) take reports off the wire
 for the leader: given a ``link``, the leader takes their batches there (``POST /v1/batches``)
-from the pods its ``fronts`` predicate accepts, each report as if it came alone."""
+from the pods its ``fronts`` predicate accepts, each report as if it came alone, and names the
+fronts it hears from in its endpoint (:func:`.core.report_fronts.live_fronts`): each gang's
+status then tells its agents where to send."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 import secrets
@@ -49,6 +52,7 @@ from kubernetes import client
 from jobset_inplace import names
 from jobset_inplace.core.gangstate import progress_write_interval
 from jobset_inplace.core.model import ReportEndpoint
+from jobset_inplace.core.report_fronts import FRONT_TTL_S, Link, live_fronts
 from jobset_inplace.protocol.envelope import (
     EnvelopeError,
     Heartbeat,
@@ -58,6 +62,7 @@ from jobset_inplace.protocol.envelope import (
     parse_request,
 )
 from jobset_inplace.protocol.front_link import Entry, EntryAnswer, decode_batch, encode_answers
+from jobset_inplace.protocol.gangstate import Front
 from jobset_inplace.runtime.process import raise_open_files_limit, release_free_memory
 from jobset_inplace.runtime.report_http import (
     Answer,
@@ -152,6 +157,8 @@ class ReportServer:
         self.cache, self.poke, self.verifier, self.leads = cache, poke, verifier, leads
         self.listen, self.advertise, self.limits = listen, advertise, limits or Limits()
         self.link_listen, self.fronts = link, fronts
+        self.endpoint: ReportEndpoint | None = None  # what the statuses name (once started)
+        self.heard: dict[Front, float] = {}  # fronts' hellos: front -> when (monotonic)
         self.link: HttpServer | None = None
         self.link_port: int | None = None  # the one bound
         self.batches = 0  # front batches taken
@@ -191,14 +198,52 @@ class ReportServer:
             asyncio.create_task(self._release_after_bursts()),
             asyncio.create_task(measure_stalls(self.cache)),
         ]
-        if self.link_listen is not None:
-            await self._start_link(ctx)
         where = f"[{self.advertise}]" if ":" in self.advertise else self.advertise
-        endpoint = ReportEndpoint(
+        self.endpoint = ReportEndpoint(
             f"https://{where}:{port}{names.REPORT_PATH}", pin, secrets.token_hex(8)
         )
-        log.info("report channel: serving %s on %s:%d", endpoint.url, self.listen[0], port)
-        return endpoint
+        log.info("report channel: serving %s on %s:%d", self.endpoint.url, self.listen[0], port)
+        if self.link_listen is not None:
+            await self._start_link(ctx)
+            self._tasks.append(asyncio.create_task(self._forget_fronts()))
+        return self.endpoint
+
+    @property
+    def link_address(self) -> Link | None:
+        """Where fronts send their batches (None: no link), for the election Lease."""
+        if self.link_port is None or self.endpoint is None:
+            return None
+        return Link(self.advertise, self.link_port, self.endpoint.cert_sha256)
+
+    def _hear(self, front: Front) -> None:
+        """A front's hello: named at once if it is new."""
+        new = front not in self.heard
+        self.heard[front] = time.monotonic()
+        if new:
+            log.info("report channel: front %s says hello", front.url)
+            self._name_fronts()
+
+    async def _forget_fronts(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self._name_fronts()
+
+    def _name_fronts(self) -> None:
+        """Name the fronts heard from lately (:func:`live_fronts`) in the endpoint; where that
+        changes it, every gang is planned (its status names the new endpoint: one write per
+        gang)."""
+        now = time.monotonic()
+        fronts = live_fronts(self.heard, now)
+        for front in [f for f, at in self.heard.items() if now - at > FRONT_TTL_S]:
+            log.warning("report channel: front %s is silent: no longer named", front.url)
+            del self.heard[front]
+        if self.endpoint is None or fronts == self.endpoint.fronts:
+            return
+        self.endpoint = dataclasses.replace(self.endpoint, fronts=fronts)
+        self.cache.report_endpoint = self.endpoint
+        METRICS.report_fronts.set(len(fronts))
+        for key in list(self.cache.gangs):
+            self.poke(key)
 
     async def _start_link(self, ctx: ssl.SSLContext) -> None:
         """Listen for report fronts' batches (same certificate as the channel: a front pins
@@ -345,11 +390,13 @@ class ReportServer:
                 "is no report front of this controller",
             )
         try:
-            entries = decode_batch(body)
+            batch = decode_batch(body)
         except EnvelopeError as e:
             raise Rejected(400, str(e)) from None
+        if batch.front is not None:
+            self._hear(batch.front)
         self.batches += 1
-        return Answer(200, encode_answers(self.take_batch(entries)), identity=who.uid)
+        return Answer(200, encode_answers(self.take_batch(batch.entries)), identity=who.uid)
 
     def take_batch(self, entries: Sequence[Entry]) -> list[EntryAnswer]:
         """A report front's batch (docs/design/report-fronts.md): each entry's report, already
@@ -427,17 +474,19 @@ def check_sender(who: Identity, sender: Sender) -> None:
         )
 
 
-def report_server_from_env(
-    cache: ClusterCache,
-    poke: Poke,
-    env: Mapping[str, str],
-    *,
-    leads: Callable[[], bool] = lambda: True,
-) -> ReportServer | None:
-    """The channel as configured: ``JSI_REPORT_LISTEN`` (ADDRESS:PORT, default 0.0.0.0:9444;
-    port 0: any free one), advertised at ``JSI_REPORT_ADVERTISE`` (an address agents reach;
-    default the pod's ``POD_IP``; ``off``: no channel, agents write their reports on pods),
-    with ``JSI_REPORT_LIMITS`` (``key=value,...``: :class:`.report_limits.Limits`)."""
+def listen_address(env: Mapping[str, str], variable: str, default: str) -> tuple[str, int]:
+    """``ADDRESS:PORT`` from ``env[variable]`` (or ``default``; port 0: any free one); raises
+    ValueError naming the variable and the accepted form."""
+    listen = env.get(variable) or default
+    host, sep, port = listen.rpartition(":")
+    if not sep or not re.fullmatch(r"[0-9]{1,5}", port) or int(port) > 65535:
+        raise ValueError(f"{variable} must be ADDRESS:PORT (port 0..65535), got {listen!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def advertised_address(env: Mapping[str, str]) -> str | None:
+    """Where agents reach this replica's channel (or front): ``JSI_REPORT_ADVERTISE``, else the
+    pod's ``POD_IP``; None where neither is set or it is ``off`` (logged)."""
     advertise = env.get(names.ENV_REPORT_ADVERTISE) or env.get("POD_IP") or ""
     if advertise in ("", "off"):
         why = (
@@ -447,16 +496,67 @@ def report_server_from_env(
         )
         log.info("report channel: %s; agents write their reports on their pods", why)
         return None
-    listen = env.get(names.ENV_REPORT_LISTEN) or f"0.0.0.0:{names.DEFAULT_REPORT_PORT}"
-    host, sep, port = listen.rpartition(":")
-    if not sep or not re.fullmatch(r"[0-9]{1,5}", port) or int(port) > 65535:
-        raise ValueError(
-            f"{names.ENV_REPORT_LISTEN} must be ADDRESS:PORT (port 0..65535), got {listen!r}"
-        )
-    listen_at = (host.strip("[]") or "0.0.0.0", int(port))
+    return advertise
+
+
+def channel_limits(env: Mapping[str, str]) -> Limits:
     try:
-        limits = Limits.parse(env.get(names.ENV_REPORT_LIMITS, ""))
+        return Limits.parse(env.get(names.ENV_REPORT_LIMITS, ""))
     except ValueError as e:
         raise ValueError(f"{names.ENV_REPORT_LIMITS}: {e}") from None
+
+
+def own_fronts(env: Mapping[str, str]) -> Callable[[Identity], bool] | None:
+    """Who may send batches: pods of this controller's namespace and service account
+    (``POD_NAMESPACE``, ``JSI_SERVICE_ACCOUNT``: its Deployment sets both); None where either
+    is unknown (logged: the link is then not served)."""
+    own = env.get("POD_NAMESPACE") or "", env.get(names.ENV_SERVICE_ACCOUNT) or ""
+    if not all(own):
+        log.info(
+            "report channel: no fronts (POD_NAMESPACE and %s name who they are)",
+            names.ENV_SERVICE_ACCOUNT,
+        )
+        return None
+
+    def fronts(who: Identity) -> bool:
+        return (who.namespace, who.service_account) == own
+
+    return fronts
+
+
+def report_server_from_env(
+    cache: ClusterCache,
+    poke: Poke,
+    env: Mapping[str, str],
+    *,
+    leads: Callable[[], bool] = lambda: True,
+    elected: bool = False,
+) -> ReportServer | None:
+    """The channel as configured: ``JSI_REPORT_LISTEN`` (ADDRESS:PORT, default 0.0.0.0:9444;
+    port 0: any free one), advertised at ``JSI_REPORT_ADVERTISE`` (an address agents reach;
+    default the pod's ``POD_IP``; ``off``: no channel, agents write their reports on pods),
+    with ``JSI_REPORT_LIMITS`` (``key=value,...``: :class:`.report_limits.Limits`). With an
+    election (``elected``: standby replicas may serve as fronts), fronts' batches are taken at
+    ``JSI_REPORT_LINK_LISTEN`` (ADDRESS:PORT, default the channel's address, port 9445;
+    ``off``: none) from pods of its own namespace and service account (:func:`own_fronts`)."""
+    advertise = advertised_address(env)
+    if advertise is None:
+        return None
+    listen_at = listen_address(env, names.ENV_REPORT_LISTEN, f"0.0.0.0:{names.DEFAULT_REPORT_PORT}")
+    limits = channel_limits(env)
+    link, fronts = None, own_fronts(env) if elected else None
+    if fronts is not None and env.get(names.ENV_REPORT_LINK_LISTEN) != "off":
+        default = f"[{listen_at[0]}]:{names.DEFAULT_REPORT_LINK_PORT}"
+        link = listen_address(env, names.ENV_REPORT_LINK_LISTEN, default)
     verifier = TokenVerifier(client.ApiClient())
-    return ReportServer(cache, poke, verifier, listen_at, advertise, limits=limits, leads=leads)
+    return ReportServer(
+        cache,
+        poke,
+        verifier,
+        listen_at,
+        advertise,
+        limits=limits,
+        leads=leads,
+        link=link,
+        fronts=fronts or (lambda who: False),
+    )

@@ -26,6 +26,7 @@ from jobset_inplace.core.model import (
     StepRecheck,
 )
 from jobset_inplace.core.statemachine import Edge, Phase
+from jobset_inplace.protocol.gangstate import parse_front
 from jobset_inplace.times import parse_time, rfc3339
 from jobset_inplace.trainer.checkpoints import is_int
 
@@ -214,21 +215,30 @@ def _ledger_from_dict(d: Any) -> Ledger:
     )
 
 
-def _endpoint_to_dict(e: ReportEndpoint) -> dict[str, str]:
-    return {
+def _endpoint_to_dict(e: ReportEndpoint) -> dict[str, Any]:
+    d: dict[str, Any] = {
         names.ENDPOINT_URL: e.url,
         names.ENDPOINT_CERT_SHA256: e.cert_sha256,
         names.ENDPOINT_LEADER: e.leader,
     }
+    if e.fronts:
+        d[names.ENDPOINT_FRONTS] = [
+            {names.ENDPOINT_URL: f.url, names.ENDPOINT_CERT_SHA256: f.cert_sha256} for f in e.fronts
+        ]
+    return d
 
 
 def _endpoint_from_dict(d: Any) -> ReportEndpoint | None:
     if not isinstance(d, dict) or not d.get(names.ENDPOINT_URL):
         return None
+    fronts = d.get(names.ENDPOINT_FRONTS)
     return ReportEndpoint(
         str(d[names.ENDPOINT_URL]),
         str(d.get(names.ENDPOINT_CERT_SHA256) or ""),
         str(d.get(names.ENDPOINT_LEADER) or ""),
+        tuple(
+            f for f in map(parse_front, fronts if isinstance(fronts, list) else ()) if f is not None
+        ),
     )
 
 

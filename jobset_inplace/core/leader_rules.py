@@ -132,13 +132,21 @@ def record_of(lease: Mapping[str, Any]) -> LeaseRecord:
 
 
 def lease_body(
-    name: str, namespace: str, record: LeaseRecord, resource_version: str | None
+    name: str,
+    namespace: str,
+    record: LeaseRecord,
+    resource_version: str | None,
+    annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The Lease to create (``resource_version`` None) or to replace: the replace fails with a
-    conflict if anyone wrote the Lease since ``resource_version`` was read."""
+    conflict if anyone wrote the Lease since ``resource_version`` was read. ``annotations``:
+    what the holder tells the candidates (the replace drops any others: a new holder's Lease
+    carries nothing of its predecessor's)."""
     meta: dict[str, Any] = {"name": name, "namespace": namespace}
     if resource_version is not None:
         meta["resourceVersion"] = resource_version
+    if annotations:
+        meta["annotations"] = dict(annotations)
     return {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",

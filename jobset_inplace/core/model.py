@@ -13,6 +13,7 @@ from typing import Any, Union
 from jobset_inplace import names
 from jobset_inplace.core.policy import Policy
 from jobset_inplace.core.statemachine import Edge, Phase
+from jobset_inplace.protocol.gangstate import Front
 from jobset_inplace.protocol.report import AgentReport, report_order
 from jobset_inplace.strenum import StrEnum
 from jobset_inplace.trainer.progress import ProgressSpan
@@ -75,6 +76,7 @@ class ReportEndpoint:
     url: str
     cert_sha256: str
     leader: str
+    fronts: tuple[Front, ...] = ()  # report fronts (docs/design/report-fronts.md), sorted
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,14 @@
 reports the front took off the wire since its last batch, each already bound to its sender by
 the sender's token (the front checked it as the leader checks an agent's), in one request::
 
-    {"reports": [[<namespace>, <gang>, <pod>, <uid>, {<name>: <value>, ...}], ...]}
+    {"front": {"url": <its URL>, "certSHA256": <its pin>},
+     "reports": [[<namespace>, <gang>, <pod>, <uid>, {<name>: <value>, ...}], ...]}
 
-each entry's last element the agent's ``report`` object as it sent it (:mod:`.envelope`); and
-the leader's answer, one per entry in the same order::
+each entry's last element the agent's ``report`` object as it sent it (:mod:`.envelope`);
+``front`` (optional) the front's hello: where agents reach it (the leader names the fronts it
+hears from in the GangState status). A batch of no reports is a hello alone (sent while a
+front has nothing to forward, so the leader knows it is still there). And the leader's answer,
+one per entry in the same order::
 
     {"answers": [[<status>, {<the answer the agent gets>}], ...]}
 
@@ -16,9 +20,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
+from jobset_inplace import names
+
 from .envelope import EnvelopeError, Sender, report_values
+from .gangstate import Front, parse_front
 
 # The most reports one batch carries (a front sends more as several batches).
 BATCH_MAX: Final = 256
@@ -30,26 +38,52 @@ Entry = tuple[Sender, dict[str, str]]
 EntryAnswer = tuple[int, dict[str, Any]]
 
 
-def encode_batch(entries: Sequence[Entry]) -> bytes:
-    if not 0 < len(entries) <= BATCH_MAX:
-        raise ValueError(f"a batch holds 1 to {BATCH_MAX} reports, got {len(entries)}")
+@dataclass(frozen=True)
+class Batch:
+    entries: list[Entry]
+    front: Front | None = None  # the front's hello
+
+
+def encode_batch(entries: Sequence[Entry], front: Front | None = None) -> bytes:
+    least = 0 if front is not None else 1
+    if not least <= len(entries) <= BATCH_MAX:
+        raise ValueError(f"a batch holds {least} to {BATCH_MAX} reports, got {len(entries)}")
     rows = [[s.namespace, s.gang, s.pod, s.uid, values] for s, values in entries]
-    return json.dumps({"reports": rows}, separators=(",", ":")).encode()
+    body: dict[str, Any] = {"reports": rows}
+    if front is not None:
+        body["front"] = {
+            names.ENDPOINT_URL: front.url,
+            names.ENDPOINT_CERT_SHA256: front.cert_sha256,
+        }
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
-def decode_batch(payload: bytes) -> list[Entry]:
-    """The entries of a batch, checked for form (each sender's four names, each report object
-    as :func:`.envelope.parse_request` checks an agent's); raises :class:`EnvelopeError`
-    naming the entry and what is wrong."""
+def decode_batch(payload: bytes) -> Batch:
+    """A batch, checked for form (the hello's URL and pin, each sender's four names, each
+    report object as :func:`.envelope.parse_request` checks an agent's); raises
+    :class:`EnvelopeError` naming the entry and what is wrong."""
     try:
         body = json.loads(payload)
     except ValueError as e:
         raise EnvelopeError(f"the batch is not JSON: {e}") from e
     except RecursionError:
         raise EnvelopeError("the batch is nested too deep") from None
-    rows = body.get("reports") if isinstance(body, dict) else None
-    if not isinstance(rows, list) or not 0 < len(rows) <= BATCH_MAX:
-        raise EnvelopeError(f"reports: a list of 1 to {BATCH_MAX} entries is required")
+    if not isinstance(body, dict):
+        raise EnvelopeError("the batch is not a JSON object")
+    front = None
+    if "front" in body:
+        front = parse_front(body["front"])
+        if front is None:
+            raise EnvelopeError(
+                "front: {url: https://ADDRESS:PORT/PATH, certSHA256: <64 hex digits>} is required"
+            )
+    rows = body.get("reports")
+    least = 0 if front is not None else 1
+    if not isinstance(rows, list) or not least <= len(rows) <= BATCH_MAX:
+        raise EnvelopeError(
+            f"reports: a list of {least} to {BATCH_MAX} entries is required"
+            + ("" if least == 0 else " (none only with a front's hello)")
+        )
     entries = []
     for i, row in enumerate(rows):
         if not isinstance(row, list) or len(row) != 5:
@@ -58,7 +92,7 @@ def decode_batch(payload: bytes) -> list[Entry]:
         if not all(isinstance(name, str) and name for name in who):
             raise EnvelopeError(f"reports[{i}]: namespace, gang, pod and uid: non-empty strings")
         entries.append((Sender(*who), report_values(values, f"reports[{i}].report")))
-    return entries
+    return Batch(entries, front)
 
 
 def encode_answers(answers: Sequence[EntryAnswer]) -> dict[str, Any]:

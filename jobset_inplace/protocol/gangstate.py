@@ -5,6 +5,7 @@ with it, and the core's tests read what the core writes back through it."""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -12,10 +13,13 @@ from jobset_inplace import names
 from jobset_inplace.trainer.checkpoints import MAX_STEP, is_int
 
 __all__ = [
+    "FRONTS_MAX",
     "Endpoint",
+    "Front",
     "GangView",
     "MalformedStatus",
     "parse_endpoint",
+    "parse_front",
     "parse_gangstate",
     "parse_planned_stop",
     "parse_slots",
@@ -27,13 +31,44 @@ class MalformedStatus(ValueError):
     """The GangState status cannot be acted on (wrong type or range of a field we use)."""
 
 
+# The most report fronts a status names (docs/design/report-fronts.md): a few standby replicas.
+FRONTS_MAX = 8
+
+
+@dataclass(frozen=True)
+class Front:
+    """A report front (docs/design/report-fronts.md): a standby replica that takes agents'
+    reports for the leader; its URL and its certificate's SHA-256 (pinned as the leader's)."""
+
+    url: str
+    cert_sha256: str
+
+
 @dataclass(frozen=True)
 class Endpoint:
-    """The leader's report channel as the status names it (docs/architecture.md)."""
+    """The leader's report channel as the status names it (docs/architecture.md), and the
+    report fronts agents send to first."""
 
     url: str
     cert_sha256: str  # hex SHA-256 of its certificate (DER): pinned
     leader: str  # a new value: send the report again
+    fronts: tuple[Front, ...] = ()
+
+    def same_leader(self, other: Endpoint) -> bool:
+        """Whether ``other`` names the same leader's channel (its fronts aside)."""
+        return (self.url, self.cert_sha256, self.leader) == (
+            other.url,
+            other.cert_sha256,
+            other.leader,
+        )
+
+    def front_for(self, uid: str) -> Endpoint | None:
+        """The front the pod ``uid`` sends to (its uid's CRC-32 over the fronts: spread evenly,
+        the same one each time), as an endpoint of this leader; None: no fronts."""
+        if not self.fronts:
+            return None
+        front = self.fronts[zlib.crc32(uid.encode()) % len(self.fronts)]
+        return Endpoint(front.url, front.cert_sha256, self.leader)
 
 
 @dataclass(frozen=True)
@@ -94,18 +129,36 @@ def parse_step_recheck(value: object) -> tuple[int, frozenset[int]] | None:
     return epoch, frozenset(steps)
 
 
-def parse_endpoint(value: object) -> Endpoint | None:
-    """``status.reportEndpoint``; None when absent or unusable (the agent then writes its
-    reports on its pod: a bad endpoint never holds a barrier)."""
+def parse_front(value: object) -> Front | None:
+    """A ``{url, certSHA256}`` object (a front, or the leader's own channel); None when either
+    is unusable: an https URL, a SHA-256 in lower-case hex."""
     if not isinstance(value, Mapping):
         return None
     url, pin = value.get(names.ENDPOINT_URL), value.get(names.ENDPOINT_CERT_SHA256)
-    leader = value.get(names.ENDPOINT_LEADER)
     if not (isinstance(url, str) and url.startswith("https://")):
         return None
     if not (isinstance(pin, str) and len(pin) == 64 and all(c in "0123456789abcdef" for c in pin)):
         return None
-    return Endpoint(url, pin, leader if isinstance(leader, str) else "")
+    return Front(url, pin)
+
+
+def parse_endpoint(value: object) -> Endpoint | None:
+    """``status.reportEndpoint``; None when absent or unusable (the agent then writes its
+    reports on its pod: a bad endpoint never holds a barrier). Unusable fronts are left out
+    (the agent sends to the leader itself); at most FRONTS_MAX are used."""
+    own = parse_front(value)
+    if own is None:
+        return None
+    assert isinstance(value, Mapping)
+    leader = value.get(names.ENDPOINT_LEADER)
+    listed = value.get(names.ENDPOINT_FRONTS)
+    fronts = [parse_front(f) for f in listed[:FRONTS_MAX]] if isinstance(listed, list) else []
+    return Endpoint(
+        own.url,
+        own.cert_sha256,
+        leader if isinstance(leader, str) else "",
+        tuple(f for f in fronts if f is not None),
+    )
 
 
 def parse_gangstate(obj: object) -> GangView | None:

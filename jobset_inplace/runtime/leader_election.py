@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -80,6 +80,10 @@ class LeaderElector:
         self.identity, self.timing = election.identity, election.timing
         self.renewed_at: float | None = None  # monotonic time of the last successful write
         self.holder = ""  # who held the Lease when last read
+        # the holder's annotations when last read (report fronts learn the leader's link
+        # there), and what this candidate writes on the Lease while it holds it
+        self.seen_annotations: Mapping[str, str] = {}
+        self.annotations: Mapping[str, str] = {}
         self._seen: tuple[str, float] | None = None  # (resourceVersion, monotonic first seen)
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None  # keep()'s
@@ -104,6 +108,7 @@ class LeaderElector:
             self._seen = (rv or "", now)
         record = None if lease is None else record_of(lease)
         self.holder = record.holder if record else ""
+        self.seen_annotations = _annotations(lease)
         step = next_step(record, self.identity, now=now, observed_since=self._seen[1])
         if step is Step.WAIT:
             return False
@@ -150,7 +155,7 @@ class LeaderElector:
         )
 
     def _write(self, record: LeaseRecord, rv: str | None) -> None:
-        body = lease_body(self.name, self.namespace, record, rv)
+        body = lease_body(self.name, self.namespace, record, rv, self.annotations)
         if rv is None:
             self.api.create_namespaced_lease(self.namespace, body, _request_timeout=self._timeout)
         else:
@@ -228,6 +233,7 @@ class LeaderElector:
         duration, whichever comes first."""
         self._stop.set()
         self.renewed_at = None  # nothing is fresh any more: this replica no longer acts
+        self.annotations = {}  # a released Lease names nothing of this replica's
         self.on_leading(False)
         if self._renewer is not None:  # a renewal in flight must not land during the wait
             self._renewer.join(self.timing.renew_deadline_s)
@@ -249,3 +255,11 @@ class LeaderElector:
     def _holds(self) -> bool:
         lease, _ = self._read()
         return lease is not None and record_of(lease).holder == self.identity
+
+
+def _annotations(lease: Mapping[str, Any] | None) -> Mapping[str, str]:
+    meta = (lease or {}).get("metadata") or {}
+    found = meta.get("annotations") if isinstance(meta, Mapping) else None
+    if not isinstance(found, Mapping):
+        return {}
+    return {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)}

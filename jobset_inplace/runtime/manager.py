@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from kubernetes import client
@@ -76,10 +76,18 @@ class Manager:
         last renewal of the Lease is fresh (:meth:`LeaderElector.fresh`)."""
         return self._elector is None or self._elector.fresh()
 
-    def run(self, lead: Callable[[], None]) -> None:
+    def advertise(self, annotations: Mapping[str, str]) -> None:
+        """Tell the other candidates ``annotations`` on the Lease, from its next renewal on (no
+        election: nobody to tell)."""
+        if self._elector is not None:
+            self._elector.annotations = dict(annotations)
+
+    def run(self, lead: Callable[[], None], standby: Standby | None = None) -> None:
         """Run until ``lead`` returns (or raises); every part is stopped after it. With an
         election, ``lead`` starts only once this replica holds the Lease, and a replica that
-        loses it exits at once (its pod restarts as a candidate)."""
+        loses it exits at once (its pod restarts as a candidate); ``standby`` runs on a thread
+        of its own while this replica waits, and is stopped (its thread joined) before
+        ``lead`` starts."""
         _exit_on_sigterm()
         health = self._start_health()
         self._start_webhook()
@@ -94,7 +102,10 @@ class Manager:
                 api = client.CoordinationV1Api(client.ApiClient())
                 elector = self._elector = LeaderElector(api, election, self.on_leading)
                 log.info("leader: candidate %s for %s", election.identity, elector.where)
+                waiting = _start_standby(standby, elector)
                 elector.acquire()
+                if waiting is not None:
+                    waiting.stop()
                 elector.keep(on_lost=_leadership_lost)
             lead()
         finally:
@@ -132,6 +143,37 @@ class Manager:
         threading.Thread(
             target=_serve_webhook, args=(certificates, self.stop), name="webhook", daemon=True
         ).start()
+
+
+# What a standby replica does while it waits (a report front): run until the event is set,
+# the Lease holder's annotations at hand (as last read).
+Standby = Callable[[threading.Event, Callable[[], Mapping[str, str]]], None]
+STANDBY_STOP_S = 10.0  # how long a standby's part may take to stop when this replica leads
+
+
+@dataclass
+class _Waiting:
+    thread: threading.Thread
+    done: threading.Event
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(STANDBY_STOP_S)
+        if self.thread.is_alive():
+            log.error("standby: its part did not stop within %gs; leading anyway", STANDBY_STOP_S)
+
+
+def _start_standby(standby: Standby | None, elector: LeaderElector) -> _Waiting | None:
+    if standby is None:
+        return None
+    done = threading.Event()
+
+    def seen() -> Mapping[str, str]:
+        return elector.seen_annotations
+
+    thread = threading.Thread(target=standby, args=(done, seen), name="standby", daemon=True)
+    thread.start()
+    return _Waiting(thread, done)
 
 
 def _exit_on_sigterm() -> None:

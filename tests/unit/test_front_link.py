@@ -20,12 +20,14 @@ from jobset_inplace.controller.report_server import ReportServer
 from jobset_inplace.protocol.envelope import EnvelopeError, Sender, parse_request
 from jobset_inplace.protocol.front_link import (
     BATCH_MAX,
+    Batch,
     EntryAnswer,
     decode_answers,
     decode_batch,
     encode_answers,
     encode_batch,
 )
+from jobset_inplace.protocol.gangstate import Front
 from jobset_inplace.runtime.report_http import Answer, Request
 from jobset_inplace.runtime.report_limits import OVER_UNAUTHENTICATED
 from jobset_inplace.runtime.report_tokens import Identity, TokenVerifier
@@ -36,9 +38,14 @@ SENDER = Sender("ns", "train", "train-workers-0-0-x", "uid-0")
 REPORT = {names.REPORT_EPOCH: "3", names.REPORT_STEPS: "300,200"}
 
 
+HELLO = Front("https://10.0.0.7:9444/v1/reports", "ab" * 32)
+
+
 def test_a_batch_and_its_answers_survive_their_codec() -> None:
     entries = [(SENDER, REPORT), (Sender("ns", "train", "p1", "u1"), {})]
-    assert decode_batch(encode_batch(entries)) == entries
+    assert decode_batch(encode_batch(entries)) == Batch(entries)
+    assert decode_batch(encode_batch(entries, HELLO)) == Batch(entries, HELLO)
+    assert decode_batch(encode_batch([], HELLO)) == Batch([], HELLO), "a hello alone"
     answers: list[EntryAnswer] = [
         (200, {"accepted": True, "holds": None}),
         (409, {"error": "not a member"}),
@@ -57,8 +64,19 @@ ROW = ["ns", "train", "pod", "uid", REPORT]
     [
         (b"{", "the batch is not JSON"),
         (b"[" * 100_000, "nested too deep|not JSON"),
-        ([ROW], "reports: a list of 1 to 256 entries"),
-        ({"reports": []}, "reports: a list of 1 to 256 entries"),
+        ([ROW], "the batch is not a JSON object"),
+        ({"reports": []}, r"reports: a list of 1 to 256 entries .*none only with a front's hello"),
+        ({"reports": [ROW], "front": None}, "front: {url: https://"),
+        ({"reports": [], "front": {"url": HELLO.url}}, "front: {url: https://.*certSHA256"),
+        ({"reports": [], "front": {"url": "http://x:1/", "certSHA256": "ab" * 32}}, "front: "),
+        ({"reports": [], "front": {"url": HELLO.url, "certSHA256": "AB" * 32}}, "front: "),
+        (
+            {
+                "reports": [ROW] * (BATCH_MAX + 1),
+                "front": {"url": HELLO.url, "certSHA256": "a" * 64},
+            },
+            "reports: a list of 0 to 256 entries",
+        ),
         ({"reports": [ROW] * (BATCH_MAX + 1)}, "reports: a list of 1 to 256 entries"),
         ({"reports": [ROW, ROW[:4]]}, r"reports\[1\]: \[namespace, gang, pod, uid, report\]"),
         ({"reports": [{"pod": "p"}]}, r"reports\[0\]: \[namespace, gang, pod, uid, report\]"),

@@ -30,7 +30,7 @@ from jobset_inplace.core.model import (
     StepRecheck,
 )
 from jobset_inplace.core.statemachine import Edge, Phase
-from jobset_inplace.protocol.gangstate import Endpoint, GangView, parse_gangstate
+from jobset_inplace.protocol.gangstate import FRONTS_MAX, Endpoint, Front, GangView, parse_gangstate
 
 
 def test_member_counts_alone_are_progress() -> None:
@@ -103,7 +103,12 @@ def full_status() -> GangStatus:
         kueue_margin_s=60.0,
         stragglers={"workers/2/0": 1.8},
         straggler_hold_step=4300,
-        report_endpoint=ReportEndpoint("https://10.244.0.1:9444/v1/reports", "ab" * 32, "c0ffee"),
+        report_endpoint=ReportEndpoint(
+            "https://10.244.0.1:9444/v1/reports",
+            "ab" * 32,
+            "c0ffee",
+            (Front("https://10.244.0.2:9444/v1/reports", "cd" * 32),),
+        ),
         goodput=Ledger(
             since=T0 - 3600.5,
             productive=3000.25,
@@ -195,6 +200,7 @@ def test_encoding_is_the_documented_camel_case_json() -> None:
         "url": "https://10.244.0.1:9444/v1/reports",
         "certSHA256": "ab" * 32,
         "leader": "c0ffee",
+        "fronts": [{"url": "https://10.244.0.2:9444/v1/reports", "certSHA256": "cd" * 32}],
     }
     assert d["budgets"] == {"inPlaceUsed": 3, "recreateUsed": 1}
     rec = d["recovery"]
@@ -315,6 +321,19 @@ def agent_read_statuses(draw: st.DrawFn) -> GangStatus:
                 url=st.just("https://10.0.0.7:9444/v1/reports"),
                 cert_sha256=st.text("0123456789abcdef", min_size=64, max_size=64),
                 leader=st.text("abcdef0123", min_size=1, max_size=8),
+                fronts=st.lists(
+                    st.builds(
+                        Front,
+                        url=st.sampled_from(
+                            [
+                                "https://10.0.0.8:9444/v1/reports",
+                                "https://[fd00::9]:9444/v1/reports",
+                            ]
+                        ),
+                        cert_sha256=st.text("0123456789abcdef", min_size=64, max_size=64),
+                    ),
+                    max_size=FRONTS_MAX,
+                ).map(tuple),
             )
         ),
         planned_stop=stop,
@@ -348,7 +367,7 @@ def test_agents_read_what_the_controller_writes(s: GangStatus) -> None:
         phase=s.phase.value,
         endpoint=None
         if endpoint is None
-        else Endpoint(endpoint.url, endpoint.cert_sha256, endpoint.leader),
+        else Endpoint(endpoint.url, endpoint.cert_sha256, endpoint.leader, endpoint.fronts),
         planned_stop=None
         if s.planned_stop is None
         else (s.planned_stop.epoch, s.planned_stop.step),

@@ -6,6 +6,7 @@ tests/integration/test_report_channel.py runs both for real."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from jobset_inplace.agent.config import Config
 from jobset_inplace.agent.log import Log
 from jobset_inplace.agent.runner import CHANNEL_RETRY, Reporter
 from jobset_inplace.protocol.envelope import message_values
-from jobset_inplace.protocol.gangstate import Endpoint
+from jobset_inplace.protocol.gangstate import Endpoint, Front
 from jobset_inplace.protocol.report import AgentReport, decode_report
 
 POD = "/api/v1/namespaces/ns/pods/p-0"
@@ -174,6 +175,8 @@ def test_a_new_leader_gets_the_record_again(tmp_path: Path, clock: list[float]) 
     report(r, ch, api, EPOCH_3)
     report(r, ch, api, {names.REPORT_EXITED: "3"}, fresh=False)
     assert resend(r, ch, api, 3) is None  # same leader
+    r.endpoint = dataclasses.replace(LEADER_1, fronts=(Front(LEADER_2.url, "c" * 64),))
+    assert resend(r, ch, api, 3) is None, "the same leader naming a front: it has the record"
     r.endpoint = LEADER_2
     assert resend(r, ch, api, 4) is None, "the status moved on: a new report follows"
     assert resend(r, ch, api, 3) == "channel"
