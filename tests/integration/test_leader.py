@@ -173,3 +173,23 @@ def test_missing_rights_are_named(kube: Clients, namespace: str) -> None:
     c = LeaderElector(client.CoordinationV1Api(api), election)
     with pytest.raises(ElectionError, match=r"not allowed to read Lease .*: grant it"):
         c.try_once()
+
+
+def test_the_holders_annotations_reach_the_candidates_and_go_with_it(
+    kube: Clients, namespace: str
+) -> None:
+    """What a leader tells the other candidates on its Lease (a report front learns its link
+    there): read by each candidate's next round, and gone once it released the Lease."""
+    a, b = candidate(kube, namespace, "a"), candidate(kube, namespace, "b")
+    assert a.try_once()
+    a.annotations = {"example.dev/link": "one"}
+    assert not b.try_once()
+    assert b.seen_annotations == {}, "written at the holder's next renewal"
+    assert a.try_once()
+    assert not b.try_once()
+    assert b.seen_annotations == {"example.dev/link": "one"}
+    a.release()
+    lease = kube.coordination.read_namespaced_lease(LEASE, namespace)
+    assert not lease.metadata.annotations, "a released Lease names nothing of its last holder's"
+    assert b.try_once()
+    assert b.seen_annotations == {}
