@@ -29,7 +29,7 @@ from jobset_inplace.times import format_time
 from testbed.cluster import KWOK_NODE_LEASE_SECONDS, LocalCluster
 from testbed.controller import ControllerProcess, prepare
 from testbed.demo import run_demo
-from testbed.kube import clients, wait_for
+from testbed.kube import clients, pod_token, wait_for
 from testbed.versions import binaries, versions
 
 from . import provenance, report, upstream
@@ -252,6 +252,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "measured window, so the leader's figures do not depend on the fleet's (default: none)",
     )
     p.add_argument(
+        "--front",
+        action="store_true",
+        help="run jobset-inplace's controller as two replicas with leader election: the "
+        "leader, and a standby serving as report front (docs/design/report-fronts.md), which "
+        "the agents send their reports to; with --leader-core the front shares the other "
+        "cores with the fleet (default: one replica, no election)",
+    )
+    p.add_argument(
         "--defaults",
         action="store_true",
         help="jobset-inplace's gangs with the product's defaults (only the restart scope set "
@@ -390,6 +398,79 @@ def prepare_kwok_bench(
     return token, ControllerProcess(cluster, cluster.logs_dir / log_name, **controller)
 
 
+FRONT_TOKEN_S = 12 * 3600  # the front's token for the channel's audience: the whole run
+
+
+def fronted(identity: str, cluster: LocalCluster) -> dict[str, Any]:
+    """A replica's arguments (:class:`.ControllerProcess`) with leader election as
+    ``identity`` and report fronts on: the leader takes batches on a link of its own from
+    pods of the install namespace's ``default`` ServiceAccount (the front's pod below)."""
+    return {
+        "leader_identity": identity,
+        "env": {
+            "POD_NAMESPACE": names.INSTALL_NAMESPACE,
+            names.ENV_SERVICE_ACCOUNT: "default",
+            names.ENV_REPORT_LINK_LISTEN: f"{cluster.pod_reachable_address}:0",
+        },
+    }
+
+
+def start_front(cluster: LocalCluster, verbose: bool) -> ControllerProcess:
+    """``--front``: a second replica, standby while the first leads, serving as report front
+    with a token for the channel's audience bound to a pod object of its own (as the kubelet
+    projects it into the controller's pod); returns once the leader names it."""
+    kube = clients(cluster.kubeconfig)
+    wait_for("the leader's election", lambda: lease_holder(kube) == "bench-leader", 120, 0.5)
+    pod = kube.core.create_namespaced_pod(
+        names.INSTALL_NAMESPACE,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "bench-front"},
+            # never scheduled: it only carries the front's identity
+            "spec": {"containers": [{"name": "front", "image": "front"}], "nodeName": "none"},
+        },
+    )
+    path = cluster.state_dir / "bench-front.token"
+    path.write_text(
+        pod_token(
+            kube.core,
+            names.INSTALL_NAMESPACE,
+            service_account="default",
+            pod=pod.metadata.name,
+            uid=pod.metadata.uid,
+            audience=names.REPORT_TOKEN_AUDIENCE,
+            seconds=FRONT_TOKEN_S,
+        )
+    )
+    settings = fronted("bench-front", cluster)
+    settings["env"][names.ENV_REPORT_TOKEN_FILE] = str(path)
+    front = ControllerProcess(
+        cluster,
+        cluster.logs_dir / "controller-bench-front.log",
+        verbose=verbose,
+        install_webhook=False,
+        **settings,
+    )
+    wait_for(
+        "the leader to name the front",
+        lambda: "says hello" in (cluster.logs_dir / "controller-bench.log").read_text(),
+        60,
+        0.5,
+    )
+    return front
+
+
+def lease_holder(kube: Any) -> str:
+    try:
+        lease = kube.coordination.read_namespaced_lease(
+            names.CONTROLLER_NAME, names.INSTALL_NAMESPACE
+        )
+    except Exception:
+        return ""
+    return str(lease.spec.holder_identity or "")
+
+
 def gates_for(cluster: LocalCluster, path: str) -> AbstractContextManager[None]:
     """While a path's gang runs: upstream's needs the JobSet controller with its
     InPlaceRestart gate on (and back to the defaults after); the others, nothing."""
@@ -418,6 +499,7 @@ def bench_on(
     ctl: ControllerProcess,
     token: Path,
     leader_core: int | None = None,
+    front_pid: int | None = None,
     **settings: Any,
 ) -> Bench:
     """The scenarios on ``cluster``, the controller ``ctl`` metered (on a core of its own:
@@ -435,6 +517,7 @@ def bench_on(
             partial(apiserver_metrics, cluster),
             leader_core,
             partial(controller_metrics, ctl.metrics_url) if ctl.metrics_url else None,
+            front_pid,
         ),
         kubectl=[str(binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig)],
         **settings,
@@ -520,7 +603,9 @@ def main(argv: list[str] | None = None) -> int:
         verbose=args.verbose_controller,
         module="bench.member_leases" if "leases" in args.paths else None,
         metrics=True,
+        **(fronted("bench-leader", cluster) if args.front else {}),
     )
+    front = start_front(cluster, args.verbose_controller) if args.front else None
     results: dict[str, Any] = {
         "label": args.label,
         **run_header(run),
@@ -549,6 +634,7 @@ def main(argv: list[str] | None = None) -> int:
             "restart_scope": args.scope,
             "paths": sorted(args.paths),
             "leader_core": args.leader_core,
+            "report_front": args.front,
             "idle_s": args.idle,
             "leader_profile_reps": args.leader_profile_reps,
             "leader_profile_python": args.leader_profile_python,
@@ -578,6 +664,7 @@ def main(argv: list[str] | None = None) -> int:
             idle_s=args.idle,
             leader_profile_reps=args.leader_profile_reps,
             leader_profile_python=args.leader_profile_python,
+            front_pid=None if front is None else front.proc.pid,
         )
         bench.clean()
         if not args.skip_agent_start:
@@ -613,6 +700,8 @@ def main(argv: list[str] | None = None) -> int:
                     report.write(args.out, results)  # keep what was measured so far
         results["controller_rss_end_mib"] = round(bench.meter.rss_mib(), 1)
     finally:
+        if front is not None:
+            front.stop()
         ctl.stop()
     results["duration_s"] = round(time.time() - run.started, 1)
     results["machine"].update(run.steal())

@@ -41,10 +41,11 @@ from bench.scenarios import cpu_seconds, status_mib
 from jobset_inplace import names
 from jobset_inplace.controller.cache import ClusterCache, JobEntry, pod_entry
 from jobset_inplace.controller.metrics import METRICS
-from jobset_inplace.controller.report_front import Link, ReportFront
+from jobset_inplace.controller.report_front import ReportFront
 from jobset_inplace.controller.report_server import ReportServer
 from jobset_inplace.core.model import GangStatus
 from jobset_inplace.core.policy import Policy
+from jobset_inplace.core.report_fronts import Link
 from jobset_inplace.runtime.report_limits import REFUSALS, Limits
 from jobset_inplace.runtime.report_tokens import Identity, TokenVerifier
 

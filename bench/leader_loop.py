@@ -68,7 +68,7 @@ import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import uvloop
 
@@ -228,7 +228,8 @@ def front(core: int | None) -> None:
     the leader batches over its link: the link's port and pin, the cluster's keys and the
     front's token in (one JSON line), the front's port out; it serves until its input ends."""
     # (here, not above: --compare runs versions that have no fronts)
-    from jobset_inplace.controller.report_front import Link, ReportFront  # noqa: PLC0415
+    from jobset_inplace.controller.report_front import ReportFront  # noqa: PLC0415
+    from jobset_inplace.core.report_fronts import Link  # noqa: PLC0415
 
     if core is not None:
         os.sched_setaffinity(0, {core})
@@ -474,7 +475,7 @@ class _Batched(_Handed):
         refused = []
         for body in batches:
             batch = decode_batch(body)  # (before fronts said hello: a list of entries)
-            answers = self.server.take_batch(getattr(batch, "entries", batch))
+            answers = self.server.take_batch(getattr(batch, "entries", cast(Any, batch)))
             json.dumps(encode_answers(answers)).encode()  # what the link sends back
             refused += [f"{status} {payload}" for status, payload in answers if status != 200]
             await asyncio.sleep(0)  # the next batch in the loop's next turn

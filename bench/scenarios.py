@@ -57,6 +57,7 @@ MAX_BUDGET = INPLACE_BUDGET_RANGE[1]  # the largest inplace-budget the policy ac
 MAX_RECREATE = RECREATE_BUDGET_RANGE[1]  # and recreate-budget
 FLEET_SA = "bench-fleet"
 CONTROLLER = "jobset-inplace"  # the controller's key in a window's CPU by process
+REPORT_FRONT = "jobset-inplace report front"  # a standby replica serving as report front
 # the recovery paths: jobset-inplace, upstream InPlaceRestart (sidecar mode), stock Recreate,
 # jobset-inplace with its agents' reports on member Leases instead of the report channel
 # (bench/member_leases.py: the alternative the channel is measured against; not by default),
@@ -296,6 +297,7 @@ class ProcessMeter:
     # is pinned to it, every other process that takes part to the other cores, at each window
     leader_core: int | None = None
     controller_metrics: Callable[[], str] | None = None  # the controller's /metrics text
+    front_pid: int | None = None  # a standby replica serving as report front (--front)
 
     def _stat(self) -> float:
         return cpu_seconds(self.pid)
@@ -307,7 +309,13 @@ class ProcessMeter:
         """The processes a window measures, looked up again per window: the JobSet controller
         restarts for the upstream path; the jobset-inplace controller is counted in every
         path's window (it watches every pod)."""
-        return {**watched_pids(), CONTROLLER: self.pid, "benchmark (fleet)": os.getpid()}
+        front = {} if self.front_pid is None else {REPORT_FRONT: self.front_pid}
+        return {
+            **watched_pids(),
+            CONTROLLER: self.pid,
+            **front,
+            "benchmark (fleet)": os.getpid(),
+        }
 
     def pin(self, procs: Mapping[str, int]) -> None:
         """The controller onto its own core, the rest (the simulated fleet, the apiserver,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,13 +60,15 @@ class ControllerProcess:
         install_webhook: bool = True,
         module: str | None = None,
         metrics: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         """``leader_identity``: run as a leader-election candidate with this identity (stable
         across :meth:`kill` and :meth:`start`, as a pod's restarted container keeps its pod).
         ``install_webhook`` False: serve the webhook but leave the cluster's configurations to
         another instance (a standby replica). ``module``: run this one's ``run`` command instead
         of the controller's (the benchmark's controller variant, bench/member_leases.py).
-        ``metrics``: serve its /metrics on a free loopback port (:attr:`metrics_url`)."""
+        ``metrics``: serve its /metrics on a free loopback port (:attr:`metrics_url`).
+        ``env``: more of its environment (a report front's settings)."""
         self.log, self.cluster = log, cluster
         self.leader_identity, self.install_webhook = leader_identity, install_webhook
         self.kubectl = Kubectl(cluster.kubeconfig)
@@ -93,6 +96,7 @@ class ControllerProcess:
             # the simulated fleet's agents (bench/) all connect from this host's one address:
             # its per-source limits would otherwise refuse all but the first few hundred
             "JSI_REPORT_LIMITS": FLEET_LIMITS,
+            **(env or {}),
         }
         self.verbose = verbose
         self.module = module or "jobset_inplace.controller.main"
