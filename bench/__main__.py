@@ -29,7 +29,7 @@ from jobset_inplace.times import format_time
 from testbed.cluster import KWOK_NODE_LEASE_SECONDS, LocalCluster
 from testbed.controller import ControllerProcess, prepare
 from testbed.demo import run_demo
-from testbed.kube import clients, pod_token, wait_for
+from testbed.kube import clients, create_unless_exists, pod_token, wait_for
 from testbed.versions import binaries, versions
 
 from . import provenance, report, upstream
@@ -421,7 +421,8 @@ def start_front(cluster: LocalCluster, verbose: bool) -> ControllerProcess:
     projects it into the controller's pod); returns once the leader names it."""
     kube = clients(cluster.kubeconfig)
     wait_for("the leader's election", lambda: lease_holder(kube) == "bench-leader", 120, 0.5)
-    pod = kube.core.create_namespaced_pod(
+    create_unless_exists(  # (an earlier run's on a cluster kept up: the same identity)
+        kube.core.create_namespaced_pod,
         names.INSTALL_NAMESPACE,
         {
             "apiVersion": "v1",
@@ -431,6 +432,7 @@ def start_front(cluster: LocalCluster, verbose: bool) -> ControllerProcess:
             "spec": {"containers": [{"name": "front", "image": "front"}], "nodeName": "none"},
         },
     )
+    pod = kube.core.read_namespaced_pod("bench-front", names.INSTALL_NAMESPACE)
     path = cluster.state_dir / "bench-front.token"
     path.write_text(
         pod_token(
@@ -443,6 +445,8 @@ def start_front(cluster: LocalCluster, verbose: bool) -> ControllerProcess:
             seconds=FRONT_TOKEN_S,
         )
     )
+    leader_log = cluster.logs_dir / "controller-bench.log"
+    since = leader_log.stat().st_size  # (a log appended to run after run)
     settings = fronted("bench-front", cluster)
     settings["env"][names.ENV_REPORT_TOKEN_FILE] = str(path)
     front = ControllerProcess(
@@ -452,12 +456,13 @@ def start_front(cluster: LocalCluster, verbose: bool) -> ControllerProcess:
         install_webhook=False,
         **settings,
     )
-    wait_for(
-        "the leader to name the front",
-        lambda: "says hello" in (cluster.logs_dir / "controller-bench.log").read_text(),
-        60,
-        0.5,
-    )
+
+    def named() -> bool:
+        with leader_log.open("rb") as f:
+            f.seek(since)
+            return b"says hello" in f.read()
+
+    wait_for("the leader to name the front", named, 60, 0.5)
     return front
 
 
