@@ -10,13 +10,13 @@ next one (so a burst of reports costs a few batches, and a lone report is sent a
 :mod:`jobset_inplace.protocol.front_link`'s codec, to the leader's link (its certificate
 pinned, the front's own token in each batch); each agent gets the leader's answer to its
 report. A link that fails or does not answer within :data:`LINK_TIMEOUT_S` is answered 503 to
-the agents of that batch (they send their report on their pod, today's fallback) and made
-again for the next batch.
+the agents of that batch (they send their report to the leader itself, then on their pod) and
+made again for the next batch.
 
 Each batch carries the front's hello (its URL and pin: the leader names the fronts it hears
 from in the GangState status, and agents spread over them, :mod:`.core.report_fronts`); a front
 with nothing to send says hello alone every HELLO_EVERY_S. A standby replica of the controller
-runs one (:func:`serve_as_standby`), sending to the link the leader's election Lease names,
+runs one (:func:`standby_front`), sending to the link the leader's election Lease names,
 and follows the Lease to each new leader."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import uvloop
 from kubernetes import client
 
 from jobset_inplace import names
-from jobset_inplace.core.report_fronts import HELLO_EVERY_S, Link, link_of
+from jobset_inplace.core.report_fronts import HELLO_EVERY_S, Link, https_url, link_of
 from jobset_inplace.protocol.envelope import EnvelopeError, Sender
 from jobset_inplace.protocol.front_link import (
     BATCH_MAX,
@@ -215,8 +215,7 @@ class ReportFront:
         self._listening = await self.http.serve(self.listen, backlog=4096)
         self.port = self._listening.port
         if self.advertise is not None:
-            where = f"[{self.advertise}]" if ":" in self.advertise else self.advertise
-            self.hello = Front(f"https://{where}:{self.port}{names.REPORT_PATH}", self.pin)
+            self.hello = Front(https_url(self.advertise, self.port, names.REPORT_PATH), self.pin)
             self._tasks.append(loop.create_task(self._say_hello()))
         log.info("report front: serving on %s:%d", self.listen[0], self.port)
 

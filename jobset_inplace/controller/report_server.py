@@ -52,7 +52,7 @@ from kubernetes import client
 from jobset_inplace import names
 from jobset_inplace.core.gangstate import progress_write_interval
 from jobset_inplace.core.model import ReportEndpoint
-from jobset_inplace.core.report_fronts import FRONT_TTL_S, Link, live_fronts
+from jobset_inplace.core.report_fronts import FRONT_TTL_S, Link, https_url, live_fronts
 from jobset_inplace.protocol.envelope import (
     EnvelopeError,
     Heartbeat,
@@ -198,9 +198,8 @@ class ReportServer:
             asyncio.create_task(self._release_after_bursts()),
             asyncio.create_task(measure_stalls(self.cache)),
         ]
-        where = f"[{self.advertise}]" if ":" in self.advertise else self.advertise
         self.endpoint = ReportEndpoint(
-            f"https://{where}:{port}{names.REPORT_PATH}", pin, secrets.token_hex(8)
+            https_url(self.advertise, port, names.REPORT_PATH), pin, secrets.token_hex(8)
         )
         log.info("report channel: serving %s on %s:%d", self.endpoint.url, self.listen[0], port)
         if self.link_listen is not None:

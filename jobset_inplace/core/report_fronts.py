@@ -33,8 +33,13 @@ class Link:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"https://{host}:{self.port}{names.REPORT_LINK_PATH}"
+        return https_url(self.host, self.port, names.REPORT_LINK_PATH)
+
+
+def https_url(host: str, port: int, path: str) -> str:
+    """The URL of a report channel, front or link (an IPv6 address in brackets)."""
+    where = f"[{host}]" if ":" in host else host
+    return f"https://{where}:{port}{path}"
 
 
 def live_fronts(heard: Mapping[Front, float], now: float) -> tuple[Front, ...]:
