@@ -110,11 +110,12 @@ def test_a_crash_reported_only_through_the_pod_is_recovered_and_surfaced(  # noq
     how: Block,
 ) -> None:
     """Process scope (nothing but the agent's report signals a trainer's exit there). Member
-    1's pod cannot reach the report channel (its packets to the leader's channel dropped, or
-    refused) when its trainer exits: its agent writes the exit, then its epoch-2 report, on
-    its pod. The gang recovers as over the channel: epoch 2, one in-place recovery charged,
-    same pods, a common resume step; and it is not silent: the status counts the member
-    reporting on its pod and a ReportChannelUnreachable Warning Event names it."""
+    1's pod cannot reach the report channel (its packets to the leader's channel and to the
+    report fronts dropped, or refused) when its trainer exits: its agent writes the exit, then
+    its epoch-2 report, on its pod. The gang recovers as over the channel: epoch 2, one
+    in-place recovery charged, same pods, a common resume step; and it is not silent: the
+    status counts the member reporting on its pod and a ReportChannelUnreachable Warning Event
+    names it."""
     if local_cluster is None:
         pytest.skip("blocks a pod's traffic in its network namespace: the local real nodes")
     training_gang(kube, cluster_kubeconfig, namespace, "gang", MEMBERS, scope="process")
@@ -123,7 +124,8 @@ def test_a_crash_reported_only_through_the_pod_is_recovered_and_surfaced(  # noq
     assert url, "the leader serves the report channel"
     victim = member_pods(kube, namespace, "gang")["1"]
 
-    with blocked(victim.status.pod_ip, url, how):
+    # the leader's channel and every report front (the standbys serve theirs on its port)
+    with blocked(victim.status.pod_ip, url, how, every_host=True):
         inject_failure(cluster_kubeconfig, namespace, victim.metadata.name)
         st = wait_for(
             "the controller recovers the gang into epoch 2",

@@ -1,7 +1,7 @@
 """Network faults for one pod of a real-kubelet node (docs/real-node.md): the pod's own network
 namespace (CRI names it /var/run/netns/cni-*) gets an iptables rule in its OUTPUT chain, so
-only that pod's traffic to one address and port is affected, and the rule goes away with the
-context (or with the pod). Needs root, like the real nodes themselves."""
+only that pod's traffic to one address and port (or to one port) is affected, and the rule
+goes away with the context (or with the pod). Needs root, like the real nodes themselves."""
 
 from __future__ import annotations
 
@@ -34,12 +34,13 @@ def pod_netns(pod_ip: str) -> str:
     raise ValueError(f"no network namespace under {NETNS_DIR} holds {pod_ip}")
 
 
-def _rule(url: str, how: Block) -> list[str]:
+def _rule(url: str, how: Block, *, every_host: bool = False) -> list[str]:
     parts = urlsplit(url)
     if not parts.hostname or not parts.port:
         raise ValueError(f"not a URL with a host and a port: {url!r}")
     target = ["DROP"] if how == Block.DROP else ["REJECT", "--reject-with", "tcp-reset"]
-    return ["OUTPUT", "-p", "tcp", "-d", parts.hostname, "--dport", str(parts.port), "-j", *target]
+    host = [] if every_host else ["-d", parts.hostname]
+    return ["OUTPUT", "-p", "tcp", *host, "--dport", str(parts.port), "-j", *target]
 
 
 def _iptables(netns: str, *args: str) -> None:
@@ -50,10 +51,11 @@ def _iptables(netns: str, *args: str) -> None:
 
 
 @contextmanager
-def blocked(pod_ip: str, url: str, how: Block) -> Iterator[None]:
-    """The pod at ``pod_ip`` cannot reach ``url``'s host and port while in the context:
-    every packet it sends there (new and established connections) is dropped or rejected."""
-    netns, rule = pod_netns(pod_ip), _rule(url, how)
+def blocked(pod_ip: str, url: str, how: Block, *, every_host: bool = False) -> Iterator[None]:
+    """The pod at ``pod_ip`` cannot reach ``url``'s host and port (``every_host``: that port
+    on any host) while in the context: every packet it sends there (new and established
+    connections) is dropped or rejected."""
+    netns, rule = pod_netns(pod_ip), _rule(url, how, every_host=every_host)
     _iptables(netns, "-I", *rule)
     try:
         yield
