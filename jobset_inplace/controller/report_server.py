@@ -544,7 +544,9 @@ def report_server_from_env(
     listen_at = listen_address(env, names.ENV_REPORT_LISTEN, f"0.0.0.0:{names.DEFAULT_REPORT_PORT}")
     limits = channel_limits(env)
     link, fronts = None, own_fronts(env) if elected else None
-    if fronts is not None and env.get(names.ENV_REPORT_LINK_LISTEN) != "off":
+    if env.get(names.ENV_REPORT_LINK_LISTEN) == "off":
+        fronts = None
+    if fronts is not None:
         default = f"[{listen_at[0]}]:{names.DEFAULT_REPORT_LINK_PORT}"
         link = listen_address(env, names.ENV_REPORT_LINK_LISTEN, default)
     verifier = TokenVerifier(client.ApiClient())

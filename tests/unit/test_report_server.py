@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import cast
 
 import pytest
@@ -18,6 +19,7 @@ from jobset_inplace import names
 from jobset_inplace.controller import report_server
 from jobset_inplace.controller.cache import ClusterCache, GangKey
 from jobset_inplace.controller.metrics import METRICS
+from jobset_inplace.controller.report_front import standby_front
 from jobset_inplace.controller.report_server import (
     ReportServer,
     report_server_from_env,
@@ -44,6 +46,73 @@ def test_the_channel_listens_where_configured_and_is_off_without_an_address() ->
     assert (s.listen, s.advertise) == (("::", 0), "10.0.0.5")
     assert server() is None
     assert server(POD_IP="10.244.1.7", JSI_REPORT_ADVERTISE="off") is None
+
+
+def test_with_an_election_fronts_batches_are_taken_from_its_own_service_account() -> None:
+    own = {"POD_IP": "10.244.1.7", "POD_NAMESPACE": "jsi", names.ENV_SERVICE_ACCOUNT: "ctl"}
+    s = report_server_from_env(ClusterCache(), no_poke, own, elected=True)
+    assert s is not None
+    assert s.link_listen == ("0.0.0.0", names.DEFAULT_REPORT_LINK_PORT)
+    assert s.fronts(Identity("jsi", "ctl-1", "u", 1e12, service_account="ctl"))
+    assert not s.fronts(Identity("jsi", "train-0", "u", 1e12, service_account="default"))
+    assert not s.fronts(Identity("other", "ctl-1", "u", 1e12, service_account="ctl"))
+    s = report_server_from_env(
+        ClusterCache(),
+        no_poke,
+        {**own, names.ENV_REPORT_LISTEN: "[::]:9444", names.ENV_REPORT_LINK_LISTEN: ""},
+        elected=True,
+    )
+    assert s is not None
+    assert s.link_listen == ("::", names.DEFAULT_REPORT_LINK_PORT), "the channel's address"
+
+
+@pytest.mark.parametrize(
+    ("env", "elected"),
+    [
+        ({"POD_NAMESPACE": "jsi", names.ENV_SERVICE_ACCOUNT: "ctl"}, False),  # one replica
+        ({names.ENV_SERVICE_ACCOUNT: "ctl"}, True),  # whose fronts: unknown
+        ({"POD_NAMESPACE": "jsi"}, True),
+        (
+            {
+                "POD_NAMESPACE": "jsi",
+                names.ENV_SERVICE_ACCOUNT: "ctl",
+                "JSI_REPORT_LINK_LISTEN": "off",
+            },
+            True,
+        ),
+    ],
+)
+def test_no_link_without_an_election_or_knowing_whose_fronts(
+    env: dict[str, str], elected: bool
+) -> None:
+    s = report_server_from_env(
+        ClusterCache(), no_poke, {"POD_IP": "10.0.0.1", **env}, elected=elected
+    )
+    assert s is not None
+    assert s.link_listen is None
+    assert not s.fronts(Identity("jsi", "ctl-1", "u", 1e12, service_account="ctl"))
+
+
+def test_a_bad_link_address_names_its_variable() -> None:
+    env = {"POD_IP": "10.0.0.1", "POD_NAMESPACE": "jsi", names.ENV_SERVICE_ACCOUNT: "ctl"}
+    with pytest.raises(ValueError, match=r"JSI_REPORT_LINK_LISTEN must be ADDRESS:PORT"):
+        report_server_from_env(
+            ClusterCache(), no_poke, {**env, names.ENV_REPORT_LINK_LISTEN: "9445"}, elected=True
+        )
+
+
+def test_a_standby_serves_a_front_only_where_it_can_send_batches(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("t")
+    env = {"POD_IP": "10.0.0.2", names.ENV_REPORT_TOKEN_FILE: str(token)}
+    assert standby_front(env) is not None
+    assert standby_front({**env, names.ENV_REPORT_FRONT: "off"}) is None
+    assert standby_front({**env, names.ENV_REPORT_TOKEN_FILE: ""}) is None
+    assert standby_front({names.ENV_REPORT_TOKEN_FILE: str(token)}) is None, "no address"
+    with pytest.raises(ValueError, match=r"JSI_REPORT_LISTEN must be ADDRESS:PORT"):
+        standby_front({**env, names.ENV_REPORT_LISTEN: "nowhere"})
+    with pytest.raises(ValueError, match=r"JSI_REPORT_LIMITS"):
+        standby_front({**env, names.ENV_REPORT_LIMITS: "max_connections=many"})
 
 
 @pytest.mark.parametrize(
