@@ -5,8 +5,9 @@
 
 
 Prints each run's figures (:func:`bench.report.leader_cost`: commit, median with its 95 %
-interval, user/system, planning passes) and, per path and size both runs have, the ratio of
-the second's median to the first's with its bootstrap interval. Runs compared this way are
+interval, user/system, planning passes; each process's CPU per recovery) and, per path and
+size both runs have, the ratios of the second's medians to the first's (the leader's CPU per
+member, the barrier's opening) with their bootstrap intervals. Runs compared this way are
 like for like only if made on one machine the same day with the same arguments: the command
 lines are printed to check. ``--where``: the leader's sampled CPU (py-spy, native or Python
 frames; waiting threads left out) split by what the code does (:data:`PARTS`)."""
@@ -17,8 +18,10 @@ import argparse
 import collections
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 from .profile import WAITING_FRAMES
 from .report import leader_cost, leader_ms_per_member
@@ -86,15 +89,53 @@ def main(argv: list[str] | None = None) -> int:
     for path, doc in zip(args.results, runs, strict=True):
         print(f"{path}: commit {doc.get('commit')}, `{doc.get('command')}`")
         print("\n".join(f"  {line}" for line in leader_cost(doc) if not line.startswith("  ")))
+    for path, doc in zip(args.results, runs, strict=True):
+        for (name, size), cpu in sorted(cpu_by_process(doc).items()):
+            shares = ", ".join(f"{p} {v:.2f}" for p, v in sorted(cpu.items(), key=lambda i: -i[1]))
+            print(f"{path}: {name} {size} pods, CPU-s per recovery by process (medians): {shares}")
     if len(runs) >= 2:
-        first, second = leader_ms_per_member(runs[0]), leader_ms_per_member(runs[1])
-        for key in sorted(first.keys() & second.keys()):
-            r = ratio_of_medians(second[key], first[key])
-            print(
-                f"{key[0]} {key[1]} pods: second / first {r.ratio:.2f}x "
-                f"(95 % {r.low:.2f}-{r.high:.2f}, n = {r.n_a}, {r.n_b})"
-            )
+        for what, figures in (
+            ("the leader's CPU per member", leader_ms_per_member),
+            ("barrier open", barrier_open),
+        ):
+            first, second = figures(runs[0]), figures(runs[1])
+            for key in sorted(first.keys() & second.keys()):
+                r = ratio_of_medians(second[key], first[key])
+                print(
+                    f"{key[0]} {key[1]} pods, {what}: second / first {r.ratio:.2f}x "
+                    f"(95 % {r.low:.2f}-{r.high:.2f}, n = {r.n_a}, {r.n_b})"
+                )
     return 0
+
+
+def _failures(doc: dict[str, Any]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    return {
+        (path, size): block["worker_failure"]
+        for size, row in doc.get("sizes", {}).items()
+        for path, block in row.items()
+        if isinstance(block, dict) and block.get("worker_failure")
+    }
+
+
+def barrier_open(doc: dict[str, Any]) -> dict[tuple[str, str], list[float]]:
+    """(path, size) -> each worker failure's time to the barrier's opening, in seconds."""
+    return {
+        key: [m["barrier_open_s"] for m in runs if m.get("barrier_open_s") is not None]
+        for key, runs in _failures(doc).items()
+    }
+
+
+def cpu_by_process(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, float]]:
+    """(path, size) -> each process's CPU-s per recovery, the median over the failures (the
+    leader, a report front, the fleet, the apiserver, ...)."""
+    out = {}
+    for key, runs in _failures(doc).items():
+        seen: dict[str, list[float]] = collections.defaultdict(list)
+        for m in runs:
+            for process, cpu in (m.get("cpu_s_by_process") or {}).items():
+                seen[process].append(cpu)
+        out[key] = {p: statistics.median(v) for p, v in seen.items()}
+    return out
 
 
 if __name__ == "__main__":

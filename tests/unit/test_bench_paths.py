@@ -475,8 +475,19 @@ def test_the_planning_passes_and_their_cpu_are_read_from_the_controllers_metrics
 
 
 def test_two_runs_leader_costs_side_by_side(tmp_path: Any, capsys: Any) -> None:
-    def run(commit: str, cpus: tuple[float, ...]) -> Any:
-        runs = [{"controller_cpu_s": c, "window_s": 1.0} for c in cpus]
+    def run(commit: str, cpus: tuple[float, ...], front: float | None = None) -> Any:
+        runs = [
+            {
+                "controller_cpu_s": c,
+                "window_s": 1.0,
+                "barrier_open_s": 10 * c,
+                "cpu_s_by_process": {
+                    "jobset-inplace": c,
+                    **({} if front is None else {"jobset-inplace report front": front}),
+                },
+            }
+            for c in cpus
+        ]
         doc = {
             "commit": commit,
             "command": "python -m bench",
@@ -486,13 +497,16 @@ def test_two_runs_leader_costs_side_by_side(tmp_path: Any, capsys: Any) -> None:
         path.write_text(json.dumps(doc))
         return path
 
-    before, after = run("aaa", (0.4, 0.5, 0.6)), run("bbb", (0.2, 0.25, 0.3))
+    before, after = run("aaa", (0.4, 0.5, 0.6)), run("bbb", (0.2, 0.25, 0.3), front=0.4)
     assert leader_cost.main([str(before), str(after)]) == 0
     out = capsys.readouterr().out
     assert "commit aaa" in out
     assert "0.500 ms" in out
     assert "0.250 ms" in out
-    assert "hybrid 1000 pods: second / first 0.50x" in out
+    assert "hybrid 1000 pods, the leader's CPU per member: second / first 0.50x" in out
+    assert "hybrid 1000 pods, barrier open: second / first 0.50x" in out
+    assert "by process (medians): jobset-inplace 0.50\n" in out
+    assert "(medians): jobset-inplace report front 0.40, jobset-inplace 0.25\n" in out
     with pytest.raises(SystemExit):
         leader_cost.main([str(tmp_path / "missing.json")])
 
