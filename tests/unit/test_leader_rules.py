@@ -4,6 +4,10 @@ leader must stop, and which timings are refused."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+from collections.abc import Callable, Mapping
+from types import SimpleNamespace
 
 import pytest
 
@@ -20,6 +24,7 @@ from jobset_inplace.core.leader_rules import (
     record_of,
     released,
 )
+from jobset_inplace.runtime import manager
 from jobset_inplace.runtime.leader_election import Election
 from jobset_inplace.runtime.manager import Settings
 
@@ -138,3 +143,39 @@ def test_an_election_that_cannot_fence_leaves_the_channel_off_not_the_controller
     assert f"report channel: not served ({why}); agents write their reports on pods" in (
         caplog.text
     )
+
+
+def test_a_lease_body_carries_the_holders_annotations() -> None:
+    rec = LeaseRecord("a", 15, acquired=1_800_000_000.0, renewed=1_800_000_001.0)
+    said = {"jobset-inplace.dev/report-link": "https://10.0.0.5:9445/v1/batches"}
+    assert lease_body("l", "ns", rec, "42", said)["metadata"]["annotations"] == said
+    assert "annotations" not in lease_body("l", "ns", rec, "42", {})["metadata"]
+
+
+def test_a_standbys_part_runs_while_it_waits_and_is_stopped_before_it_leads() -> None:
+    """What a standby runs (its report front) sees the Lease holder's annotations as last
+    read, and is stopped, its thread joined, before the replica leads (the front's port is
+    then free for the leader's channel)."""
+    elector = SimpleNamespace(seen_annotations={"k": "one"})
+    seen: list[Mapping[str, str]] = []
+    ended = threading.Event()
+
+    def standby(done: threading.Event, annotations: Callable[[], Mapping[str, str]]) -> None:
+        while not done.wait(0.01):
+            seen.append(annotations())
+        ended.set()
+
+    waiting = manager._start_standby(standby, elector)  # type: ignore[arg-type]
+    assert waiting is not None
+    deadline = time.monotonic() + 5
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    elector.seen_annotations = {"k": "two"}
+    while seen[-1] != {"k": "two"} and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen[0] == {"k": "one"}
+    assert seen[-1] == {"k": "two"}, "the newest read"
+    waiting.stop()
+    assert ended.is_set()
+    assert not waiting.thread.is_alive()
+    assert manager._start_standby(None, elector) is None  # type: ignore[arg-type]
