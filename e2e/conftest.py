@@ -121,8 +121,18 @@ def torch_site(local_cluster: LocalCluster | None) -> Path:
     return images.torch_site()
 
 
+@pytest.fixture
+def controller(installation: Installation) -> Installation:
+    """The session's install, settled before the test (:meth:`Installation.wait_settled`):
+    every replica ready and one leading. A test before may have taken a replica's node away
+    (the Deployment's new pod runs a while before it is ready) or scaled the controller: the
+    next test starts from the install users have, not from that test's aftermath."""
+    installation.wait_settled(installation.replicas())
+    return installation
+
+
 @pytest.fixture(scope="session")
-def controller(
+def installation(
     local_cluster: LocalCluster | None, cluster_kubeconfig: Path
 ) -> Iterator[Installation]:
     """jobset-inplace installed in the cluster as users install it (``kubectl apply -k``; 2

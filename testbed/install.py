@@ -188,26 +188,30 @@ class Installation:
         return leader_node(self.kube)
 
     def wait_settled(self, replicas: int, timeout: float = 120) -> tuple[str, list[str]]:
-        """Wait until exactly ``replicas`` pods run, none of them being deleted, and one of
-        them holds the Lease; return (leader, the others). A rollout can be complete while a
-        replaced pod is still terminating (and may still lead, or the Lease be free), which a
-        test reading the leader or the replicas would take for the install."""
+        """Wait until exactly ``replicas`` pods run and are ready, none of them being deleted,
+        and one of them holds the Lease; return (leader, the others). A rollout can be complete
+        while a replaced pod is still terminating (and may still lead, or the Lease be free),
+        and a pod the Deployment made when a node died runs a while before it is ready (its
+        webhook certificate, its server): a test reading the leader or the replicas would take
+        either for the install."""
 
         def settled() -> tuple[str, list[str]] | None:
             pods = self.pods()
-            running = {
+            ready = {
                 p["metadata"]["name"]
                 for p in pods
                 if p.get("status", {}).get("phase") == "Running"
+                and _ready(p)
                 and not p["metadata"].get("deletionTimestamp")
             }
             leader = self.leader()
-            if len(pods) != replicas or len(running) != replicas or leader not in running:
+            if len(pods) != replicas or len(ready) != replicas or leader not in ready:
                 return None
-            return leader, sorted(running - {leader})
+            return leader, sorted(ready - {leader})
 
         return wait_for(
-            f"{replicas} running controller replicas, none terminating, one holding the Lease",
+            f"{replicas} running, ready controller replicas, none terminating, one holding"
+            " the Lease",
             settled,
             timeout,
         )
@@ -262,6 +266,12 @@ class Installation:
         )
         items: list[dict[str, Any]] = yaml.safe_load(out)["items"]
         return items
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    """The pod's Ready condition is True (its readiness probe passes)."""
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def webhook_injects(kubectl: Kubectl) -> bool:
