@@ -87,6 +87,31 @@ def node_state(
     A signal counts only once it has lasted ``node_unhealthy_after``: shorter flaps do nothing."""
     if node is None:
         return False, None
+    if node.ready == "True" and not node.taints and not node.conditions:
+        return lease_state(node, policy, now, observed_since)
+    return signals_state(node, policy, now, observed_since)
+
+
+def lease_state(
+    node: NodeView, policy: Policy, now: float, observed_since: float
+) -> tuple[bool, float | None]:
+    """:func:`node_state` of a Ready node with no taint and no condition, where only its Lease
+    can say anything: the same answer as :func:`signals_state` (a property test says so) in
+    one call instead of five: it runs for every member in every pass."""
+    renewed = node.lease_renewed
+    if renewed is None:
+        return False, None
+    seen = renewed if renewed > observed_since else observed_since  # lease_seen
+    due = seen + LEASE_RENEW_INTERVAL_S + policy.node_unhealthy_after_s
+    if now - seen > LEASE_RENEW_INTERVAL_S and now >= due:  # stale for long enough
+        return True, None
+    return False, due
+
+
+def signals_state(
+    node: NodeView, policy: Policy, now: float, observed_since: float
+) -> tuple[bool, float | None]:
+    """:func:`node_state` from every signal the node shows."""
     since = unhealthy_since(node, policy, now, observed_since)
     if since is None:
         # Healthy now; a Lease that stops being renewed makes no event, so look again when
