@@ -62,6 +62,8 @@ SCALE_10000_2 = ROOT / "docs" / "bench" / "leader-cost-2026-12-07b" / "10000-91a
 SCALE_10000_2 /= "results.json"  # the sixth 10,000-pod run
 SCALE_10000_3 = ROOT / "docs" / "bench" / "leader-cost-2026-12-07c" / "10000-53cbc65"
 SCALE_10000_3 /= "results.json"  # the seventh 10,000-pod run
+SCALE_10000_FRONT = ROOT / "docs" / "bench" / "leader-cost-2026-12-07e" / "10000-front-0a3ae71"
+SCALE_10000_FRONT /= "results.json"  # 10,000 pods behind a report front
 CURVE_OWN_CORE = ROOT / "docs" / "bench" / "leader-cost-2026-12-07b" / "curve-bd22f95"
 CURVE_OWN_CORE /= "results.json"  # 500-2000 pods, the leader on a core of its own
 CURVE_OWN_CORE_5000 = ROOT / "docs" / "bench" / "leader-cost-2026-12-07b" / "curve-5000-3fb1647"
@@ -1378,6 +1380,11 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
         ROOT / "docs" / "benchmarks.md",
         lambda doc: kwok_scale(doc, SCALE_10000_3),
         (SCALE_10000_3,),
+    ),
+    "kwok-scale-10000-front": (
+        ROOT / "docs" / "benchmarks.md",
+        lambda doc: kwok_scale(doc, SCALE_10000_FRONT),
+        (SCALE_10000_FRONT,),
     ),
     "kwok-paths": (ROOT / "docs" / "benchmarks.md", kwok_paths, (PATHS,)),
     "kwok-deaths": (ROOT / "docs" / "benchmarks.md", kwok_deaths, (DEATHS,)),
