@@ -300,6 +300,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             f"{args.node_lease / KWOK_NODE_LEASE_SECONDS:g}x later than with the kubelet's "
             "Lease; use --node-death-sizes none"
         )
+    default_after = node_unhealthy_after(0, defaults=True)
+    if args.node_lease != KWOK_NODE_LEASE_SECONDS and (
+        watched := [
+            s for s in args.sizes if node_unhealthy_after(s, args.defaults) == default_after
+        ]
+    ):
+        p.error(
+            f"--node-lease {args.node_lease}: at sizes {watched} node-unhealthy-after is "
+            f"{default_after} (the product's default), and the simulated nodes' Leases of "
+            f"{args.node_lease}s are renewed less often than a kubelet's every 10s: they would "
+            "read as dead nodes (pods recreated, not restarted in place); run those sizes "
+            "without --node-lease"
+        )
     args.paths = set(args.paths.split(","))
     if args.protocol_only:
         args.paths &= set(JSI_PATHS)

@@ -48,13 +48,11 @@ def member_rows(pods: Iterable[PodView]) -> tuple[MemberRow, ...]:
             top = max(steps)
             step = top if step is None or step < top else step
         rows.append(MemberRow(p.member, p.name, p.reported_epoch, step))
-    # by (member, pod): a pod is in one row, so the epochs and steps (maybe None, which does
-    # not order) are never compared
-    return tuple(sorted(rows, key=_row_key))
-
-
-def _row_key(row: MemberRow) -> tuple[str, str]:
-    return row[0], row[1]
+    # by (member, pod), the tuples' own order: a pod is in one row, so the epochs and steps
+    # (maybe None, which does not order) are never compared; no key function, whose Python
+    # call per row was 6 of member_rows' 35 samples in the 10,000-pod profiles behind a front
+    rows.sort()
+    return tuple(rows)
 
 
 def write_interval(members: int) -> float:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from jobset_inplace import __version__, names
 from jobset_inplace.controller.executor import Executor
@@ -201,6 +202,23 @@ def test_status_wide_shows_what_the_controller_wrote_into_gangmembers(
     table = [ln.split() for ln in wide.stdout.split("\n\n", 1)[1].splitlines()]
     assert table[0][4:7] == ["EPOCH", "STEP", "RESTARTS"]
     assert [row[4:6] for row in table[1:]] == [["3", "100"], ["2", "100"], ["2", "100"]]
+    # The write encodes its own body and reads the answer unparsed: a refusal is still raised,
+    # with the apiserver's status and reason (the reconciler logs it and tries again).
+    elsewhere = {**js, "metadata": {**js["metadata"], "namespace": f"absent-{uuid.uuid4().hex}"}}
+    with pytest.raises(ApiException) as refused:
+        executor.write_members(elsewhere, rows, 3.0)
+    assert refused.value.status == 404
+    assert "not found" in (refused.value.body or "")
+    bad = [MemberRow("w" * 254, gang.pods[0], 1, None)]  # the CRD's maxLength is 253
+    with pytest.raises(ApiException) as invalid:
+        executor.write_members(js, bad, 4.0)
+    assert invalid.value.status == 422
+    assert "members[0].member" in (invalid.value.body or "")
+    # the refused writes changed nothing
+    again = kube.custom.get_namespaced_custom_object(
+        names.GROUP, names.VERSION, gang.namespace, names.GANGMEMBERS_PLURAL, gang.name
+    )
+    assert len(again["members"]) == 3
 
 
 def test_status_of_unknown_gang(control_plane: ControlPlane, gang: Gang) -> None:

@@ -398,6 +398,20 @@ def test_longer_node_leases_are_refused_where_a_node_dies() -> None:
     assert bench_main.parse_args(["--sizes", "1000"]).node_lease == 40
 
 
+def test_longer_node_leases_are_refused_where_nodes_are_watched() -> None:
+    """At sizes whose gangs keep the default node-unhealthy-after (2000 pods and fewer), the
+    simulated nodes' longer Leases would read as dead nodes: refused, naming those sizes (a
+    curve of 500 to 5000 pods with --node-lease 200 failed at 500, every node unhealthy)."""
+    with pytest.raises(SystemExit):
+        bench_main.parse_args(
+            ["--sizes", "500,5000", "--node-lease", "200", "--node-death-sizes", "none"]
+        )
+    args = bench_main.parse_args(
+        ["--sizes", "5000", "--node-lease", "200", "--node-death-sizes", "none"]
+    )
+    assert args.node_lease == 200
+
+
 def test_a_leader_core_must_be_one_of_the_machines_and_leave_one_for_the_rest() -> None:
     with pytest.raises(SystemExit):
         bench_main.parse_args(["--leader-core", "4096"])
