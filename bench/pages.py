@@ -68,6 +68,10 @@ CURVE_OWN_CORE = ROOT / "docs" / "bench" / "leader-cost-2026-12-07b" / "curve-bd
 CURVE_OWN_CORE /= "results.json"  # 500-2000 pods, the leader on a core of its own
 CURVE_OWN_CORE_5000 = ROOT / "docs" / "bench" / "leader-cost-2026-12-07b" / "curve-5000-3fb1647"
 CURVE_OWN_CORE_5000 /= "results.json"  # 5000 pods, the same way
+CURVE_FRONT = ROOT / "docs" / "bench" / "leader-cost-2026-12-08" / "curve-front-0a3ae71"
+CURVE_FRONT /= "results.json"  # 500-2000 pods behind a report front, 10,000's product code
+CURVE_FRONT_5000 = ROOT / "docs" / "bench" / "leader-cost-2026-12-08" / "curve-front-5000-0a3ae71"
+CURVE_FRONT_5000 /= "results.json"  # 5000 pods, the same way
 PATHS = ROOT / "docs" / "bench" / "kwok-paths-2026-11-28" / "results.json"
 DEATHS = ROOT / "docs" / "bench" / "kwok-node-deaths-2026-11-28-rerun" / "results.json"
 # five deaths of each kind, every path, the default process scope
@@ -1385,6 +1389,16 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
         ROOT / "docs" / "benchmarks.md",
         lambda doc: kwok_scale(doc, SCALE_10000_FRONT),
         (SCALE_10000_FRONT,),
+    ),
+    "kwok-scale-front-curve": (
+        ROOT / "docs" / "benchmarks.md",
+        lambda doc: kwok_scale(doc, CURVE_FRONT),
+        (CURVE_FRONT,),
+    ),
+    "kwok-scale-front-curve-5000": (
+        ROOT / "docs" / "benchmarks.md",
+        lambda doc: kwok_scale(doc, CURVE_FRONT_5000),
+        (CURVE_FRONT_5000,),
     ),
     "kwok-paths": (ROOT / "docs" / "benchmarks.md", kwok_paths, (PATHS,)),
     "kwok-deaths": (ROOT / "docs" / "benchmarks.md", kwok_deaths, (DEATHS,)),
