@@ -100,6 +100,7 @@ CHANNEL_ATTACKS = ROOT / "docs" / "bench" / "channel-attacks.json"
 CHANNEL_GRPC = ROOT / "docs" / "bench" / "channel-attacks-grpc.json"
 CHANNEL_FALLBACK = ROOT / "docs" / "bench" / "channel-fallback.json"
 GANGSTATE_FANOUT = ROOT / "docs" / "bench" / "gangstate-fanout.json"
+MEMBERS_WRITE = ROOT / "docs" / "bench" / "leader-cost-2026-12-08" / "members-write.json"
 KEEP_STEP = ROOT / "docs" / "bench" / "keep-step.json"
 # the leader's loop beside the report channel's floor (bench.leader_loop --floor), per size
 LEADER_LOOP_FLOOR = tuple(
@@ -1147,6 +1148,31 @@ def gangstate_fanout_table(doc: dict[str, Any]) -> str:
     return "\n".join([head, "", *rows, "", note])
 
 
+def members_write_table(doc: dict[str, Any]) -> str:
+    """The leader's side of a GangMembers write (bench.members_write): per row count, the
+    calling thread's CPU per write encoded once and through the client's typed method, and
+    the ratios of their medians (CPU, wall) with their intervals."""
+    m = doc["machine"]
+    head = (
+        f"Run of {doc['when'][:10]} at commit `{doc['commit']}`, {doc['kubernetes']}, "
+        f"{m['cpus']} cores; `{doc['command']}`; every write in {_link(MEMBERS_WRITE)}."
+    )
+    rows = [
+        "| rows | writes each way | the leader's thread CPU per write: encoded / through the "
+        "client (medians) | **CPU ratio** (95 % interval) | wall time ratio (95 % interval) |",
+        "|---|---|---|---|---|",
+    ]
+    for n, r in doc["sizes"].items():
+        cpu, wall = r["cpu_ratio"], r["wall_ratio"]
+        rows.append(
+            f"| {int(n):,} | {r['writes']} | {r['encoded']['cpu_s']['median'] * 1e3:.1f} / "
+            f"{r['client']['cpu_s']['median'] * 1e3:.1f} ms | **{cpu['ratio']:.2f}x** "
+            f"({cpu['low']:.2f}-{cpu['high']:.2f}) | {wall['ratio']:.2f}x "
+            f"({wall['low']:.2f}-{wall['high']:.2f}) |"
+        )
+    return "\n".join([head, "", *rows])
+
+
 def channel_fallback_text(doc: dict[str, Any]) -> str:
     """An agent the full leader refuses (bench.channel_fallback): its report on the pod, then
     counted in the status and named in an Event, from its first try."""
@@ -1493,6 +1519,7 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
         gangstate_fanout_table,
         (GANGSTATE_FANOUT,),
     ),
+    "members-write": (ROOT / "docs" / "benchmarks.md", members_write_table, (MEMBERS_WRITE,)),
     "leader-loop-floor": (
         ROOT / "docs" / "benchmarks.md",
         leader_loop_floor_table,
