@@ -72,6 +72,8 @@ CURVE_FRONT = ROOT / "docs" / "bench" / "leader-cost-2026-12-08" / "curve-front-
 CURVE_FRONT /= "results.json"  # 500-2000 pods behind a report front, 10,000's product code
 CURVE_FRONT_5000 = ROOT / "docs" / "bench" / "leader-cost-2026-12-08" / "curve-front-5000-0a3ae71"
 CURVE_FRONT_5000 /= "results.json"  # 5000 pods, the same way
+CURVE_FRONT_5000_B = CURVE_FRONT_5000.parent.with_name("curve-front-5000-0a3ae71-b")
+CURVE_FRONT_5000_B /= "results.json"  # the same command again, without the sampled recoveries
 PATHS = ROOT / "docs" / "bench" / "kwok-paths-2026-11-28" / "results.json"
 DEATHS = ROOT / "docs" / "bench" / "kwok-node-deaths-2026-11-28-rerun" / "results.json"
 # five deaths of each kind, every path, the default process scope
@@ -1425,6 +1427,11 @@ BLOCKS: dict[str, tuple[Path, Callable[..., str], tuple[Path, ...]]] = {
         ROOT / "docs" / "benchmarks.md",
         lambda doc: kwok_scale(doc, CURVE_FRONT_5000),
         (CURVE_FRONT_5000,),
+    ),
+    "kwok-scale-front-curve-5000-b": (
+        ROOT / "docs" / "benchmarks.md",
+        lambda doc: kwok_scale(doc, CURVE_FRONT_5000_B),
+        (CURVE_FRONT_5000_B,),
     ),
     "kwok-paths": (ROOT / "docs" / "benchmarks.md", kwok_paths, (PATHS,)),
     "kwok-deaths": (ROOT / "docs" / "benchmarks.md", kwok_deaths, (DEATHS,)),
