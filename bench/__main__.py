@@ -33,6 +33,7 @@ from testbed.kube import clients, create_unless_exists, pod_token, wait_for
 from testbed.versions import binaries, versions
 
 from . import provenance, report, upstream
+from .arguments import counts
 from .fleet import FLEET_WORKERS
 from .scenarios import (
     DEFAULT_PATHS,
@@ -56,17 +57,8 @@ SPARE_NODES = 8  # room for replacements when a node dies
 
 
 def _sizes(raw: str) -> list[int]:
-    if raw == "none":
-        return []
-    try:
-        sizes = [int(s) for s in raw.split(",") if s]
-    except ValueError:
-        sizes = []
-    if not sizes or any(s < 2 for s in sizes):
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated gang sizes >= 2 (e.g. 1000,5000) or none, got {raw!r}"
-        )
-    return sizes
+    """Gang sizes (:func:`.arguments.counts`), or ``none``."""
+    return [] if raw == "none" else counts(2, "gang sizes (or none)")(raw)
 
 
 def share(total: int, rounds: int, rnd: int) -> int:

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import datetime
 import json
 import os
 import resource
@@ -699,7 +698,7 @@ def main() -> int:
             server.stop()
     result = {
         **origin,
-        "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "when": provenance.when(),
         "seconds": args.seconds,
         "addresses": args.addresses,
         "limits": runs[0]["limits"],

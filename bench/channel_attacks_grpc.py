@@ -76,7 +76,6 @@ takes ~2 ms of the server's CPU). It has no notion of an unauthenticated connect
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
 import os
 import resource
@@ -473,7 +472,7 @@ def main() -> int:
     result["grpc"]["client"] = "raw HTTP/2 (h2), not grpcio's: its quiet latency is not ours'"
     result["comparison"] = comparison(result["ours"], result["grpc"])
     result.update(origin)
-    result["when"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    result["when"] = provenance.when()
     result["seconds"] = args.seconds
     result["addresses"] = args.addresses
     result["kubernetes"] = "none (loopback, no cluster)"

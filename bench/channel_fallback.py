@@ -24,7 +24,6 @@ shared by etcd, the apiserver, the controller and this process)."""
 from __future__ import annotations
 
 import argparse
-import datetime
 import statistics
 import sys
 import tempfile
@@ -341,8 +340,8 @@ def main() -> int:
     result = run(args.reps)
     result["summary"] = s = summary(result["reps"])
     result.update(origin)
-    result["when"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    result["kubernetes"] = "the integration control plane (kube-apiserver and etcd only)"
+    result["when"] = provenance.when()
+    result["kubernetes"] = provenance.CONTROL_PLANE
     provenance.write(result, args.out)
     print(
         f"\ncommit {origin['commit']}: {s['n']} refused reports, {s['on_pod']} on the pod; "

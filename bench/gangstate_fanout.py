@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import os
 import re
@@ -47,6 +46,7 @@ import aiohttp
 import uvloop
 
 from bench import provenance
+from bench.arguments import counts
 from bench.scenarios import pin, status_mib
 from bench.stats import median_interval
 from jobset_inplace import names
@@ -360,7 +360,12 @@ def line(r: dict[str, Any]) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
-    p.add_argument("--watchers", default="0,1000,2000,5000,10000", help="watch counts")
+    p.add_argument(
+        "--watchers",
+        type=counts(0, "watch counts"),
+        default="0,1000,2000,5000,10000",
+        help="watch counts",
+    )
     p.add_argument("--writes", type=int, default=20, help="status writes per count")
     p.add_argument("--out", help="write every figure to this JSON file")
     p.add_argument("--watch", type=int, help=argparse.SUPPRESS)
@@ -368,18 +373,15 @@ def main() -> int:
     args = p.parse_args()
     if args.watch is not None:
         return watcher_main(args.watch)
-    try:
-        sizes = [int(s) for s in args.watchers.split(",")]
-    except ValueError:
-        p.error(f"--watchers: comma-separated counts, got {args.watchers!r}")
-    if any(s < 0 for s in sizes) or args.writes < 2:
-        p.error("--watchers: counts >= 0; --writes: 2 or more")
+    sizes: list[int] = args.watchers
+    if args.writes < 2:
+        p.error(f"--writes: 2 or more, got {args.writes}")
     provenance.refuse_dirty(args.allow_dirty or not args.out)
     origin = provenance.provenance("bench.gangstate_fanout", sys.argv[1:])
     result = run(sizes, args.writes)
     result.update(origin)
-    result["when"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    result["kubernetes"] = "the integration control plane (kube-apiserver and etcd only)"
+    result["when"] = provenance.when()
+    result["kubernetes"] = provenance.CONTROL_PLANE
     result["status_bytes"] = {
         str(n): len(json.dumps(status_after_recoveries(n), separators=(",", ":"))) for n in sizes
     }

@@ -21,7 +21,6 @@ both ways, as the executor builds it."""
 from __future__ import annotations
 
 import argparse
-import datetime
 import statistics
 import sys
 import time
@@ -29,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bench import provenance
+from bench.arguments import counts
 from bench.stats import median_interval, ratio_of_medians
 from jobset_inplace import names
 from jobset_inplace.controller.executor import COMPONENT, Executor
@@ -151,21 +151,19 @@ def line(r: dict[str, Any]) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
-    p.add_argument("--rows", default="1000,5000,10000", help="row counts, comma-separated")
+    p.add_argument(
+        "--rows", type=counts(1, "row counts"), default="1000,5000,10000", help="row counts"
+    )
     p.add_argument("--writes", type=int, default=20, help="writes per way and row count")
     p.add_argument("--out", help="write every figure to this JSON file")
     p.add_argument("--allow-dirty", action="store_true", help=provenance.ALLOW_DIRTY_HELP)
     args = p.parse_args()
-    try:
-        sizes = [int(s) for s in args.rows.split(",")]
-    except ValueError:
-        p.error(f"--rows: comma-separated counts, got {args.rows!r}")
-    if any(s < 1 for s in sizes) or args.writes < 2:
-        p.error("--rows: counts >= 1; --writes: 2 or more")
+    if args.writes < 2:
+        p.error(f"--writes: 2 or more, got {args.writes}")
     run = provenance.begin("bench.members_write", sys.argv[1:], args.allow_dirty or not args.out)
-    result: dict[str, Any] = {**run.origin, **measure_sizes(sizes, args.writes)}
-    result["when"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    result["kubernetes"] = "the integration control plane (kube-apiserver and etcd only)"
+    result: dict[str, Any] = {**run.origin, **measure_sizes(args.rows, args.writes)}
+    result["when"] = provenance.when()
+    result["kubernetes"] = provenance.CONTROL_PLANE
     result.update(run.steal())
     provenance.write(result, args.out)
     print(f"\ncommit {run.origin['commit']}: a GangMembers write, the leader's side")

@@ -6,6 +6,7 @@ file records :func:`provenance` in it and refuses a dirty tree unless told other
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import platform
@@ -19,6 +20,8 @@ from typing import Any
 
 PROC_STAT = Path("/proc/stat")
 ALLOW_DIRTY_HELP = "measure a checkout with uncommitted changes (the results say so)"
+# A result file's ``kubernetes`` where the bench ran on testbed.controlplane alone.
+CONTROL_PLANE = "the integration control plane (kube-apiserver and etcd only)"
 
 
 def _git(*args: str) -> str:
@@ -100,6 +103,11 @@ def provenance(module: str, argv: list[str]) -> dict[str, Any]:
         "command": shlex.join([Path(sys.executable).name, "-m", module, *argv]),
         "machine": machine(),
     }
+
+
+def when() -> str:
+    """Now, UTC, to the second: a result file's ``when``."""
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def write(result: dict[str, Any], out: str | None) -> None:
